@@ -1,0 +1,2 @@
+//! Who the client is: the client IP behind trusted proxies, and the keys a limit
+//! is counted under.

@@ -1,0 +1,39 @@
+//! Validated parameters of one limit's algorithm, as `gateway.toml` spells them.
+//!
+//! Time is `Nanos`, nanoseconds since the Unix epoch (windows are aligned to the
+//! epoch, so the clock must be wall-clock based). Rates are exact rationals
+//! (`tokens` every `per` nanoseconds) so that header arithmetic such as
+//! `w = ceil(capacity / refill)` is exact: `"0.5/s"` is 5 tokens per 10 s.
+
+/// Nanoseconds; as an instant, since the Unix epoch.
+pub type Nanos = u64;
+
+/// Nanoseconds in one second.
+pub const NANOS_PER_SEC: Nanos = 1_000_000_000;
+
+/// A rate: `tokens` cost units every `per` nanoseconds. Both are non-zero.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct Rate {
+    pub tokens: u64,
+    pub per: Nanos,
+}
+
+/// What a leaky bucket does with a request that finds the bucket non-empty.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum LeakyMode {
+    /// nginx `limit_req burst=N nodelay`: admit at once while the bucket has room.
+    Reject,
+    /// nginx `limit_req burst=N`: queue the excess, release it at `rate`.
+    Delay,
+}
+
+/// One limit's algorithm and its parameters (all counts in cost units, all > 0).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Algorithm {
+    FixedWindow { limit: u64, window: Nanos },
+    SlidingWindow { limit: u64, window: Nanos },
+    SlidingLog { limit: u64, window: Nanos },
+    TokenBucket { capacity: u64, refill: Rate },
+    LeakyBucket { capacity: u64, rate: Rate, mode: LeakyMode },
+    Concurrency { max: u64 },
+}

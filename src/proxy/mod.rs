@@ -1,0 +1,1 @@
+//! Talking HTTP: forwarding to upstreams and building the gateway's own responses.
