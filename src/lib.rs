@@ -1,5 +1,4 @@
-//! tollgate: a rate-limiting reverse proxy and API gateway.
-
+pub mod config;
 pub mod identity;
 pub mod limit;
 pub mod proxy;

@@ -1,0 +1,274 @@
+//! Configuration errors that a user can act on: each names the file, the line and
+//! column, the key path, what was expected, and for a misspelt key the nearest
+//! valid name. All problems of one file are reported together.
+
+use std::fmt;
+use std::ops::Range;
+use std::path::{Path, PathBuf};
+
+use toml::de::{DeTable, DeValue};
+
+/// One segment of a key path: `routes[1].match.path` is
+/// `[Key("routes"), Index(1), Key("match"), Key("path")]`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum PathSegment {
+    Key(String),
+    Index(usize),
+}
+
+/// A key path inside `gateway.toml`.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct KeyPath(pub Vec<PathSegment>);
+
+impl KeyPath {
+    pub fn key(&self, key: &str) -> KeyPath {
+        let mut segments = self.0.clone();
+        segments.push(PathSegment::Key(key.to_owned()));
+        KeyPath(segments)
+    }
+
+    pub fn index(&self, index: usize) -> KeyPath {
+        let mut segments = self.0.clone();
+        segments.push(PathSegment::Index(index));
+        KeyPath(segments)
+    }
+}
+
+impl fmt::Display for KeyPath {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        for (i, segment) in self.0.iter().enumerate() {
+            match segment {
+                PathSegment::Key(key) => {
+                    let bare = !key.is_empty()
+                        && key
+                            .chars()
+                            .all(|c| c.is_ascii_alphanumeric() || c == '_' || c == '-');
+                    match (i, bare) {
+                        (0, true) => write!(f, "{key}")?,
+                        (_, true) => write!(f, ".{key}")?,
+                        (0, false) => write!(f, "\"{key}\"")?,
+                        (_, false) => write!(f, ".\"{key}\"")?,
+                    }
+                }
+                PathSegment::Index(index) => write!(f, "[{index}]")?,
+            }
+        }
+        Ok(())
+    }
+}
+
+/// A problem found in the configuration.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Problem {
+    /// Where the problem is; empty for problems of the whole file.
+    pub path: KeyPath,
+    /// What is wrong, and what was expected.
+    pub message: String,
+    /// 1-based line and column, when known.
+    pub position: Option<(usize, usize)>,
+}
+
+impl Problem {
+    pub fn new(path: KeyPath, message: impl Into<String>) -> Self {
+        Problem {
+            path,
+            message: message.into(),
+            position: None,
+        }
+    }
+}
+
+/// Everything wrong with one configuration file.
+#[derive(Debug, Clone, thiserror::Error)]
+pub struct ConfigError {
+    pub file: PathBuf,
+    pub problems: Vec<Problem>,
+}
+
+impl ConfigError {
+    pub fn io(file: &Path, error: &std::io::Error) -> Self {
+        ConfigError {
+            file: file.to_owned(),
+            problems: vec![Problem::new(
+                KeyPath::default(),
+                format!("cannot read the file: {error}"),
+            )],
+        }
+    }
+}
+
+impl fmt::Display for ConfigError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let file = self.file.display();
+        for (i, problem) in self.problems.iter().enumerate() {
+            if i > 0 {
+                writeln!(f)?;
+            }
+            match problem.position {
+                Some((line, column)) => write!(f, "{file}:{line}:{column}: ")?,
+                None => write!(f, "{file}: ")?,
+            }
+            if !problem.path.0.is_empty() {
+                write!(f, "`{}`: ", problem.path)?;
+            }
+            write!(f, "{}", problem.message)?;
+        }
+        Ok(())
+    }
+}
+
+/// 1-based (line, column) of a byte offset; the column counts characters.
+pub fn line_column(text: &str, offset: usize) -> (usize, usize) {
+    let offset = offset.min(text.len());
+    let before = &text[..text.floor_char_boundary(offset)];
+    let line = before.matches('\n').count() + 1;
+    let line_start = before.rfind('\n').map_or(0, |i| i + 1);
+    (line, before[line_start..].chars().count() + 1)
+}
+
+/// The span of a key path's key (or, for an array element, of the element), so
+/// a validation error points at the line the user must edit.
+pub fn span_of(document: &DeTable<'_>, path: &KeyPath) -> Option<Range<usize>> {
+    let mut table = document;
+    let mut value: Option<&DeValue<'_>> = None;
+    let mut span = None;
+    for segment in &path.0 {
+        match segment {
+            PathSegment::Key(key) => {
+                let current = match value {
+                    None => table,
+                    Some(v) => v.as_table()?,
+                };
+                let (k, v) = current
+                    .iter()
+                    .find(|(k, _)| k.get_ref().as_ref() == key.as_str())?;
+                span = Some(k.span());
+                value = Some(v.get_ref());
+                table = current;
+            }
+            PathSegment::Index(index) => {
+                let array = value?.as_array()?;
+                let element = array.get(*index)?;
+                span = Some(element.span());
+                value = Some(element.get_ref());
+            }
+        }
+    }
+    span
+}
+
+/// The key path whose key or value contains `offset`, as deep as possible: used
+/// to name the key of a serde error that only carries a span.
+pub fn path_at(document: &DeTable<'_>, offset: usize) -> KeyPath {
+    // Spans of `[table]` and `[[array]]` headers do not cover their bodies, so
+    // every container is searched, not only those whose span holds `offset`.
+    fn walk_value(value: &DeValue<'_>, offset: usize, path: &mut KeyPath) -> bool {
+        if let Some(table) = value.as_table() {
+            return walk_table(table, offset, path);
+        }
+        if let Some(array) = value.as_array() {
+            for (i, element) in array.iter().enumerate() {
+                path.0.push(PathSegment::Index(i));
+                if walk_value(element.get_ref(), offset, path) || element.span().contains(&offset) {
+                    return true;
+                }
+                path.0.pop();
+            }
+        }
+        false
+    }
+    fn walk_table(table: &DeTable<'_>, offset: usize, path: &mut KeyPath) -> bool {
+        for (key, value) in table.iter() {
+            path.0.push(PathSegment::Key(key.get_ref().to_string()));
+            if key.span().contains(&offset)
+                || walk_value(value.get_ref(), offset, path)
+                || value.span().contains(&offset)
+            {
+                return true;
+            }
+            path.0.pop();
+        }
+        false
+    }
+    let mut path = KeyPath::default();
+    walk_table(document, offset, &mut path);
+    path
+}
+
+/// The nearest of `candidates` to a misspelt `word`, if any is close enough to
+/// be a plausible typo.
+pub fn nearest<'a>(word: &str, candidates: impl IntoIterator<Item = &'a str>) -> Option<&'a str> {
+    candidates
+        .into_iter()
+        .map(|c| (strsim::damerau_levenshtein(word, c), c))
+        .filter(|(distance, c)| *distance <= (c.len().max(word.len()) / 3).max(2))
+        .min_by_key(|(distance, _)| *distance)
+        .map(|(_, c)| c)
+}
+
+/// Rewrites serde's "unknown field `x`, expected one of `a`, `b`" into a message
+/// with a suggestion; other messages pass through.
+pub fn explain_serde_message(message: &str) -> String {
+    let message = message.trim();
+    for prefix in ["unknown field `", "unknown variant `"] {
+        let Some(rest) = message.strip_prefix(prefix) else {
+            continue;
+        };
+        let Some((word, tail)) = rest.split_once('`') else {
+            continue;
+        };
+        let candidates: Vec<&str> = tail.split('`').skip(1).step_by(2).collect();
+        let kind = if prefix.contains("field") {
+            "key"
+        } else {
+            "value"
+        };
+        let mut out = format!("unknown {kind} `{word}`");
+        if !candidates.is_empty() {
+            out.push_str(&format!(", expected one of {}", candidates.join(", ")));
+        }
+        if let Some(best) = nearest(word, candidates.iter().copied()) {
+            out.push_str(&format!(" (did you mean `{best}`?)"));
+        }
+        return out;
+    }
+    message.to_owned()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn positions_are_one_based() {
+        let text = "a = 1\nbb = 2\n";
+        assert_eq!(line_column(text, 0), (1, 1));
+        assert_eq!(line_column(text, 6), (2, 1));
+        assert_eq!(line_column(text, 9), (2, 4));
+    }
+
+    #[test]
+    fn suggests_the_nearest_key() {
+        let message = "unknown field `listn`, expected one of `listen`, `admin`, `workers`";
+        assert_eq!(
+            explain_serde_message(message),
+            "unknown key `listn`, expected one of listen, admin, workers (did you mean `listen`?)"
+        );
+        assert_eq!(nearest("zzzzzz", ["listen", "admin"]), None);
+    }
+
+    #[test]
+    fn finds_spans_and_paths() {
+        let text = "[server]\nlisten = \"x\"\n\n[[routes]]\nname = \"a\"\n\n[[routes]]\nname = \"b\"\nlimits = [\"q\"]\n";
+        let document = DeTable::parse(text).unwrap();
+        let path = KeyPath::default().key("routes").index(1).key("limits");
+        let span = span_of(document.get_ref(), &path).unwrap();
+        assert_eq!(line_column(text, span.start), (9, 1));
+        let offset = text.find("\"b\"").unwrap();
+        assert_eq!(
+            path_at(document.get_ref(), offset).to_string(),
+            "routes[1].name"
+        );
+        assert_eq!(path.to_string(), "routes[1].limits");
+    }
+}

@@ -1,0 +1,195 @@
+//! `gateway.toml`: loading, validation and the typed configuration.
+//!
+//! Two layers, as in rust-rpxy: [`raw`] mirrors the file with serde (unknown
+//! keys rejected), [`validate`] turns it into [`Config`], whose types make bad
+//! states unrepresentable (socket addresses, durations, exact rates, resolved
+//! references by index). Every problem carries its key path and is located in
+//! the file by line and column ([`error`]).
+
+pub mod error;
+pub mod raw;
+pub mod units;
+pub mod validate;
+
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use http::{HeaderName, HeaderValue, Method, StatusCode, Uri};
+use ipnet::IpNet;
+
+pub use error::{ConfigError, KeyPath, Problem};
+
+use crate::limit::Algorithm;
+
+/// A validated configuration, with the bytes it came from.
+#[derive(Debug, Clone)]
+pub struct Config {
+    /// The file it was loaded from.
+    pub path: PathBuf,
+    /// SHA-256 of the file's bytes, lowercase hex.
+    pub sha256: String,
+    pub server: ServerConfig,
+    pub client_ip: ClientIpConfig,
+    pub store: StoreConfig,
+    pub upstreams: Vec<UpstreamConfig>,
+    pub limits: Vec<LimitConfig>,
+    pub routes: Vec<RouteConfig>,
+}
+
+#[derive(Debug, Clone, PartialEq)]
+pub struct ServerConfig {
+    pub listen: Vec<SocketAddr>,
+    pub admin: Option<SocketAddr>,
+    pub shutdown_timeout: Duration,
+    /// Tokio worker threads; 0 means one per CPU core.
+    pub workers: usize,
+    pub header_read_timeout: Duration,
+    pub idle_timeout: Duration,
+    pub max_header_bytes: usize,
+    pub max_connections: usize,
+    pub max_key_body: usize,
+    /// Which rate-limit header families responses carry, unless a limit overrides.
+    pub headers: HeaderStyles,
+}
+
+/// Which families of rate-limit headers to send.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct HeaderStyles {
+    /// `RateLimit` / `RateLimit-Policy` (draft-ietf-httpapi-ratelimit-headers-10).
+    pub draft: bool,
+    /// `X-RateLimit-Limit` / `-Remaining` / `-Reset`.
+    pub legacy: bool,
+    /// `RateLimit-Limit` / `-Remaining` / `-Reset` (the older draft).
+    pub trio: bool,
+}
+
+impl Default for HeaderStyles {
+    fn default() -> Self {
+        HeaderStyles {
+            draft: true,
+            legacy: true,
+            trio: false,
+        }
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct ClientIpConfig {
+    pub trusted_hops: u32,
+    pub trusted_cidrs: Vec<IpNet>,
+    /// Read RFC 7239 `Forwarded` instead of `X-Forwarded-For`.
+    pub forwarded_header: bool,
+    pub ipv4_prefix: u8,
+    pub ipv6_prefix: u8,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum StoreBackend {
+    Memory,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct StoreConfig {
+    pub backend: StoreBackend,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct UpstreamConfig {
+    pub name: String,
+    /// Base URIs (scheme + authority + optional path prefix), tried round robin.
+    pub urls: Vec<Uri>,
+    pub connect_timeout: Duration,
+    /// Deadline for the whole upstream response head.
+    pub timeout: Duration,
+    /// Host header to send instead of the client's.
+    pub host: Option<HeaderValue>,
+}
+
+/// What a limit counts requests by.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub enum KeyPart {
+    Ip,
+    Header(HeaderName),
+    Query(String),
+    Cookie(String),
+    BodyField(String),
+    Consumer,
+    Tenant,
+    Route,
+}
+
+/// What a limit does with a request that lacks its key.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum OnMissingKey {
+    Skip,
+    Deny,
+    Shared,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct LimitConfig {
+    pub name: String,
+    /// The parts of the key, joined into one composite key.
+    pub key: Vec<KeyPart>,
+    pub algorithm: Algorithm,
+    pub shadow: bool,
+    pub status: StatusCode,
+    pub on_missing_key: OnMissingKey,
+    pub local: bool,
+    pub headers: Option<HeaderStyles>,
+    /// Most keys held in memory for this limit.
+    pub max_keys: usize,
+}
+
+#[derive(Debug, Clone)]
+pub struct RouteConfig {
+    pub name: String,
+    pub matcher: RouteMatch,
+    pub action: RouteAction,
+    /// Indexes into [`Config::limits`], narrowest first.
+    pub limits: Vec<usize>,
+    pub cost: u64,
+    pub cost_header: Option<HeaderName>,
+    pub max_body: Option<u64>,
+}
+
+#[derive(Debug, Clone, Default)]
+pub struct RouteMatch {
+    pub path: Option<String>,
+    pub path_prefix: Option<String>,
+    pub methods: Option<Vec<Method>>,
+    /// Lowercased, without port.
+    pub host: Option<String>,
+    pub headers: Vec<(HeaderName, HeaderValue)>,
+}
+
+#[derive(Debug, Clone)]
+pub enum RouteAction {
+    /// Forward to [`Config::upstreams`]`[index]`.
+    Forward(usize),
+    /// Answer from the gateway itself.
+    Respond {
+        status: StatusCode,
+        body: bytes::Bytes,
+        content_type: HeaderValue,
+    },
+}
+
+impl Config {
+    /// Reads and validates the file at `path`.
+    pub fn load(path: &Path) -> Result<Config, ConfigError> {
+        let bytes = std::fs::read(path).map_err(|e| ConfigError::io(path, &e))?;
+        Config::from_bytes(path, &bytes)
+    }
+
+    /// Validates `bytes` as the contents of `path` (used for messages and for
+    /// resolving relative paths).
+    pub fn from_bytes(path: &Path, bytes: &[u8]) -> Result<Config, ConfigError> {
+        validate::validate(path, bytes)
+    }
+
+    pub fn limit(&self, name: &str) -> Option<&LimitConfig> {
+        self.limits.iter().find(|l| l.name == name)
+    }
+}

@@ -1,0 +1,207 @@
+//! The serde mirror of `gateway.toml`: every table rejects unknown keys, values
+//! stay as the user wrote them (strings for durations, rates and sizes), and
+//! nothing here is validated beyond TOML types. `validate.rs` turns this into the
+//! typed [`Config`](super::Config), collecting every problem with its key path.
+
+use std::collections::BTreeMap;
+use std::fmt;
+
+use serde::Deserialize;
+use serde::de::{self, Deserializer, SeqAccess, Visitor};
+
+/// One value or a list of them: `listen = "a"` or `listen = ["a", "b"]`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct OneOrMany<T>(pub Vec<T>);
+
+impl<T> Default for OneOrMany<T> {
+    fn default() -> Self {
+        OneOrMany(Vec::new())
+    }
+}
+
+impl<'de, T: Deserialize<'de>> Deserialize<'de> for OneOrMany<T> {
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        struct OneOrManyVisitor<T>(std::marker::PhantomData<T>);
+        impl<'de, T: Deserialize<'de>> Visitor<'de> for OneOrManyVisitor<T> {
+            type Value = OneOrMany<T>;
+            fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+                f.write_str("a string or a list of strings")
+            }
+            fn visit_str<E: de::Error>(self, v: &str) -> Result<Self::Value, E> {
+                T::deserialize(de::value::StrDeserializer::new(v)).map(|t| OneOrMany(vec![t]))
+            }
+            fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<Self::Value, A::Error> {
+                let mut items = Vec::new();
+                while let Some(item) = seq.next_element()? {
+                    items.push(item);
+                }
+                Ok(OneOrMany(items))
+            }
+        }
+        deserializer.deserialize_any(OneOrManyVisitor(std::marker::PhantomData))
+    }
+}
+
+/// A size: an integer number of bytes or a string with a unit (`"64KiB"`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum RawSize {
+    Bytes(i64),
+    Text(String),
+}
+
+impl<'de> Deserialize<'de> for RawSize {
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        struct SizeVisitor;
+        impl Visitor<'_> for SizeVisitor {
+            type Value = RawSize;
+            fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+                f.write_str("a size in bytes or a string like \"64KiB\"")
+            }
+            fn visit_i64<E: de::Error>(self, v: i64) -> Result<RawSize, E> {
+                Ok(RawSize::Bytes(v))
+            }
+            fn visit_u64<E: de::Error>(self, v: u64) -> Result<RawSize, E> {
+                Ok(RawSize::Bytes(i64::try_from(v).unwrap_or(i64::MAX)))
+            }
+            fn visit_str<E: de::Error>(self, v: &str) -> Result<RawSize, E> {
+                Ok(RawSize::Text(v.to_owned()))
+            }
+        }
+        deserializer.deserialize_any(SizeVisitor)
+    }
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawConfig {
+    #[serde(default)]
+    pub server: RawServer,
+    #[serde(default)]
+    pub client_ip: RawClientIp,
+    #[serde(default)]
+    pub store: RawStore,
+    #[serde(default)]
+    pub upstreams: BTreeMap<String, RawUpstream>,
+    #[serde(default)]
+    pub limits: BTreeMap<String, RawLimit>,
+    #[serde(default)]
+    pub routes: Vec<RawRoute>,
+    #[serde(default)]
+    pub consumers: BTreeMap<String, RawConsumer>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawServer {
+    pub listen: Option<OneOrMany<String>>,
+    pub admin: Option<String>,
+    pub shutdown_timeout: Option<String>,
+    pub workers: Option<u32>,
+    pub header_read_timeout: Option<String>,
+    pub idle_timeout: Option<String>,
+    pub max_header_bytes: Option<RawSize>,
+    pub max_connections: Option<u32>,
+    pub max_key_body: Option<RawSize>,
+    pub headers: Option<Vec<String>>,
+    pub tls: Option<RawTls>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawTls {
+    pub listen: OneOrMany<String>,
+    pub cert: String,
+    pub key: String,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawClientIp {
+    pub trusted_hops: Option<u32>,
+    pub trusted_cidrs: Option<Vec<String>>,
+    pub header: Option<String>,
+    pub ipv6_prefix: Option<u8>,
+    pub ipv4_prefix: Option<u8>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawStore {
+    pub backend: Option<String>,
+    pub url: Option<OneOrMany<String>>,
+    pub cluster: Option<bool>,
+    pub prefix: Option<String>,
+    pub timeout: Option<String>,
+    pub on_failure: Option<String>,
+    pub local_fraction: Option<toml::Value>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawUpstream {
+    pub url: OneOrMany<String>,
+    pub connect_timeout: Option<String>,
+    pub timeout: Option<String>,
+    pub host: Option<String>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawLimit {
+    pub key: OneOrMany<String>,
+    pub algorithm: String,
+    pub limit: Option<u64>,
+    pub window: Option<String>,
+    pub capacity: Option<u64>,
+    pub refill: Option<String>,
+    pub rate: Option<String>,
+    pub mode: Option<String>,
+    pub max: Option<u64>,
+    pub shadow: Option<bool>,
+    pub status: Option<u16>,
+    pub on_missing_key: Option<String>,
+    pub local: Option<bool>,
+    pub headers: Option<Vec<String>>,
+    pub max_keys: Option<u64>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawRoute {
+    pub name: String,
+    #[serde(rename = "match", default)]
+    pub matcher: RawMatch,
+    pub upstream: Option<String>,
+    pub respond: Option<RawRespond>,
+    #[serde(default)]
+    pub limits: Vec<String>,
+    pub cost: Option<u64>,
+    pub cost_header: Option<String>,
+    pub max_body: Option<RawSize>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawMatch {
+    pub path: Option<String>,
+    pub path_prefix: Option<String>,
+    pub methods: Option<Vec<String>>,
+    pub host: Option<String>,
+    pub header: Option<BTreeMap<String, String>>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawRespond {
+    pub status: Option<u16>,
+    pub body: Option<String>,
+    pub content_type: Option<String>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawConsumer {
+    pub consumer: String,
+    pub tenant: Option<String>,
+    pub plan: Option<String>,
+}

@@ -1,0 +1,980 @@
+//! Turns the raw serde mirror into a typed [`Config`], checking the file as a
+//! whole: values parse, references resolve, names are unique. Problems are
+//! collected, not returned at the first, and each is located in the file.
+
+use std::collections::{BTreeMap, HashSet};
+use std::net::SocketAddr;
+use std::path::Path;
+use std::time::Duration;
+
+use http::{HeaderName, HeaderValue, Method, StatusCode, Uri};
+use ipnet::IpNet;
+use sha2::{Digest, Sha256};
+use toml::de::DeTable;
+
+use super::error::{explain_serde_message, line_column, nearest, path_at, span_of};
+use super::raw::{self, RawConfig, RawSize};
+use super::units::{parse_duration, parse_rate, parse_size};
+use super::*;
+use crate::limit::{Algorithm, LeakyMode, Nanos};
+
+/// Default per-limit cap on live keys; see `limit::memory` for what happens
+/// when it is reached.
+pub const DEFAULT_MAX_KEYS: usize = 1_000_000;
+
+const ALGORITHMS: [&str; 6] = [
+    "fixed_window",
+    "sliding_window",
+    "sliding_log",
+    "token_bucket",
+    "leaky_bucket",
+    "concurrency",
+];
+
+/// Collects problems while walking the raw config.
+struct Checker {
+    problems: Vec<Problem>,
+}
+
+impl Checker {
+    fn problem(&mut self, path: KeyPath, message: impl Into<String>) {
+        self.problems.push(Problem::new(path, message));
+    }
+
+    fn duration(&mut self, path: KeyPath, value: &Option<String>, default: Duration) -> Duration {
+        match value {
+            None => default,
+            Some(text) => match parse_duration(text) {
+                Ok(d) if !d.is_zero() => d,
+                Ok(_) => {
+                    self.problem(path, "must be greater than zero");
+                    default
+                }
+                Err(message) => {
+                    self.problem(path, message);
+                    default
+                }
+            },
+        }
+    }
+
+    fn size(&mut self, path: KeyPath, value: &Option<RawSize>, default: u64) -> u64 {
+        match value {
+            None => default,
+            Some(RawSize::Bytes(n)) if *n >= 0 => *n as u64,
+            Some(RawSize::Bytes(n)) => {
+                self.problem(path, format!("`{n}` is negative; expected a size in bytes"));
+                default
+            }
+            Some(RawSize::Text(text)) => parse_size(text).unwrap_or_else(|message| {
+                self.problem(path, message);
+                default
+            }),
+        }
+    }
+
+    fn socket_addr(&mut self, path: KeyPath, text: &str) -> Option<SocketAddr> {
+        match text.parse() {
+            Ok(addr) => Some(addr),
+            Err(_) => {
+                self.problem(
+                    path,
+                    format!("`{text}` is not a socket address; expected IP:PORT, like \"127.0.0.1:8080\""),
+                );
+                None
+            }
+        }
+    }
+
+    fn one_of<'a>(&mut self, path: KeyPath, value: &str, allowed: &[&'a str]) -> Option<&'a str> {
+        if let Some(found) = allowed.iter().find(|a| **a == value) {
+            return Some(found);
+        }
+        let mut message = format!(
+            "unknown value `{value}`, expected one of {}",
+            allowed.join(", ")
+        );
+        if let Some(best) = nearest(value, allowed.iter().copied()) {
+            message.push_str(&format!(" (did you mean `{best}`?)"));
+        }
+        self.problem(path, message);
+        None
+    }
+
+    fn header_styles(&mut self, path: KeyPath, names: &[String]) -> HeaderStyles {
+        let mut styles = HeaderStyles {
+            draft: false,
+            legacy: false,
+            trio: false,
+        };
+        for (i, name) in names.iter().enumerate() {
+            match self.one_of(path.index(i), name, &["draft", "legacy", "trio"]) {
+                Some("draft") => styles.draft = true,
+                Some("legacy") => styles.legacy = true,
+                Some("trio") => styles.trio = true,
+                _ => {}
+            }
+        }
+        styles
+    }
+
+    fn reference(
+        &mut self,
+        path: KeyPath,
+        kind: &str,
+        name: &str,
+        known: &[&str],
+    ) -> Option<usize> {
+        if let Some(index) = known.iter().position(|k| *k == name) {
+            return Some(index);
+        }
+        let mut message = format!("unknown {kind} `{name}`");
+        if known.is_empty() {
+            message.push_str(&format!("; no {kind}s are defined"));
+        } else {
+            message.push_str(&format!(", expected one of {}", known.join(", ")));
+        }
+        if let Some(best) = nearest(name, known.iter().copied()) {
+            message.push_str(&format!(" (did you mean `{best}`?)"));
+        }
+        self.problem(path, message);
+        None
+    }
+}
+
+/// Validates the bytes of a configuration file.
+pub fn validate(path: &Path, bytes: &[u8]) -> Result<Config, ConfigError> {
+    let fail = |problems: Vec<Problem>| ConfigError {
+        file: path.to_owned(),
+        problems,
+    };
+    let text = std::str::from_utf8(bytes).map_err(|e| {
+        let mut problem = Problem::new(KeyPath::default(), "the file is not valid UTF-8");
+        problem.position = Some(line_column(
+            &String::from_utf8_lossy(bytes),
+            e.valid_up_to(),
+        ));
+        fail(vec![problem])
+    })?;
+
+    // Syntax first: a document that does not parse has no key paths to speak of.
+    let document = DeTable::parse(text).map_err(|e| {
+        let mut problem = Problem::new(KeyPath::default(), e.message().to_owned());
+        problem.position = e.span().map(|s| line_column(text, s.start));
+        fail(vec![problem])
+    })?;
+
+    let raw: RawConfig = toml::from_str(text).map_err(|e| {
+        let mut problem = Problem::new(KeyPath::default(), explain_serde_message(e.message()));
+        if let Some(span) = e.span() {
+            problem.position = Some(line_column(text, span.start));
+            problem.path = path_at(document.get_ref(), span.start);
+        }
+        fail(vec![problem])
+    })?;
+
+    let mut checker = Checker {
+        problems: Vec::new(),
+    };
+    let config = check(&mut checker, path, bytes, &raw);
+    if checker.problems.is_empty() {
+        return Ok(config);
+    }
+    for problem in &mut checker.problems {
+        problem.position =
+            span_of(document.get_ref(), &problem.path).map(|span| line_column(text, span.start));
+    }
+    Err(fail(checker.problems))
+}
+
+fn check(c: &mut Checker, path: &Path, bytes: &[u8], raw: &RawConfig) -> Config {
+    let root = KeyPath::default();
+    let server = check_server(c, &root.key("server"), &raw.server);
+    let client_ip = check_client_ip(c, &root.key("client_ip"), &raw.client_ip);
+    let store = check_store(c, &root.key("store"), &raw.store);
+
+    let upstreams: Vec<UpstreamConfig> = raw
+        .upstreams
+        .iter()
+        .map(|(name, u)| check_upstream(c, &root.key("upstreams").key(name), name, u))
+        .collect();
+    let limits: Vec<LimitConfig> = raw
+        .limits
+        .iter()
+        .map(|(name, l)| check_limit(c, &root.key("limits").key(name), name, l))
+        .collect();
+
+    let upstream_names: Vec<&str> = raw.upstreams.keys().map(String::as_str).collect();
+    let limit_names: Vec<&str> = raw.limits.keys().map(String::as_str).collect();
+    let mut seen_routes = HashSet::new();
+    let mut routes = Vec::with_capacity(raw.routes.len());
+    for (i, route) in raw.routes.iter().enumerate() {
+        let route_path = root.key("routes").index(i);
+        if !seen_routes.insert(route.name.as_str()) {
+            c.problem(
+                route_path.key("name"),
+                format!(
+                    "duplicate route name `{}`; route names must be unique",
+                    route.name
+                ),
+            );
+        }
+        routes.push(check_route(
+            c,
+            &route_path,
+            route,
+            &upstream_names,
+            &limit_names,
+            &limits,
+        ));
+    }
+    if !raw.consumers.is_empty() {
+        c.problem(
+            root.key("consumers"),
+            "consumers are not supported by this version of tollgate yet",
+        );
+    }
+
+    Config {
+        path: path.to_owned(),
+        sha256: hex_digest(bytes),
+        server,
+        client_ip,
+        store,
+        upstreams,
+        limits,
+        routes,
+    }
+}
+
+fn hex_digest(bytes: &[u8]) -> String {
+    let digest = Sha256::digest(bytes);
+    let mut out = String::with_capacity(64);
+    for byte in digest {
+        out.push_str(&format!("{byte:02x}"));
+    }
+    out
+}
+
+fn check_server(c: &mut Checker, path: &KeyPath, raw: &raw::RawServer) -> ServerConfig {
+    let listen = match &raw.listen {
+        None => vec![SocketAddr::from(([127, 0, 0, 1], 8080))],
+        Some(list) => {
+            if list.0.is_empty() {
+                c.problem(path.key("listen"), "needs at least one address");
+            }
+            let one = list.0.len() == 1;
+            list.0
+                .iter()
+                .enumerate()
+                .filter_map(|(i, text)| {
+                    let key = if one {
+                        path.key("listen")
+                    } else {
+                        path.key("listen").index(i)
+                    };
+                    c.socket_addr(key, text)
+                })
+                .collect()
+        }
+    };
+    let admin = raw
+        .admin
+        .as_ref()
+        .and_then(|text| c.socket_addr(path.key("admin"), text));
+    if raw.tls.is_some() {
+        c.problem(
+            path.key("tls"),
+            "TLS termination is not supported by this version of tollgate yet",
+        );
+    }
+    let max_header_bytes = c.size(
+        path.key("max_header_bytes"),
+        &raw.max_header_bytes,
+        32 * 1024,
+    );
+    if max_header_bytes < 1024 {
+        c.problem(path.key("max_header_bytes"), "must be at least 1KiB");
+    }
+    let headers = match &raw.headers {
+        None => HeaderStyles::default(),
+        Some(names) => c.header_styles(path.key("headers"), names),
+    };
+    ServerConfig {
+        listen,
+        admin,
+        shutdown_timeout: c.duration(
+            path.key("shutdown_timeout"),
+            &raw.shutdown_timeout,
+            Duration::from_secs(10),
+        ),
+        workers: raw.workers.unwrap_or(0) as usize,
+        header_read_timeout: c.duration(
+            path.key("header_read_timeout"),
+            &raw.header_read_timeout,
+            Duration::from_secs(10),
+        ),
+        idle_timeout: c.duration(
+            path.key("idle_timeout"),
+            &raw.idle_timeout,
+            Duration::from_secs(60),
+        ),
+        max_header_bytes: usize::try_from(max_header_bytes).unwrap_or(usize::MAX),
+        max_connections: match raw.max_connections {
+            Some(0) => {
+                c.problem(path.key("max_connections"), "must be at least 1");
+                1
+            }
+            Some(n) => n as usize,
+            None => 10_000,
+        },
+        max_key_body: usize::try_from(c.size(
+            path.key("max_key_body"),
+            &raw.max_key_body,
+            64 * 1024,
+        ))
+        .unwrap_or(usize::MAX),
+        headers,
+    }
+}
+
+fn check_client_ip(c: &mut Checker, path: &KeyPath, raw: &raw::RawClientIp) -> ClientIpConfig {
+    let mut config = ClientIpConfig {
+        trusted_hops: raw.trusted_hops.unwrap_or(0),
+        ipv4_prefix: raw.ipv4_prefix.unwrap_or(32),
+        ipv6_prefix: raw.ipv6_prefix.unwrap_or(64),
+        ..ClientIpConfig::default()
+    };
+    if config.ipv4_prefix > 32 {
+        c.problem(path.key("ipv4_prefix"), "must be between 0 and 32");
+    }
+    if config.ipv6_prefix > 128 {
+        c.problem(path.key("ipv6_prefix"), "must be between 0 and 128");
+    }
+    if let Some(cidrs) = &raw.trusted_cidrs {
+        if raw.trusted_hops.is_some() {
+            c.problem(
+                path.key("trusted_cidrs"),
+                "`trusted_hops` and `trusted_cidrs` are exclusive; set one of them",
+            );
+        }
+        for (i, text) in cidrs.iter().enumerate() {
+            match text
+                .parse::<IpNet>()
+                .or_else(|_| text.parse::<std::net::IpAddr>().map(IpNet::from))
+            {
+                Ok(net) => config.trusted_cidrs.push(net.trunc()),
+                Err(_) => c.problem(
+                    path.key("trusted_cidrs").index(i),
+                    format!(
+                        "`{text}` is not a network; expected CIDR notation like \"10.0.0.0/8\""
+                    ),
+                ),
+            }
+        }
+    }
+    if let Some(header) = &raw.header {
+        config.forwarded_header = c.one_of(
+            path.key("header"),
+            header,
+            &["x-forwarded-for", "forwarded"],
+        ) == Some("forwarded");
+    }
+    config
+}
+
+fn check_store(c: &mut Checker, path: &KeyPath, raw: &raw::RawStore) -> StoreConfig {
+    if let Some(backend) = &raw.backend {
+        if c.one_of(path.key("backend"), backend, &["memory", "redis"]) == Some("redis") {
+            c.problem(
+                path.key("backend"),
+                "the redis backend is not supported by this version of tollgate yet; use \"memory\"",
+            );
+        }
+    }
+    StoreConfig {
+        backend: StoreBackend::Memory,
+    }
+}
+
+fn check_upstream(
+    c: &mut Checker,
+    path: &KeyPath,
+    name: &str,
+    raw: &raw::RawUpstream,
+) -> UpstreamConfig {
+    if raw.url.0.is_empty() {
+        c.problem(path.key("url"), "needs at least one URL");
+    }
+    let one = raw.url.0.len() == 1;
+    let mut urls = Vec::new();
+    for (i, text) in raw.url.0.iter().enumerate() {
+        let key = if one {
+            path.key("url")
+        } else {
+            path.key("url").index(i)
+        };
+        match text.parse::<Uri>() {
+            Ok(uri) if uri.scheme_str() == Some("http") && uri.authority().is_some() => {
+                if uri.query().is_some() {
+                    c.problem(key, format!("`{text}`: an upstream URL cannot have a query string"));
+                } else {
+                    urls.push(uri);
+                }
+            }
+            Ok(uri) if uri.scheme_str() == Some("https") => c.problem(
+                key,
+                "https upstreams are not supported by this version of tollgate yet; use http://",
+            ),
+            _ => c.problem(
+                key,
+                format!("`{text}` is not an upstream URL; expected http://HOST:PORT, like \"http://127.0.0.1:9000\""),
+            ),
+        }
+    }
+    let host = raw
+        .host
+        .as_ref()
+        .and_then(|h| match HeaderValue::from_str(h) {
+            Ok(v) => Some(v),
+            Err(_) => {
+                c.problem(
+                    path.key("host"),
+                    format!("`{h}` is not a valid Host header value"),
+                );
+                None
+            }
+        });
+    UpstreamConfig {
+        name: name.to_owned(),
+        urls,
+        connect_timeout: c.duration(
+            path.key("connect_timeout"),
+            &raw.connect_timeout,
+            Duration::from_secs(2),
+        ),
+        timeout: c.duration(path.key("timeout"), &raw.timeout, Duration::from_secs(30)),
+        host,
+    }
+}
+
+fn check_key_part(c: &mut Checker, path: KeyPath, text: &str) -> Option<KeyPart> {
+    let (kind, name) = match text.split_once(':') {
+        Some((kind, name)) => (kind, Some(name)),
+        None => (text, None),
+    };
+    let named = |c: &mut Checker, name: Option<&str>| -> Option<String> {
+        match name {
+            Some(n) if !n.is_empty() => Some(n.to_owned()),
+            _ => {
+                c.problem(
+                    path.clone(),
+                    format!("`{text}` needs a name after the colon, like \"{kind}:x-api-key\""),
+                );
+                None
+            }
+        }
+    };
+    match kind {
+        "ip" | "consumer" | "tenant" | "route" if name.is_some() => {
+            c.problem(path, format!("`{kind}` takes no name; write \"{kind}\""));
+            None
+        }
+        "ip" => Some(KeyPart::Ip),
+        "consumer" | "tenant" => {
+            c.problem(path, format!("the `{kind}` key needs [consumers], which this version of tollgate does not support yet"));
+            None
+        }
+        "route" => Some(KeyPart::Route),
+        "header" => {
+            let name = named(c, name)?;
+            match HeaderName::from_bytes(name.as_bytes()) {
+                Ok(h) => Some(KeyPart::Header(h)),
+                Err(_) => {
+                    c.problem(path, format!("`{name}` is not a valid header name"));
+                    None
+                }
+            }
+        }
+        "query" => named(c, name).map(KeyPart::Query),
+        "cookie" => named(c, name).map(KeyPart::Cookie),
+        "body" => named(c, name).map(KeyPart::BodyField),
+        _ => {
+            let kinds = [
+                "ip", "header", "query", "cookie", "body", "consumer", "tenant", "route",
+            ];
+            let mut message = format!(
+                "unknown key kind `{kind}`, expected one of ip, header:NAME, query:NAME, cookie:NAME, body:FIELD, consumer, tenant, route"
+            );
+            if let Some(best) = nearest(kind, kinds) {
+                message.push_str(&format!(" (did you mean `{best}`?)"));
+            }
+            c.problem(path, message);
+            None
+        }
+    }
+}
+
+fn check_limit(c: &mut Checker, path: &KeyPath, name: &str, raw: &raw::RawLimit) -> LimitConfig {
+    let one = raw.key.0.len() == 1;
+    if raw.key.0.is_empty() {
+        c.problem(path.key("key"), "needs at least one key part");
+    }
+    let key: Vec<KeyPart> = raw
+        .key
+        .0
+        .iter()
+        .enumerate()
+        .filter_map(|(i, text)| {
+            let key_path = if one {
+                path.key("key")
+            } else {
+                path.key("key").index(i)
+            };
+            check_key_part(c, key_path, text)
+        })
+        .collect();
+
+    let algorithm = check_algorithm(c, path, raw);
+    let status = match raw.status {
+        None => StatusCode::TOO_MANY_REQUESTS,
+        Some(code) => match StatusCode::from_u16(code) {
+            Ok(s) if (400..600).contains(&code) => s,
+            _ => {
+                c.problem(
+                    path.key("status"),
+                    format!("`{code}` is not an error status; expected 400-599"),
+                );
+                StatusCode::TOO_MANY_REQUESTS
+            }
+        },
+    };
+    let on_missing_key = match raw.on_missing_key.as_deref() {
+        None => OnMissingKey::Skip,
+        Some(text) => match c.one_of(
+            path.key("on_missing_key"),
+            text,
+            &["skip", "deny", "shared"],
+        ) {
+            Some("deny") => OnMissingKey::Deny,
+            Some("shared") => OnMissingKey::Shared,
+            _ => OnMissingKey::Skip,
+        },
+    };
+    let headers = raw
+        .headers
+        .as_ref()
+        .map(|names| c.header_styles(path.key("headers"), names));
+    let max_keys = match raw.max_keys {
+        Some(0) => {
+            c.problem(path.key("max_keys"), "must be at least 1");
+            DEFAULT_MAX_KEYS
+        }
+        Some(n) => usize::try_from(n).unwrap_or(usize::MAX),
+        None => DEFAULT_MAX_KEYS,
+    };
+    LimitConfig {
+        name: name.to_owned(),
+        key,
+        algorithm,
+        shadow: raw.shadow.unwrap_or(false),
+        status,
+        on_missing_key,
+        local: raw.local.unwrap_or(false),
+        headers,
+        max_keys,
+    }
+}
+
+/// Checks the algorithm name and that exactly its parameters are present.
+fn check_algorithm(c: &mut Checker, path: &KeyPath, raw: &raw::RawLimit) -> Algorithm {
+    let fallback = Algorithm::Concurrency { max: 1 };
+    let Some(name) = c.one_of(path.key("algorithm"), &raw.algorithm, &ALGORITHMS) else {
+        return fallback;
+    };
+    let present: [(&str, bool); 6] = [
+        ("limit", raw.limit.is_some()),
+        ("window", raw.window.is_some()),
+        ("capacity", raw.capacity.is_some()),
+        ("refill", raw.refill.is_some()),
+        ("rate", raw.rate.is_some()),
+        ("max", raw.max.is_some()),
+    ];
+    let wanted: &[&str] = match name {
+        "fixed_window" | "sliding_window" | "sliding_log" => &["limit", "window"],
+        "token_bucket" => &["capacity", "refill"],
+        "leaky_bucket" => &["capacity", "rate"],
+        _ => &["max"],
+    };
+    for (key, is_present) in present {
+        if is_present && !wanted.contains(&key) {
+            c.problem(
+                path.key(key),
+                format!(
+                    "`{key}` is not a parameter of {name}; it takes {}",
+                    wanted.join(" and ")
+                ),
+            );
+        }
+        if !is_present && wanted.contains(&key) {
+            c.problem(path.key("algorithm"), format!("{name} needs `{key}`"));
+        }
+    }
+    if raw.mode.is_some() && name != "leaky_bucket" {
+        c.problem(
+            path.key("mode"),
+            format!("`mode` is a parameter of leaky_bucket, not of {name}"),
+        );
+    }
+    let positive = |c: &mut Checker, key: &str, value: Option<u64>| -> u64 {
+        match value {
+            Some(0) => {
+                c.problem(path.key(key), "must be at least 1");
+                1
+            }
+            Some(n) => n,
+            None => 1,
+        }
+    };
+    let window = |c: &mut Checker| -> Nanos {
+        let duration = c.duration(path.key("window"), &raw.window, Duration::from_secs(1));
+        u64::try_from(duration.as_nanos()).unwrap_or(u64::MAX)
+    };
+    let rate =
+        |c: &mut Checker, key: &str, value: &Option<String>| match value.as_deref().map(parse_rate)
+        {
+            Some(Ok(rate)) => rate,
+            Some(Err(message)) => {
+                c.problem(path.key(key), message);
+                crate::limit::Rate { tokens: 1, per: 1 }
+            }
+            None => crate::limit::Rate { tokens: 1, per: 1 },
+        };
+    match name {
+        "fixed_window" => Algorithm::FixedWindow {
+            limit: positive(c, "limit", raw.limit),
+            window: window(c),
+        },
+        "sliding_window" => Algorithm::SlidingWindow {
+            limit: positive(c, "limit", raw.limit),
+            window: window(c),
+        },
+        "sliding_log" => Algorithm::SlidingLog {
+            limit: positive(c, "limit", raw.limit),
+            window: window(c),
+        },
+        "token_bucket" => Algorithm::TokenBucket {
+            capacity: positive(c, "capacity", raw.capacity),
+            refill: rate(c, "refill", &raw.refill),
+        },
+        "leaky_bucket" => {
+            let mode = match raw.mode.as_deref() {
+                None => LeakyMode::Reject,
+                Some(text) => match c.one_of(path.key("mode"), text, &["reject", "delay"]) {
+                    Some("delay") => LeakyMode::Delay,
+                    _ => LeakyMode::Reject,
+                },
+            };
+            Algorithm::LeakyBucket {
+                capacity: raw.capacity.unwrap_or(0),
+                rate: rate(c, "rate", &raw.rate),
+                mode,
+            }
+        }
+        _ => Algorithm::Concurrency {
+            max: positive(c, "max", raw.max),
+        },
+    }
+}
+
+fn check_route(
+    c: &mut Checker,
+    path: &KeyPath,
+    raw: &raw::RawRoute,
+    upstream_names: &[&str],
+    limit_names: &[&str],
+    limits: &[LimitConfig],
+) -> RouteConfig {
+    let matcher = check_match(c, &path.key("match"), &raw.matcher);
+    let action = match (&raw.upstream, &raw.respond) {
+        (Some(_), Some(_)) => {
+            c.problem(
+                path.key("respond"),
+                "a route has either `upstream` or `respond`, not both",
+            );
+            RouteAction::Forward(0)
+        }
+        (None, None) => {
+            c.problem(
+                path.key("name"),
+                "the route needs `upstream = \"NAME\"` or `respond = { ... }`",
+            );
+            RouteAction::Forward(0)
+        }
+        (Some(name), None) => RouteAction::Forward(
+            c.reference(path.key("upstream"), "upstream", name, upstream_names)
+                .unwrap_or(0),
+        ),
+        (None, Some(respond)) => {
+            let status = match respond.status {
+                None => StatusCode::OK,
+                Some(code) => StatusCode::from_u16(code).unwrap_or_else(|_| {
+                    c.problem(
+                        path.key("respond").key("status"),
+                        format!("`{code}` is not an HTTP status (100-999)"),
+                    );
+                    StatusCode::OK
+                }),
+            };
+            let content_type = respond
+                .content_type
+                .as_deref()
+                .unwrap_or("text/plain; charset=utf-8");
+            let content_type = HeaderValue::from_str(content_type).unwrap_or_else(|_| {
+                c.problem(
+                    path.key("respond").key("content_type"),
+                    "is not a valid header value",
+                );
+                HeaderValue::from_static("text/plain")
+            });
+            RouteAction::Respond {
+                status,
+                body: bytes::Bytes::from(respond.body.clone().unwrap_or_default()),
+                content_type,
+            }
+        }
+    };
+    let mut route_limits = Vec::with_capacity(raw.limits.len());
+    let mut seen = HashSet::new();
+    for (i, name) in raw.limits.iter().enumerate() {
+        if !seen.insert(name.as_str()) {
+            c.problem(
+                path.key("limits").index(i),
+                format!("limit `{name}` is listed twice"),
+            );
+        }
+        if let Some(index) = c.reference(path.key("limits").index(i), "limit", name, limit_names) {
+            route_limits.push(index);
+        }
+    }
+    const MAX_STACK: usize = 8;
+    if raw.limits.len() > MAX_STACK {
+        c.problem(
+            path.key("limits"),
+            format!("a route can stack at most {MAX_STACK} limits"),
+        );
+    }
+    let cost = match raw.cost {
+        Some(0) => {
+            c.problem(path.key("cost"), "must be at least 1");
+            1
+        }
+        Some(n) => n,
+        None => 1,
+    };
+    let _ = limits;
+    let cost_header =
+        raw.cost_header
+            .as_ref()
+            .and_then(|h| match HeaderName::from_bytes(h.as_bytes()) {
+                Ok(name) => Some(name),
+                Err(_) => {
+                    c.problem(
+                        path.key("cost_header"),
+                        format!("`{h}` is not a valid header name"),
+                    );
+                    None
+                }
+            });
+    let max_body = raw
+        .max_body
+        .as_ref()
+        .map(|size| c.size(path.key("max_body"), &Some(size.clone()), u64::MAX));
+    RouteConfig {
+        name: raw.name.clone(),
+        matcher,
+        action,
+        limits: route_limits,
+        cost,
+        cost_header,
+        max_body,
+    }
+}
+
+fn check_match(c: &mut Checker, path: &KeyPath, raw: &raw::RawMatch) -> RouteMatch {
+    for (key, value) in [("path", &raw.path), ("path_prefix", &raw.path_prefix)] {
+        if let Some(p) = value {
+            if !p.starts_with('/') {
+                c.problem(path.key(key), format!("`{p}` must start with `/`"));
+            }
+        }
+    }
+    let methods = raw.methods.as_ref().map(|methods| {
+        methods
+            .iter()
+            .enumerate()
+            .filter_map(
+                |(i, m)| match Method::from_bytes(m.to_ascii_uppercase().as_bytes()) {
+                    Ok(method) => Some(method),
+                    Err(_) => {
+                        c.problem(
+                            path.key("methods").index(i),
+                            format!("`{m}` is not an HTTP method"),
+                        );
+                        None
+                    }
+                },
+            )
+            .collect()
+    });
+    let headers = raw
+        .header
+        .iter()
+        .flat_map(BTreeMap::iter)
+        .filter_map(|(name, value)| {
+            let header_path = path.key("header").key(name);
+            match (
+                HeaderName::from_bytes(name.as_bytes()),
+                HeaderValue::from_str(value),
+            ) {
+                (Ok(n), Ok(v)) => Some((n, v)),
+                (Err(_), _) => {
+                    c.problem(header_path, format!("`{name}` is not a valid header name"));
+                    None
+                }
+                (_, Err(_)) => {
+                    c.problem(header_path, "is not a valid header value");
+                    None
+                }
+            }
+        })
+        .collect();
+    RouteMatch {
+        path: raw.path.clone(),
+        path_prefix: raw.path_prefix.clone(),
+        methods,
+        host: raw
+            .host
+            .as_ref()
+            .map(|h| strip_port(h).to_ascii_lowercase()),
+        headers,
+    }
+}
+
+/// `example.com:8080` → `example.com`; `[::1]:80` → `[::1]`.
+pub fn strip_port(host: &str) -> &str {
+    if host.starts_with('[') {
+        return host.find(']').map_or(host, |end| &host[..=end]);
+    }
+    match host.rsplit_once(':') {
+        Some((name, port)) if port.bytes().all(|b| b.is_ascii_digit()) => name,
+        _ => host,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn errors(text: &str) -> String {
+        match Config::from_bytes(Path::new("gateway.toml"), text.as_bytes()) {
+            Ok(_) => String::new(),
+            Err(e) => e.to_string(),
+        }
+    }
+
+    #[test]
+    fn empty_file_is_valid_with_defaults() {
+        let config = Config::from_bytes(Path::new("g.toml"), b"").unwrap();
+        assert_eq!(
+            config.server.listen,
+            vec!["127.0.0.1:8080".parse().unwrap()]
+        );
+        assert_eq!(config.server.max_header_bytes, 32 * 1024);
+    }
+
+    #[test]
+    fn misspelt_key_is_located_and_suggested() {
+        let message = errors("[server]\nlistn = \"127.0.0.1:1\"\n");
+        assert!(
+            message.starts_with("gateway.toml:2:1: `server.listn`: unknown key `listn`"),
+            "{message}"
+        );
+        assert!(message.contains("did you mean `listen`?"), "{message}");
+    }
+
+    #[test]
+    fn dangling_references_point_at_the_referencing_key() {
+        let text = "[upstreams.api]\nurl = \"http://127.0.0.1:9\"\n\n[[routes]]\nname = \"a\"\nupstream = \"apii\"\nlimits = [\"nope\"]\n";
+        let message = errors(text);
+        assert!(
+            message.contains("gateway.toml:6:1: `routes[0].upstream`: unknown upstream `apii`"),
+            "{message}"
+        );
+        assert!(message.contains("(did you mean `api`?)"), "{message}");
+        assert!(
+            message.contains("gateway.toml:7:11: `routes[0].limits[0]`: unknown limit `nope`"),
+            "{message}"
+        );
+    }
+
+    #[test]
+    fn every_problem_is_reported() {
+        let text = "[server]\nshutdown_timeout = \"10\"\nidle_timeout = \"5 weeks\"\n\n[limits.a]\nkey = \"ip\"\nalgorithm = \"token_bucket\"\ncapacity = 0\nrefill = \"x\"\n";
+        let message = errors(text);
+        assert_eq!(message.lines().count(), 4, "{message}");
+        assert!(
+            message.contains("gateway.toml:2:1: `server.shutdown_timeout`"),
+            "{message}"
+        );
+        assert!(
+            message.contains("gateway.toml:9:1: `limits.a.refill`"),
+            "{message}"
+        );
+    }
+
+    #[test]
+    fn type_errors_carry_their_position() {
+        let message = errors("[server]\nworkers = \"four\"\n");
+        assert!(
+            message.starts_with("gateway.toml:2:11: `server.workers`"),
+            "{message}"
+        );
+    }
+
+    #[test]
+    fn syntax_errors_carry_their_position() {
+        let message = errors("[server\n");
+        assert!(message.starts_with("gateway.toml:1:"), "{message}");
+    }
+
+    #[test]
+    fn trusted_hops_and_cidrs_are_exclusive() {
+        let message = errors("[client_ip]\ntrusted_hops = 1\ntrusted_cidrs = [\"10.0.0.0/8\"]\n");
+        assert!(message.contains("exclusive"), "{message}");
+    }
+
+    #[test]
+    fn algorithm_parameters_are_checked() {
+        let message = errors("[limits.a]\nkey = \"ip\"\nalgorithm = \"token_bukket\"\n");
+        assert!(
+            message.contains("did you mean `token_bucket`?"),
+            "{message}"
+        );
+        let message = errors(
+            "[limits.a]\nkey = \"ip\"\nalgorithm = \"fixed_window\"\nlimit = 5\ncapacity = 3\n",
+        );
+        assert!(message.contains("needs `window`"), "{message}");
+        assert!(
+            message.contains("`capacity` is not a parameter of fixed_window"),
+            "{message}"
+        );
+    }
+
+    #[test]
+    fn strip_port_keeps_ipv6_brackets() {
+        assert_eq!(strip_port("example.com:8080"), "example.com");
+        assert_eq!(strip_port("[::1]:80"), "[::1]");
+        assert_eq!(strip_port("example.com"), "example.com");
+    }
+}
