@@ -1,4 +1,25 @@
+//! tollgate: a rate-limiting reverse proxy and API gateway.
+//!
+//! # Architecture
+//!
+//! A request goes through plain steps in a fixed order, each in its own module:
+//!
+//! **accept** ([`server`]) → **snapshot** ([`app`]) → **route** ([`routing`]) →
+//! **limit** ([`limit`]) → **forward** ([`proxy::forward`]) → **respond**
+//! ([`proxy::response`], errors via [`error`]).
+//!
+//! [`handler`] is the one function that calls these steps. Configuration
+//! ([`config`]) is validated whole and swapped whole (`arc-swap`); limiter state
+//! lives outside the snapshot so a reload keeps it.
+
+pub mod app;
 pub mod config;
+pub mod error;
+pub mod handler;
 pub mod identity;
 pub mod limit;
 pub mod proxy;
+pub mod reload;
+pub mod routing;
+pub mod server;
+pub mod summary;

@@ -1,1 +1,150 @@
-fn main() {}
+//! The `tollgate` binary: the command line, logging and signals around the
+//! library. `run` serves, `check` validates.
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use clap::{Parser, Subcommand, ValueEnum};
+use tokio::signal::unix::{SignalKind, signal};
+use tokio::sync::watch;
+
+use tollgate::app::App;
+use tollgate::config::Config;
+
+/// A rate-limiting reverse proxy and API gateway.
+#[derive(Debug, Parser)]
+#[command(name = "tollgate", version, about)]
+struct Cli {
+    #[command(subcommand)]
+    command: Option<Command>,
+    /// The configuration file.
+    #[arg(short, long, global = true, default_value = "gateway.toml")]
+    config: PathBuf,
+    /// Log format on stderr.
+    #[arg(long, global = true, value_enum, default_value_t = LogFormat::Human)]
+    log_format: LogFormat,
+}
+
+#[derive(Debug, Subcommand)]
+enum Command {
+    /// Serve traffic (the default).
+    Run,
+    /// Validate the configuration, print a summary, exit 0 (valid) or 1.
+    Check,
+}
+
+#[derive(Debug, Clone, Copy, ValueEnum)]
+enum LogFormat {
+    Human,
+    Json,
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    let config = match Config::load(&cli.config) {
+        Ok(config) => config,
+        Err(error) => {
+            eprintln!("{error}");
+            return ExitCode::FAILURE;
+        }
+    };
+    match cli.command.unwrap_or(Command::Run) {
+        Command::Check => {
+            print!("{}", tollgate::summary::render(&config));
+            ExitCode::SUCCESS
+        }
+        Command::Run => run(config, cli.log_format),
+    }
+}
+
+fn init_logging(format: LogFormat) {
+    let filter = tracing_subscriber::EnvFilter::try_from_env("TOLLGATE_LOG")
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+    let builder = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()));
+    match format {
+        LogFormat::Human => builder.init(),
+        LogFormat::Json => builder.json().flatten_event(true).init(),
+    }
+}
+
+fn run(config: Config, log_format: LogFormat) -> ExitCode {
+    let mut runtime = tokio::runtime::Builder::new_multi_thread();
+    runtime.enable_all();
+    if config.server.workers > 0 {
+        runtime.worker_threads(config.server.workers);
+    }
+    let runtime = match runtime.build() {
+        Ok(runtime) => runtime,
+        Err(error) => {
+            eprintln!("cannot start the runtime: {error}");
+            return ExitCode::FAILURE;
+        }
+    };
+    runtime.block_on(async move {
+        let listeners = match tollgate::server::bind(&config.server.listen).await {
+            Ok(listeners) => listeners,
+            Err(error) => {
+                eprintln!("{error}");
+                return ExitCode::FAILURE;
+            }
+        };
+        for listener in &listeners {
+            if let Ok(address) = listener.local_addr() {
+                eprintln!("listening on http://{address}");
+            }
+        }
+        init_logging(log_format);
+        let path = config.path.clone();
+        let app = App::new(config);
+        let (shutdown_tx, shutdown_rx) = watch::channel(false);
+        let signals = match Signals::install() {
+            Ok(signals) => signals,
+            Err(error) => {
+                eprintln!("cannot install signal handlers: {error}");
+                return ExitCode::FAILURE;
+            }
+        };
+        tokio::spawn(signals.dispatch(app.clone(), path, shutdown_tx));
+        tollgate::server::serve(app, listeners, shutdown_rx).await;
+        tracing::info!("stopped");
+        ExitCode::SUCCESS
+    })
+}
+
+/// The process signals tollgate answers.
+struct Signals {
+    terminate: tokio::signal::unix::Signal,
+    interrupt: tokio::signal::unix::Signal,
+    hangup: tokio::signal::unix::Signal,
+}
+
+impl Signals {
+    fn install() -> std::io::Result<Signals> {
+        Ok(Signals {
+            terminate: signal(SignalKind::terminate())?,
+            interrupt: signal(SignalKind::interrupt())?,
+            hangup: signal(SignalKind::hangup())?,
+        })
+    }
+
+    /// SIGTERM/SIGINT start the drain; SIGHUP reloads the configuration.
+    async fn dispatch(
+        mut self,
+        app: std::sync::Arc<App>,
+        path: PathBuf,
+        shutdown: watch::Sender<bool>,
+    ) {
+        loop {
+            tokio::select! {
+                _ = self.terminate.recv() => break,
+                _ = self.interrupt.recv() => break,
+                _ = self.hangup.recv() => tollgate::reload::reload(&app, &path),
+            }
+        }
+        tracing::info!("shutting down: draining connections");
+        let _ = shutdown.send(true);
+    }
+}

@@ -1,1 +1,5 @@
 //! Talking HTTP: forwarding to upstreams and building the gateway's own responses.
+
+pub mod body;
+pub mod forward;
+pub mod response;

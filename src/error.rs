@@ -1,0 +1,72 @@
+//! Errors of the request path, each knowing its source (the client, the
+//! upstream, the gateway) and mapped to an HTTP status in one exhaustive `match`.
+
+use http::{Response, StatusCode};
+
+use crate::proxy::body::ResponseBody;
+use crate::proxy::response::problem;
+
+/// Why the gateway answers a request itself with an error.
+#[derive(Debug, thiserror::Error)]
+pub enum GatewayError {
+    #[error("no route matches {method} {path}")]
+    NoRoute { method: http::Method, path: String },
+    #[error("request headers are larger than {limit} bytes")]
+    HeadersTooLarge { limit: usize },
+    #[error("request body is larger than the route's limit of {limit} bytes")]
+    BodyTooLarge { limit: u64 },
+    #[error("malformed request: {reason}")]
+    BadRequest { reason: &'static str },
+    #[error("upstream {upstream} is unreachable")]
+    UpstreamConnect {
+        upstream: String,
+        #[source]
+        source: hyper_util::client::legacy::Error,
+    },
+    #[error("upstream {upstream} failed before answering")]
+    UpstreamFailed {
+        upstream: String,
+        #[source]
+        source: hyper_util::client::legacy::Error,
+    },
+    #[error("upstream {upstream} did not answer within {timeout:?}")]
+    UpstreamTimeout {
+        upstream: String,
+        timeout: std::time::Duration,
+    },
+}
+
+impl GatewayError {
+    /// The HTTP status the client gets. Exhaustive on purpose: a new error
+    /// kind must decide its status here.
+    pub fn status(&self) -> StatusCode {
+        match self {
+            GatewayError::NoRoute { .. } => StatusCode::NOT_FOUND,
+            GatewayError::HeadersTooLarge { .. } => StatusCode::REQUEST_HEADER_FIELDS_TOO_LARGE,
+            GatewayError::BodyTooLarge { .. } => StatusCode::PAYLOAD_TOO_LARGE,
+            GatewayError::BadRequest { .. } => StatusCode::BAD_REQUEST,
+            GatewayError::UpstreamConnect { .. } => StatusCode::BAD_GATEWAY,
+            GatewayError::UpstreamFailed { .. } => StatusCode::BAD_GATEWAY,
+            GatewayError::UpstreamTimeout { .. } => StatusCode::GATEWAY_TIMEOUT,
+        }
+    }
+
+    /// The `kind` label of `tollgate_upstream_errors_total`, for upstream errors.
+    pub fn upstream_kind(&self) -> Option<&'static str> {
+        match self {
+            GatewayError::UpstreamConnect { .. } => Some("connect"),
+            GatewayError::UpstreamFailed { .. } => Some("reset"),
+            GatewayError::UpstreamTimeout { .. } => Some("timeout"),
+            GatewayError::NoRoute { .. }
+            | GatewayError::HeadersTooLarge { .. }
+            | GatewayError::BodyTooLarge { .. }
+            | GatewayError::BadRequest { .. } => None,
+        }
+    }
+
+    /// The problem+json response for this error. The detail is the error's own
+    /// message; upstream error chains are logged, not shown to clients.
+    pub fn to_response(&self) -> Response<ResponseBody> {
+        problem(self.status(), &self.to_string())
+    }
+}

@@ -1,0 +1,181 @@
+//! Body types of the gateway: what goes upstream ([`RequestBody`]) and what goes
+//! back to the client ([`ResponseBody`]).
+//!
+//! Both stream: nothing is buffered beyond what hyper hands over. They are enums
+//! rather than boxed trait objects so the allowed path allocates no box per
+//! request. A [`ResponseBody`] carries the request's [`Completion`]; dropping the
+//! body (the last byte sent, or the client gone) is the moment a request ends,
+//! which releases concurrency slots and marks the connection idle.
+
+use std::pin::Pin;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::task::{Context, Poll};
+
+use bytes::Bytes;
+use http_body::{Body, Frame, SizeHint};
+use hyper::body::Incoming;
+
+use crate::server::ConnActivity;
+
+/// The error a request body yields when it outgrows the route's `max_body`.
+#[derive(Debug, thiserror::Error)]
+#[error("request body larger than {limit} bytes")]
+pub struct BodyTooLarge {
+    pub limit: u64,
+}
+
+/// A request body on its way upstream.
+#[derive(Debug)]
+pub enum RequestBody {
+    /// The client's body, streamed, optionally capped.
+    Streaming {
+        inner: Incoming,
+        cap: Option<BodyCap>,
+    },
+    /// A body already in memory (buffered for a `body:FIELD` key).
+    Buffered(Option<Bytes>),
+}
+
+/// Counts a streamed body against `max_body` and flags an overflow so the
+/// handler can answer 413 instead of 502.
+#[derive(Debug)]
+pub struct BodyCap {
+    pub limit: u64,
+    pub seen: u64,
+    pub exceeded: Arc<AtomicBool>,
+}
+
+impl Body for RequestBody {
+    type Data = Bytes;
+    type Error = Box<dyn std::error::Error + Send + Sync>;
+
+    fn poll_frame(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, Self::Error>>> {
+        match self.get_mut() {
+            RequestBody::Buffered(bytes) => Poll::Ready(bytes.take().map(|b| Ok(Frame::data(b)))),
+            RequestBody::Streaming { inner, cap } => {
+                let frame = match Pin::new(inner).poll_frame(cx) {
+                    Poll::Pending => return Poll::Pending,
+                    Poll::Ready(None) => return Poll::Ready(None),
+                    Poll::Ready(Some(Err(e))) => return Poll::Ready(Some(Err(e.into()))),
+                    Poll::Ready(Some(Ok(frame))) => frame,
+                };
+                if let (Some(cap), Some(data)) = (cap.as_mut(), frame.data_ref()) {
+                    cap.seen = cap.seen.saturating_add(data.len() as u64);
+                    if cap.seen > cap.limit {
+                        cap.exceeded.store(true, Ordering::Relaxed);
+                        return Poll::Ready(Some(Err(Box::new(BodyTooLarge { limit: cap.limit }))));
+                    }
+                }
+                Poll::Ready(Some(Ok(frame)))
+            }
+        }
+    }
+
+    fn is_end_stream(&self) -> bool {
+        match self {
+            RequestBody::Buffered(bytes) => bytes.is_none(),
+            RequestBody::Streaming { inner, .. } => inner.is_end_stream(),
+        }
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        match self {
+            RequestBody::Buffered(Some(bytes)) => SizeHint::with_exact(bytes.len() as u64),
+            RequestBody::Buffered(None) => SizeHint::with_exact(0),
+            RequestBody::Streaming { inner, .. } => inner.size_hint(),
+        }
+    }
+}
+
+/// What happens when a request ends (its response body finished or dropped).
+#[derive(Debug, Default)]
+pub struct Completion {
+    /// The connection the request came on, told that it is idle again.
+    pub connection: Option<Arc<ConnActivity>>,
+}
+
+impl Drop for Completion {
+    fn drop(&mut self) {
+        if let Some(connection) = &self.connection {
+            connection.request_finished();
+        }
+    }
+}
+
+/// A response body on its way to the client.
+#[derive(Debug)]
+pub struct ResponseBody {
+    kind: ResponseKind,
+    /// Dropped with the body: the end of the request.
+    _completion: Completion,
+}
+
+#[derive(Debug)]
+enum ResponseKind {
+    Full(Option<Bytes>),
+    Upstream(Incoming),
+}
+
+impl ResponseBody {
+    pub fn full(bytes: impl Into<Bytes>) -> Self {
+        let bytes = bytes.into();
+        ResponseBody {
+            kind: ResponseKind::Full((!bytes.is_empty()).then_some(bytes)),
+            _completion: Completion::default(),
+        }
+    }
+
+    pub fn empty() -> Self {
+        ResponseBody {
+            kind: ResponseKind::Full(None),
+            _completion: Completion::default(),
+        }
+    }
+
+    pub fn upstream(body: Incoming) -> Self {
+        ResponseBody {
+            kind: ResponseKind::Upstream(body),
+            _completion: Completion::default(),
+        }
+    }
+
+    /// Attaches what must happen when the response ends.
+    pub fn with_completion(mut self, completion: Completion) -> Self {
+        self._completion = completion;
+        self
+    }
+}
+
+impl Body for ResponseBody {
+    type Data = Bytes;
+    type Error = hyper::Error;
+
+    fn poll_frame(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, Self::Error>>> {
+        match &mut self.get_mut().kind {
+            ResponseKind::Full(bytes) => Poll::Ready(bytes.take().map(|b| Ok(Frame::data(b)))),
+            ResponseKind::Upstream(inner) => Pin::new(inner).poll_frame(cx),
+        }
+    }
+
+    fn is_end_stream(&self) -> bool {
+        match &self.kind {
+            ResponseKind::Full(bytes) => bytes.is_none(),
+            ResponseKind::Upstream(inner) => inner.is_end_stream(),
+        }
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        match &self.kind {
+            ResponseKind::Full(Some(bytes)) => SizeHint::with_exact(bytes.len() as u64),
+            ResponseKind::Full(None) => SizeHint::with_exact(0),
+            ResponseKind::Upstream(inner) => inner.size_hint(),
+        }
+    }
+}

@@ -1,0 +1,314 @@
+//! Forwarding to upstreams (RFC 9110 §7.6): a pooled keep-alive HTTP/1.1 client
+//! per upstream, round robin over its URLs, hop-by-hop headers removed both
+//! ways, `X-Forwarded-For` / `X-Forwarded-Proto` / `Forwarded` set, bodies
+//! streamed both ways.
+
+use std::fmt::Write as _;
+use std::net::{IpAddr, SocketAddr};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::time::Duration;
+
+use http::header::{self, HeaderMap, HeaderName, HeaderValue};
+use http::request::Parts;
+use http::uri::{PathAndQuery, Uri};
+use http::{Request, Response, Version};
+use hyper::body::Incoming;
+use hyper_util::client::legacy::Client;
+use hyper_util::client::legacy::connect::HttpConnector;
+use hyper_util::rt::{TokioExecutor, TokioTimer};
+
+use super::body::RequestBody;
+use crate::config::UpstreamConfig;
+use crate::error::GatewayError;
+
+/// One upstream of a snapshot: its settings and its connection pool.
+#[derive(Debug)]
+pub struct Upstream {
+    pub config: UpstreamConfig,
+    client: Client<HttpConnector, RequestBody>,
+    next: AtomicUsize,
+}
+
+impl Upstream {
+    pub fn new(config: UpstreamConfig) -> Upstream {
+        let mut connector = HttpConnector::new();
+        connector.set_connect_timeout(Some(config.connect_timeout));
+        connector.set_nodelay(true);
+        connector.enforce_http(true);
+        let client = Client::builder(TokioExecutor::new())
+            .pool_timer(TokioTimer::new())
+            .pool_idle_timeout(Duration::from_secs(90))
+            .build(connector);
+        Upstream {
+            config,
+            client,
+            next: AtomicUsize::new(0),
+        }
+    }
+
+    /// The next base URL, round robin.
+    fn pick(&self) -> &Uri {
+        let i = self.next.fetch_add(1, Ordering::Relaxed);
+        &self.config.urls[i % self.config.urls.len()]
+    }
+
+    /// Sends the request upstream and waits for the response head, at most
+    /// `timeout`. `body_exceeded` tells a body-cap abort (413) from a failure.
+    pub async fn send(
+        &self,
+        request: Request<RequestBody>,
+        body_exceeded: Option<&AtomicBool>,
+        body_limit: u64,
+    ) -> Result<Response<Incoming>, GatewayError> {
+        let name = &self.config.name;
+        match tokio::time::timeout(self.config.timeout, self.client.request(request)).await {
+            Err(_) => Err(GatewayError::UpstreamTimeout {
+                upstream: name.clone(),
+                timeout: self.config.timeout,
+            }),
+            Ok(Ok(response)) => Ok(response),
+            Ok(Err(_)) if body_exceeded.is_some_and(|flag| flag.load(Ordering::Relaxed)) => {
+                Err(GatewayError::BodyTooLarge { limit: body_limit })
+            }
+            Ok(Err(source)) if source.is_connect() => Err(GatewayError::UpstreamConnect {
+                upstream: name.clone(),
+                source,
+            }),
+            Ok(Err(source)) => Err(GatewayError::UpstreamFailed {
+                upstream: name.clone(),
+                source,
+            }),
+        }
+    }
+
+    /// Builds the upstream request from the client's: new URI, forwarding
+    /// headers, hop-by-hop headers removed.
+    pub fn prepare(
+        &self,
+        mut parts: Parts,
+        body: RequestBody,
+        peer: SocketAddr,
+        proto: &'static str,
+    ) -> Result<Request<RequestBody>, GatewayError> {
+        let base = self.pick();
+        // HTTP/2 and absolute-form requests carry the host in the URI
+        // (RFC 9113 §8.3.1); it wins over a `Host` header.
+        let client_host = parts
+            .uri
+            .authority()
+            .and_then(|a| HeaderValue::from_str(a.as_str()).ok())
+            .or_else(|| parts.headers.get(header::HOST).cloned());
+        parts.uri = upstream_uri(base, &parts.uri)?;
+        remove_hop_by_hop(&mut parts.headers);
+        append_forwarding(&mut parts.headers, peer.ip(), proto, client_host.as_ref());
+        match (&self.config.host, client_host) {
+            (Some(host), _) => {
+                parts.headers.insert(header::HOST, host.clone());
+            }
+            (None, Some(host)) => {
+                parts.headers.insert(header::HOST, host);
+            }
+            (None, None) => {
+                if let Some(authority) = base.authority() {
+                    if let Ok(value) = HeaderValue::from_str(authority.as_str()) {
+                        parts.headers.insert(header::HOST, value);
+                    }
+                }
+            }
+        }
+        parts.version = Version::HTTP_11;
+        Ok(Request::from_parts(parts, body))
+    }
+}
+
+/// Arc'd upstreams of a snapshot, by index in [`Config::upstreams`](crate::config::Config).
+pub type Upstreams = Vec<Arc<Upstream>>;
+
+fn upstream_uri(base: &Uri, request: &Uri) -> Result<Uri, GatewayError> {
+    let request_pq = request.path_and_query().map_or("/", PathAndQuery::as_str);
+    let base_path = base.path().trim_end_matches('/');
+    let mut builder = Uri::builder();
+    if let Some(scheme) = base.scheme() {
+        builder = builder.scheme(scheme.clone());
+    }
+    if let Some(authority) = base.authority() {
+        builder = builder.authority(authority.clone());
+    }
+    let path_and_query = if base_path.is_empty() {
+        PathAndQuery::from_maybe_shared(bytes::Bytes::copy_from_slice(request_pq.as_bytes()))
+    } else {
+        PathAndQuery::try_from(format!("{base_path}{request_pq}"))
+    };
+    let path_and_query = path_and_query.map_err(|_| GatewayError::BadRequest {
+        reason: "the request target cannot be forwarded",
+    })?;
+    builder
+        .path_and_query(path_and_query)
+        .build()
+        .map_err(|_| GatewayError::BadRequest {
+            reason: "the request target cannot be forwarded",
+        })
+}
+
+/// Hop-by-hop headers of RFC 9110 §7.6.1, always removed.
+const HOP_BY_HOP: [HeaderName; 7] = [
+    header::CONNECTION,
+    HeaderName::from_static("keep-alive"),
+    HeaderName::from_static("proxy-connection"),
+    header::TE,
+    header::TRAILER,
+    header::TRANSFER_ENCODING,
+    header::UPGRADE,
+];
+
+/// Removes hop-by-hop headers, including every header `Connection` names.
+pub fn remove_hop_by_hop(headers: &mut HeaderMap) {
+    let named: Vec<HeaderName> = headers
+        .get_all(header::CONNECTION)
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .flat_map(|v| v.split(','))
+        .filter_map(|name| HeaderName::from_bytes(name.trim().as_bytes()).ok())
+        .collect();
+    for name in named {
+        headers.remove(name);
+    }
+    for name in &HOP_BY_HOP {
+        headers.remove(name);
+    }
+}
+
+/// Appends the peer to `X-Forwarded-For`, sets `X-Forwarded-Proto`, and
+/// appends an RFC 7239 `Forwarded` element.
+fn append_forwarding(
+    headers: &mut HeaderMap,
+    peer: IpAddr,
+    proto: &'static str,
+    host: Option<&HeaderValue>,
+) {
+    let peer = canonical_ip(peer);
+    let mut xff = String::with_capacity(64);
+    for value in headers.get_all("x-forwarded-for") {
+        if let Ok(text) = value.to_str() {
+            let text = text.trim();
+            if !text.is_empty() {
+                xff.push_str(text);
+                xff.push_str(", ");
+            }
+        }
+    }
+    let _ = write!(xff, "{peer}");
+    if let Ok(value) = HeaderValue::from_str(&xff) {
+        headers.insert(HeaderName::from_static("x-forwarded-for"), value);
+    }
+    headers.insert(
+        HeaderName::from_static("x-forwarded-proto"),
+        HeaderValue::from_static(proto),
+    );
+
+    let mut element = String::with_capacity(64);
+    match peer {
+        IpAddr::V4(v4) => {
+            let _ = write!(element, "for={v4}");
+        }
+        IpAddr::V6(v6) => {
+            let _ = write!(element, "for=\"[{v6}]\"");
+        }
+    }
+    let _ = write!(element, ";proto={proto}");
+    if let Some(host) = host.and_then(|h| h.to_str().ok()) {
+        if host.bytes().all(is_token_byte) {
+            let _ = write!(element, ";host={host}");
+        } else if host.bytes().all(|b| b != b'"' && b != b'\\') {
+            let _ = write!(element, ";host=\"{host}\"");
+        }
+    }
+    let mut forwarded = String::with_capacity(element.len() + 32);
+    for value in headers.get_all(header::FORWARDED) {
+        if let Ok(text) = value.to_str() {
+            forwarded.push_str(text);
+            forwarded.push_str(", ");
+        }
+    }
+    forwarded.push_str(&element);
+    if let Ok(value) = HeaderValue::from_str(&forwarded) {
+        headers.insert(header::FORWARDED, value);
+    }
+}
+
+/// IPv4-mapped IPv6 peers are shown as the IPv4 address they are.
+fn canonical_ip(ip: IpAddr) -> IpAddr {
+    match ip {
+        IpAddr::V6(v6) => v6.to_ipv4_mapped().map_or(ip, IpAddr::V4),
+        v4 => v4,
+    }
+}
+
+/// RFC 9110 `tchar`.
+fn is_token_byte(b: u8) -> bool {
+    b.is_ascii_alphanumeric() || b"!#$%&'*+-.^_`|~".contains(&b)
+}
+
+/// Prepares an upstream response for the client: hop-by-hop headers removed.
+pub fn prepare_response(response: &mut Response<Incoming>) {
+    remove_hop_by_hop(response.headers_mut());
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn connection_named_headers_are_removed() {
+        let mut headers = HeaderMap::new();
+        headers.insert(
+            header::CONNECTION,
+            HeaderValue::from_static("close, x-secret"),
+        );
+        headers.insert("x-secret", HeaderValue::from_static("1"));
+        headers.insert("keep-alive", HeaderValue::from_static("timeout=5"));
+        headers.insert("x-kept", HeaderValue::from_static("1"));
+        remove_hop_by_hop(&mut headers);
+        assert_eq!(headers.len(), 1);
+        assert!(headers.contains_key("x-kept"));
+    }
+
+    #[test]
+    fn forwarding_headers_are_appended() {
+        let mut headers = HeaderMap::new();
+        headers.append("x-forwarded-for", HeaderValue::from_static("1.1.1.1"));
+        headers.append("x-forwarded-for", HeaderValue::from_static("2.2.2.2"));
+        let host = HeaderValue::from_static("example.com:8080");
+        append_forwarding(
+            &mut headers,
+            "::ffff:10.0.0.1".parse().unwrap(),
+            "http",
+            Some(&host),
+        );
+        assert_eq!(headers["x-forwarded-for"], "1.1.1.1, 2.2.2.2, 10.0.0.1");
+        assert_eq!(headers["x-forwarded-proto"], "http");
+        assert_eq!(
+            headers["forwarded"],
+            "for=10.0.0.1;proto=http;host=\"example.com:8080\""
+        );
+        let mut headers = HeaderMap::new();
+        append_forwarding(&mut headers, "2001:db8::1".parse().unwrap(), "http", None);
+        assert_eq!(headers["forwarded"], "for=\"[2001:db8::1]\";proto=http");
+    }
+
+    #[test]
+    fn upstream_uri_joins_base_path() {
+        let base: Uri = "http://127.0.0.1:9000/v1/".parse().unwrap();
+        let request: Uri = "/users?id=1".parse().unwrap();
+        assert_eq!(
+            upstream_uri(&base, &request).unwrap(),
+            "http://127.0.0.1:9000/v1/users?id=1"
+        );
+        let base: Uri = "http://127.0.0.1:9000".parse().unwrap();
+        assert_eq!(
+            upstream_uri(&base, &request).unwrap(),
+            "http://127.0.0.1:9000/users?id=1"
+        );
+    }
+}

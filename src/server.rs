@@ -1,0 +1,345 @@
+//! Listeners, the accept loop, per-connection protections and graceful drain.
+//!
+//! - **Connection cap**: the accept loop takes a permit before `accept`, so at
+//!   `max_connections` further connections wait in the kernel backlog.
+//! - **Accept errors** (e.g. out of file descriptors) back off and retry instead
+//!   of ending the loop (as in mini-redis).
+//! - **Slow clients**: a per-connection watchdog closes a connection whose
+//!   request head is not complete within `header_read_timeout` (slowloris) and
+//!   one idle between requests for `idle_timeout`. hyper's own header timer is
+//!   off, because it also runs while a keep-alive connection is idle and would
+//!   cap the idle time at the header timeout.
+//! - **Drain**: on shutdown the listeners close (new connections are refused),
+//!   open connections finish their in-flight request with `Connection: close`,
+//!   and the drain waits at most `shutdown_timeout`.
+
+use std::io;
+use std::net::SocketAddr;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
+use std::task::{Context, Poll};
+use std::time::Duration;
+
+use hyper::server::conn::http1;
+use hyper::service::service_fn;
+use hyper_util::rt::{TokioIo, TokioTimer};
+use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
+use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::{Semaphore, mpsc, watch};
+use tokio::time::Instant;
+
+use crate::app::App;
+use crate::handler::{Downstream, handle};
+use crate::proxy::body::Completion;
+
+/// Binds every traffic listener of the configuration.
+pub async fn bind(addresses: &[SocketAddr]) -> io::Result<Vec<TcpListener>> {
+    let mut listeners = Vec::with_capacity(addresses.len());
+    for address in addresses {
+        let listener = TcpListener::bind(address)
+            .await
+            .map_err(|e| io::Error::new(e.kind(), format!("cannot listen on {address}: {e}")))?;
+        listeners.push(listener);
+    }
+    Ok(listeners)
+}
+
+/// Serves `listeners` until `shutdown` turns true, then drains. Returns when
+/// every connection has closed or `shutdown_timeout` has passed.
+pub async fn serve(
+    app: Arc<App>,
+    listeners: Vec<TcpListener>,
+    mut shutdown: watch::Receiver<bool>,
+) {
+    let limits = app.snapshot().config.server.clone();
+    let permits = Arc::new(Semaphore::new(limits.max_connections));
+    // Each connection task holds a sender; the drain ends when all are gone.
+    let (alive_tx, mut alive_rx) = mpsc::channel::<()>(1);
+    let mut accept_tasks = Vec::new();
+    for listener in listeners {
+        accept_tasks.push(tokio::spawn(accept_loop(
+            app.clone(),
+            listener,
+            permits.clone(),
+            shutdown.clone(),
+            alive_tx.clone(),
+        )));
+    }
+    drop(alive_tx);
+    // Wait for the shutdown signal; the accept loops watch it too.
+    while !*shutdown.borrow() {
+        if shutdown.changed().await.is_err() {
+            break;
+        }
+    }
+    for task in accept_tasks {
+        let _ = task.await;
+    }
+    let timeout = app.snapshot().config.server.shutdown_timeout;
+    if tokio::time::timeout(timeout, alive_rx.recv())
+        .await
+        .is_err()
+    {
+        tracing::warn!(
+            ?timeout,
+            "shutdown timeout reached with connections still open"
+        );
+    }
+}
+
+async fn accept_loop(
+    app: Arc<App>,
+    listener: TcpListener,
+    permits: Arc<Semaphore>,
+    mut shutdown: watch::Receiver<bool>,
+    alive: mpsc::Sender<()>,
+) {
+    let mut backoff = Duration::from_millis(5);
+    loop {
+        let permit = tokio::select! {
+            permit = permits.clone().acquire_owned() => match permit {
+                Ok(p) => p,
+                Err(_) => return,
+            },
+            _ = shutdown.changed() => return,
+        };
+        let accepted = tokio::select! {
+            accepted = listener.accept() => accepted,
+            _ = shutdown.changed() => return,
+        };
+        let (stream, peer) = match accepted {
+            Ok(pair) => {
+                backoff = Duration::from_millis(5);
+                pair
+            }
+            Err(error) => {
+                // EMFILE and friends: wait and retry rather than die.
+                tracing::warn!(%error, "accept failed; backing off");
+                tokio::time::sleep(backoff).await;
+                backoff = (backoff * 2).min(Duration::from_secs(1));
+                continue;
+            }
+        };
+        let _ = stream.set_nodelay(true);
+        let app = app.clone();
+        let shutdown = shutdown.clone();
+        let alive = alive.clone();
+        tokio::spawn(async move {
+            serve_connection(app, stream, peer, shutdown).await;
+            drop(permit);
+            drop(alive);
+        });
+    }
+}
+
+/// Activity of one connection, shared by its I/O wrapper, its requests and
+/// its watchdog. Times are milliseconds since the connection was accepted.
+#[derive(Debug)]
+pub struct ConnActivity {
+    started: Instant,
+    /// Requests whose response has not ended yet.
+    in_flight: AtomicU32,
+    /// Last moment a request ended or bytes moved (idle clock).
+    last_activity_ms: AtomicU64,
+    /// When the first byte of a not-yet-complete request head arrived; 0 = none.
+    head_started_ms: AtomicU64,
+}
+
+impl ConnActivity {
+    fn new() -> Self {
+        ConnActivity {
+            started: Instant::now(),
+            in_flight: AtomicU32::new(0),
+            last_activity_ms: AtomicU64::new(0),
+            head_started_ms: AtomicU64::new(0),
+        }
+    }
+
+    fn now_ms(&self) -> u64 {
+        // +1 so that 0 can mean "not set".
+        self.started.elapsed().as_millis() as u64 + 1
+    }
+
+    fn bytes_read(&self) {
+        let now = self.now_ms();
+        self.last_activity_ms.store(now, Ordering::Relaxed);
+        if self.in_flight.load(Ordering::Relaxed) == 0 {
+            let _ =
+                self.head_started_ms
+                    .compare_exchange(0, now, Ordering::Relaxed, Ordering::Relaxed);
+        }
+    }
+
+    fn request_started(&self) {
+        self.in_flight.fetch_add(1, Ordering::Relaxed);
+        self.head_started_ms.store(0, Ordering::Relaxed);
+    }
+
+    /// Called when a request's response body ends.
+    pub fn request_finished(&self) {
+        self.last_activity_ms
+            .store(self.now_ms(), Ordering::Relaxed);
+        self.in_flight.fetch_sub(1, Ordering::Relaxed);
+    }
+}
+
+/// What the watchdog decided.
+enum Verdict {
+    /// Check again at this instant.
+    Later(Instant),
+    /// Idle too long: close politely.
+    Idle,
+    /// Request head too slow: drop the connection.
+    SlowHead,
+}
+
+fn watchdog(activity: &ConnActivity, header_timeout: Duration, idle_timeout: Duration) -> Verdict {
+    let now = activity.now_ms();
+    let at = |ms: u64| activity.started + Duration::from_millis(ms.saturating_sub(1));
+    if activity.in_flight.load(Ordering::Relaxed) > 0 {
+        return Verdict::Later(at(now) + idle_timeout);
+    }
+    let head = activity.head_started_ms.load(Ordering::Relaxed);
+    if head != 0 {
+        let deadline = head + header_timeout.as_millis() as u64;
+        return if now >= deadline {
+            Verdict::SlowHead
+        } else {
+            Verdict::Later(at(deadline))
+        };
+    }
+    let deadline =
+        activity.last_activity_ms.load(Ordering::Relaxed) + idle_timeout.as_millis() as u64;
+    if now >= deadline {
+        Verdict::Idle
+    } else {
+        Verdict::Later(at(deadline))
+    }
+}
+
+async fn serve_connection(
+    app: Arc<App>,
+    stream: TcpStream,
+    peer: SocketAddr,
+    mut shutdown: watch::Receiver<bool>,
+) {
+    let server = app.snapshot().config.server.clone();
+    let activity = Arc::new(ConnActivity::new());
+    let io = TokioIo::new(ActivityIo {
+        inner: stream,
+        activity: activity.clone(),
+    });
+    let downstream = Downstream {
+        peer,
+        proto: "http",
+    };
+    let service = {
+        let activity = activity.clone();
+        service_fn(move |request| {
+            let app = app.clone();
+            let activity = activity.clone();
+            activity.request_started();
+            async move {
+                let response = handle(&app, downstream, request).await;
+                let completion = Completion {
+                    connection: Some(activity),
+                };
+                Ok::<_, std::convert::Infallible>(
+                    response.map(|body| body.with_completion(completion)),
+                )
+            }
+        })
+    };
+    let mut builder = http1::Builder::new();
+    builder
+        .timer(TokioTimer::new())
+        .header_read_timeout(None)
+        .keep_alive(true)
+        // Room for the largest allowed head; the handler answers 431 with
+        // problem+json above `max_header_bytes`, hyper's own 431 is the backstop.
+        .max_buf_size((server.max_header_bytes + 16 * 1024).max(8 * 1024));
+    let connection = builder.serve_connection(io, service).with_upgrades();
+    tokio::pin!(connection);
+    let mut draining = false;
+    loop {
+        let next_check = match watchdog(&activity, server.header_read_timeout, server.idle_timeout)
+        {
+            Verdict::Later(at) => at,
+            Verdict::SlowHead => {
+                tracing::debug!(%peer, "request head not complete in time; closing");
+                return;
+            }
+            Verdict::Idle => {
+                connection.as_mut().graceful_shutdown();
+                draining = true;
+                Instant::now() + server.shutdown_timeout
+            }
+        };
+        tokio::select! {
+            result = connection.as_mut() => {
+                if let Err(error) = result {
+                    tracing::debug!(%peer, %error, "connection ended with an error");
+                }
+                return;
+            }
+            _ = shutdown.changed(), if !draining => {
+                connection.as_mut().graceful_shutdown();
+                draining = true;
+            }
+            _ = tokio::time::sleep_until(next_check), if !draining => {}
+        }
+    }
+}
+
+/// A TCP stream that tells its [`ConnActivity`] when bytes arrive.
+struct ActivityIo {
+    inner: TcpStream,
+    activity: Arc<ConnActivity>,
+}
+
+impl AsyncRead for ActivityIo {
+    fn poll_read(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<io::Result<()>> {
+        let this = self.get_mut();
+        let before = buf.filled().len();
+        let result = Pin::new(&mut this.inner).poll_read(cx, buf);
+        if matches!(result, Poll::Ready(Ok(()))) && buf.filled().len() > before {
+            this.activity.bytes_read();
+        }
+        result
+    }
+}
+
+impl AsyncWrite for ActivityIo {
+    fn poll_write(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<io::Result<usize>> {
+        Pin::new(&mut self.get_mut().inner).poll_write(cx, buf)
+    }
+
+    fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.get_mut().inner).poll_flush(cx)
+    }
+
+    fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.get_mut().inner).poll_shutdown(cx)
+    }
+
+    fn poll_write_vectored(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        bufs: &[io::IoSlice<'_>],
+    ) -> Poll<io::Result<usize>> {
+        Pin::new(&mut self.get_mut().inner).poll_write_vectored(cx, bufs)
+    }
+
+    fn is_write_vectored(&self) -> bool {
+        self.inner.is_write_vectored()
+    }
+}

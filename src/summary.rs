@@ -1,0 +1,150 @@
+//! The one-screen summary `tollgate check` prints for a valid configuration.
+
+use std::fmt::Write as _;
+
+use crate::config::{Config, KeyPart, RouteAction};
+use crate::limit::{Algorithm, LeakyMode, NANOS_PER_SEC, Rate};
+
+/// Renders the listeners, upstreams, limits and routes of `config`.
+pub fn render(config: &Config) -> String {
+    let mut out = String::new();
+    let _ = writeln!(
+        out,
+        "{}: ok (sha256 {})",
+        config.path.display(),
+        &config.sha256[..12]
+    );
+    let listen: Vec<String> = config
+        .server
+        .listen
+        .iter()
+        .map(|a| format!("http://{a}"))
+        .collect();
+    let _ = writeln!(out, "listeners: {}", listen.join(", "));
+    match config.server.admin {
+        Some(admin) => _ = writeln!(out, "admin:     http://{admin}"),
+        None => _ = writeln!(out, "admin:     off"),
+    }
+    let _ = writeln!(out, "upstreams: {}", config.upstreams.len());
+    for upstream in &config.upstreams {
+        let urls: Vec<String> = upstream.urls.iter().map(ToString::to_string).collect();
+        let _ = writeln!(out, "  {:<16} {}", upstream.name, urls.join(", "));
+    }
+    let _ = writeln!(out, "limits:    {}", config.limits.len());
+    for limit in &config.limits {
+        let key: Vec<String> = limit.key.iter().map(key_part).collect();
+        let shadow = if limit.shadow { " (shadow)" } else { "" };
+        let _ = writeln!(
+            out,
+            "  {:<16} {} by {}{shadow}",
+            limit.name,
+            algorithm(&limit.algorithm),
+            key.join("+")
+        );
+    }
+    let _ = writeln!(out, "routes:    {}", config.routes.len());
+    for route in &config.routes {
+        let target = match &route.action {
+            RouteAction::Forward(i) => format!("-> {}", config.upstreams[*i].name),
+            RouteAction::Respond { status, .. } => format!("respond {}", status.as_u16()),
+        };
+        let limits: Vec<&str> = route
+            .limits
+            .iter()
+            .map(|i| config.limits[*i].name.as_str())
+            .collect();
+        let limits = if limits.is_empty() {
+            String::new()
+        } else {
+            format!(" [{}]", limits.join(", "))
+        };
+        let _ = writeln!(
+            out,
+            "  {:<16} {}{target}{limits}",
+            route.name,
+            describe_match(route)
+        );
+    }
+    out
+}
+
+fn describe_match(route: &crate::config::RouteConfig) -> String {
+    let m = &route.matcher;
+    let mut parts = Vec::new();
+    if let Some(methods) = &m.methods {
+        parts.push(
+            methods
+                .iter()
+                .map(|m| m.as_str())
+                .collect::<Vec<_>>()
+                .join("|"),
+        );
+    }
+    if let Some(host) = &m.host {
+        parts.push(format!("host={host}"));
+    }
+    match (&m.path, &m.path_prefix) {
+        (Some(p), _) => parts.push(p.clone()),
+        (None, Some(p)) => parts.push(format!("{p}*")),
+        (None, None) => parts.push("*".to_owned()),
+    }
+    for (name, value) in &m.headers {
+        parts.push(format!("{name}={}", value.to_str().unwrap_or("?")));
+    }
+    parts.push(String::new());
+    parts.join(" ")
+}
+
+fn key_part(part: &KeyPart) -> String {
+    match part {
+        KeyPart::Ip => "ip".into(),
+        KeyPart::Header(h) => format!("header:{h}"),
+        KeyPart::Query(q) => format!("query:{q}"),
+        KeyPart::Cookie(c) => format!("cookie:{c}"),
+        KeyPart::BodyField(f) => format!("body:{f}"),
+        KeyPart::Consumer => "consumer".into(),
+        KeyPart::Tenant => "tenant".into(),
+        KeyPart::Route => "route".into(),
+    }
+}
+
+fn seconds(nanos: u64) -> String {
+    if nanos % NANOS_PER_SEC == 0 {
+        format!("{}s", nanos / NANOS_PER_SEC)
+    } else {
+        format!("{}ms", nanos / 1_000_000)
+    }
+}
+
+fn rate(rate: &Rate) -> String {
+    format!("{}/{}", rate.tokens, seconds(rate.per))
+}
+
+fn algorithm(algorithm: &Algorithm) -> String {
+    match algorithm {
+        Algorithm::FixedWindow { limit, window } => {
+            format!("fixed_window {limit}/{}", seconds(*window))
+        }
+        Algorithm::SlidingWindow { limit, window } => {
+            format!("sliding_window {limit}/{}", seconds(*window))
+        }
+        Algorithm::SlidingLog { limit, window } => {
+            format!("sliding_log {limit}/{}", seconds(*window))
+        }
+        Algorithm::TokenBucket { capacity, refill } => {
+            format!("token_bucket capacity {capacity}, refill {}", rate(refill))
+        }
+        Algorithm::LeakyBucket {
+            capacity,
+            rate: r,
+            mode,
+        } => {
+            let mode = match mode {
+                LeakyMode::Reject => "reject",
+                LeakyMode::Delay => "delay",
+            };
+            format!("leaky_bucket capacity {capacity}, rate {}, {mode}", rate(r))
+        }
+        Algorithm::Concurrency { max } => format!("concurrency max {max}"),
+    }
+}
