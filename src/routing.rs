@@ -51,20 +51,20 @@ fn matches(
     host: Option<&str>,
     headers: &HeaderMap,
 ) -> bool {
-    if let Some(exact) = &m.path {
-        if path != exact {
-            return false;
-        }
+    if let Some(exact) = &m.path
+        && path != exact
+    {
+        return false;
     }
-    if let Some(prefix) = &m.path_prefix {
-        if !path.starts_with(prefix.as_str()) {
-            return false;
-        }
+    if let Some(prefix) = &m.path_prefix
+        && !path.starts_with(prefix.as_str())
+    {
+        return false;
     }
-    if let Some(methods) = &m.methods {
-        if !methods.contains(method) {
-            return false;
-        }
+    if let Some(methods) = &m.methods
+        && !methods.contains(method)
+    {
+        return false;
     }
     if let Some(wanted) = &m.host {
         match host {

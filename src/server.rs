@@ -144,6 +144,8 @@ pub struct ConnActivity {
     last_activity_ms: AtomicU64,
     /// When the first byte of a not-yet-complete request head arrived; 0 = none.
     head_started_ms: AtomicU64,
+    /// Wakes the watchdog when a head starts, so its deadline is exact.
+    head_started: tokio::sync::Notify,
 }
 
 impl ConnActivity {
@@ -153,6 +155,7 @@ impl ConnActivity {
             in_flight: AtomicU32::new(0),
             last_activity_ms: AtomicU64::new(0),
             head_started_ms: AtomicU64::new(0),
+            head_started: tokio::sync::Notify::new(),
         }
     }
 
@@ -165,9 +168,14 @@ impl ConnActivity {
         let now = self.now_ms();
         self.last_activity_ms.store(now, Ordering::Relaxed);
         if self.in_flight.load(Ordering::Relaxed) == 0 {
-            let _ =
-                self.head_started_ms
-                    .compare_exchange(0, now, Ordering::Relaxed, Ordering::Relaxed);
+            // Once per request: the 0 → now transition wakes the watchdog.
+            if self
+                .head_started_ms
+                .compare_exchange(0, now, Ordering::Relaxed, Ordering::Relaxed)
+                .is_ok()
+            {
+                self.head_started.notify_one();
+            }
         }
     }
 
@@ -288,6 +296,7 @@ async fn serve_connection(
                 draining = true;
             }
             _ = tokio::time::sleep_until(next_check), if !draining => {}
+            _ = activity.head_started.notified(), if !draining => {}
         }
     }
 }

@@ -109,7 +109,7 @@ fn key_part(part: &KeyPart) -> String {
 }
 
 fn seconds(nanos: u64) -> String {
-    if nanos % NANOS_PER_SEC == 0 {
+    if nanos.is_multiple_of(NANOS_PER_SEC) {
         format!("{}s", nanos / NANOS_PER_SEC)
     } else {
         format!("{}ms", nanos / 1_000_000)

@@ -384,13 +384,13 @@ fn check_client_ip(c: &mut Checker, path: &KeyPath, raw: &raw::RawClientIp) -> C
 }
 
 fn check_store(c: &mut Checker, path: &KeyPath, raw: &raw::RawStore) -> StoreConfig {
-    if let Some(backend) = &raw.backend {
-        if c.one_of(path.key("backend"), backend, &["memory", "redis"]) == Some("redis") {
-            c.problem(
-                path.key("backend"),
-                "the redis backend is not supported by this version of tollgate yet; use \"memory\"",
-            );
-        }
+    if let Some(backend) = &raw.backend
+        && c.one_of(path.key("backend"), backend, &["memory", "redis"]) == Some("redis")
+    {
+        c.problem(
+            path.key("backend"),
+            "the redis backend is not supported by this version of tollgate yet; use \"memory\"",
+        );
     }
     StoreConfig {
         backend: StoreBackend::Memory,
@@ -803,10 +803,10 @@ fn check_route(
 
 fn check_match(c: &mut Checker, path: &KeyPath, raw: &raw::RawMatch) -> RouteMatch {
     for (key, value) in [("path", &raw.path), ("path_prefix", &raw.path_prefix)] {
-        if let Some(p) = value {
-            if !p.starts_with('/') {
-                c.problem(path.key(key), format!("`{p}` must start with `/`"));
-            }
+        if let Some(p) = value
+            && !p.starts_with('/')
+        {
+            c.problem(path.key(key), format!("`{p}` must start with `/`"));
         }
     }
     let methods = raw.methods.as_ref().map(|methods| {

@@ -110,10 +110,10 @@ impl Upstream {
                 parts.headers.insert(header::HOST, host);
             }
             (None, None) => {
-                if let Some(authority) = base.authority() {
-                    if let Ok(value) = HeaderValue::from_str(authority.as_str()) {
-                        parts.headers.insert(header::HOST, value);
-                    }
+                if let Some(authority) = base.authority()
+                    && let Ok(value) = HeaderValue::from_str(authority.as_str())
+                {
+                    parts.headers.insert(header::HOST, value);
                 }
             }
         }

@@ -1,0 +1,388 @@
+//! Test harness: the real `tollgate` binary on `127.0.0.1:0` with a config
+//! written by the test, a test upstream served by hyper in-process, and small
+//! HTTP clients (hyper for ordinary requests, raw TCP for malformed ones).
+#![allow(dead_code)]
+
+use std::collections::HashMap;
+use std::io::{BufRead, BufReader};
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use bytes::Bytes;
+use http_body_util::{BodyExt, Full};
+use hyper::body::{Frame, Incoming};
+use hyper::{Request, Response};
+use hyper_util::rt::TokioIo;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::Notify;
+
+/// A running `tollgate run` process; killed when dropped.
+pub struct Gateway {
+    child: Child,
+    pub addr: SocketAddr,
+    pub admin: Option<SocketAddr>,
+    pub dir: tempfile::TempDir,
+    pub config_path: PathBuf,
+    stderr: Arc<Mutex<String>>,
+}
+
+impl Gateway {
+    /// Starts the gateway with `config` (a `gateway.toml` text); `{upstream}`
+    /// in it is replaced by `upstream`. The traffic listener must be
+    /// `127.0.0.1:0`, which the harness reads back from the startup line.
+    pub fn start(config: &str) -> Gateway {
+        Gateway::start_with_args(config, &[])
+    }
+
+    pub fn start_with_args(config: &str, args: &[&str]) -> Gateway {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let config_path = dir.path().join("gateway.toml");
+        std::fs::write(&config_path, config).expect("write config");
+        let mut child = Command::new(env!("CARGO_BIN_EXE_tollgate"))
+            .arg("run")
+            .arg("-c")
+            .arg(&config_path)
+            .args(args)
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("spawn tollgate");
+        let stderr = child.stderr.take().expect("stderr");
+        let mut reader = BufReader::new(stderr);
+        let mut addr = None;
+        let mut admin = None;
+        let mut seen = String::new();
+        // Startup lines come first; the admin line (if any) follows the listeners.
+        let expect_admin = config.contains("admin");
+        loop {
+            let mut line = String::new();
+            if reader.read_line(&mut line).unwrap_or(0) == 0 {
+                panic!("tollgate exited before listening:\n{seen}");
+            }
+            seen.push_str(&line);
+            if let Some(rest) = line.trim().strip_prefix("listening on http://") {
+                addr.get_or_insert(rest.parse().expect("listen address"));
+            } else if let Some(rest) = line.trim().strip_prefix("admin on http://") {
+                admin = Some(rest.parse().expect("admin address"));
+            }
+            if addr.is_some() && (!expect_admin || admin.is_some()) {
+                break;
+            }
+        }
+        let stderr_text = Arc::new(Mutex::new(seen));
+        let sink = stderr_text.clone();
+        std::thread::spawn(move || {
+            let mut line = String::new();
+            while reader.read_line(&mut line).unwrap_or(0) > 0 {
+                sink.lock().unwrap().push_str(&line);
+                line.clear();
+            }
+        });
+        Gateway {
+            child,
+            addr: addr.expect("address"),
+            admin,
+            dir,
+            config_path,
+            stderr: stderr_text,
+        }
+    }
+
+    pub fn url(&self, path: &str) -> String {
+        format!("http://{}{}", self.addr, path)
+    }
+
+    /// Everything the process wrote to stderr so far.
+    pub fn stderr(&self) -> String {
+        self.stderr.lock().unwrap().clone()
+    }
+
+    pub fn signal(&self, name: &str) {
+        let status = Command::new("kill")
+            .arg(format!("-{name}"))
+            .arg(self.child.id().to_string())
+            .status()
+            .expect("kill");
+        assert!(status.success());
+    }
+
+    /// Waits for the process to exit, at most `timeout`.
+    pub fn wait_exit(&mut self, timeout: Duration) -> Option<std::process::ExitStatus> {
+        let deadline = std::time::Instant::now() + timeout;
+        while std::time::Instant::now() < deadline {
+            if let Ok(Some(status)) = self.child.try_wait() {
+                return Some(status);
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        None
+    }
+}
+
+impl Drop for Gateway {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// Runs `tollgate ARGS` to completion; returns (exit code, stdout, stderr).
+pub fn tollgate(args: &[&str]) -> (i32, String, String) {
+    let output = Command::new(env!("CARGO_BIN_EXE_tollgate"))
+        .args(args)
+        .output()
+        .expect("run tollgate");
+    (
+        output.status.code().unwrap_or(-1),
+        String::from_utf8_lossy(&output.stdout).into_owned(),
+        String::from_utf8_lossy(&output.stderr).into_owned(),
+    )
+}
+
+/// What the test upstream saw of one request.
+#[derive(Debug, Clone)]
+pub struct Seen {
+    pub method: String,
+    pub uri: String,
+    pub headers: Vec<(String, String)>,
+    pub body: Bytes,
+}
+
+impl Seen {
+    pub fn header(&self, name: &str) -> Option<&str> {
+        self.headers
+            .iter()
+            .find(|(k, _)| k.eq_ignore_ascii_case(name))
+            .map(|(_, v)| v.as_str())
+    }
+}
+
+/// An in-process upstream. Paths:
+/// - `/stream`: sends `first\n`, waits for [`TestUpstream::release`], sends `last\n`;
+/// - `/slow/MS`: answers after MS milliseconds;
+/// - `/hop`: answers with hop-by-hop headers that must not reach the client;
+/// - anything else: 200 with body `echo`, recording what it saw.
+pub struct TestUpstream {
+    pub addr: SocketAddr,
+    pub seen: Arc<Mutex<Vec<Seen>>>,
+    release: Arc<Notify>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl TestUpstream {
+    pub async fn start() -> TestUpstream {
+        let listener = TcpListener::bind("127.0.0.1:0")
+            .await
+            .expect("bind upstream");
+        let addr = listener.local_addr().expect("addr");
+        let seen = Arc::new(Mutex::new(Vec::new()));
+        let release = Arc::new(Notify::new());
+        let (seen2, release2) = (seen.clone(), release.clone());
+        let task = tokio::spawn(async move {
+            loop {
+                let Ok((stream, _)) = listener.accept().await else {
+                    return;
+                };
+                let (seen, release) = (seen2.clone(), release2.clone());
+                tokio::spawn(async move {
+                    let service = hyper::service::service_fn(move |request: Request<Incoming>| {
+                        let (seen, release) = (seen.clone(), release.clone());
+                        async move {
+                            Ok::<_, hyper::Error>(upstream_answer(request, seen, release).await)
+                        }
+                    });
+                    let _ = hyper::server::conn::http1::Builder::new()
+                        .serve_connection(TokioIo::new(stream), service)
+                        .await;
+                });
+            }
+        });
+        TestUpstream {
+            addr,
+            seen,
+            release,
+            task,
+        }
+    }
+
+    pub fn url(&self) -> String {
+        format!("http://{}", self.addr)
+    }
+
+    /// Lets a `/stream` response send its last chunk.
+    pub fn release(&self) {
+        self.release.notify_one();
+    }
+
+    pub fn last_seen(&self) -> Seen {
+        self.seen
+            .lock()
+            .unwrap()
+            .last()
+            .cloned()
+            .expect("the upstream saw a request")
+    }
+
+    pub fn count(&self) -> usize {
+        self.seen.lock().unwrap().len()
+    }
+}
+
+impl Drop for TestUpstream {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+type UpstreamBody = http_body_util::combinators::BoxBody<Bytes, hyper::Error>;
+
+async fn upstream_answer(
+    request: Request<Incoming>,
+    seen: Arc<Mutex<Vec<Seen>>>,
+    release: Arc<Notify>,
+) -> Response<UpstreamBody> {
+    let path = request.uri().path().to_owned();
+    if path == "/stream" {
+        let (tx, rx) = tokio::sync::mpsc::channel::<Bytes>(2);
+        tokio::spawn(async move {
+            let _ = tx.send(Bytes::from_static(b"first\n")).await;
+            release.notified().await;
+            let _ = tx.send(Bytes::from_static(b"last\n")).await;
+        });
+        return Response::new(BodyExt::boxed(ChannelBody(rx)));
+    }
+    if let Some(ms) = path.strip_prefix("/slow/") {
+        let ms: u64 = ms.parse().unwrap_or(100);
+        tokio::time::sleep(Duration::from_millis(ms)).await;
+    }
+    let method = request.method().to_string();
+    let uri = request.uri().to_string();
+    let headers = request
+        .headers()
+        .iter()
+        .map(|(k, v)| {
+            (
+                k.to_string(),
+                String::from_utf8_lossy(v.as_bytes()).into_owned(),
+            )
+        })
+        .collect();
+    let body = request
+        .into_body()
+        .collect()
+        .await
+        .map(|c| c.to_bytes())
+        .unwrap_or_default();
+    seen.lock().unwrap().push(Seen {
+        method,
+        uri,
+        headers,
+        body: body.clone(),
+    });
+    let mut response = Response::new(BodyExt::boxed(
+        Full::new(Bytes::from_static(b"echo")).map_err(|e| match e {}),
+    ));
+    response
+        .headers_mut()
+        .insert("x-upstream", "yes".parse().unwrap());
+    if path == "/hop" {
+        let headers = response.headers_mut();
+        headers.insert("connection", "x-upstream-secret".parse().unwrap());
+        headers.insert("x-upstream-secret", "1".parse().unwrap());
+        headers.insert("keep-alive", "timeout=5".parse().unwrap());
+        headers.insert("x-upstream-kept", "1".parse().unwrap());
+    }
+    response
+}
+
+/// A response body fed chunk by chunk from a channel.
+struct ChannelBody(tokio::sync::mpsc::Receiver<Bytes>);
+
+impl hyper::body::Body for ChannelBody {
+    type Data = Bytes;
+    type Error = hyper::Error;
+
+    fn poll_frame(
+        self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Option<Result<Frame<Bytes>, hyper::Error>>> {
+        self.get_mut()
+            .0
+            .poll_recv(cx)
+            .map(|chunk| chunk.map(|b| Ok(Frame::data(b))))
+    }
+}
+
+/// A response read by [`send`].
+#[derive(Debug)]
+pub struct Reply {
+    pub status: u16,
+    pub headers: http::HeaderMap,
+    pub body: Bytes,
+}
+
+impl Reply {
+    pub fn header(&self, name: &str) -> Option<&str> {
+        self.headers.get(name).and_then(|v| v.to_str().ok())
+    }
+
+    pub fn json(&self) -> serde_json::Value {
+        serde_json::from_slice(&self.body)
+            .unwrap_or_else(|e| panic!("not JSON ({e}): {:?}", self.body))
+    }
+}
+
+/// Sends one request on a new connection and reads the whole response.
+pub async fn send(addr: SocketAddr, request: Request<Full<Bytes>>) -> Reply {
+    let stream = TcpStream::connect(addr).await.expect("connect");
+    let (mut sender, connection) = hyper::client::conn::http1::handshake(TokioIo::new(stream))
+        .await
+        .expect("handshake");
+    tokio::spawn(connection);
+    let response = sender.send_request(request).await.expect("response");
+    let status = response.status().as_u16();
+    let headers = response.headers().clone();
+    let body = response
+        .into_body()
+        .collect()
+        .await
+        .expect("body")
+        .to_bytes();
+    Reply {
+        status,
+        headers,
+        body,
+    }
+}
+
+/// `GET path` with the given headers.
+pub async fn get(addr: SocketAddr, path: &str, headers: &[(&str, &str)]) -> Reply {
+    let mut builder = Request::get(path).header("host", "gateway.test");
+    for (k, v) in headers {
+        builder = builder.header(*k, *v);
+    }
+    send(addr, builder.body(Full::new(Bytes::new())).unwrap()).await
+}
+
+/// Writes raw bytes and reads until the server closes or `timeout` passes.
+pub async fn raw(addr: SocketAddr, bytes: &[u8], timeout: Duration) -> String {
+    let mut stream = TcpStream::connect(addr).await.expect("connect");
+    stream.write_all(bytes).await.expect("write");
+    let mut out = Vec::new();
+    let _ = tokio::time::timeout(timeout, stream.read_to_end(&mut out)).await;
+    String::from_utf8_lossy(&out).into_owned()
+}
+
+/// Replaces `{upstream}` in a config template.
+pub fn config_with(template: &str, vars: &HashMap<&str, String>) -> String {
+    let mut text = template.to_owned();
+    for (k, v) in vars {
+        text = text.replace(&format!("{{{k}}}"), v);
+    }
+    text
+}
