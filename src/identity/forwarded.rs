@@ -36,7 +36,10 @@ fn is_ows(b: u8) -> bool {
 /// `raw` without leading and trailing SP / HTAB.
 pub(crate) fn trim_ows(raw: &[u8]) -> &[u8] {
     let start = raw.iter().position(|&b| !is_ows(b)).unwrap_or(raw.len());
-    let end = raw.iter().rposition(|&b| !is_ows(b)).map_or(start, |i| i + 1);
+    let end = raw
+        .iter()
+        .rposition(|&b| !is_ows(b))
+        .map_or(start, |i| i + 1);
     &raw[start..end]
 }
 
@@ -91,7 +94,10 @@ pub(crate) fn parse_node(raw: &[u8], allow_obfuscated_port: bool) -> Option<IpAd
         if !port_ok {
             return None;
         }
-        return inner.parse::<Ipv6Addr>().ok().map(|v6| normalize(v6.into()));
+        return inner
+            .parse::<Ipv6Addr>()
+            .ok()
+            .map(|v6| normalize(v6.into()));
     }
     let text = std::str::from_utf8(raw).ok()?;
     if let Ok(ip) = text.parse::<IpAddr>() {
@@ -266,7 +272,10 @@ mod tests {
             ("for=\"192.0.2.60\"", ip("192.0.2.60")),
             ("for=\"[2001:db8:cafe::17]:4711\"", ip("2001:db8:cafe::17")),
             ("for=\"[2001:db8:cafe::17]:_port\"", ip("2001:db8:cafe::17")),
-            ("for=192.0.2.60;proto=http;by=203.0.113.43", ip("192.0.2.60")),
+            (
+                "for=192.0.2.60;proto=http;by=203.0.113.43",
+                ip("192.0.2.60"),
+            ),
             ("proto=https;for=192.0.2.60", ip("192.0.2.60")),
             ("for=1.2.3.4;host=example.com:8080", ip("1.2.3.4")),
             ("for=1.2.3.4;secure", ip("1.2.3.4")),
