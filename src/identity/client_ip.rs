@@ -627,6 +627,86 @@ mod tests {
         }
     }
 
+    /// Contract §4 read literally: materialise the list, then walk it from
+    /// the right. Allocates, and is structured differently from the one-pass
+    /// `resolve` on purpose, so the two can check each other.
+    fn reference(peer: IpAddr, lines: &[String], policy: &ClientIpPolicy) -> IpAddr {
+        let peer = normalize(peer);
+        let mut entries = Vec::new();
+        for_each_entry(lines.iter().map(|l| l.as_bytes()), policy.header, |e| {
+            entries.push(e)
+        });
+        match &policy.trust {
+            Trust::Hops(0) => peer,
+            Trust::Hops(n) => {
+                let mut client = peer;
+                for entry in entries.iter().rev().take(*n as usize) {
+                    match entry {
+                        Some(ip) => client = *ip,
+                        None => break,
+                    }
+                }
+                client
+            }
+            Trust::Cidrs(nets) => {
+                let mut current = peer;
+                let mut left = entries.len();
+                while is_trusted(nets, current) && left > 0 {
+                    left -= 1;
+                    match entries[left] {
+                        Some(ip) => current = ip,
+                        None => break,
+                    }
+                }
+                current
+            }
+        }
+    }
+
+    /// Entries drawn so that trusted, untrusted, garbage and empty ones mix.
+    fn mixed_entry() -> impl Strategy<Value = String> {
+        prop_oneof![
+            (0u8..4).prop_map(|h| format!("10.0.0.{h}")),
+            (0u8..4).prop_map(|h| format!("[fd00::{h}]:80")),
+            (0u8..4).prop_map(|h| format!("1.1.1.{h}")),
+            (0u8..4).prop_map(|h| format!("::ffff:10.0.0.{h}")),
+            Just("garbage".to_string()),
+            Just(String::new()),
+        ]
+    }
+
+    proptest! {
+        /// The one-pass walk agrees with the literal one on every mix of
+        /// entries, lines, trust modes and header kinds.
+        #[test]
+        fn one_pass_matches_literal_walk(
+            lines in prop::collection::vec(prop::collection::vec(mixed_entry(), 0..6), 0..4),
+            peer in prop_oneof![Just("10.0.0.9"), Just("1.1.1.9"), Just("::ffff:10.0.0.9")],
+            hops in 0u32..12,
+            header in header_kind(),
+        ) {
+            let lines: Vec<String> = lines
+                .iter()
+                .map(|entries| {
+                    let entries: Vec<String> = entries
+                        .iter()
+                        .map(|e| match header {
+                            ForwardHeader::XForwardedFor => e.clone(),
+                            ForwardHeader::Forwarded if e.is_empty() => String::new(),
+                            ForwardHeader::Forwarded => format!("for=\"{e}\""),
+                        })
+                        .collect();
+                    entries.join(",")
+                })
+                .collect();
+            for trust in [Trust::Hops(hops), Trust::Cidrs(test_nets())] {
+                let p = policy(trust, header);
+                let got = resolve(ip(peer), lines.iter().map(|l| l.as_bytes()), &p);
+                prop_assert_eq!(got, reference(ip(peer), &lines, &p), "{:?} {:?}", p.trust, lines);
+            }
+        }
+    }
+
     fn test_nets() -> Vec<IpNet> {
         vec![net("10.0.0.0/8"), net("fd00::/8")]
     }
