@@ -3,3 +3,4 @@
 pub mod body;
 pub mod forward;
 pub mod response;
+pub mod structured;
