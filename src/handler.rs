@@ -3,25 +3,41 @@
 //! 1. **snapshot** — load the current configuration once; the request keeps it.
 //! 2. **guard** — reject what no route should see (oversized heads → 431).
 //! 3. **route** — first matching route in file order, else 404.
-//! 4. **act** — answer a `respond` route, or forward upstream (body capped by
-//!    the route's `max_body` → 413; upstream failures → 502/504).
+//! 4. **identify** — the client IP behind trusted proxies, then each limit's
+//!    key digested from the request.
+//! 5. **limit** — the route's stack decided all or nothing; a denial is
+//!    answered here (429 + headers) without touching the upstream or reading
+//!    the body.
+//! 6. **act** — answer a `respond` route, or forward upstream (body capped by
+//!    the route's `max_body` → 413; upstream failures → 502/504), after any
+//!    leaky-bucket delay.
+//! 7. **respond** — rate-limit headers on the response; post-response cost
+//!    settled from `cost_header`; concurrency slots held until the body ends.
 //!
 //! Every error is a [`GatewayError`] turned into problem+json in one place.
 
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::sync::atomic::AtomicBool;
+use std::time::Duration;
 
 use http::header::{CONTENT_LENGTH, CONTENT_TYPE};
 use http::request::Parts;
-use http::{Request, Response};
+use http::{HeaderMap, Request, Response};
 use hyper::body::Incoming;
+use smallvec::SmallVec;
 
-use crate::app::{App, Snapshot};
-use crate::config::{RouteAction, RouteConfig};
+use crate::app::{App, RoutePlan, Snapshot};
+use crate::config::{LimitConfig, OnMissingKey, RouteAction, RouteConfig};
 use crate::error::GatewayError;
+use crate::identity::client_ip::{client_net, resolve};
+use crate::identity::keys::{RequestFacts, extract, shared_key};
+use crate::limit::{
+    EntryVerdict, LimitKey, Nanos, Outcome, Permits, StackEntry, check_stack, stack::INLINE as INLINE_STACK,
+};
 use crate::proxy::body::{BodyCap, RequestBody, ResponseBody};
 use crate::proxy::forward::prepare_response;
+use crate::proxy::ratelimit;
 
 /// What the server knows about the connection a request came on.
 #[derive(Debug, Clone, Copy)]
@@ -31,28 +47,49 @@ pub struct Downstream {
     pub proto: &'static str,
 }
 
+/// What a handled request leaves behind for the end of its response.
+#[derive(Debug, Default)]
+pub struct Held {
+    /// Concurrency slots, released when the response body ends.
+    pub permits: Permits,
+}
+
 /// Handles one request from a downstream client.
 pub async fn handle(
     app: &App,
     downstream: Downstream,
     request: Request<Incoming>,
-) -> Response<ResponseBody> {
+) -> (Response<ResponseBody>, Held) {
     let snapshot = app.snapshot();
-    match route_and_act(&snapshot, downstream, request).await {
-        Ok(response) => response,
+    let mut held = Held::default();
+    match route_and_act(app, &snapshot, downstream, request, &mut held).await {
+        Ok(response) => (response, held),
         Err(error) => {
             if let Some(kind) = error.upstream_kind() {
                 tracing::warn!(error = %error_chain(&error), kind, "upstream error");
             }
-            error.to_response()
+            (error.to_response(), held)
         }
     }
 }
 
+/// The limit step's result for an admitted request.
+struct Admitted<'s> {
+    /// The route's limits, in stack order.
+    stack: SmallVec<[&'s LimitConfig; INLINE_STACK]>,
+    /// Each limit's key for this request (`None`: skipped).
+    keys: SmallVec<[Option<LimitKey>; INLINE_STACK]>,
+    verdicts: SmallVec<[EntryVerdict; INLINE_STACK]>,
+    /// Leaky bucket in delay mode: wait this long before forwarding.
+    delay: Nanos,
+}
+
 async fn route_and_act(
+    app: &App,
     snapshot: &Snapshot,
     downstream: Downstream,
     request: Request<Incoming>,
+    held: &mut Held,
 ) -> Result<Response<ResponseBody>, GatewayError> {
     let (parts, body) = request.into_parts();
     let limit = snapshot.config.server.max_header_bytes;
@@ -66,7 +103,25 @@ async fn route_and_act(
         });
     };
     let route = &snapshot.config.routes[index];
-    match &route.action {
+    let plan = &snapshot.routes[index];
+
+    let admitted = if plan.stack.is_empty() {
+        None
+    } else {
+        let now = app.clock.now();
+        match limit_request(snapshot, route, plan, &parts, downstream, now, held) {
+            Ok(admitted) => Some(admitted),
+            Err(response) => return Ok(response),
+        }
+    };
+    if let Some(delay) = admitted.as_ref().map(|a| a.delay).filter(|d| *d > 0) {
+        // Leaky bucket in delay mode: the request waits its turn, like nginx
+        // `limit_req` without `nodelay`. A client that gives up drops this
+        // future (and its place was already paid for, as in nginx).
+        tokio::time::sleep(Duration::from_nanos(delay)).await;
+    }
+
+    let mut response = match &route.action {
         RouteAction::Respond {
             status,
             body,
@@ -77,9 +132,146 @@ async fn route_and_act(
             response
                 .headers_mut()
                 .insert(CONTENT_TYPE, content_type.clone());
-            Ok(response)
+            response
         }
-        RouteAction::Forward(_) => forward(snapshot, route, downstream, parts, body).await,
+        RouteAction::Forward(_) => {
+            let response = forward(snapshot, route, downstream, parts, body).await?;
+            if let (Some(cost_header), Some(admitted)) = (&route.cost_header, &admitted) {
+                settle_cost(
+                    app,
+                    snapshot,
+                    route,
+                    plan,
+                    admitted,
+                    response.headers(),
+                    cost_header,
+                );
+            }
+            response
+        }
+    };
+    if let Some(admitted) = &admitted {
+        let focus = ratelimit::least_remaining(&admitted.stack, &admitted.verdicts);
+        ratelimit::write_headers(
+            response.headers_mut(),
+            &admitted.stack,
+            &admitted.verdicts,
+            plan.policy.as_ref(),
+            snapshot.config.server.headers,
+            focus,
+        );
+    }
+    Ok(response)
+}
+
+/// Identifies the request's keys and decides the route's stack. `Err` is the
+/// response to send instead of forwarding (a denial, or a missing key).
+fn limit_request<'s>(
+    snapshot: &'s Snapshot,
+    route: &RouteConfig,
+    plan: &RoutePlan,
+    parts: &Parts,
+    downstream: Downstream,
+    now: Nanos,
+    held: &mut Held,
+) -> Result<Admitted<'s>, Response<ResponseBody>> {
+    let forward_header = parts
+        .headers
+        .get_all(snapshot.client_ip.header.name())
+        .iter()
+        .map(|v| v.as_bytes());
+    let client_ip = resolve(downstream.peer.ip(), forward_header, &snapshot.client_ip);
+    let facts = RequestFacts {
+        client: client_net(client_ip, &snapshot.client_ip),
+        route: &route.name,
+    };
+
+    let mut stack: SmallVec<[&LimitConfig; INLINE_STACK]> = SmallVec::new();
+    let mut keys: SmallVec<[Option<LimitKey>; INLINE_STACK]> = SmallVec::new();
+    let mut entries: SmallVec<[StackEntry<'_>; INLINE_STACK]> = SmallVec::new();
+    for &i in &plan.stack {
+        let limit = &snapshot.config.limits[i];
+        let key = match (extract(&limit.key, parts, &facts), limit.on_missing_key) {
+            (Some(key), _) => Some(key),
+            (None, OnMissingKey::Skip) => None,
+            (None, OnMissingKey::Shared) => Some(shared_key()),
+            (None, OnMissingKey::Deny) => {
+                return Err(ratelimit::missing_key_response(
+                    limit,
+                    &crate::summary::key_parts(&limit.key),
+                ));
+            }
+        };
+        stack.push(limit);
+        keys.push(key);
+        entries.push(StackEntry {
+            limiter: &snapshot.limiters[i],
+            key,
+            shadow: limit.shadow,
+        });
+    }
+
+    let mut decision = check_stack(&entries, route.cost, now);
+    for (limit, entry) in stack.iter().zip(&decision.entries) {
+        if entry.outcome == Outcome::ShadowDenied {
+            tracing::info!(route = %route.name, limit = %limit.name, "shadow limit would have denied");
+        }
+    }
+    if let Some(denied_by) = decision.denied_by {
+        return Err(ratelimit::deny_response(
+            &stack,
+            &decision.entries,
+            denied_by,
+            plan.policy.as_ref(),
+            snapshot.config.server.headers,
+            route.cost,
+        ));
+    }
+    held.permits = decision.take_permits();
+    Ok(Admitted {
+        stack,
+        keys,
+        verdicts: std::mem::take(&mut decision.entries),
+        delay: decision.delay,
+    })
+}
+
+/// Post-response cost: charges (or refunds) the difference between the
+/// upstream's reported cost and the up-front cost to every limit that charged
+/// the request. Never blocks the response; bad values are ignored.
+fn settle_cost(
+    app: &App,
+    snapshot: &Snapshot,
+    route: &RouteConfig,
+    plan: &RoutePlan,
+    admitted: &Admitted<'_>,
+    headers: &HeaderMap,
+    cost_header: &http::HeaderName,
+) {
+    let Some(reported) = headers
+        .get(cost_header)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.trim().parse::<u64>().ok())
+    else {
+        return;
+    };
+    let delta = i64::try_from(reported)
+        .unwrap_or(i64::MAX)
+        .saturating_sub(i64::try_from(route.cost).unwrap_or(i64::MAX));
+    if delta == 0 {
+        return;
+    }
+    let now = app.clock.now();
+    for ((&index, key), entry) in plan
+        .stack
+        .iter()
+        .zip(&admitted.keys)
+        .zip(&admitted.verdicts)
+    {
+        // Shadow limits that would have denied were not charged: nothing to settle.
+        if let (Some(key), Outcome::Allowed) = (key, entry.outcome) {
+            snapshot.limiters[index].adjust(*key, delta, now);
+        }
     }
 }
 

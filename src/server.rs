@@ -249,9 +249,10 @@ async fn serve_connection(
             let activity = activity.clone();
             activity.request_started();
             async move {
-                let response = handle(&app, downstream, request).await;
+                let (response, held) = handle(&app, downstream, request).await;
                 let completion = Completion {
                     connection: Some(activity),
+                    permits: held.permits,
                 };
                 Ok::<_, std::convert::Infallible>(
                     response.map(|body| body.with_completion(completion)),

@@ -32,14 +32,14 @@ pub fn render(config: &Config) -> String {
     }
     let _ = writeln!(out, "limits:    {}", config.limits.len());
     for limit in &config.limits {
-        let key: Vec<String> = limit.key.iter().map(key_part).collect();
+        let key = key_parts(&limit.key);
         let shadow = if limit.shadow { " (shadow)" } else { "" };
         let _ = writeln!(
             out,
             "  {:<16} {} by {}{shadow}",
             limit.name,
             algorithm(&limit.algorithm),
-            key.join("+")
+            key
         );
     }
     let _ = writeln!(out, "routes:    {}", config.routes.len());
@@ -93,6 +93,11 @@ fn describe_match(route: &crate::config::RouteConfig) -> String {
     }
     parts.push(String::new());
     parts.join(" ")
+}
+
+/// A limit's key as the config spells it, parts joined by `+`.
+pub fn key_parts(parts: &[KeyPart]) -> String {
+    parts.iter().map(key_part).collect::<Vec<_>>().join("+")
 }
 
 fn key_part(part: &KeyPart) -> String {

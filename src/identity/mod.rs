@@ -3,3 +3,4 @@
 
 pub mod client_ip;
 mod forwarded;
+pub mod keys;

@@ -16,6 +16,7 @@ use bytes::Bytes;
 use http_body::{Body, Frame, SizeHint};
 use hyper::body::Incoming;
 
+use crate::limit::Permits;
 use crate::server::ConnActivity;
 
 /// The error a request body yields when it outgrows the route's `max_body`.
@@ -96,6 +97,8 @@ impl Body for RequestBody {
 pub struct Completion {
     /// The connection the request came on, told that it is idle again.
     pub connection: Option<Arc<ConnActivity>>,
+    /// Concurrency slots of the request, released by being dropped.
+    pub permits: Permits,
 }
 
 impl Drop for Completion {

@@ -4,3 +4,4 @@ pub mod body;
 pub mod forward;
 pub mod response;
 pub mod structured;
+pub mod ratelimit;

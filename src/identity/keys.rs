@@ -1,0 +1,173 @@
+//! Key extraction: what a limit counts a request under.
+//!
+//! A limit's key is a list of parts (`ip`, `header:NAME`, `query:NAME`,
+//! `cookie:NAME`, `route`, ...). The values are hashed together into a
+//! fixed-size [`LimitKey`] digest: the store never holds raw API keys or
+//! addresses, memory per key is fixed, and nothing is `format!`ed on the hot
+//! path. A part that is absent makes the whole key missing, which the limit's
+//! `on_missing_key` then decides.
+
+use std::net::IpAddr;
+
+use http::request::Parts;
+use ipnet::IpNet;
+
+use crate::config::KeyPart;
+use crate::limit::LimitKey;
+
+/// What key extraction knows about the request beyond its head.
+#[derive(Debug, Clone, Copy)]
+pub struct RequestFacts<'a> {
+    /// The client's network after trusted-proxy resolution and prefix masking.
+    pub client: IpNet,
+    /// The matched route's name.
+    pub route: &'a str,
+}
+
+/// The digest of `parts` for this request, or `None` when a part is absent.
+pub fn extract(parts: &[KeyPart], request: &Parts, facts: &RequestFacts<'_>) -> Option<LimitKey> {
+    // Each part's bytes are borrowed from the request where possible; IP
+    // networks are encoded into a small stack buffer.
+    let mut ip_buf = [0u8; 17];
+    let mut values: [&[u8]; 8] = [&[]; 8];
+    if parts.len() > values.len() {
+        return None;
+    }
+    let mut ip_done = false;
+    for (slot, part) in values.iter_mut().zip(parts) {
+        *slot = match part {
+            KeyPart::Ip => {
+                if ip_done {
+                    // The same part twice adds nothing to the key.
+                    &[]
+                } else {
+                    ip_done = true;
+                    let len = encode_net(facts.client, &mut ip_buf);
+                    &ip_buf[..len]
+                }
+            }
+            KeyPart::Header(name) => request.headers.get(name)?.as_bytes(),
+            KeyPart::Query(name) => query_value(request.uri.query()?, name)?,
+            KeyPart::Cookie(name) => cookie_value(request, name)?,
+            KeyPart::Route => facts.route.as_bytes(),
+            // Resolved by later stages (body buffering, consumers); without
+            // them the key is missing.
+            KeyPart::BodyField(_) | KeyPart::Consumer | KeyPart::Tenant => return None,
+        };
+    }
+    Some(LimitKey::digest(&values[..parts.len()]))
+}
+
+/// The key every request without its key shares (`on_missing_key = "shared"`).
+pub fn shared_key() -> LimitKey {
+    // A NUL byte cannot occur in a header, query or cookie value as received.
+    LimitKey::digest(&[b"\0missing"])
+}
+
+/// Network address then prefix length: 4+1 or 16+1 bytes.
+fn encode_net(net: IpNet, buf: &mut [u8; 17]) -> usize {
+    match net.network() {
+        IpAddr::V4(v4) => {
+            buf[..4].copy_from_slice(&v4.octets());
+            buf[4] = net.prefix_len();
+            5
+        }
+        IpAddr::V6(v6) => {
+            buf[..16].copy_from_slice(&v6.octets());
+            buf[16] = net.prefix_len();
+            17
+        }
+    }
+}
+
+/// The raw value of the first `name=value` pair in a query string.
+fn query_value<'q>(query: &'q str, name: &str) -> Option<&'q [u8]> {
+    query.split('&').find_map(|pair| {
+        let (key, value) = pair.split_once('=').unwrap_or((pair, ""));
+        (key == name && !value.is_empty()).then_some(value.as_bytes())
+    })
+}
+
+/// The value of cookie `name` in any `Cookie` header.
+fn cookie_value<'r>(request: &'r Parts, name: &str) -> Option<&'r [u8]> {
+    request
+        .headers
+        .get_all(http::header::COOKIE)
+        .iter()
+        .flat_map(|header| header.as_bytes().split(|b| *b == b';'))
+        .find_map(|pair| {
+            let pair = pair.trim_ascii();
+            let eq = pair.iter().position(|b| *b == b'=')?;
+            let (key, value) = (&pair[..eq], &pair[eq + 1..]);
+            (key == name.as_bytes() && !value.is_empty()).then_some(value)
+        })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use http::HeaderName;
+
+    fn parts(uri: &str, headers: &[(&str, &str)]) -> Parts {
+        let mut builder = http::Request::get(uri);
+        for (k, v) in headers {
+            builder = builder.header(*k, *v);
+        }
+        builder.body(()).unwrap().into_parts().0
+    }
+
+    fn facts() -> RequestFacts<'static> {
+        RequestFacts {
+            client: "192.0.2.7/32".parse().unwrap(),
+            route: "r",
+        }
+    }
+
+    #[test]
+    fn same_values_same_key_different_values_different_key() {
+        let key = [KeyPart::Header(HeaderName::from_static("x-api-key"))];
+        let a = extract(&key, &parts("/", &[("x-api-key", "k1")]), &facts());
+        let b = extract(&key, &parts("/x", &[("x-api-key", "k1")]), &facts());
+        let c = extract(&key, &parts("/", &[("x-api-key", "k2")]), &facts());
+        assert!(a.is_some());
+        assert_eq!(a, b);
+        assert_ne!(a, c);
+        assert_eq!(extract(&key, &parts("/", &[]), &facts()), None);
+    }
+
+    #[test]
+    fn query_and_cookie_values() {
+        let query = [KeyPart::Query("user".into())];
+        let a = extract(&query, &parts("/?a=1&user=bob", &[]), &facts());
+        let b = extract(&query, &parts("/?user=bob", &[]), &facts());
+        assert!(a.is_some());
+        assert_eq!(a, b);
+        assert_eq!(extract(&query, &parts("/?username=bob", &[]), &facts()), None);
+        let cookie = [KeyPart::Cookie("sid".into())];
+        let a = extract(&cookie, &parts("/", &[("cookie", "a=1; sid=xyz")]), &facts());
+        let b = extract(&cookie, &parts("/", &[("cookie", "sid=xyz")]), &facts());
+        assert!(a.is_some());
+        assert_eq!(a, b);
+        assert_eq!(extract(&cookie, &parts("/", &[("cookie", "xsid=1")]), &facts()), None);
+    }
+
+    #[test]
+    fn composite_keys_do_not_collide_by_concatenation() {
+        let key = [
+            KeyPart::Header(HeaderName::from_static("a")),
+            KeyPart::Header(HeaderName::from_static("b")),
+        ];
+        let one = extract(&key, &parts("/", &[("a", "xy"), ("b", "z")]), &facts());
+        let two = extract(&key, &parts("/", &[("a", "x"), ("b", "yz")]), &facts());
+        assert_ne!(one, two);
+    }
+
+    #[test]
+    fn ip_keys_follow_the_masked_network() {
+        let key = [KeyPart::Ip];
+        let mut f = facts();
+        let a = extract(&key, &parts("/", &[]), &f);
+        f.client = "192.0.2.8/32".parse().unwrap();
+        assert_ne!(a, extract(&key, &parts("/", &[]), &f));
+    }
+}
