@@ -30,10 +30,28 @@ pub enum LeakyMode {
 /// One limit's algorithm and its parameters (all counts in cost units, all > 0).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum Algorithm {
-    FixedWindow { limit: u64, window: Nanos },
-    SlidingWindow { limit: u64, window: Nanos },
-    SlidingLog { limit: u64, window: Nanos },
-    TokenBucket { capacity: u64, refill: Rate },
-    LeakyBucket { capacity: u64, rate: Rate, mode: LeakyMode },
-    Concurrency { max: u64 },
+    FixedWindow {
+        limit: u64,
+        window: Nanos,
+    },
+    SlidingWindow {
+        limit: u64,
+        window: Nanos,
+    },
+    SlidingLog {
+        limit: u64,
+        window: Nanos,
+    },
+    TokenBucket {
+        capacity: u64,
+        refill: Rate,
+    },
+    LeakyBucket {
+        capacity: u64,
+        rate: Rate,
+        mode: LeakyMode,
+    },
+    Concurrency {
+        max: u64,
+    },
 }
