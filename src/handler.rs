@@ -33,7 +33,8 @@ use crate::error::GatewayError;
 use crate::identity::client_ip::{client_net, resolve};
 use crate::identity::keys::{RequestFacts, extract, shared_key};
 use crate::limit::{
-    EntryVerdict, LimitKey, Nanos, Outcome, Permits, StackEntry, check_stack, stack::INLINE as INLINE_STACK,
+    EntryVerdict, LimitKey, Nanos, Outcome, Permits, StackEntry, check_stack,
+    stack::INLINE as INLINE_STACK,
 };
 use crate::proxy::body::{BodyCap, RequestBody, ResponseBody};
 use crate::proxy::forward::prepare_response;

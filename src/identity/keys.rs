@@ -29,23 +29,15 @@ pub fn extract(parts: &[KeyPart], request: &Parts, facts: &RequestFacts<'_>) -> 
     // Each part's bytes are borrowed from the request where possible; IP
     // networks are encoded into a small stack buffer.
     let mut ip_buf = [0u8; 17];
+    let ip_len = encode_net(facts.client, &mut ip_buf);
+    let ip = &ip_buf[..ip_len];
     let mut values: [&[u8]; 8] = [&[]; 8];
     if parts.len() > values.len() {
         return None;
     }
-    let mut ip_done = false;
     for (slot, part) in values.iter_mut().zip(parts) {
         *slot = match part {
-            KeyPart::Ip => {
-                if ip_done {
-                    // The same part twice adds nothing to the key.
-                    &[]
-                } else {
-                    ip_done = true;
-                    let len = encode_net(facts.client, &mut ip_buf);
-                    &ip_buf[..len]
-                }
-            }
+            KeyPart::Ip => ip,
             KeyPart::Header(name) => request.headers.get(name)?.as_bytes(),
             KeyPart::Query(name) => query_value(request.uri.query()?, name)?,
             KeyPart::Cookie(name) => cookie_value(request, name)?,
@@ -142,13 +134,23 @@ mod tests {
         let b = extract(&query, &parts("/?user=bob", &[]), &facts());
         assert!(a.is_some());
         assert_eq!(a, b);
-        assert_eq!(extract(&query, &parts("/?username=bob", &[]), &facts()), None);
+        assert_eq!(
+            extract(&query, &parts("/?username=bob", &[]), &facts()),
+            None
+        );
         let cookie = [KeyPart::Cookie("sid".into())];
-        let a = extract(&cookie, &parts("/", &[("cookie", "a=1; sid=xyz")]), &facts());
+        let a = extract(
+            &cookie,
+            &parts("/", &[("cookie", "a=1; sid=xyz")]),
+            &facts(),
+        );
         let b = extract(&cookie, &parts("/", &[("cookie", "sid=xyz")]), &facts());
         assert!(a.is_some());
         assert_eq!(a, b);
-        assert_eq!(extract(&cookie, &parts("/", &[("cookie", "xsid=1")]), &facts()), None);
+        assert_eq!(
+            extract(&cookie, &parts("/", &[("cookie", "xsid=1")]), &facts()),
+            None
+        );
     }
 
     #[test]

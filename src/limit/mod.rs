@@ -1,6 +1,46 @@
 //! The limiter engine: rate-limit algorithms as pure decisions, the in-memory
 //! store that applies them per key, and the all-or-nothing key stack.
+//!
+//! The life of a decision: the HTTP layer reads the [`Clock`] once, digests
+//! the request's keys into [`LimitKey`]s, and calls [`check_stack`] with the
+//! route's limits ([`Limiter`]s, shared as `Arc<Limiter>` outside the config
+//! snapshot so that reloads keep state). The stack locks the keys' shards,
+//! runs each limit's algorithm — a pure function of `(state, now, cost,
+//! params)` in its own module — and commits all charges or none. The result
+//! is a value ([`StackDecision`], one [`Verdict`] per limit): denial is not an
+//! error. Header numbers come from [`quota`], [`window_secs`] and the verdicts.
+//!
+//! | algorithm | module | state per key |
+//! | --- | --- | --- |
+//! | `fixed_window` | [`fixed_window`] | window index + count |
+//! | `sliding_window` | [`sliding_window`] | window index + two counts |
+//! | `sliding_log` | [`sliding_log`] | `(timestamp, units)` runs |
+//! | `token_bucket` | [`token_bucket`] | GCRA `tat` |
+//! | `leaky_bucket` | [`leaky_bucket`] | GCRA `tat` (nginx `limit_req`) |
+//! | `concurrency` | [`concurrency`] | in-flight count + permits |
+//!
+//! Worked example: a token bucket of 20 refilled at 10/s, `now` = T. Twenty
+//! requests at T pass (`r` 19 … 0); the 21st gets `allowed = false`,
+//! `retry_after = Some(100 ms)`, and nothing is charged anywhere in its
+//! stack. Each module doc works its own algorithm through.
 
+pub mod clock;
+pub mod concurrency;
+pub mod fixed_window;
+pub mod key;
+pub mod leaky_bucket;
+pub mod memory;
 pub mod params;
+pub mod sliding_log;
+pub mod sliding_window;
+pub mod stack;
+pub mod token_bucket;
+pub mod verdict;
 
+pub use clock::{Clock, ManualClock, SystemClock};
+pub use concurrency::ConcurrencyPermit;
+pub use key::LimitKey;
+pub use memory::Limiter;
 pub use params::{Algorithm, LeakyMode, NANOS_PER_SEC, Nanos, Rate};
+pub use stack::{EntryVerdict, Outcome, Permits, StackDecision, StackEntry, check_stack};
+pub use verdict::{Verdict, quota, window_secs};

@@ -2,6 +2,6 @@
 
 pub mod body;
 pub mod forward;
+pub mod ratelimit;
 pub mod response;
 pub mod structured;
-pub mod ratelimit;

@@ -56,7 +56,9 @@ pub fn policy_header(stack: &[&LimitConfig], server: HeaderStyles) -> Option<Hea
         let params = list.item_string(&limit.name).ok()?.param_int("q", q).ok()?;
         match window_secs(&limit.algorithm) {
             Some(w) => {
-                params.param_int("w", i64::try_from(w).unwrap_or(i64::MAX)).ok()?;
+                params
+                    .param_int("w", i64::try_from(w).unwrap_or(i64::MAX))
+                    .ok()?;
             }
             None => {
                 params.param_string("qu", "concurrent-requests").ok()?;
@@ -203,6 +205,9 @@ pub fn deny_response(
 pub fn missing_key_response(limit: &LimitConfig, key: &str) -> Response<ResponseBody> {
     super::response::problem(
         StatusCode::BAD_REQUEST,
-        &format!("limit {} needs the request key {key}, which is missing", limit.name),
+        &format!(
+            "limit {} needs the request key {key}, which is missing",
+            limit.name
+        ),
     )
 }

@@ -1,0 +1,116 @@
+//! The only place in the limiter that reads the time.
+//!
+//! Every algorithm is a pure function of `now`, so the clock is injected: the
+//! HTTP layer reads [`Clock::now`] once per request and passes the value down,
+//! and tests drive a [`ManualClock`] instead of sleeping.
+//!
+//! Time is [`Nanos`] since the Unix epoch because windows are aligned to the
+//! epoch (a `"1m"` window starts at every whole minute of wall-clock time).
+//! Wall-clock time can jump (NTP steps, a VM resuming), and a jump backwards
+//! would hand out fresh windows or refill buckets twice. [`SystemClock`]
+//! therefore reads `SystemTime` and `Instant` once, at construction, and from
+//! then on reports `anchor + elapsed`: epoch-aligned at start, monotonic after.
+//!
+//! Example: built at `SystemTime` = 1_700_000_000 s; 250 ms later (by the
+//! monotonic clock) `now()` is `1_700_000_000_250_000_000`, even if the
+//! system clock was stepped back meanwhile.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Instant, SystemTime, UNIX_EPOCH};
+
+use super::Nanos;
+
+/// A source of the current time in nanoseconds since the Unix epoch.
+pub trait Clock: Send + Sync {
+    fn now(&self) -> Nanos;
+}
+
+/// Epoch-aligned at construction, monotonic afterwards.
+#[derive(Debug, Clone, Copy)]
+pub struct SystemClock {
+    /// Wall-clock time, in ns since the epoch, at the moment `start` was read.
+    anchor: Nanos,
+    start: Instant,
+}
+
+impl SystemClock {
+    pub fn new() -> Self {
+        // A system clock set before 1970 is a broken host; starting at 0 keeps
+        // the limiter working (windows are still consistent, only misaligned).
+        let anchor = SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .map(|d| u64::try_from(d.as_nanos()).unwrap_or(u64::MAX))
+            .unwrap_or(0);
+        SystemClock {
+            anchor,
+            start: Instant::now(),
+        }
+    }
+}
+
+impl Default for SystemClock {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl Clock for SystemClock {
+    fn now(&self) -> Nanos {
+        // u64 nanoseconds of elapsed time last 584 years: saturate, never wrap.
+        let elapsed = u64::try_from(self.start.elapsed().as_nanos()).unwrap_or(u64::MAX);
+        self.anchor.saturating_add(elapsed)
+    }
+}
+
+/// A clock that only moves when told to; for tests and simulation.
+#[derive(Debug, Default)]
+pub struct ManualClock {
+    now: AtomicU64,
+}
+
+impl ManualClock {
+    pub fn new(now: Nanos) -> Self {
+        ManualClock {
+            now: AtomicU64::new(now),
+        }
+    }
+
+    pub fn set(&self, now: Nanos) {
+        self.now.store(now, Ordering::Relaxed);
+    }
+
+    pub fn advance(&self, by: Nanos) {
+        self.now.fetch_add(by, Ordering::Relaxed);
+    }
+}
+
+impl Clock for ManualClock {
+    fn now(&self) -> Nanos {
+        self.now.load(Ordering::Relaxed)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn manual_clock_moves_only_when_told() {
+        let c = ManualClock::new(5);
+        assert_eq!(c.now(), 5);
+        c.advance(10);
+        assert_eq!(c.now(), 15);
+        c.set(3);
+        assert_eq!(c.now(), 3);
+    }
+
+    #[test]
+    fn system_clock_is_epoch_aligned_and_monotonic() {
+        let c = SystemClock::new();
+        let a = c.now();
+        let b = c.now();
+        // After 2020-01-01: the anchor is wall-clock time, not boot time.
+        assert!(a > 1_577_836_800 * crate::limit::NANOS_PER_SEC);
+        assert!(b >= a);
+    }
+}

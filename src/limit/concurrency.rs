@@ -1,0 +1,108 @@
+//! Concurrency: requests in flight per key, released when the response ends.
+//!
+//! Unlike the rate algorithms there is nothing to compute on arrival except
+//! `in_flight + cost <= max`; the interesting part is the release. Each key's
+//! count is an `Arc<AtomicU64>` (its *slot*); an admitted request gets a
+//! [`ConcurrencyPermit`] holding a clone of the slot, and dropping the permit
+//! subtracts its units. The HTTP layer keeps the permit alive until the
+//! response body ends (for an upgraded connection, until the tunnel closes),
+//! so no code path can forget to release: a panic or a dropped future
+//! releases too.
+//!
+//! Increments happen under the key's shard lock (so a stack decides
+//! atomically); releases need no lock, they only lower the count, which can
+//! only make a concurrent decision more conservative. A slot whose only
+//! owner is the map and whose count is 0 is fresh and can be swept.
+//!
+//! Worked example, `max = 2`: two requests take permits (`in_flight` 2,
+//! `r` 0); a third is denied (`retry_after` 1 s, the contract's fixed hint,
+//! since nobody knows when a response will end); when the first response
+//! ends its permit drops, `in_flight` is 1 and the next request passes.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use super::verdict::Verdict;
+use super::{NANOS_PER_SEC, Nanos};
+
+/// What a denied concurrency request is told to wait: the contract's
+/// `Retry-After: 1`.
+pub const RETRY_AFTER: Nanos = NANOS_PER_SEC;
+
+/// Decide a request of `cost` against `in_flight` (pure).
+pub fn decide(in_flight: u64, cost: u64, max: u64) -> Verdict {
+    let never = cost > max;
+    let after = in_flight.saturating_add(cost);
+    if !never && after <= max {
+        Verdict::allow(max - after, 0)
+    } else {
+        Verdict::deny(max.saturating_sub(in_flight), 0, RETRY_AFTER, never)
+    }
+}
+
+/// A key's in-flight count, shared by the map and the permits.
+pub type Slot = Arc<AtomicU64>;
+
+/// Holds `units` of a key's concurrency until dropped.
+#[derive(Debug)]
+pub struct ConcurrencyPermit {
+    slot: Slot,
+    units: u64,
+}
+
+impl ConcurrencyPermit {
+    /// Charge `units` to `slot`; the caller has decided they fit.
+    pub(crate) fn acquire(slot: &Slot, units: u64) -> ConcurrencyPermit {
+        slot.fetch_add(units, Ordering::AcqRel);
+        ConcurrencyPermit {
+            slot: Arc::clone(slot),
+            units,
+        }
+    }
+
+    pub fn units(&self) -> u64 {
+        self.units
+    }
+}
+
+impl Drop for ConcurrencyPermit {
+    fn drop(&mut self) {
+        self.slot.fetch_sub(self.units, Ordering::AcqRel);
+    }
+}
+
+/// No permit alive and nothing in flight: the key can be forgotten.
+pub fn is_fresh(slot: &Slot) -> bool {
+    Arc::strong_count(slot) == 1 && slot.load(Ordering::Acquire) == 0
+}
+
+/// Units in flight now.
+pub fn in_flight(slot: &Slot) -> u64 {
+    slot.load(Ordering::Acquire)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn worked_example() {
+        let slot: Slot = Arc::default();
+        let max = 2;
+        let mut permits = Vec::new();
+        for r in [1, 0] {
+            let v = decide(in_flight(&slot), 1, max);
+            assert!(v.allowed);
+            assert_eq!(v.remaining, r);
+            permits.push(ConcurrencyPermit::acquire(&slot, 1));
+        }
+        let v = decide(in_flight(&slot), 1, max);
+        assert!(!v.allowed && v.retry_after == Some(RETRY_AFTER));
+        permits.pop();
+        assert!(decide(in_flight(&slot), 1, max).allowed);
+        assert!(!is_fresh(&slot));
+        permits.clear();
+        assert!(is_fresh(&slot));
+        assert!(decide(0, 3, max).never);
+    }
+}

@@ -1,0 +1,769 @@
+//! [`Limiter`]: one named limit's per-key state, held in this process's memory.
+//!
+//! # Storage
+//!
+//! Keys are spread over [`SHARDS`] shards by the high bits of their digest;
+//! each shard is a `parking_lot::Mutex` around a hash table keyed by the
+//! digest's two halves (the low half is used as the table's hash directly: it
+//! is already uniformly random, so no second hash is computed). There is no
+//! global lock: a decision locks only the shard(s) it touches, and the shards
+//! are cache-line aligned so that neighbours do not contend through false
+//! sharing. A shard lock (rather than one atomic word per key, as governor
+//! does) is what lets the key stack (`stack.rs`) decide several limits
+//! all-or-nothing: it locks every shard it needs in one global order
+//! (limiter address, shard index), decides, commits or rolls back, unlocks.
+//!
+//! Refill is computed on arrival by the algorithms' pure functions; there is
+//! no timer per key.
+//!
+//! # Memory per key
+//!
+//! A table slot is the 16-byte key plus a 32-byte state ([`KeyState`], the
+//! largest variant being the sliding window's 24 bytes; the token bucket's
+//! `tat` is 16) plus 1 control byte: 49 bytes. The table (std's hashbrown)
+//! keeps at most 7/8 of its slots full and doubles when it fills, so a key
+//! costs 56 bytes at full load and ~112 right after a doubling — 56–112,
+//! about 75 bytes on average over the table's life. A sliding log adds a
+//! heap-allocated deque of `(timestamp, units)` runs (16 bytes per run), and
+//! a concurrency key an `Arc<AtomicU64>` (24 bytes).
+//!
+//! # Bounding the number of keys
+//!
+//! A flood of one-shot keys (random API keys, spoofed addresses) must not grow
+//! memory without bound. Two mechanisms:
+//!
+//! * [`Limiter::sweep`] drops every key whose state is back to fresh (full
+//!   bucket, empty windows, nothing in flight): forgetting such a key changes
+//!   no future decision, since an absent key *is* a fresh one. The HTTP layer
+//!   runs it periodically (say every 10 s); it locks one shard at a time.
+//! * `max_keys`: when a new key would exceed it, its shard is swept first (at
+//!   most once a second per shard, so a flood cannot turn every request into a
+//!   scan); if the limiter is still full, the key does not get a state of its
+//!   own but shares its shard's **overflow state** with every other key beyond
+//!   the cap in that shard. Limiting still applies (more strictly: strangers
+//!   share a budget) and memory stays bounded at `max_keys` entries plus one
+//!   overflow state per shard. `live_keys()` counts the entries (not the
+//!   overflow states).
+//!
+//! # Reload: carrying state over ([`Limiter::carry_from`])
+//!
+//! A limit whose algorithm kind changed starts fresh. Otherwise:
+//!
+//! * `fixed_window`, `sliding_window`, `sliding_log`: with the same `window`
+//!   the counts/logs are kept as they are and the new `limit` applies to them
+//!   (a client that used 60 of 100 has 40 left under 100, 140 under 200, none
+//!   under 50 until its units leave the window). A changed `window` starts
+//!   fresh: counts aligned to the old windows mean nothing in the new ones.
+//! * `token_bucket`: the tokens a key has *used* are kept (re-expressed in the
+//!   new refill), capped at the new capacity. A full bucket stays full, a
+//!   raised capacity adds its headroom to every key (as a fresh key would
+//!   get), a lowered one leaves at most an empty bucket.
+//! * `leaky_bucket`: the same, with `capacity + 1` slots: the queued excess is
+//!   kept; `mode` may change freely.
+//! * `concurrency`: the in-flight slots are shared with the old limiter, so
+//!   permits taken before the reload release into the new one; a new `max`
+//!   applies at once.
+//!
+//! A limit whose definition did not change at all should simply keep its
+//! `Arc<Limiter>`. Requests decided by the old limiter after the copy are not
+//! carried (the window between `carry_from` and the swap is microseconds).
+
+use std::collections::HashMap;
+use std::hash::{BuildHasherDefault, Hasher};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+
+use parking_lot::{Mutex, MutexGuard};
+
+use super::concurrency::{self, ConcurrencyPermit, Slot};
+use super::key::LimitKey;
+use super::stack::{StackDecision, StackEntry, check_stack};
+use super::verdict::Verdict;
+use super::{Algorithm, NANOS_PER_SEC, Nanos};
+use super::{fixed_window, leaky_bucket, sliding_log, sliding_window, token_bucket};
+
+/// Shards per limiter: a power of two well above the core count, so two
+/// requests for different keys rarely meet on one lock.
+pub const SHARDS: usize = 64;
+
+/// A full limiter sweeps a shard at most this often when a new key arrives.
+const CAP_SWEEP_INTERVAL: Nanos = NANOS_PER_SEC;
+
+/// The digest as a table key. 8-byte aligned (a `u128` would force 16-byte
+/// alignment on the whole slot).
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+pub(crate) struct StoreKey {
+    hi: u64,
+    lo: u64,
+}
+
+impl std::hash::Hash for StoreKey {
+    fn hash<H: Hasher>(&self, state: &mut H) {
+        // The digest is already uniform: its low half is the hash.
+        state.write_u64(self.lo);
+    }
+}
+
+/// Passes the digest's low half through as the hash.
+#[derive(Default)]
+pub(crate) struct DigestHasher(u64);
+
+impl Hasher for DigestHasher {
+    fn finish(&self) -> u64 {
+        self.0
+    }
+    fn write(&mut self, bytes: &[u8]) {
+        // Only `write_u64` is used by `StoreKey`; fold anything else in.
+        for &b in bytes {
+            self.0 = self.0.rotate_left(8) ^ u64::from(b);
+        }
+    }
+    fn write_u64(&mut self, n: u64) {
+        self.0 = n;
+    }
+}
+
+/// One key's state; the variant is fixed by the limiter's algorithm.
+#[derive(Debug)]
+pub(crate) enum KeyState {
+    Window(fixed_window::State),
+    Sliding(sliding_window::State),
+    /// Boxed: a deque would double every other variant's size.
+    Log(Box<sliding_log::State>),
+    /// Token and leaky bucket.
+    Gcra(token_bucket::State),
+    Inflight(Slot),
+}
+
+/// One shard's keys.
+#[derive(Debug, Default)]
+pub(crate) struct ShardMap {
+    map: HashMap<StoreKey, KeyState, BuildHasherDefault<DigestHasher>>,
+    /// Shared by the keys of this shard that arrived while the limiter was
+    /// at `max_keys` (see the module doc).
+    overflow: Option<KeyState>,
+    /// When a full limiter last swept this shard.
+    swept_at: Nanos,
+}
+
+/// Cache-line aligned so neighbouring shards' locks do not share a line.
+#[repr(align(128))]
+#[derive(Debug, Default)]
+struct Shard(Mutex<ShardMap>);
+
+/// Where a charge went, to undo it.
+#[derive(Debug)]
+pub(crate) enum Target {
+    /// An existing entry.
+    Key(StoreKey),
+    /// An entry this charge created: undo removes it.
+    New(StoreKey),
+    Overflow,
+}
+
+/// What to restore to undo a charge.
+#[derive(Debug)]
+pub(crate) enum UndoAction {
+    Window(fixed_window::State),
+    Sliding(sliding_window::State),
+    Gcra(token_bucket::State),
+    LogPop(u64),
+    /// Concurrency: dropping the permit is the undo.
+    Nothing,
+}
+
+#[derive(Debug)]
+pub(crate) struct Undo {
+    target: Target,
+    action: UndoAction,
+}
+
+/// The state change an admitted request makes (computed by the pure decision).
+enum Next {
+    Window(fixed_window::State),
+    Sliding(sliding_window::State),
+    Gcra(token_bucket::State),
+    LogRecord,
+    Acquire,
+}
+
+/// One named limit's per-key state. Share it as `Arc<Limiter>`.
+#[derive(Debug)]
+pub struct Limiter {
+    name: Box<str>,
+    algorithm: Algorithm,
+    max_keys: usize,
+    /// Entries across all shards (reserved before insert, so never above
+    /// `max_keys`).
+    live: AtomicUsize,
+    shards: Box<[Shard]>,
+}
+
+impl Limiter {
+    pub fn new(name: &str, algorithm: Algorithm, max_keys: usize) -> Limiter {
+        Limiter {
+            name: name.into(),
+            algorithm,
+            max_keys,
+            live: AtomicUsize::new(0),
+            shards: (0..SHARDS).map(|_| Shard::default()).collect(),
+        }
+    }
+
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    pub fn algorithm(&self) -> Algorithm {
+        self.algorithm
+    }
+
+    pub fn max_keys(&self) -> usize {
+        self.max_keys
+    }
+
+    /// Keys holding their own state (the `tollgate_limiter_keys` gauge).
+    pub fn live_keys(&self) -> usize {
+        self.live.load(Ordering::Relaxed)
+    }
+
+    /// Decide and charge one request against this limit alone (a stack of
+    /// one entry).
+    pub fn check(&self, key: LimitKey, cost: u64, now: Nanos) -> StackDecision {
+        check_stack(
+            &[StackEntry {
+                limiter: self,
+                key: Some(key),
+                shadow: false,
+            }],
+            cost,
+            now,
+        )
+    }
+
+    /// The key's state as it stands (`r`, `t`), charging nothing.
+    pub fn peek(&self, key: LimitKey, now: Nanos) -> Verdict {
+        let shard = self.lock_shard(self.shard_of(key));
+        self.peek_in(&shard, key, now)
+    }
+
+    /// Post-response cost settlement: charge `delta` more units, or refund
+    /// `-delta`; never below empty, never above full. No effect on
+    /// concurrency (its permits settle themselves).
+    pub fn adjust(&self, key: LimitKey, delta: i64, now: Nanos) {
+        if delta == 0 || matches!(self.algorithm, Algorithm::Concurrency { .. }) {
+            return;
+        }
+        let k = StoreKey::from(key);
+        let mut shard = self.lock_shard(self.shard_of(key));
+        let shard = &mut *shard;
+        if let Some(state) = shard.map.get_mut(&k) {
+            self.adjust_state(state, delta, now);
+            return;
+        }
+        if delta < 0 {
+            // Nothing to refund on a fresh key.
+            return;
+        }
+        let state = if self.reserve(shard, now) {
+            shard.map.entry(k).or_insert_with(|| self.fresh_state())
+        } else {
+            shard.overflow.get_or_insert_with(|| self.fresh_state())
+        };
+        self.adjust_state(state, delta, now);
+    }
+
+    /// Forget every key whose state is fresh again; returns how many.
+    /// Locks one shard at a time (cold path: run it periodically).
+    pub fn sweep(&self, now: Nanos) -> usize {
+        let mut removed = 0;
+        for shard in self.shards.iter() {
+            removed += self.sweep_shard(&mut shard.0.lock(), now);
+        }
+        removed
+    }
+
+    /// Whether [`Limiter::carry_from`] keeps any state from `old` to `new`.
+    pub fn carries_state(old: &Algorithm, new: &Algorithm) -> bool {
+        use Algorithm::*;
+        match (old, new) {
+            (FixedWindow { window: a, .. }, FixedWindow { window: b, .. })
+            | (SlidingWindow { window: a, .. }, SlidingWindow { window: b, .. })
+            | (SlidingLog { window: a, .. }, SlidingLog { window: b, .. }) => a == b,
+            (TokenBucket { .. }, TokenBucket { .. })
+            | (LeakyBucket { .. }, LeakyBucket { .. })
+            | (Concurrency { .. }, Concurrency { .. }) => true,
+            _ => false,
+        }
+    }
+
+    /// A limiter for a reloaded definition, keeping `old`'s key states where
+    /// the algorithm allows (rules in the module doc). Cold path: locks each
+    /// of `old`'s shards once.
+    pub fn carry_from(
+        old: &Limiter,
+        name: &str,
+        algorithm: Algorithm,
+        max_keys: usize,
+        now: Nanos,
+    ) -> Limiter {
+        let new = Limiter::new(name, algorithm, max_keys);
+        if !Limiter::carries_state(&old.algorithm, &algorithm) {
+            return new;
+        }
+        for (from, to) in old.shards.iter().zip(new.shards.iter()) {
+            let from = from.0.lock();
+            // `new` is not shared yet: this lock is never contended.
+            let mut to = to.0.lock();
+            for (k, state) in &from.map {
+                if old.is_fresh(state, now) || !new.reserve(&mut to, now) {
+                    continue;
+                }
+                to.map.insert(*k, old.carry_state(state, &algorithm, now));
+            }
+            to.overflow = from
+                .overflow
+                .as_ref()
+                .map(|s| old.carry_state(s, &algorithm, now));
+        }
+        new
+    }
+
+    // ----- used by the key stack -----
+
+    pub(crate) fn shard_of(&self, key: LimitKey) -> usize {
+        // Top bits of the high half: independent of the table's hash (low half).
+        (key.halves().0 >> (64 - SHARDS.trailing_zeros())) as usize
+    }
+
+    pub(crate) fn lock_shard(&self, index: usize) -> MutexGuard<'_, ShardMap> {
+        self.shards[index % SHARDS].0.lock()
+    }
+
+    /// Decide `cost` for `key` and, if admitted, charge it (a concurrency
+    /// permit goes to `permits`). Returns what to undo, if anything changed.
+    pub(crate) fn apply(
+        &self,
+        shard: &mut ShardMap,
+        key: LimitKey,
+        cost: u64,
+        now: Nanos,
+        permits: &mut super::stack::Permits,
+    ) -> (Verdict, Option<Undo>) {
+        if cost == 0 {
+            return (self.peek_in(shard, key, now), None);
+        }
+        let k = StoreKey::from(key);
+        if let Some(state) = shard.map.get_mut(&k) {
+            let (v, next) = self.decide(Some(state), now, cost);
+            return match next {
+                Some(next) => {
+                    let action = self.commit(state, next, now, cost, permits);
+                    let target = Target::Key(k);
+                    (v, Some(Undo { target, action }))
+                }
+                None => (v, None),
+            };
+        }
+        if self.reserve(shard, now) {
+            let (v, next) = self.decide(None, now, cost);
+            let Some(next) = next else {
+                self.live.fetch_sub(1, Ordering::Relaxed);
+                return (v, None);
+            };
+            let mut state = self.fresh_state();
+            let action = self.commit(&mut state, next, now, cost, permits);
+            shard.map.insert(k, state);
+            let target = Target::New(k);
+            return (v, Some(Undo { target, action }));
+        }
+        let state = shard.overflow.get_or_insert_with(|| self.fresh_state());
+        let (v, next) = self.decide(Some(state), now, cost);
+        match next {
+            Some(next) => {
+                let action = self.commit(state, next, now, cost, permits);
+                let target = Target::Overflow;
+                (v, Some(Undo { target, action }))
+            }
+            None => (v, None),
+        }
+    }
+
+    /// Reverse a charge made by [`Limiter::apply`] under the same lock.
+    pub(crate) fn undo(&self, shard: &mut ShardMap, undo: Undo) {
+        let state = match undo.target {
+            Target::New(k) => {
+                if shard.map.remove(&k).is_some() {
+                    self.live.fetch_sub(1, Ordering::Relaxed);
+                }
+                return;
+            }
+            Target::Key(k) => shard.map.get_mut(&k),
+            Target::Overflow => shard.overflow.as_mut(),
+        };
+        let Some(state) = state else { return };
+        match (undo.action, state) {
+            (UndoAction::Window(old), KeyState::Window(s)) => *s = old,
+            (UndoAction::Sliding(old), KeyState::Sliding(s)) => *s = old,
+            (UndoAction::Gcra(old), KeyState::Gcra(s)) => *s = old,
+            (UndoAction::LogPop(n), KeyState::Log(s)) => sliding_log::unrecord(s, n),
+            _ => {}
+        }
+    }
+
+    /// The state of `key` as it stands (cost 0), the way [`Limiter::apply`]
+    /// would find it (including the overflow state when at the cap).
+    pub(crate) fn peek_in(&self, shard: &ShardMap, key: LimitKey, now: Nanos) -> Verdict {
+        let state = match shard.map.get(&StoreKey::from(key)) {
+            Some(s) => Some(s),
+            None if self.live_keys() >= self.max_keys => shard.overflow.as_ref(),
+            None => None,
+        };
+        self.decide(state, now, 0).0
+    }
+
+    // ----- per-algorithm dispatch -----
+
+    /// The pure decision on `state` (`None` = fresh). The `Next` is present
+    /// iff the verdict admits a non-zero cost.
+    fn decide(&self, state: Option<&KeyState>, now: Nanos, cost: u64) -> (Verdict, Option<Next>) {
+        use Algorithm::*;
+        let admitted = |v: &Verdict, next: Next| (v.allowed && cost > 0).then_some(next);
+        match self.algorithm {
+            FixedWindow { limit, window } => {
+                let s = match state {
+                    Some(KeyState::Window(s)) => *s,
+                    _ => Default::default(),
+                };
+                let (n, v) = fixed_window::decide(s, now, cost, limit, window);
+                (v, admitted(&v, Next::Window(n)))
+            }
+            SlidingWindow { limit, window } => {
+                let s = match state {
+                    Some(KeyState::Sliding(s)) => *s,
+                    _ => Default::default(),
+                };
+                let (n, v) = sliding_window::decide(s, now, cost, limit, window);
+                (v, admitted(&v, Next::Sliding(n)))
+            }
+            SlidingLog { limit, window } => {
+                let v = match state {
+                    Some(KeyState::Log(s)) => sliding_log::check(s, now, cost, limit, window),
+                    _ => sliding_log::check(&Default::default(), now, cost, limit, window),
+                };
+                (v, admitted(&v, Next::LogRecord))
+            }
+            TokenBucket { capacity, refill } => {
+                let (n, v) = token_bucket::decide(gcra_state(state), now, cost, capacity, refill);
+                (v, admitted(&v, Next::Gcra(n)))
+            }
+            LeakyBucket {
+                capacity,
+                rate,
+                mode,
+            } => {
+                let s = gcra_state(state);
+                let (n, v) = leaky_bucket::decide(s, now, cost, capacity, rate, mode);
+                (v, admitted(&v, Next::Gcra(n)))
+            }
+            Concurrency { max } => {
+                let in_flight = match state {
+                    Some(KeyState::Inflight(slot)) => concurrency::in_flight(slot),
+                    _ => 0,
+                };
+                let v = concurrency::decide(in_flight, cost, max);
+                (v, admitted(&v, Next::Acquire))
+            }
+        }
+    }
+
+    /// Apply an admitted decision's state change; returns its undo.
+    fn commit(
+        &self,
+        state: &mut KeyState,
+        next: Next,
+        now: Nanos,
+        cost: u64,
+        permits: &mut super::stack::Permits,
+    ) -> UndoAction {
+        let window = match self.algorithm {
+            Algorithm::SlidingLog { window, .. } => window,
+            _ => 0,
+        };
+        match (next, state) {
+            (Next::Window(n), KeyState::Window(s)) => UndoAction::Window(std::mem::replace(s, n)),
+            (Next::Sliding(n), KeyState::Sliding(s)) => {
+                UndoAction::Sliding(std::mem::replace(s, n))
+            }
+            (Next::Gcra(n), KeyState::Gcra(s)) => UndoAction::Gcra(std::mem::replace(s, n)),
+            (Next::LogRecord, KeyState::Log(s)) => {
+                sliding_log::record(s, now, cost, window);
+                UndoAction::LogPop(cost)
+            }
+            (Next::Acquire, KeyState::Inflight(slot)) => {
+                permits.push(ConcurrencyPermit::acquire(slot, cost));
+                UndoAction::Nothing
+            }
+            (next, state) => {
+                // A state of another algorithm's shape cannot be stored
+                // (one limiter, one algorithm); if it ever were, the decision
+                // above treated it as fresh, so restart it fresh.
+                debug_assert!(false, "key state does not match the algorithm");
+                *state = self.fresh_state();
+                self.commit(state, next, now, cost, permits)
+            }
+        }
+    }
+
+    fn fresh_state(&self) -> KeyState {
+        use Algorithm::*;
+        match self.algorithm {
+            FixedWindow { .. } => KeyState::Window(Default::default()),
+            SlidingWindow { .. } => KeyState::Sliding(Default::default()),
+            SlidingLog { .. } => KeyState::Log(Default::default()),
+            TokenBucket { .. } | LeakyBucket { .. } => KeyState::Gcra(Default::default()),
+            Concurrency { .. } => KeyState::Inflight(Arc::default()),
+        }
+    }
+
+    fn is_fresh(&self, state: &KeyState, now: Nanos) -> bool {
+        use Algorithm::*;
+        match (self.algorithm, state) {
+            (FixedWindow { window, .. }, KeyState::Window(s)) => {
+                fixed_window::is_fresh(*s, now, window)
+            }
+            (SlidingWindow { window, .. }, KeyState::Sliding(s)) => {
+                sliding_window::is_fresh(*s, now, window)
+            }
+            (SlidingLog { window, .. }, KeyState::Log(s)) => sliding_log::is_fresh(s, now, window),
+            (TokenBucket { refill: rate, .. } | LeakyBucket { rate, .. }, KeyState::Gcra(s)) => {
+                token_bucket::is_fresh(*s, now, rate)
+            }
+            (Concurrency { .. }, KeyState::Inflight(slot)) => concurrency::is_fresh(slot),
+            _ => true,
+        }
+    }
+
+    fn adjust_state(&self, state: &mut KeyState, delta: i64, now: Nanos) {
+        use Algorithm::*;
+        match (self.algorithm, state) {
+            (FixedWindow { limit, window }, KeyState::Window(s)) => {
+                *s = fixed_window::adjust(*s, now, delta, limit, window)
+            }
+            (SlidingWindow { limit, window }, KeyState::Sliding(s)) => {
+                *s = sliding_window::adjust(*s, now, delta, limit, window)
+            }
+            (SlidingLog { limit, window }, KeyState::Log(s)) => {
+                sliding_log::adjust(s, now, delta, limit, window)
+            }
+            (TokenBucket { capacity, refill }, KeyState::Gcra(s)) => {
+                *s = token_bucket::adjust(*s, now, delta, capacity, refill)
+            }
+            (LeakyBucket { capacity, rate, .. }, KeyState::Gcra(s)) => {
+                *s = leaky_bucket::adjust(*s, now, delta, capacity, rate)
+            }
+            _ => {}
+        }
+    }
+
+    /// `state` (of `self`'s algorithm) re-expressed for `new`; the caller has
+    /// checked [`Limiter::carries_state`].
+    fn carry_state(&self, state: &KeyState, new: &Algorithm, now: Nanos) -> KeyState {
+        use Algorithm::*;
+        match (self.algorithm, new, state) {
+            (
+                TokenBucket { refill: old, .. },
+                TokenBucket { capacity, refill },
+                KeyState::Gcra(s),
+            ) => KeyState::Gcra(token_bucket::rescale(*s, now, old, *capacity, *refill)),
+            (
+                LeakyBucket { rate: old, .. },
+                LeakyBucket { capacity, rate, .. },
+                KeyState::Gcra(s),
+            ) => {
+                let slots = capacity.saturating_add(1);
+                KeyState::Gcra(token_bucket::rescale(*s, now, old, slots, *rate))
+            }
+            (_, _, KeyState::Window(s)) => KeyState::Window(*s),
+            (_, _, KeyState::Sliding(s)) => KeyState::Sliding(*s),
+            (_, _, KeyState::Log(s)) => KeyState::Log(s.clone()),
+            (_, _, KeyState::Gcra(s)) => KeyState::Gcra(*s),
+            (_, _, KeyState::Inflight(slot)) => KeyState::Inflight(Arc::clone(slot)),
+        }
+    }
+
+    /// Reserve room for one more entry; at the cap, sweep this shard (at
+    /// most once per `CAP_SWEEP_INTERVAL`) and try once more.
+    fn reserve(&self, shard: &mut ShardMap, now: Nanos) -> bool {
+        let try_reserve = || {
+            if self.live.fetch_add(1, Ordering::Relaxed) < self.max_keys {
+                true
+            } else {
+                self.live.fetch_sub(1, Ordering::Relaxed);
+                false
+            }
+        };
+        if try_reserve() {
+            return true;
+        }
+        if now.abs_diff(shard.swept_at) < CAP_SWEEP_INTERVAL {
+            return false;
+        }
+        shard.swept_at = now;
+        self.sweep_shard(shard, now) > 0 && try_reserve()
+    }
+
+    fn sweep_shard(&self, shard: &mut ShardMap, now: Nanos) -> usize {
+        let before = shard.map.len();
+        shard.map.retain(|_, s| !self.is_fresh(s, now));
+        let removed = before - shard.map.len();
+        self.live.fetch_sub(removed, Ordering::Relaxed);
+        if shard
+            .overflow
+            .as_ref()
+            .is_some_and(|s| self.is_fresh(s, now))
+        {
+            shard.overflow = None;
+        }
+        removed
+    }
+}
+
+fn gcra_state(state: Option<&KeyState>) -> token_bucket::State {
+    match state {
+        Some(KeyState::Gcra(s)) => *s,
+        _ => Default::default(),
+    }
+}
+
+impl From<LimitKey> for StoreKey {
+    fn from(key: LimitKey) -> StoreKey {
+        let (hi, lo) = key.halves();
+        StoreKey { hi, lo }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::limit::{LeakyMode, Rate};
+
+    const S: Nanos = NANOS_PER_SEC;
+    const T0: Nanos = 1_700_000_000 * S;
+
+    fn key(i: u64) -> LimitKey {
+        LimitKey::digest(&[&i.to_le_bytes()])
+    }
+
+    fn bucket(capacity: u64, per_sec: u64) -> Algorithm {
+        Algorithm::TokenBucket {
+            capacity,
+            refill: Rate {
+                tokens: per_sec,
+                per: S,
+            },
+        }
+    }
+
+    #[test]
+    fn slot_is_48_bytes() {
+        // The figure in the module doc: 16-byte key + 32-byte state (+1 ctrl).
+        assert_eq!(std::mem::size_of::<(StoreKey, KeyState)>(), 48);
+    }
+
+    #[test]
+    fn sweep_forgets_fresh_keys_only() {
+        let l = Limiter::new("t", bucket(10, 10), 1000);
+        for i in 0..100 {
+            assert!(l.check(key(i), 1, T0).allowed);
+        }
+        assert!(l.check(key(0), 5, T0).allowed);
+        assert_eq!(l.live_keys(), 100);
+        // 100 ms later one token is back: the one-shot keys are full again.
+        assert_eq!(l.sweep(T0 + S / 10), 99);
+        assert_eq!(l.live_keys(), 1);
+        assert_eq!(l.peek(key(0), T0 + S / 10).remaining, 5);
+    }
+
+    #[test]
+    fn keys_beyond_the_cap_share_an_overflow_state() {
+        let l = Limiter::new("t", bucket(3, 1), 10);
+        for i in 0..10 {
+            assert!(l.check(key(i), 1, T0).allowed);
+        }
+        assert_eq!(l.live_keys(), 10);
+        // Nothing is fresh: new keys go to their shard's overflow state, and
+        // still get limited.
+        let mut passed = 0;
+        for _ in 0..5 {
+            passed += u64::from(l.check(key(999), 1, T0).allowed);
+        }
+        assert_eq!(passed, 3);
+        assert_eq!(l.live_keys(), 10, "memory stays bounded");
+        // A second later, the full limiter sweeps a shard for the new key.
+        let later = T0 + 10 * S;
+        assert!(l.check(key(1000), 1, later).allowed);
+        assert!(l.live_keys() <= 10);
+    }
+
+    #[test]
+    fn adjust_charges_and_refunds_within_bounds() {
+        let l = Limiter::new("t", bucket(10, 1), 100);
+        assert!(l.check(key(1), 2, T0).allowed);
+        l.adjust(key(1), 5, T0);
+        assert_eq!(l.peek(key(1), T0).remaining, 3);
+        l.adjust(key(1), 50, T0);
+        assert_eq!(l.peek(key(1), T0).remaining, 0);
+        l.adjust(key(1), -50, T0);
+        assert_eq!(l.peek(key(1), T0).remaining, 10);
+        l.adjust(key(2), -5, T0);
+        assert_eq!(l.live_keys(), 1, "a refund to a fresh key stores nothing");
+    }
+
+    #[test]
+    fn carry_over_rules() {
+        // Token bucket: used tokens are kept, capacity raised.
+        let old = Limiter::new("t", bucket(10, 1), 100);
+        assert!(old.check(key(1), 4, T0).allowed);
+        let new = Limiter::carry_from(&old, "t", bucket(20, 1), 100, T0);
+        assert_eq!(new.peek(key(1), T0).remaining, 16);
+        // Window changed: fresh.
+        let w = |window| Algorithm::SlidingWindow { limit: 10, window };
+        let old = Limiter::new("w", w(S), 100);
+        assert!(old.check(key(1), 4, T0).allowed);
+        let same = Limiter::carry_from(
+            &old,
+            "w",
+            Algorithm::SlidingWindow {
+                limit: 20,
+                window: S,
+            },
+            100,
+            T0,
+        );
+        assert_eq!(same.peek(key(1), T0).remaining, 16);
+        let fresh = Limiter::carry_from(&old, "w", w(2 * S), 100, T0);
+        assert_eq!(fresh.live_keys(), 0);
+        // Kind changed: fresh.
+        let fresh = Limiter::carry_from(&old, "w", bucket(10, 1), 100, T0);
+        assert_eq!(fresh.live_keys(), 0);
+        // Concurrency: a permit taken before the reload releases into the new one.
+        let old = Limiter::new("c", Algorithm::Concurrency { max: 1 }, 100);
+        let mut d = old.check(key(1), 1, T0);
+        let permits = d.take_permits();
+        let new = Limiter::carry_from(&old, "c", Algorithm::Concurrency { max: 1 }, 100, T0);
+        assert!(!new.check(key(1), 1, T0).allowed);
+        drop(permits);
+        assert!(new.check(key(1), 1, T0).allowed);
+        // Leaky: excess kept, mode may change.
+        let leaky = |mode| Algorithm::LeakyBucket {
+            capacity: 2,
+            rate: Rate { tokens: 1, per: S },
+            mode,
+        };
+        let old = Limiter::new("l", leaky(LeakyMode::Reject), 100);
+        assert!(old.check(key(1), 3, T0).allowed);
+        let new = Limiter::carry_from(&old, "l", leaky(LeakyMode::Delay), 100, T0);
+        assert!(!new.check(key(1), 1, T0).allowed);
+    }
+}

@@ -1,0 +1,364 @@
+//! The key stack: a route's limits decided all-or-nothing.
+//!
+//! A request is admitted only if every non-shadow limit of its stack admits
+//! it, and a denied request consumes from none of them (contract §2 "Key stack
+//! semantics"). Under concurrency that needs more than checking each limit in
+//! turn: two requests racing for the last unit of a shared per-IP limit while
+//! each holds its own per-key budget must not both pass, and a request denied
+//! by the second limit must not have charged the first.
+//!
+//! [`check_stack`] therefore:
+//!
+//! 1. locks every shard the stack touches, in one global order (limiter
+//!    address, then shard index; a shard shared by two entries is locked
+//!    once), so two stacks sharing limits can never deadlock;
+//! 2. decides each entry in stack order and charges it at once if it admits
+//!    (so a limit listed twice sees its own first charge), remembering how to
+//!    undo each charge;
+//! 3. if a non-shadow entry denied, undoes every charge in reverse order and
+//!    drops the concurrency permits taken, then reports the limits that would
+//!    have admitted with their state as it stands (uncharged);
+//! 4. unlocks. Nobody else observes the intermediate states.
+//!
+//! Shadow limits are decided and charged like the others when the request is
+//! admitted but never deny; a shadow limit that would deny is not charged
+//! (its state tracks what it would hold if enforced) and reports
+//! [`Outcome::ShadowDenied`]. An entry without a key is skipped.
+//!
+//! No heap allocation for stacks of up to [`INLINE`] entries: the lock plan,
+//! the guards, the undo log, the verdicts and the permits (up to 2) live in
+//! `SmallVec`s inline in the stack frame and in the returned
+//! [`StackDecision`]. (A key seen for the first time does allocate its table
+//! slot; a sliding log may grow its deque.)
+//!
+//! Example: stack `[per_key (token bucket, 20), per_ip (sliding window, 100)]`
+//! with cost 20, per_key full and per_ip at 90: per_key admits and is charged
+//! (`r` 0), per_ip denies (`r` 10); the per_key charge is undone, and the
+//! decision reports `denied_by = Some(1)`, per_key `Allowed` with `r` 20.
+
+use parking_lot::MutexGuard;
+use smallvec::SmallVec;
+
+use super::Nanos;
+use super::concurrency::ConcurrencyPermit;
+use super::key::LimitKey;
+use super::memory::{Limiter, ShardMap, Undo};
+use super::verdict::Verdict;
+
+/// Stacks up to this long are decided without touching the heap.
+pub const INLINE: usize = 8;
+
+/// One limit of a route's stack, with the request's key for it.
+#[derive(Clone, Copy, Debug)]
+pub struct StackEntry<'a> {
+    pub limiter: &'a Limiter,
+    /// `None`: the request has no such key and the limit skips it.
+    pub key: Option<LimitKey>,
+    /// Count and report, never deny.
+    pub shadow: bool,
+}
+
+/// How one entry took the request (the `outcome` label of
+/// `tollgate_ratelimit_decisions_total`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Outcome {
+    /// The limit admits (charged if the whole stack admitted).
+    Allowed,
+    /// The limit denies (and, not being shadow, so does the stack).
+    Denied,
+    /// A shadow limit that would have denied.
+    ShadowDenied,
+    /// No key: the limit did not apply.
+    Skipped,
+}
+
+/// One entry's result.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct EntryVerdict {
+    pub outcome: Outcome,
+    /// The limit's numbers (default, all zero, when skipped).
+    pub verdict: Verdict,
+}
+
+/// Concurrency permits of an admitted request; dropping them releases the
+/// slots. Hold them until the response body ends.
+#[derive(Debug, Default)]
+pub struct Permits(SmallVec<[ConcurrencyPermit; 2]>);
+
+impl Permits {
+    pub(crate) fn push(&mut self, permit: ConcurrencyPermit) {
+        self.0.push(permit);
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.0.is_empty()
+    }
+
+    pub fn len(&self) -> usize {
+        self.0.len()
+    }
+
+    fn clear(&mut self) {
+        self.0.clear();
+    }
+}
+
+/// The stack's decision for one request.
+#[derive(Debug)]
+pub struct StackDecision {
+    /// Every non-shadow limit admitted, and all were charged.
+    pub allowed: bool,
+    /// Per entry, in stack order.
+    pub entries: SmallVec<[EntryVerdict; INLINE]>,
+    /// The first non-shadow entry (stack order) that denied.
+    pub denied_by: Option<usize>,
+    /// Leaky buckets in `Delay` mode: hold the admitted request this long
+    /// (the longest of the stack's delays) before forwarding. 0 if denied.
+    pub delay: Nanos,
+    /// Concurrency permits of an admitted request.
+    permits: Permits,
+}
+
+impl StackDecision {
+    /// Take the concurrency permits, to hold until the response body ends.
+    /// Dropping the decision without taking them releases them at once.
+    pub fn take_permits(&mut self) -> Permits {
+        std::mem::take(&mut self.permits)
+    }
+
+    /// The denying entry's verdict.
+    pub fn denial(&self) -> Option<&Verdict> {
+        self.denied_by
+            .and_then(|i| self.entries.get(i))
+            .map(|e| &e.verdict)
+    }
+}
+
+/// Decide `cost` against every entry of the stack, all or nothing (see the
+/// module doc).
+pub fn check_stack(entries: &[StackEntry<'_>], cost: u64, now: Nanos) -> StackDecision {
+    // 1. Lock plan: (limiter address, shard, entry) sorted, so every thread
+    //    locks in the same order.
+    let mut plan: SmallVec<[(usize, usize, usize); INLINE]> = SmallVec::new();
+    for (i, e) in entries.iter().enumerate() {
+        if let Some(key) = e.key {
+            let addr = e.limiter as *const Limiter as usize;
+            plan.push((addr, e.limiter.shard_of(key), i));
+        }
+    }
+    plan.sort_unstable();
+    let mut guards: SmallVec<[MutexGuard<'_, ShardMap>; INLINE]> = SmallVec::new();
+    let mut guard_of: SmallVec<[usize; INLINE]> = SmallVec::new();
+    guard_of.resize(entries.len(), usize::MAX);
+    let mut locked: Option<(usize, usize)> = None;
+    for &(addr, shard, i) in &plan {
+        if locked != Some((addr, shard)) {
+            guards.push(entries[i].limiter.lock_shard(shard));
+            locked = Some((addr, shard));
+        }
+        guard_of[i] = guards.len() - 1;
+    }
+
+    // 2. Decide and charge, in stack order.
+    let mut results: SmallVec<[EntryVerdict; INLINE]> = SmallVec::new();
+    let mut undos: SmallVec<[(usize, Undo); INLINE]> = SmallVec::new();
+    let mut permits = Permits::default();
+    let mut denied_by = None;
+    for (i, e) in entries.iter().enumerate() {
+        let (Some(key), Some(shard)) = (e.key, guards.get_mut(guard_of[i])) else {
+            results.push(EntryVerdict {
+                outcome: Outcome::Skipped,
+                verdict: Verdict::default(),
+            });
+            continue;
+        };
+        let (verdict, undo) = e.limiter.apply(shard, key, cost, now, &mut permits);
+        let outcome = match (verdict.allowed, e.shadow) {
+            (true, _) => Outcome::Allowed,
+            (false, true) => Outcome::ShadowDenied,
+            (false, false) => Outcome::Denied,
+        };
+        if outcome == Outcome::Denied && denied_by.is_none() {
+            denied_by = Some(i);
+        }
+        if let Some(undo) = undo {
+            undos.push((i, undo));
+        }
+        results.push(EntryVerdict { outcome, verdict });
+    }
+
+    // 3. Denied: roll back, report the limits as they stand.
+    let mut delay = 0;
+    if denied_by.is_some() {
+        permits.clear();
+        while let Some((i, undo)) = undos.pop() {
+            if let Some(shard) = guards.get_mut(guard_of[i]) {
+                entries[i].limiter.undo(shard, undo);
+            }
+        }
+        for (i, r) in results.iter_mut().enumerate() {
+            if r.outcome != Outcome::Allowed {
+                continue;
+            }
+            if let (Some(key), Some(shard)) = (entries[i].key, guards.get(guard_of[i])) {
+                r.verdict = entries[i].limiter.peek_in(shard, key, now);
+                r.verdict.allowed = true;
+            }
+        }
+    } else {
+        // Shadow limits never change what happens to the request.
+        delay = results
+            .iter()
+            .zip(entries)
+            .filter(|(_, e)| !e.shadow)
+            .map(|(r, _)| r.verdict.delay)
+            .max()
+            .unwrap_or(0);
+    }
+    drop(guards);
+
+    StackDecision {
+        allowed: denied_by.is_none(),
+        entries: results,
+        denied_by,
+        delay,
+        permits,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::limit::{Algorithm, LeakyMode, NANOS_PER_SEC, Rate};
+
+    const S: Nanos = NANOS_PER_SEC;
+    const T0: Nanos = 1_700_000_000 * S;
+
+    fn k(s: &str) -> Option<LimitKey> {
+        Some(LimitKey::digest(&[s.as_bytes()]))
+    }
+
+    fn entry(limiter: &Limiter, key: Option<LimitKey>, shadow: bool) -> StackEntry<'_> {
+        StackEntry {
+            limiter,
+            key,
+            shadow,
+        }
+    }
+
+    #[test]
+    fn worked_example_denial_charges_nothing() {
+        let per_key = Limiter::new(
+            "per_key",
+            Algorithm::TokenBucket {
+                capacity: 20,
+                refill: Rate { tokens: 10, per: S },
+            },
+            100,
+        );
+        let per_ip = Limiter::new(
+            "per_ip",
+            Algorithm::SlidingWindow {
+                limit: 100,
+                window: 60 * S,
+            },
+            100,
+        );
+        assert!(per_ip.check(k("ip").unwrap_or(LimitKey(0)), 90, T0).allowed);
+        let stack = [
+            entry(&per_key, k("key"), false),
+            entry(&per_ip, k("ip"), false),
+        ];
+        let d = check_stack(&stack, 20, T0);
+        assert!(!d.allowed);
+        assert_eq!(d.denied_by, Some(1));
+        assert_eq!(d.entries[0].outcome, Outcome::Allowed);
+        assert_eq!(d.entries[0].verdict.remaining, 20, "reported uncharged");
+        assert_eq!(d.entries[1].verdict.remaining, 10);
+        assert_eq!(per_key.live_keys(), 0, "the new key's charge was undone");
+        // Cost 10 fits both.
+        let d = check_stack(&stack, 10, T0);
+        assert!(d.allowed);
+        assert_eq!(d.entries[0].verdict.remaining, 10);
+        assert_eq!(d.entries[1].verdict.remaining, 0);
+    }
+
+    #[test]
+    fn shadow_never_denies_and_skip_is_marked() {
+        let tight = Limiter::new(
+            "tight",
+            Algorithm::FixedWindow {
+                limit: 1,
+                window: S,
+            },
+            100,
+        );
+        let loose = Limiter::new(
+            "loose",
+            Algorithm::FixedWindow {
+                limit: 10,
+                window: S,
+            },
+            100,
+        );
+        let stack = [
+            entry(&tight, k("a"), true),
+            entry(&loose, None, false),
+            entry(&loose, k("a"), false),
+        ];
+        assert!(check_stack(&stack, 1, T0).allowed);
+        let d = check_stack(&stack, 1, T0);
+        assert!(d.allowed);
+        assert_eq!(d.entries[0].outcome, Outcome::ShadowDenied);
+        assert_eq!(d.entries[1].outcome, Outcome::Skipped);
+        assert_eq!(d.entries[2].verdict.remaining, 8);
+    }
+
+    #[test]
+    fn same_limit_twice_charges_twice() {
+        let l = Limiter::new(
+            "l",
+            Algorithm::FixedWindow {
+                limit: 3,
+                window: S,
+            },
+            100,
+        );
+        let stack = [entry(&l, k("a"), false), entry(&l, k("a"), false)];
+        assert!(check_stack(&stack, 1, T0).allowed);
+        let d = check_stack(&stack, 1, T0);
+        assert_eq!(d.denied_by, Some(1));
+        assert_eq!(l.peek(LimitKey::digest(&[b"a"]), T0).remaining, 1);
+    }
+
+    #[test]
+    fn delay_and_permits() {
+        let leaky = Limiter::new(
+            "leaky",
+            Algorithm::LeakyBucket {
+                capacity: 2,
+                rate: Rate { tokens: 1, per: S },
+                mode: LeakyMode::Delay,
+            },
+            100,
+        );
+        let conc = Limiter::new("conc", Algorithm::Concurrency { max: 2 }, 100);
+        let stack = [entry(&leaky, k("a"), false), entry(&conc, k("a"), false)];
+        let mut first = check_stack(&stack, 1, T0);
+        let held = first.take_permits();
+        assert_eq!((first.delay, held.len()), (0, 1));
+        let second = check_stack(&stack, 1, T0);
+        assert_eq!(second.delay, S);
+        // Two in flight: the third is denied by concurrency, and the leaky
+        // bucket is not charged for it.
+        let third = check_stack(&stack, 1, T0);
+        assert_eq!(third.denied_by, Some(1));
+        assert_eq!(third.delay, 0);
+        assert_eq!(third.entries[0].verdict.remaining, 1);
+        drop(second);
+        let fourth = check_stack(&stack, 1, T0);
+        assert!(fourth.allowed);
+        assert_eq!(fourth.delay, 2 * S);
+        drop(held);
+    }
+}

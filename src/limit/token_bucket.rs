@@ -1,0 +1,235 @@
+//! Token bucket as GCRA (the generic cell rate algorithm): a burst of
+//! `capacity` units, refilled at `refill` on average.
+//!
+//! Instead of a token count and a refill timer, a key stores one number, the
+//! *theoretical arrival time* `tat`: the instant at which its bucket would be
+//! full again. The bucket holds `(now + τ − tat) / T` tokens, where `T` is
+//! the time one token takes to refill and `τ = capacity × T`. A request of
+//! cost `c` is admitted when `max(tat, now) + c·T − now <= τ`, and then `tat`
+//! becomes `max(tat, now) + c·T`. Refill is computed on arrival: no timer.
+//!
+//! `T = per / tokens` is generally not a whole number of nanoseconds
+//! (`"3/s"` is 333 333 333.3 ns), so all times are kept multiplied by
+//! `refill.tokens` ("scaled" nanoseconds, in u128): then `T = per` and
+//! everything is exact integer arithmetic, including the header numbers.
+//!
+//! Worked example, `capacity = 20`, `refill = "10/s"` (T = 100 ms): a fresh
+//! key takes a burst of 20 at once (`tat = now + 2 s`; the 21st is denied with
+//! `retry_after = 100 ms`). 250 ms later the bucket holds `floor(2.5) = 2`
+//! tokens and `reset_after` (until one more) is 50 ms.
+//!
+//! The leaky bucket (`leaky_bucket.rs`) is the same recurrence with
+//! `capacity + 1` units, so both share [`gcra`].
+//!
+//! State: `tat`, 16 bytes.
+
+use super::verdict::{Verdict, ceil_div, sat_nanos};
+use super::{Nanos, Rate};
+
+/// A key's theoretical arrival time, in scaled nanoseconds (ns × `tokens`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct State {
+    pub tat: u128,
+}
+
+/// The outcome of [`gcra`]: the state to store if admitted, the verdict, and
+/// how far `tat` runs ahead of `now` afterwards (scaled ns; the leaky
+/// bucket's delay comes from it).
+pub(crate) struct Outcome {
+    pub state: State,
+    pub verdict: Verdict,
+    pub ahead: u128,
+}
+
+/// `now` in scaled nanoseconds.
+fn scaled(now: Nanos, rate: Rate) -> u128 {
+    u128::from(now) * u128::from(rate.tokens.max(1))
+}
+
+/// Scaled nanoseconds back to nanoseconds, rounded up (a client told to wait
+/// must not come back a nanosecond early).
+fn unscale(d: u128, rate: Rate) -> Nanos {
+    sat_nanos(ceil_div(d, u128::from(rate.tokens.max(1))))
+}
+
+/// The GCRA decision for `cost` units against a bucket of `capacity` units.
+pub(crate) fn gcra(state: State, now: Nanos, cost: u64, capacity: u64, rate: Rate) -> Outcome {
+    let t = u128::from(rate.per.max(1));
+    let tau = u128::from(capacity) * t;
+    let now_s = scaled(now, rate);
+    let tat = state.tat.max(now_s);
+    let never = cost > capacity;
+    let new_tat = tat + u128::from(cost) * t;
+    let allowed = !never && new_tat - now_s <= tau;
+    let ahead = if allowed { new_tat } else { tat } - now_s;
+    let room = tau.saturating_sub(ahead);
+    let remaining = room / t;
+    // Until one more whole token: the level must reach (remaining + 1)·T.
+    let reset_after = if remaining >= u128::from(capacity) {
+        0
+    } else {
+        unscale((remaining + 1) * t - room, rate)
+    };
+    let remaining = sat_nanos(remaining);
+    if allowed {
+        Outcome {
+            state: State { tat: new_tat },
+            verdict: Verdict::allow(remaining, reset_after),
+            ahead,
+        }
+    } else {
+        let retry = unscale(new_tat.saturating_sub(now_s + tau), rate);
+        Outcome {
+            state,
+            verdict: Verdict::deny(remaining, reset_after, retry, never),
+            ahead,
+        }
+    }
+}
+
+/// Decide a request of `cost` at `now`; store the returned state only if the
+/// verdict admits.
+pub fn decide(
+    state: State,
+    now: Nanos,
+    cost: u64,
+    capacity: u64,
+    refill: Rate,
+) -> (State, Verdict) {
+    let o = gcra(state, now, cost, capacity, refill);
+    (o.state, o.verdict)
+}
+
+/// The bucket is full: the key can be forgotten.
+pub fn is_fresh(state: State, now: Nanos, refill: Rate) -> bool {
+    state.tat <= scaled(now, refill)
+}
+
+/// Post-response settlement: take `delta` more tokens (not below empty) or
+/// give back `−delta` (not above full).
+pub fn adjust(state: State, now: Nanos, delta: i64, capacity: u64, refill: Rate) -> State {
+    let t = u128::from(refill.per.max(1));
+    let now_s = scaled(now, refill);
+    let tat = state.tat.max(now_s);
+    let d = u128::from(delta.unsigned_abs()) * t;
+    let tat = if delta >= 0 {
+        (tat + d).min(now_s + u128::from(capacity) * t)
+    } else {
+        tat.saturating_sub(d).max(now_s)
+    };
+    State { tat }
+}
+
+/// Re-express a state under new numbers, keeping the tokens the key has
+/// *used* (so a full bucket stays full and a raised capacity adds its
+/// headroom; a lowered one keeps the debt, capped at the new capacity).
+pub fn rescale(state: State, now: Nanos, old: Rate, new_capacity: u64, new: Rate) -> State {
+    let used_old = state.tat.saturating_sub(scaled(now, old));
+    // used tokens = used_old / old.per; in new scaled time: × new.per.
+    let used_new = ceil_div(
+        used_old * u128::from(new.per.max(1)),
+        u128::from(old.per.max(1)),
+    );
+    let cap = u128::from(new_capacity) * u128::from(new.per.max(1));
+    State {
+        tat: scaled(now, new) + used_new.min(cap),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::limit::NANOS_PER_SEC;
+
+    const S: Nanos = NANOS_PER_SEC;
+    const MS: Nanos = 1_000_000;
+    const T0: Nanos = 1_700_000_000 * S;
+
+    fn per_sec(tokens: u64) -> Rate {
+        Rate { tokens, per: S }
+    }
+
+    #[test]
+    fn exact_burst_then_refill() {
+        let (cap, rate) = (20, per_sec(10));
+        let mut s = State::default();
+        for i in 0..20 {
+            let (n, v) = decide(s, T0, 1, cap, rate);
+            assert!(v.allowed, "request {i}");
+            assert_eq!(v.remaining, 19 - i);
+            s = n;
+        }
+        let (_, v) = decide(s, T0, 1, cap, rate);
+        assert!(!v.allowed && !v.never);
+        assert_eq!(
+            (v.retry_after, v.reset_after, v.remaining),
+            (Some(100 * MS), 100 * MS, 0)
+        );
+        // 250 ms later: 2.5 tokens → r = 2, t = 50 ms until the third.
+        let (_, v) = decide(s, T0 + 250 * MS, 0, cap, rate);
+        assert_eq!((v.remaining, v.reset_after), (2, 50 * MS));
+        assert!(!decide(s, T0 + 250 * MS, 3, cap, rate).1.allowed);
+        assert!(decide(s, T0 + 300 * MS, 3, cap, rate).1.allowed);
+        // Full after 2 s: t = 0.
+        let (_, v) = decide(s, T0 + 2 * S, 0, cap, rate);
+        assert_eq!((v.remaining, v.reset_after), (20, 0));
+        assert!(is_fresh(s, T0 + 2 * S, rate));
+    }
+
+    #[test]
+    fn long_run_rate_is_refill() {
+        // 0.5/s = 5 per 10 s: after the burst of 3, one token every 2 s.
+        let (cap, rate) = (
+            3,
+            Rate {
+                tokens: 5,
+                per: 10 * S,
+            },
+        );
+        let mut s = State::default();
+        let mut passed = 0;
+        for ms in (0..60_000).step_by(100) {
+            let (n, v) = decide(s, T0 + ms * MS, 1, cap, rate);
+            if v.allowed {
+                s = n;
+                passed += 1;
+            }
+        }
+        // 3 at once, then one per 2 s over the remaining 59.9 s: 29 more.
+        assert_eq!(passed, 3 + 29);
+    }
+
+    #[test]
+    fn non_integer_interval_is_exact() {
+        // "3/s": T = 333 333 333.3 ns. Three tokens take exactly 1 s.
+        let (cap, rate) = (3, per_sec(3));
+        let (s, _) = decide(State::default(), T0, 3, cap, rate);
+        assert!(!decide(s, T0 + S - 1, 3, cap, rate).1.allowed);
+        assert!(decide(s, T0 + S, 3, cap, rate).1.allowed);
+        let (_, v) = decide(s, T0, 1, cap, rate);
+        assert_eq!(v.retry_after, Some(333_333_334), "rounded up");
+    }
+
+    #[test]
+    fn cost_above_capacity_is_never() {
+        let (_, v) = decide(State::default(), T0, 21, 20, per_sec(10));
+        assert!(!v.allowed && v.never);
+        assert_eq!(v.retry_after, None);
+    }
+
+    #[test]
+    fn adjust_and_rescale() {
+        let (cap, rate) = (10, per_sec(1));
+        let (s, _) = decide(State::default(), T0, 4, cap, rate);
+        let charged = adjust(s, T0, 100, cap, rate);
+        assert_eq!(decide(charged, T0, 0, cap, rate).1.remaining, 0);
+        let refunded = adjust(s, T0, -100, cap, rate);
+        assert!(is_fresh(refunded, T0, rate));
+        // Raise capacity to 20, refill 2/s: the 4 used tokens stay used.
+        let r = rescale(s, T0, rate, 20, per_sec(2));
+        assert_eq!(decide(r, T0, 0, 20, per_sec(2)).1.remaining, 16);
+        // Lower to 3: at most 3 used.
+        let r = rescale(s, T0, rate, 3, rate);
+        assert_eq!(decide(r, T0, 0, 3, rate).1.remaining, 0);
+    }
+}
