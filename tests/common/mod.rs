@@ -166,6 +166,7 @@ impl Seen {
 /// - `/stream`: sends `first\n`, waits for [`TestUpstream::release`], sends `last\n`;
 /// - `/slow/MS`: answers after MS milliseconds;
 /// - `/hop`: answers with hop-by-hop headers that must not reach the client;
+/// - `/cost/N`: answers with `x-cost: N`;
 /// - anything else: 200 with body `echo`, recording what it saw.
 pub struct TestUpstream {
     pub addr: SocketAddr,
@@ -290,6 +291,11 @@ async fn upstream_answer(
     response
         .headers_mut()
         .insert("x-upstream", "yes".parse().unwrap());
+    if let Some(cost) = path.strip_prefix("/cost/") {
+        response
+            .headers_mut()
+            .insert("x-cost", cost.parse().unwrap());
+    }
     if path == "/hop" {
         let headers = response.headers_mut();
         headers.insert("connection", "x-upstream-secret".parse().unwrap());
