@@ -67,6 +67,7 @@ pub async fn serve(
         )));
     }
     drop(alive_tx);
+    let sweeper = tokio::spawn(sweep_idle_keys(app.clone()));
     // Wait for the shutdown signal; the accept loops watch it too.
     while !*shutdown.borrow() {
         if shutdown.changed().await.is_err() {
@@ -76,6 +77,7 @@ pub async fn serve(
     for task in accept_tasks {
         let _ = task.await;
     }
+    sweeper.abort();
     let timeout = app.snapshot().config.server.shutdown_timeout;
     if tokio::time::timeout(timeout, alive_rx.recv())
         .await
@@ -85,6 +87,26 @@ pub async fn serve(
             ?timeout,
             "shutdown timeout reached with connections still open"
         );
+    }
+}
+
+/// How often idle limiter keys are evicted. Keys back at full quota carry no
+/// information, so evicting them bounds memory under floods of one-shot keys.
+const SWEEP_INTERVAL: Duration = Duration::from_secs(10);
+
+async fn sweep_idle_keys(app: Arc<App>) {
+    let mut interval = tokio::time::interval(SWEEP_INTERVAL);
+    interval.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        interval.tick().await;
+        // Sweeping locks one shard at a time; run it off the async workers.
+        let app = app.clone();
+        let removed = tokio::task::spawn_blocking(move || app.sweep())
+            .await
+            .unwrap_or(0);
+        if removed > 0 {
+            tracing::debug!(removed, "evicted idle limiter keys");
+        }
     }
 }
 

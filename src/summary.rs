@@ -122,6 +122,13 @@ fn seconds(nanos: u64) -> String {
 }
 
 fn rate(rate: &Rate) -> String {
+    // Prefer the units users write: "10/s", "600/m", "1000/h".
+    for (unit, nanos) in [("s", 1), ("m", 60), ("h", 3600), ("d", 86_400)] {
+        let scaled = rate.tokens as u128 * nanos as u128 * NANOS_PER_SEC as u128;
+        if scaled % rate.per as u128 == 0 {
+            return format!("{}/{unit}", scaled / rate.per as u128);
+        }
+    }
     format!("{}/{}", rate.tokens, seconds(rate.per))
 }
 
