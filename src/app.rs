@@ -14,12 +14,33 @@ use arc_swap::ArcSwap;
 use http::HeaderValue;
 use parking_lot::Mutex;
 
-use crate::config::{Config, LimitConfig, RouteAction};
+use crate::config::{Config, KeyPart, LimitConfig, RouteAction};
 use crate::identity::client_ip::{ClientIpPolicy, ForwardHeader, Trust};
-use crate::limit::{Clock, Limiter, Nanos, SystemClock};
+use crate::limit::{Algorithm, Clock, Limiter, Nanos, SystemClock};
 use crate::proxy::forward::{Upstream, Upstreams};
-use crate::proxy::ratelimit::policy_header;
+use crate::proxy::ratelimit::{StackView, policy_header};
 use crate::routing::Router;
+
+/// One named limit's state: the base limiter and one per plan that sets its
+/// own numbers (a plan's keys are counted against the plan's parameters).
+#[derive(Debug)]
+pub struct LimiterSet {
+    pub base: Arc<Limiter>,
+    pub plans: Vec<(Arc<str>, Arc<Limiter>)>,
+}
+
+impl LimiterSet {
+    /// The limiter for a consumer on `plan` (the base one without a plan, or
+    /// for a plan this limit does not name).
+    pub fn for_plan(&self, plan: Option<&str>) -> &Arc<Limiter> {
+        plan.and_then(|p| self.plans.iter().find(|(name, _)| &**name == p))
+            .map_or(&self.base, |(_, limiter)| limiter)
+    }
+
+    pub fn all(&self) -> impl Iterator<Item = &Arc<Limiter>> {
+        std::iter::once(&self.base).chain(self.plans.iter().map(|(_, l)| l))
+    }
+}
 
 /// A route compiled for the request path.
 #[derive(Debug)]
@@ -28,8 +49,11 @@ pub struct RoutePlan {
     pub name: Arc<str>,
     /// The route's limits, narrowest first: indexes into [`Snapshot::limiters`].
     pub stack: Vec<usize>,
-    /// `RateLimit-Policy`, fixed per configuration: serialized once here.
+    /// `RateLimit-Policy` for callers without a plan: serialized once here.
     pub policy: Option<HeaderValue>,
+    /// Some limit of the stack has per-plan numbers: a caller on a plan gets
+    /// a policy computed for them.
+    pub has_plans: bool,
 }
 
 /// Everything a request needs from one configuration generation.
@@ -39,7 +63,7 @@ pub struct Snapshot {
     pub router: Router,
     pub upstreams: Upstreams,
     /// Aligned with `config.limits`.
-    pub limiters: Vec<Arc<Limiter>>,
+    pub limiters: Vec<LimiterSet>,
     /// Aligned with `config.routes`.
     pub routes: Vec<RoutePlan>,
     pub client_ip: ClientIpPolicy,
@@ -49,7 +73,7 @@ pub struct Snapshot {
 }
 
 impl Snapshot {
-    fn new(config: Config, generation: u64, limiters: Vec<Arc<Limiter>>) -> Snapshot {
+    fn new(config: Config, generation: u64, limiters: Vec<LimiterSet>) -> Snapshot {
         let router = Router::new(&config);
         let upstreams = config
             .upstreams
@@ -60,12 +84,19 @@ impl Snapshot {
             .routes
             .iter()
             .map(|route| {
-                let stack: Vec<&LimitConfig> =
+                let limits: Vec<&LimitConfig> =
                     route.limits.iter().map(|&i| &config.limits[i]).collect();
+                let algorithms: Vec<_> = limits.iter().map(|l| l.algorithm).collect();
+                let view = StackView {
+                    limits: &limits,
+                    algorithms: &algorithms,
+                    server: config.server.headers,
+                };
                 RoutePlan {
                     name: Arc::from(route.name.as_str()),
                     stack: route.limits.clone(),
-                    policy: policy_header(&stack, config.server.headers),
+                    policy: policy_header(view),
+                    has_plans: limits.iter().any(|l| !l.plans.is_empty()),
                 }
             })
             .collect();
@@ -105,14 +136,23 @@ impl Snapshot {
     }
 }
 
-/// The limiters of the running configuration, by name, outside any snapshot.
+/// What identifies one limiter's state across reloads.
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct LimiterSpec {
+    key: Vec<KeyPart>,
+    algorithm: Algorithm,
+    max_keys: usize,
+}
+
+/// The limiters of the running configuration, by name (`limit` or
+/// `limit` + plan), outside any snapshot.
 ///
 /// Touched only when a configuration is installed (start and reload): a cold
 /// path, so a plain mutex is fine. Requests reach limiters through their
 /// snapshot's `Arc`s and never lock this.
 #[derive(Debug, Default)]
 struct LimiterRegistry {
-    by_name: Mutex<HashMap<String, (LimitConfig, Arc<Limiter>)>>,
+    by_name: Mutex<HashMap<(String, Option<Arc<str>>), (LimiterSpec, Arc<Limiter>)>>,
 }
 
 impl LimiterRegistry {
@@ -121,35 +161,43 @@ impl LimiterRegistry {
     /// - same key and algorithm kind, other numbers: state carried over where the
     ///   algorithm allows (see `limit::memory`);
     /// - otherwise (new limit, other key or algorithm): a fresh limiter.
-    fn resolve(&self, limits: &[LimitConfig], now: Nanos) -> Vec<Arc<Limiter>> {
+    fn resolve(&self, limits: &[LimitConfig], now: Nanos) -> Vec<LimiterSet> {
         let mut by_name = self.by_name.lock();
         let mut next = HashMap::with_capacity(limits.len());
-        let resolved = limits
+        let mut take = |limit: &LimitConfig, plan: Option<&Arc<str>>, algorithm: Algorithm| {
+            let spec = LimiterSpec {
+                key: limit.key.clone(),
+                algorithm,
+                max_keys: limit.max_keys,
+            };
+            let id = (limit.name.clone(), plan.cloned());
+            let limiter = match by_name.get(&id) {
+                Some((old, limiter)) if *old == spec => limiter.clone(),
+                Some((old, limiter)) if old.key == spec.key => Arc::new(Limiter::carry_from(
+                    limiter,
+                    &limit.name,
+                    algorithm,
+                    limit.max_keys,
+                    now,
+                )),
+                _ => Arc::new(Limiter::new(&limit.name, algorithm, limit.max_keys)),
+            };
+            next.insert(id, (spec, limiter.clone()));
+            limiter
+        };
+        let sets = limits
             .iter()
-            .map(|limit| {
-                let limiter = match by_name.get(&limit.name) {
-                    Some((old, limiter))
-                        if old.key == limit.key
-                            && old.algorithm == limit.algorithm
-                            && old.max_keys == limit.max_keys =>
-                    {
-                        limiter.clone()
-                    }
-                    Some((old, limiter)) if old.key == limit.key => Arc::new(Limiter::carry_from(
-                        limiter,
-                        &limit.name,
-                        limit.algorithm,
-                        limit.max_keys,
-                        now,
-                    )),
-                    _ => Arc::new(Limiter::new(&limit.name, limit.algorithm, limit.max_keys)),
-                };
-                next.insert(limit.name.clone(), (limit.clone(), limiter.clone()));
-                limiter
+            .map(|limit| LimiterSet {
+                base: take(limit, None, limit.algorithm),
+                plans: limit
+                    .plans
+                    .iter()
+                    .map(|(plan, algorithm)| (plan.clone(), take(limit, Some(plan), *algorithm)))
+                    .collect(),
             })
             .collect();
         *by_name = next;
-        resolved
+        sets
     }
 }
 
@@ -203,6 +251,11 @@ impl App {
     /// Evicts idle keys of every limiter; returns how many were removed.
     pub fn sweep(&self) -> usize {
         let now = self.clock.now();
-        self.snapshot().limiters.iter().map(|l| l.sweep(now)).sum()
+        self.snapshot()
+            .limiters
+            .iter()
+            .flat_map(LimiterSet::all)
+            .map(|l| l.sweep(now))
+            .sum()
     }
 }

@@ -15,6 +15,8 @@ pub enum GatewayError {
     HeadersTooLarge { limit: usize },
     #[error("request body is larger than the route's limit of {limit} bytes")]
     BodyTooLarge { limit: u64 },
+    #[error("unauthorized: {reason}")]
+    Unauthorized { reason: &'static str },
     #[error("malformed request: {reason}")]
     BadRequest { reason: &'static str },
     #[error("upstream {upstream} is unreachable")]
@@ -45,6 +47,7 @@ impl GatewayError {
             GatewayError::HeadersTooLarge { .. } => StatusCode::REQUEST_HEADER_FIELDS_TOO_LARGE,
             GatewayError::BodyTooLarge { .. } => StatusCode::PAYLOAD_TOO_LARGE,
             GatewayError::BadRequest { .. } => StatusCode::BAD_REQUEST,
+            GatewayError::Unauthorized { .. } => StatusCode::UNAUTHORIZED,
             GatewayError::UpstreamConnect { .. } => StatusCode::BAD_GATEWAY,
             GatewayError::UpstreamFailed { .. } => StatusCode::BAD_GATEWAY,
             GatewayError::UpstreamTimeout { .. } => StatusCode::GATEWAY_TIMEOUT,
@@ -60,7 +63,8 @@ impl GatewayError {
             GatewayError::NoRoute { .. }
             | GatewayError::HeadersTooLarge { .. }
             | GatewayError::BodyTooLarge { .. }
-            | GatewayError::BadRequest { .. } => None,
+            | GatewayError::BadRequest { .. }
+            | GatewayError::Unauthorized { .. } => None,
         }
     }
 

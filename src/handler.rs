@@ -27,11 +27,20 @@ use http::{HeaderMap, Request, Response};
 use hyper::body::Incoming;
 use smallvec::SmallVec;
 
+use bytes::{Bytes, BytesMut};
+use http::HeaderValue;
+use http_body_util::BodyExt;
+
 use crate::app::{App, RoutePlan, Snapshot};
-use crate::config::{LimitConfig, OnMissingKey, RouteAction, RouteConfig};
+use crate::config::{
+    Config, Consumer, KeyPart, LimitConfig, OnMissingKey, RouteAction, RouteConfig,
+};
 use crate::error::GatewayError;
+use crate::identity::body_fields::BodyFields;
 use crate::identity::client_ip::{client_net, resolve};
+use crate::identity::consumer::{Caller, identify};
 use crate::identity::keys::{RequestFacts, extract, shared_key};
+use crate::limit::{Algorithm, Limiter};
 use crate::limit::{
     EntryVerdict, LimitKey, Nanos, Outcome, Permits, StackEntry, check_stack,
     stack::INLINE as INLINE_STACK,
@@ -39,6 +48,7 @@ use crate::limit::{
 use crate::proxy::body::{BodyCap, RequestBody, ResponseBody};
 use crate::proxy::forward::prepare_response;
 use crate::proxy::ratelimit;
+use crate::proxy::ratelimit::StackView;
 
 /// What the server knows about the connection a request came on.
 #[derive(Debug, Clone, Copy)]
@@ -74,17 +84,6 @@ pub async fn handle(
     }
 }
 
-/// The limit step's result for an admitted request.
-struct Admitted<'s> {
-    /// The route's limits, in stack order.
-    stack: SmallVec<[&'s LimitConfig; INLINE_STACK]>,
-    /// Each limit's key for this request (`None`: skipped).
-    keys: SmallVec<[Option<LimitKey>; INLINE_STACK]>,
-    verdicts: SmallVec<[EntryVerdict; INLINE_STACK]>,
-    /// Leaky bucket in delay mode: wait this long before forwarding.
-    delay: Nanos,
-}
-
 async fn route_and_act(
     app: &App,
     snapshot: &Snapshot,
@@ -106,11 +105,25 @@ async fn route_and_act(
     let route = &snapshot.config.routes[index];
     let plan = &snapshot.routes[index];
 
+    let consumer = identify_caller(snapshot, route, &parts)?;
+    let mut body = PendingBody::Fresh(body);
+    let fields = if needs_body_fields(snapshot, plan) {
+        let (buffered, fields) = buffer_for_key(body, &parts, &snapshot.config, route).await?;
+        body = buffered;
+        fields
+    } else {
+        None
+    };
+
     let admitted = if plan.stack.is_empty() {
         None
     } else {
         let now = app.clock.now();
-        match limit_request(snapshot, route, plan, &parts, downstream, now, held) {
+        let facts = Facts {
+            consumer,
+            body: fields.as_ref(),
+        };
+        match limit_request(snapshot, route, plan, &parts, downstream, &facts, now, held) {
             Ok(admitted) => Some(admitted),
             Err(response) => return Ok(response),
         }
@@ -142,7 +155,6 @@ async fn route_and_act(
                     app,
                     snapshot,
                     route,
-                    plan,
                     admitted,
                     response.headers(),
                     cost_header,
@@ -152,27 +164,167 @@ async fn route_and_act(
         }
     };
     if let Some(admitted) = &admitted {
-        let focus = ratelimit::least_remaining(&admitted.stack, &admitted.verdicts);
+        let view = admitted.view(snapshot);
+        let focus = ratelimit::least_remaining(view, &admitted.verdicts);
+        let policy = admitted.policy(plan, view);
         ratelimit::write_headers(
             response.headers_mut(),
-            &admitted.stack,
+            view,
             &admitted.verdicts,
-            plan.policy.as_ref(),
-            snapshot.config.server.headers,
+            policy.as_ref(),
             focus,
         );
     }
     Ok(response)
 }
 
+/// The caller's consumer, or 401 where the route or configuration demands one.
+fn identify_caller<'s>(
+    snapshot: &'s Snapshot,
+    route: &RouteConfig,
+    parts: &Parts,
+) -> Result<Option<&'s Consumer>, GatewayError> {
+    let config = &snapshot.config;
+    match identify(&parts.headers, &config.api_keys, &config.consumers) {
+        Caller::Known(consumer) => Ok(Some(consumer)),
+        Caller::UnknownKey if config.api_keys.reject_unknown || route.require_consumer => {
+            Err(GatewayError::Unauthorized {
+                reason: "the API key is not known",
+            })
+        }
+        Caller::Anonymous if route.require_consumer => Err(GatewayError::Unauthorized {
+            reason: "this route needs an API key",
+        }),
+        Caller::UnknownKey | Caller::Anonymous => Ok(None),
+    }
+}
+
+/// A request body not yet sent upstream.
+enum PendingBody {
+    /// Untouched.
+    Fresh(Incoming),
+    /// Read completely for a `body:FIELD` key.
+    Complete(Bytes),
+    /// Read up to `max_key_body`; the rest still streams.
+    Partial(Bytes, Incoming),
+}
+
+fn needs_body_fields(snapshot: &Snapshot, plan: &RoutePlan) -> bool {
+    plan.stack.iter().any(|&i| {
+        snapshot.config.limits[i]
+            .key
+            .iter()
+            .any(|part| matches!(part, KeyPart::BodyField(_)))
+    })
+}
+
+/// Reads the body up to `max_key_body` (and never past the route's
+/// `max_body`), and parses its fields when it is complete. The bytes read are
+/// forwarded unchanged, followed by the rest of the stream.
+async fn buffer_for_key(
+    body: PendingBody,
+    parts: &Parts,
+    config: &Config,
+    route: &RouteConfig,
+) -> Result<(PendingBody, Option<BodyFields>), GatewayError> {
+    let PendingBody::Fresh(mut incoming) = body else {
+        return Ok((body, None));
+    };
+    let cap = config.server.max_key_body;
+    if let Some(limit) = route.max_body
+        && declared_length(parts).is_some_and(|length| length > limit)
+    {
+        return Err(GatewayError::BodyTooLarge { limit });
+    }
+    if declared_length(parts).is_some_and(|length| length > cap as u64) {
+        // Over the key cap: not worth reading; the key is missing.
+        return Ok((PendingBody::Fresh(incoming), None));
+    }
+    let mut buffer = BytesMut::new();
+    loop {
+        match incoming.frame().await {
+            None => break,
+            Some(Err(_)) => {
+                return Err(GatewayError::BadRequest {
+                    reason: "the request body could not be read",
+                });
+            }
+            Some(Ok(frame)) => {
+                if let Ok(data) = frame.into_data() {
+                    buffer.extend_from_slice(&data);
+                }
+                if let Some(limit) = route.max_body
+                    && buffer.len() as u64 > limit
+                {
+                    return Err(GatewayError::BodyTooLarge { limit });
+                }
+                if buffer.len() > cap {
+                    return Ok((PendingBody::Partial(buffer.freeze(), incoming), None));
+                }
+            }
+        }
+    }
+    let bytes = buffer.freeze();
+    let content_type = parts
+        .headers
+        .get(CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok());
+    let fields = BodyFields::parse(content_type, &bytes);
+    Ok((PendingBody::Complete(bytes), Some(fields)))
+}
+
+/// What the limit step knows beyond the request head.
+struct Facts<'s> {
+    consumer: Option<&'s Consumer>,
+    body: Option<&'s BodyFields>,
+}
+
+/// The limit step's result for an admitted request.
+struct Admitted<'s> {
+    /// The route's limits, in stack order.
+    stack: SmallVec<[&'s LimitConfig; INLINE_STACK]>,
+    /// The algorithm in force for each (the caller's plan may change it).
+    algorithms: SmallVec<[Algorithm; INLINE_STACK]>,
+    /// The limiter charged for each.
+    limiters: SmallVec<[&'s Limiter; INLINE_STACK]>,
+    /// Each limit's key for this request (`None`: skipped).
+    keys: SmallVec<[Option<LimitKey>; INLINE_STACK]>,
+    verdicts: SmallVec<[EntryVerdict; INLINE_STACK]>,
+    /// Leaky bucket in delay mode: wait this long before forwarding.
+    delay: Nanos,
+    /// The caller is on a plan that changes some limit's numbers.
+    planned: bool,
+}
+
+impl Admitted<'_> {
+    fn view(&self, snapshot: &Snapshot) -> StackView<'_> {
+        StackView {
+            limits: &self.stack,
+            algorithms: &self.algorithms,
+            server: snapshot.config.server.headers,
+        }
+    }
+
+    /// `RateLimit-Policy`: precomputed for the route, or for this caller's plan.
+    fn policy(&self, plan: &RoutePlan, view: StackView<'_>) -> Option<HeaderValue> {
+        if self.planned {
+            ratelimit::policy_header(view)
+        } else {
+            plan.policy.clone()
+        }
+    }
+}
+
 /// Identifies the request's keys and decides the route's stack. `Err` is the
 /// response to send instead of forwarding (a denial, or a missing key).
+#[allow(clippy::too_many_arguments)]
 fn limit_request<'s>(
     snapshot: &'s Snapshot,
     route: &RouteConfig,
     plan: &RoutePlan,
     parts: &Parts,
     downstream: Downstream,
+    facts: &Facts<'_>,
     now: Nanos,
     held: &mut Held,
 ) -> Result<Admitted<'s>, Response<ResponseBody>> {
@@ -182,17 +334,26 @@ fn limit_request<'s>(
         .iter()
         .map(|v| v.as_bytes());
     let client_ip = resolve(downstream.peer.ip(), forward_header, &snapshot.client_ip);
-    let facts = RequestFacts {
+    let key_facts = RequestFacts {
         client: client_net(client_ip, &snapshot.client_ip),
         route: &route.name,
+        consumer: facts.consumer,
+        body: facts.body,
     };
+    let caller_plan = facts.consumer.and_then(|c| c.plan.as_deref());
 
-    let mut stack: SmallVec<[&LimitConfig; INLINE_STACK]> = SmallVec::new();
-    let mut keys: SmallVec<[Option<LimitKey>; INLINE_STACK]> = SmallVec::new();
-    let mut entries: SmallVec<[StackEntry<'_>; INLINE_STACK]> = SmallVec::new();
+    let mut admitted = Admitted {
+        stack: SmallVec::new(),
+        algorithms: SmallVec::new(),
+        limiters: SmallVec::new(),
+        keys: SmallVec::new(),
+        verdicts: SmallVec::new(),
+        delay: 0,
+        planned: false,
+    };
     for &i in &plan.stack {
         let limit = &snapshot.config.limits[i];
-        let key = match (extract(&limit.key, parts, &facts), limit.on_missing_key) {
+        let key = match (extract(&limit.key, parts, &key_facts), limit.on_missing_key) {
             (Some(key), _) => Some(key),
             (None, OnMissingKey::Skip) => None,
             (None, OnMissingKey::Shared) => Some(shared_key()),
@@ -203,38 +364,48 @@ fn limit_request<'s>(
                 ));
             }
         };
-        stack.push(limit);
-        keys.push(key);
-        entries.push(StackEntry {
-            limiter: &snapshot.limiters[i],
-            key,
-            shadow: limit.shadow,
-        });
+        let algorithm = limit.algorithm_for(caller_plan);
+        admitted.planned |= plan.has_plans && algorithm != limit.algorithm;
+        admitted.stack.push(limit);
+        admitted.algorithms.push(algorithm);
+        admitted
+            .limiters
+            .push(snapshot.limiters[i].for_plan(caller_plan));
+        admitted.keys.push(key);
     }
+    let entries: SmallVec<[StackEntry<'_>; INLINE_STACK]> = admitted
+        .limiters
+        .iter()
+        .zip(&admitted.keys)
+        .zip(&admitted.stack)
+        .map(|((limiter, key), limit)| StackEntry {
+            limiter,
+            key: *key,
+            shadow: limit.shadow,
+        })
+        .collect();
 
     let mut decision = check_stack(&entries, route.cost, now);
-    for (limit, entry) in stack.iter().zip(&decision.entries) {
+    for (limit, entry) in admitted.stack.iter().zip(&decision.entries) {
         if entry.outcome == Outcome::ShadowDenied {
             tracing::info!(route = %route.name, limit = %limit.name, "shadow limit would have denied");
         }
     }
     if let Some(denied_by) = decision.denied_by {
+        let view = admitted.view(snapshot);
+        let policy = admitted.policy(plan, view);
         return Err(ratelimit::deny_response(
-            &stack,
+            view,
             &decision.entries,
             denied_by,
-            plan.policy.as_ref(),
-            snapshot.config.server.headers,
+            policy.as_ref(),
             route.cost,
         ));
     }
     held.permits = decision.take_permits();
-    Ok(Admitted {
-        stack,
-        keys,
-        verdicts: std::mem::take(&mut decision.entries),
-        delay: decision.delay,
-    })
+    admitted.verdicts = std::mem::take(&mut decision.entries);
+    admitted.delay = decision.delay;
+    Ok(admitted)
 }
 
 /// Post-response cost: charges (or refunds) the difference between the
@@ -244,7 +415,6 @@ fn settle_cost(
     app: &App,
     snapshot: &Snapshot,
     route: &RouteConfig,
-    plan: &RoutePlan,
     admitted: &Admitted<'_>,
     headers: &HeaderMap,
     cost_header: &http::HeaderName,
@@ -262,16 +432,17 @@ fn settle_cost(
     if delta == 0 {
         return;
     }
+    let _ = snapshot;
     let now = app.clock.now();
-    for ((&index, key), entry) in plan
-        .stack
+    for ((limiter, key), entry) in admitted
+        .limiters
         .iter()
         .zip(&admitted.keys)
         .zip(&admitted.verdicts)
     {
         // Shadow limits that would have denied were not charged: nothing to settle.
         if let (Some(key), Outcome::Allowed) = (key, entry.outcome) {
-            snapshot.limiters[index].adjust(*key, delta, now);
+            limiter.adjust(*key, delta, now);
         }
     }
 }
@@ -281,7 +452,7 @@ async fn forward(
     route: &RouteConfig,
     downstream: Downstream,
     parts: Parts,
-    body: Incoming,
+    body: PendingBody,
 ) -> Result<Response<ResponseBody>, GatewayError> {
     let Some(upstream) = snapshot.upstream_of(&route.action) else {
         // Validation resolves every upstream reference; reaching this is a bug.
@@ -305,7 +476,26 @@ async fn forward(
             (Some(cap), Some(exceeded))
         }
     };
-    let body = RequestBody::Streaming { inner: body, cap };
+    let body = match body {
+        PendingBody::Fresh(inner) => RequestBody::Streaming {
+            replay: None,
+            inner,
+            cap,
+        },
+        // Already checked against `max_body` while buffering.
+        PendingBody::Complete(bytes) => RequestBody::Buffered(Some(bytes)),
+        PendingBody::Partial(bytes, inner) => {
+            let cap = cap.map(|cap| BodyCap {
+                seen: bytes.len() as u64,
+                ..cap
+            });
+            RequestBody::Streaming {
+                replay: Some(bytes),
+                inner,
+                cap,
+            }
+        }
+    };
     let request = upstream.prepare(parts, body, downstream.peer, downstream.proto)?;
     let mut response = upstream
         .send(

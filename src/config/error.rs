@@ -66,6 +66,9 @@ pub struct Problem {
     pub message: String,
     /// 1-based line and column, when known.
     pub position: Option<(usize, usize)>,
+    /// The file the problem is in, when not the main configuration file
+    /// (e.g. a consumers file).
+    pub file: Option<PathBuf>,
 }
 
 impl Problem {
@@ -74,6 +77,7 @@ impl Problem {
             path,
             message: message.into(),
             position: None,
+            file: None,
         }
     }
 }
@@ -99,11 +103,11 @@ impl ConfigError {
 
 impl fmt::Display for ConfigError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        let file = self.file.display();
         for (i, problem) in self.problems.iter().enumerate() {
             if i > 0 {
                 writeln!(f)?;
             }
+            let file = problem.file.as_ref().unwrap_or(&self.file).display();
             match problem.position {
                 Some((line, column)) => write!(f, "{file}:{line}:{column}: ")?,
                 None => write!(f, "{file}: ")?,

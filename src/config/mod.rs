@@ -11,8 +11,10 @@ pub mod raw;
 pub mod units;
 pub mod validate;
 
+use std::collections::HashMap;
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 use std::time::Duration;
 
 use http::{HeaderName, HeaderValue, Method, StatusCode, Uri};
@@ -35,6 +37,34 @@ pub struct Config {
     pub upstreams: Vec<UpstreamConfig>,
     pub limits: Vec<LimitConfig>,
     pub routes: Vec<RouteConfig>,
+    pub api_keys: ApiKeyConfig,
+    /// API key → consumer; shared, as it may hold many keys.
+    pub consumers: Arc<HashMap<String, Consumer>>,
+}
+
+/// Where the API key is read and what an unknown one means.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ApiKeyConfig {
+    pub source: ApiKeySource,
+    /// A presented key not in `[consumers]`: 401 everywhere (`true`), or
+    /// anonymous except on routes with `require_consumer` (`false`, default).
+    pub reject_unknown: bool,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ApiKeySource {
+    /// The whole value of this header (default `x-api-key`).
+    Header(HeaderName),
+    /// `Authorization: Bearer <key>`.
+    Bearer,
+}
+
+/// Who an API key belongs to.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Consumer {
+    pub consumer: Arc<str>,
+    pub tenant: Option<Arc<str>>,
+    pub plan: Option<Arc<str>>,
 }
 
 #[derive(Debug, Clone, PartialEq)]
@@ -127,7 +157,7 @@ pub enum OnMissingKey {
     Shared,
 }
 
-#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct LimitConfig {
     pub name: String,
     /// The parts of the key, joined into one composite key.
@@ -140,6 +170,16 @@ pub struct LimitConfig {
     pub headers: Option<HeaderStyles>,
     /// Most keys held in memory for this limit.
     pub max_keys: usize,
+    /// Per-plan parameters (same algorithm kind), chosen by the consumer's plan.
+    pub plans: Vec<(Arc<str>, Algorithm)>,
+}
+
+impl LimitConfig {
+    /// The algorithm in force for a consumer on `plan`.
+    pub fn algorithm_for(&self, plan: Option<&str>) -> Algorithm {
+        plan.and_then(|p| self.plans.iter().find(|(name, _)| &**name == p))
+            .map_or(self.algorithm, |(_, algorithm)| *algorithm)
+    }
 }
 
 #[derive(Debug, Clone)]
@@ -152,6 +192,8 @@ pub struct RouteConfig {
     pub cost: u64,
     pub cost_header: Option<HeaderName>,
     pub max_body: Option<u64>,
+    /// Requests without a known API key get 401.
+    pub require_consumer: bool,
 }
 
 #[derive(Debug, Clone, Default)]

@@ -88,6 +88,25 @@ pub struct RawConfig {
     pub routes: Vec<RawRoute>,
     #[serde(default)]
     pub consumers: BTreeMap<String, RawConsumer>,
+    #[serde(default)]
+    pub api_keys: RawApiKeys,
+}
+
+/// How API keys are read and what an unknown one means.
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawApiKeys {
+    pub header: Option<String>,
+    pub unknown_key: Option<String>,
+    pub file: Option<String>,
+}
+
+/// A separate consumers file: only `[consumers."KEY"]` tables.
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawConsumersFile {
+    #[serde(default)]
+    pub consumers: BTreeMap<String, RawConsumer>,
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -163,6 +182,67 @@ pub struct RawLimit {
     pub local: Option<bool>,
     pub headers: Option<Vec<String>>,
     pub max_keys: Option<u64>,
+    pub plans: Option<BTreeMap<String, RawPlan>>,
+    pub align: Option<String>,
+    pub reset_jitter: Option<String>,
+}
+
+/// Per-plan values of a limit's algorithm parameters.
+#[derive(Debug, Default, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawPlan {
+    pub limit: Option<u64>,
+    pub window: Option<String>,
+    pub capacity: Option<u64>,
+    pub refill: Option<String>,
+    pub rate: Option<String>,
+    pub max: Option<u64>,
+}
+
+impl RawPlan {
+    /// The parameter keys this plan sets.
+    pub fn keys(&self) -> Vec<&'static str> {
+        let mut keys = Vec::new();
+        for (key, present) in [
+            ("limit", self.limit.is_some()),
+            ("window", self.window.is_some()),
+            ("capacity", self.capacity.is_some()),
+            ("refill", self.refill.is_some()),
+            ("rate", self.rate.is_some()),
+            ("max", self.max.is_some()),
+        ] {
+            if present {
+                keys.push(key);
+            }
+        }
+        keys
+    }
+
+    /// `self` over `base`: the plan's values win.
+    pub fn over(&self, base: &RawPlan) -> RawPlan {
+        RawPlan {
+            limit: self.limit.or(base.limit),
+            window: self.window.clone().or_else(|| base.window.clone()),
+            capacity: self.capacity.or(base.capacity),
+            refill: self.refill.clone().or_else(|| base.refill.clone()),
+            rate: self.rate.clone().or_else(|| base.rate.clone()),
+            max: self.max.or(base.max),
+        }
+    }
+}
+
+impl RawLimit {
+    /// The algorithm parameters of the limit itself.
+    pub fn params(&self) -> RawPlan {
+        RawPlan {
+            limit: self.limit,
+            window: self.window.clone(),
+            capacity: self.capacity,
+            refill: self.refill.clone(),
+            rate: self.rate.clone(),
+            max: self.max,
+        }
+    }
 }
 
 #[derive(Debug, Deserialize)]
@@ -178,6 +258,7 @@ pub struct RawRoute {
     pub cost: Option<u64>,
     pub cost_header: Option<String>,
     pub max_body: Option<RawSize>,
+    pub require_consumer: Option<bool>,
 }
 
 #[derive(Debug, Default, Deserialize)]

@@ -2,9 +2,10 @@
 //! whole: values parse, references resolve, names are unique. Problems are
 //! collected, not returned at the first, and each is located in the file.
 
-use std::collections::{BTreeMap, HashSet};
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::net::SocketAddr;
 use std::path::Path;
+use std::sync::Arc;
 use std::time::Duration;
 
 use http::{HeaderName, HeaderValue, Method, StatusCode, Uri};
@@ -181,8 +182,10 @@ pub fn validate(path: &Path, bytes: &[u8]) -> Result<Config, ConfigError> {
         return Ok(config);
     }
     for problem in &mut checker.problems {
-        problem.position =
-            span_of(document.get_ref(), &problem.path).map(|span| line_column(text, span.start));
+        if problem.file.is_none() {
+            problem.position = span_of(document.get_ref(), &problem.path)
+                .map(|span| line_column(text, span.start));
+        }
     }
     Err(fail(checker.problems))
 }
@@ -228,10 +231,19 @@ fn check(c: &mut Checker, path: &Path, bytes: &[u8], raw: &RawConfig) -> Config 
             &limits,
         ));
     }
-    if !raw.consumers.is_empty() {
-        c.problem(
-            root.key("consumers"),
-            "consumers are not supported by this version of tollgate yet",
+    let api_keys = check_api_keys(c, &root.key("api_keys"), &raw.api_keys);
+    let mut consumers = HashMap::with_capacity(raw.consumers.len());
+    for (key, consumer) in &raw.consumers {
+        let entry = check_consumer(c, &root.key("consumers").key(key), consumer);
+        consumers.insert(key.clone(), entry);
+    }
+    if let Some(file) = &raw.api_keys.file {
+        let file_path = path.parent().unwrap_or(Path::new(".")).join(file);
+        load_consumers_file(
+            c,
+            &root.key("api_keys").key("file"),
+            &file_path,
+            &mut consumers,
         );
     }
 
@@ -244,6 +256,112 @@ fn check(c: &mut Checker, path: &Path, bytes: &[u8], raw: &RawConfig) -> Config 
         upstreams,
         limits,
         routes,
+        api_keys,
+        consumers: Arc::new(consumers),
+    }
+}
+
+fn check_api_keys(c: &mut Checker, path: &KeyPath, raw: &raw::RawApiKeys) -> ApiKeyConfig {
+    let source = match raw.header.as_deref() {
+        None => ApiKeySource::Header(HeaderName::from_static("x-api-key")),
+        Some(name) if name.eq_ignore_ascii_case("authorization") => ApiKeySource::Bearer,
+        Some(name) => match HeaderName::from_bytes(name.as_bytes()) {
+            Ok(header) => ApiKeySource::Header(header),
+            Err(_) => {
+                c.problem(
+                    path.key("header"),
+                    format!("`{name}` is not a valid header name"),
+                );
+                ApiKeySource::Bearer
+            }
+        },
+    };
+    let reject_unknown = match raw.unknown_key.as_deref() {
+        None => false,
+        Some(text) => {
+            c.one_of(path.key("unknown_key"), text, &["anonymous", "reject"]) == Some("reject")
+        }
+    };
+    ApiKeyConfig {
+        source,
+        reject_unknown,
+    }
+}
+
+fn check_consumer(c: &mut Checker, path: &KeyPath, raw: &raw::RawConsumer) -> Consumer {
+    if raw.consumer.is_empty() {
+        c.problem(path.key("consumer"), "must not be empty");
+    }
+    Consumer {
+        consumer: Arc::from(raw.consumer.as_str()),
+        tenant: raw.tenant.as_deref().map(Arc::from),
+        plan: raw.plan.as_deref().map(Arc::from),
+    }
+}
+
+/// Loads a consumers file (only `[consumers."KEY"]` tables) into `consumers`.
+/// Its problems are located in that file.
+fn load_consumers_file(
+    c: &mut Checker,
+    key_path: &KeyPath,
+    file: &Path,
+    consumers: &mut HashMap<String, Consumer>,
+) {
+    let text = match std::fs::read_to_string(file) {
+        Ok(text) => text,
+        Err(e) => {
+            c.problem(
+                key_path.clone(),
+                format!("cannot read consumers file {}: {e}", file.display()),
+            );
+            return;
+        }
+    };
+    let mut in_file = |path: KeyPath, message: String, offset: Option<usize>| {
+        let mut problem = Problem::new(path, message);
+        problem.file = Some(file.to_owned());
+        problem.position = offset.map(|o| line_column(&text, o));
+        c.problems.push(problem);
+    };
+    let raw: raw::RawConsumersFile = match toml::from_str(&text) {
+        Ok(raw) => raw,
+        Err(e) => {
+            let offset = e.span().map(|s| s.start);
+            let path = match (DeTable::parse(&text), offset) {
+                (Ok(doc), Some(o)) => path_at(doc.get_ref(), o),
+                _ => KeyPath::default(),
+            };
+            in_file(path, explain_serde_message(e.message()), offset);
+            return;
+        }
+    };
+    let document = DeTable::parse(&text).ok();
+    for (key, consumer) in &raw.consumers {
+        let path = KeyPath::default().key("consumers").key(key);
+        let offset = document
+            .as_ref()
+            .and_then(|d| span_of(d.get_ref(), &path))
+            .map(|s| s.start);
+        if consumers.contains_key(key) {
+            in_file(
+                path,
+                "this API key is also defined in the main configuration".to_owned(),
+                offset,
+            );
+            continue;
+        }
+        if consumer.consumer.is_empty() {
+            in_file(path.key("consumer"), "must not be empty".to_owned(), offset);
+            continue;
+        }
+        consumers.insert(
+            key.clone(),
+            Consumer {
+                consumer: Arc::from(consumer.consumer.as_str()),
+                tenant: consumer.tenant.as_deref().map(Arc::from),
+                plan: consumer.plan.as_deref().map(Arc::from),
+            },
+        );
     }
 }
 
@@ -481,10 +599,8 @@ fn check_key_part(c: &mut Checker, path: KeyPath, text: &str) -> Option<KeyPart>
             None
         }
         "ip" => Some(KeyPart::Ip),
-        "consumer" | "tenant" => {
-            c.problem(path, format!("the `{kind}` key needs [consumers], which this version of tollgate does not support yet"));
-            None
-        }
+        "consumer" => Some(KeyPart::Consumer),
+        "tenant" => Some(KeyPart::Tenant),
         "route" => Some(KeyPart::Route),
         "header" => {
             let name = named(c, name)?;
@@ -535,7 +651,35 @@ fn check_limit(c: &mut Checker, path: &KeyPath, name: &str, raw: &raw::RawLimit)
         })
         .collect();
 
-    let algorithm = check_algorithm(c, path, raw);
+    if raw.mode.is_some() && raw.algorithm != "leaky_bucket" {
+        c.problem(
+            path.key("mode"),
+            format!(
+                "`mode` is a parameter of leaky_bucket, not of {}",
+                raw.algorithm
+            ),
+        );
+    }
+    let base = raw.params();
+    let mode = mode_of(c, path, raw);
+    let algorithm = check_algorithm(c, &raw.algorithm, &base, mode, &|key| path.key(key));
+    let mut plans = Vec::new();
+    for (plan, values) in raw.plans.iter().flatten() {
+        let plan_path = path.key("plans").key(plan);
+        let merged = values.over(&base);
+        let set = values.keys();
+        let at = |key: &str| {
+            if set.contains(&key) {
+                plan_path.key(key)
+            } else {
+                path.key(key)
+            }
+        };
+        plans.push((
+            Arc::from(plan.as_str()),
+            check_algorithm(c, &raw.algorithm, &merged, mode, &at),
+        ));
+    }
     let status = match raw.status {
         None => StatusCode::TOO_MANY_REQUESTS,
         Some(code) => match StatusCode::from_u16(code) {
@@ -583,13 +727,34 @@ fn check_limit(c: &mut Checker, path: &KeyPath, name: &str, raw: &raw::RawLimit)
         local: raw.local.unwrap_or(false),
         headers,
         max_keys,
+        plans,
+    }
+}
+
+fn mode_of(c: &mut Checker, path: &KeyPath, raw: &raw::RawLimit) -> Option<LeakyMode> {
+    let text = raw.mode.as_deref()?;
+    if raw.algorithm != "leaky_bucket" {
+        return None;
+    }
+    match c.one_of(path.key("mode"), text, &["reject", "delay"]) {
+        Some("delay") => Some(LeakyMode::Delay),
+        _ => Some(LeakyMode::Reject),
     }
 }
 
 /// Checks the algorithm name and that exactly its parameters are present.
-fn check_algorithm(c: &mut Checker, path: &KeyPath, raw: &raw::RawLimit) -> Algorithm {
+///
+/// `at(key)` is where a parameter's problem is reported (a plan's own table
+/// for the values it sets).
+fn check_algorithm(
+    c: &mut Checker,
+    algorithm: &str,
+    raw: &raw::RawPlan,
+    mode: Option<LeakyMode>,
+    at: &dyn Fn(&str) -> KeyPath,
+) -> Algorithm {
     let fallback = Algorithm::Concurrency { max: 1 };
-    let Some(name) = c.one_of(path.key("algorithm"), &raw.algorithm, &ALGORITHMS) else {
+    let Some(name) = c.one_of(at("algorithm"), algorithm, &ALGORITHMS) else {
         return fallback;
     };
     let present: [(&str, bool); 6] = [
@@ -609,7 +774,7 @@ fn check_algorithm(c: &mut Checker, path: &KeyPath, raw: &raw::RawLimit) -> Algo
     for (key, is_present) in present {
         if is_present && !wanted.contains(&key) {
             c.problem(
-                path.key(key),
+                at(key),
                 format!(
                     "`{key}` is not a parameter of {name}; it takes {}",
                     wanted.join(" and ")
@@ -617,19 +782,13 @@ fn check_algorithm(c: &mut Checker, path: &KeyPath, raw: &raw::RawLimit) -> Algo
             );
         }
         if !is_present && wanted.contains(&key) {
-            c.problem(path.key("algorithm"), format!("{name} needs `{key}`"));
+            c.problem(at("algorithm"), format!("{name} needs `{key}`"));
         }
-    }
-    if raw.mode.is_some() && name != "leaky_bucket" {
-        c.problem(
-            path.key("mode"),
-            format!("`mode` is a parameter of leaky_bucket, not of {name}"),
-        );
     }
     let positive = |c: &mut Checker, key: &str, value: Option<u64>| -> u64 {
         match value {
             Some(0) => {
-                c.problem(path.key(key), "must be at least 1");
+                c.problem(at(key), "must be at least 1");
                 1
             }
             Some(n) => n,
@@ -637,7 +796,7 @@ fn check_algorithm(c: &mut Checker, path: &KeyPath, raw: &raw::RawLimit) -> Algo
         }
     };
     let window = |c: &mut Checker| -> Nanos {
-        let duration = c.duration(path.key("window"), &raw.window, Duration::from_secs(1));
+        let duration = c.duration(at("window"), &raw.window, Duration::from_secs(1));
         u64::try_from(duration.as_nanos()).unwrap_or(u64::MAX)
     };
     let rate =
@@ -645,7 +804,7 @@ fn check_algorithm(c: &mut Checker, path: &KeyPath, raw: &raw::RawLimit) -> Algo
         {
             Some(Ok(rate)) => rate,
             Some(Err(message)) => {
-                c.problem(path.key(key), message);
+                c.problem(at(key), message);
                 crate::limit::Rate { tokens: 1, per: 1 }
             }
             None => crate::limit::Rate { tokens: 1, per: 1 },
@@ -668,13 +827,7 @@ fn check_algorithm(c: &mut Checker, path: &KeyPath, raw: &raw::RawLimit) -> Algo
             refill: rate(c, "refill", &raw.refill),
         },
         "leaky_bucket" => {
-            let mode = match raw.mode.as_deref() {
-                None => LeakyMode::Reject,
-                Some(text) => match c.one_of(path.key("mode"), text, &["reject", "delay"]) {
-                    Some("delay") => LeakyMode::Delay,
-                    _ => LeakyMode::Reject,
-                },
-            };
+            let mode = mode.unwrap_or(LeakyMode::Reject);
             Algorithm::LeakyBucket {
                 capacity: raw.capacity.unwrap_or(0),
                 rate: rate(c, "rate", &raw.rate),
@@ -798,6 +951,7 @@ fn check_route(
         cost,
         cost_header,
         max_body,
+        require_consumer: raw.require_consumer.unwrap_or(false),
     }
 }
 

@@ -12,7 +12,8 @@ use std::net::IpAddr;
 use http::request::Parts;
 use ipnet::IpNet;
 
-use crate::config::KeyPart;
+use super::body_fields::BodyFields;
+use crate::config::{Consumer, KeyPart};
 use crate::limit::LimitKey;
 
 /// What key extraction knows about the request beyond its head.
@@ -22,6 +23,10 @@ pub struct RequestFacts<'a> {
     pub client: IpNet,
     /// The matched route's name.
     pub route: &'a str,
+    /// The consumer the API key maps to, if any.
+    pub consumer: Option<&'a Consumer>,
+    /// The body's top-level fields, when a limit keys on them.
+    pub body: Option<&'a BodyFields>,
 }
 
 /// The digest of `parts` for this request, or `None` when a part is absent.
@@ -42,9 +47,9 @@ pub fn extract(parts: &[KeyPart], request: &Parts, facts: &RequestFacts<'_>) -> 
             KeyPart::Query(name) => query_value(request.uri.query()?, name)?,
             KeyPart::Cookie(name) => cookie_value(request, name)?,
             KeyPart::Route => facts.route.as_bytes(),
-            // Resolved by later stages (body buffering, consumers); without
-            // them the key is missing.
-            KeyPart::BodyField(_) | KeyPart::Consumer | KeyPart::Tenant => return None,
+            KeyPart::BodyField(name) => facts.body?.get(name)?,
+            KeyPart::Consumer => facts.consumer?.consumer.as_bytes(),
+            KeyPart::Tenant => facts.consumer?.tenant.as_deref()?.as_bytes(),
         };
     }
     Some(LimitKey::digest(&values[..parts.len()]))
@@ -112,6 +117,8 @@ mod tests {
         RequestFacts {
             client: "192.0.2.7/32".parse().unwrap(),
             route: "r",
+            consumer: None,
+            body: None,
         }
     }
 

@@ -29,8 +29,10 @@ pub struct BodyTooLarge {
 /// A request body on its way upstream.
 #[derive(Debug)]
 pub enum RequestBody {
-    /// The client's body, streamed, optionally capped.
+    /// The client's body, streamed, optionally capped. `replay` holds bytes
+    /// already read from it (for a `body:FIELD` key), sent first.
     Streaming {
+        replay: Option<Bytes>,
         inner: Incoming,
         cap: Option<BodyCap>,
     },
@@ -57,7 +59,10 @@ impl Body for RequestBody {
     ) -> Poll<Option<Result<Frame<Bytes>, Self::Error>>> {
         match self.get_mut() {
             RequestBody::Buffered(bytes) => Poll::Ready(bytes.take().map(|b| Ok(Frame::data(b)))),
-            RequestBody::Streaming { inner, cap } => {
+            RequestBody::Streaming { replay, inner, cap } => {
+                if let Some(bytes) = replay.take() {
+                    return Poll::Ready(Some(Ok(Frame::data(bytes))));
+                }
                 let frame = match Pin::new(inner).poll_frame(cx) {
                     Poll::Pending => return Poll::Pending,
                     Poll::Ready(None) => return Poll::Ready(None),
@@ -79,7 +84,9 @@ impl Body for RequestBody {
     fn is_end_stream(&self) -> bool {
         match self {
             RequestBody::Buffered(bytes) => bytes.is_none(),
-            RequestBody::Streaming { inner, .. } => inner.is_end_stream(),
+            RequestBody::Streaming { replay, inner, .. } => {
+                replay.is_none() && inner.is_end_stream()
+            }
         }
     }
 
@@ -87,7 +94,26 @@ impl Body for RequestBody {
         match self {
             RequestBody::Buffered(Some(bytes)) => SizeHint::with_exact(bytes.len() as u64),
             RequestBody::Buffered(None) => SizeHint::with_exact(0),
-            RequestBody::Streaming { inner, .. } => inner.size_hint(),
+            RequestBody::Streaming {
+                replay: None,
+                inner,
+                ..
+            } => inner.size_hint(),
+            RequestBody::Streaming {
+                replay: Some(bytes),
+                inner,
+                ..
+            } => {
+                // The client's declared length still describes the whole body.
+                let rest = inner.size_hint();
+                let already = bytes.len() as u64;
+                let mut hint = SizeHint::new();
+                hint.set_lower(rest.lower().saturating_add(already));
+                if let Some(upper) = rest.upper() {
+                    hint.set_upper(upper.saturating_add(already));
+                }
+                hint
+            }
         }
     }
 }

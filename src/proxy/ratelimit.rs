@@ -33,6 +33,15 @@ pub fn ceil_secs(nanos: Nanos) -> u64 {
     nanos.div_ceil(NANOS_PER_SEC)
 }
 
+/// A route's stack as the headers see it: each limit with the algorithm in
+/// force for this request (a consumer's plan may change the numbers).
+#[derive(Debug, Clone, Copy)]
+pub struct StackView<'a> {
+    pub limits: &'a [&'a LimitConfig],
+    pub algorithms: &'a [Algorithm],
+    pub server: HeaderStyles,
+}
+
 /// The header styles in force for one limit.
 fn styles(limit: &LimitConfig, server: HeaderStyles) -> HeaderStyles {
     limit.headers.unwrap_or(server)
@@ -45,16 +54,16 @@ fn is_concurrency(limit: &LimitConfig) -> bool {
 /// `RateLimit-Policy` for a route's stack: every non-shadow limit whose
 /// styles include `draft`. `None` when no limit qualifies (or a name cannot be
 /// an sf-string, which validation prevents in practice).
-pub fn policy_header(stack: &[&LimitConfig], server: HeaderStyles) -> Option<HeaderValue> {
-    let mut text = String::with_capacity(32 * stack.len());
+pub fn policy_header(view: StackView<'_>) -> Option<HeaderValue> {
+    let mut text = String::with_capacity(32 * view.limits.len());
     let mut list = ListWriter::new(&mut text);
-    for limit in stack {
-        if limit.shadow || !styles(limit, server).draft {
+    for (limit, algorithm) in view.limits.iter().zip(view.algorithms) {
+        if limit.shadow || !styles(limit, view.server).draft {
             continue;
         }
-        let q = i64::try_from(quota(&limit.algorithm)).unwrap_or(i64::MAX);
+        let q = i64::try_from(quota(algorithm)).unwrap_or(i64::MAX);
         let params = list.item_string(&limit.name).ok()?.param_int("q", q).ok()?;
-        match window_secs(&limit.algorithm) {
+        match window_secs(algorithm) {
             Some(w) => {
                 params
                     .param_int("w", i64::try_from(w).unwrap_or(i64::MAX))
@@ -77,16 +86,16 @@ pub fn policy_header(stack: &[&LimitConfig], server: HeaderStyles) -> Option<Hea
 /// limit, or on an allowed response the one with the least remaining (`r / q`).
 pub fn write_headers(
     headers: &mut HeaderMap,
-    stack: &[&LimitConfig],
+    view: StackView<'_>,
     verdicts: &[EntryVerdict],
     policy: Option<&HeaderValue>,
-    server: HeaderStyles,
     focus: Option<usize>,
 ) {
+    let server = view.server;
     if let Some(policy) = policy {
-        let mut text = String::with_capacity(24 * stack.len());
+        let mut text = String::with_capacity(24 * view.limits.len());
         let mut list = ListWriter::new(&mut text);
-        for (limit, entry) in stack.iter().zip(verdicts) {
+        for (limit, entry) in view.limits.iter().zip(verdicts) {
             if limit.shadow || entry.outcome == Outcome::Skipped || !styles(limit, server).draft {
                 continue;
             }
@@ -110,9 +119,9 @@ pub fn write_headers(
         }
     }
     let Some(index) = focus else { return };
-    let (limit, entry) = (stack[index], &verdicts[index]);
+    let (limit, entry) = (view.limits[index], &verdicts[index]);
     let style = styles(limit, server);
-    let q = quota(&limit.algorithm);
+    let q = quota(&view.algorithms[index]);
     let r = entry.verdict.remaining;
     let reset = (!is_concurrency(limit)).then(|| ceil_secs(entry.verdict.reset_after));
     let families = [
@@ -133,13 +142,13 @@ pub fn write_headers(
 
 /// The client-visible entry with the least remaining quota (`r / q`), for the
 /// legacy headers of an allowed response.
-pub fn least_remaining(stack: &[&LimitConfig], verdicts: &[EntryVerdict]) -> Option<usize> {
+pub fn least_remaining(view: StackView<'_>, verdicts: &[EntryVerdict]) -> Option<usize> {
     let mut best: Option<(usize, u64, u64)> = None;
-    for (i, (limit, entry)) in stack.iter().zip(verdicts).enumerate() {
+    for (i, (limit, entry)) in view.limits.iter().zip(verdicts).enumerate() {
         if limit.shadow || entry.outcome == Outcome::Skipped {
             continue;
         }
-        let (r, q) = (entry.verdict.remaining, quota(&limit.algorithm).max(1));
+        let (r, q) = (entry.verdict.remaining, quota(&view.algorithms[i]).max(1));
         // r/q < r'/q'  ⇔  r·q' < r'·q, exact in u128.
         let better = match best {
             None => true,
@@ -155,14 +164,13 @@ pub fn least_remaining(stack: &[&LimitConfig], verdicts: &[EntryVerdict]) -> Opt
 /// The deny response: the limit's status, problem+json naming the limit,
 /// `Retry-After` unless waiting cannot help, and the rate-limit headers.
 pub fn deny_response(
-    stack: &[&LimitConfig],
+    view: StackView<'_>,
     verdicts: &[EntryVerdict],
     denied_by: usize,
     policy: Option<&HeaderValue>,
-    server: HeaderStyles,
     cost: u64,
 ) -> Response<ResponseBody> {
-    let limit = stack[denied_by];
+    let limit = view.limits[denied_by];
     let verdict = &verdicts[denied_by].verdict;
     let status = limit.status;
     let retry_after = (!verdict.never).then(|| {
@@ -174,7 +182,7 @@ pub fn deny_response(
         format!(
             "request cost {cost} exceeds what limit {} can ever admit ({}); it can never be admitted",
             limit.name,
-            quota(&limit.algorithm)
+            quota(&view.algorithms[denied_by])
         )
     } else {
         format!("limit {} exceeded", limit.name)
@@ -197,7 +205,7 @@ pub fn deny_response(
     if let Some(seconds) = retry_after {
         headers.insert(RETRY_AFTER, HeaderValue::from(seconds));
     }
-    write_headers(headers, stack, verdicts, policy, server, Some(denied_by));
+    write_headers(headers, view, verdicts, policy, Some(denied_by));
     response
 }
 

@@ -1,0 +1,95 @@
+//! Consumers: the API key of a request mapped to a consumer, tenant and plan
+//! through `[consumers]` (inline or in `api_keys.file`).
+//!
+//! The key is read from `x-api-key` by default, another header, or
+//! `Authorization: Bearer`. It is used only to look the consumer up: it is
+//! never logged, and limits key on the consumer or tenant name it maps to.
+
+use http::HeaderMap;
+use http::header::AUTHORIZATION;
+
+use crate::config::{ApiKeyConfig, ApiKeySource, Consumer};
+
+/// What the request's API key says about who is calling.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Caller<'c> {
+    /// No API key.
+    Anonymous,
+    /// A key that no consumer has.
+    UnknownKey,
+    Known(&'c Consumer),
+}
+
+/// The API key the request presents, if any.
+pub fn api_key<'h>(headers: &'h HeaderMap, config: &ApiKeyConfig) -> Option<&'h str> {
+    match &config.source {
+        ApiKeySource::Header(name) => headers.get(name)?.to_str().ok().map(str::trim),
+        ApiKeySource::Bearer => {
+            let value = headers.get(AUTHORIZATION)?.to_str().ok()?.trim();
+            let (scheme, token) = value.split_once(' ')?;
+            scheme.eq_ignore_ascii_case("bearer").then(|| token.trim())
+        }
+    }
+    .filter(|key| !key.is_empty())
+}
+
+/// Looks the caller up.
+pub fn identify<'c>(
+    headers: &HeaderMap,
+    config: &ApiKeyConfig,
+    consumers: &'c std::collections::HashMap<String, Consumer>,
+) -> Caller<'c> {
+    match api_key(headers, config) {
+        None => Caller::Anonymous,
+        Some(key) => consumers.get(key).map_or(Caller::UnknownKey, Caller::Known),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use http::HeaderValue;
+    use std::collections::HashMap;
+    use std::sync::Arc;
+
+    fn consumers() -> HashMap<String, Consumer> {
+        let mut map = HashMap::new();
+        map.insert(
+            "k-1".to_owned(),
+            Consumer {
+                consumer: Arc::from("acme-web"),
+                tenant: Some(Arc::from("acme")),
+                plan: Some(Arc::from("free")),
+            },
+        );
+        map
+    }
+
+    #[test]
+    fn header_and_bearer_sources() {
+        let consumers = consumers();
+        let header = ApiKeyConfig {
+            source: ApiKeySource::Header(http::HeaderName::from_static("x-api-key")),
+            reject_unknown: false,
+        };
+        let bearer = ApiKeyConfig {
+            source: ApiKeySource::Bearer,
+            reject_unknown: false,
+        };
+        let mut headers = HeaderMap::new();
+        assert_eq!(identify(&headers, &header, &consumers), Caller::Anonymous);
+        headers.insert("x-api-key", HeaderValue::from_static("k-1"));
+        assert!(
+            matches!(identify(&headers, &header, &consumers), Caller::Known(c) if &*c.consumer == "acme-web")
+        );
+        headers.insert("x-api-key", HeaderValue::from_static("k-2"));
+        assert_eq!(identify(&headers, &header, &consumers), Caller::UnknownKey);
+        headers.insert(AUTHORIZATION, HeaderValue::from_static("Bearer k-1"));
+        assert!(matches!(
+            identify(&headers, &bearer, &consumers),
+            Caller::Known(_)
+        ));
+        headers.insert(AUTHORIZATION, HeaderValue::from_static("Basic k-1"));
+        assert_eq!(identify(&headers, &bearer, &consumers), Caller::Anonymous);
+    }
+}
