@@ -1,0 +1,443 @@
+//! End-to-end tests of who the client is: trusted proxies, IPv6 prefixes,
+//! body fields, consumers, tenants and plans.
+
+mod common;
+
+use bytes::Bytes;
+use common::{Gateway, TestUpstream, get, send};
+use http_body_util::Full;
+use hyper::Request;
+
+fn gateway(upstream: &TestUpstream, body: &str) -> Gateway {
+    Gateway::start(&format!(
+        "[server]\nlisten = \"127.0.0.1:0\"\nmax_key_body = \"1KiB\"\n\n[upstreams.api]\nurl = \"{}\"\n\n{body}",
+        upstream.url()
+    ))
+}
+
+async fn post(gw: &Gateway, path: &str, content_type: &str, body: &'static [u8]) -> common::Reply {
+    let request = Request::post(path)
+        .header("host", "x")
+        .header("content-type", content_type)
+        .body(Full::new(Bytes::from_static(body)))
+        .unwrap();
+    send(gw.addr, request).await
+}
+
+const LOGIN: &str = r#"
+[limits.login_account]
+key = "body:username"
+algorithm = "fixed_window"
+limit = 2
+window = "15m"
+
+[limits.login_ip]
+key = "ip"
+algorithm = "fixed_window"
+limit = 4
+window = "15m"
+
+[[routes]]
+name = "login"
+match = { path = "/login", methods = ["POST"] }
+upstream = "api"
+limits = ["login_account", "login_ip"]
+"#;
+
+#[tokio::test]
+async fn login_stacks_account_and_ip_limits_and_names_the_one_that_fired() {
+    let upstream = TestUpstream::start().await;
+    let gw = gateway(&upstream, LOGIN);
+    let body: &[u8] = br#"{"username":"ann","password":"x"}"#;
+    for _ in 0..2 {
+        let reply = post(&gw, "/login", "application/json", body).await;
+        assert_eq!(reply.status, 200);
+        assert_eq!(
+            upstream.last_seen().body,
+            body,
+            "body reached the upstream changed"
+        );
+    }
+    let reply = post(&gw, "/login", "application/json", body).await;
+    assert_eq!(reply.status, 429);
+    assert_eq!(
+        reply.json()["violated-policies"],
+        serde_json::json!(["login_account"])
+    );
+    // Another account from the same IP passes until the IP limit fires.
+    let reply = post(
+        &gw,
+        "/login",
+        "application/x-www-form-urlencoded",
+        b"username=bob&password=y",
+    )
+    .await;
+    assert_eq!(reply.status, 200);
+    assert_eq!(upstream.last_seen().body, "username=bob&password=y");
+    let reply = post(
+        &gw,
+        "/login",
+        "application/x-www-form-urlencoded",
+        b"username=cy",
+    )
+    .await;
+    assert_eq!(reply.status, 200);
+    let reply = post(&gw, "/login", "application/json", br#"{"username":"dee"}"#).await;
+    assert_eq!(reply.status, 429);
+    assert_eq!(
+        reply.json()["violated-policies"],
+        serde_json::json!(["login_ip"])
+    );
+}
+
+#[tokio::test]
+async fn bodies_over_the_key_cap_are_forwarded_whole_without_a_key() {
+    let upstream = TestUpstream::start().await;
+    let gw = gateway(
+        &upstream,
+        r#"
+[limits.account]
+key = "body:username"
+algorithm = "fixed_window"
+limit = 1
+window = "1h"
+
+[[routes]]
+name = "login"
+match = { path = "/login" }
+upstream = "api"
+limits = ["account"]
+"#,
+    );
+    // 3 KiB of JSON, over the 1 KiB cap: no key, so not limited (skip), and
+    // the upstream still gets every byte.
+    let mut big = String::from(r#"{"username":"ann","pad":""#);
+    big.push_str(&"p".repeat(3000));
+    big.push_str("\"}");
+    let big: &'static [u8] = Box::leak(big.into_bytes().into_boxed_slice());
+    for _ in 0..3 {
+        let reply = post(&gw, "/login", "application/json", big).await;
+        assert_eq!(reply.status, 200);
+        assert_eq!(upstream.last_seen().body, big);
+    }
+    // A small body with the key is limited.
+    let small: &[u8] = br#"{"username":"ann"}"#;
+    assert_eq!(
+        post(&gw, "/login", "application/json", small).await.status,
+        200
+    );
+    assert_eq!(
+        post(&gw, "/login", "application/json", small).await.status,
+        429
+    );
+}
+
+const TENANTS: &str = r#"
+[consumers."k-acme-1"]
+consumer = "acme-web"
+tenant = "acme"
+plan = "free"
+
+[consumers."k-acme-2"]
+consumer = "acme-mobile"
+tenant = "acme"
+plan = "free"
+
+[consumers."k-big-1"]
+consumer = "big-web"
+tenant = "big"
+plan = "pro"
+
+[limits.tenant_quota]
+key = "tenant"
+algorithm = "fixed_window"
+limit = 1000
+window = "1d"
+plans = { free = { limit = 3 }, pro = { limit = 5 } }
+
+[[routes]]
+name = "api"
+match = { path_prefix = "/api" }
+upstream = "api"
+limits = ["tenant_quota"]
+require_consumer = true
+
+[[routes]]
+name = "open"
+match = { path_prefix = "/open" }
+upstream = "api"
+"#;
+
+#[tokio::test]
+async fn tenant_quotas_are_shared_by_the_tenants_keys_and_set_by_plan() {
+    let upstream = TestUpstream::start().await;
+    let gw = gateway(&upstream, TENANTS);
+    let keys = ["k-acme-1", "k-acme-2", "k-acme-1"];
+    for key in keys {
+        let reply = get(gw.addr, "/api/x", &[("x-api-key", key)]).await;
+        assert_eq!(reply.status, 200);
+        assert_eq!(
+            reply.header("ratelimit-policy"),
+            Some("\"tenant_quota\";q=3;w=86400")
+        );
+    }
+    let reply = get(gw.addr, "/api/x", &[("x-api-key", "k-acme-2")]).await;
+    assert_eq!(reply.status, 429, "the tenant's two keys share one quota");
+    // The pro tenant has its plan's quota.
+    for _ in 0..5 {
+        let reply = get(gw.addr, "/api/x", &[("x-api-key", "k-big-1")]).await;
+        assert_eq!(reply.status, 200);
+        assert_eq!(
+            reply.header("ratelimit-policy"),
+            Some("\"tenant_quota\";q=5;w=86400")
+        );
+    }
+    assert_eq!(
+        get(gw.addr, "/api/x", &[("x-api-key", "k-big-1")])
+            .await
+            .status,
+        429
+    );
+}
+
+#[tokio::test]
+async fn unknown_and_missing_api_keys() {
+    let upstream = TestUpstream::start().await;
+    let gw = gateway(&upstream, TENANTS);
+    let reply = get(gw.addr, "/api/x", &[("x-api-key", "k-nobody")]).await;
+    assert_eq!(reply.status, 401);
+    assert_eq!(
+        reply.header("content-type"),
+        Some("application/problem+json")
+    );
+    assert_eq!(get(gw.addr, "/api/x", &[]).await.status, 401);
+    // Elsewhere an unknown key is anonymous.
+    assert_eq!(
+        get(gw.addr, "/open", &[("x-api-key", "k-nobody")])
+            .await
+            .status,
+        200
+    );
+    assert!(
+        !gw.stderr().contains("k-nobody"),
+        "an API key reached the logs"
+    );
+
+    let strict = gateway(
+        &upstream,
+        &format!("[api_keys]\nheader = \"authorization\"\nunknown_key = \"reject\"\n{TENANTS}"),
+    );
+    assert_eq!(
+        get(
+            strict.addr,
+            "/open",
+            &[("authorization", "Bearer k-nobody")]
+        )
+        .await
+        .status,
+        401
+    );
+    assert_eq!(
+        get(
+            strict.addr,
+            "/api/x",
+            &[("authorization", "Bearer k-acme-1")]
+        )
+        .await
+        .status,
+        200
+    );
+}
+
+#[tokio::test]
+async fn consumers_can_live_in_their_own_file() {
+    let upstream = TestUpstream::start().await;
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(
+        dir.path().join("consumers.toml"),
+        "[consumers.\"k-file\"]\nconsumer = \"from-file\"\n",
+    )
+    .unwrap();
+    let config = format!(
+        "[server]\nlisten = \"127.0.0.1:0\"\n[api_keys]\nfile = \"{}\"\n[upstreams.api]\nurl = \"{}\"\n[limits.per_consumer]\nkey = \"consumer\"\nalgorithm = \"fixed_window\"\nlimit = 1\nwindow = \"1h\"\n[[routes]]\nname = \"api\"\nmatch = {{ path_prefix = \"/\" }}\nupstream = \"api\"\nlimits = [\"per_consumer\"]\nrequire_consumer = true\n",
+        dir.path().join("consumers.toml").display(),
+        upstream.url()
+    );
+    let gw = Gateway::start(&config);
+    assert_eq!(
+        get(gw.addr, "/", &[("x-api-key", "k-file")]).await.status,
+        200
+    );
+    assert_eq!(
+        get(gw.addr, "/", &[("x-api-key", "k-file")]).await.status,
+        429
+    );
+}
+
+#[tokio::test]
+async fn the_client_is_counted_from_the_right_of_x_forwarded_for() {
+    let upstream = TestUpstream::start().await;
+    let gw = gateway(
+        &upstream,
+        r#"
+[client_ip]
+trusted_hops = 1
+
+[limits.per_ip]
+key = "ip"
+algorithm = "fixed_window"
+limit = 1
+window = "1h"
+
+[[routes]]
+name = "api"
+match = { path_prefix = "/" }
+upstream = "api"
+limits = ["per_ip"]
+"#,
+    );
+    // Our load balancer appended 203.0.113.5; what the client wrote to the
+    // left changes nothing.
+    let xff = |spoof: &str| format!("{spoof}, 203.0.113.5");
+    assert_eq!(
+        get(gw.addr, "/", &[("x-forwarded-for", &xff("1.1.1.1"))])
+            .await
+            .status,
+        200
+    );
+    assert_eq!(
+        get(gw.addr, "/", &[("x-forwarded-for", &xff("2.2.2.2"))])
+            .await
+            .status,
+        429
+    );
+    assert_eq!(
+        get(gw.addr, "/", &[("x-forwarded-for", "203.0.113.6")])
+            .await
+            .status,
+        200
+    );
+}
+
+#[tokio::test]
+async fn ipv6_clients_are_grouped_by_prefix() {
+    let upstream = TestUpstream::start().await;
+    let gw = gateway(
+        &upstream,
+        r#"
+[client_ip]
+trusted_cidrs = ["127.0.0.0/8"]
+ipv6_prefix = 64
+
+[limits.per_ip]
+key = "ip"
+algorithm = "fixed_window"
+limit = 1
+window = "1h"
+
+[[routes]]
+name = "api"
+match = { path_prefix = "/" }
+upstream = "api"
+limits = ["per_ip"]
+"#,
+    );
+    let from = |ip: &str| [("x-forwarded-for", ip.to_owned())];
+    let get_from = |ip: &'static str| {
+        let addr = gw.addr;
+        async move {
+            get(
+                addr,
+                "/",
+                &from(ip)
+                    .iter()
+                    .map(|(k, v)| (*k, v.as_str()))
+                    .collect::<Vec<_>>(),
+            )
+            .await
+            .status
+        }
+    };
+    assert_eq!(get_from("2001:db8:0:0::1").await, 200);
+    assert_eq!(get_from("2001:db8:0:0:ffff::2").await, 429, "same /64");
+    assert_eq!(get_from("2001:db8:0:1::1").await, 200, "another /64");
+    assert_eq!(get_from("::ffff:192.0.2.1").await, 200);
+    assert_eq!(
+        get_from("192.0.2.1").await,
+        429,
+        "IPv4-mapped counts as IPv4"
+    );
+}
+
+#[tokio::test]
+async fn forwarded_header_can_carry_the_client() {
+    let upstream = TestUpstream::start().await;
+    let gw = gateway(
+        &upstream,
+        r#"
+[client_ip]
+trusted_hops = 1
+header = "forwarded"
+
+[limits.per_ip]
+key = "ip"
+algorithm = "fixed_window"
+limit = 1
+window = "1h"
+
+[[routes]]
+name = "api"
+match = { path_prefix = "/" }
+upstream = "api"
+limits = ["per_ip"]
+"#,
+    );
+    let forwarded = |ip: &str| format!("for=1.1.1.1, for=\"{ip}\";proto=https");
+    assert_eq!(
+        get(gw.addr, "/", &[("forwarded", &forwarded("198.51.100.1"))])
+            .await
+            .status,
+        200
+    );
+    assert_eq!(
+        get(gw.addr, "/", &[("forwarded", &forwarded("198.51.100.1"))])
+            .await
+            .status,
+        429
+    );
+    assert_eq!(
+        get(gw.addr, "/", &[("forwarded", &forwarded("198.51.100.2"))])
+            .await
+            .status,
+        200
+    );
+}
+
+#[tokio::test]
+async fn cookie_and_composite_keys() {
+    let upstream = TestUpstream::start().await;
+    let gw = gateway(
+        &upstream,
+        r#"
+[limits.session]
+key = ["cookie:sid", "header:user-agent"]
+algorithm = "fixed_window"
+limit = 1
+window = "1h"
+
+[[routes]]
+name = "api"
+match = { path_prefix = "/" }
+upstream = "api"
+limits = ["session"]
+"#,
+    );
+    let h = |sid: &'static str, ua: &'static str| [("cookie", sid), ("user-agent", ua)];
+    assert_eq!(get(gw.addr, "/", &h("sid=1", "a")).await.status, 200);
+    assert_eq!(
+        get(gw.addr, "/", &h("theme=x; sid=1", "a")).await.status,
+        429
+    );
+    assert_eq!(get(gw.addr, "/", &h("sid=1", "b")).await.status, 200);
+    assert_eq!(get(gw.addr, "/", &h("sid=2", "a")).await.status, 200);
+}
