@@ -3,14 +3,20 @@
 //!
 //! A request loads the snapshot once (`load_full`) and keeps that `Arc` to its
 //! end, so a reload never changes the rules under a request in flight.
+//!
+//! Outside the snapshot, and so kept across reloads: the [`Metrics`], the
+//! last reload error shown by the admin listener's `/config`, and the store
+//! readiness flag behind `/readyz`.
 
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::SystemTime;
 
 use arc_swap::ArcSwap;
 
+use crate::access_log::DeniedSampler;
 use crate::config::{Config, RouteAction};
+use crate::metrics::{LabelNames, Metrics};
 use crate::proxy::forward::{Upstream, Upstreams};
 use crate::routing::Router;
 
@@ -23,6 +29,10 @@ pub struct Snapshot {
     /// 1 for the configuration loaded at start, +1 per successful reload.
     pub generation: u64,
     pub loaded_at: SystemTime,
+    /// Route, limit and upstream names as metric labels (indexes as in `config`).
+    pub labels: LabelNames,
+    /// `server.log_denied` of this configuration.
+    pub denied_log: DeniedSampler,
 }
 
 impl Snapshot {
@@ -34,6 +44,8 @@ impl Snapshot {
             .map(|u| Arc::new(Upstream::new(u.clone())))
             .collect();
         Snapshot {
+            labels: LabelNames::new(&config),
+            denied_log: DeniedSampler::new(config.server.log_denied),
             config,
             router,
             upstreams,
@@ -56,6 +68,20 @@ impl Snapshot {
 pub struct App {
     snapshot: ArcSwap<Snapshot>,
     generation: AtomicU64,
+    metrics: Arc<Metrics>,
+    /// The last reload's error, `None` after a successful one. A lock is fine:
+    /// written on SIGHUP, read by `/config`, never on the request path.
+    last_reload_error: parking_lot::Mutex<Option<ReloadError>>,
+    /// Set while the store is down with `on_failure = "deny"`: `/readyz` is 503.
+    store_unavailable: AtomicBool,
+}
+
+/// A failed reload, as `/config` shows it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ReloadError {
+    /// The error, naming the file, line and column.
+    pub message: String,
+    pub at: SystemTime,
 }
 
 impl App {
@@ -63,7 +89,36 @@ impl App {
         Arc::new(App {
             snapshot: ArcSwap::from_pointee(Snapshot::new(config, 1)),
             generation: AtomicU64::new(1),
+            metrics: Arc::new(Metrics::new()),
+            last_reload_error: parking_lot::Mutex::new(None),
+            store_unavailable: AtomicBool::new(false),
         })
+    }
+
+    /// The process's metrics (kept across reloads).
+    pub fn metrics(&self) -> &Arc<Metrics> {
+        &self.metrics
+    }
+
+    /// The last reload's error, if the last reload failed.
+    pub fn last_reload_error(&self) -> Option<ReloadError> {
+        self.last_reload_error.lock().clone()
+    }
+
+    /// Records the outcome of a reload attempt for `/config`.
+    pub fn set_reload_error(&self, error: Option<ReloadError>) {
+        *self.last_reload_error.lock() = error;
+    }
+
+    /// Whether the gateway can serve: false while the store is down with
+    /// `on_failure = "deny"` (every limited request would get 503).
+    pub fn is_ready(&self) -> bool {
+        !self.store_unavailable.load(Ordering::Relaxed)
+    }
+
+    /// Called by the store when it goes down / comes back under `on_failure = "deny"`.
+    pub fn set_store_unavailable(&self, unavailable: bool) {
+        self.store_unavailable.store(unavailable, Ordering::Relaxed);
     }
 
     /// The current snapshot; hold the `Arc` for the whole request.

@@ -6,17 +6,22 @@
 //! 4. **act** — answer a `respond` route, or forward upstream (body capped by
 //!    the route's `max_body` → 413; upstream failures → 502/504).
 //!
+//! 5. **observe** — count the request and its duration under the route's name
+//!    ([`crate::metrics`]) and write its access-log line ([`crate::access_log`]).
+//!
 //! Every error is a [`GatewayError`] turned into problem+json in one place.
 
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::sync::atomic::AtomicBool;
+use std::time::{Duration, Instant};
 
 use http::header::{CONTENT_LENGTH, CONTENT_TYPE};
 use http::request::Parts;
-use http::{Request, Response};
+use http::{Method, Request, Response, Uri};
 use hyper::body::Incoming;
 
+use crate::access_log::{self, AccessEntry};
 use crate::app::{App, Snapshot};
 use crate::config::{RouteAction, RouteConfig};
 use crate::error::GatewayError;
@@ -37,22 +42,81 @@ pub async fn handle(
     downstream: Downstream,
     request: Request<Incoming>,
 ) -> Response<ResponseBody> {
+    let started = Instant::now();
     let snapshot = app.snapshot();
-    match route_and_act(&snapshot, downstream, request).await {
+    // For the access log; cloning shares the parsed bytes rather than copying.
+    let (method, uri) = (request.method().clone(), request.uri().clone());
+    let mut route_index = None;
+    let response = match route_and_act(&snapshot, downstream, request, &mut route_index).await {
         Ok(response) => response,
         Err(error) => {
             if let Some(kind) = error.upstream_kind() {
                 tracing::warn!(error = %error_chain(&error), kind, "upstream error");
+                if let Some(upstream) = route_index.and_then(|i| upstream_label(&snapshot, i)) {
+                    app.metrics().record_upstream_error(upstream, kind);
+                }
             }
             error.to_response()
         }
+    };
+    let status = response.status().as_u16();
+    observe(
+        app,
+        &snapshot,
+        downstream,
+        &method,
+        &uri,
+        route_index,
+        status,
+        started.elapsed(),
+    );
+    response
+}
+
+/// Step 5: metrics and the access log of one answered request.
+#[allow(clippy::too_many_arguments)]
+fn observe(
+    app: &App,
+    snapshot: &Snapshot,
+    downstream: Downstream,
+    method: &Method,
+    uri: &Uri,
+    route_index: Option<usize>,
+    status: u16,
+    elapsed: Duration,
+) {
+    let route = route_index
+        .and_then(|i| snapshot.labels.routes.get(i))
+        .unwrap_or(app.metrics().no_route());
+    app.metrics().record_request(route, status, elapsed);
+    access_log::log(&AccessEntry {
+        method,
+        path: uri.path(),
+        route,
+        status,
+        elapsed,
+        upstream: route_index
+            .and_then(|i| upstream_label(snapshot, i))
+            .map(|name| &**name),
+        client_ip: downstream.peer.ip(),
+    });
+}
+
+/// The metric label of the upstream route `index` forwards to, if it forwards.
+fn upstream_label(snapshot: &Snapshot, index: usize) -> Option<&Arc<str>> {
+    match snapshot.config.routes.get(index)?.action {
+        RouteAction::Forward(upstream) => snapshot.labels.upstreams.get(upstream),
+        RouteAction::Respond { .. } => None,
     }
 }
 
+/// Steps 1–4; `route_index` is set as soon as a route matched, so the caller
+/// can label metrics and the access log also when acting on it fails.
 async fn route_and_act(
     snapshot: &Snapshot,
     downstream: Downstream,
     request: Request<Incoming>,
+    route_index: &mut Option<usize>,
 ) -> Result<Response<ResponseBody>, GatewayError> {
     let (parts, body) = request.into_parts();
     let limit = snapshot.config.server.max_header_bytes;
@@ -65,6 +129,7 @@ async fn route_and_act(
             path: parts.uri.path().to_owned(),
         });
     };
+    *route_index = Some(index);
     let route = &snapshot.config.routes[index];
     match &route.action {
         RouteAction::Respond {

@@ -12,12 +12,15 @@
 //! ([`config`]) is validated whole and swapped whole (`arc-swap`); limiter state
 //! lives outside the snapshot so a reload keeps it.
 
+pub mod access_log;
+pub mod admin;
 pub mod app;
 pub mod config;
 pub mod error;
 pub mod handler;
 pub mod identity;
 pub mod limit;
+pub mod metrics;
 pub mod proxy;
 pub mod reload;
 pub mod routing;
