@@ -88,7 +88,10 @@ impl DeniedSampler {
         match self.policy {
             LogDenied::All => true,
             LogDenied::None => false,
-            LogDenied::Sample(n) => self.seen.fetch_add(1, Ordering::Relaxed) % n.get() == 0,
+            LogDenied::Sample(n) => self
+                .seen
+                .fetch_add(1, Ordering::Relaxed)
+                .is_multiple_of(n.get()),
         }
     }
 }

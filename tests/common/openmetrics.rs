@@ -143,7 +143,7 @@ pub fn parse(text: &str) -> Result<Exposition, String> {
                     if current.help.is_some() {
                         return Err(at("second HELP".into()));
                     }
-                    current.help = Some(unescape(value, true).map_err(&at)?);
+                    current.help = Some(unescape(value).map_err(&at)?);
                 }
                 "UNIT" => {
                     if !value.is_empty() && !name.ends_with(&format!("_{value}")) {
@@ -178,7 +178,10 @@ pub fn parse(text: &str) -> Result<Exposition, String> {
         if !typed.contains(&family.name) {
             return Err(at("a family without # TYPE".into()));
         }
-        if family.kind == "counter" && sample.name.ends_with("_total") && !(sample.value >= 0.0) {
+        if family.kind == "counter"
+            && sample.name.ends_with("_total")
+            && (sample.value.is_nan() || sample.value < 0.0)
+        {
             return Err(at("a counter must not be negative".into()));
         }
         if family.kind == "histogram" && sample.name.ends_with("_bucket") {
@@ -328,9 +331,12 @@ fn parse_sample(line: &str) -> Result<Sample, String> {
     })
 }
 
+/// Label name/value pairs in exposition order.
+type Labels = Vec<(String, String)>;
+
 /// Parses `name="value",...}` and returns the labels and what follows `}`.
-fn parse_labels(mut text: &str) -> Result<(Vec<(String, String)>, &str), String> {
-    let mut labels: Vec<(String, String)> = Vec::new();
+fn parse_labels(mut text: &str) -> Result<(Labels, &str), String> {
+    let mut labels: Labels = Vec::new();
     if let Some(rest) = text.strip_prefix('}') {
         return Ok((labels, rest));
     }
@@ -358,7 +364,7 @@ fn parse_labels(mut text: &str) -> Result<(Vec<(String, String)>, &str), String>
             }
         }
         let end = end.ok_or_else(|| "an unterminated label value".to_owned())?;
-        let value = unescape(&after[..end], true)?;
+        let value = unescape(&after[..end])?;
         if labels.iter().any(|(k, _)| k == name) {
             return Err(format!("label {name} appears twice"));
         }
@@ -373,7 +379,7 @@ fn parse_labels(mut text: &str) -> Result<(Vec<(String, String)>, &str), String>
     }
 }
 
-fn unescape(text: &str, quotes: bool) -> Result<String, String> {
+fn unescape(text: &str) -> Result<String, String> {
     let mut out = String::with_capacity(text.len());
     let mut chars = text.chars();
     while let Some(c) = chars.next() {
@@ -384,7 +390,7 @@ fn unescape(text: &str, quotes: bool) -> Result<String, String> {
         match chars.next() {
             Some('\\') => out.push('\\'),
             Some('n') => out.push('\n'),
-            Some('"') if quotes => out.push('"'),
+            Some('"') => out.push('"'),
             other => return Err(format!("bad escape \\{other:?}")),
         }
     }
