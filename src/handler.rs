@@ -5,7 +5,6 @@
 //! 3. **route** — first matching route in file order, else 404.
 //! 4. **act** — answer a `respond` route, or forward upstream (body capped by
 //!    the route's `max_body` → 413; upstream failures → 502/504).
-//!
 //! 5. **observe** — count the request and its duration under the route's name
 //!    ([`crate::metrics`]) and write its access-log line ([`crate::access_log`]).
 //!
@@ -14,7 +13,7 @@
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::sync::atomic::AtomicBool;
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use http::header::{CONTENT_LENGTH, CONTENT_TYPE};
 use http::request::Parts;
@@ -42,64 +41,69 @@ pub async fn handle(
     downstream: Downstream,
     request: Request<Incoming>,
 ) -> Response<ResponseBody> {
-    let started = Instant::now();
+    let mut observation = Observation::start(downstream, &request);
     let snapshot = app.snapshot();
-    // For the access log; cloning shares the parsed bytes rather than copying.
-    let (method, uri) = (request.method().clone(), request.uri().clone());
-    let mut route_index = None;
-    let response = match route_and_act(&snapshot, downstream, request, &mut route_index).await {
-        Ok(response) => response,
-        Err(error) => {
-            if let Some(kind) = error.upstream_kind() {
-                tracing::warn!(error = %error_chain(&error), kind, "upstream error");
-                if let Some(upstream) = route_index.and_then(|i| upstream_label(&snapshot, i)) {
-                    app.metrics().record_upstream_error(upstream, kind);
+    let response =
+        match route_and_act(&snapshot, downstream, request, &mut observation.route_index).await {
+            Ok(response) => response,
+            Err(error) => {
+                if let Some(kind) = error.upstream_kind() {
+                    tracing::warn!(error = %error_chain(&error), kind, "upstream error");
+                    let index = observation.route_index;
+                    if let Some(upstream) = index.and_then(|i| upstream_label(&snapshot, i)) {
+                        app.metrics().record_upstream_error(upstream, kind);
+                    }
                 }
+                error.to_response()
             }
-            error.to_response()
-        }
-    };
-    let status = response.status().as_u16();
-    observe(
-        app,
-        &snapshot,
-        downstream,
-        &method,
-        &uri,
-        route_index,
-        status,
-        started.elapsed(),
-    );
+        };
+    observation.finish(app, &snapshot, response.status().as_u16());
     response
 }
 
-/// Step 5: metrics and the access log of one answered request.
-#[allow(clippy::too_many_arguments)]
-fn observe(
-    app: &App,
-    snapshot: &Snapshot,
+/// Step 5's view of a request, taken before the request is consumed.
+struct Observation {
+    started: Instant,
     downstream: Downstream,
-    method: &Method,
-    uri: &Uri,
+    /// Cloning shares hyper's parsed bytes; nothing is copied.
+    method: Method,
+    uri: Uri,
+    /// Index into the snapshot's routes once a route matched.
     route_index: Option<usize>,
-    status: u16,
-    elapsed: Duration,
-) {
-    let route = route_index
-        .and_then(|i| snapshot.labels.routes.get(i))
-        .unwrap_or(app.metrics().no_route());
-    app.metrics().record_request(route, status, elapsed);
-    access_log::log(&AccessEntry {
-        method,
-        path: uri.path(),
-        route,
-        status,
-        elapsed,
-        upstream: route_index
-            .and_then(|i| upstream_label(snapshot, i))
-            .map(|name| &**name),
-        client_ip: downstream.peer.ip(),
-    });
+}
+
+impl Observation {
+    fn start(downstream: Downstream, request: &Request<Incoming>) -> Observation {
+        Observation {
+            started: Instant::now(),
+            downstream,
+            method: request.method().clone(),
+            uri: request.uri().clone(),
+            route_index: None,
+        }
+    }
+
+    /// Step 5: metrics and the access-log line of the answered request.
+    fn finish(self, app: &App, snapshot: &Snapshot, status: u16) {
+        let elapsed = self.started.elapsed();
+        let route = self
+            .route_index
+            .and_then(|i| snapshot.labels.routes.get(i))
+            .unwrap_or(app.metrics().no_route());
+        app.metrics().record_request(route, status, elapsed);
+        access_log::log(&AccessEntry {
+            method: &self.method,
+            path: self.uri.path(),
+            route,
+            status,
+            elapsed,
+            upstream: self
+                .route_index
+                .and_then(|i| upstream_label(snapshot, i))
+                .map(|name| &**name),
+            client_ip: self.downstream.peer.ip(),
+        });
+    }
 }
 
 /// The metric label of the upstream route `index` forwards to, if it forwards.
