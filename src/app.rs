@@ -4,19 +4,25 @@
 //!
 //! A request loads the snapshot once (`load_full`) and keeps that `Arc` to its
 //! end, so a reload never changes the rules under a request in flight.
+//!
+//! Outside the snapshot, and so kept across reloads: the [`Metrics`], the
+//! last reload error shown by the admin listener's `/config`, and the store
+//! readiness flag behind `/readyz`.
 
 use std::collections::HashMap;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::SystemTime;
 
 use arc_swap::ArcSwap;
 use http::HeaderValue;
 use parking_lot::Mutex;
 
+use crate::access_log::DeniedSampler;
 use crate::config::{Config, KeyPart, LimitConfig, RouteAction};
 use crate::identity::client_ip::{ClientIpPolicy, ForwardHeader, Trust};
 use crate::limit::{Algorithm, Clock, Limiter, Nanos, SystemClock};
+use crate::metrics::{LabelNames, Metrics};
 use crate::proxy::forward::{Upstream, Upstreams};
 use crate::proxy::ratelimit::{StackView, policy_header};
 use crate::routing::Router;
@@ -70,6 +76,10 @@ pub struct Snapshot {
     /// 1 for the configuration loaded at start, +1 per successful reload.
     pub generation: u64,
     pub loaded_at: SystemTime,
+    /// Route, limit and upstream names as metric labels (indexes as in `config`).
+    pub labels: LabelNames,
+    /// `server.log_denied` of this configuration.
+    pub denied_log: DeniedSampler,
 }
 
 impl Snapshot {
@@ -116,6 +126,8 @@ impl Snapshot {
             ipv6_prefix: ip.ipv6_prefix,
         };
         Snapshot {
+            labels: LabelNames::new(&config),
+            denied_log: DeniedSampler::new(config.server.log_denied),
             config,
             router,
             upstreams,
@@ -208,6 +220,20 @@ pub struct App {
     registry: LimiterRegistry,
     /// The one time source of the limiters.
     pub clock: Arc<dyn Clock>,
+    metrics: Arc<Metrics>,
+    /// The last reload's error, `None` after a successful one. A lock is fine:
+    /// written on SIGHUP, read by `/config`, never on the request path.
+    last_reload_error: parking_lot::Mutex<Option<ReloadError>>,
+    /// Set while the store is down with `on_failure = "deny"`: `/readyz` is 503.
+    store_unavailable: AtomicBool,
+}
+
+/// A failed reload, as `/config` shows it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ReloadError {
+    /// The error, naming the file, line and column.
+    pub message: String,
+    pub at: SystemTime,
 }
 
 impl std::fmt::Debug for App {
@@ -231,7 +257,36 @@ impl App {
             generation: AtomicU64::new(1),
             registry,
             clock,
+            metrics: Arc::new(Metrics::new()),
+            last_reload_error: parking_lot::Mutex::new(None),
+            store_unavailable: AtomicBool::new(false),
         })
+    }
+
+    /// The process's metrics (kept across reloads).
+    pub fn metrics(&self) -> &Arc<Metrics> {
+        &self.metrics
+    }
+
+    /// The last reload's error, if the last reload failed.
+    pub fn last_reload_error(&self) -> Option<ReloadError> {
+        self.last_reload_error.lock().clone()
+    }
+
+    /// Records the outcome of a reload attempt for `/config`.
+    pub fn set_reload_error(&self, error: Option<ReloadError>) {
+        *self.last_reload_error.lock() = error;
+    }
+
+    /// Whether the gateway can serve: false while the store is down with
+    /// `on_failure = "deny"` (every limited request would get 503).
+    pub fn is_ready(&self) -> bool {
+        !self.store_unavailable.load(Ordering::Relaxed)
+    }
+
+    /// Called by the store when it goes down / comes back under `on_failure = "deny"`.
+    pub fn set_store_unavailable(&self, unavailable: bool) {
+        self.store_unavailable.store(unavailable, Ordering::Relaxed);
     }
 
     /// The current snapshot; hold the `Arc` for the whole request.
@@ -248,14 +303,17 @@ impl App {
         generation
     }
 
-    /// Evicts idle keys of every limiter; returns how many were removed.
+    /// Evicts idle keys of every limiter and updates `tollgate_limiter_keys`;
+    /// returns how many keys were removed.
     pub fn sweep(&self) -> usize {
         let now = self.clock.now();
-        self.snapshot()
-            .limiters
-            .iter()
-            .flat_map(LimiterSet::all)
-            .map(|l| l.sweep(now))
-            .sum()
+        let snapshot = self.snapshot();
+        let mut removed = 0;
+        for (set, label) in snapshot.limiters.iter().zip(&snapshot.labels.limits) {
+            removed += set.all().map(|l| l.sweep(now)).sum::<usize>();
+            let live: usize = set.all().map(|l| l.live_keys()).sum();
+            self.metrics.set_limiter_keys(label, live as u64);
+        }
+        removed
     }
 }

@@ -3,27 +3,31 @@
 //! 1. **snapshot** — load the current configuration once; the request keeps it.
 //! 2. **guard** — reject what no route should see (oversized heads → 431).
 //! 3. **route** — first matching route in file order, else 404.
-//! 4. **identify** — the client IP behind trusted proxies, then each limit's
-//!    key digested from the request.
+//! 4. **identify** — the caller's consumer from its API key (401 where one is
+//!    required), the client IP behind trusted proxies, then each limit's key
+//!    digested from the request (buffering the body only for `body:FIELD`).
 //! 5. **limit** — the route's stack decided all or nothing; a denial is
-//!    answered here (429 + headers) without touching the upstream or reading
-//!    the body.
+//!    answered here (429 + headers) without touching the upstream.
 //! 6. **act** — answer a `respond` route, or forward upstream (body capped by
 //!    the route's `max_body` → 413; upstream failures → 502/504), after any
 //!    leaky-bucket delay.
 //! 7. **respond** — rate-limit headers on the response; post-response cost
 //!    settled from `cost_header`; concurrency slots held until the body ends.
+//! 8. **observe** — count the request and its duration under the route's name
+//!    ([`crate::metrics`]) and write its access-log line ([`crate::access_log`];
+//!    denials sampled by `log_denied`).
 //!
 //! Every error is a [`GatewayError`] turned into problem+json in one place.
 
+use std::net::IpAddr;
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::sync::atomic::AtomicBool;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use http::header::{CONTENT_LENGTH, CONTENT_TYPE};
 use http::request::Parts;
-use http::{HeaderMap, Request, Response};
+use http::{HeaderMap, Method, Request, Response, Uri};
 use hyper::body::Incoming;
 use smallvec::SmallVec;
 
@@ -31,6 +35,7 @@ use bytes::{Bytes, BytesMut};
 use http::HeaderValue;
 use http_body_util::BodyExt;
 
+use crate::access_log::{self, AccessEntry};
 use crate::app::{App, RoutePlan, Snapshot};
 use crate::config::{
     Config, Consumer, KeyPart, LimitConfig, OnMissingKey, RouteAction, RouteConfig,
@@ -45,6 +50,7 @@ use crate::limit::{
     EntryVerdict, LimitKey, Nanos, Outcome, Permits, StackEntry, check_stack,
     stack::INLINE as INLINE_STACK,
 };
+use crate::metrics::Metrics;
 use crate::proxy::body::{BodyCap, RequestBody, ResponseBody};
 use crate::proxy::forward::prepare_response;
 use crate::proxy::ratelimit;
@@ -71,25 +77,119 @@ pub async fn handle(
     downstream: Downstream,
     request: Request<Incoming>,
 ) -> (Response<ResponseBody>, Held) {
+    let observation = Observation::start(downstream, &request);
     let snapshot = app.snapshot();
-    let mut held = Held::default();
-    match route_and_act(app, &snapshot, downstream, request, &mut held).await {
-        Ok(response) => (response, held),
+    let mut notes = Notes::default();
+    let response = match route_and_act(app, &snapshot, downstream, request, &mut notes).await {
+        Ok(response) => response,
         Err(error) => {
             if let Some(kind) = error.upstream_kind() {
                 tracing::warn!(error = %error_chain(&error), kind, "upstream error");
+                if let Some(upstream) = notes.route_index.and_then(|i| upstream_label(&snapshot, i))
+                {
+                    app.metrics().record_upstream_error(upstream, kind);
+                }
             }
-            (error.to_response(), held)
+            error.to_response()
         }
+    };
+    let held = Held {
+        permits: std::mem::take(&mut notes.permits),
+    };
+    observation.finish(app, &snapshot, response.status().as_u16(), &notes);
+    (response, held)
+}
+
+/// What the steps learn about a request, for metrics and its log line.
+#[derive(Debug, Default)]
+struct Notes {
+    /// Index into the snapshot's routes once a route matched.
+    route_index: Option<usize>,
+    /// The client after trusted-proxy resolution, once identified.
+    client_ip: Option<IpAddr>,
+    /// The limit the response's legacy headers describe.
+    limit: Option<LimitNote>,
+    /// Concurrency slots, handed to the response body.
+    permits: Permits,
+}
+
+/// One limit's part in a request's log line.
+#[derive(Debug, Clone, Copy)]
+struct LimitNote {
+    /// Index into the snapshot's limits.
+    index: usize,
+    remaining: u64,
+    denied: bool,
+}
+
+/// Step 8's view of a request, taken before the request is consumed.
+struct Observation {
+    started: Instant,
+    downstream: Downstream,
+    /// Cloning shares hyper's parsed bytes; nothing is copied.
+    method: Method,
+    uri: Uri,
+}
+
+impl Observation {
+    fn start(downstream: Downstream, request: &Request<Incoming>) -> Observation {
+        Observation {
+            started: Instant::now(),
+            downstream,
+            method: request.method().clone(),
+            uri: request.uri().clone(),
+        }
+    }
+
+    /// Step 5: metrics and the access-log line of the answered request.
+    fn finish(self, app: &App, snapshot: &Snapshot, status: u16, notes: &Notes) {
+        let elapsed = self.started.elapsed();
+        let route = notes
+            .route_index
+            .and_then(|i| snapshot.labels.routes.get(i))
+            .unwrap_or(app.metrics().no_route());
+        app.metrics().record_request(route, status, elapsed);
+        // A flood of denials must not become a flood of log I/O.
+        if notes.limit.is_some_and(|l| l.denied) && !snapshot.denied_log.should_log_denied() {
+            return;
+        }
+        access_log::log(&AccessEntry {
+            method: &self.method,
+            path: self.uri.path(),
+            route,
+            status,
+            elapsed,
+            upstream: notes
+                .route_index
+                .and_then(|i| upstream_label(snapshot, i))
+                .map(|name| &**name),
+            client_ip: notes.client_ip.unwrap_or(self.downstream.peer.ip()),
+            limit: notes.limit.map(|note| access_log::LimitField {
+                name: &snapshot.config.limits[note.index].name,
+                remaining: note.remaining,
+                denied: note.denied,
+            }),
+        });
     }
 }
 
+/// The metric label of the upstream route `index` forwards to, if it forwards.
+fn upstream_label(snapshot: &Snapshot, index: usize) -> Option<&Arc<str>> {
+    match snapshot.config.routes.get(index)?.action {
+        RouteAction::Forward(upstream) => snapshot.labels.upstreams.get(upstream),
+        RouteAction::Respond { .. } => None,
+    }
+}
+
+/// Steps 1–7; `notes` are filled as the steps learn things (the route as soon
+/// as one matched), so metrics and the access log have them also when acting
+/// on the request fails.
 async fn route_and_act(
     app: &App,
     snapshot: &Snapshot,
     downstream: Downstream,
     request: Request<Incoming>,
-    held: &mut Held,
+    notes: &mut Notes,
 ) -> Result<Response<ResponseBody>, GatewayError> {
     let (parts, body) = request.into_parts();
     let limit = snapshot.config.server.max_header_bytes;
@@ -102,6 +202,7 @@ async fn route_and_act(
             path: parts.uri.path().to_owned(),
         });
     };
+    notes.route_index = Some(index);
     let route = &snapshot.config.routes[index];
     let plan = &snapshot.routes[index];
 
@@ -123,7 +224,17 @@ async fn route_and_act(
             consumer,
             body: fields.as_ref(),
         };
-        match limit_request(snapshot, route, plan, &parts, downstream, &facts, now, held) {
+        match limit_request(
+            snapshot,
+            route,
+            plan,
+            &parts,
+            downstream,
+            &facts,
+            now,
+            app.metrics(),
+            notes,
+        ) {
             Ok(admitted) => Some(admitted),
             Err(response) => return Ok(response),
         }
@@ -166,6 +277,11 @@ async fn route_and_act(
     if let Some(admitted) = &admitted {
         let view = admitted.view(snapshot);
         let focus = ratelimit::least_remaining(view, &admitted.verdicts);
+        notes.limit = focus.map(|i| LimitNote {
+            index: plan.stack[i],
+            remaining: admitted.verdicts[i].verdict.remaining,
+            denied: false,
+        });
         let policy = admitted.policy(plan, view);
         ratelimit::write_headers(
             response.headers_mut(),
@@ -326,7 +442,8 @@ fn limit_request<'s>(
     downstream: Downstream,
     facts: &Facts<'_>,
     now: Nanos,
-    held: &mut Held,
+    metrics: &Metrics,
+    notes: &mut Notes,
 ) -> Result<Admitted<'s>, Response<ResponseBody>> {
     let forward_header = parts
         .headers
@@ -334,6 +451,7 @@ fn limit_request<'s>(
         .iter()
         .map(|v| v.as_bytes());
     let client_ip = resolve(downstream.peer.ip(), forward_header, &snapshot.client_ip);
+    notes.client_ip = Some(client_ip);
     let key_facts = RequestFacts {
         client: client_net(client_ip, &snapshot.client_ip),
         route: &route.name,
@@ -386,12 +504,13 @@ fn limit_request<'s>(
         .collect();
 
     let mut decision = check_stack(&entries, route.cost, now);
-    for (limit, entry) in admitted.stack.iter().zip(&decision.entries) {
-        if entry.outcome == Outcome::ShadowDenied {
-            tracing::info!(route = %route.name, limit = %limit.name, "shadow limit would have denied");
-        }
-    }
+    record_decisions(metrics, snapshot, route, plan, &admitted, &decision.entries);
     if let Some(denied_by) = decision.denied_by {
+        notes.limit = Some(LimitNote {
+            index: plan.stack[denied_by],
+            remaining: decision.entries[denied_by].verdict.remaining,
+            denied: true,
+        });
         let view = admitted.view(snapshot);
         let policy = admitted.policy(plan, view);
         return Err(ratelimit::deny_response(
@@ -402,10 +521,41 @@ fn limit_request<'s>(
             route.cost,
         ));
     }
-    held.permits = decision.take_permits();
+    notes.permits = decision.take_permits();
     admitted.verdicts = std::mem::take(&mut decision.entries);
     admitted.delay = decision.delay;
     Ok(admitted)
+}
+
+/// Counts each limit's outcome, and keys that just passed 80% of a quota.
+fn record_decisions(
+    metrics: &Metrics,
+    snapshot: &Snapshot,
+    route: &RouteConfig,
+    plan: &RoutePlan,
+    admitted: &Admitted<'_>,
+    entries: &[EntryVerdict],
+) {
+    let route_label = &plan.name;
+    for ((&index, entry), algorithm) in plan.stack.iter().zip(entries).zip(&admitted.algorithms) {
+        let limit_label = &snapshot.labels.limits[index];
+        metrics.record_decision(route_label, limit_label, entry.outcome);
+        match entry.outcome {
+            Outcome::ShadowDenied => {
+                tracing::info!(route = %route.name, limit = %limit_label, "shadow limit would have denied");
+            }
+            Outcome::Allowed => {
+                // Near limit: this request took the key past 80% of its quota.
+                let quota = crate::limit::quota(algorithm) as u128;
+                let after = entry.verdict.remaining as u128;
+                let before = after + route.cost as u128;
+                if after * 5 < quota && before * 5 >= quota {
+                    metrics.record_near_limit(route_label, limit_label);
+                }
+            }
+            Outcome::Denied | Outcome::Skipped => {}
+        }
+    }
 }
 
 /// Post-response cost: charges (or refunds) the difference between the

@@ -6,18 +6,24 @@
 //!
 //! **accept** ([`server`]) → **snapshot** ([`app`]) → **route** ([`routing`]) →
 //! **limit** ([`limit`]) → **forward** ([`proxy::forward`]) → **respond**
-//! ([`proxy::response`], errors via [`error`]).
+//! ([`proxy::response`], errors via [`error`]) → **observe** ([`metrics`],
+//! [`access_log`]).
 //!
-//! [`handler`] is the one function that calls these steps. Configuration
-//! ([`config`]) is validated whole and swapped whole (`arc-swap`); limiter state
-//! lives outside the snapshot so a reload keeps it.
+//! [`handler`] is the one function that calls these steps. Operators read the
+//! metrics, health and running configuration on a separate listener, [`admin`].
+//! Configuration ([`config`]) is validated whole and swapped whole
+//! (`arc-swap`); limiter state and metrics live outside the snapshot so a
+//! reload keeps them.
 
+pub mod access_log;
+pub mod admin;
 pub mod app;
 pub mod config;
 pub mod error;
 pub mod handler;
 pub mod identity;
 pub mod limit;
+pub mod metrics;
 pub mod proxy;
 pub mod reload;
 pub mod routing;

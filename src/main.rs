@@ -96,10 +96,30 @@ fn run(config: Config, log_format: LogFormat) -> ExitCode {
                 eprintln!("listening on http://{address}");
             }
         }
+        let admin = match config.server.admin {
+            None => None,
+            Some(address) => match tollgate::admin::bind(address).await {
+                Ok(listener) => Some(listener),
+                Err(error) => {
+                    eprintln!("{error}");
+                    return ExitCode::FAILURE;
+                }
+            },
+        };
+        if let Some(Ok(address)) = admin.as_ref().map(|l| l.local_addr()) {
+            eprintln!("admin on http://{address}");
+        }
         init_logging(log_format);
         let path = config.path.clone();
         let app = App::new(config);
         let (shutdown_tx, shutdown_rx) = watch::channel(false);
+        if let Some(listener) = admin {
+            tokio::spawn(tollgate::admin::serve(
+                app.clone(),
+                listener,
+                shutdown_rx.clone(),
+            ));
+        }
         let signals = match Signals::install() {
             Ok(signals) => signals,
             Err(error) => {

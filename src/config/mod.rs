@@ -22,6 +22,7 @@ use ipnet::IpNet;
 
 pub use error::{ConfigError, KeyPath, Problem};
 
+use crate::access_log::LogDenied;
 use crate::limit::Algorithm;
 
 /// A validated configuration, with the bytes it came from.
@@ -81,6 +82,8 @@ pub struct ServerConfig {
     pub max_key_body: usize,
     /// Which rate-limit header families responses carry, unless a limit overrides.
     pub headers: HeaderStyles,
+    /// Which denied requests get an access-log line (`"all"`, `"sample:N"`, `"none"`).
+    pub log_denied: LogDenied,
 }
 
 /// Which families of rate-limit headers to send.

@@ -122,6 +122,7 @@ pub struct RawServer {
     pub max_connections: Option<u32>,
     pub max_key_body: Option<RawSize>,
     pub headers: Option<Vec<String>>,
+    pub log_denied: Option<String>,
     pub tls: Option<RawTls>,
 }
 

@@ -418,6 +418,13 @@ fn check_server(c: &mut Checker, path: &KeyPath, raw: &raw::RawServer) -> Server
         None => HeaderStyles::default(),
         Some(names) => c.header_styles(path.key("headers"), names),
     };
+    let log_denied = match &raw.log_denied {
+        None => LogDenied::default(),
+        Some(text) => LogDenied::parse(text).unwrap_or_else(|message| {
+            c.problem(path.key("log_denied"), message);
+            LogDenied::default()
+        }),
+    };
     ServerConfig {
         listen,
         admin,
@@ -453,6 +460,7 @@ fn check_server(c: &mut Checker, path: &KeyPath, raw: &raw::RawServer) -> Server
         ))
         .unwrap_or(usize::MAX),
         headers,
+        log_denied,
     }
 }
 
@@ -1100,6 +1108,25 @@ mod tests {
     fn syntax_errors_carry_their_position() {
         let message = errors("[server\n");
         assert!(message.starts_with("gateway.toml:1:"), "{message}");
+    }
+
+    #[test]
+    fn log_denied_is_validated_and_located() {
+        let message = errors("[server]\nlog_denied = \"sample:0\"\n");
+        assert!(
+            message.starts_with("gateway.toml:2:1: `server.log_denied`"),
+            "{message}"
+        );
+        assert!(message.contains("sample:N"), "{message}");
+        let config = Config::from_bytes(
+            Path::new("gateway.toml"),
+            b"[server]\nlog_denied = \"sample:50\"\n",
+        )
+        .unwrap();
+        assert_eq!(
+            config.server.log_denied,
+            LogDenied::Sample(std::num::NonZeroU64::new(50).unwrap())
+        );
     }
 
     #[test]

@@ -60,7 +60,7 @@ pub struct StackEntry<'a> {
 
 /// How one entry took the request (the `outcome` label of
 /// `tollgate_ratelimit_decisions_total`).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum Outcome {
     /// The limit admits (charged if the whole stack admitted).
     Allowed,

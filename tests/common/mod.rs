@@ -392,3 +392,5 @@ pub fn config_with(template: &str, vars: &HashMap<&str, String>) -> String {
     }
     text
 }
+
+pub mod openmetrics;

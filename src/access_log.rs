@@ -1,0 +1,207 @@
+//! The access log: one `tracing` event per request on target
+//! `tollgate::access` (so `TOLLGATE_LOG=tollgate::access=off` silences it and
+//! `--log-format json` makes it one JSON object per line), and the sampler that
+//! keeps a flood of denials from becoming a flood of log I/O.
+//!
+//! # What is logged, and what never is
+//!
+//! Method, path, route, status, duration, upstream and client address. The
+//! path is logged **without the query string**, and no header value or body
+//! byte is ever logged: query parameters, headers and body fields are where API
+//! keys and user names travel (they are limiter keys, see `limits.*.key`).
+//!
+//! # Denied requests
+//!
+//! `server.log_denied` decides how many 429s are logged: `"all"`, `"none"`, or
+//! `"sample:N"` (one in every N, counted across the whole process). The
+//! decision is one relaxed atomic increment, no lock, so the deny path stays
+//! cheap under a flood.
+
+use std::net::IpAddr;
+use std::num::NonZeroU64;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
+
+use http::Method;
+
+/// The `tracing` target of access-log events.
+pub const TARGET: &str = "tollgate::access";
+
+/// `server.log_denied`: which denied requests get an access-log line.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum LogDenied {
+    /// Every denied request (the default).
+    #[default]
+    All,
+    /// One in every N denied requests.
+    Sample(NonZeroU64),
+    /// No denied request.
+    None,
+}
+
+impl LogDenied {
+    /// Parses `"all"`, `"none"` or `"sample:N"` (N ≥ 1); the error says what
+    /// was expected.
+    pub fn parse(text: &str) -> Result<LogDenied, String> {
+        match text {
+            "all" => Ok(LogDenied::All),
+            "none" => Ok(LogDenied::None),
+            _ => {
+                let expected = "expected \"all\", \"none\" or \"sample:N\" (log one in every N denied requests, N ≥ 1)";
+                let Some(n) = text.strip_prefix("sample:") else {
+                    return Err(format!("unknown value `{text}`, {expected}"));
+                };
+                match n.trim().parse::<u64>().ok().and_then(NonZeroU64::new) {
+                    Some(n) => Ok(LogDenied::Sample(n)),
+                    None => Err(format!(
+                        "`{text}`: N must be a whole number of at least 1; {expected}"
+                    )),
+                }
+            }
+        }
+    }
+}
+
+/// Decides, per denied request, whether it gets an access-log line.
+#[derive(Debug, Default)]
+pub struct DeniedSampler {
+    policy: LogDenied,
+    /// Denied requests seen so far (only counted under `Sample`).
+    seen: AtomicU64,
+}
+
+impl DeniedSampler {
+    pub fn new(policy: LogDenied) -> DeniedSampler {
+        DeniedSampler {
+            policy,
+            seen: AtomicU64::new(0),
+        }
+    }
+
+    pub fn policy(&self) -> LogDenied {
+        self.policy
+    }
+
+    /// Whether to log this denied request. Under `sample:N` the first denied
+    /// request is logged, then every N-th after it.
+    pub fn should_log_denied(&self) -> bool {
+        match self.policy {
+            LogDenied::All => true,
+            LogDenied::None => false,
+            LogDenied::Sample(n) => self
+                .seen
+                .fetch_add(1, Ordering::Relaxed)
+                .is_multiple_of(n.get()),
+        }
+    }
+}
+
+/// What the access log records of one request.
+#[derive(Debug)]
+pub struct AccessEntry<'a> {
+    pub method: &'a Method,
+    /// The path only; the query string is never logged.
+    pub path: &'a str,
+    /// The route's name, or `"none"`.
+    pub route: &'a str,
+    pub status: u16,
+    pub elapsed: Duration,
+    /// The upstream a forwarding route sent to; `None` for answers of the
+    /// gateway itself.
+    pub upstream: Option<&'a str>,
+    pub client_ip: IpAddr,
+    /// The limit decision: the limit that denied, or on an allowed request
+    /// the limit with the least remaining quota.
+    pub limit: Option<LimitField<'a>>,
+}
+
+/// The limit part of an access-log line.
+#[derive(Debug, Clone, Copy)]
+pub struct LimitField<'a> {
+    pub name: &'a str,
+    pub remaining: u64,
+    pub denied: bool,
+}
+
+/// Emits the access-log event of one request.
+pub fn log(entry: &AccessEntry<'_>) {
+    tracing::info!(
+        target: TARGET,
+        method = entry.method.as_str(),
+        path = entry.path,
+        route = entry.route,
+        status = entry.status,
+        duration_ms = entry.elapsed.as_secs_f64() * 1000.0,
+        upstream = entry.upstream.unwrap_or("-"),
+        client_ip = %entry.client_ip,
+        limit = entry.limit.map_or("-", |l| l.name),
+        limit_remaining = entry.limit.map(|l| l.remaining),
+        limit_denied = entry.limit.map(|l| l.denied),
+        "request"
+    );
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn log_denied_values_parse() {
+        assert_eq!(LogDenied::parse("all"), Ok(LogDenied::All));
+        assert_eq!(LogDenied::parse("none"), Ok(LogDenied::None));
+        assert_eq!(
+            LogDenied::parse("sample:100"),
+            Ok(LogDenied::Sample(NonZeroU64::new(100).unwrap()))
+        );
+        for bad in [
+            "sample:0",
+            "sample:",
+            "sample:x",
+            "sample:-1",
+            "some",
+            "ALL",
+            "",
+        ] {
+            let error = LogDenied::parse(bad).unwrap_err();
+            assert!(error.contains("sample:N"), "{bad}: {error}");
+        }
+    }
+
+    #[test]
+    fn all_and_none_are_constant() {
+        let all = DeniedSampler::new(LogDenied::All);
+        let none = DeniedSampler::new(LogDenied::None);
+        for _ in 0..10 {
+            assert!(all.should_log_denied());
+            assert!(!none.should_log_denied());
+        }
+    }
+
+    #[test]
+    fn sample_logs_one_in_n_starting_with_the_first() {
+        let sampler = DeniedSampler::new(LogDenied::parse("sample:4").unwrap());
+        let logged: Vec<bool> = (0..9).map(|_| sampler.should_log_denied()).collect();
+        assert_eq!(
+            logged,
+            [true, false, false, false, true, false, false, false, true]
+        );
+        let one = DeniedSampler::new(LogDenied::parse("sample:1").unwrap());
+        assert!((0..5).all(|_| one.should_log_denied()));
+    }
+
+    #[test]
+    fn sample_counts_across_threads_without_losing_any() {
+        let sampler =
+            std::sync::Arc::new(DeniedSampler::new(LogDenied::parse("sample:10").unwrap()));
+        let threads: Vec<_> = (0..4)
+            .map(|_| {
+                let sampler = sampler.clone();
+                std::thread::spawn(move || {
+                    (0..1000).filter(|_| sampler.should_log_denied()).count()
+                })
+            })
+            .collect();
+        let logged: usize = threads.into_iter().map(|t| t.join().unwrap()).sum();
+        assert_eq!(logged, 400);
+    }
+}

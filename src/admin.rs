@@ -1,0 +1,288 @@
+//! The admin listener (`server.admin`, e.g. `"127.0.0.1:9091"`; omitted =
+//! disabled): what an operator and Prometheus read, on its own socket so that
+//! it can stay on loopback or a management network while traffic listens
+//! publicly, and so that a traffic flood (or `max_connections`) never starves
+//! a scrape.
+//!
+//! | request | answer |
+//! | --- | --- |
+//! | `GET /metrics` | OpenMetrics text ([`crate::metrics`]) |
+//! | `GET /healthz` | 200 while the process runs |
+//! | `GET /readyz` | 200, or 503 while the store is down with `on_failure = "deny"` ([`App::is_ready`]) |
+//! | `GET /config` | `{"path","sha256","loaded_at","generation","last_error"}` of the configuration serving |
+//!
+//! Other paths are 404, other methods 405, both problem+json. HTTP/1.1 only.
+//! The listener closes when the traffic drain starts; open admin connections
+//! finish their request and close.
+
+use std::io;
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use http::header::{ALLOW, CACHE_CONTROL, CONTENT_TYPE};
+use http::{HeaderValue, Method, Request, Response, StatusCode};
+use hyper::server::conn::http1;
+use hyper::service::service_fn;
+use hyper_util::rt::{TokioIo, TokioTimer};
+use tokio::net::TcpListener;
+use tokio::sync::{Semaphore, watch};
+
+use crate::app::App;
+use crate::proxy::body::ResponseBody;
+use crate::proxy::response::problem;
+
+/// Admin connections served at once; more wait in the backlog. Scrapers and
+/// health checkers need a handful.
+const MAX_CONNECTIONS: usize = 64;
+
+/// Binds the admin listener.
+pub async fn bind(address: SocketAddr) -> io::Result<TcpListener> {
+    TcpListener::bind(address).await.map_err(|e| {
+        io::Error::new(
+            e.kind(),
+            format!("cannot listen on {address} (server.admin): {e}"),
+        )
+    })
+}
+
+/// Serves the admin endpoints on `listener` until `shutdown` turns true.
+pub async fn serve(app: Arc<App>, listener: TcpListener, mut shutdown: watch::Receiver<bool>) {
+    let permits = Arc::new(Semaphore::new(MAX_CONNECTIONS));
+    let mut backoff = Duration::from_millis(5);
+    loop {
+        if *shutdown.borrow() {
+            return;
+        }
+        let permit = tokio::select! {
+            permit = permits.clone().acquire_owned() => match permit {
+                Ok(permit) => permit,
+                Err(_) => return,
+            },
+            _ = shutdown.changed() => return,
+        };
+        let accepted = tokio::select! {
+            accepted = listener.accept() => accepted,
+            _ = shutdown.changed() => return,
+        };
+        let stream = match accepted {
+            Ok((stream, _)) => {
+                backoff = Duration::from_millis(5);
+                stream
+            }
+            Err(error) => {
+                tracing::warn!(%error, "admin accept failed; backing off");
+                tokio::time::sleep(backoff).await;
+                backoff = (backoff * 2).min(Duration::from_secs(1));
+                continue;
+            }
+        };
+        let app = app.clone();
+        let mut shutdown = shutdown.clone();
+        tokio::spawn(async move {
+            let service = service_fn(move |request: Request<hyper::body::Incoming>| {
+                let response = answer(&app, request.method(), request.uri().path());
+                async move { Ok::<_, std::convert::Infallible>(response) }
+            });
+            let mut builder = http1::Builder::new();
+            builder
+                .timer(TokioTimer::new())
+                .header_read_timeout(Duration::from_secs(10));
+            let connection = builder.serve_connection(TokioIo::new(stream), service);
+            tokio::pin!(connection);
+            tokio::select! {
+                result = connection.as_mut() => {
+                    if let Err(error) = result {
+                        tracing::debug!(%error, "admin connection ended with an error");
+                    }
+                }
+                _ = shutdown.changed() => {
+                    connection.as_mut().graceful_shutdown();
+                    let _ = connection.await;
+                }
+            }
+            drop(permit);
+        });
+    }
+}
+
+/// The answer to one admin request.
+pub fn answer(app: &App, method: &Method, path: &str) -> Response<ResponseBody> {
+    let known = matches!(path, "/metrics" | "/healthz" | "/readyz" | "/config");
+    if !known {
+        return problem(StatusCode::NOT_FOUND, &format!("no admin endpoint {path}"));
+    }
+    if method != Method::GET && method != Method::HEAD {
+        let mut response = problem(
+            StatusCode::METHOD_NOT_ALLOWED,
+            &format!("{path} answers GET and HEAD only"),
+        );
+        response
+            .headers_mut()
+            .insert(ALLOW, HeaderValue::from_static("GET, HEAD"));
+        return response;
+    }
+    match path {
+        "/metrics" => ok(app.metrics().encode(), crate::metrics::CONTENT_TYPE),
+        "/healthz" => ok("ok\n".to_owned(), "text/plain; charset=utf-8"),
+        "/readyz" if app.is_ready() => ok("ready\n".to_owned(), "text/plain; charset=utf-8"),
+        "/readyz" => problem(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "the limiter store is down and store.on_failure is \"deny\"",
+        ),
+        _ => ok(config_json(app).to_string(), "application/json"),
+    }
+}
+
+fn ok(body: String, content_type: &'static str) -> Response<ResponseBody> {
+    let mut response = Response::new(ResponseBody::full(body));
+    let headers = response.headers_mut();
+    headers.insert(CONTENT_TYPE, HeaderValue::from_static(content_type));
+    headers.insert(CACHE_CONTROL, HeaderValue::from_static("no-store"));
+    response
+}
+
+/// `/config`: the configuration serving now, and the last failed reload.
+pub fn config_json(app: &App) -> serde_json::Value {
+    let snapshot = app.snapshot();
+    let last_error = app.last_reload_error().map(|error| {
+        serde_json::json!({
+            "message": error.message,
+            "at": rfc3339(error.at),
+        })
+    });
+    serde_json::json!({
+        "path": snapshot.config.path.display().to_string(),
+        "sha256": snapshot.config.sha256,
+        "loaded_at": rfc3339(snapshot.loaded_at),
+        "generation": snapshot.generation,
+        "last_error": last_error,
+    })
+}
+
+/// `time` as RFC 3339 in UTC with whole seconds, e.g. `2026-11-29T23:51:37Z`.
+/// Times before 1970 print as the epoch (the gateway never has any).
+pub fn rfc3339(time: SystemTime) -> String {
+    let seconds = time
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |elapsed| elapsed.as_secs());
+    let (days, rest) = (seconds / 86_400, seconds % 86_400);
+    let (year, month, day) = civil_from_days(days);
+    format!(
+        "{year:04}-{month:02}-{day:02}T{:02}:{:02}:{:02}Z",
+        rest / 3600,
+        rest / 60 % 60,
+        rest % 60
+    )
+}
+
+/// Days since 1970-01-01 to a proleptic Gregorian date (Howard Hinnant's
+/// `civil_from_days`, for non-negative day counts).
+fn civil_from_days(days: u64) -> (u64, u64, u64) {
+    let z = days + 719_468;
+    let era = z / 146_097;
+    let doe = z % 146_097;
+    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let day = doy - (153 * mp + 2) / 5 + 1;
+    let month = if mp < 10 { mp + 3 } else { mp - 9 };
+    let year = yoe + era * 400 + u64::from(month <= 2);
+    (year, month, day)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use http_body_util::BodyExt;
+
+    fn at(seconds: u64) -> SystemTime {
+        UNIX_EPOCH + Duration::from_secs(seconds)
+    }
+
+    #[test]
+    fn rfc3339_formats_known_instants() {
+        assert_eq!(rfc3339(at(0)), "1970-01-01T00:00:00Z");
+        assert_eq!(rfc3339(at(951_782_400)), "2000-02-29T00:00:00Z");
+        assert_eq!(rfc3339(at(1_709_251_199)), "2024-02-29T23:59:59Z");
+        assert_eq!(rfc3339(at(1_798_761_600)), "2027-01-01T00:00:00Z");
+        assert_eq!(rfc3339(at(4_107_542_400)), "2100-03-01T00:00:00Z");
+        assert_eq!(
+            rfc3339(UNIX_EPOCH - Duration::from_secs(5)),
+            "1970-01-01T00:00:00Z"
+        );
+    }
+
+    fn app() -> Arc<App> {
+        let config = crate::config::Config::from_bytes(std::path::Path::new("gateway.toml"), b"")
+            .unwrap_or_else(|e| panic!("{e}"));
+        App::new(config)
+    }
+
+    async fn body(response: Response<ResponseBody>) -> String {
+        let bytes = response
+            .into_body()
+            .collect()
+            .await
+            .map(|c| c.to_bytes())
+            .unwrap_or_default();
+        String::from_utf8_lossy(&bytes).into_owned()
+    }
+
+    #[tokio::test]
+    async fn endpoints_methods_and_unknown_paths() {
+        let app = app();
+        let metrics = answer(&app, &Method::GET, "/metrics");
+        assert_eq!(metrics.status(), StatusCode::OK);
+        assert_eq!(
+            metrics.headers()[CONTENT_TYPE],
+            crate::metrics::CONTENT_TYPE
+        );
+        assert!(body(metrics).await.ends_with("# EOF\n"));
+        assert_eq!(
+            answer(&app, &Method::GET, "/healthz").status(),
+            StatusCode::OK
+        );
+        assert_eq!(
+            answer(&app, &Method::GET, "/readyz").status(),
+            StatusCode::OK
+        );
+        let missing = answer(&app, &Method::GET, "/nope");
+        assert_eq!(missing.status(), StatusCode::NOT_FOUND);
+        assert_eq!(missing.headers()[CONTENT_TYPE], "application/problem+json");
+        let post = answer(&app, &Method::POST, "/metrics");
+        assert_eq!(post.status(), StatusCode::METHOD_NOT_ALLOWED);
+        assert_eq!(post.headers()[ALLOW], "GET, HEAD");
+    }
+
+    #[tokio::test]
+    async fn readyz_follows_the_store_flag() {
+        let app = app();
+        app.set_store_unavailable(true);
+        let response = answer(&app, &Method::GET, "/readyz");
+        assert_eq!(response.status(), StatusCode::SERVICE_UNAVAILABLE);
+        assert_eq!(response.headers()[CONTENT_TYPE], "application/problem+json");
+        app.set_store_unavailable(false);
+        assert_eq!(
+            answer(&app, &Method::GET, "/readyz").status(),
+            StatusCode::OK
+        );
+    }
+
+    #[test]
+    fn config_json_describes_the_running_config() {
+        let app = app();
+        let value = config_json(&app);
+        assert_eq!(value["path"], "gateway.toml");
+        assert_eq!(value["generation"], 1);
+        assert_eq!(value["last_error"], serde_json::Value::Null);
+        assert_eq!(value["sha256"].as_str().map(str::len), Some(64));
+        app.set_reload_error(Some(crate::app::ReloadError {
+            message: "gateway.toml:3:1: bad".into(),
+            at: at(0),
+        }));
+        let value = config_json(&app);
+        assert_eq!(value["last_error"]["message"], "gateway.toml:3:1: bad");
+        assert_eq!(value["last_error"]["at"], "1970-01-01T00:00:00Z");
+    }
+}

@@ -1,0 +1,546 @@
+//! Prometheus metrics of the gateway: one [`Metrics`] per process, shared as
+//! an `Arc`, encoded as OpenMetrics text by `prometheus-client` for the admin
+//! listener's `GET /metrics`.
+//!
+//! # Why it lives outside the configuration snapshot
+//!
+//! [`App`](crate::app::App) owns the `Metrics`, not the
+//! [`Snapshot`](crate::app::Snapshot): counters must keep counting across
+//! `SIGHUP` reloads (a reload that reset `tollgate_requests_total` would look
+//! like a process restart to `rate()`).
+//!
+//! # Bounded labels
+//!
+//! Label values come only from the configuration (route, limit and upstream
+//! names), from small fixed vocabularies (`outcome`, `kind`, `result`,
+//! `backend`) or are numbers (`status`). A request that matched no route is
+//! counted under route `"none"`. Keys, paths and client addresses are never
+//! labels: they are unbounded and some are secrets.
+//!
+//! # The hot path
+//!
+//! Recording a request allocates nothing once its series exists. Names are
+//! `Arc<str>` built once per configuration snapshot ([`LabelNames`]); a label
+//! struct holds clones of them (a reference-count increment, no `String`), and
+//! `prometheus-client`'s `Family` finds the series under a read lock (a write
+//! lock only the first time a label combination is seen). Pre-resolved
+//! per-route handles would save the hash and the read lock but would have to
+//! be rebuilt and reconciled on every reload; at two counters and one
+//! histogram per request the lookup is not worth that complexity.
+
+use std::fmt::Write as _;
+use std::sync::Arc;
+use std::time::Duration;
+
+use prometheus_client::encoding::{EncodeLabelSet, EncodeLabelValue, LabelValueEncoder};
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::metrics::histogram::Histogram;
+use prometheus_client::registry::{Registry, Unit};
+
+use crate::config::Config;
+
+/// The `Content-Type` of [`Metrics::encode`]'s output.
+pub const CONTENT_TYPE: &str = "application/openmetrics-text; version=1.0.0; charset=utf-8";
+
+/// The route label of a request that matched no route.
+pub const NO_ROUTE: &str = "none";
+
+/// Upper bounds of the request-duration buckets, in seconds: 0.5 ms to 10 s,
+/// roughly ×2–2.5 apart, so both a local `respond` route and a slow upstream
+/// land in a bucket that tells them apart.
+pub const DURATION_BUCKETS: [f64; 15] = [
+    0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 7.5, 10.0,
+];
+
+/// The `outcome` label: what a limit decided for one request, as the limiter
+/// engine reports it.
+pub use crate::limit::Outcome;
+
+/// The `outcome` label's text.
+pub fn outcome_label(outcome: Outcome) -> &'static str {
+    match outcome {
+        Outcome::Allowed => "allowed",
+        Outcome::Denied => "denied",
+        Outcome::ShadowDenied => "shadow_denied",
+        Outcome::Skipped => "skipped",
+    }
+}
+
+impl EncodeLabelValue for Outcome {
+    fn encode(&self, encoder: &mut LabelValueEncoder) -> Result<(), std::fmt::Error> {
+        EncodeLabelValue::encode(&outcome_label(*self), encoder)
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Hash, EncodeLabelSet)]
+struct RequestLabels {
+    route: Arc<str>,
+    status: u16,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Hash, EncodeLabelSet)]
+struct RouteLabels {
+    route: Arc<str>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Hash, EncodeLabelSet)]
+struct DecisionLabels {
+    route: Arc<str>,
+    limit: Arc<str>,
+    outcome: Outcome,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Hash, EncodeLabelSet)]
+struct RouteLimitLabels {
+    route: Arc<str>,
+    limit: Arc<str>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Hash, EncodeLabelSet)]
+struct UpstreamErrorLabels {
+    upstream: Arc<str>,
+    kind: &'static str,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Hash, EncodeLabelSet)]
+struct BackendLabels {
+    backend: &'static str,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Hash, EncodeLabelSet)]
+struct ResultLabels {
+    result: &'static str,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Hash, EncodeLabelSet)]
+struct LimitLabels {
+    limit: Arc<str>,
+}
+
+type HistogramFamily<S> = Family<S, Histogram, fn() -> Histogram>;
+
+fn duration_histogram() -> Histogram {
+    Histogram::new(DURATION_BUCKETS)
+}
+
+/// The process's metrics. Every method takes `&self` and is safe to call from
+/// any task; see the module doc for the cost of a call.
+#[derive(Debug)]
+pub struct Metrics {
+    registry: Registry,
+    requests: Family<RequestLabels, Counter>,
+    request_duration: HistogramFamily<RouteLabels>,
+    decisions: Family<DecisionLabels, Counter>,
+    near_limit: Family<RouteLimitLabels, Counter>,
+    upstream_errors: Family<UpstreamErrorLabels, Counter>,
+    store_errors: Family<BackendLabels, Counter>,
+    store_fallback_active: Gauge,
+    config_reloads: Family<ResultLabels, Counter>,
+    config_generation: Gauge,
+    limiter_keys: Family<LimitLabels, Gauge>,
+    /// The shared `"none"` route label.
+    no_route: Arc<str>,
+}
+
+impl Default for Metrics {
+    fn default() -> Self {
+        Metrics::new()
+    }
+}
+
+impl Metrics {
+    /// Registers every metric of the contract. The generation gauge starts at
+    /// 1 and both `config_reloads_total` series at 0, so dashboards and alerts
+    /// see them before the first reload.
+    pub fn new() -> Metrics {
+        let mut registry = Registry::default();
+        let requests = Family::<RequestLabels, Counter>::default();
+        registry.register(
+            "tollgate_requests",
+            "Requests answered, by route and response status",
+            requests.clone(),
+        );
+        let request_duration =
+            HistogramFamily::<RouteLabels>::new_with_constructor(duration_histogram);
+        registry.register_with_unit(
+            "tollgate_request_duration",
+            "Gateway-side time from request head to response head, by route",
+            Unit::Seconds,
+            request_duration.clone(),
+        );
+        let decisions = Family::<DecisionLabels, Counter>::default();
+        registry.register(
+            "tollgate_ratelimit_decisions",
+            "Rate-limit decisions per limit of a route's stack, by outcome",
+            decisions.clone(),
+        );
+        let near_limit = Family::<RouteLimitLabels, Counter>::default();
+        registry.register(
+            "tollgate_ratelimit_near_limit",
+            "Admitted requests that took a key past 80% of a limit's quota",
+            near_limit.clone(),
+        );
+        let upstream_errors = Family::<UpstreamErrorLabels, Counter>::default();
+        registry.register(
+            "tollgate_upstream_errors",
+            "Upstream failures (connect, reset, timeout), by upstream",
+            upstream_errors.clone(),
+        );
+        let store_errors = Family::<BackendLabels, Counter>::default();
+        registry.register(
+            "tollgate_store_errors",
+            "Failed limiter-store calls, by backend",
+            store_errors.clone(),
+        );
+        let store_fallback_active = Gauge::default();
+        registry.register(
+            "tollgate_store_fallback_active",
+            "1 while the store is unavailable and on_failure applies, else 0",
+            store_fallback_active.clone(),
+        );
+        let config_reloads = Family::<ResultLabels, Counter>::default();
+        registry.register(
+            "tollgate_config_reloads",
+            "Configuration reloads, by result (ok, error)",
+            config_reloads.clone(),
+        );
+        let config_generation = Gauge::default();
+        registry.register(
+            "tollgate_config_generation",
+            "Generation of the configuration serving (1 at start, +1 per successful reload)",
+            config_generation.clone(),
+        );
+        let limiter_keys = Family::<LimitLabels, Gauge>::default();
+        registry.register(
+            "tollgate_limiter_keys",
+            "Live keys held in memory, by limit",
+            limiter_keys.clone(),
+        );
+        for result in ["ok", "error"] {
+            let _ = config_reloads.get_or_create(&ResultLabels { result });
+        }
+        config_generation.set(1);
+        Metrics {
+            registry,
+            requests,
+            request_duration,
+            decisions,
+            near_limit,
+            upstream_errors,
+            store_errors,
+            store_fallback_active,
+            config_reloads,
+            config_generation,
+            limiter_keys,
+            no_route: Arc::from(NO_ROUTE),
+        }
+    }
+
+    /// The route label for a request that matched no route.
+    pub fn no_route(&self) -> &Arc<str> {
+        &self.no_route
+    }
+
+    /// One answered request: `tollgate_requests_total` and the duration histogram.
+    pub fn record_request(&self, route: &Arc<str>, status: u16, elapsed: Duration) {
+        self.requests
+            .get_or_create(&RequestLabels {
+                route: route.clone(),
+                status,
+            })
+            .inc();
+        self.request_duration
+            .get_or_create(&RouteLabels {
+                route: route.clone(),
+            })
+            .observe(elapsed.as_secs_f64());
+    }
+
+    /// One limit's decision for one request.
+    pub fn record_decision(&self, route: &Arc<str>, limit: &Arc<str>, outcome: Outcome) {
+        self.decisions
+            .get_or_create(&DecisionLabels {
+                route: route.clone(),
+                limit: limit.clone(),
+                outcome,
+            })
+            .inc();
+    }
+
+    /// A key passed 80% of a limit's quota on an admitted request.
+    pub fn record_near_limit(&self, route: &Arc<str>, limit: &Arc<str>) {
+        self.near_limit
+            .get_or_create(&RouteLimitLabels {
+                route: route.clone(),
+                limit: limit.clone(),
+            })
+            .inc();
+    }
+
+    /// An upstream failure; `kind` is [`GatewayError::upstream_kind`](crate::error::GatewayError::upstream_kind).
+    pub fn record_upstream_error(&self, upstream: &Arc<str>, kind: &'static str) {
+        self.upstream_errors
+            .get_or_create(&UpstreamErrorLabels {
+                upstream: upstream.clone(),
+                kind,
+            })
+            .inc();
+    }
+
+    /// A failed store call; `backend` is `"memory"` or `"redis"`.
+    pub fn record_store_error(&self, backend: &'static str) {
+        self.store_errors
+            .get_or_create(&BackendLabels { backend })
+            .inc();
+    }
+
+    /// Whether the store fallback (`on_failure`) is in force.
+    pub fn set_store_fallback(&self, active: bool) {
+        self.store_fallback_active.set(i64::from(active));
+    }
+
+    /// A configuration reload attempt and its result.
+    pub fn record_reload(&self, ok: bool) {
+        let result = if ok { "ok" } else { "error" };
+        self.config_reloads
+            .get_or_create(&ResultLabels { result })
+            .inc();
+    }
+
+    /// The generation of the configuration now serving.
+    pub fn set_generation(&self, generation: u64) {
+        self.config_generation
+            .set(i64::try_from(generation).unwrap_or(i64::MAX));
+    }
+
+    /// Live keys a limit holds in memory.
+    pub fn set_limiter_keys(&self, limit: &Arc<str>, keys: u64) {
+        self.limiter_keys
+            .get_or_create(&LimitLabels {
+                limit: limit.clone(),
+            })
+            .set(i64::try_from(keys).unwrap_or(i64::MAX));
+    }
+
+    /// The OpenMetrics text exposition of every metric, ending in `# EOF`.
+    pub fn encode(&self) -> String {
+        let mut text = String::with_capacity(4096);
+        if let Err(error) = prometheus_client::encoding::text::encode(&mut text, &self.registry) {
+            // Writing to a String cannot fail; a broken encoder must not take
+            // the admin listener down, so answer an empty but valid exposition.
+            debug_assert!(false, "encoding metrics failed: {error}");
+            text.clear();
+            let _ = writeln!(text, "# EOF");
+        }
+        text
+    }
+}
+
+/// The label values of one configuration, as shared `Arc<str>`s, built once
+/// per snapshot so the request path clones a pointer instead of a `String`.
+/// Indexes match [`Config::routes`], [`Config::limits`] and [`Config::upstreams`].
+#[derive(Debug, Clone, Default)]
+pub struct LabelNames {
+    pub routes: Vec<Arc<str>>,
+    pub limits: Vec<Arc<str>>,
+    pub upstreams: Vec<Arc<str>>,
+}
+
+impl LabelNames {
+    pub fn new(config: &Config) -> LabelNames {
+        LabelNames {
+            routes: config.routes.iter().map(|r| Arc::from(&*r.name)).collect(),
+            limits: config.limits.iter().map(|l| Arc::from(&*l.name)).collect(),
+            upstreams: config
+                .upstreams
+                .iter()
+                .map(|u| Arc::from(&*u.name))
+                .collect(),
+        }
+    }
+}
+
+#[cfg(test)]
+#[path = "../tests/common/openmetrics.rs"]
+mod openmetrics;
+
+#[cfg(test)]
+mod tests {
+    use super::openmetrics::parse;
+    use super::*;
+
+    fn name(text: &str) -> Arc<str> {
+        Arc::from(text)
+    }
+
+    #[test]
+    fn fresh_exposition_parses_and_has_the_startup_series() {
+        let metrics = Metrics::new();
+        let text = metrics.encode();
+        let exposition = parse(&text).unwrap_or_else(|e| panic!("{e}\n{text}"));
+        assert_eq!(
+            exposition.value("tollgate_config_generation", &[]),
+            Some(1.0)
+        );
+        assert_eq!(
+            exposition.value("tollgate_config_reloads_total", &[("result", "ok")]),
+            Some(0.0)
+        );
+        assert_eq!(
+            exposition.value("tollgate_config_reloads_total", &[("result", "error")]),
+            Some(0.0)
+        );
+        assert_eq!(
+            exposition.value("tollgate_store_fallback_active", &[]),
+            Some(0.0)
+        );
+        // prometheus-client leaves out families without series until one is recorded.
+        for family in [
+            "tollgate_store_fallback_active",
+            "tollgate_config_reloads",
+            "tollgate_config_generation",
+        ] {
+            assert!(
+                exposition.family(family).is_some(),
+                "{family} missing:\n{text}"
+            );
+        }
+    }
+
+    #[test]
+    fn every_metric_of_the_contract_encodes_with_its_labels() {
+        let metrics = Metrics::new();
+        let (api, per_ip, up) = (name("api"), name("per_ip"), name("backend"));
+        metrics.record_request(&api, 200, Duration::from_millis(3));
+        metrics.record_request(&api, 200, Duration::from_millis(30));
+        metrics.record_request(&api, 429, Duration::from_micros(100));
+        metrics.record_request(metrics.no_route(), 404, Duration::from_micros(50));
+        metrics.record_decision(&api, &per_ip, Outcome::Allowed);
+        metrics.record_decision(&api, &per_ip, Outcome::Denied);
+        metrics.record_decision(&api, &per_ip, Outcome::ShadowDenied);
+        metrics.record_decision(&api, &per_ip, Outcome::Skipped);
+        metrics.record_near_limit(&api, &per_ip);
+        metrics.record_upstream_error(&up, "timeout");
+        metrics.record_store_error("memory");
+        metrics.set_store_fallback(true);
+        metrics.record_reload(false);
+        metrics.record_reload(true);
+        metrics.set_generation(2);
+        metrics.set_limiter_keys(&per_ip, 42);
+        let text = metrics.encode();
+        let e = parse(&text).unwrap_or_else(|e| panic!("{e}\n{text}"));
+        let v = |n: &str, l: &[(&str, &str)]| e.value(n, l);
+        assert_eq!(
+            v(
+                "tollgate_requests_total",
+                &[("route", "api"), ("status", "200")]
+            ),
+            Some(2.0)
+        );
+        assert_eq!(
+            v(
+                "tollgate_requests_total",
+                &[("route", "none"), ("status", "404")]
+            ),
+            Some(1.0)
+        );
+        assert_eq!(
+            v(
+                "tollgate_request_duration_seconds_count",
+                &[("route", "api")]
+            ),
+            Some(3.0)
+        );
+        assert_eq!(
+            v(
+                "tollgate_request_duration_seconds_bucket",
+                &[("route", "api"), ("le", "0.005")]
+            ),
+            Some(2.0)
+        );
+        for outcome in ["allowed", "denied", "shadow_denied", "skipped"] {
+            assert_eq!(
+                v(
+                    "tollgate_ratelimit_decisions_total",
+                    &[("route", "api"), ("limit", "per_ip"), ("outcome", outcome)]
+                ),
+                Some(1.0),
+                "{outcome}"
+            );
+        }
+        assert_eq!(
+            v(
+                "tollgate_ratelimit_near_limit_total",
+                &[("route", "api"), ("limit", "per_ip")]
+            ),
+            Some(1.0)
+        );
+        assert_eq!(
+            v(
+                "tollgate_upstream_errors_total",
+                &[("upstream", "backend"), ("kind", "timeout")]
+            ),
+            Some(1.0)
+        );
+        assert_eq!(
+            v("tollgate_store_errors_total", &[("backend", "memory")]),
+            Some(1.0)
+        );
+        assert_eq!(v("tollgate_store_fallback_active", &[]), Some(1.0));
+        assert_eq!(
+            v("tollgate_config_reloads_total", &[("result", "error")]),
+            Some(1.0)
+        );
+        assert_eq!(v("tollgate_config_generation", &[]), Some(2.0));
+        assert_eq!(
+            v("tollgate_limiter_keys", &[("limit", "per_ip")]),
+            Some(42.0)
+        );
+    }
+
+    #[test]
+    fn label_values_with_quotes_are_escaped() {
+        let metrics = Metrics::new();
+        metrics.record_request(&name("we\"ird\\route"), 200, Duration::ZERO);
+        let text = metrics.encode();
+        let e = parse(&text).unwrap_or_else(|e| panic!("{e}\n{text}"));
+        assert_eq!(
+            e.value(
+                "tollgate_requests_total",
+                &[("route", "we\"ird\\route"), ("status", "200")]
+            ),
+            Some(1.0)
+        );
+    }
+
+    #[test]
+    fn the_parser_rejects_malformed_expositions() {
+        let good = "# TYPE a counter\na_total 1\n# EOF\n";
+        assert!(parse(good).is_ok());
+        for bad in [
+            "# TYPE a counter\na_total 1\n",                         // no EOF
+            "# TYPE a counter\na_total{x=\"1} 1\n# EOF\n",           // open quote
+            "# TYPE a counter\na_total one\n# EOF\n",                // bad value
+            "# TYPE a counter\nb_total 1\n# EOF\n",                  // sample of another family
+            "# TYPE a counter\na_total -1\n# EOF\n",                 // negative counter
+            "# TYPE a counter\na_total{x=\"1\",x=\"2\"} 1\n# EOF\n", // duplicate label
+            "# TYPE h histogram\nh_bucket{le=\"1\"} 2\nh_bucket{le=\"+Inf\"} 1\nh_count 1\nh_sum 1\n# EOF\n",
+            "# TYPE a counter\na_total 1\n# EOF\nextra\n",
+        ] {
+            assert!(parse(bad).is_err(), "accepted:\n{bad}");
+        }
+    }
+
+    #[test]
+    fn label_names_follow_config_order() {
+        let text = "[upstreams.u]\nurl = \"http://127.0.0.1:1\"\n[limits.l]\nkey = \"ip\"\nalgorithm = \"fixed_window\"\nlimit = 1\nwindow = \"1s\"\n[[routes]]\nname = \"r\"\nmatch = { path = \"/\" }\nupstream = \"u\"\nlimits = [\"l\"]\n";
+        let config = Config::from_bytes(std::path::Path::new("gateway.toml"), text.as_bytes())
+            .unwrap_or_else(|e| panic!("{e}"));
+        let names = LabelNames::new(&config);
+        assert_eq!(&*names.routes[0], "r");
+        assert_eq!(&*names.limits[0], "l");
+        assert_eq!(&*names.upstreams[0], "u");
+    }
+}

@@ -1,0 +1,367 @@
+//! End-to-end tests of observability through real sockets: the admin
+//! listener (`/metrics` parsed strictly, `/config`, `/healthz`, `/readyz`),
+//! reload bookkeeping on SIGHUP, and the JSON access log on stderr.
+
+mod common;
+
+use std::net::SocketAddr;
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use common::openmetrics::{Exposition, parse};
+use common::{Gateway, Reply, TestUpstream, get, send};
+use http_body_util::Full;
+use hyper::Request;
+use sha2::{Digest, Sha256};
+
+fn config(upstream: &TestUpstream) -> String {
+    format!(
+        r#"[server]
+listen = "127.0.0.1:0"
+admin = "127.0.0.1:0"
+shutdown_timeout = "2s"
+
+[upstreams.api]
+url = "{url}"
+timeout = "2s"
+
+[upstreams.dead]
+url = "http://127.0.0.1:1"
+connect_timeout = "500ms"
+
+[[routes]]
+name = "health"
+match = {{ path = "/health" }}
+respond = {{ status = 200, body = "ok\n" }}
+
+[[routes]]
+name = "dead"
+match = {{ path_prefix = "/dead" }}
+upstream = "dead"
+
+[[routes]]
+name = "api"
+match = {{ path_prefix = "/api" }}
+upstream = "api"
+"#,
+        url = upstream.url()
+    )
+}
+
+fn admin(gateway: &Gateway) -> SocketAddr {
+    gateway.admin.expect("the gateway printed `admin on ...`")
+}
+
+async fn scrape(gateway: &Gateway) -> Exposition {
+    let reply = get(admin(gateway), "/metrics", &[]).await;
+    assert_eq!(reply.status, 200);
+    assert_eq!(
+        reply.header("content-type"),
+        Some("application/openmetrics-text; version=1.0.0; charset=utf-8")
+    );
+    let text = String::from_utf8_lossy(&reply.body).into_owned();
+    parse(&text).unwrap_or_else(|e| panic!("invalid exposition: {e}\n{text}"))
+}
+
+async fn config_json(gateway: &Gateway) -> serde_json::Value {
+    let reply = get(admin(gateway), "/config", &[]).await;
+    assert_eq!(reply.status, 200);
+    assert_eq!(reply.header("content-type"), Some("application/json"));
+    reply.json()
+}
+
+/// Polls `/config` until `done` holds, at most 5 s.
+async fn config_until(
+    gateway: &Gateway,
+    done: impl Fn(&serde_json::Value) -> bool,
+) -> serde_json::Value {
+    let deadline = Instant::now() + Duration::from_secs(5);
+    loop {
+        let value = config_json(gateway).await;
+        if done(&value) || Instant::now() > deadline {
+            return value;
+        }
+        tokio::time::sleep(Duration::from_millis(25)).await;
+    }
+}
+
+fn sha256_hex(bytes: &[u8]) -> String {
+    Sha256::digest(bytes)
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect()
+}
+
+fn is_rfc3339_utc(text: &str) -> bool {
+    let b = text.as_bytes();
+    b.len() == 20
+        && b.iter().enumerate().all(|(i, c)| match i {
+            4 | 7 => *c == b'-',
+            10 => *c == b'T',
+            13 | 16 => *c == b':',
+            19 => *c == b'Z',
+            _ => c.is_ascii_digit(),
+        })
+}
+
+#[tokio::test]
+async fn request_counts_move_by_exactly_what_was_sent() {
+    let upstream = TestUpstream::start().await;
+    let gateway = Gateway::start(&config(&upstream));
+    let before = scrape(&gateway).await;
+    assert_eq!(before.value("tollgate_config_generation", &[]), Some(1.0));
+    let api_200 = [("route", "api"), ("status", "200")];
+    let base = before
+        .value("tollgate_requests_total", &api_200)
+        .unwrap_or(0.0);
+    for i in 0..7 {
+        let reply = get(gateway.addr, &format!("/api/items/{i}"), &[]).await;
+        assert_eq!(reply.status, 200);
+    }
+    for _ in 0..2 {
+        assert_eq!(get(gateway.addr, "/health", &[]).await.status, 200);
+    }
+    assert_eq!(get(gateway.addr, "/nowhere", &[]).await.status, 404);
+    let after = scrape(&gateway).await;
+    assert_eq!(
+        after.value("tollgate_requests_total", &api_200),
+        Some(base + 7.0)
+    );
+    assert_eq!(
+        after.value(
+            "tollgate_requests_total",
+            &[("route", "health"), ("status", "200")]
+        ),
+        Some(2.0)
+    );
+    assert_eq!(
+        after.value(
+            "tollgate_requests_total",
+            &[("route", "none"), ("status", "404")]
+        ),
+        Some(1.0)
+    );
+    assert_eq!(
+        after.value(
+            "tollgate_request_duration_seconds_count",
+            &[("route", "api")]
+        ),
+        Some(7.0)
+    );
+    assert_eq!(
+        after.value(
+            "tollgate_request_duration_seconds_bucket",
+            &[("route", "api"), ("le", "+Inf")]
+        ),
+        Some(7.0)
+    );
+    // Labels are bounded: no path, key or address ever becomes a label value.
+    for sample in after.samples() {
+        for (name, value) in &sample.labels {
+            assert!(
+                !value.contains('/') && !value.contains("127.0.0.1"),
+                "unbounded label {name}={value:?} on {}",
+                sample.name
+            );
+        }
+    }
+}
+
+#[tokio::test]
+async fn upstream_errors_are_counted_by_upstream_and_kind() {
+    let upstream = TestUpstream::start().await;
+    let gateway = Gateway::start(&config(&upstream));
+    assert_eq!(get(gateway.addr, "/dead", &[]).await.status, 502);
+    assert_eq!(get(gateway.addr, "/dead/again", &[]).await.status, 502);
+    let metrics = scrape(&gateway).await;
+    assert_eq!(
+        metrics.value(
+            "tollgate_upstream_errors_total",
+            &[("upstream", "dead"), ("kind", "connect")]
+        ),
+        Some(2.0)
+    );
+    assert_eq!(
+        metrics.value(
+            "tollgate_requests_total",
+            &[("route", "dead"), ("status", "502")]
+        ),
+        Some(2.0)
+    );
+}
+
+#[tokio::test]
+async fn health_readiness_and_unknown_admin_requests() {
+    let upstream = TestUpstream::start().await;
+    let gateway = Gateway::start(&config(&upstream));
+    let healthz = get(admin(&gateway), "/healthz", &[]).await;
+    assert_eq!(healthz.status, 200);
+    let readyz = get(admin(&gateway), "/readyz", &[]).await;
+    assert_eq!(readyz.status, 200);
+    let missing = get(admin(&gateway), "/metricz", &[]).await;
+    assert_eq!(missing.status, 404);
+    assert_eq!(
+        missing.header("content-type"),
+        Some("application/problem+json")
+    );
+    assert_eq!(missing.json()["status"], 404);
+    let post = Request::post("/metrics")
+        .header("host", "admin.test")
+        .body(Full::new(Bytes::new()))
+        .unwrap();
+    let post: Reply = send(admin(&gateway), post).await;
+    assert_eq!(post.status, 405);
+    assert_eq!(post.header("allow"), Some("GET, HEAD"));
+    assert_eq!(
+        post.header("content-type"),
+        Some("application/problem+json")
+    );
+    // The admin endpoints are not on the traffic listener.
+    assert_eq!(get(gateway.addr, "/metrics", &[]).await.status, 404);
+}
+
+#[tokio::test]
+async fn config_endpoint_follows_failed_and_successful_reloads() {
+    let upstream = TestUpstream::start().await;
+    let text = config(&upstream);
+    let gateway = Gateway::start(&text);
+    let initial = config_json(&gateway).await;
+    assert_eq!(initial["sha256"], sha256_hex(text.as_bytes()));
+    assert_eq!(initial["generation"], 1);
+    assert_eq!(initial["last_error"], serde_json::Value::Null);
+    assert_eq!(initial["path"], gateway.config_path.display().to_string());
+    let loaded_at = initial["loaded_at"].as_str().unwrap_or_default();
+    assert!(is_rfc3339_utc(loaded_at), "{loaded_at}");
+
+    // A broken file: the running configuration stays, /config says why.
+    let broken_line = text.lines().count() + 1;
+    std::fs::write(&gateway.config_path, format!("{text}bogus = 1\n")).unwrap();
+    gateway.signal("HUP");
+    let failed = config_until(&gateway, |v| !v["last_error"].is_null()).await;
+    let message = failed["last_error"]["message"].as_str().unwrap_or_default();
+    assert!(
+        message.contains(&format!("gateway.toml:{broken_line}:")),
+        "line {broken_line} not named: {message}"
+    );
+    let at = failed["last_error"]["at"].as_str().unwrap_or_default();
+    assert!(is_rfc3339_utc(at), "{at}");
+    assert_eq!(failed["generation"], 1);
+    assert_eq!(failed["sha256"], initial["sha256"]);
+    assert_eq!(failed["loaded_at"], initial["loaded_at"]);
+    let metrics = scrape(&gateway).await;
+    assert_eq!(
+        metrics.value("tollgate_config_reloads_total", &[("result", "error")]),
+        Some(1.0)
+    );
+    assert_eq!(
+        metrics.value("tollgate_config_reloads_total", &[("result", "ok")]),
+        Some(0.0)
+    );
+    assert_eq!(metrics.value("tollgate_config_generation", &[]), Some(1.0));
+    assert_eq!(get(gateway.addr, "/health", &[]).await.status, 200);
+
+    // A valid change: generation 2, the new file's hash, the error cleared.
+    let changed = text.replace("body = \"ok\\n\"", "body = \"fine\\n\"");
+    assert_ne!(changed, text);
+    std::fs::write(&gateway.config_path, &changed).unwrap();
+    gateway.signal("HUP");
+    let reloaded = config_until(&gateway, |v| v["generation"] == 2).await;
+    assert_eq!(reloaded["generation"], 2);
+    assert_eq!(reloaded["sha256"], sha256_hex(changed.as_bytes()));
+    assert_eq!(reloaded["last_error"], serde_json::Value::Null);
+    let metrics = scrape(&gateway).await;
+    assert_eq!(metrics.value("tollgate_config_generation", &[]), Some(2.0));
+    assert_eq!(
+        metrics.value("tollgate_config_reloads_total", &[("result", "ok")]),
+        Some(1.0)
+    );
+    assert_eq!(
+        metrics.value("tollgate_config_reloads_total", &[("result", "error")]),
+        Some(1.0)
+    );
+    assert_eq!(get(gateway.addr, "/health", &[]).await.body, "fine\n");
+    // Counters survive the reload (the /health requests above: one before, one after).
+    assert_eq!(
+        metrics.value(
+            "tollgate_requests_total",
+            &[("route", "health"), ("status", "200")]
+        ),
+        Some(1.0)
+    );
+}
+
+/// Lines of the JSON access log written so far.
+fn access_lines(gateway: &Gateway) -> Vec<serde_json::Value> {
+    gateway
+        .stderr()
+        .lines()
+        .filter_map(|line| serde_json::from_str::<serde_json::Value>(line).ok())
+        .filter(|v| v["target"] == "tollgate::access")
+        .collect()
+}
+
+#[tokio::test]
+async fn access_log_has_the_fields_and_no_secrets() {
+    let upstream = TestUpstream::start().await;
+    let gateway = Gateway::start_with_args(&config(&upstream), &["--log-format", "json"]);
+    let reply = get(
+        gateway.addr,
+        "/api/orders?api_key=QUERYSECRET&user=alice",
+        &[
+            ("x-api-key", "HEADERSECRET"),
+            ("authorization", "Bearer BEARERSECRET"),
+        ],
+    )
+    .await;
+    assert_eq!(reply.status, 200);
+    assert_eq!(
+        get(gateway.addr, "/nowhere?token=QUERYSECRET", &[])
+            .await
+            .status,
+        404
+    );
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while access_lines(&gateway).len() < 2 && Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let lines = access_lines(&gateway);
+    let stderr = gateway.stderr();
+    assert_eq!(lines.len(), 2, "{stderr}");
+    let line = &lines[0];
+    assert_eq!(line["method"], "GET");
+    assert_eq!(line["path"], "/api/orders");
+    assert_eq!(line["route"], "api");
+    assert_eq!(line["status"], 200);
+    assert_eq!(line["upstream"], "api");
+    assert_eq!(line["client_ip"], "127.0.0.1");
+    assert!(
+        line["duration_ms"].as_f64().is_some_and(|ms| ms >= 0.0),
+        "{line}"
+    );
+    let unmatched = &lines[1];
+    assert_eq!(unmatched["route"], "none");
+    assert_eq!(unmatched["status"], 404);
+    assert_eq!(unmatched["path"], "/nowhere");
+    for secret in [
+        "QUERYSECRET",
+        "HEADERSECRET",
+        "BEARERSECRET",
+        "alice",
+        "api_key=",
+    ] {
+        assert!(
+            !stderr.contains(secret),
+            "{secret} leaked into the log:\n{stderr}"
+        );
+    }
+}
+
+#[tokio::test]
+async fn no_admin_listener_unless_configured() {
+    let upstream = TestUpstream::start().await;
+    let text = config(&upstream).replace("admin = \"127.0.0.1:0\"\n", "");
+    let gateway = Gateway::start(&text);
+    assert!(gateway.admin.is_none());
+    assert!(!gateway.stderr().contains("admin on"));
+    assert_eq!(get(gateway.addr, "/health", &[]).await.status, 200);
+}
