@@ -164,8 +164,11 @@ struct LimiterSpec {
 /// snapshot's `Arc`s and never lock this.
 #[derive(Debug, Default)]
 struct LimiterRegistry {
-    by_name: Mutex<HashMap<(String, Option<Arc<str>>), (LimiterSpec, Arc<Limiter>)>>,
+    by_name: Mutex<HashMap<LimiterId, (LimiterSpec, Arc<Limiter>)>>,
 }
+
+/// A limit's name and, for per-plan state, the plan.
+type LimiterId = (String, Option<Arc<str>>);
 
 impl LimiterRegistry {
     /// Limiters for `limits`, reusing state across reloads:

@@ -125,7 +125,7 @@ fn rate(rate: &Rate) -> String {
     // Prefer the units users write: "10/s", "600/m", "1000/h".
     for (unit, nanos) in [("s", 1), ("m", 60), ("h", 3600), ("d", 86_400)] {
         let scaled = rate.tokens as u128 * nanos as u128 * NANOS_PER_SEC as u128;
-        if scaled % rate.per as u128 == 0 {
+        if scaled.is_multiple_of(rate.per as u128) {
             return format!("{}/{unit}", scaled / rate.per as u128);
         }
     }
