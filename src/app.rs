@@ -223,6 +223,8 @@ pub struct App {
     registry: LimiterRegistry,
     /// The one time source of the limiters.
     pub clock: Arc<dyn Clock>,
+    /// Tells the server (listener changes) that a new generation is installed.
+    generations: tokio::sync::watch::Sender<u64>,
     metrics: Arc<Metrics>,
     /// The last reload's error, `None` after a successful one. A lock is fine:
     /// written on SIGHUP, read by `/config`, never on the request path.
@@ -260,6 +262,7 @@ impl App {
             generation: AtomicU64::new(1),
             registry,
             clock,
+            generations: tokio::sync::watch::Sender::new(1),
             metrics: Arc::new(Metrics::new()),
             last_reload_error: parking_lot::Mutex::new(None),
             store_unavailable: AtomicBool::new(false),
@@ -303,7 +306,13 @@ impl App {
         let generation = self.generation.fetch_add(1, Ordering::Relaxed) + 1;
         self.snapshot
             .store(Arc::new(Snapshot::new(config, generation, limiters)));
+        self.generations.send_replace(generation);
         generation
+    }
+
+    /// Changes whenever a new configuration is installed.
+    pub fn subscribe_generations(&self) -> tokio::sync::watch::Receiver<u64> {
+        self.generations.subscribe()
     }
 
     /// Evicts idle keys of every limiter and updates `tollgate_limiter_keys`;

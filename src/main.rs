@@ -161,7 +161,12 @@ impl Signals {
             tokio::select! {
                 _ = self.terminate.recv() => break,
                 _ = self.interrupt.recv() => break,
-                _ = self.hangup.recv() => tollgate::reload::reload(&app, &path),
+                _ = self.hangup.recv() => {
+                    // Off the async workers, so a reload never stalls requests.
+                    // SIGHUPs arriving meanwhile coalesce into one more reload.
+                    let (app, path) = (app.clone(), path.clone());
+                    let _ = tokio::task::spawn_blocking(move || tollgate::reload::reload(&app, &path)).await;
+                }
             }
         }
         tracing::info!("shutting down: draining connections");

@@ -11,10 +11,34 @@ use std::time::SystemTime;
 use crate::app::{App, ReloadError};
 use crate::config::Config;
 
-/// Reloads `path` into `app`; logs and records the outcome.
+/// Settings read once at start: a reload that changes them says so instead
+/// of ignoring the change silently.
+fn needs_restart(old: &Config, new: &Config) -> Vec<&'static str> {
+    let (old, new) = (&old.server, &new.server);
+    let mut changed = Vec::new();
+    if old.workers != new.workers {
+        changed.push("server.workers");
+    }
+    if old.max_connections != new.max_connections {
+        changed.push("server.max_connections");
+    }
+    if old.admin != new.admin {
+        changed.push("server.admin");
+    }
+    changed
+}
+
+/// Reloads `path` into `app`; logs and records the outcome. Blocking (file
+/// I/O, parsing): run it off the async workers.
 pub fn reload(app: &App, path: &Path) {
     match Config::load(path) {
         Ok(config) => {
+            for key in needs_restart(&app.snapshot().config, &config) {
+                tracing::warn!(
+                    key,
+                    "reload: `{key}` changed; the new value takes effect after a restart"
+                );
+            }
             let generation = app.install(config);
             app.metrics().record_reload(true);
             app.metrics().set_generation(generation);

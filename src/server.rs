@@ -13,6 +13,7 @@
 //!   open connections finish their in-flight request with `Connection: close`,
 //!   and the drain waits at most `shutdown_timeout`.
 
+use std::collections::HashMap;
 use std::io;
 use std::net::SocketAddr;
 use std::pin::Pin;
@@ -56,27 +57,36 @@ pub async fn serve(
     let permits = Arc::new(Semaphore::new(limits.max_connections));
     // Each connection task holds a sender; the drain ends when all are gone.
     let (alive_tx, mut alive_rx) = mpsc::channel::<()>(1);
-    let mut accept_tasks = Vec::new();
-    for listener in listeners {
-        accept_tasks.push(tokio::spawn(accept_loop(
-            app.clone(),
-            listener,
-            permits.clone(),
-            shutdown.clone(),
-            alive_tx.clone(),
-        )));
+    let mut accepting = Accepting {
+        app: app.clone(),
+        permits,
+        shutdown: shutdown.clone(),
+        alive: alive_tx,
+        loops: HashMap::new(),
+    };
+    // Listeners are keyed by their configured address, in config order.
+    for (address, listener) in limits.listen.iter().zip(listeners) {
+        accepting.start(*address, listener);
     }
-    drop(alive_tx);
     let sweeper = tokio::spawn(sweep_idle_keys(app.clone()));
-    // Wait for the shutdown signal; the accept loops watch it too.
+    let mut generations = app.subscribe_generations();
+    // Wait for the shutdown signal, applying listener changes of reloads.
     while !*shutdown.borrow() {
-        if shutdown.changed().await.is_err() {
-            break;
+        tokio::select! {
+            changed = shutdown.changed() => if changed.is_err() { break },
+            changed = generations.changed() => {
+                if changed.is_err() {
+                    break;
+                }
+                accepting.reconcile().await;
+            }
         }
     }
-    for task in accept_tasks {
+    for (_, (stop, task)) in accepting.loops.drain() {
+        let _ = stop.send(true);
         let _ = task.await;
     }
+    drop(accepting);
     sweeper.abort();
     let timeout = app.snapshot().config.server.shutdown_timeout;
     if tokio::time::timeout(timeout, alive_rx.recv())
@@ -87,6 +97,67 @@ pub async fn serve(
             ?timeout,
             "shutdown timeout reached with connections still open"
         );
+    }
+}
+
+/// The running accept loops, by configured address.
+struct Accepting {
+    app: Arc<App>,
+    permits: Arc<Semaphore>,
+    /// The drain signal, for connections.
+    shutdown: watch::Receiver<bool>,
+    alive: mpsc::Sender<()>,
+    /// Per listener: its stop switch and its accept loop.
+    loops: HashMap<SocketAddr, (watch::Sender<bool>, tokio::task::JoinHandle<()>)>,
+}
+
+impl Accepting {
+    fn start(&mut self, address: SocketAddr, listener: TcpListener) {
+        let (stop_tx, stop_rx) = watch::channel(false);
+        let task = tokio::spawn(accept_loop(
+            self.app.clone(),
+            listener,
+            self.permits.clone(),
+            stop_rx,
+            self.shutdown.clone(),
+            self.alive.clone(),
+        ));
+        self.loops.insert(address, (stop_tx, task));
+    }
+
+    /// Applies a reloaded `listen` list: binds the new addresses, then closes
+    /// the ones no longer listed (open connections on them carry on). A new
+    /// address that cannot be bound is logged and skipped; nothing else changes.
+    async fn reconcile(&mut self) {
+        let wanted = self.app.snapshot().config.server.listen.clone();
+        for address in &wanted {
+            if self.loops.contains_key(address) {
+                continue;
+            }
+            match TcpListener::bind(address).await {
+                Ok(listener) => {
+                    let bound = listener.local_addr().unwrap_or(*address);
+                    tracing::info!(%bound, "listening on http://{bound} (added by reload)");
+                    self.start(*address, listener);
+                }
+                Err(error) => {
+                    tracing::error!(%address, %error, "reload: cannot listen on the new address; it is not served");
+                }
+            }
+        }
+        let gone: Vec<SocketAddr> = self
+            .loops
+            .keys()
+            .filter(|a| !wanted.contains(a))
+            .copied()
+            .collect();
+        for address in gone {
+            if let Some((stop, task)) = self.loops.remove(&address) {
+                let _ = stop.send(true);
+                let _ = task.await;
+                tracing::info!(%address, "stopped listening (removed by reload)");
+            }
+        }
     }
 }
 
@@ -114,7 +185,8 @@ async fn accept_loop(
     app: Arc<App>,
     listener: TcpListener,
     permits: Arc<Semaphore>,
-    mut shutdown: watch::Receiver<bool>,
+    mut stop: watch::Receiver<bool>,
+    shutdown: watch::Receiver<bool>,
     alive: mpsc::Sender<()>,
 ) {
     let mut backoff = Duration::from_millis(5);
@@ -124,11 +196,11 @@ async fn accept_loop(
                 Ok(p) => p,
                 Err(_) => return,
             },
-            _ = shutdown.changed() => return,
+            _ = stop.changed() => return,
         };
         let accepted = tokio::select! {
             accepted = listener.accept() => accepted,
-            _ = shutdown.changed() => return,
+            _ = stop.changed() => return,
         };
         let (stream, peer) = match accepted {
             Ok(pair) => {
