@@ -137,8 +137,22 @@ impl StackDecision {
 /// Decide `cost` against every entry of the stack, all or nothing (see the
 /// module doc).
 pub fn check_stack(entries: &[StackEntry<'_>], cost: u64, now: Nanos) -> StackDecision {
+    // Built in place (it is returned by value, ~0.5 KiB with its inline
+    // arrays) rather than assembled from locals at the end.
+    let mut decision = StackDecision {
+        allowed: true,
+        entries: SmallVec::new(),
+        denied_by: None,
+        delay: 0,
+        permits: Permits::default(),
+    };
+    if let [only] = entries {
+        check_one(only, cost, now, &mut decision);
+        return decision;
+    }
+
     // 1. Lock plan: (limiter address, shard, entry) sorted, so every thread
-    //    locks in the same order.
+    //    locks in the same order. Insertion sort: at most a handful of items.
     let mut plan: SmallVec<[(usize, usize, usize); INLINE]> = SmallVec::new();
     for (i, e) in entries.iter().enumerate() {
         if let Some(key) = e.key {
@@ -146,7 +160,13 @@ pub fn check_stack(entries: &[StackEntry<'_>], cost: u64, now: Nanos) -> StackDe
             plan.push((addr, e.limiter.shard_of(key), i));
         }
     }
-    plan.sort_unstable();
+    for i in 1..plan.len() {
+        let mut j = i;
+        while j > 0 && plan[j - 1] > plan[j] {
+            plan.swap(j - 1, j);
+            j -= 1;
+        }
+    }
     let mut guards: SmallVec<[MutexGuard<'_, ShardMap>; INLINE]> = SmallVec::new();
     let mut guard_of: SmallVec<[usize; INLINE]> = SmallVec::new();
     guard_of.resize(entries.len(), usize::MAX);
@@ -160,26 +180,19 @@ pub fn check_stack(entries: &[StackEntry<'_>], cost: u64, now: Nanos) -> StackDe
     }
 
     // 2. Decide and charge, in stack order.
-    let mut results: SmallVec<[EntryVerdict; INLINE]> = SmallVec::new();
+    let results = &mut decision.entries;
     let mut undos: SmallVec<[(usize, Undo); INLINE]> = SmallVec::new();
-    let mut permits = Permits::default();
-    let mut denied_by = None;
     for (i, e) in entries.iter().enumerate() {
         let (Some(key), Some(shard)) = (e.key, guards.get_mut(guard_of[i])) else {
-            results.push(EntryVerdict {
-                outcome: Outcome::Skipped,
-                verdict: Verdict::default(),
-            });
+            results.push(SKIPPED);
             continue;
         };
-        let (verdict, undo) = e.limiter.apply(shard, key, cost, now, &mut permits);
-        let outcome = match (verdict.allowed, e.shadow) {
-            (true, _) => Outcome::Allowed,
-            (false, true) => Outcome::ShadowDenied,
-            (false, false) => Outcome::Denied,
-        };
-        if outcome == Outcome::Denied && denied_by.is_none() {
-            denied_by = Some(i);
+        let (verdict, undo) = e
+            .limiter
+            .apply(shard, key, cost, now, &mut decision.permits);
+        let outcome = outcome_of(&verdict, e.shadow);
+        if outcome == Outcome::Denied && decision.denied_by.is_none() {
+            decision.denied_by = Some(i);
         }
         if let Some(undo) = undo {
             undos.push((i, undo));
@@ -188,9 +201,9 @@ pub fn check_stack(entries: &[StackEntry<'_>], cost: u64, now: Nanos) -> StackDe
     }
 
     // 3. Denied: roll back, report the limits as they stand.
-    let mut delay = 0;
-    if denied_by.is_some() {
-        permits.clear();
+    if decision.denied_by.is_some() {
+        decision.allowed = false;
+        decision.permits.clear();
         while let Some((i, undo)) = undos.pop() {
             if let Some(shard) = guards.get_mut(guard_of[i]) {
                 entries[i].limiter.undo(shard, undo);
@@ -207,7 +220,7 @@ pub fn check_stack(entries: &[StackEntry<'_>], cost: u64, now: Nanos) -> StackDe
         }
     } else {
         // Shadow limits never change what happens to the request.
-        delay = results
+        decision.delay = results
             .iter()
             .zip(entries)
             .filter(|(_, e)| !e.shadow)
@@ -216,14 +229,49 @@ pub fn check_stack(entries: &[StackEntry<'_>], cost: u64, now: Nanos) -> StackDe
             .unwrap_or(0);
     }
     drop(guards);
+    decision
+}
 
-    StackDecision {
-        allowed: denied_by.is_none(),
-        entries: results,
-        denied_by,
-        delay,
-        permits,
+const SKIPPED: EntryVerdict = EntryVerdict {
+    outcome: Outcome::Skipped,
+    verdict: Verdict {
+        allowed: false,
+        remaining: 0,
+        reset_after: 0,
+        retry_after: None,
+        never: false,
+        delay: 0,
+    },
+};
+
+fn outcome_of(verdict: &Verdict, shadow: bool) -> Outcome {
+    match (verdict.allowed, shadow) {
+        (true, _) => Outcome::Allowed,
+        (false, true) => Outcome::ShadowDenied,
+        (false, false) => Outcome::Denied,
     }
+}
+
+/// The one-entry stack, the common case: one lock, and no roll-back, since
+/// a limit that denies has charged nothing.
+fn check_one(entry: &StackEntry<'_>, cost: u64, now: Nanos, decision: &mut StackDecision) {
+    let Some(key) = entry.key else {
+        decision.entries.push(SKIPPED);
+        return;
+    };
+    let mut shard = entry.limiter.lock_shard(entry.limiter.shard_of(key));
+    let (verdict, _) = entry
+        .limiter
+        .apply(&mut shard, key, cost, now, &mut decision.permits);
+    drop(shard);
+    let outcome = outcome_of(&verdict, entry.shadow);
+    if outcome == Outcome::Denied {
+        decision.allowed = false;
+        decision.denied_by = Some(0);
+    } else if !entry.shadow {
+        decision.delay = verdict.delay;
+    }
+    decision.entries.push(EntryVerdict { outcome, verdict });
 }
 
 #[cfg(test)]

@@ -23,7 +23,7 @@
 //!
 //! State: `tat`, 16 bytes.
 
-use super::verdict::{Verdict, ceil_div, sat_nanos};
+use super::verdict::{Verdict, ceil_div, div, sat_nanos};
 use super::{Nanos, Rate};
 
 /// A key's theoretical arrival time, in scaled nanoseconds (ns × `tokens`).
@@ -63,7 +63,7 @@ pub(crate) fn gcra(state: State, now: Nanos, cost: u64, capacity: u64, rate: Rat
     let allowed = !never && new_tat - now_s <= tau;
     let ahead = if allowed { new_tat } else { tat } - now_s;
     let room = tau.saturating_sub(ahead);
-    let remaining = room / t;
+    let remaining = div(room, t);
     // Until one more whole token: the level must reach (remaining + 1)·T.
     let reset_after = if remaining >= u128::from(capacity) {
         0
