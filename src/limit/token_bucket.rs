@@ -53,6 +53,7 @@ fn unscale(d: u128, rate: Rate) -> Nanos {
 }
 
 /// The GCRA decision for `cost` units against a bucket of `capacity` units.
+#[inline]
 pub(crate) fn gcra(state: State, now: Nanos, cost: u64, capacity: u64, rate: Rate) -> Outcome {
     let t = u128::from(rate.per.max(1));
     let tau = u128::from(capacity) * t;
