@@ -128,7 +128,9 @@ fn spend(limiter: &Limiter, key: LimitKey, clock: &SystemClock) {
 
 fn single_thread(c: &mut Criterion) {
     let clock = SystemClock::new();
-    c.bench_function("clock/system_clock_now", |b| b.iter(|| black_box(clock.now())));
+    c.bench_function("clock/system_clock_now", |b| {
+        b.iter(|| black_box(clock.now()))
+    });
     let quanta = governor::clock::DefaultClock::default();
     c.bench_function("clock/governor_default_clock_now", |b| {
         b.iter(|| black_box(governor::clock::Clock::now(&quanta)))
@@ -143,7 +145,14 @@ fn single_thread(c: &mut Criterion) {
             let limiter = Limiter::new(name, alg, 1_000_000);
             spend(&limiter, key, &clock);
             g.bench_function(name, |b| {
-                b.iter(|| black_box(limiter.check(black_box(key), 1, clock.now()).verdict.allowed))
+                b.iter(|| {
+                    black_box(
+                        limiter
+                            .check(black_box(key), 1, clock.now())
+                            .verdict
+                            .allowed,
+                    )
+                })
             });
             if name == "token_bucket" {
                 // The decision alone, `now` advanced by hand (1 µs a call).

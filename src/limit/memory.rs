@@ -349,6 +349,7 @@ impl Limiter {
 
     /// Decide `cost` for `key` and, if admitted, charge it (a concurrency
     /// permit goes to `permit`). Returns what to undo, if anything changed.
+    #[inline]
     pub(crate) fn apply(
         &self,
         shard: &mut ShardMap,

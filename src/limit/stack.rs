@@ -161,7 +161,6 @@ pub fn check_stack(entries: &[StackEntry<'_>], cost: u64, now: Nanos) -> StackDe
 
 /// The general case: lock in order, decide, commit or roll back.
 fn check_many(entries: &[StackEntry<'_>], cost: u64, now: Nanos, decision: &mut StackDecision) {
-
     // 1. Lock plan: (limiter address, shard, entry) sorted, so every thread
     //    locks in the same order. Insertion sort: at most a handful of items.
     let mut plan: SmallVec<[(usize, usize, usize); INLINE]> = SmallVec::new();
@@ -322,7 +321,12 @@ mod tests {
             },
             100,
         );
-        assert!(per_ip.check(k("ip").unwrap_or(LimitKey(0)), 90, T0).verdict.allowed);
+        assert!(
+            per_ip
+                .check(k("ip").unwrap_or(LimitKey(0)), 90, T0)
+                .verdict
+                .allowed
+        );
         let stack = [
             entry(&per_key, k("key"), false),
             entry(&per_ip, k("ip"), false),
