@@ -18,7 +18,7 @@
 //!
 //! # Memory per key
 //!
-//! A table slot is the 16-byte key plus a 32-byte state ([`KeyState`], the
+//! A table slot is the 16-byte key plus a 32-byte state (`KeyState`, the
 //! largest variant being the sliding window's 24 bytes; the token bucket's
 //! `tat` is 16) plus 1 control byte: 49 bytes. The table (std's hashbrown)
 //! keeps at most 7/8 of its slots full and doubles when it fills, so a key
@@ -237,7 +237,7 @@ impl Limiter {
     }
 
     /// Decide and charge one request against this limit alone. The same
-    /// decision as a one-entry [`check_stack`], returned compactly (no
+    /// decision as a one-entry [`check_stack`](super::check_stack), returned compactly (no
     /// per-entry array to copy out).
     #[inline]
     pub fn check(&self, key: LimitKey, cost: u64, now: Nanos) -> Decision {

@@ -19,7 +19,7 @@
 //! tokens and `reset_after` (until one more) is 50 ms.
 //!
 //! The leaky bucket (`leaky_bucket.rs`) is the same recurrence with
-//! `capacity + 1` units, so both share [`gcra`].
+//! `capacity + 1` units, so both share `gcra`.
 //!
 //! State: `tat`, 16 bytes.
 
