@@ -30,7 +30,7 @@
 //! State: window index and two counts, 24 bytes.
 
 use super::Nanos;
-use super::verdict::{Verdict, div, sat_nanos};
+use super::verdict::{Verdict, div, sat_nanos, settle};
 
 /// A key's two counters, `current` belonging to window number `window`.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -133,16 +133,10 @@ pub fn is_fresh(state: State, now: Nanos, window: Nanos) -> bool {
 /// Post-response settlement on the current counter, kept in `0..=limit`.
 pub fn adjust(state: State, now: Nanos, delta: i64, limit: u64, window: Nanos) -> State {
     let (idx, _, p, c) = rolled(state, now, window.max(1));
-    let c = sat_nanos(c);
-    let current = if delta >= 0 {
-        c.saturating_add(delta.unsigned_abs()).min(limit)
-    } else {
-        c.saturating_sub(delta.unsigned_abs())
-    };
     State {
         window: idx,
         previous: sat_nanos(p),
-        current,
+        current: settle(sat_nanos(c), delta, limit),
     }
 }
 

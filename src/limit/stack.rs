@@ -42,7 +42,7 @@ use smallvec::SmallVec;
 use super::Nanos;
 use super::concurrency::ConcurrencyPermit;
 use super::key::LimitKey;
-use super::memory::{Limiter, ShardMap, Undo};
+use super::memory::{Decision, Limiter, ShardMap, Undo};
 use super::verdict::Verdict;
 
 /// Stacks up to this long are decided without touching the heap.
@@ -268,10 +268,7 @@ fn check_one(entry: &StackEntry<'_>, cost: u64, now: Nanos, decision: &mut Stack
         decision.entries.push(SKIPPED);
         return;
     };
-    let mut shard = entry.limiter.lock_shard(entry.limiter.shard_of(key));
-    let mut permit = None;
-    let (verdict, _) = entry.limiter.apply(&mut shard, key, cost, now, &mut permit);
-    drop(shard);
+    let Decision { verdict, permit } = entry.limiter.check(key, cost, now);
     decision.permits.push(permit);
     let outcome = outcome_of(&verdict, entry.shadow);
     if outcome == Outcome::Denied {

@@ -117,6 +117,16 @@ pub(crate) fn div(a: u128, b: u128) -> u128 {
     }
 }
 
+/// A count after post-response settlement: `used + delta`, kept in
+/// `0..=limit` (a charge never overdraws, a refund never exceeds full).
+pub(crate) fn settle(used: u64, delta: i64, limit: u64) -> u64 {
+    if delta >= 0 {
+        used.saturating_add(delta.unsigned_abs()).min(limit)
+    } else {
+        used.saturating_sub(delta.unsigned_abs())
+    }
+}
+
 /// Narrow a u128 duration to [`Nanos`], saturating.
 pub(crate) fn sat_nanos(v: u128) -> Nanos {
     u64::try_from(v).unwrap_or(u64::MAX)
