@@ -91,9 +91,9 @@ fn racing_concurrency_permits_never_exceed_max() {
             let (conc, in_flight, peak) = (conc.clone(), in_flight.clone(), peak.clone());
             thread::spawn(move || {
                 for _ in 0..2_000 {
-                    let mut d = conc.check(key, 1, T0);
-                    if d.allowed {
-                        let permits = d.take_permits();
+                    let d = conc.check(key, 1, T0);
+                    if d.verdict.allowed {
+                        let permits = d.permit;
                         let now = in_flight.fetch_add(1, Ordering::SeqCst) + 1;
                         peak.fetch_max(now, Ordering::SeqCst);
                         in_flight.fetch_sub(1, Ordering::SeqCst);

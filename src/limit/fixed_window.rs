@@ -15,7 +15,7 @@
 //! State is the window's index (`now / window`) and its count: 16 bytes.
 
 use super::Nanos;
-use super::verdict::{Verdict, sat_nanos};
+use super::verdict::{Verdict, sat_nanos, settle};
 
 /// A key's counter: `count` units charged in window number `window`.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -68,12 +68,10 @@ pub fn is_fresh(state: State, now: Nanos, window: Nanos) -> bool {
 /// window, keeping `0 <= count <= limit`.
 pub fn adjust(state: State, now: Nanos, delta: i64, limit: u64, window: Nanos) -> State {
     let (idx, used, _) = current(state, now, window);
-    let count = if delta >= 0 {
-        used.saturating_add(delta.unsigned_abs()).min(limit)
-    } else {
-        used.saturating_sub(delta.unsigned_abs())
-    };
-    State { window: idx, count }
+    State {
+        window: idx,
+        count: settle(used, delta, limit),
+    }
 }
 
 #[cfg(test)]

@@ -26,14 +26,14 @@ impl LimitKey {
         // The one-part case with a short value (an IP, an API key) is the
         // common one: a stack buffer and the one-shot hash are cheaper than
         // the streaming state.
-        if let [part] = parts {
-            if part.len() <= 56 {
-                let mut buf = [0u8; 64];
-                let len = part.len();
-                buf[..8].copy_from_slice(&(len as u64).to_le_bytes());
-                buf[8..8 + len].copy_from_slice(part);
-                return LimitKey(xxh3_128(&buf[..8 + len]));
-            }
+        if let [part] = parts
+            && part.len() <= 56
+        {
+            let mut buf = [0u8; 64];
+            let len = part.len();
+            buf[..8].copy_from_slice(&(len as u64).to_le_bytes());
+            buf[8..8 + len].copy_from_slice(part);
+            return LimitKey(xxh3_128(&buf[..8 + len]));
         }
         let mut hasher = Xxh3::new();
         for part in parts {

@@ -10,7 +10,7 @@
 //!
 //! That recurrence is GCRA with the bucket level `L = (excess + 1) × T`
 //! (`T = 1 / rate`): `L' = max(L − elapsed, 0) + T`, refused when
-//! `L' > (capacity + 1) × T`. So this module runs [`token_bucket::gcra`] with
+//! `L' > (capacity + 1) × T`. So this module runs `token_bucket::gcra` with
 //! `capacity + 1` units and derives the delay as `L' − T`, the `excess / rate`
 //! of nginx. nginx truncates to milliseconds; here the arithmetic is exact in
 //! nanoseconds (`rate` is rational, see `token_bucket`). A request of cost `c`

@@ -18,7 +18,7 @@
 //!
 //! # Memory per key
 //!
-//! A table slot is the 16-byte key plus a 32-byte state ([`KeyState`], the
+//! A table slot is the 16-byte key plus a 32-byte state (`KeyState`, the
 //! largest variant being the sliding window's 24 bytes; the token bucket's
 //! `tat` is 16) plus 1 control byte: 49 bytes. The table (std's hashbrown)
 //! keeps at most 7/8 of its slots full and doubles when it fills, so a key
@@ -77,7 +77,6 @@ use parking_lot::{Mutex, MutexGuard};
 
 use super::concurrency::{self, ConcurrencyPermit, Slot};
 use super::key::LimitKey;
-use super::stack::{StackDecision, StackEntry, check_stack};
 use super::verdict::Verdict;
 use super::{Algorithm, NANOS_PER_SEC, Nanos};
 use super::{fixed_window, leaky_bucket, sliding_log, sliding_window, token_bucket};
@@ -187,6 +186,16 @@ enum Next {
     Acquire,
 }
 
+/// One limit's decision on one request ([`Limiter::check`]).
+#[derive(Debug)]
+#[must_use]
+pub struct Decision {
+    pub verdict: Verdict,
+    /// Concurrency: the slot taken by an admitted request; hold it until the
+    /// response body ends.
+    pub permit: Option<ConcurrencyPermit>,
+}
+
 /// One named limit's per-key state. Share it as `Arc<Limiter>`.
 #[derive(Debug)]
 pub struct Limiter {
@@ -227,18 +236,16 @@ impl Limiter {
         self.live.load(Ordering::Relaxed)
     }
 
-    /// Decide and charge one request against this limit alone (a stack of
-    /// one entry).
-    pub fn check(&self, key: LimitKey, cost: u64, now: Nanos) -> StackDecision {
-        check_stack(
-            &[StackEntry {
-                limiter: self,
-                key: Some(key),
-                shadow: false,
-            }],
-            cost,
-            now,
-        )
+    /// Decide and charge one request against this limit alone. The same
+    /// decision as a one-entry [`check_stack`](super::check_stack), returned compactly (no
+    /// per-entry array to copy out).
+    #[inline]
+    pub fn check(&self, key: LimitKey, cost: u64, now: Nanos) -> Decision {
+        let mut permit = None;
+        let mut shard = self.lock_shard(self.shard_of(key));
+        let (verdict, _) = self.apply(&mut shard, key, cost, now, &mut permit);
+        drop(shard);
+        Decision { verdict, permit }
     }
 
     /// The key's state as it stands (`r`, `t`), charging nothing.
@@ -341,14 +348,15 @@ impl Limiter {
     }
 
     /// Decide `cost` for `key` and, if admitted, charge it (a concurrency
-    /// permit goes to `permits`). Returns what to undo, if anything changed.
+    /// permit goes to `permit`). Returns what to undo, if anything changed.
+    #[inline]
     pub(crate) fn apply(
         &self,
         shard: &mut ShardMap,
         key: LimitKey,
         cost: u64,
         now: Nanos,
-        permits: &mut super::stack::Permits,
+        permit: &mut Option<ConcurrencyPermit>,
     ) -> (Verdict, Option<Undo>) {
         if cost == 0 {
             return (self.peek_in(shard, key, now), None);
@@ -358,7 +366,7 @@ impl Limiter {
             let (v, next) = self.decide(Some(state), now, cost);
             return match next {
                 Some(next) => {
-                    let action = self.commit(state, next, now, cost, permits);
+                    let action = self.commit(state, next, now, cost, permit);
                     let target = Target::Key(k);
                     (v, Some(Undo { target, action }))
                 }
@@ -372,7 +380,7 @@ impl Limiter {
                 return (v, None);
             };
             let mut state = self.fresh_state();
-            let action = self.commit(&mut state, next, now, cost, permits);
+            let action = self.commit(&mut state, next, now, cost, permit);
             shard.map.insert(k, state);
             let target = Target::New(k);
             return (v, Some(Undo { target, action }));
@@ -381,7 +389,7 @@ impl Limiter {
         let (v, next) = self.decide(Some(state), now, cost);
         match next {
             Some(next) => {
-                let action = self.commit(state, next, now, cost, permits);
+                let action = self.commit(state, next, now, cost, permit);
                 let target = Target::Overflow;
                 (v, Some(Undo { target, action }))
             }
@@ -426,6 +434,7 @@ impl Limiter {
 
     /// The pure decision on `state` (`None` = fresh). The `Next` is present
     /// iff the verdict admits a non-zero cost.
+    #[inline(always)]
     fn decide(&self, state: Option<&KeyState>, now: Nanos, cost: u64) -> (Verdict, Option<Next>) {
         use Algorithm::*;
         let admitted = |v: &Verdict, next: Next| (v.allowed && cost > 0).then_some(next);
@@ -478,13 +487,14 @@ impl Limiter {
     }
 
     /// Apply an admitted decision's state change; returns its undo.
+    #[inline(always)]
     fn commit(
         &self,
         state: &mut KeyState,
         next: Next,
         now: Nanos,
         cost: u64,
-        permits: &mut super::stack::Permits,
+        permit: &mut Option<ConcurrencyPermit>,
     ) -> UndoAction {
         let window = match self.algorithm {
             Algorithm::SlidingLog { window, .. } => window,
@@ -501,7 +511,7 @@ impl Limiter {
                 UndoAction::LogPop(cost)
             }
             (Next::Acquire, KeyState::Inflight(slot)) => {
-                permits.push(ConcurrencyPermit::acquire(slot, cost));
+                *permit = Some(ConcurrencyPermit::acquire(slot, cost));
                 UndoAction::Nothing
             }
             (next, state) => {
@@ -510,7 +520,7 @@ impl Limiter {
                 // above treated it as fresh, so restart it fresh.
                 debug_assert!(false, "key state does not match the algorithm");
                 *state = self.fresh_state();
-                self.commit(state, next, now, cost, permits)
+                self.commit(state, next, now, cost, permit)
             }
         }
     }
@@ -675,9 +685,9 @@ mod tests {
     fn sweep_forgets_fresh_keys_only() {
         let l = Limiter::new("t", bucket(10, 10), 1000);
         for i in 0..100 {
-            assert!(l.check(key(i), 1, T0).allowed);
+            assert!(l.check(key(i), 1, T0).verdict.allowed);
         }
-        assert!(l.check(key(0), 5, T0).allowed);
+        assert!(l.check(key(0), 5, T0).verdict.allowed);
         assert_eq!(l.live_keys(), 100);
         // 100 ms later one token is back: the one-shot keys are full again.
         assert_eq!(l.sweep(T0 + S / 10), 99);
@@ -689,27 +699,27 @@ mod tests {
     fn keys_beyond_the_cap_share_an_overflow_state() {
         let l = Limiter::new("t", bucket(3, 1), 10);
         for i in 0..10 {
-            assert!(l.check(key(i), 1, T0).allowed);
+            assert!(l.check(key(i), 1, T0).verdict.allowed);
         }
         assert_eq!(l.live_keys(), 10);
         // Nothing is fresh: new keys go to their shard's overflow state, and
         // still get limited.
         let mut passed = 0;
         for _ in 0..5 {
-            passed += u64::from(l.check(key(999), 1, T0).allowed);
+            passed += u64::from(l.check(key(999), 1, T0).verdict.allowed);
         }
         assert_eq!(passed, 3);
         assert_eq!(l.live_keys(), 10, "memory stays bounded");
         // A second later, the full limiter sweeps a shard for the new key.
         let later = T0 + 10 * S;
-        assert!(l.check(key(1000), 1, later).allowed);
+        assert!(l.check(key(1000), 1, later).verdict.allowed);
         assert!(l.live_keys() <= 10);
     }
 
     #[test]
     fn adjust_charges_and_refunds_within_bounds() {
         let l = Limiter::new("t", bucket(10, 1), 100);
-        assert!(l.check(key(1), 2, T0).allowed);
+        assert!(l.check(key(1), 2, T0).verdict.allowed);
         l.adjust(key(1), 5, T0);
         assert_eq!(l.peek(key(1), T0).remaining, 3);
         l.adjust(key(1), 50, T0);
@@ -724,13 +734,13 @@ mod tests {
     fn carry_over_rules() {
         // Token bucket: used tokens are kept, capacity raised.
         let old = Limiter::new("t", bucket(10, 1), 100);
-        assert!(old.check(key(1), 4, T0).allowed);
+        assert!(old.check(key(1), 4, T0).verdict.allowed);
         let new = Limiter::carry_from(&old, "t", bucket(20, 1), 100, T0);
         assert_eq!(new.peek(key(1), T0).remaining, 16);
         // Window changed: fresh.
         let w = |window| Algorithm::SlidingWindow { limit: 10, window };
         let old = Limiter::new("w", w(S), 100);
-        assert!(old.check(key(1), 4, T0).allowed);
+        assert!(old.check(key(1), 4, T0).verdict.allowed);
         let same = Limiter::carry_from(
             &old,
             "w",
@@ -749,12 +759,11 @@ mod tests {
         assert_eq!(fresh.live_keys(), 0);
         // Concurrency: a permit taken before the reload releases into the new one.
         let old = Limiter::new("c", Algorithm::Concurrency { max: 1 }, 100);
-        let mut d = old.check(key(1), 1, T0);
-        let permits = d.take_permits();
+        let permits = old.check(key(1), 1, T0).permit;
         let new = Limiter::carry_from(&old, "c", Algorithm::Concurrency { max: 1 }, 100, T0);
-        assert!(!new.check(key(1), 1, T0).allowed);
+        assert!(!new.check(key(1), 1, T0).verdict.allowed);
         drop(permits);
-        assert!(new.check(key(1), 1, T0).allowed);
+        assert!(new.check(key(1), 1, T0).verdict.allowed);
         // Leaky: excess kept, mode may change.
         let leaky = |mode| Algorithm::LeakyBucket {
             capacity: 2,
@@ -762,8 +771,8 @@ mod tests {
             mode,
         };
         let old = Limiter::new("l", leaky(LeakyMode::Reject), 100);
-        assert!(old.check(key(1), 3, T0).allowed);
+        assert!(old.check(key(1), 3, T0).verdict.allowed);
         let new = Limiter::carry_from(&old, "l", leaky(LeakyMode::Delay), 100, T0);
-        assert!(!new.check(key(1), 1, T0).allowed);
+        assert!(!new.check(key(1), 1, T0).verdict.allowed);
     }
 }

@@ -30,7 +30,7 @@
 //! State: window index and two counts, 24 bytes.
 
 use super::Nanos;
-use super::verdict::{Verdict, sat_nanos};
+use super::verdict::{Verdict, div, sat_nanos, settle};
 
 /// A key's two counters, `current` belonging to window number `window`.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -72,7 +72,7 @@ fn wait_for(p: u128, c: u128, e: u128, w: u128, limit: u128, need: u128) -> u128
         let x = if p == 0 {
             e
         } else {
-            w.saturating_sub(room * w / p).max(e)
+            w.saturating_sub(div(room * w, p)).max(e)
         };
         if x < w {
             return x - e;
@@ -84,7 +84,7 @@ fn wait_for(p: u128, c: u128, e: u128, w: u128, limit: u128, need: u128) -> u128
     let y = if c == 0 {
         0
     } else {
-        w.saturating_sub(room * w / c)
+        w.saturating_sub(div(room * w, c))
     };
     (w - e) + y
 }
@@ -100,7 +100,7 @@ pub fn decide(state: State, now: Nanos, cost: u64, limit: u64, window: Nanos) ->
     let weighted = p * (w - e);
     let allowed = !never && weighted + (c + k) * w <= l * w;
     let c_after = if allowed { c + k } else { c };
-    let remaining = (l * w).saturating_sub(weighted + c_after * w) / w;
+    let remaining = div((l * w).saturating_sub(weighted + c_after * w), w);
     let reset_after = if remaining >= l {
         0
     } else {
@@ -133,16 +133,10 @@ pub fn is_fresh(state: State, now: Nanos, window: Nanos) -> bool {
 /// Post-response settlement on the current counter, kept in `0..=limit`.
 pub fn adjust(state: State, now: Nanos, delta: i64, limit: u64, window: Nanos) -> State {
     let (idx, _, p, c) = rolled(state, now, window.max(1));
-    let c = sat_nanos(c);
-    let current = if delta >= 0 {
-        c.saturating_add(delta.unsigned_abs()).min(limit)
-    } else {
-        c.saturating_sub(delta.unsigned_abs())
-    };
     State {
         window: idx,
         previous: sat_nanos(p),
-        current,
+        current: settle(sat_nanos(c), delta, limit),
     }
 }
 

@@ -19,11 +19,11 @@
 //! tokens and `reset_after` (until one more) is 50 ms.
 //!
 //! The leaky bucket (`leaky_bucket.rs`) is the same recurrence with
-//! `capacity + 1` units, so both share [`gcra`].
+//! `capacity + 1` units, so both share `gcra`.
 //!
 //! State: `tat`, 16 bytes.
 
-use super::verdict::{Verdict, ceil_div, sat_nanos};
+use super::verdict::{Verdict, ceil_div, div, sat_nanos};
 use super::{Nanos, Rate};
 
 /// A key's theoretical arrival time, in scaled nanoseconds (ns × `tokens`).
@@ -53,6 +53,7 @@ fn unscale(d: u128, rate: Rate) -> Nanos {
 }
 
 /// The GCRA decision for `cost` units against a bucket of `capacity` units.
+#[inline]
 pub(crate) fn gcra(state: State, now: Nanos, cost: u64, capacity: u64, rate: Rate) -> Outcome {
     let t = u128::from(rate.per.max(1));
     let tau = u128::from(capacity) * t;
@@ -63,7 +64,7 @@ pub(crate) fn gcra(state: State, now: Nanos, cost: u64, capacity: u64, rate: Rat
     let allowed = !never && new_tat - now_s <= tau;
     let ahead = if allowed { new_tat } else { tat } - now_s;
     let room = tau.saturating_sub(ahead);
-    let remaining = room / t;
+    let remaining = div(room, t);
     // Until one more whole token: the level must reach (remaining + 1)·T.
     let reset_after = if remaining >= u128::from(capacity) {
         0

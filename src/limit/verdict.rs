@@ -100,8 +100,31 @@ fn units_time_secs(units: u128, rate: Rate) -> u128 {
 /// `ceil(a / b)` for `b > 0`; a zero `b` (never produced by validation) is
 /// treated as 1 rather than panicking on input.
 pub(crate) fn ceil_div(a: u128, b: u128) -> u128 {
+    let q = div(a, b);
+    q + u128::from(q * b.max(1) != a)
+}
+
+/// `a / b` (`b` = 0 treated as 1), with a 64-bit fast path: the operands are
+/// scaled nanoseconds that almost always fit in 64 bits, and a 128-bit
+/// division is a library call several times slower than the `div`
+/// instruction.
+#[inline]
+pub(crate) fn div(a: u128, b: u128) -> u128 {
     let b = b.max(1);
-    a / b + u128::from(a % b != 0)
+    match (u64::try_from(a), u64::try_from(b)) {
+        (Ok(a), Ok(b)) => u128::from(a / b),
+        _ => a / b,
+    }
+}
+
+/// A count after post-response settlement: `used + delta`, kept in
+/// `0..=limit` (a charge never overdraws, a refund never exceeds full).
+pub(crate) fn settle(used: u64, delta: i64, limit: u64) -> u64 {
+    if delta >= 0 {
+        used.saturating_add(delta.unsigned_abs()).min(limit)
+    } else {
+        used.saturating_sub(delta.unsigned_abs())
+    }
 }
 
 /// Narrow a u128 duration to [`Nanos`], saturating.
