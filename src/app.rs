@@ -21,7 +21,7 @@ use parking_lot::Mutex;
 use crate::access_log::DeniedSampler;
 use crate::config::{Config, KeyPart, LimitConfig, RouteAction};
 use crate::identity::client_ip::{ClientIpPolicy, ForwardHeader, Trust};
-use crate::limit::{Algorithm, Clock, Limiter, Nanos, SystemClock};
+use crate::limit::{Algorithm, Clock, Limiter, Nanos, SystemClock, WindowAlign};
 use crate::metrics::{LabelNames, Metrics};
 use crate::proxy::forward::{Upstream, Upstreams};
 use crate::proxy::ratelimit::{StackView, policy_header};
@@ -153,6 +153,7 @@ impl Snapshot {
 struct LimiterSpec {
     key: Vec<KeyPart>,
     algorithm: Algorithm,
+    align: WindowAlign,
     max_keys: usize,
 }
 
@@ -183,19 +184,20 @@ impl LimiterRegistry {
             let spec = LimiterSpec {
                 key: limit.key.clone(),
                 algorithm,
+                align: limit.align,
                 max_keys: limit.max_keys,
             };
             let id = (limit.name.clone(), plan.cloned());
             let limiter = match by_name.get(&id) {
                 Some((old, limiter)) if *old == spec => limiter.clone(),
-                Some((old, limiter)) if old.key == spec.key => Arc::new(Limiter::carry_from(
-                    limiter,
-                    &limit.name,
-                    algorithm,
-                    limit.max_keys,
-                    now,
-                )),
-                _ => Arc::new(Limiter::new(&limit.name, algorithm, limit.max_keys)),
+                // Windows aligned differently mean other boundaries: fresh.
+                Some((old, limiter)) if old.key == spec.key && old.align == spec.align => Arc::new(
+                    Limiter::carry_from(limiter, &limit.name, algorithm, limit.max_keys, now)
+                        .with_align(limit.align),
+                ),
+                _ => Arc::new(
+                    Limiter::new(&limit.name, algorithm, limit.max_keys).with_align(limit.align),
+                ),
             };
             next.insert(id, (spec, limiter.clone()));
             limiter

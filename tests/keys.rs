@@ -441,3 +441,61 @@ limits = ["session"]
     assert_eq!(get(gw.addr, "/", &h("sid=1", "b")).await.status, 200);
     assert_eq!(get(gw.addr, "/", &h("sid=2", "a")).await.status, 200);
 }
+
+#[tokio::test]
+async fn a_daily_tenant_quota_stacks_with_a_per_second_burst() {
+    let upstream = TestUpstream::start().await;
+    let gw = gateway(
+        &upstream,
+        r#"
+[consumers."k-a"]
+consumer = "a-web"
+tenant = "a"
+
+[consumers."k-b"]
+consumer = "b-web"
+tenant = "b"
+
+[limits.tenant_burst]
+key = "tenant"
+algorithm = "token_bucket"
+capacity = 2
+refill = "2/s"
+
+[limits.tenant_daily]
+key = "tenant"
+algorithm = "fixed_window"
+limit = 3
+window = "1d"
+reset_jitter = "1h"
+
+[[routes]]
+name = "api"
+match = { path_prefix = "/" }
+upstream = "api"
+limits = ["tenant_burst", "tenant_daily"]
+require_consumer = true
+"#,
+    );
+    let key = [("x-api-key", "k-a")];
+    assert_eq!(get(gw.addr, "/", &key).await.status, 200);
+    assert_eq!(get(gw.addr, "/", &key).await.status, 200);
+    let reply = get(gw.addr, "/", &key).await;
+    assert_eq!(reply.status, 429);
+    assert_eq!(reply.json()["violated-policies"], serde_json::json!(["tenant_burst"]));
+    tokio::time::sleep(std::time::Duration::from_millis(1200)).await;
+    assert_eq!(get(gw.addr, "/", &key).await.status, 200);
+    let reply = get(gw.addr, "/", &key).await;
+    assert_eq!(reply.status, 429);
+    assert_eq!(reply.json()["violated-policies"], serde_json::json!(["tenant_daily"]));
+    // The daily window resets at a per-tenant moment (jittered), not all at once.
+    let daily_t = |reply: &common::Reply| -> u64 {
+        let header = reply.header("ratelimit").unwrap();
+        let item = header.split(", ").find(|i| i.starts_with("\"tenant_daily\"")).unwrap();
+        item.rsplit("t=").next().unwrap().parse().unwrap()
+    };
+    let a = daily_t(&reply);
+    let b = daily_t(&get(gw.addr, "/", &[("x-api-key", "k-b")]).await);
+    assert!(a <= 86_400 + 3_600 && b <= 86_400 + 3_600, "{a} {b}");
+    assert_ne!(a, b, "two tenants' daily windows reset in the same second");
+}

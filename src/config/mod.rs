@@ -23,7 +23,7 @@ use ipnet::IpNet;
 pub use error::{ConfigError, KeyPath, Problem};
 
 use crate::access_log::LogDenied;
-use crate::limit::Algorithm;
+use crate::limit::{Algorithm, WindowAlign};
 
 /// A validated configuration, with the bytes it came from.
 #[derive(Debug, Clone)]
@@ -175,6 +175,8 @@ pub struct LimitConfig {
     pub max_keys: usize,
     /// Per-plan parameters (same algorithm kind), chosen by the consumer's plan.
     pub plans: Vec<(Arc<str>, Algorithm)>,
+    /// Fixed windows of a day or longer: where each key's boundaries fall.
+    pub align: WindowAlign,
 }
 
 impl LimitConfig {

@@ -17,7 +17,7 @@ use super::error::{explain_serde_message, line_column, nearest, path_at, span_of
 use super::raw::{self, RawConfig, RawSize};
 use super::units::{parse_duration, parse_rate, parse_size};
 use super::*;
-use crate::limit::{Algorithm, LeakyMode, Nanos};
+use crate::limit::{Algorithm, LeakyMode, Nanos, WindowAlign};
 
 /// Default per-limit cap on live keys; see `limit::memory` for what happens
 /// when it is reached.
@@ -736,6 +736,71 @@ fn check_limit(c: &mut Checker, path: &KeyPath, name: &str, raw: &raw::RawLimit)
         headers,
         max_keys,
         plans,
+        align: check_align(c, path, raw, &algorithm),
+    }
+}
+
+/// `align` and `reset_jitter`: only for a fixed window of a day or longer,
+/// where keys resetting together would make a thundering herd.
+fn check_align(
+    c: &mut Checker,
+    path: &KeyPath,
+    raw: &raw::RawLimit,
+    algorithm: &Algorithm,
+) -> WindowAlign {
+    if raw.align.is_none() && raw.reset_jitter.is_none() {
+        return WindowAlign::default();
+    }
+    const DAY: Nanos = 86_400 * crate::limit::NANOS_PER_SEC;
+    let window = match algorithm {
+        Algorithm::FixedWindow { window, .. } => *window,
+        _ => {
+            let key = if raw.align.is_some() {
+                "align"
+            } else {
+                "reset_jitter"
+            };
+            c.problem(path.key(key), "applies to fixed_window limits only");
+            return WindowAlign::default();
+        }
+    };
+    if window < DAY {
+        let key = if raw.align.is_some() {
+            "align"
+        } else {
+            "reset_jitter"
+        };
+        c.problem(path.key(key), "applies to windows of a day or longer");
+        return WindowAlign::default();
+    }
+    let first_request = match raw.align.as_deref() {
+        None => false,
+        Some(text) => {
+            c.one_of(path.key("align"), text, &["epoch", "first_request"]) == Some("first_request")
+        }
+    };
+    let jitter = match &raw.reset_jitter {
+        None => 0,
+        Some(_) if first_request => {
+            c.problem(
+                path.key("reset_jitter"),
+                "applies to align = \"epoch\"; first_request windows already start at different times",
+            );
+            0
+        }
+        Some(_) => {
+            let jitter = c.duration(path.key("reset_jitter"), &raw.reset_jitter, Duration::ZERO);
+            let jitter = u64::try_from(jitter.as_nanos()).unwrap_or(u64::MAX);
+            if jitter >= window {
+                c.problem(path.key("reset_jitter"), "must be shorter than the window");
+            }
+            jitter
+        }
+    };
+    if first_request {
+        WindowAlign::FirstRequest
+    } else {
+        WindowAlign::Epoch { jitter }
     }
 }
 
@@ -1150,6 +1215,32 @@ mod tests {
             message.contains("`capacity` is not a parameter of fixed_window"),
             "{message}"
         );
+    }
+
+    #[test]
+    fn align_and_jitter_need_a_long_fixed_window() {
+        let base = "[limits.a]\nkey = \"ip\"\nalgorithm = \"fixed_window\"\nlimit = 5\n";
+        let ok = format!("{base}window = \"1d\"\nreset_jitter = \"10m\"\n");
+        let config = Config::from_bytes(Path::new("g.toml"), ok.as_bytes()).unwrap();
+        assert_eq!(
+            config.limits[0].align,
+            WindowAlign::Epoch {
+                jitter: 600 * crate::limit::NANOS_PER_SEC
+            }
+        );
+        let first = format!("{base}window = \"7d\"\nalign = \"first_request\"\n");
+        let config = Config::from_bytes(Path::new("g.toml"), first.as_bytes()).unwrap();
+        assert_eq!(config.limits[0].align, WindowAlign::FirstRequest);
+        let short = format!("{base}window = \"1h\"\nalign = \"first_request\"\n");
+        assert!(
+            errors(&short).contains(
+                "gateway.toml:6:1: `limits.a.align`: applies to windows of a day or longer"
+            ),
+            "{}",
+            errors(&short)
+        );
+        let long_jitter = format!("{base}window = \"1d\"\nreset_jitter = \"2d\"\n");
+        assert!(errors(&long_jitter).contains("shorter than the window"));
     }
 
     #[test]

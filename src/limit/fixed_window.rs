@@ -13,6 +13,16 @@
 //! and all pass — 200 in 200 ms.
 //!
 //! State is the window's index (`now / window`) and its count: 16 bytes.
+//!
+//! Long windows (a daily quota) may be aligned per key instead
+//! ([`WindowAlign`](super::WindowAlign)): with `reset_jitter` the limiter
+//! shifts each key's clock by a fixed offset from its digest before calling
+//! [`decide`], so keys reset at different moments of the day; with
+//! `align = "first_request"` the window starts at the key's first request and
+//! the `*_first` functions below keep the window's *start* (not its index) in
+//! `State::window`. Worked example, `limit = 1000`, `window = 1d`,
+//! first_request: a key's first call at 14:05 opens a window until 14:05 the
+//! next day; its first call after that opens the next one.
 
 use super::Nanos;
 use super::verdict::{Verdict, sat_nanos, settle};
@@ -74,6 +84,63 @@ pub fn adjust(state: State, now: Nanos, delta: i64, limit: u64, window: Nanos) -
     }
 }
 
+/// `align = "first_request"`: the window in force at `now` (its start and the
+/// units used), a new one when the last has ended or nothing was charged.
+fn current_first(state: State, now: Nanos, window: Nanos) -> (Nanos, u64, Nanos) {
+    let w = window.max(1);
+    let end = state.window.saturating_add(w);
+    if state.count == 0 || now >= end {
+        return (now, 0, w);
+    }
+    // `now` a little behind the start (clock reads racing) counts in it.
+    (state.window, state.count, end.saturating_sub(now).max(1))
+}
+
+/// [`decide`] for `align = "first_request"`; `State::window` is the start.
+pub fn decide_first(
+    state: State,
+    now: Nanos,
+    cost: u64,
+    limit: u64,
+    window: Nanos,
+) -> (State, Verdict) {
+    let (start, used, reset_in) = current_first(state, now, window);
+    let never = cost > limit;
+    let after = used.saturating_add(cost);
+    if !never && after <= limit {
+        let t = if after == 0 { 0 } else { reset_in };
+        let next = State {
+            window: start,
+            count: after,
+        };
+        return (next, Verdict::allow(limit - after, t));
+    }
+    let t = if used == 0 { 0 } else { reset_in };
+    (
+        state,
+        Verdict::deny(limit.saturating_sub(used), t, reset_in, never),
+    )
+}
+
+/// [`is_fresh`] for `align = "first_request"`.
+pub fn is_fresh_first(state: State, now: Nanos, window: Nanos) -> bool {
+    current_first(state, now, window).1 == 0
+}
+
+/// [`adjust`] for `align = "first_request"`.
+pub fn adjust_first(state: State, now: Nanos, delta: i64, limit: u64, window: Nanos) -> State {
+    let (start, used, _) = current_first(state, now, window);
+    let count = if delta >= 0 {
+        used.saturating_add(delta.unsigned_abs()).min(limit)
+    } else {
+        used.saturating_sub(delta.unsigned_abs())
+    };
+    State {
+        window: start,
+        count,
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -93,6 +160,30 @@ mod tests {
             }
         }
         passed
+    }
+
+    #[test]
+    fn first_request_windows_start_with_the_key() {
+        let (limit, window) = (2, 86_400 * S);
+        let first = 1_700_000_123 * S + 17 * MS; // not aligned to anything
+        let (s, v) = decide_first(State::default(), first, 1, limit, window);
+        assert!(v.allowed);
+        assert_eq!(s.window, first, "the window starts at the first request");
+        assert_eq!(v.reset_after, window);
+        let (s, v) = decide_first(s, first + 3_600 * S, 1, limit, window);
+        assert!(v.allowed);
+        assert_eq!(v.remaining, 0);
+        let (_, v) = decide_first(s, first + window - 1, 1, limit, window);
+        assert!(!v.allowed);
+        assert_eq!(v.retry_after, Some(1));
+        // The first request after the window ends opens the next one.
+        let later = first + window + 5 * S;
+        assert!(!is_fresh_first(s, first + window - 1, window));
+        assert!(is_fresh_first(s, later, window));
+        let (s, v) = decide_first(s, later, 1, limit, window);
+        assert!(v.allowed);
+        assert_eq!((s.window, s.count), (later, 1));
+        assert_eq!(adjust_first(s, later, 5, limit, window).count, 2);
     }
 
     #[test]

@@ -78,7 +78,7 @@ use parking_lot::{Mutex, MutexGuard};
 use super::concurrency::{self, ConcurrencyPermit, Slot};
 use super::key::LimitKey;
 use super::verdict::Verdict;
-use super::{Algorithm, NANOS_PER_SEC, Nanos};
+use super::{Algorithm, NANOS_PER_SEC, Nanos, WindowAlign};
 use super::{fixed_window, leaky_bucket, sliding_log, sliding_window, token_bucket};
 
 /// Shards per limiter: a power of two well above the core count, so two
@@ -201,6 +201,8 @@ pub struct Decision {
 pub struct Limiter {
     name: Box<str>,
     algorithm: Algorithm,
+    /// Fixed windows only: where each key's boundaries fall.
+    align: WindowAlign,
     max_keys: usize,
     /// Entries across all shards (reserved before insert, so never above
     /// `max_keys`).
@@ -213,14 +215,40 @@ impl Limiter {
         Limiter {
             name: name.into(),
             algorithm,
+            align: WindowAlign::default(),
             max_keys,
             live: AtomicUsize::new(0),
             shards: (0..SHARDS).map(|_| Shard::default()).collect(),
         }
     }
 
+    /// Sets where a fixed window's boundaries fall per key (other
+    /// algorithms ignore it). Set before the limiter is shared.
+    pub fn with_align(mut self, align: WindowAlign) -> Limiter {
+        self.align = align;
+        self
+    }
+
+    pub fn align(&self) -> WindowAlign {
+        self.align
+    }
+
     pub fn name(&self) -> &str {
         &self.name
+    }
+
+    /// The clock a key's fixed window runs on: with `reset_jitter`, `now`
+    /// moved back by the key's offset in `[0, jitter)`, so the key's
+    /// boundaries fall that much later than the epoch-aligned ones.
+    #[inline]
+    fn key_now(&self, key: StoreKey, now: Nanos) -> Nanos {
+        match (self.algorithm, self.align) {
+            (Algorithm::FixedWindow { .. }, WindowAlign::Epoch { jitter }) if jitter > 0 => {
+                // The high half: independent of the table hash (low half).
+                now.saturating_sub(key.hi % jitter)
+            }
+            _ => now,
+        }
     }
 
     pub fn algorithm(&self) -> Algorithm {
@@ -262,6 +290,7 @@ impl Limiter {
             return;
         }
         let k = StoreKey::from(key);
+        let now = self.key_now(k, now);
         let mut shard = self.lock_shard(self.shard_of(key));
         let shard = &mut *shard;
         if let Some(state) = shard.map.get_mut(&k) {
@@ -323,7 +352,7 @@ impl Limiter {
             // `new` is not shared yet: this lock is never contended.
             let mut to = to.0.lock();
             for (k, state) in &from.map {
-                if old.is_fresh(state, now) || !new.reserve(&mut to, now) {
+                if old.is_fresh(state, old.key_now(*k, now)) || !new.reserve(&mut to, now) {
                     continue;
                 }
                 to.map.insert(*k, old.carry_state(state, &algorithm, now));
@@ -362,6 +391,7 @@ impl Limiter {
             return (self.peek_in(shard, key, now), None);
         }
         let k = StoreKey::from(key);
+        let now = self.key_now(k, now);
         if let Some(state) = shard.map.get_mut(&k) {
             let (v, next) = self.decide(Some(state), now, cost);
             return match next {
@@ -422,6 +452,7 @@ impl Limiter {
     /// The state of `key` as it stands (cost 0), the way [`Limiter::apply`]
     /// would find it (including the overflow state when at the cap).
     pub(crate) fn peek_in(&self, shard: &ShardMap, key: LimitKey, now: Nanos) -> Verdict {
+        let now = self.key_now(StoreKey::from(key), now);
         let state = match shard.map.get(&StoreKey::from(key)) {
             Some(s) => Some(s),
             None if self.live_keys() >= self.max_keys => shard.overflow.as_ref(),
@@ -444,7 +475,12 @@ impl Limiter {
                     Some(KeyState::Window(s)) => *s,
                     _ => Default::default(),
                 };
-                let (n, v) = fixed_window::decide(s, now, cost, limit, window);
+                let (n, v) = match self.align {
+                    WindowAlign::FirstRequest => {
+                        fixed_window::decide_first(s, now, cost, limit, window)
+                    }
+                    WindowAlign::Epoch { .. } => fixed_window::decide(s, now, cost, limit, window),
+                };
                 (v, admitted(&v, Next::Window(n)))
             }
             SlidingWindow { limit, window } => {
@@ -539,9 +575,10 @@ impl Limiter {
     fn is_fresh(&self, state: &KeyState, now: Nanos) -> bool {
         use Algorithm::*;
         match (self.algorithm, state) {
-            (FixedWindow { window, .. }, KeyState::Window(s)) => {
-                fixed_window::is_fresh(*s, now, window)
-            }
+            (FixedWindow { window, .. }, KeyState::Window(s)) => match self.align {
+                WindowAlign::FirstRequest => fixed_window::is_fresh_first(*s, now, window),
+                WindowAlign::Epoch { .. } => fixed_window::is_fresh(*s, now, window),
+            },
             (SlidingWindow { window, .. }, KeyState::Sliding(s)) => {
                 sliding_window::is_fresh(*s, now, window)
             }
@@ -558,7 +595,14 @@ impl Limiter {
         use Algorithm::*;
         match (self.algorithm, state) {
             (FixedWindow { limit, window }, KeyState::Window(s)) => {
-                *s = fixed_window::adjust(*s, now, delta, limit, window)
+                *s = match self.align {
+                    WindowAlign::FirstRequest => {
+                        fixed_window::adjust_first(*s, now, delta, limit, window)
+                    }
+                    WindowAlign::Epoch { .. } => {
+                        fixed_window::adjust(*s, now, delta, limit, window)
+                    }
+                }
             }
             (SlidingWindow { limit, window }, KeyState::Sliding(s)) => {
                 *s = sliding_window::adjust(*s, now, delta, limit, window)
@@ -625,7 +669,9 @@ impl Limiter {
 
     fn sweep_shard(&self, shard: &mut ShardMap, now: Nanos) -> usize {
         let before = shard.map.len();
-        shard.map.retain(|_, s| !self.is_fresh(s, now));
+        shard
+            .map
+            .retain(|k, s| !self.is_fresh(s, self.key_now(*k, now)));
         let removed = before - shard.map.len();
         self.live.fetch_sub(removed, Ordering::Relaxed);
         if shard
@@ -728,6 +774,45 @@ mod tests {
         assert_eq!(l.peek(key(1), T0).remaining, 10);
         l.adjust(key(2), -5, T0);
         assert_eq!(l.live_keys(), 1, "a refund to a fresh key stores nothing");
+    }
+
+    #[test]
+    fn reset_jitter_spreads_window_boundaries_per_key() {
+        let day = 86_400 * S;
+        let limiter = Limiter::new(
+            "daily",
+            Algorithm::FixedWindow {
+                limit: 1,
+                window: day,
+            },
+            100,
+        )
+        .with_align(WindowAlign::Epoch { jitter: 3_600 * S });
+        let midnight = 19_000 * day;
+        let resets: Vec<Nanos> = (0..20u32)
+            .map(|i| {
+                let key = LimitKey::digest(&[&i.to_le_bytes()]);
+                let v = limiter.check(key, 1, midnight + 7_200 * S).verdict;
+                assert!(v.allowed);
+                // Each key's window ends between 00:00 and 01:00 the next day.
+                let end = midnight + 7_200 * S + v.reset_after;
+                assert!(
+                    end > midnight + day && end <= midnight + day + 3_600 * S,
+                    "{end}"
+                );
+                end
+            })
+            .collect();
+        let distinct: std::collections::HashSet<_> = resets.iter().collect();
+        assert!(
+            distinct.len() > 15,
+            "keys should not reset together: {resets:?}"
+        );
+        // A key's own boundary holds: denied until it, admitted after.
+        let key = LimitKey::digest(&[&0u32.to_le_bytes()]);
+        let end = resets[0];
+        assert!(!limiter.check(key, 1, end - 1).verdict.allowed);
+        assert!(limiter.check(key, 1, end).verdict.allowed);
     }
 
     #[test]

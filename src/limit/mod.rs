@@ -41,6 +41,6 @@ pub use clock::{Clock, ManualClock, SystemClock};
 pub use concurrency::ConcurrencyPermit;
 pub use key::LimitKey;
 pub use memory::{Decision, Limiter};
-pub use params::{Algorithm, LeakyMode, NANOS_PER_SEC, Nanos, Rate};
+pub use params::{Algorithm, LeakyMode, NANOS_PER_SEC, Nanos, Rate, WindowAlign};
 pub use stack::{EntryVerdict, Outcome, Permits, StackDecision, StackEntry, check_stack};
 pub use verdict::{Verdict, quota, window_secs};

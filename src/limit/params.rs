@@ -55,3 +55,22 @@ pub enum Algorithm {
         max: u64,
     },
 }
+
+/// Where a fixed window's boundaries fall for each key (`align`,
+/// `reset_jitter`), so that long windows of many keys do not all reset in the
+/// same second.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum WindowAlign {
+    /// At multiples of the window since the Unix epoch, each key shifted by a
+    /// fixed offset in `[0, jitter)` derived from its digest (0: no shift).
+    Epoch { jitter: Nanos },
+    /// A key's window starts at its first request; the next one starts with
+    /// the first request after it ends.
+    FirstRequest,
+}
+
+impl Default for WindowAlign {
+    fn default() -> Self {
+        WindowAlign::Epoch { jitter: 0 }
+    }
+}
