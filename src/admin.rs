@@ -123,7 +123,11 @@ pub fn answer(app: &App, method: &Method, path: &str) -> Response<ResponseBody> 
         return response;
     }
     match path {
-        "/metrics" => ok(app.metrics().encode(), crate::metrics::CONTENT_TYPE),
+        "/metrics" => {
+            // Live keys are counted at scrape time, so the gauge is current.
+            app.refresh_limiter_keys();
+            ok(app.metrics().encode(), crate::metrics::CONTENT_TYPE)
+        }
         "/healthz" => ok("ok\n".to_owned(), "text/plain; charset=utf-8"),
         "/readyz" if app.is_ready() => ok("ready\n".to_owned(), "text/plain; charset=utf-8"),
         "/readyz" => problem(

@@ -321,13 +321,23 @@ impl App {
     /// returns how many keys were removed.
     pub fn sweep(&self) -> usize {
         let now = self.clock.now();
+        let removed = self
+            .snapshot()
+            .limiters
+            .iter()
+            .flat_map(LimiterSet::all)
+            .map(|l| l.sweep(now))
+            .sum();
+        self.refresh_limiter_keys();
+        removed
+    }
+
+    /// Sets `tollgate_limiter_keys{limit}` to the keys each limit holds now.
+    pub fn refresh_limiter_keys(&self) {
         let snapshot = self.snapshot();
-        let mut removed = 0;
         for (set, label) in snapshot.limiters.iter().zip(&snapshot.labels.limits) {
-            removed += set.all().map(|l| l.sweep(now)).sum::<usize>();
             let live: usize = set.all().map(|l| l.live_keys()).sum();
             self.metrics.set_limiter_keys(label, live as u64);
         }
-        removed
     }
 }

@@ -365,3 +365,86 @@ async fn no_admin_listener_unless_configured() {
     assert!(!gateway.stderr().contains("admin on"));
     assert_eq!(get(gateway.addr, "/health", &[]).await.status, 200);
 }
+
+#[tokio::test]
+async fn limit_decisions_near_limit_and_live_keys_are_counted() {
+    let upstream = TestUpstream::start().await;
+    let gateway = Gateway::start_with_args(
+        &format!(
+            r#"
+[server]
+listen = "127.0.0.1:0"
+admin = "127.0.0.1:0"
+log_denied = "none"
+
+[upstreams.api]
+url = "{}"
+
+[limits.per_key]
+key = "header:x-api-key"
+algorithm = "fixed_window"
+limit = 5
+window = "1h"
+
+[limits.trial]
+key = "header:x-api-key"
+algorithm = "fixed_window"
+limit = 1
+window = "1h"
+shadow = true
+
+[[routes]]
+name = "api"
+match = {{ path_prefix = "/" }}
+upstream = "api"
+limits = ["per_key", "trial"]
+"#,
+            upstream.url()
+        ),
+        &["--log-format", "json"],
+    );
+    for _ in 0..6 {
+        get(gateway.addr, "/", &[("x-api-key", "k1")]).await;
+    }
+    get(gateway.addr, "/", &[("x-api-key", "k2")]).await;
+    get(gateway.addr, "/", &[]).await;
+    let m = scrape(&gateway).await;
+    let decision = |limit: &str, outcome: &str| {
+        m.value(
+            "tollgate_ratelimit_decisions_total",
+            &[("route", "api"), ("limit", limit), ("outcome", outcome)],
+        )
+    };
+    // k1: 5 allowed, 1 denied; k2: 1 allowed; no key: skipped by both.
+    assert_eq!(decision("per_key", "allowed"), Some(6.0));
+    assert_eq!(decision("per_key", "denied"), Some(1.0));
+    assert_eq!(decision("per_key", "skipped"), Some(1.0));
+    // The shadow limit admits each key's first request and would deny k1's
+    // 2nd to 6th (it is decided for the request per_key denies, too).
+    assert_eq!(decision("trial", "allowed"), Some(2.0));
+    assert_eq!(decision("trial", "shadow_denied"), Some(5.0));
+    // k1 passed 80% of per_key's quota once (its 5th request: 0 of 5 left).
+    assert_eq!(
+        m.value(
+            "tollgate_ratelimit_near_limit_total",
+            &[("route", "api"), ("limit", "per_key")]
+        ),
+        Some(1.0)
+    );
+    assert_eq!(
+        m.value("tollgate_limiter_keys", &[("limit", "per_key")]),
+        Some(2.0)
+    );
+    // log_denied = "none": the 429 has no access-log line, the others do.
+    let log = gateway.stderr();
+    let lines: Vec<&str> = log
+        .lines()
+        .filter(|l| l.contains("tollgate::access"))
+        .collect();
+    assert_eq!(lines.len(), 7, "{log}");
+    assert!(lines.iter().all(|l| !l.contains("\"status\":429")));
+    assert!(
+        lines.iter().any(|l| l.contains("\"limit\":\"per_key\"")),
+        "{lines:?}"
+    );
+}

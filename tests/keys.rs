@@ -482,16 +482,25 @@ require_consumer = true
     assert_eq!(get(gw.addr, "/", &key).await.status, 200);
     let reply = get(gw.addr, "/", &key).await;
     assert_eq!(reply.status, 429);
-    assert_eq!(reply.json()["violated-policies"], serde_json::json!(["tenant_burst"]));
+    assert_eq!(
+        reply.json()["violated-policies"],
+        serde_json::json!(["tenant_burst"])
+    );
     tokio::time::sleep(std::time::Duration::from_millis(1200)).await;
     assert_eq!(get(gw.addr, "/", &key).await.status, 200);
     let reply = get(gw.addr, "/", &key).await;
     assert_eq!(reply.status, 429);
-    assert_eq!(reply.json()["violated-policies"], serde_json::json!(["tenant_daily"]));
+    assert_eq!(
+        reply.json()["violated-policies"],
+        serde_json::json!(["tenant_daily"])
+    );
     // The daily window resets at a per-tenant moment (jittered), not all at once.
     let daily_t = |reply: &common::Reply| -> u64 {
         let header = reply.header("ratelimit").unwrap();
-        let item = header.split(", ").find(|i| i.starts_with("\"tenant_daily\"")).unwrap();
+        let item = header
+            .split(", ")
+            .find(|i| i.starts_with("\"tenant_daily\""))
+            .unwrap();
         item.rsplit("t=").next().unwrap().parse().unwrap()
     };
     let a = daily_t(&reply);
