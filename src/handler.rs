@@ -27,7 +27,7 @@ use std::time::{Duration, Instant};
 
 use http::header::{CONTENT_LENGTH, CONTENT_TYPE};
 use http::request::Parts;
-use http::{HeaderMap, Method, Request, Response, Uri};
+use http::{HeaderMap, Method, Request, Response, StatusCode, Uri};
 use hyper::body::Incoming;
 use smallvec::SmallVec;
 
@@ -55,6 +55,7 @@ use crate::proxy::body::{BodyCap, RequestBody, ResponseBody};
 use crate::proxy::forward::prepare_response;
 use crate::proxy::ratelimit;
 use crate::proxy::ratelimit::StackView;
+use crate::proxy::upgrade;
 
 /// What the server knows about the connection a request came on.
 #[derive(Debug, Clone, Copy)]
@@ -260,7 +261,8 @@ async fn route_and_act(
             response
         }
         RouteAction::Forward(_) => {
-            let response = forward(snapshot, route, downstream, parts, body).await?;
+            let response =
+                forward(snapshot, route, downstream, parts, body, &mut notes.permits).await?;
             if let (Some(cost_header), Some(admitted)) = (&route.cost_header, &admitted) {
                 settle_cost(
                     app,
@@ -605,6 +607,7 @@ async fn forward(
     downstream: Downstream,
     parts: Parts,
     body: PendingBody,
+    permits: &mut Permits,
 ) -> Result<Response<ResponseBody>, GatewayError> {
     let Some(upstream) = snapshot.upstream_of(&route.action) else {
         // Validation resolves every upstream reference; reaching this is a bug.
@@ -648,6 +651,10 @@ async fn forward(
             }
         }
     };
+    let mut parts = parts;
+    // hyper hands the client's connection over if we answer 101.
+    let client_upgrade = upgrade::requested(&parts.headers)
+        .and_then(|_| parts.extensions.remove::<hyper::upgrade::OnUpgrade>());
     let request = upstream.prepare(parts, body, downstream.peer, downstream.proto)?;
     let mut response = upstream
         .send(
@@ -657,6 +664,12 @@ async fn forward(
         )
         .await?;
     prepare_response(&mut response);
+    if response.status() == StatusCode::SWITCHING_PROTOCOLS
+        && let Some(client_upgrade) = client_upgrade
+    {
+        let upstream_upgrade = hyper::upgrade::on(&mut response);
+        upgrade::spawn_tunnel(client_upgrade, upstream_upgrade, std::mem::take(permits));
+    }
     Ok(response.map(ResponseBody::upstream))
 }
 

@@ -426,3 +426,89 @@ async fn sigterm_drains_in_flight_requests() {
         .expect("gateway exited");
     assert!(status.success(), "{status:?}");
 }
+
+/// Opens an upgraded (echo) tunnel through the gateway; returns the stream
+/// after the 101, or the status line it got instead.
+async fn open_tunnel(addr: std::net::SocketAddr) -> Result<tokio::net::TcpStream, String> {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut stream = tokio::net::TcpStream::connect(addr).await.unwrap();
+    stream
+        .write_all(
+            b"GET /upgrade HTTP/1.1\r\nhost: x\r\nconnection: Upgrade\r\nupgrade: echo\r\n\r\n",
+        )
+        .await
+        .unwrap();
+    let mut head = Vec::new();
+    let mut byte = [0u8; 1];
+    while !head.ends_with(b"\r\n\r\n") {
+        if stream.read(&mut byte).await.unwrap() == 0 {
+            break;
+        }
+        head.push(byte[0]);
+    }
+    let head = String::from_utf8_lossy(&head).into_owned();
+    if head.starts_with("HTTP/1.1 101") {
+        assert!(
+            head.to_ascii_lowercase().contains("upgrade: echo"),
+            "{head}"
+        );
+        Ok(stream)
+    } else {
+        Err(head)
+    }
+}
+
+#[tokio::test]
+async fn upgraded_connections_are_tunnelled_and_hold_their_concurrency_slot() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let upstream = TestUpstream::start().await;
+    let gateway = Gateway::start(&format!(
+        r#"
+[server]
+listen = "127.0.0.1:0"
+
+[upstreams.api]
+url = "{}"
+
+[limits.one_tunnel]
+key = "route"
+algorithm = "concurrency"
+max = 1
+
+[[routes]]
+name = "ws"
+match = {{ path = "/upgrade" }}
+upstream = "api"
+limits = ["one_tunnel"]
+"#,
+        upstream.url()
+    ));
+    let mut tunnel = open_tunnel(gateway.addr).await.expect("101");
+    tunnel
+        .write_all(b"hello through the gateway")
+        .await
+        .unwrap();
+    let mut echoed = [0u8; 25];
+    tokio::time::timeout(Duration::from_secs(5), tunnel.read_exact(&mut echoed))
+        .await
+        .expect("echo in time")
+        .unwrap();
+    assert_eq!(&echoed, b"hello through the gateway");
+    // The open tunnel holds the only slot.
+    let refused = open_tunnel(gateway.addr)
+        .await
+        .expect_err("second tunnel admitted");
+    assert!(refused.starts_with("HTTP/1.1 429"), "{refused}");
+    drop(tunnel);
+    let deadline = std::time::Instant::now() + Duration::from_secs(5);
+    loop {
+        match open_tunnel(gateway.addr).await {
+            Ok(_) => break,
+            Err(head) if std::time::Instant::now() < deadline => {
+                assert!(head.starts_with("HTTP/1.1 429"), "{head}");
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+            Err(head) => panic!("slot not released after the tunnel closed: {head}"),
+        }
+    }
+}

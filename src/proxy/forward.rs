@@ -100,7 +100,11 @@ impl Upstream {
             .and_then(|a| HeaderValue::from_str(a.as_str()).ok())
             .or_else(|| parts.headers.get(header::HOST).cloned());
         parts.uri = upstream_uri(base, &parts.uri)?;
+        let upgrade = super::upgrade::requested(&parts.headers);
         remove_hop_by_hop(&mut parts.headers);
+        if let Some(protocol) = upgrade {
+            super::upgrade::restore_headers(&mut parts.headers, protocol);
+        }
         append_forwarding(&mut parts.headers, peer.ip(), proto, client_host.as_ref());
         match (&self.config.host, client_host) {
             (Some(host), _) => {
@@ -250,9 +254,16 @@ fn is_token_byte(b: u8) -> bool {
     b.is_ascii_alphanumeric() || b"!#$%&'*+-.^_`|~".contains(&b)
 }
 
-/// Prepares an upstream response for the client: hop-by-hop headers removed.
+/// Prepares an upstream response for the client: hop-by-hop headers removed
+/// (but for the upgrade headers of a `101 Switching Protocols`).
 pub fn prepare_response(response: &mut Response<Incoming>) {
+    let upgrade = (response.status() == http::StatusCode::SWITCHING_PROTOCOLS)
+        .then(|| super::upgrade::requested(response.headers()))
+        .flatten();
     remove_hop_by_hop(response.headers_mut());
+    if let Some(protocol) = upgrade {
+        super::upgrade::restore_headers(response.headers_mut(), protocol);
+    }
 }
 
 #[cfg(test)]

@@ -5,3 +5,4 @@ pub mod forward;
 pub mod ratelimit;
 pub mod response;
 pub mod structured;
+pub mod upgrade;

@@ -167,6 +167,7 @@ impl Seen {
 /// - `/slow/MS`: answers after MS milliseconds;
 /// - `/hop`: answers with hop-by-hop headers that must not reach the client;
 /// - `/cost/N`: answers with `x-cost: N`;
+/// - `/upgrade`: switches protocols (101) to an echo of every byte;
 /// - anything else: 200 with body `echo`, recording what it saw.
 pub struct TestUpstream {
     pub addr: SocketAddr,
@@ -199,6 +200,7 @@ impl TestUpstream {
                     });
                     let _ = hyper::server::conn::http1::Builder::new()
                         .serve_connection(TokioIo::new(stream), service)
+                        .with_upgrades()
                         .await;
                 });
             }
@@ -256,6 +258,28 @@ async fn upstream_answer(
             let _ = tx.send(Bytes::from_static(b"last\n")).await;
         });
         return Response::new(BodyExt::boxed(ChannelBody(rx)));
+    }
+    if path == "/upgrade" {
+        // Switch to an echo protocol: every byte sent comes back.
+        let mut request = request;
+        let on_upgrade = hyper::upgrade::on(&mut request);
+        tokio::spawn(async move {
+            if let Ok(upgraded) = on_upgrade.await {
+                let (mut reader, mut writer) = tokio::io::split(TokioIo::new(upgraded));
+                let _ = tokio::io::copy(&mut reader, &mut writer).await;
+            }
+        });
+        let mut response = Response::new(BodyExt::boxed(
+            Full::new(Bytes::new()).map_err(|e| match e {}),
+        ));
+        *response.status_mut() = hyper::StatusCode::SWITCHING_PROTOCOLS;
+        response
+            .headers_mut()
+            .insert("upgrade", "echo".parse().unwrap());
+        response
+            .headers_mut()
+            .insert("connection", "upgrade".parse().unwrap());
+        return response;
     }
     if let Some(ms) = path.strip_prefix("/slow/") {
         let ms: u64 = ms.parse().unwrap_or(100);
