@@ -219,3 +219,160 @@ pub fn missing_key_response(limit: &LimitConfig, key: &str) -> Response<Response
         ),
     )
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::OnMissingKey;
+    use crate::limit::{Rate, Verdict};
+
+    const S: Nanos = NANOS_PER_SEC;
+
+    fn limit(name: &str, algorithm: Algorithm) -> LimitConfig {
+        LimitConfig {
+            name: name.into(),
+            key: vec![crate::config::KeyPart::Ip],
+            algorithm,
+            shadow: false,
+            status: StatusCode::TOO_MANY_REQUESTS,
+            on_missing_key: OnMissingKey::Skip,
+            local: false,
+            headers: None,
+            max_keys: 10,
+            plans: Vec::new(),
+            align: Default::default(),
+        }
+    }
+
+    fn entry(outcome: Outcome, remaining: u64, reset_after: Nanos) -> EntryVerdict {
+        EntryVerdict {
+            outcome,
+            verdict: Verdict {
+                allowed: outcome != Outcome::Denied,
+                remaining,
+                reset_after,
+                retry_after: (outcome == Outcome::Denied).then_some(reset_after),
+                ..Verdict::default()
+            },
+        }
+    }
+
+    fn stack() -> Vec<LimitConfig> {
+        vec![
+            limit(
+                "per_key",
+                Algorithm::TokenBucket {
+                    capacity: 20,
+                    refill: Rate { tokens: 10, per: S },
+                },
+            ),
+            limit(
+                "per_ip",
+                Algorithm::SlidingWindow {
+                    limit: 100,
+                    window: 60 * S,
+                },
+            ),
+        ]
+    }
+
+    #[test]
+    fn the_contract_example_serializes_exactly() {
+        let limits = stack();
+        let refs: Vec<&LimitConfig> = limits.iter().collect();
+        let algorithms: Vec<Algorithm> = limits.iter().map(|l| l.algorithm).collect();
+        let view = StackView {
+            limits: &refs,
+            algorithms: &algorithms,
+            server: HeaderStyles::default(),
+        };
+        let policy = policy_header(view).unwrap();
+        assert_eq!(policy, "\"per_key\";q=20;w=2, \"per_ip\";q=100;w=60");
+        let verdicts = [
+            entry(Outcome::Allowed, 14, 100_000_000),
+            entry(Outcome::Denied, 0, 11 * S + 1),
+        ];
+        let response = deny_response(view, &verdicts, 1, Some(&policy), 1);
+        let headers = response.headers();
+        assert_eq!(
+            headers["ratelimit"],
+            "\"per_key\";r=14;t=1, \"per_ip\";r=0;t=12"
+        );
+        assert_eq!(headers["retry-after"], "12");
+        assert_eq!(headers["x-ratelimit-limit"], "100");
+        assert_eq!(headers["x-ratelimit-remaining"], "0");
+        assert_eq!(headers["x-ratelimit-reset"], "12");
+        assert_eq!(headers["cache-control"], "no-store");
+        assert!(
+            !headers.contains_key("ratelimit-limit"),
+            "trio is off by default"
+        );
+    }
+
+    #[test]
+    fn retry_after_is_never_earlier_than_t_and_at_least_one() {
+        let limits = stack();
+        let refs: Vec<&LimitConfig> = limits.iter().collect();
+        let algorithms: Vec<Algorithm> = limits.iter().map(|l| l.algorithm).collect();
+        let view = StackView {
+            limits: &refs,
+            algorithms: &algorithms,
+            server: HeaderStyles::default(),
+        };
+        let mut denied = entry(Outcome::Denied, 0, 5 * S);
+        denied.verdict.retry_after = Some(1);
+        let verdicts = [entry(Outcome::Allowed, 20, 0), denied];
+        let response = deny_response(view, &verdicts, 1, None, 1);
+        assert_eq!(response.headers()["retry-after"], "5");
+        // Cost that can never fit: no Retry-After at all.
+        let mut never = entry(Outcome::Denied, 20, 0);
+        never.verdict.never = true;
+        never.verdict.retry_after = None;
+        let verdicts = [never, entry(Outcome::Allowed, 100, 0)];
+        let response = deny_response(view, &verdicts, 0, None, 50);
+        assert!(!response.headers().contains_key("retry-after"));
+    }
+
+    #[test]
+    fn least_remaining_compares_fractions_exactly() {
+        let limits = stack();
+        let refs: Vec<&LimitConfig> = limits.iter().collect();
+        let algorithms: Vec<Algorithm> = limits.iter().map(|l| l.algorithm).collect();
+        let view = StackView {
+            limits: &refs,
+            algorithms: &algorithms,
+            server: HeaderStyles::default(),
+        };
+        // 10/20 = 0.5 against 49/100 = 0.49: per_ip has less left.
+        let verdicts = [
+            entry(Outcome::Allowed, 10, 0),
+            entry(Outcome::Allowed, 49, 0),
+        ];
+        assert_eq!(least_remaining(view, &verdicts), Some(1));
+        let verdicts = [
+            entry(Outcome::Allowed, 9, 0),
+            entry(Outcome::Allowed, 49, 0),
+        ];
+        assert_eq!(least_remaining(view, &verdicts), Some(0));
+        // Skipped limits are not candidates.
+        let verdicts = [
+            entry(Outcome::Skipped, 0, 0),
+            entry(Outcome::Allowed, 49, 0),
+        ];
+        assert_eq!(least_remaining(view, &verdicts), Some(1));
+    }
+
+    #[test]
+    fn shadow_limits_are_not_shown() {
+        let mut limits = stack();
+        limits[1].shadow = true;
+        let refs: Vec<&LimitConfig> = limits.iter().collect();
+        let algorithms: Vec<Algorithm> = limits.iter().map(|l| l.algorithm).collect();
+        let view = StackView {
+            limits: &refs,
+            algorithms: &algorithms,
+            server: HeaderStyles::default(),
+        };
+        assert_eq!(policy_header(view).unwrap(), "\"per_key\";q=20;w=2");
+    }
+}
