@@ -47,36 +47,16 @@ pub async fn bind(address: SocketAddr) -> io::Result<TcpListener> {
 }
 
 /// Serves the admin endpoints on `listener` until `shutdown` turns true.
-pub async fn serve(app: Arc<App>, listener: TcpListener, mut shutdown: watch::Receiver<bool>) {
+pub async fn serve(app: Arc<App>, listener: TcpListener, shutdown: watch::Receiver<bool>) {
     let permits = Arc::new(Semaphore::new(MAX_CONNECTIONS));
     let mut backoff = Duration::from_millis(5);
-    loop {
-        if *shutdown.borrow() {
-            return;
-        }
-        let permit = tokio::select! {
-            permit = permits.clone().acquire_owned() => match permit {
-                Ok(permit) => permit,
-                Err(_) => return,
-            },
-            _ = shutdown.changed() => return,
-        };
-        let accepted = tokio::select! {
-            accepted = listener.accept() => accepted,
-            _ = shutdown.changed() => return,
-        };
-        let stream = match accepted {
-            Ok((stream, _)) => {
-                backoff = Duration::from_millis(5);
-                stream
-            }
-            Err(error) => {
-                tracing::warn!(%error, "admin accept failed; backing off");
-                tokio::time::sleep(backoff).await;
-                backoff = (backoff * 2).min(Duration::from_secs(1));
-                continue;
-            }
-        };
+    if *shutdown.borrow() {
+        return;
+    }
+    let mut stop = shutdown.clone();
+    while let Some((stream, _, permit)) =
+        crate::server::accept_next(&listener, &permits, &mut stop, &mut backoff).await
+    {
         let app = app.clone();
         let mut shutdown = shutdown.clone();
         tokio::spawn(async move {

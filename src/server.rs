@@ -27,7 +27,7 @@ use hyper::service::service_fn;
 use hyper_util::rt::{TokioIo, TokioTimer};
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::net::{TcpListener, TcpStream};
-use tokio::sync::{Semaphore, mpsc, watch};
+use tokio::sync::{OwnedSemaphorePermit, Semaphore, mpsc, watch};
 use tokio::time::Instant;
 
 use crate::app::App;
@@ -181,6 +181,39 @@ async fn sweep_idle_keys(app: Arc<App>) {
     }
 }
 
+/// A connection slot and an accepted connection, or `None` once `stop`
+/// fires. Accept errors (EMFILE and friends) back off and retry rather than
+/// end the loop; `backoff` carries the current delay between calls.
+pub(crate) async fn accept_next(
+    listener: &TcpListener,
+    permits: &Arc<Semaphore>,
+    stop: &mut watch::Receiver<bool>,
+    backoff: &mut Duration,
+) -> Option<(TcpStream, SocketAddr, OwnedSemaphorePermit)> {
+    loop {
+        let permit = tokio::select! {
+            permit = permits.clone().acquire_owned() => permit.ok()?,
+            _ = stop.changed() => return None,
+        };
+        let accepted = tokio::select! {
+            accepted = listener.accept() => accepted,
+            _ = stop.changed() => return None,
+        };
+        match accepted {
+            Ok((stream, peer)) => {
+                *backoff = Duration::from_millis(5);
+                return Some((stream, peer, permit));
+            }
+            Err(error) => {
+                tracing::warn!(%error, "accept failed; backing off");
+                drop(permit);
+                tokio::time::sleep(*backoff).await;
+                *backoff = (*backoff * 2).min(Duration::from_secs(1));
+            }
+        }
+    }
+}
+
 async fn accept_loop(
     app: Arc<App>,
     listener: TcpListener,
@@ -190,31 +223,9 @@ async fn accept_loop(
     alive: mpsc::Sender<()>,
 ) {
     let mut backoff = Duration::from_millis(5);
-    loop {
-        let permit = tokio::select! {
-            permit = permits.clone().acquire_owned() => match permit {
-                Ok(p) => p,
-                Err(_) => return,
-            },
-            _ = stop.changed() => return,
-        };
-        let accepted = tokio::select! {
-            accepted = listener.accept() => accepted,
-            _ = stop.changed() => return,
-        };
-        let (stream, peer) = match accepted {
-            Ok(pair) => {
-                backoff = Duration::from_millis(5);
-                pair
-            }
-            Err(error) => {
-                // EMFILE and friends: wait and retry rather than die.
-                tracing::warn!(%error, "accept failed; backing off");
-                tokio::time::sleep(backoff).await;
-                backoff = (backoff * 2).min(Duration::from_secs(1));
-                continue;
-            }
-        };
+    while let Some((stream, peer, permit)) =
+        accept_next(&listener, &permits, &mut stop, &mut backoff).await
+    {
         let _ = stream.set_nodelay(true);
         let app = app.clone();
         let shutdown = shutdown.clone();

@@ -54,12 +54,25 @@ fn current(state: State, now: Nanos, window: Nanos) -> (u64, u64, Nanos) {
 /// only if the verdict admits.
 pub fn decide(state: State, now: Nanos, cost: u64, limit: u64, window: Nanos) -> (State, Verdict) {
     let (idx, used, reset_in) = current(state, now, window);
+    charge(state, idx, used, reset_in, cost, limit)
+}
+
+/// The decision once the window in force is known: `window` identifies it
+/// (index or start), `used` units are spent in it, it ends in `reset_in`.
+fn charge(
+    state: State,
+    window: u64,
+    used: u64,
+    reset_in: Nanos,
+    cost: u64,
+    limit: u64,
+) -> (State, Verdict) {
     let never = cost > limit;
     let after = used.saturating_add(cost);
     if !never && after <= limit {
         let t = if after == 0 { 0 } else { reset_in };
         let next = State {
-            window: idx,
+            window,
             count: after,
         };
         return (next, Verdict::allow(limit - after, t));
@@ -105,21 +118,7 @@ pub fn decide_first(
     window: Nanos,
 ) -> (State, Verdict) {
     let (start, used, reset_in) = current_first(state, now, window);
-    let never = cost > limit;
-    let after = used.saturating_add(cost);
-    if !never && after <= limit {
-        let t = if after == 0 { 0 } else { reset_in };
-        let next = State {
-            window: start,
-            count: after,
-        };
-        return (next, Verdict::allow(limit - after, t));
-    }
-    let t = if used == 0 { 0 } else { reset_in };
-    (
-        state,
-        Verdict::deny(limit.saturating_sub(used), t, reset_in, never),
-    )
+    charge(state, start, used, reset_in, cost, limit)
 }
 
 /// [`is_fresh`] for `align = "first_request"`.
@@ -130,14 +129,9 @@ pub fn is_fresh_first(state: State, now: Nanos, window: Nanos) -> bool {
 /// [`adjust`] for `align = "first_request"`.
 pub fn adjust_first(state: State, now: Nanos, delta: i64, limit: u64, window: Nanos) -> State {
     let (start, used, _) = current_first(state, now, window);
-    let count = if delta >= 0 {
-        used.saturating_add(delta.unsigned_abs()).min(limit)
-    } else {
-        used.saturating_sub(delta.unsigned_abs())
-    };
     State {
         window: start,
-        count,
+        count: settle(used, delta, limit),
     }
 }
 

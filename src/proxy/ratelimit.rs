@@ -257,6 +257,14 @@ mod tests {
         }
     }
 
+    /// The borrowed halves of a [`StackView`] over `limits`.
+    fn view_parts(limits: &[LimitConfig]) -> (Vec<&LimitConfig>, Vec<Algorithm>) {
+        (
+            limits.iter().collect(),
+            limits.iter().map(|l| l.algorithm).collect(),
+        )
+    }
+
     fn stack() -> Vec<LimitConfig> {
         vec![
             limit(
@@ -279,8 +287,7 @@ mod tests {
     #[test]
     fn the_contract_example_serializes_exactly() {
         let limits = stack();
-        let refs: Vec<&LimitConfig> = limits.iter().collect();
-        let algorithms: Vec<Algorithm> = limits.iter().map(|l| l.algorithm).collect();
+        let (refs, algorithms) = view_parts(&limits);
         let view = StackView {
             limits: &refs,
             algorithms: &algorithms,
@@ -312,8 +319,7 @@ mod tests {
     #[test]
     fn retry_after_is_never_earlier_than_t_and_at_least_one() {
         let limits = stack();
-        let refs: Vec<&LimitConfig> = limits.iter().collect();
-        let algorithms: Vec<Algorithm> = limits.iter().map(|l| l.algorithm).collect();
+        let (refs, algorithms) = view_parts(&limits);
         let view = StackView {
             limits: &refs,
             algorithms: &algorithms,
@@ -336,8 +342,7 @@ mod tests {
     #[test]
     fn least_remaining_compares_fractions_exactly() {
         let limits = stack();
-        let refs: Vec<&LimitConfig> = limits.iter().collect();
-        let algorithms: Vec<Algorithm> = limits.iter().map(|l| l.algorithm).collect();
+        let (refs, algorithms) = view_parts(&limits);
         let view = StackView {
             limits: &refs,
             algorithms: &algorithms,
@@ -366,8 +371,7 @@ mod tests {
     fn shadow_limits_are_not_shown() {
         let mut limits = stack();
         limits[1].shadow = true;
-        let refs: Vec<&LimitConfig> = limits.iter().collect();
-        let algorithms: Vec<Algorithm> = limits.iter().map(|l| l.algorithm).collect();
+        let (refs, algorithms) = view_parts(&limits);
         let view = StackView {
             limits: &refs,
             algorithms: &algorithms,
