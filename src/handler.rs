@@ -546,7 +546,9 @@ fn record_decisions(
         metrics.record_decision(route_label, limit_label, entry.outcome);
         match entry.outcome {
             Outcome::ShadowDenied => {
-                tracing::info!(route = %route.name, limit = %limit_label, "shadow limit would have denied");
+                // Debug, not info: a shadow limit may "deny" every request;
+                // `tollgate_ratelimit_decisions_total` counts them all.
+                tracing::debug!(route = %route.name, limit = %limit_label, "shadow limit would have denied");
             }
             Outcome::Allowed => {
                 // Near limit: this request took the key past 80% of its quota.

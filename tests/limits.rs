@@ -216,9 +216,15 @@ limits = ["budget"]
 #[tokio::test]
 async fn shadow_limits_count_but_never_deny_or_show() {
     let upstream = TestUpstream::start().await;
-    let gw = gateway(
-        &upstream,
+    let gw = Gateway::start(&format!(
         r#"
+[server]
+listen = "127.0.0.1:0"
+admin = "127.0.0.1:0"
+
+[upstreams.api]
+url = "{}"
+
 [limits.trial]
 key = "ip"
 algorithm = "fixed_window"
@@ -228,11 +234,12 @@ shadow = true
 
 [[routes]]
 name = "api"
-match = { path_prefix = "/" }
+match = {{ path_prefix = "/" }}
 upstream = "api"
 limits = ["trial"]
 "#,
-    );
+        upstream.url()
+    ));
     for _ in 0..3 {
         let reply = get(gw.addr, "/", &[]).await;
         assert_eq!(reply.status, 200);
@@ -240,7 +247,13 @@ limits = ["trial"]
         assert_eq!(reply.header("ratelimit-policy"), None);
         assert_eq!(reply.header("x-ratelimit-limit"), None);
     }
-    assert!(gw.stderr().contains("shadow limit would have denied"));
+    // Counted as the denials they would have been.
+    let metrics = get(gw.admin.unwrap(), "/metrics", &[]).await;
+    let text = String::from_utf8_lossy(&metrics.body);
+    assert!(
+        text.contains(r#"tollgate_ratelimit_decisions_total{route="api",limit="trial",outcome="shadow_denied"} 2"#),
+        "{text}"
+    );
 }
 
 #[tokio::test]
