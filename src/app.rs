@@ -60,6 +60,9 @@ pub struct RoutePlan {
     /// Some limit of the stack has per-plan numbers: a caller on a plan gets
     /// a policy computed for them.
     pub has_plans: bool,
+    /// Some limit of the stack keys on a body field: the body is buffered
+    /// (up to `max_key_body`) before the limit step.
+    pub needs_body: bool,
 }
 
 /// Everything a request needs from one configuration generation.
@@ -107,6 +110,11 @@ impl Snapshot {
                     stack: route.limits.clone(),
                     policy: policy_header(view),
                     has_plans: limits.iter().any(|l| !l.plans.is_empty()),
+                    needs_body: limits.iter().any(|l| {
+                        l.key
+                            .iter()
+                            .any(|part| matches!(part, KeyPart::BodyField(_)))
+                    }),
                 }
             })
             .collect();

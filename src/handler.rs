@@ -37,9 +37,7 @@ use http_body_util::BodyExt;
 
 use crate::access_log::{self, AccessEntry};
 use crate::app::{App, RoutePlan, Snapshot};
-use crate::config::{
-    Config, Consumer, KeyPart, LimitConfig, OnMissingKey, RouteAction, RouteConfig,
-};
+use crate::config::{Config, Consumer, LimitConfig, OnMissingKey, RouteAction, RouteConfig};
 use crate::error::GatewayError;
 use crate::identity::body_fields::BodyFields;
 use crate::identity::client_ip::{client_net, resolve};
@@ -209,7 +207,7 @@ async fn route_and_act(
 
     let consumer = identify_caller(snapshot, route, &parts)?;
     let mut body = PendingBody::Fresh(body);
-    let fields = if needs_body_fields(snapshot, plan) {
+    let fields = if plan.needs_body {
         let (buffered, fields) = buffer_for_key(body, &parts, &snapshot.config, route).await?;
         body = buffered;
         fields
@@ -325,15 +323,6 @@ enum PendingBody {
     Complete(Bytes),
     /// Read up to `max_key_body`; the rest still streams.
     Partial(Bytes, Incoming),
-}
-
-fn needs_body_fields(snapshot: &Snapshot, plan: &RoutePlan) -> bool {
-    plan.stack.iter().any(|&i| {
-        snapshot.config.limits[i]
-            .key
-            .iter()
-            .any(|part| matches!(part, KeyPart::BodyField(_)))
-    })
 }
 
 /// Reads the body up to `max_key_body` (and never past the route's
