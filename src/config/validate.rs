@@ -165,29 +165,73 @@ pub fn validate(path: &Path, bytes: &[u8]) -> Result<Config, ConfigError> {
         fail(vec![problem])
     })?;
 
-    let raw: RawConfig = toml::from_str(text).map_err(|e| {
-        let mut problem = Problem::new(KeyPath::default(), explain_serde_message(e.message()));
-        if let Some(span) = e.span() {
-            problem.position = Some(line_column(text, span.start));
-            problem.path = path_at(document.get_ref(), span.start);
-        }
-        fail(vec![problem])
-    })?;
+    let (raw, mut problems) = deserialize(text, document.get_ref());
+    let Some(raw) = raw else {
+        return Err(fail(problems));
+    };
 
     let mut checker = Checker {
         problems: Vec::new(),
     };
     let config = check(&mut checker, path, bytes, &raw);
-    if checker.problems.is_empty() {
-        return Ok(config);
-    }
     for problem in &mut checker.problems {
         if problem.file.is_none() {
             problem.position = span_of(document.get_ref(), &problem.path)
                 .map(|span| line_column(text, span.start));
         }
     }
-    Err(fail(checker.problems))
+    problems.append(&mut checker.problems);
+    if problems.is_empty() {
+        return Ok(config);
+    }
+    problems.sort_by_key(|p| p.position.unwrap_or((usize::MAX, 0)));
+    problems.dedup();
+    Err(fail(problems))
+}
+
+/// Most serde problems to collect before giving up on a file.
+const MAX_SERDE_PROBLEMS: usize = 20;
+
+/// Deserializes the raw config, collecting every type error and unknown key,
+/// not only the first: serde stops at the first, so each offending line is
+/// blanked out (offsets kept, so positions stay true) and the text tried
+/// again. Returns the raw config of what remained, if it deserialized.
+fn deserialize(text: &str, document: &DeTable<'_>) -> (Option<RawConfig>, Vec<Problem>) {
+    let mut problems = Vec::new();
+    let mut text = text.to_owned();
+    for _ in 0..MAX_SERDE_PROBLEMS {
+        let error = match toml::from_str::<RawConfig>(&text) {
+            Ok(raw) => return (Some(raw), problems),
+            Err(error) => error,
+        };
+        let mut problem = Problem::new(KeyPath::default(), explain_serde_message(error.message()));
+        let Some(span) = error.span() else {
+            problems.push(problem);
+            return (None, problems);
+        };
+        problem.position = Some(line_column(&text, span.start));
+        problem.path = path_at(document, span.start);
+        let repeated = problems.last() == Some(&problem);
+        if !repeated {
+            problems.push(problem);
+        }
+        // Blank the offending line; a span at a table header (e.g. a missing
+        // field) or a blanking that breaks the syntax ends the search.
+        let line_start = text[..span.start].rfind('\n').map_or(0, |i| i + 1);
+        let line_end = text[span.start..]
+            .find('\n')
+            .map_or(text.len(), |i| span.start + i);
+        let line = &text[line_start..line_end];
+        if repeated || line.trim_start().starts_with('[') || line.trim().is_empty() {
+            return (None, problems);
+        }
+        let blank = " ".repeat(line.len());
+        text.replace_range(line_start..line_end, &blank);
+        if DeTable::parse(&text).is_err() {
+            return (None, problems);
+        }
+    }
+    (None, problems)
 }
 
 fn check(c: &mut Checker, path: &Path, bytes: &[u8], raw: &RawConfig) -> Config {
@@ -1158,6 +1202,30 @@ mod tests {
             message.contains("gateway.toml:9:1: `limits.a.refill`"),
             "{message}"
         );
+    }
+
+    #[test]
+    fn every_unknown_key_and_type_error_is_reported_with_validation_problems() {
+        let text = "[server]\nlistn = \"x\"\nworkers = \"four\"\nidle_timeout = \"5\"\n\n[[routes]]\nname = \"a\"\nupstrem = \"b\"\nrespond = { status = 200 }\n";
+        let message = errors(text);
+        assert!(
+            message.contains("gateway.toml:2:1: `server.listn`: unknown key"),
+            "{message}"
+        );
+        assert!(
+            message.contains("gateway.toml:3:11: `server.workers`"),
+            "{message}"
+        );
+        assert!(
+            message.contains("gateway.toml:4:1: `server.idle_timeout`"),
+            "{message}"
+        );
+        assert!(
+            message.contains("gateway.toml:8:1: `routes[0].upstrem`: unknown key"),
+            "{message}"
+        );
+        assert!(message.contains("did you mean `upstream`?"), "{message}");
+        assert_eq!(message.lines().count(), 4, "{message}");
     }
 
     #[test]
