@@ -19,9 +19,7 @@ use std::num::NonZeroU32;
 use std::process::Command;
 
 use governor::{Quota, RateLimiter};
-use tollgate::limit::{
-    Algorithm, LimitKey, Limiter, NANOS_PER_SEC, Rate, StackEntry, check_stack,
-};
+use tollgate::limit::{Algorithm, LimitKey, Limiter, NANOS_PER_SEC, Rate, StackEntry, check_stack};
 
 const KEYS: u64 = 1_000_000;
 const CHECKPOINT: u64 = 100_000;
@@ -33,7 +31,13 @@ fn rss_bytes() -> u64 {
     status
         .lines()
         .find_map(|line| line.strip_prefix("VmRSS:"))
-        .and_then(|rest| rest.trim().trim_end_matches("kB").trim().parse::<u64>().ok())
+        .and_then(|rest| {
+            rest.trim()
+                .trim_end_matches("kB")
+                .trim()
+                .parse::<u64>()
+                .ok()
+        })
         .expect("VmRSS line")
         * 1024
 }
