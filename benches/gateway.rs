@@ -14,15 +14,20 @@
 //!   one current-thread runtime, so each figure is the whole CPU cost of a
 //!   request on one core, and (b) − (a) is the gateway's share.
 //!
-//! The limiter's own decisions are measured in `benches/limiter.rs`, which
-//! also counts allocations on the decision path.
+//! Before the request benches, a counting global allocator prints the heap
+//! allocations per request of each path (client and upstream included, so
+//! the gateway's share is the difference to `direct_upstream`). The
+//! limiter's own decisions are measured in `benches/limiter.rs`, and
+//! `tests/limit_alloc.rs` asserts that the decision path allocates nothing.
 //!
 //! Run: `cargo bench --bench gateway -- --warm-up-time 1 --measurement-time 3`
 
+use std::alloc::{GlobalAlloc, Layout, System};
 use std::fmt::Write as _;
 use std::hint::black_box;
 use std::net::{IpAddr, SocketAddr};
 use std::path::Path;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
@@ -40,6 +45,26 @@ use tollgate::config::{Config, KeyPart};
 use tollgate::identity::client_ip::{ClientIpPolicy, ForwardHeader, Trust, client_net, resolve};
 use tollgate::identity::keys::{RequestFacts, extract};
 use tollgate::routing::Router;
+
+/// Counts every allocation, to report allocations per request.
+struct Counting;
+
+static ALLOCATIONS: AtomicU64 = AtomicU64::new(0);
+
+unsafe impl GlobalAlloc for Counting {
+    unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
+        ALLOCATIONS.fetch_add(1, Ordering::Relaxed);
+        // SAFETY: forwarded unchanged to the system allocator.
+        unsafe { System.alloc(layout) }
+    }
+    unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
+        // SAFETY: forwarded unchanged to the system allocator.
+        unsafe { System.dealloc(ptr, layout) }
+    }
+}
+
+#[global_allocator]
+static GLOBAL: Counting = Counting;
 
 const XFF: &str = "203.0.113.7, 198.51.100.23, 10.1.2.3, 10.4.5.6";
 
@@ -265,6 +290,23 @@ fn request(c: &mut Criterion) {
         send_many(&mut deny, 1, StatusCode::OK).await;
         (direct, allow, deny, (allow_gateway.1, deny_gateway.1))
     });
+    // Allocations per request, after a warm-up (pools and buffers in place).
+    // One thread runs everything, so the counter sees only these requests.
+    for (name, sender, status) in [
+        ("direct_upstream", &mut direct, StatusCode::OK),
+        ("tollgate_allow", &mut allow, StatusCode::OK),
+        ("tollgate_deny", &mut deny, StatusCode::TOO_MANY_REQUESTS),
+    ] {
+        const N: u64 = 1_000;
+        runtime.block_on(send_many(sender, N, status));
+        let before = ALLOCATIONS.load(Ordering::Relaxed);
+        runtime.block_on(send_many(sender, N, status));
+        let after = ALLOCATIONS.load(Ordering::Relaxed);
+        println!(
+            "allocations per request: {name}: {:.1}",
+            (after - before) as f64 / N as f64
+        );
+    }
     let mut group = c.benchmark_group("request");
     group.throughput(Throughput::Elements(1));
     group.bench_function("direct_upstream", |b| {
