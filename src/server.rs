@@ -354,7 +354,14 @@ async fn serve_connection(
             let activity = activity.clone();
             activity.request_started();
             async move {
-                let (response, held) = handle(&app, downstream, request).await;
+                // Boxed on purpose: the handler's future holds the whole
+                // forward step (upstream request, timeout timer) and is
+                // kilobytes large. Inline, hyper moves it by value from
+                // `service_fn` into its dispatcher on every request, and
+                // those copies were the top user-space cost in a profile of
+                // the allow path (memmove ~12% of user time; see
+                // BENCHMARKS.md). One small allocation is cheaper.
+                let (response, held) = Box::pin(handle(&app, downstream, request)).await;
                 let completion = Completion {
                     connection: Some(activity),
                     permits: held.permits,

@@ -1,0 +1,305 @@
+#!/usr/bin/env bash
+# Load test: tollgate against nginx `limit_req`, on one machine, over loopback.
+#
+# What it measures, with wrk (`-t1 -c64 -d5s --latency` by default) and a fixed
+# connection count, interleaved A B C D E A B C D E ... so noise hits all alike:
+#   direct      the upstream alone: nginx `return 200`, 1 worker, own port
+#   tg_allow    tollgate -> upstream, token bucket that never denies
+#   ng_allow    nginx proxy -> upstream, `limit_req` configured the same way
+#               (rate = burst = 1,000,000/s, nodelay), HTTP/1.1 upstream keepalive
+#   tg_deny     tollgate, token bucket of 1 refilled 1/min: all but one are 429
+#   ng_deny     nginx, `limit_req` 1r/m, `limit_req_status 429`: the same
+# The whole matrix runs once per worker count in $WORKERS (tollgate
+# `[server] workers = N`, nginx `worker_processes N`), $ROUNDS times each.
+#
+# Per run it records requests/s, p50, p99, the share of non-2xx answers, and
+# the server's own CPU time per request: utime+stime from /proc/PID/stat
+# (nginx: master + workers) before and after the run, over requests completed.
+# It then prints the median over rounds per target and the ratios
+# tollgate/nginx (throughput, p99, CPU/request) and tollgate deny/allow.
+#
+# Both proxies do the same work per request: forward with HTTP/1.1 keep-alive,
+# add X-Forwarded-For/-Proto; neither writes an access log or logs denials.
+# tollgate also writes its default RateLimit headers (draft + legacy).
+#
+# Run (as root, or with nginx and wrk installed):   bench/load.sh
+# Knobs (environment): THREADS=1 CONNS=64 DURATION=5s ROUNDS=3 WORKERS="1 2"
+#                      BASE_PORT=18080 (uses BASE_PORT .. BASE_PORT+4)
+#                      SKIP_BUILD=1 (use the existing target/release/tollgate)
+# Everything it writes lives in a `mktemp -d` directory, removed at exit, and
+# every process it starts is stopped at exit.
+set -euo pipefail
+
+THREADS=${THREADS:-1}
+CONNS=${CONNS:-64}
+DURATION=${DURATION:-5s}
+ROUNDS=${ROUNDS:-3}
+WORKERS=${WORKERS:-"1 2"}
+BASE_PORT=${BASE_PORT:-18080}
+
+cd "$(dirname "$0")/.."
+
+# ---- tools -------------------------------------------------------------------
+missing=()
+command -v nginx >/dev/null 2>&1 || [ -x /usr/sbin/nginx ] || missing+=(nginx)
+command -v wrk >/dev/null 2>&1 || missing+=(wrk)
+if [ ${#missing[@]} -gt 0 ]; then
+  export DEBIAN_FRONTEND=noninteractive
+  apt-get update -qq
+  apt-get install -y -qq "${missing[@]}" >/dev/null
+fi
+NGINX=$(command -v nginx || echo /usr/sbin/nginx)
+
+if [ "${SKIP_BUILD:-0}" != 1 ]; then
+  cargo build --release --bin tollgate
+fi
+TOLLGATE=$PWD/target/release/tollgate
+
+# ---- temp dir and cleanup ----------------------------------------------------
+TMP=$(mktemp -d)
+chmod 755 "$TMP" # nginx workers may run as another user
+PIDS=()
+cleanup() {
+  for pid in "${PIDS[@]}"; do
+    kill "$pid" 2>/dev/null || true
+  done
+  for pid in "${PIDS[@]}"; do
+    wait "$pid" 2>/dev/null || true
+  done
+  rm -rf "$TMP"
+}
+trap cleanup EXIT
+
+# Stops the given children and forgets them (so cleanup never signals a
+# reused pid).
+stop() {
+  local pid keep=()
+  for pid in "$@"; do
+    kill "$pid" 2>/dev/null || true
+    wait "$pid" 2>/dev/null || true
+  done
+  for pid in "${PIDS[@]}"; do
+    case " $* " in *" $pid "*) ;; *) keep+=("$pid") ;; esac
+  done
+  PIDS=("${keep[@]}")
+}
+trap 'exit 130' INT TERM
+
+PORT_UP=$BASE_PORT
+PORT_TG_ALLOW=$((BASE_PORT + 1))
+PORT_TG_DENY=$((BASE_PORT + 2))
+PORT_NG_ALLOW=$((BASE_PORT + 3))
+PORT_NG_DENY=$((BASE_PORT + 4))
+
+wait_port() {
+  for _ in $(seq 1 100); do
+    if (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null; then return 0; fi
+    sleep 0.05
+  done
+  echo "nothing listens on 127.0.0.1:$1" >&2
+  exit 1
+}
+
+# Starts nginx in the foreground (`daemon off`, a child of this shell) with
+# config file $1; its pid goes to $STARTED and the cleanup list.
+start_nginx() {
+  "$NGINX" -p "$TMP/" -e "$1.err" -c "$1" >/dev/null 2>&1 &
+  STARTED=$!
+  PIDS+=("$STARTED")
+}
+
+# ---- the upstream: nginx `return 200`, 1 worker --------------------------------
+cat >"$TMP/upstream.conf" <<EOF
+daemon off;
+worker_processes 1;
+pid $TMP/upstream.pid;
+error_log $TMP/upstream.err error;
+events { worker_connections 4096; }
+http {
+  access_log off;
+  keepalive_requests 10000000;
+  server {
+    listen 127.0.0.1:$PORT_UP;
+    location / { return 200 "ok\n"; }
+  }
+}
+EOF
+start_nginx "$TMP/upstream.conf"
+UP_PID=$STARTED
+wait_port "$PORT_UP"
+
+# nginx proxy with `limit_req`; $1 = workers, $2 = port, $3 = extra
+# `limit_req` parameters, $4 = the zone's rate.
+nginx_proxy_conf() {
+  cat <<EOF
+daemon off;
+worker_processes $1;
+pid $TMP/ng-$2.pid;
+# crit: limit_req logs every denial at "error"; tollgate logs none.
+error_log $TMP/ng-$2.err crit;
+events { worker_connections 4096; }
+http {
+  access_log off;
+  keepalive_requests 10000000;
+  limit_req_zone \$binary_remote_addr zone=z$2:10m rate=$4;
+  limit_req_status 429;
+  upstream up {
+    server 127.0.0.1:$PORT_UP;
+    keepalive 64;
+    keepalive_requests 10000000;
+  }
+  server {
+    listen 127.0.0.1:$2;
+    location / {
+      limit_req zone=z$2 $3;
+      proxy_pass http://up;
+      proxy_http_version 1.1;
+      proxy_set_header Connection "";
+      proxy_set_header X-Forwarded-For \$proxy_add_x_forwarded_for;
+      proxy_set_header X-Forwarded-Proto \$scheme;
+    }
+  }
+}
+EOF
+}
+
+# tollgate config; $1 = workers, $2 = port, $3 = capacity, $4 = refill.
+tollgate_conf() {
+  cat <<EOF
+[server]
+listen = "127.0.0.1:$2"
+workers = $1
+
+[upstreams.up]
+url = "http://127.0.0.1:$PORT_UP"
+
+[limits.per_ip]
+key = "ip"
+algorithm = "token_bucket"
+capacity = $3
+refill = "$4"
+
+[[routes]]
+name = "all"
+match = { path_prefix = "/" }
+upstream = "up"
+limits = ["per_ip"]
+EOF
+}
+
+# Starts tollgate with config file $1; pid in $STARTED, as for nginx.
+start_tollgate() {
+  TOLLGATE_LOG=warn "$TOLLGATE" run -c "$1" >/dev/null 2>>"$1.err" &
+  STARTED=$!
+  PIDS+=("$STARTED")
+}
+
+# CPU ticks (utime + stime) of a process and its direct children.
+cpu_ticks() {
+  local total=0 pid fields
+  for pid in "$1" $(pgrep -P "$1" || true); do
+    [ -r "/proc/$pid/stat" ] || continue
+    # Fields after the ")" of the command name: state is $1, utime $12, stime $13.
+    fields=$(sed 's/^.*) //' "/proc/$pid/stat")
+    total=$((total + $(echo "$fields" | awk '{print $12 + $13}')))
+  done
+  echo "$total"
+}
+
+# Latency text from wrk ("812.00us", "1.20ms", "1.01s") in microseconds.
+to_us() {
+  awk -v t="$1" 'BEGIN {
+    v = t + 0
+    if (t ~ /us$/) m = 1; else if (t ~ /ms$/) m = 1000; else if (t ~ /s$/) m = 1000000; else m = 1
+    printf "%.1f", v * m
+  }'
+}
+
+CLK_TCK=$(getconf CLK_TCK)
+RESULTS=$TMP/results.tsv
+: >"$RESULTS"
+
+# One bounded wrk run against target $2 (port $3, server pid $4), workers $1.
+measure() {
+  local workers=$1 target=$2 port=$3 pid=$4 round=$5 out before after
+  out=$TMP/wrk.out
+  before=$(cpu_ticks "$pid")
+  wrk -t"$THREADS" -c"$CONNS" -d"$DURATION" --latency "http://127.0.0.1:$port/" >"$out"
+  after=$(cpu_ticks "$pid")
+  local rps p50 p99 requests non2xx cpu_us
+  rps=$(awk '/^Requests\/sec:/ {print $2}' "$out")
+  p50=$(to_us "$(awk '$1 == "50%" {print $2}' "$out")")
+  p99=$(to_us "$(awk '$1 == "99%" {print $2}' "$out")")
+  requests=$(awk '/requests in/ {print $1}' "$out")
+  non2xx=$(awk '/Non-2xx or 3xx responses:/ {print $5}' "$out")
+  non2xx=${non2xx:-0}
+  cpu_us=$(awk -v d=$((after - before)) -v n="$requests" -v hz="$CLK_TCK" \
+    'BEGIN { printf "%.2f", (n > 0 ? d * 1e6 / hz / n : 0) }')
+  printf '%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n' "$workers" "$round" "$target" "$rps" \
+    "$p50" "$p99" "$cpu_us" "$(awk -v a="$non2xx" -v n="$requests" 'BEGIN { printf "%.3f", n ? a / n : 0 }')" \
+    | tee -a "$RESULTS"
+}
+
+echo "# machine: nproc=$(nproc), CPU: $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2- | sed 's/^ *//')"
+echo "# $("$NGINX" -v 2>&1), $(wrk -v 2>&1 | head -1 | cut -d' ' -f1-2)"
+echo "# wrk -t$THREADS -c$CONNS -d$DURATION --latency; rounds=$ROUNDS; workers: $WORKERS"
+printf 'workers\tround\ttarget\treq/s\tp50_us\tp99_us\tcpu_us/req\tnon2xx\n'
+
+for workers in $WORKERS; do
+  tollgate_conf "$workers" "$PORT_TG_ALLOW" 1000000 "1000000/s" >"$TMP/tg-allow.toml"
+  tollgate_conf "$workers" "$PORT_TG_DENY" 1 "1/m" >"$TMP/tg-deny.toml"
+  nginx_proxy_conf "$workers" "$PORT_NG_ALLOW" "burst=1000000 nodelay" "1000000r/s" >"$TMP/ng-allow.conf"
+  nginx_proxy_conf "$workers" "$PORT_NG_DENY" "" "1r/m" >"$TMP/ng-deny.conf"
+  start_tollgate "$TMP/tg-allow.toml"
+  TG_ALLOW=$STARTED
+  start_tollgate "$TMP/tg-deny.toml"
+  TG_DENY=$STARTED
+  start_nginx "$TMP/ng-allow.conf"
+  NG_ALLOW=$STARTED
+  start_nginx "$TMP/ng-deny.conf"
+  NG_DENY=$STARTED
+  for port in "$PORT_TG_ALLOW" "$PORT_TG_DENY" "$PORT_NG_ALLOW" "$PORT_NG_DENY"; do
+    wait_port "$port"
+  done
+  for round in $(seq 1 "$ROUNDS"); do
+    measure "$workers" direct "$PORT_UP" "$UP_PID" "$round"
+    measure "$workers" tg_allow "$PORT_TG_ALLOW" "$TG_ALLOW" "$round"
+    measure "$workers" ng_allow "$PORT_NG_ALLOW" "$NG_ALLOW" "$round"
+    measure "$workers" tg_deny "$PORT_TG_DENY" "$TG_DENY" "$round"
+    measure "$workers" ng_deny "$PORT_NG_DENY" "$NG_DENY" "$round"
+  done
+  stop "$TG_ALLOW" "$TG_DENY" "$NG_ALLOW" "$NG_DENY"
+done
+
+# ---- summary: medians over rounds, ratios -------------------------------------
+echo
+echo "# median over $ROUNDS rounds"
+awk -F'\t' '
+  function median(list,   n, a, i, j, t) {
+    n = split(list, a, " ")
+    for (i = 1; i <= n; i++) for (j = i + 1; j <= n; j++) if (a[j] + 0 < a[i] + 0) { t = a[i]; a[i] = a[j]; a[j] = t }
+    return n % 2 ? a[(n + 1) / 2] : (a[n / 2] + a[n / 2 + 1]) / 2
+  }
+  {
+    k = $1 SUBSEP $3
+    rps[k] = rps[k] " " $4; p50[k] = p50[k] " " $5; p99[k] = p99[k] " " $6
+    cpu[k] = cpu[k] " " $7; bad[k] = bad[k] " " $8
+    if (!($1 in seen)) { seen[$1] = 1; order[++nw] = $1 }
+  }
+  END {
+    split("direct tg_allow ng_allow tg_deny ng_deny", targets, " ")
+    for (w = 1; w <= nw; w++) {
+      W = order[w]
+      printf "\nworkers=%s\n%-9s %10s %9s %9s %11s %7s\n", W, "target", "req/s", "p50_us", "p99_us", "cpu_us/req", "non2xx"
+      for (t = 1; t <= 5; t++) {
+        k = W SUBSEP targets[t]
+        R[targets[t]] = median(rps[k]); P[targets[t]] = median(p99[k]); C[targets[t]] = median(cpu[k])
+        printf "%-9s %10.0f %9.0f %9.0f %11.2f %7.3f\n", targets[t], R[targets[t]], median(p50[k]), P[targets[t]], C[targets[t]], median(bad[k])
+      }
+      printf "ratios tollgate/nginx: allow req/s %.2f, p99 %.2f, cpu/req %.2f | deny req/s %.2f, p99 %.2f, cpu/req %.2f\n", \
+        R["tg_allow"] / R["ng_allow"], P["tg_allow"] / P["ng_allow"], C["tg_allow"] / C["ng_allow"], \
+        R["tg_deny"] / R["ng_deny"], P["tg_deny"] / P["ng_deny"], C["tg_deny"] / C["ng_deny"]
+      printf "tollgate deny/allow req/s %.2f; allow/direct req/s: tollgate %.2f, nginx %.2f\n", \
+        R["tg_deny"] / R["tg_allow"], R["tg_allow"] / R["direct"], R["ng_allow"] / R["direct"]
+    }
+  }' "$RESULTS"
