@@ -115,6 +115,8 @@ fn identify(c: &mut Criterion) {
     let facts = RequestFacts {
         client: client_net(resolve(peer, xff(), &hops), &hops),
         route: "api",
+        consumer: None,
+        body: None,
     };
     let header_key = [KeyPart::Header(HeaderName::from_static("x-api-key"))];
     let ip_key = [KeyPart::Ip];
@@ -131,6 +133,8 @@ fn identify(c: &mut Criterion) {
             let facts = RequestFacts {
                 client: client_net(ip, &hops),
                 route: "api",
+                consumer: None,
+                body: None,
             };
             extract(black_box(&ip_key), &parts, &facts)
         })

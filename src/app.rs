@@ -22,7 +22,7 @@ use crate::access_log::DeniedSampler;
 use crate::config::{Config, KeyPart, LimitConfig, RouteAction};
 use crate::identity::client_ip::{ClientIpPolicy, ForwardHeader, Trust};
 use crate::limit::{Algorithm, Clock, Limiter, Nanos, SystemClock, WindowAlign};
-use crate::metrics::{LabelNames, Metrics};
+use crate::metrics::{LabelNames, Metrics, RouteHandles};
 use crate::proxy::forward::{Upstream, Upstreams};
 use crate::proxy::ratelimit::{StackView, policy_header};
 use crate::routing::Router;
@@ -63,6 +63,8 @@ pub struct RoutePlan {
     /// Some limit of the stack keys on a body field: the body is buffered
     /// (up to `max_key_body`) before the limit step.
     pub needs_body: bool,
+    /// The route's common metric series, resolved once.
+    pub metrics: RouteHandles,
 }
 
 /// Everything a request needs from one configuration generation.
@@ -86,7 +88,13 @@ pub struct Snapshot {
 }
 
 impl Snapshot {
-    fn new(config: Config, generation: u64, limiters: Vec<LimiterSet>) -> Snapshot {
+    fn new(
+        config: Config,
+        generation: u64,
+        limiters: Vec<LimiterSet>,
+        metrics: &Metrics,
+    ) -> Snapshot {
+        let labels = LabelNames::new(&config);
         let router = Router::new(&config);
         let upstreams = config
             .upstreams
@@ -105,8 +113,15 @@ impl Snapshot {
                     algorithms: &algorithms,
                     server: config.server.headers,
                 };
+                let name: Arc<str> = Arc::from(route.name.as_str());
+                let limit_labels: Vec<Arc<str>> = route
+                    .limits
+                    .iter()
+                    .map(|&i| labels.limits[i].clone())
+                    .collect();
                 RoutePlan {
-                    name: Arc::from(route.name.as_str()),
+                    metrics: metrics.route_handles(&name, &limit_labels),
+                    name,
                     stack: route.limits.clone(),
                     policy: policy_header(view),
                     has_plans: limits.iter().any(|l| !l.plans.is_empty()),
@@ -134,7 +149,7 @@ impl Snapshot {
             ipv6_prefix: ip.ipv6_prefix,
         };
         Snapshot {
-            labels: LabelNames::new(&config),
+            labels,
             denied_log: DeniedSampler::new(config.server.log_denied),
             config,
             router,
@@ -267,13 +282,14 @@ impl App {
     pub fn with_clock(config: Config, clock: Arc<dyn Clock>) -> Arc<App> {
         let registry = LimiterRegistry::default();
         let limiters = registry.resolve(&config.limits, clock.now());
+        let metrics = Arc::new(Metrics::new());
         Arc::new(App {
-            snapshot: ArcSwap::from_pointee(Snapshot::new(config, 1, limiters)),
+            snapshot: ArcSwap::from_pointee(Snapshot::new(config, 1, limiters, &metrics)),
             generation: AtomicU64::new(1),
             registry,
             clock,
             generations: tokio::sync::watch::Sender::new(1),
-            metrics: Arc::new(Metrics::new()),
+            metrics,
             last_reload_error: parking_lot::Mutex::new(None),
             store_unavailable: AtomicBool::new(false),
         })
@@ -314,8 +330,12 @@ impl App {
     pub fn install(&self, config: Config) -> u64 {
         let limiters = self.registry.resolve(&config.limits, self.clock.now());
         let generation = self.generation.fetch_add(1, Ordering::Relaxed) + 1;
-        self.snapshot
-            .store(Arc::new(Snapshot::new(config, generation, limiters)));
+        self.snapshot.store(Arc::new(Snapshot::new(
+            config,
+            generation,
+            limiters,
+            &self.metrics,
+        )));
         self.generations.send_replace(generation);
         generation
     }

@@ -23,7 +23,7 @@ use std::net::IpAddr;
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::sync::atomic::AtomicBool;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use http::header::{CONTENT_LENGTH, CONTENT_TYPE};
 use http::request::Parts;
@@ -76,10 +76,11 @@ pub async fn handle(
     downstream: Downstream,
     request: Request<Incoming>,
 ) -> (Response<ResponseBody>, Held) {
-    let observation = Observation::start(downstream, &request);
+    let now = app.clock.now();
+    let observation = Observation::start(downstream, &request, now);
     let snapshot = app.snapshot();
     let mut notes = Notes::default();
-    let response = match route_and_act(app, &snapshot, downstream, request, &mut notes).await {
+    let response = match route_and_act(app, &snapshot, downstream, request, now, &mut notes).await {
         Ok(response) => response,
         Err(error) => {
             if let Some(kind) = error.upstream_kind() {
@@ -123,7 +124,9 @@ struct LimitNote {
 
 /// Step 8's view of a request, taken before the request is consumed.
 struct Observation {
-    started: Instant,
+    /// When the request reached the handler, on the limiter's clock: the one
+    /// clock read of the request, also the limit step's `now`.
+    started: Nanos,
     downstream: Downstream,
     /// Cloning shares hyper's parsed bytes; nothing is copied.
     method: Method,
@@ -131,9 +134,9 @@ struct Observation {
 }
 
 impl Observation {
-    fn start(downstream: Downstream, request: &Request<Incoming>) -> Observation {
+    fn start(downstream: Downstream, request: &Request<Incoming>, now: Nanos) -> Observation {
         Observation {
-            started: Instant::now(),
+            started: now,
             downstream,
             method: request.method().clone(),
             uri: request.uri().clone(),
@@ -142,12 +145,20 @@ impl Observation {
 
     /// Step 5: metrics and the access-log line of the answered request.
     fn finish(self, app: &App, snapshot: &Snapshot, status: u16, notes: &Notes) {
-        let elapsed = self.started.elapsed();
-        let route = notes
-            .route_index
-            .and_then(|i| snapshot.labels.routes.get(i))
-            .unwrap_or(app.metrics().no_route());
-        app.metrics().record_request(route, status, elapsed);
+        let elapsed = Duration::from_nanos(app.clock.now().saturating_sub(self.started));
+        let plan = notes.route_index.and_then(|i| snapshot.routes.get(i));
+        let route = match plan {
+            Some(plan) => {
+                app.metrics()
+                    .record_route_request(&plan.metrics, status, elapsed);
+                &plan.name
+            }
+            None => {
+                let none = app.metrics().no_route();
+                app.metrics().record_request(none, status, elapsed);
+                none
+            }
+        };
         // A flood of denials must not become a flood of log I/O.
         if notes.limit.is_some_and(|l| l.denied) && !snapshot.denied_log.should_log_denied() {
             return;
@@ -188,6 +199,7 @@ async fn route_and_act(
     snapshot: &Snapshot,
     downstream: Downstream,
     request: Request<Incoming>,
+    now: Nanos,
     notes: &mut Notes,
 ) -> Result<Response<ResponseBody>, GatewayError> {
     let (parts, body) = request.into_parts();
@@ -218,7 +230,6 @@ async fn route_and_act(
     let admitted = if plan.stack.is_empty() {
         None
     } else {
-        let now = app.clock.now();
         let facts = Facts {
             consumer,
             body: fields.as_ref(),
@@ -530,9 +541,20 @@ fn record_decisions(
     entries: &[EntryVerdict],
 ) {
     let route_label = &plan.name;
-    for ((&index, entry), algorithm) in plan.stack.iter().zip(entries).zip(&admitted.algorithms) {
+    for (position, ((&index, entry), algorithm)) in plan
+        .stack
+        .iter()
+        .zip(entries)
+        .zip(&admitted.algorithms)
+        .enumerate()
+    {
         let limit_label = &snapshot.labels.limits[index];
-        metrics.record_decision(route_label, limit_label, entry.outcome);
+        match plan.metrics.allowed(position) {
+            Some(counter) if entry.outcome == Outcome::Allowed => {
+                counter.inc();
+            }
+            _ => metrics.record_decision(route_label, limit_label, entry.outcome),
+        }
         match entry.outcome {
             Outcome::ShadowDenied => {
                 // Debug, not info: a shadow limit may "deny" every request;

@@ -84,6 +84,16 @@ fn run(config: Config, log_format: LogFormat) -> ExitCode {
         }
     };
     runtime.block_on(async move {
+        // Signals first: a SIGHUP or SIGTERM sent as soon as the listening
+        // lines appear must find its handler (the default action of both is
+        // to kill the process).
+        let signals = match Signals::install() {
+            Ok(signals) => signals,
+            Err(error) => {
+                eprintln!("cannot install signal handlers: {error}");
+                return ExitCode::FAILURE;
+            }
+        };
         let listeners = match tollgate::server::bind(&config.server.listen).await {
             Ok(listeners) => listeners,
             Err(error) => {
@@ -91,11 +101,6 @@ fn run(config: Config, log_format: LogFormat) -> ExitCode {
                 return ExitCode::FAILURE;
             }
         };
-        for listener in &listeners {
-            if let Ok(address) = listener.local_addr() {
-                eprintln!("listening on http://{address}");
-            }
-        }
         let admin = match config.server.admin {
             None => None,
             Some(address) => match tollgate::admin::bind(address).await {
@@ -106,12 +111,17 @@ fn run(config: Config, log_format: LogFormat) -> ExitCode {
                 }
             },
         };
+        let path = config.path.clone();
+        let app = App::new(config);
+        for listener in &listeners {
+            if let Ok(address) = listener.local_addr() {
+                eprintln!("listening on http://{address}");
+            }
+        }
         if let Some(Ok(address)) = admin.as_ref().map(|l| l.local_addr()) {
             eprintln!("admin on http://{address}");
         }
         init_logging(log_format);
-        let path = config.path.clone();
-        let app = App::new(config);
         let (shutdown_tx, shutdown_rx) = watch::channel(false);
         if let Some(listener) = admin {
             tokio::spawn(tollgate::admin::serve(
@@ -120,13 +130,6 @@ fn run(config: Config, log_format: LogFormat) -> ExitCode {
                 shutdown_rx.clone(),
             ));
         }
-        let signals = match Signals::install() {
-            Ok(signals) => signals,
-            Err(error) => {
-                eprintln!("cannot install signal handlers: {error}");
-                return ExitCode::FAILURE;
-            }
-        };
         tokio::spawn(signals.dispatch(app.clone(), path, shutdown_tx));
         tollgate::server::serve(app, listeners, shutdown_rx).await;
         tracing::info!("stopped");

@@ -125,6 +125,26 @@ fn duration_histogram() -> Histogram {
     Histogram::new(DURATION_BUCKETS)
 }
 
+/// A route's most frequent series, pre-resolved ([`Metrics::route_handles`]).
+/// Clones of prometheus-client metrics share their values.
+#[derive(Debug, Clone)]
+pub struct RouteHandles {
+    route: Arc<str>,
+    /// `tollgate_requests_total{route, status="200"}`.
+    ok: Counter,
+    duration: Histogram,
+    /// `tollgate_ratelimit_decisions_total{route, limit, outcome="allowed"}`,
+    /// per entry of the route's stack.
+    allowed: Vec<Counter>,
+}
+
+impl RouteHandles {
+    /// The `allowed` counter of the stack's `index`-th limit.
+    pub fn allowed(&self, index: usize) -> Option<&Counter> {
+        self.allowed.get(index)
+    }
+}
+
 /// The process's metrics. Every method takes `&self` and is safe to call from
 /// any task; see the module doc for the cost of a call.
 #[derive(Debug)]
@@ -256,6 +276,58 @@ impl Metrics {
                 route: route.clone(),
             })
             .observe(elapsed.as_secs_f64());
+    }
+
+    /// Handles for a route's common series, resolved once per configuration
+    /// snapshot so the request path skips the family lookup (a lock and a
+    /// hash of the labels) for them.
+    pub fn route_handles(&self, route: &Arc<str>, limits: &[Arc<str>]) -> RouteHandles {
+        let ok = self
+            .requests
+            .get_or_create(&RequestLabels {
+                route: route.clone(),
+                status: 200,
+            })
+            .clone();
+        let duration = self
+            .request_duration
+            .get_or_create(&RouteLabels {
+                route: route.clone(),
+            })
+            .clone();
+        let allowed = limits
+            .iter()
+            .map(|limit| {
+                self.decisions
+                    .get_or_create(&DecisionLabels {
+                        route: route.clone(),
+                        limit: limit.clone(),
+                        outcome: Outcome::Allowed,
+                    })
+                    .clone()
+            })
+            .collect();
+        RouteHandles {
+            route: route.clone(),
+            ok,
+            duration,
+            allowed,
+        }
+    }
+
+    /// [`Metrics::record_request`] through a route's handles.
+    pub fn record_route_request(&self, handles: &RouteHandles, status: u16, elapsed: Duration) {
+        if status == 200 {
+            handles.ok.inc();
+        } else {
+            self.requests
+                .get_or_create(&RequestLabels {
+                    route: handles.route.clone(),
+                    status,
+                })
+                .inc();
+        }
+        handles.duration.observe(elapsed.as_secs_f64());
     }
 
     /// One limit's decision for one request.

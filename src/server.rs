@@ -270,17 +270,23 @@ impl ConnActivity {
     }
 
     fn bytes_read(&self) {
+        // Only the first byte of a request head matters: while a request is
+        // in flight the connection is not idle, and `request_finished` marks
+        // the idle clock. So the clock is read about once per request.
+        if self.in_flight.load(Ordering::Relaxed) != 0
+            || self.head_started_ms.load(Ordering::Relaxed) != 0
+        {
+            return;
+        }
         let now = self.now_ms();
         self.last_activity_ms.store(now, Ordering::Relaxed);
-        if self.in_flight.load(Ordering::Relaxed) == 0 {
-            // Once per request: the 0 → now transition wakes the watchdog.
-            if self
-                .head_started_ms
-                .compare_exchange(0, now, Ordering::Relaxed, Ordering::Relaxed)
-                .is_ok()
-            {
-                self.head_started.notify_one();
-            }
+        // Once per request: the 0 → now transition wakes the watchdog.
+        if self
+            .head_started_ms
+            .compare_exchange(0, now, Ordering::Relaxed, Ordering::Relaxed)
+            .is_ok()
+        {
+            self.head_started.notify_one();
         }
     }
 

@@ -239,3 +239,14 @@ async fn ten_reloads_under_keep_alive_load_fail_no_request() {
     assert!(gw.stderr().matches("configuration reloaded").count() >= 1);
     assert_eq!(get(gw.addr, "/version", &[]).await.body, "v10");
 }
+
+/// Regression: signal handlers used to be installed after the `listening on`
+/// line, so a SIGHUP sent as soon as it appeared killed the process.
+#[tokio::test]
+async fn a_sighup_right_after_startup_reloads_instead_of_killing() {
+    let upstream = TestUpstream::start().await;
+    let gw = Gateway::start(&config(&upstream, "\"127.0.0.1:0\"", "v1", 3, ""));
+    gw.signal("HUP");
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert_eq!(get(gw.addr, "/version", &[]).await.body, "v1");
+}
