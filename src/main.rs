@@ -71,9 +71,15 @@ fn init_logging(format: LogFormat) {
 }
 
 fn run(config: Config, log_format: LogFormat) -> ExitCode {
-    let mut runtime = tokio::runtime::Builder::new_multi_thread();
+    // One worker: a current-thread runtime does the same work without the
+    // work-stealing scheduler's cross-thread bookkeeping.
+    let mut runtime = if config.server.workers == 1 {
+        tokio::runtime::Builder::new_current_thread()
+    } else {
+        tokio::runtime::Builder::new_multi_thread()
+    };
     runtime.enable_all();
-    if config.server.workers > 0 {
+    if config.server.workers > 1 {
         runtime.worker_threads(config.server.workers);
     }
     let runtime = match runtime.build() {

@@ -13,6 +13,9 @@ fn gateway(upstream: &TestUpstream, limits_and_routes: &str) -> Gateway {
         r#"
 [server]
 listen = "127.0.0.1:0"
+# These tests run on the single-threaded runtime (`workers = 1`); the proxy
+# tests run on the multi-threaded one.
+workers = 1
 
 [upstreams.api]
 url = "{}"
