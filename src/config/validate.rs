@@ -684,6 +684,12 @@ fn check_key_part(c: &mut Checker, path: KeyPath, text: &str) -> Option<KeyPart>
 }
 
 fn check_limit(c: &mut Checker, path: &KeyPath, name: &str, raw: &raw::RawLimit) -> LimitConfig {
+    if name.is_empty() || !name.bytes().all(|b| (0x20..0x7f).contains(&b)) {
+        c.problem(
+            path.clone(),
+            "a limit's name must be printable ASCII: it is sent in RateLimit headers",
+        );
+    }
     let one = raw.key.0.len() == 1;
     if raw.key.0.is_empty() {
         c.problem(path.key("key"), "needs at least one key part");

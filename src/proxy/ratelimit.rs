@@ -9,6 +9,8 @@
 //! configuration, so it is serialized once per snapshot ([`policy_header`]).
 //! Shadow limits never appear in client-facing headers.
 
+use std::fmt::Write as _;
+
 use bytes::Bytes;
 use http::header::{CACHE_CONTROL, CONTENT_TYPE, RETRY_AFTER};
 use http::{HeaderMap, HeaderName, HeaderValue, Response, StatusCode};
@@ -178,26 +180,36 @@ pub fn deny_response(
         let retry = verdict.retry_after.map_or(1, ceil_secs);
         retry.max(t).max(1)
     });
-    let detail = if verdict.never {
-        format!(
-            "request cost {cost} exceeds what limit {} can ever admit ({}); it can never be admitted",
-            limit.name,
+    // Written directly rather than through `serde_json::Value`: the deny
+    // path runs at flood rates, and this is one allocation instead of a dozen.
+    let mut body = String::with_capacity(256 + 2 * limit.name.len());
+    let _ = write!(
+        body,
+        "{{\"type\":\"https://iana.org/assignments/http-problem-types#quota-exceeded\",\"title\":\"{}\",\"status\":{},\"detail\":\"",
+        status.canonical_reason().unwrap_or("Too Many Requests"),
+        status.as_u16()
+    );
+    if verdict.never {
+        let _ = write!(body, "request cost {cost} exceeds what limit ");
+        push_json_escaped(&mut body, &limit.name);
+        let _ = write!(
+            body,
+            " can ever admit ({}); it can never be admitted",
             quota(&view.algorithms[denied_by])
-        )
+        );
     } else {
-        format!("limit {} exceeded", limit.name)
-    };
-    let mut body = serde_json::json!({
-        "type": "https://iana.org/assignments/http-problem-types#quota-exceeded",
-        "title": status.canonical_reason().unwrap_or("Too Many Requests"),
-        "status": status.as_u16(),
-        "detail": detail,
-        "violated-policies": [limit.name],
-    });
-    if let Some(seconds) = retry_after {
-        body["retry_after"] = seconds.into();
+        body.push_str("limit ");
+        push_json_escaped(&mut body, &limit.name);
+        body.push_str(" exceeded");
     }
-    let mut response = Response::new(ResponseBody::full(body.to_string()));
+    body.push_str("\",\"violated-policies\":[\"");
+    push_json_escaped(&mut body, &limit.name);
+    body.push_str("\"]");
+    if let Some(seconds) = retry_after {
+        let _ = write!(body, ",\"retry_after\":{seconds}");
+    }
+    body.push('}');
+    let mut response = Response::new(ResponseBody::full(body));
     *response.status_mut() = status;
     let headers = response.headers_mut();
     headers.insert(CONTENT_TYPE, PROBLEM_JSON);
@@ -207,6 +219,20 @@ pub fn deny_response(
     }
     write_headers(headers, view, verdicts, policy, Some(denied_by));
     response
+}
+
+/// Appends `text` as the inside of a JSON string (RFC 8259 escaping).
+fn push_json_escaped(out: &mut String, text: &str) {
+    for c in text.chars() {
+        match c {
+            '"' => out.push_str("\\\""),
+            '\\' => out.push_str("\\\\"),
+            c if (c as u32) < 0x20 => {
+                let _ = write!(out, "\\u{:04x}", c as u32);
+            }
+            c => out.push(c),
+        }
+    }
 }
 
 /// The 400 answer for a limit with `on_missing_key = "deny"`.
@@ -337,6 +363,45 @@ mod tests {
         let verdicts = [never, entry(Outcome::Allowed, 100, 0)];
         let response = deny_response(view, &verdicts, 0, None, 50);
         assert!(!response.headers().contains_key("retry-after"));
+    }
+
+    #[test]
+    fn deny_bodies_are_valid_json_for_any_limit_name() {
+        let mut limits = stack();
+        limits[1].name = "odd \"name\" \\ with\ttab".into();
+        let (refs, algorithms) = view_parts(&limits);
+        let view = StackView {
+            limits: &refs,
+            algorithms: &algorithms,
+            server: HeaderStyles::default(),
+        };
+        let verdicts = [
+            entry(Outcome::Allowed, 14, 0),
+            entry(Outcome::Denied, 0, 3 * S),
+        ];
+        let response = deny_response(view, &verdicts, 1, None, 1);
+        let body = futures_body(response);
+        let value: serde_json::Value = serde_json::from_str(&body).unwrap();
+        assert_eq!(value["violated-policies"][0], limits[1].name.as_str());
+        assert_eq!(
+            value["detail"],
+            format!("limit {} exceeded", limits[1].name)
+        );
+        assert_eq!(value["retry_after"], 3);
+        assert_eq!(value["status"], 429);
+    }
+
+    /// The full body of a gateway response (always in memory).
+    fn futures_body(response: Response<ResponseBody>) -> String {
+        use http_body_util::BodyExt;
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .build()
+            .unwrap();
+        let bytes = runtime
+            .block_on(response.into_body().collect())
+            .unwrap()
+            .to_bytes();
+        String::from_utf8(bytes.to_vec()).unwrap()
     }
 
     #[test]
