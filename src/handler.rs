@@ -273,14 +273,7 @@ async fn route_and_act(
             let response =
                 forward(snapshot, route, downstream, parts, body, &mut notes.permits).await?;
             if let (Some(cost_header), Some(admitted)) = (&route.cost_header, &admitted) {
-                settle_cost(
-                    app,
-                    snapshot,
-                    route,
-                    admitted,
-                    response.headers(),
-                    cost_header,
-                );
+                settle_cost(app, route, admitted, response.headers(), cost_header);
             }
             response
         }
@@ -288,11 +281,6 @@ async fn route_and_act(
     if let Some(admitted) = &admitted {
         let view = admitted.view(snapshot);
         let focus = ratelimit::least_remaining(view, &admitted.verdicts);
-        notes.limit = focus.map(|i| LimitNote {
-            index: plan.stack[i],
-            remaining: admitted.verdicts[i].verdict.remaining,
-            denied: false,
-        });
         let policy = admitted.policy(plan, view);
         ratelimit::write_headers(
             response.headers_mut(),
@@ -526,6 +514,13 @@ fn limit_request<'s>(
         ));
     }
     notes.permits = decision.take_permits();
+    // Noted now, so the log line has it even if forwarding fails.
+    let focus = ratelimit::least_remaining(admitted.view(snapshot), &decision.entries);
+    notes.limit = focus.map(|i| LimitNote {
+        index: plan.stack[i],
+        remaining: decision.entries[i].verdict.remaining,
+        denied: false,
+    });
     admitted.verdicts = std::mem::take(&mut decision.entries);
     admitted.delay = decision.delay;
     Ok(admitted)
@@ -580,7 +575,6 @@ fn record_decisions(
 /// the request. Never blocks the response; bad values are ignored.
 fn settle_cost(
     app: &App,
-    snapshot: &Snapshot,
     route: &RouteConfig,
     admitted: &Admitted<'_>,
     headers: &HeaderMap,
@@ -599,7 +593,6 @@ fn settle_cost(
     if delta == 0 {
         return;
     }
-    let _ = snapshot;
     let now = app.clock.now();
     for ((limiter, key), entry) in admitted
         .limiters

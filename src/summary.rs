@@ -42,6 +42,7 @@ pub fn render(config: &Config) -> String {
             key
         );
     }
+    let _ = writeln!(out, "consumers: {} API keys", config.consumers.len());
     let _ = writeln!(out, "routes:    {}", config.routes.len());
     for route in &config.routes {
         let target = match &route.action {

@@ -272,7 +272,6 @@ fn check(c: &mut Checker, path: &Path, bytes: &[u8], raw: &RawConfig) -> Config 
             route,
             &upstream_names,
             &limit_names,
-            &limits,
         ));
     }
     let api_keys = check_api_keys(c, &root.key("api_keys"), &raw.api_keys);
@@ -969,7 +968,6 @@ fn check_route(
     raw: &raw::RawRoute,
     upstream_names: &[&str],
     limit_names: &[&str],
-    limits: &[LimitConfig],
 ) -> RouteConfig {
     let matcher = check_match(c, &path.key("match"), &raw.matcher);
     let action = match (&raw.upstream, &raw.respond) {
@@ -1048,7 +1046,6 @@ fn check_route(
         Some(n) => n,
         None => 1,
     };
-    let _ = limits;
     let cost_header =
         raw.cost_header
             .as_ref()
