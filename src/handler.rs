@@ -280,14 +280,13 @@ async fn route_and_act(
     };
     if let Some(admitted) = &admitted {
         let view = admitted.view(snapshot);
-        let focus = ratelimit::least_remaining(view, &admitted.verdicts);
         let policy = admitted.policy(plan, view);
         ratelimit::write_headers(
             response.headers_mut(),
             view,
             &admitted.verdicts,
             policy.as_ref(),
-            focus,
+            admitted.focus,
         );
     }
     Ok(response)
@@ -400,6 +399,8 @@ struct Admitted<'s> {
     delay: Nanos,
     /// The caller is on a plan that changes some limit's numbers.
     planned: bool,
+    /// The entry the legacy headers describe: the least remaining `r / q`.
+    focus: Option<usize>,
 }
 
 impl Admitted<'_> {
@@ -460,6 +461,7 @@ fn limit_request<'s>(
         verdicts: SmallVec::new(),
         delay: 0,
         planned: false,
+        focus: None,
     };
     for &i in &plan.stack {
         let limit = &snapshot.config.limits[i];
@@ -515,8 +517,8 @@ fn limit_request<'s>(
     }
     notes.permits = decision.take_permits();
     // Noted now, so the log line has it even if forwarding fails.
-    let focus = ratelimit::least_remaining(admitted.view(snapshot), &decision.entries);
-    notes.limit = focus.map(|i| LimitNote {
+    admitted.focus = ratelimit::least_remaining(admitted.view(snapshot), &decision.entries);
+    notes.limit = admitted.focus.map(|i| LimitNote {
         index: plan.stack[i],
         remaining: decision.entries[i].verdict.remaining,
         denied: false,
