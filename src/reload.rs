@@ -39,10 +39,12 @@ pub fn reload(app: &App, path: &Path) {
                     "reload: `{key}` changed; the new value takes effect after a restart"
                 );
             }
+            // The error is cleared before the swap, so `/config` never shows
+            // the new generation beside the previous attempt's error.
+            app.set_reload_error(None);
             let generation = app.install(config);
             app.metrics().record_reload(true);
             app.metrics().set_generation(generation);
-            app.set_reload_error(None);
             tracing::info!(generation, "configuration reloaded");
         }
         Err(error) => {
