@@ -330,6 +330,8 @@ impl App {
     pub fn install(&self, config: Config) -> u64 {
         let limiters = self.registry.resolve(&config.limits, self.clock.now());
         let generation = self.generation.fetch_add(1, Ordering::Relaxed) + 1;
+        // Before the swap: the gauge never lags the `/config` generation.
+        self.metrics.set_generation(generation);
         self.snapshot.store(Arc::new(Snapshot::new(
             config,
             generation,

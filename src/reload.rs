@@ -39,12 +39,13 @@ pub fn reload(app: &App, path: &Path) {
                     "reload: `{key}` changed; the new value takes effect after a restart"
                 );
             }
-            // The error is cleared before the swap, so `/config` never shows
-            // the new generation beside the previous attempt's error.
+            // Bookkeeping first, the swap last: whoever sees the new
+            // generation in `/config` also sees the error cleared and the
+            // counters and gauge moved.
+            // (Installing cannot fail.)
             app.set_reload_error(None);
-            let generation = app.install(config);
             app.metrics().record_reload(true);
-            app.metrics().set_generation(generation);
+            let generation = app.install(config);
             tracing::info!(generation, "configuration reloaded");
         }
         Err(error) => {
