@@ -384,13 +384,17 @@ url = "{}"
 key = "header:x-api-key"
 algorithm = "fixed_window"
 limit = 5
-window = "1h"
+window = "1d"
+# Windows start at the first request: no epoch boundary can fall inside a test.
+align = "first_request"
 
 [limits.trial]
 key = "header:x-api-key"
 algorithm = "fixed_window"
 limit = 1
-window = "1h"
+window = "1d"
+# Windows start at the first request: no epoch boundary can fall inside a test.
+align = "first_request"
 shadow = true
 
 [[routes]]

@@ -29,13 +29,17 @@ const LOGIN: &str = r#"
 key = "body:username"
 algorithm = "fixed_window"
 limit = 2
-window = "15m"
+window = "1d"
+# Windows start at the first request: no epoch boundary can fall inside a test.
+align = "first_request"
 
 [limits.login_ip]
 key = "ip"
 algorithm = "fixed_window"
 limit = 4
-window = "15m"
+window = "1d"
+# Windows start at the first request: no epoch boundary can fall inside a test.
+align = "first_request"
 
 [[routes]]
 name = "login"
@@ -100,7 +104,9 @@ async fn bodies_over_the_key_cap_are_forwarded_whole_without_a_key() {
 key = "body:username"
 algorithm = "fixed_window"
 limit = 1
-window = "1h"
+window = "1d"
+# Windows start at the first request: no epoch boundary can fall inside a test.
+align = "first_request"
 
 [[routes]]
 name = "login"
@@ -153,6 +159,8 @@ key = "tenant"
 algorithm = "fixed_window"
 limit = 1000
 window = "1d"
+# Windows start at the first request: no epoch boundary can fall inside a test.
+align = "first_request"
 plans = { free = { limit = 3 }, pro = { limit = 5 } }
 
 [[routes]]
@@ -287,7 +295,9 @@ trusted_hops = 1
 key = "ip"
 algorithm = "fixed_window"
 limit = 1
-window = "1h"
+window = "1d"
+# Windows start at the first request: no epoch boundary can fall inside a test.
+align = "first_request"
 
 [[routes]]
 name = "api"
@@ -333,7 +343,9 @@ ipv6_prefix = 64
 key = "ip"
 algorithm = "fixed_window"
 limit = 1
-window = "1h"
+window = "1d"
+# Windows start at the first request: no epoch boundary can fall inside a test.
+align = "first_request"
 
 [[routes]]
 name = "api"
@@ -383,7 +395,9 @@ header = "forwarded"
 key = "ip"
 algorithm = "fixed_window"
 limit = 1
-window = "1h"
+window = "1d"
+# Windows start at the first request: no epoch boundary can fall inside a test.
+align = "first_request"
 
 [[routes]]
 name = "api"
@@ -423,7 +437,9 @@ async fn cookie_and_composite_keys() {
 key = ["cookie:sid", "header:user-agent"]
 algorithm = "fixed_window"
 limit = 1
-window = "1h"
+window = "1d"
+# Windows start at the first request: no epoch boundary can fall inside a test.
+align = "first_request"
 
 [[routes]]
 name = "api"
@@ -466,7 +482,9 @@ refill = "2/s"
 key = "tenant"
 algorithm = "fixed_window"
 limit = 3
-window = "1d"
+# A week: the key's jittered boundary (Thursday 00:00 UTC + up to 1 h) is
+# unlikely to fall inside the test's second.
+window = "7d"
 reset_jitter = "1h"
 
 [[routes]]
@@ -505,6 +523,9 @@ require_consumer = true
     };
     let a = daily_t(&reply);
     let b = daily_t(&get(gw.addr, "/", &[("x-api-key", "k-b")]).await);
-    assert!(a <= 86_400 + 3_600 && b <= 86_400 + 3_600, "{a} {b}");
+    assert!(
+        a <= 7 * 86_400 + 3_600 && b <= 7 * 86_400 + 3_600,
+        "{a} {b}"
+    );
     assert_ne!(a, b, "two tenants' daily windows reset in the same second");
 }

@@ -125,7 +125,9 @@ refill = "1/h"
 key = "ip"
 algorithm = "fixed_window"
 limit = 2
-window = "1h"
+window = "1d"
+# Windows start at the first request: no epoch boundary can fall inside a test.
+align = "first_request"
 
 [[routes]]
 name = "api"
@@ -162,7 +164,7 @@ async fn a_denied_stack_charges_none_of_its_limits() {
         get(gw.addr, "/", &[("x-api-key", "k")])
             .await
             .header("ratelimit-policy"),
-        Some("\"per_key\";q=5;w=18000, \"per_ip\";q=2;w=3600")
+        Some("\"per_key\";q=5;w=18000, \"per_ip\";q=2;w=86400")
     );
 }
 
@@ -232,7 +234,9 @@ url = "{}"
 key = "ip"
 algorithm = "fixed_window"
 limit = 1
-window = "1h"
+window = "1d"
+# Windows start at the first request: no epoch boundary can fall inside a test.
+align = "first_request"
 shadow = true
 
 [[routes]]
@@ -269,14 +273,18 @@ async fn missing_keys_follow_on_missing_key() {
 key = "header:x-api-key"
 algorithm = "fixed_window"
 limit = 5
-window = "1h"
+window = "1d"
+# Windows start at the first request: no epoch boundary can fall inside a test.
+align = "first_request"
 on_missing_key = "deny"
 
 [limits.pooled]
 key = "query:user"
 algorithm = "fixed_window"
 limit = 2
-window = "1h"
+window = "1d"
+# Windows start at the first request: no epoch boundary can fall inside a test.
+align = "first_request"
 on_missing_key = "shared"
 
 [[routes]]
@@ -459,7 +467,9 @@ async fn reported_cost_is_settled_after_the_response() {
 key = "route"
 algorithm = "fixed_window"
 limit = 10
-window = "1h"
+window = "1d"
+# Windows start at the first request: no epoch boundary can fall inside a test.
+align = "first_request"
 
 [[routes]]
 name = "llm"
@@ -491,7 +501,9 @@ async fn spoofed_forwarded_for_cannot_escape_an_ip_limit() {
 key = "ip"
 algorithm = "fixed_window"
 limit = 2
-window = "1h"
+window = "1d"
+# Windows start at the first request: no epoch boundary can fall inside a test.
+align = "first_request"
 
 [[routes]]
 name = "api"

@@ -160,6 +160,12 @@ async fn listeners_follow_the_listen_list() {
     assert_eq!(gw.addr, first);
     let both = format!("[\"{first}\", \"{second}\"]");
     reload_to(&gw, &config(&upstream, &both, "v2", 3, ""), "v2").await;
+    // The new listener is bound right after the swap, by the server task.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while tokio::net::TcpStream::connect(second).await.is_err() {
+        assert!(Instant::now() < deadline, "the new address was never bound");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
     assert_eq!(get(second, "/version", &[]).await.body, "v2");
     // Drop the first address: served on the second, refused on the first.
     std::fs::write(
