@@ -22,12 +22,11 @@
 //!
 //! Run: `cargo bench --bench gateway -- --warm-up-time 1 --measurement-time 3`
 
-use std::alloc::{GlobalAlloc, Layout, System};
 use std::fmt::Write as _;
 use std::hint::black_box;
 use std::net::{IpAddr, SocketAddr};
 use std::path::Path;
-use std::sync::atomic::{AtomicU64, Ordering};
+
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
@@ -46,25 +45,8 @@ use tollgate::identity::client_ip::{ClientIpPolicy, ForwardHeader, Trust, client
 use tollgate::identity::keys::{RequestFacts, extract};
 use tollgate::routing::Router;
 
-/// Counts every allocation, to report allocations per request.
-struct Counting;
-
-static ALLOCATIONS: AtomicU64 = AtomicU64::new(0);
-
-unsafe impl GlobalAlloc for Counting {
-    unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
-        ALLOCATIONS.fetch_add(1, Ordering::Relaxed);
-        // SAFETY: forwarded unchanged to the system allocator.
-        unsafe { System.alloc(layout) }
-    }
-    unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
-        // SAFETY: forwarded unchanged to the system allocator.
-        unsafe { System.dealloc(ptr, layout) }
-    }
-}
-
-#[global_allocator]
-static GLOBAL: Counting = Counting;
+#[path = "../tests/support/counting_alloc.rs"]
+mod counting_alloc;
 
 const XFF: &str = "203.0.113.7, 198.51.100.23, 10.1.2.3, 10.4.5.6";
 
@@ -303,9 +285,9 @@ fn request(c: &mut Criterion) {
     ] {
         const N: u64 = 1_000;
         runtime.block_on(send_many(sender, N, status));
-        let before = ALLOCATIONS.load(Ordering::Relaxed);
+        let before = counting_alloc::allocations();
         runtime.block_on(send_many(sender, N, status));
-        let after = ALLOCATIONS.load(Ordering::Relaxed);
+        let after = counting_alloc::allocations();
         println!(
             "allocations per request: {name}: {:.1}",
             (after - before) as f64 / N as f64

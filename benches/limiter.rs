@@ -14,10 +14,9 @@
 //!
 //! Run: `cargo bench --bench limiter -- --warm-up-time 1 --measurement-time 2`
 
-use std::alloc::{GlobalAlloc, Layout, System};
 use std::hint::black_box;
 use std::num::NonZeroU32;
-use std::sync::atomic::{AtomicU64, Ordering};
+
 use std::sync::{Arc, Barrier};
 use std::time::{Duration, Instant};
 
@@ -28,25 +27,8 @@ use tollgate::limit::{
     check_stack,
 };
 
-/// Counts every allocation, to prove the decision path makes none.
-struct Counting;
-
-static ALLOCATIONS: AtomicU64 = AtomicU64::new(0);
-
-unsafe impl GlobalAlloc for Counting {
-    unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
-        ALLOCATIONS.fetch_add(1, Ordering::Relaxed);
-        // SAFETY: forwarded unchanged to the system allocator.
-        unsafe { System.alloc(layout) }
-    }
-    unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
-        // SAFETY: forwarded unchanged to the system allocator.
-        unsafe { System.dealloc(ptr, layout) }
-    }
-}
-
-#[global_allocator]
-static GLOBAL: Counting = Counting;
+#[path = "../tests/support/counting_alloc.rs"]
+mod counting_alloc;
 
 const S: u64 = NANOS_PER_SEC;
 const KEYS: usize = 100_000;
@@ -299,11 +281,11 @@ fn report_allocations() {
         for (name, alg) in algorithms(allow) {
             let limiter = Limiter::new(name, alg, 1_000);
             spend(&limiter, key, &clock);
-            let before = ALLOCATIONS.load(Ordering::Relaxed);
+            let before = counting_alloc::allocations();
             for _ in 0..N {
                 black_box(limiter.check(key, 1, clock.now()).verdict.allowed);
             }
-            let after = ALLOCATIONS.load(Ordering::Relaxed);
+            let after = counting_alloc::allocations();
             println!(
                 "allocations per decision: {name} ({}): {}",
                 if allow { "allow" } else { "deny" },
@@ -323,11 +305,11 @@ fn report_allocations() {
         })
         .collect();
     drop(check_stack(&stack, 1, clock.now()));
-    let before = ALLOCATIONS.load(Ordering::Relaxed);
+    let before = counting_alloc::allocations();
     for _ in 0..N {
         black_box(check_stack(&stack, 1, clock.now()));
     }
-    let after = ALLOCATIONS.load(Ordering::Relaxed);
+    let after = counting_alloc::allocations();
     println!(
         "allocations per decision: stack of 8: {}",
         (after - before) as f64 / N as f64

@@ -5,31 +5,12 @@
 //! Only this test runs in this binary, so the global counter sees no other
 //! thread's allocations.
 
-use std::alloc::{GlobalAlloc, Layout, System};
-use std::sync::atomic::{AtomicU64, Ordering};
-
 use tollgate::limit::{
     Algorithm, LeakyMode, LimitKey, Limiter, NANOS_PER_SEC, Nanos, Rate, StackEntry, check_stack,
 };
 
-struct Counting;
-
-static ALLOCATIONS: AtomicU64 = AtomicU64::new(0);
-
-unsafe impl GlobalAlloc for Counting {
-    unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
-        ALLOCATIONS.fetch_add(1, Ordering::Relaxed);
-        // SAFETY: forwarded unchanged to the system allocator.
-        unsafe { System.alloc(layout) }
-    }
-    unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
-        // SAFETY: forwarded unchanged to the system allocator.
-        unsafe { System.dealloc(ptr, layout) }
-    }
-}
-
-#[global_allocator]
-static GLOBAL: Counting = Counting;
+#[path = "support/counting_alloc.rs"]
+mod counting_alloc;
 
 const S: Nanos = NANOS_PER_SEC;
 const T0: Nanos = 1_700_000_000 * S;
@@ -90,7 +71,7 @@ fn known_keys_decide_without_allocating() {
             drop(l.check(key, 1, T0 + i * S / 100));
         }
     }
-    let before = ALLOCATIONS.load(Ordering::Relaxed);
+    let before = counting_alloc::allocations();
     let (mut allowed, mut denied) = (0, 0);
     for i in 200..1_200 {
         let now = T0 + i * S / 100;
@@ -106,7 +87,7 @@ fn known_keys_decide_without_allocating() {
             drop(l.check(key, 1, now));
         }
     }
-    let after = ALLOCATIONS.load(Ordering::Relaxed);
+    let after = counting_alloc::allocations();
     assert!(allowed > 0 && denied > 0, "{allowed} {denied}");
     assert_eq!(after - before, 0, "allocations on the decision path");
 }
