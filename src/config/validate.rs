@@ -936,10 +936,22 @@ fn check_algorithm(
             limit: positive(c, "limit", raw.limit),
             window: window(c),
         },
-        "sliding_window" => Algorithm::SlidingWindow {
-            limit: positive(c, "limit", raw.limit),
-            window: window(c),
-        },
+        "sliding_window" => {
+            let limit = positive(c, "limit", raw.limit);
+            if limit > crate::limit::sliding_window::MAX_LIMIT {
+                c.problem(
+                    at("limit"),
+                    format!(
+                        "a sliding_window limit is at most {}",
+                        crate::limit::sliding_window::MAX_LIMIT
+                    ),
+                );
+            }
+            Algorithm::SlidingWindow {
+                limit,
+                window: window(c),
+            }
+        }
         "sliding_log" => Algorithm::SlidingLog {
             limit: positive(c, "limit", raw.limit),
             window: window(c),

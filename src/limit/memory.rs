@@ -18,12 +18,12 @@
 //!
 //! # Memory per key
 //!
-//! A table slot is the 16-byte key plus a 32-byte state (`KeyState`, the
-//! largest variant being the sliding window's 24 bytes; the token bucket's
-//! `tat` is 16) plus 1 control byte: 49 bytes. The table (std's hashbrown)
-//! keeps at most 7/8 of its slots full and doubles when it fills, so a key
-//! costs 56 bytes at full load and ~112 right after a doubling — 56–112,
-//! about 75 bytes on average over the table's life. A sliding log adds a
+//! A table slot is the 16-byte key plus a 24-byte state (`KeyState`: the
+//! fixed and sliding windows' 16 bytes and the token bucket's `tat`, kept as
+//! two `u64` halves so no variant forces 16-byte alignment) plus 1 control
+//! byte: 41 bytes. The table (std's hashbrown) keeps at most 7/8 of its slots
+//! full and doubles when it fills, so a key costs 47 bytes at full load and
+//! ~94 right after a doubling. A sliding log adds a
 //! heap-allocated deque of `(timestamp, units)` runs (16 bytes per run), and
 //! a concurrency key an `Arc<AtomicU64>` (24 bytes).
 //!
@@ -722,9 +722,9 @@ mod tests {
     }
 
     #[test]
-    fn slot_is_48_bytes() {
-        // The figure in the module doc: 16-byte key + 32-byte state (+1 ctrl).
-        assert_eq!(std::mem::size_of::<(StoreKey, KeyState)>(), 48);
+    fn slot_is_40_bytes() {
+        // The figure in the module doc: 16-byte key + 24-byte state (+1 ctrl).
+        assert_eq!(std::mem::size_of::<(StoreKey, KeyState)>(), 40);
     }
 
     #[test]

@@ -27,7 +27,9 @@
 //! current count after it, and `P(W − e) <= P(W − e')`.) The property test in
 //! `tests/limit_props.rs` checks exactly this inequality.
 //!
-//! State: window index and two counts, 24 bytes.
+//! State: window index and two 32-bit counts, 16 bytes — which keeps every
+//! key's slot in the store at 40 bytes. The counts never exceed `limit`, and
+//! configuration validation keeps a sliding window's `limit` within `u32`.
 
 use super::Nanos;
 use super::verdict::{Verdict, div, sat_nanos, settle};
@@ -36,8 +38,16 @@ use super::verdict::{Verdict, div, sat_nanos, settle};
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct State {
     pub window: u64,
-    pub previous: u64,
-    pub current: u64,
+    pub previous: u32,
+    pub current: u32,
+}
+
+/// The largest `limit` a sliding window can hold (its counts are `u32`).
+pub const MAX_LIMIT: u64 = u32::MAX as u64;
+
+/// A count that is at most `limit <= MAX_LIMIT`, as stored.
+fn count(v: u128) -> u32 {
+    u32::try_from(v).unwrap_or(u32::MAX)
 }
 
 /// The counters rolled forward to `now`: (window index, offset in it,
@@ -59,7 +69,7 @@ fn rolled(state: State, now: Nanos, w: Nanos) -> (u64, u128, u128, u128) {
     } else if state.window + 1 == idx {
         (state.current, 0)
     } else {
-        (0, 0)
+        (0u32, 0u32)
     };
     (idx, e, u128::from(p), u128::from(c))
 }
@@ -110,8 +120,8 @@ pub fn decide(state: State, now: Nanos, cost: u64, limit: u64, window: Nanos) ->
     if allowed {
         let next = State {
             window: idx,
-            previous: sat_nanos(p),
-            current: sat_nanos(c_after),
+            previous: count(p),
+            current: count(c_after),
         };
         (next, Verdict::allow(remaining, reset_after))
     } else {
@@ -135,8 +145,8 @@ pub fn adjust(state: State, now: Nanos, delta: i64, limit: u64, window: Nanos) -
     let (idx, _, p, c) = rolled(state, now, window.max(1));
     State {
         window: idx,
-        previous: sat_nanos(p),
-        current: settle(sat_nanos(c), delta, limit),
+        previous: count(p),
+        current: count(u128::from(settle(sat_nanos(c), delta, limit))),
     }
 }
 

@@ -29,7 +29,23 @@ use super::{Nanos, Rate};
 /// A key's theoretical arrival time, in scaled nanoseconds (ns × `tokens`).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct State {
-    pub tat: u128,
+    // Two halves rather than a `u128`: a `u128` is 16-byte aligned, which
+    // would pad every key's slot in the store by 8 bytes.
+    tat: [u64; 2],
+}
+
+impl State {
+    /// The theoretical arrival time (scaled nanoseconds).
+    pub fn tat(self) -> u128 {
+        (u128::from(self.tat[1]) << 64) | u128::from(self.tat[0])
+    }
+
+    /// The state whose theoretical arrival time is `tat`.
+    pub fn at(tat: u128) -> State {
+        State {
+            tat: [tat as u64, (tat >> 64) as u64],
+        }
+    }
 }
 
 /// The outcome of [`gcra`]: the state to store if admitted, the verdict, and
@@ -58,7 +74,7 @@ pub(crate) fn gcra(state: State, now: Nanos, cost: u64, capacity: u64, rate: Rat
     let t = u128::from(rate.per.max(1));
     let tau = u128::from(capacity) * t;
     let now_s = scaled(now, rate);
-    let tat = state.tat.max(now_s);
+    let tat = state.tat().max(now_s);
     let never = cost > capacity;
     let new_tat = tat + u128::from(cost) * t;
     let allowed = !never && new_tat - now_s <= tau;
@@ -74,7 +90,7 @@ pub(crate) fn gcra(state: State, now: Nanos, cost: u64, capacity: u64, rate: Rat
     let remaining = sat_nanos(remaining);
     if allowed {
         Outcome {
-            state: State { tat: new_tat },
+            state: State::at(new_tat),
             verdict: Verdict::allow(remaining, reset_after),
             ahead,
         }
@@ -103,7 +119,7 @@ pub fn decide(
 
 /// The bucket is full: the key can be forgotten.
 pub fn is_fresh(state: State, now: Nanos, refill: Rate) -> bool {
-    state.tat <= scaled(now, refill)
+    state.tat() <= scaled(now, refill)
 }
 
 /// Post-response settlement: take `delta` more tokens (not below empty) or
@@ -111,21 +127,21 @@ pub fn is_fresh(state: State, now: Nanos, refill: Rate) -> bool {
 pub fn adjust(state: State, now: Nanos, delta: i64, capacity: u64, refill: Rate) -> State {
     let t = u128::from(refill.per.max(1));
     let now_s = scaled(now, refill);
-    let tat = state.tat.max(now_s);
+    let tat = state.tat().max(now_s);
     let d = u128::from(delta.unsigned_abs()) * t;
     let tat = if delta >= 0 {
         (tat + d).min(now_s + u128::from(capacity) * t)
     } else {
         tat.saturating_sub(d).max(now_s)
     };
-    State { tat }
+    State::at(tat)
 }
 
 /// Re-express a state under new numbers, keeping the tokens the key has
 /// *used* (so a full bucket stays full and a raised capacity adds its
 /// headroom; a lowered one keeps the debt, capped at the new capacity).
 pub fn rescale(state: State, now: Nanos, old: Rate, new_capacity: u64, new: Rate) -> State {
-    let used_old = state.tat.saturating_sub(scaled(now, old));
+    let used_old = state.tat().saturating_sub(scaled(now, old));
     // used tokens = used_old / old.per; in new scaled time: × new.per.
     let used_new = ceil_div(
         used_old * u128::from(new.per.max(1)),
@@ -133,7 +149,7 @@ pub fn rescale(state: State, now: Nanos, old: Rate, new_capacity: u64, new: Rate
     );
     let cap = u128::from(new_capacity) * u128::from(new.per.max(1));
     State {
-        tat: scaled(now, new) + used_new.min(cap),
+        tat: State::at(scaled(now, new) + used_new.min(cap)).tat,
     }
 }
 
