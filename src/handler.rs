@@ -143,7 +143,7 @@ impl Observation {
         }
     }
 
-    /// Step 5: metrics and the access-log line of the answered request.
+    /// Step 8: metrics and the access-log line of the answered request.
     fn finish(self, app: &App, snapshot: &Snapshot, status: u16, notes: &Notes) {
         let elapsed = Duration::from_nanos(app.clock.now().saturating_sub(self.started));
         let plan = notes.route_index.and_then(|i| snapshot.routes.get(i));
@@ -218,13 +218,10 @@ async fn route_and_act(
     let plan = &snapshot.routes[index];
 
     let consumer = identify_caller(snapshot, route, &parts)?;
-    let mut body = PendingBody::Fresh(body);
-    let fields = if plan.needs_body {
-        let (buffered, fields) = buffer_for_key(body, &parts, &snapshot.config, route).await?;
-        body = buffered;
-        fields
+    let (body, fields) = if plan.needs_body {
+        buffer_for_key(body, &parts, &snapshot.config, route).await?
     } else {
-        None
+        (PendingBody::Fresh(body), None)
     };
 
     let admitted = if plan.stack.is_empty() {
@@ -327,14 +324,11 @@ enum PendingBody {
 /// `max_body`), and parses its fields when it is complete. The bytes read are
 /// forwarded unchanged, followed by the rest of the stream.
 async fn buffer_for_key(
-    body: PendingBody,
+    mut incoming: Incoming,
     parts: &Parts,
     config: &Config,
     route: &RouteConfig,
 ) -> Result<(PendingBody, Option<BodyFields>), GatewayError> {
-    let PendingBody::Fresh(mut incoming) = body else {
-        return Ok((body, None));
-    };
     let cap = config.server.max_key_body;
     if let Some(limit) = route.max_body
         && declared_length(parts).is_some_and(|length| length > limit)
