@@ -15,6 +15,8 @@ pub enum GatewayError {
     HeadersTooLarge { limit: usize },
     #[error("request body is larger than the route's limit of {limit} bytes")]
     BodyTooLarge { limit: u64 },
+    #[error("the request body was not received within {timeout:?}")]
+    RequestTimeout { timeout: std::time::Duration },
     #[error("unauthorized: {reason}")]
     Unauthorized { reason: &'static str },
     #[error("malformed request: {reason}")]
@@ -48,6 +50,7 @@ impl GatewayError {
             GatewayError::BodyTooLarge { .. } => StatusCode::PAYLOAD_TOO_LARGE,
             GatewayError::BadRequest { .. } => StatusCode::BAD_REQUEST,
             GatewayError::Unauthorized { .. } => StatusCode::UNAUTHORIZED,
+            GatewayError::RequestTimeout { .. } => StatusCode::REQUEST_TIMEOUT,
             GatewayError::UpstreamConnect { .. } => StatusCode::BAD_GATEWAY,
             GatewayError::UpstreamFailed { .. } => StatusCode::BAD_GATEWAY,
             GatewayError::UpstreamTimeout { .. } => StatusCode::GATEWAY_TIMEOUT,
@@ -64,7 +67,8 @@ impl GatewayError {
             | GatewayError::HeadersTooLarge { .. }
             | GatewayError::BodyTooLarge { .. }
             | GatewayError::BadRequest { .. }
-            | GatewayError::Unauthorized { .. } => None,
+            | GatewayError::Unauthorized { .. }
+            | GatewayError::RequestTimeout { .. } => None,
         }
     }
 

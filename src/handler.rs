@@ -340,8 +340,17 @@ async fn buffer_for_key(
         return Ok((PendingBody::Fresh(incoming), None));
     }
     let mut buffer = BytesMut::new();
+    // The request is in flight, so the connection watchdog does not guard
+    // this read: bound it like a request head, or a slow uploader on a login
+    // route would hold the connection as long as it likes.
+    let deadline = tokio::time::Instant::now() + config.server.header_read_timeout;
     loop {
-        match incoming.frame().await {
+        let frame = tokio::time::timeout_at(deadline, incoming.frame())
+            .await
+            .map_err(|_| GatewayError::RequestTimeout {
+                timeout: config.server.header_read_timeout,
+            })?;
+        match frame {
             None => break,
             Some(Err(_)) => {
                 return Err(GatewayError::BadRequest {

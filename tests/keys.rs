@@ -529,3 +529,30 @@ require_consumer = true
     );
     assert_ne!(a, b, "two tenants' daily windows reset in the same second");
 }
+
+#[tokio::test]
+async fn a_slow_body_for_a_body_key_times_out_with_408() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let upstream = TestUpstream::start().await;
+    let gw = Gateway::start(&format!(
+        "[server]\nlisten = \"127.0.0.1:0\"\nheader_read_timeout = \"500ms\"\n\n[upstreams.api]\nurl = \"{}\"\n\n{LOGIN}",
+        upstream.url()
+    ));
+    let mut stream = tokio::net::TcpStream::connect(gw.addr).await.unwrap();
+    // The head, then half the declared body, then silence.
+    stream
+        .write_all(b"POST /login HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\ncontent-length: 40\r\n\r\n{\"username\":")
+        .await
+        .unwrap();
+    let mut answer = Vec::new();
+    let read = tokio::time::timeout(
+        std::time::Duration::from_secs(10),
+        stream.read_to_end(&mut answer),
+    )
+    .await;
+    assert!(read.is_ok(), "the gateway waited for the body forever");
+    let answer = String::from_utf8_lossy(&answer);
+    assert!(answer.starts_with("HTTP/1.1 408"), "{answer}");
+    assert!(answer.contains("application/problem+json"), "{answer}");
+    assert_eq!(upstream.count(), 0);
+}
