@@ -440,6 +440,10 @@ limits = ["per_key", "trial"]
         Some(2.0)
     );
     // log_denied = "none": the 429 has no access-log line, the others do.
+    let access_lines = |log: &str| log.matches("tollgate::access").count();
+    gateway.stderr_when(|log| access_lines(log) >= 7, Duration::from_secs(5));
+    // A moment more, so a line that should not be there would have arrived.
+    std::thread::sleep(Duration::from_millis(100));
     let log = gateway.stderr();
     let lines: Vec<&str> = log
         .lines()

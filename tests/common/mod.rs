@@ -102,6 +102,20 @@ impl Gateway {
         self.stderr.lock().unwrap().clone()
     }
 
+    /// Waits until the captured stderr satisfies `done` (the capture runs on
+    /// its own thread, a little behind the process), at most `timeout`;
+    /// returns the stderr either way.
+    pub fn stderr_when(&self, done: impl Fn(&str) -> bool, timeout: Duration) -> String {
+        let deadline = std::time::Instant::now() + timeout;
+        loop {
+            let text = self.stderr();
+            if done(&text) || std::time::Instant::now() >= deadline {
+                return text;
+            }
+            std::thread::sleep(Duration::from_millis(10));
+        }
+    }
+
     pub fn signal(&self, name: &str) {
         let status = Command::new("kill")
             .arg(format!("-{name}"))
