@@ -25,13 +25,13 @@ pub enum GatewayError {
     UpstreamConnect {
         upstream: String,
         #[source]
-        source: hyper_util::client::legacy::Error,
+        source: crate::proxy::pool::PoolError,
     },
     #[error("upstream {upstream} failed before answering")]
     UpstreamFailed {
         upstream: String,
         #[source]
-        source: hyper_util::client::legacy::Error,
+        source: crate::proxy::pool::PoolError,
     },
     #[error("upstream {upstream} did not answer within {timeout:?}")]
     UpstreamTimeout {

@@ -667,7 +667,7 @@ async fn forward(
     let client_upgrade = upgrade::requested(&parts.headers)
         .and_then(|_| parts.extensions.remove::<hyper::upgrade::OnUpgrade>());
     let request = upstream.prepare(parts, body, downstream.peer, downstream.proto)?;
-    let mut response = upstream
+    let (mut response, connection) = upstream
         .send(
             request,
             exceeded.as_deref(),
@@ -681,7 +681,7 @@ async fn forward(
         let upstream_upgrade = hyper::upgrade::on(&mut response);
         upgrade::spawn_tunnel(client_upgrade, upstream_upgrade, std::mem::take(permits));
     }
-    Ok(response.map(ResponseBody::upstream))
+    Ok(response.map(|body| ResponseBody::upstream(body, connection)))
 }
 
 /// The `Content-Length` the client declared, if one parses.

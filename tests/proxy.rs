@@ -512,3 +512,17 @@ limits = ["one_tunnel"]
         }
     }
 }
+
+#[tokio::test]
+async fn upstream_connections_are_reused_and_closed_ones_are_not() {
+    let upstream = TestUpstream::start().await;
+    let gateway = Gateway::start(&config(&upstream, ""));
+    // Alternate requests that keep the upstream connection alive with ones
+    // after which the upstream closes it: none may fail.
+    for i in 0..40 {
+        let path = if i % 3 == 0 { "/close" } else { "/keep" };
+        let reply = get(gateway.addr, path, &[]).await;
+        assert_eq!(reply.status, 200, "request {i} to {path}: {:?}", reply.body);
+    }
+    assert_eq!(upstream.count(), 40);
+}

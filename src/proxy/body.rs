@@ -16,6 +16,7 @@ use bytes::Bytes;
 use http_body::{Body, Frame, SizeHint};
 use hyper::body::Incoming;
 
+use super::pool::PooledConn;
 use crate::limit::Permits;
 use crate::server::ConnActivity;
 
@@ -146,7 +147,12 @@ pub struct ResponseBody {
 #[derive(Debug)]
 enum ResponseKind {
     Full(Option<Bytes>),
-    Upstream(Incoming),
+    /// The upstream's body, and the connection it arrives on: back to its
+    /// pool when this body is dropped.
+    Upstream {
+        body: Incoming,
+        _connection: PooledConn,
+    },
 }
 
 impl ResponseBody {
@@ -165,9 +171,12 @@ impl ResponseBody {
         }
     }
 
-    pub fn upstream(body: Incoming) -> Self {
+    pub fn upstream(body: Incoming, connection: PooledConn) -> Self {
         ResponseBody {
-            kind: ResponseKind::Upstream(body),
+            kind: ResponseKind::Upstream {
+                body,
+                _connection: connection,
+            },
             _completion: Completion::default(),
         }
     }
@@ -189,14 +198,14 @@ impl Body for ResponseBody {
     ) -> Poll<Option<Result<Frame<Bytes>, Self::Error>>> {
         match &mut self.get_mut().kind {
             ResponseKind::Full(bytes) => Poll::Ready(bytes.take().map(|b| Ok(Frame::data(b)))),
-            ResponseKind::Upstream(inner) => Pin::new(inner).poll_frame(cx),
+            ResponseKind::Upstream { body, .. } => Pin::new(body).poll_frame(cx),
         }
     }
 
     fn is_end_stream(&self) -> bool {
         match &self.kind {
             ResponseKind::Full(bytes) => bytes.is_none(),
-            ResponseKind::Upstream(inner) => inner.is_end_stream(),
+            ResponseKind::Upstream { body, .. } => body.is_end_stream(),
         }
     }
 
@@ -204,7 +213,7 @@ impl Body for ResponseBody {
         match &self.kind {
             ResponseKind::Full(Some(bytes)) => SizeHint::with_exact(bytes.len() as u64),
             ResponseKind::Full(None) => SizeHint::with_exact(0),
-            ResponseKind::Upstream(inner) => inner.size_hint(),
+            ResponseKind::Upstream { body, .. } => body.size_hint(),
         }
     }
 }

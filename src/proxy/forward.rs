@@ -7,67 +7,80 @@ use std::fmt::Write as _;
 use std::net::{IpAddr, SocketAddr};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
-use std::time::Duration;
 
 use http::header::{self, HeaderMap, HeaderName, HeaderValue};
 use http::request::Parts;
 use http::uri::{PathAndQuery, Uri};
 use http::{Request, Response, Version};
 use hyper::body::Incoming;
-use hyper_util::client::legacy::Client;
-use hyper_util::client::legacy::connect::HttpConnector;
-use hyper_util::rt::{TokioExecutor, TokioTimer};
 
 use super::body::RequestBody;
+use super::pool::{ConnectionPool, PooledConn};
 use crate::config::UpstreamConfig;
 use crate::error::GatewayError;
 
-/// One upstream of a snapshot: its settings and its connection pool.
+/// One upstream of a snapshot: its settings and a connection pool per URL.
 #[derive(Debug)]
 pub struct Upstream {
     pub config: UpstreamConfig,
-    client: Client<HttpConnector, RequestBody>,
+    /// Aligned with `config.urls`.
+    pools: Vec<Arc<ConnectionPool>>,
     next: AtomicUsize,
+}
+
+/// A request ready to go upstream, and the URL (pool) it was built for.
+#[derive(Debug)]
+pub struct Prepared {
+    pub request: Request<RequestBody>,
+    url: usize,
 }
 
 impl Upstream {
     pub fn new(config: UpstreamConfig) -> Upstream {
-        let mut connector = HttpConnector::new();
-        connector.set_connect_timeout(Some(config.connect_timeout));
-        connector.set_nodelay(true);
-        connector.enforce_http(true);
-        let client = Client::builder(TokioExecutor::new())
-            .pool_timer(TokioTimer::new())
-            .pool_idle_timeout(Duration::from_secs(90))
-            .build(connector);
+        let pools = config
+            .urls
+            .iter()
+            .map(|url| {
+                // Validation guarantees an `http://` URL with an authority.
+                let host = url.host().unwrap_or("127.0.0.1");
+                let port = url.port_u16().unwrap_or(80);
+                let address = if host.contains(':') && !host.starts_with('[') {
+                    format!("[{host}]:{port}")
+                } else {
+                    format!("{host}:{port}")
+                };
+                ConnectionPool::new(address, config.connect_timeout)
+            })
+            .collect();
         Upstream {
             config,
-            client,
+            pools,
             next: AtomicUsize::new(0),
         }
     }
 
-    /// The next base URL, round robin.
-    fn pick(&self) -> &Uri {
-        let i = self.next.fetch_add(1, Ordering::Relaxed);
-        &self.config.urls[i % self.config.urls.len()]
+    /// The next base URL's index, round robin.
+    fn pick(&self) -> usize {
+        self.next.fetch_add(1, Ordering::Relaxed) % self.config.urls.len()
     }
 
     /// Sends the request upstream and waits for the response head, at most
     /// `timeout`. `body_exceeded` tells a body-cap abort (413) from a failure.
+    /// The [`PooledConn`] goes with the response body.
     pub async fn send(
         &self,
-        request: Request<RequestBody>,
+        prepared: Prepared,
         body_exceeded: Option<&AtomicBool>,
         body_limit: u64,
-    ) -> Result<Response<Incoming>, GatewayError> {
+    ) -> Result<(Response<Incoming>, PooledConn), GatewayError> {
         let name = &self.config.name;
-        match tokio::time::timeout(self.config.timeout, self.client.request(request)).await {
+        let pool = &self.pools[prepared.url];
+        match tokio::time::timeout(self.config.timeout, pool.send(prepared.request)).await {
             Err(_) => Err(GatewayError::UpstreamTimeout {
                 upstream: name.clone(),
                 timeout: self.config.timeout,
             }),
-            Ok(Ok(response)) => Ok(response),
+            Ok(Ok(answer)) => Ok(answer),
             Ok(Err(_)) if body_exceeded.is_some_and(|flag| flag.load(Ordering::Relaxed)) => {
                 Err(GatewayError::BodyTooLarge { limit: body_limit })
             }
@@ -90,8 +103,9 @@ impl Upstream {
         body: RequestBody,
         peer: SocketAddr,
         proto: &'static str,
-    ) -> Result<Request<RequestBody>, GatewayError> {
-        let base = self.pick();
+    ) -> Result<Prepared, GatewayError> {
+        let url = self.pick();
+        let base = &self.config.urls[url];
         // HTTP/2 and absolute-form requests carry the host in the URI
         // (RFC 9113 §8.3.1); it wins over a `Host` header.
         let client_host = parts
@@ -122,34 +136,28 @@ impl Upstream {
             }
         }
         parts.version = Version::HTTP_11;
-        Ok(Request::from_parts(parts, body))
+        Ok(Prepared {
+            request: Request::from_parts(parts, body),
+            url,
+        })
     }
 }
 
 /// Arc'd upstreams of a snapshot, by index in [`Config::upstreams`](crate::config::Config).
 pub type Upstreams = Vec<Arc<Upstream>>;
 
+/// The request target sent upstream, in origin form (`/prefix/path?query`):
+/// the upstream URL's path prefix, then the client's path and query.
 fn upstream_uri(base: &Uri, request: &Uri) -> Result<Uri, GatewayError> {
     let request_pq = request.path_and_query().map_or("/", PathAndQuery::as_str);
     let base_path = base.path().trim_end_matches('/');
-    let mut builder = Uri::builder();
-    if let Some(scheme) = base.scheme() {
-        builder = builder.scheme(scheme.clone());
-    }
-    if let Some(authority) = base.authority() {
-        builder = builder.authority(authority.clone());
-    }
     let path_and_query = if base_path.is_empty() {
         PathAndQuery::from_maybe_shared(bytes::Bytes::copy_from_slice(request_pq.as_bytes()))
     } else {
         PathAndQuery::try_from(format!("{base_path}{request_pq}"))
     };
-    let path_and_query = path_and_query.map_err(|_| GatewayError::BadRequest {
-        reason: "the request target cannot be forwarded",
-    })?;
-    builder
-        .path_and_query(path_and_query)
-        .build()
+    path_and_query
+        .map(Uri::from)
         .map_err(|_| GatewayError::BadRequest {
             reason: "the request target cannot be forwarded",
         })
@@ -312,14 +320,8 @@ mod tests {
     fn upstream_uri_joins_base_path() {
         let base: Uri = "http://127.0.0.1:9000/v1/".parse().unwrap();
         let request: Uri = "/users?id=1".parse().unwrap();
-        assert_eq!(
-            upstream_uri(&base, &request).unwrap(),
-            "http://127.0.0.1:9000/v1/users?id=1"
-        );
+        assert_eq!(upstream_uri(&base, &request).unwrap(), "/v1/users?id=1");
         let base: Uri = "http://127.0.0.1:9000".parse().unwrap();
-        assert_eq!(
-            upstream_uri(&base, &request).unwrap(),
-            "http://127.0.0.1:9000/users?id=1"
-        );
+        assert_eq!(upstream_uri(&base, &request).unwrap(), "/users?id=1");
     }
 }

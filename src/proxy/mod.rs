@@ -2,6 +2,7 @@
 
 pub mod body;
 pub mod forward;
+pub mod pool;
 pub mod ratelimit;
 pub mod response;
 pub mod structured;

@@ -181,6 +181,7 @@ impl Seen {
 /// - `/slow/MS`: answers after MS milliseconds;
 /// - `/hop`: answers with hop-by-hop headers that must not reach the client;
 /// - `/cost/N`: answers with `x-cost: N`;
+/// - `/close`: answers, then closes its keep-alive connection;
 /// - `/upgrade`: switches protocols (101) to an echo of every byte;
 /// - anything else: 200 with body `echo`, recording what it saw.
 pub struct TestUpstream {
@@ -329,6 +330,12 @@ async fn upstream_answer(
     response
         .headers_mut()
         .insert("x-upstream", "yes".parse().unwrap());
+    if path == "/close" {
+        // The upstream ends its keep-alive connection after this response.
+        response
+            .headers_mut()
+            .insert("connection", "close".parse().unwrap());
+    }
     if let Some(cost) = path.strip_prefix("/cost/") {
         response
             .headers_mut()
