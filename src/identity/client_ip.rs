@@ -3,7 +3,7 @@
 //!
 //! This module owns the *trust walk*: which entry of `X-Forwarded-For` (or of
 //! RFC 7239 `Forwarded`) names the client, given how much of the list we may
-//! believe. Parsing single entries lives in [`super::forwarded`].
+//! believe. Parsing single entries lives in the private `identity::forwarded` module.
 //!
 //! # Why a walk from the right
 //!
