@@ -10,6 +10,7 @@
 //! Shadow limits never appear in client-facing headers.
 
 use std::fmt::Write as _;
+use std::sync::OnceLock;
 
 use bytes::Bytes;
 use http::header::{CACHE_CONTROL, CONTENT_TYPE, RETRY_AFTER};
@@ -29,6 +30,19 @@ static X_RESET: HeaderName = HeaderName::from_static("x-ratelimit-reset");
 static TRIO_LIMIT: HeaderName = HeaderName::from_static("ratelimit-limit");
 static TRIO_REMAINING: HeaderName = HeaderName::from_static("ratelimit-remaining");
 static TRIO_RESET: HeaderName = HeaderName::from_static("ratelimit-reset");
+
+/// A header value for `n`. Values below 4096 (most quotas, remainders and
+/// seconds) are built once and shared, so setting one costs a reference
+/// count, not an allocation.
+fn number(n: u64) -> HeaderValue {
+    static SMALL: OnceLock<Vec<HeaderValue>> = OnceLock::new();
+    let small = SMALL.get_or_init(|| (0..4096u64).map(HeaderValue::from).collect());
+    usize::try_from(n)
+        .ok()
+        .and_then(|i| small.get(i))
+        .cloned()
+        .unwrap_or_else(|| HeaderValue::from(n))
+}
 
 /// Whole seconds, rounded up.
 pub fn ceil_secs(nanos: Nanos) -> u64 {
@@ -134,10 +148,10 @@ pub fn write_headers(
         if !enabled {
             continue;
         }
-        headers.insert(limit_name.clone(), HeaderValue::from(q));
-        headers.insert(remaining_name.clone(), HeaderValue::from(r));
+        headers.insert(limit_name.clone(), number(q));
+        headers.insert(remaining_name.clone(), number(r));
         if let Some(reset) = reset {
-            headers.insert(reset_name.clone(), HeaderValue::from(reset));
+            headers.insert(reset_name.clone(), number(reset));
         }
     }
 }
@@ -215,7 +229,7 @@ pub fn deny_response(
     headers.insert(CONTENT_TYPE, PROBLEM_JSON);
     headers.insert(CACHE_CONTROL, HeaderValue::from_static("no-store"));
     if let Some(seconds) = retry_after {
-        headers.insert(RETRY_AFTER, HeaderValue::from(seconds));
+        headers.insert(RETRY_AFTER, number(seconds));
     }
     write_headers(headers, view, verdicts, policy, Some(denied_by));
     response
@@ -402,6 +416,13 @@ mod tests {
             .unwrap()
             .to_bytes();
         String::from_utf8(bytes.to_vec()).unwrap()
+    }
+
+    #[test]
+    fn numbers_are_the_same_from_the_table_and_beyond_it() {
+        for n in [0, 1, 12, 4095, 4096, 86_400, u64::MAX] {
+            assert_eq!(number(n), HeaderValue::from(n));
+        }
     }
 
     #[test]
