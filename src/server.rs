@@ -9,6 +9,9 @@
 //!   one idle between requests for `idle_timeout`. hyper's own header timer is
 //!   off, because it also runs while a keep-alive connection is idle and would
 //!   cap the idle time at the header timeout.
+//! - **Reloads**: a new `listen` list is applied as soon as the generation
+//!   changes: new addresses are bound, removed ones stop accepting (their open
+//!   connections carry on).
 //! - **Drain**: on shutdown the listeners close (new connections are refused),
 //!   open connections finish their in-flight request with `Connection: close`,
 //!   and the drain waits at most `shutdown_timeout`.
