@@ -149,12 +149,15 @@ pub type Upstreams = Vec<Arc<Upstream>>;
 /// The request target sent upstream, in origin form (`/prefix/path?query`):
 /// the upstream URL's path prefix, then the client's path and query.
 fn upstream_uri(base: &Uri, request: &Uri) -> Result<Uri, GatewayError> {
-    let request_pq = request.path_and_query().map_or("/", PathAndQuery::as_str);
     let base_path = base.path().trim_end_matches('/');
-    let path_and_query = if base_path.is_empty() {
-        PathAndQuery::from_maybe_shared(bytes::Bytes::copy_from_slice(request_pq.as_bytes()))
-    } else {
-        PathAndQuery::try_from(format!("{base_path}{request_pq}"))
+    let path_and_query = match request.path_and_query() {
+        // No prefix: the client's target as parsed, shared, not copied.
+        Some(pq) if base_path.is_empty() => Ok(pq.clone()),
+        None if base_path.is_empty() => Ok(PathAndQuery::from_static("/")),
+        pq => {
+            let request_pq = pq.map_or("/", PathAndQuery::as_str);
+            PathAndQuery::try_from(format!("{base_path}{request_pq}"))
+        }
     };
     path_and_query
         .map(Uri::from)
