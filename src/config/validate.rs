@@ -335,6 +335,11 @@ fn check_consumer(c: &mut Checker, path: &KeyPath, raw: &raw::RawConsumer) -> Co
     if raw.consumer.is_empty() {
         c.problem(path.key("consumer"), "must not be empty");
     }
+    consumer_of(raw)
+}
+
+/// The typed consumer of a `[consumers."KEY"]` table (inline or from a file).
+fn consumer_of(raw: &raw::RawConsumer) -> Consumer {
     Consumer {
         consumer: Arc::from(raw.consumer.as_str()),
         tenant: raw.tenant.as_deref().map(Arc::from),
@@ -397,14 +402,7 @@ fn load_consumers_file(
             in_file(path.key("consumer"), "must not be empty".to_owned(), offset);
             continue;
         }
-        consumers.insert(
-            key.clone(),
-            Consumer {
-                consumer: Arc::from(consumer.consumer.as_str()),
-                tenant: consumer.tenant.as_deref().map(Arc::from),
-                plan: consumer.plan.as_deref().map(Arc::from),
-            },
-        );
+        consumers.insert(key.clone(), consumer_of(consumer));
     }
 }
 
