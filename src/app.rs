@@ -104,7 +104,8 @@ impl Snapshot {
         let routes = config
             .routes
             .iter()
-            .map(|route| {
+            .zip(&labels.routes)
+            .map(|(route, name)| {
                 let limits: Vec<&LimitConfig> =
                     route.limits.iter().map(|&i| &config.limits[i]).collect();
                 let algorithms: Vec<_> = limits.iter().map(|l| l.algorithm).collect();
@@ -113,7 +114,8 @@ impl Snapshot {
                     algorithms: &algorithms,
                     server: config.server.headers,
                 };
-                let name: Arc<str> = Arc::from(route.name.as_str());
+                // The metric label's `Arc`, shared rather than allocated again.
+                let name = name.clone();
                 let limit_labels: Vec<Arc<str>> = route
                     .limits
                     .iter()
