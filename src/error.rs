@@ -25,13 +25,13 @@ pub enum GatewayError {
     UpstreamConnect {
         upstream: String,
         #[source]
-        source: crate::proxy::pool::PoolError,
+        source: crate::proxy::client::PoolError,
     },
     #[error("upstream {upstream} failed before answering")]
     UpstreamFailed {
         upstream: String,
         #[source]
-        source: crate::proxy::pool::PoolError,
+        source: crate::proxy::client::PoolError,
     },
     #[error("upstream {upstream} did not answer within {timeout:?}")]
     UpstreamTimeout {

@@ -50,6 +50,7 @@ use crate::limit::{
 };
 use crate::metrics::Metrics;
 use crate::proxy::body::{BodyCap, RequestBody, ResponseBody};
+use crate::proxy::client::PoolError;
 use crate::proxy::forward::prepare_response;
 use crate::proxy::ratelimit;
 use crate::proxy::ratelimit::StackView;
@@ -667,7 +668,7 @@ async fn forward(
     let client_upgrade = upgrade::requested(&parts.headers)
         .and_then(|_| parts.extensions.remove::<hyper::upgrade::OnUpgrade>());
     let request = upstream.prepare(parts, body, downstream.peer, downstream.proto)?;
-    let (mut response, connection) = upstream
+    let mut response = upstream
         .send(
             request,
             exceeded.as_deref(),
@@ -675,13 +676,24 @@ async fn forward(
         )
         .await?;
     prepare_response(&mut response);
-    if response.status() == StatusCode::SWITCHING_PROTOCOLS
-        && let Some(client_upgrade) = client_upgrade
-    {
-        let upstream_upgrade = hyper::upgrade::on(&mut response);
-        upgrade::spawn_tunnel(client_upgrade, upstream_upgrade, std::mem::take(permits));
+    if response.status() == StatusCode::SWITCHING_PROTOCOLS {
+        match (client_upgrade, response.body_mut().take_upgraded()) {
+            (Some(client_upgrade), Some(upstream_conn)) => {
+                upgrade::spawn_tunnel(client_upgrade, upstream_conn, std::mem::take(permits));
+            }
+            // A switch nobody asked for cannot be relayed.
+            _ => {
+                return Err(GatewayError::UpstreamFailed {
+                    upstream: upstream.config.name.clone(),
+                    source: PoolError::Request(std::io::Error::new(
+                        std::io::ErrorKind::InvalidData,
+                        "the upstream switched protocols unasked",
+                    )),
+                });
+            }
+        }
     }
-    Ok(response.map(|body| ResponseBody::upstream(body, connection)))
+    Ok(response.map(ResponseBody::upstream))
 }
 
 /// The `Content-Length` the client declared, if one parses.

@@ -16,7 +16,7 @@ use bytes::Bytes;
 use http_body::{Body, Frame, SizeHint};
 use hyper::body::Incoming;
 
-use super::pool::PooledConn;
+use super::client::UpstreamBody;
 use crate::limit::Permits;
 use crate::server::ConnActivity;
 
@@ -147,12 +147,8 @@ pub struct ResponseBody {
 #[derive(Debug)]
 enum ResponseKind {
     Full(Option<Bytes>),
-    /// The upstream's body, and the connection it arrives on: back to its
-    /// pool when this body is dropped.
-    Upstream {
-        body: Incoming,
-        _connection: PooledConn,
-    },
+    /// The upstream's body, read from its connection as it is polled.
+    Upstream(UpstreamBody),
 }
 
 impl ResponseBody {
@@ -171,12 +167,9 @@ impl ResponseBody {
         }
     }
 
-    pub fn upstream(body: Incoming, connection: PooledConn) -> Self {
+    pub fn upstream(body: UpstreamBody) -> Self {
         ResponseBody {
-            kind: ResponseKind::Upstream {
-                body,
-                _connection: connection,
-            },
+            kind: ResponseKind::Upstream(body),
             _completion: Completion::default(),
         }
     }
@@ -190,7 +183,7 @@ impl ResponseBody {
 
 impl Body for ResponseBody {
     type Data = Bytes;
-    type Error = hyper::Error;
+    type Error = std::io::Error;
 
     fn poll_frame(
         self: Pin<&mut Self>,
@@ -198,14 +191,14 @@ impl Body for ResponseBody {
     ) -> Poll<Option<Result<Frame<Bytes>, Self::Error>>> {
         match &mut self.get_mut().kind {
             ResponseKind::Full(bytes) => Poll::Ready(bytes.take().map(|b| Ok(Frame::data(b)))),
-            ResponseKind::Upstream { body, .. } => Pin::new(body).poll_frame(cx),
+            ResponseKind::Upstream(body) => Pin::new(body).poll_frame(cx),
         }
     }
 
     fn is_end_stream(&self) -> bool {
         match &self.kind {
             ResponseKind::Full(bytes) => bytes.is_none(),
-            ResponseKind::Upstream { body, .. } => body.is_end_stream(),
+            ResponseKind::Upstream(body) => body.is_end_stream(),
         }
     }
 
@@ -213,7 +206,7 @@ impl Body for ResponseBody {
         match &self.kind {
             ResponseKind::Full(Some(bytes)) => SizeHint::with_exact(bytes.len() as u64),
             ResponseKind::Full(None) => SizeHint::with_exact(0),
-            ResponseKind::Upstream { body, .. } => body.size_hint(),
+            ResponseKind::Upstream(body) => body.size_hint(),
         }
     }
 }

@@ -12,10 +12,8 @@ use http::header::{self, HeaderMap, HeaderName, HeaderValue};
 use http::request::Parts;
 use http::uri::{PathAndQuery, Uri};
 use http::{Request, Response, Version};
-use hyper::body::Incoming;
-
 use super::body::RequestBody;
-use super::pool::{ConnectionPool, PooledConn};
+use super::client::{ConnectionPool, UpstreamBody};
 use crate::config::UpstreamConfig;
 use crate::error::GatewayError;
 
@@ -66,13 +64,13 @@ impl Upstream {
 
     /// Sends the request upstream and waits for the response head, at most
     /// `timeout`. `body_exceeded` tells a body-cap abort (413) from a failure.
-    /// The [`PooledConn`] goes with the response body.
+    /// The response body reads from the upstream connection as it is polled.
     pub async fn send(
         &self,
         prepared: Prepared,
         body_exceeded: Option<&AtomicBool>,
         body_limit: u64,
-    ) -> Result<(Response<Incoming>, PooledConn), GatewayError> {
+    ) -> Result<Response<UpstreamBody>, GatewayError> {
         let name = &self.config.name;
         let pool = &self.pools[prepared.url];
         match tokio::time::timeout(self.config.timeout, pool.send(prepared.request)).await {
@@ -267,7 +265,7 @@ fn is_token_byte(b: u8) -> bool {
 
 /// Prepares an upstream response for the client: hop-by-hop headers removed
 /// (but for the upgrade headers of a `101 Switching Protocols`).
-pub fn prepare_response(response: &mut Response<Incoming>) {
+pub fn prepare_response<B>(response: &mut Response<B>) {
     let upgrade = (response.status() == http::StatusCode::SWITCHING_PROTOCOLS)
         .then(|| super::upgrade::requested(response.headers()))
         .flatten();

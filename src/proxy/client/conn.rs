@@ -1,0 +1,107 @@
+//! One HTTP/1.1 connection to an upstream: the socket and its two buffers,
+//! kept together across the requests it carries.
+//!
+//! The buffers live as long as the connection, so a request in steady state
+//! reuses memory the previous one had: the request head is written into the
+//! same `Vec`, and the read buffer gets its space back once the previous
+//! response's bytes (shared with the client's response) are gone.
+
+use std::io;
+use std::pin::Pin;
+use std::task::{Context, Poll, Waker};
+
+use bytes::BytesMut;
+use tokio::io::AsyncWriteExt;
+use tokio::net::TcpStream;
+
+/// Space made free in the read buffer before each read.
+const READ_RESERVE: usize = 8 * 1024;
+
+/// A connection to an upstream with its buffers.
+#[derive(Debug)]
+pub struct UpstreamConn {
+    stream: TcpStream,
+    /// Received and not yet consumed.
+    pub read: BytesMut,
+    /// The request head being written.
+    pub write: Vec<u8>,
+}
+
+impl UpstreamConn {
+    pub fn new(stream: TcpStream) -> UpstreamConn {
+        UpstreamConn {
+            stream,
+            read: BytesMut::new(),
+            write: Vec::with_capacity(1024),
+        }
+    }
+
+    /// Whether an idle connection can carry a request: the upstream has sent
+    /// nothing — neither a close nor stray bytes — since its last response.
+    /// Costs no system call unless the socket has signalled readiness.
+    pub fn is_idle_and_open(&mut self) -> bool {
+        if !self.read.is_empty() {
+            return false;
+        }
+        let mut cx = Context::from_waker(Waker::noop());
+        match self.stream.poll_read_ready(&mut cx) {
+            Poll::Pending => true,
+            Poll::Ready(Err(_)) => false,
+            // Readiness may be left over from the last read; a probe tells.
+            Poll::Ready(Ok(())) => {
+                let mut probe = [0u8; 1];
+                matches!(self.stream.try_read(&mut probe),
+                    Err(error) if error.kind() == io::ErrorKind::WouldBlock)
+            }
+        }
+    }
+
+    /// Reads more into the read buffer; `Ok(0)` is the upstream closing.
+    pub fn poll_fill(&mut self, cx: &mut Context<'_>) -> Poll<io::Result<usize>> {
+        if self.read.capacity() - self.read.len() < READ_RESERVE / 2 {
+            self.read.reserve(READ_RESERVE);
+        }
+        tokio_util::io::poll_read_buf(Pin::new(&mut self.stream), cx, &mut self.read)
+    }
+
+    pub async fn fill(&mut self) -> io::Result<usize> {
+        std::future::poll_fn(|cx| self.poll_fill(cx)).await
+    }
+
+    /// Writes the request head buffer, and `then` after it.
+    pub async fn write_head(&mut self, then: &[u8]) -> io::Result<()> {
+        if then.is_empty() {
+            self.stream.write_all(&self.write).await
+        } else {
+            let head_len = self.write.len();
+            let mut written = 0;
+            // One `writev` for head and body in the common case.
+            while written < head_len + then.len() {
+                let slices = if written < head_len {
+                    [io::IoSlice::new(&self.write[written..]), io::IoSlice::new(then)]
+                } else {
+                    [
+                        io::IoSlice::new(&then[written - head_len..]),
+                        io::IoSlice::new(&[]),
+                    ]
+                };
+                let n = self.stream.write_vectored(&slices).await?;
+                if n == 0 {
+                    return Err(io::ErrorKind::WriteZero.into());
+                }
+                written += n;
+            }
+            Ok(())
+        }
+    }
+
+    pub async fn write_all(&mut self, bytes: &[u8]) -> io::Result<()> {
+        self.stream.write_all(bytes).await
+    }
+
+    /// The socket and whatever was received past the last response: what an
+    /// upgraded connection starts with.
+    pub fn into_parts(self) -> (TcpStream, BytesMut) {
+        (self.stream, self.read)
+    }
+}

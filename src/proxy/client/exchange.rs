@@ -1,0 +1,164 @@
+//! One request and its response head on an upstream connection: the head
+//! (and a body in memory) written with one `writev`, a streamed body written
+//! as it arrives, then the response head read, skipping interim (1xx)
+//! responses.
+//!
+//! All of it runs inside the task serving the client's request — there is no
+//! connection task to hand the request to and no channel back — so a proxied
+//! request costs no wake-ups beyond the socket's own.
+
+use std::future::poll_fn;
+use std::io;
+use std::pin::Pin;
+
+use bytes::Bytes;
+use http::Method;
+use http_body::Body;
+
+use super::chunked::{LAST_CHUNK, size_line};
+use super::conn::UpstreamConn;
+use super::head::{Parsed, RequestFraming, ResponseHead, parse_response};
+use crate::proxy::body::RequestBody;
+
+/// A request body as it will be written.
+#[derive(Debug)]
+pub enum Outgoing {
+    Empty,
+    /// In memory, so it can be sent again on another connection.
+    Bytes(Bytes),
+    /// Streamed from the client; sent once.
+    Stream(RequestBody),
+}
+
+impl Outgoing {
+    /// Classifies a body: nothing to send, bytes in hand, or a stream.
+    pub fn new(body: RequestBody) -> Outgoing {
+        match body {
+            RequestBody::Buffered(None) => Outgoing::Empty,
+            RequestBody::Buffered(Some(bytes)) => Outgoing::Bytes(bytes),
+            streaming if streaming.is_end_stream() => Outgoing::Empty,
+            streaming => Outgoing::Stream(streaming),
+        }
+    }
+
+    pub fn framing(&self) -> RequestFraming {
+        match self {
+            Outgoing::Empty => RequestFraming::Empty,
+            Outgoing::Bytes(bytes) => RequestFraming::Length(bytes.len() as u64),
+            Outgoing::Stream(body) => match body.size_hint().exact() {
+                Some(length) => RequestFraming::Length(length),
+                None => RequestFraming::Chunked,
+            },
+        }
+    }
+
+    /// Whether the body could be written again after a failed attempt.
+    pub fn is_replayable(&self) -> bool {
+        !matches!(self, Outgoing::Stream(_))
+    }
+}
+
+/// Why an exchange failed, and whether the upstream had sent anything.
+#[derive(Debug)]
+pub struct Failure {
+    pub error: io::Error,
+    /// Nothing at all came back: on a reused connection, the sign that the
+    /// upstream had closed it before the request arrived.
+    pub silent: bool,
+}
+
+impl Failure {
+    fn silent(error: io::Error) -> Failure {
+        Failure {
+            error,
+            silent: true,
+        }
+    }
+}
+
+/// Writes the request whose head is in `conn.write` and reads the final
+/// response head. `method` decides whether a body follows (HEAD).
+pub async fn exchange(
+    conn: &mut UpstreamConn,
+    method: &Method,
+    body: &mut Outgoing,
+    framing: RequestFraming,
+) -> Result<ResponseHead, Failure> {
+    match body {
+        Outgoing::Empty => conn.write_head(&[]).await.map_err(Failure::silent)?,
+        Outgoing::Bytes(bytes) => conn.write_head(bytes).await.map_err(Failure::silent)?,
+        Outgoing::Stream(stream) => {
+            conn.write_head(&[]).await.map_err(Failure::silent)?;
+            let chunked = framing == RequestFraming::Chunked;
+            write_stream(conn, stream, chunked).await.map_err(|error| Failure {
+                error,
+                silent: false,
+            })?;
+        }
+    }
+    let mut received = false;
+    loop {
+        if !conn.read.is_empty() {
+            match parse_response(&mut conn.read, method) {
+                Ok(Parsed::Head(head)) => return Ok(head),
+                Ok(Parsed::Interim) => continue,
+                Ok(Parsed::Partial) => {}
+                Err(error) => {
+                    return Err(Failure {
+                        error,
+                        silent: false,
+                    });
+                }
+            }
+        }
+        match conn.fill().await {
+            Ok(0) => {
+                let error = io::Error::new(
+                    io::ErrorKind::UnexpectedEof,
+                    "the upstream closed the connection before a complete response head",
+                );
+                return Err(Failure {
+                    error,
+                    silent: !received,
+                });
+            }
+            Ok(_) => received = true,
+            Err(error) => {
+                return Err(Failure {
+                    error,
+                    silent: !received,
+                });
+            }
+        }
+    }
+}
+
+/// Writes a streamed body as its frames arrive, chunked when its length is
+/// unknown. Trailers from the client are not forwarded.
+async fn write_stream(
+    conn: &mut UpstreamConn,
+    body: &mut RequestBody,
+    chunked: bool,
+) -> io::Result<()> {
+    while let Some(frame) = poll_fn(|cx| Pin::new(&mut *body).poll_frame(cx)).await {
+        let frame = frame.map_err(io::Error::other)?;
+        let Ok(data) = frame.into_data() else {
+            continue;
+        };
+        if data.is_empty() {
+            continue;
+        }
+        if chunked {
+            let mut line = [0u8; 18];
+            conn.write_all(size_line(data.len(), &mut line)).await?;
+            conn.write_all(&data).await?;
+            conn.write_all(b"\r\n").await?;
+        } else {
+            conn.write_all(&data).await?;
+        }
+    }
+    if chunked {
+        conn.write_all(LAST_CHUNK).await?;
+    }
+    Ok(())
+}

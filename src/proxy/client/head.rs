@@ -1,0 +1,358 @@
+//! Message heads on the upstream connection: the request head written out,
+//! the response head parsed in, and how the response body is delimited
+//! (RFC 9112 §6.3).
+//!
+//! Parsing uses `httparse` (hyper's own parser) over the connection's read
+//! buffer. Header values are slices of the received bytes (one shared
+//! buffer for the whole head), so a response head costs one allocation for
+//! the bytes and one for the map, not one per field.
+
+use std::io;
+
+use bytes::{Buf, BytesMut};
+use http::header::{self, HeaderMap, HeaderName, HeaderValue};
+use http::{Method, StatusCode, Version, request, response};
+
+/// Largest response head accepted from an upstream.
+pub const MAX_HEAD: usize = 64 * 1024;
+/// Most header fields in a response head (hyper's default too).
+const MAX_FIELDS: usize = 100;
+
+/// How a request body goes up, chosen from what is known of it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RequestFraming {
+    /// No body: the client's own `Content-Length` (if it sent `0`) is kept.
+    Empty,
+    /// A body of this exact length.
+    Length(u64),
+    /// A body of unknown length, chunked.
+    Chunked,
+}
+
+/// How the response body is delimited.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Framing {
+    /// No body (HEAD, 1xx, 204, 304, or `Content-Length: 0`).
+    Empty,
+    Length(u64),
+    Chunked,
+    /// Everything until the upstream closes the connection.
+    UntilClose,
+}
+
+/// A parsed response head.
+#[derive(Debug)]
+pub struct ResponseHead {
+    pub parts: response::Parts,
+    pub framing: Framing,
+    /// Whether the connection may carry another request after this response.
+    pub keep_alive: bool,
+}
+
+/// What the read buffer held.
+#[derive(Debug)]
+pub enum Parsed {
+    Head(ResponseHead),
+    /// A 1xx other than 101, consumed; a final response follows.
+    Interim,
+    /// Not a whole head yet: read more.
+    Partial,
+}
+
+fn invalid(what: &'static str) -> io::Error {
+    io::Error::new(io::ErrorKind::InvalidData, what)
+}
+
+/// Writes the request line and header section into `out`: origin-form
+/// target, HTTP/1.1, the headers of `parts` (with `Content-Length` or
+/// `Transfer-Encoding` as `framing` says).
+pub fn encode_request(parts: &request::Parts, framing: RequestFraming, out: &mut Vec<u8>) {
+    out.extend_from_slice(parts.method.as_str().as_bytes());
+    out.push(b' ');
+    let target = parts.uri.path_and_query().map_or("/", |pq| pq.as_str());
+    out.extend_from_slice(target.as_bytes());
+    out.extend_from_slice(b" HTTP/1.1\r\n");
+    let own_length = framing != RequestFraming::Empty;
+    for (name, value) in &parts.headers {
+        if own_length && (name == header::CONTENT_LENGTH || name == header::TRANSFER_ENCODING) {
+            continue;
+        }
+        out.extend_from_slice(name.as_str().as_bytes());
+        out.extend_from_slice(b": ");
+        out.extend_from_slice(value.as_bytes());
+        out.extend_from_slice(b"\r\n");
+    }
+    match framing {
+        RequestFraming::Empty => {}
+        RequestFraming::Length(length) => {
+            out.extend_from_slice(b"content-length: ");
+            let mut digits = itoa::Buffer::new();
+            out.extend_from_slice(digits.format(length).as_bytes());
+            out.extend_from_slice(b"\r\n");
+        }
+        RequestFraming::Chunked => out.extend_from_slice(b"transfer-encoding: chunked\r\n"),
+    }
+    out.extend_from_slice(b"\r\n");
+}
+
+/// Parses a response head at the start of `buf`; on success its bytes are
+/// taken out of `buf`, leaving what follows (the body).
+pub fn parse_response(buf: &mut BytesMut, method: &Method) -> io::Result<Parsed> {
+    let mut fields = [httparse::EMPTY_HEADER; MAX_FIELDS];
+    let mut response = httparse::Response::new(&mut fields);
+    let length = match response.parse(buf) {
+        Ok(httparse::Status::Complete(length)) => length,
+        Ok(httparse::Status::Partial) => {
+            if buf.len() > MAX_HEAD {
+                return Err(invalid("response head too large"));
+            }
+            return Ok(Parsed::Partial);
+        }
+        Err(httparse::Error::TooManyHeaders) => return Err(invalid("too many response headers")),
+        Err(_) => return Err(invalid("malformed response head")),
+    };
+    if length > MAX_HEAD {
+        return Err(invalid("response head too large"));
+    }
+    let code = response.code.unwrap_or(0);
+    let status = StatusCode::from_u16(code).map_err(|_| invalid("invalid response status"))?;
+    if status.is_informational() && status != StatusCode::SWITCHING_PROTOCOLS {
+        buf.advance(length);
+        return Ok(Parsed::Interim);
+    }
+    let version = match response.version {
+        Some(0) => Version::HTTP_10,
+        _ => Version::HTTP_11,
+    };
+
+    // Names and values are slices of one shared copy of the head; their
+    // places are noted first because the parse borrows the buffer.
+    let base = buf.as_ptr() as usize;
+    let mut places = [(0usize, 0usize, 0usize, 0usize); MAX_FIELDS];
+    let count = response.headers.len();
+    for (place, field) in places.iter_mut().zip(response.headers.iter()) {
+        let name = field.name.as_ptr() as usize - base;
+        let value = field.value.as_ptr() as usize - base;
+        *place = (name, name + field.name.len(), value, value + field.value.len());
+    }
+    let head = buf.split_to(length).freeze();
+    let mut headers = HeaderMap::with_capacity(count);
+    for &(name_start, name_end, value_start, value_end) in &places[..count] {
+        let name = HeaderName::from_bytes(&head[name_start..name_end])
+            .map_err(|_| invalid("invalid response header name"))?;
+        let value = HeaderValue::from_maybe_shared(head.slice(value_start..value_end))
+            .map_err(|_| invalid("invalid response header value"))?;
+        headers.append(name, value);
+    }
+
+    let (framing, reusable) = framing(method, status, &mut headers)?;
+    let keep_alive = reusable && wants_keep_alive(version, &headers);
+    let mut parts = response::Response::new(()).into_parts().0;
+    parts.status = status;
+    parts.version = version;
+    parts.headers = headers;
+    Ok(Parsed::Head(ResponseHead {
+        parts,
+        framing,
+        keep_alive,
+    }))
+}
+
+/// The body framing of a response (RFC 9112 §6.3) and whether the
+/// connection stays usable after it. A response with both
+/// `Transfer-Encoding` and `Content-Length` is framed by the former, loses
+/// the latter, and closes the connection (§6.3 item 3).
+fn framing(
+    method: &Method,
+    status: StatusCode,
+    headers: &mut HeaderMap,
+) -> io::Result<(Framing, bool)> {
+    if method == Method::HEAD
+        || status.is_informational()
+        || status == StatusCode::NO_CONTENT
+        || status == StatusCode::NOT_MODIFIED
+    {
+        return Ok((Framing::Empty, true));
+    }
+    if headers.contains_key(header::TRANSFER_ENCODING) {
+        let chunked_last = headers
+            .get_all(header::TRANSFER_ENCODING)
+            .iter()
+            .next_back()
+            .and_then(|value| value.to_str().ok())
+            .and_then(|value| value.rsplit(',').next())
+            .is_some_and(|coding| coding.trim().eq_ignore_ascii_case("chunked"));
+        let had_length = headers.remove(header::CONTENT_LENGTH).is_some();
+        return Ok(if chunked_last {
+            (Framing::Chunked, !had_length)
+        } else {
+            (Framing::UntilClose, false)
+        });
+    }
+    let mut length = None;
+    for value in headers.get_all(header::CONTENT_LENGTH) {
+        // A list of equal values (`5, 5`) is one length (RFC 9110 §8.6).
+        for item in value.as_bytes().split(|&b| b == b',') {
+            let item = item.trim_ascii();
+            if item.is_empty() || !item.iter().all(u8::is_ascii_digit) || item.len() > 19 {
+                return Err(invalid("invalid Content-Length in the response"));
+            }
+            let parsed: u64 = std::str::from_utf8(item)
+                .ok()
+                .and_then(|text| text.parse().ok())
+                .ok_or_else(|| invalid("invalid Content-Length in the response"))?;
+            if length.is_some_and(|seen| seen != parsed) {
+                return Err(invalid("conflicting Content-Length in the response"));
+            }
+            length = Some(parsed);
+        }
+    }
+    Ok(match length {
+        Some(0) => (Framing::Empty, true),
+        Some(length) => (Framing::Length(length), true),
+        None => (Framing::UntilClose, false),
+    })
+}
+
+/// Persistence (RFC 9112 §9.3): HTTP/1.1 unless `Connection: close`;
+/// HTTP/1.0 only with `Connection: keep-alive`.
+fn wants_keep_alive(version: Version, headers: &HeaderMap) -> bool {
+    let has_token = |token: &str| {
+        headers
+            .get_all(header::CONNECTION)
+            .iter()
+            .filter_map(|value| value.to_str().ok())
+            .flat_map(|value| value.split(','))
+            .any(|item| item.trim().eq_ignore_ascii_case(token))
+    };
+    if version == Version::HTTP_10 {
+        has_token("keep-alive")
+    } else {
+        !has_token("close")
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn parse(text: &str, method: Method) -> io::Result<(Parsed, BytesMut)> {
+        let mut buf = BytesMut::from(text.as_bytes());
+        parse_response(&mut buf, &method).map(|parsed| (parsed, buf))
+    }
+
+    fn head(text: &str, method: Method) -> (ResponseHead, BytesMut) {
+        match parse(text, method).unwrap() {
+            (Parsed::Head(head), rest) => (head, rest),
+            (other, _) => panic!("expected a head, got {other:?}"),
+        }
+    }
+
+    #[test]
+    fn a_length_framed_response_leaves_its_body() {
+        let (head, rest) = head(
+            "HTTP/1.1 200 OK\r\nContent-Length: 5\r\nX-A: 1\r\nX-A: 2\r\n\r\nhello",
+            Method::GET,
+        );
+        assert_eq!(head.parts.status, 200);
+        assert_eq!(head.framing, Framing::Length(5));
+        assert!(head.keep_alive);
+        let values: Vec<_> = head.parts.headers.get_all("x-a").iter().collect();
+        assert_eq!(values, ["1", "2"]);
+        assert_eq!(&rest[..], b"hello");
+    }
+
+    #[test]
+    fn framing_follows_rfc_9112() {
+        let cases = [
+            ("HTTP/1.1 200 OK\r\nContent-Length: 5\r\n\r\n", Method::HEAD, Framing::Empty, true),
+            ("HTTP/1.1 204 No Content\r\n\r\n", Method::GET, Framing::Empty, true),
+            ("HTTP/1.1 304 Not Modified\r\nContent-Length: 9\r\n\r\n", Method::GET, Framing::Empty, true),
+            ("HTTP/1.1 200 OK\r\nContent-Length: 0\r\n\r\n", Method::GET, Framing::Empty, true),
+            ("HTTP/1.1 200 OK\r\nContent-Length: 7, 7\r\n\r\n", Method::GET, Framing::Length(7), true),
+            ("HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n", Method::GET, Framing::Chunked, true),
+            ("HTTP/1.1 200 OK\r\nTransfer-Encoding: gzip, chunked\r\n\r\n", Method::GET, Framing::Chunked, true),
+            ("HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\nContent-Length: 3\r\n\r\n", Method::GET, Framing::Chunked, false),
+            ("HTTP/1.1 200 OK\r\nTransfer-Encoding: gzip\r\n\r\n", Method::GET, Framing::UntilClose, false),
+            ("HTTP/1.1 200 OK\r\n\r\n", Method::GET, Framing::UntilClose, false),
+            ("HTTP/1.1 200 OK\r\nContent-Length: 3\r\nConnection: close\r\n\r\n", Method::GET, Framing::Length(3), false),
+            ("HTTP/1.0 200 OK\r\nContent-Length: 3\r\n\r\n", Method::GET, Framing::Length(3), false),
+            ("HTTP/1.0 200 OK\r\nContent-Length: 3\r\nConnection: keep-alive\r\n\r\n", Method::GET, Framing::Length(3), true),
+        ];
+        for (text, method, framing, keep_alive) in cases {
+            let (head, _) = head(text, method);
+            assert_eq!(head.framing, framing, "{text:?}");
+            assert_eq!(head.keep_alive, keep_alive, "{text:?}");
+        }
+        let (head, _) = head(
+            "HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\nContent-Length: 3\r\n\r\n",
+            Method::GET,
+        );
+        assert!(!head.parts.headers.contains_key(header::CONTENT_LENGTH));
+    }
+
+    #[test]
+    fn interim_responses_are_skipped_but_101_is_final() {
+        let mut buf = BytesMut::from(&b"HTTP/1.1 100 Continue\r\n\r\nHTTP/1.1 200 OK\r\nContent-Length: 0\r\n\r\n"[..]);
+        assert!(matches!(parse_response(&mut buf, &Method::POST), Ok(Parsed::Interim)));
+        assert!(matches!(parse_response(&mut buf, &Method::POST), Ok(Parsed::Head(_))));
+        assert!(buf.is_empty());
+        let (head, _) = head(
+            "HTTP/1.1 101 Switching Protocols\r\nUpgrade: websocket\r\nConnection: upgrade\r\n\r\n",
+            Method::GET,
+        );
+        assert_eq!(head.parts.status, 101);
+    }
+
+    #[test]
+    fn partial_and_malformed_heads() {
+        assert!(matches!(parse("HTTP/1.1 200 OK\r\nContent-", Method::GET), Ok((Parsed::Partial, _))));
+        for bad in [
+            "HTTP/1.1 200 OK\r\nContent-Length: 3\r\nContent-Length: 4\r\n\r\n",
+            "HTTP/1.1 200 OK\r\nContent-Length: -3\r\n\r\n",
+            "HTTP/1.1 200 OK\r\nContent-Length: 99999999999999999999\r\n\r\n",
+            "HTTP/1.1 2000 OK\r\n\r\n",
+            "SMTP ready\r\n\r\n",
+        ] {
+            assert!(parse(bad, Method::GET).is_err(), "{bad:?}");
+        }
+        let mut huge = String::from("HTTP/1.1 200 OK\r\n");
+        while huge.len() <= MAX_HEAD {
+            huge.push_str("X-Filler: aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa\r\n");
+        }
+        assert!(parse(&huge, Method::GET).is_err());
+    }
+
+    #[test]
+    fn request_heads_carry_the_framing_asked_for() {
+        let mut request = http::Request::builder()
+            .method(Method::POST)
+            .uri("/v1/items?x=1")
+            .header("host", "example.com")
+            .header("content-length", "5")
+            .body(())
+            .unwrap()
+            .into_parts()
+            .0;
+        let mut out = Vec::new();
+        encode_request(&request, RequestFraming::Length(5), &mut out);
+        assert_eq!(
+            String::from_utf8(out).unwrap(),
+            "POST /v1/items?x=1 HTTP/1.1\r\nhost: example.com\r\ncontent-length: 5\r\n\r\n"
+        );
+        let mut out = Vec::new();
+        encode_request(&request, RequestFraming::Chunked, &mut out);
+        assert_eq!(
+            String::from_utf8(out).unwrap(),
+            "POST /v1/items?x=1 HTTP/1.1\r\nhost: example.com\r\ntransfer-encoding: chunked\r\n\r\n"
+        );
+        request.headers.remove("content-length");
+        request.method = Method::GET;
+        let mut out = Vec::new();
+        encode_request(&request, RequestFraming::Empty, &mut out);
+        assert_eq!(
+            String::from_utf8(out).unwrap(),
+            "GET /v1/items?x=1 HTTP/1.1\r\nhost: example.com\r\n\r\n"
+        );
+    }
+}

@@ -1,0 +1,25 @@
+//! The HTTP/1.1 client of the forwarding path.
+//!
+//! Written for the one job a gateway gives it — one request at a time on a
+//! keep-alive connection, inside the task that serves the client — rather
+//! than taken from hyper's general client, which runs each connection as its
+//! own task behind a channel. The profile put the upstream half of a proxied
+//! request at 4.7 µs of user time, more than the whole downstream half; most
+//! of it was that hand-over (task wake-ups, the dispatch channel, a body
+//! channel) and per-field allocations of the response head.
+//!
+//! [`pool`] keeps connections and decides on retries, [`exchange`] writes a
+//! request and reads the response head ([`head`] encodes and parses heads),
+//! [`response_body`] streams the body back, and [`chunked`] is the transfer
+//! coding.
+
+pub mod chunked;
+pub mod conn;
+pub mod exchange;
+pub mod head;
+pub mod pool;
+pub mod response_body;
+
+pub use conn::UpstreamConn;
+pub use pool::{ConnectionPool, PoolError};
+pub use response_body::UpstreamBody;

@@ -1,0 +1,197 @@
+//! Keep-alive connections to one upstream address, and the request loop
+//! that picks one, runs the exchange and decides on a retry.
+//!
+//! A pool serves one address, so checkout is a `Vec::pop` under a lock held
+//! for nanoseconds. A connection comes back when its response body has been
+//! read to the end ([`UpstreamBody`]), or at once when the body came with
+//! the head.
+//!
+//! An upstream may close an idle keep-alive connection at any time. Most
+//! such closes are seen before use (the socket has signalled readiness while
+//! idle); one that races with the request shows as a connection that took
+//! the request and answered nothing. That request is sent again on a new
+//! connection only when doing so cannot repeat an action: its method is
+//! idempotent (RFC 9110 §9.2.2) and its body is in memory — the rule nginx
+//! follows too.
+
+use std::io;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use http::{Method, Request, Response};
+use parking_lot::Mutex;
+use tokio::net::TcpStream;
+
+use super::conn::UpstreamConn;
+use super::exchange::{Outgoing, exchange};
+use super::head::{Framing, ResponseHead, encode_request};
+use super::response_body::UpstreamBody;
+use crate::proxy::body::RequestBody;
+
+/// Connections idle longer than this are not reused (upstreams commonly close
+/// idle keep-alive connections after a minute or more).
+const IDLE_TIMEOUT: Duration = Duration::from_secs(50);
+/// Most idle connections kept per address; more are closed when returned.
+const MAX_IDLE: usize = 256;
+
+/// Why a request could not be sent or answered.
+#[derive(Debug, thiserror::Error)]
+pub enum PoolError {
+    /// No connection could be opened (refused, unreachable, timed out).
+    #[error("cannot connect to {address}")]
+    Connect {
+        address: String,
+        #[source]
+        source: io::Error,
+    },
+    /// The connection failed while the request was sent or answered, or the
+    /// answer was not HTTP/1.1 the gateway can forward.
+    #[error("the upstream connection failed")]
+    Request(#[source] io::Error),
+}
+
+impl PoolError {
+    pub fn is_connect(&self) -> bool {
+        matches!(self, PoolError::Connect { .. })
+    }
+}
+
+#[derive(Debug)]
+struct Idle {
+    conn: UpstreamConn,
+    since: Instant,
+}
+
+/// The keep-alive connections to one upstream address (`host:port`).
+pub struct ConnectionPool {
+    address: String,
+    connect_timeout: Duration,
+    idle: Mutex<Vec<Idle>>,
+}
+
+impl std::fmt::Debug for ConnectionPool {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ConnectionPool")
+            .field("address", &self.address)
+            .finish_non_exhaustive()
+    }
+}
+
+/// RFC 9110 §9.2.2.
+fn is_idempotent(method: &Method) -> bool {
+    matches!(
+        *method,
+        Method::GET | Method::HEAD | Method::OPTIONS | Method::TRACE | Method::PUT | Method::DELETE
+    )
+}
+
+impl ConnectionPool {
+    pub fn new(address: String, connect_timeout: Duration) -> Arc<ConnectionPool> {
+        Arc::new(ConnectionPool {
+            address,
+            connect_timeout,
+            idle: Mutex::new(Vec::new()),
+        })
+    }
+
+    /// The most recently used open connection, if any (LIFO keeps few warm).
+    fn take_idle(&self) -> Option<UpstreamConn> {
+        loop {
+            let mut idle = self.idle.lock().pop()?;
+            if idle.since.elapsed() < IDLE_TIMEOUT && idle.conn.is_idle_and_open() {
+                return Some(idle.conn);
+            }
+        }
+    }
+
+    /// Takes a connection back after a complete response, unless something
+    /// unasked-for arrived after it.
+    pub(super) fn put_back(&self, conn: UpstreamConn) {
+        if !conn.read.is_empty() {
+            return;
+        }
+        let mut idle = self.idle.lock();
+        if idle.len() < MAX_IDLE {
+            idle.push(Idle {
+                conn,
+                since: Instant::now(),
+            });
+        }
+    }
+
+    async fn connect(&self) -> Result<UpstreamConn, PoolError> {
+        let connect_error = |source| PoolError::Connect {
+            address: self.address.clone(),
+            source,
+        };
+        let stream = tokio::time::timeout(self.connect_timeout, TcpStream::connect(&self.address))
+            .await
+            .map_err(|_| {
+                connect_error(io::Error::new(io::ErrorKind::TimedOut, "connect timed out"))
+            })?
+            .map_err(connect_error)?;
+        let _ = stream.set_nodelay(true);
+        Ok(UpstreamConn::new(stream))
+    }
+
+    /// Sends `request` on a pooled connection (or a new one) and waits for
+    /// the response head; the body is read as the response is polled.
+    pub async fn send(
+        self: &Arc<Self>,
+        request: Request<RequestBody>,
+    ) -> Result<Response<UpstreamBody>, PoolError> {
+        let (parts, body) = request.into_parts();
+        let mut body = Outgoing::new(body);
+        let framing = body.framing();
+        let may_retry = body.is_replayable() && is_idempotent(&parts.method);
+        loop {
+            let (mut conn, reused) = match self.take_idle() {
+                Some(conn) => (conn, true),
+                None => (self.connect().await?, false),
+            };
+            conn.write.clear();
+            encode_request(&parts, framing, &mut conn.write);
+            match exchange(&mut conn, &parts.method, &mut body, framing).await {
+                Ok(head) => return Ok(self.response(conn, head)),
+                // A keep-alive connection closed under the request.
+                Err(failure) if reused && failure.silent && may_retry => continue,
+                Err(failure) => return Err(PoolError::Request(failure.error)),
+            }
+        }
+    }
+
+    /// The response to hand on, its body reading from `conn`.
+    fn response(self: &Arc<Self>, mut conn: UpstreamConn, head: ResponseHead) -> Response<UpstreamBody> {
+        let ResponseHead {
+            parts,
+            framing,
+            keep_alive,
+        } = head;
+        let body = if parts.status == http::StatusCode::SWITCHING_PROTOCOLS {
+            UpstreamBody::upgrade(conn)
+        } else {
+            match framing {
+                Framing::Empty => {
+                    if keep_alive {
+                        self.put_back(conn);
+                    }
+                    UpstreamBody::full(None)
+                }
+                // The whole body came with the head: the connection is free.
+                Framing::Length(length) if conn.read.len() as u64 >= length => {
+                    let bytes = conn.read.split_to(length as usize).freeze();
+                    if keep_alive {
+                        self.put_back(conn);
+                    }
+                    UpstreamBody::full(Some(bytes))
+                }
+                Framing::Length(length) => {
+                    UpstreamBody::length(conn, self.clone(), length, keep_alive)
+                }
+                Framing::Chunked => UpstreamBody::chunked(conn, self.clone(), keep_alive),
+                Framing::UntilClose => UpstreamBody::until_close(conn, self.clone()),
+            }
+        };
+        Response::from_parts(parts, body)
+    }
+}

@@ -1,0 +1,226 @@
+//! The upstream's response body, read from its connection by whoever polls
+//! it — hyper's server dispatcher, in the task of the client's request.
+//!
+//! A body that had already arrived with the head is handed over as bytes and
+//! its connection goes back to the pool at once. Otherwise the body owns the
+//! connection while it streams and returns it the moment the last byte is
+//! taken; a body dropped early (client gone) closes the connection, since it
+//! is mid-message.
+
+use std::io;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::{Context, Poll, ready};
+
+use bytes::Bytes;
+use http_body::{Body, Frame, SizeHint};
+
+use super::chunked::{ChunkedDecoder, Decoded};
+use super::conn::UpstreamConn;
+use super::pool::ConnectionPool;
+
+/// Where a streamed body is.
+#[derive(Debug)]
+enum Remaining {
+    Length(u64),
+    Chunked(ChunkedDecoder),
+    UntilClose,
+}
+
+/// An upstream response body.
+#[derive(Debug)]
+pub struct UpstreamBody {
+    kind: Kind,
+}
+
+#[derive(Debug)]
+enum Kind {
+    /// All of it, or nothing left.
+    Full(Option<Bytes>),
+    Streaming {
+        conn: Option<UpstreamConn>,
+        pool: Arc<ConnectionPool>,
+        remaining: Remaining,
+        keep_alive: bool,
+    },
+    /// A `101 Switching Protocols`: the connection, for the tunnel.
+    Upgrade(Option<UpstreamConn>),
+}
+
+fn closed_early() -> io::Error {
+    io::Error::new(
+        io::ErrorKind::UnexpectedEof,
+        "the upstream closed the connection before the end of the body",
+    )
+}
+
+impl UpstreamBody {
+    pub fn full(bytes: Option<Bytes>) -> UpstreamBody {
+        UpstreamBody {
+            kind: Kind::Full(bytes.filter(|b| !b.is_empty())),
+        }
+    }
+
+    pub fn length(
+        conn: UpstreamConn,
+        pool: Arc<ConnectionPool>,
+        length: u64,
+        keep_alive: bool,
+    ) -> UpstreamBody {
+        Self::streaming(conn, pool, Remaining::Length(length), keep_alive)
+    }
+
+    pub fn chunked(conn: UpstreamConn, pool: Arc<ConnectionPool>, keep_alive: bool) -> UpstreamBody {
+        Self::streaming(
+            conn,
+            pool,
+            Remaining::Chunked(ChunkedDecoder::default()),
+            keep_alive,
+        )
+    }
+
+    pub fn until_close(conn: UpstreamConn, pool: Arc<ConnectionPool>) -> UpstreamBody {
+        Self::streaming(conn, pool, Remaining::UntilClose, false)
+    }
+
+    fn streaming(
+        conn: UpstreamConn,
+        pool: Arc<ConnectionPool>,
+        remaining: Remaining,
+        keep_alive: bool,
+    ) -> UpstreamBody {
+        UpstreamBody {
+            kind: Kind::Streaming {
+                conn: Some(conn),
+                pool,
+                remaining,
+                keep_alive,
+            },
+        }
+    }
+
+    pub fn upgrade(conn: UpstreamConn) -> UpstreamBody {
+        UpstreamBody {
+            kind: Kind::Upgrade(Some(conn)),
+        }
+    }
+
+    /// The connection of a `101` response, taken out for the tunnel.
+    pub fn take_upgraded(&mut self) -> Option<UpstreamConn> {
+        match &mut self.kind {
+            Kind::Upgrade(conn) => conn.take(),
+            _ => None,
+        }
+    }
+}
+
+impl Body for UpstreamBody {
+    type Data = Bytes;
+    type Error = io::Error;
+
+    fn poll_frame(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, io::Error>>> {
+        let (conn_slot, pool, remaining, keep_alive) = match &mut self.get_mut().kind {
+            Kind::Full(bytes) => return Poll::Ready(bytes.take().map(|b| Ok(Frame::data(b)))),
+            Kind::Upgrade(_) => return Poll::Ready(None),
+            Kind::Streaming {
+                conn,
+                pool,
+                remaining,
+                keep_alive,
+            } => (conn, pool, remaining, *keep_alive),
+        };
+        loop {
+            let Some(conn) = conn_slot.as_mut() else {
+                return Poll::Ready(None);
+            };
+            match remaining {
+                Remaining::Length(left) => {
+                    if *left == 0 {
+                        release(conn_slot, pool, keep_alive);
+                        return Poll::Ready(None);
+                    }
+                    if !conn.read.is_empty() {
+                        let take = usize::try_from(*left)
+                            .unwrap_or(usize::MAX)
+                            .min(conn.read.len());
+                        let data = conn.read.split_to(take).freeze();
+                        *left -= take as u64;
+                        if *left == 0 {
+                            // Back to the pool now: hyper may not poll again
+                            // once the body reports its end.
+                            release(conn_slot, pool, keep_alive);
+                        }
+                        return Poll::Ready(Some(Ok(Frame::data(data))));
+                    }
+                }
+                Remaining::Chunked(decoder) => match decoder.decode(&mut conn.read) {
+                    Ok(Decoded::Data(data)) => return Poll::Ready(Some(Ok(Frame::data(data)))),
+                    Ok(Decoded::Done) => {
+                        release(conn_slot, pool, keep_alive);
+                        return Poll::Ready(None);
+                    }
+                    Ok(Decoded::NeedMore) => {}
+                    Err(error) => {
+                        conn_slot.take();
+                        return Poll::Ready(Some(Err(error)));
+                    }
+                },
+                Remaining::UntilClose => {
+                    if !conn.read.is_empty() {
+                        let data = conn.read.split().freeze();
+                        return Poll::Ready(Some(Ok(Frame::data(data))));
+                    }
+                }
+            }
+            match ready!(conn.poll_fill(cx)) {
+                Ok(0) => {
+                    conn_slot.take();
+                    return Poll::Ready(match remaining {
+                        Remaining::UntilClose => None,
+                        _ => Some(Err(closed_early())),
+                    });
+                }
+                Ok(_) => {}
+                Err(error) => {
+                    conn_slot.take();
+                    return Poll::Ready(Some(Err(error)));
+                }
+            }
+        }
+    }
+
+    fn is_end_stream(&self) -> bool {
+        match &self.kind {
+            Kind::Full(bytes) => bytes.is_none(),
+            Kind::Upgrade(_) => true,
+            Kind::Streaming {
+                conn, remaining, ..
+            } => conn.is_none() || matches!(remaining, Remaining::Length(0)),
+        }
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        match &self.kind {
+            Kind::Full(Some(bytes)) => SizeHint::with_exact(bytes.len() as u64),
+            Kind::Full(None) | Kind::Upgrade(_) => SizeHint::with_exact(0),
+            Kind::Streaming {
+                remaining: Remaining::Length(left),
+                ..
+            } => SizeHint::with_exact(*left),
+            Kind::Streaming { .. } => SizeHint::default(),
+        }
+    }
+}
+
+/// Ends the body's hold on its connection: back to the pool if it may carry
+/// another request and nothing unexpected followed the body.
+fn release(slot: &mut Option<UpstreamConn>, pool: &ConnectionPool, keep_alive: bool) {
+    if let Some(conn) = slot.take()
+        && keep_alive
+    {
+        pool.put_back(conn);
+    }
+}
