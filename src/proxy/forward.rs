@@ -8,14 +8,14 @@ use std::net::{IpAddr, SocketAddr};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 
-use http::header::{self, HeaderMap, HeaderName, HeaderValue};
-use http::request::Parts;
-use http::uri::{PathAndQuery, Uri};
-use http::{Request, Response, Version};
 use super::body::RequestBody;
 use super::client::{ConnectionPool, UpstreamBody};
 use crate::config::UpstreamConfig;
 use crate::error::GatewayError;
+use http::header::{self, HeaderMap, HeaderName, HeaderValue};
+use http::request::Parts;
+use http::uri::{PathAndQuery, Uri};
+use http::{Request, Response, Version};
 
 /// One upstream of a snapshot: its settings and a connection pool per URL.
 #[derive(Debug)]

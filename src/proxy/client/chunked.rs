@@ -38,7 +38,9 @@ enum State {
     /// After chunk data: its CRLF.
     DataEnd,
     /// After the last chunk: trailer lines up to an empty one.
-    Trailers { seen: usize },
+    Trailers {
+        seen: usize,
+    },
     Done,
 }
 

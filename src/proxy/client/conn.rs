@@ -78,7 +78,10 @@ impl UpstreamConn {
             // One `writev` for head and body in the common case.
             while written < head_len + then.len() {
                 let slices = if written < head_len {
-                    [io::IoSlice::new(&self.write[written..]), io::IoSlice::new(then)]
+                    [
+                        io::IoSlice::new(&self.write[written..]),
+                        io::IoSlice::new(then),
+                    ]
                 } else {
                     [
                         io::IoSlice::new(&then[written - head_len..]),

@@ -90,10 +90,12 @@ pub async fn exchange(
         Outgoing::Stream(stream) => {
             conn.write_head(&[]).await.map_err(Failure::silent)?;
             let chunked = framing == RequestFraming::Chunked;
-            write_stream(conn, stream, chunked).await.map_err(|error| Failure {
-                error,
-                silent: false,
-            })?;
+            write_stream(conn, stream, chunked)
+                .await
+                .map_err(|error| Failure {
+                    error,
+                    silent: false,
+                })?;
         }
     }
     let mut received = false;

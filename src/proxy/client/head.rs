@@ -133,7 +133,12 @@ pub fn parse_response(buf: &mut BytesMut, method: &Method) -> io::Result<Parsed>
     for (place, field) in places.iter_mut().zip(response.headers.iter()) {
         let name = field.name.as_ptr() as usize - base;
         let value = field.value.as_ptr() as usize - base;
-        *place = (name, name + field.name.len(), value, value + field.value.len());
+        *place = (
+            name,
+            name + field.name.len(),
+            value,
+            value + field.value.len(),
+        );
     }
     let head = buf.split_to(length).freeze();
     let mut headers = HeaderMap::with_capacity(count);
@@ -265,19 +270,84 @@ mod tests {
     #[test]
     fn framing_follows_rfc_9112() {
         let cases = [
-            ("HTTP/1.1 200 OK\r\nContent-Length: 5\r\n\r\n", Method::HEAD, Framing::Empty, true),
-            ("HTTP/1.1 204 No Content\r\n\r\n", Method::GET, Framing::Empty, true),
-            ("HTTP/1.1 304 Not Modified\r\nContent-Length: 9\r\n\r\n", Method::GET, Framing::Empty, true),
-            ("HTTP/1.1 200 OK\r\nContent-Length: 0\r\n\r\n", Method::GET, Framing::Empty, true),
-            ("HTTP/1.1 200 OK\r\nContent-Length: 7, 7\r\n\r\n", Method::GET, Framing::Length(7), true),
-            ("HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n", Method::GET, Framing::Chunked, true),
-            ("HTTP/1.1 200 OK\r\nTransfer-Encoding: gzip, chunked\r\n\r\n", Method::GET, Framing::Chunked, true),
-            ("HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\nContent-Length: 3\r\n\r\n", Method::GET, Framing::Chunked, false),
-            ("HTTP/1.1 200 OK\r\nTransfer-Encoding: gzip\r\n\r\n", Method::GET, Framing::UntilClose, false),
-            ("HTTP/1.1 200 OK\r\n\r\n", Method::GET, Framing::UntilClose, false),
-            ("HTTP/1.1 200 OK\r\nContent-Length: 3\r\nConnection: close\r\n\r\n", Method::GET, Framing::Length(3), false),
-            ("HTTP/1.0 200 OK\r\nContent-Length: 3\r\n\r\n", Method::GET, Framing::Length(3), false),
-            ("HTTP/1.0 200 OK\r\nContent-Length: 3\r\nConnection: keep-alive\r\n\r\n", Method::GET, Framing::Length(3), true),
+            (
+                "HTTP/1.1 200 OK\r\nContent-Length: 5\r\n\r\n",
+                Method::HEAD,
+                Framing::Empty,
+                true,
+            ),
+            (
+                "HTTP/1.1 204 No Content\r\n\r\n",
+                Method::GET,
+                Framing::Empty,
+                true,
+            ),
+            (
+                "HTTP/1.1 304 Not Modified\r\nContent-Length: 9\r\n\r\n",
+                Method::GET,
+                Framing::Empty,
+                true,
+            ),
+            (
+                "HTTP/1.1 200 OK\r\nContent-Length: 0\r\n\r\n",
+                Method::GET,
+                Framing::Empty,
+                true,
+            ),
+            (
+                "HTTP/1.1 200 OK\r\nContent-Length: 7, 7\r\n\r\n",
+                Method::GET,
+                Framing::Length(7),
+                true,
+            ),
+            (
+                "HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n",
+                Method::GET,
+                Framing::Chunked,
+                true,
+            ),
+            (
+                "HTTP/1.1 200 OK\r\nTransfer-Encoding: gzip, chunked\r\n\r\n",
+                Method::GET,
+                Framing::Chunked,
+                true,
+            ),
+            (
+                "HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\nContent-Length: 3\r\n\r\n",
+                Method::GET,
+                Framing::Chunked,
+                false,
+            ),
+            (
+                "HTTP/1.1 200 OK\r\nTransfer-Encoding: gzip\r\n\r\n",
+                Method::GET,
+                Framing::UntilClose,
+                false,
+            ),
+            (
+                "HTTP/1.1 200 OK\r\n\r\n",
+                Method::GET,
+                Framing::UntilClose,
+                false,
+            ),
+            (
+                "HTTP/1.1 200 OK\r\nContent-Length: 3\r\nConnection: close\r\n\r\n",
+                Method::GET,
+                Framing::Length(3),
+                false,
+            ),
+            (
+                "HTTP/1.0 200 OK\r\nContent-Length: 3\r\n\r\n",
+                Method::GET,
+                Framing::Length(3),
+                false,
+            ),
+            (
+                "HTTP/1.0 200 OK\r\nContent-Length: 3\r\nConnection: keep-alive\r\n\r\n",
+                Method::GET,
+                Framing::Length(3),
+                true,
+            ),
         ];
         for (text, method, framing, keep_alive) in cases {
             let (head, _) = head(text, method);
@@ -293,9 +363,17 @@ mod tests {
 
     #[test]
     fn interim_responses_are_skipped_but_101_is_final() {
-        let mut buf = BytesMut::from(&b"HTTP/1.1 100 Continue\r\n\r\nHTTP/1.1 200 OK\r\nContent-Length: 0\r\n\r\n"[..]);
-        assert!(matches!(parse_response(&mut buf, &Method::POST), Ok(Parsed::Interim)));
-        assert!(matches!(parse_response(&mut buf, &Method::POST), Ok(Parsed::Head(_))));
+        let mut buf = BytesMut::from(
+            &b"HTTP/1.1 100 Continue\r\n\r\nHTTP/1.1 200 OK\r\nContent-Length: 0\r\n\r\n"[..],
+        );
+        assert!(matches!(
+            parse_response(&mut buf, &Method::POST),
+            Ok(Parsed::Interim)
+        ));
+        assert!(matches!(
+            parse_response(&mut buf, &Method::POST),
+            Ok(Parsed::Head(_))
+        ));
         assert!(buf.is_empty());
         let (head, _) = head(
             "HTTP/1.1 101 Switching Protocols\r\nUpgrade: websocket\r\nConnection: upgrade\r\n\r\n",
@@ -306,7 +384,10 @@ mod tests {
 
     #[test]
     fn partial_and_malformed_heads() {
-        assert!(matches!(parse("HTTP/1.1 200 OK\r\nContent-", Method::GET), Ok((Parsed::Partial, _))));
+        assert!(matches!(
+            parse("HTTP/1.1 200 OK\r\nContent-", Method::GET),
+            Ok((Parsed::Partial, _))
+        ));
         for bad in [
             "HTTP/1.1 200 OK\r\nContent-Length: 3\r\nContent-Length: 4\r\n\r\n",
             "HTTP/1.1 200 OK\r\nContent-Length: -3\r\n\r\n",

@@ -161,7 +161,11 @@ impl ConnectionPool {
     }
 
     /// The response to hand on, its body reading from `conn`.
-    fn response(self: &Arc<Self>, mut conn: UpstreamConn, head: ResponseHead) -> Response<UpstreamBody> {
+    fn response(
+        self: &Arc<Self>,
+        mut conn: UpstreamConn,
+        head: ResponseHead,
+    ) -> Response<UpstreamBody> {
         let ResponseHead {
             parts,
             framing,

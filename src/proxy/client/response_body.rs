@@ -70,7 +70,11 @@ impl UpstreamBody {
         Self::streaming(conn, pool, Remaining::Length(length), keep_alive)
     }
 
-    pub fn chunked(conn: UpstreamConn, pool: Arc<ConnectionPool>, keep_alive: bool) -> UpstreamBody {
+    pub fn chunked(
+        conn: UpstreamConn,
+        pool: Arc<ConnectionPool>,
+        keep_alive: bool,
+    ) -> UpstreamBody {
         Self::streaming(
             conn,
             pool,
