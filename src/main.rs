@@ -11,6 +11,12 @@ use tokio::sync::watch;
 use tollgate::app::App;
 use tollgate::config::Config;
 
+// mimalloc: per-thread free lists make the request path's small, short-lived
+// allocations (header maps, response parts, buffers) cheaper than glibc's
+// malloc, which the allow-path profile showed at ~4% of the gateway's CPU.
+#[global_allocator]
+static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 /// A rate-limiting reverse proxy and API gateway.
 #[derive(Debug, Parser)]
 #[command(name = "tollgate", version, about)]

@@ -16,9 +16,13 @@
 
 use xxhash_rust::xxh3::{Xxh3, xxh3_128};
 
-/// A 128-bit digest of a limit key's parts.
+/// A 128-bit digest of a limit key's parts, as two halves (high, low).
+///
+/// Not a `u128`: that is 16-byte aligned, and so becomes every future that
+/// holds a key across an await — the request handler's, boxed per request,
+/// and an over-aligned allocation takes the allocator's slow path.
 #[derive(Clone, Copy, PartialEq, Eq, Hash, Debug)]
-pub struct LimitKey(pub u128);
+pub struct LimitKey([u64; 2]);
 
 impl LimitKey {
     /// Digest of `parts`, each length-prefixed (see the module doc).
@@ -33,20 +37,24 @@ impl LimitKey {
             let len = part.len();
             buf[..8].copy_from_slice(&(len as u64).to_le_bytes());
             buf[8..8 + len].copy_from_slice(part);
-            return LimitKey(xxh3_128(&buf[..8 + len]));
+            return LimitKey::from_u128(xxh3_128(&buf[..8 + len]));
         }
         let mut hasher = Xxh3::new();
         for part in parts {
             hasher.update(&(part.len() as u64).to_le_bytes());
             hasher.update(part);
         }
-        LimitKey(hasher.digest128())
+        LimitKey::from_u128(hasher.digest128())
+    }
+
+    pub fn from_u128(digest: u128) -> LimitKey {
+        LimitKey([(digest >> 64) as u64, digest as u64])
     }
 
     /// The digest as two halves: the high half picks the shard, the low half
     /// feeds the shard's hash table (independent bits for each job).
     pub(crate) fn halves(self) -> (u64, u64) {
-        ((self.0 >> 64) as u64, self.0 as u64)
+        (self.0[0], self.0[1])
     }
 }
 
@@ -74,7 +82,10 @@ mod tests {
             let mut h = Xxh3::new();
             h.update(&(len as u64).to_le_bytes());
             h.update(&part);
-            assert_eq!(LimitKey::digest(&[&part]), LimitKey(h.digest128()));
+            assert_eq!(
+                LimitKey::digest(&[&part]),
+                LimitKey::from_u128(h.digest128())
+            );
         }
     }
 }

@@ -320,7 +320,7 @@ mod tests {
         );
         assert!(
             per_ip
-                .check(k("ip").unwrap_or(LimitKey(0)), 90, T0)
+                .check(k("ip").unwrap_or(LimitKey::from_u128(0)), 90, T0)
                 .verdict
                 .allowed
         );

@@ -16,6 +16,7 @@ use http::header::{self, HeaderMap, HeaderName, HeaderValue};
 use http::request::Parts;
 use http::uri::{PathAndQuery, Uri};
 use http::{Request, Response, Version};
+use smallvec::SmallVec;
 
 /// One upstream of a snapshot: its settings and a connection pool per URL.
 #[derive(Debug)]
@@ -73,7 +74,11 @@ impl Upstream {
     ) -> Result<Response<UpstreamBody>, GatewayError> {
         let name = &self.config.name;
         let pool = &self.pools[prepared.url];
-        match tokio::time::timeout(self.config.timeout, pool.send(prepared.request)).await {
+        // Boxed: the exchange future is large, and inline it would make every
+        // future above it (forward, route_and_act, handle) larger by as much —
+        // each copied when it is created and moved (see BENCHMARKS.md).
+        let exchange = Box::pin(pool.send(prepared.request));
+        match tokio::time::timeout(self.config.timeout, exchange).await {
             Err(_) => Err(GatewayError::UpstreamTimeout {
                 upstream: name.clone(),
                 timeout: self.config.timeout,
@@ -175,20 +180,48 @@ const HOP_BY_HOP: [HeaderName; 7] = [
     header::UPGRADE,
 ];
 
+/// The place of `name` in [`HOP_BY_HOP`], if it is one.
+fn hop_by_hop_index(name: &HeaderName) -> Option<usize> {
+    HOP_BY_HOP.iter().position(|hop| hop == name)
+}
+
 /// Removes hop-by-hop headers, including every header `Connection` names.
 pub fn remove_hop_by_hop(headers: &mut HeaderMap) {
-    let named: Vec<HeaderName> = headers
-        .get_all(header::CONNECTION)
-        .iter()
-        .filter_map(|v| v.to_str().ok())
-        .flat_map(|v| v.split(','))
-        .filter_map(|name| HeaderName::from_bytes(name.trim().as_bytes()).ok())
-        .collect();
-    for name in named {
-        headers.remove(name);
+    // One pass over the names notes which are present (most messages carry
+    // none, or only `Connection: keep-alive`), instead of a hashed lookup
+    // per hop-by-hop name and a list of what `Connection` names.
+    let mut present = 0u8;
+    for name in headers.keys() {
+        if let Some(index) = hop_by_hop_index(name) {
+            present |= 1 << index;
+        }
     }
-    for name in &HOP_BY_HOP {
-        headers.remove(name);
+    if present == 0 {
+        return;
+    }
+    if present & 1 != 0 {
+        let named: SmallVec<[HeaderName; 4]> = headers
+            .get_all(header::CONNECTION)
+            .iter()
+            .filter_map(|v| v.to_str().ok())
+            .flat_map(|v| v.split(','))
+            .map(str::trim)
+            .filter(|token| {
+                !token.is_empty()
+                    && !token.eq_ignore_ascii_case("close")
+                    && !token.eq_ignore_ascii_case("keep-alive")
+                    && !token.eq_ignore_ascii_case("upgrade")
+            })
+            .filter_map(|token| HeaderName::from_bytes(token.as_bytes()).ok())
+            .collect();
+        for name in named {
+            headers.remove(name);
+        }
+    }
+    for (index, name) in HOP_BY_HOP.iter().enumerate() {
+        if present & (1 << index) != 0 {
+            headers.remove(name);
+        }
     }
 }
 
@@ -211,7 +244,7 @@ fn append_forwarding(
             }
         }
     }
-    let _ = write!(xff, "{peer}");
+    push_ip(&mut xff, peer);
     if let Ok(value) = HeaderValue::from_str(&xff) {
         headers.insert(HeaderName::from_static("x-forwarded-for"), value);
     }
@@ -222,19 +255,26 @@ fn append_forwarding(
 
     let mut element = String::with_capacity(64);
     match peer {
-        IpAddr::V4(v4) => {
-            let _ = write!(element, "for={v4}");
+        IpAddr::V4(_) => {
+            element.push_str("for=");
+            push_ip(&mut element, peer);
         }
-        IpAddr::V6(v6) => {
-            let _ = write!(element, "for=\"[{v6}]\"");
+        IpAddr::V6(_) => {
+            element.push_str("for=\"[");
+            push_ip(&mut element, peer);
+            element.push_str("]\"");
         }
     }
-    let _ = write!(element, ";proto={proto}");
+    element.push_str(";proto=");
+    element.push_str(proto);
     if let Some(host) = host.and_then(|h| h.to_str().ok()) {
         if host.bytes().all(is_token_byte) {
-            let _ = write!(element, ";host={host}");
+            element.push_str(";host=");
+            element.push_str(host);
         } else if host.bytes().all(|b| b != b'"' && b != b'\\') {
-            let _ = write!(element, ";host=\"{host}\"");
+            element.push_str(";host=\"");
+            element.push_str(host);
+            element.push('"');
         }
     }
     let mut forwarded = String::with_capacity(element.len() + 32);
@@ -247,6 +287,25 @@ fn append_forwarding(
     forwarded.push_str(&element);
     if let Ok(value) = HeaderValue::from_str(&forwarded) {
         headers.insert(header::FORWARDED, value);
+    }
+}
+
+/// Appends `ip` in its usual text form. IPv4 is written digit by digit: it
+/// is on every forwarded request, and `fmt` costs several times as much.
+fn push_ip(buf: &mut String, ip: IpAddr) {
+    match ip {
+        IpAddr::V4(v4) => {
+            let mut digits = itoa::Buffer::new();
+            for (i, octet) in v4.octets().into_iter().enumerate() {
+                if i > 0 {
+                    buf.push('.');
+                }
+                buf.push_str(digits.format(octet));
+            }
+        }
+        IpAddr::V6(v6) => {
+            let _ = write!(buf, "{v6}");
+        }
     }
 }
 

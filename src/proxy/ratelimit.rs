@@ -108,6 +108,9 @@ pub fn write_headers(
     focus: Option<usize>,
 ) {
     let server = view.server;
+    // Room for all of them at once: the upstream's map was sized for its
+    // own fields, and growing it field by field rehashes it each time.
+    headers.reserve(2 + 6);
     if let Some(policy) = policy {
         let mut text = String::with_capacity(24 * view.limits.len());
         let mut list = ListWriter::new(&mut text);

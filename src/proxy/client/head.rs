@@ -12,6 +12,7 @@ use std::io;
 use bytes::{Buf, BytesMut};
 use http::header::{self, HeaderMap, HeaderName, HeaderValue};
 use http::{Method, StatusCode, Version, request, response};
+use smallvec::SmallVec;
 
 /// Largest response head accepted from an upstream.
 pub const MAX_HEAD: usize = 64 * 1024;
@@ -98,7 +99,29 @@ pub fn encode_request(parts: &request::Parts, framing: RequestFraming, out: &mut
 /// Parses a response head at the start of `buf`; on success its bytes are
 /// taken out of `buf`, leaving what follows (the body).
 pub fn parse_response(buf: &mut BytesMut, method: &Method) -> io::Result<Parsed> {
-    let mut fields = [httparse::EMPTY_HEADER; MAX_FIELDS];
+    // Most heads fit the small field array; zeroing the large one on every
+    // response was a measurable cost, so it is only for heads that need it.
+    match parse_into::<COMMON_FIELDS>(buf, method) {
+        Err(error) if error.kind() == io::ErrorKind::OutOfMemory => {
+            parse_into::<MAX_FIELDS>(buf, method).map_err(|error| {
+                if error.kind() == io::ErrorKind::OutOfMemory {
+                    invalid("too many response headers")
+                } else {
+                    error
+                }
+            })
+        }
+        other => other,
+    }
+}
+
+/// Fields a head may have before the parse moves to the large array.
+const COMMON_FIELDS: usize = 24;
+
+/// [`parse_response`] with room for `N` fields; a head with more is an
+/// `OutOfMemory` error.
+fn parse_into<const N: usize>(buf: &mut BytesMut, method: &Method) -> io::Result<Parsed> {
+    let mut fields = [httparse::EMPTY_HEADER; N];
     let mut response = httparse::Response::new(&mut fields);
     let length = match response.parse(buf) {
         Ok(httparse::Status::Complete(length)) => length,
@@ -108,7 +131,12 @@ pub fn parse_response(buf: &mut BytesMut, method: &Method) -> io::Result<Parsed>
             }
             return Ok(Parsed::Partial);
         }
-        Err(httparse::Error::TooManyHeaders) => return Err(invalid("too many response headers")),
+        Err(httparse::Error::TooManyHeaders) => {
+            return Err(io::Error::new(
+                io::ErrorKind::OutOfMemory,
+                "too many fields",
+            ));
+        }
         Err(_) => return Err(invalid("malformed response head")),
     };
     if length > MAX_HEAD {
@@ -128,30 +156,34 @@ pub fn parse_response(buf: &mut BytesMut, method: &Method) -> io::Result<Parsed>
     // Names and values are slices of one shared copy of the head; their
     // places are noted first because the parse borrows the buffer.
     let base = buf.as_ptr() as usize;
-    let mut places = [(0usize, 0usize, 0usize, 0usize); MAX_FIELDS];
-    let count = response.headers.len();
-    for (place, field) in places.iter_mut().zip(response.headers.iter()) {
-        let name = field.name.as_ptr() as usize - base;
-        let value = field.value.as_ptr() as usize - base;
-        *place = (
-            name,
-            name + field.name.len(),
-            value,
-            value + field.value.len(),
-        );
-    }
+    let places: SmallVec<[(usize, usize, usize, usize); COMMON_FIELDS]> = response
+        .headers
+        .iter()
+        .map(|field| {
+            let name = field.name.as_ptr() as usize - base;
+            let value = field.value.as_ptr() as usize - base;
+            (
+                name,
+                name + field.name.len(),
+                value,
+                value + field.value.len(),
+            )
+        })
+        .collect();
     let head = buf.split_to(length).freeze();
-    let mut headers = HeaderMap::with_capacity(count);
-    for &(name_start, name_end, value_start, value_end) in &places[..count] {
+    let mut headers = HeaderMap::with_capacity(places.len());
+    let mut seen = Seen::default();
+    for &(name_start, name_end, value_start, value_end) in &places {
         let name = HeaderName::from_bytes(&head[name_start..name_end])
             .map_err(|_| invalid("invalid response header name"))?;
+        seen.note(&name);
         let value = HeaderValue::from_maybe_shared(head.slice(value_start..value_end))
             .map_err(|_| invalid("invalid response header value"))?;
         headers.append(name, value);
     }
 
-    let (framing, reusable) = framing(method, status, &mut headers)?;
-    let keep_alive = reusable && wants_keep_alive(version, &headers);
+    let (framing, reusable) = framing(method, status, &mut headers, seen)?;
+    let keep_alive = reusable && wants_keep_alive(version, &headers, seen);
     let mut parts = response::Response::new(()).into_parts().0;
     parts.status = status;
     parts.version = version;
@@ -163,6 +195,27 @@ pub fn parse_response(buf: &mut BytesMut, method: &Method) -> io::Result<Parsed>
     }))
 }
 
+/// Which framing-related fields a head has, noted while its map is built so
+/// that a head without them costs no lookups.
+#[derive(Debug, Default, Clone, Copy)]
+struct Seen {
+    connection: bool,
+    content_length: bool,
+    transfer_encoding: bool,
+}
+
+impl Seen {
+    fn note(&mut self, name: &HeaderName) {
+        if name == header::CONNECTION {
+            self.connection = true;
+        } else if name == header::CONTENT_LENGTH {
+            self.content_length = true;
+        } else if name == header::TRANSFER_ENCODING {
+            self.transfer_encoding = true;
+        }
+    }
+}
+
 /// The body framing of a response (RFC 9112 §6.3) and whether the
 /// connection stays usable after it. A response with both
 /// `Transfer-Encoding` and `Content-Length` is framed by the former, loses
@@ -171,6 +224,7 @@ fn framing(
     method: &Method,
     status: StatusCode,
     headers: &mut HeaderMap,
+    seen: Seen,
 ) -> io::Result<(Framing, bool)> {
     if method == Method::HEAD
         || status.is_informational()
@@ -179,7 +233,7 @@ fn framing(
     {
         return Ok((Framing::Empty, true));
     }
-    if headers.contains_key(header::TRANSFER_ENCODING) {
+    if seen.transfer_encoding {
         let chunked_last = headers
             .get_all(header::TRANSFER_ENCODING)
             .iter()
@@ -195,7 +249,10 @@ fn framing(
         });
     }
     let mut length = None;
-    for value in headers.get_all(header::CONTENT_LENGTH) {
+    let lengths = seen
+        .content_length
+        .then(|| headers.get_all(header::CONTENT_LENGTH));
+    for value in lengths.into_iter().flatten() {
         // A list of equal values (`5, 5`) is one length (RFC 9110 §8.6).
         for item in value.as_bytes().split(|&b| b == b',') {
             let item = item.trim_ascii();
@@ -221,7 +278,10 @@ fn framing(
 
 /// Persistence (RFC 9112 §9.3): HTTP/1.1 unless `Connection: close`;
 /// HTTP/1.0 only with `Connection: keep-alive`.
-fn wants_keep_alive(version: Version, headers: &HeaderMap) -> bool {
+fn wants_keep_alive(version: Version, headers: &HeaderMap, seen: Seen) -> bool {
+    if !seen.connection {
+        return version != Version::HTTP_10;
+    }
     let has_token = |token: &str| {
         headers
             .get_all(header::CONNECTION)
@@ -380,6 +440,22 @@ mod tests {
             Method::GET,
         );
         assert_eq!(head.parts.status, 101);
+    }
+
+    #[test]
+    fn heads_with_many_fields_parse_up_to_the_limit() {
+        let head_with = |count: usize| {
+            let mut text = String::from("HTTP/1.1 200 OK\r\nContent-Length: 0\r\n");
+            for i in 1..count {
+                text.push_str(&format!("X-Field-{i}: {i}\r\n"));
+            }
+            text.push_str("\r\n");
+            text
+        };
+        let (parsed, _) = head(&head_with(COMMON_FIELDS + 10), Method::GET);
+        assert_eq!(parsed.parts.headers.len(), COMMON_FIELDS + 10);
+        let error = parse(&head_with(MAX_FIELDS + 1), Method::GET).unwrap_err();
+        assert_eq!(error.to_string(), "too many response headers");
     }
 
     #[test]
