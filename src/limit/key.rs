@@ -51,6 +51,10 @@ impl LimitKey {
         LimitKey([(digest >> 64) as u64, digest as u64])
     }
 
+    pub fn as_u128(self) -> u128 {
+        (u128::from(self.0[0]) << 64) | u128::from(self.0[1])
+    }
+
     /// The digest as two halves: the high half picks the shard, the low half
     /// feeds the shard's hash table (independent bits for each job).
     pub(crate) fn halves(self) -> (u64, u64) {
