@@ -550,12 +550,7 @@ fn record_decisions(
         .enumerate()
     {
         let limit_label = &snapshot.labels.limits[index];
-        match plan.metrics.allowed(position) {
-            Some(counter) if entry.outcome == Outcome::Allowed => {
-                counter.inc();
-            }
-            _ => metrics.record_decision(route_label, limit_label, entry.outcome),
-        }
+        metrics.record_route_decision(&plan.metrics, position, entry.outcome);
         match entry.outcome {
             Outcome::ShadowDenied => {
                 // Debug, not info: a shadow limit may "deny" every request;

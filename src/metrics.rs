@@ -29,7 +29,7 @@
 //! histogram per request the lookup is not worth that complexity.
 
 use std::fmt::Write as _;
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
 use prometheus_client::encoding::{EncodeLabelSet, EncodeLabelValue, LabelValueEncoder};
@@ -133,15 +133,33 @@ pub struct RouteHandles {
     /// `tollgate_requests_total{route, status="200"}`.
     ok: Counter,
     duration: Histogram,
-    /// `tollgate_ratelimit_decisions_total{route, limit, outcome="allowed"}`,
-    /// per entry of the route's stack.
-    allowed: Vec<Counter>,
+    /// `tollgate_requests_total{route, status}` for the other statuses of
+    /// [`COMMON_STATUSES`], resolved on first use (a series exists once it
+    /// has counted something, as with an unresolved call).
+    statuses: [OnceLock<Counter>; COMMON_STATUSES.len()],
+    /// `tollgate_ratelimit_decisions_total{route, limit, outcome}` per entry
+    /// of the route's stack: `allowed` resolved up front, the other outcomes
+    /// on first use.
+    decisions: Vec<DecisionHandles>,
 }
 
-impl RouteHandles {
-    /// The `allowed` counter of the stack's `index`-th limit.
-    pub fn allowed(&self, index: usize) -> Option<&Counter> {
-        self.allowed.get(index)
+/// Statuses besides 200 that a route answers often enough to be worth a
+/// pre-resolved counter: the gateway's own answers and common upstream ones.
+const COMMON_STATUSES: [u16; 12] = [201, 204, 304, 400, 401, 403, 404, 429, 500, 502, 503, 504];
+
+/// The decision counters of one stack entry, indexed by [`Outcome`].
+#[derive(Debug, Clone)]
+struct DecisionHandles {
+    limit: Arc<str>,
+    by_outcome: [OnceLock<Counter>; 4],
+}
+
+fn outcome_index(outcome: Outcome) -> usize {
+    match outcome {
+        Outcome::Allowed => 0,
+        Outcome::Denied => 1,
+        Outcome::ShadowDenied => 2,
+        Outcome::Skipped => 3,
     }
 }
 
@@ -295,30 +313,66 @@ impl Metrics {
                 route: route.clone(),
             })
             .clone();
-        let allowed = limits
+        let decisions = limits
             .iter()
             .map(|limit| {
-                self.decisions
-                    .get_or_create(&DecisionLabels {
-                        route: route.clone(),
-                        limit: limit.clone(),
-                        outcome: Outcome::Allowed,
-                    })
-                    .clone()
+                let handles = DecisionHandles {
+                    limit: limit.clone(),
+                    by_outcome: Default::default(),
+                };
+                let allowed = self.decision_counter(route, limit, Outcome::Allowed);
+                let _ = handles.by_outcome[outcome_index(Outcome::Allowed)].set(allowed);
+                handles
             })
             .collect();
         RouteHandles {
             route: route.clone(),
             ok,
             duration,
-            allowed,
+            statuses: Default::default(),
+            decisions,
         }
+    }
+
+    fn decision_counter(&self, route: &Arc<str>, limit: &Arc<str>, outcome: Outcome) -> Counter {
+        self.decisions
+            .get_or_create(&DecisionLabels {
+                route: route.clone(),
+                limit: limit.clone(),
+                outcome,
+            })
+            .clone()
+    }
+
+    /// [`Metrics::record_decision`] for the `position`-th limit of a route's
+    /// stack, through its handles.
+    pub fn record_route_decision(&self, handles: &RouteHandles, position: usize, outcome: Outcome) {
+        match handles.decisions.get(position) {
+            Some(entry) => entry.by_outcome[outcome_index(outcome)]
+                .get_or_init(|| self.decision_counter(&handles.route, &entry.limit, outcome))
+                .inc(),
+            None => {
+                debug_assert!(false, "no handles for stack position {position}");
+                0
+            }
+        };
     }
 
     /// [`Metrics::record_request`] through a route's handles.
     pub fn record_route_request(&self, handles: &RouteHandles, status: u16, elapsed: Duration) {
         if status == 200 {
             handles.ok.inc();
+        } else if let Some(index) = COMMON_STATUSES.iter().position(|&common| common == status) {
+            handles.statuses[index]
+                .get_or_init(|| {
+                    self.requests
+                        .get_or_create(&RequestLabels {
+                            route: handles.route.clone(),
+                            status,
+                        })
+                        .clone()
+                })
+                .inc();
         } else {
             self.requests
                 .get_or_create(&RequestLabels {

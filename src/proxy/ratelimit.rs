@@ -199,21 +199,24 @@ pub fn deny_response(
     });
     // Written directly rather than through `serde_json::Value`: the deny
     // path runs at flood rates, and this is one allocation instead of a dozen.
+    // Pieces and itoa rather than `write!`: `fmt` was a tenth of the path.
+    let mut digits = itoa::Buffer::new();
     let mut body = String::with_capacity(256 + 2 * limit.name.len());
-    let _ = write!(
-        body,
-        "{{\"type\":\"https://iana.org/assignments/http-problem-types#quota-exceeded\",\"title\":\"{}\",\"status\":{},\"detail\":\"",
-        status.canonical_reason().unwrap_or("Too Many Requests"),
-        status.as_u16()
+    body.push_str(
+        "{\"type\":\"https://iana.org/assignments/http-problem-types#quota-exceeded\",\"title\":\"",
     );
+    body.push_str(status.canonical_reason().unwrap_or("Too Many Requests"));
+    body.push_str("\",\"status\":");
+    body.push_str(digits.format(status.as_u16()));
+    body.push_str(",\"detail\":\"");
     if verdict.never {
-        let _ = write!(body, "request cost {cost} exceeds what limit ");
+        body.push_str("request cost ");
+        body.push_str(digits.format(cost));
+        body.push_str(" exceeds what limit ");
         push_json_escaped(&mut body, &limit.name);
-        let _ = write!(
-            body,
-            " can ever admit ({}); it can never be admitted",
-            quota(&view.algorithms[denied_by])
-        );
+        body.push_str(" can ever admit (");
+        body.push_str(digits.format(quota(&view.algorithms[denied_by])));
+        body.push_str("); it can never be admitted");
     } else {
         body.push_str("limit ");
         push_json_escaped(&mut body, &limit.name);
@@ -223,12 +226,15 @@ pub fn deny_response(
     push_json_escaped(&mut body, &limit.name);
     body.push_str("\"]");
     if let Some(seconds) = retry_after {
-        let _ = write!(body, ",\"retry_after\":{seconds}");
+        body.push_str(",\"retry_after\":");
+        body.push_str(digits.format(seconds));
     }
     body.push('}');
     let mut response = Response::new(ResponseBody::full(body));
     *response.status_mut() = status;
     let headers = response.headers_mut();
+    // Sized once for everything below rather than grown as it is filled.
+    headers.reserve(12);
     headers.insert(CONTENT_TYPE, PROBLEM_JSON);
     headers.insert(CACHE_CONTROL, HeaderValue::from_static("no-store"));
     if let Some(seconds) = retry_after {
