@@ -63,9 +63,9 @@ use crate::handler::{Downstream, handle};
 use crate::proxy::body::Completion;
 use crate::worker::worker_count;
 
-/// The listen backlog, as `tokio::net::TcpListener::bind` uses (the kernel
-/// caps it at `net.core.somaxconn`).
-const BACKLOG: i32 = 1024;
+/// The listen backlog of each socket, as `tokio::net::TcpListener::bind` (and
+/// std) use. With N workers an address has N sockets, so N such queues.
+const BACKLOG: i32 = 128;
 
 /// One configured traffic address, bound: one listening socket per worker.
 #[derive(Debug)]
