@@ -221,14 +221,11 @@ limits = ["per_ip"]
     );
     let config = Config::from_bytes(Path::new("bench.toml"), text.as_bytes()).unwrap();
     let listen = config.server.listen.clone();
-    let listeners = tollgate::server::bind(&listen).await.unwrap();
+    let listeners = tollgate::server::bind(&listen).unwrap();
     let addr = listeners[0].local_addr().unwrap();
     let (shutdown_tx, shutdown_rx) = watch::channel(false);
-    tokio::spawn(tollgate::server::serve(
-        App::new(config),
-        listeners,
-        shutdown_rx,
-    ));
+    let server = tollgate::server::start(App::new(config), listeners, shutdown_rx).unwrap();
+    tokio::spawn(server.run());
     (addr, shutdown_tx)
 }
 

@@ -9,6 +9,10 @@
 //! ([`proxy::response`], errors via [`error`]) → **observe** ([`metrics`],
 //! [`access_log`]).
 //!
+//! With `workers = N > 1` a connection lives on one of N threads, each its
+//! own single-threaded runtime ([`server`], [`worker`]); state that must be
+//! exact for the process (limiters, metrics, the snapshot) is shared.
+//!
 //! [`handler`] is the one function that calls these steps. Operators read the
 //! metrics, health and running configuration on a separate listener, [`admin`].
 //! Configuration ([`config`]) is validated whole and swapped whole
@@ -29,3 +33,4 @@ pub mod reload;
 pub mod routing;
 pub mod server;
 pub mod summary;
+pub mod worker;

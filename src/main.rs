@@ -77,18 +77,17 @@ fn init_logging(format: LogFormat) {
 }
 
 fn run(config: Config, log_format: LogFormat) -> ExitCode {
-    // One worker: a current-thread runtime does the same work without the
-    // work-stealing scheduler's cross-thread bookkeeping.
-    let mut runtime = if config.server.workers == 1 {
-        tokio::runtime::Builder::new_current_thread()
-    } else {
-        tokio::runtime::Builder::new_multi_thread()
-    };
-    runtime.enable_all();
-    if config.server.workers > 1 {
-        runtime.worker_threads(config.server.workers);
-    }
-    let runtime = match runtime.build() {
+    // Fixed before anything sizes per-worker state (`App::new` included).
+    let workers = tollgate::worker::init(config.server.workers);
+    // The main thread's runtime is single-threaded whatever `workers` says:
+    // with one worker it serves the traffic itself, without the work-stealing
+    // scheduler's cross-thread bookkeeping; with more, each worker thread has
+    // its own (see `server`) and this one keeps signals, the admin listener
+    // and reloads.
+    let runtime = match tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+    {
         Ok(runtime) => runtime,
         Err(error) => {
             eprintln!("cannot start the runtime: {error}");
@@ -106,7 +105,7 @@ fn run(config: Config, log_format: LogFormat) -> ExitCode {
                 return ExitCode::FAILURE;
             }
         };
-        let listeners = match tollgate::server::bind(&config.server.listen).await {
+        let listeners = match tollgate::server::bind(&config.server.listen) {
             Ok(listeners) => listeners,
             Err(error) => {
                 eprintln!("{error}");
@@ -125,16 +124,22 @@ fn run(config: Config, log_format: LogFormat) -> ExitCode {
         };
         let path = config.path.clone();
         let app = App::new(config);
-        for listener in &listeners {
-            if let Ok(address) = listener.local_addr() {
-                eprintln!("listening on http://{address}");
+        let addresses: Vec<_> = listeners.iter().map(|l| l.local_addr()).collect();
+        let (shutdown_tx, shutdown_rx) = watch::channel(false);
+        let server = match tollgate::server::start(app.clone(), listeners, shutdown_rx.clone()) {
+            Ok(server) => server,
+            Err(error) => {
+                eprintln!("cannot start {workers} workers: {error}");
+                return ExitCode::FAILURE;
             }
+        };
+        for address in addresses.into_iter().flatten() {
+            eprintln!("listening on http://{address}");
         }
         if let Some(Ok(address)) = admin.as_ref().map(|l| l.local_addr()) {
             eprintln!("admin on http://{address}");
         }
         init_logging(log_format);
-        let (shutdown_tx, shutdown_rx) = watch::channel(false);
         if let Some(listener) = admin {
             tokio::spawn(tollgate::admin::serve(
                 app.clone(),
@@ -143,7 +148,7 @@ fn run(config: Config, log_format: LogFormat) -> ExitCode {
             ));
         }
         tokio::spawn(signals.dispatch(app.clone(), path, shutdown_tx));
-        tollgate::server::serve(app, listeners, shutdown_rx).await;
+        server.run().await;
         tracing::info!("stopped");
         ExitCode::SUCCESS
     })
@@ -177,7 +182,8 @@ impl Signals {
                 _ = self.terminate.recv() => break,
                 _ = self.interrupt.recv() => break,
                 _ = self.hangup.recv() => {
-                    // Off the async workers, so a reload never stalls requests.
+                    // Off the main thread's runtime, so a reload never stalls signals,
+                    // the admin listener or (with `workers = 1`) requests.
                     // SIGHUPs arriving meanwhile coalesce into one more reload.
                     let (app, path) = (app.clone(), path.clone());
                     let _ = tokio::task::spawn_blocking(move || tollgate::reload::reload(&app, &path)).await;

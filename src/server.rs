@@ -1,7 +1,28 @@
-//! Listeners, the accept loop, per-connection protections and graceful drain.
+//! Listeners, worker threads, the accept loops, per-connection protections
+//! and graceful drain.
 //!
-//! - **Connection cap**: the accept loop takes a permit before `accept`, so at
-//!   `max_connections` further connections wait in the kernel backlog.
+//! - **Threads** (`[server] workers`, see [`crate::worker`]): with one worker
+//!   everything runs on the main thread's single-threaded runtime. With N > 1,
+//!   N threads each run their own single-threaded runtime and their own accept
+//!   loop per listener; a connection is accepted, served and closed on one
+//!   thread, with no work stealing and no cross-thread wakeups. The main
+//!   thread keeps signals, the admin listener, the idle-key sweeper and the
+//!   reload bookkeeping, and tells the workers which sockets to serve.
+//! - **Sockets**: with N > 1 workers every address gets N `SO_REUSEPORT`
+//!   sockets, one per worker, and the kernel spreads incoming connections over
+//!   them by a hash of the peer. One shared socket (`try_clone`d per worker)
+//!   would also work, but every connection would wake every worker's epoll and
+//!   a burst of connects lands mostly on whichever worker wakes first — the
+//!   same imbalance nginx's `reuseport` exists to fix. Before binding them, a
+//!   plain socket probes the address, so "address in use" is still an error
+//!   when the holder is another process that also uses `SO_REUSEPORT` (e.g. a
+//!   second tollgate), instead of silently sharing its traffic.
+//! - **Connection cap**: `max_connections` is one cap for the whole process (a
+//!   semaphore shared by all workers). A connection takes its slot right after
+//!   `accept`; at the cap each accept loop holds at most one accepted
+//!   connection waiting for a slot, and further ones wait in the kernel
+//!   backlog. (Taking the slot *before* `accept` would let an idle worker's
+//!   loop sit on a slot while connections queue on another worker's socket.)
 //! - **Accept errors** (e.g. out of file descriptors) back off and retry instead
 //!   of ending the loop (as in mini-redis).
 //! - **Slow clients**: a per-connection watchdog closes a connection whose
@@ -10,11 +31,14 @@
 //!   off, because it also runs while a keep-alive connection is idle and would
 //!   cap the idle time at the header timeout.
 //! - **Reloads**: a new `listen` list is applied as soon as the generation
-//!   changes: new addresses are bound, removed ones stop accepting (their open
-//!   connections carry on).
-//! - **Drain**: on shutdown the listeners close (new connections are refused),
-//!   open connections finish their in-flight request with `Connection: close`,
-//!   and the drain waits at most `shutdown_timeout`.
+//!   changes: new addresses are bound (on every worker), removed ones stop
+//!   accepting on every worker (their open connections carry on).
+//! - **Drain**: on shutdown every worker closes its listeners (new connections
+//!   are refused), open connections finish their in-flight request with
+//!   `Connection: close`, and the drain waits at most `shutdown_timeout` for
+//!   the connections of all workers. Worker runtimes stay up until the whole
+//!   drain is over: a request draining on one worker may be using an upstream
+//!   connection whose task runs on another.
 
 use std::collections::HashMap;
 use std::io;
@@ -28,104 +52,315 @@ use std::time::Duration;
 use hyper::server::conn::http1;
 use hyper::service::service_fn;
 use hyper_util::rt::{TokioIo, TokioTimer};
+use socket2::{Domain, Protocol, Socket, Type};
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::net::{TcpListener, TcpStream};
-use tokio::sync::{OwnedSemaphorePermit, Semaphore, mpsc, watch};
+use tokio::sync::{OwnedSemaphorePermit, Semaphore, mpsc, oneshot, watch};
 use tokio::time::Instant;
 
 use crate::app::App;
 use crate::handler::{Downstream, handle};
 use crate::proxy::body::Completion;
+use crate::worker::worker_count;
 
-/// Binds every traffic listener of the configuration.
-pub async fn bind(addresses: &[SocketAddr]) -> io::Result<Vec<TcpListener>> {
-    let mut listeners = Vec::with_capacity(addresses.len());
-    for address in addresses {
-        let listener = TcpListener::bind(address)
-            .await
-            .map_err(|e| io::Error::new(e.kind(), format!("cannot listen on {address}: {e}")))?;
-        listeners.push(listener);
-    }
-    Ok(listeners)
+/// The listen backlog of each socket, as `tokio::net::TcpListener::bind` (and
+/// std) use. With N workers an address has N sockets, so N such queues.
+const BACKLOG: i32 = 128;
+
+/// One configured traffic address, bound: one listening socket per worker.
+#[derive(Debug)]
+pub struct Listener {
+    /// As configured (the key for reloads; may have port 0).
+    address: SocketAddr,
+    /// Listening, non-blocking, one per worker (at least one).
+    sockets: Vec<std::net::TcpListener>,
 }
 
-/// Serves `listeners` until `shutdown` turns true, then drains. Returns when
-/// every connection has closed or `shutdown_timeout` has passed.
-pub async fn serve(
-    app: Arc<App>,
-    listeners: Vec<TcpListener>,
-    mut shutdown: watch::Receiver<bool>,
-) {
-    let limits = app.snapshot().config.server.clone();
-    let permits = Arc::new(Semaphore::new(limits.max_connections));
-    // Each connection task holds a sender; the drain ends when all are gone.
-    let (alive_tx, mut alive_rx) = mpsc::channel::<()>(1);
-    let mut accepting = Accepting {
-        app: app.clone(),
-        permits,
-        shutdown: shutdown.clone(),
-        alive: alive_tx,
-        loops: HashMap::new(),
-    };
-    // Listeners are keyed by their configured address, in config order.
-    for (address, listener) in limits.listen.iter().zip(listeners) {
-        accepting.start(*address, listener);
-    }
-    let sweeper = tokio::spawn(sweep_idle_keys(app.clone()));
-    let mut generations = app.subscribe_generations();
-    // Wait for the shutdown signal, applying listener changes of reloads.
-    while !*shutdown.borrow() {
-        tokio::select! {
-            changed = shutdown.changed() => if changed.is_err() { break },
-            changed = generations.changed() => {
-                if changed.is_err() {
-                    break;
-                }
-                accepting.reconcile().await;
-            }
+impl Listener {
+    /// The address actually bound (the port chosen when the configured one is 0).
+    pub fn local_addr(&self) -> io::Result<SocketAddr> {
+        match self.sockets.first() {
+            Some(socket) => socket.local_addr(),
+            None => Ok(self.address),
         }
     }
-    for (_, (stop, task)) in accepting.loops.drain() {
-        let _ = stop.send(true);
-        let _ = task.await;
-    }
-    drop(accepting);
-    sweeper.abort();
-    let timeout = app.snapshot().config.server.shutdown_timeout;
-    if tokio::time::timeout(timeout, alive_rx.recv())
-        .await
-        .is_err()
-    {
-        tracing::warn!(
-            ?timeout,
-            "shutdown timeout reached with connections still open"
-        );
-    }
 }
 
-/// The running accept loops, by configured address.
-struct Accepting {
+/// Binds every traffic listener of the configuration, one socket per worker
+/// ([`worker_count`]). Errors name the address.
+pub fn bind(addresses: &[SocketAddr]) -> io::Result<Vec<Listener>> {
+    addresses
+        .iter()
+        .map(|address| bind_one(*address, worker_count()))
+        .collect()
+}
+
+fn bind_one(address: SocketAddr, workers: usize) -> io::Result<Listener> {
+    let named = |e: io::Error| io::Error::new(e.kind(), format!("cannot listen on {address}: {e}"));
+    if workers <= 1 {
+        return Ok(Listener {
+            address,
+            sockets: vec![listen(address, false).map_err(named)?],
+        });
+    }
+    // The probe: a socket without SO_REUSEPORT cannot bind where anything
+    // listens, even SO_REUSEPORT sockets of another process, which ours would
+    // otherwise join. It also fixes the port to share when `address` has
+    // port 0. Bound only, never listening: nothing queues on it.
+    let probe = socket_for(address, false).map_err(named)?;
+    probe.bind(&address.into()).map_err(named)?;
+    let local = probe
+        .local_addr()
+        .map_err(named)?
+        .as_socket()
+        .unwrap_or(address);
+    drop(probe);
+    let sockets = (0..workers)
+        .map(|_| listen(local, true))
+        .collect::<io::Result<Vec<_>>>()
+        .map_err(named)?;
+    Ok(Listener { address, sockets })
+}
+
+fn socket_for(address: SocketAddr, reuse_port: bool) -> io::Result<Socket> {
+    let socket = Socket::new(
+        Domain::for_address(address),
+        Type::STREAM,
+        Some(Protocol::TCP),
+    )?;
+    // As std and tokio do: a restart can bind while old connections linger in
+    // TIME_WAIT.
+    socket.set_reuse_address(true)?;
+    if reuse_port {
+        socket.set_reuse_port(true)?;
+    }
+    Ok(socket)
+}
+
+/// A listening, non-blocking socket on `address`, ready for
+/// `tokio::net::TcpListener::from_std` on the runtime that will accept.
+fn listen(address: SocketAddr, reuse_port: bool) -> io::Result<std::net::TcpListener> {
+    let socket = socket_for(address, reuse_port)?;
+    socket.bind(&address.into())?;
+    socket.listen(BACKLOG)?;
+    socket.set_nonblocking(true)?;
+    Ok(socket.into())
+}
+
+/// What every worker shares: the one connection cap, the drain signal and the
+/// drain's count of live connections.
+#[derive(Clone)]
+struct Shared {
     app: Arc<App>,
     permits: Arc<Semaphore>,
-    /// The drain signal, for connections.
     shutdown: watch::Receiver<bool>,
+    /// Held by each worker until it stops accepting and by each connection
+    /// task: the drain ends when all are gone.
     alive: mpsc::Sender<()>,
-    /// Per listener: its stop switch and its accept loop.
-    loops: HashMap<SocketAddr, (watch::Sender<bool>, tokio::task::JoinHandle<()>)>,
 }
 
-impl Accepting {
-    fn start(&mut self, address: SocketAddr, listener: TcpListener) {
-        let (stop_tx, stop_rx) = watch::channel(false);
-        let task = tokio::spawn(accept_loop(
-            self.app.clone(),
-            listener,
-            self.permits.clone(),
-            stop_rx,
-            self.shutdown.clone(),
-            self.alive.clone(),
-        ));
-        self.loops.insert(address, (stop_tx, task));
+/// What the main thread asks of a worker.
+enum Command {
+    /// Accept on this socket (the worker's own) for the configured `address`.
+    Start {
+        address: SocketAddr,
+        socket: std::net::TcpListener,
+    },
+    /// Stop accepting for `address` and close the socket; then answer `done`.
+    Stop {
+        address: SocketAddr,
+        done: oneshot::Sender<()>,
+    },
+}
+
+/// A worker as the main thread sees it.
+struct Worker {
+    commands: mpsc::UnboundedSender<Command>,
+    /// Thread workers only: dropping it lets the worker's runtime end; the
+    /// thread answers on `finished` once it has.
+    exit: Option<oneshot::Sender<()>>,
+    finished: Option<oneshot::Receiver<()>>,
+}
+
+/// A started server: workers accepting on the bound listeners. [`Server::run`]
+/// applies reloads and drains.
+pub struct Server {
+    app: Arc<App>,
+    shutdown: watch::Receiver<bool>,
+    alive: mpsc::Receiver<()>,
+    workers: Vec<Worker>,
+    /// The addresses served, as configured.
+    served: Vec<SocketAddr>,
+}
+
+/// Starts [`worker_count`] workers serving `listeners` (from [`bind`]) until
+/// `shutdown` turns true. With one worker it runs on the calling runtime, so
+/// call it from within one. Fails when a worker thread or its runtime cannot
+/// be created.
+pub fn start(
+    app: Arc<App>,
+    listeners: Vec<Listener>,
+    shutdown: watch::Receiver<bool>,
+) -> io::Result<Server> {
+    let limits = app.snapshot().config.server.clone();
+    let (alive_tx, alive_rx) = mpsc::channel::<()>(1);
+    let shared = Shared {
+        app: app.clone(),
+        permits: Arc::new(Semaphore::new(limits.max_connections)),
+        shutdown: shutdown.clone(),
+        alive: alive_tx,
+    };
+    let count = worker_count();
+    let mut workers = Vec::with_capacity(count);
+    if count <= 1 {
+        let (commands, receiver) = mpsc::unbounded_channel();
+        tokio::spawn(run_worker(shared, receiver));
+        workers.push(Worker {
+            commands,
+            exit: None,
+            finished: None,
+        });
+    } else {
+        for index in 0..count {
+            workers.push(spawn_worker(index, shared.clone())?);
+        }
+        // `shared` drops here: only workers and connections hold `alive`.
+    }
+    let mut server = Server {
+        app,
+        shutdown,
+        alive: alive_rx,
+        workers,
+        served: Vec::new(),
+    };
+    for listener in listeners {
+        server.start_listener(listener);
+    }
+    Ok(server)
+}
+
+/// Starts worker thread `index` with its own single-threaded runtime.
+fn spawn_worker(index: usize, shared: Shared) -> io::Result<Worker> {
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .map_err(|e| {
+            io::Error::new(
+                e.kind(),
+                format!("cannot start the runtime of worker {index}: {e}"),
+            )
+        })?;
+    let (commands, receiver) = mpsc::unbounded_channel();
+    let (exit_tx, exit_rx) = oneshot::channel::<()>();
+    let (finished_tx, finished_rx) = oneshot::channel::<()>();
+    std::thread::Builder::new()
+        // Linux keeps 15 bytes of a thread name: short enough to keep the
+        // index visible in `top -H` and `ps -L`.
+        .name(format!("tollgate-wrk-{index}"))
+        .spawn(move || {
+            crate::worker::enter(index);
+            runtime.block_on(async move {
+                run_worker(shared, receiver).await;
+                // Drained here, but keep running what this runtime holds
+                // (upstream connections that requests draining on other
+                // workers may be using) until the whole drain is over.
+                let _ = exit_rx.await;
+            });
+            // Whatever is left (idle upstream connections, tunnels past the
+            // drain) is dropped; a stuck blocking task does not hold us up.
+            runtime.shutdown_timeout(Duration::from_millis(100));
+            let _ = finished_tx.send(());
+        })
+        .map_err(|e| {
+            io::Error::new(e.kind(), format!("cannot start worker thread {index}: {e}"))
+        })?;
+    Ok(Worker {
+        commands,
+        exit: Some(exit_tx),
+        finished: Some(finished_rx),
+    })
+}
+
+impl Server {
+    /// Applies listener changes of reloads until the shutdown signal, then
+    /// drains: returns when every connection of every worker has closed or
+    /// `shutdown_timeout` has passed.
+    pub async fn run(mut self) {
+        let sweeper = tokio::spawn(sweep_idle_keys(self.app.clone()));
+        let mut generations = self.app.subscribe_generations();
+        let mut shutdown = self.shutdown.clone();
+        while !*shutdown.borrow() {
+            tokio::select! {
+                changed = shutdown.changed() => if changed.is_err() { break },
+                changed = generations.changed() => {
+                    if changed.is_err() {
+                        break;
+                    }
+                    self.reconcile().await;
+                }
+            }
+        }
+        // The workers see the same signal: each closes its listeners and
+        // drops its `alive` sender; their connections hold the rest.
+        sweeper.abort();
+        let timeout = self.app.snapshot().config.server.shutdown_timeout;
+        if tokio::time::timeout(timeout, self.alive.recv())
+            .await
+            .is_err()
+        {
+            tracing::warn!(
+                ?timeout,
+                "shutdown timeout reached with connections still open"
+            );
+        }
+        // Let the worker threads end, briefly: the process exits anyway.
+        let mut finished = Vec::new();
+        for worker in &mut self.workers {
+            worker.exit.take();
+            finished.extend(worker.finished.take());
+        }
+        let _ = tokio::time::timeout(Duration::from_secs(1), async {
+            for done in finished {
+                let _ = done.await;
+            }
+        })
+        .await;
+    }
+
+    /// Hands each worker its socket of `listener`.
+    fn start_listener(&mut self, listener: Listener) {
+        let address = listener.address;
+        for (index, (worker, socket)) in self.workers.iter().zip(listener.sockets).enumerate() {
+            if worker
+                .commands
+                .send(Command::Start { address, socket })
+                .is_err()
+            {
+                // Its socket is closed with the command: the kernel spreads
+                // connections over the remaining ones.
+                tracing::error!(%address, worker = index, "worker has stopped; it does not serve this address");
+            }
+        }
+        self.served.push(address);
+    }
+
+    /// Stops `address` on every worker; returns once all have closed it.
+    async fn stop_listener(&mut self, address: SocketAddr) {
+        let mut acks = Vec::with_capacity(self.workers.len());
+        for worker in &self.workers {
+            let (done, ack) = oneshot::channel();
+            if worker
+                .commands
+                .send(Command::Stop { address, done })
+                .is_ok()
+            {
+                acks.push(ack);
+            }
+        }
+        for ack in acks {
+            let _ = ack.await;
+        }
+        self.served.retain(|a| *a != address);
     }
 
     /// Applies a reloaded `listen` list: binds the new addresses, then closes
@@ -134,14 +369,14 @@ impl Accepting {
     async fn reconcile(&mut self) {
         let wanted = self.app.snapshot().config.server.listen.clone();
         for address in &wanted {
-            if self.loops.contains_key(address) {
+            if self.served.contains(address) {
                 continue;
             }
-            match TcpListener::bind(address).await {
+            match bind_one(*address, self.workers.len()) {
                 Ok(listener) => {
                     let bound = listener.local_addr().unwrap_or(*address);
                     tracing::info!(%bound, "listening on http://{bound} (added by reload)");
-                    self.start(*address, listener);
+                    self.start_listener(listener);
                 }
                 Err(error) => {
                     tracing::error!(%address, %error, "reload: cannot listen on the new address; it is not served");
@@ -149,17 +384,78 @@ impl Accepting {
             }
         }
         let gone: Vec<SocketAddr> = self
-            .loops
-            .keys()
+            .served
+            .iter()
             .filter(|a| !wanted.contains(a))
             .copied()
             .collect();
         for address in gone {
-            if let Some((stop, task)) = self.loops.remove(&address) {
-                let _ = stop.send(true);
-                let _ = task.await;
-                tracing::info!(%address, "stopped listening (removed by reload)");
+            self.stop_listener(address).await;
+            tracing::info!(%address, "stopped listening (removed by reload)");
+        }
+    }
+}
+
+/// One worker: runs the accept loops the main thread asks for until the
+/// shutdown signal, then closes them. Its connections drain on their own.
+async fn run_worker(shared: Shared, mut commands: mpsc::UnboundedReceiver<Command>) {
+    let mut shutdown = shared.shutdown.clone();
+    let mut accepting = Accepting {
+        shared,
+        loops: HashMap::new(),
+    };
+    while !*shutdown.borrow() {
+        tokio::select! {
+            changed = shutdown.changed() => if changed.is_err() { break },
+            command = commands.recv() => match command {
+                Some(Command::Start { address, socket }) => accepting.start(address, socket),
+                Some(Command::Stop { address, done }) => {
+                    accepting.stop(address).await;
+                    let _ = done.send(());
+                }
+                // The server is gone: stop as on shutdown.
+                None => break,
+            },
+        }
+    }
+    let addresses: Vec<SocketAddr> = accepting.loops.keys().copied().collect();
+    for address in addresses {
+        accepting.stop(address).await;
+    }
+    // Dropping `accepting` drops this worker's `alive` sender.
+}
+
+/// A worker's running accept loops, by configured address.
+struct Accepting {
+    shared: Shared,
+    /// Per listener: its stop switch and its accept loop.
+    loops: HashMap<SocketAddr, (watch::Sender<bool>, tokio::task::JoinHandle<()>)>,
+}
+
+impl Accepting {
+    /// Registers `socket` with this worker's runtime and accepts on it.
+    fn start(&mut self, address: SocketAddr, socket: std::net::TcpListener) {
+        let listener = match TcpListener::from_std(socket) {
+            Ok(listener) => listener,
+            Err(error) => {
+                // The socket is closed on return, so the kernel stops sending
+                // this worker's share of connections to it.
+                tracing::error!(%address, %error, worker = crate::worker::worker_index(), "cannot accept on this worker");
+                return;
             }
+        };
+        let (stop_tx, stop_rx) = watch::channel(false);
+        let task = tokio::spawn(accept_loop(self.shared.clone(), listener, stop_rx));
+        if let Some((old_stop, _)) = self.loops.insert(address, (stop_tx, task)) {
+            let _ = old_stop.send(true);
+        }
+    }
+
+    /// Stops accepting for `address` and closes its socket.
+    async fn stop(&mut self, address: SocketAddr) {
+        if let Some((stop, task)) = self.loops.remove(&address) {
+            let _ = stop.send(true);
+            let _ = task.await;
         }
     }
 }
@@ -173,7 +469,7 @@ async fn sweep_idle_keys(app: Arc<App>) {
     interval.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
         interval.tick().await;
-        // Sweeping locks one shard at a time; run it off the async workers.
+        // Sweeping locks one shard at a time; run it off the runtime.
         let app = app.clone();
         let removed = tokio::task::spawn_blocking(move || app.sweep())
             .await
@@ -184,9 +480,10 @@ async fn sweep_idle_keys(app: Arc<App>) {
     }
 }
 
-/// A connection slot and an accepted connection, or `None` once `stop`
-/// fires. Accept errors (EMFILE and friends) back off and retry rather than
-/// end the loop; `backoff` carries the current delay between calls.
+/// An accepted connection and its connection slot, or `None` once `stop`
+/// fires. The slot is taken after `accept` (see the module doc). Accept
+/// errors (EMFILE and friends) back off and retry rather than end the loop;
+/// `backoff` carries the current delay between calls.
 pub(crate) async fn accept_next(
     listener: &TcpListener,
     permits: &Arc<Semaphore>,
@@ -194,10 +491,6 @@ pub(crate) async fn accept_next(
     backoff: &mut Duration,
 ) -> Option<(TcpStream, SocketAddr, OwnedSemaphorePermit)> {
     loop {
-        let permit = tokio::select! {
-            permit = permits.clone().acquire_owned() => permit.ok()?,
-            _ = stop.changed() => return None,
-        };
         let accepted = tokio::select! {
             accepted = listener.accept() => accepted,
             _ = stop.changed() => return None,
@@ -205,11 +498,18 @@ pub(crate) async fn accept_next(
         match accepted {
             Ok((stream, peer)) => {
                 *backoff = Duration::from_millis(5);
+                let permit = match permits.clone().try_acquire_owned() {
+                    Ok(permit) => permit,
+                    // At the cap: wait, unserved, for a connection to close.
+                    Err(_) => tokio::select! {
+                        permit = permits.clone().acquire_owned() => permit.ok()?,
+                        _ = stop.changed() => return None,
+                    },
+                };
                 return Some((stream, peer, permit));
             }
             Err(error) => {
                 tracing::warn!(%error, "accept failed; backing off");
-                drop(permit);
                 tokio::time::sleep(*backoff).await;
                 *backoff = (*backoff * 2).min(Duration::from_secs(1));
             }
@@ -217,22 +517,15 @@ pub(crate) async fn accept_next(
     }
 }
 
-async fn accept_loop(
-    app: Arc<App>,
-    listener: TcpListener,
-    permits: Arc<Semaphore>,
-    mut stop: watch::Receiver<bool>,
-    shutdown: watch::Receiver<bool>,
-    alive: mpsc::Sender<()>,
-) {
+async fn accept_loop(shared: Shared, listener: TcpListener, mut stop: watch::Receiver<bool>) {
     let mut backoff = Duration::from_millis(5);
     while let Some((stream, peer, permit)) =
-        accept_next(&listener, &permits, &mut stop, &mut backoff).await
+        accept_next(&listener, &shared.permits, &mut stop, &mut backoff).await
     {
         let _ = stream.set_nodelay(true);
-        let app = app.clone();
-        let shutdown = shutdown.clone();
-        let alive = alive.clone();
+        let app = shared.app.clone();
+        let shutdown = shared.shutdown.clone();
+        let alive = shared.alive.clone();
         tokio::spawn(async move {
             serve_connection(app, stream, peer, shutdown).await;
             drop(permit);

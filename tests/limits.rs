@@ -13,8 +13,8 @@ fn gateway(upstream: &TestUpstream, limits_and_routes: &str) -> Gateway {
         r#"
 [server]
 listen = "127.0.0.1:0"
-# These tests run on the single-threaded runtime (`workers = 1`); the proxy
-# tests run on the multi-threaded one.
+# These tests run everything on the main thread (`workers = 1`); the proxy
+# tests run with the default, one worker thread per core.
 workers = 1
 
 [upstreams.api]

@@ -143,6 +143,9 @@ fn config(upstream: &Scripted) -> String {
         r#"
 [server]
 listen = "127.0.0.1:0"
+# One worker: idle upstream connections are kept per worker, and these tests
+# count connections.
+workers = 1
 
 [upstreams.up]
 url = "http://{addr}"

@@ -73,7 +73,8 @@ pub struct ServerConfig {
     pub listen: Vec<SocketAddr>,
     pub admin: Option<SocketAddr>,
     pub shutdown_timeout: Duration,
-    /// Tokio worker threads; 0 means one per CPU core.
+    /// Worker threads (thread-per-core, see `crate::worker`); 0 means one per
+    /// CPU core.
     pub workers: usize,
     pub header_read_timeout: Duration,
     pub idle_timeout: Duration,

@@ -1,8 +1,11 @@
 //! Keep-alive connections to one upstream address, and the request loop
 //! that picks one, runs the exchange and decides on a retry.
 //!
-//! A pool serves one address, so checkout is a `Vec::pop` under a lock held
-//! for nanoseconds. A connection comes back when its response body has been
+//! A pool serves one address and keeps one idle list per worker thread
+//! ([`crate::worker`]), so checkout is a `Vec::pop` under a lock no other
+//! thread takes in steady state, and a connection — registered with the
+//! event loop of the worker that opened it — is reused on that worker,
+//! never woken through another thread's loop. A connection comes back when its response body has been
 //! read to the end ([`UpstreamBody`]), or at once when the body came with
 //! the head.
 //!
@@ -27,6 +30,7 @@ use super::exchange::{Outgoing, exchange};
 use super::head::{Framing, ResponseHead, encode_request};
 use super::response_body::UpstreamBody;
 use crate::proxy::body::RequestBody;
+use crate::worker::{worker_count, worker_index};
 
 /// Connections idle longer than this are not reused (upstreams commonly close
 /// idle keep-alive connections after a minute or more).
@@ -66,7 +70,8 @@ struct Idle {
 pub struct ConnectionPool {
     address: String,
     connect_timeout: Duration,
-    idle: Mutex<Vec<Idle>>,
+    /// Idle connections, per worker (indexed by [`worker_index`]).
+    idle: Box<[Mutex<Vec<Idle>>]>,
 }
 
 impl std::fmt::Debug for ConnectionPool {
@@ -90,14 +95,21 @@ impl ConnectionPool {
         Arc::new(ConnectionPool {
             address,
             connect_timeout,
-            idle: Mutex::new(Vec::new()),
+            idle: (0..worker_count())
+                .map(|_| Mutex::new(Vec::new()))
+                .collect(),
         })
     }
 
     /// The most recently used open connection, if any (LIFO keeps few warm).
+    fn idle_list(&self) -> &Mutex<Vec<Idle>> {
+        // Off worker threads (tests, tools) the index is 0.
+        &self.idle[worker_index() % self.idle.len()]
+    }
+
     fn take_idle(&self) -> Option<UpstreamConn> {
         loop {
-            let mut idle = self.idle.lock().pop()?;
+            let mut idle = self.idle_list().lock().pop()?;
             if idle.since.elapsed() < IDLE_TIMEOUT && idle.conn.is_idle_and_open() {
                 return Some(idle.conn);
             }
@@ -110,7 +122,7 @@ impl ConnectionPool {
         if !conn.read.is_empty() {
             return;
         }
-        let mut idle = self.idle.lock();
+        let mut idle = self.idle_list().lock();
         if idle.len() < MAX_IDLE {
             idle.push(Idle {
                 conn,
