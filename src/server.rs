@@ -536,6 +536,10 @@ async fn accept_loop(shared: Shared, listener: TcpListener, mut stop: watch::Rec
 
 /// Activity of one connection, shared by its I/O wrapper, its requests and
 /// its watchdog. Times are milliseconds since the connection was accepted.
+///
+/// The watchdog is never woken by traffic: it sleeps to the earliest moment
+/// any deadline could fall (see [`watchdog`]) and looks at these marks when
+/// it wakes. A request costs a few relaxed atomics, not a timer.
 #[derive(Debug)]
 pub struct ConnActivity {
     started: Instant,
@@ -545,8 +549,6 @@ pub struct ConnActivity {
     last_activity_ms: AtomicU64,
     /// When the first byte of a not-yet-complete request head arrived; 0 = none.
     head_started_ms: AtomicU64,
-    /// Wakes the watchdog when a head starts, so its deadline is exact.
-    head_started: tokio::sync::Notify,
 }
 
 impl ConnActivity {
@@ -556,7 +558,6 @@ impl ConnActivity {
             in_flight: AtomicU32::new(0),
             last_activity_ms: AtomicU64::new(0),
             head_started_ms: AtomicU64::new(0),
-            head_started: tokio::sync::Notify::new(),
         }
     }
 
@@ -576,14 +577,7 @@ impl ConnActivity {
         }
         let now = self.now_ms();
         self.last_activity_ms.store(now, Ordering::Relaxed);
-        // Once per request: the 0 → now transition wakes the watchdog.
-        if self
-            .head_started_ms
-            .compare_exchange(0, now, Ordering::Relaxed, Ordering::Relaxed)
-            .is_ok()
-        {
-            self.head_started.notify_one();
-        }
+        self.head_started_ms.store(now, Ordering::Relaxed);
     }
 
     fn request_started(&self) {
@@ -609,11 +603,18 @@ enum Verdict {
     SlowHead,
 }
 
+/// Decides on a connection's deadlines, and when to look again.
+///
+/// A head that starts at `t` must be complete by `t + header_timeout`, and
+/// `t` is never earlier than now; so looking again no later than `now +
+/// header_timeout` can never miss a head's deadline, however many requests
+/// come and go meanwhile — which is why traffic needs no wake-up.
 fn watchdog(activity: &ConnActivity, header_timeout: Duration, idle_timeout: Duration) -> Verdict {
     let now = activity.now_ms();
     let at = |ms: u64| activity.started + Duration::from_millis(ms.saturating_sub(1));
+    let soonest_head_deadline = at(now) + header_timeout;
     if activity.in_flight.load(Ordering::Relaxed) > 0 {
-        return Verdict::Later(at(now) + idle_timeout);
+        return Verdict::Later(soonest_head_deadline);
     }
     let head = activity.head_started_ms.load(Ordering::Relaxed);
     if head != 0 {
@@ -629,7 +630,7 @@ fn watchdog(activity: &ConnActivity, header_timeout: Duration, idle_timeout: Dur
     if now >= deadline {
         Verdict::Idle
     } else {
-        Verdict::Later(at(deadline))
+        Verdict::Later(at(deadline).min(soonest_head_deadline))
     }
 }
 
@@ -685,21 +686,12 @@ async fn serve_connection(
     let connection = builder.serve_connection(io, service).with_upgrades();
     tokio::pin!(connection);
     let mut draining = false;
+    // One timer for the connection's life, moved only when it fires.
+    let check = tokio::time::sleep(server.header_read_timeout.min(server.idle_timeout));
+    tokio::pin!(check);
     loop {
-        let next_check = match watchdog(&activity, server.header_read_timeout, server.idle_timeout)
-        {
-            Verdict::Later(at) => at,
-            Verdict::SlowHead => {
-                tracing::debug!(%peer, "request head not complete in time; closing");
-                return;
-            }
-            Verdict::Idle => {
-                connection.as_mut().graceful_shutdown();
-                draining = true;
-                Instant::now() + server.shutdown_timeout
-            }
-        };
         tokio::select! {
+            biased;
             result = connection.as_mut() => {
                 if let Err(error) = result {
                     tracing::debug!(%peer, %error, "connection ended with an error");
@@ -710,8 +702,19 @@ async fn serve_connection(
                 connection.as_mut().graceful_shutdown();
                 draining = true;
             }
-            _ = tokio::time::sleep_until(next_check), if !draining => {}
-            _ = activity.head_started.notified(), if !draining => {}
+            _ = check.as_mut(), if !draining => {
+                match watchdog(&activity, server.header_read_timeout, server.idle_timeout) {
+                    Verdict::Later(at) => check.as_mut().reset(at),
+                    Verdict::SlowHead => {
+                        tracing::debug!(%peer, "request head not complete in time; closing");
+                        return;
+                    }
+                    Verdict::Idle => {
+                        connection.as_mut().graceful_shutdown();
+                        draining = true;
+                    }
+                }
+            }
         }
     }
 }
