@@ -51,7 +51,7 @@ use crate::limit::{
 use crate::metrics::Metrics;
 use crate::proxy::body::{BodyCap, RequestBody, ResponseBody};
 use crate::proxy::client::PoolError;
-use crate::proxy::forward::prepare_response;
+use crate::proxy::forward::{Prepared, Upstream, prepare_response};
 use crate::proxy::ratelimit;
 use crate::proxy::ratelimit::StackView;
 use crate::proxy::upgrade;
@@ -608,6 +608,12 @@ fn settle_cost(
     }
 }
 
+/// Forwards the request upstream and hands back the upstream's response.
+///
+/// Split in two on purpose: everything before the upstream call is done by
+/// [`prepare_forward`], a plain function, so its temporaries (the request's
+/// parts in several states) are not kept in this future — which every
+/// future above it embeds and copies.
 async fn forward(
     snapshot: &Snapshot,
     route: &RouteConfig,
@@ -616,6 +622,55 @@ async fn forward(
     body: PendingBody,
     permits: &mut Permits,
 ) -> Result<Response<ResponseBody>, GatewayError> {
+    let Forwarding {
+        upstream,
+        request,
+        exceeded,
+        client_upgrade,
+    } = prepare_forward(snapshot, route, downstream, parts, body)?;
+    let mut response = upstream
+        .send(request, exceeded, route.max_body.unwrap_or(u64::MAX))
+        .await?;
+    prepare_response(&mut response);
+    if response.status() == StatusCode::SWITCHING_PROTOCOLS {
+        match (client_upgrade, response.body_mut().take_upgraded()) {
+            (Some(client_upgrade), Some(upstream_conn)) => {
+                upgrade::spawn_tunnel(client_upgrade, upstream_conn, std::mem::take(permits));
+            }
+            // A switch nobody asked for cannot be relayed.
+            _ => {
+                return Err(GatewayError::UpstreamFailed {
+                    upstream: upstream.config.name.clone(),
+                    source: PoolError::Request(std::io::Error::new(
+                        std::io::ErrorKind::InvalidData,
+                        "the upstream switched protocols unasked",
+                    )),
+                });
+            }
+        }
+    }
+    Ok(response.map(ResponseBody::upstream))
+}
+
+/// A request ready to send, and what the forward step needs afterwards.
+struct Forwarding<'s> {
+    upstream: &'s Upstream,
+    request: Prepared,
+    /// Set when the streamed body outgrew `max_body` (413, not 502).
+    exceeded: Option<Arc<AtomicBool>>,
+    /// The client's side of an upgrade, if it asked for one.
+    client_upgrade: Option<hyper::upgrade::OnUpgrade>,
+}
+
+/// The synchronous half of [`forward`]: the upstream, the body (capped at
+/// `max_body`), and the upstream request.
+fn prepare_forward<'s>(
+    snapshot: &'s Snapshot,
+    route: &RouteConfig,
+    downstream: Downstream,
+    mut parts: Parts,
+    body: PendingBody,
+) -> Result<Forwarding<'s>, GatewayError> {
     let Some(upstream) = snapshot.upstream_of(&route.action) else {
         // Validation resolves every upstream reference; reaching this is a bug.
         debug_assert!(false, "route {} has no upstream", route.name);
@@ -658,37 +713,16 @@ async fn forward(
             }
         }
     };
-    let mut parts = parts;
     // hyper hands the client's connection over if we answer 101.
     let client_upgrade = upgrade::requested(&parts.headers)
         .and_then(|_| parts.extensions.remove::<hyper::upgrade::OnUpgrade>());
     let request = upstream.prepare(parts, body, downstream.peer, downstream.proto)?;
-    let mut response = upstream
-        .send(
-            request,
-            exceeded.as_deref(),
-            route.max_body.unwrap_or(u64::MAX),
-        )
-        .await?;
-    prepare_response(&mut response);
-    if response.status() == StatusCode::SWITCHING_PROTOCOLS {
-        match (client_upgrade, response.body_mut().take_upgraded()) {
-            (Some(client_upgrade), Some(upstream_conn)) => {
-                upgrade::spawn_tunnel(client_upgrade, upstream_conn, std::mem::take(permits));
-            }
-            // A switch nobody asked for cannot be relayed.
-            _ => {
-                return Err(GatewayError::UpstreamFailed {
-                    upstream: upstream.config.name.clone(),
-                    source: PoolError::Request(std::io::Error::new(
-                        std::io::ErrorKind::InvalidData,
-                        "the upstream switched protocols unasked",
-                    )),
-                });
-            }
-        }
-    }
-    Ok(response.map(ResponseBody::upstream))
+    Ok(Forwarding {
+        upstream,
+        request,
+        exceeded,
+        client_upgrade,
+    })
 }
 
 /// The `Content-Length` the client declared, if one parses.

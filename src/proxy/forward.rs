@@ -66,35 +66,39 @@ impl Upstream {
     /// Sends the request upstream and waits for the response head, at most
     /// `timeout`. `body_exceeded` tells a body-cap abort (413) from a failure.
     /// The response body reads from the upstream connection as it is polled.
-    pub async fn send(
+    ///
+    /// Not an `async fn`: the exchange future is large, so it is boxed here,
+    /// once, and the future returned stays small — an inline one would make
+    /// every future above it (forward, route_and_act, handle) larger by as
+    /// much, each copied when created and moved.
+    pub fn send(
         &self,
         prepared: Prepared,
-        body_exceeded: Option<&AtomicBool>,
+        body_exceeded: Option<Arc<AtomicBool>>,
         body_limit: u64,
-    ) -> Result<Response<UpstreamBody>, GatewayError> {
-        let name = &self.config.name;
-        let pool = &self.pools[prepared.url];
-        // Boxed: the exchange future is large, and inline it would make every
-        // future above it (forward, route_and_act, handle) larger by as much —
-        // each copied when it is created and moved (see BENCHMARKS.md).
-        let exchange = Box::pin(pool.send(prepared.request));
-        match tokio::time::timeout(self.config.timeout, exchange).await {
-            Err(_) => Err(GatewayError::UpstreamTimeout {
-                upstream: name.clone(),
-                timeout: self.config.timeout,
-            }),
-            Ok(Ok(answer)) => Ok(answer),
-            Ok(Err(_)) if body_exceeded.is_some_and(|flag| flag.load(Ordering::Relaxed)) => {
-                Err(GatewayError::BodyTooLarge { limit: body_limit })
+    ) -> impl Future<Output = Result<Response<UpstreamBody>, GatewayError>> + '_ {
+        let exchange = Box::pin(self.pools[prepared.url].send(prepared.request));
+        let timeout = self.config.timeout;
+        async move {
+            let name = &self.config.name;
+            match tokio::time::timeout(timeout, exchange).await {
+                Err(_) => Err(GatewayError::UpstreamTimeout {
+                    upstream: name.clone(),
+                    timeout,
+                }),
+                Ok(Ok(answer)) => Ok(answer),
+                Ok(Err(_)) if body_exceeded.is_some_and(|flag| flag.load(Ordering::Relaxed)) => {
+                    Err(GatewayError::BodyTooLarge { limit: body_limit })
+                }
+                Ok(Err(source)) if source.is_connect() => Err(GatewayError::UpstreamConnect {
+                    upstream: name.clone(),
+                    source,
+                }),
+                Ok(Err(source)) => Err(GatewayError::UpstreamFailed {
+                    upstream: name.clone(),
+                    source,
+                }),
             }
-            Ok(Err(source)) if source.is_connect() => Err(GatewayError::UpstreamConnect {
-                upstream: name.clone(),
-                source,
-            }),
-            Ok(Err(source)) => Err(GatewayError::UpstreamFailed {
-                upstream: name.clone(),
-                source,
-            }),
         }
     }
 
