@@ -51,7 +51,7 @@ use crate::limit::{
 use crate::metrics::Metrics;
 use crate::proxy::body::{BodyCap, RequestBody, ResponseBody};
 use crate::proxy::client::PoolError;
-use crate::proxy::forward::{Prepared, Upstream, prepare_response};
+use crate::proxy::forward::{Prepared, Upstream};
 use crate::proxy::ratelimit;
 use crate::proxy::ratelimit::StackView;
 use crate::proxy::upgrade;
@@ -631,7 +631,6 @@ async fn forward(
     let mut response = upstream
         .send(request, exceeded, route.max_body.unwrap_or(u64::MAX))
         .await?;
-    prepare_response(&mut response);
     if response.status() == StatusCode::SWITCHING_PROTOCOLS {
         match (client_upgrade, response.body_mut().take_upgraded()) {
             (Some(client_upgrade), Some(upstream_conn)) => {

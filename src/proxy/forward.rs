@@ -1,7 +1,7 @@
-//! Forwarding to upstreams (RFC 9110 §7.6): a pooled keep-alive HTTP/1.1 client
-//! per upstream, round robin over its URLs, hop-by-hop headers removed both
-//! ways, `X-Forwarded-For` / `X-Forwarded-Proto` / `Forwarded` set, bodies
-//! streamed both ways.
+//! Forwarding to upstreams (RFC 9110 §7.6): a connection pool per upstream
+//! URL, round robin over them, the request's hop-by-hop headers removed,
+//! `X-Forwarded-For` / `X-Forwarded-Proto` / `Forwarded` set. The response's
+//! hop-by-hop fields are dropped as its head is parsed ([`super::client`]).
 
 use std::fmt::Write as _;
 use std::net::{IpAddr, SocketAddr};
@@ -324,18 +324,6 @@ fn canonical_ip(ip: IpAddr) -> IpAddr {
 /// RFC 9110 `tchar`.
 fn is_token_byte(b: u8) -> bool {
     b.is_ascii_alphanumeric() || b"!#$%&'*+-.^_`|~".contains(&b)
-}
-
-/// Prepares an upstream response for the client: hop-by-hop headers removed
-/// (but for the upgrade headers of a `101 Switching Protocols`).
-pub fn prepare_response<B>(response: &mut Response<B>) {
-    let upgrade = (response.status() == http::StatusCode::SWITCHING_PROTOCOLS)
-        .then(|| super::upgrade::requested(response.headers()))
-        .flatten();
-    remove_hop_by_hop(response.headers_mut());
-    if let Some(protocol) = upgrade {
-        super::upgrade::restore_headers(response.headers_mut(), protocol);
-    }
 }
 
 #[cfg(test)]

@@ -171,19 +171,38 @@ fn parse_into<const N: usize>(buf: &mut BytesMut, method: &Method) -> io::Result
         })
         .collect();
     let head = buf.split_to(length).freeze();
-    let mut headers = HeaderMap::with_capacity(places.len());
-    let mut seen = Seen::default();
+
+    // First what the hop-by-hop and framing fields say, from the raw bytes;
+    // then the map, without them — the client never sees hop-by-hop fields
+    // (RFC 9110 §7.6.1), so they are not built only to be removed.
+    let mut hop = HopFields::default();
     for &(name_start, name_end, value_start, value_end) in &places {
-        let name = HeaderName::from_bytes(&head[name_start..name_end])
+        hop.note(&head[name_start..name_end], &head[value_start..value_end])?;
+    }
+    let switching = status == StatusCode::SWITCHING_PROTOCOLS;
+    let mut headers = HeaderMap::with_capacity(places.len());
+    for &(name_start, name_end, value_start, value_end) in &places {
+        let raw_name = &head[name_start..name_end];
+        if hop.drops(raw_name, switching) {
+            continue;
+        }
+        let name = HeaderName::from_bytes(raw_name)
             .map_err(|_| invalid("invalid response header name"))?;
-        seen.note(&name);
         let value = HeaderValue::from_maybe_shared(head.slice(value_start..value_end))
             .map_err(|_| invalid("invalid response header value"))?;
         headers.append(name, value);
     }
+    if switching && hop.upgrade_token {
+        // The one hop-by-hop field the client must see: what it switches to.
+        headers.insert(header::CONNECTION, HeaderValue::from_static("upgrade"));
+    }
 
-    let (framing, reusable) = framing(method, status, &mut headers, seen)?;
-    let keep_alive = reusable && wants_keep_alive(version, &headers, seen);
+    let (framing, reusable) = framing(method, status, &hop);
+    let keep_alive = reusable
+        && match version {
+            Version::HTTP_10 => hop.keep_alive_token,
+            _ => !hop.close_token,
+        };
     let mut parts = response::Response::new(()).into_parts().0;
     parts.status = status;
     parts.version = version;
@@ -195,105 +214,111 @@ fn parse_into<const N: usize>(buf: &mut BytesMut, method: &Method) -> io::Result
     }))
 }
 
-/// Which framing-related fields a head has, noted while its map is built so
-/// that a head without them costs no lookups.
-#[derive(Debug, Default, Clone, Copy)]
-struct Seen {
-    connection: bool,
-    content_length: bool,
+/// Hop-by-hop fields of RFC 9110 §7.6.1, never passed to the client.
+const HOP_BY_HOP: [&[u8]; 7] = [
+    b"connection",
+    b"keep-alive",
+    b"proxy-connection",
+    b"te",
+    b"trailer",
+    b"transfer-encoding",
+    b"upgrade",
+];
+
+/// What a response head's hop-by-hop and length fields say.
+#[derive(Debug, Default)]
+struct HopFields<'h> {
+    /// `Connection` tokens (RFC 9112 §9.3).
+    close_token: bool,
+    keep_alive_token: bool,
+    upgrade_token: bool,
+    /// Other fields `Connection` names: hop-by-hop too.
+    named: SmallVec<[&'h [u8]; 2]>,
     transfer_encoding: bool,
+    /// The last transfer coding is `chunked`.
+    chunked_last: bool,
+    /// The `Content-Length`, all its values agreeing.
+    content_length: Option<u64>,
 }
 
-impl Seen {
-    fn note(&mut self, name: &HeaderName) {
-        if name == header::CONNECTION {
-            self.connection = true;
-        } else if name == header::CONTENT_LENGTH {
-            self.content_length = true;
-        } else if name == header::TRANSFER_ENCODING {
+impl<'h> HopFields<'h> {
+    fn note(&mut self, name: &[u8], value: &'h [u8]) -> io::Result<()> {
+        if name.eq_ignore_ascii_case(b"connection") {
+            for token in value.split(|&b| b == b',').map(<[u8]>::trim_ascii) {
+                if token.eq_ignore_ascii_case(b"close") {
+                    self.close_token = true;
+                } else if token.eq_ignore_ascii_case(b"keep-alive") {
+                    self.keep_alive_token = true;
+                } else if token.eq_ignore_ascii_case(b"upgrade") {
+                    self.upgrade_token = true;
+                } else if !token.is_empty() {
+                    self.named.push(token);
+                }
+            }
+        } else if name.eq_ignore_ascii_case(b"transfer-encoding") {
             self.transfer_encoding = true;
+            // The last line's last coding decides (codings are applied in order).
+            self.chunked_last = value
+                .rsplit(|&b| b == b',')
+                .next()
+                .is_some_and(|coding| coding.trim_ascii().eq_ignore_ascii_case(b"chunked"));
+        } else if name.eq_ignore_ascii_case(b"content-length") {
+            // A list of equal values (`5, 5`) is one length (RFC 9110 §8.6).
+            for item in value.split(|&b| b == b',').map(<[u8]>::trim_ascii) {
+                if item.is_empty() || item.len() > 19 || !item.iter().all(u8::is_ascii_digit) {
+                    return Err(invalid("invalid Content-Length in the response"));
+                }
+                let parsed = item
+                    .iter()
+                    .fold(0u64, |n, &digit| n * 10 + u64::from(digit - b'0'));
+                if self.content_length.is_some_and(|seen| seen != parsed) {
+                    return Err(invalid("conflicting Content-Length in the response"));
+                }
+                self.content_length = Some(parsed);
+            }
         }
+        Ok(())
+    }
+
+    /// Whether a field stays out of the client's response: hop-by-hop ones
+    /// (but `Upgrade` on a `101`), and a `Content-Length` that
+    /// `Transfer-Encoding` overrides.
+    fn drops(&self, name: &[u8], switching: bool) -> bool {
+        if name.eq_ignore_ascii_case(b"upgrade") {
+            return !switching;
+        }
+        HOP_BY_HOP.iter().any(|hop| name.eq_ignore_ascii_case(hop))
+            || self
+                .named
+                .iter()
+                .any(|named| name.eq_ignore_ascii_case(named))
+            || (self.transfer_encoding && name.eq_ignore_ascii_case(b"content-length"))
     }
 }
 
 /// The body framing of a response (RFC 9112 §6.3) and whether the
 /// connection stays usable after it. A response with both
-/// `Transfer-Encoding` and `Content-Length` is framed by the former, loses
-/// the latter, and closes the connection (§6.3 item 3).
-fn framing(
-    method: &Method,
-    status: StatusCode,
-    headers: &mut HeaderMap,
-    seen: Seen,
-) -> io::Result<(Framing, bool)> {
+/// `Transfer-Encoding` and `Content-Length` is framed by the former and
+/// closes the connection (§6.3 item 3).
+fn framing(method: &Method, status: StatusCode, hop: &HopFields<'_>) -> (Framing, bool) {
     if method == Method::HEAD
         || status.is_informational()
         || status == StatusCode::NO_CONTENT
         || status == StatusCode::NOT_MODIFIED
     {
-        return Ok((Framing::Empty, true));
+        return (Framing::Empty, true);
     }
-    if seen.transfer_encoding {
-        let chunked_last = headers
-            .get_all(header::TRANSFER_ENCODING)
-            .iter()
-            .next_back()
-            .and_then(|value| value.to_str().ok())
-            .and_then(|value| value.rsplit(',').next())
-            .is_some_and(|coding| coding.trim().eq_ignore_ascii_case("chunked"));
-        let had_length = headers.remove(header::CONTENT_LENGTH).is_some();
-        return Ok(if chunked_last {
-            (Framing::Chunked, !had_length)
+    if hop.transfer_encoding {
+        return if hop.chunked_last {
+            (Framing::Chunked, hop.content_length.is_none())
         } else {
             (Framing::UntilClose, false)
-        });
+        };
     }
-    let mut length = None;
-    let lengths = seen
-        .content_length
-        .then(|| headers.get_all(header::CONTENT_LENGTH));
-    for value in lengths.into_iter().flatten() {
-        // A list of equal values (`5, 5`) is one length (RFC 9110 §8.6).
-        for item in value.as_bytes().split(|&b| b == b',') {
-            let item = item.trim_ascii();
-            if item.is_empty() || !item.iter().all(u8::is_ascii_digit) || item.len() > 19 {
-                return Err(invalid("invalid Content-Length in the response"));
-            }
-            let parsed: u64 = std::str::from_utf8(item)
-                .ok()
-                .and_then(|text| text.parse().ok())
-                .ok_or_else(|| invalid("invalid Content-Length in the response"))?;
-            if length.is_some_and(|seen| seen != parsed) {
-                return Err(invalid("conflicting Content-Length in the response"));
-            }
-            length = Some(parsed);
-        }
-    }
-    Ok(match length {
+    match hop.content_length {
         Some(0) => (Framing::Empty, true),
         Some(length) => (Framing::Length(length), true),
         None => (Framing::UntilClose, false),
-    })
-}
-
-/// Persistence (RFC 9112 §9.3): HTTP/1.1 unless `Connection: close`;
-/// HTTP/1.0 only with `Connection: keep-alive`.
-fn wants_keep_alive(version: Version, headers: &HeaderMap, seen: Seen) -> bool {
-    if !seen.connection {
-        return version != Version::HTTP_10;
-    }
-    let has_token = |token: &str| {
-        headers
-            .get_all(header::CONNECTION)
-            .iter()
-            .filter_map(|value| value.to_str().ok())
-            .flat_map(|value| value.split(','))
-            .any(|item| item.trim().eq_ignore_ascii_case(token))
-    };
-    if version == Version::HTTP_10 {
-        has_token("keep-alive")
-    } else {
-        !has_token("close")
     }
 }
 
@@ -419,6 +444,23 @@ mod tests {
             Method::GET,
         );
         assert!(!head.parts.headers.contains_key(header::CONTENT_LENGTH));
+    }
+
+    #[test]
+    fn hop_by_hop_fields_never_reach_the_map() {
+        let (parsed, _) = head(
+            "HTTP/1.1 200 OK\r\nConnection: keep-alive, X-Secret\r\nKeep-Alive: timeout=5\r\nX-Secret: 1\r\nUpgrade: h2c\r\nTrailer: X-T\r\nX-Kept: 1\r\nContent-Length: 0\r\n\r\n",
+            Method::GET,
+        );
+        let names: Vec<&str> = parsed.parts.headers.keys().map(|n| n.as_str()).collect();
+        assert_eq!(names, ["x-kept", "content-length"]);
+        assert!(parsed.keep_alive);
+        let (switched, _) = head(
+            "HTTP/1.1 101 Switching Protocols\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n\r\n",
+            Method::GET,
+        );
+        assert_eq!(switched.parts.headers["upgrade"], "websocket");
+        assert_eq!(switched.parts.headers["connection"], "upgrade");
     }
 
     #[test]
