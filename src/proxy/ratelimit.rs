@@ -246,6 +246,11 @@ pub fn deny_response(
 
 /// Appends `text` as the inside of a JSON string (RFC 8259 escaping).
 fn push_json_escaped(out: &mut String, text: &str) {
+    // Limit names rarely need escaping: then the text goes in whole.
+    if !text.bytes().any(|b| b == b'"' || b == b'\\' || b < 0x20) {
+        out.push_str(text);
+        return;
+    }
     for c in text.chars() {
         match c {
             '"' => out.push_str("\\\""),
