@@ -180,14 +180,18 @@ fn parse_into<const N: usize>(buf: &mut BytesMut, method: &Method) -> io::Result
         hop.note(&head[name_start..name_end], &head[value_start..value_end])?;
     }
     let switching = status == StatusCode::SWITCHING_PROTOCOLS;
-    let mut headers = HeaderMap::with_capacity(places.len());
+    // Room for the rate-limit fields the gateway adds, so the map is sized once.
+    let mut headers = HeaderMap::with_capacity(places.len() + GATEWAY_FIELDS);
     for &(name_start, name_end, value_start, value_end) in &places {
         let raw_name = &head[name_start..name_end];
         if hop.drops(raw_name, switching) {
             continue;
         }
-        let name = HeaderName::from_bytes(raw_name)
-            .map_err(|_| invalid("invalid response header name"))?;
+        let name = match common_name(raw_name) {
+            Some(name) => name,
+            None => HeaderName::from_bytes(raw_name)
+                .map_err(|_| invalid("invalid response header name"))?,
+        };
         let value = HeaderValue::from_maybe_shared(head.slice(value_start..value_end))
             .map_err(|_| invalid("invalid response header value"))?;
         headers.append(name, value);
@@ -212,6 +216,31 @@ fn parse_into<const N: usize>(buf: &mut BytesMut, method: &Method) -> io::Result
         framing,
         keep_alive,
     }))
+}
+
+/// Fields the gateway may add to a response (the `RateLimit` family).
+const GATEWAY_FIELDS: usize = 8;
+
+/// The fields most responses carry, in their usual spelling, matched
+/// exactly: `HeaderName::from_bytes` (case folding and a lookup among all
+/// standard names) was the largest cost of parsing a head.
+fn common_name(raw: &[u8]) -> Option<HeaderName> {
+    Some(match raw {
+        b"Server" | b"server" => header::SERVER,
+        b"Date" | b"date" => header::DATE,
+        b"Content-Type" | b"content-type" => header::CONTENT_TYPE,
+        b"Content-Length" | b"content-length" => header::CONTENT_LENGTH,
+        b"Content-Encoding" | b"content-encoding" => header::CONTENT_ENCODING,
+        b"Cache-Control" | b"cache-control" => header::CACHE_CONTROL,
+        b"ETag" | b"etag" => header::ETAG,
+        b"Last-Modified" | b"last-modified" => header::LAST_MODIFIED,
+        b"Vary" | b"vary" => header::VARY,
+        b"Location" | b"location" => header::LOCATION,
+        b"Set-Cookie" | b"set-cookie" => header::SET_COOKIE,
+        b"Expires" | b"expires" => header::EXPIRES,
+        b"Accept-Ranges" | b"accept-ranges" => header::ACCEPT_RANGES,
+        _ => return None,
+    })
 }
 
 /// Hop-by-hop fields of RFC 9110 §7.6.1, never passed to the client.
@@ -444,6 +473,38 @@ mod tests {
             Method::GET,
         );
         assert!(!head.parts.headers.contains_key(header::CONTENT_LENGTH));
+    }
+
+    #[test]
+    fn common_names_match_what_the_general_parse_gives() {
+        for raw in [
+            "Server",
+            "server",
+            "Date",
+            "Content-Type",
+            "content-length",
+            "ETag",
+            "Vary",
+            "Set-Cookie",
+            "Accept-Ranges",
+            "expires",
+            "Location",
+            "Last-Modified",
+            "Cache-Control",
+            "Content-Encoding",
+        ] {
+            assert_eq!(
+                common_name(raw.as_bytes()),
+                Some(HeaderName::from_bytes(raw.as_bytes()).unwrap()),
+                "{raw}"
+            );
+        }
+        assert_eq!(common_name(b"X-Custom"), None);
+        assert_eq!(
+            common_name(b"SERVER"),
+            None,
+            "other spellings take the general path"
+        );
     }
 
     #[test]
