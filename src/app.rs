@@ -350,9 +350,13 @@ impl App {
     }
 
     /// Evicts idle keys of every limiter and updates `tollgate_limiter_keys`;
-    /// returns how many keys were removed.
+    /// returns how many keys were removed. Also closes idle upstream
+    /// connections that expired or that their upstream closed.
     pub fn sweep(&self) -> usize {
         let now = self.clock.now();
+        for upstream in &self.snapshot().upstreams {
+            upstream.prune_idle();
+        }
         let removed = self
             .snapshot()
             .limiters

@@ -58,6 +58,12 @@ impl Upstream {
         }
     }
 
+    /// Closes idle upstream connections that expired or were closed by the
+    /// upstream; how many.
+    pub fn prune_idle(&self) -> usize {
+        self.pools.iter().map(|pool| pool.prune()).sum()
+    }
+
     /// The next base URL's index, round robin.
     fn pick(&self) -> usize {
         self.next.fetch_add(1, Ordering::Relaxed) % self.config.urls.len()

@@ -131,6 +131,28 @@ impl ConnectionPool {
         }
     }
 
+    /// Closes idle connections that are too old or that the upstream has
+    /// closed, on every worker's list. Checkout finds them too, but only
+    /// from the top of a list: without this, the ones below would sit in
+    /// `CLOSE_WAIT` for as long as traffic stays low. Run by the idle sweeper.
+    pub fn prune(&self) -> usize {
+        let mut closed = 0;
+        for list in self.idle.iter() {
+            let mut idle = list.lock();
+            let before = idle.len();
+            idle.retain_mut(|idle| {
+                idle.since.elapsed() < IDLE_TIMEOUT && idle.conn.is_idle_and_open()
+            });
+            closed += before - idle.len();
+        }
+        closed
+    }
+
+    /// Idle connections, all workers together.
+    pub fn idle_count(&self) -> usize {
+        self.idle.iter().map(|list| list.lock().len()).sum()
+    }
+
     async fn connect(&self) -> Result<UpstreamConn, PoolError> {
         let connect_error = |source| PoolError::Connect {
             address: self.address.clone(),
@@ -209,5 +231,33 @@ impl ConnectionPool {
             }
         };
         Response::from_parts(parts, body)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn prune_closes_connections_the_upstream_closed() {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let address = listener.local_addr().unwrap().to_string();
+        let pool = ConnectionPool::new(address.clone(), Duration::from_secs(1));
+        let kept = TcpStream::connect(&address).await.unwrap();
+        let (_kept_peer, _) = listener.accept().await.unwrap();
+        let closed = TcpStream::connect(&address).await.unwrap();
+        let (closed_peer, _) = listener.accept().await.unwrap();
+        pool.put_back(UpstreamConn::new(closed));
+        pool.put_back(UpstreamConn::new(kept));
+        assert_eq!(pool.idle_count(), 2);
+        drop(closed_peer);
+        // The close reaches the socket's readiness through the event loop.
+        for _ in 0..100 {
+            if pool.prune() == 1 {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        assert_eq!(pool.idle_count(), 1, "only the open connection stays");
     }
 }
