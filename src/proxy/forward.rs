@@ -12,6 +12,7 @@ use super::body::RequestBody;
 use super::client::{ConnectionPool, UpstreamBody};
 use crate::config::UpstreamConfig;
 use crate::error::GatewayError;
+use bytes::Bytes;
 use http::header::{self, HeaderMap, HeaderName, HeaderValue};
 use http::request::Parts;
 use http::uri::{PathAndQuery, Uri};
@@ -127,8 +128,14 @@ impl Upstream {
             .and_then(|a| HeaderValue::from_str(a.as_str()).ok())
             .or_else(|| parts.headers.get(header::HOST).cloned());
         parts.uri = upstream_uri(base, &parts.uri)?;
-        let upgrade = super::upgrade::requested(&parts.headers);
-        remove_hop_by_hop(&mut parts.headers);
+        // Only a request with `Connection` can ask to upgrade.
+        let present = hop_by_hop_present(&parts.headers);
+        let upgrade = if present & CONNECTION_BIT != 0 {
+            super::upgrade::requested(&parts.headers)
+        } else {
+            None
+        };
+        remove_present(&mut parts.headers, present);
         if let Some(protocol) = upgrade {
             super::upgrade::restore_headers(&mut parts.headers, protocol);
         }
@@ -195,21 +202,34 @@ fn hop_by_hop_index(name: &HeaderName) -> Option<usize> {
     HOP_BY_HOP.iter().position(|hop| hop == name)
 }
 
-/// Removes hop-by-hop headers, including every header `Connection` names.
-pub fn remove_hop_by_hop(headers: &mut HeaderMap) {
-    // One pass over the names notes which are present (most messages carry
-    // none, or only `Connection: keep-alive`), instead of a hashed lookup
-    // per hop-by-hop name and a list of what `Connection` names.
+/// The bit of `Connection` in [`hop_by_hop_present`]'s mask.
+const CONNECTION_BIT: u8 = 1;
+
+/// Which of [`HOP_BY_HOP`] are present, as a bit mask in its order: one pass
+/// over the names (most requests carry none, or only `Connection:
+/// keep-alive`) instead of a hashed lookup per name.
+fn hop_by_hop_present(headers: &HeaderMap) -> u8 {
     let mut present = 0u8;
     for name in headers.keys() {
         if let Some(index) = hop_by_hop_index(name) {
             present |= 1 << index;
         }
     }
+    present
+}
+
+/// Removes hop-by-hop headers, including every header `Connection` names.
+pub fn remove_hop_by_hop(headers: &mut HeaderMap) {
+    let present = hop_by_hop_present(headers);
+    remove_present(headers, present);
+}
+
+/// [`remove_hop_by_hop`] given what [`hop_by_hop_present`] found.
+fn remove_present(headers: &mut HeaderMap, present: u8) {
     if present == 0 {
         return;
     }
-    if present & 1 != 0 {
+    if present & CONNECTION_BIT != 0 {
         let named: SmallVec<[HeaderName; 4]> = headers
             .get_all(header::CONNECTION)
             .iter()
@@ -245,7 +265,7 @@ fn append_forwarding(
 ) {
     let peer = canonical_ip(peer);
     let mut xff = String::with_capacity(64);
-    for value in headers.get_all("x-forwarded-for") {
+    for value in headers.get_all(X_FORWARDED_FOR) {
         if let Ok(text) = value.to_str() {
             let text = text.trim();
             if !text.is_empty() {
@@ -255,49 +275,53 @@ fn append_forwarding(
         }
     }
     push_ip(&mut xff, peer);
-    if let Ok(value) = HeaderValue::from_str(&xff) {
-        headers.insert(HeaderName::from_static("x-forwarded-for"), value);
+    if let Some(value) = into_value(xff) {
+        headers.insert(X_FORWARDED_FOR, value);
     }
-    headers.insert(
-        HeaderName::from_static("x-forwarded-proto"),
-        HeaderValue::from_static(proto),
-    );
+    headers.insert(X_FORWARDED_PROTO, HeaderValue::from_static(proto));
 
-    let mut element = String::with_capacity(64);
-    match peer {
-        IpAddr::V4(_) => {
-            element.push_str("for=");
-            push_ip(&mut element, peer);
-        }
-        IpAddr::V6(_) => {
-            element.push_str("for=\"[");
-            push_ip(&mut element, peer);
-            element.push_str("]\"");
-        }
-    }
-    element.push_str(";proto=");
-    element.push_str(proto);
-    if let Some(host) = host.and_then(|h| h.to_str().ok()) {
-        if host.bytes().all(is_token_byte) {
-            element.push_str(";host=");
-            element.push_str(host);
-        } else if host.bytes().all(|b| b != b'"' && b != b'\\') {
-            element.push_str(";host=\"");
-            element.push_str(host);
-            element.push('"');
-        }
-    }
-    let mut forwarded = String::with_capacity(element.len() + 32);
+    let mut forwarded = String::with_capacity(96);
     for value in headers.get_all(header::FORWARDED) {
         if let Ok(text) = value.to_str() {
             forwarded.push_str(text);
             forwarded.push_str(", ");
         }
     }
-    forwarded.push_str(&element);
-    if let Ok(value) = HeaderValue::from_str(&forwarded) {
+    match peer {
+        IpAddr::V4(_) => {
+            forwarded.push_str("for=");
+            push_ip(&mut forwarded, peer);
+        }
+        IpAddr::V6(_) => {
+            forwarded.push_str("for=\"[");
+            push_ip(&mut forwarded, peer);
+            forwarded.push_str("]\"");
+        }
+    }
+    forwarded.push_str(";proto=");
+    forwarded.push_str(proto);
+    if let Some(host) = host.and_then(|h| h.to_str().ok()) {
+        if host.bytes().all(is_token_byte) {
+            forwarded.push_str(";host=");
+            forwarded.push_str(host);
+        } else if host.bytes().all(|b| b != b'"' && b != b'\\') {
+            forwarded.push_str(";host=\"");
+            forwarded.push_str(host);
+            forwarded.push('"');
+        }
+    }
+    if let Some(value) = into_value(forwarded) {
         headers.insert(header::FORWARDED, value);
     }
+}
+
+const X_FORWARDED_FOR: HeaderName = HeaderName::from_static("x-forwarded-for");
+const X_FORWARDED_PROTO: HeaderName = HeaderName::from_static("x-forwarded-proto");
+
+/// A header value that takes over the string's buffer instead of copying
+/// it (`None` if it holds bytes a header value cannot).
+fn into_value(text: String) -> Option<HeaderValue> {
+    HeaderValue::from_maybe_shared(Bytes::from(text.into_bytes().into_boxed_slice())).ok()
 }
 
 /// Appends `ip` in its usual text form. IPv4 is written digit by digit: it
