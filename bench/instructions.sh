@@ -1,0 +1,134 @@
+#!/usr/bin/env bash
+# User-space instructions per request, counted by valgrind's callgrind.
+#
+# Wall-clock profiles on a small shared VM move by ±20 % between runs and the
+# VM exposes no hardware counters; callgrind counts the instructions the
+# gateway executes in user space exactly, so a change to the request path
+# shows as a stable number. (It does not see the kernel, and it undercounts
+# what large memory copies cost in time; bench/load.sh measures time.)
+#
+# For each target it runs tollgate (`workers = 1`, the same never-denying /
+# always-denying token bucket as bench/load.sh, in front of nginx `return
+# 200`) under callgrind with instrumentation off, warms it up with wrk, turns
+# instrumentation on, drives `wrk -t1 -c16 -d5s`, dumps the counts, and
+# prints instructions / completed requests.
+#
+# Run:    bench/instructions.sh [BINARY ...]     (default: target/release/tollgate,
+#                                                built unless SKIP_BUILD=1)
+# Knobs:  BASE_PORT=18180 (uses BASE_PORT .. BASE_PORT+2)
+# Needs valgrind, nginx and wrk (installed with apt-get when absent).
+set -euo pipefail
+
+BASE_PORT=${BASE_PORT:-18180}
+cd "$(dirname "$0")/.."
+
+missing=()
+command -v valgrind >/dev/null 2>&1 || missing+=(valgrind)
+command -v nginx >/dev/null 2>&1 || [ -x /usr/sbin/nginx ] || missing+=(nginx)
+command -v wrk >/dev/null 2>&1 || missing+=(wrk)
+if [ ${#missing[@]} -gt 0 ]; then
+  export DEBIAN_FRONTEND=noninteractive
+  apt-get update -qq
+  apt-get install -y -qq "${missing[@]}" >/dev/null
+fi
+NGINX=$(command -v nginx || echo /usr/sbin/nginx)
+
+if [ $# -eq 0 ]; then
+  if [ "${SKIP_BUILD:-0}" != 1 ]; then
+    cargo build --release --bin tollgate
+  fi
+  set -- "$PWD/target/release/tollgate"
+fi
+
+TMP=$(mktemp -d)
+chmod 755 "$TMP"
+PIDS=()
+cleanup() {
+  for pid in "${PIDS[@]}"; do kill "$pid" 2>/dev/null || true; done
+  for pid in "${PIDS[@]}"; do wait "$pid" 2>/dev/null || true; done
+  rm -rf "$TMP"
+}
+trap cleanup EXIT
+trap 'exit 130' INT TERM
+
+wait_port() {
+  for _ in $(seq 1 200); do
+    if (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null; then return 0; fi
+    sleep 0.1
+  done
+  echo "nothing listens on 127.0.0.1:$1" >&2
+  exit 1
+}
+
+PORT_UP=$BASE_PORT
+cat >"$TMP/upstream.conf" <<EOF
+daemon off;
+worker_processes 1;
+pid $TMP/upstream.pid;
+error_log $TMP/upstream.err error;
+events { worker_connections 4096; }
+http {
+  access_log off;
+  keepalive_requests 10000000;
+  server {
+    listen 127.0.0.1:$PORT_UP;
+    location / { return 200 "ok\n"; }
+  }
+}
+EOF
+"$NGINX" -p "$TMP/" -c "$TMP/upstream.conf" >/dev/null 2>&1 &
+PIDS+=($!)
+wait_port "$PORT_UP"
+
+# $1 = port, $2 = capacity, $3 = refill
+tollgate_conf() {
+  cat <<EOF
+[server]
+listen = "127.0.0.1:$1"
+workers = 1
+
+[upstreams.up]
+url = "http://127.0.0.1:$PORT_UP"
+
+[limits.per_ip]
+key = "ip"
+algorithm = "token_bucket"
+capacity = $2
+refill = "$3"
+
+[[routes]]
+name = "all"
+match = { path_prefix = "/" }
+upstream = "up"
+limits = ["per_ip"]
+EOF
+}
+tollgate_conf $((BASE_PORT + 1)) 1000000 "1000000/s" >"$TMP/allow.toml"
+tollgate_conf $((BASE_PORT + 2)) 1 "1/m" >"$TMP/deny.toml"
+
+# Instructions per request of binary $1 with config $2 on port $3.
+count() {
+  local out="$TMP/cg" pid requests total
+  rm -f "$out".*
+  TOLLGATE_LOG=warn valgrind --tool=callgrind --instr-atstart=no \
+    --callgrind-out-file="$out.%p" "$1" run -c "$2" >"$TMP/cg.log" 2>&1 &
+  pid=$!
+  wait_port "$3"
+  wrk -t1 -c16 -d2s "http://127.0.0.1:$3/" >/dev/null
+  callgrind_control -i on "$pid" >/dev/null 2>&1
+  wrk -t1 -c16 -d5s "http://127.0.0.1:$3/" >"$TMP/wrk.out"
+  callgrind_control -d "$pid" >/dev/null 2>&1
+  sleep 0.5
+  kill "$pid"
+  wait "$pid" 2>/dev/null || true
+  requests=$(awk '/requests in/ {print $1}' "$TMP/wrk.out")
+  total=$(for f in "$out".*; do grep -m1 '^summary:' "$f" | awk '{print $2}'; done | sort -n | tail -1)
+  echo $((total / requests))
+}
+
+printf 'binary\tallow_instr/req\tdeny_instr/req\n'
+for binary in "$@"; do
+  allow=$(count "$binary" "$TMP/allow.toml" $((BASE_PORT + 1)))
+  deny=$(count "$binary" "$TMP/deny.toml" $((BASE_PORT + 2)))
+  printf '%s\t%s\t%s\n' "$(basename "$binary")" "$allow" "$deny"
+done
