@@ -22,15 +22,9 @@ set -euo pipefail
 BASE_PORT=${BASE_PORT:-18180}
 cd "$(dirname "$0")/.."
 
-missing=()
-command -v valgrind >/dev/null 2>&1 || missing+=(valgrind)
-command -v nginx >/dev/null 2>&1 || [ -x /usr/sbin/nginx ] || missing+=(nginx)
-command -v wrk >/dev/null 2>&1 || missing+=(wrk)
-if [ ${#missing[@]} -gt 0 ]; then
-  export DEBIAN_FRONTEND=noninteractive
-  apt-get update -qq
-  apt-get install -y -qq "${missing[@]}" >/dev/null
-fi
+# shellcheck source=bench/common.sh
+. bench/common.sh
+need_tools valgrind nginx wrk
 NGINX=$(command -v nginx || echo /usr/sbin/nginx)
 
 if [ $# -eq 0 ]; then
@@ -51,60 +45,14 @@ cleanup() {
 trap cleanup EXIT
 trap 'exit 130' INT TERM
 
-wait_port() {
-  for _ in $(seq 1 200); do
-    if (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null; then return 0; fi
-    sleep 0.1
-  done
-  echo "nothing listens on 127.0.0.1:$1" >&2
-  exit 1
-}
-
 PORT_UP=$BASE_PORT
-cat >"$TMP/upstream.conf" <<EOF
-daemon off;
-worker_processes 1;
-pid $TMP/upstream.pid;
-error_log $TMP/upstream.err error;
-events { worker_connections 4096; }
-http {
-  access_log off;
-  keepalive_requests 10000000;
-  server {
-    listen 127.0.0.1:$PORT_UP;
-    location / { return 200 "ok\n"; }
-  }
-}
-EOF
+upstream_conf "$PORT_UP" "$TMP" >"$TMP/upstream.conf"
 "$NGINX" -p "$TMP/" -c "$TMP/upstream.conf" >/dev/null 2>&1 &
 PIDS+=($!)
 wait_port "$PORT_UP"
 
-# $1 = port, $2 = capacity, $3 = refill
-tollgate_conf() {
-  cat <<EOF
-[server]
-listen = "127.0.0.1:$1"
-workers = 1
-
-[upstreams.up]
-url = "http://127.0.0.1:$PORT_UP"
-
-[limits.per_ip]
-key = "ip"
-algorithm = "token_bucket"
-capacity = $2
-refill = "$3"
-
-[[routes]]
-name = "all"
-match = { path_prefix = "/" }
-upstream = "up"
-limits = ["per_ip"]
-EOF
-}
-tollgate_conf $((BASE_PORT + 1)) 1000000 "1000000/s" >"$TMP/allow.toml"
-tollgate_conf $((BASE_PORT + 2)) 1 "1/m" >"$TMP/deny.toml"
+tollgate_conf 1 $((BASE_PORT + 1)) 1000000 "1000000/s" "$PORT_UP" >"$TMP/allow.toml"
+tollgate_conf 1 $((BASE_PORT + 2)) 1 "1/m" "$PORT_UP" >"$TMP/deny.toml"
 
 # Instructions per request of binary $1 with config $2 on port $3.
 count() {

@@ -40,14 +40,9 @@ BASE_PORT=${BASE_PORT:-18080}
 cd "$(dirname "$0")/.."
 
 # ---- tools -------------------------------------------------------------------
-missing=()
-command -v nginx >/dev/null 2>&1 || [ -x /usr/sbin/nginx ] || missing+=(nginx)
-command -v wrk >/dev/null 2>&1 || missing+=(wrk)
-if [ ${#missing[@]} -gt 0 ]; then
-  export DEBIAN_FRONTEND=noninteractive
-  apt-get update -qq
-  apt-get install -y -qq "${missing[@]}" >/dev/null
-fi
+# shellcheck source=bench/common.sh
+. bench/common.sh
+need_tools nginx wrk
 NGINX=$(command -v nginx || echo /usr/sbin/nginx)
 
 if [ "${SKIP_BUILD:-0}" != 1 ]; then
@@ -91,14 +86,6 @@ PORT_TG_DENY=$((BASE_PORT + 2))
 PORT_NG_ALLOW=$((BASE_PORT + 3))
 PORT_NG_DENY=$((BASE_PORT + 4))
 
-wait_port() {
-  for _ in $(seq 1 100); do
-    if (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null; then return 0; fi
-    sleep 0.05
-  done
-  echo "nothing listens on 127.0.0.1:$1" >&2
-  exit 1
-}
 
 # Starts nginx in the foreground (`daemon off`, a child of this shell) with
 # config file $1; its pid goes to $STARTED and the cleanup list.
@@ -109,21 +96,7 @@ start_nginx() {
 }
 
 # ---- the upstream: nginx `return 200`, 1 worker --------------------------------
-cat >"$TMP/upstream.conf" <<EOF
-daemon off;
-worker_processes 1;
-pid $TMP/upstream.pid;
-error_log $TMP/upstream.err error;
-events { worker_connections 4096; }
-http {
-  access_log off;
-  keepalive_requests 10000000;
-  server {
-    listen 127.0.0.1:$PORT_UP;
-    location / { return 200 "ok\n"; }
-  }
-}
-EOF
+upstream_conf "$PORT_UP" "$TMP" >"$TMP/upstream.conf"
 start_nginx "$TMP/upstream.conf"
 UP_PID=$STARTED
 wait_port "$PORT_UP"
@@ -160,30 +133,6 @@ http {
     }
   }
 }
-EOF
-}
-
-# tollgate config; $1 = workers, $2 = port, $3 = capacity, $4 = refill.
-tollgate_conf() {
-  cat <<EOF
-[server]
-listen = "127.0.0.1:$2"
-workers = $1
-
-[upstreams.up]
-url = "http://127.0.0.1:$PORT_UP"
-
-[limits.per_ip]
-key = "ip"
-algorithm = "token_bucket"
-capacity = $3
-refill = "$4"
-
-[[routes]]
-name = "all"
-match = { path_prefix = "/" }
-upstream = "up"
-limits = ["per_ip"]
 EOF
 }
 
@@ -246,8 +195,8 @@ echo "# wrk -t$THREADS -c$CONNS -d$DURATION --latency; rounds=$ROUNDS; workers: 
 printf 'workers\tround\ttarget\treq/s\tp50_us\tp99_us\tcpu_us/req\tnon2xx\n'
 
 for workers in $WORKERS; do
-  tollgate_conf "$workers" "$PORT_TG_ALLOW" 1000000 "1000000/s" >"$TMP/tg-allow.toml"
-  tollgate_conf "$workers" "$PORT_TG_DENY" 1 "1/m" >"$TMP/tg-deny.toml"
+  tollgate_conf "$workers" "$PORT_TG_ALLOW" 1000000 "1000000/s" "$PORT_UP" >"$TMP/tg-allow.toml"
+  tollgate_conf "$workers" "$PORT_TG_DENY" 1 "1/m" "$PORT_UP" >"$TMP/tg-deny.toml"
   nginx_proxy_conf "$workers" "$PORT_NG_ALLOW" "burst=1000000 nodelay" "1000000r/s" >"$TMP/ng-allow.conf"
   nginx_proxy_conf "$workers" "$PORT_NG_DENY" "" "1r/m" >"$TMP/ng-deny.conf"
   start_tollgate "$TMP/tg-allow.toml"

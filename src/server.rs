@@ -538,7 +538,7 @@ async fn accept_loop(shared: Shared, listener: TcpListener, mut stop: watch::Rec
 /// its watchdog. Times are milliseconds since the connection was accepted.
 ///
 /// The watchdog is never woken by traffic: it sleeps to the earliest moment
-/// any deadline could fall (see [`watchdog`]) and looks at these marks when
+/// any deadline could fall (see `watchdog`) and looks at these marks when
 /// it wakes. A request costs a few relaxed atomics, not a timer.
 #[derive(Debug)]
 pub struct ConnActivity {
