@@ -33,18 +33,25 @@ pub struct UpstreamBody {
     kind: Kind,
 }
 
+/// Boxed where it is large and rare: a response travels by value through
+/// several layers (handler, hyper), and the common case — a body that came
+/// with its head — should not carry a connection's worth of bytes each time.
 #[derive(Debug)]
 enum Kind {
     /// All of it, or nothing left.
     Full(Option<Bytes>),
-    Streaming {
-        conn: Option<UpstreamConn>,
-        pool: Arc<ConnectionPool>,
-        remaining: Remaining,
-        keep_alive: bool,
-    },
+    Streaming(Box<Streaming>),
     /// A `101 Switching Protocols`: the connection, for the tunnel.
-    Upgrade(Option<UpstreamConn>),
+    Upgrade(Option<Box<UpstreamConn>>),
+}
+
+/// A body still arriving on its connection.
+#[derive(Debug)]
+struct Streaming {
+    conn: Option<UpstreamConn>,
+    pool: Arc<ConnectionPool>,
+    remaining: Remaining,
+    keep_alive: bool,
 }
 
 fn closed_early() -> io::Error {
@@ -94,25 +101,25 @@ impl UpstreamBody {
         keep_alive: bool,
     ) -> UpstreamBody {
         UpstreamBody {
-            kind: Kind::Streaming {
+            kind: Kind::Streaming(Box::new(Streaming {
                 conn: Some(conn),
                 pool,
                 remaining,
                 keep_alive,
-            },
+            })),
         }
     }
 
     pub fn upgrade(conn: UpstreamConn) -> UpstreamBody {
         UpstreamBody {
-            kind: Kind::Upgrade(Some(conn)),
+            kind: Kind::Upgrade(Some(Box::new(conn))),
         }
     }
 
     /// The connection of a `101` response, taken out for the tunnel.
     pub fn take_upgraded(&mut self) -> Option<UpstreamConn> {
         match &mut self.kind {
-            Kind::Upgrade(conn) => conn.take(),
+            Kind::Upgrade(conn) => conn.take().map(|conn| *conn),
             _ => None,
         }
     }
@@ -129,12 +136,15 @@ impl Body for UpstreamBody {
         let (conn_slot, pool, remaining, keep_alive) = match &mut self.get_mut().kind {
             Kind::Full(bytes) => return Poll::Ready(bytes.take().map(|b| Ok(Frame::data(b)))),
             Kind::Upgrade(_) => return Poll::Ready(None),
-            Kind::Streaming {
-                conn,
-                pool,
-                remaining,
-                keep_alive,
-            } => (conn, pool, remaining, *keep_alive),
+            Kind::Streaming(streaming) => {
+                let Streaming {
+                    conn,
+                    pool,
+                    remaining,
+                    keep_alive,
+                } = &mut **streaming;
+                (conn, pool, remaining, *keep_alive)
+            }
         };
         loop {
             let Some(conn) = conn_slot.as_mut() else {
@@ -200,9 +210,9 @@ impl Body for UpstreamBody {
         match &self.kind {
             Kind::Full(bytes) => bytes.is_none(),
             Kind::Upgrade(_) => true,
-            Kind::Streaming {
-                conn, remaining, ..
-            } => conn.is_none() || matches!(remaining, Remaining::Length(0)),
+            Kind::Streaming(streaming) => {
+                streaming.conn.is_none() || matches!(streaming.remaining, Remaining::Length(0))
+            }
         }
     }
 
@@ -210,11 +220,10 @@ impl Body for UpstreamBody {
         match &self.kind {
             Kind::Full(Some(bytes)) => SizeHint::with_exact(bytes.len() as u64),
             Kind::Full(None) | Kind::Upgrade(_) => SizeHint::with_exact(0),
-            Kind::Streaming {
-                remaining: Remaining::Length(left),
-                ..
-            } => SizeHint::with_exact(*left),
-            Kind::Streaming { .. } => SizeHint::default(),
+            Kind::Streaming(streaming) => match streaming.remaining {
+                Remaining::Length(left) => SizeHint::with_exact(left),
+                _ => SizeHint::default(),
+            },
         }
     }
 }
