@@ -15,19 +15,26 @@ use crate::config::{Config, RouteMatch};
 #[derive(Debug, Clone)]
 pub struct Router {
     matchers: Vec<RouteMatch>,
+    /// Some route matches on the host: only then is it worked out.
+    needs_host: bool,
 }
 
 impl Router {
     pub fn new(config: &Config) -> Router {
         Router {
             matchers: config.routes.iter().map(|r| r.matcher.clone()).collect(),
+            needs_host: config.routes.iter().any(|r| r.matcher.host.is_some()),
         }
     }
 
     /// The index of the first route matching the request, if any.
     pub fn find(&self, request: &Parts) -> Option<usize> {
         let path = request.uri.path();
-        let host = request_host(request);
+        let host = if self.needs_host {
+            request_host(request)
+        } else {
+            None
+        };
         self.matchers
             .iter()
             .position(|m| matches(m, &request.method, path, host, &request.headers))
