@@ -101,12 +101,13 @@ impl ConnectionPool {
         })
     }
 
-    /// The most recently used open connection, if any (LIFO keeps few warm).
+    /// The idle list of the worker running this code (off worker threads —
+    /// tests, tools — the index is 0).
     fn idle_list(&self) -> &Mutex<Vec<Idle>> {
-        // Off worker threads (tests, tools) the index is 0.
         &self.idle[worker_index() % self.idle.len()]
     }
 
+    /// The most recently used open connection, if any (LIFO keeps few warm).
     fn take_idle(&self) -> Option<UpstreamConn> {
         loop {
             let mut idle = self.idle_list().lock().pop()?;
