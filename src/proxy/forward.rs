@@ -1,6 +1,8 @@
 //! Forwarding to upstreams (RFC 9110 §7.6): a connection pool per upstream
-//! URL, round robin over them, the request's hop-by-hop headers removed,
-//! `X-Forwarded-For` / `X-Forwarded-Proto` / `Forwarded` set. The response's
+//! URL, round robin over them. What changes in the request on the way —
+//! `Host`, `X-Forwarded-For` / `X-Forwarded-Proto` / `Forwarded`, hop-by-hop
+//! fields left out — is written straight into the upstream head
+//! ([`OwnFields`]) rather than edited in the header map. The response's
 //! hop-by-hop fields are dropped as its head is parsed ([`super::client`]).
 
 use std::fmt::Write as _;
@@ -9,15 +11,13 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 
 use super::body::RequestBody;
-use super::client::{ConnectionPool, UpstreamBody};
+use super::client::{ConnectionPool, OwnFields, UpstreamBody};
 use crate::config::UpstreamConfig;
 use crate::error::GatewayError;
-use bytes::Bytes;
 use http::header::{self, HeaderMap, HeaderName, HeaderValue};
 use http::request::Parts;
 use http::uri::{PathAndQuery, Uri};
 use http::{Request, Response, Version};
-use smallvec::SmallVec;
 
 /// One upstream of a snapshot: its settings and a connection pool per URL.
 #[derive(Debug)]
@@ -31,7 +31,10 @@ pub struct Upstream {
 /// A request ready to go upstream, and the URL (pool) it was built for.
 #[derive(Debug)]
 pub struct Prepared {
+    /// The client's request with the upstream's target; its header map is
+    /// left as the client sent it, and `own` says what changes on the way.
     pub request: Request<RequestBody>,
+    pub own: OwnFields,
     url: usize,
 }
 
@@ -84,7 +87,7 @@ impl Upstream {
         body_exceeded: Option<Arc<AtomicBool>>,
         body_limit: u64,
     ) -> impl Future<Output = Result<Response<UpstreamBody>, GatewayError>> + '_ {
-        let exchange = Box::pin(self.pools[prepared.url].send(prepared.request));
+        let exchange = Box::pin(self.pools[prepared.url].send(prepared.request, prepared.own));
         let timeout = self.config.timeout;
         async move {
             let name = &self.config.name;
@@ -128,36 +131,24 @@ impl Upstream {
             .and_then(|a| HeaderValue::from_str(a.as_str()).ok())
             .or_else(|| parts.headers.get(header::HOST).cloned());
         parts.uri = upstream_uri(base, &parts.uri)?;
-        // Only a request with `Connection` can ask to upgrade.
-        let present = hop_by_hop_present(&parts.headers);
-        let upgrade = if present & CONNECTION_BIT != 0 {
-            super::upgrade::requested(&parts.headers)
-        } else {
-            None
+        let host = match (&self.config.host, &client_host) {
+            (Some(host), _) => Some(host.clone()),
+            (None, Some(host)) => Some(host.clone()),
+            (None, None) => base
+                .authority()
+                .and_then(|authority| HeaderValue::from_str(authority.as_str()).ok()),
         };
-        remove_present(&mut parts.headers, present);
-        if let Some(protocol) = upgrade {
-            super::upgrade::restore_headers(&mut parts.headers, protocol);
-        }
-        append_forwarding(&mut parts.headers, peer.ip(), proto, client_host.as_ref());
-        match (&self.config.host, client_host) {
-            (Some(host), _) => {
-                parts.headers.insert(header::HOST, host.clone());
-            }
-            (None, Some(host)) => {
-                parts.headers.insert(header::HOST, host);
-            }
-            (None, None) => {
-                if let Some(authority) = base.authority()
-                    && let Ok(value) = HeaderValue::from_str(authority.as_str())
-                {
-                    parts.headers.insert(header::HOST, value);
-                }
-            }
-        }
+        let own = own_fields(
+            &parts.headers,
+            host.as_ref(),
+            peer.ip(),
+            proto,
+            client_host.as_ref(),
+        );
         parts.version = Version::HTTP_11;
         Ok(Prepared {
             request: Request::from_parts(parts, body),
+            own,
             url,
         })
     }
@@ -202,126 +193,118 @@ fn hop_by_hop_index(name: &HeaderName) -> Option<usize> {
     HOP_BY_HOP.iter().position(|hop| hop == name)
 }
 
-/// The bit of `Connection` in [`hop_by_hop_present`]'s mask.
-const CONNECTION_BIT: u8 = 1;
+const X_FORWARDED_FOR: HeaderName = HeaderName::from_static("x-forwarded-for");
+const X_FORWARDED_PROTO: HeaderName = HeaderName::from_static("x-forwarded-proto");
 
-/// Which of [`HOP_BY_HOP`] are present, as a bit mask in its order: one pass
-/// over the names (most requests carry none, or only `Connection:
-/// keep-alive`) instead of a hashed lookup per name.
-fn hop_by_hop_present(headers: &HeaderMap) -> u8 {
+/// What the gateway writes into the upstream request in place of the
+/// client's fields: `Host` (`host`, if any), the forwarding fields —
+/// the peer appended to `X-Forwarded-For`, `X-Forwarded-Proto`, an RFC 7239
+/// `Forwarded` element appended — and, for an upgrade, `Upgrade` and
+/// `Connection: upgrade`; hop-by-hop fields and those `Connection` names are
+/// left out (RFC 9110 §7.6.1).
+fn own_fields(
+    headers: &HeaderMap,
+    host: Option<&HeaderValue>,
+    peer: IpAddr,
+    proto: &'static str,
+    client_host: Option<&HeaderValue>,
+) -> OwnFields {
+    let mut own = OwnFields::default();
+    own.lines.reserve(160);
+    if let Some(host) = host {
+        own.push("host", host.as_bytes());
+    }
+    own.omit.push(header::HOST);
+
+    // One pass over the names finds the hop-by-hop fields present (most
+    // requests carry none, or `Connection: keep-alive`).
     let mut present = 0u8;
     for name in headers.keys() {
         if let Some(index) = hop_by_hop_index(name) {
             present |= 1 << index;
         }
     }
-    present
-}
-
-/// Removes hop-by-hop headers, including every header `Connection` names.
-pub fn remove_hop_by_hop(headers: &mut HeaderMap) {
-    let present = hop_by_hop_present(headers);
-    remove_present(headers, present);
-}
-
-/// [`remove_hop_by_hop`] given what [`hop_by_hop_present`] found.
-fn remove_present(headers: &mut HeaderMap, present: u8) {
-    if present == 0 {
-        return;
+    for (index, name) in HOP_BY_HOP.iter().enumerate() {
+        if present & (1 << index) != 0 {
+            own.omit.push(name.clone());
+        }
     }
-    if present & CONNECTION_BIT != 0 {
-        let named: SmallVec<[HeaderName; 4]> = headers
+    // `Connection` (the first of HOP_BY_HOP) names more hop-by-hop fields,
+    // and is how a request asks to upgrade.
+    if present & 1 != 0 {
+        let tokens = headers
             .get_all(header::CONNECTION)
             .iter()
             .filter_map(|v| v.to_str().ok())
             .flat_map(|v| v.split(','))
-            .map(str::trim)
-            .filter(|token| {
-                !token.is_empty()
-                    && !token.eq_ignore_ascii_case("close")
-                    && !token.eq_ignore_ascii_case("keep-alive")
-                    && !token.eq_ignore_ascii_case("upgrade")
-            })
-            .filter_map(|token| HeaderName::from_bytes(token.as_bytes()).ok())
-            .collect();
-        for name in named {
-            headers.remove(name);
+            .map(str::trim);
+        for token in tokens {
+            if token.is_empty()
+                || token.eq_ignore_ascii_case("close")
+                || token.eq_ignore_ascii_case("keep-alive")
+                || token.eq_ignore_ascii_case("upgrade")
+            {
+                continue;
+            }
+            if let Ok(name) = HeaderName::from_bytes(token.as_bytes()) {
+                own.omit.push(name);
+            }
+        }
+        if let Some(protocol) = super::upgrade::requested(headers) {
+            own.push("upgrade", protocol.as_bytes());
+            own.push("connection", b"upgrade");
         }
     }
-    for (index, name) in HOP_BY_HOP.iter().enumerate() {
-        if present & (1 << index) != 0 {
-            headers.remove(name);
-        }
-    }
-}
 
-/// Appends the peer to `X-Forwarded-For`, sets `X-Forwarded-Proto`, and
-/// appends an RFC 7239 `Forwarded` element.
-fn append_forwarding(
-    headers: &mut HeaderMap,
-    peer: IpAddr,
-    proto: &'static str,
-    host: Option<&HeaderValue>,
-) {
     let peer = canonical_ip(peer);
-    let mut xff = String::with_capacity(64);
+    let mut line = String::with_capacity(64);
     for value in headers.get_all(X_FORWARDED_FOR) {
         if let Ok(text) = value.to_str() {
             let text = text.trim();
             if !text.is_empty() {
-                xff.push_str(text);
-                xff.push_str(", ");
+                line.push_str(text);
+                line.push_str(", ");
             }
         }
     }
-    push_ip(&mut xff, peer);
-    if let Some(value) = into_value(xff) {
-        headers.insert(X_FORWARDED_FOR, value);
-    }
-    headers.insert(X_FORWARDED_PROTO, HeaderValue::from_static(proto));
+    push_ip(&mut line, peer);
+    own.push("x-forwarded-for", line.as_bytes());
+    own.push("x-forwarded-proto", proto.as_bytes());
 
-    let mut forwarded = String::with_capacity(96);
+    line.clear();
     for value in headers.get_all(header::FORWARDED) {
         if let Ok(text) = value.to_str() {
-            forwarded.push_str(text);
-            forwarded.push_str(", ");
+            line.push_str(text);
+            line.push_str(", ");
         }
     }
     match peer {
         IpAddr::V4(_) => {
-            forwarded.push_str("for=");
-            push_ip(&mut forwarded, peer);
+            line.push_str("for=");
+            push_ip(&mut line, peer);
         }
         IpAddr::V6(_) => {
-            forwarded.push_str("for=\"[");
-            push_ip(&mut forwarded, peer);
-            forwarded.push_str("]\"");
+            line.push_str("for=\"[");
+            push_ip(&mut line, peer);
+            line.push_str("]\"");
         }
     }
-    forwarded.push_str(";proto=");
-    forwarded.push_str(proto);
-    if let Some(host) = host.and_then(|h| h.to_str().ok()) {
+    line.push_str(";proto=");
+    line.push_str(proto);
+    if let Some(host) = client_host.and_then(|h| h.to_str().ok()) {
         if host.bytes().all(is_token_byte) {
-            forwarded.push_str(";host=");
-            forwarded.push_str(host);
+            line.push_str(";host=");
+            line.push_str(host);
         } else if host.bytes().all(|b| b != b'"' && b != b'\\') {
-            forwarded.push_str(";host=\"");
-            forwarded.push_str(host);
-            forwarded.push('"');
+            line.push_str(";host=\"");
+            line.push_str(host);
+            line.push('"');
         }
     }
-    if let Some(value) = into_value(forwarded) {
-        headers.insert(header::FORWARDED, value);
-    }
-}
-
-const X_FORWARDED_FOR: HeaderName = HeaderName::from_static("x-forwarded-for");
-const X_FORWARDED_PROTO: HeaderName = HeaderName::from_static("x-forwarded-proto");
-
-/// A header value that takes over the string's buffer instead of copying
-/// it (`None` if it holds bytes a header value cannot).
-fn into_value(text: String) -> Option<HeaderValue> {
-    HeaderValue::from_maybe_shared(Bytes::from(text.into_bytes().into_boxed_slice())).ok()
+    own.push("forwarded", line.as_bytes());
+    own.omit
+        .extend([X_FORWARDED_FOR, X_FORWARDED_PROTO, header::FORWARDED]);
+    own
 }
 
 /// Appends `ip` in its usual text form. IPv4 is written digit by digit: it
@@ -360,8 +343,30 @@ fn is_token_byte(b: u8) -> bool {
 mod tests {
     use super::*;
 
+    /// The upstream request head for a GET to `/` with `headers`.
+    fn head_for(headers: HeaderMap, peer: &str, client_host: Option<&str>) -> String {
+        let client_host = client_host.map(|h| HeaderValue::from_str(h).unwrap());
+        let own = own_fields(
+            &headers,
+            Some(&HeaderValue::from_static("backend")),
+            peer.parse().unwrap(),
+            "http",
+            client_host.as_ref(),
+        );
+        let mut parts = http::Request::new(()).into_parts().0;
+        parts.headers = headers;
+        let mut out = Vec::new();
+        crate::proxy::client::head::encode_request(
+            &parts,
+            crate::proxy::client::head::RequestFraming::Empty,
+            &own,
+            &mut out,
+        );
+        String::from_utf8(out).unwrap()
+    }
+
     #[test]
-    fn connection_named_headers_are_removed() {
+    fn hop_by_hop_and_connection_named_fields_stay_behind() {
         let mut headers = HeaderMap::new();
         headers.insert(
             header::CONNECTION,
@@ -369,33 +374,55 @@ mod tests {
         );
         headers.insert("x-secret", HeaderValue::from_static("1"));
         headers.insert("keep-alive", HeaderValue::from_static("timeout=5"));
+        headers.insert(header::TE, HeaderValue::from_static("trailers"));
+        headers.insert(header::HOST, HeaderValue::from_static("client.example"));
         headers.insert("x-kept", HeaderValue::from_static("1"));
-        remove_hop_by_hop(&mut headers);
-        assert_eq!(headers.len(), 1);
-        assert!(headers.contains_key("x-kept"));
+        let head = head_for(headers, "10.0.0.1", None);
+        assert_eq!(
+            head,
+            "GET / HTTP/1.1\r\nhost: backend\r\nx-forwarded-for: 10.0.0.1\r\n\
+             x-forwarded-proto: http\r\nforwarded: for=10.0.0.1;proto=http\r\n\
+             x-kept: 1\r\n\r\n"
+        );
     }
 
     #[test]
-    fn forwarding_headers_are_appended() {
+    fn an_upgrade_keeps_its_protocol() {
+        let mut headers = HeaderMap::new();
+        headers.insert(header::CONNECTION, HeaderValue::from_static("Upgrade"));
+        headers.insert(header::UPGRADE, HeaderValue::from_static("websocket"));
+        let head = head_for(headers, "10.0.0.1", None);
+        assert!(
+            head.contains("upgrade: websocket\r\nconnection: upgrade\r\n"),
+            "{head}"
+        );
+        assert_eq!(head.matches("upgrade").count(), 2, "{head}");
+    }
+
+    #[test]
+    fn forwarding_fields_are_appended() {
         let mut headers = HeaderMap::new();
         headers.append("x-forwarded-for", HeaderValue::from_static("1.1.1.1"));
         headers.append("x-forwarded-for", HeaderValue::from_static("2.2.2.2"));
-        let host = HeaderValue::from_static("example.com:8080");
-        append_forwarding(
-            &mut headers,
-            "::ffff:10.0.0.1".parse().unwrap(),
-            "http",
-            Some(&host),
+        headers.append("forwarded", HeaderValue::from_static("for=1.1.1.1"));
+        let head = head_for(headers, "::ffff:10.0.0.1", Some("example.com:8080"));
+        assert!(
+            head.contains("x-forwarded-for: 1.1.1.1, 2.2.2.2, 10.0.0.1\r\n"),
+            "{head}"
         );
-        assert_eq!(headers["x-forwarded-for"], "1.1.1.1, 2.2.2.2, 10.0.0.1");
-        assert_eq!(headers["x-forwarded-proto"], "http");
-        assert_eq!(
-            headers["forwarded"],
-            "for=10.0.0.1;proto=http;host=\"example.com:8080\""
+        assert!(head.contains("x-forwarded-proto: http\r\n"), "{head}");
+        assert!(
+            head.contains(
+                "forwarded: for=1.1.1.1, for=10.0.0.1;proto=http;host=\"example.com:8080\"\r\n"
+            ),
+            "{head}"
         );
-        let mut headers = HeaderMap::new();
-        append_forwarding(&mut headers, "2001:db8::1".parse().unwrap(), "http", None);
-        assert_eq!(headers["forwarded"], "for=\"[2001:db8::1]\";proto=http");
+        assert_eq!(head.matches("x-forwarded-for").count(), 1, "{head}");
+        let head = head_for(HeaderMap::new(), "2001:db8::1", Some("example.com"));
+        assert!(
+            head.contains("forwarded: for=\"[2001:db8::1]\";proto=http;host=example.com\r\n"),
+            "{head}"
+        );
     }
 
     #[test]

@@ -64,18 +64,53 @@ fn invalid(what: &'static str) -> io::Error {
     io::Error::new(io::ErrorKind::InvalidData, what)
 }
 
+/// Fields the sender writes into a request head itself: rendered lines,
+/// and the request's own fields they replace or that must not go on.
+///
+/// A proxy rewrites a few fields of every request (`Host`, the forwarding
+/// fields, hop-by-hop ones); writing them straight into the head costs a
+/// comparison per field, where editing the header map cost a hashed insert
+/// or removal and a new value each.
+#[derive(Debug, Default, Clone)]
+pub struct OwnFields {
+    /// `name: value\r\n` lines, written before the request's fields.
+    pub lines: Vec<u8>,
+    /// The request's fields left out.
+    pub omit: SmallVec<[HeaderName; 8]>,
+}
+
+impl OwnFields {
+    /// Adds a `name: value` line.
+    pub fn push(&mut self, name: &str, value: &[u8]) {
+        self.lines.extend_from_slice(name.as_bytes());
+        self.lines.extend_from_slice(b": ");
+        self.lines.extend_from_slice(value);
+        self.lines.extend_from_slice(b"\r\n");
+    }
+}
+
 /// Writes the request line and header section into `out`: origin-form
-/// target, HTTP/1.1, the headers of `parts` (with `Content-Length` or
-/// `Transfer-Encoding` as `framing` says).
-pub fn encode_request(parts: &request::Parts, framing: RequestFraming, out: &mut Vec<u8>) {
+/// target, HTTP/1.1, `own`'s lines, the headers of `parts` but those `own`
+/// omits (and with `Content-Length` or `Transfer-Encoding` as `framing`
+/// says).
+pub fn encode_request(
+    parts: &request::Parts,
+    framing: RequestFraming,
+    own: &OwnFields,
+    out: &mut Vec<u8>,
+) {
     out.extend_from_slice(parts.method.as_str().as_bytes());
     out.push(b' ');
     let target = parts.uri.path_and_query().map_or("/", |pq| pq.as_str());
     out.extend_from_slice(target.as_bytes());
     out.extend_from_slice(b" HTTP/1.1\r\n");
+    out.extend_from_slice(&own.lines);
     let own_length = framing != RequestFraming::Empty;
     for (name, value) in &parts.headers {
         if own_length && (name == header::CONTENT_LENGTH || name == header::TRANSFER_ENCODING) {
+            continue;
+        }
+        if own.omit.iter().any(|omitted| omitted == name) {
             continue;
         }
         out.extend_from_slice(name.as_str().as_bytes());
@@ -595,13 +630,23 @@ mod tests {
             .into_parts()
             .0;
         let mut out = Vec::new();
-        encode_request(&request, RequestFraming::Length(5), &mut out);
+        encode_request(
+            &request,
+            RequestFraming::Length(5),
+            &OwnFields::default(),
+            &mut out,
+        );
         assert_eq!(
             String::from_utf8(out).unwrap(),
             "POST /v1/items?x=1 HTTP/1.1\r\nhost: example.com\r\ncontent-length: 5\r\n\r\n"
         );
         let mut out = Vec::new();
-        encode_request(&request, RequestFraming::Chunked, &mut out);
+        encode_request(
+            &request,
+            RequestFraming::Chunked,
+            &OwnFields::default(),
+            &mut out,
+        );
         assert_eq!(
             String::from_utf8(out).unwrap(),
             "POST /v1/items?x=1 HTTP/1.1\r\nhost: example.com\r\ntransfer-encoding: chunked\r\n\r\n"
@@ -609,7 +654,12 @@ mod tests {
         request.headers.remove("content-length");
         request.method = Method::GET;
         let mut out = Vec::new();
-        encode_request(&request, RequestFraming::Empty, &mut out);
+        encode_request(
+            &request,
+            RequestFraming::Empty,
+            &OwnFields::default(),
+            &mut out,
+        );
         assert_eq!(
             String::from_utf8(out).unwrap(),
             "GET /v1/items?x=1 HTTP/1.1\r\nhost: example.com\r\n\r\n"

@@ -21,5 +21,6 @@ pub mod pool;
 pub mod response_body;
 
 pub use conn::UpstreamConn;
+pub use head::OwnFields;
 pub use pool::{ConnectionPool, PoolError};
 pub use response_body::UpstreamBody;

@@ -27,7 +27,7 @@ use tokio::net::TcpStream;
 
 use super::conn::UpstreamConn;
 use super::exchange::{Outgoing, exchange};
-use super::head::{Framing, ResponseHead, encode_request};
+use super::head::{Framing, OwnFields, ResponseHead, encode_request};
 use super::response_body::UpstreamBody;
 use crate::proxy::body::RequestBody;
 use crate::worker::{worker_count, worker_index};
@@ -171,9 +171,12 @@ impl ConnectionPool {
 
     /// Sends `request` on a pooled connection (or a new one) and waits for
     /// the response head; the body is read as the response is polled.
+    /// `own` are the fields the gateway writes in place of some of the
+    /// request's (see [`OwnFields`]).
     pub async fn send(
         self: &Arc<Self>,
         request: Request<RequestBody>,
+        own: OwnFields,
     ) -> Result<Response<UpstreamBody>, PoolError> {
         let (parts, body) = request.into_parts();
         let mut body = Outgoing::new(body);
@@ -185,7 +188,7 @@ impl ConnectionPool {
                 None => (self.connect().await?, false),
             };
             conn.write.clear();
-            encode_request(&parts, framing, &mut conn.write);
+            encode_request(&parts, framing, &own, &mut conn.write);
             match exchange(&mut conn, &parts.method, &mut body, framing).await {
                 Ok(head) => return Ok(self.response(conn, head)),
                 // A keep-alive connection closed under the request.
