@@ -5,7 +5,7 @@
 //! ([`OwnFields`]) rather than edited in the header map. The response's
 //! hop-by-hop fields are dropped as its head is parsed ([`super::client`]).
 
-use std::fmt::Write as _;
+use std::io::Write as _;
 use std::net::{IpAddr, SocketAddr};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
@@ -256,52 +256,55 @@ fn own_fields(
         }
     }
 
+    // Written straight into the lines; the peer's text once, then copied.
     let peer = canonical_ip(peer);
-    let mut line = String::with_capacity(64);
+    let lines = &mut own.lines;
+    lines.extend_from_slice(b"x-forwarded-for: ");
     for value in headers.get_all(X_FORWARDED_FOR) {
         if let Ok(text) = value.to_str() {
             let text = text.trim();
             if !text.is_empty() {
-                line.push_str(text);
-                line.push_str(", ");
+                lines.extend_from_slice(text.as_bytes());
+                lines.extend_from_slice(b", ");
             }
         }
     }
-    push_ip(&mut line, peer);
-    own.push("x-forwarded-for", line.as_bytes());
-    own.push("x-forwarded-proto", proto.as_bytes());
-
-    line.clear();
+    let ip_start = lines.len();
+    push_ip(lines, peer);
+    let ip = ip_start..lines.len();
+    lines.extend_from_slice(b"\r\nx-forwarded-proto: ");
+    lines.extend_from_slice(proto.as_bytes());
+    lines.extend_from_slice(b"\r\nforwarded: ");
     for value in headers.get_all(header::FORWARDED) {
         if let Ok(text) = value.to_str() {
-            line.push_str(text);
-            line.push_str(", ");
+            lines.extend_from_slice(text.as_bytes());
+            lines.extend_from_slice(b", ");
         }
     }
     match peer {
         IpAddr::V4(_) => {
-            line.push_str("for=");
-            push_ip(&mut line, peer);
+            lines.extend_from_slice(b"for=");
+            lines.extend_from_within(ip);
         }
         IpAddr::V6(_) => {
-            line.push_str("for=\"[");
-            push_ip(&mut line, peer);
-            line.push_str("]\"");
+            lines.extend_from_slice(b"for=\"[");
+            lines.extend_from_within(ip);
+            lines.extend_from_slice(b"]\"");
         }
     }
-    line.push_str(";proto=");
-    line.push_str(proto);
+    lines.extend_from_slice(b";proto=");
+    lines.extend_from_slice(proto.as_bytes());
     if let Some(host) = client_host.and_then(|h| h.to_str().ok()) {
         if host.bytes().all(is_token_byte) {
-            line.push_str(";host=");
-            line.push_str(host);
+            lines.extend_from_slice(b";host=");
+            lines.extend_from_slice(host.as_bytes());
         } else if host.bytes().all(|b| b != b'"' && b != b'\\') {
-            line.push_str(";host=\"");
-            line.push_str(host);
-            line.push('"');
+            lines.extend_from_slice(b";host=\"");
+            lines.extend_from_slice(host.as_bytes());
+            lines.push(b'"');
         }
     }
-    own.push("forwarded", line.as_bytes());
+    lines.extend_from_slice(b"\r\n");
     own.omit
         .extend([X_FORWARDED_FOR, X_FORWARDED_PROTO, header::FORWARDED]);
     own
@@ -309,15 +312,15 @@ fn own_fields(
 
 /// Appends `ip` in its usual text form. IPv4 is written digit by digit: it
 /// is on every forwarded request, and `fmt` costs several times as much.
-fn push_ip(buf: &mut String, ip: IpAddr) {
+fn push_ip(buf: &mut Vec<u8>, ip: IpAddr) {
     match ip {
         IpAddr::V4(v4) => {
             let mut digits = itoa::Buffer::new();
             for (i, octet) in v4.octets().into_iter().enumerate() {
                 if i > 0 {
-                    buf.push('.');
+                    buf.push(b'.');
                 }
-                buf.push_str(digits.format(octet));
+                buf.extend_from_slice(digits.format(octet).as_bytes());
             }
         }
         IpAddr::V6(v6) => {
