@@ -644,39 +644,23 @@ mod tests {
             .unwrap()
             .into_parts()
             .0;
-        let mut out = Vec::new();
-        encode_request(
-            &request,
-            RequestFraming::Length(5),
-            &OwnFields::default(),
-            &mut out,
-        );
+        let encoded = |request: &request::Parts, framing| {
+            let mut out = Vec::new();
+            encode_request(request, framing, &OwnFields::default(), &mut out);
+            String::from_utf8(out).unwrap()
+        };
         assert_eq!(
-            String::from_utf8(out).unwrap(),
+            encoded(&request, RequestFraming::Length(5)),
             "POST /v1/items?x=1 HTTP/1.1\r\nhost: example.com\r\ncontent-length: 5\r\n\r\n"
         );
-        let mut out = Vec::new();
-        encode_request(
-            &request,
-            RequestFraming::Chunked,
-            &OwnFields::default(),
-            &mut out,
-        );
         assert_eq!(
-            String::from_utf8(out).unwrap(),
+            encoded(&request, RequestFraming::Chunked),
             "POST /v1/items?x=1 HTTP/1.1\r\nhost: example.com\r\ntransfer-encoding: chunked\r\n\r\n"
         );
         request.headers.remove("content-length");
         request.method = Method::GET;
-        let mut out = Vec::new();
-        encode_request(
-            &request,
-            RequestFraming::Empty,
-            &OwnFields::default(),
-            &mut out,
-        );
         assert_eq!(
-            String::from_utf8(out).unwrap(),
+            encoded(&request, RequestFraming::Empty),
             "GET /v1/items?x=1 HTTP/1.1\r\nhost: example.com\r\n\r\n"
         );
     }
