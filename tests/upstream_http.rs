@@ -464,3 +464,47 @@ async fn large_bodies_stream_through_intact_both_ways() {
         "body bytes arrive in order, none lost"
     );
 }
+
+#[tokio::test]
+async fn an_answer_before_the_body_is_relayed_at_once() {
+    // An upstream that refuses an upload on its head alone and then reads
+    // nothing more, holding the connection open (as servers that check a
+    // length or a credential first do).
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let task = tokio::spawn(async move {
+        let mut held = Vec::new();
+        while let Ok((mut stream, _)) = listener.accept().await {
+            let mut head = Vec::new();
+            let mut byte = [0u8; 1];
+            while !head.ends_with(b"\r\n\r\n") {
+                if stream.read(&mut byte).await.unwrap_or(0) == 0 {
+                    break;
+                }
+                head.push(byte[0]);
+            }
+            let _ = stream
+                .write_all(b"HTTP/1.1 413 Payload Too Large\r\nContent-Length: 8\r\n\r\ntoo big\n")
+                .await;
+            held.push(stream);
+        }
+    });
+    let upstream = Scripted {
+        addr,
+        connections: Arc::new(AtomicUsize::new(0)),
+        requests: Arc::new(Mutex::new(Vec::new())),
+        task,
+    };
+    let gateway = Gateway::start(&config(&upstream));
+    let upload = "u".repeat(16 * 1024 * 1024);
+    let started = std::time::Instant::now();
+    let reply = request(&gateway, "POST", "/upload", &upload).await;
+    assert_eq!(reply.status, 413);
+    assert_eq!(reply.body, "too big\n");
+    // Well before the upstream `timeout` (3 s), which writing on would hit.
+    assert!(
+        started.elapsed() < Duration::from_millis(2500),
+        "took {:?}",
+        started.elapsed()
+    );
+}

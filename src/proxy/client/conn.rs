@@ -13,6 +13,7 @@ use std::task::{Context, Poll, Waker};
 use bytes::BytesMut;
 use tokio::io::AsyncWriteExt;
 use tokio::net::TcpStream;
+use tokio::net::tcp::{ReadHalf, WriteHalf};
 
 /// Space made free in the read buffer before each read.
 const READ_RESERVE: usize = 8 * 1024;
@@ -98,8 +99,11 @@ impl UpstreamConn {
         }
     }
 
-    pub async fn write_all(&mut self, bytes: &[u8]) -> io::Result<()> {
-        self.stream.write_all(bytes).await
+    /// The socket's two directions and the read buffer, to write a body
+    /// while watching for an answer.
+    pub fn split(&mut self) -> (ReadHalf<'_>, WriteHalf<'_>, &mut BytesMut) {
+        let (reader, writer) = self.stream.split();
+        (reader, writer, &mut self.read)
     }
 
     /// The socket and whatever was received past the last response: what an

@@ -11,9 +11,11 @@ use std::future::poll_fn;
 use std::io;
 use std::pin::Pin;
 
-use bytes::Bytes;
+use bytes::{Bytes, BytesMut};
 use http::Method;
 use http_body::Body;
+use tokio::io::AsyncWriteExt;
+use tokio::net::tcp::{ReadHalf, WriteHalf};
 
 use super::chunked::{LAST_CHUNK, size_line};
 use super::conn::UpstreamConn;
@@ -90,12 +92,18 @@ pub async fn exchange(
         Outgoing::Stream(stream) => {
             conn.write_head(&[]).await.map_err(Failure::silent)?;
             let chunked = framing == RequestFraming::Chunked;
-            write_stream(conn, stream, chunked)
+            let early = send_watching(conn, stream, chunked, method)
                 .await
                 .map_err(|error| Failure {
                     error,
                     silent: false,
                 })?;
+            if let Some(mut head) = early {
+                // Answered before the whole body went up: the connection
+                // is mid-message and cannot carry another request.
+                head.keep_alive = false;
+                return Ok(head);
+            }
         }
     }
     let mut received = false;
@@ -135,10 +143,59 @@ pub async fn exchange(
     }
 }
 
+/// Writes a streamed body while watching the connection for an answer: an
+/// upstream may answer before it has read the body (a `413`, a `401`) and
+/// then stop reading, and that answer is the one to relay — writing on
+/// until the send buffers fill would end in a timeout. `Some` is such an
+/// early final head; `None`, the body went up whole.
+async fn send_watching(
+    conn: &mut UpstreamConn,
+    body: &mut RequestBody,
+    chunked: bool,
+    method: &Method,
+) -> io::Result<Option<ResponseHead>> {
+    let (mut reader, mut writer, read) = conn.split();
+    let write = write_stream(&mut writer, body, chunked);
+    let answer = early_head(&mut reader, read, method);
+    tokio::pin!(write, answer);
+    tokio::select! {
+        biased;
+        written = &mut write => written.map(|()| None),
+        head = &mut answer => Ok(Some(head)),
+    }
+}
+
+/// A final response head read while the body is still going up. Never
+/// completes on a read error, a close or a malformed head: then the write
+/// side decides, and the head is read (and judged) after it.
+async fn early_head(
+    reader: &mut ReadHalf<'_>,
+    read: &mut BytesMut,
+    method: &Method,
+) -> ResponseHead {
+    loop {
+        if !read.is_empty() {
+            match parse_response(read, method) {
+                Ok(Parsed::Head(head)) => return head,
+                Ok(Parsed::Interim) => continue,
+                Ok(Parsed::Partial) => {}
+                Err(_) => return std::future::pending().await,
+            }
+        }
+        if read.capacity() - read.len() < 4096 {
+            read.reserve(8192);
+        }
+        match poll_fn(|cx| tokio_util::io::poll_read_buf(Pin::new(&mut *reader), cx, read)).await {
+            Ok(0) | Err(_) => return std::future::pending().await,
+            Ok(_) => {}
+        }
+    }
+}
+
 /// Writes a streamed body as its frames arrive, chunked when its length is
 /// unknown. Trailers from the client are not forwarded.
 async fn write_stream(
-    conn: &mut UpstreamConn,
+    writer: &mut WriteHalf<'_>,
     body: &mut RequestBody,
     chunked: bool,
 ) -> io::Result<()> {
@@ -152,15 +209,15 @@ async fn write_stream(
         }
         if chunked {
             let mut line = [0u8; 18];
-            conn.write_all(size_line(data.len(), &mut line)).await?;
-            conn.write_all(&data).await?;
-            conn.write_all(b"\r\n").await?;
+            writer.write_all(size_line(data.len(), &mut line)).await?;
+            writer.write_all(&data).await?;
+            writer.write_all(b"\r\n").await?;
         } else {
-            conn.write_all(&data).await?;
+            writer.write_all(&data).await?;
         }
     }
     if chunked {
-        conn.write_all(LAST_CHUNK).await?;
+        writer.write_all(LAST_CHUNK).await?;
     }
     Ok(())
 }
