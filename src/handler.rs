@@ -667,7 +667,7 @@ fn prepare_forward<'s>(
     snapshot: &'s Snapshot,
     route: &RouteConfig,
     downstream: Downstream,
-    mut parts: Parts,
+    parts: Parts,
     body: PendingBody,
 ) -> Result<Forwarding<'s>, GatewayError> {
     let Some(upstream) = snapshot.upstream_of(&route.action) else {
@@ -712,10 +712,16 @@ fn prepare_forward<'s>(
             }
         }
     };
+    let mut request = upstream.prepare(parts, body, downstream.peer, downstream.proto)?;
     // hyper hands the client's connection over if we answer 101.
-    let client_upgrade = upgrade::requested(&parts.headers)
-        .and_then(|_| parts.extensions.remove::<hyper::upgrade::OnUpgrade>());
-    let request = upstream.prepare(parts, body, downstream.peer, downstream.proto)?;
+    let client_upgrade = if request.own.upgrade {
+        request
+            .request
+            .extensions_mut()
+            .remove::<hyper::upgrade::OnUpgrade>()
+    } else {
+        None
+    };
     Ok(Forwarding {
         upstream,
         request,

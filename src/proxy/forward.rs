@@ -12,6 +12,7 @@ use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 
 use super::body::RequestBody;
 use super::client::{ConnectionPool, OwnFields, UpstreamBody};
+use super::hop_by_hop::{ConnectionToken, connection_tokens, is_hop_by_hop};
 use crate::config::UpstreamConfig;
 use crate::error::GatewayError;
 use http::header::{self, HeaderMap, HeaderName, HeaderValue};
@@ -177,22 +178,6 @@ fn upstream_uri(base: &Uri, request: &Uri) -> Result<Uri, GatewayError> {
         })
 }
 
-/// Hop-by-hop headers of RFC 9110 §7.6.1, always removed.
-const HOP_BY_HOP: [HeaderName; 7] = [
-    header::CONNECTION,
-    HeaderName::from_static("keep-alive"),
-    HeaderName::from_static("proxy-connection"),
-    header::TE,
-    header::TRAILER,
-    header::TRANSFER_ENCODING,
-    header::UPGRADE,
-];
-
-/// The place of `name` in [`HOP_BY_HOP`], if it is one.
-fn hop_by_hop_index(name: &HeaderName) -> Option<usize> {
-    HOP_BY_HOP.iter().position(|hop| hop == name)
-}
-
 const X_FORWARDED_FOR: HeaderName = HeaderName::from_static("x-forwarded-for");
 const X_FORWARDED_PROTO: HeaderName = HeaderName::from_static("x-forwarded-proto");
 
@@ -200,8 +185,8 @@ const X_FORWARDED_PROTO: HeaderName = HeaderName::from_static("x-forwarded-proto
 /// client's fields: `Host` (`host`, if any), the forwarding fields —
 /// the peer appended to `X-Forwarded-For`, `X-Forwarded-Proto`, an RFC 7239
 /// `Forwarded` element appended — and, for an upgrade, `Upgrade` and
-/// `Connection: upgrade`; hop-by-hop fields and those `Connection` names are
-/// left out (RFC 9110 §7.6.1).
+/// `Connection: upgrade` (and [`OwnFields::upgrade`] set); hop-by-hop fields
+/// and those `Connection` names are left out (RFC 9110 §7.6.1).
 fn own_fields(
     headers: &HeaderMap,
     host: Option<&HeaderValue>,
@@ -218,42 +203,37 @@ fn own_fields(
 
     // One pass over the names finds the hop-by-hop fields present (most
     // requests carry none, or `Connection: keep-alive`).
-    let mut present = 0u8;
+    let mut connection = false;
     for name in headers.keys() {
-        if let Some(index) = hop_by_hop_index(name) {
-            present |= 1 << index;
-        }
-    }
-    for (index, name) in HOP_BY_HOP.iter().enumerate() {
-        if present & (1 << index) != 0 {
+        if is_hop_by_hop(name.as_str().as_bytes()) {
+            connection |= name == header::CONNECTION;
             own.omit.push(name.clone());
         }
     }
-    // `Connection` (the first of HOP_BY_HOP) names more hop-by-hop fields,
-    // and is how a request asks to upgrade.
-    if present & 1 != 0 {
-        let tokens = headers
+    // `Connection` names more hop-by-hop fields, and is how a request asks
+    // to upgrade.
+    let mut upgrade = false;
+    if connection {
+        let values = headers
             .get_all(header::CONNECTION)
             .iter()
-            .filter_map(|v| v.to_str().ok())
-            .flat_map(|v| v.split(','))
-            .map(str::trim);
-        for token in tokens {
-            if token.is_empty()
-                || token.eq_ignore_ascii_case("close")
-                || token.eq_ignore_ascii_case("keep-alive")
-                || token.eq_ignore_ascii_case("upgrade")
-            {
-                continue;
-            }
-            if let Ok(name) = HeaderName::from_bytes(token.as_bytes()) {
-                own.omit.push(name);
+            .filter_map(|v| v.to_str().ok());
+        for token in values.flat_map(|v| connection_tokens(v.as_bytes())) {
+            match token {
+                ConnectionToken::Upgrade => upgrade = true,
+                ConnectionToken::Names(name) => {
+                    if let Ok(name) = HeaderName::from_bytes(name) {
+                        own.omit.push(name);
+                    }
+                }
+                ConnectionToken::Close | ConnectionToken::KeepAlive => {}
             }
         }
-        if let Some(protocol) = super::upgrade::requested(headers) {
-            own.push("upgrade", protocol.as_bytes());
-            own.push("connection", b"upgrade");
-        }
+    }
+    if upgrade && let Some(protocol) = headers.get(header::UPGRADE) {
+        own.push("upgrade", protocol.as_bytes());
+        own.push("connection", b"upgrade");
+        own.upgrade = true;
     }
 
     // Written straight into the lines; the peer's text once, then copied.

@@ -3,6 +3,7 @@
 pub mod body;
 pub mod client;
 pub mod forward;
+pub mod hop_by_hop;
 pub mod ratelimit;
 pub mod response;
 pub mod structured;

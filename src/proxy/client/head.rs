@@ -14,6 +14,8 @@ use http::header::{self, HeaderMap, HeaderName, HeaderValue};
 use http::{Method, StatusCode, Version, request, response};
 use smallvec::SmallVec;
 
+use crate::proxy::hop_by_hop::{ConnectionToken, connection_tokens, is_hop_by_hop};
+
 /// Largest response head accepted from an upstream.
 pub const MAX_HEAD: usize = 64 * 1024;
 /// Most header fields in a response head (hyper's default too).
@@ -77,6 +79,8 @@ pub struct OwnFields {
     pub lines: Vec<u8>,
     /// The request's fields left out.
     pub omit: SmallVec<[HeaderName; 8]>,
+    /// The lines ask the upstream to switch protocols (`Upgrade`).
+    pub upgrade: bool,
 }
 
 impl OwnFields {
@@ -289,17 +293,6 @@ fn common_name(raw: &[u8]) -> Option<HeaderName> {
     })
 }
 
-/// Hop-by-hop fields of RFC 9110 §7.6.1, never passed to the client.
-const HOP_BY_HOP: [&[u8]; 7] = [
-    b"connection",
-    b"keep-alive",
-    b"proxy-connection",
-    b"te",
-    b"trailer",
-    b"transfer-encoding",
-    b"upgrade",
-];
-
 /// What a response head's hop-by-hop and length fields say.
 #[derive(Debug, Default)]
 struct HopFields<'h> {
@@ -323,15 +316,12 @@ impl<'h> HopFields<'h> {
             return Ok(());
         }
         if name.eq_ignore_ascii_case(b"connection") {
-            for token in value.split(|&b| b == b',').map(<[u8]>::trim_ascii) {
-                if token.eq_ignore_ascii_case(b"close") {
-                    self.close_token = true;
-                } else if token.eq_ignore_ascii_case(b"keep-alive") {
-                    self.keep_alive_token = true;
-                } else if token.eq_ignore_ascii_case(b"upgrade") {
-                    self.upgrade_token = true;
-                } else if !token.is_empty() {
-                    self.named.push(token);
+            for token in connection_tokens(value) {
+                match token {
+                    ConnectionToken::Close => self.close_token = true,
+                    ConnectionToken::KeepAlive => self.keep_alive_token = true,
+                    ConnectionToken::Upgrade => self.upgrade_token = true,
+                    ConnectionToken::Names(name) => self.named.push(name),
                 }
             }
         } else if name.eq_ignore_ascii_case(b"transfer-encoding") {
@@ -366,7 +356,7 @@ impl<'h> HopFields<'h> {
         if name.eq_ignore_ascii_case(b"upgrade") {
             return !switching;
         }
-        HOP_BY_HOP.iter().any(|hop| name.eq_ignore_ascii_case(hop))
+        is_hop_by_hop(name)
             || self
                 .named
                 .iter()
