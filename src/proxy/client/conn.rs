@@ -11,12 +11,25 @@ use std::pin::Pin;
 use std::task::{Context, Poll, Waker};
 
 use bytes::BytesMut;
-use tokio::io::AsyncWriteExt;
+use tokio::io::{AsyncRead, AsyncWriteExt};
 use tokio::net::TcpStream;
 use tokio::net::tcp::{ReadHalf, WriteHalf};
 
 /// Space made free in the read buffer before each read.
 const READ_RESERVE: usize = 8 * 1024;
+
+/// Reads more from `reader` into `read`, making room first; `Ok(0)` is the
+/// upstream closing. For the whole connection and for its read half alike.
+pub fn poll_fill<R: AsyncRead>(
+    reader: Pin<&mut R>,
+    read: &mut BytesMut,
+    cx: &mut Context<'_>,
+) -> Poll<io::Result<usize>> {
+    if read.capacity() - read.len() < READ_RESERVE / 2 {
+        read.reserve(READ_RESERVE);
+    }
+    tokio_util::io::poll_read_buf(reader, cx, read)
+}
 
 /// A connection to an upstream with its buffers.
 #[derive(Debug)]
@@ -59,14 +72,7 @@ impl UpstreamConn {
 
     /// Reads more into the read buffer; `Ok(0)` is the upstream closing.
     pub fn poll_fill(&mut self, cx: &mut Context<'_>) -> Poll<io::Result<usize>> {
-        if self.read.capacity() - self.read.len() < READ_RESERVE / 2 {
-            self.read.reserve(READ_RESERVE);
-        }
-        tokio_util::io::poll_read_buf(Pin::new(&mut self.stream), cx, &mut self.read)
-    }
-
-    pub async fn fill(&mut self) -> io::Result<usize> {
-        std::future::poll_fn(|cx| self.poll_fill(cx)).await
+        poll_fill(Pin::new(&mut self.stream), &mut self.read, cx)
     }
 
     /// Writes the request head buffer, and `then` after it.

@@ -18,7 +18,7 @@ use tokio::io::AsyncWriteExt;
 use tokio::net::tcp::{ReadHalf, WriteHalf};
 
 use super::chunked::{LAST_CHUNK, size_line};
-use super::conn::UpstreamConn;
+use super::conn::{UpstreamConn, poll_fill};
 use super::head::{Parsed, RequestFraming, ResponseHead, parse_response};
 use crate::proxy::body::RequestBody;
 
@@ -106,10 +106,21 @@ pub async fn exchange(
             }
         }
     }
-    let mut received = false;
+    let (mut reader, _, read) = conn.split();
+    read_head(&mut reader, read, method).await
+}
+
+/// Reads from `reader` into `read` until a final response head is there,
+/// skipping interim ones.
+async fn read_head(
+    reader: &mut ReadHalf<'_>,
+    read: &mut BytesMut,
+    method: &Method,
+) -> Result<ResponseHead, Failure> {
+    let mut received = !read.is_empty();
     loop {
-        if !conn.read.is_empty() {
-            match parse_response(&mut conn.read, method) {
+        if !read.is_empty() {
+            match parse_response(read, method) {
                 Ok(Parsed::Head(head)) => return Ok(head),
                 Ok(Parsed::Interim) => continue,
                 Ok(Parsed::Partial) => {}
@@ -121,7 +132,7 @@ pub async fn exchange(
                 }
             }
         }
-        match conn.fill().await {
+        match poll_fn(|cx| poll_fill(Pin::new(&mut *reader), read, cx)).await {
             Ok(0) => {
                 let error = io::Error::new(
                     io::ErrorKind::UnexpectedEof,
@@ -173,22 +184,9 @@ async fn early_head(
     read: &mut BytesMut,
     method: &Method,
 ) -> ResponseHead {
-    loop {
-        if !read.is_empty() {
-            match parse_response(read, method) {
-                Ok(Parsed::Head(head)) => return head,
-                Ok(Parsed::Interim) => continue,
-                Ok(Parsed::Partial) => {}
-                Err(_) => return std::future::pending().await,
-            }
-        }
-        if read.capacity() - read.len() < 4096 {
-            read.reserve(8192);
-        }
-        match poll_fn(|cx| tokio_util::io::poll_read_buf(Pin::new(&mut *reader), cx, read)).await {
-            Ok(0) | Err(_) => return std::future::pending().await,
-            Ok(_) => {}
-        }
+    match read_head(reader, read, method).await {
+        Ok(head) => head,
+        Err(_) => std::future::pending().await,
     }
 }
 
