@@ -140,26 +140,18 @@ pub fn encode_request(
 pub fn parse_response(buf: &mut BytesMut, method: &Method) -> io::Result<Parsed> {
     // Most heads fit the small field array; zeroing the large one on every
     // response was a measurable cost, so it is only for heads that need it.
-    match parse_into::<COMMON_FIELDS>(buf, method) {
-        Err(error) if error.kind() == io::ErrorKind::OutOfMemory => {
-            parse_into::<MAX_FIELDS>(buf, method).map_err(|error| {
-                if error.kind() == io::ErrorKind::OutOfMemory {
-                    invalid("too many response headers")
-                } else {
-                    error
-                }
-            })
-        }
-        other => other,
+    match parse_into::<COMMON_FIELDS>(buf, method)? {
+        Some(parsed) => Ok(parsed),
+        None => parse_into::<MAX_FIELDS>(buf, method)?
+            .ok_or_else(|| invalid("too many response headers")),
     }
 }
 
 /// Fields a head may have before the parse moves to the large array.
 const COMMON_FIELDS: usize = 24;
 
-/// [`parse_response`] with room for `N` fields; a head with more is an
-/// `OutOfMemory` error.
-fn parse_into<const N: usize>(buf: &mut BytesMut, method: &Method) -> io::Result<Parsed> {
+/// [`parse_response`] with room for `N` fields; `None` for a head with more.
+fn parse_into<const N: usize>(buf: &mut BytesMut, method: &Method) -> io::Result<Option<Parsed>> {
     let mut fields = [httparse::EMPTY_HEADER; N];
     let mut response = httparse::Response::new(&mut fields);
     let length = match response.parse(buf) {
@@ -168,14 +160,9 @@ fn parse_into<const N: usize>(buf: &mut BytesMut, method: &Method) -> io::Result
             if buf.len() > MAX_HEAD {
                 return Err(invalid("response head too large"));
             }
-            return Ok(Parsed::Partial);
+            return Ok(Some(Parsed::Partial));
         }
-        Err(httparse::Error::TooManyHeaders) => {
-            return Err(io::Error::new(
-                io::ErrorKind::OutOfMemory,
-                "too many fields",
-            ));
-        }
+        Err(httparse::Error::TooManyHeaders) => return Ok(None),
         Err(_) => return Err(invalid("malformed response head")),
     };
     if length > MAX_HEAD {
@@ -185,7 +172,7 @@ fn parse_into<const N: usize>(buf: &mut BytesMut, method: &Method) -> io::Result
     let status = StatusCode::from_u16(code).map_err(|_| invalid("invalid response status"))?;
     if status.is_informational() && status != StatusCode::SWITCHING_PROTOCOLS {
         buf.advance(length);
-        return Ok(Parsed::Interim);
+        return Ok(Some(Parsed::Interim));
     }
     let version = match response.version {
         Some(0) => Version::HTTP_10,
@@ -261,11 +248,11 @@ fn parse_into<const N: usize>(buf: &mut BytesMut, method: &Method) -> io::Result
     parts.status = status;
     parts.version = version;
     parts.headers = headers;
-    Ok(Parsed::Head(ResponseHead {
+    Ok(Some(Parsed::Head(ResponseHead {
         parts,
         framing,
         keep_alive,
-    }))
+    })))
 }
 
 /// Fields the gateway may add to a response (the `RateLimit` family).
