@@ -117,10 +117,11 @@ impl ConnectionPool {
         }
     }
 
-    /// Takes a connection back after a complete response, unless something
-    /// unasked-for arrived after it.
-    pub(super) fn put_back(&self, conn: UpstreamConn) {
-        if !conn.read.is_empty() {
+    /// Takes a connection back after a complete response if it may carry
+    /// another request (`keep_alive`) and nothing unasked-for arrived after
+    /// it; otherwise it is closed.
+    pub(super) fn release(&self, conn: UpstreamConn, keep_alive: bool) {
+        if !keep_alive || !conn.read.is_empty() {
             return;
         }
         let mut idle = self.idle_list().lock();
@@ -214,17 +215,13 @@ impl ConnectionPool {
         } else {
             match framing {
                 Framing::Empty => {
-                    if keep_alive {
-                        self.put_back(conn);
-                    }
+                    self.release(conn, keep_alive);
                     UpstreamBody::full(None)
                 }
                 // The whole body came with the head: the connection is free.
                 Framing::Length(length) if conn.read.len() as u64 >= length => {
                     let bytes = conn.read.split_to(length as usize).freeze();
-                    if keep_alive {
-                        self.put_back(conn);
-                    }
+                    self.release(conn, keep_alive);
                     UpstreamBody::full(Some(bytes))
                 }
                 Framing::Length(length) => {
@@ -251,8 +248,8 @@ mod tests {
         let (_kept_peer, _) = listener.accept().await.unwrap();
         let closed = TcpStream::connect(&address).await.unwrap();
         let (closed_peer, _) = listener.accept().await.unwrap();
-        pool.put_back(UpstreamConn::new(closed));
-        pool.put_back(UpstreamConn::new(kept));
+        pool.release(UpstreamConn::new(closed), true);
+        pool.release(UpstreamConn::new(kept), true);
         assert_eq!(pool.idle_count(), 2);
         drop(closed_peer);
         // The close reaches the socket's readiness through the event loop.

@@ -228,12 +228,9 @@ impl Body for UpstreamBody {
     }
 }
 
-/// Ends the body's hold on its connection: back to the pool if it may carry
-/// another request and nothing unexpected followed the body.
+/// Ends the body's hold on its connection ([`ConnectionPool::release`]).
 fn release(slot: &mut Option<UpstreamConn>, pool: &ConnectionPool, keep_alive: bool) {
-    if let Some(conn) = slot.take()
-        && keep_alive
-    {
-        pool.put_back(conn);
+    if let Some(conn) = slot.take() {
+        pool.release(conn, keep_alive);
     }
 }
