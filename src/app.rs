@@ -354,11 +354,11 @@ impl App {
     /// connections that expired or that their upstream closed.
     pub fn sweep(&self) -> usize {
         let now = self.clock.now();
-        for upstream in &self.snapshot().upstreams {
+        let snapshot = self.snapshot();
+        for upstream in &snapshot.upstreams {
             upstream.prune_idle();
         }
-        let removed = self
-            .snapshot()
+        let removed = snapshot
             .limiters
             .iter()
             .flat_map(LimiterSet::all)

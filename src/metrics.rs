@@ -347,15 +347,13 @@ impl Metrics {
     /// [`Metrics::record_decision`] for the `position`-th limit of a route's
     /// stack, through its handles.
     pub fn record_route_decision(&self, handles: &RouteHandles, position: usize, outcome: Outcome) {
-        match handles.decisions.get(position) {
-            Some(entry) => entry.by_outcome[outcome_index(outcome)]
-                .get_or_init(|| self.decision_counter(&handles.route, &entry.limit, outcome))
-                .inc(),
-            None => {
-                debug_assert!(false, "no handles for stack position {position}");
-                0
-            }
+        let Some(entry) = handles.decisions.get(position) else {
+            debug_assert!(false, "no handles for stack position {position}");
+            return;
         };
+        entry.by_outcome[outcome_index(outcome)]
+            .get_or_init(|| self.decision_counter(&handles.route, &entry.limit, outcome))
+            .inc();
     }
 
     /// [`Metrics::record_request`] through a route's handles.

@@ -96,6 +96,10 @@ pub fn policy_header(view: StackView<'_>) -> Option<HeaderValue> {
     HeaderValue::from_maybe_shared(Bytes::from(text)).ok()
 }
 
+/// The most fields [`write_headers`] adds: `RateLimit-Policy`, `RateLimit`,
+/// and three each of the legacy and trio families.
+pub const FIELDS_WRITTEN: usize = 2 + 3 + 3;
+
 /// Writes the per-request rate-limit headers for a decided stack.
 ///
 /// `focus` is the entry the legacy and trio headers describe: the denying
@@ -108,9 +112,9 @@ pub fn write_headers(
     focus: Option<usize>,
 ) {
     let server = view.server;
-    // Room for all of them at once: the upstream's map was sized for its
-    // own fields, and growing it field by field rehashes it each time.
-    headers.reserve(2 + 6);
+    // Room for all of them at once: growing a map field by field rehashes
+    // it each time (an upstream's map is already sized with this room).
+    headers.reserve(FIELDS_WRITTEN);
     if let Some(policy) = policy {
         let mut text = String::with_capacity(24 * view.limits.len());
         let mut list = ListWriter::new(&mut text);
@@ -234,7 +238,7 @@ pub fn deny_response(
     *response.status_mut() = status;
     let headers = response.headers_mut();
     // Sized once for everything below rather than grown as it is filled.
-    headers.reserve(12);
+    headers.reserve(3 + FIELDS_WRITTEN);
     headers.insert(CONTENT_TYPE, PROBLEM_JSON);
     headers.insert(CACHE_CONTROL, HeaderValue::from_static("no-store"));
     if let Some(seconds) = retry_after {

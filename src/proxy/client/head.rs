@@ -15,6 +15,7 @@ use http::{Method, StatusCode, Version, request, response};
 use smallvec::SmallVec;
 
 use crate::proxy::hop_by_hop::{ConnectionToken, connection_tokens, is_hop_by_hop};
+use crate::proxy::ratelimit;
 
 /// Largest response head accepted from an upstream.
 pub const MAX_HEAD: usize = 64 * 1024;
@@ -207,7 +208,7 @@ fn parse_into<const N: usize>(buf: &mut BytesMut, method: &Method) -> io::Result
     }
     let switching = status == StatusCode::SWITCHING_PROTOCOLS;
     // Room for the rate-limit fields the gateway adds, so the map is sized once.
-    let mut headers = HeaderMap::with_capacity(places.len() + GATEWAY_FIELDS);
+    let mut headers = HeaderMap::with_capacity(places.len() + ratelimit::FIELDS_WRITTEN);
     for &(name_start, name_end, value_start, value_end) in &places {
         let raw_name = &head[name_start..name_end];
         let name = match common_name(raw_name) {
@@ -254,9 +255,6 @@ fn parse_into<const N: usize>(buf: &mut BytesMut, method: &Method) -> io::Result
         keep_alive,
     })))
 }
-
-/// Fields the gateway may add to a response (the `RateLimit` family).
-const GATEWAY_FIELDS: usize = 8;
 
 /// The fields most responses carry, in their usual spelling, matched
 /// exactly: `HeaderName::from_bytes` (case folding and a lookup among all
