@@ -460,8 +460,9 @@ impl Accepting {
     }
 }
 
-/// How often idle limiter keys are evicted. Keys back at full quota carry no
-/// information, so evicting them bounds memory under floods of one-shot keys.
+/// How often idle limiter keys are evicted (and idle upstream connections
+/// pruned, [`App::sweep`]). Keys back at full quota carry no information, so
+/// evicting them bounds memory under floods of one-shot keys.
 const SWEEP_INTERVAL: Duration = Duration::from_secs(10);
 
 async fn sweep_idle_keys(app: Arc<App>) {
