@@ -139,22 +139,10 @@ pub fn adjust_first(state: State, now: Nanos, delta: i64, limit: u64, window: Na
 mod tests {
     use super::*;
     use crate::limit::NANOS_PER_SEC;
+    use crate::limit::verdict::burst;
 
     const S: Nanos = NANOS_PER_SEC;
     const MS: Nanos = 1_000_000;
-
-    /// Run `n` requests of cost 1 at `now`; returns how many passed.
-    fn burst(state: &mut State, now: Nanos, n: u64, limit: u64, window: Nanos) -> u64 {
-        let mut passed = 0;
-        for _ in 0..n {
-            let (next, v) = decide(*state, now, 1, limit, window);
-            if v.allowed {
-                *state = next;
-                passed += 1;
-            }
-        }
-        passed
-    }
 
     #[test]
     fn first_request_windows_start_with_the_key() {
@@ -187,8 +175,14 @@ mod tests {
         let boundary = 1_700_000_040 * S; // a multiple of 60 s
         assert_eq!(boundary % window, 0);
         let mut s = State::default();
-        assert_eq!(burst(&mut s, boundary - 100 * MS, 150, limit, window), 100);
-        assert_eq!(burst(&mut s, boundary + 100 * MS, 150, limit, window), 100);
+        assert_eq!(
+            burst(decide, &mut s, boundary - 100 * MS, 150, limit, window),
+            100
+        );
+        assert_eq!(
+            burst(decide, &mut s, boundary + 100 * MS, 150, limit, window),
+            100
+        );
     }
 
     #[test]

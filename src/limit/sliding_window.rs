@@ -154,21 +154,10 @@ pub fn adjust(state: State, now: Nanos, delta: i64, limit: u64, window: Nanos) -
 mod tests {
     use super::*;
     use crate::limit::NANOS_PER_SEC;
+    use crate::limit::verdict::burst;
 
     const S: Nanos = NANOS_PER_SEC;
     const MS: Nanos = 1_000_000;
-
-    fn burst(state: &mut State, now: Nanos, n: u64, limit: u64, window: Nanos) -> u64 {
-        let mut passed = 0;
-        for _ in 0..n {
-            let (next, v) = decide(*state, now, 1, limit, window);
-            if v.allowed {
-                *state = next;
-                passed += 1;
-            }
-        }
-        passed
-    }
 
     #[test]
     fn no_boundary_burst() {
@@ -177,8 +166,8 @@ mod tests {
         let (limit, window) = (100, 60 * S);
         let boundary = 1_700_000_040 * S;
         let mut s = State::default();
-        let first = burst(&mut s, boundary - 100 * MS, 150, limit, window);
-        let second = burst(&mut s, boundary + 100 * MS, 150, limit, window);
+        let first = burst(decide, &mut s, boundary - 100 * MS, 150, limit, window);
+        let second = burst(decide, &mut s, boundary + 100 * MS, 150, limit, window);
         assert_eq!(first, 100);
         // Estimate at +100 ms: 100 × 59.9/60 = 99.83 → no whole unit fits.
         assert_eq!(second, 0);
@@ -213,7 +202,7 @@ mod tests {
         let (limit, window) = (10, 10 * S);
         let mut s = State::default();
         let now = 1_000 * S + 5 * S;
-        assert_eq!(burst(&mut s, now, 10, limit, window), 10);
+        assert_eq!(burst(decide, &mut s, now, 10, limit, window), 10);
         let (_, v) = decide(s, now, 3, limit, window);
         let wait = v.retry_after.expect("not never");
         assert!(!decide(s, now + wait - 1, 3, limit, window).1.allowed);

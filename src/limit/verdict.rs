@@ -132,6 +132,29 @@ pub(crate) fn sat_nanos(v: u128) -> Nanos {
     u64::try_from(v).unwrap_or(u64::MAX)
 }
 
+/// Test support for the windowed algorithms: `n` requests of cost 1 at
+/// `now` through `decide`, the state kept for each admitted one; how many
+/// passed.
+#[cfg(test)]
+pub(crate) fn burst<S: Copy>(
+    decide: fn(S, Nanos, u64, u64, Nanos) -> (S, Verdict),
+    state: &mut S,
+    now: Nanos,
+    n: u64,
+    limit: u64,
+    window: Nanos,
+) -> u64 {
+    let mut passed = 0;
+    for _ in 0..n {
+        let (next, verdict) = decide(*state, now, 1, limit, window);
+        if verdict.allowed {
+            *state = next;
+            passed += 1;
+        }
+    }
+    passed
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
