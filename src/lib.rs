@@ -21,6 +21,7 @@
 
 pub mod access_log;
 pub mod admin;
+pub mod allocator;
 pub mod app;
 pub mod config;
 pub mod error;

@@ -15,7 +15,7 @@ use tollgate::config::Config;
 // allocations (header maps, response parts, buffers) cheaper than glibc's
 // malloc, which the allow-path profile showed at ~4% of the gateway's CPU.
 #[global_allocator]
-static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
+static ALLOCATOR: tollgate::allocator::Allocator = tollgate::allocator::Allocator;
 
 /// A rate-limiting reverse proxy and API gateway.
 #[derive(Debug, Parser)]
