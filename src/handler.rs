@@ -40,7 +40,7 @@ use crate::app::{App, RoutePlan, Snapshot};
 use crate::config::{Config, Consumer, LimitConfig, OnMissingKey, RouteAction, RouteConfig};
 use crate::error::GatewayError;
 use crate::identity::body_fields::BodyFields;
-use crate::identity::client_ip::{client_net, resolve};
+use crate::identity::client_ip::{client_net, resolve_with};
 use crate::identity::consumer::{Caller, identify};
 use crate::identity::keys::{RequestFacts, extract, shared_key};
 use crate::limit::{Algorithm, Limiter};
@@ -442,12 +442,14 @@ fn limit_request<'s>(
     metrics: &Metrics,
     notes: &mut Notes,
 ) -> Result<Admitted<'s>, Response<ResponseBody>> {
-    let forward_header = parts
-        .headers
-        .get_all(snapshot.client_ip.header.name())
-        .iter()
-        .map(|v| v.as_bytes());
-    let client_ip = resolve(downstream.peer.ip(), forward_header, &snapshot.client_ip);
+    let forward_header = || {
+        parts
+            .headers
+            .get_all(snapshot.client_ip.header.name())
+            .iter()
+            .map(|v| v.as_bytes())
+    };
+    let client_ip = resolve_with(downstream.peer.ip(), forward_header, &snapshot.client_ip);
     notes.client_ip = Some(client_ip);
     let key_facts = RequestFacts {
         client: client_net(client_ip, &snapshot.client_ip),

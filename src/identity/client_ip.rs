@@ -138,14 +138,27 @@ pub fn resolve<'a>(
     header_values: impl Iterator<Item = &'a [u8]>,
     policy: &ClientIpPolicy,
 ) -> IpAddr {
+    resolve_with(peer, || header_values, policy)
+}
+
+/// [`resolve`], asking for the header lines only when the policy reads them:
+/// with `Hops(0)` or an untrusted peer the header is never looked up (for a
+/// request, a header-map lookup of a custom name costs more than the rest of
+/// the walk).
+pub fn resolve_with<'a, I: Iterator<Item = &'a [u8]>>(
+    peer: IpAddr,
+    header_values: impl FnOnce() -> I,
+    policy: &ClientIpPolicy,
+) -> IpAddr {
     let peer = normalize(peer);
     match &policy.trust {
         Trust::Hops(0) => peer,
-        Trust::Hops(n) => resolve_hops(peer, header_values, policy.header, *n),
+        Trust::Hops(n) => resolve_hops(peer, header_values(), policy.header, *n),
         Trust::Cidrs(nets) => {
             if !is_trusted(nets, peer) {
                 return peer;
             }
+            let header_values = header_values();
             // `candidate` is where the right-to-left walk over the entries
             // seen so far would stop; `None` means "at the peer" (no entry
             // yet, or the newest entry was garbage, whose right neighbour is
@@ -277,6 +290,31 @@ mod tests {
     }
 
     const PEER: &str = "10.0.0.1";
+
+    #[test]
+    fn the_header_is_asked_for_only_when_the_policy_reads_it() {
+        let lines = ["1.1.1.1"];
+        let cases = [
+            (Trust::Hops(0), PEER, false, PEER),
+            (Trust::Hops(1), PEER, true, "1.1.1.1"),
+            (Trust::Cidrs(vec![]), PEER, false, PEER),
+            (Trust::Cidrs(vec![net("192.168.0.0/16")]), PEER, false, PEER),
+            (Trust::Cidrs(vec![net("10.0.0.0/8")]), PEER, true, "1.1.1.1"),
+        ];
+        for (trust, peer, reads, client) in cases {
+            let p = policy(trust.clone(), ForwardHeader::XForwardedFor);
+            let mut asked = false;
+            let got = resolve_with(
+                ip(peer),
+                || {
+                    asked = true;
+                    lines.iter().map(|l| l.as_bytes())
+                },
+                &p,
+            );
+            assert_eq!((asked, got), (reads, ip(client)), "{trust:?}");
+        }
+    }
 
     #[test]
     fn default_policy() {
