@@ -19,14 +19,15 @@
 //!
 //! # The hot path
 //!
-//! Recording a request allocates nothing once its series exists. Names are
-//! `Arc<str>` built once per configuration snapshot ([`LabelNames`]); a label
-//! struct holds clones of them (a reference-count increment, no `String`), and
-//! `prometheus-client`'s `Family` finds the series under a read lock (a write
-//! lock only the first time a label combination is seen). Pre-resolved
-//! per-route handles would save the hash and the read lock but would have to
-//! be rebuilt and reconciled on every reload; at two counters and one
-//! histogram per request the lookup is not worth that complexity.
+//! Recording a request allocates nothing and takes no lock once its series
+//! exist. Names are `Arc<str>` built once per configuration snapshot
+//! ([`LabelNames`]). A route's frequent series — its `200` counter, its
+//! duration histogram, its decision counters and, on first use, its other
+//! common statuses — are resolved once per snapshot into [`RouteHandles`],
+//! so a request skips `prometheus-client`'s `Family` (a read lock and a hash
+//! of the labels); rarer series go through the family. The duration
+//! histogram is our own [`DurationHistogram`]: `prometheus-client`'s takes a
+//! mutex per observation, which every worker would share.
 
 use std::fmt::Write as _;
 use std::sync::{Arc, OnceLock};
@@ -36,10 +37,12 @@ use prometheus_client::encoding::{EncodeLabelSet, EncodeLabelValue, LabelValueEn
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
-use prometheus_client::metrics::histogram::Histogram;
 use prometheus_client::registry::{Registry, Unit};
 
 use crate::config::Config;
+
+mod histogram;
+pub use histogram::DurationHistogram;
 
 /// The `Content-Type` of [`Metrics::encode`]'s output.
 pub const CONTENT_TYPE: &str = "application/openmetrics-text; version=1.0.0; charset=utf-8";
@@ -119,10 +122,10 @@ struct LimitLabels {
     limit: Arc<str>,
 }
 
-type HistogramFamily<S> = Family<S, Histogram, fn() -> Histogram>;
+type HistogramFamily<S> = Family<S, DurationHistogram, fn() -> DurationHistogram>;
 
-fn duration_histogram() -> Histogram {
-    Histogram::new(DURATION_BUCKETS)
+fn duration_histogram() -> DurationHistogram {
+    DurationHistogram::new(&DURATION_BUCKETS)
 }
 
 /// A route's most frequent series, pre-resolved ([`Metrics::route_handles`]).
@@ -132,7 +135,7 @@ pub struct RouteHandles {
     route: Arc<str>,
     /// `tollgate_requests_total{route, status="200"}`.
     ok: Counter,
-    duration: Histogram,
+    duration: DurationHistogram,
     /// `tollgate_requests_total{route, status}` for the other statuses of
     /// [`COMMON_STATUSES`], resolved on first use (a series exists once it
     /// has counted something, as with an unresolved call).
@@ -293,7 +296,7 @@ impl Metrics {
             .get_or_create(&RouteLabels {
                 route: route.clone(),
             })
-            .observe(elapsed.as_secs_f64());
+            .observe(elapsed);
     }
 
     /// Handles for a route's common series, resolved once per configuration
@@ -379,7 +382,7 @@ impl Metrics {
                 })
                 .inc();
         }
-        handles.duration.observe(elapsed.as_secs_f64());
+        handles.duration.observe(elapsed);
     }
 
     /// One limit's decision for one request.
@@ -487,7 +490,7 @@ impl LabelNames {
 }
 
 #[cfg(test)]
-#[path = "../tests/common/openmetrics.rs"]
+#[path = "../../tests/common/openmetrics.rs"]
 mod openmetrics;
 
 #[cfg(test)]

@@ -1,0 +1,175 @@
+//! The request-duration histogram: the same OpenMetrics series as
+//! `prometheus-client`'s `Histogram`, recorded without a lock.
+//!
+//! `prometheus-client`'s histogram takes a mutex on every observation. One
+//! series per route is shared by every worker, so that mutex was a lock
+//! every request took — the one the hot path must not have. Here each bucket
+//! is its own atomic counter, and the sum an `f64`'s bits updated by
+//! compare-and-swap (as `prometheus-client`'s float counters do; an integer
+//! sum of nanoseconds would wrap within months at a busy gateway's rates).
+//!
+//! A scrape reads the buckets one by one while requests keep landing, so it
+//! derives `_count` from the buckets it read: `_count` always equals the
+//! `+Inf` bucket, as the exposition format requires. `_sum` may include an
+//! observation or two the buckets did not yet show, as with any histogram
+//! scraped under load.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
+
+use prometheus_client::encoding::{EncodeMetric, MetricEncoder, NoLabelSet};
+use prometheus_client::metrics::{MetricType, TypedMetric};
+
+/// A histogram of durations with fixed upper bounds (in seconds). Clones
+/// share their counts, like `prometheus-client`'s metrics.
+#[derive(Debug, Clone)]
+pub struct DurationHistogram {
+    inner: Arc<Inner>,
+}
+
+#[derive(Debug)]
+struct Inner {
+    /// Upper bounds in nanoseconds, ascending; the `+Inf` bucket is implied.
+    bounds_nanos: Box<[u64]>,
+    /// The same bounds in seconds, as the exposition writes them.
+    bounds_secs: Box<[f64]>,
+    /// Observations per bucket, not cumulative; one more than the bounds
+    /// (the last is `+Inf`).
+    counts: Box<[AtomicU64]>,
+    /// The sum of observations in seconds, as `f64` bits.
+    sum_bits: AtomicU64,
+}
+
+impl DurationHistogram {
+    /// A histogram with these upper bounds in seconds (ascending).
+    pub fn new(bounds_secs: &[f64]) -> DurationHistogram {
+        let bounds_nanos = bounds_secs
+            .iter()
+            .map(|&secs| Duration::from_secs_f64(secs).as_nanos() as u64)
+            .collect();
+        DurationHistogram {
+            inner: Arc::new(Inner {
+                bounds_nanos,
+                bounds_secs: bounds_secs.into(),
+                counts: (0..=bounds_secs.len()).map(|_| AtomicU64::new(0)).collect(),
+                sum_bits: AtomicU64::new(0f64.to_bits()),
+            }),
+        }
+    }
+
+    /// Records one observation.
+    pub fn observe(&self, elapsed: Duration) {
+        let nanos = u64::try_from(elapsed.as_nanos()).unwrap_or(u64::MAX);
+        let inner = &*self.inner;
+        let bucket = inner.bounds_nanos.partition_point(|&bound| bound < nanos);
+        // Relaxed: the counts are independent tallies; a scrape needs no
+        // ordering between them (see the module doc).
+        inner.counts[bucket].fetch_add(1, Ordering::Relaxed);
+        let seconds = elapsed.as_secs_f64();
+        let _ = inner
+            .sum_bits
+            .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |bits| {
+                Some((f64::from_bits(bits) + seconds).to_bits())
+            });
+    }
+
+    /// `(sum in seconds, count, non-cumulative buckets with upper bounds)`,
+    /// `f64::INFINITY` standing for `+Inf` as in `prometheus-client`.
+    pub fn snapshot(&self) -> (f64, u64, Vec<(f64, u64)>) {
+        let inner = &*self.inner;
+        let buckets: Vec<(f64, u64)> = inner
+            .bounds_secs
+            .iter()
+            .copied()
+            .chain(std::iter::once(f64::INFINITY))
+            .zip(inner.counts.iter())
+            .map(|(bound, count)| (bound, count.load(Ordering::Relaxed)))
+            .collect();
+        let count = buckets.iter().map(|&(_, n)| n).sum();
+        let sum = f64::from_bits(inner.sum_bits.load(Ordering::Relaxed));
+        (sum, count, buckets)
+    }
+}
+
+impl TypedMetric for DurationHistogram {
+    const TYPE: MetricType = MetricType::Histogram;
+}
+
+impl EncodeMetric for DurationHistogram {
+    fn encode(&self, mut encoder: MetricEncoder) -> Result<(), std::fmt::Error> {
+        let (sum, count, buckets) = self.snapshot();
+        encoder.encode_histogram::<NoLabelSet>(sum, count, &buckets, None)
+    }
+
+    fn metric_type(&self) -> MetricType {
+        Self::TYPE
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use prometheus_client::encoding::text::encode;
+    use prometheus_client::metrics::histogram::Histogram;
+    use prometheus_client::registry::Registry;
+
+    const BOUNDS: [f64; 4] = [0.001, 0.01, 0.1, 1.0];
+
+    fn exposition(register: impl FnOnce(&mut Registry)) -> String {
+        let mut registry = Registry::default();
+        register(&mut registry);
+        let mut out = String::new();
+        encode(&mut out, &registry).unwrap();
+        out
+    }
+
+    #[test]
+    fn exposes_what_prometheus_clients_histogram_exposes() {
+        // Durations exact in binary seconds and in nanoseconds, on and
+        // between the bounds (a bound is inclusive: `le`).
+        let seconds = [0.0, 0.0005, 0.001, 0.0625, 0.1, 0.5, 1.0, 2.0, 40.0];
+        let ours = DurationHistogram::new(&BOUNDS);
+        let theirs = Histogram::new(BOUNDS);
+        for s in seconds {
+            ours.observe(Duration::from_secs_f64(s));
+            theirs.observe(s);
+        }
+        assert_eq!(
+            exposition(|r| r.register("d", "durations", ours)),
+            exposition(|r| r.register("d", "durations", theirs)),
+        );
+    }
+
+    #[test]
+    fn count_is_the_inf_bucket_and_clones_share() {
+        let histogram = DurationHistogram::new(&BOUNDS);
+        let clone = histogram.clone();
+        histogram.observe(Duration::from_micros(500));
+        clone.observe(Duration::from_secs(3));
+        clone.observe(Duration::from_secs(u64::MAX));
+        let (sum, count, buckets) = histogram.snapshot();
+        assert_eq!(count, 3);
+        assert_eq!(buckets.iter().map(|b| b.1).sum::<u64>(), 3);
+        assert_eq!(buckets.last(), Some(&(f64::INFINITY, 2)));
+        assert_eq!(buckets[0], (0.001, 1));
+        assert!(sum > 1e19, "no wrap: {sum}");
+    }
+
+    #[test]
+    fn concurrent_observations_are_all_counted() {
+        let histogram = DurationHistogram::new(&BOUNDS);
+        std::thread::scope(|scope| {
+            for t in 0..4u64 {
+                let histogram = histogram.clone();
+                scope.spawn(move || {
+                    for i in 0..10_000u64 {
+                        histogram.observe(Duration::from_micros((i * 7 + t) % 2_000_000));
+                    }
+                });
+            }
+        });
+        let (_, count, _) = histogram.snapshot();
+        assert_eq!(count, 40_000);
+    }
+}
