@@ -1,7 +1,7 @@
 # Shared by bench/load.sh and bench/instructions.sh (sourced, not run): the
-# tools they need, waiting for a port, and the two configurations both
-# measure — the nginx upstream and tollgate's token-bucket limit — so the
-# scripts always measure the same thing.
+# tools they need, waiting for a port, and the configurations both measure —
+# the nginx upstream, nginx `limit_req` as the peer, and tollgate's
+# token-bucket limit — so the scripts always measure the same thing.
 
 # Installs the commands named (package = command) that are missing.
 need_tools() {
@@ -44,6 +44,42 @@ http {
   server {
     listen 127.0.0.1:$1;
     location / { return 200 "ok\n"; }
+  }
+}
+CONF
+}
+
+# nginx as the peer proxy, with `limit_req`: $1 = workers, $2 = port, $3 =
+# extra `limit_req` parameters, $4 = the zone's rate, $5 = the upstream's
+# port, $6 = the directory for its pid and error files.
+nginx_proxy_conf() {
+  cat <<CONF
+daemon off;
+worker_processes $1;
+pid $6/ng-$2.pid;
+# crit: limit_req logs every denial at "error"; tollgate logs none.
+error_log $6/ng-$2.err crit;
+events { worker_connections 4096; }
+http {
+  access_log off;
+  keepalive_requests 10000000;
+  limit_req_zone \$binary_remote_addr zone=z$2:10m rate=$4;
+  limit_req_status 429;
+  upstream up {
+    server 127.0.0.1:$5;
+    keepalive 64;
+    keepalive_requests 10000000;
+  }
+  server {
+    listen 127.0.0.1:$2;
+    location / {
+      limit_req zone=z$2 $3;
+      proxy_pass http://up;
+      proxy_http_version 1.1;
+      proxy_set_header Connection "";
+      proxy_set_header X-Forwarded-For \$proxy_add_x_forwarded_for;
+      proxy_set_header X-Forwarded-Proto \$scheme;
+    }
   }
 }
 CONF

@@ -11,11 +11,13 @@
 # always-denying token bucket as bench/load.sh, in front of nginx `return
 # 200`) under callgrind with instrumentation off, warms it up with wrk, turns
 # instrumentation on, drives `wrk -t1 -c16 -d5s`, dumps the counts, and
-# prints instructions / completed requests.
+# prints instructions / completed requests. The peer, nginx `limit_req` as
+# bench/load.sh configures it (one process), is counted the same way first,
+# and each binary's counts are also printed as a ratio to nginx's.
 #
 # Run:    bench/instructions.sh [BINARY ...]     (default: target/release/tollgate,
 #                                                built unless SKIP_BUILD=1)
-# Knobs:  BASE_PORT=18180 (uses BASE_PORT .. BASE_PORT+2)
+# Knobs:  BASE_PORT=18180 (uses BASE_PORT .. BASE_PORT+4)
 # Needs valgrind, nginx and wrk (installed with apt-get when absent).
 set -euo pipefail
 
@@ -54,17 +56,18 @@ wait_port "$PORT_UP"
 tollgate_conf 1 $((BASE_PORT + 1)) 1000000 "1000000/s" "$PORT_UP" >"$TMP/allow.toml"
 tollgate_conf 1 $((BASE_PORT + 2)) 1 "1/m" "$PORT_UP" >"$TMP/deny.toml"
 
-# Instructions per request of binary $1 with config $2 on port $3.
+# Instructions per request of the server started by the command "$@"
+# (under callgrind), listening on port $PORT.
 count() {
   local out="$TMP/cg" pid requests total
   rm -f "$out".*
   TOLLGATE_LOG=warn valgrind --tool=callgrind --instr-atstart=no \
-    --callgrind-out-file="$out.%p" "$1" run -c "$2" >"$TMP/cg.log" 2>&1 &
+    --callgrind-out-file="$out.%p" "$@" >"$TMP/cg.log" 2>&1 &
   pid=$!
-  wait_port "$3"
-  wrk -t1 -c16 -d2s "http://127.0.0.1:$3/" >/dev/null
+  wait_port "$PORT"
+  wrk -t1 -c16 -d2s "http://127.0.0.1:$PORT/" >/dev/null
   callgrind_control -i on "$pid" >/dev/null 2>&1
-  wrk -t1 -c16 -d5s "http://127.0.0.1:$3/" >"$TMP/wrk.out"
+  wrk -t1 -c16 -d5s "http://127.0.0.1:$PORT/" >"$TMP/wrk.out"
   callgrind_control -d "$pid" >/dev/null 2>&1
   sleep 0.5
   kill "$pid"
@@ -74,9 +77,22 @@ count() {
   echo $((total / requests))
 }
 
-printf 'binary\tallow_instr/req\tdeny_instr/req\n'
+# The peer: nginx `limit_req` configured as in bench/load.sh, as one process
+# (`master_process off`) so callgrind sees the process that serves.
+nginx_count() {
+  PORT=$1
+  { echo "master_process off;"; nginx_proxy_conf 1 "$1" "$2" "$3" "$PORT_UP" "$TMP"; } >"$TMP/ng-$1.conf"
+  count "$NGINX" -p "$TMP/" -e "$TMP/ng-$1.err" -c "$TMP/ng-$1.conf"
+}
+ng_allow=$(nginx_count $((BASE_PORT + 3)) "burst=1000000 nodelay" "1000000r/s")
+ng_deny=$(nginx_count $((BASE_PORT + 4)) "" "1r/m")
+
+printf 'server\tallow_instr/req\tdeny_instr/req\tallow_vs_nginx\tdeny_vs_nginx\n'
+printf 'nginx limit_req\t%s\t%s\t1.00\t1.00\n' "$ng_allow" "$ng_deny"
 for binary in "$@"; do
-  allow=$(count "$binary" "$TMP/allow.toml" $((BASE_PORT + 1)))
-  deny=$(count "$binary" "$TMP/deny.toml" $((BASE_PORT + 2)))
-  printf '%s\t%s\t%s\n' "$(basename "$binary")" "$allow" "$deny"
+  allow=$(PORT=$((BASE_PORT + 1)) count "$binary" run -c "$TMP/allow.toml")
+  deny=$(PORT=$((BASE_PORT + 2)) count "$binary" run -c "$TMP/deny.toml")
+  printf '%s\t%s\t%s\t%s\t%s\n' "$(basename "$binary")" "$allow" "$deny" \
+    "$(awk -v a="$allow" -v b="$ng_allow" 'BEGIN {printf "%.2f", a / b}')" \
+    "$(awk -v a="$deny" -v b="$ng_deny" 'BEGIN {printf "%.2f", a / b}')"
 done

@@ -101,41 +101,6 @@ start_nginx "$TMP/upstream.conf"
 UP_PID=$STARTED
 wait_port "$PORT_UP"
 
-# nginx proxy with `limit_req`; $1 = workers, $2 = port, $3 = extra
-# `limit_req` parameters, $4 = the zone's rate.
-nginx_proxy_conf() {
-  cat <<EOF
-daemon off;
-worker_processes $1;
-pid $TMP/ng-$2.pid;
-# crit: limit_req logs every denial at "error"; tollgate logs none.
-error_log $TMP/ng-$2.err crit;
-events { worker_connections 4096; }
-http {
-  access_log off;
-  keepalive_requests 10000000;
-  limit_req_zone \$binary_remote_addr zone=z$2:10m rate=$4;
-  limit_req_status 429;
-  upstream up {
-    server 127.0.0.1:$PORT_UP;
-    keepalive 64;
-    keepalive_requests 10000000;
-  }
-  server {
-    listen 127.0.0.1:$2;
-    location / {
-      limit_req zone=z$2 $3;
-      proxy_pass http://up;
-      proxy_http_version 1.1;
-      proxy_set_header Connection "";
-      proxy_set_header X-Forwarded-For \$proxy_add_x_forwarded_for;
-      proxy_set_header X-Forwarded-Proto \$scheme;
-    }
-  }
-}
-EOF
-}
-
 # Starts tollgate with config file $1; pid in $STARTED, as for nginx.
 start_tollgate() {
   TOLLGATE_LOG=warn "$TOLLGATE" run -c "$1" >/dev/null 2>>"$1.err" &
@@ -197,8 +162,8 @@ printf 'workers\tround\ttarget\treq/s\tp50_us\tp99_us\tcpu_us/req\tnon2xx\n'
 for workers in $WORKERS; do
   tollgate_conf "$workers" "$PORT_TG_ALLOW" 1000000 "1000000/s" "$PORT_UP" >"$TMP/tg-allow.toml"
   tollgate_conf "$workers" "$PORT_TG_DENY" 1 "1/m" "$PORT_UP" >"$TMP/tg-deny.toml"
-  nginx_proxy_conf "$workers" "$PORT_NG_ALLOW" "burst=1000000 nodelay" "1000000r/s" >"$TMP/ng-allow.conf"
-  nginx_proxy_conf "$workers" "$PORT_NG_DENY" "" "1r/m" >"$TMP/ng-deny.conf"
+  nginx_proxy_conf "$workers" "$PORT_NG_ALLOW" "burst=1000000 nodelay" "1000000r/s" "$PORT_UP" "$TMP" >"$TMP/ng-allow.conf"
+  nginx_proxy_conf "$workers" "$PORT_NG_DENY" "" "1r/m" "$PORT_UP" "$TMP" >"$TMP/ng-deny.conf"
   start_tollgate "$TMP/tg-allow.toml"
   TG_ALLOW=$STARTED
   start_tollgate "$TMP/tg-deny.toml"
