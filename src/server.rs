@@ -34,7 +34,9 @@
 //!   changes: new addresses are bound (on every worker), removed ones stop
 //!   accepting on every worker (their open connections carry on).
 //! - **Drain**: on shutdown every worker closes its listeners (new connections
-//!   are refused), open connections finish their in-flight request with
+//!   are refused) and starts the [`Drain`] the connections watch (an atomic
+//!   load per poll, where the shutdown `watch` channel would lock a list every
+//!   connection shares), open connections finish their in-flight request with
 //!   `Connection: close`, and the drain waits at most `shutdown_timeout` for
 //!   the connections of all workers. Worker runtimes stay up until the whole
 //!   drain is over: a request draining on one worker may be using an upstream
@@ -59,6 +61,7 @@ use tokio::sync::{OwnedSemaphorePermit, Semaphore, mpsc, oneshot, watch};
 use tokio::time::Instant;
 
 use crate::app::App;
+use crate::drain::{Drain, DrainWatch};
 use crate::handler::{Downstream, handle};
 use crate::proxy::body::Completion;
 use crate::worker::worker_count;
@@ -154,6 +157,9 @@ struct Shared {
     app: Arc<App>,
     permits: Arc<Semaphore>,
     shutdown: watch::Receiver<bool>,
+    /// What connections watch for the drain: set by the workers when
+    /// `shutdown` turns true (cheaper to poll than `shutdown` itself).
+    drain: Arc<Drain>,
     /// Held by each worker until it stops accepting and by each connection
     /// task: the drain ends when all are gone.
     alive: mpsc::Sender<()>,
@@ -208,6 +214,7 @@ pub fn start(
         app: app.clone(),
         permits: Arc::new(Semaphore::new(limits.max_connections)),
         shutdown: shutdown.clone(),
+        drain: Drain::new(worker_count()),
         alive: alive_tx,
     };
     let count = worker_count();
@@ -418,6 +425,8 @@ async fn run_worker(shared: Shared, mut commands: mpsc::UnboundedReceiver<Comman
             },
         }
     }
+    // Every worker starts it; the first one to get here wakes them all.
+    accepting.shared.drain.start();
     let addresses: Vec<SocketAddr> = accepting.loops.keys().copied().collect();
     for address in addresses {
         accepting.stop(address).await;
@@ -525,10 +534,10 @@ async fn accept_loop(shared: Shared, listener: TcpListener, mut stop: watch::Rec
     {
         let _ = stream.set_nodelay(true);
         let app = shared.app.clone();
-        let shutdown = shared.shutdown.clone();
+        let drain = shared.drain.watch(crate::worker::worker_index());
         let alive = shared.alive.clone();
         tokio::spawn(async move {
-            serve_connection(app, stream, peer, shutdown).await;
+            serve_connection(app, stream, peer, drain).await;
             drop(permit);
             drop(alive);
         });
@@ -639,7 +648,7 @@ async fn serve_connection(
     app: Arc<App>,
     stream: TcpStream,
     peer: SocketAddr,
-    mut shutdown: watch::Receiver<bool>,
+    mut drain: DrainWatch,
 ) {
     let server = app.snapshot().config.server.clone();
     let activity = Arc::new(ConnActivity::new());
@@ -697,7 +706,7 @@ async fn serve_connection(
                 }
                 return;
             }
-            _ = shutdown.changed(), if !draining => {
+            _ = &mut drain, if !draining => {
                 connection.as_mut().graceful_shutdown();
                 draining = true;
             }
