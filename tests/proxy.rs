@@ -526,3 +526,29 @@ async fn upstream_connections_are_reused_and_closed_ones_are_not() {
     }
     assert_eq!(upstream.count(), 40);
 }
+
+#[tokio::test]
+async fn an_upstream_with_several_urls_takes_them_in_turn() {
+    let (first, second) = (TestUpstream::start().await, TestUpstream::start().await);
+    let gateway = Gateway::start(&format!(
+        r#"
+[server]
+listen = "127.0.0.1:0"
+
+[upstreams.pair]
+url = ["{}", "{}"]
+
+[[routes]]
+name = "all"
+match = {{ path_prefix = "/" }}
+upstream = "pair"
+"#,
+        first.url(),
+        second.url()
+    ));
+    for i in 0..6 {
+        let reply = get(gateway.addr, "/turn", &[]).await;
+        assert_eq!(reply.status, 200, "request {i}");
+    }
+    assert_eq!((first.count(), second.count()), (3, 3));
+}

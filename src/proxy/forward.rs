@@ -71,7 +71,13 @@ impl Upstream {
 
     /// The next base URL's index, round robin.
     fn pick(&self) -> usize {
-        self.next.fetch_add(1, Ordering::Relaxed) % self.config.urls.len()
+        let urls = self.config.urls.len();
+        // One URL: no turn to take. The counter is a cache line every
+        // worker would otherwise write on every request.
+        if urls == 1 {
+            return 0;
+        }
+        self.next.fetch_add(1, Ordering::Relaxed) % urls
     }
 
     /// Sends the request upstream and waits for the response head, at most
