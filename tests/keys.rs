@@ -282,14 +282,13 @@ async fn consumers_can_live_in_their_own_file() {
     );
 }
 
-#[tokio::test]
-async fn the_client_is_counted_from_the_right_of_x_forwarded_for() {
-    let upstream = TestUpstream::start().await;
-    let gw = gateway(
-        &upstream,
+/// A route allowing each client address one request a day, with `client_ip`
+/// as the body of the `[client_ip]` table.
+fn one_request_per_client_ip(client_ip: &str) -> String {
+    format!(
         r#"
 [client_ip]
-trusted_hops = 1
+{client_ip}
 
 [limits.per_ip]
 key = "ip"
@@ -301,11 +300,17 @@ align = "first_request"
 
 [[routes]]
 name = "api"
-match = { path_prefix = "/" }
+match = {{ path_prefix = "/" }}
 upstream = "api"
 limits = ["per_ip"]
-"#,
-    );
+"#
+    )
+}
+
+#[tokio::test]
+async fn the_client_is_counted_from_the_right_of_x_forwarded_for() {
+    let upstream = TestUpstream::start().await;
+    let gw = gateway(&upstream, &one_request_per_client_ip("trusted_hops = 1"));
     // Our load balancer appended 203.0.113.5; what the client wrote to the
     // left changes nothing.
     let xff = |spoof: &str| format!("{spoof}, 203.0.113.5");
@@ -334,41 +339,14 @@ async fn ipv6_clients_are_grouped_by_prefix() {
     let upstream = TestUpstream::start().await;
     let gw = gateway(
         &upstream,
-        r#"
-[client_ip]
-trusted_cidrs = ["127.0.0.0/8"]
-ipv6_prefix = 64
-
-[limits.per_ip]
-key = "ip"
-algorithm = "fixed_window"
-limit = 1
-window = "1d"
-# Windows start at the first request: no epoch boundary can fall inside a test.
-align = "first_request"
-
-[[routes]]
-name = "api"
-match = { path_prefix = "/" }
-upstream = "api"
-limits = ["per_ip"]
-"#,
+        &one_request_per_client_ip(
+            r#"trusted_cidrs = ["127.0.0.0/8"]
+ipv6_prefix = 64"#,
+        ),
     );
-    let from = |ip: &str| [("x-forwarded-for", ip.to_owned())];
     let get_from = |ip: &'static str| {
         let addr = gw.addr;
-        async move {
-            get(
-                addr,
-                "/",
-                &from(ip)
-                    .iter()
-                    .map(|(k, v)| (*k, v.as_str()))
-                    .collect::<Vec<_>>(),
-            )
-            .await
-            .status
-        }
+        async move { get(addr, "/", &[("x-forwarded-for", ip)]).await.status }
     };
     assert_eq!(get_from("2001:db8:0:0::1").await, 200);
     assert_eq!(get_from("2001:db8:0:0:ffff::2").await, 429, "same /64");
@@ -386,25 +364,10 @@ async fn forwarded_header_can_carry_the_client() {
     let upstream = TestUpstream::start().await;
     let gw = gateway(
         &upstream,
-        r#"
-[client_ip]
-trusted_hops = 1
-header = "forwarded"
-
-[limits.per_ip]
-key = "ip"
-algorithm = "fixed_window"
-limit = 1
-window = "1d"
-# Windows start at the first request: no epoch boundary can fall inside a test.
-align = "first_request"
-
-[[routes]]
-name = "api"
-match = { path_prefix = "/" }
-upstream = "api"
-limits = ["per_ip"]
-"#,
+        &one_request_per_client_ip(
+            r#"trusted_hops = 1
+header = "forwarded""#,
+        ),
     );
     let forwarded = |ip: &str| format!("for=1.1.1.1, for=\"{ip}\";proto=https");
     assert_eq!(

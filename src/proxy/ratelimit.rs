@@ -327,6 +327,15 @@ mod tests {
         )
     }
 
+    /// The stack as the headers see it, with the server's default styles.
+    fn default_view<'a>(refs: &'a [&'a LimitConfig], algorithms: &'a [Algorithm]) -> StackView<'a> {
+        StackView {
+            limits: refs,
+            algorithms,
+            server: HeaderStyles::default(),
+        }
+    }
+
     fn stack() -> Vec<LimitConfig> {
         vec![
             limit(
@@ -350,11 +359,7 @@ mod tests {
     fn the_contract_example_serializes_exactly() {
         let limits = stack();
         let (refs, algorithms) = view_parts(&limits);
-        let view = StackView {
-            limits: &refs,
-            algorithms: &algorithms,
-            server: HeaderStyles::default(),
-        };
+        let view = default_view(&refs, &algorithms);
         let policy = policy_header(view).unwrap();
         assert_eq!(policy, "\"per_key\";q=20;w=2, \"per_ip\";q=100;w=60");
         let verdicts = [
@@ -382,11 +387,7 @@ mod tests {
     fn retry_after_is_never_earlier_than_t_and_at_least_one() {
         let limits = stack();
         let (refs, algorithms) = view_parts(&limits);
-        let view = StackView {
-            limits: &refs,
-            algorithms: &algorithms,
-            server: HeaderStyles::default(),
-        };
+        let view = default_view(&refs, &algorithms);
         let mut denied = entry(Outcome::Denied, 0, 5 * S);
         denied.verdict.retry_after = Some(1);
         let verdicts = [entry(Outcome::Allowed, 20, 0), denied];
@@ -406,11 +407,7 @@ mod tests {
         let mut limits = stack();
         limits[1].name = "odd \"name\" \\ with\ttab".into();
         let (refs, algorithms) = view_parts(&limits);
-        let view = StackView {
-            limits: &refs,
-            algorithms: &algorithms,
-            server: HeaderStyles::default(),
-        };
+        let view = default_view(&refs, &algorithms);
         let verdicts = [
             entry(Outcome::Allowed, 14, 0),
             entry(Outcome::Denied, 0, 3 * S),
@@ -451,11 +448,7 @@ mod tests {
     fn least_remaining_compares_fractions_exactly() {
         let limits = stack();
         let (refs, algorithms) = view_parts(&limits);
-        let view = StackView {
-            limits: &refs,
-            algorithms: &algorithms,
-            server: HeaderStyles::default(),
-        };
+        let view = default_view(&refs, &algorithms);
         // 10/20 = 0.5 against 49/100 = 0.49: per_ip has less left.
         let verdicts = [
             entry(Outcome::Allowed, 10, 0),
@@ -480,11 +473,7 @@ mod tests {
         let mut limits = stack();
         limits[1].shadow = true;
         let (refs, algorithms) = view_parts(&limits);
-        let view = StackView {
-            limits: &refs,
-            algorithms: &algorithms,
-            server: HeaderStyles::default(),
-        };
+        let view = default_view(&refs, &algorithms);
         assert_eq!(policy_header(view).unwrap(), "\"per_key\";q=20;w=2");
     }
 }
