@@ -5,4 +5,5 @@ pub mod body_fields;
 pub mod client_ip;
 pub mod consumer;
 mod forwarded;
+pub(crate) use forwarded::normalize;
 pub mod keys;

@@ -13,8 +13,10 @@ use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use super::body::RequestBody;
 use super::client::{ConnectionPool, OwnFields, UpstreamBody};
 use super::hop_by_hop::{ConnectionToken, connection_tokens, is_hop_by_hop};
+use super::structured::is_tchar;
 use crate::config::UpstreamConfig;
 use crate::error::GatewayError;
+use crate::identity::normalize;
 use http::header::{self, HeaderMap, HeaderName, HeaderValue};
 use http::request::Parts;
 use http::uri::{PathAndQuery, Uri};
@@ -44,17 +46,7 @@ impl Upstream {
         let pools = config
             .urls
             .iter()
-            .map(|url| {
-                // Validation guarantees an `http://` URL with an authority.
-                let host = url.host().unwrap_or("127.0.0.1");
-                let port = url.port_u16().unwrap_or(80);
-                let address = if host.contains(':') && !host.starts_with('[') {
-                    format!("[{host}]:{port}")
-                } else {
-                    format!("{host}:{port}")
-                };
-                ConnectionPool::new(address, config.connect_timeout)
-            })
+            .map(|url| ConnectionPool::new(socket_address(url), config.connect_timeout))
             .collect();
         Upstream {
             config,
@@ -161,6 +153,15 @@ impl Upstream {
     }
 }
 
+/// The `host:port` to connect to for an upstream URL. `Uri::host` keeps an
+/// IPv6 literal's brackets, so the result is always connectable text.
+fn socket_address(url: &Uri) -> String {
+    // Validation guarantees an `http://` URL with an authority.
+    let host = url.host().unwrap_or("127.0.0.1");
+    let port = url.port_u16().unwrap_or(80);
+    format!("{host}:{port}")
+}
+
 /// Arc'd upstreams of a snapshot, by index in [`Config::upstreams`](crate::config::Config).
 pub type Upstreams = Vec<Arc<Upstream>>;
 
@@ -253,7 +254,8 @@ fn own_fields(
     }
 
     // Written straight into the lines; the peer's text once, then copied.
-    let peer = canonical_ip(peer);
+    // IPv4-mapped IPv6 peers are shown as the IPv4 address they are.
+    let peer = normalize(peer);
     let lines = &mut own.lines;
     lines.extend_from_slice(b"x-forwarded-for: ");
     let earlier_hops = forwarded_for.then(|| headers.get_all(X_FORWARDED_FOR));
@@ -293,7 +295,7 @@ fn own_fields(
     lines.extend_from_slice(b";proto=");
     lines.extend_from_slice(proto.as_bytes());
     if let Some(host) = client_host.and_then(|h| h.to_str().ok()) {
-        if host.bytes().all(is_token_byte) {
+        if host.bytes().all(is_tchar) {
             lines.extend_from_slice(b";host=");
             lines.extend_from_slice(host.as_bytes());
         } else if host.bytes().all(|b| b != b'"' && b != b'\\') {
@@ -325,18 +327,6 @@ fn push_ip(buf: &mut Vec<u8>, ip: IpAddr) {
     }
 }
 
-/// IPv4-mapped IPv6 peers are shown as the IPv4 address they are.
-fn canonical_ip(ip: IpAddr) -> IpAddr {
-    match ip {
-        IpAddr::V6(v6) => v6.to_ipv4_mapped().map_or(ip, IpAddr::V4),
-        v4 => v4,
-    }
-}
-
-/// RFC 9110 `tchar`.
-fn is_token_byte(b: u8) -> bool {
-    b.is_ascii_alphanumeric() || b"!#$%&'*+-.^_`|~".contains(&b)
-}
 
 #[cfg(test)]
 mod tests {
@@ -426,6 +416,18 @@ mod tests {
             head.contains("forwarded: for=\"[2001:db8::1]\";proto=http;host=example.com\r\n"),
             "{head}"
         );
+    }
+
+    #[test]
+    fn socket_addresses_keep_ipv6_brackets() {
+        for (url, address) in [
+            ("http://127.0.0.1:8080/api", "127.0.0.1:8080"),
+            ("http://backend.internal", "backend.internal:80"),
+            ("http://[::1]:9000", "[::1]:9000"),
+            ("http://[2001:db8::5]/", "[2001:db8::5]:80"),
+        ] {
+            assert_eq!(socket_address(&url.parse().unwrap()), address, "{url}");
+        }
     }
 
     #[test]

@@ -81,7 +81,7 @@ fn check_integer(value: i64) -> Result<(), SfError> {
 }
 
 /// RFC 9110 tchar.
-fn is_tchar(b: u8) -> bool {
+pub(crate) fn is_tchar(b: u8) -> bool {
     b.is_ascii_alphanumeric() || b"!#$%&'*+-.^_`|~".contains(&b)
 }
 
