@@ -56,9 +56,11 @@ impl Upstream {
     }
 
     /// Closes idle upstream connections that expired or were closed by the
-    /// upstream; how many.
-    pub fn prune_idle(&self) -> usize {
-        self.pools.iter().map(|pool| pool.prune()).sum()
+    /// upstream.
+    pub fn prune_idle(&self) {
+        for pool in &self.pools {
+            pool.prune();
+        }
     }
 
     /// The next base URL's index, round robin.
@@ -326,7 +328,6 @@ fn push_ip(buf: &mut Vec<u8>, ip: IpAddr) {
         }
     }
 }
-
 
 #[cfg(test)]
 mod tests {

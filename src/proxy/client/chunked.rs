@@ -12,6 +12,8 @@ use std::io;
 
 use bytes::{Buf, Bytes, BytesMut};
 
+use super::head::invalid;
+
 /// Longest chunk-size line (size, extensions) or trailer line accepted; a
 /// longer one is a broken or hostile upstream.
 const MAX_LINE: usize = 4096;
@@ -56,20 +58,12 @@ impl Default for ChunkedDecoder {
     }
 }
 
-fn invalid(what: &'static str) -> io::Error {
-    io::Error::new(io::ErrorKind::InvalidData, what)
-}
-
 /// The position just past the next LF in `buf`, if one is there.
 fn line_end(buf: &[u8]) -> Option<usize> {
     buf.iter().position(|&b| b == b'\n').map(|i| i + 1)
 }
 
 impl ChunkedDecoder {
-    pub fn is_done(&self) -> bool {
-        self.state == State::Done
-    }
-
     /// Takes the next piece of the body out of `buf`.
     pub fn decode(&mut self, buf: &mut BytesMut) -> io::Result<Decoded> {
         loop {

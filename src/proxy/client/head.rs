@@ -63,7 +63,8 @@ pub enum Parsed {
     Partial,
 }
 
-fn invalid(what: &'static str) -> io::Error {
+/// An `InvalidData` error: what the upstream sent breaks HTTP/1.1.
+pub(super) fn invalid(what: &'static str) -> io::Error {
     io::Error::new(io::ErrorKind::InvalidData, what)
 }
 

@@ -66,6 +66,14 @@ struct Idle {
     since: Instant,
 }
 
+impl Idle {
+    /// Still worth handing out: not idle too long, and not closed (or sent
+    /// something unasked-for) by the upstream meanwhile.
+    fn usable(&mut self) -> bool {
+        self.since.elapsed() < IDLE_TIMEOUT && self.conn.is_idle_and_open()
+    }
+}
+
 /// The keep-alive connections to one upstream address (`host:port`).
 pub struct ConnectionPool {
     address: String,
@@ -111,7 +119,7 @@ impl ConnectionPool {
     fn take_idle(&self) -> Option<UpstreamConn> {
         loop {
             let mut idle = self.idle_list().lock().pop()?;
-            if idle.since.elapsed() < IDLE_TIMEOUT && idle.conn.is_idle_and_open() {
+            if idle.usable() {
                 return Some(idle.conn);
             }
         }
@@ -142,16 +150,15 @@ impl ConnectionPool {
         for list in self.idle.iter() {
             let mut idle = list.lock();
             let before = idle.len();
-            idle.retain_mut(|idle| {
-                idle.since.elapsed() < IDLE_TIMEOUT && idle.conn.is_idle_and_open()
-            });
+            idle.retain_mut(Idle::usable);
             closed += before - idle.len();
         }
         closed
     }
 
     /// Idle connections, all workers together.
-    pub fn idle_count(&self) -> usize {
+    #[cfg(test)]
+    fn idle_count(&self) -> usize {
         self.idle.iter().map(|list| list.lock().len()).sum()
     }
 

@@ -68,12 +68,15 @@ impl UpstreamBody {
         }
     }
 
+    /// A body of `length` bytes still to come (at least one: a body already
+    /// read whole is a full one). The connection goes back at the last byte.
     pub fn length(
         conn: UpstreamConn,
         pool: Arc<ConnectionPool>,
         length: u64,
         keep_alive: bool,
     ) -> UpstreamBody {
+        debug_assert!(length > 0, "an empty body is not streamed");
         Self::streaming(conn, pool, Remaining::Length(length), keep_alive)
     }
 
@@ -152,10 +155,8 @@ impl Body for UpstreamBody {
             };
             match remaining {
                 Remaining::Length(left) => {
-                    if *left == 0 {
-                        release(conn_slot, pool, keep_alive);
-                        return Poll::Ready(None);
-                    }
+                    // Never 0 here: the last byte hands the connection back
+                    // (and `conn_slot` is empty from then on).
                     if !conn.read.is_empty() {
                         let take = usize::try_from(*left)
                             .unwrap_or(usize::MAX)
@@ -210,9 +211,7 @@ impl Body for UpstreamBody {
         match &self.kind {
             Kind::Full(bytes) => bytes.is_none(),
             Kind::Upgrade(_) => true,
-            Kind::Streaming(streaming) => {
-                streaming.conn.is_none() || matches!(streaming.remaining, Remaining::Length(0))
-            }
+            Kind::Streaming(streaming) => streaming.conn.is_none(),
         }
     }
 
