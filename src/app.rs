@@ -349,23 +349,22 @@ impl App {
         self.generations.subscribe()
     }
 
-    /// Evicts idle keys of every limiter and updates `tollgate_limiter_keys`;
-    /// returns how many keys were removed. Also closes idle upstream
-    /// connections that expired or that their upstream closed.
+    /// Evicts idle keys of every limiter; returns how many keys were
+    /// removed. Also closes idle upstream connections that expired or that
+    /// their upstream closed. (`tollgate_limiter_keys` is refreshed where it
+    /// is read: by each `/metrics` scrape.)
     pub fn sweep(&self) -> usize {
         let now = self.clock.now();
         let snapshot = self.snapshot();
         for upstream in &snapshot.upstreams {
             upstream.prune_idle();
         }
-        let removed = snapshot
+        snapshot
             .limiters
             .iter()
             .flat_map(LimiterSet::all)
             .map(|l| l.sweep(now))
-            .sum();
-        self.refresh_limiter_keys();
-        removed
+            .sum()
     }
 
     /// Sets `tollgate_limiter_keys{limit}` to the keys each limit holds now.
