@@ -297,6 +297,11 @@ fn identify_caller<'s>(
     parts: &Parts,
 ) -> Result<Option<&'s Consumer>, GatewayError> {
     let config = &snapshot.config;
+    // With no consumers and nothing that refuses a request for its key,
+    // every answer is "no consumer": the key is not looked for.
+    if config.consumers.is_empty() && !config.api_keys.reject_unknown && !route.require_consumer {
+        return Ok(None);
+    }
     match identify(&parts.headers, &config.api_keys, &config.consumers) {
         Caller::Known(consumer) => Ok(Some(consumer)),
         Caller::UnknownKey if config.api_keys.reject_unknown || route.require_consumer => {
@@ -331,12 +336,13 @@ async fn buffer_for_key(
     route: &RouteConfig,
 ) -> Result<(PendingBody, Option<BodyFields>), GatewayError> {
     let cap = config.server.max_key_body;
+    let declared = declared_length(parts);
     if let Some(limit) = route.max_body
-        && declared_length(parts).is_some_and(|length| length > limit)
+        && declared.is_some_and(|length| length > limit)
     {
         return Err(GatewayError::BodyTooLarge { limit });
     }
-    if declared_length(parts).is_some_and(|length| length > cap as u64) {
+    if declared.is_some_and(|length| length > cap as u64) {
         // Over the key cap: not worth reading; the key is missing.
         return Ok((PendingBody::Fresh(incoming), None));
     }
@@ -482,13 +488,13 @@ fn limit_request<'s>(
                 ));
             }
         };
-        let algorithm = limit.algorithm_for(caller_plan);
+        // A plan's limiter is built with the plan's numbers.
+        let limiter = snapshot.limiters[i].for_plan(caller_plan);
+        let algorithm = limiter.algorithm();
         admitted.planned |= plan.has_plans && algorithm != limit.algorithm;
         admitted.stack.push(limit);
         admitted.algorithms.push(algorithm);
-        admitted
-            .limiters
-            .push(snapshot.limiters[i].for_plan(caller_plan));
+        admitted.limiters.push(limiter);
         admitted.keys.push(key);
     }
     let entries: SmallVec<[StackEntry<'_>; INLINE_STACK]> = admitted

@@ -180,14 +180,6 @@ pub struct LimitConfig {
     pub align: WindowAlign,
 }
 
-impl LimitConfig {
-    /// The algorithm in force for a consumer on `plan`.
-    pub fn algorithm_for(&self, plan: Option<&str>) -> Algorithm {
-        plan.and_then(|p| self.plans.iter().find(|(name, _)| &**name == p))
-            .map_or(self.algorithm, |(_, algorithm)| *algorithm)
-    }
-}
-
 #[derive(Debug, Clone)]
 pub struct RouteConfig {
     pub name: String,

@@ -229,10 +229,6 @@ impl Limiter {
         self
     }
 
-    pub fn align(&self) -> WindowAlign {
-        self.align
-    }
-
     pub fn name(&self) -> &str {
         &self.name
     }
