@@ -201,22 +201,24 @@ pub struct RawPlan {
 }
 
 impl RawPlan {
-    /// The parameter keys this plan sets.
-    pub fn keys(&self) -> Vec<&'static str> {
-        let mut keys = Vec::new();
-        for (key, present) in [
+    /// Each algorithm parameter's key, and whether this plan sets it.
+    pub fn present(&self) -> [(&'static str, bool); 6] {
+        [
             ("limit", self.limit.is_some()),
             ("window", self.window.is_some()),
             ("capacity", self.capacity.is_some()),
             ("refill", self.refill.is_some()),
             ("rate", self.rate.is_some()),
             ("max", self.max.is_some()),
-        ] {
-            if present {
-                keys.push(key);
-            }
-        }
-        keys
+        ]
+    }
+
+    /// The parameter keys this plan sets.
+    pub fn keys(&self) -> Vec<&'static str> {
+        self.present()
+            .into_iter()
+            .filter_map(|(key, present)| present.then_some(key))
+            .collect()
     }
 
     /// `self` over `base`: the plan's values win.

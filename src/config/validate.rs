@@ -87,6 +87,16 @@ impl Checker {
         }
     }
 
+    fn header_name(&mut self, path: KeyPath, text: &str) -> Option<HeaderName> {
+        match HeaderName::from_bytes(text.as_bytes()) {
+            Ok(name) => Some(name),
+            Err(_) => {
+                self.problem(path, format!("`{text}` is not a valid header name"));
+                None
+            }
+        }
+    }
+
     fn one_of<'a>(&mut self, path: KeyPath, value: &str, allowed: &[&'a str]) -> Option<&'a str> {
         if let Some(found) = allowed.iter().find(|a| **a == value) {
             return Some(found);
@@ -308,16 +318,9 @@ fn check_api_keys(c: &mut Checker, path: &KeyPath, raw: &raw::RawApiKeys) -> Api
     let source = match raw.header.as_deref() {
         None => ApiKeySource::Header(HeaderName::from_static("x-api-key")),
         Some(name) if name.eq_ignore_ascii_case("authorization") => ApiKeySource::Bearer,
-        Some(name) => match HeaderName::from_bytes(name.as_bytes()) {
-            Ok(header) => ApiKeySource::Header(header),
-            Err(_) => {
-                c.problem(
-                    path.key("header"),
-                    format!("`{name}` is not a valid header name"),
-                );
-                ApiKeySource::Bearer
-            }
-        },
+        Some(name) => c
+            .header_name(path.key("header"), name)
+            .map_or(ApiKeySource::Bearer, ApiKeySource::Header),
     };
     let reject_unknown = match raw.unknown_key.as_deref() {
         None => false,
@@ -371,19 +374,20 @@ fn load_consumers_file(
         problem.position = offset.map(|o| line_column(&text, o));
         c.problems.push(problem);
     };
+    // The syntax tree places problems (line, key path) on either path.
+    let document = DeTable::parse(&text).ok();
     let raw: raw::RawConsumersFile = match toml::from_str(&text) {
         Ok(raw) => raw,
         Err(e) => {
             let offset = e.span().map(|s| s.start);
-            let path = match (DeTable::parse(&text), offset) {
-                (Ok(doc), Some(o)) => path_at(doc.get_ref(), o),
+            let path = match (&document, offset) {
+                (Some(doc), Some(o)) => path_at(doc.get_ref(), o),
                 _ => KeyPath::default(),
             };
             in_file(path, explain_serde_message(e.message()), offset);
             return;
         }
     };
-    let document = DeTable::parse(&text).ok();
     for (key, consumer) in &raw.consumers {
         let path = KeyPath::default().key("consumers").key(key);
         let offset = document
@@ -653,13 +657,7 @@ fn check_key_part(c: &mut Checker, path: KeyPath, text: &str) -> Option<KeyPart>
         "route" => Some(KeyPart::Route),
         "header" => {
             let name = named(c, name)?;
-            match HeaderName::from_bytes(name.as_bytes()) {
-                Ok(h) => Some(KeyPart::Header(h)),
-                Err(_) => {
-                    c.problem(path, format!("`{name}` is not a valid header name"));
-                    None
-                }
-            }
+            c.header_name(path, &name).map(KeyPart::Header)
         }
         "query" => named(c, name).map(KeyPart::Query),
         "cookie" => named(c, name).map(KeyPart::Cookie),
@@ -681,7 +679,7 @@ fn check_key_part(c: &mut Checker, path: KeyPath, text: &str) -> Option<KeyPart>
 }
 
 fn check_limit(c: &mut Checker, path: &KeyPath, name: &str, raw: &raw::RawLimit) -> LimitConfig {
-    if name.is_empty() || !name.bytes().all(|b| (0x20..0x7f).contains(&b)) {
+    if name.is_empty() || crate::proxy::structured::check_string(name).is_err() {
         c.problem(
             path.clone(),
             "a limit's name must be printable ASCII: it is sent in RateLimit headers",
@@ -706,15 +704,6 @@ fn check_limit(c: &mut Checker, path: &KeyPath, name: &str, raw: &raw::RawLimit)
         })
         .collect();
 
-    if raw.mode.is_some() && raw.algorithm != "leaky_bucket" {
-        c.problem(
-            path.key("mode"),
-            format!(
-                "`mode` is a parameter of leaky_bucket, not of {}",
-                raw.algorithm
-            ),
-        );
-    }
     let base = raw.params();
     let mode = mode_of(c, path, raw);
     let algorithm = check_algorithm(c, &raw.algorithm, &base, mode, &|key| path.key(key));
@@ -799,24 +788,20 @@ fn check_align(
         return WindowAlign::default();
     }
     const DAY: Nanos = 86_400 * crate::limit::NANOS_PER_SEC;
+    // A misplaced setting is reported at the first of the two present.
+    let key = if raw.align.is_some() {
+        "align"
+    } else {
+        "reset_jitter"
+    };
     let window = match algorithm {
         Algorithm::FixedWindow { window, .. } => *window,
         _ => {
-            let key = if raw.align.is_some() {
-                "align"
-            } else {
-                "reset_jitter"
-            };
             c.problem(path.key(key), "applies to fixed_window limits only");
             return WindowAlign::default();
         }
     };
     if window < DAY {
-        let key = if raw.align.is_some() {
-            "align"
-        } else {
-            "reset_jitter"
-        };
         c.problem(path.key(key), "applies to windows of a day or longer");
         return WindowAlign::default();
     }
@@ -854,6 +839,13 @@ fn check_align(
 fn mode_of(c: &mut Checker, path: &KeyPath, raw: &raw::RawLimit) -> Option<LeakyMode> {
     let text = raw.mode.as_deref()?;
     if raw.algorithm != "leaky_bucket" {
+        c.problem(
+            path.key("mode"),
+            format!(
+                "`mode` is a parameter of leaky_bucket, not of {}",
+                raw.algorithm
+            ),
+        );
         return None;
     }
     match c.one_of(path.key("mode"), text, &["reject", "delay"]) {
@@ -877,21 +869,13 @@ fn check_algorithm(
     let Some(name) = c.one_of(at("algorithm"), algorithm, &ALGORITHMS) else {
         return fallback;
     };
-    let present: [(&str, bool); 6] = [
-        ("limit", raw.limit.is_some()),
-        ("window", raw.window.is_some()),
-        ("capacity", raw.capacity.is_some()),
-        ("refill", raw.refill.is_some()),
-        ("rate", raw.rate.is_some()),
-        ("max", raw.max.is_some()),
-    ];
     let wanted: &[&str] = match name {
         "fixed_window" | "sliding_window" | "sliding_log" => &["limit", "window"],
         "token_bucket" => &["capacity", "refill"],
         "leaky_bucket" => &["capacity", "rate"],
         _ => &["max"],
     };
-    for (key, is_present) in present {
+    for (key, is_present) in raw.present() {
         if is_present && !wanted.contains(&key) {
             c.problem(
                 at(key),
@@ -1056,19 +1040,10 @@ fn check_route(
         Some(n) => n,
         None => 1,
     };
-    let cost_header =
-        raw.cost_header
-            .as_ref()
-            .and_then(|h| match HeaderName::from_bytes(h.as_bytes()) {
-                Ok(name) => Some(name),
-                Err(_) => {
-                    c.problem(
-                        path.key("cost_header"),
-                        format!("`{h}` is not a valid header name"),
-                    );
-                    None
-                }
-            });
+    let cost_header = raw
+        .cost_header
+        .as_ref()
+        .and_then(|h| c.header_name(path.key("cost_header"), h));
     let max_body = raw
         .max_body
         .as_ref()
@@ -1117,16 +1092,10 @@ fn check_match(c: &mut Checker, path: &KeyPath, raw: &raw::RawMatch) -> RouteMat
         .flat_map(BTreeMap::iter)
         .filter_map(|(name, value)| {
             let header_path = path.key("header").key(name);
-            match (
-                HeaderName::from_bytes(name.as_bytes()),
-                HeaderValue::from_str(value),
-            ) {
-                (Ok(n), Ok(v)) => Some((n, v)),
-                (Err(_), _) => {
-                    c.problem(header_path, format!("`{name}` is not a valid header name"));
-                    None
-                }
-                (_, Err(_)) => {
+            let name = c.header_name(header_path.clone(), name)?;
+            match HeaderValue::from_str(value) {
+                Ok(value) => Some((name, value)),
+                Err(_) => {
                     c.problem(header_path, "is not a valid header value");
                     None
                 }

@@ -64,7 +64,7 @@ pub enum SfError {
 }
 
 /// Checks an sf-string (RFC 9651 §4.1.6, step 2).
-fn check_string(value: &str) -> Result<(), SfError> {
+pub(crate) fn check_string(value: &str) -> Result<(), SfError> {
     match value.bytes().position(|b| !(0x20..=0x7e).contains(&b)) {
         Some(offset) => Err(SfError::StringNotPrintable { offset }),
         None => Ok(()),
