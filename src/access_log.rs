@@ -63,7 +63,7 @@ impl LogDenied {
 }
 
 /// Decides, per denied request, whether it gets an access-log line.
-#[derive(Debug, Default)]
+#[derive(Debug)]
 pub struct DeniedSampler {
     policy: LogDenied,
     /// Denied requests seen so far (only counted under `Sample`).
@@ -76,10 +76,6 @@ impl DeniedSampler {
             policy,
             seen: AtomicU64::new(0),
         }
-    }
-
-    pub fn policy(&self) -> LogDenied {
-        self.policy
     }
 
     /// Whether to log this denied request. Under `sample:N` the first denied
