@@ -1,9 +1,11 @@
 # Shared by bench/load.sh and bench/instructions.sh (sourced, not run): the
-# tools they need, waiting for a port, and the configurations both measure —
-# the nginx upstream, nginx `limit_req` as the peer, and tollgate's
-# token-bucket limit — so the scripts always measure the same thing.
+# tools they need, the scratch directory and the children to stop, waiting
+# for a port, and the configurations both measure — the nginx upstream,
+# nginx `limit_req` as the peer, and tollgate's token-bucket limit — so the
+# scripts always measure the same thing.
 
-# Installs the commands named (package = command) that are missing.
+# Installs the commands named (package = command) that are missing, and sets
+# $NGINX to nginx's path (it may be outside $PATH, in /usr/sbin).
 need_tools() {
   local missing=() tool
   for tool in "$@"; do
@@ -18,6 +20,31 @@ need_tools() {
     apt-get update -qq
     apt-get install -y -qq "${missing[@]}" >/dev/null
   fi
+  NGINX=$(command -v nginx || echo /usr/sbin/nginx)
+}
+
+# Builds the release binary unless SKIP_BUILD=1.
+build_release() {
+  if [ "${SKIP_BUILD:-0}" != 1 ]; then
+    cargo build --release --bin tollgate
+  fi
+}
+
+# Makes the scratch directory $TMP and the list $PIDS of children to stop;
+# at exit (or on INT/TERM) every child is stopped and $TMP removed.
+start_scratch() {
+  TMP=$(mktemp -d)
+  chmod 755 "$TMP" # nginx workers may run as another user
+  PIDS=()
+  trap cleanup EXIT
+  trap 'exit 130' INT TERM
+}
+
+cleanup() {
+  local pid
+  for pid in "${PIDS[@]}"; do kill "$pid" 2>/dev/null || true; done
+  for pid in "${PIDS[@]}"; do wait "$pid" 2>/dev/null || true; done
+  rm -rf "$TMP"
 }
 
 # Waits until something accepts on 127.0.0.1:$1 (up to 10 s).

@@ -27,25 +27,13 @@ cd "$(dirname "$0")/.."
 # shellcheck source=bench/common.sh
 . bench/common.sh
 need_tools valgrind nginx wrk
-NGINX=$(command -v nginx || echo /usr/sbin/nginx)
 
 if [ $# -eq 0 ]; then
-  if [ "${SKIP_BUILD:-0}" != 1 ]; then
-    cargo build --release --bin tollgate
-  fi
+  build_release
   set -- "$PWD/target/release/tollgate"
 fi
 
-TMP=$(mktemp -d)
-chmod 755 "$TMP"
-PIDS=()
-cleanup() {
-  for pid in "${PIDS[@]}"; do kill "$pid" 2>/dev/null || true; done
-  for pid in "${PIDS[@]}"; do wait "$pid" 2>/dev/null || true; done
-  rm -rf "$TMP"
-}
-trap cleanup EXIT
-trap 'exit 130' INT TERM
+start_scratch
 
 PORT_UP=$BASE_PORT
 upstream_conf "$PORT_UP" "$TMP" >"$TMP/upstream.conf"

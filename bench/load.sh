@@ -43,27 +43,11 @@ cd "$(dirname "$0")/.."
 # shellcheck source=bench/common.sh
 . bench/common.sh
 need_tools nginx wrk
-NGINX=$(command -v nginx || echo /usr/sbin/nginx)
-
-if [ "${SKIP_BUILD:-0}" != 1 ]; then
-  cargo build --release --bin tollgate
-fi
+build_release
 TOLLGATE=$PWD/target/release/tollgate
 
-# ---- temp dir and cleanup ----------------------------------------------------
-TMP=$(mktemp -d)
-chmod 755 "$TMP" # nginx workers may run as another user
-PIDS=()
-cleanup() {
-  for pid in "${PIDS[@]}"; do
-    kill "$pid" 2>/dev/null || true
-  done
-  for pid in "${PIDS[@]}"; do
-    wait "$pid" 2>/dev/null || true
-  done
-  rm -rf "$TMP"
-}
-trap cleanup EXIT
+# ---- scratch directory and the children to stop at exit ----------------------
+start_scratch
 
 # Stops the given children and forgets them (so cleanup never signals a
 # reused pid).
@@ -78,7 +62,6 @@ stop() {
   done
   PIDS=("${keep[@]}")
 }
-trap 'exit 130' INT TERM
 
 PORT_UP=$BASE_PORT
 PORT_TG_ALLOW=$((BASE_PORT + 1))
