@@ -48,6 +48,15 @@ impl LimiterSet {
     }
 }
 
+impl RoutePlan {
+    /// `RateLimit-Policy` for a caller on `plan` (or on none).
+    pub fn policy_for(&self, plan: Option<&str>) -> Option<HeaderValue> {
+        plan.and_then(|p| self.plan_policies.iter().find(|(name, _)| &**name == p))
+            .map_or(&self.policy, |(_, policy)| policy)
+            .clone()
+    }
+}
+
 /// A route compiled for the request path.
 #[derive(Debug)]
 pub struct RoutePlan {
@@ -57,9 +66,9 @@ pub struct RoutePlan {
     pub stack: Vec<usize>,
     /// `RateLimit-Policy` for callers without a plan: serialized once here.
     pub policy: Option<HeaderValue>,
-    /// Some limit of the stack has per-plan numbers: a caller on a plan gets
-    /// a policy computed for them.
-    pub has_plans: bool,
+    /// `RateLimit-Policy` for callers on each plan that changes some limit's
+    /// numbers on this route, serialized once here too.
+    pub plan_policies: Vec<(Arc<str>, Option<HeaderValue>)>,
     /// Some limit of the stack keys on a body field: the body is buffered
     /// (up to `max_key_body`) before the limit step.
     pub needs_body: bool,
@@ -114,6 +123,28 @@ impl Snapshot {
                     algorithms: &algorithms,
                     server: config.server.headers,
                 };
+                let mut plan_policies: Vec<(Arc<str>, Option<HeaderValue>)> = Vec::new();
+                for (plan, _) in limits.iter().flat_map(|l| &l.plans) {
+                    if plan_policies.iter().any(|(seen, _)| seen == plan) {
+                        continue;
+                    }
+                    let plan_algorithms: Vec<_> = limits
+                        .iter()
+                        .map(|l| {
+                            l.plans
+                                .iter()
+                                .find(|(name, _)| name == plan)
+                                .map_or(l.algorithm, |(_, algorithm)| *algorithm)
+                        })
+                        .collect();
+                    if plan_algorithms != algorithms {
+                        let plan_view = StackView {
+                            algorithms: &plan_algorithms,
+                            ..view
+                        };
+                        plan_policies.push((plan.clone(), policy_header(plan_view)));
+                    }
+                }
                 // The metric label's `Arc`, shared rather than allocated again.
                 let name = name.clone();
                 let limit_labels: Vec<Arc<str>> = route
@@ -126,7 +157,7 @@ impl Snapshot {
                     name,
                     stack: route.limits.clone(),
                     policy: policy_header(view),
-                    has_plans: limits.iter().any(|l| !l.plans.is_empty()),
+                    plan_policies,
                     needs_body: limits.iter().any(|l| {
                         l.key
                             .iter()

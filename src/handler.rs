@@ -278,7 +278,7 @@ async fn route_and_act(
     };
     if let Some(admitted) = &admitted {
         let view = admitted.view(snapshot);
-        let policy = admitted.policy(plan, view);
+        let policy = admitted.policy(plan);
         ratelimit::write_headers(
             response.headers_mut(),
             view,
@@ -407,8 +407,8 @@ struct Admitted<'s> {
     verdicts: SmallVec<[EntryVerdict; INLINE_STACK]>,
     /// Leaky bucket in delay mode: wait this long before forwarding.
     delay: Nanos,
-    /// The caller is on a plan that changes some limit's numbers.
-    planned: bool,
+    /// The caller's plan, if it has one.
+    plan: Option<&'s str>,
     /// The entry the legacy headers describe: the least remaining `r / q`.
     focus: Option<usize>,
 }
@@ -422,13 +422,9 @@ impl Admitted<'_> {
         }
     }
 
-    /// `RateLimit-Policy`: precomputed for the route, or for this caller's plan.
-    fn policy(&self, plan: &RoutePlan, view: StackView<'_>) -> Option<HeaderValue> {
-        if self.planned {
-            ratelimit::policy_header(view)
-        } else {
-            plan.policy.clone()
-        }
+    /// `RateLimit-Policy`: precomputed for the route and this caller's plan.
+    fn policy(&self, plan: &RoutePlan) -> Option<HeaderValue> {
+        plan.policy_for(self.plan)
     }
 }
 
@@ -443,7 +439,7 @@ fn limit_request<'s>(
     plan: &RoutePlan,
     parts: &Parts,
     downstream: Downstream,
-    facts: &Facts<'_>,
+    facts: &Facts<'s>,
     now: Nanos,
     metrics: &Metrics,
     notes: &mut Notes,
@@ -472,7 +468,7 @@ fn limit_request<'s>(
         keys: SmallVec::new(),
         verdicts: SmallVec::new(),
         delay: 0,
-        planned: false,
+        plan: caller_plan,
         focus: None,
     };
     for &i in &plan.stack {
@@ -491,7 +487,6 @@ fn limit_request<'s>(
         // A plan's limiter is built with the plan's numbers.
         let limiter = snapshot.limiters[i].for_plan(caller_plan);
         let algorithm = limiter.algorithm();
-        admitted.planned |= plan.has_plans && algorithm != limit.algorithm;
         admitted.stack.push(limit);
         admitted.algorithms.push(algorithm);
         admitted.limiters.push(limiter);
@@ -518,7 +513,7 @@ fn limit_request<'s>(
             denied: true,
         });
         let view = admitted.view(snapshot);
-        let policy = admitted.policy(plan, view);
+        let policy = admitted.policy(plan);
         return Err(ratelimit::deny_response(
             view,
             &decision.entries,
