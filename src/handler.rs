@@ -28,7 +28,6 @@ use std::time::Duration;
 use http::header::{CONTENT_LENGTH, CONTENT_TYPE};
 use http::request::Parts;
 use http::{HeaderMap, Method, Request, Response, StatusCode, Uri};
-use hyper::body::Incoming;
 use smallvec::SmallVec;
 
 use bytes::{Bytes, BytesMut};
@@ -49,7 +48,7 @@ use crate::limit::{
     stack::INLINE as INLINE_STACK,
 };
 use crate::metrics::Metrics;
-use crate::proxy::body::{BodyCap, RequestBody, ResponseBody};
+use crate::proxy::body::{BodyCap, ClientBody, RequestBody, ResponseBody};
 use crate::proxy::client::PoolError;
 use crate::proxy::forward::{Prepared, Upstream};
 use crate::proxy::ratelimit;
@@ -75,7 +74,7 @@ pub struct Held {
 pub async fn handle(
     app: &App,
     downstream: Downstream,
-    request: Request<Incoming>,
+    request: Request<ClientBody>,
 ) -> (Response<ResponseBody>, Held) {
     let now = app.clock.now();
     let observation = Observation::start(downstream, &request, now);
@@ -135,7 +134,7 @@ struct Observation {
 }
 
 impl Observation {
-    fn start(downstream: Downstream, request: &Request<Incoming>, now: Nanos) -> Observation {
+    fn start(downstream: Downstream, request: &Request<ClientBody>, now: Nanos) -> Observation {
         Observation {
             started: now,
             downstream,
@@ -199,7 +198,7 @@ async fn route_and_act(
     app: &App,
     snapshot: &Snapshot,
     downstream: Downstream,
-    request: Request<Incoming>,
+    request: Request<ClientBody>,
     now: Nanos,
     notes: &mut Notes,
 ) -> Result<Response<ResponseBody>, GatewayError> {
@@ -319,18 +318,18 @@ fn identify_caller<'s>(
 /// A request body not yet sent upstream.
 enum PendingBody {
     /// Untouched.
-    Fresh(Incoming),
+    Fresh(ClientBody),
     /// Read completely for a `body:FIELD` key.
     Complete(Bytes),
     /// Read up to `max_key_body`; the rest still streams.
-    Partial(Bytes, Incoming),
+    Partial(Bytes, ClientBody),
 }
 
 /// Reads the body up to `max_key_body` (and never past the route's
 /// `max_body`), and parses its fields when it is complete. The bytes read are
 /// forwarded unchanged, followed by the rest of the stream.
 async fn buffer_for_key(
-    mut incoming: Incoming,
+    mut incoming: ClientBody,
     parts: &Parts,
     config: &Config,
     route: &RouteConfig,

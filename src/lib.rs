@@ -26,6 +26,7 @@ pub mod app;
 pub mod config;
 pub mod drain;
 pub mod error;
+pub mod h1;
 pub mod handler;
 pub mod identity;
 pub mod limit;

@@ -47,7 +47,7 @@ use std::io;
 use std::net::SocketAddr;
 use std::pin::Pin;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 use std::task::{Context, Poll};
 use std::time::Duration;
 
@@ -62,8 +62,9 @@ use tokio::time::Instant;
 
 use crate::app::App;
 use crate::drain::{Drain, DrainWatch};
+use crate::h1::{self, Rewind};
 use crate::handler::{Downstream, handle};
-use crate::proxy::body::Completion;
+use crate::proxy::body::{ClientBody, Completion};
 use crate::worker::worker_count;
 
 /// The listen backlog of each socket, as `tokio::net::TcpListener::bind` (and
@@ -559,6 +560,8 @@ pub struct ConnActivity {
     last_activity_ms: AtomicU64,
     /// When the first byte of a not-yet-complete request head arrived; 0 = none.
     head_started_ms: AtomicU64,
+    /// Draining or idle too long: the response in progress is the last.
+    closing: AtomicBool,
 }
 
 impl ConnActivity {
@@ -568,6 +571,7 @@ impl ConnActivity {
             in_flight: AtomicU32::new(0),
             last_activity_ms: AtomicU64::new(0),
             head_started_ms: AtomicU64::new(0),
+            closing: AtomicBool::new(false),
         }
     }
 
@@ -595,11 +599,25 @@ impl ConnActivity {
         self.head_started_ms.store(0, Ordering::Relaxed);
     }
 
+    /// Marks the connection as closing; true when nothing is in progress on
+    /// it (no request, no head begun), so it can be closed right away.
+    fn begin_closing(&self) -> bool {
+        self.closing.store(true, Ordering::Relaxed);
+        self.in_flight.load(Ordering::Relaxed) == 0
+            && self.head_started_ms.load(Ordering::Relaxed) == 0
+    }
+
     /// Called when a request's response body ends.
     pub fn request_finished(&self) {
         self.last_activity_ms
             .store(self.now_ms(), Ordering::Relaxed);
         self.in_flight.fetch_sub(1, Ordering::Relaxed);
+    }
+}
+
+impl h1::Closing for ConnActivity {
+    fn is_closing(&self) -> bool {
+        self.closing.load(Ordering::Relaxed)
     }
 }
 
@@ -652,17 +670,77 @@ async fn serve_connection(
 ) {
     let server = app.snapshot().config.server.clone();
     let activity = Arc::new(ConnActivity::new());
-    let io = TokioIo::new(ActivityIo {
+    let mut io = ActivityIo {
         inner: stream,
         activity: activity.clone(),
-    });
+    };
     let downstream = Downstream {
         peer,
         proto: "http",
     };
+    let mut draining = false;
+    // One timer for the connection's life, moved only when it fires.
+    let check = tokio::time::sleep(server.header_read_timeout.min(server.idle_timeout));
+    tokio::pin!(check);
+
+    // Plain requests first, served by our own HTTP/1.1 path (`crate::h1`).
+    let handed_over = {
+        let respond = |request| {
+            activity.request_started();
+            let connection = activity.clone();
+            let app = &app;
+            async move {
+                let (response, held) = handle(app, downstream, request).await;
+                let completion = Completion {
+                    connection: Some(connection),
+                    permits: held.permits,
+                };
+                response.map(|body| body.with_completion(completion))
+            }
+        };
+        let fast = h1::serve(&mut io, &*activity, respond);
+        tokio::pin!(fast);
+        loop {
+            tokio::select! {
+                biased;
+                ended = fast.as_mut() => break ended,
+                _ = &mut drain, if !draining => {
+                    draining = true;
+                    if activity.begin_closing() {
+                        return;
+                    }
+                }
+                _ = check.as_mut(), if !draining => {
+                    match watchdog(&activity, server.header_read_timeout, server.idle_timeout) {
+                        Verdict::Later(at) => check.as_mut().reset(at),
+                        Verdict::SlowHead => {
+                            tracing::debug!(%peer, "request head not complete in time; closing");
+                            return;
+                        }
+                        Verdict::Idle => {
+                            draining = true;
+                            if activity.begin_closing() {
+                                return;
+                            }
+                        }
+                    }
+                }
+            }
+        }
+    };
+    let prefix = match handed_over {
+        Ok(h1::Ended::HandOff(prefix)) => prefix,
+        Ok(h1::Ended::Closed) => return,
+        Err(error) => {
+            tracing::debug!(%peer, %error, "connection ended with an error");
+            return;
+        }
+    };
+
+    // Everything else, from the first request that is not plain: hyper.
     let service = {
         let activity = activity.clone();
-        service_fn(move |request| {
+        service_fn(move |request: http::Request<hyper::body::Incoming>| {
             let app = app.clone();
             let activity = activity.clone();
             activity.request_started();
@@ -672,7 +750,8 @@ async fn serve_connection(
                 // move of it into its dispatcher costs less than a per-request
                 // allocation of it did (user time 5.4 -> 4.8 us/request; see
                 // BENCHMARKS.md).
-                let (response, held) = handle(&app, downstream, request).await;
+                let (response, held) =
+                    handle(&app, downstream, request.map(ClientBody::Hyper)).await;
                 let completion = Completion {
                     connection: Some(activity),
                     permits: held.permits,
@@ -691,12 +770,12 @@ async fn serve_connection(
         // Room for the largest allowed head; the handler answers 431 with
         // problem+json above `max_header_bytes`, hyper's own 431 is the backstop.
         .max_buf_size((server.max_header_bytes + 16 * 1024).max(8 * 1024));
+    let io = TokioIo::new(Rewind::new(prefix, io));
     let connection = builder.serve_connection(io, service).with_upgrades();
     tokio::pin!(connection);
-    let mut draining = false;
-    // One timer for the connection's life, moved only when it fires.
-    let check = tokio::time::sleep(server.header_read_timeout.min(server.idle_timeout));
-    tokio::pin!(check);
+    if draining {
+        connection.as_mut().graceful_shutdown();
+    }
     loop {
         tokio::select! {
             biased;

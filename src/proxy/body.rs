@@ -27,6 +27,54 @@ pub struct BodyTooLarge {
     pub limit: u64,
 }
 
+/// The client's request body, as the server side hands it to the handler.
+#[derive(Debug)]
+pub enum ClientBody {
+    /// Streamed from the connection by hyper.
+    Hyper(Incoming),
+    /// Read whole together with the head (by [`crate::h1`], which takes only
+    /// requests whose body is already in its buffer).
+    Complete(Option<Bytes>),
+}
+
+impl ClientBody {
+    /// An empty body.
+    pub fn empty() -> Self {
+        ClientBody::Complete(None)
+    }
+}
+
+impl Body for ClientBody {
+    type Data = Bytes;
+    type Error = hyper::Error;
+
+    fn poll_frame(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, Self::Error>>> {
+        match self.get_mut() {
+            ClientBody::Hyper(inner) => Pin::new(inner).poll_frame(cx),
+            ClientBody::Complete(bytes) => Poll::Ready(bytes.take().map(|b| Ok(Frame::data(b)))),
+        }
+    }
+
+    fn is_end_stream(&self) -> bool {
+        match self {
+            ClientBody::Hyper(inner) => inner.is_end_stream(),
+            ClientBody::Complete(bytes) => bytes.is_none(),
+        }
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        match self {
+            ClientBody::Hyper(inner) => inner.size_hint(),
+            ClientBody::Complete(bytes) => {
+                SizeHint::with_exact(bytes.as_ref().map_or(0, |b| b.len() as u64))
+            }
+        }
+    }
+}
+
 /// A request body on its way upstream.
 #[derive(Debug)]
 pub enum RequestBody {
@@ -34,7 +82,7 @@ pub enum RequestBody {
     /// already read from it (for a `body:FIELD` key), sent first.
     Streaming {
         replay: Option<Bytes>,
-        inner: Incoming,
+        inner: ClientBody,
         cap: Option<BodyCap>,
     },
     /// A body already in memory (buffered for a `body:FIELD` key).

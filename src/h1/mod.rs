@@ -1,0 +1,240 @@
+//! tollgate's own HTTP/1.1 server path, for plain requests.
+//!
+//! Nearly all API traffic is HTTP/1.1 on keep-alive connections: requests
+//! with no body or a small one, no upgrade, no `Expect`. For those, hyper's
+//! general machinery (a dispatcher state machine, a body channel per request,
+//! a response head and body queued as separate buffers) was about a third of
+//! the gateway's own work per request (see BENCHMARKS.md, "Fourth round").
+//! This module serves them directly: it parses the head with httparse (as
+//! hyper does), runs the handler in place, and writes the response head and
+//! body from one buffer, one `write` for a small response.
+//!
+//! It never has to get an edge case right, because it only serves requests it
+//! recognises as plain ([`parse`]'s short allow-list). At the first
+//! request that is anything else, it returns the bytes it has read
+//! ([`Ended::HandOff`]) and the caller gives the connection to hyper, which
+//! reads them again ([`Rewind`]) and serves the connection from then on:
+//! chunked and streamed uploads, `Expect: 100-continue`, upgrades, HTTP/1.0,
+//! every malformed head and its error answer stay hyper's. Responses are
+//! written by hyper's rules ([`encode_head`]), so a client sees the same bytes
+//! from either.
+
+mod date;
+mod request;
+mod response;
+mod rewind;
+
+use std::future::{Future, poll_fn};
+use std::io;
+use std::pin::pin;
+use std::task::Poll;
+
+use bytes::{Bytes, BytesMut};
+use http::{HeaderMap, Method, Request, Response};
+use http_body::Body;
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
+
+use crate::proxy::body::ClientBody;
+pub use request::{Parsed, parse};
+pub use response::{BodyLength, Framing, Head, encode_head};
+pub use rewind::Rewind;
+
+/// Room for the reads of one connection (grown only while a head is longer).
+const READ_BUFFER: usize = 8 * 1024;
+
+/// A head still incomplete at this many bytes goes to hyper, whose limit
+/// (`max_buf_size`) and 431 answer apply from there.
+const MAX_FAST_HEAD: usize = 16 * 1024;
+
+/// Response bytes gathered before a write while the body keeps coming.
+const WRITE_BATCH: usize = 16 * 1024;
+
+/// How a connection's fast path ended.
+#[derive(Debug)]
+pub enum Ended {
+    /// The connection is finished (closed by either side, or after a
+    /// response that ends it).
+    Closed,
+    /// A request the fast path does not serve starts at these bytes: hyper
+    /// takes the connection from here.
+    HandOff(BytesMut),
+}
+
+/// Tells the fast path to finish: the response in progress closes the
+/// connection, and no further request is read.
+pub trait Closing {
+    fn is_closing(&self) -> bool;
+}
+
+/// Serves plain requests on `io` with `respond` until the connection ends or
+/// a request needs hyper. I/O errors end the connection (returned for the
+/// log); nothing here panics on what a client sends.
+pub async fn serve<T, C, F, Fut, B>(io: &mut T, closing: &C, mut respond: F) -> io::Result<Ended>
+where
+    T: AsyncRead + AsyncWrite + Unpin,
+    C: Closing + ?Sized,
+    F: FnMut(Request<ClientBody>) -> Fut,
+    Fut: Future<Output = Response<B>>,
+    B: Body<Data = Bytes>,
+    B::Error: std::fmt::Display,
+{
+    let mut buffer = BytesMut::with_capacity(READ_BUFFER);
+    let mut out: Vec<u8> = Vec::with_capacity(1024);
+    // The last response's map, emptied: the next request's fields go in it.
+    let mut fields = HeaderMap::new();
+    loop {
+        let (request, close) = loop {
+            if !buffer.is_empty() {
+                match parse(&mut buffer, &mut fields) {
+                    Parsed::Request { request, close } => break (request, close),
+                    Parsed::HandOff => return Ok(Ended::HandOff(buffer)),
+                    Parsed::Partial if buffer.len() >= MAX_FAST_HEAD => {
+                        return Ok(Ended::HandOff(buffer));
+                    }
+                    Parsed::Partial => {}
+                }
+            }
+            if buffer.capacity() - buffer.len() < READ_BUFFER / 4 {
+                buffer.reserve(READ_BUFFER);
+            }
+            if io.read_buf(&mut buffer).await? == 0 {
+                // Between requests: the client is done. Within a head: it
+                // gave up; hyper answers nothing then either.
+                return Ok(Ended::Closed);
+            }
+        };
+        let is_head = request.method() == Method::HEAD;
+        let response = respond(request).await;
+        let (mut parts, body) = response.into_parts();
+        let length = if body.is_end_stream() {
+            None
+        } else {
+            Some(match body.size_hint().exact() {
+                Some(n) => BodyLength::Known(n),
+                None => BodyLength::Unknown,
+            })
+        };
+        let keep_alive = !close && !closing.is_closing();
+        out.clear();
+        let head = encode_head(
+            &mut out,
+            parts.status,
+            &mut parts.headers,
+            length,
+            is_head,
+            keep_alive,
+        );
+        parts.headers.clear();
+        fields = parts.headers;
+        let head = match head {
+            Ok(head) => head,
+            Err(error) => {
+                tracing::warn!(%error, "response not sent; closing the connection");
+                return Ok(Ended::Closed);
+            }
+        };
+        let complete = write_body(io, &mut out, body, head.framing).await?;
+        if !complete || head.last || closing.is_closing() {
+            let _ = io.shutdown().await;
+            return Ok(Ended::Closed);
+        }
+        if out.capacity() > 4 * WRITE_BATCH {
+            out = Vec::with_capacity(1024);
+        }
+    }
+}
+
+/// Writes the head in `out` and the body after it, framed as `framing`.
+/// Returns false when the body failed or did not match its declared length:
+/// the response is cut short and the connection must close. The body is
+/// dropped only after its last byte is written (dropping it ends the
+/// request).
+async fn write_body<T, B>(
+    io: &mut T,
+    out: &mut Vec<u8>,
+    body: B,
+    framing: Framing,
+) -> io::Result<bool>
+where
+    T: AsyncWrite + Unpin,
+    B: Body<Data = Bytes>,
+    B::Error: std::fmt::Display,
+{
+    let mut body = pin!(body);
+    let mut remaining = match framing {
+        Framing::Length(0) => {
+            // HEAD, 204, 304 or empty: the body is not polled (as hyper).
+            io.write_all(out).await?;
+            return Ok(true);
+        }
+        Framing::Length(n) => Some(n),
+        Framing::Chunked => None,
+    };
+    loop {
+        // A frame if one is ready; `None` when the body must wait and there
+        // are bytes to send first (a streamed response is not held back).
+        let step = poll_fn(|cx| match body.as_mut().poll_frame(cx) {
+            Poll::Ready(frame) => Poll::Ready(Some(frame)),
+            Poll::Pending if out.is_empty() => Poll::Pending,
+            Poll::Pending => Poll::Ready(None),
+        })
+        .await;
+        let frame = match step {
+            None => {
+                io.write_all(out).await?;
+                out.clear();
+                continue;
+            }
+            Some(None) => {
+                let complete = match remaining {
+                    Some(left) => left == 0,
+                    None => {
+                        out.extend_from_slice(b"0\r\n\r\n");
+                        true
+                    }
+                };
+                if !complete {
+                    tracing::debug!("response body ended before its length");
+                }
+                io.write_all(out).await?;
+                return Ok(complete);
+            }
+            Some(Some(Err(error))) => {
+                tracing::debug!(%error, "response body failed; closing the connection");
+                io.write_all(out).await?;
+                return Ok(false);
+            }
+            Some(Some(Ok(frame))) => frame,
+        };
+        // Trailers are dropped: the fast path serves no request that asked
+        // for them (`TE: trailers` goes to hyper, which drops them too).
+        let Ok(data) = frame.into_data() else {
+            continue;
+        };
+        if data.is_empty() {
+            continue;
+        }
+        match &mut remaining {
+            Some(left) => {
+                let fits = (data.len() as u64) <= *left;
+                let take = if fits { data.len() } else { *left as usize };
+                out.extend_from_slice(&data[..take]);
+                *left -= take as u64;
+                if !fits {
+                    tracing::debug!("response body longer than its length");
+                    io.write_all(out).await?;
+                    return Ok(false);
+                }
+            }
+            None => {
+                response::chunk_size_line(out, data.len());
+                out.extend_from_slice(&data);
+                out.extend_from_slice(b"\r\n");
+            }
+        }
+        if out.len() >= WRITE_BATCH {
+            io.write_all(out).await?;
+            out.clear();
+        }
+    }
+}
