@@ -409,6 +409,55 @@ limits = ["one_at_a_time"]
 }
 
 #[tokio::test]
+async fn a_client_that_hangs_up_releases_its_concurrency_slot() {
+    // The gateway watches the connection while a request waits for its
+    // upstream: a client that closes it cancels the request, and its slot is
+    // free long before the slow upstream would have answered.
+    let upstream = TestUpstream::start().await;
+    let gw = gateway(
+        &upstream,
+        r#"
+[limits.one_at_a_time]
+key = "route"
+algorithm = "concurrency"
+max = 1
+
+[[routes]]
+name = "api"
+match = { path_prefix = "/" }
+upstream = "api"
+limits = ["one_at_a_time"]
+"#,
+    );
+    let mut client = tokio::net::TcpStream::connect(gw.addr).await.unwrap();
+    tokio::io::AsyncWriteExt::write_all(
+        &mut client,
+        b"GET /slow/10000 HTTP/1.1\r\nhost: test\r\n\r\n",
+    )
+    .await
+    .unwrap();
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert_eq!(
+        get(gw.addr, "/fast", &[]).await.status,
+        429,
+        "slot not taken"
+    );
+    drop(client);
+    let deadline = Instant::now() + Duration::from_secs(5);
+    loop {
+        let status = get(gw.addr, "/fast", &[]).await.status;
+        if status == 200 {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the slot was still held 5 s after the client left (status {status})"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+#[tokio::test]
 async fn leaky_bucket_delay_mode_spaces_requests() {
     let upstream = TestUpstream::start().await;
     let gw = gateway(
