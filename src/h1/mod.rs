@@ -104,10 +104,31 @@ where
             }
         };
         let is_head = request.method() == Method::HEAD;
-        let Some(response) = respond_unless_gone(io, &mut buffer, respond(request)).await else {
-            // The client closed its side while waiting: dropping the handler
-            // cancels the request (upstream exchange, delay, held slots).
-            return Ok(Ended::Closed);
+        // Awaited in place, not passed to a helper: the handler's future is
+        // large, and moving it once more showed as +500 instructions of
+        // memcpy per request.
+        let mut handling = pin!(respond(request));
+        let response = loop {
+            // Watching the connection meanwhile, as hyper does: a client that
+            // closes (or breaks) it before its answer is ready is gone, and
+            // dropping the handler cancels the request (upstream exchange,
+            // delay, held slots). Once bytes of a next request (pipelined)
+            // are buffered, the connection is no longer watched (hyper's
+            // rule too).
+            if !buffer.is_empty() {
+                break handling.await;
+            }
+            if buffer.capacity() < READ_BUFFER / 4 {
+                buffer.reserve(READ_BUFFER);
+            }
+            tokio::select! {
+                biased;
+                response = handling.as_mut() => break response,
+                read = io.read_buf(&mut buffer) => match read {
+                    Ok(0) | Err(_) => return Ok(Ended::Closed),
+                    Ok(_) => {}
+                },
+            }
         };
         let (mut parts, body) = response.into_parts();
         let length = if body.is_end_stream() {
@@ -144,40 +165,6 @@ where
         }
         if out.capacity() > 4 * WRITE_BATCH {
             out = Vec::with_capacity(1024);
-        }
-    }
-}
-
-/// Waits for `handling`, watching the connection meanwhile, as hyper does: a
-/// client that closes (or breaks) the connection before its answer is ready
-/// gets `None`, so the request is dropped rather than served to nobody.
-/// Bytes that arrive meanwhile (a pipelined request) are kept in `buffer`;
-/// once there are some, the connection is no longer watched (hyper's rule:
-/// what follows is the next request's business).
-async fn respond_unless_gone<T, Fut>(
-    io: &mut T,
-    buffer: &mut BytesMut,
-    handling: Fut,
-) -> Option<Fut::Output>
-where
-    T: AsyncRead + Unpin,
-    Fut: Future,
-{
-    let mut handling = pin!(handling);
-    loop {
-        if !buffer.is_empty() {
-            return Some(handling.await);
-        }
-        if buffer.capacity() < READ_BUFFER / 4 {
-            buffer.reserve(READ_BUFFER);
-        }
-        tokio::select! {
-            biased;
-            output = handling.as_mut() => return Some(output),
-            read = io.read_buf(buffer) => match read {
-                Ok(0) | Err(_) => return None,
-                Ok(_) => {}
-            },
         }
     }
 }
