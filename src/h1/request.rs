@@ -151,3 +151,331 @@ fn connection_option(value: &[u8]) -> Option<bool> {
         None
     }
 }
+
+#[cfg(test)]
+mod tests {
+    //! `parse` on the requests the fast path serves, and on each kind it must
+    //! leave to hyper with the buffer exactly as it was (hyper reads the same
+    //! bytes again, so any byte lost or moved here is a corrupted request).
+
+    use super::*;
+    use bytes::Bytes;
+    use http::HeaderValue;
+    use http_body::Body;
+
+    /// Parses `bytes` with a fresh map.
+    fn parse_bytes(bytes: &[u8]) -> (Parsed, BytesMut) {
+        let mut buffer = BytesMut::from(bytes);
+        let parsed = parse(&mut buffer, &mut HeaderMap::new());
+        (parsed, buffer)
+    }
+
+    /// The request and `close` of a `Parsed::Request`, or a panic naming what
+    /// was returned instead.
+    fn request(parsed: Parsed) -> (Request<ClientBody>, bool) {
+        match parsed {
+            Parsed::Request { request, close } => (request, close),
+            other => panic!("expected a request, got {other:?}"),
+        }
+    }
+
+    /// The bytes of a body the fast path read whole (`None` for no body).
+    fn body_bytes(request: &Request<ClientBody>) -> Option<Bytes> {
+        match request.body() {
+            ClientBody::Complete(bytes) => bytes.clone(),
+            ClientBody::Hyper(_) => panic!("the fast path built a hyper body"),
+        }
+    }
+
+    fn assert_hand_off(bytes: &[u8]) {
+        let (parsed, buffer) = parse_bytes(bytes);
+        assert!(
+            matches!(parsed, Parsed::HandOff),
+            "{:?}: expected HandOff, got {parsed:?}",
+            String::from_utf8_lossy(bytes)
+        );
+        // hyper must see exactly what the client sent.
+        assert_eq!(
+            &buffer[..],
+            bytes,
+            "{:?}: buffer changed",
+            String::from_utf8_lossy(bytes)
+        );
+    }
+
+    #[test]
+    fn plain_get() {
+        let (parsed, buffer) = parse_bytes(
+            b"GET /things/1?sort=desc HTTP/1.1\r\nHost: api.test\r\nAccept: */*\r\nX-Two: a\r\nx-two: b\r\n\r\n",
+        );
+        let (request, close) = request(parsed);
+        assert!(!close);
+        assert!(buffer.is_empty(), "the head left the buffer");
+        assert_eq!(request.method(), Method::GET);
+        assert_eq!(request.uri(), "/things/1?sort=desc");
+        assert_eq!(request.uri().path(), "/things/1");
+        assert_eq!(request.uri().query(), Some("sort=desc"));
+        assert_eq!(request.version(), Version::HTTP_11);
+        let fields = request.headers();
+        assert_eq!(fields.len(), 4);
+        assert_eq!(fields["host"], "api.test");
+        assert_eq!(fields["accept"], "*/*");
+        let two: Vec<_> = fields.get_all("x-two").iter().collect();
+        assert_eq!(
+            two,
+            ["a", "b"],
+            "repeated fields keep every value, in order"
+        );
+        assert_eq!(body_bytes(&request), None);
+        assert!(request.body().is_end_stream());
+    }
+
+    #[test]
+    fn partial_head_is_partial_and_untouched() {
+        let whole = b"GET / HTTP/1.1\r\nHost: x\r\n\r\n";
+        for cut in 1..whole.len() {
+            let (parsed, buffer) = parse_bytes(&whole[..cut]);
+            assert!(
+                matches!(parsed, Parsed::Partial),
+                "cut at {cut}: got {parsed:?}"
+            );
+            assert_eq!(&buffer[..], &whole[..cut], "cut at {cut}");
+        }
+    }
+
+    #[test]
+    fn connection_close_sets_close() {
+        let (parsed, _) = parse_bytes(b"GET / HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n");
+        let (request, close) = request(parsed);
+        assert!(close);
+        // The field stays for the handler (which drops hop-by-hop fields).
+        assert_eq!(request.headers()["connection"], "close");
+        // Case does not matter.
+        let (parsed, _) = parse_bytes(b"GET / HTTP/1.1\r\nconnection: CLOSE\r\n\r\n");
+        assert!(request_close(parsed));
+    }
+
+    fn request_close(parsed: Parsed) -> bool {
+        request(parsed).1
+    }
+
+    #[test]
+    fn connection_keep_alive_keeps_alive() {
+        let (parsed, _) =
+            parse_bytes(b"GET / HTTP/1.1\r\nHost: x\r\nConnection: keep-alive\r\n\r\n");
+        assert!(!request_close(parsed));
+        let (parsed, _) = parse_bytes(b"GET / HTTP/1.1\r\nConnection: Keep-Alive\r\n\r\n");
+        assert!(!request_close(parsed));
+    }
+
+    #[test]
+    fn http_1_0_is_handed_off() {
+        assert_hand_off(b"GET / HTTP/1.0\r\nHost: x\r\n\r\n");
+    }
+
+    #[test]
+    fn transfer_encoding_is_handed_off() {
+        assert_hand_off(
+            b"POST / HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n5\r\nhello\r\n0\r\n\r\n",
+        );
+    }
+
+    #[test]
+    fn upgrade_is_handed_off() {
+        assert_hand_off(
+            b"GET /ws HTTP/1.1\r\nHost: x\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n\r\n",
+        );
+        // Upgrade alone (no Connection) still goes: hyper decides what it means.
+        assert_hand_off(b"GET /ws HTTP/1.1\r\nHost: x\r\nUpgrade: websocket\r\n\r\n");
+    }
+
+    #[test]
+    fn expect_is_handed_off() {
+        assert_hand_off(
+            b"POST / HTTP/1.1\r\nHost: x\r\nContent-Length: 5\r\nExpect: 100-continue\r\n\r\n",
+        );
+        // Even with the body already sent: the 100 is hyper's to answer or not.
+        assert_hand_off(
+            b"POST / HTTP/1.1\r\nHost: x\r\nContent-Length: 5\r\nExpect: 100-continue\r\n\r\nhello",
+        );
+    }
+
+    #[test]
+    fn te_is_handed_off() {
+        assert_hand_off(b"GET / HTTP/1.1\r\nHost: x\r\nTE: trailers\r\n\r\n");
+    }
+
+    #[test]
+    fn connection_upgrade_is_handed_off() {
+        assert_hand_off(b"GET / HTTP/1.1\r\nHost: x\r\nConnection: upgrade\r\n\r\n");
+        // A list, even of options the fast path knows, is hyper's.
+        assert_hand_off(b"GET / HTTP/1.1\r\nHost: x\r\nConnection: keep-alive, close\r\n\r\n");
+    }
+
+    #[test]
+    fn two_connection_fields_are_handed_off() {
+        assert_hand_off(
+            b"GET / HTTP/1.1\r\nHost: x\r\nConnection: keep-alive\r\nConnection: keep-alive\r\n\r\n",
+        );
+        assert_hand_off(
+            b"GET / HTTP/1.1\r\nConnection: keep-alive\r\nHost: x\r\nConnection: close\r\n\r\n",
+        );
+    }
+
+    #[test]
+    fn absolute_form_is_handed_off() {
+        assert_hand_off(b"GET http://x/ HTTP/1.1\r\nHost: x\r\n\r\n");
+    }
+
+    #[test]
+    fn connect_is_handed_off() {
+        assert_hand_off(b"CONNECT x:443 HTTP/1.1\r\nHost: x:443\r\n\r\n");
+        // Even in origin form (which hyper refuses with 400).
+        assert_hand_off(b"CONNECT / HTTP/1.1\r\nHost: x\r\n\r\n");
+    }
+
+    #[test]
+    fn asterisk_form_is_handed_off() {
+        assert_hand_off(b"OPTIONS * HTTP/1.1\r\nHost: x\r\n\r\n");
+    }
+
+    #[test]
+    fn two_content_lengths_are_handed_off() {
+        assert_hand_off(
+            b"POST / HTTP/1.1\r\nHost: x\r\nContent-Length: 5\r\nContent-Length: 6\r\n\r\nhello!",
+        );
+        // Equal ones too: whether they are an error is hyper's rule.
+        assert_hand_off(
+            b"POST / HTTP/1.1\r\nHost: x\r\nContent-Length: 5\r\nContent-Length: 5\r\n\r\nhello",
+        );
+    }
+
+    #[test]
+    fn content_length_that_is_not_digits_is_handed_off() {
+        // (Trailing spaces are not here: httparse trims them, for hyper too.)
+        for value in [
+            "+5",
+            "-5",
+            "0x5",
+            "5,5",
+            "5 5",
+            "",
+            "99999999999999999999999",
+        ] {
+            let bytes =
+                format!("POST / HTTP/1.1\r\nHost: x\r\nContent-Length: {value}\r\n\r\nhello");
+            assert_hand_off(bytes.as_bytes());
+        }
+    }
+
+    #[test]
+    fn malformed_heads_are_handed_off() {
+        assert_hand_off(b"GET / HTTP/1.1\r\nHost : x\r\n\r\n");
+        assert_hand_off(b"GET  / HTTP/1.1\r\nHost: x\r\n\r\n");
+        assert_hand_off(b"GET / HTTP/1.1\r\nHost: x\r\n folded\r\n\r\n");
+        assert_hand_off(b"GET / HTTP/1.1\r\nBad\x01Name: x\r\n\r\n");
+        assert_hand_off(b"GET / HTTP/1.1\r\nNo-Colon\r\n\r\n");
+        assert_hand_off(b"\x16\x03\x01\x02\x00\x01\x00\x01\xfc\x03\x03");
+    }
+
+    #[test]
+    fn more_fields_than_hyper_allows_are_handed_off() {
+        let mut bytes = b"GET / HTTP/1.1\r\n".to_vec();
+        for i in 0..=MAX_FIELDS {
+            bytes.extend_from_slice(format!("x-f{i}: v\r\n").as_bytes());
+        }
+        bytes.extend_from_slice(b"\r\n");
+        assert_hand_off(&bytes);
+    }
+
+    #[test]
+    fn target_uri_refuses_is_handed_off_with_the_buffer_restored() {
+        // httparse lets `<` through in a target; `Uri` does not. This is the
+        // one hand-off decided after the head left the buffer, so it must be
+        // put back exactly, with what followed it.
+        assert_hand_off(b"GET /a<b HTTP/1.1\r\nHost: x\r\n\r\nGET / HTTP/1.1\r\n\r\n");
+        assert_hand_off(b"GET /a<b HTTP/1.1\r\nContent-Length: 2\r\n\r\nhiGET /");
+    }
+
+    #[test]
+    fn body_not_all_read_is_handed_off() {
+        assert_hand_off(b"POST / HTTP/1.1\r\nHost: x\r\nContent-Length: 10\r\n\r\nhello");
+        assert_hand_off(b"POST / HTTP/1.1\r\nHost: x\r\nContent-Length: 1\r\n\r\n");
+    }
+
+    #[test]
+    fn post_with_whole_body_leaves_what_follows() {
+        let (parsed, buffer) = parse_bytes(
+            b"POST /p HTTP/1.1\r\nHost: x\r\nContent-Length: 5\r\n\r\nhelloGET /next HTTP/1.1\r\n",
+        );
+        let (request, close) = request(parsed);
+        assert!(!close);
+        assert_eq!(request.method(), Method::POST);
+        assert_eq!(request.uri(), "/p");
+        assert_eq!(request.headers()["content-length"], "5");
+        assert_eq!(body_bytes(&request).as_deref(), Some(&b"hello"[..]));
+        assert_eq!(request.body().size_hint().exact(), Some(5));
+        assert_eq!(&buffer[..], b"GET /next HTTP/1.1\r\n");
+    }
+
+    #[test]
+    fn content_length_zero_is_no_body() {
+        let (parsed, buffer) =
+            parse_bytes(b"POST /p HTTP/1.1\r\nContent-Length: 0\r\n\r\nGET / HTTP/1.1\r\n\r\n");
+        let (request, _) = request(parsed);
+        assert_eq!(body_bytes(&request), None);
+        assert_eq!(&buffer[..], b"GET / HTTP/1.1\r\n\r\n");
+    }
+
+    #[test]
+    fn pipelined_requests_parse_one_after_the_other() {
+        let mut buffer = BytesMut::from(
+            &b"GET /one HTTP/1.1\r\nHost: x\r\nX-One: 1\r\n\r\n\
+               GET /two HTTP/1.1\r\nHost: y\r\n\r\n\
+               POST /three HTTP/1.1\r\nContent-Length: 3\r\nConnection: close\r\n\r\nabc\
+               GET /fou"[..],
+        );
+        let mut fields = HeaderMap::new();
+        let (first, close) = request(parse(&mut buffer, &mut fields));
+        assert_eq!(first.uri(), "/one");
+        assert_eq!(first.headers()["x-one"], "1");
+        assert!(!close);
+        let (second, close) = request(parse(&mut buffer, &mut fields));
+        assert_eq!(second.method(), Method::GET);
+        assert_eq!(second.uri(), "/two");
+        assert_eq!(second.headers()["host"], "y");
+        assert!(second.headers().get("x-one").is_none());
+        assert!(!close);
+        let (third, close) = request(parse(&mut buffer, &mut fields));
+        assert_eq!(third.method(), Method::POST);
+        assert_eq!(third.uri(), "/three");
+        assert_eq!(body_bytes(&third).as_deref(), Some(&b"abc"[..]));
+        assert!(close);
+        assert!(third.headers().get("host").is_none());
+        assert!(matches!(parse(&mut buffer, &mut fields), Parsed::Partial));
+        assert_eq!(&buffer[..], b"GET /fou");
+    }
+
+    #[test]
+    fn the_reused_map_starts_empty() {
+        let mut fields = HeaderMap::with_capacity(32);
+        fields.insert("x-leftover", HeaderValue::from_static("stale"));
+        fields.append("host", HeaderValue::from_static("stale.test"));
+        let mut buffer = BytesMut::from(&b"GET / HTTP/1.1\r\nHost: fresh.test\r\n\r\n"[..]);
+        let (request, _) = request(parse(&mut buffer, &mut fields));
+        assert_eq!(request.headers().len(), 1, "{:?}", request.headers());
+        assert!(request.headers().get("x-leftover").is_none());
+        let hosts: Vec<_> = request.headers().get_all("host").iter().collect();
+        assert_eq!(hosts, ["fresh.test"]);
+    }
+
+    #[test]
+    fn lower_case_and_extension_methods_are_kept_as_sent() {
+        // hyper takes any token as a method; so does the fast path, and the
+        // router decides.
+        let (parsed, _) = parse_bytes(b"PURGE /c HTTP/1.1\r\n\r\n");
+        assert_eq!(request(parsed).0.method().as_str(), "PURGE");
+        let (parsed, _) = parse_bytes(b"get /c HTTP/1.1\r\n\r\n");
+        assert_eq!(request(parsed).0.method().as_str(), "get");
+    }
+}
