@@ -50,6 +50,7 @@ use crate::limit::{
 use crate::metrics::Metrics;
 use crate::proxy::body::{BodyCap, ClientBody, RequestBody, ResponseBody};
 use crate::proxy::client::PoolError;
+use crate::proxy::field_lines::FieldLines;
 use crate::proxy::forward::{Prepared, Upstream};
 use crate::proxy::ratelimit;
 use crate::proxy::ratelimit::StackView;
@@ -68,6 +69,10 @@ pub struct Downstream {
 pub struct Held {
     /// Concurrency slots, released when the response body ends.
     pub permits: Permits,
+    /// Fields for the response head that are not in its header map yet (the
+    /// rate-limit fields): the server writes them with the head, or puts
+    /// them in the map where it needs one ([`FieldLines::apply`]).
+    pub fields: FieldLines,
 }
 
 /// Handles one request from a downstream client.
@@ -95,6 +100,7 @@ pub async fn handle(
     };
     let held = Held {
         permits: std::mem::take(&mut notes.permits),
+        fields: std::mem::take(&mut notes.fields),
     };
     observation.finish(app, &snapshot, response.status().as_u16(), &notes);
     (response, held)
@@ -111,6 +117,8 @@ struct Notes {
     limit: Option<LimitNote>,
     /// Concurrency slots, handed to the response body.
     permits: Permits,
+    /// The response's rate-limit fields, handed to the server with it.
+    fields: FieldLines,
 }
 
 /// One limit's part in a request's log line.
@@ -278,13 +286,17 @@ async fn route_and_act(
     if let Some(admitted) = &admitted {
         let view = admitted.view(snapshot);
         let policy = admitted.policy(plan);
-        ratelimit::write_headers(
-            response.headers_mut(),
+        let mut lines = FieldLines::with_capacity(256);
+        ratelimit::limit_fields(
+            &mut lines,
             view,
             &admitted.verdicts,
             policy.as_ref(),
             admitted.focus,
         );
+        // Ours replace an upstream's fields of the same names.
+        lines.remove_replaced(response.headers_mut());
+        notes.fields = lines;
     }
     Ok(response)
 }
@@ -513,13 +525,15 @@ fn limit_request<'s>(
         });
         let view = admitted.view(snapshot);
         let policy = admitted.policy(plan);
-        return Err(ratelimit::deny_response(
+        let (response, lines) = ratelimit::deny_response(
             view,
             &decision.entries,
             denied_by,
             policy.as_ref(),
             route.cost,
-        ));
+        );
+        notes.fields = lines;
+        return Err(response);
     }
     notes.permits = decision.take_permits();
     // Noted now, so the log line has it even if forwarding fails.

@@ -375,7 +375,9 @@ async fn serve_fast(table: Arc<Vec<Case>>, hand_offs: Arc<AtomicUsize>) -> Socke
             tokio::spawn(async move {
                 let respond = |request| {
                     let table = table.clone();
-                    async move { answer(request, &table).await }
+                    // No field lines of the gateway's own: the table's
+                    // responses carry all their fields in the map.
+                    async move { (answer(request, &table).await, [0u8; 0]) }
                 };
                 let prefix = match h1::serve(&mut stream, &Never, respond).await {
                     Ok(Ended::HandOff(prefix)) => prefix,

@@ -67,14 +67,17 @@ pub trait Closing {
 }
 
 /// Serves plain requests on `io` with `respond` until the connection ends or
-/// a request needs hyper. I/O errors end the connection (returned for the
+/// a request needs hyper. `respond` answers a request with a response and
+/// field lines (`name: value\r\n` each, possibly none) written into the head
+/// after the response's own fields. I/O errors end the connection (returned for the
 /// log); nothing here panics on what a client sends.
-pub async fn serve<T, C, F, Fut, B>(io: &mut T, closing: &C, mut respond: F) -> io::Result<Ended>
+pub async fn serve<T, C, F, Fut, B, L>(io: &mut T, closing: &C, mut respond: F) -> io::Result<Ended>
 where
     T: AsyncRead + AsyncWrite + Unpin,
     C: Closing + ?Sized,
     F: FnMut(Request<ClientBody>) -> Fut,
-    Fut: Future<Output = Response<B>>,
+    Fut: Future<Output = (Response<B>, L)>,
+    L: AsRef<[u8]>,
     B: Body<Data = Bytes>,
     B::Error: std::fmt::Display,
 {
@@ -130,6 +133,7 @@ where
                 },
             }
         };
+        let (response, extra_fields) = response;
         let (mut parts, body) = response.into_parts();
         let length = if body.is_end_stream() {
             None
@@ -145,6 +149,7 @@ where
             &mut out,
             parts.status,
             &mut parts.headers,
+            extra_fields.as_ref(),
             length,
             is_head,
             keep_alive,

@@ -50,8 +50,9 @@ pub enum InvalidHead {
     LengthAfterFraming,
 }
 
-/// Writes the head of a response to `out`. `body` is `None` for a body that
-/// has already ended. `keep_alive` is false when the connection closes after
+/// Writes the head of a response to `out`: the fields of `headers`, then
+/// `extra_fields` (complete `name: value\r\n` lines, none of them framing
+/// fields). `body` is `None` for a body that has already ended. `keep_alive` is false when the connection closes after
 /// this response (the client asked, or the server is draining).
 ///
 /// `headers` is left as it was, except for the `Connection: close` added when
@@ -62,6 +63,7 @@ pub fn encode_head(
     out: &mut Vec<u8>,
     status: StatusCode,
     headers: &mut HeaderMap,
+    extra_fields: &[u8],
     body: Option<BodyLength>,
     is_head: bool,
     keep_alive: bool,
@@ -93,7 +95,15 @@ pub fn encode_head(
         }
     }
     let start = out.len();
-    let result = encode(out, status, headers, body, is_head, !keep_alive);
+    let result = encode(
+        out,
+        status,
+        headers,
+        extra_fields,
+        body,
+        is_head,
+        !keep_alive,
+    );
     if result.is_err() {
         out.truncate(start);
     }
@@ -104,6 +114,7 @@ fn encode(
     out: &mut Vec<u8>,
     status: StatusCode,
     headers: &HeaderMap,
+    extra_fields: &[u8],
     body: Option<BodyLength>,
     is_head: bool,
     mut last: bool,
@@ -221,6 +232,8 @@ fn encode(
     if line_open {
         end_line(out, &mut add_chunked);
     }
+    // The gateway's own fields, already lines; never framing fields.
+    out.extend_from_slice(extra_fields);
 
     if !wrote_len {
         framing = match body {
@@ -418,6 +431,7 @@ mod tests {
             &mut out,
             StatusCode::from_u16(status).unwrap(),
             &mut headers,
+            &[],
             body,
             is_head,
             keep_alive,
@@ -660,6 +674,7 @@ mod tests {
             &mut out,
             StatusCode::OK,
             &mut headers,
+            &[],
             Some(BodyLength::Unknown),
             false,
             true,
@@ -682,6 +697,28 @@ mod tests {
     }
 
     #[test]
+    fn extra_fields_follow_the_map_and_precede_length_and_date() {
+        let mut headers = HeaderMap::new();
+        headers.append("x-upstream", HeaderValue::from_static("1"));
+        let mut out = Vec::new();
+        let head = encode_head(
+            &mut out,
+            StatusCode::OK,
+            &mut headers,
+            b"ratelimit: \"a\";r=1\r\nx-ratelimit-remaining: 1\r\n",
+            Some(BodyLength::Known(2)),
+            false,
+            true,
+        )
+        .unwrap();
+        assert_eq!(head.framing, Framing::Length(2));
+        let text = String::from_utf8(out).unwrap();
+        let expected = "HTTP/1.1 200 OK\r\nx-upstream: 1\r\nratelimit: \"a\";r=1\r\n\
+                        x-ratelimit-remaining: 1\r\ncontent-length: 2\r\ndate: ";
+        assert!(text.starts_with(expected), "{text:?}");
+    }
+
+    #[test]
     fn a_content_length_that_is_not_digits_with_unknown_body_is_refused() {
         let mut headers = HeaderMap::new();
         headers.append(CONTENT_LENGTH, HeaderValue::from_static("+5"));
@@ -689,6 +726,7 @@ mod tests {
             &mut Vec::new(),
             StatusCode::OK,
             &mut headers,
+            &[],
             Some(BodyLength::Unknown),
             false,
             true,
@@ -710,6 +748,7 @@ mod tests {
             &mut out,
             StatusCode::OK,
             &mut headers,
+            &[],
             Some(BodyLength::Known(5)),
             false,
             true,

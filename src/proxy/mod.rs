@@ -2,6 +2,7 @@
 
 pub mod body;
 pub mod client;
+pub mod field_lines;
 pub mod forward;
 pub mod hop_by_hop;
 pub mod ratelimit;

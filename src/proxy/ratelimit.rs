@@ -10,13 +10,13 @@
 //! Shadow limits never appear in client-facing headers.
 
 use std::fmt::Write as _;
-use std::sync::OnceLock;
 
 use bytes::Bytes;
 use http::header::{CACHE_CONTROL, CONTENT_TYPE, RETRY_AFTER};
-use http::{HeaderMap, HeaderName, HeaderValue, Response, StatusCode};
+use http::{HeaderName, HeaderValue, Response, StatusCode};
 
 use super::body::ResponseBody;
+use super::field_lines::FieldLines;
 use super::response::PROBLEM_JSON;
 use super::structured::ListWriter;
 use crate::config::{HeaderStyles, LimitConfig};
@@ -30,23 +30,6 @@ static X_RESET: HeaderName = HeaderName::from_static("x-ratelimit-reset");
 static TRIO_LIMIT: HeaderName = HeaderName::from_static("ratelimit-limit");
 static TRIO_REMAINING: HeaderName = HeaderName::from_static("ratelimit-remaining");
 static TRIO_RESET: HeaderName = HeaderName::from_static("ratelimit-reset");
-
-/// A header value for `n`. Values below 4096 (most quotas, remainders and
-/// seconds) are built once as static values, so setting one copies a
-/// pointer: no allocation, and no reference count for workers to contend on.
-fn number(n: u64) -> HeaderValue {
-    static SMALL: OnceLock<Vec<HeaderValue>> = OnceLock::new();
-    let small = SMALL.get_or_init(|| {
-        (0..4096u64)
-            .map(|i| HeaderValue::from_static(Box::leak(i.to_string().into_boxed_str())))
-            .collect()
-    });
-    usize::try_from(n)
-        .ok()
-        .and_then(|i| small.get(i))
-        .cloned()
-        .unwrap_or_else(|| HeaderValue::from(n))
-}
 
 /// Whole seconds, rounded up.
 pub fn ceil_secs(nanos: Nanos) -> u64 {
@@ -100,50 +83,40 @@ pub fn policy_header(view: StackView<'_>) -> Option<HeaderValue> {
     HeaderValue::from_maybe_shared(Bytes::from(text)).ok()
 }
 
-/// The most fields [`write_headers`] adds: `RateLimit-Policy`, `RateLimit`,
-/// and three each of the legacy and trio families.
-pub const FIELDS_WRITTEN: usize = 2 + 3 + 3;
-
-/// Writes the per-request rate-limit headers for a decided stack.
+/// Writes the per-request rate-limit fields for a decided stack to `lines`
+/// (see [`FieldLines`] for why lines and not a header map).
 ///
 /// `focus` is the entry the legacy and trio headers describe: the denying
 /// limit, or on an allowed response the one with the least remaining (`r / q`).
-pub fn write_headers(
-    headers: &mut HeaderMap,
+pub fn limit_fields(
+    lines: &mut FieldLines,
     view: StackView<'_>,
     verdicts: &[EntryVerdict],
     policy: Option<&HeaderValue>,
     focus: Option<usize>,
 ) {
     let server = view.server;
-    // Room for all of them at once: growing a map field by field rehashes
-    // it each time (an upstream's map is already sized with this room).
-    headers.reserve(FIELDS_WRITTEN);
     if let Some(policy) = policy {
-        let mut text = String::with_capacity(24 * view.limits.len());
-        let mut list = ListWriter::new(&mut text);
-        for (limit, entry) in view.limits.iter().zip(verdicts) {
-            if limit.shadow || entry.outcome == Outcome::Skipped || !styles(limit, server).draft {
-                continue;
+        lines.push_value(&RATELIMIT_POLICY, policy);
+        lines.push_list(&RATELIMIT, |list| {
+            for (limit, entry) in view.limits.iter().zip(verdicts) {
+                if limit.shadow || entry.outcome == Outcome::Skipped || !styles(limit, server).draft
+                {
+                    continue;
+                }
+                let r = i64::try_from(entry.verdict.remaining).unwrap_or(i64::MAX);
+                let Ok(params) = list.item_string(&limit.name) else {
+                    continue;
+                };
+                let Ok(params) = params.param_int("r", r) else {
+                    continue;
+                };
+                if !is_concurrency(limit) {
+                    let t = i64::try_from(ceil_secs(entry.verdict.reset_after)).unwrap_or(i64::MAX);
+                    let _ = params.param_int("t", t);
+                }
             }
-            let r = i64::try_from(entry.verdict.remaining).unwrap_or(i64::MAX);
-            let Ok(params) = list.item_string(&limit.name) else {
-                continue;
-            };
-            let Ok(params) = params.param_int("r", r) else {
-                continue;
-            };
-            if !is_concurrency(limit) {
-                let t = i64::try_from(ceil_secs(entry.verdict.reset_after)).unwrap_or(i64::MAX);
-                let _ = params.param_int("t", t);
-            }
-        }
-        headers.insert(RATELIMIT_POLICY.clone(), policy.clone());
-        if !text.is_empty()
-            && let Ok(value) = HeaderValue::from_maybe_shared(Bytes::from(text))
-        {
-            headers.insert(RATELIMIT.clone(), value);
-        }
+        });
     }
     let Some(index) = focus else { return };
     let (limit, entry) = (view.limits[index], &verdicts[index]);
@@ -159,10 +132,10 @@ pub fn write_headers(
         if !enabled {
             continue;
         }
-        headers.insert(limit_name.clone(), number(q));
-        headers.insert(remaining_name.clone(), number(r));
+        lines.push_number(limit_name, q);
+        lines.push_number(remaining_name, r);
         if let Some(reset) = reset {
-            headers.insert(reset_name.clone(), number(reset));
+            lines.push_number(reset_name, reset);
         }
     }
 }
@@ -188,15 +161,16 @@ pub fn least_remaining(view: StackView<'_>, verdicts: &[EntryVerdict]) -> Option
     best.map(|(i, _, _)| i)
 }
 
-/// The deny response: the limit's status, problem+json naming the limit,
-/// `Retry-After` unless waiting cannot help, and the rate-limit headers.
+/// The deny response: the limit's status and problem+json naming the limit;
+/// and its fields (content type, `Cache-Control: no-store`, `Retry-After`
+/// unless waiting cannot help, the rate-limit fields) as [`FieldLines`].
 pub fn deny_response(
     view: StackView<'_>,
     verdicts: &[EntryVerdict],
     denied_by: usize,
     policy: Option<&HeaderValue>,
     cost: u64,
-) -> Response<ResponseBody> {
+) -> (Response<ResponseBody>, FieldLines) {
     let limit = view.limits[denied_by];
     let verdict = &verdicts[denied_by].verdict;
     let status = limit.status;
@@ -240,16 +214,14 @@ pub fn deny_response(
     body.push('}');
     let mut response = Response::new(ResponseBody::full(body));
     *response.status_mut() = status;
-    let headers = response.headers_mut();
-    // Sized once for everything below rather than grown as it is filled.
-    headers.reserve(3 + FIELDS_WRITTEN);
-    headers.insert(CONTENT_TYPE, PROBLEM_JSON);
-    headers.insert(CACHE_CONTROL, HeaderValue::from_static("no-store"));
+    let mut lines = FieldLines::with_capacity(320);
+    lines.push_value(&CONTENT_TYPE, &PROBLEM_JSON);
+    lines.push(&CACHE_CONTROL, "no-store");
     if let Some(seconds) = retry_after {
-        headers.insert(RETRY_AFTER, number(seconds));
+        lines.push_number(&RETRY_AFTER, seconds);
     }
-    write_headers(headers, view, verdicts, policy, Some(denied_by));
-    response
+    limit_fields(&mut lines, view, verdicts, policy, Some(denied_by));
+    (response, lines)
 }
 
 /// Appends `text` as the inside of a JSON string (RFC 8259 escaping).
@@ -336,6 +308,19 @@ mod tests {
         }
     }
 
+    /// The deny response with its field lines put into its header map.
+    fn deny_with_fields(
+        view: StackView<'_>,
+        verdicts: &[EntryVerdict],
+        denied_by: usize,
+        policy: Option<&HeaderValue>,
+        cost: u64,
+    ) -> Response<ResponseBody> {
+        let (mut response, lines) = deny_response(view, verdicts, denied_by, policy, cost);
+        lines.apply(response.headers_mut());
+        response
+    }
+
     fn stack() -> Vec<LimitConfig> {
         vec![
             limit(
@@ -366,7 +351,7 @@ mod tests {
             entry(Outcome::Allowed, 14, 100_000_000),
             entry(Outcome::Denied, 0, 11 * S + 1),
         ];
-        let response = deny_response(view, &verdicts, 1, Some(&policy), 1);
+        let response = deny_with_fields(view, &verdicts, 1, Some(&policy), 1);
         let headers = response.headers();
         assert_eq!(
             headers["ratelimit"],
@@ -391,14 +376,14 @@ mod tests {
         let mut denied = entry(Outcome::Denied, 0, 5 * S);
         denied.verdict.retry_after = Some(1);
         let verdicts = [entry(Outcome::Allowed, 20, 0), denied];
-        let response = deny_response(view, &verdicts, 1, None, 1);
+        let response = deny_with_fields(view, &verdicts, 1, None, 1);
         assert_eq!(response.headers()["retry-after"], "5");
         // Cost that can never fit: no Retry-After at all.
         let mut never = entry(Outcome::Denied, 20, 0);
         never.verdict.never = true;
         never.verdict.retry_after = None;
         let verdicts = [never, entry(Outcome::Allowed, 100, 0)];
-        let response = deny_response(view, &verdicts, 0, None, 50);
+        let response = deny_with_fields(view, &verdicts, 0, None, 50);
         assert!(!response.headers().contains_key("retry-after"));
     }
 
@@ -412,7 +397,7 @@ mod tests {
             entry(Outcome::Allowed, 14, 0),
             entry(Outcome::Denied, 0, 3 * S),
         ];
-        let response = deny_response(view, &verdicts, 1, None, 1);
+        let response = deny_with_fields(view, &verdicts, 1, None, 1);
         let body = futures_body(response);
         let value: serde_json::Value = serde_json::from_str(&body).unwrap();
         assert_eq!(value["violated-policies"][0], limits[1].name.as_str());
@@ -435,13 +420,6 @@ mod tests {
             .unwrap()
             .to_bytes();
         String::from_utf8(bytes.to_vec()).unwrap()
-    }
-
-    #[test]
-    fn numbers_are_the_same_from_the_table_and_beyond_it() {
-        for n in [0, 1, 12, 4095, 4096, 86_400, u64::MAX] {
-            assert_eq!(number(n), HeaderValue::from(n));
-        }
     }
 
     #[test]

@@ -15,7 +15,6 @@ use http::{Method, StatusCode, Version, request, response};
 use smallvec::SmallVec;
 
 use crate::proxy::hop_by_hop::{ConnectionToken, connection_tokens, is_hop_by_hop};
-use crate::proxy::ratelimit;
 
 /// Largest response head accepted from an upstream.
 pub const MAX_HEAD: usize = 64 * 1024;
@@ -208,8 +207,9 @@ fn parse_into<const N: usize>(buf: &mut BytesMut, method: &Method) -> io::Result
         hop.note(&head[name_start..name_end], &head[value_start..value_end])?;
     }
     let switching = status == StatusCode::SWITCHING_PROTOCOLS;
-    // Room for the rate-limit fields the gateway adds, so the map is sized once.
-    let mut headers = HeaderMap::with_capacity(places.len() + ratelimit::FIELDS_WRITTEN);
+    // The rate-limit fields the gateway adds go into the head as lines, not
+    // into this map (`proxy::field_lines`), so it needs no room for them.
+    let mut headers = HeaderMap::with_capacity(places.len());
     for &(name_start, name_end, value_start, value_end) in &places {
         let raw_name = &head[name_start..name_end];
         let name = match common_name(raw_name) {
