@@ -409,6 +409,45 @@ limits = ["one_at_a_time"]
 }
 
 #[tokio::test]
+async fn the_gateways_rate_limit_fields_replace_an_upstreams_own() {
+    let upstream = TestUpstream::start().await;
+    let gw = gateway(
+        &upstream,
+        r#"
+[limits.per_ip]
+key = "ip"
+algorithm = "token_bucket"
+capacity = 10
+refill = "10/s"
+
+[[routes]]
+name = "api"
+match = { path_prefix = "/" }
+upstream = "api"
+limits = ["per_ip"]
+"#,
+    );
+    let reply = get(gw.addr, "/own-limits", &[]).await;
+    assert_eq!(reply.status, 200);
+    let all = |name: &str| -> Vec<&str> {
+        reply
+            .headers
+            .get_all(name)
+            .iter()
+            .map(|v| v.to_str().unwrap())
+            .collect()
+    };
+    // The fields the gateway writes (draft and legacy, the default) are its
+    // own, once each; the upstream's of those names are gone.
+    assert_eq!(all("ratelimit"), ["\"per_ip\";r=9;t=1"]);
+    assert_eq!(all("x-ratelimit-remaining"), ["9"]);
+    assert_eq!(all("x-ratelimit-limit"), ["10"]);
+    // A family the gateway does not write here passes through.
+    assert_eq!(all("ratelimit-limit"), ["7"]);
+    assert_eq!(reply.header("x-upstream"), Some("yes"));
+}
+
+#[tokio::test]
 async fn a_client_that_hangs_up_releases_its_concurrency_slot() {
     // The gateway watches the connection while a request waits for its
     // upstream: a client that closes it cancels the request, and its slot is

@@ -346,6 +346,14 @@ async fn upstream_answer(
             .headers_mut()
             .insert("x-cost", cost.parse().unwrap());
     }
+    if path == "/own-limits" {
+        // An upstream that sends rate-limit fields of its own.
+        let headers = response.headers_mut();
+        headers.insert("ratelimit", "\"upstream\";r=5".parse().unwrap());
+        headers.insert("x-ratelimit-remaining", "999".parse().unwrap());
+        headers.append("x-ratelimit-remaining", "998".parse().unwrap());
+        headers.insert("ratelimit-limit", "7".parse().unwrap());
+    }
     if path == "/hop" {
         let headers = response.headers_mut();
         headers.insert("connection", "x-upstream-secret".parse().unwrap());
