@@ -27,7 +27,7 @@ use std::time::Duration;
 
 use http::header::{CONTENT_LENGTH, CONTENT_TYPE};
 use http::request::Parts;
-use http::{HeaderMap, Method, Request, Response, StatusCode, Uri};
+use http::{Method, Request, Response, StatusCode, Uri};
 use smallvec::SmallVec;
 
 use bytes::{Bytes, BytesMut};
@@ -261,7 +261,9 @@ async fn route_and_act(
         tokio::time::sleep(Duration::from_nanos(delay)).await;
     }
 
-    let mut response = match &route.action {
+    // The response's fields beyond its header map: an upstream's, relayed
+    // as lines, then the rate-limit fields (see `FieldLines`).
+    let (response, mut fields) = match &route.action {
         RouteAction::Respond {
             status,
             body,
@@ -272,32 +274,32 @@ async fn route_and_act(
             response
                 .headers_mut()
                 .insert(CONTENT_TYPE, content_type.clone());
-            response
+            (response, FieldLines::new())
         }
         RouteAction::Forward(_) => {
-            let response =
+            let (response, fields) =
                 forward(snapshot, route, downstream, parts, body, &mut notes.permits).await?;
             if let (Some(cost_header), Some(admitted)) = (&route.cost_header, &admitted) {
-                settle_cost(app, route, admitted, response.headers(), cost_header);
+                let reported = fields.relayed_value(cost_header.as_str());
+                settle_cost(app, route, admitted, reported);
             }
-            response
+            (response, fields)
         }
     };
     if let Some(admitted) = &admitted {
         let view = admitted.view(snapshot);
         let policy = admitted.policy(plan);
-        let mut lines = FieldLines::with_capacity(256);
         ratelimit::limit_fields(
-            &mut lines,
+            &mut fields,
             view,
             &admitted.verdicts,
             policy.as_ref(),
             admitted.focus,
         );
         // Ours replace an upstream's fields of the same names.
-        lines.remove_replaced(response.headers_mut());
-        notes.fields = lines;
+        fields.drop_replaced();
     }
+    notes.fields = fields;
     Ok(response)
 }
 
@@ -588,18 +590,11 @@ fn record_decisions(
 }
 
 /// Post-response cost: charges (or refunds) the difference between the
-/// upstream's reported cost and the up-front cost to every limit that charged
+/// upstream's reported cost (`reported`, its cost header's value) and the up-front cost to every limit that charged
 /// the request. Never blocks the response; bad values are ignored.
-fn settle_cost(
-    app: &App,
-    route: &RouteConfig,
-    admitted: &Admitted<'_>,
-    headers: &HeaderMap,
-    cost_header: &http::HeaderName,
-) {
-    let Some(reported) = headers
-        .get(cost_header)
-        .and_then(|v| v.to_str().ok())
+fn settle_cost(app: &App, route: &RouteConfig, admitted: &Admitted<'_>, reported: Option<&[u8]>) {
+    let Some(reported) = reported
+        .and_then(|v| std::str::from_utf8(v).ok())
         .and_then(|v| v.trim().parse::<u64>().ok())
     else {
         return;
@@ -637,14 +632,14 @@ async fn forward(
     parts: Parts,
     body: PendingBody,
     permits: &mut Permits,
-) -> Result<Response<ResponseBody>, GatewayError> {
+) -> Result<(Response<ResponseBody>, FieldLines), GatewayError> {
     let Forwarding {
         upstream,
         request,
         exceeded,
         client_upgrade,
     } = prepare_forward(snapshot, route, downstream, parts, body)?;
-    let mut response = upstream
+    let (mut response, fields) = upstream
         .send(request, exceeded, route.max_body.unwrap_or(u64::MAX))
         .await?;
     if response.status() == StatusCode::SWITCHING_PROTOCOLS {
@@ -664,7 +659,7 @@ async fn forward(
             }
         }
     }
-    Ok(response.map(ResponseBody::upstream))
+    Ok((response.map(ResponseBody::upstream), fields))
 }
 
 /// A request ready to send, and what the forward step needs afterwards.

@@ -377,7 +377,7 @@ async fn serve_fast(table: Arc<Vec<Case>>, hand_offs: Arc<AtomicUsize>) -> Socke
                     let table = table.clone();
                     // No field lines of the gateway's own: the table's
                     // responses carry all their fields in the map.
-                    async move { (answer(request, &table).await, [0u8; 0]) }
+                    async move { (answer(request, &table).await, ()) }
                 };
                 let prefix = match h1::serve(&mut stream, &Never, respond).await {
                     Ok(Ended::HandOff(prefix)) => prefix,
@@ -1086,6 +1086,8 @@ async fn head_gets_the_head_and_no_body() {
     .await;
     assert_eq!(answer.status, 200, "{}", answer.text());
     assert_eq!(answer.header("x-upstream"), Some("yes"));
+    // The upstream's length of the body a GET would get is relayed.
+    assert_eq!(answer.header("content-length"), Some("4"));
     assert!(answer.raw.ends_with(b"\r\n\r\n"), "{}", answer.text());
     assert_eq!(upstream.last_seen().method, "HEAD");
     // No body follows the head: the next bytes are the next response.

@@ -60,6 +60,26 @@ pub enum Ended {
     HandOff(BytesMut),
 }
 
+/// Fields a response carries outside its header map (the gateway keeps
+/// relayed and rate-limit fields as lines: `proxy::field_lines`), written
+/// into the head after the map's own.
+pub trait ExtraFields {
+    /// Appends complete `name: value\r\n` lines, never framing fields
+    /// (`Content-Length` only in answer to `HEAD`, where it frames nothing).
+    fn write_to(&self, out: &mut Vec<u8>);
+    /// Whether the lines include a `Date` (the head then adds none).
+    fn has_date(&self) -> bool;
+}
+
+/// No extra fields.
+impl ExtraFields for () {
+    fn write_to(&self, _: &mut Vec<u8>) {}
+
+    fn has_date(&self) -> bool {
+        false
+    }
+}
+
 /// Tells the fast path to finish: the response in progress closes the
 /// connection, and no further request is read.
 pub trait Closing {
@@ -68,8 +88,7 @@ pub trait Closing {
 
 /// Serves plain requests on `io` with `respond` until the connection ends or
 /// a request needs hyper. `respond` answers a request with a response and
-/// field lines (`name: value\r\n` each, possibly none) written into the head
-/// after the response's own fields. I/O errors end the connection (returned for the
+/// the [`ExtraFields`] written into its head after the map's fields. I/O errors end the connection (returned for the
 /// log); nothing here panics on what a client sends.
 pub async fn serve<T, C, F, Fut, B, L>(io: &mut T, closing: &C, mut respond: F) -> io::Result<Ended>
 where
@@ -77,7 +96,7 @@ where
     C: Closing + ?Sized,
     F: FnMut(Request<ClientBody>) -> Fut,
     Fut: Future<Output = (Response<B>, L)>,
-    L: AsRef<[u8]>,
+    L: ExtraFields,
     B: Body<Data = Bytes>,
     B::Error: std::fmt::Display,
 {
@@ -149,7 +168,7 @@ where
             &mut out,
             parts.status,
             &mut parts.headers,
-            extra_fields.as_ref(),
+            &extra_fields,
             length,
             is_head,
             keep_alive,

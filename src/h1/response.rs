@@ -13,6 +13,7 @@
 use http::header::{CONNECTION, CONTENT_LENGTH, DATE, TRAILER, TRANSFER_ENCODING};
 use http::{HeaderMap, HeaderName, HeaderValue, StatusCode};
 
+use super::ExtraFields;
 use super::date;
 
 /// What the body says about its length before the head is written.
@@ -51,19 +52,18 @@ pub enum InvalidHead {
 }
 
 /// Writes the head of a response to `out`: the fields of `headers`, then
-/// `extra_fields` (complete `name: value\r\n` lines, none of them framing
-/// fields). `body` is `None` for a body that has already ended. `keep_alive` is false when the connection closes after
+/// `extra_fields` (see [`ExtraFields`]). `body` is `None` for a body that has already ended. `keep_alive` is false when the connection closes after
 /// this response (the client asked, or the server is draining).
 ///
 /// `headers` is left as it was, except for the `Connection: close` added when
 /// `keep_alive` is false. A 1xx status is answered with an empty 500 that
 /// closes the connection (hyper's answer: a response cannot be
 /// informational).
-pub fn encode_head(
+pub fn encode_head<E: ExtraFields + ?Sized>(
     out: &mut Vec<u8>,
     status: StatusCode,
     headers: &mut HeaderMap,
-    extra_fields: &[u8],
+    extra_fields: &E,
     body: Option<BodyLength>,
     is_head: bool,
     keep_alive: bool,
@@ -110,11 +110,11 @@ pub fn encode_head(
     result
 }
 
-fn encode(
+fn encode<E: ExtraFields + ?Sized>(
     out: &mut Vec<u8>,
     status: StatusCode,
     headers: &HeaderMap,
-    extra_fields: &[u8],
+    extra_fields: &E,
     body: Option<BodyLength>,
     is_head: bool,
     mut last: bool,
@@ -232,8 +232,10 @@ fn encode(
     if line_open {
         end_line(out, &mut add_chunked);
     }
-    // The gateway's own fields, already lines; never framing fields.
-    out.extend_from_slice(extra_fields);
+    // The fields kept as lines (relayed and the gateway's own); never
+    // framing fields.
+    extra_fields.write_to(out);
+    wrote_date |= extra_fields.has_date();
 
     if !wrote_len {
         framing = match body {
@@ -431,7 +433,7 @@ mod tests {
             &mut out,
             StatusCode::from_u16(status).unwrap(),
             &mut headers,
-            &[],
+            &(),
             body,
             is_head,
             keep_alive,
@@ -674,7 +676,7 @@ mod tests {
             &mut out,
             StatusCode::OK,
             &mut headers,
-            &[],
+            &(),
             Some(BodyLength::Unknown),
             false,
             true,
@@ -696,6 +698,38 @@ mod tests {
         assert_eq!(head.framing, Framing::Length(5));
     }
 
+    /// Extra fields given as fixed lines, with or without a `Date`.
+    struct Lines(&'static [u8], bool);
+
+    impl ExtraFields for Lines {
+        fn write_to(&self, out: &mut Vec<u8>) {
+            out.extend_from_slice(self.0);
+        }
+
+        fn has_date(&self) -> bool {
+            self.1
+        }
+    }
+
+    #[test]
+    fn extra_fields_with_a_date_replace_the_heads_own() {
+        let mut out = Vec::new();
+        encode_head(
+            &mut out,
+            StatusCode::OK,
+            &mut HeaderMap::new(),
+            &Lines(b"date: Sun, 06 Nov 1994 08:49:37 GMT\r\n", true),
+            None,
+            false,
+            true,
+        )
+        .unwrap();
+        assert_eq!(
+            String::from_utf8(out).unwrap(),
+            "HTTP/1.1 200 OK\r\ndate: Sun, 06 Nov 1994 08:49:37 GMT\r\ncontent-length: 0\r\n\r\n"
+        );
+    }
+
     #[test]
     fn extra_fields_follow_the_map_and_precede_length_and_date() {
         let mut headers = HeaderMap::new();
@@ -705,7 +739,10 @@ mod tests {
             &mut out,
             StatusCode::OK,
             &mut headers,
-            b"ratelimit: \"a\";r=1\r\nx-ratelimit-remaining: 1\r\n",
+            &Lines(
+                b"ratelimit: \"a\";r=1\r\nx-ratelimit-remaining: 1\r\n",
+                false,
+            ),
             Some(BodyLength::Known(2)),
             false,
             true,
@@ -726,7 +763,7 @@ mod tests {
             &mut Vec::new(),
             StatusCode::OK,
             &mut headers,
-            &[],
+            &(),
             Some(BodyLength::Unknown),
             false,
             true,
@@ -748,7 +785,7 @@ mod tests {
             &mut out,
             StatusCode::OK,
             &mut headers,
-            &[],
+            &(),
             Some(BodyLength::Known(5)),
             false,
             true,

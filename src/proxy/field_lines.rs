@@ -1,28 +1,41 @@
-//! Header fields the gateway adds to a response, kept as the lines they will
-//! be on the wire (`name: value\r\n`) until the response head is written.
+//! Header fields of a response that are not in its header map, kept as the
+//! lines they will be on the wire (`name: value\r\n`) until the head is
+//! written: the fields relayed from an upstream's response, and the
+//! gateway's own rate-limit fields.
 //!
-//! The rate-limit fields (five to eight per response) used to go into the
-//! response's `HeaderMap`, where every insert hashes the name and probes the
-//! table: about a tenth of a request's user-space instructions, for fields
-//! nobody reads before they are written out. The HTTP/1.1 fast path
-//! ([`crate::h1`]) copies these lines into the head as they are. Where a map
-//! is needed (hyper's path), [`FieldLines::apply`] inserts them.
+//! Both used to go through the response's `HeaderMap`: the upstream's
+//! parsed into one, the gateway's inserted into it, and the whole map
+//! written back out — a name hash, a table probe and a value per field, for
+//! fields nobody reads in between. The HTTP/1.1 fast path ([`crate::h1`])
+//! copies these lines into the head as they are. Where a map is needed
+//! (hyper's path), [`FieldLines::apply`] builds it.
 //!
-//! Names are the gateway's own constants; values are numbers or text the
-//! gateway serialized (structured fields, a policy built at load time), so a
-//! line never needs escaping or checking here.
+//! Relayed names are lower-cased as they are copied (as a header map would
+//! have written them); relayed values are the upstream's bytes, already
+//! checked by the parser. The gateway's own lines are its constants, numbers
+//! and structured fields it serialized, so nothing here needs escaping.
 
 use http::{HeaderMap, HeaderName, HeaderValue};
 
 use super::structured::ListWriter;
 
-/// Fields to add to a response head, in order.
+/// Fields to add to a response head: the relayed ones, then the gateway's.
 #[derive(Debug, Default, Clone, PartialEq, Eq)]
 pub struct FieldLines {
-    text: String,
-    /// Bit `len % 64` is set for every name pushed: a cheap first test of
-    /// whether a name could be one of ours.
-    name_lengths: u64,
+    /// Lines relayed from an upstream.
+    relayed: Vec<u8>,
+    /// The gateway's own lines (ASCII).
+    own: String,
+    /// Bit `len % 64` set for each name in `relayed` / `own`: whether an
+    /// own field could replace a relayed one is then one AND, usually 0.
+    relayed_lengths: u64,
+    own_lengths: u64,
+    /// A relayed `Date`: the head needs none of its own.
+    relayed_date: bool,
+}
+
+fn length_bit(name: &[u8]) -> u64 {
+    1 << (name.len() % 64)
 }
 
 impl FieldLines {
@@ -31,22 +44,44 @@ impl FieldLines {
         FieldLines::default()
     }
 
-    /// Room for about `bytes` of lines, allocated once.
-    pub fn with_capacity(bytes: usize) -> Self {
-        FieldLines {
-            text: String::with_capacity(bytes),
-            name_lengths: 0,
+    /// Adds a field relayed from an upstream: the name lower-cased, the
+    /// value as it came (httparse has checked both).
+    pub fn push_relayed(&mut self, name: &[u8], value: &[u8]) {
+        if self.relayed.is_empty() {
+            self.relayed.reserve(512);
+        }
+        let start = self.relayed.len();
+        self.relayed.extend_from_slice(name);
+        self.relayed[start..].make_ascii_lowercase();
+        self.relayed.extend_from_slice(b": ");
+        self.relayed.extend_from_slice(value);
+        self.relayed.extend_from_slice(b"\r\n");
+        self.relayed_lengths |= length_bit(name);
+        if name.eq_ignore_ascii_case(b"date") {
+            self.relayed_date = true;
         }
     }
 
-    /// Adds `name: value`. `value` must be a valid field value (the
-    /// gateway's own text).
+    /// Adds `name: value` of the gateway's own. `value` must be a valid field
+    /// value (the gateway's own text).
     pub fn push(&mut self, name: &HeaderName, value: &str) {
-        self.note_name(name);
-        self.text.push_str(name.as_str());
-        self.text.push_str(": ");
-        self.text.push_str(value);
-        self.text.push_str("\r\n");
+        let name = name.as_str();
+        self.reserve_own(name.len() + value.len() + 4);
+        self.own_lengths |= length_bit(name.as_bytes());
+        self.own.push_str(name);
+        self.own.push_str(": ");
+        self.own.push_str(value);
+        self.own.push_str("\r\n");
+    }
+
+    /// Room for `more` bytes of own lines; the first reservation is sized
+    /// for a denial's whole set, so the buffer is allocated once.
+    fn reserve_own(&mut self, more: usize) {
+        self.own.reserve(if self.own.is_empty() {
+            more.max(384)
+        } else {
+            more
+        });
     }
 
     /// Adds `name: value` for an existing header value, if it is text.
@@ -64,79 +99,112 @@ impl FieldLines {
     /// Adds `name: ` followed by a structured-field List that `write` fills;
     /// a list left empty adds nothing (RFC 9651: omit the field).
     pub fn push_list(&mut self, name: &HeaderName, write: impl FnOnce(&mut ListWriter<'_>)) {
-        let start = self.text.len();
-        self.note_name(name);
-        self.text.push_str(name.as_str());
-        self.text.push_str(": ");
-        let mut list = ListWriter::new(&mut self.text);
+        let name = name.as_str();
+        self.reserve_own(name.len() + 64);
+        let start = self.own.len();
+        self.own.push_str(name);
+        self.own.push_str(": ");
+        let mut list = ListWriter::new(&mut self.own);
         write(&mut list);
         if list.is_empty() {
-            self.text.truncate(start);
+            self.own.truncate(start);
         } else {
-            self.text.push_str("\r\n");
+            self.own.push_str("\r\n");
+            self.own_lengths |= length_bit(name.as_bytes());
         }
     }
 
-    fn note_name(&mut self, name: &HeaderName) {
-        self.name_lengths |= 1 << (name.as_str().len() % 64);
-    }
-
-    /// The lines, each ending in CRLF.
-    pub fn as_bytes(&self) -> &[u8] {
-        self.text.as_bytes()
-    }
-
     pub fn is_empty(&self) -> bool {
-        self.text.is_empty()
+        self.relayed.is_empty() && self.own.is_empty()
     }
 
-    /// The fields as (name, value) pairs.
-    fn fields(&self) -> impl Iterator<Item = (&str, &str)> {
-        self.text
-            .split_terminator("\r\n")
-            .filter_map(|line| line.split_once(": "))
+    /// Appends all lines, relayed first, to `out`.
+    pub fn write_to(&self, out: &mut Vec<u8>) {
+        out.extend_from_slice(&self.relayed);
+        out.extend_from_slice(self.own.as_bytes());
     }
 
-    /// Inserts the fields into `headers`, each replacing any field of its
-    /// name (what the response would have had, had they been inserted one by
-    /// one).
+    /// Whether the lines carry a `Date` (a relayed one).
+    pub fn has_date(&self) -> bool {
+        self.relayed_date
+    }
+
+    /// The value of the first relayed field called `name` (lower case).
+    pub fn relayed_value(&self, name: &str) -> Option<&[u8]> {
+        lines(&self.relayed).find_map(|(n, v)| (n == name.as_bytes()).then_some(v))
+    }
+
+    /// Drops relayed fields of a name the gateway sets itself: the
+    /// gateway's rate-limit fields replace an upstream's.
+    pub fn drop_replaced(&mut self) {
+        if self.relayed_lengths & self.own_lengths == 0 {
+            return;
+        }
+        let own: Vec<&[u8]> = lines(self.own.as_bytes()).map(|(name, _)| name).collect();
+        let mut kept = Vec::with_capacity(self.relayed.len());
+        let mut date = false;
+        for (name, value) in lines(&self.relayed) {
+            if own.contains(&name) {
+                continue;
+            }
+            date |= name == b"date";
+            kept.extend_from_slice(name);
+            kept.extend_from_slice(b": ");
+            kept.extend_from_slice(value);
+            kept.extend_from_slice(b"\r\n");
+        }
+        self.relayed = kept;
+        self.relayed_date = date;
+    }
+
+    /// Puts the fields into `headers`: relayed ones appended (an upstream's
+    /// repeated fields stay repeated), the gateway's own each replacing any
+    /// field of its name.
     pub fn apply(&self, headers: &mut HeaderMap) {
-        for (name, value) in self.fields() {
-            if let (Ok(name), Ok(value)) = (
-                HeaderName::from_bytes(name.as_bytes()),
-                HeaderValue::from_str(value),
-            ) {
+        for (name, value) in lines(&self.relayed) {
+            if let (Ok(name), Ok(value)) =
+                (HeaderName::from_bytes(name), HeaderValue::from_bytes(value))
+            {
+                headers.append(name, value);
+            }
+        }
+        for (name, value) in lines(self.own.as_bytes()) {
+            if let (Ok(name), Ok(value)) =
+                (HeaderName::from_bytes(name), HeaderValue::from_bytes(value))
+            {
                 headers.insert(name, value);
             }
         }
     }
 
-    /// Removes from `headers` the fields these lines will set (an upstream's
-    /// own rate-limit fields, which the gateway's replace). A scan of the
-    /// names' lengths first: usually nothing matches and nothing is hashed.
-    pub fn remove_replaced(&self, headers: &mut HeaderMap) {
-        let maybe_ours = |name: &HeaderName| {
-            let name = name.as_str();
-            self.name_lengths & (1 << (name.len() % 64)) != 0 && self.sets(name)
-        };
-        if self.is_empty() || !headers.keys().any(maybe_ours) {
-            return;
-        }
-        for (name, _) in self.fields() {
-            headers.remove(name);
-        }
-    }
-
-    /// Whether a line sets `name` (lower case, as header names are).
-    fn sets(&self, name: &str) -> bool {
-        self.fields().any(|(line_name, _)| line_name == name)
+    /// The fields as a header map (for tests and logs).
+    pub fn to_map(&self) -> HeaderMap {
+        let mut map = HeaderMap::new();
+        self.apply(&mut map);
+        map
     }
 }
 
-impl AsRef<[u8]> for FieldLines {
-    fn as_ref(&self) -> &[u8] {
-        self.as_bytes()
+impl crate::h1::ExtraFields for FieldLines {
+    fn write_to(&self, out: &mut Vec<u8>) {
+        FieldLines::write_to(self, out);
     }
+
+    fn has_date(&self) -> bool {
+        FieldLines::has_date(self)
+    }
+}
+
+/// The (name, value) pairs of CRLF-ended `name: value` lines.
+fn lines(text: &[u8]) -> impl Iterator<Item = (&[u8], &[u8])> {
+    text.split(|b| *b == b'\n').filter_map(|line| {
+        let line = line.strip_suffix(b"\r")?;
+        let colon = line.iter().position(|b| *b == b':')?;
+        let value = line[colon + 1..]
+            .strip_prefix(b" ")
+            .unwrap_or(&line[colon + 1..]);
+        Some((&line[..colon], value))
+    })
 }
 
 #[cfg(test)]
@@ -146,16 +214,28 @@ mod tests {
     static RATELIMIT: HeaderName = HeaderName::from_static("ratelimit");
     static REMAINING: HeaderName = HeaderName::from_static("x-ratelimit-remaining");
 
+    fn written(lines: &FieldLines) -> Vec<u8> {
+        let mut out = Vec::new();
+        lines.write_to(&mut out);
+        out
+    }
+
     #[test]
-    fn lines_are_written_as_on_the_wire() {
+    fn lines_are_written_as_on_the_wire_relayed_first() {
         let mut lines = FieldLines::new();
         assert!(lines.is_empty());
         lines.push_number(&REMAINING, 42);
         lines.push(&http::header::CACHE_CONTROL, "no-store");
+        lines.push_relayed(b"X-Upstream", b"Yes \xff");
         assert_eq!(
-            lines.as_bytes(),
-            b"x-ratelimit-remaining: 42\r\ncache-control: no-store\r\n"
+            written(&lines),
+            b"x-upstream: Yes \xff\r\nx-ratelimit-remaining: 42\r\ncache-control: no-store\r\n"
         );
+        assert!(!lines.has_date());
+        lines.push_relayed(b"Date", b"Sun, 06 Nov 1994 08:49:37 GMT");
+        assert!(lines.has_date());
+        assert_eq!(lines.relayed_value("x-upstream"), Some(&b"Yes \xff"[..]));
+        assert_eq!(lines.relayed_value("x-ratelimit-remaining"), None);
     }
 
     #[test]
@@ -166,31 +246,42 @@ mod tests {
         lines.push_list(&RATELIMIT, |list| {
             let _ = list.item_string("a").and_then(|p| p.param_int("r", 1));
         });
-        assert_eq!(lines.as_bytes(), b"ratelimit: \"a\";r=1\r\n");
+        assert_eq!(written(&lines), b"ratelimit: \"a\";r=1\r\n");
     }
 
     #[test]
-    fn apply_replaces_and_remove_replaced_clears_same_names() {
+    fn own_fields_replace_relayed_ones_of_their_name() {
+        let mut lines = FieldLines::new();
+        lines.push_relayed(b"X-RateLimit-Remaining", b"99");
+        lines.push_relayed(b"Set-Cookie", b"a=1");
+        lines.push_relayed(b"x-ratelimit-remaining", b"98");
+        lines.push_relayed(b"Set-Cookie", b"b=2");
+        lines.push_number(&REMAINING, 7);
+        lines.drop_replaced();
+        assert_eq!(
+            written(&lines),
+            b"set-cookie: a=1\r\nset-cookie: b=2\r\nx-ratelimit-remaining: 7\r\n"
+        );
+        let map = lines.to_map();
+        assert_eq!(
+            map.get_all("set-cookie").iter().collect::<Vec<_>>(),
+            ["a=1", "b=2"]
+        );
+        assert_eq!(map.get_all(&REMAINING).iter().collect::<Vec<_>>(), ["7"]);
+    }
+
+    #[test]
+    fn apply_replaces_a_maps_field_with_an_own_one() {
         let mut lines = FieldLines::new();
         lines.push_number(&REMAINING, 7);
         let mut headers = HeaderMap::new();
         headers.insert(&REMAINING, HeaderValue::from_static("99"));
-        headers.append(&REMAINING, HeaderValue::from_static("98"));
         headers.insert("x-other", HeaderValue::from_static("kept"));
-        let mut applied = headers.clone();
-        lines.apply(&mut applied);
+        lines.apply(&mut headers);
         assert_eq!(
-            applied.get_all(&REMAINING).iter().collect::<Vec<_>>(),
+            headers.get_all(&REMAINING).iter().collect::<Vec<_>>(),
             ["7"]
         );
-        assert_eq!(applied["x-other"], "kept");
-        lines.remove_replaced(&mut headers);
-        assert!(!headers.contains_key(&REMAINING));
         assert_eq!(headers["x-other"], "kept");
-        // Nothing of ours in the map: it is left alone.
-        let mut untouched = HeaderMap::new();
-        untouched.insert("x-other", HeaderValue::from_static("kept"));
-        lines.remove_replaced(&mut untouched);
-        assert_eq!(untouched.len(), 1);
     }
 }

@@ -12,6 +12,7 @@ use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 
 use super::body::RequestBody;
 use super::client::{ConnectionPool, OwnFields, UpstreamBody};
+use super::field_lines::FieldLines;
 use super::hop_by_hop::{ConnectionToken, connection_tokens, is_hop_by_hop};
 use super::structured::is_tchar;
 use crate::config::UpstreamConfig;
@@ -76,7 +77,8 @@ impl Upstream {
 
     /// Sends the request upstream and waits for the response head, at most
     /// `timeout`. `body_exceeded` tells a body-cap abort (413) from a failure.
-    /// The response body reads from the upstream connection as it is polled.
+    /// The response body reads from the upstream connection as it is polled;
+    /// the response's fields come beside it, as lines.
     ///
     /// Not an `async fn`: the exchange future is large, so it is boxed here,
     /// once, and the future returned stays small — an inline one would make
@@ -87,7 +89,7 @@ impl Upstream {
         prepared: Prepared,
         body_exceeded: Option<Arc<AtomicBool>>,
         body_limit: u64,
-    ) -> impl Future<Output = Result<Response<UpstreamBody>, GatewayError>> + '_ {
+    ) -> impl Future<Output = Result<(Response<UpstreamBody>, FieldLines), GatewayError>> + '_ {
         let exchange = Box::pin(self.pools[prepared.url].send(prepared.request, prepared.own));
         let timeout = self.config.timeout;
         async move {

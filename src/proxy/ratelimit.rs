@@ -214,7 +214,7 @@ pub fn deny_response(
     body.push('}');
     let mut response = Response::new(ResponseBody::full(body));
     *response.status_mut() = status;
-    let mut lines = FieldLines::with_capacity(320);
+    let mut lines = FieldLines::new();
     lines.push_value(&CONTENT_TYPE, &PROBLEM_JSON);
     lines.push(&CACHE_CONTROL, "no-store");
     if let Some(seconds) = retry_after {

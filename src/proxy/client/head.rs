@@ -3,17 +3,18 @@
 //! (RFC 9112 §6.3).
 //!
 //! Parsing uses `httparse` (hyper's own parser) over the connection's read
-//! buffer. Header values are slices of the received bytes (one shared
-//! buffer for the whole head), so a response head costs one allocation for
-//! the bytes and one for the map, not one per field.
+//! buffer. The fields the client will see are copied out as lines
+//! ([`FieldLines`], one allocation for the whole head) rather than built into
+//! a header map nobody reads.
 
 use std::io;
 
 use bytes::{Buf, BytesMut};
-use http::header::{self, HeaderMap, HeaderName, HeaderValue};
+use http::header::{self, HeaderName};
 use http::{Method, StatusCode, Version, request, response};
 use smallvec::SmallVec;
 
+use crate::proxy::field_lines::FieldLines;
 use crate::proxy::hop_by_hop::{ConnectionToken, connection_tokens, is_hop_by_hop};
 
 /// Largest response head accepted from an upstream.
@@ -46,13 +47,19 @@ pub enum Framing {
 /// A parsed response head.
 #[derive(Debug)]
 pub struct ResponseHead {
+    /// Status and version; the header map stays empty.
     pub parts: response::Parts,
+    /// The fields the client sees, as lines.
+    pub fields: FieldLines,
     pub framing: Framing,
     /// Whether the connection may carry another request after this response.
     pub keep_alive: bool,
 }
 
 /// What the read buffer held.
+// One per response, matched at once: boxing the head would cost an
+// allocation per response to make the other variants smaller.
+#[allow(clippy::large_enum_variant)]
 #[derive(Debug)]
 pub enum Parsed {
     Head(ResponseHead),
@@ -180,103 +187,53 @@ fn parse_into<const N: usize>(buf: &mut BytesMut, method: &Method) -> io::Result
         _ => Version::HTTP_11,
     };
 
-    // Names and values are slices of one shared copy of the head; their
-    // places are noted first because the parse borrows the buffer.
-    let base = buf.as_ptr() as usize;
-    let places: SmallVec<[(usize, usize, usize, usize); COMMON_FIELDS]> = response
-        .headers
-        .iter()
-        .map(|field| {
-            let name = field.name.as_ptr() as usize - base;
-            let value = field.value.as_ptr() as usize - base;
-            (
-                name,
-                name + field.name.len(),
-                value,
-                value + field.value.len(),
-            )
-        })
-        .collect();
-    let head = buf.split_to(length).freeze();
-
-    // First what the hop-by-hop and framing fields say, from the raw bytes;
-    // then the map, without them — the client never sees hop-by-hop fields
-    // (RFC 9110 §7.6.1), so they are not built only to be removed.
+    // First what the hop-by-hop and framing fields say; then the fields the
+    // client sees, copied as lines (`FieldLines`), without them — the client
+    // never sees hop-by-hop fields (RFC 9110 §7.6.1). No header map is built:
+    // nothing reads one before the head is written out again.
     let mut hop = HopFields::default();
-    for &(name_start, name_end, value_start, value_end) in &places {
-        hop.note(&head[name_start..name_end], &head[value_start..value_end])?;
+    for field in response.headers.iter() {
+        hop.note(field.name.as_bytes(), field.value)?;
     }
     let switching = status == StatusCode::SWITCHING_PROTOCOLS;
-    // The rate-limit fields the gateway adds go into the head as lines, not
-    // into this map (`proxy::field_lines`), so it needs no room for them.
-    let mut headers = HeaderMap::with_capacity(places.len());
-    for &(name_start, name_end, value_start, value_end) in &places {
-        let raw_name = &head[name_start..name_end];
-        let name = match common_name(raw_name) {
-            // No common name is hop-by-hop; only `Connection` could make one so.
-            Some(name) if hop.named.is_empty() => {
-                if hop.transfer_encoding && name == header::CONTENT_LENGTH {
-                    continue;
-                }
-                name
+    let is_head = method == Method::HEAD;
+    let mut fields = FieldLines::new();
+    for field in response.headers.iter() {
+        let name = field.name.as_bytes();
+        if name.eq_ignore_ascii_case(b"content-length") {
+            // The body's length is the body's business: the client-side
+            // head gets it from the body (RFC 9112 §6.3), except for a HEAD,
+            // whose answer describes a body it does not carry.
+            if !is_head || hop.transfer_encoding {
+                continue;
             }
-            common => {
-                if hop.drops(raw_name, switching) {
-                    continue;
-                }
-                match common {
-                    Some(name) => name,
-                    None => HeaderName::from_bytes(raw_name)
-                        .map_err(|_| invalid("invalid response header name"))?,
-                }
-            }
-        };
-        let value = HeaderValue::from_maybe_shared(head.slice(value_start..value_end))
-            .map_err(|_| invalid("invalid response header value"))?;
-        headers.append(name, value);
+        } else if hop.drops(name, switching) {
+            continue;
+        }
+        fields.push_relayed(name, field.value);
     }
     if switching && hop.upgrade_token {
         // The one hop-by-hop field the client must see: what it switches to.
-        headers.insert(header::CONNECTION, HeaderValue::from_static("upgrade"));
+        fields.push_relayed(b"connection", b"upgrade");
     }
-
     let (framing, reusable) = framing(method, status, &hop);
     let keep_alive = reusable
         && match version {
             Version::HTTP_10 => hop.keep_alive_token,
             _ => !hop.close_token,
         };
+    // The fields are copied out: the head's bytes can go.
+    drop(hop);
+    buf.advance(length);
     let mut parts = response::Response::new(()).into_parts().0;
     parts.status = status;
     parts.version = version;
-    parts.headers = headers;
     Ok(Some(Parsed::Head(ResponseHead {
         parts,
+        fields,
         framing,
         keep_alive,
     })))
-}
-
-/// The fields most responses carry, in their usual spelling, matched
-/// exactly: `HeaderName::from_bytes` (case folding and a lookup among all
-/// standard names) was the largest cost of parsing a head.
-fn common_name(raw: &[u8]) -> Option<HeaderName> {
-    Some(match raw {
-        b"Server" | b"server" => header::SERVER,
-        b"Date" | b"date" => header::DATE,
-        b"Content-Type" | b"content-type" => header::CONTENT_TYPE,
-        b"Content-Length" | b"content-length" => header::CONTENT_LENGTH,
-        b"Content-Encoding" | b"content-encoding" => header::CONTENT_ENCODING,
-        b"Cache-Control" | b"cache-control" => header::CACHE_CONTROL,
-        b"ETag" | b"etag" => header::ETAG,
-        b"Last-Modified" | b"last-modified" => header::LAST_MODIFIED,
-        b"Vary" | b"vary" => header::VARY,
-        b"Location" | b"location" => header::LOCATION,
-        b"Set-Cookie" | b"set-cookie" => header::SET_COOKIE,
-        b"Expires" | b"expires" => header::EXPIRES,
-        b"Accept-Ranges" | b"accept-ranges" => header::ACCEPT_RANGES,
-        _ => return None,
-    })
 }
 
 /// What a response head's hop-by-hop and length fields say.
@@ -402,8 +359,13 @@ mod tests {
         assert_eq!(head.parts.status, 200);
         assert_eq!(head.framing, Framing::Length(5));
         assert!(head.keep_alive);
-        let values: Vec<_> = head.parts.headers.get_all("x-a").iter().collect();
+        let map = head.fields.to_map();
+        let values: Vec<_> = map.get_all("x-a").iter().collect();
         assert_eq!(values, ["1", "2"]);
+        // The length is the body's, not a relayed field (the client-side
+        // head writes it from the body).
+        assert!(!map.contains_key(header::CONTENT_LENGTH));
+        assert!(head.parts.headers.is_empty());
         assert_eq!(&rest[..], b"hello");
     }
 
@@ -494,60 +456,34 @@ mod tests {
             assert_eq!(head.framing, framing, "{text:?}");
             assert_eq!(head.keep_alive, keep_alive, "{text:?}");
         }
-        let (head, _) = head(
+        let (chunked, _) = head(
             "HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\nContent-Length: 3\r\n\r\n",
             Method::GET,
         );
-        assert!(!head.parts.headers.contains_key(header::CONTENT_LENGTH));
+        assert!(!chunked.fields.to_map().contains_key(header::CONTENT_LENGTH));
+        // In answer to HEAD the length describes a body that is not sent:
+        // it is relayed.
+        let (answer, _) = head("HTTP/1.1 200 OK\r\nContent-Length: 5\r\n\r\n", Method::HEAD);
+        assert_eq!(answer.fields.to_map()[header::CONTENT_LENGTH], "5");
     }
 
     #[test]
-    fn common_names_match_what_the_general_parse_gives() {
-        for raw in [
-            "Server",
-            "server",
-            "Date",
-            "Content-Type",
-            "content-length",
-            "ETag",
-            "Vary",
-            "Set-Cookie",
-            "Accept-Ranges",
-            "expires",
-            "Location",
-            "Last-Modified",
-            "Cache-Control",
-            "Content-Encoding",
-        ] {
-            assert_eq!(
-                common_name(raw.as_bytes()),
-                Some(HeaderName::from_bytes(raw.as_bytes()).unwrap()),
-                "{raw}"
-            );
-        }
-        assert_eq!(common_name(b"X-Custom"), None);
-        assert_eq!(
-            common_name(b"SERVER"),
-            None,
-            "other spellings take the general path"
-        );
-    }
-
-    #[test]
-    fn hop_by_hop_fields_never_reach_the_map() {
+    fn hop_by_hop_fields_are_not_relayed() {
         let (parsed, _) = head(
             "HTTP/1.1 200 OK\r\nConnection: keep-alive, X-Secret, Date\r\nKeep-Alive: timeout=5\r\nX-Secret: 1\r\nDate: today\r\nUpgrade: h2c\r\nTrailer: X-T\r\nX-Kept: 1\r\nContent-Length: 0\r\n\r\n",
             Method::GET,
         );
-        let names: Vec<&str> = parsed.parts.headers.keys().map(|n| n.as_str()).collect();
-        assert_eq!(names, ["x-kept", "content-length"]);
+        let mut relayed = Vec::new();
+        parsed.fields.write_to(&mut relayed);
+        assert_eq!(relayed, b"x-kept: 1\r\n");
         assert!(parsed.keep_alive);
         let (switched, _) = head(
             "HTTP/1.1 101 Switching Protocols\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n\r\n",
             Method::GET,
         );
-        assert_eq!(switched.parts.headers["upgrade"], "websocket");
-        assert_eq!(switched.parts.headers["connection"], "upgrade");
+        let map = switched.fields.to_map();
+        assert_eq!(map["upgrade"], "websocket");
+        assert_eq!(map["connection"], "upgrade");
     }
 
     #[test]
@@ -582,7 +518,8 @@ mod tests {
             text
         };
         let (parsed, _) = head(&head_with(COMMON_FIELDS + 10), Method::GET);
-        assert_eq!(parsed.parts.headers.len(), COMMON_FIELDS + 10);
+        // All but the Content-Length are relayed.
+        assert_eq!(parsed.fields.to_map().len(), COMMON_FIELDS + 9);
         let error = parse(&head_with(MAX_FIELDS + 1), Method::GET).unwrap_err();
         assert_eq!(error.to_string(), "too many response headers");
     }

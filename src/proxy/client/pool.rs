@@ -30,6 +30,7 @@ use super::exchange::{Outgoing, exchange};
 use super::head::{Framing, OwnFields, ResponseHead, encode_request};
 use super::response_body::UpstreamBody;
 use crate::proxy::body::RequestBody;
+use crate::proxy::field_lines::FieldLines;
 use crate::worker::{worker_count, worker_index};
 
 /// Connections idle longer than this are not reused (upstreams commonly close
@@ -178,14 +179,15 @@ impl ConnectionPool {
     }
 
     /// Sends `request` on a pooled connection (or a new one) and waits for
-    /// the response head; the body is read as the response is polled.
+    /// the response head; the body is read as the response is polled. The
+    /// response's fields come as lines beside it (its header map is empty).
     /// `own` are the fields the gateway writes in place of some of the
     /// request's (see [`OwnFields`]).
     pub async fn send(
         self: &Arc<Self>,
         request: Request<RequestBody>,
         own: OwnFields,
-    ) -> Result<Response<UpstreamBody>, PoolError> {
+    ) -> Result<(Response<UpstreamBody>, FieldLines), PoolError> {
         let (parts, body) = request.into_parts();
         let mut body = Outgoing::new(body);
         let framing = body.framing();
@@ -211,9 +213,10 @@ impl ConnectionPool {
         self: &Arc<Self>,
         mut conn: UpstreamConn,
         head: ResponseHead,
-    ) -> Response<UpstreamBody> {
+    ) -> (Response<UpstreamBody>, FieldLines) {
         let ResponseHead {
             parts,
+            fields,
             framing,
             keep_alive,
         } = head;
@@ -238,7 +241,7 @@ impl ConnectionPool {
                 Framing::UntilClose => UpstreamBody::until_close(conn, self.clone()),
             }
         };
-        Response::from_parts(parts, body)
+        (Response::from_parts(parts, body), fields)
     }
 }
 
