@@ -15,7 +15,6 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::SystemTime;
 
 use arc_swap::ArcSwap;
-use http::HeaderValue;
 use parking_lot::Mutex;
 
 use crate::access_log::DeniedSampler;
@@ -50,10 +49,10 @@ impl LimiterSet {
 
 impl RoutePlan {
     /// `RateLimit-Policy` for a caller on `plan` (or on none).
-    pub fn policy_for(&self, plan: Option<&str>) -> Option<HeaderValue> {
+    pub fn policy_for(&self, plan: Option<&str>) -> Option<&str> {
         plan.and_then(|p| self.plan_policies.iter().find(|(name, _)| &**name == p))
             .map_or(&self.policy, |(_, policy)| policy)
-            .clone()
+            .as_deref()
     }
 }
 
@@ -65,10 +64,10 @@ pub struct RoutePlan {
     /// The route's limits, narrowest first: indexes into [`Snapshot::limiters`].
     pub stack: Vec<usize>,
     /// `RateLimit-Policy` for callers without a plan: serialized once here.
-    pub policy: Option<HeaderValue>,
+    pub policy: Option<Box<str>>,
     /// `RateLimit-Policy` for callers on each plan that changes some limit's
     /// numbers on this route, serialized once here too.
-    pub plan_policies: Vec<(Arc<str>, Option<HeaderValue>)>,
+    pub plan_policies: Vec<(Arc<str>, Option<Box<str>>)>,
     /// Some limit of the stack keys on a body field: the body is buffered
     /// (up to `max_key_body`) before the limit step.
     pub needs_body: bool,
@@ -123,7 +122,7 @@ impl Snapshot {
                     algorithms: &algorithms,
                     server: config.server.headers,
                 };
-                let mut plan_policies: Vec<(Arc<str>, Option<HeaderValue>)> = Vec::new();
+                let mut plan_policies: Vec<(Arc<str>, Option<Box<str>>)> = Vec::new();
                 for (plan, _) in limits.iter().flat_map(|l| &l.plans) {
                     if plan_policies.iter().any(|(seen, _)| seen == plan) {
                         continue;

@@ -31,7 +31,6 @@ use http::{Method, Request, Response, StatusCode, Uri};
 use smallvec::SmallVec;
 
 use bytes::{Bytes, BytesMut};
-use http::HeaderValue;
 use http_body_util::BodyExt;
 
 use crate::access_log::{self, AccessEntry};
@@ -293,7 +292,7 @@ async fn route_and_act(
             &mut fields,
             view,
             &admitted.verdicts,
-            policy.as_ref(),
+            policy,
             admitted.focus,
         );
         // Ours replace an upstream's fields of the same names.
@@ -436,7 +435,7 @@ impl Admitted<'_> {
     }
 
     /// `RateLimit-Policy`: precomputed for the route and this caller's plan.
-    fn policy(&self, plan: &RoutePlan) -> Option<HeaderValue> {
+    fn policy<'p>(&self, plan: &'p RoutePlan) -> Option<&'p str> {
         plan.policy_for(self.plan)
     }
 }
@@ -527,13 +526,8 @@ fn limit_request<'s>(
         });
         let view = admitted.view(snapshot);
         let policy = admitted.policy(plan);
-        let (response, lines) = ratelimit::deny_response(
-            view,
-            &decision.entries,
-            denied_by,
-            policy.as_ref(),
-            route.cost,
-        );
+        let (response, lines) =
+            ratelimit::deny_response(view, &decision.entries, denied_by, policy, route.cost);
         notes.fields = lines;
         return Err(response);
     }

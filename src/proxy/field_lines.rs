@@ -44,12 +44,17 @@ impl FieldLines {
         FieldLines::default()
     }
 
+    /// Room for `bytes` of relayed lines, allocated once.
+    pub fn with_relayed_capacity(bytes: usize) -> Self {
+        FieldLines {
+            relayed: Vec::with_capacity(bytes),
+            ..FieldLines::default()
+        }
+    }
+
     /// Adds a field relayed from an upstream: the name lower-cased, the
     /// value as it came (httparse has checked both).
     pub fn push_relayed(&mut self, name: &[u8], value: &[u8]) {
-        if self.relayed.is_empty() {
-            self.relayed.reserve(512);
-        }
         let start = self.relayed.len();
         self.relayed.extend_from_slice(name);
         self.relayed[start..].make_ascii_lowercase();

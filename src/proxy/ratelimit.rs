@@ -11,9 +11,8 @@
 
 use std::fmt::Write as _;
 
-use bytes::Bytes;
 use http::header::{CACHE_CONTROL, CONTENT_TYPE, RETRY_AFTER};
-use http::{HeaderName, HeaderValue, Response, StatusCode};
+use http::{HeaderName, Response, StatusCode};
 
 use super::body::ResponseBody;
 use super::field_lines::FieldLines;
@@ -57,7 +56,7 @@ fn is_concurrency(limit: &LimitConfig) -> bool {
 /// `RateLimit-Policy` for a route's stack: every non-shadow limit whose
 /// styles include `draft`. `None` when no limit qualifies (or a name cannot be
 /// an sf-string, which validation prevents in practice).
-pub fn policy_header(view: StackView<'_>) -> Option<HeaderValue> {
+pub fn policy_header(view: StackView<'_>) -> Option<Box<str>> {
     let mut text = String::with_capacity(32 * view.limits.len());
     let mut list = ListWriter::new(&mut text);
     for (limit, algorithm) in view.limits.iter().zip(view.algorithms) {
@@ -77,10 +76,9 @@ pub fn policy_header(view: StackView<'_>) -> Option<HeaderValue> {
             }
         }
     }
-    if text.is_empty() {
-        return None;
-    }
-    HeaderValue::from_maybe_shared(Bytes::from(text)).ok()
+    // The list writer emits only sf-strings, integers and tokens: always a
+    // valid field value.
+    (!text.is_empty()).then(|| text.into_boxed_str())
 }
 
 /// Writes the per-request rate-limit fields for a decided stack to `lines`
@@ -92,12 +90,12 @@ pub fn limit_fields(
     lines: &mut FieldLines,
     view: StackView<'_>,
     verdicts: &[EntryVerdict],
-    policy: Option<&HeaderValue>,
+    policy: Option<&str>,
     focus: Option<usize>,
 ) {
     let server = view.server;
     if let Some(policy) = policy {
-        lines.push_value(&RATELIMIT_POLICY, policy);
+        lines.push(&RATELIMIT_POLICY, policy);
         lines.push_list(&RATELIMIT, |list| {
             for (limit, entry) in view.limits.iter().zip(verdicts) {
                 if limit.shadow || entry.outcome == Outcome::Skipped || !styles(limit, server).draft
@@ -168,7 +166,7 @@ pub fn deny_response(
     view: StackView<'_>,
     verdicts: &[EntryVerdict],
     denied_by: usize,
-    policy: Option<&HeaderValue>,
+    policy: Option<&str>,
     cost: u64,
 ) -> (Response<ResponseBody>, FieldLines) {
     let limit = view.limits[denied_by];
@@ -313,7 +311,7 @@ mod tests {
         view: StackView<'_>,
         verdicts: &[EntryVerdict],
         denied_by: usize,
-        policy: Option<&HeaderValue>,
+        policy: Option<&str>,
         cost: u64,
     ) -> Response<ResponseBody> {
         let (mut response, lines) = deny_response(view, verdicts, denied_by, policy, cost);
@@ -346,12 +344,12 @@ mod tests {
         let (refs, algorithms) = view_parts(&limits);
         let view = default_view(&refs, &algorithms);
         let policy = policy_header(view).unwrap();
-        assert_eq!(policy, "\"per_key\";q=20;w=2, \"per_ip\";q=100;w=60");
+        assert_eq!(&*policy, "\"per_key\";q=20;w=2, \"per_ip\";q=100;w=60");
         let verdicts = [
             entry(Outcome::Allowed, 14, 100_000_000),
             entry(Outcome::Denied, 0, 11 * S + 1),
         ];
-        let response = deny_with_fields(view, &verdicts, 1, Some(&policy), 1);
+        let response = deny_with_fields(view, &verdicts, 1, Some(&*policy), 1);
         let headers = response.headers();
         assert_eq!(
             headers["ratelimit"],
@@ -452,6 +450,6 @@ mod tests {
         limits[1].shadow = true;
         let (refs, algorithms) = view_parts(&limits);
         let view = default_view(&refs, &algorithms);
-        assert_eq!(policy_header(view).unwrap(), "\"per_key\";q=20;w=2");
+        assert_eq!(&*policy_header(view).unwrap(), "\"per_key\";q=20;w=2");
     }
 }

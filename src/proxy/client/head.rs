@@ -197,7 +197,8 @@ fn parse_into<const N: usize>(buf: &mut BytesMut, method: &Method) -> io::Result
     }
     let switching = status == StatusCode::SWITCHING_PROTOCOLS;
     let is_head = method == Method::HEAD;
-    let mut fields = FieldLines::new();
+    // Room for all of them at once: the lines are never longer than the head.
+    let mut fields = FieldLines::with_relayed_capacity(length);
     for field in response.headers.iter() {
         let name = field.name.as_bytes();
         if name.eq_ignore_ascii_case(b"content-length") {
