@@ -708,17 +708,40 @@ async fn serve_connection(
         };
         let fast = h1::serve(&mut io, &*activity, respond);
         tokio::pin!(fast);
+        // Whether `check` holds this task's waker: it then wakes the task
+        // when it fires, and is polled only once it has (`is_elapsed`), not
+        // on every wake-up of a busy connection (two or three per request).
+        let mut check_armed = false;
         loop {
-            tokio::select! {
-                biased;
-                ended = fast.as_mut() => break ended,
-                _ = &mut drain, if !draining => {
+            let event = std::future::poll_fn(|cx| {
+                if let Poll::Ready(ended) = fast.as_mut().poll(cx) {
+                    return Poll::Ready(Event::Ended(ended));
+                }
+                if draining {
+                    return Poll::Pending;
+                }
+                if Pin::new(&mut drain).poll(cx).is_ready() {
+                    return Poll::Ready(Event::Drain);
+                }
+                if !check_armed || check.is_elapsed() {
+                    if check.as_mut().poll(cx).is_ready() {
+                        check_armed = false;
+                        return Poll::Ready(Event::Check);
+                    }
+                    check_armed = true;
+                }
+                Poll::Pending
+            })
+            .await;
+            match event {
+                Event::Ended(ended) => break ended,
+                Event::Drain => {
                     draining = true;
                     if activity.begin_closing() {
                         return;
                     }
                 }
-                _ = check.as_mut(), if !draining => {
+                Event::Check => {
                     match watchdog(&activity, server.header_read_timeout, server.idle_timeout) {
                         Verdict::Later(at) => check.as_mut().reset(at),
                         Verdict::SlowHead => {
@@ -813,6 +836,16 @@ async fn serve_connection(
             }
         }
     }
+}
+
+/// What woke a connection on the fast path.
+enum Event<T> {
+    /// The fast path is over.
+    Ended(T),
+    /// The server is draining.
+    Drain,
+    /// The watchdog's timer fired.
+    Check,
 }
 
 /// A TCP stream that tells its [`ConnActivity`] when bytes arrive.
