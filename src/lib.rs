@@ -24,6 +24,7 @@ pub mod admin;
 pub mod allocator;
 pub mod app;
 pub mod config;
+pub mod deadline;
 pub mod drain;
 pub mod error;
 pub mod h1;

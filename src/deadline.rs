@@ -1,0 +1,177 @@
+//! Per-request deadlines on reused timers.
+//!
+//! Every proxied request has a deadline (the upstream's `timeout`). A fresh
+//! `tokio::time::Sleep` per request registers an entry in the runtime's
+//! timer wheel on its first poll and removes it when dropped, each under the
+//! driver's lock: about 600 instructions per request (callgrind), for a
+//! timer that almost never fires. Here the timers are kept per thread and
+//! reused: moving a registered timer's deadline later is tokio's fast path
+//! (the entry stays in the wheel and is only re-filed if it comes due
+//! first), so a request costs a clock read and a compare-and-swap.
+//!
+//! A spare timer may fire while nobody waits on it; it then wakes the task
+//! that used it last, which finds nothing to do. Spares are bounded
+//! ([`MAX_SPARE`]) and belong to the runtime that made them: a timer polled
+//! after its runtime is gone panics, so when a thread runs a new runtime
+//! (benchmarks and tests make several in turn) its old spares are dropped,
+//! never reused. Each worker has its own current-thread runtime, so its own
+//! spares.
+
+use std::cell::RefCell;
+use std::future::Future;
+use std::pin::Pin;
+use std::task::{Context, Poll};
+
+use tokio::runtime::{Handle, Id};
+use tokio::time::{Instant, Sleep};
+
+/// Spare timers kept per thread: more than the requests a worker has in
+/// flight at once is waste.
+const MAX_SPARE: usize = 1024;
+
+/// A thread's spare timers, and the runtime they belong to.
+struct Spares {
+    runtime: Option<Id>,
+    timers: Vec<Pin<Box<Sleep>>>,
+}
+
+thread_local! {
+    static SPARE: RefCell<Spares> = const {
+        RefCell::new(Spares {
+            runtime: None,
+            timers: Vec::new(),
+        })
+    };
+}
+
+/// A timer that fires at a deadline; back to the thread's spares when dropped.
+#[derive(Debug)]
+pub struct Deadline {
+    sleep: Option<Pin<Box<Sleep>>>,
+}
+
+impl Deadline {
+    /// A timer firing at `at`. Call from within a runtime with time enabled.
+    pub fn at(at: Instant) -> Self {
+        let runtime = Handle::try_current().ok().map(|handle| handle.id());
+        let spare = SPARE.with(|spare| {
+            let mut spare = spare.borrow_mut();
+            if spare.runtime != runtime {
+                spare.timers.clear();
+                spare.runtime = runtime;
+            }
+            spare.timers.pop()
+        });
+        let sleep = match spare {
+            Some(mut sleep) => {
+                sleep.as_mut().reset(at);
+                sleep
+            }
+            None => Box::pin(tokio::time::sleep_until(at)),
+        };
+        Deadline { sleep: Some(sleep) }
+    }
+
+    /// Whether the deadline has passed, registering the task to be woken
+    /// when it does.
+    pub fn poll_expired(&mut self, cx: &mut Context<'_>) -> Poll<()> {
+        match &mut self.sleep {
+            Some(sleep) => sleep.as_mut().poll(cx),
+            None => Poll::Ready(()),
+        }
+    }
+}
+
+impl Drop for Deadline {
+    fn drop(&mut self) {
+        if let Some(sleep) = self.sleep.take() {
+            // `try_with`: a thread that is exiting has no spares any more.
+            let _ = SPARE.try_with(|spare| {
+                if let Ok(mut spare) = spare.try_borrow_mut()
+                    && spare.timers.len() < MAX_SPARE
+                {
+                    spare.timers.push(sleep);
+                }
+            });
+        }
+    }
+}
+
+/// `future`, or `None` once `deadline` has passed (as `tokio::time::timeout`).
+pub async fn within<F: Future>(deadline: Instant, future: F) -> Option<F::Output> {
+    let mut timer = Deadline::at(deadline);
+    let mut future = std::pin::pin!(future);
+    std::future::poll_fn(|cx| {
+        if let Poll::Ready(output) = future.as_mut().poll(cx) {
+            return Poll::Ready(Some(output));
+        }
+        timer.poll_expired(cx).map(|()| None)
+    })
+    .await
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::time::Duration;
+
+    #[tokio::test(start_paused = true)]
+    async fn a_reused_timer_fires_at_its_new_deadline() {
+        let start = Instant::now();
+        // A long deadline, given back unfired...
+        let slow = within(
+            start + Duration::from_secs(60),
+            std::future::pending::<()>(),
+        );
+        assert!(
+            tokio::time::timeout(Duration::from_secs(1), slow)
+                .await
+                .is_err()
+        );
+        // ...then the same timer with an earlier and a later deadline.
+        let early = within(start + Duration::from_secs(5), std::future::pending::<()>()).await;
+        assert_eq!(early, None);
+        assert_eq!(Instant::now() - start, Duration::from_secs(5));
+        let later = within(
+            Instant::now() + Duration::from_secs(90),
+            std::future::pending::<()>(),
+        )
+        .await;
+        assert_eq!(later, None);
+        assert_eq!(Instant::now() - start, Duration::from_secs(95));
+    }
+
+    #[test]
+    fn a_new_runtime_on_the_thread_does_not_reuse_the_old_ones_timers() {
+        for _ in 0..3 {
+            let runtime = tokio::runtime::Builder::new_current_thread()
+                .enable_time()
+                .build()
+                .unwrap();
+            runtime.block_on(async {
+                let late = within(Instant::now() + Duration::from_secs(60), async { 1 });
+                assert_eq!(late.await, Some(1));
+                let soon = within(
+                    Instant::now() + Duration::from_millis(1),
+                    std::future::pending::<()>(),
+                );
+                assert_eq!(soon.await, None);
+            });
+            // The runtime is gone; its timers stay in this thread's spares
+            // until the next runtime replaces them (polling one would panic).
+        }
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_ready_future_wins_and_the_timer_is_kept() {
+        let before = SPARE.with(|spare| spare.borrow().timers.len());
+        let output = within(Instant::now() + Duration::from_secs(1), async { 7 }).await;
+        assert_eq!(output, Some(7));
+        let after = SPARE.with(|spare| spare.borrow().timers.len());
+        assert_eq!(after, before + 1);
+        // The spare is used again, not a new one.
+        let output = within(Instant::now() + Duration::from_secs(1), async { 8 }).await;
+        assert_eq!(output, Some(8));
+        assert_eq!(SPARE.with(|spare| spare.borrow().timers.len()), after);
+    }
+}
