@@ -26,8 +26,10 @@ use tokio::runtime::{Handle, Id};
 use tokio::time::{Instant, Sleep};
 
 /// Spare timers kept per thread: more than the requests a worker has in
-/// flight at once is waste.
-const MAX_SPARE: usize = 1024;
+/// flight at once is waste. Bounded also because an unfired spare holds the
+/// waker of the task that used it last, which keeps that task's (finished)
+/// allocation alive until the timer is reused or fires.
+const MAX_SPARE: usize = 256;
 
 /// A thread's spare timers, and the runtime they belong to.
 struct Spares {
