@@ -1,0 +1,99 @@
+#!/usr/bin/env bash
+# CPU time per request, user and kernel apart: tollgate against nginx
+# `limit_req`, running side by side, with the load alternating between them.
+#
+# bench/load.sh measures each server in turn, seconds apart, so a neighbour's
+# burst on a shared VM lands on one side only; its CPU figures move by ±10 %
+# between runs. Here both servers are up for the whole run and `wrk` drives
+# them in strict alternation (tollgate, nginx, tollgate, ...), so slow
+# minutes hit both. It reads each server's `utime` and `stime` from
+# /proc/PID/stat around every round and prints every round, then the means:
+# user µs/request (the server's own code), sys µs/request (the kernel on its
+# behalf), their sum, and requests/s.
+#
+# Both run one worker, configured as in bench/load.sh (bench/common.sh), in
+# front of the same nginx `return 200` upstream.
+#
+# Run:    bench/cpu_split.sh [BINARY]   (default: target/release/tollgate,
+#                                        built unless SKIP_BUILD=1)
+# Knobs:  MODE=allow|deny  ROUNDS=8  DURATION=4s  CONNS=64  BASE_PORT=18280
+#         (uses BASE_PORT .. BASE_PORT+2)
+# Needs nginx and wrk (installed with apt-get when absent).
+set -euo pipefail
+
+MODE=${MODE:-allow}
+ROUNDS=${ROUNDS:-8}
+DURATION=${DURATION:-4s}
+CONNS=${CONNS:-64}
+BASE_PORT=${BASE_PORT:-18280}
+cd "$(dirname "$0")/.."
+
+# shellcheck source=bench/common.sh
+. bench/common.sh
+need_tools nginx wrk
+
+if [ $# -eq 0 ]; then
+  build_release
+  set -- "$PWD/target/release/tollgate"
+fi
+BINARY=$1
+
+start_scratch
+PORT_UP=$BASE_PORT
+PORT_TG=$((BASE_PORT + 1))
+PORT_NG=$((BASE_PORT + 2))
+
+upstream_conf "$PORT_UP" "$TMP" >"$TMP/upstream.conf"
+"$NGINX" -p "$TMP/" -c "$TMP/upstream.conf" >/dev/null 2>&1 &
+PIDS+=($!)
+wait_port "$PORT_UP"
+
+if [ "$MODE" = deny ]; then
+  tollgate_conf 1 "$PORT_TG" 1 "1/m" "$PORT_UP" >"$TMP/tollgate.toml"
+  nginx_proxy_conf 1 "$PORT_NG" "" "1r/m" "$PORT_UP" "$TMP" >"$TMP/nginx.conf"
+else
+  tollgate_conf 1 "$PORT_TG" 1000000 "1000000/s" "$PORT_UP" >"$TMP/tollgate.toml"
+  nginx_proxy_conf 1 "$PORT_NG" "burst=1000000 nodelay" "1000000r/s" "$PORT_UP" "$TMP" >"$TMP/nginx.conf"
+fi
+TOLLGATE_LOG=error "$BINARY" run -c "$TMP/tollgate.toml" >/dev/null 2>&1 &
+TG_PID=$!
+PIDS+=("$TG_PID")
+"$NGINX" -p "$TMP/" -c "$TMP/nginx.conf" >/dev/null 2>&1 &
+PIDS+=($!)
+wait_port "$PORT_TG"
+wait_port "$PORT_NG"
+# nginx serves in its worker process, the master's only child.
+NG_PID=$(pgrep -P "$(cat "$TMP/ng-$PORT_NG.pid")" | head -1)
+
+CLK_TCK=$(getconf CLK_TCK)
+
+# One round against 127.0.0.1:$1, served by process $2, labelled $3.
+round() {
+  local before after requests seconds
+  before=$(sed 's/^.*) //' "/proc/$2/stat" | awk '{print $12, $13}')
+  wrk -t1 -c"$CONNS" -d"$DURATION" "http://127.0.0.1:$1/" >"$TMP/wrk.out"
+  after=$(sed 's/^.*) //' "/proc/$2/stat" | awk '{print $12, $13}')
+  requests=$(awk '/requests in/ {print $1}' "$TMP/wrk.out")
+  seconds=$(awk '/requests in/ {gsub("s,", "", $4); print $4}' "$TMP/wrk.out")
+  echo "$before $after $requests $seconds" | awk -v t="$3" -v hz="$CLK_TCK" \
+    '{ printf "%s\t%.2f\t%.2f\t%.2f\t%.0f\n", t, ($3 - $1) * 1e6 / hz / $5, ($4 - $2) * 1e6 / hz / $5, ($3 - $1 + $4 - $2) * 1e6 / hz / $5, $5 / $6 }'
+}
+
+echo "# machine: nproc=$(nproc), CPU: $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2- | sed 's/^ *//')"
+echo "# mode=$MODE, wrk -t1 -c$CONNS -d$DURATION, $ROUNDS rounds each, alternating; 1 worker each"
+printf 'server\tuser_us/req\tsys_us/req\tcpu_us/req\treq/s\n'
+for _ in $(seq 1 "$ROUNDS"); do
+  round "$PORT_TG" "$TG_PID" tollgate
+  round "$PORT_NG" "$NG_PID" nginx
+done | tee "$TMP/rounds"
+awk -F'\t' '{ u[$1] += $2; s[$1] += $3; c[$1] += $4; r[$1] += $5; n[$1]++ }
+  END {
+    printf "\nmean over %d rounds\n", n["tollgate"]
+    printf "%-9s %12s %11s %11s %9s\n", "server", "user_us/req", "sys_us/req", "cpu_us/req", "req/s"
+    for (k in n) printf "%-9s %12.2f %11.2f %11.2f %9.0f\n", k, u[k] / n[k], s[k] / n[k], c[k] / n[k], r[k] / n[k]
+    printf "ratios tollgate/nginx: user %.2f, sys %.2f, cpu %.2f, req/s %.2f\n",
+      (u["tollgate"] / n["tollgate"]) / (u["nginx"] / n["nginx"]),
+      (s["tollgate"] / n["tollgate"]) / (s["nginx"] / n["nginx"]),
+      (c["tollgate"] / n["tollgate"]) / (c["nginx"] / n["nginx"]),
+      (r["tollgate"] / n["tollgate"]) / (r["nginx"] / n["nginx"])
+  }' "$TMP/rounds"
