@@ -11,7 +11,7 @@
 //!
 //! A spare timer may fire while nobody waits on it; it then wakes the task
 //! that used it last, which finds nothing to do. Spares are bounded
-//! ([`MAX_SPARE`]) and belong to the runtime that made them: a timer polled
+//! (`MAX_SPARE`) and belong to the runtime that made them: a timer polled
 //! after its runtime is gone panics, so when a thread runs a new runtime
 //! (benchmarks and tests make several in turn) its old spares are dropped,
 //! never reused. Each worker has its own current-thread runtime, so its own
