@@ -68,7 +68,7 @@ use crate::app::App;
 use crate::drain::{Drain, DrainWatch};
 use crate::h1::{self, Rewind};
 use crate::handler::{Downstream, handle};
-use crate::proxy::body::{ClientBody, Completion};
+use crate::proxy::body::ClientBody;
 use crate::worker::worker_count;
 
 /// The listen backlog of each socket, as `tokio::net::TcpListener::bind` (and
@@ -691,20 +691,10 @@ async fn serve_connection(
     let handed_over = {
         let respond = |request| {
             activity.request_started();
-            let connection = activity.clone();
-            let app = &app;
-            async move {
-                let (response, held) = handle(app, downstream, request).await;
-                let completion = Completion {
-                    connection: Some(connection),
-                    permits: held.permits,
-                };
-                // The fields go into the head as they are (`h1` writes them).
-                (
-                    response.map(|body| body.with_completion(completion)),
-                    held.fields,
-                )
-            }
+            // The handler's future itself, not wrapped: it attaches the
+            // request's completion to the body, and its field lines go into
+            // the head as they are (`h1` writes them).
+            handle(&app, downstream, request, Some(activity.clone()))
         };
         let fast = h1::serve(&mut io, &*activity, respond);
         tokio::pin!(fast);
@@ -781,16 +771,15 @@ async fn serve_connection(
                 // move of it into its dispatcher costs less than a per-request
                 // allocation of it did (user time 5.4 -> 4.8 us/request; see
                 // BENCHMARKS.md).
-                let (mut response, held) =
-                    handle(&app, downstream, request.map(ClientBody::Hyper)).await;
-                held.fields.apply(response.headers_mut());
-                let completion = Completion {
-                    connection: Some(activity),
-                    permits: held.permits,
-                };
-                Ok::<_, std::convert::Infallible>(
-                    response.map(|body| body.with_completion(completion)),
+                let (mut response, fields) = handle(
+                    &app,
+                    downstream,
+                    request.map(ClientBody::Hyper),
+                    Some(activity),
                 )
+                .await;
+                fields.apply(response.headers_mut());
+                Ok::<_, std::convert::Infallible>(response)
             }
         })
     };
