@@ -65,6 +65,7 @@ use tokio::sync::{OwnedSemaphorePermit, Semaphore, mpsc, oneshot, watch};
 use tokio::time::Instant;
 
 use crate::app::App;
+use crate::config::ServerConfig;
 use crate::drain::{Drain, DrainWatch};
 use crate::h1::{self, Rewind};
 use crate::handler::{Downstream, handle};
@@ -731,21 +732,16 @@ async fn serve_connection(
                         return;
                     }
                 }
-                Event::Check => {
-                    match watchdog(&activity, server.header_read_timeout, server.idle_timeout) {
-                        Verdict::Later(at) => check.as_mut().reset(at),
-                        Verdict::SlowHead => {
-                            tracing::debug!(%peer, "request head not complete in time; closing");
+                Event::Check => match after_check(&activity, &server, check.as_mut(), peer) {
+                    AfterCheck::Carry => {}
+                    AfterCheck::Close => return,
+                    AfterCheck::Drain => {
+                        draining = true;
+                        if activity.begin_closing() {
                             return;
                         }
-                        Verdict::Idle => {
-                            draining = true;
-                            if activity.begin_closing() {
-                                return;
-                            }
-                        }
                     }
-                }
+                },
             }
         }
     };
@@ -811,19 +807,46 @@ async fn serve_connection(
                 draining = true;
             }
             _ = check.as_mut(), if !draining => {
-                match watchdog(&activity, server.header_read_timeout, server.idle_timeout) {
-                    Verdict::Later(at) => check.as_mut().reset(at),
-                    Verdict::SlowHead => {
-                        tracing::debug!(%peer, "request head not complete in time; closing");
-                        return;
-                    }
-                    Verdict::Idle => {
+                match after_check(&activity, &server, check.as_mut(), peer) {
+                    AfterCheck::Carry => {}
+                    AfterCheck::Close => return,
+                    AfterCheck::Drain => {
                         connection.as_mut().graceful_shutdown();
                         draining = true;
                     }
                 }
             }
         }
+    }
+}
+
+/// What a connection does when its watchdog's timer fired.
+enum AfterCheck {
+    /// Nothing is due: the timer is set to look again.
+    Carry,
+    /// A request head too slow: drop the connection.
+    Close,
+    /// Idle too long: close it politely, as when draining.
+    Drain,
+}
+
+/// Asks the watchdog about `activity` and re-arms `check` when nothing is due.
+fn after_check(
+    activity: &ConnActivity,
+    server: &ServerConfig,
+    check: Pin<&mut tokio::time::Sleep>,
+    peer: SocketAddr,
+) -> AfterCheck {
+    match watchdog(activity, server.header_read_timeout, server.idle_timeout) {
+        Verdict::Later(at) => {
+            check.reset(at);
+            AfterCheck::Carry
+        }
+        Verdict::SlowHead => {
+            tracing::debug!(%peer, "request head not complete in time; closing");
+            AfterCheck::Close
+        }
+        Verdict::Idle => AfterCheck::Drain,
     }
 }
 

@@ -375,12 +375,8 @@ limits = ["quiet"]
     }
 }
 
-#[tokio::test]
-async fn concurrency_slots_are_held_until_the_response_ends() {
-    let upstream = TestUpstream::start().await;
-    let gw = gateway(
-        &upstream,
-        r#"
+/// One request at a time on the whole route.
+const ONE_AT_A_TIME: &str = r#"
 [limits.one_at_a_time]
 key = "route"
 algorithm = "concurrency"
@@ -391,8 +387,12 @@ name = "api"
 match = { path_prefix = "/" }
 upstream = "api"
 limits = ["one_at_a_time"]
-"#,
-    );
+"#;
+
+#[tokio::test]
+async fn concurrency_slots_are_held_until_the_response_ends() {
+    let upstream = TestUpstream::start().await;
+    let gw = gateway(&upstream, ONE_AT_A_TIME);
     let addr = gw.addr;
     let slow = tokio::spawn(async move { get(addr, "/slow/800", &[]).await });
     tokio::time::sleep(Duration::from_millis(300)).await;
@@ -453,21 +453,7 @@ async fn a_client_that_hangs_up_releases_its_concurrency_slot() {
     // upstream: a client that closes it cancels the request, and its slot is
     // free long before the slow upstream would have answered.
     let upstream = TestUpstream::start().await;
-    let gw = gateway(
-        &upstream,
-        r#"
-[limits.one_at_a_time]
-key = "route"
-algorithm = "concurrency"
-max = 1
-
-[[routes]]
-name = "api"
-match = { path_prefix = "/" }
-upstream = "api"
-limits = ["one_at_a_time"]
-"#,
-    );
+    let gw = gateway(&upstream, ONE_AT_A_TIME);
     let mut client = tokio::net::TcpStream::connect(gw.addr).await.unwrap();
     tokio::io::AsyncWriteExt::write_all(
         &mut client,
