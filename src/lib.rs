@@ -31,6 +31,7 @@ pub mod h1;
 pub mod handler;
 pub mod identity;
 pub mod limit;
+pub mod linger;
 pub mod metrics;
 pub mod proxy;
 pub mod reload;

@@ -69,6 +69,7 @@ use crate::config::ServerConfig;
 use crate::drain::{Drain, DrainWatch};
 use crate::h1::{self, Rewind};
 use crate::handler::{Downstream, handle};
+use crate::linger::Lingering;
 use crate::proxy::body::ClientBody;
 use crate::worker::worker_count;
 
@@ -787,7 +788,9 @@ async fn serve_connection(
         // Room for the largest allowed head; the handler answers 431 with
         // problem+json above `max_header_bytes`, hyper's own 431 is the backstop.
         .max_buf_size((server.max_header_bytes + 16 * 1024).max(8 * 1024));
-    let io = TokioIo::new(Rewind::new(prefix, io));
+    // Lingering: hyper answers some requests before reading their bodies
+    // (denied, too large, an upstream's early answer); see `crate::linger`.
+    let io = TokioIo::new(Lingering::new(Rewind::new(prefix, io)));
     let connection = builder.serve_connection(io, service).with_upgrades();
     tokio::pin!(connection);
     if draining {

@@ -448,6 +448,48 @@ limits = ["per_ip"]
 }
 
 #[tokio::test]
+async fn a_denied_upload_gets_its_429_not_a_reset() {
+    // The gateway answers before reading the body, then closes; it reads and
+    // drops the rest of the upload meanwhile (a lingering close), so the
+    // client finishes writing and reads its answer instead of failing on a
+    // reset. Five uploads, each on a new connection.
+    let upstream = TestUpstream::start().await;
+    let gw = gateway(
+        &upstream,
+        r#"
+[limits.once]
+key = "route"
+algorithm = "fixed_window"
+limit = 1
+window = "1h"
+
+[[routes]]
+name = "api"
+match = { path_prefix = "/" }
+upstream = "api"
+limits = ["once"]
+"#,
+    );
+    assert_eq!(get(gw.addr, "/", &[]).await.status, 200);
+    let upload = bytes::Bytes::from(vec![b'u'; 16 * 1024 * 1024]);
+    for _ in 0..5 {
+        let request = http::Request::builder()
+            .method("POST")
+            .uri("/upload")
+            .header("host", "gateway.test")
+            .body(http_body_util::Full::new(upload.clone()))
+            .unwrap();
+        let reply = common::send(gw.addr, request).await;
+        assert_eq!(reply.status, 429);
+        assert_eq!(
+            reply.header("content-type"),
+            Some("application/problem+json")
+        );
+    }
+    assert_eq!(upstream.count(), 1, "no upload reached the upstream");
+}
+
+#[tokio::test]
 async fn a_client_that_hangs_up_releases_its_concurrency_slot() {
     // The gateway watches the connection while a request waits for its
     // upstream: a client that closes it cancels the request, and its slot is

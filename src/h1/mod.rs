@@ -186,7 +186,9 @@ where
         };
         let complete = write_body(io, &mut out, body, head.framing).await?;
         if !complete || head.last || closing.is_closing() {
-            let _ = io.shutdown().await;
+            // Whatever the client still sends (pipelined requests) is read
+            // and dropped for a moment, so its answer is not lost to a reset.
+            crate::linger::close(io).await;
             return Ok(Ended::Closed);
         }
         if out.capacity() > 4 * WRITE_BATCH {
