@@ -126,11 +126,17 @@ fn push_string(buf: &mut String, value: &str) {
     debug_assert_eq!(check_string(value), Ok(()));
     buf.reserve(value.len() + 2);
     buf.push('"');
-    for c in value.chars() {
-        if c == '"' || c == '\\' {
-            buf.push('\\');
+    // Names rarely need escaping: then the text goes in whole (a per-char
+    // push was most of a RateLimit field's cost).
+    if !value.bytes().any(|b| b == b'"' || b == b'\\') {
+        buf.push_str(value);
+    } else {
+        for c in value.chars() {
+            if c == '"' || c == '\\' {
+                buf.push('\\');
+            }
+            buf.push(c);
         }
-        buf.push(c);
     }
     buf.push('"');
 }
