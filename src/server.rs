@@ -716,7 +716,12 @@ async fn serve_connection(
                     return Poll::Ready(Event::Drain);
                 }
                 if !check_armed || check.is_elapsed() {
-                    if check.as_mut().poll(cx).is_ready() {
+                    // Outside the cooperative budget: `fast` may have used
+                    // it up (a burst of pipelined requests), and a timer
+                    // polled without budget stays unregistered — the
+                    // connection would never be checked again.
+                    let unbudgeted = tokio::task::unconstrained(check.as_mut());
+                    if std::pin::pin!(unbudgeted).poll(cx).is_ready() {
                         check_armed = false;
                         return Poll::Ready(Event::Check);
                     }

@@ -1194,3 +1194,65 @@ async fn a_malformed_request_line_is_400_from_hyper() {
     assert_eq!(bad.status, 400, "{}", bad.text());
     assert_eq!(upstream.count(), 1);
 }
+
+/// A gateway with short slow-head and idle limits and a route it answers
+/// itself.
+fn short_timeouts_config() -> String {
+    r#"
+[server]
+listen = "127.0.0.1:0"
+header_read_timeout = "300ms"
+idle_timeout = "400ms"
+
+[[routes]]
+name = "health"
+match = { path = "/health" }
+respond = { status = 200, body = "ok\n" }
+"#
+    .to_owned()
+}
+
+/// Sends `count` pipelined requests in one write, reads every answer, sends
+/// `then`, and says whether the gateway closed the connection within 4 s.
+async fn closed_after_pipelined_burst(count: usize, then: &[u8]) -> bool {
+    let gateway = Gateway::start(&short_timeouts_config());
+    let mut stream = TcpStream::connect(gateway.addr).await.unwrap();
+    let burst = b"GET /health HTTP/1.1\r\nhost: t\r\n\r\n".repeat(count);
+    stream.write_all(&burst).await.unwrap();
+    let mut seen = Vec::new();
+    let mut buf = vec![0u8; 64 * 1024];
+    let answers = |bytes: &[u8]| bytes.windows(12).filter(|w| w == b"HTTP/1.1 200").count();
+    while answers(&seen) < count {
+        let n = tokio::time::timeout(EXCHANGE_LIMIT, stream.read(&mut buf))
+            .await
+            .expect("answers in time")
+            .unwrap();
+        assert!(n > 0, "closed after {} answers", answers(&seen));
+        seen.extend_from_slice(&buf[..n]);
+    }
+    stream.write_all(then).await.unwrap();
+    tokio::time::timeout(Duration::from_secs(4), async {
+        while stream.read(&mut buf).await.unwrap_or(0) > 0 {}
+    })
+    .await
+    .is_ok()
+}
+
+#[tokio::test]
+async fn a_burst_of_pipelined_requests_does_not_escape_the_idle_timeout() {
+    // 230 requests in one read use up the task's cooperative budget before
+    // the watchdog's timer is first polled; it must still be armed.
+    assert!(closed_after_pipelined_burst(1, b"").await, "one request");
+    assert!(
+        closed_after_pipelined_burst(230, b"").await,
+        "idle connection never closed"
+    );
+}
+
+#[tokio::test]
+async fn a_burst_of_pipelined_requests_does_not_escape_the_head_timeout() {
+    assert!(
+        closed_after_pipelined_burst(230, b"GET /health HTTP/1.1\r\nhost").await,
+        "slow head never cut"
+    );
+}
