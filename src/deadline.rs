@@ -76,9 +76,15 @@ impl Deadline {
 
     /// Whether the deadline has passed, registering the task to be woken
     /// when it does.
+    ///
+    /// Outside tokio's cooperative budget: a guarded future that used the
+    /// task's budget up (an upstream flooding `100 Continue` heads, say)
+    /// would otherwise make every poll of the timer return `Pending`
+    /// unregistered, and the deadline would never come
+    /// (`tokio::time::timeout` takes the same care).
     pub fn poll_expired(&mut self, cx: &mut Context<'_>) -> Poll<()> {
         match &mut self.sleep {
-            Some(sleep) => sleep.as_mut().poll(cx),
+            Some(sleep) => std::pin::pin!(tokio::task::unconstrained(sleep.as_mut())).poll(cx),
             None => Poll::Ready(()),
         }
     }
@@ -141,6 +147,20 @@ mod tests {
         .await;
         assert_eq!(later, None);
         assert_eq!(Instant::now() - start, Duration::from_secs(95));
+    }
+
+    #[tokio::test]
+    async fn a_future_that_uses_up_the_budget_still_times_out() {
+        // Never ready, and spends the task's whole budget on every poll.
+        let busy = async {
+            loop {
+                tokio::task::coop::consume_budget().await;
+            }
+        };
+        let guard = Duration::from_secs(5);
+        let within = within(Instant::now() + Duration::from_millis(50), busy);
+        let outcome = tokio::time::timeout(guard, within).await;
+        assert_eq!(outcome, Ok(None), "the deadline did not fire");
     }
 
     #[test]
