@@ -14,13 +14,18 @@ use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 /// `inner`, with `prefix` read first.
 #[derive(Debug)]
 pub struct Rewind<T> {
-    prefix: BytesMut,
+    /// Dropped once read: it is the fast path's whole read buffer, and a
+    /// handed-off connection (an upgrade's tunnel) may live long.
+    prefix: Option<BytesMut>,
     inner: T,
 }
 
 impl<T> Rewind<T> {
     pub fn new(prefix: BytesMut, inner: T) -> Self {
-        Rewind { prefix, inner }
+        Rewind {
+            prefix: (!prefix.is_empty()).then_some(prefix),
+            inner,
+        }
     }
 }
 
@@ -31,10 +36,13 @@ impl<T: AsyncRead + Unpin> AsyncRead for Rewind<T> {
         buf: &mut ReadBuf<'_>,
     ) -> Poll<io::Result<()>> {
         let this = self.get_mut();
-        if !this.prefix.is_empty() {
-            let n = this.prefix.len().min(buf.remaining());
-            buf.put_slice(&this.prefix[..n]);
-            this.prefix.advance(n);
+        if let Some(prefix) = &mut this.prefix {
+            let n = prefix.len().min(buf.remaining());
+            buf.put_slice(&prefix[..n]);
+            prefix.advance(n);
+            if prefix.is_empty() {
+                this.prefix = None;
+            }
             return Poll::Ready(Ok(()));
         }
         Pin::new(&mut this.inner).poll_read(cx, buf)
@@ -86,5 +94,7 @@ mod tests {
         let mut rest = String::new();
         io.read_to_string(&mut rest).await.unwrap();
         assert_eq!(rest, "lo world");
+        // The prefix's buffer is gone once read.
+        assert!(io.prefix.is_none());
     }
 }
