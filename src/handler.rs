@@ -97,6 +97,12 @@ pub async fn handle(
         }
     };
     observation.finish(app, &snapshot, response.status().as_u16(), &notes);
+    if response.status() == StatusCode::SWITCHING_PROTOCOLS
+        && let Some(connection) = &connection
+    {
+        // A tunnel takes the client's connection over (`proxy::upgrade`).
+        connection.handed_to_tunnel();
+    }
     let completion = Completion {
         connection,
         permits: std::mem::take(&mut notes.permits),

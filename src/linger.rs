@@ -15,7 +15,9 @@
 //! path.
 
 use std::io;
+use std::ops::Deref;
 use std::pin::Pin;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::task::{Context, Poll, ready};
 use std::time::Duration;
 
@@ -29,13 +31,30 @@ pub const LINGER: Duration = Duration::from_secs(5);
 /// The linger ends early when nothing arrives for this long.
 pub const LINGER_IDLE: Duration = Duration::from_millis(500);
 
+/// Turns the linger off for a connection handed to a tunnel (an upgrade):
+/// its shutdown is then the tunnel's, when one direction ends, and what the
+/// client still sends belongs to the other direction.
+#[derive(Debug, Default)]
+pub struct LingerSwitch(AtomicBool);
+
+impl LingerSwitch {
+    pub fn turn_off(&self) {
+        self.0.store(true, Ordering::Relaxed);
+    }
+
+    fn is_off(&self) -> bool {
+        self.0.load(Ordering::Relaxed)
+    }
+}
+
 /// An I/O whose shutdown lingers: `poll_shutdown` sends the FIN, then reads
-/// and discards as [`close`] does. (hyper shuts the I/O down before it drops
-/// it.)
+/// and discards as [`close`] does, unless its [`LingerSwitch`] was turned
+/// off. (hyper shuts the I/O down before it drops it.)
 #[derive(Debug)]
-pub struct Lingering<T> {
+pub struct Lingering<T, S> {
     inner: T,
     state: State,
+    switch: S,
 }
 
 #[derive(Debug)]
@@ -64,11 +83,12 @@ impl Drain {
     }
 }
 
-impl<T> Lingering<T> {
-    pub fn new(inner: T) -> Self {
+impl<T, S: Deref<Target = LingerSwitch>> Lingering<T, S> {
+    pub fn new(inner: T, switch: S) -> Self {
         Lingering {
             inner,
             state: State::Open,
+            switch,
         }
     }
 }
@@ -109,7 +129,7 @@ pub async fn close<T: AsyncRead + AsyncWrite + Unpin>(io: &mut T) {
     std::future::poll_fn(|cx| poll_drain(io, &mut drain, cx)).await;
 }
 
-impl<T: AsyncRead + Unpin> AsyncRead for Lingering<T> {
+impl<T: AsyncRead + Unpin, S: Unpin> AsyncRead for Lingering<T, S> {
     fn poll_read(
         self: Pin<&mut Self>,
         cx: &mut Context<'_>,
@@ -119,7 +139,11 @@ impl<T: AsyncRead + Unpin> AsyncRead for Lingering<T> {
     }
 }
 
-impl<T: AsyncRead + AsyncWrite + Unpin> AsyncWrite for Lingering<T> {
+impl<T, S> AsyncWrite for Lingering<T, S>
+where
+    T: AsyncRead + AsyncWrite + Unpin,
+    S: Deref<Target = LingerSwitch> + Unpin,
+{
     fn poll_write(
         self: Pin<&mut Self>,
         cx: &mut Context<'_>,
@@ -141,7 +165,11 @@ impl<T: AsyncRead + AsyncWrite + Unpin> AsyncWrite for Lingering<T> {
                         this.state = State::Closed;
                         return Poll::Ready(Err(error));
                     }
-                    this.state = State::Draining(Box::new(Drain::start()));
+                    this.state = if this.switch.is_off() {
+                        State::Closed
+                    } else {
+                        State::Draining(Box::new(Drain::start()))
+                    };
                 }
                 State::Draining(drain) => {
                     ready!(poll_drain(&mut this.inner, drain, cx));
@@ -179,7 +207,7 @@ mod tests {
         let addr = listener.local_addr().unwrap();
         let server = tokio::spawn(async move {
             let (stream, _) = listener.accept().await.unwrap();
-            let mut io = Lingering::new(stream);
+            let mut io = Lingering::new(stream, Box::new(LingerSwitch::default()));
             let mut first = [0u8; 1024];
             let _ = io.read(&mut first).await.unwrap();
             io.write_all(b"answer").await.unwrap();
@@ -210,7 +238,7 @@ mod tests {
     #[tokio::test(start_paused = true)]
     async fn the_linger_ends_when_nothing_arrives() {
         let (client, server) = tokio::io::duplex(1024);
-        let mut io = Lingering::new(server);
+        let mut io = Lingering::new(server, Box::new(LingerSwitch::default()));
         // The client neither sends nor closes: the shutdown returns after
         // LINGER_IDLE.
         let started = Instant::now();
@@ -229,12 +257,26 @@ mod tests {
             }
         });
         let started = Instant::now();
-        close(&mut Lingering::new(server).inner).await;
+        close(&mut Lingering::new(server, Box::new(LingerSwitch::default())).inner).await;
         let took = started.elapsed();
         assert!(
             took >= LINGER && took <= LINGER + Duration::from_millis(100),
             "{took:?}"
         );
         sender.abort();
+    }
+
+    #[tokio::test]
+    async fn a_switched_off_linger_leaves_the_reads_to_the_tunnel() {
+        let (mut client, server) = tokio::io::duplex(1024);
+        let switch = std::sync::Arc::new(LingerSwitch::default());
+        switch.turn_off();
+        let mut io = Lingering::new(server, switch);
+        client.write_all(b"for the upstream").await.unwrap();
+        io.shutdown().await.unwrap();
+        // Nothing was drained: the bytes are still there to read.
+        let mut got = [0u8; 16];
+        io.read_exact(&mut got).await.unwrap();
+        assert_eq!(&got, b"for the upstream");
     }
 }

@@ -69,7 +69,7 @@ use crate::config::ServerConfig;
 use crate::drain::{Drain, DrainWatch};
 use crate::h1::{self, Rewind};
 use crate::handler::{Downstream, handle};
-use crate::linger::Lingering;
+use crate::linger::{LingerSwitch, Lingering};
 use crate::proxy::body::ClientBody;
 use crate::worker::worker_count;
 
@@ -568,6 +568,8 @@ pub struct ConnActivity {
     head_started_ms: AtomicU64,
     /// Draining or idle too long: the response in progress is the last.
     closing: AtomicBool,
+    /// Off once the connection is handed to a tunnel (see `crate::linger`).
+    linger: LingerSwitch,
 }
 
 impl ConnActivity {
@@ -578,6 +580,7 @@ impl ConnActivity {
             last_activity_ms: AtomicU64::new(0),
             head_started_ms: AtomicU64::new(0),
             closing: AtomicBool::new(false),
+            linger: LingerSwitch::default(),
         }
     }
 
@@ -603,6 +606,12 @@ impl ConnActivity {
     fn request_started(&self) {
         self.in_flight.fetch_add(1, Ordering::Relaxed);
         self.head_started_ms.store(0, Ordering::Relaxed);
+    }
+
+    /// The connection now belongs to an upgrade's tunnel: its shutdown must
+    /// not linger (the tunnel still reads from it).
+    pub fn handed_to_tunnel(&self) {
+        self.linger.turn_off();
     }
 
     /// Marks the connection as closing; true when nothing is in progress on
@@ -795,7 +804,10 @@ async fn serve_connection(
         .max_buf_size((server.max_header_bytes + 16 * 1024).max(8 * 1024));
     // Lingering: hyper answers some requests before reading their bodies
     // (denied, too large, an upstream's early answer); see `crate::linger`.
-    let io = TokioIo::new(Lingering::new(Rewind::new(prefix, io)));
+    let io = TokioIo::new(Lingering::new(
+        Rewind::new(prefix, io),
+        ActivityLinger(activity.clone()),
+    ));
     let connection = builder.serve_connection(io, service).with_upgrades();
     tokio::pin!(connection);
     if draining {
@@ -866,6 +878,17 @@ enum Event<T> {
     Drain,
     /// The watchdog's timer fired.
     Check,
+}
+
+/// A connection's linger switch, reached through its activity.
+struct ActivityLinger(Arc<ConnActivity>);
+
+impl std::ops::Deref for ActivityLinger {
+    type Target = LingerSwitch;
+
+    fn deref(&self) -> &LingerSwitch {
+        &self.0.linger
+    }
 }
 
 /// A TCP stream that tells its [`ConnActivity`] when bytes arrive.
