@@ -36,6 +36,7 @@ use http_body::Body;
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 
 use crate::proxy::body::ClientBody;
+use crate::proxy::client::chunked::LAST_CHUNK;
 pub use request::{Parsed, parse};
 pub use response::{BodyLength, Framing, Head, encode_head};
 pub use rewind::Rewind;
@@ -242,7 +243,7 @@ where
                 let complete = match remaining {
                     Some(left) => left == 0,
                     None => {
-                        out.extend_from_slice(b"0\r\n\r\n");
+                        out.extend_from_slice(LAST_CHUNK);
                         true
                     }
                 };

@@ -15,6 +15,7 @@ use http::{HeaderMap, HeaderName, HeaderValue, StatusCode};
 
 use super::ExtraFields;
 use super::date;
+use crate::proxy::client::chunked::{UPPER_HEX, size_line_with};
 
 /// What the body says about its length before the head is written.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -331,19 +332,8 @@ pub(crate) fn digits(value: &[u8]) -> Option<u64> {
 /// Appends the size line of a chunk of `len` bytes (upper-case hex, as
 /// hyper writes it).
 pub fn chunk_size_line(out: &mut Vec<u8>, len: usize) {
-    let mut digits = [0u8; 16];
-    let mut at = digits.len();
-    let mut rest = len;
-    loop {
-        at -= 1;
-        digits[at] = b"0123456789ABCDEF"[rest & 0xf];
-        rest >>= 4;
-        if rest == 0 {
-            break;
-        }
-    }
-    out.extend_from_slice(&digits[at..]);
-    out.extend_from_slice(b"\r\n");
+    let mut line = [0u8; 18];
+    out.extend_from_slice(size_line_with(len, UPPER_HEX, &mut line));
 }
 
 #[cfg(test)]

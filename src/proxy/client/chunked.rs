@@ -167,16 +167,25 @@ fn parse_size(line: &[u8]) -> io::Result<u64> {
     Ok(size)
 }
 
+/// Hex digits for [`size_line_with`]: ours, as the upstream client writes them.
+pub const LOWER_HEX: &[u8; 16] = b"0123456789abcdef";
+/// Hex digits for [`size_line_with`]: hyper's, as the client side writes them.
+pub const UPPER_HEX: &[u8; 16] = b"0123456789ABCDEF";
+
 /// The chunk-size line for a chunk of `len` bytes (`"1a\r\n"`), written into
 /// a stack buffer; returns the used part.
 pub fn size_line(len: usize, out: &mut [u8; 18]) -> &[u8] {
-    const HEX: &[u8; 16] = b"0123456789abcdef";
+    size_line_with(len, LOWER_HEX, out)
+}
+
+/// [`size_line`] with the given hex digits (their letter case).
+pub fn size_line_with<'o>(len: usize, hex: &[u8; 16], out: &'o mut [u8; 18]) -> &'o [u8] {
     let mut digits = [0u8; 16];
     let mut n = len;
     let mut i = digits.len();
     loop {
         i -= 1;
-        digits[i] = HEX[n & 0xf];
+        digits[i] = hex[n & 0xf];
         n >>= 4;
         if n == 0 {
             break;
