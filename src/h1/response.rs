@@ -16,6 +16,7 @@ use http::{HeaderMap, HeaderName, HeaderValue, StatusCode};
 use super::ExtraFields;
 use super::date;
 use crate::proxy::client::chunked::{UPPER_HEX, size_line_with};
+use crate::proxy::hop_by_hop::{ConnectionToken, connection_tokens, ends_in_chunked};
 
 /// What the body says about its length before the head is written.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -86,7 +87,7 @@ pub fn encode_head<E: ExtraFields + ?Sized>(
         let entry = headers.entry(CONNECTION);
         match entry {
             http::header::Entry::Occupied(mut entry) => {
-                if !entry.iter().any(|v| has_token(v, b"close")) {
+                if !entry.iter().any(asks_to_close) {
                     entry.append(HeaderValue::from_static("close"));
                 }
             }
@@ -199,7 +200,7 @@ fn encode<E: ExtraFields + ?Sized>(
                 continue;
             }
             wrote_len = true;
-            add_chunked = !ends_in_chunked(value);
+            add_chunked = !ends_in_chunked(value.as_bytes());
             if line_open {
                 join_value(out, value);
             } else {
@@ -209,7 +210,7 @@ fn encode<E: ExtraFields + ?Sized>(
             }
             continue;
         } else if *name == CONNECTION || *name == TRAILER {
-            if *name == CONNECTION && has_token(value, b"close") {
+            if *name == CONNECTION && asks_to_close(value) {
                 last = true;
             }
             if *name == TRAILER && !can_chunk {
@@ -293,26 +294,14 @@ fn end_line(out: &mut Vec<u8>, add_chunked: &mut bool) {
     }
 }
 
-/// Whether the last coding a `Transfer-Encoding` value lists is `chunked`.
-fn ends_in_chunked(value: &HeaderValue) -> bool {
-    value
-        .as_bytes()
-        .rsplit(|b| *b == b',')
-        .next()
-        .is_some_and(|last| last.trim_ascii().eq_ignore_ascii_case(b"chunked"))
+/// Whether a `Connection` value lists `close`.
+fn asks_to_close(value: &HeaderValue) -> bool {
+    connection_tokens(value.as_bytes()).any(|token| token == ConnectionToken::Close)
 }
 
 fn join_value(out: &mut Vec<u8>, value: &HeaderValue) {
     out.extend_from_slice(b", ");
     out.extend_from_slice(value.as_bytes());
-}
-
-/// Whether a comma-separated value lists `token` (ASCII case-insensitive).
-fn has_token(value: &HeaderValue, token: &[u8]) -> bool {
-    value
-        .as_bytes()
-        .split(|b| *b == b',')
-        .any(|item| item.trim_ascii().eq_ignore_ascii_case(token))
 }
 
 /// A length field's value: ASCII digits only, no overflow (hyper's rule).

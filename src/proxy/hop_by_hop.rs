@@ -1,5 +1,6 @@
-//! Hop-by-hop fields (RFC 9110 §7.6.1): which fields they are, and what a
-//! `Connection` field's tokens say. One definition for both directions of
+//! Hop-by-hop fields (RFC 9110 §7.6.1): which fields they are, what a
+//! `Connection` field's tokens say, and whether `Transfer-Encoding` ends in
+//! `chunked`. One definition for both directions of
 //! forwarding — the request side sees fields as header-map entries
 //! (`forward.rs`), the response side as raw bytes while parsing
 //! (`client/head.rs`) — so both leave out exactly the same fields.
@@ -47,6 +48,15 @@ pub fn connection_tokens(value: &[u8]) -> impl Iterator<Item = ConnectionToken<'
                 ConnectionToken::Names(token)
             }
         })
+}
+
+/// Whether the last coding a `Transfer-Encoding` value lists is `chunked`
+/// (codings apply in order, so the last decides how the body is framed).
+pub fn ends_in_chunked(value: &[u8]) -> bool {
+    value
+        .rsplit(|&b| b == b',')
+        .next()
+        .is_some_and(|coding| coding.trim_ascii().eq_ignore_ascii_case(b"chunked"))
 }
 
 #[cfg(test)]

@@ -15,7 +15,9 @@ use http::{Method, StatusCode, Version, request, response};
 use smallvec::SmallVec;
 
 use crate::proxy::field_lines::FieldLines;
-use crate::proxy::hop_by_hop::{ConnectionToken, connection_tokens, is_hop_by_hop};
+use crate::proxy::hop_by_hop::{
+    ConnectionToken, connection_tokens, ends_in_chunked, is_hop_by_hop,
+};
 
 /// Largest response head accepted from an upstream.
 pub const MAX_HEAD: usize = 64 * 1024;
@@ -271,10 +273,7 @@ impl<'h> HopFields<'h> {
         } else if name.eq_ignore_ascii_case(b"transfer-encoding") {
             self.transfer_encoding = true;
             // The last line's last coding decides (codings are applied in order).
-            self.chunked_last = value
-                .rsplit(|&b| b == b',')
-                .next()
-                .is_some_and(|coding| coding.trim_ascii().eq_ignore_ascii_case(b"chunked"));
+            self.chunked_last = ends_in_chunked(value);
         } else if name.eq_ignore_ascii_case(b"content-length") {
             // A list of equal values (`5, 5`) is one length (RFC 9110 §8.6).
             for item in value.split(|&b| b == b',').map(<[u8]>::trim_ascii) {
