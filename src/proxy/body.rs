@@ -37,13 +37,6 @@ pub enum ClientBody {
     Complete(Option<Bytes>),
 }
 
-impl ClientBody {
-    /// An empty body.
-    pub fn empty() -> Self {
-        ClientBody::Complete(None)
-    }
-}
-
 impl Body for ClientBody {
     type Data = Bytes;
     type Error = hyper::Error;

@@ -182,8 +182,9 @@ impl FieldLines {
         }
     }
 
-    /// The fields as a header map (for tests and logs).
-    pub fn to_map(&self) -> HeaderMap {
+    /// The fields as a header map, for tests.
+    #[cfg(test)]
+    pub(crate) fn to_map(&self) -> HeaderMap {
         let mut map = HeaderMap::new();
         self.apply(&mut map);
         map
