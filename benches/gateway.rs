@@ -221,10 +221,10 @@ limits = ["per_ip"]
     );
     let config = Config::from_bytes(Path::new("bench.toml"), text.as_bytes()).unwrap();
     let listen = config.server.listen.clone();
-    let listeners = tollgate::server::bind(&listen).unwrap();
+    let listeners = tollgate::conn::bind(&listen).unwrap();
     let addr = listeners[0].local_addr().unwrap();
     let (shutdown_tx, shutdown_rx) = watch::channel(false);
-    let server = tollgate::server::start(App::new(config), listeners, shutdown_rx).unwrap();
+    let server = tollgate::conn::start(App::new(config), listeners, shutdown_rx).unwrap();
     tokio::spawn(server.run());
     (addr, shutdown_tx)
 }

@@ -105,7 +105,7 @@ fn run(config: Config, log_format: LogFormat) -> ExitCode {
                 return ExitCode::FAILURE;
             }
         };
-        let listeners = match tollgate::server::bind(&config.server.listen) {
+        let listeners = match tollgate::conn::bind(&config.server.listen) {
             Ok(listeners) => listeners,
             Err(error) => {
                 eprintln!("{error}");
@@ -126,7 +126,7 @@ fn run(config: Config, log_format: LogFormat) -> ExitCode {
         let app = App::new(config);
         let addresses: Vec<_> = listeners.iter().map(|l| l.local_addr()).collect();
         let (shutdown_tx, shutdown_rx) = watch::channel(false);
-        let server = match tollgate::server::start(app.clone(), listeners, shutdown_rx.clone()) {
+        let server = match tollgate::conn::start(app.clone(), listeners, shutdown_rx.clone()) {
             Ok(server) => server,
             Err(error) => {
                 eprintln!("cannot start {workers} workers: {error}");

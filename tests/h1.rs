@@ -1,4 +1,4 @@
-//! The HTTP/1.1 fast path (`tollgate::h1`) on real sockets.
+//! The HTTP/1.1 fast path (`tollgate::http1::server`) on real sockets.
 //!
 //! First, differentially against hyper: the same responses are served by
 //! `h1::serve` on one listener and by hyper's `http1` server on another, the
@@ -29,7 +29,7 @@ use hyper::service::service_fn;
 use hyper_util::rt::TokioIo;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
-use tollgate::h1::{self, Closing, Ended, Rewind};
+use tollgate::http1::server::{self as h1, Closing, Ended, Rewind};
 
 /// Every exchange ends well before this; it only turns a hang into a failure.
 const EXCHANGE_LIMIT: Duration = Duration::from_secs(5);

@@ -679,7 +679,7 @@ fn check_key_part(c: &mut Checker, path: KeyPath, text: &str) -> Option<KeyPart>
 }
 
 fn check_limit(c: &mut Checker, path: &KeyPath, name: &str, raw: &raw::RawLimit) -> LimitConfig {
-    if name.is_empty() || crate::proxy::structured::check_string(name).is_err() {
+    if name.is_empty() || crate::http::structured::check_string(name).is_err() {
         c.problem(
             path.clone(),
             "a limit's name must be printable ASCII: it is sent in RateLimit headers",

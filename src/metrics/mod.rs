@@ -406,7 +406,7 @@ impl Metrics {
             .inc();
     }
 
-    /// An upstream failure; `kind` is [`GatewayError::upstream_kind`](crate::error::GatewayError::upstream_kind).
+    /// An upstream failure; `kind` is [`GatewayError::upstream_kind`](crate::proxy::error::GatewayError::upstream_kind).
     pub fn record_upstream_error(&self, upstream: &Arc<str>, kind: &'static str) {
         self.upstream_errors
             .get_or_create(&UpstreamErrorLabels {

@@ -16,9 +16,9 @@ use bytes::Bytes;
 use http_body::{Body, Frame, SizeHint};
 use hyper::body::Incoming;
 
-use super::client::UpstreamBody;
+use crate::conn::ConnActivity;
+use crate::http1::client::UpstreamBody;
 use crate::limit::Permits;
-use crate::server::ConnActivity;
 
 /// The error a request body yields when it outgrows the route's `max_body`.
 #[derive(Debug, thiserror::Error)]
@@ -32,7 +32,7 @@ pub struct BodyTooLarge {
 pub enum ClientBody {
     /// Streamed from the connection by hyper.
     Hyper(Incoming),
-    /// Read whole together with the head (by [`crate::h1`], which takes only
+    /// Read whole together with the head (by [`crate::http1::server`], which takes only
     /// requests whose body is already in its buffer).
     Complete(Option<Bytes>),
 }

@@ -3,7 +3,7 @@
 //! `Host`, `X-Forwarded-For` / `X-Forwarded-Proto` / `Forwarded`, hop-by-hop
 //! fields left out — is written straight into the upstream head
 //! ([`OwnFields`]) rather than edited in the header map. The response's
-//! hop-by-hop fields are dropped as its head is parsed ([`super::client`]).
+//! hop-by-hop fields are dropped as its head is parsed ([`crate::http1::client`]).
 
 use std::io::Write as _;
 use std::net::{IpAddr, SocketAddr};
@@ -11,13 +11,14 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 
 use super::body::RequestBody;
-use super::client::{ConnectionPool, OwnFields, UpstreamBody};
-use super::field_lines::FieldLines;
-use super::hop_by_hop::{ConnectionToken, connection_tokens, is_hop_by_hop};
-use super::structured::is_tchar;
 use crate::config::UpstreamConfig;
-use crate::error::GatewayError;
+use crate::http::field_lines::FieldLines;
+use crate::http::hop_by_hop::{ConnectionToken, connection_tokens, is_hop_by_hop};
+use crate::http::structured::is_tchar;
+use crate::http1::client::{OwnFields, UpstreamBody};
 use crate::identity::normalize;
+use crate::proxy::error::GatewayError;
+use crate::upstream::pool::ConnectionPool;
 use http::header::{self, HeaderMap, HeaderName, HeaderValue};
 use http::request::Parts;
 use http::uri::{PathAndQuery, Uri};
@@ -95,7 +96,9 @@ impl Upstream {
         async move {
             let name = &self.config.name;
             // A reused timer: a fresh one per request cost ~600 instructions.
-            match crate::deadline::within(tokio::time::Instant::now() + timeout, exchange).await {
+            match crate::upstream::deadline::within(tokio::time::Instant::now() + timeout, exchange)
+                .await
+            {
                 None => Err(GatewayError::UpstreamTimeout {
                     upstream: name.clone(),
                     timeout,
@@ -349,9 +352,9 @@ mod tests {
         let mut parts = http::Request::new(()).into_parts().0;
         parts.headers = headers;
         let mut out = Vec::new();
-        crate::proxy::client::head::encode_request(
+        crate::http1::client::head::encode_request(
             &parts,
-            crate::proxy::client::head::RequestFraming::Empty,
+            crate::http1::client::head::RequestFraming::Empty,
             &own,
             &mut out,
         );

@@ -15,10 +15,10 @@ use http::header::{CACHE_CONTROL, CONTENT_TYPE, RETRY_AFTER};
 use http::{HeaderName, Response, StatusCode};
 
 use super::body::ResponseBody;
-use super::field_lines::FieldLines;
 use super::response::PROBLEM_JSON;
-use super::structured::ListWriter;
 use crate::config::{HeaderStyles, LimitConfig};
+use crate::http::field_lines::FieldLines;
+use crate::http::structured::ListWriter;
 use crate::limit::{Algorithm, EntryVerdict, NANOS_PER_SEC, Nanos, Outcome, quota, window_secs};
 
 static RATELIMIT: HeaderName = HeaderName::from_static("ratelimit");

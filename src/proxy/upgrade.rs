@@ -14,7 +14,7 @@ use hyper::upgrade::OnUpgrade;
 use hyper_util::rt::TokioIo;
 use tokio::io::AsyncWriteExt;
 
-use super::client::UpstreamConn;
+use crate::http1::client::UpstreamConn;
 use crate::limit::Permits;
 
 /// Joins the client's upgraded connection to the upstream's, holding

@@ -20,7 +20,7 @@
 //! written by hyper's rules ([`encode_head`]), so a client sees the same bytes
 //! from either.
 
-mod date;
+pub mod linger;
 mod request;
 mod response;
 mod rewind;
@@ -35,8 +35,8 @@ use http::{HeaderMap, Method, Request, Response};
 use http_body::Body;
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 
+use crate::http1::client::chunked::LAST_CHUNK;
 use crate::proxy::body::ClientBody;
-use crate::proxy::client::chunked::LAST_CHUNK;
 pub use request::{Parsed, parse};
 pub use response::{BodyLength, Framing, Head, encode_head};
 pub use rewind::Rewind;
@@ -63,7 +63,7 @@ pub enum Ended {
 }
 
 /// Fields a response carries outside its header map (the gateway keeps
-/// relayed and rate-limit fields as lines: `proxy::field_lines`), written
+/// relayed and rate-limit fields as lines: `http::field_lines`), written
 /// into the head after the map's own.
 pub trait ExtraFields {
     /// Appends complete `name: value\r\n` lines, never framing fields
@@ -189,7 +189,7 @@ where
         if !complete || head.last || closing.is_closing() {
             // Whatever the client still sends (pipelined requests) is read
             // and dropped for a moment, so its answer is not lost to a reset.
-            crate::linger::close(io).await;
+            crate::http1::server::linger::close(io).await;
             return Ok(Ended::Closed);
         }
         if out.capacity() > 4 * WRITE_BATCH {

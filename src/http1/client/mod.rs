@@ -8,7 +8,7 @@
 //! of it was that hand-over (task wake-ups, the dispatch channel, a body
 //! channel) and per-field allocations of the response head.
 //!
-//! [`pool`] keeps connections and decides on retries, [`exchange`] writes a
+//! [`pool`](crate::upstream::pool) keeps connections and decides on retries, [`exchange`] writes a
 //! request and reads the response head ([`head`] encodes and parses heads),
 //! [`response_body`] streams the body back, and [`chunked`] is the transfer
 //! coding.
@@ -17,10 +17,8 @@ pub mod chunked;
 pub mod conn;
 pub mod exchange;
 pub mod head;
-pub mod pool;
 pub mod response_body;
 
 pub use conn::UpstreamConn;
 pub use head::OwnFields;
-pub use pool::{ConnectionPool, PoolError};
 pub use response_body::UpstreamBody;

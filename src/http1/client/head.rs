@@ -14,10 +14,8 @@ use http::header::{self, HeaderName};
 use http::{Method, StatusCode, Version, request, response};
 use smallvec::SmallVec;
 
-use crate::proxy::field_lines::FieldLines;
-use crate::proxy::hop_by_hop::{
-    ConnectionToken, connection_tokens, ends_in_chunked, is_hop_by_hop,
-};
+use crate::http::field_lines::FieldLines;
+use crate::http::hop_by_hop::{ConnectionToken, connection_tokens, ends_in_chunked, is_hop_by_hop};
 
 /// Largest response head accepted from an upstream.
 pub const MAX_HEAD: usize = 64 * 1024;

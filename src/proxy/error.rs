@@ -25,13 +25,13 @@ pub enum GatewayError {
     UpstreamConnect {
         upstream: String,
         #[source]
-        source: crate::proxy::client::PoolError,
+        source: crate::upstream::pool::PoolError,
     },
     #[error("upstream {upstream} failed before answering")]
     UpstreamFailed {
         upstream: String,
         #[source]
-        source: crate::proxy::client::PoolError,
+        source: crate::upstream::pool::PoolError,
     },
     #[error("upstream {upstream} did not answer within {timeout:?}")]
     UpstreamTimeout {

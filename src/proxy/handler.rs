@@ -36,7 +36,8 @@ use http_body_util::BodyExt;
 use crate::access_log::{self, AccessEntry};
 use crate::app::{App, RoutePlan, Snapshot};
 use crate::config::{Config, Consumer, LimitConfig, OnMissingKey, RouteAction, RouteConfig};
-use crate::error::GatewayError;
+use crate::conn::ConnActivity;
+use crate::http::field_lines::FieldLines;
 use crate::identity::body_fields::BodyFields;
 use crate::identity::client_ip::{client_net, resolve_with};
 use crate::identity::consumer::{Caller, identify};
@@ -48,13 +49,12 @@ use crate::limit::{
 };
 use crate::metrics::Metrics;
 use crate::proxy::body::{BodyCap, ClientBody, Completion, RequestBody, ResponseBody};
-use crate::proxy::client::PoolError;
-use crate::proxy::field_lines::FieldLines;
+use crate::proxy::error::GatewayError;
 use crate::proxy::forward::{Prepared, Upstream};
 use crate::proxy::ratelimit;
 use crate::proxy::ratelimit::StackView;
 use crate::proxy::upgrade;
-use crate::server::ConnActivity;
+use crate::upstream::pool::PoolError;
 
 /// What the server knows about the connection a request came on.
 #[derive(Debug, Clone, Copy)]

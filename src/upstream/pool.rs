@@ -25,12 +25,12 @@ use http::{Method, Request, Response};
 use parking_lot::Mutex;
 use tokio::net::TcpStream;
 
-use super::conn::UpstreamConn;
-use super::exchange::{Outgoing, exchange};
-use super::head::{Framing, OwnFields, ResponseHead, encode_request};
-use super::response_body::UpstreamBody;
+use crate::http::field_lines::FieldLines;
+use crate::http1::client::conn::UpstreamConn;
+use crate::http1::client::exchange::{Outgoing, exchange};
+use crate::http1::client::head::{Framing, OwnFields, ResponseHead, encode_request};
+use crate::http1::client::response_body::UpstreamBody;
 use crate::proxy::body::RequestBody;
-use crate::proxy::field_lines::FieldLines;
 use crate::worker::{worker_count, worker_index};
 
 /// Connections idle longer than this are not reused (upstreams commonly close
@@ -129,7 +129,7 @@ impl ConnectionPool {
     /// Takes a connection back after a complete response if it may carry
     /// another request (`keep_alive`) and nothing unasked-for arrived after
     /// it; otherwise it is closed.
-    pub(super) fn release(&self, conn: UpstreamConn, keep_alive: bool) {
+    pub(crate) fn release(&self, conn: UpstreamConn, keep_alive: bool) {
         if !keep_alive || !conn.read.is_empty() {
             return;
         }

@@ -8,14 +8,14 @@
 //! are Integers, Strings, Tokens or Booleans:
 //!
 //! ```
-//! use tollgate::proxy::structured::ListWriter;
+//! use tollgate::http::structured::ListWriter;
 //!
 //! let mut field = String::new();
 //! let mut list = ListWriter::new(&mut field);
 //! list.item_string("per_key")?.param_int("q", 20)?.param_int("w", 2)?;
 //! list.item_string("per_ip")?.param_int("q", 100)?.param_int("w", 60)?;
 //! assert_eq!(field, r#""per_key";q=20;w=2, "per_ip";q=100;w=60"#);
-//! # Ok::<(), tollgate::proxy::structured::SfError>(())
+//! # Ok::<(), tollgate::http::structured::SfError>(())
 //! ```
 //!
 //! # Why a writer into a caller-owned buffer

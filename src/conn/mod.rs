@@ -25,7 +25,7 @@
 //!   loop sit on a slot while connections queue on another worker's socket.)
 //! - **Accept errors** (e.g. out of file descriptors) back off and retry instead
 //!   of ending the loop (as in mini-redis).
-//! - **HTTP/1.1**: a connection is served by [`crate::h1`] (the gateway's own
+//! - **HTTP/1.1**: a connection is served by [`crate::http1::server`] (the gateway's own
 //!   path for plain requests) until a request needs hyper; from then on hyper
 //!   serves it, starting from the bytes `h1` had read ([`h1::Rewind`]). The
 //!   watchdog and the drain below apply to both.
@@ -45,6 +45,8 @@
 //!   the connections of all workers. Worker runtimes stay up until the whole
 //!   drain is over: a request draining on one worker may be using an upstream
 //!   connection whose task runs on another.
+
+pub mod drain;
 
 use std::collections::HashMap;
 use std::io;
@@ -66,11 +68,11 @@ use tokio::time::Instant;
 
 use crate::app::App;
 use crate::config::ServerConfig;
-use crate::drain::{Drain, DrainWatch};
-use crate::h1::{self, Rewind};
-use crate::handler::{Downstream, handle};
-use crate::linger::{LingerSwitch, Lingering};
+use crate::conn::drain::{Drain, DrainWatch};
+use crate::http1::server::linger::{LingerSwitch, Lingering};
+use crate::http1::server::{self as h1, Rewind};
 use crate::proxy::body::ClientBody;
+use crate::proxy::handler::{Downstream, handle};
 use crate::worker::worker_count;
 
 /// The listen backlog of each socket, as `tokio::net::TcpListener::bind` (and
@@ -568,7 +570,7 @@ pub struct ConnActivity {
     head_started_ms: AtomicU64,
     /// Draining or idle too long: the response in progress is the last.
     closing: AtomicBool,
-    /// Off once the connection is handed to a tunnel (see `crate::linger`).
+    /// Off once the connection is handed to a tunnel (see `crate::http1::server::linger`).
     linger: LingerSwitch,
 }
 
@@ -698,7 +700,7 @@ async fn serve_connection(
     let check = tokio::time::sleep(server.header_read_timeout.min(server.idle_timeout));
     tokio::pin!(check);
 
-    // Plain requests first, served by our own HTTP/1.1 path (`crate::h1`).
+    // Plain requests first, served by our own HTTP/1.1 path (`crate::http1::server`).
     let handed_over = {
         let respond = |request| {
             activity.request_started();
@@ -803,7 +805,7 @@ async fn serve_connection(
         // problem+json above `max_header_bytes`, hyper's own 431 is the backstop.
         .max_buf_size((server.max_header_bytes + 16 * 1024).max(8 * 1024));
     // Lingering: hyper answers some requests before reading their bodies
-    // (denied, too large, an upstream's early answer); see `crate::linger`.
+    // (denied, too large, an upstream's early answer); see `crate::http1::server::linger`.
     let io = TokioIo::new(Lingering::new(
         Rewind::new(prefix, io),
         ActivityLinger(activity.clone()),

@@ -17,7 +17,7 @@ use http_body::{Body, Frame, SizeHint};
 
 use super::chunked::{ChunkedDecoder, Decoded};
 use super::conn::UpstreamConn;
-use super::pool::ConnectionPool;
+use crate::upstream::pool::ConnectionPool;
 
 /// Where a streamed body is.
 #[derive(Debug)]

@@ -1,0 +1,6 @@
+//! HTTP wire vocabulary shared by both sides of the gateway.
+
+pub mod date;
+pub mod field_lines;
+pub mod hop_by_hop;
+pub mod structured;

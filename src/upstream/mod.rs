@@ -1,0 +1,4 @@
+//! Connections to upstreams.
+
+pub mod deadline;
+pub mod pool;
