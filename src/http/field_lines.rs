@@ -6,7 +6,7 @@
 //! Both used to go through the response's `HeaderMap`: the upstream's
 //! parsed into one, the gateway's inserted into it, and the whole map
 //! written back out — a name hash, a table probe and a value per field, for
-//! fields nobody reads in between. The HTTP/1.1 fast path ([`crate::http1::server`])
+//! fields nobody reads in between. The HTTP/1.1 fast path (`http1::server`)
 //! copies these lines into the head as they are. Where a map is needed
 //! (hyper's path), [`FieldLines::apply`] builds it.
 //!
@@ -188,16 +188,6 @@ impl FieldLines {
         let mut map = HeaderMap::new();
         self.apply(&mut map);
         map
-    }
-}
-
-impl crate::http1::server::ExtraFields for FieldLines {
-    fn write_to(&self, out: &mut Vec<u8>) {
-        FieldLines::write_to(self, out);
-    }
-
-    fn has_date(&self) -> bool {
-        FieldLines::has_date(self)
     }
 }
 

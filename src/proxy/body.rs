@@ -37,6 +37,20 @@ pub enum ClientBody {
     Complete(Option<Bytes>),
 }
 
+/// No body (built by the fast path, `http1::server::parse`).
+impl Default for ClientBody {
+    fn default() -> Self {
+        ClientBody::Complete(None)
+    }
+}
+
+/// A body read whole with its head (built by the fast path).
+impl From<Bytes> for ClientBody {
+    fn from(bytes: Bytes) -> Self {
+        ClientBody::Complete(Some(bytes))
+    }
+}
+
 impl Body for ClientBody {
     type Data = Bytes;
     type Error = hyper::Error;

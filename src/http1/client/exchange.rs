@@ -17,9 +17,9 @@ use http_body::Body;
 use tokio::io::AsyncWriteExt;
 use tokio::net::tcp::{ReadHalf, WriteHalf};
 
-use super::chunked::{LAST_CHUNK, size_line};
 use super::conn::{UpstreamConn, poll_fill};
 use super::head::{Parsed, RequestFraming, ResponseHead, parse_response};
+use crate::http::chunked::{LAST_CHUNK, size_line};
 use crate::proxy::body::RequestBody;
 
 /// A request body as it will be written.

@@ -35,8 +35,8 @@ use http::{HeaderMap, Method, Request, Response};
 use http_body::Body;
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 
-use crate::http1::client::chunked::LAST_CHUNK;
-use crate::proxy::body::ClientBody;
+use crate::http::chunked::LAST_CHUNK;
+use crate::http::field_lines::FieldLines;
 pub use request::{Parsed, parse};
 pub use response::{BodyLength, Framing, Head, encode_head};
 pub use rewind::Rewind;
@@ -82,6 +82,18 @@ impl ExtraFields for () {
     }
 }
 
+/// The gateway's field lines (relayed and rate-limit fields), copied into the
+/// head as they are.
+impl ExtraFields for FieldLines {
+    fn write_to(&self, out: &mut Vec<u8>) {
+        FieldLines::write_to(self, out);
+    }
+
+    fn has_date(&self) -> bool {
+        FieldLines::has_date(self)
+    }
+}
+
 /// Tells the fast path to finish: the response in progress closes the
 /// connection, and no further request is read.
 pub trait Closing {
@@ -92,12 +104,17 @@ pub trait Closing {
 /// a request needs hyper. `respond` answers a request with a response and
 /// the [`ExtraFields`] written into its head after the map's fields. I/O
 /// errors end the connection (returned for the log); nothing here panics on
-/// what a client sends.
-pub async fn serve<T, C, F, Fut, B, L>(io: &mut T, closing: &C, mut respond: F) -> io::Result<Ended>
+/// what a client sends. `R` is the caller's request body type (see [`parse`]).
+pub async fn serve<T, C, F, Fut, R, B, L>(
+    io: &mut T,
+    closing: &C,
+    mut respond: F,
+) -> io::Result<Ended>
 where
     T: AsyncRead + AsyncWrite + Unpin,
     C: Closing + ?Sized,
-    F: FnMut(Request<ClientBody>) -> Fut,
+    F: FnMut(Request<R>) -> Fut,
+    R: Default + From<Bytes>,
     Fut: Future<Output = (Response<B>, L)>,
     L: ExtraFields,
     B: Body<Data = Bytes>,

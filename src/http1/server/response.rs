@@ -14,9 +14,9 @@ use http::header::{CONNECTION, CONTENT_LENGTH, DATE, TRAILER, TRANSFER_ENCODING}
 use http::{HeaderMap, HeaderName, HeaderValue, StatusCode};
 
 use super::ExtraFields;
+use crate::http::chunked::{UPPER_HEX, size_line_with};
 use crate::http::date;
 use crate::http::hop_by_hop::{ConnectionToken, connection_tokens, ends_in_chunked};
-use crate::http1::client::chunked::{UPPER_HEX, size_line_with};
 
 /// What the body says about its length before the head is written.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
