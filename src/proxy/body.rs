@@ -18,6 +18,7 @@ use hyper::body::Incoming;
 
 use crate::conn::ConnActivity;
 use crate::http1::client::UpstreamBody;
+use crate::http1::client::exchange::OutgoingBody;
 use crate::limit::Permits;
 
 /// The error a request body yields when it outgrows the route's `max_body`.
@@ -94,6 +95,16 @@ pub enum RequestBody {
     },
     /// A body already in memory (buffered for a `body:FIELD` key).
     Buffered(Option<Bytes>),
+}
+
+/// Sent again on another connection only when in memory.
+impl OutgoingBody for RequestBody {
+    fn into_buffered(self) -> Result<Option<Bytes>, Self> {
+        match self {
+            RequestBody::Buffered(bytes) => Ok(bytes),
+            streaming => Err(streaming),
+        }
+    }
 }
 
 /// Counts a streamed body against `max_body` and flags an overflow so the

@@ -27,10 +27,9 @@ use tokio::net::TcpStream;
 
 use crate::http::field_lines::FieldLines;
 use crate::http1::client::conn::UpstreamConn;
-use crate::http1::client::exchange::{Outgoing, exchange};
+use crate::http1::client::exchange::{Outgoing, OutgoingBody, exchange};
 use crate::http1::client::head::{Framing, OwnFields, ResponseHead, encode_request};
-use crate::http1::client::response_body::UpstreamBody;
-use crate::proxy::body::RequestBody;
+use crate::http1::client::response_body::{CheckIn, UpstreamBody};
 use crate::worker::{worker_count, worker_index};
 
 /// Connections idle longer than this are not reused (upstreams commonly close
@@ -129,7 +128,7 @@ impl ConnectionPool {
     /// Takes a connection back after a complete response if it may carry
     /// another request (`keep_alive`) and nothing unasked-for arrived after
     /// it; otherwise it is closed.
-    pub(crate) fn release(&self, conn: UpstreamConn, keep_alive: bool) {
+    fn release(&self, conn: UpstreamConn, keep_alive: bool) {
         if !keep_alive || !conn.read.is_empty() {
             return;
         }
@@ -183,9 +182,9 @@ impl ConnectionPool {
     /// response's fields come as lines beside it (its header map is empty).
     /// `own` are the fields the gateway writes in place of some of the
     /// request's (see [`OwnFields`]).
-    pub async fn send(
+    pub async fn send<B: OutgoingBody>(
         self: &Arc<Self>,
-        request: Request<RequestBody>,
+        request: Request<B>,
         own: OwnFields,
     ) -> Result<(Response<UpstreamBody>, FieldLines), PoolError> {
         let (parts, body) = request.into_parts();
@@ -242,6 +241,13 @@ impl ConnectionPool {
             }
         };
         (Response::from_parts(parts, body), fields)
+    }
+}
+
+/// A response body gives its connection back here.
+impl CheckIn for ConnectionPool {
+    fn check_in(&self, conn: UpstreamConn, keep_alive: bool) {
+        self.release(conn, keep_alive);
     }
 }
 

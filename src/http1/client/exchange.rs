@@ -20,26 +20,35 @@ use tokio::net::tcp::{ReadHalf, WriteHalf};
 use super::conn::{UpstreamConn, poll_fill};
 use super::head::{Parsed, RequestFraming, ResponseHead, parse_response};
 use crate::http::chunked::{LAST_CHUNK, size_line};
-use crate::proxy::body::RequestBody;
+
+/// A request body the client can send: the codec knows it only as this
+/// (the pipeline's body type implements it).
+pub trait OutgoingBody:
+    Body<Data = Bytes, Error: Into<Box<dyn std::error::Error + Send + Sync>>> + Unpin + Sized
+{
+    /// The whole body if it is in memory (`Ok(None)`: no body), so that it
+    /// can be sent again on another connection; otherwise the stream itself.
+    fn into_buffered(self) -> Result<Option<Bytes>, Self>;
+}
 
 /// A request body as it will be written.
 #[derive(Debug)]
-pub enum Outgoing {
+pub enum Outgoing<B> {
     Empty,
     /// In memory, so it can be sent again on another connection.
     Bytes(Bytes),
     /// Streamed from the client; sent once.
-    Stream(RequestBody),
+    Stream(B),
 }
 
-impl Outgoing {
+impl<B: OutgoingBody> Outgoing<B> {
     /// Classifies a body: nothing to send, bytes in hand, or a stream.
-    pub fn new(body: RequestBody) -> Outgoing {
-        match body {
-            RequestBody::Buffered(None) => Outgoing::Empty,
-            RequestBody::Buffered(Some(bytes)) => Outgoing::Bytes(bytes),
-            streaming if streaming.is_end_stream() => Outgoing::Empty,
-            streaming => Outgoing::Stream(streaming),
+    pub fn new(body: B) -> Outgoing<B> {
+        match body.into_buffered() {
+            Ok(None) => Outgoing::Empty,
+            Ok(Some(bytes)) => Outgoing::Bytes(bytes),
+            Err(streaming) if streaming.is_end_stream() => Outgoing::Empty,
+            Err(streaming) => Outgoing::Stream(streaming),
         }
     }
 
@@ -80,10 +89,10 @@ impl Failure {
 
 /// Writes the request whose head is in `conn.write` and reads the final
 /// response head. `method` decides whether a body follows (HEAD).
-pub async fn exchange(
+pub async fn exchange<B: OutgoingBody>(
     conn: &mut UpstreamConn,
     method: &Method,
-    body: &mut Outgoing,
+    body: &mut Outgoing<B>,
     framing: RequestFraming,
 ) -> Result<ResponseHead, Failure> {
     match body {
@@ -159,9 +168,9 @@ async fn read_head(
 /// then stop reading, and that answer is the one to relay — writing on
 /// until the send buffers fill would end in a timeout. `Some` is such an
 /// early final head; `None`, the body went up whole.
-async fn send_watching(
+async fn send_watching<B: OutgoingBody>(
     conn: &mut UpstreamConn,
-    body: &mut RequestBody,
+    body: &mut B,
     chunked: bool,
     method: &Method,
 ) -> io::Result<Option<ResponseHead>> {
@@ -192,9 +201,9 @@ async fn early_head(
 
 /// Writes a streamed body as its frames arrive, chunked when its length is
 /// unknown. Trailers from the client are not forwarded.
-async fn write_stream(
+async fn write_stream<B: OutgoingBody>(
     writer: &mut WriteHalf<'_>,
-    body: &mut RequestBody,
+    body: &mut B,
     chunked: bool,
 ) -> io::Result<()> {
     while let Some(frame) = poll_fn(|cx| Pin::new(&mut *body).poll_frame(cx)).await {

@@ -8,10 +8,12 @@
 //! of it was that hand-over (task wake-ups, the dispatch channel, a body
 //! channel) and per-field allocations of the response head.
 //!
-//! [`pool`](crate::upstream::pool) keeps connections and decides on retries, [`exchange`] writes a
-//! request and reads the response head ([`head`] encodes and parses heads),
-//! [`response_body`] streams the body back, and [`chunked`] is the transfer
-//! coding.
+//! [`exchange`] writes a request and reads the response head ([`head`]
+//! encodes and parses heads), [`response_body`] streams the body back and
+//! hands its connection back through [`CheckIn`], and [`chunked`] decodes the
+//! transfer coding. Which connection, and whether to retry, is the upstream
+//! layer's (`upstream::pool`); what a request body is, the pipeline's
+//! ([`OutgoingBody`]).
 
 pub mod chunked;
 pub mod conn;
@@ -20,5 +22,6 @@ pub mod head;
 pub mod response_body;
 
 pub use conn::UpstreamConn;
+pub use exchange::OutgoingBody;
 pub use head::OwnFields;
-pub use response_body::UpstreamBody;
+pub use response_body::{CheckIn, UpstreamBody};

@@ -7,6 +7,7 @@
 //! taken; a body dropped early (client gone) closes the connection, since it
 //! is mid-message.
 
+use std::fmt::Debug;
 use std::io;
 use std::pin::Pin;
 use std::sync::Arc;
@@ -17,7 +18,16 @@ use http_body::{Body, Frame, SizeHint};
 
 use super::chunked::{ChunkedDecoder, Decoded};
 use super::conn::UpstreamConn;
-use crate::upstream::pool::ConnectionPool;
+
+/// Where a connection goes back when its response body has been read to the
+/// end: the pool it came from. The body never names the pool, as pingora's
+/// proxy gives a session back (`release_http_session`) and the session knows
+/// nothing of the connector.
+pub trait CheckIn: Send + Sync + Debug {
+    /// Takes `conn` back after a complete response; `keep_alive`: the
+    /// response let it carry another request.
+    fn check_in(&self, conn: UpstreamConn, keep_alive: bool);
+}
 
 /// Where a streamed body is.
 #[derive(Debug)]
@@ -49,7 +59,7 @@ enum Kind {
 #[derive(Debug)]
 struct Streaming {
     conn: Option<UpstreamConn>,
-    pool: Arc<ConnectionPool>,
+    pool: Arc<dyn CheckIn>,
     remaining: Remaining,
     keep_alive: bool,
 }
@@ -72,7 +82,7 @@ impl UpstreamBody {
     /// read whole is a full one). The connection goes back at the last byte.
     pub fn length(
         conn: UpstreamConn,
-        pool: Arc<ConnectionPool>,
+        pool: Arc<dyn CheckIn>,
         length: u64,
         keep_alive: bool,
     ) -> UpstreamBody {
@@ -80,11 +90,7 @@ impl UpstreamBody {
         Self::streaming(conn, pool, Remaining::Length(length), keep_alive)
     }
 
-    pub fn chunked(
-        conn: UpstreamConn,
-        pool: Arc<ConnectionPool>,
-        keep_alive: bool,
-    ) -> UpstreamBody {
+    pub fn chunked(conn: UpstreamConn, pool: Arc<dyn CheckIn>, keep_alive: bool) -> UpstreamBody {
         Self::streaming(
             conn,
             pool,
@@ -93,13 +99,13 @@ impl UpstreamBody {
         )
     }
 
-    pub fn until_close(conn: UpstreamConn, pool: Arc<ConnectionPool>) -> UpstreamBody {
+    pub fn until_close(conn: UpstreamConn, pool: Arc<dyn CheckIn>) -> UpstreamBody {
         Self::streaming(conn, pool, Remaining::UntilClose, false)
     }
 
     fn streaming(
         conn: UpstreamConn,
-        pool: Arc<ConnectionPool>,
+        pool: Arc<dyn CheckIn>,
         remaining: Remaining,
         keep_alive: bool,
     ) -> UpstreamBody {
@@ -227,9 +233,9 @@ impl Body for UpstreamBody {
     }
 }
 
-/// Ends the body's hold on its connection ([`ConnectionPool::release`]).
-fn release(slot: &mut Option<UpstreamConn>, pool: &ConnectionPool, keep_alive: bool) {
+/// Ends the body's hold on its connection ([`CheckIn::check_in`]).
+fn release(slot: &mut Option<UpstreamConn>, pool: &Arc<dyn CheckIn>, keep_alive: bool) {
     if let Some(conn) = slot.take() {
-        pool.release(conn, keep_alive);
+        pool.check_in(conn, keep_alive);
     }
 }
