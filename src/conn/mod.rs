@@ -71,7 +71,7 @@ use crate::config::ServerConfig;
 use crate::conn::drain::{Drain, DrainWatch};
 use crate::http1::server::linger::{LingerSwitch, Lingering};
 use crate::http1::server::{self as h1, Rewind};
-use crate::proxy::body::ClientBody;
+use crate::proxy::body::{ClientBody, ClientConnection};
 use crate::proxy::handler::{Downstream, handle};
 use crate::worker::worker_count;
 
@@ -612,7 +612,7 @@ impl ConnActivity {
 
     /// The connection now belongs to an upgrade's tunnel: its shutdown must
     /// not linger (the tunnel still reads from it).
-    pub fn handed_to_tunnel(&self) {
+    fn handed_to_tunnel(&self) {
         self.linger.turn_off();
     }
 
@@ -625,10 +625,21 @@ impl ConnActivity {
     }
 
     /// Called when a request's response body ends.
-    pub fn request_finished(&self) {
+    fn request_finished(&self) {
         self.last_activity_ms
             .store(self.now_ms(), Ordering::Relaxed);
         self.in_flight.fetch_sub(1, Ordering::Relaxed);
+    }
+}
+
+/// What the pipeline tells the connection of its requests.
+impl ClientConnection for ConnActivity {
+    fn request_finished(&self) {
+        ConnActivity::request_finished(self);
+    }
+
+    fn handed_to_tunnel(&self) {
+        ConnActivity::handed_to_tunnel(self);
     }
 }
 

@@ -16,7 +16,6 @@ use bytes::Bytes;
 use http_body::{Body, Frame, SizeHint};
 use hyper::body::Incoming;
 
-use crate::conn::ConnActivity;
 use crate::http1::client::UpstreamBody;
 use crate::http1::client::exchange::OutgoingBody;
 use crate::limit::Permits;
@@ -185,11 +184,22 @@ impl Body for RequestBody {
     }
 }
 
+/// The client's connection a request came on, as the pipeline sees it: told
+/// when the request ends and when a tunnel takes the connection over. The
+/// connection layer implements it; the pipeline never names that layer.
+pub trait ClientConnection: Send + Sync + std::fmt::Debug {
+    /// The request's response ended (sent, or dropped): the connection is
+    /// idle again as far as this request goes.
+    fn request_finished(&self);
+    /// The connection now belongs to an upgrade's tunnel.
+    fn handed_to_tunnel(&self);
+}
+
 /// What happens when a request ends (its response body finished or dropped).
 #[derive(Debug, Default)]
 pub struct Completion {
     /// The connection the request came on, told that it is idle again.
-    pub connection: Option<Arc<ConnActivity>>,
+    pub connection: Option<Arc<dyn ClientConnection>>,
     /// Concurrency slots of the request, released by being dropped.
     pub permits: Permits,
 }

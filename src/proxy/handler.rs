@@ -36,7 +36,6 @@ use http_body_util::BodyExt;
 use crate::access_log::{self, AccessEntry};
 use crate::app::{App, RoutePlan, Snapshot};
 use crate::config::{Config, Consumer, LimitConfig, OnMissingKey, RouteAction, RouteConfig};
-use crate::conn::ConnActivity;
 use crate::http::field_lines::FieldLines;
 use crate::identity::body_fields::BodyFields;
 use crate::identity::client_ip::{client_net, resolve_with};
@@ -48,7 +47,9 @@ use crate::limit::{
     stack::INLINE as INLINE_STACK,
 };
 use crate::metrics::Metrics;
-use crate::proxy::body::{BodyCap, ClientBody, Completion, RequestBody, ResponseBody};
+use crate::proxy::body::{
+    BodyCap, ClientBody, ClientConnection, Completion, RequestBody, ResponseBody,
+};
 use crate::proxy::error::GatewayError;
 use crate::proxy::forward::{Prepared, Upstream};
 use crate::proxy::ratelimit;
@@ -77,7 +78,7 @@ pub async fn handle(
     app: &App,
     downstream: Downstream,
     request: Request<ClientBody>,
-    connection: Option<Arc<ConnActivity>>,
+    connection: Option<Arc<dyn ClientConnection>>,
 ) -> (Response<ResponseBody>, FieldLines) {
     let now = app.clock.now();
     let observation = Observation::start(downstream, &request, now);
