@@ -22,9 +22,9 @@ use crate::config::{Config, KeyPart, LimitConfig, RouteAction};
 use crate::identity::client_ip::{ClientIpPolicy, ForwardHeader, Trust};
 use crate::limit::{Algorithm, Clock, Limiter, Nanos, SystemClock, WindowAlign};
 use crate::metrics::{LabelNames, Metrics, RouteHandles};
-use crate::proxy::forward::{Upstream, Upstreams};
-use crate::proxy::ratelimit::{StackView, policy_header};
+use crate::ratelimit_policy::{StackView, policy_header};
 use crate::routing::Router;
+use crate::upstream::{Upstream, Upstreams};
 
 /// One named limit's state: the base limiter and one per plan that sets its
 /// own numbers (a plan's keys are counted against the plan's parameters).

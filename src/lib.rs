@@ -31,6 +31,7 @@ pub mod identity;
 pub mod limit;
 pub mod metrics;
 pub mod proxy;
+pub mod ratelimit_policy;
 pub mod reload;
 pub mod routing;
 pub mod summary;

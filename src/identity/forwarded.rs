@@ -1,7 +1,7 @@
 //! Parsing one entry of a forwarding header into an IP address.
 //!
 //! This module owns the byte-level grammar of `X-Forwarded-For` entries and
-//! RFC 7239 `Forwarded` elements; [`super::client_ip`] owns the *trust* walk
+//! RFC 7239 `Forwarded` elements; `client_ip` (which uses it) owns the *trust* walk
 //! over them. Keeping the two apart lets the walk be read (and reviewed for
 //! spoofing) without the parsing noise, and lets the fuzz target hammer the
 //! parser through the public walk.

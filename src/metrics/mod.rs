@@ -4,8 +4,8 @@
 //!
 //! # Why it lives outside the configuration snapshot
 //!
-//! [`App`](crate::app::App) owns the `Metrics`, not the
-//! [`Snapshot`](crate::app::Snapshot): counters must keep counting across
+//! `App` (`app.rs`, above this module) owns the `Metrics`, not the
+//! `Snapshot`: counters must keep counting across
 //! `SIGHUP` reloads (a reload that reset `tollgate_requests_total` would look
 //! like a process restart to `rate()`).
 //!
@@ -406,7 +406,8 @@ impl Metrics {
             .inc();
     }
 
-    /// An upstream failure; `kind` is [`GatewayError::upstream_kind`](crate::proxy::error::GatewayError::upstream_kind).
+    /// An upstream failure; `kind` is the pipeline's
+    /// `GatewayError::upstream_kind` (`connect`, `reset`, `timeout`).
     pub fn record_upstream_error(&self, upstream: &Arc<str>, kind: &'static str) {
         self.upstream_errors
             .get_or_create(&UpstreamErrorLabels {

@@ -1,5 +1,5 @@
-//! Forwarding to upstreams (RFC 9110 §7.6): a connection pool per upstream
-//! URL, round robin over them. What changes in the request on the way —
+//! Forwarding to upstreams (RFC 9110 §7.6): the pipeline's side of an
+//! [`Upstream`] (its pools and round robin are the upstream layer's). What changes in the request on the way —
 //! `Host`, `X-Forwarded-For` / `X-Forwarded-Proto` / `Forwarded`, hop-by-hop
 //! fields left out — is written straight into the upstream head
 //! ([`OwnFields`]) rather than edited in the header map. The response's
@@ -8,30 +8,20 @@
 use std::io::Write as _;
 use std::net::{IpAddr, SocketAddr};
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, Ordering};
 
 use super::body::RequestBody;
-use crate::config::UpstreamConfig;
 use crate::http::field_lines::FieldLines;
 use crate::http::hop_by_hop::{ConnectionToken, connection_tokens, is_hop_by_hop};
 use crate::http::structured::is_tchar;
 use crate::http1::client::{OwnFields, UpstreamBody};
 use crate::identity::normalize;
 use crate::proxy::error::GatewayError;
-use crate::upstream::pool::ConnectionPool;
+use crate::upstream::Upstream;
 use http::header::{self, HeaderMap, HeaderName, HeaderValue};
 use http::request::Parts;
 use http::uri::{PathAndQuery, Uri};
 use http::{Request, Response, Version};
-
-/// One upstream of a snapshot: its settings and a connection pool per URL.
-#[derive(Debug)]
-pub struct Upstream {
-    pub config: UpstreamConfig,
-    /// Aligned with `config.urls`.
-    pools: Vec<Arc<ConnectionPool>>,
-    next: AtomicUsize,
-}
 
 /// A request ready to go upstream, and the URL (pool) it was built for.
 #[derive(Debug)]
@@ -44,38 +34,6 @@ pub struct Prepared {
 }
 
 impl Upstream {
-    pub fn new(config: UpstreamConfig) -> Upstream {
-        let pools = config
-            .urls
-            .iter()
-            .map(|url| ConnectionPool::new(socket_address(url), config.connect_timeout))
-            .collect();
-        Upstream {
-            config,
-            pools,
-            next: AtomicUsize::new(0),
-        }
-    }
-
-    /// Closes idle upstream connections that expired or were closed by the
-    /// upstream.
-    pub fn prune_idle(&self) {
-        for pool in &self.pools {
-            pool.prune();
-        }
-    }
-
-    /// The next base URL's index, round robin.
-    fn pick(&self) -> usize {
-        let urls = self.config.urls.len();
-        // One URL: no turn to take. The counter is a cache line every
-        // worker would otherwise write on every request.
-        if urls == 1 {
-            return 0;
-        }
-        self.next.fetch_add(1, Ordering::Relaxed) % urls
-    }
-
     /// Sends the request upstream and waits for the response head, at most
     /// `timeout`. `body_exceeded` tells a body-cap abort (413) from a failure.
     /// The response body reads from the upstream connection as it is polled;
@@ -91,7 +49,7 @@ impl Upstream {
         body_exceeded: Option<Arc<AtomicBool>>,
         body_limit: u64,
     ) -> impl Future<Output = Result<(Response<UpstreamBody>, FieldLines), GatewayError>> + '_ {
-        let exchange = Box::pin(self.pools[prepared.url].send(prepared.request, prepared.own));
+        let exchange = Box::pin(self.pool(prepared.url).send(prepared.request, prepared.own));
         let timeout = self.config.timeout;
         async move {
             let name = &self.config.name;
@@ -160,18 +118,6 @@ impl Upstream {
         })
     }
 }
-
-/// The `host:port` to connect to for an upstream URL. `Uri::host` keeps an
-/// IPv6 literal's brackets, so the result is always connectable text.
-fn socket_address(url: &Uri) -> String {
-    // Validation guarantees an `http://` URL with an authority.
-    let host = url.host().unwrap_or("127.0.0.1");
-    let port = url.port_u16().unwrap_or(80);
-    format!("{host}:{port}")
-}
-
-/// Arc'd upstreams of a snapshot, by index in [`Config::upstreams`](crate::config::Config).
-pub type Upstreams = Vec<Arc<Upstream>>;
 
 /// The request target sent upstream, in origin form (`/prefix/path?query`):
 /// the upstream URL's path prefix, then the client's path and query.
@@ -423,18 +369,6 @@ mod tests {
             head.contains("forwarded: for=\"[2001:db8::1]\";proto=http;host=example.com\r\n"),
             "{head}"
         );
-    }
-
-    #[test]
-    fn socket_addresses_keep_ipv6_brackets() {
-        for (url, address) in [
-            ("http://127.0.0.1:8080/api", "127.0.0.1:8080"),
-            ("http://backend.internal", "backend.internal:80"),
-            ("http://[::1]:9000", "[::1]:9000"),
-            ("http://[2001:db8::5]/", "[2001:db8::5]:80"),
-        ] {
-            assert_eq!(socket_address(&url.parse().unwrap()), address, "{url}");
-        }
     }
 
     #[test]

@@ -51,10 +51,11 @@ use crate::proxy::body::{
     BodyCap, ClientBody, ClientConnection, Completion, RequestBody, ResponseBody,
 };
 use crate::proxy::error::GatewayError;
-use crate::proxy::forward::{Prepared, Upstream};
+use crate::proxy::forward::Prepared;
 use crate::proxy::ratelimit;
-use crate::proxy::ratelimit::StackView;
 use crate::proxy::upgrade;
+use crate::ratelimit_policy::StackView;
+use crate::upstream::Upstream;
 use crate::upstream::pool::PoolError;
 
 /// What the server knows about the connection a request came on.

@@ -6,7 +6,8 @@
 //! Header numbers per algorithm come from [`crate::limit::quota`],
 //! [`crate::limit::window_secs`] and the limits' verdicts, all in integer
 //! arithmetic; seconds are rounded up. `RateLimit-Policy` depends only on the
-//! configuration, so it is serialized once per snapshot ([`policy_header`]).
+//! configuration, so it is serialized once per snapshot
+//! ([`policy_header`](crate::ratelimit_policy::policy_header)).
 //! Shadow limits never appear in client-facing headers.
 
 use std::fmt::Write as _;
@@ -16,10 +17,10 @@ use http::{HeaderName, Response, StatusCode};
 
 use super::body::ResponseBody;
 use super::response::PROBLEM_JSON;
-use crate::config::{HeaderStyles, LimitConfig};
+use crate::config::LimitConfig;
 use crate::http::field_lines::FieldLines;
-use crate::http::structured::ListWriter;
-use crate::limit::{Algorithm, EntryVerdict, NANOS_PER_SEC, Nanos, Outcome, quota, window_secs};
+use crate::limit::{EntryVerdict, NANOS_PER_SEC, Nanos, Outcome, quota};
+use crate::ratelimit_policy::{StackView, is_concurrency, styles};
 
 static RATELIMIT: HeaderName = HeaderName::from_static("ratelimit");
 static RATELIMIT_POLICY: HeaderName = HeaderName::from_static("ratelimit-policy");
@@ -33,52 +34,6 @@ static TRIO_RESET: HeaderName = HeaderName::from_static("ratelimit-reset");
 /// Whole seconds, rounded up.
 pub fn ceil_secs(nanos: Nanos) -> u64 {
     nanos.div_ceil(NANOS_PER_SEC)
-}
-
-/// A route's stack as the headers see it: each limit with the algorithm in
-/// force for this request (a consumer's plan may change the numbers).
-#[derive(Debug, Clone, Copy)]
-pub struct StackView<'a> {
-    pub limits: &'a [&'a LimitConfig],
-    pub algorithms: &'a [Algorithm],
-    pub server: HeaderStyles,
-}
-
-/// The header styles in force for one limit.
-fn styles(limit: &LimitConfig, server: HeaderStyles) -> HeaderStyles {
-    limit.headers.unwrap_or(server)
-}
-
-fn is_concurrency(limit: &LimitConfig) -> bool {
-    matches!(limit.algorithm, Algorithm::Concurrency { .. })
-}
-
-/// `RateLimit-Policy` for a route's stack: every non-shadow limit whose
-/// styles include `draft`. `None` when no limit qualifies (or a name cannot be
-/// an sf-string, which validation prevents in practice).
-pub fn policy_header(view: StackView<'_>) -> Option<Box<str>> {
-    let mut text = String::with_capacity(32 * view.limits.len());
-    let mut list = ListWriter::new(&mut text);
-    for (limit, algorithm) in view.limits.iter().zip(view.algorithms) {
-        if limit.shadow || !styles(limit, view.server).draft {
-            continue;
-        }
-        let q = i64::try_from(quota(algorithm)).unwrap_or(i64::MAX);
-        let params = list.item_string(&limit.name).ok()?.param_int("q", q).ok()?;
-        match window_secs(algorithm) {
-            Some(w) => {
-                params
-                    .param_int("w", i64::try_from(w).unwrap_or(i64::MAX))
-                    .ok()?;
-            }
-            None => {
-                params.param_string("qu", "concurrent-requests").ok()?;
-            }
-        }
-    }
-    // The list writer emits only sf-strings, integers and tokens: always a
-    // valid field value.
-    (!text.is_empty()).then(|| text.into_boxed_str())
 }
 
 /// Writes the per-request rate-limit fields for a decided stack to `lines`
@@ -255,8 +210,10 @@ pub fn missing_key_response(limit: &LimitConfig, key: &str) -> Response<Response
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::config::HeaderStyles;
     use crate::config::OnMissingKey;
-    use crate::limit::{Rate, Verdict};
+    use crate::limit::{Algorithm, Rate, Verdict};
+    use crate::ratelimit_policy::policy_header;
 
     const S: Nanos = NANOS_PER_SEC;
 

@@ -1,4 +1,93 @@
-//! Connections to upstreams.
+//! Connections to upstreams: an [`Upstream`] of the configuration is a
+//! connection pool per URL ([`pool`]) and the round robin over them; a
+//! request's wait for its answer is bounded with a reused timer
+//! ([`deadline`]). What a request looks like on its way upstream is the
+//! pipeline's (`proxy::forward`).
 
 pub mod deadline;
 pub mod pool;
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+
+use http::Uri;
+
+use crate::config::UpstreamConfig;
+use pool::ConnectionPool;
+
+/// One upstream of a snapshot: its settings and a connection pool per URL.
+#[derive(Debug)]
+pub struct Upstream {
+    pub config: UpstreamConfig,
+    /// Aligned with `config.urls`.
+    pools: Vec<Arc<ConnectionPool>>,
+    next: AtomicUsize,
+}
+
+impl Upstream {
+    pub fn new(config: UpstreamConfig) -> Upstream {
+        let pools = config
+            .urls
+            .iter()
+            .map(|url| ConnectionPool::new(socket_address(url), config.connect_timeout))
+            .collect();
+        Upstream {
+            config,
+            pools,
+            next: AtomicUsize::new(0),
+        }
+    }
+
+    /// Closes idle upstream connections that expired or were closed by the
+    /// upstream.
+    pub fn prune_idle(&self) {
+        for pool in &self.pools {
+            pool.prune();
+        }
+    }
+
+    /// The next base URL's index, round robin.
+    pub(crate) fn pick(&self) -> usize {
+        let urls = self.config.urls.len();
+        // One URL: no turn to take. The counter is a cache line every
+        // worker would otherwise write on every request.
+        if urls == 1 {
+            return 0;
+        }
+        self.next.fetch_add(1, Ordering::Relaxed) % urls
+    }
+
+    /// The pool of base URL `url` (an index from [`Upstream::pick`]).
+    pub(crate) fn pool(&self, url: usize) -> &Arc<ConnectionPool> {
+        &self.pools[url]
+    }
+}
+
+/// The `host:port` to connect to for an upstream URL. `Uri::host` keeps an
+/// IPv6 literal's brackets, so the result is always connectable text.
+fn socket_address(url: &Uri) -> String {
+    // Validation guarantees an `http://` URL with an authority.
+    let host = url.host().unwrap_or("127.0.0.1");
+    let port = url.port_u16().unwrap_or(80);
+    format!("{host}:{port}")
+}
+
+/// Arc'd upstreams of a snapshot, by index in [`Config::upstreams`](crate::config::Config).
+pub type Upstreams = Vec<Arc<Upstream>>;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn socket_addresses_keep_ipv6_brackets() {
+        for (url, address) in [
+            ("http://127.0.0.1:8080/api", "127.0.0.1:8080"),
+            ("http://backend.internal", "backend.internal:80"),
+            ("http://[::1]:9000", "[::1]:9000"),
+            ("http://[2001:db8::5]/", "[2001:db8::5]:80"),
+        ] {
+            assert_eq!(socket_address(&url.parse().unwrap()), address, "{url}");
+        }
+    }
+}

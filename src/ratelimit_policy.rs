@@ -1,0 +1,55 @@
+//! A route's rate-limit stack as the response fields see it ([`StackView`])
+//! and its `RateLimit-Policy` field (draft-ietf-httpapi-ratelimit-headers-10),
+//! which depends only on the configuration and so is serialized once per
+//! snapshot (by `app`), below the pipeline that sends it
+//! (`proxy::ratelimit` writes the per-request fields).
+
+use crate::config::{HeaderStyles, LimitConfig};
+use crate::http::structured::ListWriter;
+use crate::limit::{Algorithm, quota, window_secs};
+
+/// A route's stack as the headers see it: each limit with the algorithm in
+/// force for this request (a consumer's plan may change the numbers).
+#[derive(Debug, Clone, Copy)]
+pub struct StackView<'a> {
+    pub limits: &'a [&'a LimitConfig],
+    pub algorithms: &'a [Algorithm],
+    pub server: HeaderStyles,
+}
+
+/// The header styles in force for one limit.
+pub(crate) fn styles(limit: &LimitConfig, server: HeaderStyles) -> HeaderStyles {
+    limit.headers.unwrap_or(server)
+}
+
+pub(crate) fn is_concurrency(limit: &LimitConfig) -> bool {
+    matches!(limit.algorithm, Algorithm::Concurrency { .. })
+}
+
+/// `RateLimit-Policy` for a route's stack: every non-shadow limit whose
+/// styles include `draft`. `None` when no limit qualifies (or a name cannot be
+/// an sf-string, which validation prevents in practice).
+pub fn policy_header(view: StackView<'_>) -> Option<Box<str>> {
+    let mut text = String::with_capacity(32 * view.limits.len());
+    let mut list = ListWriter::new(&mut text);
+    for (limit, algorithm) in view.limits.iter().zip(view.algorithms) {
+        if limit.shadow || !styles(limit, view.server).draft {
+            continue;
+        }
+        let q = i64::try_from(quota(algorithm)).unwrap_or(i64::MAX);
+        let params = list.item_string(&limit.name).ok()?.param_int("q", q).ok()?;
+        match window_secs(algorithm) {
+            Some(w) => {
+                params
+                    .param_int("w", i64::try_from(w).unwrap_or(i64::MAX))
+                    .ok()?;
+            }
+            None => {
+                params.param_string("qu", "concurrent-requests").ok()?;
+            }
+        }
+    }
+    // The list writer emits only sf-strings, integers and tokens: always a
+    // valid field value.
+    (!text.is_empty()).then(|| text.into_boxed_str())
+}
