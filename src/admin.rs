@@ -87,7 +87,7 @@ pub async fn serve(app: Arc<App>, listener: TcpListener, shutdown: watch::Receiv
 }
 
 /// The answer to one admin request.
-pub fn answer(app: &App, method: &Method, path: &str) -> Response<ResponseBody> {
+pub(crate) fn answer(app: &App, method: &Method, path: &str) -> Response<ResponseBody> {
     let known = matches!(path, "/metrics" | "/healthz" | "/readyz" | "/config");
     if !known {
         return problem(StatusCode::NOT_FOUND, &format!("no admin endpoint {path}"));
@@ -127,7 +127,7 @@ fn ok(body: String, content_type: &'static str) -> Response<ResponseBody> {
 }
 
 /// `/config`: the configuration serving now, and the last failed reload.
-pub fn config_json(app: &App) -> serde_json::Value {
+pub(crate) fn config_json(app: &App) -> serde_json::Value {
     let snapshot = app.snapshot();
     let last_error = app.last_reload_error().map(|error| {
         serde_json::json!({
@@ -146,7 +146,7 @@ pub fn config_json(app: &App) -> serde_json::Value {
 
 /// `time` as RFC 3339 in UTC with whole seconds, e.g. `2026-11-29T23:51:37Z`.
 /// Times before 1970 print as the epoch (the gateway never has any).
-pub fn rfc3339(time: SystemTime) -> String {
+pub(crate) fn rfc3339(time: SystemTime) -> String {
     let seconds = time
         .duration_since(UNIX_EPOCH)
         .map_or(0, |elapsed| elapsed.as_secs());

@@ -1,39 +1,76 @@
 //! tollgate: a rate-limiting reverse proxy and API gateway.
 //!
-//! # Architecture
+//! # Architecture: layers that point down
 //!
-//! A request goes through plain steps in a fixed order, each in its own module:
+//! Each folder is a layer, and a layer imports only the ones below it (no
+//! import cycle between files either; `rust_cycles.py` checks that):
 //!
-//! **accept** ([`conn`]) → **snapshot** ([`app`]) → **route** ([`routing`]) →
-//! **limit** ([`limit`]) → **forward** ([`proxy::forward`]) → **respond**
-//! ([`proxy::response`], errors via [`proxy::error`]) → **observe** ([`metrics`],
-//! [`access_log`]).
+//! 1. `http/` — wire vocabulary both sides share: field lines
+//!    (`http::field_lines`), the RFC 9651 writer (`http::structured`),
+//!    hop-by-hop rules, chunked framing, the cached `Date`.
+//! 2. [`http1`] — the HTTP/1.1 codec, bytes ↔ `http` types: the server side
+//!    ([`http1::server`]: the fast path, lingering close, the bytes handed
+//!    to hyper) and the upstream client (`http1::client`: head codec,
+//!    exchange, chunked decoder, response body). Generic over the request
+//!    body it builds or sends; it knows nothing of routes, limits, the app
+//!    or the pool (a finished response body gives its connection back
+//!    through a `CheckIn` the pool implements).
+//! 3. `upstream/` — connections to upstreams: an upstream's pool per URL
+//!    and the round robin over them, checkout and the retry rule, and the
+//!    reused deadline timers.
+//! 4. [`app`] — the shared state a request reads: the configuration
+//!    snapshot (swapped whole, `arc-swap`) and the limiter registry, which
+//!    lives outside the snapshot so a reload keeps its state.
+//! 5. `proxy/` — the pipeline: `proxy::handler::handle` and its steps, the
+//!    rate-limit fields and 429s, the forwarding header rules, upgrade
+//!    tunnels, the body types, and the one error → status mapping
+//!    (`proxy::error`). It learns of the client's connection only through
+//!    a `ClientConnection` the connection layer implements.
+//! 6. [`conn`] — listeners, the accept loop, worker threads, the
+//!    per-connection watchdog, graceful drain, and the hand-off from the
+//!    fast path to hyper.
+//! 7. [`admin`], [`reload`], and the binary (`main.rs`).
+//!
+//! Beside the layers, below the pipeline and never importing it: [`config`]
+//! (raw serde mirror → validated types), [`limit`] (the algorithms, pure
+//! functions of an injected clock, and the in-memory store), [`identity`]
+//! (client IP behind proxies, consumers, limit keys), [`routing`],
+//! [`metrics`], `access_log`, `ratelimit_policy` (a stack's
+//! `RateLimit-Policy`, built once per snapshot), [`summary`], and
+//! [`worker`] (which worker thread code runs on).
+//!
+//! # The life of a request
+//!
+//! **accept** ([`conn`]) → **parse** ([`http1::server`], or hyper for what
+//! the fast path hands off) → **snapshot** ([`app`]) → **guard** →
+//! **route** ([`routing`]) → **identify** ([`identity`]) → **limit**
+//! ([`limit`]) → **act**: answer, or forward (`proxy::forward` →
+//! `upstream/` → `http1::client`) → **respond** (`proxy::ratelimit`,
+//! `proxy::response`, errors via `proxy::error`) → **observe**
+//! ([`metrics`], `access_log`). `proxy::handler` calls the steps in this
+//! order, one function per step.
 //!
 //! With `workers = N > 1` a connection lives on one of N threads, each its
 //! own single-threaded runtime ([`conn`], [`worker`]); state that must be
 //! exact for the process (limiters, metrics, the snapshot) is shared.
-//!
-//! [`proxy::handler`] is the one function that calls these steps. Operators read the
-//! metrics, health and running configuration on a separate listener, [`admin`].
-//! Configuration ([`config`]) is validated whole and swapped whole
-//! (`arc-swap`); limiter state and metrics live outside the snapshot so a
-//! reload keeps them.
+//! Operators read the metrics, health and running configuration on a
+//! separate listener, [`admin`].
 
-pub mod access_log;
+pub(crate) mod access_log;
 pub mod admin;
 pub mod allocator;
 pub mod app;
 pub mod config;
 pub mod conn;
-pub mod http;
+pub(crate) mod http;
 pub mod http1;
 pub mod identity;
 pub mod limit;
 pub mod metrics;
-pub mod proxy;
-pub mod ratelimit_policy;
+pub(crate) mod proxy;
+pub(crate) mod ratelimit_policy;
 pub mod reload;
 pub mod routing;
 pub mod summary;
-pub mod upstream;
+pub(crate) mod upstream;
 pub mod worker;

@@ -38,7 +38,7 @@
 //!   changes: new addresses are bound (on every worker), removed ones stop
 //!   accepting on every worker (their open connections carry on).
 //! - **Drain**: on shutdown every worker closes its listeners (new connections
-//!   are refused) and starts the [`Drain`] the connections watch (an atomic
+//!   are refused) and starts the `Drain` the connections watch (an atomic
 //!   load per poll, where the shutdown `watch` channel would lock a list every
 //!   connection shares), open connections finish their in-flight request with
 //!   `Connection: close`, and the drain waits at most `shutdown_timeout` for
@@ -46,7 +46,7 @@
 //!   drain is over: a request draining on one worker may be using an upstream
 //!   connection whose task runs on another.
 
-pub mod drain;
+pub(crate) mod drain;
 
 use std::collections::HashMap;
 use std::io;
@@ -560,7 +560,7 @@ async fn accept_loop(shared: Shared, listener: TcpListener, mut stop: watch::Rec
 /// any deadline could fall (see `watchdog`) and looks at these marks when
 /// it wakes. A request costs a few relaxed atomics, not a timer.
 #[derive(Debug)]
-pub struct ConnActivity {
+pub(crate) struct ConnActivity {
     started: Instant,
     /// Requests whose response has not ended yet.
     in_flight: AtomicU32,

@@ -1,4 +1,11 @@
-//! Talking HTTP: forwarding to upstreams and building the gateway's own responses.
+//! The pipeline: what the gateway does with a request once it is parsed.
+//! [`handler`] calls the steps in their fixed order; the rate-limit fields
+//! and 429s ([`ratelimit`]), the gateway's own responses ([`response`]),
+//! the forwarding header rules ([`forward`]), upgrade tunnels ([`upgrade`]),
+//! the body types ([`body`]) and the error → status mapping ([`error`]) are
+//! its parts. Below it: the codec (`http1`), upstream connections
+//! (`upstream`), the shared state (`app`); above it only the connection
+//! layer (`conn`), which it knows as a [`body::ClientConnection`].
 
 pub mod body;
 pub mod error;

@@ -10,10 +10,10 @@
 //!
 //! [`exchange`] writes a request and reads the response head ([`head`]
 //! encodes and parses heads), [`response_body`] streams the body back and
-//! hands its connection back through [`CheckIn`], and [`chunked`] decodes the
+//! hands its connection back through [`CheckIn`](response_body::CheckIn), and [`chunked`] decodes the
 //! transfer coding. Which connection, and whether to retry, is the upstream
 //! layer's (`upstream::pool`); what a request body is, the pipeline's
-//! ([`OutgoingBody`]).
+//! ([`OutgoingBody`](exchange::OutgoingBody)).
 
 pub mod chunked;
 pub mod conn;
@@ -22,6 +22,5 @@ pub mod head;
 pub mod response_body;
 
 pub use conn::UpstreamConn;
-pub use exchange::OutgoingBody;
 pub use head::OwnFields;
-pub use response_body::{CheckIn, UpstreamBody};
+pub use response_body::UpstreamBody;

@@ -11,16 +11,16 @@
 //! body from one buffer, one `write` for a small response.
 //!
 //! It never has to get an edge case right, because it only serves requests it
-//! recognises as plain ([`parse`]'s short allow-list). At the first
+//! recognises as plain (`parse`'s short allow-list). At the first
 //! request that is anything else, it returns the bytes it has read
 //! ([`Ended::HandOff`]) and the caller gives the connection to hyper, which
 //! reads them again ([`Rewind`]) and serves the connection from then on:
 //! chunked and streamed uploads, `Expect: 100-continue`, upgrades, HTTP/1.0,
 //! every malformed head and its error answer stay hyper's. Responses are
-//! written by hyper's rules ([`encode_head`]), so a client sees the same bytes
+//! written by hyper's rules (`encode_head`), so a client sees the same bytes
 //! from either.
 
-pub mod linger;
+pub(crate) mod linger;
 mod request;
 mod response;
 mod rewind;
@@ -37,8 +37,8 @@ use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 
 use crate::http::chunked::LAST_CHUNK;
 use crate::http::field_lines::FieldLines;
-pub use request::{Parsed, parse};
-pub use response::{BodyLength, Framing, Head, encode_head};
+pub(crate) use request::{Parsed, parse};
+pub(crate) use response::{BodyLength, Framing, encode_head};
 pub use rewind::Rewind;
 
 /// Room for the reads of one connection (grown only while a head is longer).
@@ -104,7 +104,7 @@ pub trait Closing {
 /// a request needs hyper. `respond` answers a request with a response and
 /// the [`ExtraFields`] written into its head after the map's fields. I/O
 /// errors end the connection (returned for the log); nothing here panics on
-/// what a client sends. `R` is the caller's request body type (see [`parse`]).
+/// what a client sends. `R` is the caller's request body type (see `parse`).
 pub async fn serve<T, C, F, Fut, R, B, L>(
     io: &mut T,
     closing: &C,
