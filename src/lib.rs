@@ -29,7 +29,9 @@
 //! 6. [`conn`] — listeners, the accept loop, worker threads, the
 //!    per-connection watchdog, graceful drain, and the hand-off from the
 //!    fast path to hyper.
-//! 7. [`admin`], [`reload`], and the binary (`main.rs`).
+//! 7. [`admin`], [`reload`], [`gateway`] ([`run`]: the whole gateway as
+//!    one future over bound listeners, for the binary and for in-process
+//!    tests), and the binary (`main.rs`: command line, logging, signals).
 //!
 //! Beside the layers, below the pipeline and never importing it: [`config`]
 //! (raw serde mirror → validated types), [`limit`] (the algorithms, pure
@@ -62,6 +64,7 @@ pub mod allocator;
 pub mod app;
 pub mod config;
 pub mod conn;
+pub mod gateway;
 pub(crate) mod http;
 pub mod http1;
 pub mod identity;
@@ -74,3 +77,5 @@ pub mod routing;
 pub mod summary;
 pub(crate) mod upstream;
 pub mod worker;
+
+pub use gateway::{Listeners, run};

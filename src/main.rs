@@ -6,8 +6,9 @@ use std::process::ExitCode;
 
 use clap::{Parser, Subcommand, ValueEnum};
 use tokio::signal::unix::{SignalKind, signal};
-use tokio::sync::watch;
+use tokio::sync::oneshot;
 
+use tollgate::Listeners;
 use tollgate::app::App;
 use tollgate::config::Config;
 
@@ -105,52 +106,37 @@ fn run(config: Config, log_format: LogFormat) -> ExitCode {
                 return ExitCode::FAILURE;
             }
         };
-        let listeners = match tollgate::conn::bind(&config.server.listen) {
+        let listeners = match Listeners::bind(&config.server).await {
             Ok(listeners) => listeners,
             Err(error) => {
                 eprintln!("{error}");
                 return ExitCode::FAILURE;
             }
         };
-        let admin = match config.server.admin {
-            None => None,
-            Some(address) => match tollgate::admin::bind(address).await {
-                Ok(listener) => Some(listener),
-                Err(error) => {
-                    eprintln!("{error}");
-                    return ExitCode::FAILURE;
-                }
-            },
-        };
-        let path = config.path.clone();
-        let app = App::new(config);
-        let addresses: Vec<_> = listeners.iter().map(|l| l.local_addr()).collect();
-        let (shutdown_tx, shutdown_rx) = watch::channel(false);
-        let server = match tollgate::conn::start(app.clone(), listeners, shutdown_rx.clone()) {
-            Ok(server) => server,
-            Err(error) => {
-                eprintln!("cannot start {workers} workers: {error}");
-                return ExitCode::FAILURE;
-            }
-        };
-        for address in addresses.into_iter().flatten() {
+        for address in listeners.traffic_addrs().into_iter().flatten() {
             eprintln!("listening on http://{address}");
         }
-        if let Some(Ok(address)) = admin.as_ref().map(|l| l.local_addr()) {
+        if let Ok(Some(address)) = listeners.admin_addr() {
             eprintln!("admin on http://{address}");
         }
         init_logging(log_format);
-        if let Some(listener) = admin {
-            tokio::spawn(tollgate::admin::serve(
-                app.clone(),
-                listener,
-                shutdown_rx.clone(),
-            ));
+        let path = config.path.clone();
+        let app = App::new(config);
+        let (stop_tx, stop_rx) = oneshot::channel();
+        tokio::spawn(signals.dispatch(app.clone(), path, stop_tx));
+        let shutdown = async {
+            let _ = stop_rx.await;
+        };
+        match tollgate::run(listeners, app, shutdown).await {
+            Ok(()) => {
+                tracing::info!("stopped");
+                ExitCode::SUCCESS
+            }
+            Err(error) => {
+                eprintln!("cannot start {workers} workers: {error}");
+                ExitCode::FAILURE
+            }
         }
-        tokio::spawn(signals.dispatch(app.clone(), path, shutdown_tx));
-        server.run().await;
-        tracing::info!("stopped");
-        ExitCode::SUCCESS
     })
 }
 
@@ -175,7 +161,7 @@ impl Signals {
         mut self,
         app: std::sync::Arc<App>,
         path: PathBuf,
-        shutdown: watch::Sender<bool>,
+        shutdown: oneshot::Sender<()>,
     ) {
         loop {
             tokio::select! {
@@ -191,6 +177,6 @@ impl Signals {
             }
         }
         tracing::info!("shutting down: draining connections");
-        let _ = shutdown.send(true);
+        let _ = shutdown.send(());
     }
 }

@@ -4,26 +4,22 @@
 
 mod common;
 
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
-use common::{Gateway, TestUpstream, get};
+use common::{Gateway, InProcess, TestUpstream, gateway_toml, get};
 
+// These tests run everything on one thread (`workers = 1`, as
+// `gateway_toml` writes); the proxy tests run with the default, one worker
+// thread per core.
 fn gateway(upstream: &TestUpstream, limits_and_routes: &str) -> Gateway {
-    Gateway::start(&format!(
-        r#"
-[server]
-listen = "127.0.0.1:0"
-# These tests run everything on the main thread (`workers = 1`); the proxy
-# tests run with the default, one worker thread per core.
-workers = 1
+    Gateway::start(&gateway_toml(upstream, "", limits_and_routes))
+}
 
-[upstreams.api]
-url = "{}"
-
-{limits_and_routes}
-"#,
-        upstream.url()
-    ))
+/// The gateway in this process, for the tests that wait on the limiter's
+/// time: under `start_paused`, their sleeps take no real time and move the
+/// limiter's clock exactly as far.
+async fn in_process(upstream: &TestUpstream, limits_and_routes: &str) -> InProcess {
+    InProcess::start(&gateway_toml(upstream, "", limits_and_routes)).await
 }
 
 fn json_header_list(value: Option<&str>) -> Vec<String> {
@@ -389,10 +385,10 @@ upstream = "api"
 limits = ["one_at_a_time"]
 "#;
 
-#[tokio::test]
+#[tokio::test(start_paused = true)]
 async fn concurrency_slots_are_held_until_the_response_ends() {
     let upstream = TestUpstream::start().await;
-    let gw = gateway(&upstream, ONE_AT_A_TIME);
+    let gw = in_process(&upstream, ONE_AT_A_TIME).await;
     let addr = gw.addr;
     let slow = tokio::spawn(async move { get(addr, "/slow/800", &[]).await });
     tokio::time::sleep(Duration::from_millis(300)).await;
@@ -489,13 +485,13 @@ limits = ["once"]
     assert_eq!(upstream.count(), 1, "no upload reached the upstream");
 }
 
-#[tokio::test]
+#[tokio::test(start_paused = true)]
 async fn a_client_that_hangs_up_releases_its_concurrency_slot() {
     // The gateway watches the connection while a request waits for its
     // upstream: a client that closes it cancels the request, and its slot is
     // free long before the slow upstream would have answered.
     let upstream = TestUpstream::start().await;
-    let gw = gateway(&upstream, ONE_AT_A_TIME);
+    let gw = in_process(&upstream, ONE_AT_A_TIME).await;
     let mut client = tokio::net::TcpStream::connect(gw.addr).await.unwrap();
     tokio::io::AsyncWriteExt::write_all(
         &mut client,
@@ -510,24 +506,20 @@ async fn a_client_that_hangs_up_releases_its_concurrency_slot() {
         "slot not taken"
     );
     drop(client);
-    let deadline = Instant::now() + Duration::from_secs(5);
-    loop {
-        let status = get(gw.addr, "/fast", &[]).await.status;
-        if status == 200 {
-            break;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "the slot was still held 5 s after the client left (status {status})"
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    // Paused time: the gateway sees the close as soon as it runs again, long
+    // before the upstream's 10 s are up.
+    tokio::time::sleep(Duration::from_millis(1)).await;
+    assert_eq!(
+        get(gw.addr, "/fast", &[]).await.status,
+        200,
+        "the slot was still held after the client left"
+    );
 }
 
-#[tokio::test]
+#[tokio::test(start_paused = true)]
 async fn leaky_bucket_delay_mode_spaces_requests() {
     let upstream = TestUpstream::start().await;
-    let gw = gateway(
+    let gw = in_process(
         &upstream,
         r#"
 [limits.smooth]
@@ -543,8 +535,9 @@ match = { path_prefix = "/" }
 upstream = "api"
 limits = ["smooth"]
 "#,
-    );
-    let started = Instant::now();
+    )
+    .await;
+    let started = tokio::time::Instant::now();
     let mut tasks = Vec::new();
     for _ in 0..4 {
         let addr = gw.addr;
@@ -566,10 +559,14 @@ limits = ["smooth"]
     let denied = results.iter().filter(|(s, _)| *s == 429).count();
     // capacity + 1 = 3 pass (one at once, two queued 250 ms apart), the 4th overflows.
     assert_eq!((passed.len(), denied), (3, 1), "{results:?}");
-    let slowest = passed.iter().max().unwrap();
-    assert!(
-        *slowest >= Duration::from_millis(450),
-        "queued requests were not delayed: {results:?}"
+    // Paused time: the delays are exact. Sent at 0, 10 and 20 ms, they leave
+    // one emission interval (250 ms at 4/s) apart from the first.
+    let mut passed = passed;
+    passed.sort();
+    assert_eq!(
+        passed,
+        [0, 250, 500].map(Duration::from_millis),
+        "queued requests were not spaced: {results:?}"
     );
 }
 

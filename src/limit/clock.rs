@@ -2,7 +2,8 @@
 //!
 //! Every algorithm is a pure function of `now`, so the clock is injected: the
 //! HTTP layer reads [`Clock::now`] once per request and passes the value down,
-//! and tests drive a [`ManualClock`] instead of sleeping.
+//! and tests drive a [`ManualClock`] instead of sleeping (or, end to end, a
+//! [`TokioClock`] under tokio's paused clock).
 //!
 //! Time is [`Nanos`] since the Unix epoch because windows are aligned to the
 //! epoch (a `"1m"` window starts at every whole minute of wall-clock time).
@@ -104,6 +105,35 @@ impl Clock for ManualClock {
     }
 }
 
+/// tokio's clock (`tokio::time::Instant`), anchored at an epoch time given
+/// at construction. With tokio's clock paused (`tokio::time::pause`, in
+/// tests), the limiter's time moves exactly as far as tokio's timers do, so
+/// an end-to-end test that waits for a window to pass waits for nothing.
+#[derive(Debug, Clone)]
+pub struct TokioClock {
+    anchor: Nanos,
+    start: tokio::time::Instant,
+}
+
+impl TokioClock {
+    /// Reads `anchor` (ns since the epoch) now; call it inside a runtime
+    /// when tokio's clock is paused, so both start together.
+    pub fn starting_at(anchor: Nanos) -> Self {
+        TokioClock {
+            anchor,
+            start: tokio::time::Instant::now(),
+        }
+    }
+}
+
+impl Clock for TokioClock {
+    fn now(&self) -> Nanos {
+        let elapsed = self.start.elapsed();
+        self.anchor
+            .saturating_add(u64::try_from(elapsed.as_nanos()).unwrap_or(u64::MAX))
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -116,6 +146,14 @@ mod tests {
         assert_eq!(c.now(), 15);
         c.set(3);
         assert_eq!(c.now(), 3);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn tokio_clock_moves_with_tokios_time() {
+        let c = TokioClock::starting_at(7);
+        assert_eq!(c.now(), 7);
+        tokio::time::advance(std::time::Duration::from_millis(1500)).await;
+        assert_eq!(c.now(), 7 + 1_500_000_000);
     }
 
     #[test]

@@ -37,7 +37,7 @@ pub mod stack;
 pub mod token_bucket;
 pub mod verdict;
 
-pub use clock::{Clock, ManualClock, SystemClock};
+pub use clock::{Clock, ManualClock, SystemClock, TokioClock};
 pub use concurrency::ConcurrencyPermit;
 pub use key::LimitKey;
 pub use memory::{Decision, Limiter};

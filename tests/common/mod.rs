@@ -1,6 +1,10 @@
-//! Test harness: the real `tollgate` binary on `127.0.0.1:0` with a config
-//! written by the test, a test upstream served by hyper in-process, and small
-//! HTTP clients (hyper for ordinary requests, raw TCP for malformed ones).
+//! Test harness: the gateway on `127.0.0.1:0` with a config written by the
+//! test — in this process ([`InProcess`], through `tollgate::run`, where
+//! paused tokio time drives the limiter's clock) or as the real binary
+//! ([`Gateway`], for the command line, signals and reloads) — a test
+//! upstream served by hyper in-process, one config builder
+//! ([`gateway_toml`]), and small HTTP clients (hyper for ordinary requests,
+//! raw TCP for malformed ones).
 #![allow(dead_code)]
 
 use std::collections::HashMap;
@@ -18,7 +22,82 @@ use hyper::{Request, Response};
 use hyper_util::rt::TokioIo;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
-use tokio::sync::Notify;
+use tokio::sync::{Notify, oneshot};
+use tollgate::app::App;
+use tollgate::config::Config;
+use tollgate::limit::{NANOS_PER_SEC, TokioClock};
+
+/// The limiter's time when an in-process gateway starts: a whole day since
+/// the epoch (2023-11-15T00:00:00Z), so epoch-aligned windows start with it.
+pub const IN_PROCESS_EPOCH: u64 = 19_676 * 86_400 * NANOS_PER_SEC;
+
+/// A `gateway.toml` for tests: `[server]` on `127.0.0.1:0` with one worker
+/// and the `server` lines, upstream `api` at `upstream`, then `rest`
+/// (limits, routes, consumers…).
+pub fn gateway_toml(upstream: &TestUpstream, server: &str, rest: &str) -> String {
+    format!(
+        "[server]\nlisten = \"127.0.0.1:0\"\nworkers = 1\n{server}\n\n\
+         [upstreams.api]\nurl = \"{}\"\n\n{rest}",
+        upstream.url()
+    )
+}
+
+/// The gateway running inside the test, on the test's runtime, started by
+/// `tollgate::run` on the listeners of `config` (port 0). Its limiter clock
+/// is tokio's ([`TokioClock`], from [`IN_PROCESS_EPOCH`]): in a
+/// `#[tokio::test(start_paused = true)]` test, `tokio::time::sleep` moves
+/// the limiter's time as far as it sleeps, instantly. One worker whatever
+/// the config says (the process never fixes `worker::init`). Drained when
+/// [`InProcess::stop`] is awaited; stopped when dropped.
+pub struct InProcess {
+    pub addr: SocketAddr,
+    pub admin: Option<SocketAddr>,
+    pub app: Arc<App>,
+    stop: Option<oneshot::Sender<()>>,
+    task: tokio::task::JoinHandle<std::io::Result<()>>,
+}
+
+impl InProcess {
+    pub async fn start(config: &str) -> InProcess {
+        let config = Config::from_bytes(std::path::Path::new("gateway.toml"), config.as_bytes())
+            .unwrap_or_else(|error| panic!("{error}"));
+        let listeners = tollgate::Listeners::bind(&config.server)
+            .await
+            .expect("bind the listeners");
+        let addr = listeners.traffic_addrs().expect("address")[0];
+        let admin = listeners.admin_addr().expect("admin address");
+        let app = App::with_clock(config, Arc::new(TokioClock::starting_at(IN_PROCESS_EPOCH)));
+        let (stop, stopped) = oneshot::channel::<()>();
+        let shutdown = async {
+            let _ = stopped.await;
+        };
+        let task = tokio::spawn(tollgate::run(listeners, app.clone(), shutdown));
+        InProcess {
+            addr,
+            admin,
+            app,
+            stop: Some(stop),
+            task,
+        }
+    }
+
+    /// Signals the shutdown and waits for the drain to finish.
+    pub async fn stop(mut self) {
+        if let Some(stop) = self.stop.take() {
+            let _ = stop.send(());
+        }
+        (&mut self.task)
+            .await
+            .expect("the gateway task")
+            .expect("the gateway ran");
+    }
+}
+
+impl Drop for InProcess {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
 
 /// A running `tollgate run` process; killed when dropped.
 pub struct Gateway {

@@ -1,0 +1,88 @@
+//! The whole gateway as one future: [`run`] serves already-bound
+//! [`Listeners`] with an [`App`] until a shutdown future completes, then
+//! drains. The binary is a thin shell around it (command line, logging,
+//! signals); end-to-end tests call it in-process on port 0, where they can
+//! pause tokio's clock and drive the limiter's clock from it (the clock is
+//! injected: [`App::with_clock`]), as mini-redis's `server::run` lets its
+//! tests do.
+
+use std::future::Future;
+use std::io;
+use std::net::SocketAddr;
+use std::sync::Arc;
+
+use tokio::net::TcpListener;
+use tokio::sync::watch;
+
+use crate::app::App;
+use crate::config::ServerConfig;
+use crate::{admin, conn};
+
+/// The sockets a gateway serves, bound before it runs (so a caller learns the
+/// ports chosen for port 0, and a bind error comes before anything starts).
+#[derive(Debug)]
+pub struct Listeners {
+    /// `[server] listen`, one socket per worker each ([`conn::bind`]).
+    pub traffic: Vec<conn::Listener>,
+    /// `[server] admin`, if configured.
+    pub admin: Option<TcpListener>,
+}
+
+impl Listeners {
+    /// Binds `server.listen` and `server.admin`. Errors name the address.
+    /// Call it from within a tokio runtime (the admin listener registers
+    /// with it).
+    pub async fn bind(server: &ServerConfig) -> io::Result<Listeners> {
+        let traffic = conn::bind(&server.listen)?;
+        let admin = match server.admin {
+            None => None,
+            Some(address) => Some(admin::bind(address).await?),
+        };
+        Ok(Listeners { traffic, admin })
+    }
+
+    /// The traffic addresses actually bound, in configuration order.
+    pub fn traffic_addrs(&self) -> io::Result<Vec<SocketAddr>> {
+        self.traffic
+            .iter()
+            .map(conn::Listener::local_addr)
+            .collect()
+    }
+
+    /// The admin address actually bound, if there is an admin listener.
+    pub fn admin_addr(&self) -> io::Result<Option<SocketAddr>> {
+        self.admin.as_ref().map(TcpListener::local_addr).transpose()
+    }
+}
+
+/// Serves `listeners` with `app` until `shutdown` completes, then drains
+/// (in-flight requests finish, at most `shutdown_timeout`) and returns.
+/// Reloads are the caller's: [`App::install`] a new configuration and the
+/// running gateway applies it, listeners included. Fails only when the
+/// worker threads cannot be started. Call it from within a tokio runtime;
+/// with `workers = 1` everything runs on that runtime.
+pub async fn run(
+    listeners: Listeners,
+    app: Arc<App>,
+    shutdown: impl Future<Output = ()>,
+) -> io::Result<()> {
+    let (stop_tx, stop_rx) = watch::channel(false);
+    let server = conn::start(app.clone(), listeners.traffic, stop_rx.clone())?;
+    let admin = listeners
+        .admin
+        .map(|listener| tokio::spawn(admin::serve(app, listener, stop_rx)));
+    let serving = server.run();
+    tokio::pin!(serving);
+    tokio::select! {
+        // Not before the shutdown: the server runs until it is signalled.
+        () = &mut serving => {}
+        () = shutdown => {
+            let _ = stop_tx.send(true);
+            serving.await;
+        }
+    }
+    if let Some(admin) = admin {
+        let _ = admin.await;
+    }
+    Ok(())
+}
