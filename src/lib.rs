@@ -27,6 +27,7 @@ pub mod config;
 pub mod deadline;
 pub mod drain;
 pub mod error;
+pub mod explain;
 pub mod h1;
 pub mod handler;
 pub mod identity;

@@ -57,6 +57,9 @@ fn main() -> ExitCode {
     match cli.command.unwrap_or(Command::Run) {
         Command::Check => {
             print!("{}", tollgate::summary::render(&config));
+            for warning in tollgate::config::warnings::bypass_warnings(&config) {
+                eprintln!("warning: {warning}");
+            }
             ExitCode::SUCCESS
         }
         Command::Run => run(config, cli.log_format),
@@ -108,7 +111,10 @@ fn run(config: Config, log_format: LogFormat) -> ExitCode {
         let listeners = match tollgate::server::bind(&config.server.listen) {
             Ok(listeners) => listeners,
             Err(error) => {
-                eprintln!("{error}");
+                eprintln!(
+                    "{}",
+                    config.problem_at(&["server", "listen"], error.to_string())
+                );
                 return ExitCode::FAILURE;
             }
         };
@@ -117,7 +123,10 @@ fn run(config: Config, log_format: LogFormat) -> ExitCode {
             Some(address) => match tollgate::admin::bind(address).await {
                 Ok(listener) => Some(listener),
                 Err(error) => {
-                    eprintln!("{error}");
+                    eprintln!(
+                        "{}",
+                        config.problem_at(&["server", "admin"], error.to_string())
+                    );
                     return ExitCode::FAILURE;
                 }
             },
@@ -140,6 +149,9 @@ fn run(config: Config, log_format: LogFormat) -> ExitCode {
             eprintln!("admin on http://{address}");
         }
         init_logging(log_format);
+        for warning in tollgate::config::warnings::bypass_warnings(&app.snapshot().config) {
+            tracing::warn!("{warning}");
+        }
         if let Some(listener) = admin {
             tokio::spawn(tollgate::admin::serve(
                 app.clone(),
