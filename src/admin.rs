@@ -10,6 +10,7 @@
 //! | `GET /healthz` | 200 while the process runs |
 //! | `GET /readyz` | 200, or 503 while the store is down with `on_failure = "deny"` ([`App::is_ready`]) |
 //! | `GET /config` | `{"path","sha256","loaded_at","generation","last_error"}` of the configuration serving |
+//! | `GET /limits/NAME?key=VALUE` | one key's state of limit NAME, charging nothing ([`crate::explain`]) |
 //!
 //! Other paths are 404, other methods 405, both problem+json. HTTP/1.1 only.
 //! The listener closes when the traffic drain starts; open admin connections
@@ -29,6 +30,7 @@ use tokio::net::TcpListener;
 use tokio::sync::{Semaphore, watch};
 
 use crate::app::App;
+use crate::explain::{ExplainError, explain};
 use crate::proxy::body::ResponseBody;
 use crate::proxy::response::problem;
 
@@ -61,7 +63,8 @@ pub async fn serve(app: Arc<App>, listener: TcpListener, shutdown: watch::Receiv
         let mut shutdown = shutdown.clone();
         tokio::spawn(async move {
             let service = service_fn(move |request: Request<hyper::body::Incoming>| {
-                let response = answer(&app, request.method(), request.uri().path());
+                let target = request.uri().path_and_query().map_or("/", |pq| pq.as_str());
+                let response = answer(&app, request.method(), target);
                 async move { Ok::<_, std::convert::Infallible>(response) }
             });
             let mut builder = http1::Builder::new();
@@ -86,9 +89,16 @@ pub async fn serve(app: Arc<App>, listener: TcpListener, shutdown: watch::Receiv
     }
 }
 
-/// The answer to one admin request.
-pub(crate) fn answer(app: &App, method: &Method, path: &str) -> Response<ResponseBody> {
-    let known = matches!(path, "/metrics" | "/healthz" | "/readyz" | "/config");
+/// The answer to one admin request for `target` (path and query).
+pub(crate) fn answer(app: &App, method: &Method, target: &str) -> Response<ResponseBody> {
+    let (path, query) = match target.split_once('?') {
+        Some((path, query)) => (path, Some(query)),
+        None => (target, None),
+    };
+    let limit = path
+        .strip_prefix("/limits/")
+        .filter(|name| !name.is_empty());
+    let known = matches!(path, "/metrics" | "/healthz" | "/readyz" | "/config") || limit.is_some();
     if !known {
         return problem(StatusCode::NOT_FOUND, &format!("no admin endpoint {path}"));
     }
@@ -101,6 +111,9 @@ pub(crate) fn answer(app: &App, method: &Method, path: &str) -> Response<Respons
             .headers_mut()
             .insert(ALLOW, HeaderValue::from_static("GET, HEAD"));
         return response;
+    }
+    if let Some(limit) = limit {
+        return explain_limit(app, limit, query);
     }
     match path {
         "/metrics" => {
@@ -115,6 +128,19 @@ pub(crate) fn answer(app: &App, method: &Method, path: &str) -> Response<Respons
             "the limiter store is down and store.on_failure is \"deny\"",
         ),
         _ => ok(config_json(app).to_string(), "application/json"),
+    }
+}
+
+/// `/limits/NAME?key=VALUE`: one key's state, charging nothing ([`explain`]).
+fn explain_limit(app: &App, limit: &str, query: Option<&str>) -> Response<ResponseBody> {
+    let limit = String::from_utf8_lossy(&crate::identity::body_fields::percent_decode(
+        limit.as_bytes(),
+    ))
+    .into_owned();
+    match explain(&app.snapshot(), &limit, query, app.clock.now()) {
+        Ok(state) => ok(state.to_string(), "application/json"),
+        Err(ExplainError::UnknownLimit(message)) => problem(StatusCode::NOT_FOUND, &message),
+        Err(ExplainError::BadKey(message)) => problem(StatusCode::BAD_REQUEST, &message),
     }
 }
 

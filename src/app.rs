@@ -315,6 +315,9 @@ impl App {
         let registry = LimiterRegistry::default();
         let limiters = registry.resolve(&config.limits, clock.now());
         let metrics = Arc::new(Metrics::new());
+        metrics.expose_store_errors(match config.store.backend {
+            crate::config::StoreBackend::Memory => "memory",
+        });
         Arc::new(App {
             snapshot: ArcSwap::from_pointee(Snapshot::new(config, 1, limiters, &metrics)),
             generation: AtomicU64::new(1),

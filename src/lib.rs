@@ -64,6 +64,7 @@ pub mod allocator;
 pub mod app;
 pub mod config;
 pub mod conn;
+pub(crate) mod explain;
 pub mod gateway;
 pub(crate) mod http;
 pub mod http1;

@@ -58,6 +58,9 @@ fn main() -> ExitCode {
     match cli.command.unwrap_or(Command::Run) {
         Command::Check => {
             print!("{}", tollgate::summary::render(&config));
+            for warning in tollgate::config::warnings::bypass_warnings(&config) {
+                eprintln!("warning: {warning}");
+            }
             ExitCode::SUCCESS
         }
         Command::Run => run(config, cli.log_format),
@@ -109,7 +112,14 @@ fn run(config: Config, log_format: LogFormat) -> ExitCode {
         let listeners = match Listeners::bind(&config.server).await {
             Ok(listeners) => listeners,
             Err(error) => {
-                eprintln!("{error}");
+                // The admin listener's bind error names its key; any other
+                // is the traffic listener's.
+                let key = if error.to_string().contains("(server.admin)") {
+                    "admin"
+                } else {
+                    "listen"
+                };
+                eprintln!("{}", config.problem_at(&["server", key], error.to_string()));
                 return ExitCode::FAILURE;
             }
         };
@@ -122,6 +132,9 @@ fn run(config: Config, log_format: LogFormat) -> ExitCode {
         init_logging(log_format);
         let path = config.path.clone();
         let app = App::new(config);
+        for warning in tollgate::config::warnings::bypass_warnings(&app.snapshot().config) {
+            tracing::warn!("{warning}");
+        }
         let (stop_tx, stop_rx) = oneshot::channel();
         tokio::spawn(signals.dispatch(app.clone(), path, stop_tx));
         let shutdown = async {

@@ -39,6 +39,9 @@ pub fn reload(app: &App, path: &Path) {
                     "reload: `{key}` changed; the new value takes effect after a restart"
                 );
             }
+            for warning in crate::config::warnings::bypass_warnings(&config) {
+                tracing::warn!("{warning}");
+            }
             // Bookkeeping first, the swap last: whoever sees the new
             // generation in `/config` also sees the error cleared and the
             // counters and gauge moved.

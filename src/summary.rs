@@ -133,7 +133,8 @@ fn rate(rate: &Rate) -> String {
     format!("{}/{}", rate.tokens, seconds(rate.per))
 }
 
-fn algorithm(algorithm: &Algorithm) -> String {
+/// One line for a limit's algorithm and numbers: `token_bucket capacity 20, refill 10/s`.
+pub fn algorithm(algorithm: &Algorithm) -> String {
     match algorithm {
         Algorithm::FixedWindow { limit, window } => {
             format!("fixed_window {limit}/{}", seconds(*window))

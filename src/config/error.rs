@@ -239,6 +239,79 @@ pub fn explain_serde_message(message: &str) -> String {
     message.to_owned()
 }
 
+/// Rewrites serde's "invalid type: X, expected Y" into the form the user
+/// should have written, for the keys people most often get wrong (found by
+/// trying the README as a new user: `[routes]` for `[[routes]]`, a string
+/// where a list or a number belongs, a bare number for a rate or duration).
+/// `None`: no better words than serde's.
+pub fn explain_type_error(path: &KeyPath, message: &str) -> Option<String> {
+    let rest = message.trim().strip_prefix("invalid type: ")?;
+    let (found, _) = rest.split_once(", expected ")?;
+    let PathSegment::Key(key) = path.0.last()? else {
+        return None;
+    };
+    let key = key.as_str();
+    // What the user wrote, without serde's decoration: `10`, "20".
+    let literal = found
+        .split_once(' ')
+        .map(|(_, v)| v.trim_matches(|c| c == '`' || c == '"'))
+        .unwrap_or("");
+    let top = path.0.len() == 1;
+    let is = |kind: &str| found.starts_with(kind);
+    let text = match key {
+        "routes" if top && is("map") => {
+            "routes are a list of tables: write `[[routes]]` (two brackets) above each route, \
+             not `[routes]`"
+                .to_owned()
+        }
+        "limits" | "upstreams" | "consumers" if top && is("sequence") => {
+            let one = key.trim_end_matches('s');
+            format!(
+                "each {one} is a named table: write `[{key}.NAME]` (one bracket, with a name), \
+                 not `[[{key}]]`"
+            )
+        }
+        "limits" | "methods" | "upgrades" | "trusted_cidrs" | "headers" if is("string") => {
+            format!("a list is expected: write `{key} = [\"{literal}\"]`")
+        }
+        "limit" | "capacity" | "max" | "cost" | "lease" | "trusted_hops" | "workers"
+        | "max_connections" | "ipv4_prefix" | "ipv6_prefix" | "status"
+            if is("string") =>
+        {
+            format!("a number is expected: write `{key} = {literal}` (without quotes)")
+        }
+        "refill" | "rate" if is("integer") || is("float") => {
+            format!(
+                "a rate is a string with a unit: write `{key} = \"{literal}/s\"` \
+                 (or \"/m\", \"/h\", \"/d\")"
+            )
+        }
+        "window"
+        | "timeout"
+        | "connect_timeout"
+        | "read_timeout"
+        | "shutdown_timeout"
+        | "header_read_timeout"
+        | "body_read_timeout"
+        | "idle_timeout"
+        | "reset_jitter"
+            if is("integer") || is("float") =>
+        {
+            format!(
+                "a duration is a string with a unit: write `{key} = \"{literal}s\"` \
+                 (or \"ms\", \"m\", \"h\", \"d\")"
+            )
+        }
+        "match" if is("string") => {
+            "a route's match is a table: write `match = { path_prefix = \"/api\" }` \
+             (keys: path, path_prefix, methods, host, header)"
+                .to_owned()
+        }
+        _ => return None,
+    };
+    Some(text)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -274,5 +347,54 @@ mod tests {
             "routes[1].name"
         );
         assert_eq!(path.to_string(), "routes[1].limits");
+    }
+
+    #[test]
+    fn type_errors_get_the_right_form() {
+        let at = |keys: &[&str]| {
+            let mut path = KeyPath::default();
+            for key in keys {
+                path = path.key(key);
+            }
+            path
+        };
+        let cases = [
+            (
+                at(&["routes"]),
+                "invalid type: map, expected a sequence",
+                "write `[[routes]]`",
+            ),
+            (
+                at(&["limits", "per_key", "capacity"]),
+                "invalid type: string \"20\", expected u64",
+                "write `capacity = 20` (without quotes)",
+            ),
+            (
+                at(&["limits", "per_key", "refill"]),
+                "invalid type: integer `10`, expected a string",
+                "write `refill = \"10/s\"`",
+            ),
+            (
+                at(&["limits", "w", "window"]),
+                "invalid type: integer `60`, expected a string",
+                "write `window = \"60s\"`",
+            ),
+            (
+                at(&["limits"]),
+                "invalid type: sequence, expected a map",
+                "write `[limits.NAME]`",
+            ),
+        ];
+        for (path, message, wanted) in cases {
+            let text = explain_type_error(&path, message).unwrap_or_default();
+            assert!(text.contains(wanted), "{path}: {text}");
+        }
+        assert_eq!(
+            explain_type_error(
+                &at(&["name"]),
+                "invalid type: integer `1`, expected a string"
+            ),
+            None
+        );
     }
 }

@@ -10,6 +10,7 @@ pub mod error;
 pub mod raw;
 pub mod units;
 pub mod validate;
+pub mod warnings;
 
 use std::collections::HashMap;
 use std::net::SocketAddr;
@@ -231,5 +232,27 @@ impl Config {
 
     pub fn limit(&self, name: &str) -> Option<&LimitConfig> {
         self.limits.iter().find(|l| l.name == name)
+    }
+
+    /// A problem found after validation (e.g. `server.listen` cannot be
+    /// bound) located in this configuration's file like a validation error:
+    /// the file is read again for the key's line (a cold path).
+    pub fn problem_at(&self, key: &[&str], message: impl Into<String>) -> ConfigError {
+        let path = KeyPath(
+            key.iter()
+                .map(|k| error::PathSegment::Key((*k).to_owned()))
+                .collect(),
+        );
+        let mut problem = Problem::new(path, message);
+        if let Ok(text) = std::fs::read_to_string(&self.path)
+            && let Ok(document) = toml::de::DeTable::parse(&text)
+        {
+            problem.position = error::span_of(document.get_ref(), &problem.path)
+                .map(|span| error::line_column(&text, span.start));
+        }
+        ConfigError {
+            file: self.path.clone(),
+            problems: vec![problem],
+        }
     }
 }

@@ -13,7 +13,9 @@ use ipnet::IpNet;
 use sha2::{Digest, Sha256};
 use toml::de::DeTable;
 
-use super::error::{explain_serde_message, line_column, nearest, path_at, span_of};
+use super::error::{
+    explain_serde_message, explain_type_error, line_column, nearest, path_at, span_of,
+};
 use super::raw::{self, RawConfig, RawSize};
 use super::units::{parse_duration, parse_rate, parse_size};
 use super::*;
@@ -35,6 +37,8 @@ const ALGORITHMS: [&str; 6] = [
 /// Collects problems while walking the raw config.
 struct Checker {
     problems: Vec<Problem>,
+    /// Keys serde refused for their type (blanked before the retry).
+    mistyped: Vec<KeyPath>,
 }
 
 impl Checker {
@@ -182,6 +186,10 @@ pub fn validate(path: &Path, bytes: &[u8]) -> Result<Config, ConfigError> {
 
     let mut checker = Checker {
         problems: Vec::new(),
+        // A key whose value had the wrong type was blanked out before the
+        // retry: it is there, only mistyped, so "needs `capacity`" would
+        // mislead. Its own problem already says what to write.
+        mistyped: problems.iter().map(|p| p.path.clone()).collect(),
     };
     let config = check(&mut checker, path, bytes, &raw);
     for problem in &mut checker.problems {
@@ -221,6 +229,9 @@ fn deserialize(text: &str, document: &DeTable<'_>) -> (Option<RawConfig>, Vec<Pr
         };
         problem.position = Some(line_column(&text, span.start));
         problem.path = path_at(document, span.start);
+        if let Some(better) = explain_type_error(&problem.path, error.message()) {
+            problem.message = better;
+        }
         let repeated = problems.last() == Some(&problem);
         if !repeated {
             problems.push(problem);
@@ -671,6 +682,12 @@ fn check_key_part(c: &mut Checker, path: KeyPath, text: &str) -> Option<KeyPart>
             );
             if let Some(best) = nearest(kind, kinds) {
                 message.push_str(&format!(" (did you mean `{best}`?)"));
+            } else if name.is_none() && HeaderName::from_bytes(text.as_bytes()).is_ok() {
+                // `key = "x-api-key"`: a header name without its kind.
+                message.push_str(&format!(
+                    "; to key on a request header, write \"header:{}\"",
+                    text.to_ascii_lowercase()
+                ));
             }
             c.problem(path, message);
             None
@@ -885,7 +902,7 @@ fn check_algorithm(
                 ),
             );
         }
-        if !is_present && wanted.contains(&key) {
+        if !is_present && wanted.contains(&key) && !c.mistyped.contains(&at(key)) {
             c.problem(at("algorithm"), format!("{name} needs `{key}`"));
         }
     }

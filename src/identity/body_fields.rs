@@ -70,7 +70,7 @@ impl BodyFields {
 
 /// `application/x-www-form-urlencoded` decoding: `+` is a space, `%XX` a byte;
 /// a malformed escape is kept as written.
-fn percent_decode(input: &[u8]) -> Vec<u8> {
+pub(crate) fn percent_decode(input: &[u8]) -> Vec<u8> {
     let mut out = Vec::with_capacity(input.len());
     let mut i = 0;
     while i < input.len() {

@@ -55,6 +55,50 @@ pub fn extract(parts: &[KeyPart], request: &Parts, facts: &RequestFacts<'_>) -> 
     Some(LimitKey::digest(&values[..parts.len()]))
 }
 
+/// The digest a request would be counted under, from the values an operator
+/// gives for each part of `parts` (in order): an address for `ip` (masked as
+/// the client's would be, by `client`), the consumer or tenant name for
+/// `consumer`/`tenant`, the route name for `route`, and the raw header,
+/// query, cookie or body value otherwise. Used to explain a key's state
+/// (`/limits/NAME` on the admin listener) without the operator computing
+/// digests by hand; an `Err` says which value is wrong.
+pub fn digest_values(
+    parts: &[KeyPart],
+    values: &[&str],
+    client: impl Fn(IpAddr) -> IpNet,
+) -> Result<LimitKey, String> {
+    if values.len() != parts.len() {
+        return Err(format!(
+            "this limit's key has {} part(s), so give {} `key` value(s) in its order",
+            parts.len(),
+            parts.len()
+        ));
+    }
+    let mut bufs = [[0u8; 17]; 8];
+    let mut lens = [0usize; 8];
+    if parts.len() > bufs.len() {
+        return Err("a key has at most 8 parts".to_owned());
+    }
+    for (i, (part, value)) in parts.iter().zip(values).enumerate() {
+        if *part == KeyPart::Ip {
+            let ip: IpAddr = value
+                .trim_matches(|c| c == '[' || c == ']')
+                .parse()
+                .map_err(|_| format!("`{value}` is not an IP address (the `ip` part)"))?;
+            lens[i] = encode_net(client(ip), &mut bufs[i]);
+        }
+    }
+    let mut slices: [&[u8]; 8] = [&[]; 8];
+    for (i, (part, value)) in parts.iter().zip(values).enumerate() {
+        slices[i] = if *part == KeyPart::Ip {
+            &bufs[i][..lens[i]]
+        } else {
+            value.as_bytes()
+        };
+    }
+    Ok(LimitKey::digest(&slices[..parts.len()]))
+}
+
 /// The key every request without its key shares (`on_missing_key = "shared"`).
 pub fn shared_key() -> LimitKey {
     // A NUL byte cannot occur in a header, query or cookie value as received.

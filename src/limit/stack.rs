@@ -17,7 +17,8 @@
 //!    undo each charge;
 //! 3. if a non-shadow entry denied, undoes every charge in reverse order and
 //!    drops the concurrency permits taken, then reports the limits that would
-//!    have admitted with their state as it stands (uncharged);
+//!    have admitted as [`Outcome::DeniedByOther`], with their state as it
+//!    stands (uncharged);
 //! 4. unlocks. Nobody else observes the intermediate states.
 //!
 //! Shadow limits are decided and charged like the others when the request is
@@ -70,6 +71,10 @@ pub enum Outcome {
     ShadowDenied,
     /// No key: the limit did not apply.
     Skipped,
+    /// The limit would have admitted, but another limit of the stack denied
+    /// the request, so nothing was charged here: the request did not get
+    /// through, and counting it `Allowed` would overstate what passed.
+    DeniedByOther,
 }
 
 /// One entry's result.
@@ -223,6 +228,7 @@ fn check_many(entries: &[StackEntry<'_>], cost: u64, now: Nanos, decision: &mut 
             if r.outcome != Outcome::Allowed {
                 continue;
             }
+            r.outcome = Outcome::DeniedByOther;
             if let (Some(key), Some(shard)) = (entries[i].key, guards.get(guard_of[i])) {
                 r.verdict = entries[i].limiter.peek_in(shard, key, now);
                 r.verdict.allowed = true;
@@ -331,7 +337,7 @@ mod tests {
         let d = check_stack(&stack, 20, T0);
         assert!(!d.allowed);
         assert_eq!(d.denied_by, Some(1));
-        assert_eq!(d.entries[0].outcome, Outcome::Allowed);
+        assert_eq!(d.entries[0].outcome, Outcome::DeniedByOther);
         assert_eq!(d.entries[0].verdict.remaining, 20, "reported uncharged");
         assert_eq!(d.entries[1].verdict.remaining, 10);
         assert_eq!(per_key.live_keys(), 0, "the new key's charge was undone");

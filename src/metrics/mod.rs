@@ -68,6 +68,7 @@ pub fn outcome_label(outcome: Outcome) -> &'static str {
         Outcome::Denied => "denied",
         Outcome::ShadowDenied => "shadow_denied",
         Outcome::Skipped => "skipped",
+        Outcome::DeniedByOther => "denied_by_other",
     }
 }
 
@@ -154,7 +155,7 @@ const COMMON_STATUSES: [u16; 12] = [201, 204, 304, 400, 401, 403, 404, 429, 500,
 #[derive(Debug, Clone)]
 struct DecisionHandles {
     limit: Arc<str>,
-    by_outcome: [OnceLock<Counter>; 4],
+    by_outcome: [OnceLock<Counter>; 5],
 }
 
 fn outcome_index(outcome: Outcome) -> usize {
@@ -163,6 +164,7 @@ fn outcome_index(outcome: Outcome) -> usize {
         Outcome::Denied => 1,
         Outcome::ShadowDenied => 2,
         Outcome::Skipped => 3,
+        Outcome::DeniedByOther => 4,
     }
 }
 
@@ -422,6 +424,12 @@ impl Metrics {
         self.store_errors
             .get_or_create(&BackendLabels { backend })
             .inc();
+    }
+
+    /// Exports `tollgate_store_errors_total{backend}` at 0 before the first
+    /// error, so a dashboard's `rate()` has a series from the first scrape.
+    pub fn expose_store_errors(&self, backend: &'static str) {
+        drop(self.store_errors.get_or_create(&BackendLabels { backend }));
     }
 
     /// Whether the store fallback (`on_failure`) is in force.

@@ -582,7 +582,7 @@ fn record_decisions(
                     metrics.record_near_limit(route_label, limit_label);
                 }
             }
-            Outcome::Denied | Outcome::Skipped => {}
+            Outcome::Denied | Outcome::Skipped | Outcome::DeniedByOther => {}
         }
     }
 }

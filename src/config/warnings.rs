@@ -1,0 +1,172 @@
+//! Advice on a configuration that is valid but lets some requests through
+//! every limit unlimited, for `tollgate check` and `run`'s startup log.
+//!
+//! A new user who writes "a per-API-key token bucket" gets, with the
+//! defaults, a limit that a request without the header simply skips
+//! (`on_missing_key = "skip"`), and with `key = "consumer"` one that every
+//! unknown API key skips too (`unknown_key = "anonymous"`): the gateway
+//! fails open by default, so it must at least say so, naming the route and
+//! the fix. A route whose stack holds one limit that applies to every
+//! request (keyed by `ip` or `route` only, or with `on_missing_key` `deny`
+//! or `shared`) gets no warning, and neither does a route with no limits or
+//! only shadow limits (both deliberate).
+
+use super::{Config, KeyPart, LimitConfig, OnMissingKey, RouteConfig};
+
+/// One warning per route where some request can pass every limit of its
+/// stack unlimited, in file order.
+pub fn bypass_warnings(config: &Config) -> Vec<String> {
+    config
+        .routes
+        .iter()
+        .filter_map(|route| route_warning(config, route))
+        .collect()
+}
+
+fn route_warning(config: &Config, route: &RouteConfig) -> Option<String> {
+    let enforced: Vec<&LimitConfig> = route
+        .limits
+        .iter()
+        .map(|&i| &config.limits[i])
+        .filter(|limit| !limit.shadow)
+        .collect();
+    if enforced.is_empty() {
+        return None;
+    }
+    // Every enforced limit can miss its key: then a request that lacks all
+    // of them passes unlimited. The first one names what such a request lacks.
+    let mut gaps = Vec::with_capacity(enforced.len());
+    for limit in &enforced {
+        gaps.push(missing_part(config, route, limit)?);
+    }
+    let names: Vec<String> = enforced.iter().map(|l| format!("`{}`", l.name)).collect();
+    let first = &enforced[0].name;
+    let stack: Vec<String> = route
+        .limits
+        .iter()
+        .map(|&i| format!("\"{}\"", config.limits[i].name))
+        .chain(std::iter::once("\"per_ip\"".to_owned()))
+        .collect();
+    Some(format!(
+        "route `{route}`: a request without {gap} passes every limit of its stack unlimited \
+         ({names} {verb} a request without {its} key: on_missing_key = \"skip\"). \
+         Fix: add a limit keyed by \"ip\" behind {them} (e.g. `[limits.per_ip]` with key = \"ip\", \
+         then limits = [{stack}]), or set on_missing_key = \"deny\" (400) or \"shared\" \
+         (one bucket for all such requests) on `{first}`",
+        route = route.name,
+        gap = gaps[0],
+        names = names.join(", "),
+        verb = if names.len() == 1 { "skips" } else { "skip" },
+        its = if names.len() == 1 { "its" } else { "their" },
+        them = if names.len() == 1 { "it" } else { "them" },
+        stack = stack.join(", "),
+    ))
+}
+
+/// What a request can lack so that `limit` does not apply to it on `route`,
+/// in words; `None` when the limit applies to every request.
+fn missing_part(config: &Config, route: &RouteConfig, limit: &LimitConfig) -> Option<String> {
+    if limit.on_missing_key != OnMissingKey::Skip {
+        return None;
+    }
+    let anonymous = if config.api_keys.reject_unknown {
+        "a known API key (requests with no API key are anonymous)".to_owned()
+    } else {
+        "a known API key (unknown keys are anonymous: `[api_keys] unknown_key = \"anonymous\"`)"
+            .to_owned()
+    };
+    limit.key.iter().find_map(|part| match part {
+        KeyPart::Ip | KeyPart::Route => None,
+        KeyPart::Header(name) => Some(format!("a `{name}` header")),
+        KeyPart::Query(name) => Some(format!("a `{name}` query parameter")),
+        KeyPart::Cookie(name) => Some(format!("a `{name}` cookie")),
+        KeyPart::BodyField(name) => Some(format!("a `{name}` body field")),
+        KeyPart::Consumer if !route.require_consumer => Some(anonymous.clone()),
+        KeyPart::Consumer => None,
+        // A consumer may have no tenant even where one is required.
+        KeyPart::Tenant => Some(if route.require_consumer {
+            "a tenant (a consumer without `tenant`)".to_owned()
+        } else {
+            anonymous.clone()
+        }),
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::path::Path;
+
+    fn warnings(text: &str) -> Vec<String> {
+        let config = super::super::validate::validate(Path::new("t.toml"), text.as_bytes())
+            .unwrap_or_else(|e| panic!("{e}"));
+        bypass_warnings(&config)
+    }
+
+    const BASE: &str = r#"
+[upstreams.api]
+url = "http://127.0.0.1:9000"
+[limits.per_key]
+key = "header:x-api-key"
+algorithm = "token_bucket"
+capacity = 20
+refill = "10/s"
+[limits.per_ip]
+key = "ip"
+algorithm = "fixed_window"
+limit = 100
+window = "1m"
+[limits.per_consumer]
+key = "consumer"
+algorithm = "fixed_window"
+limit = 100
+window = "1m"
+"#;
+
+    fn route(limits: &str, extra: &str) -> String {
+        format!(
+            "{BASE}\n[[routes]]\nname = \"api\"\nmatch = {{ path_prefix = \"/\" }}\nupstream = \"api\"\nlimits = {limits}\n{extra}"
+        )
+    }
+
+    #[test]
+    fn a_per_key_limit_alone_is_walked_around_without_the_key() {
+        let found = warnings(&route(r#"["per_key"]"#, ""));
+        assert_eq!(found.len(), 1, "{found:?}");
+        assert!(found[0].contains("route `api`"), "{}", found[0]);
+        assert!(found[0].contains("a `x-api-key` header"), "{}", found[0]);
+        assert!(
+            found[0].contains("limits = [\"per_key\", \"per_ip\"]"),
+            "{}",
+            found[0]
+        );
+    }
+
+    #[test]
+    fn an_ip_limit_behind_it_closes_the_gap() {
+        assert!(warnings(&route(r#"["per_key", "per_ip"]"#, "")).is_empty());
+        assert!(warnings(&route("[]", "")).is_empty());
+    }
+
+    #[test]
+    fn deny_or_shared_closes_the_gap() {
+        let text = route(r#"["per_key"]"#, "").replace(
+            "refill = \"10/s\"",
+            "refill = \"10/s\"\non_missing_key = \"deny\"",
+        );
+        assert!(warnings(&text).is_empty());
+    }
+
+    #[test]
+    fn consumers_are_skipped_by_anonymous_callers() {
+        let found = warnings(&route(r#"["per_consumer"]"#, ""));
+        assert_eq!(found.len(), 1);
+        assert!(
+            found[0].contains("unknown keys are anonymous"),
+            "{}",
+            found[0]
+        );
+        // A route that requires a consumer leaves no caller without one.
+        assert!(warnings(&route(r#"["per_consumer"]"#, "require_consumer = true")).is_empty());
+    }
+}

@@ -1,0 +1,86 @@
+//! "Why was this customer limited?": one key's state of a named limit, for
+//! `GET /limits/NAME?key=VALUE` on the admin listener.
+//!
+//! The operator gives the key's raw value(s) — an API key, an address, a
+//! consumer name; several `key=` for a composite key, in its order — and
+//! gets the limit's numbers for that key as they stand, charging nothing:
+//! remaining, when more quota comes back, and the digest the key is stored
+//! under (the same digest names it in Redis). The raw value is neither
+//! stored nor logged nor echoed: only its digest appears in the answer.
+//! `plan=NAME` reads the state a consumer on that plan is counted in.
+
+use serde_json::{Value, json};
+
+use crate::app::Snapshot;
+use crate::identity::body_fields::percent_decode;
+use crate::identity::client_ip::client_net;
+use crate::identity::keys::digest_values;
+use crate::limit::{Nanos, quota, window_secs};
+use crate::summary::key_parts;
+
+/// Why a limit's state could not be explained: the admin listener's 404 or
+/// 400 with this message.
+#[derive(Debug, PartialEq, Eq)]
+pub enum ExplainError {
+    /// No limit of that name in the running configuration.
+    UnknownLimit(String),
+    /// The query does not name a key this limit can have.
+    BadKey(String),
+}
+
+/// The state of `limit`'s key given by `query` (`key=V[&key=V2…][&plan=P]`),
+/// as JSON, at `now` on the limiters' clock.
+pub fn explain(
+    snapshot: &Snapshot,
+    limit: &str,
+    query: Option<&str>,
+    now: Nanos,
+) -> Result<Value, ExplainError> {
+    let Some(index) = snapshot.config.limits.iter().position(|l| l.name == limit) else {
+        return Err(ExplainError::UnknownLimit(format!(
+            "no limit named `{limit}` in the running configuration"
+        )));
+    };
+    let config = &snapshot.config.limits[index];
+    let mut values = Vec::new();
+    let mut plan = None;
+    for pair in query.unwrap_or("").split('&').filter(|p| !p.is_empty()) {
+        let (name, value) = pair.split_once('=').unwrap_or((pair, ""));
+        let value = String::from_utf8(percent_decode(value.as_bytes()))
+            .map_err(|_| ExplainError::BadKey("a `key` value is not UTF-8".to_owned()))?;
+        match name {
+            "key" => values.push(value),
+            "plan" => plan = Some(value),
+            other => {
+                return Err(ExplainError::BadKey(format!(
+                    "unknown parameter `{other}`; give key=VALUE (one per key part) and optionally plan=NAME"
+                )));
+            }
+        }
+    }
+    let parts = key_parts(&config.key);
+    if values.is_empty() {
+        return Err(ExplainError::BadKey(format!(
+            "give the key's value: /limits/{limit}?key=VALUE (this limit is keyed by {parts})"
+        )));
+    }
+    let refs: Vec<&str> = values.iter().map(String::as_str).collect();
+    let digest = digest_values(&config.key, &refs, |ip| client_net(ip, &snapshot.client_ip))
+        .map_err(|message| ExplainError::BadKey(format!("{message} (keyed by {parts})")))?;
+    let limiter = snapshot.limiters[index].for_plan(plan.as_deref());
+    let algorithm = limiter.algorithm();
+    let verdict = limiter.peek(digest, now);
+    let secs = |nanos: Nanos| nanos.div_ceil(crate::limit::NANOS_PER_SEC);
+    Ok(json!({
+        "limit": config.name,
+        "key": parts,
+        "digest": format!("{:032x}", digest.as_u128()),
+        "plan": plan,
+        "policy": crate::summary::algorithm(&algorithm),
+        "quota": quota(&algorithm),
+        "window_seconds": window_secs(&algorithm),
+        "remaining": verdict.remaining,
+        "reset_seconds": secs(verdict.reset_after),
+        "shadow": config.shadow,
+    }))
+}
