@@ -23,6 +23,7 @@ use ipnet::IpNet;
 pub use error::{ConfigError, KeyPath, Problem};
 
 use crate::access_log::LogDenied;
+pub use crate::http::path::EscapedSlashes;
 use crate::limit::{Algorithm, WindowAlign};
 
 /// A validated configuration, with the bytes it came from.
@@ -85,6 +86,14 @@ pub struct ServerConfig {
     pub headers: HeaderStyles,
     /// Which denied requests get an access-log line (`"all"`, `"sample:N"`, `"none"`).
     pub log_denied: LogDenied,
+    /// Route, key and forward on the normalised path (`crate::http::path`);
+    /// `false` uses the raw path.
+    pub path_normalization: bool,
+    /// What an encoded `/` or `\` in a path means.
+    pub escaped_slashes: EscapedSlashes,
+    /// The `Upgrade` protocols that are tunnelled (lower case, e.g.
+    /// `websocket`); any other `Upgrade` is dropped before forwarding.
+    pub upgrades: Vec<Box<str>>,
 }
 
 /// Which families of rate-limit headers to send.

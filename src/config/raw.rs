@@ -123,6 +123,9 @@ pub struct RawServer {
     pub max_key_body: Option<RawSize>,
     pub headers: Option<Vec<String>>,
     pub log_denied: Option<String>,
+    pub path_normalization: Option<bool>,
+    pub escaped_slashes: Option<String>,
+    pub upgrades: Option<Vec<String>>,
     pub tls: Option<RawTls>,
 }
 

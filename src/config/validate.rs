@@ -506,7 +506,45 @@ fn check_server(c: &mut Checker, path: &KeyPath, raw: &raw::RawServer) -> Server
         .unwrap_or(usize::MAX),
         headers,
         log_denied,
+        path_normalization: raw.path_normalization.unwrap_or(true),
+        escaped_slashes: match raw.escaped_slashes.as_deref() {
+            None => EscapedSlashes::Reject,
+            Some(value) => match c.one_of(path.key("escaped_slashes"), value, &["reject", "keep"]) {
+                Some("keep") => EscapedSlashes::Keep,
+                _ => EscapedSlashes::Reject,
+            },
+        },
+        upgrades: match &raw.upgrades {
+            None => vec!["websocket".into()],
+            Some(protocols) => protocols
+                .iter()
+                .enumerate()
+                .filter_map(|(i, protocol)| {
+                    let token = protocol.trim();
+                    if token.is_empty() || !token.bytes().all(is_token_byte) {
+                        c.problem(
+                            path.key("upgrades").index(i),
+                            format!("`{protocol}` is not a protocol name; expected e.g. \"websocket\""),
+                        );
+                        return None;
+                    }
+                    if token.eq_ignore_ascii_case("h2c") {
+                        c.problem(
+                            path.key("upgrades").index(i),
+                            "h2c cannot be tunnelled: every request after the switch would bypass routing and limits",
+                        );
+                        return None;
+                    }
+                    Some(token.to_ascii_lowercase().into_boxed_str())
+                })
+                .collect(),
+        },
     }
+}
+
+/// RFC 9110 `tchar`: what a protocol name in `Upgrade` may hold.
+fn is_token_byte(b: u8) -> bool {
+    b.is_ascii_alphanumeric() || b"!#$%&'*+-.^_`|~/".contains(&b)
 }
 
 fn check_client_ip(c: &mut Checker, path: &KeyPath, raw: &raw::RawClientIp) -> ClientIpConfig {

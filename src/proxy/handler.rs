@@ -1,7 +1,8 @@
 //! The life of one request, as plain steps in a fixed order:
 //!
 //! 1. **snapshot** — load the current configuration once; the request keeps it.
-//! 2. **guard** — reject what no route should see (oversized heads → 431).
+//! 2. **guard** — reject what no route should see (oversized heads → 431, a
+//!    path that cannot be normalised → 400), then normalise the path.
 //! 3. **route** — first matching route in file order, else 404.
 //! 4. **identify** — the caller's consumer from its API key (401 where one is
 //!    required), the client IP behind trusted proxies, then each limit's key
@@ -37,6 +38,7 @@ use crate::access_log::{self, AccessEntry};
 use crate::app::{App, RoutePlan, Snapshot};
 use crate::config::{Config, Consumer, LimitConfig, OnMissingKey, RouteAction, RouteConfig};
 use crate::http::field_lines::FieldLines;
+use crate::http::path::normalize_uri;
 use crate::identity::body_fields::BodyFields;
 use crate::identity::client_ip::{client_net, resolve_with};
 use crate::identity::consumer::{Caller, identify};
@@ -217,10 +219,20 @@ async fn route_and_act(
     now: Nanos,
     notes: &mut Notes,
 ) -> Result<Response<ResponseBody>, GatewayError> {
-    let (parts, body) = request.into_parts();
-    let limit = snapshot.config.server.max_header_bytes;
+    let (mut parts, body) = request.into_parts();
+    let server = &snapshot.config.server;
+    let limit = server.max_header_bytes;
     if head_size(&parts) > limit {
         return Err(GatewayError::HeadersTooLarge { limit });
+    }
+    // Every spelling of a path meets the route of its plain form: from here
+    // on (route, keys, forwarding) the path is the normalised one.
+    if server.path_normalization {
+        normalize_uri(&mut parts.uri, server.escaped_slashes).map_err(|error| {
+            GatewayError::BadRequest {
+                reason: error.reason(),
+            }
+        })?;
     }
     let Some(index) = snapshot.router.find(&parts) else {
         return Err(GatewayError::NoRoute {
@@ -641,6 +653,18 @@ async fn forward(
         .send(request, exceeded, route.max_body.unwrap_or(u64::MAX))
         .await?;
     if response.status() == StatusCode::SWITCHING_PROTOCOLS {
+        if !upgrade::switched_to_allowed(
+            fields.relayed_value("upgrade"),
+            &snapshot.config.server.upgrades,
+        ) {
+            return Err(GatewayError::UpstreamFailed {
+                upstream: upstream.config.name.clone(),
+                source: PoolError::Request(std::io::Error::new(
+                    std::io::ErrorKind::InvalidData,
+                    "the upstream switched to a protocol that is not in server.upgrades",
+                )),
+            });
+        }
         match (client_upgrade, response.body_mut().take_upgraded()) {
             (Some(client_upgrade), Some(upstream_conn)) => {
                 upgrade::spawn_tunnel(client_upgrade, upstream_conn, std::mem::take(permits));
@@ -721,6 +745,8 @@ fn prepare_forward<'s>(
             }
         }
     };
+    let mut parts = parts;
+    upgrade::allow_only(&mut parts.headers, &snapshot.config.server.upgrades);
     let mut request = upstream.prepare(parts, body, downstream.peer, downstream.proto)?;
     // hyper hands the client's connection over if we answer 101.
     let client_upgrade = if request.own.upgrade {
