@@ -201,6 +201,25 @@ pub struct RouteConfig {
     pub max_body: Option<u64>,
     /// Requests without a known API key get 401.
     pub require_consumer: bool,
+    /// Upstream retries (`retry = {...}`), off when `None`.
+    pub retry: Option<RetryPolicy>,
+}
+
+/// A route's `retry` table, validated (the upstream layer applies it).
+#[derive(Debug, Clone, PartialEq)]
+pub struct RetryPolicy {
+    /// Retries after the first try.
+    pub attempts: u32,
+    /// Retry when the upstream could not be reached or reset the connection
+    /// before answering.
+    pub on_connect: bool,
+    /// Retry on these response statuses (e.g. 502, 503, 504, 429).
+    pub on_status: Vec<u16>,
+    pub base: Duration,
+    pub cap: Duration,
+    /// Retries allowed per client request over the window, in thousandths
+    /// (`"20%"` is 200).
+    pub budget_permille: u64,
 }
 
 #[derive(Debug, Clone, Default)]

@@ -1095,7 +1095,94 @@ fn check_route(
         cost_header,
         max_body,
         require_consumer: raw.require_consumer.unwrap_or(false),
+        retry: raw.retry.as_ref().map(|retry| {
+            if raw.respond.is_some() {
+                c.problem(
+                    path.key("retry"),
+                    "a `respond` route has no upstream to retry",
+                );
+            }
+            check_retry(c, &path.key("retry"), retry)
+        }),
     }
+}
+
+/// Most retries a route may ask for: more only multiply an outage.
+const MAX_RETRY_ATTEMPTS: u32 = 10;
+
+fn check_retry(c: &mut Checker, path: &KeyPath, raw: &raw::RawRetry) -> RetryPolicy {
+    let attempts = raw.attempts.unwrap_or(2);
+    if attempts > MAX_RETRY_ATTEMPTS {
+        c.problem(
+            path.key("attempts"),
+            format!(
+                "at most {MAX_RETRY_ATTEMPTS} retries (attempts counts retries after the first try)"
+            ),
+        );
+    }
+    let mut on_connect = false;
+    let mut on_status = Vec::new();
+    let on = raw
+        .on
+        .clone()
+        .unwrap_or_else(|| ["connect", "502", "503", "504"].map(String::from).to_vec());
+    for (i, token) in on.iter().enumerate() {
+        match token.as_str() {
+            "connect" => on_connect = true,
+            text => match text.parse::<u16>() {
+                Ok(status @ (408 | 425 | 429 | 500..=599)) => on_status.push(status),
+                _ => c.problem(
+                    path.key("on").index(i),
+                    format!(
+                        "`{text}` is not a retry condition; expected \"connect\" or a status: 408, 425, 429 or 5xx"
+                    ),
+                ),
+            },
+        }
+    }
+    let base = c.duration(path.key("base"), &raw.base, Duration::from_millis(25));
+    let cap = c.duration(path.key("cap"), &raw.cap, Duration::from_secs(1));
+    if cap < base {
+        c.problem(path.key("cap"), "must be at least `base`");
+    }
+    let budget_permille = match raw.budget.as_deref() {
+        None => 200,
+        Some(text) => {
+            match parse_percent(text) {
+                Some(permille) => permille,
+                None => {
+                    c.problem(
+                    path.key("budget"),
+                    format!("`{text}` is not a share; expected a percentage like \"20%\" (0% to 100%)"),
+                );
+                    200
+                }
+            }
+        }
+    };
+    RetryPolicy {
+        attempts: attempts.min(MAX_RETRY_ATTEMPTS),
+        on_connect,
+        on_status,
+        base,
+        cap,
+        budget_permille,
+    }
+}
+
+/// `"20%"` → 200 (thousandths); one decimal at most (`"12.5%"`); 0–100 %.
+fn parse_percent(text: &str) -> Option<u64> {
+    let number = text.trim().strip_suffix('%')?.trim();
+    let (whole, tenths) = match number.split_once('.') {
+        Some((whole, tenth)) if tenth.len() == 1 => (whole, tenth.parse::<u64>().ok()?),
+        Some(_) => return None,
+        None => (number, 0),
+    };
+    if whole.is_empty() || !whole.bytes().all(|b| b.is_ascii_digit()) {
+        return None;
+    }
+    let permille = whole.parse::<u64>().ok()?.checked_mul(10)? + tenths;
+    (permille <= 1000).then_some(permille)
 }
 
 fn check_match(c: &mut Checker, path: &KeyPath, raw: &raw::RawMatch) -> RouteMatch {
