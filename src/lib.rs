@@ -25,6 +25,7 @@ pub mod allocator;
 pub mod app;
 pub mod config;
 pub mod conn;
+pub mod fd_limit;
 pub mod http;
 pub mod http1;
 pub mod identity;

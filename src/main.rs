@@ -123,6 +123,7 @@ fn run(config: Config, log_format: LogFormat) -> ExitCode {
             },
         };
         let path = config.path.clone();
+        let config_max_connections = config.server.max_connections;
         let app = App::new(config);
         let addresses: Vec<_> = listeners.iter().map(|l| l.local_addr()).collect();
         let (shutdown_tx, shutdown_rx) = watch::channel(false);
@@ -140,6 +141,7 @@ fn run(config: Config, log_format: LogFormat) -> ExitCode {
             eprintln!("admin on http://{address}");
         }
         init_logging(log_format);
+        tollgate::fd_limit::raise_for(config_max_connections);
         if let Some(listener) = admin {
             tokio::spawn(tollgate::admin::serve(
                 app.clone(),

@@ -459,6 +459,26 @@ fn check_server(c: &mut Checker, path: &KeyPath, raw: &raw::RawServer) -> Server
     if max_header_bytes < 1024 {
         c.problem(path.key("max_header_bytes"), "must be at least 1KiB");
     }
+    // Bounds on what every connection may hold, so a typo cannot make a
+    // handful of clients exhaust the machine's memory.
+    if max_header_bytes > MAX_HEADER_BYTES {
+        c.problem(
+            path.key("max_header_bytes"),
+            "must be at most 1MiB (each connection may buffer a whole head)",
+        );
+    }
+    if raw.workers.is_some_and(|n| n > MAX_WORKERS) {
+        c.problem(
+            path.key("workers"),
+            format!("must be at most {MAX_WORKERS} (one thread each; 0 = one per CPU core)"),
+        );
+    }
+    if raw.max_connections.is_some_and(|n| n > MAX_CONNECTIONS) {
+        c.problem(
+            path.key("max_connections"),
+            format!("must be at most {MAX_CONNECTIONS}"),
+        );
+    }
     let headers = match &raw.headers {
         None => HeaderStyles::default(),
         Some(names) => c.header_styles(path.key("headers"), names),
@@ -498,12 +518,16 @@ fn check_server(c: &mut Checker, path: &KeyPath, raw: &raw::RawServer) -> Server
             Some(n) => n as usize,
             None => 10_000,
         },
-        max_key_body: usize::try_from(c.size(
-            path.key("max_key_body"),
-            &raw.max_key_body,
-            64 * 1024,
-        ))
-        .unwrap_or(usize::MAX),
+        max_key_body: {
+            let size = c.size(path.key("max_key_body"), &raw.max_key_body, 64 * 1024);
+            if size > MAX_KEY_BODY {
+                c.problem(
+                    path.key("max_key_body"),
+                    "must be at most 16MiB (a body read for a key is held in memory)",
+                );
+            }
+            usize::try_from(size.min(MAX_KEY_BODY)).unwrap_or(usize::MAX)
+        },
         headers,
         log_denied,
         path_normalization: raw.path_normalization.unwrap_or(true),
@@ -1106,6 +1130,22 @@ fn check_route(
         }),
     }
 }
+
+/// Largest `max_header_bytes`: hyper's own ceiling is 400 KiB; past a MiB a
+/// head is an attack, not an API call.
+const MAX_HEADER_BYTES: u64 = 1 << 20;
+
+/// Largest `max_key_body`: the buffered part of every such request is in
+/// memory at once.
+const MAX_KEY_BODY: u64 = 16 << 20;
+
+/// Most worker threads: each is a thread with its own event loop and
+/// per-worker state; more than cores only adds switching.
+const MAX_WORKERS: u32 = 1024;
+
+/// Most connections served at once (each holds two file descriptors while
+/// proxying, its buffers and a task).
+const MAX_CONNECTIONS: u32 = 1_000_000;
 
 /// Most retries a route may ask for: more only multiply an outage.
 const MAX_RETRY_ATTEMPTS: u32 = 10;
