@@ -41,8 +41,8 @@ pub fn raise_for(max_connections: usize) {
         if unsafe { libc::setrlimit(libc::RLIMIT_NOFILE, &raised) } == 0 {
             limit = raised;
             tracing::info!(
-                from = before as u64,
-                to = limit.rlim_cur as u64,
+                from = before,
+                to = limit.rlim_cur,
                 "raised the open-file limit (RLIMIT_NOFILE) to its hard limit"
             );
         } else {
@@ -50,9 +50,9 @@ pub fn raise_for(max_connections: usize) {
         }
     }
     let want = needed(max_connections);
-    if (limit.rlim_cur as u64) < want {
+    if limit.rlim_cur < want {
         tracing::warn!(
-            limit = limit.rlim_cur as u64,
+            limit = limit.rlim_cur,
             needed = want,
             max_connections,
             "the open-file limit is below what server.max_connections needs (two per proxied connection): \
