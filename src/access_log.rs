@@ -109,6 +109,8 @@ pub struct AccessEntry<'a> {
     /// The limit decision: the limit that denied, or on an allowed request
     /// the limit with the least remaining quota.
     pub limit: Option<LimitField<'a>>,
+    /// Upstream retries made for the request (`retry` on its route).
+    pub retries: u32,
 }
 
 /// The limit part of an access-log line.
@@ -134,6 +136,7 @@ pub fn log(entry: &AccessEntry<'_>) {
         limit = entry.limit.map_or("-", |l| l.name),
         limit_remaining = entry.limit.map(|l| l.remaining),
         limit_denied = entry.limit.map(|l| l.denied),
+        retries = entry.retries,
         "request"
     );
 }

@@ -24,6 +24,7 @@ use crate::limit::{Algorithm, Clock, Limiter, Nanos, SystemClock, WindowAlign};
 use crate::metrics::{LabelNames, Metrics, RouteHandles};
 use crate::ratelimit_policy::{StackView, policy_header};
 use crate::routing::Router;
+use crate::upstream::retry::RetryBudget;
 use crate::upstream::{Upstream, Upstreams};
 
 /// One named limit's state: the base limiter and one per plan that sets its
@@ -73,6 +74,9 @@ pub struct RoutePlan {
     pub needs_body: bool,
     /// The route's common metric series, resolved once.
     pub metrics: RouteHandles,
+    /// The route's retry budget, when it retries (`retry = {...}`); a reload
+    /// starts it afresh.
+    pub retry_budget: Option<RetryBudget>,
 }
 
 /// Everything a request needs from one configuration generation.
@@ -162,6 +166,10 @@ impl Snapshot {
                             .iter()
                             .any(|part| matches!(part, KeyPart::BodyField(_)))
                     }),
+                    retry_budget: route
+                        .retry
+                        .as_ref()
+                        .map(|retry| RetryBudget::new(retry.budget_permille)),
                 }
             })
             .collect();

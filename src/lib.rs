@@ -65,6 +65,7 @@ pub mod app;
 pub mod config;
 pub mod conn;
 pub(crate) mod explain;
+pub mod fd_limit;
 pub mod gateway;
 pub(crate) mod http;
 pub mod http1;

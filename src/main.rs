@@ -131,6 +131,7 @@ fn run(config: Config, log_format: LogFormat) -> ExitCode {
         }
         init_logging(log_format);
         let path = config.path.clone();
+        tollgate::fd_limit::raise_for(config.server.max_connections);
         let app = App::new(config);
         for warning in tollgate::config::warnings::bypass_warnings(&app.snapshot().config) {
             tracing::warn!("{warning}");

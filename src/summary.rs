@@ -25,6 +25,20 @@ pub fn render(config: &Config) -> String {
         Some(admin) => _ = writeln!(out, "admin:     http://{admin}"),
         None => _ = writeln!(out, "admin:     off"),
     }
+    if config.server.path_normalization {
+        let slashes = match config.server.escaped_slashes {
+            crate::config::EscapedSlashes::Reject => "rejected",
+            crate::config::EscapedSlashes::Keep => "kept",
+        };
+        let _ = writeln!(out, "paths:     normalised (encoded slashes {slashes})");
+    } else {
+        let _ = writeln!(
+            out,
+            "paths:     raw (path_normalization = false): routes match the path as written, so \
+             `/x/../login`, `//login` or `/%6cogin` reach an upstream that resolves them to \
+             `/login` without meeting the `/login` route's limits"
+        );
+    }
     let _ = writeln!(out, "upstreams: {}", config.upstreams.len());
     for upstream in &config.upstreams {
         let urls: Vec<String> = upstream.urls.iter().map(ToString::to_string).collect();

@@ -427,14 +427,14 @@ async fn sigterm_drains_in_flight_requests() {
     assert!(status.success(), "{status:?}");
 }
 
-/// Opens an upgraded (echo) tunnel through the gateway; returns the stream
+/// Opens an upgraded tunnel (`websocket`, echoed by the test upstream) through the gateway; returns the stream
 /// after the 101, or the status line it got instead.
 async fn open_tunnel(addr: std::net::SocketAddr) -> Result<tokio::net::TcpStream, String> {
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
     let mut stream = tokio::net::TcpStream::connect(addr).await.unwrap();
     stream
         .write_all(
-            b"GET /upgrade HTTP/1.1\r\nhost: x\r\nconnection: Upgrade\r\nupgrade: echo\r\n\r\n",
+            b"GET /upgrade HTTP/1.1\r\nhost: x\r\nconnection: Upgrade\r\nupgrade: websocket\r\n\r\n",
         )
         .await
         .unwrap();
@@ -449,7 +449,7 @@ async fn open_tunnel(addr: std::net::SocketAddr) -> Result<tokio::net::TcpStream
     let head = String::from_utf8_lossy(&head).into_owned();
     if head.starts_with("HTTP/1.1 101") {
         assert!(
-            head.to_ascii_lowercase().contains("upgrade: echo"),
+            head.to_ascii_lowercase().contains("upgrade: websocket"),
             "{head}"
         );
         Ok(stream)

@@ -24,6 +24,7 @@ use ipnet::IpNet;
 pub use error::{ConfigError, KeyPath, Problem};
 
 use crate::access_log::LogDenied;
+pub use crate::http::path::EscapedSlashes;
 use crate::limit::{Algorithm, WindowAlign};
 
 /// A validated configuration, with the bytes it came from.
@@ -86,6 +87,14 @@ pub struct ServerConfig {
     pub headers: HeaderStyles,
     /// Which denied requests get an access-log line (`"all"`, `"sample:N"`, `"none"`).
     pub log_denied: LogDenied,
+    /// Route, key and forward on the normalised path (`crate::http::path`);
+    /// `false` uses the raw path.
+    pub path_normalization: bool,
+    /// What an encoded `/` or `\` in a path means.
+    pub escaped_slashes: EscapedSlashes,
+    /// The `Upgrade` protocols that are tunnelled (lower case, e.g.
+    /// `websocket`); any other `Upgrade` is dropped before forwarding.
+    pub upgrades: Vec<Box<str>>,
 }
 
 /// Which families of rate-limit headers to send.
@@ -193,6 +202,25 @@ pub struct RouteConfig {
     pub max_body: Option<u64>,
     /// Requests without a known API key get 401.
     pub require_consumer: bool,
+    /// Upstream retries (`retry = {...}`), off when `None`.
+    pub retry: Option<RetryPolicy>,
+}
+
+/// A route's `retry` table, validated (the upstream layer applies it).
+#[derive(Debug, Clone, PartialEq)]
+pub struct RetryPolicy {
+    /// Retries after the first try.
+    pub attempts: u32,
+    /// Retry when the upstream could not be reached or reset the connection
+    /// before answering.
+    pub on_connect: bool,
+    /// Retry on these response statuses (e.g. 502, 503, 504, 429).
+    pub on_status: Vec<u16>,
+    pub base: Duration,
+    pub cap: Duration,
+    /// Retries allowed per client request over the window, in thousandths
+    /// (`"20%"` is 200).
+    pub budget_permille: u64,
 }
 
 #[derive(Debug, Clone, Default)]

@@ -123,6 +123,9 @@ pub struct RawServer {
     pub max_key_body: Option<RawSize>,
     pub headers: Option<Vec<String>>,
     pub log_denied: Option<String>,
+    pub path_normalization: Option<bool>,
+    pub escaped_slashes: Option<String>,
+    pub upgrades: Option<Vec<String>>,
     pub tls: Option<RawTls>,
 }
 
@@ -262,6 +265,18 @@ pub struct RawRoute {
     pub cost_header: Option<String>,
     pub max_body: Option<RawSize>,
     pub require_consumer: Option<bool>,
+    pub retry: Option<RawRetry>,
+}
+
+/// `retry = { attempts = 2, on = [...], base = "25ms", cap = "1s", budget = "20%" }`.
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawRetry {
+    pub attempts: Option<u32>,
+    pub on: Option<Vec<String>>,
+    pub base: Option<String>,
+    pub cap: Option<String>,
+    pub budget: Option<String>,
 }
 
 #[derive(Debug, Default, Deserialize)]

@@ -470,6 +470,26 @@ fn check_server(c: &mut Checker, path: &KeyPath, raw: &raw::RawServer) -> Server
     if max_header_bytes < 1024 {
         c.problem(path.key("max_header_bytes"), "must be at least 1KiB");
     }
+    // Bounds on what every connection may hold, so a typo cannot make a
+    // handful of clients exhaust the machine's memory.
+    if max_header_bytes > MAX_HEADER_BYTES {
+        c.problem(
+            path.key("max_header_bytes"),
+            "must be at most 1MiB (each connection may buffer a whole head)",
+        );
+    }
+    if raw.workers.is_some_and(|n| n > MAX_WORKERS) {
+        c.problem(
+            path.key("workers"),
+            format!("must be at most {MAX_WORKERS} (one thread each; 0 = one per CPU core)"),
+        );
+    }
+    if raw.max_connections.is_some_and(|n| n > MAX_CONNECTIONS) {
+        c.problem(
+            path.key("max_connections"),
+            format!("must be at most {MAX_CONNECTIONS}"),
+        );
+    }
     let headers = match &raw.headers {
         None => HeaderStyles::default(),
         Some(names) => c.header_styles(path.key("headers"), names),
@@ -509,15 +529,57 @@ fn check_server(c: &mut Checker, path: &KeyPath, raw: &raw::RawServer) -> Server
             Some(n) => n as usize,
             None => 10_000,
         },
-        max_key_body: usize::try_from(c.size(
-            path.key("max_key_body"),
-            &raw.max_key_body,
-            64 * 1024,
-        ))
-        .unwrap_or(usize::MAX),
+        max_key_body: {
+            let size = c.size(path.key("max_key_body"), &raw.max_key_body, 64 * 1024);
+            if size > MAX_KEY_BODY {
+                c.problem(
+                    path.key("max_key_body"),
+                    "must be at most 16MiB (a body read for a key is held in memory)",
+                );
+            }
+            usize::try_from(size.min(MAX_KEY_BODY)).unwrap_or(usize::MAX)
+        },
         headers,
         log_denied,
+        path_normalization: raw.path_normalization.unwrap_or(true),
+        escaped_slashes: match raw.escaped_slashes.as_deref() {
+            None => EscapedSlashes::Reject,
+            Some(value) => match c.one_of(path.key("escaped_slashes"), value, &["reject", "keep"]) {
+                Some("keep") => EscapedSlashes::Keep,
+                _ => EscapedSlashes::Reject,
+            },
+        },
+        upgrades: match &raw.upgrades {
+            None => vec!["websocket".into()],
+            Some(protocols) => protocols
+                .iter()
+                .enumerate()
+                .filter_map(|(i, protocol)| {
+                    let token = protocol.trim();
+                    if token.is_empty() || !token.bytes().all(is_token_byte) {
+                        c.problem(
+                            path.key("upgrades").index(i),
+                            format!("`{protocol}` is not a protocol name; expected e.g. \"websocket\""),
+                        );
+                        return None;
+                    }
+                    if token.eq_ignore_ascii_case("h2c") {
+                        c.problem(
+                            path.key("upgrades").index(i),
+                            "h2c cannot be tunnelled: every request after the switch would bypass routing and limits",
+                        );
+                        return None;
+                    }
+                    Some(token.to_ascii_lowercase().into_boxed_str())
+                })
+                .collect(),
+        },
     }
+}
+
+/// RFC 9110 `tchar`: what a protocol name in `Upgrade` may hold.
+fn is_token_byte(b: u8) -> bool {
+    b.is_ascii_alphanumeric() || b"!#$%&'*+-.^_`|~/".contains(&b)
 }
 
 fn check_client_ip(c: &mut Checker, path: &KeyPath, raw: &raw::RawClientIp) -> ClientIpConfig {
@@ -1074,7 +1136,110 @@ fn check_route(
         cost_header,
         max_body,
         require_consumer: raw.require_consumer.unwrap_or(false),
+        retry: raw.retry.as_ref().map(|retry| {
+            if raw.respond.is_some() {
+                c.problem(
+                    path.key("retry"),
+                    "a `respond` route has no upstream to retry",
+                );
+            }
+            check_retry(c, &path.key("retry"), retry)
+        }),
     }
+}
+
+/// Largest `max_header_bytes`: hyper's own ceiling is 400 KiB; past a MiB a
+/// head is an attack, not an API call.
+const MAX_HEADER_BYTES: u64 = 1 << 20;
+
+/// Largest `max_key_body`: the buffered part of every such request is in
+/// memory at once.
+const MAX_KEY_BODY: u64 = 16 << 20;
+
+/// Most worker threads: each is a thread with its own event loop and
+/// per-worker state; more than cores only adds switching.
+const MAX_WORKERS: u32 = 1024;
+
+/// Most connections served at once (each holds two file descriptors while
+/// proxying, its buffers and a task).
+const MAX_CONNECTIONS: u32 = 1_000_000;
+
+/// Most retries a route may ask for: more only multiply an outage.
+const MAX_RETRY_ATTEMPTS: u32 = 10;
+
+fn check_retry(c: &mut Checker, path: &KeyPath, raw: &raw::RawRetry) -> RetryPolicy {
+    let attempts = raw.attempts.unwrap_or(2);
+    if attempts > MAX_RETRY_ATTEMPTS {
+        c.problem(
+            path.key("attempts"),
+            format!(
+                "at most {MAX_RETRY_ATTEMPTS} retries (attempts counts retries after the first try)"
+            ),
+        );
+    }
+    let mut on_connect = false;
+    let mut on_status = Vec::new();
+    let on = raw
+        .on
+        .clone()
+        .unwrap_or_else(|| ["connect", "502", "503", "504"].map(String::from).to_vec());
+    for (i, token) in on.iter().enumerate() {
+        match token.as_str() {
+            "connect" => on_connect = true,
+            text => match text.parse::<u16>() {
+                Ok(status @ (408 | 425 | 429 | 500..=599)) => on_status.push(status),
+                _ => c.problem(
+                    path.key("on").index(i),
+                    format!(
+                        "`{text}` is not a retry condition; expected \"connect\" or a status: 408, 425, 429 or 5xx"
+                    ),
+                ),
+            },
+        }
+    }
+    let base = c.duration(path.key("base"), &raw.base, Duration::from_millis(25));
+    let cap = c.duration(path.key("cap"), &raw.cap, Duration::from_secs(1));
+    if cap < base {
+        c.problem(path.key("cap"), "must be at least `base`");
+    }
+    let budget_permille = match raw.budget.as_deref() {
+        None => 200,
+        Some(text) => {
+            match parse_percent(text) {
+                Some(permille) => permille,
+                None => {
+                    c.problem(
+                    path.key("budget"),
+                    format!("`{text}` is not a share; expected a percentage like \"20%\" (0% to 100%)"),
+                );
+                    200
+                }
+            }
+        }
+    };
+    RetryPolicy {
+        attempts: attempts.min(MAX_RETRY_ATTEMPTS),
+        on_connect,
+        on_status,
+        base,
+        cap,
+        budget_permille,
+    }
+}
+
+/// `"20%"` → 200 (thousandths); one decimal at most (`"12.5%"`); 0–100 %.
+fn parse_percent(text: &str) -> Option<u64> {
+    let number = text.trim().strip_suffix('%')?.trim();
+    let (whole, tenths) = match number.split_once('.') {
+        Some((whole, tenth)) if tenth.len() == 1 => (whole, tenth.parse::<u64>().ok()?),
+        Some(_) => return None,
+        None => (number, 0),
+    };
+    if whole.is_empty() || !whole.bytes().all(|b| b.is_ascii_digit()) {
+        return None;
+    }
+    let permille = whole.parse::<u64>().ok()?.checked_mul(10)? + tenths;
+    (permille <= 1000).then_some(permille)
 }
 
 fn check_match(c: &mut Checker, path: &KeyPath, raw: &raw::RawMatch) -> RouteMatch {

@@ -4,4 +4,5 @@ pub mod chunked;
 pub mod date;
 pub mod field_lines;
 pub mod hop_by_hop;
+pub mod path;
 pub mod structured;

@@ -109,6 +109,12 @@ struct UpstreamErrorLabels {
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Hash, EncodeLabelSet)]
+struct RetryLabels {
+    upstream: Arc<str>,
+    reason: &'static str,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Hash, EncodeLabelSet)]
 struct BackendLabels {
     backend: &'static str,
 }
@@ -178,6 +184,7 @@ pub struct Metrics {
     decisions: Family<DecisionLabels, Counter>,
     near_limit: Family<RouteLimitLabels, Counter>,
     upstream_errors: Family<UpstreamErrorLabels, Counter>,
+    upstream_retries: Family<RetryLabels, Counter>,
     store_errors: Family<BackendLabels, Counter>,
     store_fallback_active: Gauge,
     config_reloads: Family<ResultLabels, Counter>,
@@ -231,6 +238,12 @@ impl Metrics {
             "Upstream failures (connect, reset, timeout), by upstream",
             upstream_errors.clone(),
         );
+        let upstream_retries = Family::<RetryLabels, Counter>::default();
+        registry.register(
+            "tollgate_upstream_retries",
+            "Upstream retries, by upstream and reason (connect or the status retried)",
+            upstream_retries.clone(),
+        );
         let store_errors = Family::<BackendLabels, Counter>::default();
         registry.register(
             "tollgate_store_errors",
@@ -272,6 +285,7 @@ impl Metrics {
             decisions,
             near_limit,
             upstream_errors,
+            upstream_retries,
             store_errors,
             store_fallback_active,
             config_reloads,
@@ -415,6 +429,17 @@ impl Metrics {
             .get_or_create(&UpstreamErrorLabels {
                 upstream: upstream.clone(),
                 kind,
+            })
+            .inc();
+    }
+
+    /// One retry of a request to `upstream`; `reason` is `"connect"` or the
+    /// status retried (`"503"`).
+    pub fn record_upstream_retry(&self, upstream: &Arc<str>, reason: &'static str) {
+        self.upstream_retries
+            .get_or_create(&RetryLabels {
+                upstream: upstream.clone(),
+                reason,
             })
             .inc();
     }

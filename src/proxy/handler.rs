@@ -1,7 +1,8 @@
 //! The life of one request, as plain steps in a fixed order:
 //!
 //! 1. **snapshot** — load the current configuration once; the request keeps it.
-//! 2. **guard** — reject what no route should see (oversized heads → 431).
+//! 2. **guard** — reject what no route should see (oversized heads → 431, a
+//!    path that cannot be normalised → 400), then normalise the path.
 //! 3. **route** — first matching route in file order, else 404.
 //! 4. **identify** — the caller's consumer from its API key (401 where one is
 //!    required), the client IP behind trusted proxies, then each limit's key
@@ -37,6 +38,7 @@ use crate::access_log::{self, AccessEntry};
 use crate::app::{App, RoutePlan, Snapshot};
 use crate::config::{Config, Consumer, LimitConfig, OnMissingKey, RouteAction, RouteConfig};
 use crate::http::field_lines::FieldLines;
+use crate::http::path::normalize_uri;
 use crate::identity::body_fields::BodyFields;
 use crate::identity::client_ip::{client_net, resolve_with};
 use crate::identity::consumer::{Caller, identify};
@@ -126,6 +128,8 @@ struct Notes {
     permits: Permits,
     /// The response's rate-limit fields, handed to the server with it.
     fields: FieldLines,
+    /// Upstream retries made (for the access log).
+    retries: u32,
 }
 
 /// One limit's part in a request's log line.
@@ -194,6 +198,7 @@ impl Observation {
                 remaining: note.remaining,
                 denied: note.denied,
             }),
+            retries: notes.retries,
         });
     }
 }
@@ -217,10 +222,20 @@ async fn route_and_act(
     now: Nanos,
     notes: &mut Notes,
 ) -> Result<Response<ResponseBody>, GatewayError> {
-    let (parts, body) = request.into_parts();
-    let limit = snapshot.config.server.max_header_bytes;
+    let (mut parts, body) = request.into_parts();
+    let server = &snapshot.config.server;
+    let limit = server.max_header_bytes;
     if head_size(&parts) > limit {
         return Err(GatewayError::HeadersTooLarge { limit });
+    }
+    // Every spelling of a path meets the route of its plain form: from here
+    // on (route, keys, forwarding) the path is the normalised one.
+    if server.path_normalization {
+        normalize_uri(&mut parts.uri, server.escaped_slashes).map_err(|error| {
+            GatewayError::BadRequest {
+                reason: error.reason(),
+            }
+        })?;
     }
     let Some(index) = snapshot.router.find(&parts) else {
         return Err(GatewayError::NoRoute {
@@ -286,8 +301,19 @@ async fn route_and_act(
             (response, FieldLines::new())
         }
         RouteAction::Forward(_) => {
-            let (response, fields) =
-                forward(snapshot, route, downstream, parts, body, &mut notes.permits).await?;
+            let (response, fields) = match (&route.retry, &plan.retry_budget) {
+                (Some(policy), Some(budget)) => {
+                    let retrying = Retrying {
+                        app,
+                        snapshot,
+                        route,
+                        policy,
+                        budget,
+                    };
+                    retrying.forward(downstream, parts, body, notes).await?
+                }
+                _ => forward(snapshot, route, downstream, parts, body, &mut notes.permits).await?,
+            };
             if let (Some(cost_header), Some(admitted)) = (&route.cost_header, admitted) {
                 let reported = fields.relayed_value(cost_header.as_str());
                 settle_cost(app, route, admitted, reported);
@@ -641,6 +667,18 @@ async fn forward(
         .send(request, exceeded, route.max_body.unwrap_or(u64::MAX))
         .await?;
     if response.status() == StatusCode::SWITCHING_PROTOCOLS {
+        if !upgrade::switched_to_allowed(
+            fields.relayed_value("upgrade"),
+            &snapshot.config.server.upgrades,
+        ) {
+            return Err(GatewayError::UpstreamFailed {
+                upstream: upstream.config.name.clone(),
+                source: PoolError::Request(std::io::Error::new(
+                    std::io::ErrorKind::InvalidData,
+                    "the upstream switched to a protocol that is not in server.upgrades",
+                )),
+            });
+        }
         match (client_upgrade, response.body_mut().take_upgraded()) {
             (Some(client_upgrade), Some(upstream_conn)) => {
                 upgrade::spawn_tunnel(client_upgrade, upstream_conn, std::mem::take(permits));
@@ -658,6 +696,191 @@ async fn forward(
         }
     }
     Ok((response.map(ResponseBody::upstream), fields))
+}
+
+/// Request bodies up to this size are read whole on a retrying route, so
+/// they can be sent again; larger or unsized ones are sent once.
+const MAX_REPLAY_BODY: u64 = 64 * 1024;
+
+/// A route's retries (`retry = {...}`) around [`forward`]: see
+/// [`crate::upstream::retry`] for the delays and the budget. A request is
+/// retried only when sending it again cannot repeat an action — an
+/// idempotent method, or one carrying `Idempotency-Key` — and its body can
+/// be sent again (none, or one of known length up to [`MAX_REPLAY_BODY`],
+/// read first); never once the client has received a byte (only errors and
+/// retried statuses, whose response is dropped unread, are retried); never
+/// an upgrade. All attempts together are bounded by the upstream's
+/// `timeout` (504).
+struct Retrying<'s> {
+    app: &'s App,
+    snapshot: &'s Snapshot,
+    route: &'s RouteConfig,
+    policy: &'s crate::config::RetryPolicy,
+    budget: &'s crate::upstream::retry::RetryBudget,
+}
+
+impl Retrying<'_> {
+    async fn forward(
+        &self,
+        downstream: Downstream,
+        parts: Parts,
+        body: PendingBody,
+        notes: &mut Notes,
+    ) -> Result<(Response<ResponseBody>, FieldLines), GatewayError> {
+        use crate::upstream::retry;
+
+        let (snapshot, route) = (self.snapshot, self.route);
+        self.budget.record_request(self.app.clock.now());
+        let Some(upstream) = snapshot.upstream_of(&route.action) else {
+            return forward(snapshot, route, downstream, parts, body, &mut notes.permits).await;
+        };
+        let idempotent = matches!(
+            parts.method,
+            Method::GET
+                | Method::HEAD
+                | Method::OPTIONS
+                | Method::TRACE
+                | Method::PUT
+                | Method::DELETE
+        ) || parts.headers.contains_key("idempotency-key");
+        let upgrade = parts.headers.contains_key(http::header::UPGRADE);
+        if !idempotent || upgrade {
+            return forward(snapshot, route, downstream, parts, body, &mut notes.permits).await;
+        }
+        let body = match replayable(body, &parts, &snapshot.config).await? {
+            Ok(bytes) => bytes,
+            Err(body) => {
+                return forward(snapshot, route, downstream, parts, body, &mut notes.permits).await;
+            }
+        };
+        let timeout = upstream.config.timeout;
+        let deadline = tokio::time::Instant::now() + timeout;
+        let template = (
+            parts.method.clone(),
+            parts.uri.clone(),
+            parts.version,
+            parts.headers.clone(),
+        );
+        let mut parts = Some(parts);
+        let mut attempt = 0u32;
+        loop {
+            let this = parts.take().unwrap_or_else(|| {
+                let mut request = Request::new(());
+                *request.method_mut() = template.0.clone();
+                *request.uri_mut() = template.1.clone();
+                *request.version_mut() = template.2;
+                *request.headers_mut() = template.3.clone();
+                request.into_parts().0
+            });
+            let sent = forward(
+                snapshot,
+                route,
+                downstream,
+                this,
+                PendingBody::Complete(body.clone()),
+                &mut notes.permits,
+            );
+            let result = match tokio::time::timeout_at(deadline, sent).await {
+                Ok(result) => result,
+                Err(_) => Err(GatewayError::UpstreamTimeout {
+                    upstream: upstream.config.name.clone(),
+                    timeout,
+                }),
+            };
+            let reason = match &result {
+                Err(GatewayError::UpstreamConnect { .. }) if self.policy.on_connect => "connect",
+                Err(GatewayError::UpstreamFailed { .. }) if self.policy.on_connect => "reset",
+                Ok((response, _)) if self.policy.retries_status(response.status().as_u16()) => {
+                    status_label(response.status().as_u16())
+                }
+                _ => return result,
+            };
+            let retry_after = match &result {
+                Ok((_, fields)) => fields
+                    .relayed_value("retry-after")
+                    .and_then(|v| retry::parse_retry_after(v, std::time::SystemTime::now())),
+                Err(_) => None,
+            };
+            let left = deadline.saturating_duration_since(tokio::time::Instant::now());
+            let jittered = retry::full_jitter(self.policy.bound(attempt), retry::draw);
+            let Some(wait) = retry::wait_before(jittered, retry_after, left) else {
+                return result;
+            };
+            if attempt >= self.policy.attempts || !self.budget.try_spend(self.app.clock.now()) {
+                return result;
+            }
+            // The retried response is dropped unread: nothing of it reached
+            // the client, and its connection is not reused.
+            drop(result);
+            attempt += 1;
+            notes.retries = attempt;
+            if let Some(label) = notes.route_index.and_then(|i| upstream_label(snapshot, i)) {
+                self.app.metrics().record_upstream_retry(label, reason);
+            }
+            tracing::debug!(route = %route.name, attempt, reason, wait_ms = wait.as_millis() as u64, "retrying upstream");
+            tokio::time::sleep(wait).await;
+        }
+    }
+}
+
+/// The `reason` label of a retried status.
+fn status_label(status: u16) -> &'static str {
+    match status {
+        408 => "408",
+        425 => "425",
+        429 => "429",
+        500 => "500",
+        501 => "501",
+        502 => "502",
+        503 => "503",
+        504 => "504",
+        _ => "5xx",
+    }
+}
+
+/// The body as bytes that can be sent again, reading it first when its
+/// declared length is at most [`MAX_REPLAY_BODY`]; `Err(body)` (untouched)
+/// when it cannot be replayed.
+async fn replayable(
+    body: PendingBody,
+    parts: &Parts,
+    config: &Config,
+) -> Result<Result<Bytes, PendingBody>, GatewayError> {
+    use http_body::Body as _;
+    let mut incoming = match body {
+        PendingBody::Complete(bytes) => return Ok(Ok(bytes)),
+        PendingBody::Partial(..) => return Ok(Err(body)),
+        PendingBody::Fresh(incoming) => incoming,
+    };
+    if incoming.size_hint().exact() == Some(0) {
+        return Ok(Ok(Bytes::new()));
+    }
+    match declared_length(parts) {
+        Some(length) if length <= MAX_REPLAY_BODY => {}
+        _ => return Ok(Err(PendingBody::Fresh(incoming))),
+    }
+    let mut buffer = BytesMut::new();
+    let deadline = tokio::time::Instant::now() + config.server.header_read_timeout;
+    loop {
+        let frame = tokio::time::timeout_at(deadline, incoming.frame())
+            .await
+            .map_err(|_| GatewayError::RequestTimeout {
+                timeout: config.server.header_read_timeout,
+            })?;
+        match frame {
+            None => return Ok(Ok(buffer.freeze())),
+            Some(Err(_)) => {
+                return Err(GatewayError::BadRequest {
+                    reason: "the request body could not be read",
+                });
+            }
+            Some(Ok(frame)) => {
+                if let Ok(data) = frame.into_data() {
+                    buffer.extend_from_slice(&data);
+                }
+            }
+        }
+    }
 }
 
 /// A request ready to send, and what the forward step needs afterwards.
@@ -721,6 +944,8 @@ fn prepare_forward<'s>(
             }
         }
     };
+    let mut parts = parts;
+    upgrade::allow_only(&mut parts.headers, &snapshot.config.server.upgrades);
     let mut request = upstream.prepare(parts, body, downstream.peer, downstream.proto)?;
     // hyper hands the client's connection over if we answer 101.
     let client_upgrade = if request.own.upgrade {

@@ -6,6 +6,7 @@
 
 pub mod deadline;
 pub mod pool;
+pub mod retry;
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};

@@ -266,7 +266,7 @@ impl Seen {
 /// - `/hop`: answers with hop-by-hop headers that must not reach the client;
 /// - `/cost/N`: answers with `x-cost: N`;
 /// - `/close`: answers, then closes its keep-alive connection;
-/// - `/upgrade`: switches protocols (101) to an echo of every byte;
+/// - `/upgrade`: switches protocols (101, to the one asked for) to an echo of every byte;
 /// - anything else: 200 with body `echo`, recording what it saw.
 pub struct TestUpstream {
     pub addr: SocketAddr,
@@ -361,6 +361,13 @@ async fn upstream_answer(
     if path == "/upgrade" {
         // Switch to an echo protocol: every byte sent comes back.
         let mut request = request;
+        // Switches to the protocol asked for (the gateway tunnels only the
+        // allowed ones), or to `echo` when told to switch unasked.
+        let protocol = request
+            .headers()
+            .get("upgrade")
+            .cloned()
+            .unwrap_or_else(|| "echo".parse().unwrap());
         let on_upgrade = hyper::upgrade::on(&mut request);
         tokio::spawn(async move {
             if let Ok(upgraded) = on_upgrade.await {
@@ -372,9 +379,7 @@ async fn upstream_answer(
             Full::new(Bytes::new()).map_err(|e| match e {}),
         ));
         *response.status_mut() = hyper::StatusCode::SWITCHING_PROTOCOLS;
-        response
-            .headers_mut()
-            .insert("upgrade", "echo".parse().unwrap());
+        response.headers_mut().insert("upgrade", protocol);
         response
             .headers_mut()
             .insert("connection", "upgrade".parse().unwrap());
