@@ -15,6 +15,8 @@
 //!
 //! [`handler`] is the one function that calls these steps. Operators read the
 //! metrics, health and running configuration on a separate listener, [`admin`].
+//! [`simulate`] runs a trace through the same routing, keys and limiters on a
+//! virtual clock, offline.
 //! Configuration ([`config`]) is validated whole and swapped whole
 //! (`arc-swap`); limiter state and metrics live outside the snapshot so a
 //! reload keeps them.
@@ -37,5 +39,6 @@ pub mod proxy;
 pub mod reload;
 pub mod routing;
 pub mod server;
+pub mod simulate;
 pub mod summary;
 pub mod worker;
