@@ -1,6 +1,5 @@
 //! `--compare`: one limit's parameters re-expressed in another algorithm at
-//! the same long-run rate, and the exact reference every run is measured
-//! against.
+//! the same long-run rate.
 //!
 //! Every rate algorithm has a *window form* `(L, W)`: `L` cost units per
 //! `W`. For the window algorithms it is their `limit` and `window`; a token
@@ -20,9 +19,9 @@
 //! `fixed_window` of 20 per 2 s, a `leaky_bucket` of capacity 19 at 10/s.
 //! A limit already of the target kind is kept as configured.
 //!
-//! The *reference* is the `sliding_log` of the window form: exact, so the
-//! false allows and denies of a limit are its disagreements with it.
-//! `concurrency` has no rate: it is never mapped and has no reference.
+//! The exact rule false allows and denies are judged by is the
+//! `sliding_log` of the window form (see `tracker`). `concurrency` has no
+//! rate: it is never mapped and never judged.
 
 use std::sync::Arc;
 

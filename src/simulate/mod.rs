@@ -10,11 +10,15 @@
 //! the gateway's [`App`](crate::app::App) — the same code as `tollgate run`,
 //! with the record's time as `now`. Nothing sleeps, nothing is sent.
 //!
-//! Beside the configured policy, every run also decides each request under a
-//! reference: the same configuration with every rate limit replaced by an
-//! exact `sliding_log` of the same limit and window ([`compare`]). A limit's
-//! false allows and false denies are the requests on which it disagrees with
-//! that reference. `--compare` runs further variants of the configuration,
+//! Each decision is also judged against the exact rule: an exact sliding log
+//! of the limit's window form (`L` per `W`, [`compare`]) holding the same
+//! admissions ([`tracker`]). A limit's false allows are the requests it
+//! admitted although `L` units were already admitted for the key in the
+//! last `W`; its false denies, those it denied although they fit (a free
+//! unit counted once, however many requests find it). Judging
+//! against the limit's own history, rather than a second run that drifts
+//! away from it after the first disagreement, keeps the share meaningful
+//! on overloaded traffic. `--compare` runs variants of the configuration,
 //! each with every rate limit turned into one algorithm at the same long-run
 //! rate, all on the same pass over the trace.
 //!

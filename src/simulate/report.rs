@@ -10,7 +10,7 @@
 //! | `peak` | most cost units admitted for one key in any span of the limit's window (the limit's keys, whichever route charged them) |
 //! | `limit` / `window` | the limit's window form `L` per `W` (see `compare`) |
 //! | `excess` | the worst excess over `capacity + rate × span` |
-//! | `false allow` / `false deny` | share of `requests` this limit admitted where an exact sliding log of `L` per `W` denied, and the converse |
+//! | `false allow` / `false deny` | share of `requests` this limit admitted although `L` units were already admitted for the key in the last `W` (an exact sliding log holding the same admissions would deny), and the share it denied although they fit (each free unit counted once per window) |
 //!
 //! Below the table: what was not decided by a limit (no route, refused
 //! before the limits) and the trace's bad records.

@@ -17,8 +17,9 @@
 //! excess of `[s, t]` is `(A(t) − r·t) − (A(s⁻) − r·s) − C`, so one running
 //! minimum of `A(s⁻) − r·s` per key gives the worst interval ending at each
 //! admission in O(1). The peak keeps the admissions of the last window in a
-//! deque. Everything is exact integer arithmetic (scaled by the rate's
-//! `per`).
+//! deque; the same deque is the exact sliding log that false allows and
+//! denies are judged by ([`LimitTracker::judge`]). Everything is
+//! exact integer arithmetic (scaled by the rate's `per`).
 
 use std::collections::{HashMap, VecDeque};
 
@@ -37,6 +38,14 @@ pub struct Worst {
     pub excess: u64,
 }
 
+/// A decision next to the exact rule's.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Judgement {
+    Right,
+    FalseAllow,
+    FalseDeny,
+}
+
 /// One key's admissions.
 #[derive(Debug)]
 struct KeyTrack {
@@ -49,9 +58,37 @@ struct KeyTrack {
     origin: Nanos,
     recent: VecDeque<(Nanos, u64)>,
     in_window: u64,
+    /// Units the limit denied although they fit, in the last window: the
+    /// room they would have taken is spoken for, so one free unit is one
+    /// false denial, not one per request that finds it.
+    missed: VecDeque<(Nanos, u64)>,
+    missed_in_window: u64,
     admitted: u128,
     /// min over earlier admissions s of `A(s⁻)·per − tokens·s`.
     lowest: i128,
+}
+
+impl KeyTrack {
+    /// Drops the admissions that left the window `(t − W, t]`; returns `t`
+    /// on the key's clock.
+    fn evict(&mut self, now: Nanos) -> Nanos {
+        let t = now.saturating_sub(self.origin);
+        while let Some(&(at, units)) = self.recent.front() {
+            if at.saturating_add(self.window) > t {
+                break;
+            }
+            self.recent.pop_front();
+            self.in_window -= units;
+        }
+        while let Some(&(at, units)) = self.missed.front() {
+            if at.saturating_add(self.window) > t {
+                break;
+            }
+            self.missed.pop_front();
+            self.missed_in_window -= units;
+        }
+        t
+    }
 }
 
 /// One limit's admissions, per key.
@@ -69,15 +106,7 @@ impl LimitTracker {
         let Some(track) = self.track(key, algorithm, now) else {
             return 0;
         };
-        let t = now.saturating_sub(track.origin);
-        // Peak: the admissions of `(t − W, t]`.
-        while let Some(&(at, units)) = track.recent.front() {
-            if at.saturating_add(track.window) > t {
-                break;
-            }
-            track.recent.pop_front();
-            track.in_window -= units;
-        }
+        let t = track.evict(now);
         track.recent.push_back((t, cost));
         track.in_window += cost;
         // Excess: the worst interval ending at this admission.
@@ -99,6 +128,42 @@ impl LimitTracker {
         in_window
     }
 
+    /// Judges one decision of the limit for `key` against an exact sliding
+    /// log of its window form holding what the limit admitted so far: a
+    /// false allow admits `cost` beyond `L` in the last `W`; a false deny
+    /// refuses units that fit (beside earlier false denials' units, so one
+    /// free unit is counted once). Call before [`LimitTracker::admit`].
+    /// `None` for concurrency.
+    pub fn judge(
+        &mut self,
+        key: LimitKey,
+        algorithm: &Algorithm,
+        now: Nanos,
+        cost: u64,
+        admitted: bool,
+    ) -> Option<Judgement> {
+        let track = self.track(key, algorithm, now)?;
+        let t = track.evict(now);
+        let used = track.in_window;
+        Some(if admitted {
+            if used.saturating_add(cost) > track.limit {
+                Judgement::FalseAllow
+            } else {
+                Judgement::Right
+            }
+        } else if used
+            .saturating_add(track.missed_in_window)
+            .saturating_add(cost)
+            <= track.limit
+        {
+            track.missed.push_back((t, cost));
+            track.missed_in_window += cost;
+            Judgement::FalseDeny
+        } else {
+            Judgement::Right
+        })
+    }
+
     fn track(&mut self, key: LimitKey, algorithm: &Algorithm, now: Nanos) -> Option<&mut KeyTrack> {
         let (limit, window) = window_form(algorithm)?;
         let (capacity, rate) = bucket_form(algorithm)?;
@@ -111,6 +176,8 @@ impl LimitTracker {
             origin: now,
             recent: VecDeque::new(),
             in_window: 0,
+            missed: VecDeque::new(),
+            missed_in_window: 0,
             admitted: 0,
             lowest: i128::MAX,
         }))
@@ -237,6 +304,33 @@ mod tests {
         assert_eq!(tracker.worst.excess, 9);
         // A minute later the window has emptied.
         assert_eq!(tracker.admit(key(), &fixed, 200 * S, 1), 1);
+    }
+
+    #[test]
+    fn a_free_unit_is_one_false_denial() {
+        let log = Algorithm::SlidingLog {
+            limit: 2,
+            window: 10 * S,
+        };
+        let mut tracker = LimitTracker::default();
+        let judge = |t: &mut LimitTracker, at, admitted| t.judge(key(), &log, at, 1, admitted);
+        assert_eq!(judge(&mut tracker, 0, true), Some(Judgement::Right));
+        tracker.admit(key(), &log, 0, 1);
+        // One unit free: the first denial of it is false, the next is not.
+        assert_eq!(judge(&mut tracker, S, false), Some(Judgement::FalseDeny));
+        assert_eq!(judge(&mut tracker, S, false), Some(Judgement::Right));
+        tracker.admit(key(), &log, S, 1);
+        assert_eq!(
+            judge(&mut tracker, 2 * S, true),
+            Some(Judgement::FalseAllow)
+        );
+        // Once the window has passed, both units are free again.
+        assert_eq!(
+            judge(&mut tracker, 12 * S, false),
+            Some(Judgement::FalseDeny)
+        );
+        let conc = Algorithm::Concurrency { max: 1 };
+        assert_eq!(tracker.judge(key(), &conc, 0, 1, true), None);
     }
 
     #[test]
