@@ -1,8 +1,9 @@
 //! The run: every record through the configuration's routes and stacks on a
 //! virtual clock, counted per route and limit.
 //!
-//! [`decide`] is the gateway's request path up to and including the limit
-//! step, minus the network: the [`Router`](crate::routing::Router), the
+//! [`identify`] and [`limit`] are the gateway's request path up to and
+//! including the limit step, minus the network: the
+//! [`Router`](crate::routing::Router), the
 //! caller's consumer ([`admit`]), the client IP behind trusted proxies
 //! ([`resolve_with`], the record's `ip` as the TCP peer), the body's fields
 //! for `body:FIELD` keys (capped at `max_key_body`), each limit's key with
@@ -76,20 +77,48 @@ pub enum Refusal {
     TooLarge,
 }
 
-/// Decides `record` at `now` against `snapshot`, as the gateway would.
-pub fn decide(snapshot: &Snapshot, record: &Record, now: Nanos) -> Decided {
+/// A request answered before its limits decide ([`Decided::NoRoute`],
+/// [`Decided::Refused`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Early {
+    NoRoute,
+    Refused { route: usize, refusal: Refusal },
+}
+
+impl From<Early> for Decided {
+    fn from(early: Early) -> Decided {
+        match early {
+            Early::NoRoute => Decided::NoRoute,
+            Early::Refused { route, refusal } => Decided::Refused { route, refusal },
+        }
+    }
+}
+
+/// A request as the limit step receives it: its route, each limit's key and
+/// the caller's plan. Variants of one configuration differ only in their
+/// algorithms, so this is worked out once per record for all of them.
+#[derive(Debug, Clone)]
+pub struct Identified {
+    pub route: usize,
+    pub keys: SmallVec<[Option<LimitKey>; INLINE]>,
+    pub plan: Option<Arc<str>>,
+}
+
+/// The gateway's steps before the limits: route, caller, body fields,
+/// client IP, keys.
+pub fn identify(snapshot: &Snapshot, record: &Record) -> Result<Identified, Early> {
     let parts = &record.parts;
     let Some(index) = snapshot.router.find(parts) else {
-        return Decided::NoRoute;
+        return Err(Early::NoRoute);
     };
     let route = &snapshot.config.routes[index];
     let plan = &snapshot.routes[index];
-    let refused = |refusal| Decided::Refused {
+    let refused = |refusal| Early::Refused {
         route: index,
         refusal,
     };
     let Ok(consumer) = admit(&parts.headers, &snapshot.config, route.require_consumer) else {
-        return refused(Refusal::Unauthorized);
+        return Err(refused(Refusal::Unauthorized));
     };
     let body = record.body.as_deref().unwrap_or_default();
     let fields = if plan.needs_body {
@@ -97,7 +126,7 @@ pub fn decide(snapshot: &Snapshot, record: &Record, now: Nanos) -> Decided {
             .max_body
             .is_some_and(|limit| body.len() as u64 > limit)
         {
-            return refused(Refusal::TooLarge);
+            return Err(refused(Refusal::TooLarge));
         }
         // Over the key cap the gateway does not parse the body: no key.
         (body.len() <= snapshot.config.server.max_key_body).then(|| {
@@ -124,30 +153,42 @@ pub fn decide(snapshot: &Snapshot, record: &Record, now: Nanos) -> Decided {
         consumer,
         body: fields.as_ref(),
     };
-    let caller_plan = consumer.and_then(|c| c.plan.as_deref());
     let mut keys = SmallVec::new();
+    for &i in &plan.stack {
+        let Ok(key) = limit_key(&snapshot.config.limits[i], parts, &facts) else {
+            return Err(refused(Refusal::MissingKey(i)));
+        };
+        keys.push(key);
+    }
+    Ok(Identified {
+        route: index,
+        keys,
+        plan: consumer.and_then(|c| c.plan.clone()),
+    })
+}
+
+/// The limit step: the route's stack decided on `snapshot`'s limiters (the
+/// caller's plan's), all or nothing, at `now`.
+pub fn limit(snapshot: &Snapshot, identified: &Identified, now: Nanos) -> Decided {
+    let route = identified.route;
+    let stack = &snapshot.routes[route].stack;
     let mut algorithms = SmallVec::new();
     let mut entries: SmallVec<[StackEntry<'_>; INLINE]> = SmallVec::new();
-    for &i in &plan.stack {
-        let limit = &snapshot.config.limits[i];
-        let Ok(key) = limit_key(limit, parts, &facts) else {
-            return refused(Refusal::MissingKey(i));
-        };
-        let limiter = snapshot.limiters[i].for_plan(caller_plan);
-        keys.push(key);
+    for (&i, &key) in stack.iter().zip(&identified.keys) {
+        let limiter = snapshot.limiters[i].for_plan(identified.plan.as_deref());
         algorithms.push(limiter.algorithm());
         entries.push(StackEntry {
             limiter,
             key,
-            shadow: limit.shadow,
+            shadow: snapshot.config.limits[i].shadow,
         });
     }
-    let decision = check_stack(&entries, route.cost, now);
+    let decision = check_stack(&entries, snapshot.config.routes[route].cost, now);
     drop(entries);
     Decided::Limited {
-        route: index,
+        route,
         decision,
-        keys,
+        keys: identified.keys.clone(),
         algorithms,
     }
 }
@@ -335,8 +376,13 @@ impl Simulation {
             self.records += 1;
             self.span = Some(self.span.map_or((now, now), |(first, _)| (first, now)));
             let compared = self.variants.len() > 1;
+            // Routing and keys do not depend on the algorithms: once for all.
+            let identified = identify(&self.variants[0].snapshot, &record);
             for v in 0..self.variants.len() {
-                let decided = decide(&self.variants[v].snapshot, &record, now);
+                let decided = match &identified {
+                    Ok(identified) => limit(&self.variants[v].snapshot, identified, now),
+                    Err(early) => (*early).into(),
+                };
                 self.account(v, &decided, now);
                 if let Some(out) = decisions.as_deref_mut() {
                     let variant = &self.variants[v];

@@ -190,7 +190,7 @@ const MAX_BUCKETS: usize = 240;
 /// Per time bucket and variant: the busiest key's units in its window
 /// (the most seen in the bucket) and the requests denied. Buckets start at
 /// the first record and double in width whenever the trace outgrows
-/// [`MAX_BUCKETS`], so a trace of any length fits one chart.
+/// `MAX_BUCKETS` (240), so a trace of any length fits one chart.
 #[derive(Debug)]
 pub struct Timeline {
     pub start: Option<Nanos>,
