@@ -205,11 +205,21 @@ impl Spec {
                 )));
             }
         };
-        if let Spec::Poisson { rate, duration, .. } = spec
-            && rate * (duration as f64 / NANOS_PER_SEC as f64) > MAX_COUNT as f64
-        {
+        // Expected requests, so a typo cannot ask for a run of days.
+        let expected = match spec {
+            Spec::Poisson { rate, duration, .. } => rate * (duration as f64 / NANOS_PER_SEC as f64),
+            Spec::PageLoads {
+                users,
+                burst,
+                think,
+                duration,
+                ..
+            } => users as f64 * burst as f64 * (duration as f64 / think.max(1) as f64 + 1.0),
+            Spec::BoundaryBurst { .. } => 0.0,
+        };
+        if expected > MAX_COUNT as f64 {
             return Err(usage(format!(
-                "poisson: rate × duration is more than {MAX_COUNT} requests"
+                "{name}: these parameters make about {expected:.0} requests, more than {MAX_COUNT}"
             )));
         }
         Ok(spec)
@@ -399,7 +409,7 @@ pub fn records(
             Box::new((0..2 * n).map(move |i| {
                 let (base, j) = if i < n { (before, i) } else { (edge, i - n) };
                 let offset = (u128::from(spread) * u128::from(j) / u128::from(n)) as Nanos;
-                (base + offset, i % keys)
+                (base.saturating_add(offset), i % keys)
             }))
         }
         Spec::Poisson {
@@ -465,7 +475,7 @@ impl PageLoads {
     ) -> PageLoads {
         let mut rng = fastrand::Rng::with_seed(seed);
         let pending = (0..users)
-            .map(|user| Reverse((start + rng.u64(0..think.max(1)), user, 0)))
+            .map(|user| Reverse((start.saturating_add(rng.u64(0..think.max(1))), user, 0)))
             .collect();
         PageLoads {
             rng,
@@ -491,10 +501,15 @@ impl Iterator for PageLoads {
             if request == 0 {
                 let step = self.spread / self.burst;
                 for k in 1..self.burst {
-                    self.pending.push(Reverse((time + k * step, user, k)));
+                    self.pending.push(Reverse((
+                        time.saturating_add(k.saturating_mul(step)),
+                        user,
+                        k,
+                    )));
                 }
                 let gap = exponential(&mut self.rng, self.think) as Nanos;
-                self.pending.push(Reverse((time + gap.max(1), user, 0)));
+                self.pending
+                    .push(Reverse((time.saturating_add(gap.max(1)), user, 0)));
             }
             return Some((time, user));
         }
@@ -599,6 +614,7 @@ limits = ["per_key"]
             ("boundary-burst:window=soon", "`window=soon`"),
             ("boundary-burst:n", "is not key=value"),
             ("poisson:rate=1000000/s,duration=1d", "more than"),
+            ("page-loads:users=1000,think=1ms,duration=1d", "more than"),
         ] {
             let Err(Error::Usage(message)) = Spec::parse(spec) else {
                 panic!("accepted {spec}");

@@ -78,14 +78,14 @@ impl KeyTrack {
                 break;
             }
             self.recent.pop_front();
-            self.in_window -= units;
+            self.in_window = self.in_window.saturating_sub(units);
         }
         while let Some(&(at, units)) = self.missed.front() {
             if at.saturating_add(self.window) > t {
                 break;
             }
             self.missed.pop_front();
-            self.missed_in_window -= units;
+            self.missed_in_window = self.missed_in_window.saturating_sub(units);
         }
         t
     }
@@ -108,15 +108,25 @@ impl LimitTracker {
         };
         let t = track.evict(now);
         track.recent.push_back((t, cost));
-        track.in_window += cost;
+        track.in_window = track.in_window.saturating_add(cost);
         // Excess: the worst interval ending at this admission.
+        // Saturating: a rate of absurd numbers must not overflow (or panic).
         let per = i128::from(track.per);
-        let drift = i128::from(track.tokens) * i128::from(t);
-        let before = i128::try_from(track.admitted).unwrap_or(i128::MAX) * per - drift;
+        let drift = i128::from(track.tokens).saturating_mul(i128::from(t));
+        let scaled = |units: u128| {
+            i128::try_from(units)
+                .unwrap_or(i128::MAX)
+                .saturating_mul(per)
+                .saturating_sub(drift)
+        };
+        let before = scaled(track.admitted);
         track.lowest = track.lowest.min(before);
-        track.admitted += u128::from(cost);
-        let after = i128::try_from(track.admitted).unwrap_or(i128::MAX) * per - drift;
-        let over = (after - track.lowest - i128::from(track.capacity) * per).div_euclid(per.max(1));
+        track.admitted = track.admitted.saturating_add(u128::from(cost));
+        let after = scaled(track.admitted);
+        let over = after
+            .saturating_sub(track.lowest)
+            .saturating_sub(i128::from(track.capacity).saturating_mul(per))
+            .div_euclid(per.max(1));
         let (in_window, limit, window) = (track.in_window, track.limit, track.window);
         let worst = &mut self.worst;
         if worst.limit == 0 || in_window > worst.peak {
@@ -157,7 +167,7 @@ impl LimitTracker {
             <= track.limit
         {
             track.missed.push_back((t, cost));
-            track.missed_in_window += cost;
+            track.missed_in_window = track.missed_in_window.saturating_add(cost);
             Judgement::FalseDeny
         } else {
             Judgement::Right
@@ -329,6 +339,17 @@ mod tests {
             judge(&mut tracker, 12 * S, false),
             Some(Judgement::FalseDeny)
         );
+        // Numbers at the edge of u64 saturate instead of overflowing.
+        let huge = Algorithm::TokenBucket {
+            capacity: u64::MAX,
+            refill: Rate {
+                tokens: u64::MAX,
+                per: 1,
+            },
+        };
+        for at in [0, u64::MAX / 2, u64::MAX] {
+            tracker.admit(LimitKey::from_u128(9), &huge, at, u64::MAX);
+        }
         let conc = Algorithm::Concurrency { max: 1 };
         assert_eq!(tracker.judge(key(), &conc, 0, 1, true), None);
     }
