@@ -2,7 +2,7 @@
 # How long `tollgate simulate` takes for a million requests.
 #
 # Three runs against the repository's gateway.toml, each timed (wall clock
-# and peak memory, from /usr/bin/time when present):
+# user CPU and peak memory, from /usr/bin/time when present):
 #   1. generated: `poisson:rate=10000/s,keys=1000,duration=100s` at the `api`
 #      route (about 1,000,000 requests; no file to parse);
 #   2. a 1,000,000-line CSV trace, gzip-compressed (written here by awk:
@@ -28,7 +28,7 @@ start_scratch
 timed() {
   echo "\$ tollgate $*" | sed "s|$TMP/||g"
   if [ -x /usr/bin/time ]; then
-    /usr/bin/time -f "%e s wall, %M KiB peak" "$BINARY" "$@" >"$TMP/out.txt"
+    /usr/bin/time -f "%e s wall, %U s user, %M KiB peak" "$BINARY" "$@" >"$TMP/out.txt"
   else
     TIMEFORMAT="%R s wall"
     time "$BINARY" "$@" >"$TMP/out.txt"

@@ -22,8 +22,10 @@
 //! exact integer arithmetic (scaled by the rate's `per`).
 
 use std::collections::{HashMap, VecDeque};
+use std::hash::BuildHasherDefault;
 
 use super::compare::{bucket_form, window_form};
+use crate::limit::memory::DigestHasher;
 use crate::limit::{Algorithm, LimitKey, Nanos};
 
 /// The worst a limit did over the whole trace.
@@ -94,7 +96,8 @@ impl KeyTrack {
 /// One limit's admissions, per key.
 #[derive(Debug, Default)]
 pub struct LimitTracker {
-    keys: HashMap<LimitKey, KeyTrack>,
+    /// Keys are digests already: their bits are the hash (as in the store).
+    keys: HashMap<LimitKey, KeyTrack, BuildHasherDefault<DigestHasher>>,
     pub worst: Worst,
 }
 
