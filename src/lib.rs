@@ -57,6 +57,8 @@
 //! exact for the process (limiters, metrics, the snapshot) is shared.
 //! Operators read the metrics, health and running configuration on a
 //! separate listener, [`admin`].
+//! [`simulate`] runs a trace through the same routing, keys and limiters on a
+//! virtual clock, offline.
 
 pub(crate) mod access_log;
 pub mod admin;
@@ -76,6 +78,7 @@ pub(crate) mod proxy;
 pub(crate) mod ratelimit_policy;
 pub mod reload;
 pub mod routing;
+pub mod simulate;
 pub mod summary;
 pub(crate) mod upstream;
 pub mod worker;

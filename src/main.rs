@@ -1,5 +1,6 @@
 //! The `tollgate` binary: the command line, logging and signals around the
-//! library. `run` serves, `check` validates.
+//! library. `run` serves, `check` validates, `simulate` replays traffic
+//! offline.
 
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -38,6 +39,36 @@ enum Command {
     Run,
     /// Validate the configuration, print a summary, exit 0 (valid) or 1.
     Check,
+    /// Replay a trace (or generated traffic) through the configuration on a
+    /// virtual clock and report what its limits would have done.
+    Simulate(SimulateArgs),
+}
+
+#[derive(Debug, clap::Args)]
+#[command(group(clap::ArgGroup::new("input").required(true).args(["trace", "generate"])))]
+struct SimulateArgs {
+    /// A trace: CSV with a header row or JSON lines, gzip or not; `-` for stdin.
+    #[arg(long, value_name = "FILE")]
+    trace: Option<String>,
+    /// Generated traffic: `boundary-burst`, `poisson:rate=R,keys=K,duration=D`,
+    /// `page-loads:users=U,burst=8`.
+    #[arg(long, value_name = "SPEC")]
+    generate: Option<String>,
+    /// Report this route only (and send generated traffic to it).
+    #[arg(long, value_name = "NAME")]
+    route: Option<String>,
+    /// Run every rate limit under each of these algorithms, at the same long-run rate.
+    #[arg(long, value_name = "ALGO,...", value_delimiter = ',')]
+    compare: Vec<String>,
+    /// Draw admitted and denied requests over time to this SVG file.
+    #[arg(long, value_name = "OUT")]
+    svg: Option<PathBuf>,
+    /// Print JSON instead of the table.
+    #[arg(long)]
+    json: bool,
+    /// Write each request's decision to this file, one JSON object a line.
+    #[arg(long, value_name = "OUT")]
+    decisions: Option<PathBuf>,
 }
 
 #[derive(Debug, Clone, Copy, ValueEnum)]
@@ -64,6 +95,28 @@ fn main() -> ExitCode {
             ExitCode::SUCCESS
         }
         Command::Run => run(config, cli.log_format),
+        Command::Simulate(args) => simulate(&config, args),
+    }
+}
+
+fn simulate(config: &Config, args: SimulateArgs) -> ExitCode {
+    let options = tollgate::simulate::Options {
+        trace: args.trace,
+        generate: args.generate,
+        route: args.route,
+        compare: args.compare,
+        svg: args.svg,
+        json: args.json,
+        decisions: args.decisions,
+    };
+    let mut out = std::io::stdout().lock();
+    let mut err = std::io::stderr().lock();
+    match tollgate::simulate::simulate(config, &options, &mut out, &mut err) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(error) => {
+            eprintln!("tollgate simulate: {error}");
+            ExitCode::from(error.exit_code())
+        }
     }
 }
 

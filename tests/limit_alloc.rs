@@ -2,8 +2,8 @@
 //! for every algorithm and for stacks of up to 8 entries (style: "no
 //! allocation on the allowed path", proved with a counting allocator).
 //!
-//! Only this test runs in this binary, so the global counter sees no other
-//! thread's allocations.
+//! The count is this thread's: the test harness's own thread allocates
+//! now and then while it waits (seen under load), and must not count.
 
 use tollgate::limit::{
     Algorithm, LeakyMode, LimitKey, Limiter, NANOS_PER_SEC, Nanos, Rate, StackEntry, check_stack,
@@ -71,7 +71,7 @@ fn known_keys_decide_without_allocating() {
             drop(l.check(key, 1, T0 + i * S / 100));
         }
     }
-    let before = counting_alloc::allocations();
+    let before = counting_alloc::this_thread_allocations();
     let (mut allowed, mut denied) = (0, 0);
     for i in 200..1_200 {
         let now = T0 + i * S / 100;
@@ -87,7 +87,7 @@ fn known_keys_decide_without_allocating() {
             drop(l.check(key, 1, now));
         }
     }
-    let after = counting_alloc::allocations();
+    let after = counting_alloc::this_thread_allocations();
     assert!(allowed > 0 && denied > 0, "{allowed} {denied}");
     assert_eq!(after - before, 0, "allocations on the decision path");
 }

@@ -8,7 +8,7 @@
 use http::HeaderMap;
 use http::header::AUTHORIZATION;
 
-use crate::config::{ApiKeyConfig, ApiKeySource, Consumer};
+use crate::config::{ApiKeyConfig, ApiKeySource, Config, Consumer};
 
 /// What the request's API key says about who is calling.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -42,6 +42,31 @@ pub fn identify<'c>(
     match api_key(headers, config) {
         None => Caller::Anonymous,
         Some(key) => consumers.get(key).map_or(Caller::UnknownKey, Caller::Known),
+    }
+}
+
+/// The caller's consumer for a route, or why the gateway answers 401: a key
+/// no consumer has where unknown keys are refused (`unknown_key = "reject"`
+/// or the route's `require_consumer`), or no key on a `require_consumer`
+/// route. Shared by the gateway's identify step and `simulate`.
+pub fn admit<'c>(
+    headers: &HeaderMap,
+    config: &'c Config,
+    require_consumer: bool,
+) -> Result<Option<&'c Consumer>, &'static str> {
+    let api_keys = &config.api_keys;
+    // With no consumers and nothing that refuses a request for its key,
+    // every answer is "no consumer": the key is not looked for.
+    if config.consumers.is_empty() && !api_keys.reject_unknown && !require_consumer {
+        return Ok(None);
+    }
+    match identify(headers, api_keys, &config.consumers) {
+        Caller::Known(consumer) => Ok(Some(consumer)),
+        Caller::UnknownKey if api_keys.reject_unknown || require_consumer => {
+            Err("the API key is not known")
+        }
+        Caller::Anonymous if require_consumer => Err("this route needs an API key"),
+        Caller::UnknownKey | Caller::Anonymous => Ok(None),
     }
 }
 

@@ -13,7 +13,7 @@ use http::request::Parts;
 use ipnet::IpNet;
 
 use super::body_fields::BodyFields;
-use crate::config::{Consumer, KeyPart};
+use crate::config::{Consumer, KeyPart, LimitConfig, OnMissingKey};
 use crate::limit::LimitKey;
 
 /// What key extraction knows about the request beyond its head.
@@ -97,6 +97,27 @@ pub fn digest_values(
         };
     }
     Ok(LimitKey::digest(&slices[..parts.len()]))
+}
+
+/// A request lacks the key of a limit with `on_missing_key = "deny"`: the
+/// gateway answers 400.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct MissingKey;
+
+/// The key `limit` counts this request under, with its `on_missing_key`
+/// applied: `Ok(None)` skips the limit. The one rule the gateway's limit step
+/// and `simulate` share.
+pub fn limit_key(
+    limit: &LimitConfig,
+    request: &Parts,
+    facts: &RequestFacts<'_>,
+) -> Result<Option<LimitKey>, MissingKey> {
+    match (extract(&limit.key, request, facts), limit.on_missing_key) {
+        (Some(key), _) => Ok(Some(key)),
+        (None, OnMissingKey::Skip) => Ok(None),
+        (None, OnMissingKey::Shared) => Ok(Some(shared_key())),
+        (None, OnMissingKey::Deny) => Err(MissingKey),
+    }
 }
 
 /// The key every request without its key shares (`on_missing_key = "shared"`).

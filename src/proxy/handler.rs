@@ -36,13 +36,13 @@ use http_body_util::BodyExt;
 
 use crate::access_log::{self, AccessEntry};
 use crate::app::{App, RoutePlan, Snapshot};
-use crate::config::{Config, Consumer, LimitConfig, OnMissingKey, RouteAction, RouteConfig};
+use crate::config::{Config, Consumer, LimitConfig, RouteAction, RouteConfig};
 use crate::http::field_lines::FieldLines;
 use crate::http::path::normalize_uri;
 use crate::identity::body_fields::BodyFields;
 use crate::identity::client_ip::{client_net, resolve_with};
-use crate::identity::consumer::{Caller, identify};
-use crate::identity::keys::{RequestFacts, extract, shared_key};
+use crate::identity::consumer::admit;
+use crate::identity::keys::{RequestFacts, limit_key};
 use crate::limit::{Algorithm, Limiter};
 use crate::limit::{
     EntryVerdict, LimitKey, Nanos, Outcome, Permits, StackEntry, check_stack,
@@ -344,24 +344,8 @@ fn identify_caller<'s>(
     route: &RouteConfig,
     parts: &Parts,
 ) -> Result<Option<&'s Consumer>, GatewayError> {
-    let config = &snapshot.config;
-    // With no consumers and nothing that refuses a request for its key,
-    // every answer is "no consumer": the key is not looked for.
-    if config.consumers.is_empty() && !config.api_keys.reject_unknown && !route.require_consumer {
-        return Ok(None);
-    }
-    match identify(&parts.headers, &config.api_keys, &config.consumers) {
-        Caller::Known(consumer) => Ok(Some(consumer)),
-        Caller::UnknownKey if config.api_keys.reject_unknown || route.require_consumer => {
-            Err(GatewayError::Unauthorized {
-                reason: "the API key is not known",
-            })
-        }
-        Caller::Anonymous if route.require_consumer => Err(GatewayError::Unauthorized {
-            reason: "this route needs an API key",
-        }),
-        Caller::UnknownKey | Caller::Anonymous => Ok(None),
-    }
+    admit(&parts.headers, &snapshot.config, route.require_consumer)
+        .map_err(|reason| GatewayError::Unauthorized { reason })
 }
 
 /// A request body not yet sent upstream.
@@ -515,16 +499,11 @@ fn limit_request<'s>(
     admitted.plan = caller_plan;
     for &i in &plan.stack {
         let limit = &snapshot.config.limits[i];
-        let key = match (extract(&limit.key, parts, &key_facts), limit.on_missing_key) {
-            (Some(key), _) => Some(key),
-            (None, OnMissingKey::Skip) => None,
-            (None, OnMissingKey::Shared) => Some(shared_key()),
-            (None, OnMissingKey::Deny) => {
-                return Err(ratelimit::missing_key_response(
-                    limit,
-                    &crate::summary::key_parts(&limit.key),
-                ));
-            }
+        let Ok(key) = limit_key(limit, parts, &key_facts) else {
+            return Err(ratelimit::missing_key_response(
+                limit,
+                &crate::summary::key_parts(&limit.key),
+            ));
         };
         // A plan's limiter is built with the plan's numbers.
         let limiter = snapshot.limiters[i].for_plan(caller_plan);

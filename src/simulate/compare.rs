@@ -1,0 +1,247 @@
+//! `--compare`: one limit's parameters re-expressed in another algorithm at
+//! the same long-run rate.
+//!
+//! Every rate algorithm has a *window form* `(L, W)`: `L` cost units per
+//! `W`. For the window algorithms it is their `limit` and `window`; a token
+//! bucket of `capacity` C refilled at `r` is `(C, C / r)`, the time it takes
+//! to refill from empty; a leaky bucket of `capacity` B leaking at `r`
+//! admits `B + 1` at once, so it is `(B + 1, (B + 1) / r)`. A limit mapped to
+//! another algorithm keeps its window form:
+//!
+//! | to | parameters |
+//! | --- | --- |
+//! | `fixed_window`, `sliding_window`, `sliding_log` | `limit = L`, `window = W` |
+//! | `token_bucket` | `capacity = L`, `refill = L per W` |
+//! | `leaky_bucket` | `capacity = L − 1`, `rate = L per W`, `mode = "reject"` |
+//!
+//! so each admits `L` at once from rest and `L / W` in the long run. Example:
+//! `token_bucket` with `capacity = 20, refill = "10/s"` is `(20, 2 s)`: a
+//! `fixed_window` of 20 per 2 s, a `leaky_bucket` of capacity 19 at 10/s.
+//! A limit already of the target kind is kept as configured.
+//!
+//! The exact rule false allows and denies are judged by is the
+//! `sliding_log` of the window form (see `tracker`). `concurrency` has no
+//! rate: it is never mapped and never judged.
+
+use std::sync::Arc;
+
+use super::Error;
+use crate::config::Config;
+use crate::limit::sliding_window::MAX_LIMIT;
+use crate::limit::{Algorithm, LeakyMode, Nanos, Rate};
+
+/// An algorithm `--compare` can map a limit to.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Kind {
+    FixedWindow,
+    SlidingWindow,
+    SlidingLog,
+    TokenBucket,
+    LeakyBucket,
+}
+
+impl Kind {
+    pub const ALL: [Kind; 5] = [
+        Kind::FixedWindow,
+        Kind::SlidingWindow,
+        Kind::SlidingLog,
+        Kind::TokenBucket,
+        Kind::LeakyBucket,
+    ];
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Kind::FixedWindow => "fixed_window",
+            Kind::SlidingWindow => "sliding_window",
+            Kind::SlidingLog => "sliding_log",
+            Kind::TokenBucket => "token_bucket",
+            Kind::LeakyBucket => "leaky_bucket",
+        }
+    }
+
+    fn parse(name: &str) -> Result<Kind, Error> {
+        if name == "concurrency" {
+            return Err(Error::Usage(
+                "--compare: concurrency has no rate to compare; use fixed_window, sliding_window, sliding_log, token_bucket or leaky_bucket".into(),
+            ));
+        }
+        Kind::ALL
+            .into_iter()
+            .find(|k| k.name() == name)
+            .ok_or_else(|| {
+                let names: Vec<&str> = Kind::ALL.iter().map(|k| k.name()).collect();
+                let hint = names
+                    .iter()
+                    .find(|n| strsim::levenshtein(n, name) <= 3)
+                    .map(|n| format!(" (did you mean `{n}`?)"))
+                    .unwrap_or_default();
+                Error::Usage(format!(
+                    "--compare: unknown algorithm `{name}`, expected one of {}{hint}",
+                    names.join(", ")
+                ))
+            })
+    }
+}
+
+/// The algorithm name as `gateway.toml` spells it.
+pub fn algorithm_name(algorithm: &Algorithm) -> &'static str {
+    match algorithm {
+        Algorithm::FixedWindow { .. } => "fixed_window",
+        Algorithm::SlidingWindow { .. } => "sliding_window",
+        Algorithm::SlidingLog { .. } => "sliding_log",
+        Algorithm::TokenBucket { .. } => "token_bucket",
+        Algorithm::LeakyBucket { .. } => "leaky_bucket",
+        Algorithm::Concurrency { .. } => "concurrency",
+    }
+}
+
+/// `--compare a,b,c` (already split at commas), each once, in order.
+pub fn parse_list(names: &[String]) -> Result<Vec<Kind>, Error> {
+    let mut kinds = Vec::new();
+    for name in names.iter().map(|n| n.trim()).filter(|n| !n.is_empty()) {
+        let kind = Kind::parse(name)?;
+        if !kinds.contains(&kind) {
+            kinds.push(kind);
+        }
+    }
+    Ok(kinds)
+}
+
+/// `(L, W)`: cost units per window (see the module doc). `None` for
+/// concurrency.
+pub fn window_form(algorithm: &Algorithm) -> Option<(u64, Nanos)> {
+    match *algorithm {
+        Algorithm::FixedWindow { limit, window }
+        | Algorithm::SlidingWindow { limit, window }
+        | Algorithm::SlidingLog { limit, window } => Some((limit, window)),
+        Algorithm::TokenBucket { capacity, refill } => Some((capacity, time_for(capacity, refill))),
+        Algorithm::LeakyBucket { capacity, rate, .. } => {
+            let q = capacity.saturating_add(1);
+            Some((q, time_for(q, rate)))
+        }
+        Algorithm::Concurrency { .. } => None,
+    }
+}
+
+/// `(capacity, rate)`: the burst and long-run rate a span is measured
+/// against (`capacity + rate × span`). Buckets as configured (a leaky
+/// bucket's burst is `capacity + 1`), windows as `(L, L per W)`.
+pub fn bucket_form(algorithm: &Algorithm) -> Option<(u64, Rate)> {
+    match *algorithm {
+        Algorithm::TokenBucket { capacity, refill } => Some((capacity, refill)),
+        Algorithm::LeakyBucket { capacity, rate, .. } => Some((capacity.saturating_add(1), rate)),
+        _ => {
+            let (limit, window) = window_form(algorithm)?;
+            Some((
+                limit,
+                Rate {
+                    tokens: limit,
+                    per: window,
+                },
+            ))
+        }
+    }
+}
+
+/// Nanoseconds `units` take at `rate` (at least 1).
+fn time_for(units: u64, rate: Rate) -> Nanos {
+    let t = u128::from(units) * u128::from(rate.per) / u128::from(rate.tokens.max(1));
+    u64::try_from(t).unwrap_or(u64::MAX).max(1)
+}
+
+/// `algorithm` as `kind` at the same long-run rate.
+pub fn map_to(algorithm: &Algorithm, kind: Kind) -> Algorithm {
+    let Some((limit, window)) = window_form(algorithm) else {
+        return *algorithm;
+    };
+    let rate = Rate {
+        tokens: limit,
+        per: window,
+    };
+    match (kind, algorithm) {
+        (Kind::TokenBucket, Algorithm::TokenBucket { .. })
+        | (Kind::LeakyBucket, Algorithm::LeakyBucket { .. }) => *algorithm,
+        (Kind::FixedWindow, _) => Algorithm::FixedWindow { limit, window },
+        (Kind::SlidingWindow, _) => Algorithm::SlidingWindow {
+            limit: limit.min(MAX_LIMIT),
+            window,
+        },
+        (Kind::SlidingLog, _) => Algorithm::SlidingLog { limit, window },
+        (Kind::TokenBucket, _) => Algorithm::TokenBucket {
+            capacity: limit,
+            refill: rate,
+        },
+        (Kind::LeakyBucket, _) => Algorithm::LeakyBucket {
+            capacity: limit - 1,
+            rate,
+            mode: LeakyMode::Reject,
+        },
+    }
+}
+
+/// `config` with every rate limit (and each of its plans) as `kind`.
+pub fn variant(config: &Config, kind: Kind) -> Config {
+    let mut config = config.clone();
+    for limit in &mut config.limits {
+        limit.algorithm = map_to(&limit.algorithm, kind);
+        for (_, algorithm) in &mut limit.plans {
+            *algorithm = map_to(algorithm, kind);
+        }
+    }
+    // The consumers table is shared, not copied.
+    config.consumers = Arc::clone(&config.consumers);
+    config
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::limit::NANOS_PER_SEC as S;
+
+    #[test]
+    fn the_documented_example() {
+        let bucket = Algorithm::TokenBucket {
+            capacity: 20,
+            refill: Rate { tokens: 10, per: S },
+        };
+        assert_eq!(window_form(&bucket), Some((20, 2 * S)));
+        assert_eq!(
+            map_to(&bucket, Kind::FixedWindow),
+            Algorithm::FixedWindow {
+                limit: 20,
+                window: 2 * S
+            }
+        );
+        let leaky = map_to(&bucket, Kind::LeakyBucket);
+        assert_eq!(window_form(&leaky), Some((20, 2 * S)));
+        assert_eq!(map_to(&bucket, Kind::TokenBucket), bucket);
+        let back = map_to(&map_to(&bucket, Kind::SlidingLog), Kind::TokenBucket);
+        assert_eq!(
+            back,
+            Algorithm::TokenBucket {
+                capacity: 20,
+                refill: Rate {
+                    tokens: 20,
+                    per: 2 * S
+                }
+            }
+        );
+        let conc = Algorithm::Concurrency { max: 3 };
+        assert_eq!(map_to(&conc, Kind::SlidingLog), conc);
+    }
+
+    #[test]
+    fn names_are_checked() {
+        let list =
+            |names: &[&str]| parse_list(&names.iter().map(|s| s.to_string()).collect::<Vec<_>>());
+        assert_eq!(
+            list(&["sliding_log", "fixed_window", "sliding_log"]).unwrap(),
+            [Kind::SlidingLog, Kind::FixedWindow]
+        );
+        let Err(Error::Usage(message)) = list(&["fixed_windw"]) else {
+            panic!("accepted a misspelt name");
+        };
+        assert!(message.contains("did you mean `fixed_window`"), "{message}");
+        assert!(list(&["concurrency"]).is_err());
+    }
+}

@@ -1,0 +1,625 @@
+//! `--generate SPEC`: workloads that show the lessons of rate limiting
+//! without a trace file, deterministic (a seeded RNG, `seed=` to change it).
+//!
+//! A spec is a name and optional `key=value` parameters after a colon:
+//!
+//! | spec | traffic |
+//! | --- | --- |
+//! | `boundary-burst` (`n`, `window`, `spread`, `at`, `keys`) | `n` requests in the `spread` just before a window edge and `n` in the `spread` just after; defaults: `n` and `window` from the route's first limit (its window form), `spread` = window / 100, the edge the first multiple of the window from 2026-01-01 |
+//! | `poisson:rate=R,keys=K,duration=D` (`seed`, `start`) | arrivals at `R` (`"50/s"` or a number per second) spread uniformly over `K` keys (default 1), for `D` (default `60s`) |
+//! | `page-loads:users=U,burst=8` (`think`, `spread`, `duration`, `seed`, `start`) | each of `U` users (default 10) loads a page of `burst` requests within `spread` (default `50ms`), then waits an exponential time of mean `think` (default `5s`), for `duration` (default `60s`) |
+//!
+//! The requests go to the route of `--route` (else the first route with
+//! limits): its method, path (or prefix), host and match headers, and every
+//! key its limits read — `ip` from `10.0.0.0/8`, headers, query parameters,
+//! cookies and body fields `client-N`, and for `consumer`/`tenant` keys the
+//! API keys of `[consumers]` in turn — so client N is one key of each limit.
+
+use std::cmp::Reverse;
+use std::collections::BinaryHeap;
+use std::net::{IpAddr, Ipv4Addr};
+
+use bytes::Bytes;
+use http::header::{AUTHORIZATION, CONTENT_TYPE, COOKIE, HOST};
+use http::{HeaderName, HeaderValue, Method, Request};
+
+use super::Error;
+use super::compare::window_form;
+use super::trace::{Item, Record};
+use crate::config::units::{parse_duration, parse_rate};
+use crate::config::{ApiKeySource, Config, KeyPart};
+use crate::limit::{NANOS_PER_SEC, Nanos};
+
+/// 2026-01-01T00:00:00Z: where generated traffic starts by default.
+const DEFAULT_START: Nanos = 1_767_225_600 * NANOS_PER_SEC;
+
+/// The most requests (or users) a generator makes: a bound on a typo.
+const MAX_COUNT: u64 = 100_000_000;
+
+/// A parsed `--generate` spec.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Spec {
+    BoundaryBurst {
+        n: Option<u64>,
+        window: Option<Nanos>,
+        spread: Option<Nanos>,
+        at: Option<Nanos>,
+        keys: u64,
+    },
+    Poisson {
+        /// Requests per second.
+        rate: f64,
+        keys: u64,
+        duration: Nanos,
+        start: Nanos,
+        seed: u64,
+    },
+    PageLoads {
+        users: u64,
+        burst: u64,
+        think: Nanos,
+        spread: Nanos,
+        duration: Nanos,
+        start: Nanos,
+        seed: u64,
+    },
+}
+
+const GENERATORS: &str =
+    "boundary-burst, poisson:rate=R,keys=K,duration=D, page-loads:users=U,burst=8";
+
+fn usage(message: String) -> Error {
+    Error::Usage(format!("--generate: {message}"))
+}
+
+/// The parameters of a spec, each taken once.
+struct Params<'a> {
+    name: &'a str,
+    pairs: Vec<(&'a str, &'a str)>,
+}
+
+impl<'a> Params<'a> {
+    fn take(&mut self, key: &str) -> Option<&'a str> {
+        let i = self.pairs.iter().position(|(k, _)| *k == key)?;
+        Some(self.pairs.remove(i).1)
+    }
+
+    fn count(&mut self, key: &str, min: u64) -> Result<Option<u64>, Error> {
+        let Some(text) = self.take(key) else {
+            return Ok(None);
+        };
+        match text.parse::<u64>() {
+            Ok(n) if (min..=MAX_COUNT).contains(&n) => Ok(Some(n)),
+            _ => Err(usage(format!(
+                "{}: `{key}={text}` must be a whole number from {min} to {MAX_COUNT}",
+                self.name
+            ))),
+        }
+    }
+
+    fn duration(&mut self, key: &str) -> Result<Option<Nanos>, Error> {
+        let Some(text) = self.take(key) else {
+            return Ok(None);
+        };
+        let duration = parse_duration(text)
+            .map_err(|m| usage(format!("{}: `{key}={text}`: {m}", self.name)))?;
+        Ok(Some(u64::try_from(duration.as_nanos()).unwrap_or(u64::MAX)))
+    }
+
+    fn time(&mut self, key: &str) -> Result<Option<Nanos>, Error> {
+        let Some(text) = self.take(key) else {
+            return Ok(None);
+        };
+        super::trace::parse_time(text)
+            .map(Some)
+            .map_err(|m| usage(format!("{}: `{key}`: {m}", self.name)))
+    }
+
+    fn seed(&mut self) -> Result<u64, Error> {
+        let Some(text) = self.take("seed") else {
+            return Ok(1);
+        };
+        text.parse().map_err(|_| {
+            usage(format!(
+                "{}: `seed={text}` must be a whole number",
+                self.name
+            ))
+        })
+    }
+
+    /// Every parameter was used.
+    fn finish(self, expected: &str) -> Result<(), Error> {
+        match self.pairs.first() {
+            None => Ok(()),
+            Some((key, _)) => Err(usage(format!(
+                "{}: unknown parameter `{key}`, expected {expected}",
+                self.name
+            ))),
+        }
+    }
+}
+
+impl Spec {
+    /// Parses `name[:key=value,...]`.
+    pub fn parse(text: &str) -> Result<Spec, Error> {
+        let (name, rest) = text.trim().split_once(':').unwrap_or((text.trim(), ""));
+        let mut pairs = Vec::new();
+        for pair in rest.split(',').map(str::trim).filter(|p| !p.is_empty()) {
+            let Some((key, value)) = pair.split_once('=') else {
+                return Err(usage(format!("{name}: `{pair}` is not key=value")));
+            };
+            let (key, value) = (key.trim(), value.trim());
+            if pairs.iter().any(|(k, _)| *k == key) {
+                return Err(usage(format!("{name}: `{key}` is given twice")));
+            }
+            pairs.push((key, value));
+        }
+        let mut p = Params { name, pairs };
+        let spec = match name {
+            "boundary-burst" => {
+                let spec = Spec::BoundaryBurst {
+                    n: p.count("n", 1)?,
+                    window: p.duration("window")?,
+                    spread: p.duration("spread")?,
+                    at: p.time("at")?,
+                    keys: p.count("keys", 1)?.unwrap_or(1),
+                };
+                p.finish("n, window, spread, at, keys")?;
+                spec
+            }
+            "poisson" => {
+                let rate = match p.take("rate") {
+                    None => return Err(usage("poisson needs `rate=R` (e.g. rate=50/s)".into())),
+                    Some(text) => per_second(text).ok_or_else(|| {
+                        usage(format!(
+                            "poisson: `rate={text}` is not a rate like 50/s or 0.5"
+                        ))
+                    })?,
+                };
+                let spec = Spec::Poisson {
+                    rate,
+                    keys: p.count("keys", 1)?.unwrap_or(1),
+                    duration: p.duration("duration")?.unwrap_or(60 * NANOS_PER_SEC),
+                    start: p.time("start")?.unwrap_or(DEFAULT_START),
+                    seed: p.seed()?,
+                };
+                p.finish("rate, keys, duration, seed, start")?;
+                spec
+            }
+            "page-loads" => {
+                let spec = Spec::PageLoads {
+                    users: p.count("users", 1)?.unwrap_or(10),
+                    burst: p.count("burst", 1)?.unwrap_or(8),
+                    think: p.duration("think")?.unwrap_or(5 * NANOS_PER_SEC),
+                    spread: p.duration("spread")?.unwrap_or(50_000_000),
+                    duration: p.duration("duration")?.unwrap_or(60 * NANOS_PER_SEC),
+                    start: p.time("start")?.unwrap_or(DEFAULT_START),
+                    seed: p.seed()?,
+                };
+                p.finish("users, burst, think, spread, duration, seed, start")?;
+                spec
+            }
+            other => {
+                return Err(usage(format!(
+                    "unknown generator `{other}`, expected one of {GENERATORS}"
+                )));
+            }
+        };
+        // Expected requests, so a typo cannot ask for a run of days.
+        let expected = match spec {
+            Spec::Poisson { rate, duration, .. } => rate * (duration as f64 / NANOS_PER_SEC as f64),
+            Spec::PageLoads {
+                users,
+                burst,
+                think,
+                duration,
+                ..
+            } => users as f64 * burst as f64 * (duration as f64 / think.max(1) as f64 + 1.0),
+            Spec::BoundaryBurst { .. } => 0.0,
+        };
+        if expected > MAX_COUNT as f64 {
+            return Err(usage(format!(
+                "{name}: these parameters make about {expected:.0} requests, more than {MAX_COUNT}"
+            )));
+        }
+        Ok(spec)
+    }
+}
+
+/// `"50/s"` (any `gateway.toml` rate) or a plain number, per second.
+fn per_second(text: &str) -> Option<f64> {
+    let rate = match text.parse::<f64>() {
+        Ok(n) => n,
+        Err(_) => {
+            let rate = parse_rate(text).ok()?;
+            rate.tokens as f64 * NANOS_PER_SEC as f64 / rate.per as f64
+        }
+    };
+    (rate.is_finite() && rate > 0.0).then_some(rate)
+}
+
+/// The requests of client N, as the focus route and its limits want them.
+struct Template {
+    method: Method,
+    path: String,
+    host: Option<HeaderValue>,
+    headers: Vec<(HeaderName, HeaderValue)>,
+    key_headers: Vec<HeaderName>,
+    queries: Vec<String>,
+    cookies: Vec<String>,
+    body_fields: Vec<String>,
+    /// Where the API key goes, and the consumers' keys to hand out.
+    api_key: Option<(ApiKeySource, Vec<String>)>,
+}
+
+impl Template {
+    fn new(config: &Config, focus: Option<usize>) -> Template {
+        let route = focus.map(|i| &config.routes[i]);
+        let matcher = route.map(|r| &r.matcher);
+        let path = matcher
+            .and_then(|m| m.path.clone().or_else(|| m.path_prefix.clone()))
+            .unwrap_or_else(|| "/".to_owned());
+        let method = matcher
+            .and_then(|m| m.methods.as_ref())
+            .and_then(|methods| methods.first().cloned())
+            .unwrap_or(Method::GET);
+        let mut template = Template {
+            method,
+            path,
+            host: matcher
+                .and_then(|m| m.host.as_deref())
+                .and_then(|h| HeaderValue::from_str(h).ok()),
+            headers: matcher.map(|m| m.headers.clone()).unwrap_or_default(),
+            key_headers: Vec::new(),
+            queries: Vec::new(),
+            cookies: Vec::new(),
+            body_fields: Vec::new(),
+            api_key: None,
+        };
+        let parts = route
+            .into_iter()
+            .flat_map(|r| &r.limits)
+            .flat_map(|&i| &config.limits[i].key);
+        let mut wants_consumer = route.is_some_and(|r| r.require_consumer);
+        for part in parts {
+            match part {
+                KeyPart::Header(name) if !template.key_headers.contains(name) => {
+                    template.key_headers.push(name.clone());
+                }
+                KeyPart::Query(name) if !template.queries.contains(name) => {
+                    template.queries.push(name.clone());
+                }
+                KeyPart::Cookie(name) if !template.cookies.contains(name) => {
+                    template.cookies.push(name.clone());
+                }
+                KeyPart::BodyField(name) if !template.body_fields.contains(name) => {
+                    template.body_fields.push(name.clone());
+                }
+                KeyPart::Consumer | KeyPart::Tenant => wants_consumer = true,
+                _ => {}
+            }
+        }
+        if wants_consumer && !config.consumers.is_empty() {
+            let mut keys: Vec<String> = config.consumers.keys().cloned().collect();
+            keys.sort();
+            template.api_key = Some((config.api_keys.source.clone(), keys));
+        }
+        template
+    }
+
+    fn record(&self, line: u64, time: Nanos, client: u64) -> Record {
+        let value = format!("client-{client}");
+        let mut target = self.path.clone();
+        for (i, name) in self.queries.iter().enumerate() {
+            target.push(if i == 0 { '?' } else { '&' });
+            target.push_str(name);
+            target.push('=');
+            target.push_str(&value);
+        }
+        let mut request = Request::new(());
+        *request.method_mut() = self.method.clone();
+        // A route's path and plain names always make a valid target; the
+        // fallback keeps a generator total.
+        *request.uri_mut() = target
+            .parse()
+            .unwrap_or_else(|_| http::Uri::from_static("/"));
+        let headers = request.headers_mut();
+        if let Some(host) = &self.host {
+            headers.insert(HOST, host.clone());
+        }
+        for (name, v) in &self.headers {
+            headers.append(name.clone(), v.clone());
+        }
+        let client_value =
+            HeaderValue::from_str(&value).unwrap_or(HeaderValue::from_static("client"));
+        if let Some((source, keys)) = &self.api_key {
+            let key = &keys[(client % keys.len() as u64) as usize];
+            let (name, text) = match source {
+                ApiKeySource::Header(name) => (name.clone(), key.clone()),
+                ApiKeySource::Bearer => (AUTHORIZATION, format!("Bearer {key}")),
+            };
+            if let Ok(v) = HeaderValue::from_str(&text) {
+                headers.insert(name, v);
+            }
+        }
+        for name in &self.key_headers {
+            if !headers.contains_key(name) {
+                headers.insert(name.clone(), client_value.clone());
+            }
+        }
+        if !self.cookies.is_empty() {
+            let cookie: Vec<String> = self
+                .cookies
+                .iter()
+                .map(|c| format!("{c}={value}"))
+                .collect();
+            if let Ok(v) = HeaderValue::from_str(&cookie.join("; ")) {
+                headers.append(COOKIE, v);
+            }
+        }
+        let body = (!self.body_fields.is_empty()).then(|| {
+            headers.insert(CONTENT_TYPE, HeaderValue::from_static("application/json"));
+            let object: serde_json::Map<String, serde_json::Value> = self
+                .body_fields
+                .iter()
+                .map(|f| (f.clone(), value.clone().into()))
+                .collect();
+            Bytes::from(serde_json::Value::Object(object).to_string())
+        });
+        // Client N's address in 10.0.0.0/8.
+        let n = (client % (1 << 24)) as u32;
+        let peer = IpAddr::V4(Ipv4Addr::from(0x0a00_0000 | n));
+        Record {
+            line,
+            time,
+            parts: request.into_parts().0,
+            peer,
+            body,
+        }
+    }
+}
+
+/// The records of `spec`, aimed at route `focus` of `config`, in time order.
+pub fn records(
+    spec: &Spec,
+    config: &Config,
+    focus: Option<usize>,
+) -> Result<impl Iterator<Item = Item> + use<>, Error> {
+    let template = Template::new(config, focus);
+    let events: Box<dyn Iterator<Item = (Nanos, u64)>> = match *spec {
+        Spec::BoundaryBurst {
+            n,
+            window,
+            spread,
+            at,
+            keys,
+        } => {
+            // The route's first limit sets the defaults.
+            let form = focus
+                .and_then(|r| config.routes[r].limits.first())
+                .and_then(|&i| window_form(&config.limits[i].algorithm));
+            let n = n.or(form.map(|(l, _)| l)).unwrap_or(100);
+            let window = window
+                .or(form.map(|(_, w)| w))
+                .unwrap_or(60 * NANOS_PER_SEC)
+                .max(1);
+            let spread = spread.unwrap_or(window / 100).max(1);
+            let edge = at.unwrap_or_else(|| DEFAULT_START.div_ceil(window).saturating_mul(window));
+            let before = edge.saturating_sub(spread);
+            Box::new((0..2 * n).map(move |i| {
+                let (base, j) = if i < n { (before, i) } else { (edge, i - n) };
+                let offset = (u128::from(spread) * u128::from(j) / u128::from(n)) as Nanos;
+                (base.saturating_add(offset), i % keys)
+            }))
+        }
+        Spec::Poisson {
+            rate,
+            keys,
+            duration,
+            start,
+            seed,
+        } => {
+            let mut rng = fastrand::Rng::with_seed(seed);
+            let end = start.saturating_add(duration);
+            let mean_gap = NANOS_PER_SEC as f64 / rate;
+            let mut now = start as f64;
+            Box::new(std::iter::from_fn(move || {
+                now += exponential(&mut rng, mean_gap);
+                let t = now as Nanos;
+                (t < end).then(|| (t, rng.u64(0..keys)))
+            }))
+        }
+        Spec::PageLoads {
+            users,
+            burst,
+            think,
+            spread,
+            duration,
+            start,
+            seed,
+        } => Box::new(PageLoads::new(
+            users, burst, think, spread, start, duration, seed,
+        )),
+    };
+    Ok(events
+        .enumerate()
+        .map(move |(i, (time, client))| Ok(template.record(i as u64 + 1, time, client))))
+}
+
+/// An exponential gap of mean `mean` (ns).
+fn exponential(rng: &mut fastrand::Rng, mean: f64) -> f64 {
+    // 1 − U is in (0, 1]: the logarithm is finite.
+    -(1.0 - rng.f64()).ln() * mean
+}
+
+/// Users loading pages: each load a burst, then a think time.
+struct PageLoads {
+    rng: fastrand::Rng,
+    /// (time, user, request of the burst): the next requests, earliest first.
+    pending: BinaryHeap<Reverse<(Nanos, u64, u64)>>,
+    burst: u64,
+    think: f64,
+    spread: Nanos,
+    end: Nanos,
+}
+
+impl PageLoads {
+    fn new(
+        users: u64,
+        burst: u64,
+        think: Nanos,
+        spread: Nanos,
+        start: Nanos,
+        duration: Nanos,
+        seed: u64,
+    ) -> PageLoads {
+        let mut rng = fastrand::Rng::with_seed(seed);
+        let pending = (0..users)
+            .map(|user| Reverse((start.saturating_add(rng.u64(0..think.max(1))), user, 0)))
+            .collect();
+        PageLoads {
+            rng,
+            pending,
+            burst,
+            think: think as f64,
+            spread,
+            end: start.saturating_add(duration),
+        }
+    }
+}
+
+impl Iterator for PageLoads {
+    type Item = (Nanos, u64);
+
+    fn next(&mut self) -> Option<(Nanos, u64)> {
+        loop {
+            let Reverse((time, user, request)) = self.pending.pop()?;
+            if time >= self.end {
+                // Later loads of this user are later still.
+                continue;
+            }
+            if request == 0 {
+                let step = self.spread / self.burst;
+                for k in 1..self.burst {
+                    self.pending.push(Reverse((
+                        time.saturating_add(k.saturating_mul(step)),
+                        user,
+                        k,
+                    )));
+                }
+                let gap = exponential(&mut self.rng, self.think) as Nanos;
+                self.pending
+                    .push(Reverse((time.saturating_add(gap.max(1)), user, 0)));
+            }
+            return Some((time, user));
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::path::Path;
+
+    fn config() -> Config {
+        let text = r#"
+[limits.per_key]
+key = ["header:x-api-key", "query:page", "cookie:sid", "ip"]
+algorithm = "fixed_window"
+limit = 50
+window = "10s"
+
+[[routes]]
+name = "api"
+match = { path_prefix = "/api", methods = ["POST"], host = "api.example.com" }
+respond = { status = 200 }
+limits = ["per_key"]
+"#;
+        Config::from_bytes(Path::new("gateway.toml"), text.as_bytes()).unwrap()
+    }
+
+    fn collect(spec: &str) -> Vec<Record> {
+        let spec = Spec::parse(spec).unwrap();
+        records(&spec, &config(), Some(0))
+            .unwrap()
+            .map(|r| r.unwrap())
+            .collect()
+    }
+
+    #[test]
+    fn boundary_burst_straddles_a_window_edge() {
+        let records = collect("boundary-burst");
+        assert_eq!(records.len(), 100, "n = the limit, on each side");
+        let edge = DEFAULT_START.div_ceil(10 * NANOS_PER_SEC) * 10 * NANOS_PER_SEC;
+        assert!(
+            records[..50]
+                .iter()
+                .all(|r| r.time < edge && r.time >= edge - 100_000_000)
+        );
+        assert!(
+            records[50..]
+                .iter()
+                .all(|r| r.time >= edge && r.time < edge + 100_000_000)
+        );
+        let r = &records[0];
+        assert_eq!(r.parts.method, Method::POST);
+        assert_eq!(r.parts.uri, "/api?page=client-0");
+        assert_eq!(r.parts.headers["host"], "api.example.com");
+        assert_eq!(r.parts.headers["x-api-key"], "client-0");
+        assert_eq!(r.parts.headers["cookie"], "sid=client-0");
+        assert_eq!(r.peer, IpAddr::V4(Ipv4Addr::new(10, 0, 0, 0)));
+    }
+
+    #[test]
+    fn poisson_is_deterministic_and_near_its_rate() {
+        let a = collect("poisson:rate=100/s,keys=5,duration=10s");
+        let b = collect("poisson:rate=100,keys=5,duration=10s,seed=1");
+        let c = collect("poisson:rate=100/s,keys=5,duration=10s,seed=2");
+        let times = |v: &[Record]| v.iter().map(|r| r.time).collect::<Vec<_>>();
+        assert_eq!(times(&a), times(&b));
+        assert_ne!(times(&a), times(&c));
+        // 1000 expected; a Poisson count's sd is ~32.
+        assert!((800..1200).contains(&a.len()), "{}", a.len());
+        assert!(a.windows(2).all(|w| w[0].time <= w[1].time));
+        let keys: std::collections::HashSet<_> = a
+            .iter()
+            .map(|r| r.parts.headers["x-api-key"].clone())
+            .collect();
+        assert_eq!(keys.len(), 5);
+    }
+
+    #[test]
+    fn page_loads_come_in_bursts() {
+        let records = collect("page-loads:users=3,burst=8,think=2s,duration=20s");
+        assert!(records.windows(2).all(|w| w[0].time <= w[1].time));
+        assert!(records.len() >= 8 * 3, "{}", records.len());
+        // The first eight of one user are within the 50 ms spread.
+        let first_user: Vec<Nanos> = records
+            .iter()
+            .filter(|r| r.parts.headers["x-api-key"] == "client-0")
+            .map(|r| r.time)
+            .take(8)
+            .collect();
+        assert!(first_user[7] - first_user[0] < 50_000_000);
+    }
+
+    #[test]
+    fn bad_specs_say_what_is_wrong() {
+        for (spec, needle) in [
+            ("burst", "unknown generator `burst`"),
+            ("poisson:keys=3", "needs `rate=R`"),
+            ("poisson:rate=fast", "`rate=fast`"),
+            ("poisson:rate=1/s,colour=red", "unknown parameter `colour`"),
+            ("page-loads:users=0", "`users=0`"),
+            ("boundary-burst:window=soon", "`window=soon`"),
+            ("boundary-burst:n", "is not key=value"),
+            ("poisson:rate=1000000/s,duration=1d", "more than"),
+            ("page-loads:users=1000,think=1ms,duration=1d", "more than"),
+        ] {
+            let Err(Error::Usage(message)) = Spec::parse(spec) else {
+                panic!("accepted {spec}");
+            };
+            assert!(message.contains(needle), "{spec}: {message}");
+        }
+    }
+}

@@ -1,0 +1,138 @@
+//! `tollgate simulate`: what a `gateway.toml` would have done to a trace of
+//! requests, before it is deployed.
+//!
+//! The trace ([`trace`]: a CSV or JSON-lines file, gzip or not, or stdin) or
+//! a generated workload ([`generate`]) is run through the configuration on
+//! a virtual clock ([`run`]): every record is routed by the gateway's
+//! [`Router`](crate::routing::Router), its caller and keys found by the
+//! gateway's identity functions, and its route's stack decided by the
+//! gateway's [`check_stack`](crate::limit::check_stack) on limiters built by
+//! the gateway's [`App`](crate::app::App) — the same code as `tollgate run`,
+//! with the record's time as `now`. Nothing sleeps, nothing is sent.
+//!
+//! Each decision is also judged against the exact rule: an exact sliding log
+//! of the limit's window form (`L` per `W`, [`compare`]) holding the same
+//! admissions ([`tracker`]). A limit's false allows are the requests it
+//! admitted although `L` units were already admitted for the key in the
+//! last `W`; its false denies, those it denied although they fit (a free
+//! unit counted once, however many requests find it). Judging
+//! against the limit's own history, rather than a second run that drifts
+//! away from it after the first disagreement, keeps the share meaningful
+//! on overloaded traffic. `--compare` runs variants of the configuration,
+//! each with every rate limit turned into one algorithm at the same long-run
+//! rate, all on the same pass over the trace.
+//!
+//! [`report`] prints the table (or `--json`), [`svg`] draws the picture.
+//!
+//! `simulate` sits at the top of the layer order, beside `main` and the admin
+//! listener: it imports the engine layers, nothing imports it.
+
+pub mod compare;
+pub mod generate;
+pub mod report;
+pub mod run;
+pub mod svg;
+pub mod trace;
+pub mod tracker;
+
+use std::io::Write;
+use std::path::PathBuf;
+
+use crate::config::Config;
+
+/// The command line of `tollgate simulate`, parsed.
+#[derive(Debug, Clone, Default)]
+pub struct Options {
+    /// A trace file, or `-` for stdin.
+    pub trace: Option<String>,
+    /// A generator spec such as `poisson:rate=50/s,keys=10,duration=1m`.
+    pub generate: Option<String>,
+    /// Report this route only (and aim generated traffic at it).
+    pub route: Option<String>,
+    /// Algorithms to compare; empty: the configuration as written.
+    pub compare: Vec<String>,
+    /// Write the chart here.
+    pub svg: Option<PathBuf>,
+    /// Print JSON instead of the table.
+    pub json: bool,
+    /// Write every request's decision here, one JSON object a line.
+    pub decisions: Option<PathBuf>,
+}
+
+/// Why a simulation could not run. [`Error::exit_code`] maps it: 2 for a
+/// command line that asks for something that does not exist, 1 for a
+/// failure to read or write.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    /// A bad argument: unknown route or algorithm, a bad generator spec.
+    #[error("{0}")]
+    Usage(String),
+    /// A trace that cannot be read, an output that cannot be written.
+    #[error("{0}")]
+    Failed(String),
+}
+
+impl Error {
+    pub fn exit_code(&self) -> u8 {
+        match self {
+            Error::Usage(_) => 2,
+            Error::Failed(_) => 1,
+        }
+    }
+}
+
+/// Runs the simulation `options` describe against `config`: the table (or
+/// JSON) to `out`, bad trace records and notes to `err`.
+pub fn simulate(
+    config: &Config,
+    options: &Options,
+    out: &mut dyn Write,
+    err: &mut dyn Write,
+) -> Result<(), Error> {
+    let algorithms = compare::parse_list(&options.compare)?;
+    let focus = run::focus_route(config, options.route.as_deref())?;
+    let records: Box<dyn Iterator<Item = trace::Item>> = match (&options.trace, &options.generate) {
+        (Some(source), None) => Box::new(trace::open(source)?),
+        (None, Some(spec)) => {
+            let spec = generate::Spec::parse(spec)?;
+            Box::new(generate::records(&spec, config, focus)?)
+        }
+        _ => {
+            return Err(Error::Usage(
+                "simulate needs one of --trace FILE or --generate SPEC".into(),
+            ));
+        }
+    };
+    let mut decisions = match &options.decisions {
+        None => None,
+        Some(path) => Some(std::io::BufWriter::new(
+            std::fs::File::create(path)
+                .map_err(|e| Error::Failed(format!("cannot write {}: {e}", path.display())))?,
+        )),
+    };
+    let mut simulation = run::Simulation::new(config, &algorithms, focus);
+    let outcome = simulation.run(
+        records,
+        err,
+        decisions.as_mut().map(|w| w as &mut dyn Write),
+    );
+    if let Some(mut writer) = decisions {
+        writer
+            .flush()
+            .map_err(|e| Error::Failed(format!("cannot write the decisions: {e}")))?;
+    }
+    outcome?;
+    let report = report::Report::new(&simulation, options.route.as_deref());
+    let written = if options.json {
+        report.write_json(out)
+    } else {
+        report.write_table(out)
+    };
+    written.map_err(|e| Error::Failed(format!("cannot write the report: {e}")))?;
+    if let Some(path) = &options.svg {
+        let text = svg::render(&simulation)?;
+        std::fs::write(path, text)
+            .map_err(|e| Error::Failed(format!("cannot write {}: {e}", path.display())))?;
+    }
+    Ok(())
+}

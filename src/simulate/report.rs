@@ -1,0 +1,307 @@
+//! The numbers of a run, as a table or as JSON.
+//!
+//! One row per variant, route and limit of the route's stack:
+//!
+//! | column | meaning |
+//! | --- | --- |
+//! | `requests` | requests of the route the limit applied to (it had a key) |
+//! | `admitted` | of those, admitted by the whole stack (all or nothing) |
+//! | `denied` | denied by this limit (a shadow limit: would have denied) |
+//! | `peak` | most cost units admitted for one key in any span of the limit's window (the limit's keys, whichever route charged them) |
+//! | `limit` / `window` | the limit's window form `L` per `W` (see `compare`) |
+//! | `excess` | the worst excess over `capacity + rate × span` |
+//! | `false allow` / `false deny` | share of `requests` this limit admitted although `L` units were already admitted for the key in the last `W` (an exact sliding log holding the same admissions would deny), and the share it denied although they fit (each free unit counted once per window) |
+//!
+//! Below the table: what was not decided by a limit (no route, refused
+//! before the limits) and the trace's bad records.
+
+use std::io::Write;
+
+use serde::Serialize;
+
+use super::compare::{algorithm_name, window_form};
+use super::run::Simulation;
+use crate::limit::{Algorithm, NANOS_PER_SEC, Nanos};
+
+/// One variant × route × limit.
+#[derive(Debug, Clone, Serialize)]
+pub struct Row {
+    /// The `--compare` algorithm (absent: as configured).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub variant: Option<String>,
+    pub route: String,
+    pub limit: String,
+    pub algorithm: &'static str,
+    pub shadow: bool,
+    pub requests: u64,
+    pub admitted: u64,
+    pub denied: u64,
+    /// `None` for concurrency, which has no window.
+    pub peak: Option<u64>,
+    pub window_limit: Option<u64>,
+    pub window_seconds: Option<f64>,
+    pub excess: Option<u64>,
+    pub false_allows: Option<u64>,
+    pub false_denies: Option<u64>,
+    pub false_allow_share: Option<f64>,
+    pub false_deny_share: Option<f64>,
+}
+
+/// One variant × route.
+#[derive(Debug, Clone, Serialize)]
+pub struct RouteRow {
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub variant: Option<String>,
+    pub route: String,
+    pub requests: u64,
+    pub admitted: u64,
+    pub denied: u64,
+    pub unauthorized: u64,
+    pub missing_key: u64,
+    pub too_large: u64,
+    pub false_allows: u64,
+    pub false_denies: u64,
+}
+
+/// Everything a run found.
+#[derive(Debug, Clone, Serialize)]
+pub struct Report {
+    pub records: u64,
+    pub bad_records: u64,
+    pub out_of_order: u64,
+    pub no_route: u64,
+    pub span_seconds: f64,
+    pub rows: Vec<Row>,
+    pub routes: Vec<RouteRow>,
+}
+
+fn share(part: u64, whole: u64) -> f64 {
+    if whole == 0 {
+        0.0
+    } else {
+        part as f64 / whole as f64
+    }
+}
+
+fn seconds(nanos: Nanos) -> f64 {
+    nanos as f64 / NANOS_PER_SEC as f64
+}
+
+impl Report {
+    /// The report of `simulation`, for route `only` (all routes when `None`).
+    pub fn new(simulation: &Simulation, only: Option<&str>) -> Report {
+        let compared = simulation.variants.len() > 1;
+        let mut rows = Vec::new();
+        let mut routes = Vec::new();
+        for variant in &simulation.variants {
+            let config = &variant.snapshot.config;
+            let label = compared.then(|| variant.label(None));
+            for (route, stats) in config.routes.iter().zip(&variant.routes) {
+                if only.is_some_and(|name| name != route.name) {
+                    continue;
+                }
+                if stats.requests == 0 && only.is_none() {
+                    continue;
+                }
+                routes.push(RouteRow {
+                    variant: label.clone(),
+                    route: route.name.clone(),
+                    requests: stats.requests,
+                    admitted: stats.admitted,
+                    denied: stats.denied,
+                    unauthorized: stats.unauthorized,
+                    missing_key: stats.missing_key,
+                    too_large: stats.too_large,
+                    false_allows: stats.false_allows,
+                    false_denies: stats.false_denies,
+                });
+                for (&limit_index, entry) in route.limits.iter().zip(&stats.entries) {
+                    let limit = &config.limits[limit_index];
+                    let worst = variant.trackers[limit_index].worst;
+                    let rated = !matches!(limit.algorithm, Algorithm::Concurrency { .. });
+                    // Before any admission the tracker knows no key: the
+                    // configured window form stands in.
+                    let (window_limit, window) = if worst.limit > 0 {
+                        (worst.limit, worst.window)
+                    } else {
+                        window_form(&limit.algorithm).unwrap_or((0, 0))
+                    };
+                    let some = |v| rated.then_some(v);
+                    rows.push(Row {
+                        variant: label.clone(),
+                        route: route.name.clone(),
+                        limit: limit.name.clone(),
+                        algorithm: algorithm_name(&limit.algorithm),
+                        shadow: limit.shadow,
+                        requests: entry.applied,
+                        admitted: entry.admitted,
+                        denied: entry.denied + entry.shadow_denied,
+                        peak: some(worst.peak),
+                        window_limit: some(window_limit),
+                        window_seconds: rated.then(|| seconds(window)),
+                        excess: some(worst.excess),
+                        false_allows: some(entry.false_allows),
+                        false_denies: some(entry.false_denies),
+                        false_allow_share: rated.then(|| share(entry.false_allows, entry.applied)),
+                        false_deny_share: rated.then(|| share(entry.false_denies, entry.applied)),
+                    });
+                }
+            }
+        }
+        Report {
+            records: simulation.records,
+            bad_records: simulation.bad_records,
+            out_of_order: simulation.out_of_order,
+            no_route: simulation.variants.first().map_or(0, |v| v.no_route),
+            span_seconds: simulation.span.map_or(0.0, |(a, b)| seconds(b - a)),
+            rows,
+            routes,
+        }
+    }
+
+    pub fn write_json(&self, out: &mut dyn Write) -> std::io::Result<()> {
+        serde_json::to_writer_pretty(&mut *out, self)?;
+        out.write_all(b"\n")
+    }
+
+    pub fn write_table(&self, out: &mut dyn Write) -> std::io::Result<()> {
+        writeln!(
+            out,
+            "{} requests over {}",
+            self.records,
+            duration_text(self.span_seconds)
+        )?;
+        writeln!(out)?;
+        let header = [
+            "route",
+            "limit",
+            "algorithm",
+            "requests",
+            "admitted",
+            "denied",
+            "peak",
+            "limit",
+            "window",
+            "excess",
+            "false allow",
+            "false deny",
+        ];
+        let dash = || "-".to_owned();
+        let mut cells: Vec<Vec<String>> = vec![header.iter().map(|s| s.to_string()).collect()];
+        for row in &self.rows {
+            let algorithm = match (&row.variant, row.shadow) {
+                (_, true) => format!("{} (shadow)", row.algorithm),
+                _ => row.algorithm.to_owned(),
+            };
+            cells.push(vec![
+                row.route.clone(),
+                row.limit.clone(),
+                algorithm,
+                row.requests.to_string(),
+                row.admitted.to_string(),
+                row.denied.to_string(),
+                row.peak.map_or_else(dash, |v| v.to_string()),
+                row.window_limit.map_or_else(dash, |v| v.to_string()),
+                row.window_seconds.map_or_else(dash, duration_text),
+                row.excess.map_or_else(dash, |v| v.to_string()),
+                row.false_allow_share.map_or_else(dash, percent),
+                row.false_deny_share.map_or_else(dash, percent),
+            ]);
+        }
+        let widths: Vec<usize> = (0..header.len())
+            .map(|c| {
+                cells
+                    .iter()
+                    .map(|r| r[c].chars().count())
+                    .max()
+                    .unwrap_or(0)
+            })
+            .collect();
+        for row in &cells {
+            let mut line = String::new();
+            for (c, cell) in row.iter().enumerate() {
+                let pad = widths[c] - cell.chars().count();
+                // Names to the left, numbers to the right.
+                if c < 3 {
+                    line.push_str(cell);
+                    line.push_str(&" ".repeat(pad));
+                } else {
+                    line.push_str(&" ".repeat(pad));
+                    line.push_str(cell);
+                }
+                line.push_str("  ");
+            }
+            writeln!(out, "{}", line.trim_end())?;
+        }
+        writeln!(out)?;
+        for route in &self.routes {
+            let refused = [
+                (route.unauthorized, "unauthorized (401)"),
+                (route.missing_key, "missing a key (400)"),
+                (route.too_large, "body too large (413)"),
+            ];
+            if refused.iter().all(|(n, _)| *n == 0) {
+                continue;
+            }
+            let what: Vec<String> = refused
+                .iter()
+                .filter(|(n, _)| *n > 0)
+                .map(|(n, what)| format!("{n} {what}"))
+                .collect();
+            let variant = route
+                .variant
+                .as_ref()
+                .map(|v| format!(" ({v})"))
+                .unwrap_or_default();
+            writeln!(
+                out,
+                "route {}{variant}: refused before the limits: {}",
+                route.route,
+                what.join(", ")
+            )?;
+        }
+        if self.no_route > 0 {
+            writeln!(out, "no route matched: {} requests (404)", self.no_route)?;
+        }
+        if self.bad_records > 0 {
+            writeln!(out, "skipped {} bad records", self.bad_records)?;
+        }
+        Ok(())
+    }
+}
+
+fn percent(share: f64) -> String {
+    format!("{:.1}%", share * 100.0)
+}
+
+/// `90ms`, `1.2s`, `60s`, `1h`: short, for a table cell.
+fn duration_text(seconds: f64) -> String {
+    if seconds == 0.0 {
+        "0s".to_owned()
+    } else if seconds < 1.0 {
+        format!("{}ms", (seconds * 1000.0).round())
+    } else if seconds >= 3600.0 && (seconds / 3600.0).fract() == 0.0 {
+        format!("{}h", seconds / 3600.0)
+    } else if seconds >= 60.0 && (seconds / 60.0).fract() == 0.0 {
+        format!("{}m", seconds / 60.0)
+    } else if seconds.fract() == 0.0 {
+        format!("{seconds}s")
+    } else {
+        format!("{seconds:.1}s")
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn durations_read_short() {
+        assert_eq!(duration_text(0.25), "250ms");
+        assert_eq!(duration_text(60.0), "1m");
+        assert_eq!(duration_text(7200.0), "2h");
+        assert_eq!(duration_text(2.0), "2s");
+        assert_eq!(duration_text(1.21), "1.2s");
+        assert_eq!(percent(0.1234), "12.3%");
+    }
+}

@@ -1,0 +1,393 @@
+//! What a limit actually let through, measured on its admissions: the peak
+//! in any span of its window, and the worst excess over `capacity + rate ×
+//! span`; and the time series the chart draws.
+//!
+//! Both are per key (a limit limits each key) and both use the limit's
+//! window and bucket forms ([`super::compare`]), so every algorithm is
+//! measured by the same two rulers:
+//!
+//! * **peak in window**: the most cost units admitted for one key in any
+//!   interval `(t − W, t]`, next to `L`. A fixed window reaches `2 × L`
+//!   around a boundary; a sliding log never passes `L`.
+//! * **excess**: the most, over all intervals `[s, t]` and keys, by which the
+//!   units admitted exceed `C + r × (t − s)`. Zero for a token bucket; a
+//!   fixed window of `L` per `W` reaches about `L`.
+//!
+//! The excess needs no log: with `A(t)` the units admitted up to `t`, the
+//! excess of `[s, t]` is `(A(t) − r·t) − (A(s⁻) − r·s) − C`, so one running
+//! minimum of `A(s⁻) − r·s` per key gives the worst interval ending at each
+//! admission in O(1). The peak keeps the admissions of the last window in a
+//! deque; the same deque is the exact sliding log that false allows and
+//! denies are judged by ([`LimitTracker::judge`]). Everything is
+//! exact integer arithmetic (scaled by the rate's `per`).
+
+use std::collections::{HashMap, VecDeque};
+use std::hash::BuildHasherDefault;
+
+use super::compare::{bucket_form, window_form};
+use crate::limit::memory::DigestHasher;
+use crate::limit::{Algorithm, LimitKey, Nanos};
+
+/// The worst a limit did over the whole trace.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Worst {
+    /// Most units admitted for one key in one window span.
+    pub peak: u64,
+    /// That key's `L` and `W`.
+    pub limit: u64,
+    pub window: Nanos,
+    /// Most units over `C + r × span` (0 if never over).
+    pub excess: u64,
+}
+
+/// A decision next to the exact rule's.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Judgement {
+    Right,
+    FalseAllow,
+    FalseDeny,
+}
+
+/// One key's admissions.
+#[derive(Debug)]
+struct KeyTrack {
+    window: Nanos,
+    limit: u64,
+    capacity: u64,
+    tokens: u64,
+    per: Nanos,
+    /// Times are measured from the key's first admission (keeps products small).
+    origin: Nanos,
+    recent: VecDeque<(Nanos, u64)>,
+    in_window: u64,
+    /// Units the limit denied although they fit, in the last window: the
+    /// room they would have taken is spoken for, so one free unit is one
+    /// false denial, not one per request that finds it.
+    missed: VecDeque<(Nanos, u64)>,
+    missed_in_window: u64,
+    admitted: u128,
+    /// min over earlier admissions s of `A(s⁻)·per − tokens·s`.
+    lowest: i128,
+}
+
+impl KeyTrack {
+    /// Drops the admissions that left the window `(t − W, t]`; returns `t`
+    /// on the key's clock.
+    fn evict(&mut self, now: Nanos) -> Nanos {
+        let t = now.saturating_sub(self.origin);
+        while let Some(&(at, units)) = self.recent.front() {
+            if at.saturating_add(self.window) > t {
+                break;
+            }
+            self.recent.pop_front();
+            self.in_window = self.in_window.saturating_sub(units);
+        }
+        while let Some(&(at, units)) = self.missed.front() {
+            if at.saturating_add(self.window) > t {
+                break;
+            }
+            self.missed.pop_front();
+            self.missed_in_window = self.missed_in_window.saturating_sub(units);
+        }
+        t
+    }
+}
+
+/// One limit's admissions, per key.
+#[derive(Debug, Default)]
+pub struct LimitTracker {
+    /// Keys are digests already: their bits are the hash (as in the store).
+    keys: HashMap<LimitKey, KeyTrack, BuildHasherDefault<DigestHasher>>,
+    pub worst: Worst,
+}
+
+impl LimitTracker {
+    /// Records `cost` units admitted for `key` at `now` under `algorithm`;
+    /// returns the key's units in the window ending now (for the chart).
+    /// Concurrency is not measured (0).
+    pub fn admit(&mut self, key: LimitKey, algorithm: &Algorithm, now: Nanos, cost: u64) -> u64 {
+        let Some(track) = self.track(key, algorithm, now) else {
+            return 0;
+        };
+        let t = track.evict(now);
+        track.recent.push_back((t, cost));
+        track.in_window = track.in_window.saturating_add(cost);
+        // Excess: the worst interval ending at this admission.
+        // Saturating: a rate of absurd numbers must not overflow (or panic).
+        let per = i128::from(track.per);
+        let drift = i128::from(track.tokens).saturating_mul(i128::from(t));
+        let scaled = |units: u128| {
+            i128::try_from(units)
+                .unwrap_or(i128::MAX)
+                .saturating_mul(per)
+                .saturating_sub(drift)
+        };
+        let before = scaled(track.admitted);
+        track.lowest = track.lowest.min(before);
+        track.admitted = track.admitted.saturating_add(u128::from(cost));
+        let after = scaled(track.admitted);
+        let over = after
+            .saturating_sub(track.lowest)
+            .saturating_sub(i128::from(track.capacity).saturating_mul(per))
+            .div_euclid(per.max(1));
+        let (in_window, limit, window) = (track.in_window, track.limit, track.window);
+        let worst = &mut self.worst;
+        if worst.limit == 0 || in_window > worst.peak {
+            worst.peak = in_window;
+            worst.limit = limit;
+            worst.window = window;
+        }
+        worst.excess = worst.excess.max(u64::try_from(over).unwrap_or(0));
+        in_window
+    }
+
+    /// Judges one decision of the limit for `key` against an exact sliding
+    /// log of its window form holding what the limit admitted so far: a
+    /// false allow admits `cost` beyond `L` in the last `W`; a false deny
+    /// refuses units that fit (beside earlier false denials' units, so one
+    /// free unit is counted once). Call before [`LimitTracker::admit`].
+    /// `None` for concurrency.
+    pub fn judge(
+        &mut self,
+        key: LimitKey,
+        algorithm: &Algorithm,
+        now: Nanos,
+        cost: u64,
+        admitted: bool,
+    ) -> Option<Judgement> {
+        let track = self.track(key, algorithm, now)?;
+        let t = track.evict(now);
+        let used = track.in_window;
+        Some(if admitted {
+            if used.saturating_add(cost) > track.limit {
+                Judgement::FalseAllow
+            } else {
+                Judgement::Right
+            }
+        } else if used
+            .saturating_add(track.missed_in_window)
+            .saturating_add(cost)
+            <= track.limit
+        {
+            track.missed.push_back((t, cost));
+            track.missed_in_window = track.missed_in_window.saturating_add(cost);
+            Judgement::FalseDeny
+        } else {
+            Judgement::Right
+        })
+    }
+
+    fn track(&mut self, key: LimitKey, algorithm: &Algorithm, now: Nanos) -> Option<&mut KeyTrack> {
+        let (limit, window) = window_form(algorithm)?;
+        let (capacity, rate) = bucket_form(algorithm)?;
+        Some(self.keys.entry(key).or_insert_with(|| KeyTrack {
+            window,
+            limit,
+            capacity,
+            tokens: rate.tokens,
+            per: rate.per,
+            origin: now,
+            recent: VecDeque::new(),
+            in_window: 0,
+            missed: VecDeque::new(),
+            missed_in_window: 0,
+            admitted: 0,
+            lowest: i128::MAX,
+        }))
+    }
+}
+
+/// Most buckets a series holds before its buckets are made twice as wide.
+const MAX_BUCKETS: usize = 240;
+
+/// Per time bucket and variant: the busiest key's units in its window
+/// (the most seen in the bucket) and the requests denied. Buckets start at
+/// the first record and double in width whenever the trace outgrows
+/// `MAX_BUCKETS` (240), so a trace of any length fits one chart.
+#[derive(Debug)]
+pub struct Timeline {
+    pub start: Option<Nanos>,
+    pub width: Nanos,
+    pub busiest: Vec<Vec<u64>>,
+    pub denied: Vec<Vec<u64>>,
+}
+
+impl Timeline {
+    /// For `variants` series, buckets starting `width` wide.
+    pub fn new(variants: usize, width: Nanos) -> Timeline {
+        Timeline {
+            start: None,
+            width: width.max(1),
+            busiest: vec![Vec::new(); variants],
+            denied: vec![Vec::new(); variants],
+        }
+    }
+
+    fn bucket(&mut self, now: Nanos) -> usize {
+        let start = *self.start.get_or_insert(now);
+        loop {
+            let index =
+                usize::try_from(now.saturating_sub(start) / self.width).unwrap_or(usize::MAX);
+            if index < MAX_BUCKETS {
+                return index;
+            }
+            self.coarsen();
+        }
+    }
+
+    /// Buckets twice as wide: neighbours merged (max for the busiest key,
+    /// sum for denials).
+    fn coarsen(&mut self) {
+        self.width = self.width.saturating_mul(2);
+        let merge = |series: &mut Vec<u64>, combine: fn(u64, u64) -> u64| {
+            let merged = series
+                .chunks(2)
+                .map(|pair| pair.iter().copied().fold(0, combine))
+                .collect();
+            *series = merged;
+        };
+        for series in &mut self.busiest {
+            merge(series, u64::max);
+        }
+        for series in &mut self.denied {
+            merge(series, u64::saturating_add);
+        }
+    }
+
+    fn slot(series: &mut Vec<u64>, index: usize) -> &mut u64 {
+        if series.len() <= index {
+            series.resize(index + 1, 0);
+        }
+        &mut series[index]
+    }
+
+    pub fn admitted(&mut self, variant: usize, now: Nanos, in_window: u64) {
+        let index = self.bucket(now);
+        let slot = Timeline::slot(&mut self.busiest[variant], index);
+        *slot = (*slot).max(in_window);
+    }
+
+    pub fn denied(&mut self, variant: usize, now: Nanos) {
+        let index = self.bucket(now);
+        *Timeline::slot(&mut self.denied[variant], index) += 1;
+    }
+
+    /// Buckets used so far.
+    pub fn len(&self) -> usize {
+        self.busiest
+            .iter()
+            .chain(&self.denied)
+            .map(Vec::len)
+            .max()
+            .unwrap_or(0)
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::limit::{NANOS_PER_SEC as S, Rate};
+
+    fn key() -> LimitKey {
+        LimitKey::from_u128(7)
+    }
+
+    #[test]
+    fn peak_counts_the_window_ending_at_each_admission() {
+        let fixed = Algorithm::FixedWindow {
+            limit: 10,
+            window: 60 * S,
+        };
+        let mut tracker = LimitTracker::default();
+        // 10 just before a boundary and 10 just after: 20 in one span.
+        for i in 0..10 {
+            tracker.admit(key(), &fixed, 59 * S + i * 10_000_000, 1);
+        }
+        for i in 0..10 {
+            tracker.admit(key(), &fixed, 60 * S + i * 10_000_000, 1);
+        }
+        assert_eq!(tracker.worst.peak, 20);
+        assert_eq!(tracker.worst.limit, 10);
+        // Against a bucket of 10 refilled at 10/min, 20 in 1.09 s are
+        // 9.8 over (floor 9).
+        assert_eq!(tracker.worst.excess, 9);
+        // A minute later the window has emptied.
+        assert_eq!(tracker.admit(key(), &fixed, 200 * S, 1), 1);
+    }
+
+    #[test]
+    fn a_free_unit_is_one_false_denial() {
+        let log = Algorithm::SlidingLog {
+            limit: 2,
+            window: 10 * S,
+        };
+        let mut tracker = LimitTracker::default();
+        let judge = |t: &mut LimitTracker, at, admitted| t.judge(key(), &log, at, 1, admitted);
+        assert_eq!(judge(&mut tracker, 0, true), Some(Judgement::Right));
+        tracker.admit(key(), &log, 0, 1);
+        // One unit free: the first denial of it is false, the next is not.
+        assert_eq!(judge(&mut tracker, S, false), Some(Judgement::FalseDeny));
+        assert_eq!(judge(&mut tracker, S, false), Some(Judgement::Right));
+        tracker.admit(key(), &log, S, 1);
+        assert_eq!(
+            judge(&mut tracker, 2 * S, true),
+            Some(Judgement::FalseAllow)
+        );
+        // Once the window has passed, both units are free again.
+        assert_eq!(
+            judge(&mut tracker, 12 * S, false),
+            Some(Judgement::FalseDeny)
+        );
+        // Numbers at the edge of u64 saturate instead of overflowing.
+        let huge = Algorithm::TokenBucket {
+            capacity: u64::MAX,
+            refill: Rate {
+                tokens: u64::MAX,
+                per: 1,
+            },
+        };
+        for at in [0, u64::MAX / 2, u64::MAX] {
+            tracker.admit(LimitKey::from_u128(9), &huge, at, u64::MAX);
+        }
+        let conc = Algorithm::Concurrency { max: 1 };
+        assert_eq!(tracker.judge(key(), &conc, 0, 1, true), None);
+    }
+
+    #[test]
+    fn a_token_bucket_never_exceeds_its_own_bound() {
+        let bucket = Algorithm::TokenBucket {
+            capacity: 5,
+            refill: Rate { tokens: 1, per: S },
+        };
+        let mut tracker = LimitTracker::default();
+        // 5 at once, then one a second: exactly capacity + refill × span.
+        for _ in 0..5 {
+            tracker.admit(key(), &bucket, 0, 1);
+        }
+        for i in 1..=20 {
+            tracker.admit(key(), &bucket, i * S, 1);
+        }
+        assert_eq!(tracker.worst.excess, 0);
+        // One more in the same instant is one over.
+        tracker.admit(key(), &bucket, 20 * S, 1);
+        assert_eq!(tracker.worst.excess, 1);
+        assert_eq!(tracker.worst.window, 5 * S);
+    }
+
+    #[test]
+    fn timeline_doubles_its_buckets_and_keeps_the_totals() {
+        let mut timeline = Timeline::new(1, S);
+        for i in 0..1000 {
+            timeline.denied(0, i * S);
+            timeline.admitted(0, i * S, i);
+        }
+        assert!(timeline.len() <= MAX_BUCKETS);
+        assert_eq!(timeline.width, 8 * S);
+        assert_eq!(timeline.denied[0].iter().sum::<u64>(), 1000);
+        assert_eq!(timeline.busiest[0].iter().max(), Some(&999));
+    }
+}

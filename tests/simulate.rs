@@ -1,0 +1,579 @@
+//! End-to-end tests of `tollgate simulate`, through the built binary: the
+//! lessons it must show (the fixed window's boundary burst), decisions equal
+//! to a live gateway's for the same requests, trace input (bad lines, gzip,
+//! stdin), the SVG and the JSON.
+
+mod common;
+
+use std::io::Write;
+use std::process::{Command, Stdio};
+
+use bytes::Bytes;
+use common::{Gateway, TestUpstream, send, tollgate};
+use http_body_util::Full;
+use hyper::Request;
+
+/// `text` as `gateway.toml` in a fresh directory; returns (dir, path).
+fn config_file(text: &str) -> (tempfile::TempDir, String) {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let path = dir.path().join("gateway.toml");
+    std::fs::write(&path, text).expect("write config");
+    let path = path.to_str().expect("utf-8 path").to_owned();
+    (dir, path)
+}
+
+const WINDOW_100: &str = r#"
+[limits.per_ip]
+key = "ip"
+algorithm = "fixed_window"
+limit = 100
+window = "1m"
+
+[[routes]]
+name = "api"
+match = { path_prefix = "/" }
+respond = { status = 200 }
+limits = ["per_ip"]
+"#;
+
+fn json(stdout: &str) -> serde_json::Value {
+    serde_json::from_str(stdout).unwrap_or_else(|e| panic!("not JSON ({e}):\n{stdout}"))
+}
+
+/// The row of `algorithm` in a `--compare --json` report.
+fn row<'a>(report: &'a serde_json::Value, algorithm: &str) -> &'a serde_json::Value {
+    report["rows"]
+        .as_array()
+        .expect("rows")
+        .iter()
+        .find(|r| r["variant"] == algorithm)
+        .unwrap_or_else(|| panic!("no row for {algorithm}: {report}"))
+}
+
+#[test]
+fn boundary_burst_shows_the_fixed_window_doubling() {
+    let (_dir, config) = config_file(WINDOW_100);
+    let (code, stdout, stderr) = tollgate(&[
+        "simulate",
+        "-c",
+        &config,
+        "--generate",
+        "boundary-burst",
+        "--compare",
+        "fixed_window,sliding_window,sliding_log,token_bucket,leaky_bucket",
+        "--json",
+    ]);
+    assert_eq!(code, 0, "{stderr}");
+    let report = json(&stdout);
+    assert_eq!(report["records"], 200, "100 before and 100 after the edge");
+    let peak = |algorithm| row(&report, algorithm)["peak"].as_u64().unwrap();
+    // Fixed window: both bursts pass, 2 × the limit within one window span.
+    assert_eq!(peak("fixed_window"), 200);
+    assert_eq!(row(&report, "fixed_window")["window_limit"], 100);
+    assert!(
+        row(&report, "fixed_window")["false_allows"]
+            .as_u64()
+            .unwrap()
+            >= 90
+    );
+    // The exact log never exceeds the limit, and agrees with itself.
+    assert!(peak("sliding_log") <= 100);
+    assert_eq!(row(&report, "sliding_log")["false_allows"], 0);
+    assert_eq!(row(&report, "sliding_log")["false_denies"], 0);
+    // Sliding window: at most limit + P × e / W (src/limit/sliding_window.rs),
+    // the second burst arriving within e = W / 100 of the edge with P = 100:
+    // 101, and one unit of rounding.
+    assert!(peak("sliding_window") <= 102, "{}", peak("sliding_window"));
+    // The buckets admit their capacity plus what refills meanwhile.
+    assert!(peak("token_bucket") <= 102);
+    assert_eq!(row(&report, "token_bucket")["excess"], 0);
+}
+
+#[test]
+fn the_table_names_every_row() {
+    let (_dir, config) = config_file(WINDOW_100);
+    let (code, stdout, stderr) = tollgate(&[
+        "simulate",
+        "-c",
+        &config,
+        "--generate",
+        "boundary-burst",
+        "--route",
+        "api",
+    ]);
+    assert_eq!(code, 0, "{stderr}");
+    assert!(stdout.starts_with("200 requests over 1.2s"), "{stdout}");
+    let header = stdout.lines().nth(2).unwrap();
+    for column in [
+        "route",
+        "limit",
+        "algorithm",
+        "requests",
+        "admitted",
+        "denied",
+        "peak",
+        "false allow",
+    ] {
+        assert!(header.contains(column), "{header}");
+    }
+    let line = stdout.lines().nth(3).unwrap();
+    let cells: Vec<&str> = line.split_whitespace().collect();
+    assert_eq!(
+        &cells[..7],
+        ["api", "per_ip", "fixed_window", "200", "200", "0", "200"]
+    );
+}
+
+/// A gateway configuration exercising routing, trusted proxies, API-key and
+/// body keys, consumers, plans and refusals, with numbers no test's real
+/// time can change: token buckets refilled once an hour, an hour-long log,
+/// day windows starting at the first request.
+fn live_config(upstream: &str) -> String {
+    format!(
+        r#"
+[server]
+listen = "127.0.0.1:0"
+
+[client_ip]
+trusted_hops = 1
+
+[upstreams.api]
+url = "{upstream}"
+
+[limits.per_key]
+key = "header:x-api-key"
+algorithm = "token_bucket"
+capacity = 3
+refill = "1/h"
+
+[limits.per_ip]
+key = "ip"
+algorithm = "sliding_log"
+limit = 6
+window = "1h"
+
+[limits.login_account]
+key = "body:username"
+algorithm = "fixed_window"
+limit = 2
+window = "1d"
+align = "first_request"
+on_missing_key = "deny"
+
+[limits.tenant_daily]
+key = "tenant"
+algorithm = "fixed_window"
+limit = 2
+window = "1d"
+align = "first_request"
+plans = {{ pro = {{ limit = 4 }} }}
+
+[consumers."k-free"]
+consumer = "free-web"
+tenant = "free"
+plan = "free"
+
+[consumers."k-pro"]
+consumer = "pro-web"
+tenant = "pro"
+plan = "pro"
+
+[[routes]]
+name = "api"
+match = {{ path_prefix = "/api" }}
+upstream = "api"
+limits = ["per_key", "per_ip"]
+
+[[routes]]
+name = "login"
+match = {{ path = "/login", methods = ["POST"] }}
+upstream = "api"
+limits = ["login_account", "per_ip"]
+
+[[routes]]
+name = "tenant"
+match = {{ path_prefix = "/t" }}
+upstream = "api"
+require_consumer = true
+limits = ["tenant_daily"]
+
+[[routes]]
+name = "health"
+match = {{ path = "/health" }}
+respond = {{ status = 200, body = "ok\n" }}
+"#
+    )
+}
+
+/// One request of the live trace.
+struct Sent {
+    method: &'static str,
+    path: &'static str,
+    headers: Vec<(&'static str, String)>,
+    body: Option<&'static str>,
+}
+
+fn live_requests() -> Vec<Sent> {
+    let get = |path, headers: Vec<(&'static str, String)>| Sent {
+        method: "GET",
+        path,
+        headers,
+        body: None,
+    };
+    let mut requests = Vec::new();
+    // API keys k1..k3 from two clients behind the balancer; per_key allows 3
+    // each, per_ip 6 per client.
+    for i in 0..14 {
+        let mut headers = vec![("x-forwarded-for", format!("6.6.6.6, 198.51.100.{}", i % 2))];
+        if i % 5 != 4 {
+            headers.push(("x-api-key", format!("k{}", i % 3)));
+        }
+        requests.push(get(
+            if i % 2 == 0 { "/api/a" } else { "/api/b?x=1" },
+            headers,
+        ));
+    }
+    // Logins: two per account pass; no username is a 400.
+    for (user, ip) in [
+        ("ann", 20),
+        ("ann", 21),
+        ("bob", 22),
+        ("ann", 23),
+        ("bob", 24),
+    ] {
+        requests.push(Sent {
+            method: "POST",
+            path: "/login",
+            headers: vec![
+                ("x-forwarded-for", format!("203.0.113.{ip}")),
+                ("content-type", "application/json".into()),
+            ],
+            body: Some(if user == "ann" {
+                r#"{"username":"ann"}"#
+            } else {
+                r#"{"username":"bob"}"#
+            }),
+        });
+    }
+    requests.push(Sent {
+        method: "POST",
+        path: "/login",
+        headers: vec![("content-type", "application/json".into())],
+        body: Some(r#"{"password":"x"}"#),
+    });
+    // Tenants: free gets 2 a day, pro 4; no key or an unknown key is 401.
+    for key in [
+        "k-free", "k-pro", "k-free", "k-pro", "k-free", "k-pro", "k-pro", "k-pro",
+    ] {
+        requests.push(get("/t/report", vec![("x-api-key", key.into())]));
+    }
+    requests.push(get("/t/report", vec![]));
+    requests.push(get("/t/report", vec![("x-api-key", "k-nobody".into())]));
+    requests.push(get("/health", vec![]));
+    requests.push(get("/nowhere", vec![]));
+    requests
+}
+
+#[tokio::test]
+async fn decisions_equal_the_live_gateways() {
+    let upstream = TestUpstream::start().await;
+    let config = live_config(&upstream.url());
+    let gateway = Gateway::start(&config);
+    let requests = live_requests();
+
+    // 1. Through the live gateway, one at a time.
+    let mut statuses = Vec::new();
+    for sent in &requests {
+        let mut builder = Request::builder()
+            .method(sent.method)
+            .uri(sent.path)
+            .header("host", "api.example");
+        for (name, value) in &sent.headers {
+            builder = builder.header(*name, value.as_str());
+        }
+        let body = Bytes::from_static(sent.body.unwrap_or("").as_bytes());
+        let reply = send(gateway.addr, builder.body(Full::new(body)).unwrap()).await;
+        statuses.push(reply.status);
+    }
+    drop(gateway);
+
+    // 2. The same requests as a trace; the gateway saw them from 127.0.0.1.
+    let dir = tempfile::tempdir().unwrap();
+    let trace_path = dir.path().join("trace.jsonl");
+    let mut trace = String::new();
+    for (i, sent) in requests.iter().enumerate() {
+        let mut headers = serde_json::Map::new();
+        headers.insert("host".into(), "api.example".into());
+        for (name, value) in &sent.headers {
+            headers.insert((*name).into(), value.clone().into());
+        }
+        let mut record = serde_json::json!({
+            "time": 1_772_359_200.0 + i as f64 * 0.01,
+            "method": sent.method,
+            "path": sent.path,
+            "ip": "127.0.0.1",
+            "headers": headers,
+        });
+        if let Some(body) = sent.body {
+            record["body"] = body.into();
+        }
+        trace.push_str(&record.to_string());
+        trace.push('\n');
+    }
+    std::fs::write(&trace_path, trace).unwrap();
+    let config_path = dir.path().join("gateway.toml");
+    std::fs::write(&config_path, &config).unwrap();
+    let decisions_path = dir.path().join("decisions.jsonl");
+    let (code, stdout, stderr) = tollgate(&[
+        "simulate",
+        "-c",
+        config_path.to_str().unwrap(),
+        "--trace",
+        trace_path.to_str().unwrap(),
+        "--decisions",
+        decisions_path.to_str().unwrap(),
+    ]);
+    assert_eq!(code, 0, "{stderr}\n{stdout}");
+    let decisions: Vec<serde_json::Value> = std::fs::read_to_string(&decisions_path)
+        .unwrap()
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    assert_eq!(decisions.len(), requests.len());
+
+    // 3. Request by request: the status the gateway answered is the one the
+    //    simulation says it would (admitted: the upstream's or route's 200).
+    let simulated: Vec<u16> = decisions
+        .iter()
+        .map(|d| d["status"].as_u64().map_or(200, |s| s as u16))
+        .collect();
+    assert_eq!(simulated, statuses, "decisions: {decisions:#?}");
+    // The trace is not trivial: every kind of answer occurs.
+    for status in [200, 429, 400, 401, 404] {
+        assert!(statuses.contains(&status), "no {status} in {statuses:?}");
+    }
+}
+
+#[test]
+fn bad_trace_lines_are_reported_and_skipped() {
+    let (dir, config) = config_file(WINDOW_100);
+    let trace = dir.path().join("trace.csv");
+    std::fs::write(
+        &trace,
+        "time,method,path,ip\n\
+         2026-03-01T10:00:00Z,GET,/a,192.0.2.1\n\
+         tomorrow,GET,/a,192.0.2.1\n\
+         2026-03-01T10:00:01Z,GET,/a,192.0.2.1\n\
+         2026-03-01T10:00:02Z,GET,no-slash,192.0.2.1\n\
+         2026-03-01T10:00:03Z,GET,/a,192.0.2.999\n\
+         2026-03-01T10:00:04Z,GET,/a,192.0.2.1\n",
+    )
+    .unwrap();
+    let (code, stdout, stderr) = tollgate(&[
+        "simulate",
+        "-c",
+        &config,
+        "--trace",
+        trace.to_str().unwrap(),
+        "--json",
+    ]);
+    assert_eq!(code, 0, "{stderr}");
+    assert!(stderr.contains("line 3: time `tomorrow`"), "{stderr}");
+    assert!(
+        stderr.contains("line 5: `no-slash` is not a request path"),
+        "{stderr}"
+    );
+    assert!(
+        stderr.contains("line 6: `192.0.2.999` is not an IP address"),
+        "{stderr}"
+    );
+    assert!(stderr.contains("skipped 3 bad records"), "{stderr}");
+    let report = json(&stdout);
+    assert_eq!(report["records"], 3);
+    assert_eq!(report["bad_records"], 3);
+    assert_eq!(report["rows"][0]["admitted"], 3);
+}
+
+/// A small trace as JSON lines: 30 requests of one client in 3 s.
+fn small_trace() -> String {
+    (0..30)
+        .map(|i| {
+            format!(
+                "{{\"time\":{},\"method\":\"GET\",\"path\":\"/x\",\"ip\":\"192.0.2.7\"}}\n",
+                1_772_359_200.0 + f64::from(i) * 0.1
+            )
+        })
+        .collect()
+}
+
+#[test]
+fn gzip_and_stdin_read_the_same_trace() {
+    let (dir, config) = config_file(&WINDOW_100.replace("limit = 100", "limit = 10"));
+    let plain = dir.path().join("trace.jsonl");
+    std::fs::write(&plain, small_trace()).unwrap();
+    // Compressed, under a name that does not say so: told by its bytes.
+    let packed = dir.path().join("trace.log");
+    let mut encoder = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::default());
+    encoder.write_all(small_trace().as_bytes()).unwrap();
+    std::fs::write(&packed, encoder.finish().unwrap()).unwrap();
+
+    let run = |trace: &str| {
+        let (code, stdout, stderr) =
+            tollgate(&["simulate", "-c", &config, "--trace", trace, "--json"]);
+        assert_eq!(code, 0, "{stderr}");
+        json(&stdout)
+    };
+    let from_file = run(plain.to_str().unwrap());
+    assert_eq!(from_file["records"], 30);
+    assert_eq!(from_file["rows"][0]["admitted"], 10);
+    assert_eq!(from_file["rows"][0]["denied"], 20);
+    assert_eq!(run(packed.to_str().unwrap())["rows"], from_file["rows"]);
+
+    let mut child = Command::new(env!("CARGO_BIN_EXE_tollgate"))
+        .args(["simulate", "-c", &config, "--trace", "-", "--json"])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("spawn");
+    child
+        .stdin
+        .take()
+        .unwrap()
+        .write_all(small_trace().as_bytes())
+        .unwrap();
+    let output = child.wait_with_output().unwrap();
+    assert!(output.status.success());
+    let from_stdin = json(&String::from_utf8_lossy(&output.stdout));
+    assert_eq!(from_stdin["rows"], from_file["rows"]);
+}
+
+#[test]
+fn the_svg_is_xml_with_one_series_per_algorithm() {
+    let (dir, config) = config_file(WINDOW_100);
+    let out = dir.path().join("chart.svg");
+    let algorithms = ["fixed_window", "sliding_window", "token_bucket"];
+    let (code, _, stderr) = tollgate(&[
+        "simulate",
+        "-c",
+        &config,
+        "--generate",
+        "boundary-burst",
+        "--compare",
+        &algorithms.join(","),
+        "--svg",
+        out.to_str().unwrap(),
+    ]);
+    assert_eq!(code, 0, "{stderr}");
+    let text = std::fs::read_to_string(&out).unwrap();
+    let document = roxmltree::Document::parse(&text).expect("the SVG parses as XML");
+    assert_eq!(document.root_element().tag_name().name(), "svg");
+    let texts: Vec<String> = document
+        .descendants()
+        .filter(|n| n.has_tag_name("text"))
+        .filter_map(|n| n.text())
+        .map(|t| t.trim().to_owned())
+        .collect();
+    // Each algorithm is in the legend of both panels; the limit is drawn.
+    for algorithm in algorithms {
+        assert_eq!(
+            texts.iter().filter(|t| *t == algorithm).count(),
+            2,
+            "{algorithm} in {texts:?}"
+        );
+    }
+    assert!(texts.iter().any(|t| t == "limit: 100 per 1m"), "{texts:?}");
+    // One line per algorithm and panel, each its own colour.
+    let lines: Vec<_> = document
+        .descendants()
+        .filter(|n| n.has_tag_name("polyline"))
+        .filter(|n| {
+            n.attribute("points")
+                .is_some_and(|p| p.split(' ').count() > 10)
+        })
+        .collect();
+    let colours: std::collections::HashSet<_> =
+        lines.iter().filter_map(|n| n.attribute("stroke")).collect();
+    assert_eq!(lines.len(), 2 * algorithms.len(), "{colours:?}");
+    assert_eq!(colours.len(), algorithms.len());
+}
+
+#[test]
+fn bad_arguments_are_clear_errors() {
+    let (dir, config) = config_file(WINDOW_100);
+    let cases: [(&[&str], i32, &str); 6] = [
+        (
+            &["--generate", "boundary-burst", "--route", "ap"],
+            2,
+            "unknown route `ap`, expected one of api (did you mean `api`?)",
+        ),
+        (
+            &[
+                "--generate",
+                "boundary-burst",
+                "--compare",
+                "fixed,sliding_log",
+            ],
+            2,
+            "unknown algorithm `fixed`",
+        ),
+        (
+            &["--generate", "poisson:keys=3"],
+            2,
+            "poisson needs `rate=R`",
+        ),
+        (&["--generate", "bursty"], 2, "unknown generator `bursty`"),
+        (
+            &["--trace", "no-such-file.csv"],
+            1,
+            "cannot read no-such-file.csv",
+        ),
+        (&[], 2, "--trace"),
+    ];
+    for (args, expected_code, needle) in cases {
+        let mut all = vec!["simulate", "-c", config.as_str()];
+        all.extend_from_slice(args);
+        let (code, stdout, stderr) = tollgate(&all);
+        assert_eq!(code, expected_code, "{args:?}: {stderr}");
+        assert!(stderr.contains(needle), "{args:?}: {stderr}");
+        assert!(!stderr.contains("panicked"), "{stderr}");
+        assert!(stdout.is_empty(), "{stdout}");
+    }
+    // A gzip file cut short stops the run with a message, not a panic.
+    let cut = dir.path().join("cut.gz");
+    let mut encoder = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::default());
+    for _ in 0..200 {
+        encoder.write_all(small_trace().as_bytes()).unwrap();
+    }
+    let bytes = encoder.finish().unwrap();
+    std::fs::write(&cut, &bytes[..bytes.len() / 2]).unwrap();
+    let (code, _, stderr) =
+        tollgate(&["simulate", "-c", &config, "--trace", cut.to_str().unwrap()]);
+    assert_eq!(code, 1, "{stderr}");
+    assert!(stderr.contains("cannot read the trace"), "{stderr}");
+}
+
+#[test]
+fn the_example_trace_runs_against_the_repository_config() {
+    let root = env!("CARGO_MANIFEST_DIR");
+    let (code, stdout, stderr) = tollgate(&[
+        "simulate",
+        "-c",
+        &format!("{root}/gateway.toml"),
+        "--trace",
+        &format!("{root}/examples/trace.csv"),
+        "--json",
+    ]);
+    assert_eq!(code, 0, "{stderr}");
+    let report = json(&stdout);
+    assert_eq!(report["bad_records"], 0, "{stderr}");
+    assert!(report["records"].as_u64().unwrap() >= 50);
+    assert!(
+        report["rows"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|r| r["denied"].as_u64() > Some(0)),
+        "the example shows a denial: {report}"
+    );
+}
