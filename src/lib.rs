@@ -11,10 +11,13 @@
 //! 2. [`http1`] — the HTTP/1.1 codec, bytes ↔ `http` types: the server side
 //!    ([`http1::server`]: the fast path, lingering close, the bytes handed
 //!    to hyper) and the upstream client (`http1::client`: head codec,
-//!    exchange, chunked decoder, response body). Generic over the request
-//!    body it builds or sends; it knows nothing of routes, limits, the app
-//!    or the pool (a finished response body gives its connection back
-//!    through a `CheckIn` the pool implements).
+//!    exchange, chunked decoder, response body). It knows nothing of
+//!    routes, limits, the app or the pool: the server side hands over its
+//!    own body type (`ClientBody`) and marks a connection's activity in its
+//!    own record (`ConnActivity`, which the watchdog reads and the
+//!    pipeline's response bodies update); the client sends any
+//!    `OutgoingBody` and gives a finished response's connection back
+//!    through a `CheckIn` the pool implements.
 //! 3. `upstream/` — connections to upstreams: an upstream's pool per URL
 //!    and the round robin over them, checkout and the retry rule, and the
 //!    reused deadline timers.
@@ -24,8 +27,7 @@
 //! 5. `proxy/` — the pipeline: `proxy::handler::handle` and its steps, the
 //!    rate-limit fields and 429s, the forwarding header rules, upgrade
 //!    tunnels, the body types, and the one error → status mapping
-//!    (`proxy::error`). It learns of the client's connection only through
-//!    a `ClientConnection` the connection layer implements.
+//!    (`proxy::error`). It never names the connection layer.
 //! 6. [`conn`] — listeners, the accept loop, worker threads, the
 //!    per-connection watchdog, graceful drain, and the hand-off from the
 //!    fast path to hyper.
