@@ -17,6 +17,7 @@ use http_body::{Body, Frame, SizeHint};
 
 use crate::http1::client::UpstreamBody;
 use crate::http1::client::exchange::OutgoingBody;
+// The server side's request body, named here beside the bodies it becomes.
 pub use crate::http1::server::ClientBody;
 use crate::http1::server::ConnActivity;
 use crate::limit::Permits;
