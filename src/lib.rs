@@ -3,7 +3,7 @@
 //! # Architecture: layers that point down
 //!
 //! Each folder is a layer, and a layer imports only the ones below it (no
-//! import cycle between files either; `rust_cycles.py` checks that):
+//! import cycle between files either; `tests/layers.rs` checks both):
 //!
 //! 1. `http/` — wire vocabulary both sides share: field lines
 //!    (`http::field_lines`), the RFC 9651 writer (`http::structured`),
