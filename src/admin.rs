@@ -10,7 +10,7 @@
 //! | `GET /healthz` | 200 while the process runs |
 //! | `GET /readyz` | 200, or 503 while the store is down with `on_failure = "deny"` ([`App::is_ready`]) |
 //! | `GET /config` | `{"path","sha256","loaded_at","generation","last_error"}` of the configuration serving |
-//! | `GET /limits/NAME?key=VALUE` | one key's state of limit NAME, charging nothing ([`crate::explain`]) |
+//! | `GET /limits/NAME?key=VALUE` | one key's state of limit NAME, charging nothing (`explain.rs`) |
 //!
 //! Other paths are 404, other methods 405, both problem+json. HTTP/1.1 only.
 //! The listener closes when the traffic drain starts; open admin connections

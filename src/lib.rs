@@ -3,7 +3,7 @@
 //! # Architecture: layers that point down
 //!
 //! Each folder is a layer, and a layer imports only the ones below it (no
-//! import cycle between files either; `rust_cycles.py` checks that):
+//! import cycle between files either; `tests/layers.rs` checks both):
 //!
 //! 1. `http/` — wire vocabulary both sides share: field lines
 //!    (`http::field_lines`), the RFC 9651 writer (`http::structured`),
@@ -11,10 +11,13 @@
 //! 2. [`http1`] — the HTTP/1.1 codec, bytes ↔ `http` types: the server side
 //!    ([`http1::server`]: the fast path, lingering close, the bytes handed
 //!    to hyper) and the upstream client (`http1::client`: head codec,
-//!    exchange, chunked decoder, response body). Generic over the request
-//!    body it builds or sends; it knows nothing of routes, limits, the app
-//!    or the pool (a finished response body gives its connection back
-//!    through a `CheckIn` the pool implements).
+//!    exchange, chunked decoder, response body). It knows nothing of
+//!    routes, limits, the app or the pool: the server side hands over its
+//!    own body type (`ClientBody`) and marks a connection's activity in its
+//!    own record (`ConnActivity`, which the watchdog reads and the
+//!    pipeline's response bodies update); the client sends any
+//!    `OutgoingBody` and gives a finished response's connection back
+//!    through a `CheckIn` the pool implements.
 //! 3. `upstream/` — connections to upstreams: an upstream's pool per URL
 //!    and the round robin over them, checkout and the retry rule, and the
 //!    reused deadline timers.
@@ -24,22 +27,26 @@
 //! 5. `proxy/` — the pipeline: `proxy::handler::handle` and its steps, the
 //!    rate-limit fields and 429s, the forwarding header rules, upgrade
 //!    tunnels, the body types, and the one error → status mapping
-//!    (`proxy::error`). It learns of the client's connection only through
-//!    a `ClientConnection` the connection layer implements.
+//!    (`proxy::error`). It never names the connection layer. Beside it,
+//!    `explain`: one key's state of a limit, for the admin listener's
+//!    `/limits/NAME`.
 //! 6. [`conn`] — listeners, the accept loop, worker threads, the
 //!    per-connection watchdog, graceful drain, and the hand-off from the
 //!    fast path to hyper.
 //! 7. [`admin`], [`reload`], [`gateway`] ([`run`]: the whole gateway as
 //!    one future over bound listeners, for the binary and for in-process
-//!    tests), and the binary (`main.rs`: command line, logging, signals).
+//!    tests), [`simulate`] (a trace through the same routing, keys and
+//!    limiters on a virtual clock, offline), and the binary (`main.rs`:
+//!    command line, logging, signals).
 //!
 //! Beside the layers, below the pipeline and never importing it: [`config`]
 //! (raw serde mirror → validated types), [`limit`] (the algorithms, pure
 //! functions of an injected clock, and the in-memory store), [`identity`]
 //! (client IP behind proxies, consumers, limit keys), [`routing`],
 //! [`metrics`], `access_log`, `ratelimit_policy` (a stack's
-//! `RateLimit-Policy`, built once per snapshot), [`summary`], and
-//! [`worker`] (which worker thread code runs on).
+//! `RateLimit-Policy`, built once per snapshot), [`summary`],
+//! [`fd_limit`] (the open-file limit raised at start), and [`worker`]
+//! (which worker thread code runs on).
 //!
 //! # The life of a request
 //!
@@ -57,8 +64,6 @@
 //! exact for the process (limiters, metrics, the snapshot) is shared.
 //! Operators read the metrics, health and running configuration on a
 //! separate listener, [`admin`].
-//! [`simulate`] runs a trace through the same routing, keys and limiters on a
-//! virtual clock, offline.
 
 pub(crate) mod access_log;
 pub mod admin;

@@ -139,7 +139,7 @@ fn run(config: Config, log_format: LogFormat) -> ExitCode {
     // The main thread's runtime is single-threaded whatever `workers` says:
     // with one worker it serves the traffic itself, without the work-stealing
     // scheduler's cross-thread bookkeeping; with more, each worker thread has
-    // its own (see `server`) and this one keeps signals, the admin listener
+    // its own (see `conn`) and this one keeps signals, the admin listener
     // and reloads.
     let runtime = match tokio::runtime::Builder::new_current_thread()
         .enable_all()

@@ -53,7 +53,7 @@ use std::io;
 use std::net::SocketAddr;
 use std::pin::Pin;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
+use std::sync::atomic::Ordering;
 use std::task::{Context, Poll};
 use std::time::Duration;
 
@@ -69,9 +69,10 @@ use tokio::time::Instant;
 use crate::app::App;
 use crate::config::ServerConfig;
 use crate::conn::drain::{Drain, DrainWatch};
+use crate::http1::server::ConnActivity;
 use crate::http1::server::linger::{LingerSwitch, Lingering};
 use crate::http1::server::{self as h1, Rewind};
-use crate::proxy::body::{ClientBody, ClientConnection};
+use crate::proxy::body::ClientBody;
 use crate::proxy::handler::{Downstream, handle};
 use crate::worker::worker_count;
 
@@ -550,102 +551,6 @@ async fn accept_loop(shared: Shared, listener: TcpListener, mut stop: watch::Rec
             drop(permit);
             drop(alive);
         });
-    }
-}
-
-/// Activity of one connection, shared by its I/O wrapper, its requests and
-/// its watchdog. Times are milliseconds since the connection was accepted.
-///
-/// The watchdog is never woken by traffic: it sleeps to the earliest moment
-/// any deadline could fall (see `watchdog`) and looks at these marks when
-/// it wakes. A request costs a few relaxed atomics, not a timer.
-#[derive(Debug)]
-pub(crate) struct ConnActivity {
-    started: Instant,
-    /// Requests whose response has not ended yet.
-    in_flight: AtomicU32,
-    /// Last moment a request ended or bytes moved (idle clock).
-    last_activity_ms: AtomicU64,
-    /// When the first byte of a not-yet-complete request head arrived; 0 = none.
-    head_started_ms: AtomicU64,
-    /// Draining or idle too long: the response in progress is the last.
-    closing: AtomicBool,
-    /// Off once the connection is handed to a tunnel (see `crate::http1::server::linger`).
-    linger: LingerSwitch,
-}
-
-impl ConnActivity {
-    fn new() -> Self {
-        ConnActivity {
-            started: Instant::now(),
-            in_flight: AtomicU32::new(0),
-            last_activity_ms: AtomicU64::new(0),
-            head_started_ms: AtomicU64::new(0),
-            closing: AtomicBool::new(false),
-            linger: LingerSwitch::default(),
-        }
-    }
-
-    fn now_ms(&self) -> u64 {
-        // +1 so that 0 can mean "not set".
-        self.started.elapsed().as_millis() as u64 + 1
-    }
-
-    fn bytes_read(&self) {
-        // Only the first byte of a request head matters: while a request is
-        // in flight the connection is not idle, and `request_finished` marks
-        // the idle clock. So the clock is read about once per request.
-        if self.in_flight.load(Ordering::Relaxed) != 0
-            || self.head_started_ms.load(Ordering::Relaxed) != 0
-        {
-            return;
-        }
-        let now = self.now_ms();
-        self.last_activity_ms.store(now, Ordering::Relaxed);
-        self.head_started_ms.store(now, Ordering::Relaxed);
-    }
-
-    fn request_started(&self) {
-        self.in_flight.fetch_add(1, Ordering::Relaxed);
-        self.head_started_ms.store(0, Ordering::Relaxed);
-    }
-
-    /// The connection now belongs to an upgrade's tunnel: its shutdown must
-    /// not linger (the tunnel still reads from it).
-    fn handed_to_tunnel(&self) {
-        self.linger.turn_off();
-    }
-
-    /// Marks the connection as closing; true when nothing is in progress on
-    /// it (no request, no head begun), so it can be closed right away.
-    fn begin_closing(&self) -> bool {
-        self.closing.store(true, Ordering::Relaxed);
-        self.in_flight.load(Ordering::Relaxed) == 0
-            && self.head_started_ms.load(Ordering::Relaxed) == 0
-    }
-
-    /// Called when a request's response body ends.
-    fn request_finished(&self) {
-        self.last_activity_ms
-            .store(self.now_ms(), Ordering::Relaxed);
-        self.in_flight.fetch_sub(1, Ordering::Relaxed);
-    }
-}
-
-/// What the pipeline tells the connection of its requests.
-impl ClientConnection for ConnActivity {
-    fn request_finished(&self) {
-        ConnActivity::request_finished(self);
-    }
-
-    fn handed_to_tunnel(&self) {
-        ConnActivity::handed_to_tunnel(self);
-    }
-}
-
-impl h1::Closing for ConnActivity {
-    fn is_closing(&self) -> bool {
-        self.closing.load(Ordering::Relaxed)
     }
 }
 

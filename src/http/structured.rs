@@ -7,7 +7,7 @@
 //! String, Integer or Token bare item, each followed by Parameters whose values
 //! are Integers, Strings, Tokens or Booleans (the module's tests run this):
 //!
-//! ```ignore
+//! ```text
 //! let mut field = String::new();
 //! let mut list = ListWriter::new(&mut field);
 //! list.item_string("per_key")?.param_int("q", 20)?.param_int("w", 2)?;

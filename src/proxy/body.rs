@@ -14,10 +14,12 @@ use std::task::{Context, Poll};
 
 use bytes::Bytes;
 use http_body::{Body, Frame, SizeHint};
-use hyper::body::Incoming;
 
 use crate::http1::client::UpstreamBody;
 use crate::http1::client::exchange::OutgoingBody;
+// The server side's request body, named here beside the bodies it becomes.
+pub use crate::http1::server::ClientBody;
+use crate::http1::server::ConnActivity;
 use crate::limit::Permits;
 
 /// The error a request body yields when it outgrows the route's `max_body`.
@@ -25,61 +27,6 @@ use crate::limit::Permits;
 #[error("request body larger than {limit} bytes")]
 pub struct BodyTooLarge {
     pub limit: u64,
-}
-
-/// The client's request body, as the server side hands it to the handler.
-#[derive(Debug)]
-pub enum ClientBody {
-    /// Streamed from the connection by hyper.
-    Hyper(Incoming),
-    /// Read whole together with the head (by [`crate::http1::server`], which takes only
-    /// requests whose body is already in its buffer).
-    Complete(Option<Bytes>),
-}
-
-/// No body (built by the fast path, `http1::server::parse`).
-impl Default for ClientBody {
-    fn default() -> Self {
-        ClientBody::Complete(None)
-    }
-}
-
-/// A body read whole with its head (built by the fast path).
-impl From<Bytes> for ClientBody {
-    fn from(bytes: Bytes) -> Self {
-        ClientBody::Complete(Some(bytes))
-    }
-}
-
-impl Body for ClientBody {
-    type Data = Bytes;
-    type Error = hyper::Error;
-
-    fn poll_frame(
-        self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-    ) -> Poll<Option<Result<Frame<Bytes>, Self::Error>>> {
-        match self.get_mut() {
-            ClientBody::Hyper(inner) => Pin::new(inner).poll_frame(cx),
-            ClientBody::Complete(bytes) => Poll::Ready(bytes.take().map(|b| Ok(Frame::data(b)))),
-        }
-    }
-
-    fn is_end_stream(&self) -> bool {
-        match self {
-            ClientBody::Hyper(inner) => inner.is_end_stream(),
-            ClientBody::Complete(bytes) => bytes.is_none(),
-        }
-    }
-
-    fn size_hint(&self) -> SizeHint {
-        match self {
-            ClientBody::Hyper(inner) => inner.size_hint(),
-            ClientBody::Complete(bytes) => {
-                SizeHint::with_exact(bytes.as_ref().map_or(0, |b| b.len() as u64))
-            }
-        }
-    }
 }
 
 /// A request body on its way upstream.
@@ -98,10 +45,10 @@ pub enum RequestBody {
 
 /// Sent again on another connection only when in memory.
 impl OutgoingBody for RequestBody {
-    fn into_buffered(self) -> Result<Option<Bytes>, Self> {
+    fn take_buffered(&mut self) -> Option<Option<Bytes>> {
         match self {
-            RequestBody::Buffered(bytes) => Ok(bytes),
-            streaming => Err(streaming),
+            RequestBody::Buffered(bytes) => Some(bytes.take()),
+            RequestBody::Streaming { .. } => None,
         }
     }
 }
@@ -184,22 +131,11 @@ impl Body for RequestBody {
     }
 }
 
-/// The client's connection a request came on, as the pipeline sees it: told
-/// when the request ends and when a tunnel takes the connection over. The
-/// connection layer implements it; the pipeline never names that layer.
-pub trait ClientConnection: Send + Sync + std::fmt::Debug {
-    /// The request's response ended (sent, or dropped): the connection is
-    /// idle again as far as this request goes.
-    fn request_finished(&self);
-    /// The connection now belongs to an upgrade's tunnel.
-    fn handed_to_tunnel(&self);
-}
-
 /// What happens when a request ends (its response body finished or dropped).
 #[derive(Debug, Default)]
 pub struct Completion {
     /// The connection the request came on, told that it is idle again.
-    pub connection: Option<Arc<dyn ClientConnection>>,
+    pub connection: Option<Arc<ConnActivity>>,
     /// Concurrency slots of the request, released by being dropped.
     pub permits: Permits,
 }

@@ -39,6 +39,7 @@ use crate::app::{App, RoutePlan, Snapshot};
 use crate::config::{Config, Consumer, LimitConfig, RouteAction, RouteConfig};
 use crate::http::field_lines::FieldLines;
 use crate::http::path::normalize_uri;
+use crate::http1::server::ConnActivity;
 use crate::identity::body_fields::BodyFields;
 use crate::identity::client_ip::{client_net, resolve_with};
 use crate::identity::consumer::admit;
@@ -49,9 +50,7 @@ use crate::limit::{
     stack::INLINE as INLINE_STACK,
 };
 use crate::metrics::Metrics;
-use crate::proxy::body::{
-    BodyCap, ClientBody, ClientConnection, Completion, RequestBody, ResponseBody,
-};
+use crate::proxy::body::{BodyCap, ClientBody, Completion, RequestBody, ResponseBody};
 use crate::proxy::error::GatewayError;
 use crate::proxy::forward::Prepared;
 use crate::proxy::ratelimit;
@@ -81,7 +80,7 @@ pub async fn handle(
     app: &App,
     downstream: Downstream,
     request: Request<ClientBody>,
-    connection: Option<Arc<dyn ClientConnection>>,
+    connection: Option<Arc<ConnActivity>>,
 ) -> (Response<ResponseBody>, FieldLines) {
     let now = app.clock.now();
     let observation = Observation::start(downstream, &request, now);

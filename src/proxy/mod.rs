@@ -5,7 +5,7 @@
 //! the body types ([`body`]) and the error → status mapping ([`error`]) are
 //! its parts. Below it: the codec (`http1`), upstream connections
 //! (`upstream`), the shared state (`app`); above it only the connection
-//! layer (`conn`), which it knows as a [`body::ClientConnection`].
+//! layer (`conn`), which it never names.
 
 pub mod body;
 pub mod error;

@@ -25,7 +25,10 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 pub use crate::config::RetryPolicy;
-use crate::limit::{NANOS_PER_SEC, Nanos};
+/// Nanoseconds on the gateway's clock (the limiter clock's unit, which the
+/// pipeline passes in).
+type Nanos = u64;
+const NANOS_PER_SEC: Nanos = 1_000_000_000;
 
 impl RetryPolicy {
     /// The bound of retry `n`'s delay: `min(cap, base × 2^n)`.

@@ -26,9 +26,10 @@ use crate::http::chunked::{LAST_CHUNK, size_line};
 pub trait OutgoingBody:
     Body<Data = Bytes, Error: Into<Box<dyn std::error::Error + Send + Sync>>> + Unpin + Sized
 {
-    /// The whole body if it is in memory (`Ok(None)`: no body), so that it
-    /// can be sent again on another connection; otherwise the stream itself.
-    fn into_buffered(self) -> Result<Option<Bytes>, Self>;
+    /// Takes the whole body out if it is in memory (`Some(None)`: no body),
+    /// so that it can be sent again on another connection; `None` for a
+    /// stream, which is left as it is.
+    fn take_buffered(&mut self) -> Option<Option<Bytes>>;
 }
 
 /// A request body as it will be written.
@@ -43,12 +44,12 @@ pub enum Outgoing<B> {
 
 impl<B: OutgoingBody> Outgoing<B> {
     /// Classifies a body: nothing to send, bytes in hand, or a stream.
-    pub fn new(body: B) -> Outgoing<B> {
-        match body.into_buffered() {
-            Ok(None) => Outgoing::Empty,
-            Ok(Some(bytes)) => Outgoing::Bytes(bytes),
-            Err(streaming) if streaming.is_end_stream() => Outgoing::Empty,
-            Err(streaming) => Outgoing::Stream(streaming),
+    pub fn new(mut body: B) -> Outgoing<B> {
+        match body.take_buffered() {
+            Some(None) => Outgoing::Empty,
+            Some(Some(bytes)) => Outgoing::Bytes(bytes),
+            None if body.is_end_stream() => Outgoing::Empty,
+            None => Outgoing::Stream(body),
         }
     }
 

@@ -20,6 +20,8 @@
 //! written by hyper's rules (`encode_head`), so a client sees the same bytes
 //! from either.
 
+mod activity;
+mod body;
 pub(crate) mod linger;
 mod request;
 mod response;
@@ -37,6 +39,8 @@ use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 
 use crate::http::chunked::LAST_CHUNK;
 use crate::http::field_lines::FieldLines;
+pub use activity::ConnActivity;
+pub use body::ClientBody;
 pub(crate) use request::{Parsed, parse};
 pub(crate) use response::{BodyLength, Framing, encode_head};
 pub use rewind::Rewind;
@@ -104,17 +108,12 @@ pub trait Closing {
 /// a request needs hyper. `respond` answers a request with a response and
 /// the [`ExtraFields`] written into its head after the map's fields. I/O
 /// errors end the connection (returned for the log); nothing here panics on
-/// what a client sends. `R` is the caller's request body type (see `parse`).
-pub async fn serve<T, C, F, Fut, R, B, L>(
-    io: &mut T,
-    closing: &C,
-    mut respond: F,
-) -> io::Result<Ended>
+/// what a client sends.
+pub async fn serve<T, C, F, Fut, B, L>(io: &mut T, closing: &C, mut respond: F) -> io::Result<Ended>
 where
     T: AsyncRead + AsyncWrite + Unpin,
     C: Closing + ?Sized,
-    F: FnMut(Request<R>) -> Fut,
-    R: Default + From<Bytes>,
+    F: FnMut(Request<ClientBody>) -> Fut,
     Fut: Future<Output = (Response<B>, L)>,
     L: ExtraFields,
     B: Body<Data = Bytes>,

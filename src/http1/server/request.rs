@@ -12,9 +12,11 @@
 
 use std::mem::MaybeUninit;
 
-use bytes::{Bytes, BytesMut};
+use bytes::BytesMut;
 use http::header::{CONNECTION, CONTENT_LENGTH, EXPECT, TE, TRANSFER_ENCODING, UPGRADE};
 use http::{HeaderMap, HeaderName, HeaderValue, Method, Request, Uri, Version};
+
+use super::body::ClientBody;
 
 /// At most this many fields, as hyper (`DEFAULT_MAX_HEADERS`); a head with
 /// more is hyper's to refuse.
@@ -25,10 +27,13 @@ const MAX_FIELDS: usize = 100;
 // the other variants smaller would cost an allocation per request.
 #[allow(clippy::large_enum_variant)]
 #[derive(Debug)]
-pub enum Parsed<B> {
+pub enum Parsed {
     /// A request the fast path serves; its head (and body) left the buffer.
     /// `close`: the client asked to close the connection after it.
-    Request { request: Request<B>, close: bool },
+    Request {
+        request: Request<ClientBody>,
+        close: bool,
+    },
     /// The head is not complete yet.
     Partial,
     /// Not the fast path's to serve: hyper takes the connection from these
@@ -37,9 +42,8 @@ pub enum Parsed<B> {
 }
 
 /// Parses the request at the start of `buffer`. `fields` is a map to reuse
-/// (cleared; its capacity is what is kept). `B` is the caller's request body
-/// type, built from the body bytes read with the head (`default()`: none).
-pub fn parse<B: Default + From<Bytes>>(buffer: &mut BytesMut, fields: &mut HeaderMap) -> Parsed<B> {
+/// (cleared; its capacity is what is kept).
+pub fn parse(buffer: &mut BytesMut, fields: &mut HeaderMap) -> Parsed {
     let mut slots = [const { MaybeUninit::<httparse::Header<'_>>::uninit() }; MAX_FIELDS];
     let mut request = httparse::Request::new(&mut []);
     let head_len = match httparse::ParserConfig::default().parse_request_with_uninit_headers(
@@ -125,7 +129,7 @@ pub fn parse<B: Default + From<Bytes>>(buffer: &mut BytesMut, fields: &mut Heade
             map.append(name, value);
         }
     }
-    let mut built = Request::new(body.map_or_else(B::default, B::from));
+    let mut built = Request::new(ClientBody::Complete(body));
     *built.method_mut() = method;
     *built.uri_mut() = uri;
     *built.version_mut() = Version::HTTP_11;
@@ -154,17 +158,10 @@ mod tests {
     //! leave to hyper with the buffer exactly as it was (hyper reads the same
     //! bytes again, so any byte lost or moved here is a corrupted request).
 
-    use std::pin::Pin;
-    use std::task::{Context, Poll, Waker};
-
+    use super::*;
+    use bytes::Bytes;
     use http::HeaderValue;
     use http_body::Body;
-    use http_body_util::Full;
-
-    use super::*;
-
-    /// The fast path's answer, with a request body type that implements `Body`.
-    type Parsed = super::Parsed<Full<Bytes>>;
 
     /// Parses `bytes` with a fresh map.
     fn parse_bytes(bytes: &[u8]) -> (Parsed, BytesMut) {
@@ -175,7 +172,7 @@ mod tests {
 
     /// The request and `close` of a `Parsed::Request`, or a panic naming what
     /// was returned instead.
-    fn request(parsed: Parsed) -> (Request<Full<Bytes>>, bool) {
+    fn request(parsed: Parsed) -> (Request<ClientBody>, bool) {
         match parsed {
             Parsed::Request { request, close } => (request, close),
             other => panic!("expected a request, got {other:?}"),
@@ -183,12 +180,10 @@ mod tests {
     }
 
     /// The bytes of a body the fast path read whole (`None` for no body).
-    fn body_bytes(request: &Request<Full<Bytes>>) -> Option<Bytes> {
-        let mut body = request.body().clone();
-        let mut cx = Context::from_waker(Waker::noop());
-        match Pin::new(&mut body).poll_frame(&mut cx) {
-            Poll::Ready(Some(Ok(frame))) => frame.into_data().ok(),
-            _ => None,
+    fn body_bytes(request: &Request<ClientBody>) -> Option<Bytes> {
+        match request.body() {
+            ClientBody::Complete(bytes) => bytes.clone(),
+            ClientBody::Hyper(_) => panic!("the fast path built a hyper body"),
         }
     }
 
