@@ -22,6 +22,7 @@ use crate::config::{Config, KeyPart, LimitConfig, RouteAction};
 use crate::identity::client_ip::{ClientIpPolicy, ForwardHeader, Trust};
 use crate::limit::{Algorithm, Clock, Limiter, Nanos, SystemClock, WindowAlign};
 use crate::metrics::{LabelNames, Metrics, RouteHandles};
+use crate::proxy::client::BodyErrors;
 use crate::proxy::forward::{Upstream, Upstreams};
 use crate::proxy::ratelimit::{StackView, policy_header};
 use crate::routing::Router;
@@ -107,7 +108,14 @@ impl Snapshot {
         let upstreams = config
             .upstreams
             .iter()
-            .map(|u| Arc::new(Upstream::new(u.clone())))
+            .zip(&labels.upstreams)
+            .map(|(u, label)| {
+                let body_errors = BodyErrors {
+                    protocol: metrics.upstream_error_counter(label, "protocol"),
+                    reset: metrics.upstream_error_counter(label, "reset"),
+                };
+                Arc::new(Upstream::new(u.clone(), body_errors))
+            })
             .collect();
         let routes = config
             .routes

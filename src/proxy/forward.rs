@@ -11,7 +11,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 
 use super::body::RequestBody;
-use super::client::{ConnectionPool, OwnFields, UpstreamBody};
+use super::client::{BodyErrors, ConnectionPool, OwnFields, UpstreamBody};
 use super::field_lines::FieldLines;
 use super::hop_by_hop::{ConnectionToken, connection_tokens, is_hop_by_hop};
 use super::structured::is_tchar;
@@ -43,11 +43,18 @@ pub struct Prepared {
 }
 
 impl Upstream {
-    pub fn new(config: UpstreamConfig) -> Upstream {
+    /// `body_errors` counts response bodies that fail after their head.
+    pub fn new(config: UpstreamConfig, body_errors: BodyErrors) -> Upstream {
         let pools = config
             .urls
             .iter()
-            .map(|url| ConnectionPool::new(socket_address(url), config.connect_timeout))
+            .map(|url| {
+                ConnectionPool::new(
+                    socket_address(url),
+                    config.connect_timeout,
+                    body_errors.clone(),
+                )
+            })
             .collect();
         Upstream {
             config,

@@ -23,4 +23,4 @@ pub mod response_body;
 pub use conn::UpstreamConn;
 pub use head::OwnFields;
 pub use pool::{ConnectionPool, PoolError};
-pub use response_body::UpstreamBody;
+pub use response_body::{BodyErrors, UpstreamBody};

@@ -28,7 +28,7 @@ use tokio::net::TcpStream;
 use super::conn::UpstreamConn;
 use super::exchange::{Outgoing, exchange};
 use super::head::{Framing, OwnFields, ResponseHead, encode_request};
-use super::response_body::UpstreamBody;
+use super::response_body::{BodyErrors, UpstreamBody};
 use crate::proxy::body::RequestBody;
 use crate::proxy::field_lines::FieldLines;
 use crate::worker::{worker_count, worker_index};
@@ -59,6 +59,11 @@ impl PoolError {
     pub fn is_connect(&self) -> bool {
         matches!(self, PoolError::Connect { .. })
     }
+
+    /// The upstream's answer broke HTTP/1.1 (refused by the client's parser).
+    pub fn is_protocol(&self) -> bool {
+        matches!(self, PoolError::Request(error) if error.kind() == io::ErrorKind::InvalidData)
+    }
 }
 
 #[derive(Debug)]
@@ -81,6 +86,8 @@ pub struct ConnectionPool {
     connect_timeout: Duration,
     /// Idle connections, per worker (indexed by [`worker_index`]).
     idle: Box<[Mutex<Vec<Idle>>]>,
+    /// Where response bodies that fail after their head are counted.
+    body_errors: BodyErrors,
 }
 
 impl std::fmt::Debug for ConnectionPool {
@@ -100,10 +107,15 @@ fn is_idempotent(method: &Method) -> bool {
 }
 
 impl ConnectionPool {
-    pub fn new(address: String, connect_timeout: Duration) -> Arc<ConnectionPool> {
+    pub fn new(
+        address: String,
+        connect_timeout: Duration,
+        body_errors: BodyErrors,
+    ) -> Arc<ConnectionPool> {
         Arc::new(ConnectionPool {
             address,
             connect_timeout,
+            body_errors,
             idle: (0..worker_count())
                 .map(|_| Mutex::new(Vec::new()))
                 .collect(),
@@ -140,6 +152,11 @@ impl ConnectionPool {
                 since: Instant::now(),
             });
         }
+    }
+
+    /// Counts a response body that failed after its head was relayed.
+    pub(super) fn body_failed(&self, error: &io::Error) {
+        self.body_errors.count(error);
     }
 
     /// Closes idle connections that are too old or that the upstream has
@@ -253,7 +270,11 @@ mod tests {
     async fn prune_closes_connections_the_upstream_closed() {
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let address = listener.local_addr().unwrap().to_string();
-        let pool = ConnectionPool::new(address.clone(), Duration::from_secs(1));
+        let pool = ConnectionPool::new(
+            address.clone(),
+            Duration::from_secs(1),
+            BodyErrors::default(),
+        );
         let kept = TcpStream::connect(&address).await.unwrap();
         let (_kept_peer, _) = listener.accept().await.unwrap();
         let closed = TcpStream::connect(&address).await.unwrap();

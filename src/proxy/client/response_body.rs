@@ -14,10 +14,30 @@ use std::task::{Context, Poll, ready};
 
 use bytes::Bytes;
 use http_body::{Body, Frame, SizeHint};
+use prometheus_client::metrics::counter::Counter;
 
 use super::chunked::{ChunkedDecoder, Decoded};
 use super::conn::UpstreamConn;
 use super::pool::ConnectionPool;
+
+/// Counters of response bodies that fail after their head was relayed (the
+/// client's stream is cut then): `protocol`, the body broke HTTP/1.1 (a bad
+/// chunk line); `reset`, it was cut short or the connection failed.
+#[derive(Debug, Clone, Default)]
+pub struct BodyErrors {
+    pub protocol: Counter,
+    pub reset: Counter,
+}
+
+impl BodyErrors {
+    pub(super) fn count(&self, error: &io::Error) {
+        if error.kind() == io::ErrorKind::InvalidData {
+            self.protocol.inc();
+        } else {
+            self.reset.inc();
+        }
+    }
+}
 
 /// Where a streamed body is.
 #[derive(Debug)]
@@ -180,6 +200,7 @@ impl Body for UpstreamBody {
                     Ok(Decoded::NeedMore) => {}
                     Err(error) => {
                         conn_slot.take();
+                        pool.body_failed(&error);
                         return Poll::Ready(Some(Err(error)));
                     }
                 },
@@ -193,14 +214,17 @@ impl Body for UpstreamBody {
             match ready!(conn.poll_fill(cx)) {
                 Ok(0) => {
                     conn_slot.take();
-                    return Poll::Ready(match remaining {
-                        Remaining::UntilClose => None,
-                        _ => Some(Err(closed_early())),
-                    });
+                    if let Remaining::UntilClose = remaining {
+                        return Poll::Ready(None);
+                    }
+                    let error = closed_early();
+                    pool.body_failed(&error);
+                    return Poll::Ready(Some(Err(error)));
                 }
                 Ok(_) => {}
                 Err(error) => {
                     conn_slot.take();
+                    pool.body_failed(&error);
                     return Poll::Ready(Some(Err(error)));
                 }
             }
