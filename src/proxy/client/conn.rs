@@ -33,6 +33,17 @@ pub fn poll_fill<R: AsyncRead>(
     tokio_util::io::poll_read_buf(reader, cx, read)
 }
 
+/// What [`UpstreamConn::idle_state`] found on an idle connection.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum IdleState {
+    /// Nothing: it can carry a request.
+    Open,
+    /// The upstream closed it (or it failed).
+    Closed,
+    /// Bytes the upstream sent after its last response.
+    Stray,
+}
+
 /// A connection to an upstream with its buffers.
 #[derive(Debug)]
 pub struct UpstreamConn {
@@ -52,8 +63,8 @@ impl UpstreamConn {
         }
     }
 
-    /// Whether an idle connection can carry a request: the upstream has sent
-    /// nothing — neither a close nor stray bytes — since its last response.
+    /// What an idle connection holds: nothing (it can carry a request), a
+    /// close, or bytes the upstream sent unasked since its last response.
     ///
     /// One non-blocking `recv` on the socket itself, not through tokio's
     /// readiness: that is only as fresh as the event loop's last poll, and
@@ -61,15 +72,17 @@ impl UpstreamConn {
     /// `Content-Length` said, written just after the head) would be read as
     /// the next client's response. Anything read means the connection is
     /// not used again, so the byte taken is not missed.
-    pub fn is_idle_and_open(&mut self) -> bool {
+    pub fn idle_state(&mut self) -> IdleState {
         if !self.read.is_empty() {
-            return false;
+            return IdleState::Stray;
         }
         let mut probe = [MaybeUninit::<u8>::uninit(); 1];
-        // The socket is non-blocking (tokio's): nothing there is `WouldBlock`;
-        // `Ok(0)` is a close, `Ok(1)` stray bytes, any other error a reset.
-        matches!(SockRef::from(&self.stream).recv(&mut probe),
-            Err(error) if error.kind() == io::ErrorKind::WouldBlock)
+        // The socket is non-blocking (tokio's): nothing there is `WouldBlock`.
+        match SockRef::from(&self.stream).recv(&mut probe) {
+            Err(error) if error.kind() == io::ErrorKind::WouldBlock => IdleState::Open,
+            Ok(0) | Err(_) => IdleState::Closed,
+            Ok(_) => IdleState::Stray,
+        }
     }
 
     /// Reads more into the read buffer; `Ok(0)` is the upstream closing.
