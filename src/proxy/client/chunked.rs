@@ -524,6 +524,30 @@ mod tests {
         assert_eq!(&rest[..], b"HTTP/1.1 200 OK\r\n");
     }
 
+    /// Fuzz input `chunked_decoder` stopped on (a harness bug: it compared
+    /// what was left in the buffer, which depends on how much was fed):
+    /// the decoder consumes exactly the body, whatever the split.
+    #[test]
+    fn regression_the_end_of_the_body_does_not_depend_on_the_split() {
+        let input = b"1 \t;a=\"b\"\r\nx\r\n0\r\n\r\n\xaaa";
+        for step in [1, 2, 5, input.len()] {
+            let mut decoder = ChunkedDecoder::default();
+            let (mut buf, mut fed) = (BytesMut::new(), 0);
+            loop {
+                match decoder.decode(&mut buf).unwrap() {
+                    Decoded::Done => break,
+                    Decoded::Data(data) => assert_eq!(&data[..], b"x"),
+                    Decoded::NeedMore => {
+                        let next = (fed + step).min(input.len());
+                        buf.extend_from_slice(&input[fed..next]);
+                        fed = next;
+                    }
+                }
+            }
+            assert_eq!(fed - buf.len(), input.len() - 2, "step {step}");
+        }
+    }
+
     #[test]
     fn size_lines_are_lowercase_hex() {
         let mut out = [0u8; 18];
