@@ -73,7 +73,10 @@ fuzz_target!(|data: &[u8]| {
     let text = &input[..consumed];
     let te = count_fields(text, "transfer-encoding");
     let cl = count_fields(text, "content-length");
-    assert!(te == 0 || cl == 0, "Transfer-Encoding and Content-Length accepted");
+    assert!(
+        te == 0 || cl == 0,
+        "Transfer-Encoding and Content-Length accepted"
+    );
     if head.parts.version == http::Version::HTTP_10 {
         assert_eq!(te, 0, "Transfer-Encoding in HTTP/1.0 accepted");
     }
@@ -86,12 +89,21 @@ fuzz_target!(|data: &[u8]| {
         assert_eq!(head.framing, Framing::Empty, "a body where none may be");
     }
     if head.keep_alive {
-        assert_ne!(head.framing, Framing::UntilClose, "kept alive without an end");
+        assert_ne!(
+            head.framing,
+            Framing::UntilClose,
+            "kept alive without an end"
+        );
     }
     let mut relayed = Vec::new();
     head.fields.write_to(&mut relayed);
-    for line in relayed.split(|&b| b == b'\n').filter(|line| !line.is_empty()) {
-        let line = line.strip_suffix(b"\r").expect("a relayed line ends in CRLF");
+    for line in relayed
+        .split(|&b| b == b'\n')
+        .filter(|line| !line.is_empty())
+    {
+        let line = line
+            .strip_suffix(b"\r")
+            .expect("a relayed line ends in CRLF");
         assert!(
             !line.iter().any(|&b| b == b'\r' || b == b'\n' || b == 0),
             "a control byte relayed: {line:?}"
@@ -99,8 +111,14 @@ fuzz_target!(|data: &[u8]| {
         let name = line.split(|&b| b == b':').next().unwrap_or_default();
         let name = String::from_utf8_lossy(name).to_ascii_lowercase();
         assert!(
-            !["transfer-encoding", "keep-alive", "te", "trailer", "proxy-connection"]
-                .contains(&name.as_str()),
+            ![
+                "transfer-encoding",
+                "keep-alive",
+                "te",
+                "trailer",
+                "proxy-connection"
+            ]
+            .contains(&name.as_str()),
             "hop-by-hop field relayed: {name}"
         );
         if name == "connection" {
