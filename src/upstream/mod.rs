@@ -14,7 +14,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use http::Uri;
 
 use crate::config::UpstreamConfig;
-use pool::ConnectionPool;
+use pool::{BodyErrors, ConnectionPool};
 
 /// One upstream of a snapshot: its settings and a connection pool per URL.
 #[derive(Debug)]
@@ -26,11 +26,18 @@ pub struct Upstream {
 }
 
 impl Upstream {
-    pub fn new(config: UpstreamConfig) -> Upstream {
+    /// `body_errors` counts response bodies that fail after their head.
+    pub fn new(config: UpstreamConfig, body_errors: BodyErrors) -> Upstream {
         let pools = config
             .urls
             .iter()
-            .map(|url| ConnectionPool::new(socket_address(url), config.connect_timeout))
+            .map(|url| {
+                ConnectionPool::new(
+                    socket_address(url),
+                    config.connect_timeout,
+                    body_errors.clone(),
+                )
+            })
             .collect();
         Upstream {
             config,

@@ -7,10 +7,12 @@
 //! response's bytes (shared with the client's response) are gone.
 
 use std::io;
+use std::mem::MaybeUninit;
 use std::pin::Pin;
-use std::task::{Context, Poll, Waker};
+use std::task::{Context, Poll};
 
 use bytes::BytesMut;
+use socket2::SockRef;
 use tokio::io::{AsyncRead, AsyncWriteExt};
 use tokio::net::TcpStream;
 use tokio::net::tcp::{ReadHalf, WriteHalf};
@@ -29,6 +31,17 @@ pub fn poll_fill<R: AsyncRead>(
         read.reserve(READ_RESERVE);
     }
     tokio_util::io::poll_read_buf(reader, cx, read)
+}
+
+/// What [`UpstreamConn::idle_state`] found on an idle connection.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum IdleState {
+    /// Nothing: it can carry a request.
+    Open,
+    /// The upstream closed it (or it failed).
+    Closed,
+    /// Bytes the upstream sent after its last response.
+    Stray,
 }
 
 /// A connection to an upstream with its buffers.
@@ -50,23 +63,25 @@ impl UpstreamConn {
         }
     }
 
-    /// Whether an idle connection can carry a request: the upstream has sent
-    /// nothing — neither a close nor stray bytes — since its last response.
-    /// Costs no system call unless the socket has signalled readiness.
-    pub fn is_idle_and_open(&mut self) -> bool {
+    /// What an idle connection holds: nothing (it can carry a request), a
+    /// close, or bytes the upstream sent unasked since its last response.
+    ///
+    /// One non-blocking `recv` on the socket itself, not through tokio's
+    /// readiness: that is only as fresh as the event loop's last poll, and
+    /// bytes that came meanwhile (a body after a `204`, more than
+    /// `Content-Length` said, written just after the head) would be read as
+    /// the next client's response. Anything read means the connection is
+    /// not used again, so the byte taken is not missed.
+    pub fn idle_state(&mut self) -> IdleState {
         if !self.read.is_empty() {
-            return false;
+            return IdleState::Stray;
         }
-        let mut cx = Context::from_waker(Waker::noop());
-        match self.stream.poll_read_ready(&mut cx) {
-            Poll::Pending => true,
-            Poll::Ready(Err(_)) => false,
-            // Readiness may be left over from the last read; a probe tells.
-            Poll::Ready(Ok(())) => {
-                let mut probe = [0u8; 1];
-                matches!(self.stream.try_read(&mut probe),
-                    Err(error) if error.kind() == io::ErrorKind::WouldBlock)
-            }
+        let mut probe = [MaybeUninit::<u8>::uninit(); 1];
+        // The socket is non-blocking (tokio's): nothing there is `WouldBlock`.
+        match SockRef::from(&self.stream).recv(&mut probe) {
+            Err(error) if error.kind() == io::ErrorKind::WouldBlock => IdleState::Open,
+            Ok(0) | Err(_) => IdleState::Closed,
+            Ok(_) => IdleState::Stray,
         }
     }
 

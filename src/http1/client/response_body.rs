@@ -27,6 +27,11 @@ pub trait CheckIn: Send + Sync + Debug {
     /// Takes `conn` back after a complete response; `keep_alive`: the
     /// response let it carry another request.
     fn check_in(&self, conn: UpstreamConn, keep_alive: bool);
+
+    /// The body failed after its head was relayed (the client's stream is
+    /// cut): `error` is `InvalidData` when it broke HTTP/1.1, else the
+    /// connection failed or closed early. The connection is not given back.
+    fn body_failed(&self, error: &io::Error);
 }
 
 /// Where a streamed body is.
@@ -186,6 +191,7 @@ impl Body for UpstreamBody {
                     Ok(Decoded::NeedMore) => {}
                     Err(error) => {
                         conn_slot.take();
+                        pool.body_failed(&error);
                         return Poll::Ready(Some(Err(error)));
                     }
                 },
@@ -199,14 +205,17 @@ impl Body for UpstreamBody {
             match ready!(conn.poll_fill(cx)) {
                 Ok(0) => {
                     conn_slot.take();
-                    return Poll::Ready(match remaining {
-                        Remaining::UntilClose => None,
-                        _ => Some(Err(closed_early())),
-                    });
+                    if let Remaining::UntilClose = remaining {
+                        return Poll::Ready(None);
+                    }
+                    let error = closed_early();
+                    pool.body_failed(&error);
+                    return Poll::Ready(Some(Err(error)));
                 }
                 Ok(_) => {}
                 Err(error) => {
                     conn_slot.take();
+                    pool.body_failed(&error);
                     return Poll::Ready(Some(Err(error)));
                 }
             }
