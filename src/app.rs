@@ -116,6 +116,7 @@ impl Snapshot {
             .map(|(u, label)| {
                 let body_errors = BodyErrors {
                     protocol: metrics.upstream_error_counter(label, "protocol"),
+                    timeout: metrics.upstream_error_counter(label, "timeout"),
                     reset: metrics.upstream_error_counter(label, "reset"),
                 };
                 Arc::new(Upstream::new(u.clone(), body_errors))

@@ -357,7 +357,12 @@ async fn upstream(answers: Arc<Vec<Vec<u8>>>) -> std::net::SocketAddr {
 
 /// The gateway's client: a pool of its own for the case, so nothing is reused.
 async fn ours(addr: std::net::SocketAddr, method: &Method, path: &str) -> Outcome {
-    let pool = ConnectionPool::new(addr.to_string(), EXCHANGE_LIMIT, BodyErrors::default());
+    let pool = ConnectionPool::new(
+        addr.to_string(),
+        EXCHANGE_LIMIT,
+        EXCHANGE_LIMIT,
+        BodyErrors::default(),
+    );
     let request = Request::builder()
         .method(method.clone())
         .uri(path)

@@ -164,6 +164,7 @@ pub struct RawStore {
 pub struct RawUpstream {
     pub url: OneOrMany<String>,
     pub connect_timeout: Option<String>,
+    pub read_timeout: Option<String>,
     pub timeout: Option<String>,
     pub host: Option<String>,
 }

@@ -35,6 +35,7 @@ impl Upstream {
                 ConnectionPool::new(
                     socket_address(url),
                     config.connect_timeout,
+                    config.read_timeout,
                     body_errors.clone(),
                 )
             })

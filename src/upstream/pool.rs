@@ -103,6 +103,8 @@ impl Idle {
 pub struct ConnectionPool {
     address: String,
     connect_timeout: Duration,
+    /// Longest wait for the next bytes of a response body.
+    read_timeout: Duration,
     /// Idle connections, per worker (indexed by [`worker_index`]).
     idle: Box<[Mutex<Vec<Idle>>]>,
     /// Where response bodies that fail after their head are counted.
@@ -132,11 +134,13 @@ impl ConnectionPool {
     pub fn new(
         address: String,
         connect_timeout: Duration,
+        read_timeout: Duration,
         body_errors: BodyErrors,
     ) -> Arc<ConnectionPool> {
         Arc::new(ConnectionPool {
             address,
             connect_timeout,
+            read_timeout,
             body_errors,
             misframing: AtomicBool::new(false),
             idle: (0..worker_count())
@@ -313,24 +317,30 @@ impl CheckIn for ConnectionPool {
     fn body_failed(&self, error: &io::Error) {
         self.body_errors.count(error);
     }
+
+    fn read_timeout(&self) -> Duration {
+        self.read_timeout
+    }
 }
 
 /// Counters of response bodies that fail after their head was relayed (the
 /// client's stream is cut then): `protocol`, the body broke HTTP/1.1 (a bad
-/// chunk line); `reset`, it was cut short or the connection failed.
+/// chunk line); `timeout`, no bytes came within `read_timeout`; `reset`, it
+/// was cut short or the connection failed.
 #[derive(Debug, Clone, Default)]
 pub struct BodyErrors {
     pub protocol: Counter,
+    pub timeout: Counter,
     pub reset: Counter,
 }
 
 impl BodyErrors {
     fn count(&self, error: &io::Error) {
-        if error.kind() == io::ErrorKind::InvalidData {
-            self.protocol.inc();
-        } else {
-            self.reset.inc();
-        }
+        match error.kind() {
+            io::ErrorKind::InvalidData => self.protocol.inc(),
+            io::ErrorKind::TimedOut => self.timeout.inc(),
+            _ => self.reset.inc(),
+        };
     }
 }
 
@@ -361,7 +371,12 @@ mod tests {
         use std::io::Write as _;
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let address = listener.local_addr().unwrap().to_string();
-        let pool = ConnectionPool::new(address, Duration::from_secs(1), BodyErrors::default());
+        let pool = ConnectionPool::new(
+            address,
+            Duration::from_secs(1),
+            Duration::from_secs(1),
+            BodyErrors::default(),
+        );
         let (stray, mut stray_peer) = pair(&listener).await;
         let (closed, closed_peer) = pair(&listener).await;
         let (clean, _clean_peer) = pair(&listener).await;
@@ -391,6 +406,7 @@ mod tests {
         let address = listener.local_addr().unwrap().to_string();
         let pool = ConnectionPool::new(
             address.clone(),
+            Duration::from_secs(1),
             Duration::from_secs(1),
             BodyErrors::default(),
         );
