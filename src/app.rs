@@ -18,13 +18,14 @@ use arc_swap::ArcSwap;
 use parking_lot::Mutex;
 
 use crate::access_log::DeniedSampler;
-use crate::config::{Config, KeyPart, LimitConfig, RouteAction};
+use crate::config::{Config, KeyPart, LimitConfig, OnFailure, RouteAction};
 use crate::identity::client_ip::{ClientIpPolicy, ForwardHeader, Trust};
 use crate::limit::{Algorithm, Clock, Limiter, Nanos, SystemClock, WindowAlign};
 use crate::metrics::{LabelNames, Metrics, RouteHandles};
 use crate::proxy::forward::{Upstream, Upstreams};
 use crate::proxy::ratelimit::{StackView, policy_header};
 use crate::routing::Router;
+use crate::store::RedisStore;
 
 /// One named limit's state: the base limiter and one per plan that sets its
 /// own numbers (a plan's keys are counted against the plan's parameters).
@@ -71,6 +72,8 @@ pub struct RoutePlan {
     /// Some limit of the stack keys on a body field: the body is buffered
     /// (up to `max_key_body`) before the limit step.
     pub needs_body: bool,
+    /// Some limit of the stack is decided in the shared store.
+    pub shared: bool,
     /// The route's common metric series, resolved once.
     pub metrics: RouteHandles,
 }
@@ -81,8 +84,13 @@ pub struct Snapshot {
     pub config: Config,
     pub router: Router,
     pub upstreams: Upstreams,
-    /// Aligned with `config.limits`.
+    /// Aligned with `config.limits`. A shared limit's limiters hold its
+    /// node-local fallback (`on_failure = "local"`), scaled by
+    /// `local_fraction`.
     pub limiters: Vec<LimiterSet>,
+    /// Aligned with `config.limits`: decided in the shared store (the store
+    /// is Redis and the limit is not `local = true`).
+    pub shared: Vec<bool>,
     /// Aligned with `config.routes`.
     pub routes: Vec<RoutePlan>,
     pub client_ip: ClientIpPolicy,
@@ -101,7 +109,9 @@ impl Snapshot {
         generation: u64,
         limiters: Vec<LimiterSet>,
         metrics: &Metrics,
+        store: bool,
     ) -> Snapshot {
+        let shared: Vec<bool> = config.limits.iter().map(|l| store && !l.local).collect();
         let labels = LabelNames::new(&config);
         let router = Router::new(&config);
         let upstreams = config
@@ -152,6 +162,7 @@ impl Snapshot {
                     .map(|&i| labels.limits[i].clone())
                     .collect();
                 RoutePlan {
+                    shared: route.limits.iter().any(|&i| shared[i]),
                     metrics: metrics.route_handles(&name, &limit_labels),
                     name,
                     stack: route.limits.clone(),
@@ -187,6 +198,7 @@ impl Snapshot {
             router,
             upstreams,
             limiters,
+            shared,
             routes,
             client_ip,
             generation,
@@ -232,10 +244,22 @@ impl LimiterRegistry {
     /// - same key and algorithm kind, other numbers: state carried over where the
     ///   algorithm allows (see `limit::memory`);
     /// - otherwise (new limit, other key or algorithm): a fresh limiter.
-    fn resolve(&self, limits: &[LimitConfig], now: Nanos) -> Vec<LimiterSet> {
+    ///
+    /// With a shared store, a limit that is not `local` is built scaled by
+    /// `fraction` (millionths): its memory state is the node's fallback.
+    fn resolve(
+        &self,
+        limits: &[LimitConfig],
+        now: Nanos,
+        fraction: Option<u32>,
+    ) -> Vec<LimiterSet> {
         let mut by_name = self.by_name.lock();
         let mut next = HashMap::with_capacity(limits.len());
         let mut take = |limit: &LimitConfig, plan: Option<&Arc<str>>, algorithm: Algorithm| {
+            let algorithm = match fraction {
+                Some(ppm) if !limit.local => algorithm.scaled(ppm),
+                _ => algorithm,
+            };
             let spec = LimiterSpec {
                 key: limit.key.clone(),
                 algorithm,
@@ -288,6 +312,10 @@ pub struct App {
     last_reload_error: parking_lot::Mutex<Option<ReloadError>>,
     /// Set while the store is down with `on_failure = "deny"`: `/readyz` is 503.
     store_unavailable: AtomicBool,
+    /// The shared store (`backend = "redis"`), chosen at start.
+    store: Option<Arc<RedisStore>>,
+    /// With a store: `local_fraction` (millionths) of the fallback limiters.
+    fraction: Option<u32>,
 }
 
 /// A failed reload, as `/config` shows it.
@@ -312,11 +340,23 @@ impl App {
     }
 
     pub fn with_clock(config: Config, clock: Arc<dyn Clock>) -> Arc<App> {
-        let registry = LimiterRegistry::default();
-        let limiters = registry.resolve(&config.limits, clock.now());
         let metrics = Arc::new(Metrics::new());
+        let store = config.store.redis().and_then(|redis| {
+            RedisStore::start(redis.clone(), metrics.clone())
+                .inspect_err(|error| {
+                    tracing::error!(%error, "cannot start the redis store; limits stay node-local");
+                })
+                .ok()
+        });
+        let registry = LimiterRegistry::default();
+        let fraction = store
+            .as_ref()
+            .and(config.store.redis())
+            .map(|r| r.local_fraction_ppm);
+        let limiters = registry.resolve(&config.limits, clock.now(), fraction);
+        let shared = store.is_some();
         Arc::new(App {
-            snapshot: ArcSwap::from_pointee(Snapshot::new(config, 1, limiters, &metrics)),
+            snapshot: ArcSwap::from_pointee(Snapshot::new(config, 1, limiters, &metrics, shared)),
             generation: AtomicU64::new(1),
             registry,
             clock,
@@ -324,7 +364,14 @@ impl App {
             metrics,
             last_reload_error: parking_lot::Mutex::new(None),
             store_unavailable: AtomicBool::new(false),
+            store,
+            fraction,
         })
+    }
+
+    /// The shared store, if limits are shared through Redis.
+    pub fn store(&self) -> Option<&Arc<RedisStore>> {
+        self.store.as_ref()
     }
 
     /// The process's metrics (kept across reloads).
@@ -345,7 +392,11 @@ impl App {
     /// Whether the gateway can serve: false while the store is down with
     /// `on_failure = "deny"` (every limited request would get 503).
     pub fn is_ready(&self) -> bool {
-        !self.store_unavailable.load(Ordering::Relaxed)
+        let store_down = self
+            .store
+            .as_ref()
+            .is_some_and(|s| s.on_failure() == OnFailure::Deny && s.is_down());
+        !store_down && !self.store_unavailable.load(Ordering::Relaxed)
     }
 
     /// Called by the store when it goes down / comes back under `on_failure = "deny"`.
@@ -360,7 +411,11 @@ impl App {
 
     /// Makes `config` current for new requests; returns its generation.
     pub fn install(&self, config: Config) -> u64 {
-        let limiters = self.registry.resolve(&config.limits, self.clock.now());
+        // The store is the one chosen at start (a reload that changes
+        // `[store]` is told a restart is needed), and so is its fraction.
+        let limiters = self
+            .registry
+            .resolve(&config.limits, self.clock.now(), self.fraction);
         let generation = self.generation.fetch_add(1, Ordering::Relaxed) + 1;
         // Before the swap: the gauge never lags the `/config` generation.
         self.metrics.set_generation(generation);
@@ -369,6 +424,7 @@ impl App {
             generation,
             limiters,
             &self.metrics,
+            self.store.is_some(),
         )));
         self.generations.send_replace(generation);
         generation

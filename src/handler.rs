@@ -35,12 +35,15 @@ use http_body_util::BodyExt;
 
 use crate::access_log::{self, AccessEntry};
 use crate::app::{App, RoutePlan, Snapshot};
-use crate::config::{Config, Consumer, LimitConfig, OnMissingKey, RouteAction, RouteConfig};
+use crate::config::{
+    Config, Consumer, LimitConfig, OnFailure, OnMissingKey, RouteAction, RouteConfig,
+};
 use crate::error::GatewayError;
 use crate::identity::body_fields::BodyFields;
 use crate::identity::client_ip::{client_net, resolve_with};
 use crate::identity::consumer::{Caller, identify};
 use crate::identity::keys::{RequestFacts, extract, shared_key};
+use crate::limit::stack::{SKIPPED, StackDecision, outcome_of};
 use crate::limit::{Algorithm, Limiter};
 use crate::limit::{
     EntryVerdict, LimitKey, Nanos, Outcome, Permits, StackEntry, check_stack,
@@ -55,6 +58,7 @@ use crate::proxy::ratelimit;
 use crate::proxy::ratelimit::StackView;
 use crate::proxy::upgrade;
 use crate::server::ConnActivity;
+use crate::store::{RedisStore, SharedEntry, Unavailable};
 
 /// What the server knows about the connection a request came on.
 #[derive(Debug, Clone, Copy)]
@@ -245,7 +249,8 @@ async fn route_and_act(
             consumer,
             body: fields.as_ref(),
         };
-        if let Err(response) = limit_request(
+        let store = app.store().filter(|_| plan.shared);
+        match limit_request(
             snapshot,
             route,
             plan,
@@ -256,8 +261,32 @@ async fn route_and_act(
             app.metrics(),
             notes,
             &mut decided,
+            store.is_some(),
         ) {
-            return Ok(response);
+            Err(response) => return Ok(response),
+            Ok(false) => {}
+            Ok(true) => {
+                if let Some(store) = store {
+                    // Boxed: the memory-only path's future stays as small
+                    // as it was; only a shared stack pays the allocation.
+                    let shared = limit_shared(
+                        store,
+                        snapshot,
+                        route,
+                        plan,
+                        now,
+                        app.metrics(),
+                        notes,
+                        &mut decided,
+                    );
+                    if let Err(error) = Box::pin(shared).await {
+                        return match error {
+                            Refused::Response(response) => Ok(response),
+                            Refused::Error(error) => Err(error),
+                        };
+                    }
+                }
+            }
         }
     }
     let admitted = limited.then_some(&decided);
@@ -432,6 +461,11 @@ struct Admitted<'s> {
     plan: Option<&'s str>,
     /// The entry the legacy headers describe: the least remaining `r / q`.
     focus: Option<usize>,
+    /// The shared entries were decided by the store (not a fallback):
+    /// their settlement goes there too.
+    via_store: bool,
+    /// Per entry: decided in the shared store (empty without one).
+    shared: SmallVec<[bool; INLINE_STACK]>,
 }
 
 impl Admitted<'_> {
@@ -466,7 +500,8 @@ fn limit_request<'s>(
     metrics: &Metrics,
     notes: &mut Notes,
     admitted: &mut Admitted<'s>,
-) -> Result<(), Response<ResponseBody>> {
+    store: bool,
+) -> Result<bool, Response<ResponseBody>> {
     let forward_header = || {
         parts
             .headers
@@ -500,11 +535,19 @@ fn limit_request<'s>(
         };
         // A plan's limiter is built with the plan's numbers.
         let limiter = snapshot.limiters[i].for_plan(caller_plan);
-        let algorithm = limiter.algorithm();
+        let algorithm = if store && snapshot.shared[i] {
+            // The shared numbers: the limiter holds the scaled fallback.
+            shared_algorithm(limit, caller_plan).0
+        } else {
+            limiter.algorithm()
+        };
         admitted.stack.push(limit);
         admitted.algorithms.push(algorithm);
         admitted.limiters.push(limiter);
         admitted.keys.push(key);
+        if store {
+            admitted.shared.push(snapshot.shared[i]);
+        }
     }
     let entries: SmallVec<[StackEntry<'_>; INLINE_STACK]> = admitted
         .limiters
@@ -517,8 +560,35 @@ fn limit_request<'s>(
             shadow: limit.shadow,
         })
         .collect();
+    if store {
+        return Ok(true);
+    }
 
     let mut decision = check_stack(&entries, route.cost, now);
+    conclude(
+        metrics,
+        snapshot,
+        route,
+        plan,
+        notes,
+        admitted,
+        &mut decision,
+    )?;
+    Ok(false)
+}
+
+/// The limits' outcome recorded, and the request answered if denied, else
+/// its permits, verdicts and delay kept in `admitted`.
+#[allow(clippy::result_large_err)]
+fn conclude(
+    metrics: &Metrics,
+    snapshot: &Snapshot,
+    route: &RouteConfig,
+    plan: &RoutePlan,
+    notes: &mut Notes,
+    admitted: &mut Admitted<'_>,
+    decision: &mut StackDecision,
+) -> Result<(), Response<ResponseBody>> {
     record_decisions(metrics, snapshot, route, plan, admitted, &decision.entries);
     if let Some(denied_by) = decision.denied_by {
         notes.limit = Some(LimitNote {
@@ -544,6 +614,154 @@ fn limit_request<'s>(
     admitted.verdicts = std::mem::take(&mut decision.entries);
     admitted.delay = decision.delay;
     Ok(())
+}
+
+/// Why a shared stack did not admit: a denial's response, or an error
+/// (the store is down with `on_failure = "deny"`).
+enum Refused {
+    Response(Response<ResponseBody>),
+    Error(GatewayError),
+}
+
+/// A limit's shared numbers for a caller on `plan`, and the plan when it
+/// has its own numbers (and so its own state).
+fn shared_algorithm<'l>(
+    limit: &'l LimitConfig,
+    plan: Option<&str>,
+) -> (Algorithm, Option<&'l str>) {
+    plan.and_then(|p| limit.plans.iter().find(|(name, _)| &**name == p))
+        .map_or((limit.algorithm, None), |(name, algorithm)| {
+            (*algorithm, Some(&**name))
+        })
+}
+
+/// The limit step of a stack with shared limits: its `local = true` limits
+/// in node memory first (a local denial costs no store call), then the
+/// shared ones in one store call, all or nothing together: a shared denial
+/// refunds the local charges. When the store is unavailable,
+/// `on_failure` decides (see the README's "Distributed limits").
+#[allow(clippy::too_many_arguments)]
+async fn limit_shared<'s>(
+    store: &Arc<RedisStore>,
+    snapshot: &'s Snapshot,
+    route: &RouteConfig,
+    plan: &RoutePlan,
+    now: Nanos,
+    metrics: &Metrics,
+    notes: &mut Notes,
+    admitted: &mut Admitted<'s>,
+) -> Result<(), Refused> {
+    let n = admitted.stack.len();
+    let cost = route.cost;
+    let entry = |j: usize| StackEntry {
+        limiter: admitted.limiters[j],
+        key: admitted.keys[j],
+        shadow: admitted.stack[j].shadow,
+    };
+    let local_at: SmallVec<[usize; INLINE_STACK]> =
+        (0..n).filter(|&j| !admitted.shared[j]).collect();
+    let shared_at: SmallVec<[usize; INLINE_STACK]> = (0..n)
+        .filter(|&j| admitted.shared[j] && admitted.keys[j].is_some())
+        .collect();
+    let local: SmallVec<[StackEntry<'_>; INLINE_STACK]> =
+        local_at.iter().map(|&j| entry(j)).collect();
+    let mut local_decision = check_stack(&local, cost, now);
+    let mut entries: SmallVec<[EntryVerdict; INLINE_STACK]> = smallvec::smallvec![SKIPPED; n];
+    for (&j, verdict) in local_at.iter().zip(&local_decision.entries) {
+        entries[j] = *verdict;
+    }
+    let mut permits = local_decision.take_permits();
+    let mut denied_by = local_decision.denied_by.map(|d| local_at[d]);
+    if denied_by.is_none() && !shared_at.is_empty() {
+        let shared: SmallVec<[SharedEntry<'_>; INLINE_STACK]> = shared_at
+            .iter()
+            .filter_map(|&j| {
+                let limit = admitted.stack[j];
+                let (algorithm, plan) = shared_algorithm(limit, admitted.plan);
+                Some(SharedEntry {
+                    limit: &limit.name,
+                    plan,
+                    algorithm,
+                    align: limit.align,
+                    key: admitted.keys[j]?,
+                    shadow: limit.shadow,
+                })
+            })
+            .collect();
+        match store.decide(&shared, cost).await {
+            Ok(decision) => {
+                admitted.via_store = true;
+                for ((&j, e), verdict) in shared_at.iter().zip(&shared).zip(&decision.verdicts) {
+                    entries[j] = EntryVerdict {
+                        outcome: outcome_of(verdict, e.shadow),
+                        verdict: *verdict,
+                    };
+                }
+                if let Some(lease) = decision.lease {
+                    permits.hold(Box::new(lease));
+                }
+            }
+            Err(Unavailable) => match store.on_failure() {
+                OnFailure::Local => {
+                    let fallback: SmallVec<[StackEntry<'_>; INLINE_STACK]> =
+                        shared_at.iter().map(|&j| entry(j)).collect();
+                    let mut decision = check_stack(&fallback, cost, now);
+                    for (&j, verdict) in shared_at.iter().zip(&decision.entries) {
+                        entries[j] = *verdict;
+                    }
+                    permits.append(decision.take_permits());
+                }
+                // Not limited by the shared limits (they show as skipped).
+                OnFailure::Allow => {}
+                OnFailure::Deny => {
+                    refund_local(admitted, &local_at, &entries, cost, now);
+                    return Err(Refused::Error(GatewayError::StoreUnavailable));
+                }
+            },
+        }
+        denied_by = (0..n).find(|&j| entries[j].outcome == Outcome::Denied);
+        if denied_by.is_some() {
+            refund_local(admitted, &local_at, &entries, cost, now);
+            permits = Permits::default();
+        }
+    }
+    let delay = if denied_by.is_some() {
+        0
+    } else {
+        (0..n)
+            .filter(|&j| !admitted.stack[j].shadow)
+            .map(|j| entries[j].verdict.delay)
+            .max()
+            .unwrap_or(0)
+    };
+    let mut decision = StackDecision::from_parts(entries, denied_by, delay, permits);
+    conclude(
+        metrics,
+        snapshot,
+        route,
+        plan,
+        notes,
+        admitted,
+        &mut decision,
+    )
+    .map_err(Refused::Response)
+}
+
+/// Gives back what the local tier charged when the shared tier refused.
+fn refund_local(
+    admitted: &Admitted<'_>,
+    local_at: &[usize],
+    entries: &[EntryVerdict],
+    cost: u64,
+    now: Nanos,
+) {
+    let refund = -i64::try_from(cost).unwrap_or(i64::MAX);
+    for &j in local_at {
+        if let (Some(key), Outcome::Allowed) = (admitted.keys[j], entries[j].outcome) {
+            // Concurrency: dropping the permits is the refund.
+            admitted.limiters[j].adjust(key, refund, now);
+        }
+    }
 }
 
 /// Counts each limit's outcome, and keys that just passed 80% of a quota.
@@ -602,16 +820,37 @@ fn settle_cost(app: &App, route: &RouteConfig, admitted: &Admitted<'_>, reported
         return;
     }
     let now = app.clock.now();
-    for ((limiter, key), entry) in admitted
+    let mut shared: SmallVec<[SharedEntry<'_>; INLINE_STACK]> = SmallVec::new();
+    for (j, ((limiter, key), entry)) in admitted
         .limiters
         .iter()
         .zip(&admitted.keys)
         .zip(&admitted.verdicts)
+        .enumerate()
     {
         // Shadow limits that would have denied were not charged: nothing to settle.
-        if let (Some(key), Outcome::Allowed) = (key, entry.outcome) {
+        let (Some(key), Outcome::Allowed) = (key, entry.outcome) else {
+            continue;
+        };
+        let limit = admitted.stack[j];
+        if admitted.via_store && admitted.shared.get(j) == Some(&true) {
+            let (algorithm, plan) = shared_algorithm(limit, admitted.plan);
+            if !matches!(algorithm, Algorithm::Concurrency { .. }) {
+                shared.push(SharedEntry {
+                    limit: &limit.name,
+                    plan,
+                    algorithm,
+                    align: limit.align,
+                    key: *key,
+                    shadow: limit.shadow,
+                });
+            }
+        } else {
             limiter.adjust(*key, delta, now);
         }
+    }
+    if let (false, Some(store)) = (shared.is_empty(), app.store()) {
+        store.settle(&shared, delta);
     }
 }
 

@@ -37,5 +37,6 @@ pub mod proxy;
 pub mod reload;
 pub mod routing;
 pub mod server;
+pub mod store;
 pub mod summary;
 pub mod worker;

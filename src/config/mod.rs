@@ -121,11 +121,49 @@ pub struct ClientIpConfig {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum StoreBackend {
     Memory,
+    Redis(RedisConfig),
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct StoreConfig {
     pub backend: StoreBackend,
+}
+
+impl StoreConfig {
+    /// The Redis settings, when limits are shared through Redis.
+    pub fn redis(&self) -> Option<&RedisConfig> {
+        match &self.backend {
+            StoreBackend::Redis(redis) => Some(redis),
+            StoreBackend::Memory => None,
+        }
+    }
+}
+
+/// `[store]` with `backend = "redis"`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RedisConfig {
+    /// `redis://` URLs: one server (or, with `cluster`, the seed nodes).
+    pub urls: Vec<String>,
+    pub cluster: bool,
+    /// Prepended to every key the gateway writes.
+    pub prefix: String,
+    /// The most one store call may take before it counts as a failure.
+    pub timeout: Duration,
+    pub on_failure: OnFailure,
+    /// Node-local fallback limits are the shared ones times this, in
+    /// millionths (1.0 = 1_000_000).
+    pub local_fraction_ppm: u32,
+}
+
+/// What a limited request gets while the store is unavailable.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum OnFailure {
+    /// The same limits in node memory, scaled by `local_fraction`.
+    Local,
+    /// Admitted, unlimited by the shared limits.
+    Allow,
+    /// 503 problem+json; `/readyz` is 503.
+    Deny,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -56,6 +56,62 @@ pub enum Algorithm {
     },
 }
 
+impl Algorithm {
+    /// The same algorithm with its quota (and rate) times `ppm` millionths,
+    /// at least 1: a node's share of a shared limit (`store.local_fraction`).
+    /// Windows keep their length.
+    pub fn scaled(self, ppm: u32) -> Algorithm {
+        let ppm = u64::from(ppm.min(1_000_000));
+        let part = |n: u64| (u128::from(n) * u128::from(ppm) / 1_000_000).max(1) as u64;
+        // A rate of tokens/per becomes tokens·ppm / (per·10^6), kept exact
+        // while it fits (it always does for validated rates).
+        let rate = |r: Rate| match (r.tokens.checked_mul(ppm), r.per.checked_mul(1_000_000)) {
+            (Some(tokens), Some(per)) if tokens > 0 => {
+                let (mut a, mut b) = (tokens, per);
+                while b != 0 {
+                    (a, b) = (b, a % b);
+                }
+                Rate {
+                    tokens: tokens / a,
+                    per: per / a,
+                }
+            }
+            _ => r,
+        };
+        if ppm >= 1_000_000 {
+            return self;
+        }
+        match self {
+            Algorithm::FixedWindow { limit, window } => Algorithm::FixedWindow {
+                limit: part(limit),
+                window,
+            },
+            Algorithm::SlidingWindow { limit, window } => Algorithm::SlidingWindow {
+                limit: part(limit),
+                window,
+            },
+            Algorithm::SlidingLog { limit, window } => Algorithm::SlidingLog {
+                limit: part(limit),
+                window,
+            },
+            Algorithm::TokenBucket { capacity, refill } => Algorithm::TokenBucket {
+                capacity: part(capacity),
+                refill: rate(refill),
+            },
+            Algorithm::LeakyBucket {
+                capacity,
+                rate: r,
+                mode,
+            } => Algorithm::LeakyBucket {
+                capacity: (u128::from(capacity) * u128::from(ppm) / 1_000_000) as u64,
+                rate: rate(r),
+                mode,
+            },
+            Algorithm::Concurrency { max } => Algorithm::Concurrency { max: part(max) },
+        }
+    }
+}
+
 /// Where a fixed window's boundaries fall for each key (`align`,
 /// `reset_jitter`), so that long windows of many keys do not all reset in the
 /// same second.

@@ -83,25 +83,43 @@ pub struct EntryVerdict {
 /// Concurrency permits of an admitted request; dropping them releases the
 /// slots. Hold them until the response body ends.
 #[derive(Debug, Default)]
-pub struct Permits(SmallVec<[ConcurrencyPermit; 2]>);
+pub struct Permits {
+    memory: SmallVec<[ConcurrencyPermit; 2]>,
+    /// Slots held elsewhere (a Redis lease), released when dropped too.
+    /// Empty, and so not allocated, without a shared store.
+    held: Vec<Box<dyn std::fmt::Debug + Send + Sync>>,
+}
 
 impl Permits {
     fn push(&mut self, permit: Option<ConcurrencyPermit>) {
         if let Some(permit) = permit {
-            self.0.push(permit);
+            self.memory.push(permit);
         }
     }
 
-    pub fn is_empty(&self) -> bool {
-        self.0.is_empty()
+    /// Keeps `guard` (e.g. a Redis concurrency lease) until these permits drop.
+    pub fn hold(&mut self, guard: Box<dyn std::fmt::Debug + Send + Sync>) {
+        self.held.push(guard);
     }
 
+    /// Takes over `other`'s permits and guards.
+    pub fn append(&mut self, other: Permits) {
+        self.memory.extend(other.memory);
+        self.held.extend(other.held);
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.memory.is_empty() && self.held.is_empty()
+    }
+
+    /// Memory permits plus held guards.
     pub fn len(&self) -> usize {
-        self.0.len()
+        self.memory.len() + self.held.len()
     }
 
     fn clear(&mut self) {
-        self.0.clear();
+        self.memory.clear();
+        self.held.clear();
     }
 }
 
@@ -122,6 +140,23 @@ pub struct StackDecision {
 }
 
 impl StackDecision {
+    /// A decision assembled from parts decided elsewhere (a stack split
+    /// between node memory and a shared store).
+    pub fn from_parts(
+        entries: SmallVec<[EntryVerdict; INLINE]>,
+        denied_by: Option<usize>,
+        delay: Nanos,
+        permits: Permits,
+    ) -> StackDecision {
+        StackDecision {
+            allowed: denied_by.is_none(),
+            entries,
+            denied_by,
+            delay,
+            permits,
+        }
+    }
+
     /// Take the concurrency permits, to hold until the response body ends.
     /// Dropping the decision without taking them releases them at once.
     pub fn take_permits(&mut self) -> Permits {
@@ -241,7 +276,8 @@ fn check_many(entries: &[StackEntry<'_>], cost: u64, now: Nanos, decision: &mut 
     drop(guards);
 }
 
-const SKIPPED: EntryVerdict = EntryVerdict {
+/// The verdict of an entry without a key.
+pub const SKIPPED: EntryVerdict = EntryVerdict {
     outcome: Outcome::Skipped,
     verdict: Verdict {
         allowed: false,
@@ -253,7 +289,8 @@ const SKIPPED: EntryVerdict = EntryVerdict {
     },
 };
 
-fn outcome_of(verdict: &Verdict, shadow: bool) -> Outcome {
+/// How a verdict counts for a (shadow or not) entry.
+pub fn outcome_of(verdict: &Verdict, shadow: bool) -> Outcome {
     match (verdict.allowed, shadow) {
         (true, _) => Outcome::Allowed,
         (false, true) => Outcome::ShadowDenied,

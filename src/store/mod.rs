@@ -1,0 +1,570 @@
+//! The Redis store: shared limits decided by one server-side script per
+//! request (contract §7).
+//!
+//! [`RedisStore::decide`] sends a request's shared entries (the limits of its
+//! stack without `local = true`) to Redis as one `EVALSHA` of `stack.lua`,
+//! which decides them all or nothing against Redis `TIME`, writes every
+//! charge with its expiry and returns each entry's numbers. `settle.lua`
+//! charges or refunds afterwards (`cost_header`). Both scripts are loaded
+//! once with `SCRIPT LOAD` when a connection is made, and again when a call
+//! finds them gone (`NOSCRIPT`, after a `SCRIPT FLUSH` or a restart).
+//!
+//! Keys are `<prefix><limit>:{<digest>}:<algorithm>[:<plan>]`: the
+//! 128-bit [`LimitKey`] in hex, never the identity it came from. The braces
+//! are a Redis Cluster hash tag: a key's slot depends on the digest only.
+//!
+//! # Connections
+//!
+//! One multiplexed connection per process, owned by a small runtime on its
+//! own thread (`tollgate-store`), so that it outlives no worker and belongs
+//! to none: the script calls of all in-flight requests, from every worker,
+//! are pipelined on it, and a request awaits only its own answer.
+//!
+//! # Failure
+//!
+//! Every call is bounded by `timeout`. [`FAILURES_TO_OPEN`] failures in a
+//! row open the breaker: calls then fail at once (the caller applies
+//! `on_failure`) and the store thread probes every [`PROBE_INTERVAL`] with a
+//! fresh connection (`PING` + `SCRIPT LOAD`), each probe itself bounded;
+//! the first that succeeds closes the breaker. Opening and closing are each
+//! logged once and shown by `tollgate_store_fallback_active`; every failed
+//! call counts in `tollgate_store_errors_total{backend="redis"}`.
+//!
+//! # Concurrency leases
+//!
+//! A `concurrency` slot on Redis is a sorted-set member whose score is its
+//! expiry ([`LEASE`] from Redis `TIME`). The request holds a [`Lease`] until
+//! its response body ends; dropping it removes the member. While held it is
+//! renewed every third of [`LEASE`], so a long response keeps its slot and a
+//! gateway that dies holds it at most [`LEASE`] longer.
+
+use std::fmt::Write as _;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
+use std::time::Duration;
+
+use arc_swap::ArcSwapOption;
+use redis::aio::MultiplexedConnection;
+use redis::{Cmd, Value};
+use tokio::sync::Notify;
+
+use crate::config::{OnFailure, RedisConfig};
+use crate::limit::{Algorithm, LeakyMode, LimitKey, Nanos, Verdict, WindowAlign};
+use crate::metrics::Metrics;
+
+/// Failed calls in a row that open the breaker.
+pub const FAILURES_TO_OPEN: u32 = 3;
+
+/// How often an open breaker tries Redis again.
+pub const PROBE_INTERVAL: Duration = Duration::from_millis(250);
+
+/// How long a concurrency slot outlives the last renewal of its holder.
+pub const LEASE: Duration = Duration::from_secs(30);
+
+const STACK_LUA: &str = include_str!("stack.lua");
+const SETTLE_LUA: &str = include_str!("settle.lua");
+
+/// A call that failed (timeout, connection, Redis error) or was not made
+/// because the breaker is open: the caller applies `on_failure`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Unavailable;
+
+/// One shared limit of a request's stack.
+#[derive(Debug, Clone, Copy)]
+pub struct SharedEntry<'a> {
+    /// The limit's name (a key's second part).
+    pub limit: &'a str,
+    /// The caller's plan when it changes this limit's numbers (its state is
+    /// its own, as in memory).
+    pub plan: Option<&'a str>,
+    /// The shared (unscaled) numbers.
+    pub algorithm: Algorithm,
+    pub align: WindowAlign,
+    pub key: LimitKey,
+    pub shadow: bool,
+}
+
+/// The store's answer for a request's shared entries.
+#[derive(Debug)]
+pub struct SharedDecision {
+    /// One per entry, in order.
+    pub verdicts: Vec<Verdict>,
+    /// The concurrency slots taken, when admitted; hold until the body ends.
+    pub lease: Option<Lease>,
+}
+
+/// The Redis store of one process. Shared as `Arc<RedisStore>`.
+pub struct RedisStore {
+    config: RedisConfig,
+    connection: ArcSwapOption<MultiplexedConnection>,
+    open: AtomicBool,
+    failures: AtomicU32,
+    /// Wakes the store thread to probe when the breaker opens.
+    wake: Notify,
+    metrics: Arc<Metrics>,
+    stack: redis::Script,
+    settle: redis::Script,
+    /// Lease members: `<node>:<sequence>`, unique across gateways.
+    node: String,
+    sequence: AtomicU64,
+    runtime: tokio::runtime::Handle,
+}
+
+impl std::fmt::Debug for RedisStore {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RedisStore")
+            .field("urls", &self.config.urls)
+            .field("open", &self.open)
+            .finish_non_exhaustive()
+    }
+}
+
+impl RedisStore {
+    /// Starts the store thread and connects (waiting at most about a second:
+    /// a Redis that is down at start leaves the breaker open, and the store
+    /// thread keeps probing). Fails only when the thread cannot start.
+    pub fn start(config: RedisConfig, metrics: Arc<Metrics>) -> std::io::Result<Arc<RedisStore>> {
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()?;
+        let node = node_id();
+        let store = Arc::new(RedisStore {
+            config,
+            connection: ArcSwapOption::empty(),
+            open: AtomicBool::new(true),
+            failures: AtomicU32::new(0),
+            wake: Notify::new(),
+            metrics,
+            stack: redis::Script::new(STACK_LUA),
+            settle: redis::Script::new(SETTLE_LUA),
+            node,
+            sequence: AtomicU64::new(0),
+            runtime: runtime.handle().clone(),
+        });
+        let (ready, first) = std::sync::mpsc::channel();
+        let weak = Arc::downgrade(&store);
+        std::thread::Builder::new()
+            .name("tollgate-store".into())
+            .spawn(move || runtime.block_on(supervise(weak, ready)))?;
+        if first.recv_timeout(Duration::from_secs(2)) != Ok(true) {
+            tracing::warn!(
+                url = %store.config.urls.join(","),
+                on_failure = ?store.config.on_failure,
+                "redis store unavailable at start; on_failure applies until it answers"
+            );
+            store.metrics.set_store_fallback(true);
+        }
+        Ok(store)
+    }
+
+    pub fn on_failure(&self) -> OnFailure {
+        self.config.on_failure
+    }
+
+    /// The breaker is open: calls fail at once and `on_failure` applies.
+    pub fn is_down(&self) -> bool {
+        self.open.load(Ordering::Relaxed)
+    }
+
+    /// Decides `cost` against `entries` in one script call, all or nothing.
+    pub async fn decide(
+        self: &Arc<Self>,
+        entries: &[SharedEntry<'_>],
+        cost: u64,
+    ) -> Result<SharedDecision, Unavailable> {
+        let member = entries
+            .iter()
+            .any(|e| matches!(e.algorithm, Algorithm::Concurrency { .. }))
+            .then(|| {
+                let n = self.sequence.fetch_add(1, Ordering::Relaxed);
+                format!("{}:{n}", self.node)
+            });
+        let cmd = self.script_cmd(&self.stack, entries, |_| cost as i64, member.as_deref());
+        let value = self.call(&self.stack, &cmd).await?;
+        let verdicts = parse_verdicts(&value, entries.len()).ok_or_else(|| {
+            tracing::warn!("unexpected answer from the redis stack script");
+            self.failed();
+            Unavailable
+        })?;
+        let mut admitted = true;
+        for (entry, verdict) in entries.iter().zip(&verdicts) {
+            admitted &= verdict.allowed || entry.shadow;
+        }
+        let lease = match member {
+            Some(member) if admitted => {
+                let held: Vec<OwnedEntry> = entries
+                    .iter()
+                    .zip(&verdicts)
+                    .filter(|(e, v)| {
+                        matches!(e.algorithm, Algorithm::Concurrency { .. }) && v.allowed
+                    })
+                    .map(|(e, _)| OwnedEntry::from(e))
+                    .collect();
+                Some(Lease::hold(self.clone(), held, member, cost))
+            }
+            _ => None,
+        };
+        Ok(SharedDecision { verdicts, lease })
+    }
+
+    /// Post-response settlement: `delta` more units (or a refund) on every
+    /// entry. Runs on the store thread; the response does not wait.
+    pub fn settle(self: &Arc<Self>, entries: &[SharedEntry<'_>], delta: i64) {
+        if delta == 0 || self.is_down() {
+            return;
+        }
+        let cmd = self.script_cmd(&self.settle, entries, |_| delta, None);
+        let store = self.clone();
+        self.runtime.spawn(async move {
+            let _ = store.call(&store.settle, &cmd).await;
+        });
+    }
+
+    /// `EVALSHA <script> n keys… argv…` for `entries`, and the keys.
+    fn script_cmd(
+        &self,
+        script: &redis::Script,
+        entries: &[SharedEntry<'_>],
+        amount: impl Fn(usize) -> i64,
+        member: Option<&str>,
+    ) -> Cmd {
+        let mut cmd = redis::cmd("EVALSHA");
+        cmd.arg(script.get_hash()).arg(entries.len());
+        for e in entries {
+            cmd.arg(self.key_of(e));
+        }
+        cmd.arg(entries.len());
+        for (i, e) in entries.iter().enumerate() {
+            let [algo, p1, p2, p3, p4] = script_params(e, member.unwrap_or(""));
+            cmd.arg(algo).arg(p1).arg(p2).arg(p3).arg(p4);
+            cmd.arg(if e.shadow { "1" } else { "0" }).arg(amount(i));
+        }
+        cmd
+    }
+
+    /// `<prefix><limit>:{<digest>}:<algorithm>[:<plan>]`.
+    fn key_of(&self, e: &SharedEntry<'_>) -> String {
+        let tag = match e.algorithm {
+            Algorithm::FixedWindow { .. } => "fw",
+            Algorithm::SlidingWindow { .. } => "sw",
+            Algorithm::SlidingLog { .. } => "sl",
+            Algorithm::TokenBucket { .. } => "tb",
+            Algorithm::LeakyBucket { .. } => "lb",
+            Algorithm::Concurrency { .. } => "cc",
+        };
+        let mut key = String::with_capacity(self.config.prefix.len() + e.limit.len() + 48);
+        let _ = write!(
+            key,
+            "{}{}:{{{:032x}}}:{tag}",
+            self.config.prefix,
+            e.limit,
+            e.key.as_u128()
+        );
+        if let Some(plan) = e.plan {
+            key.push(':');
+            key.push_str(plan);
+        }
+        key
+    }
+
+    /// One call, bounded by `timeout`, through the breaker; re-loads the
+    /// script once on `NOSCRIPT`.
+    async fn call(&self, script: &redis::Script, cmd: &Cmd) -> Result<Value, Unavailable> {
+        if self.is_down() {
+            return Err(Unavailable);
+        }
+        let Some(connection) = self.connection.load_full() else {
+            return Err(Unavailable);
+        };
+        let mut connection = (*connection).clone();
+        let result = tokio::time::timeout(self.config.timeout, async {
+            match cmd.query_async::<Value>(&mut connection).await {
+                Err(e)
+                    if e.kind() == redis::ErrorKind::Server(redis::ServerErrorKind::NoScript) =>
+                {
+                    script.load_async(&mut connection).await?;
+                    cmd.query_async::<Value>(&mut connection).await
+                }
+                other => other,
+            }
+        })
+        .await;
+        match result {
+            Ok(Ok(value)) => {
+                self.failures.store(0, Ordering::Relaxed);
+                Ok(value)
+            }
+            Ok(Err(error)) => {
+                tracing::debug!(%error, "redis store call failed");
+                self.failed();
+                Err(Unavailable)
+            }
+            Err(_) => {
+                tracing::debug!(timeout = ?self.config.timeout, "redis store call timed out");
+                self.failed();
+                Err(Unavailable)
+            }
+        }
+    }
+
+    fn failed(&self) {
+        self.metrics.record_store_error("redis");
+        let failures = self.failures.fetch_add(1, Ordering::Relaxed) + 1;
+        if failures >= FAILURES_TO_OPEN && !self.open.swap(true, Ordering::Relaxed) {
+            tracing::warn!(
+                on_failure = ?self.config.on_failure,
+                "redis store unavailable; on_failure applies until it answers again"
+            );
+            self.metrics.set_store_fallback(true);
+            self.wake.notify_one();
+        }
+    }
+
+    /// A fresh connection with the scripts loaded, or why not.
+    async fn connect(&self) -> redis::RedisResult<MultiplexedConnection> {
+        let client = redis::Client::open(self.config.urls[0].as_str())?;
+        let bound = self.config.timeout.max(Duration::from_millis(500));
+        let settings = redis::AsyncConnectionConfig::new()
+            .set_connection_timeout(Some(bound))
+            .set_response_timeout(Some(bound));
+        let mut connection = client
+            .get_multiplexed_async_connection_with_config(&settings)
+            .await?;
+        redis::cmd("PING")
+            .query_async::<()>(&mut connection)
+            .await?;
+        self.stack.load_async(&mut connection).await?;
+        self.settle.load_async(&mut connection).await?;
+        Ok(connection)
+    }
+}
+
+/// The store thread: connects, and reconnects whenever the breaker opens.
+async fn supervise(store: std::sync::Weak<RedisStore>, ready: std::sync::mpsc::Sender<bool>) {
+    let mut ready = Some(ready);
+    let mut logged_down = false;
+    loop {
+        let Some(s) = store.upgrade() else { return };
+        if s.is_down() {
+            let attempt = tokio::time::timeout(Duration::from_secs(2), s.connect()).await;
+            match attempt {
+                Ok(Ok(connection)) => {
+                    s.connection.store(Some(Arc::new(connection)));
+                    s.failures.store(0, Ordering::Relaxed);
+                    s.open.store(false, Ordering::Relaxed);
+                    s.metrics.set_store_fallback(false);
+                    if ready.take().is_some_and(|r| r.send(true).is_ok()) {
+                        tracing::info!(url = %s.config.urls[0], "redis store connected");
+                    } else {
+                        tracing::info!("redis store answers again; shared limits resumed");
+                    }
+                    logged_down = false;
+                }
+                Ok(Err(error)) if !logged_down => {
+                    tracing::debug!(%error, "redis store probe failed");
+                    logged_down = true;
+                }
+                _ => {}
+            }
+            if let Some(r) = ready.take_if(|_| s.is_down()) {
+                let _ = r.send(false);
+            }
+            drop(s);
+            tokio::time::sleep(PROBE_INTERVAL).await;
+        } else {
+            // Also re-checked every second, so a dropped store ends the thread.
+            let _ = tokio::time::timeout(Duration::from_secs(1), s.wake.notified()).await;
+        }
+    }
+}
+
+/// The five per-entry script parameters (see `stack.lua`), times in µs.
+fn script_params(e: &SharedEntry<'_>, member: &str) -> [String; 5] {
+    let us = |n: Nanos| (n / 1_000).max(1).to_string();
+    // The emission interval T = per / tokens, in µs, possibly fractional.
+    let interval =
+        |per: Nanos, tokens: u64| format!("{:.6}", per as f64 / 1_000.0 / tokens.max(1) as f64);
+    match e.algorithm {
+        Algorithm::FixedWindow { limit, window } => {
+            let (jitter, first) = match e.align {
+                WindowAlign::Epoch { jitter } if jitter > 0 => {
+                    // As in memory: the digest's high half picks the offset.
+                    let hi = (e.key.as_u128() >> 64) as u64;
+                    ((hi % jitter) / 1_000, 0)
+                }
+                WindowAlign::Epoch { .. } => (0, 0),
+                WindowAlign::FirstRequest => (0, 1),
+            };
+            [
+                "1".into(),
+                limit.to_string(),
+                us(window),
+                jitter.to_string(),
+                first.to_string(),
+            ]
+        }
+        Algorithm::SlidingWindow { limit, window } => [
+            "2".into(),
+            limit.to_string(),
+            us(window),
+            "0".into(),
+            "0".into(),
+        ],
+        Algorithm::SlidingLog { limit, window } => [
+            "3".into(),
+            limit.to_string(),
+            us(window),
+            "0".into(),
+            "0".into(),
+        ],
+        Algorithm::TokenBucket { capacity, refill } => [
+            "4".into(),
+            capacity.to_string(),
+            interval(refill.per, refill.tokens),
+            "0".into(),
+            "0".into(),
+        ],
+        Algorithm::LeakyBucket {
+            capacity,
+            rate,
+            mode,
+        } => [
+            "4".into(),
+            capacity.saturating_add(1).to_string(),
+            interval(rate.per, rate.tokens),
+            u8::from(mode == LeakyMode::Delay).to_string(),
+            "0".into(),
+        ],
+        Algorithm::Concurrency { max } => [
+            "5".into(),
+            max.to_string(),
+            LEASE.as_millis().to_string(),
+            member.to_owned(),
+            "0".into(),
+        ],
+    }
+}
+
+/// Five integers per entry (see `stack.lua`) into verdicts.
+fn parse_verdicts(value: &Value, n: usize) -> Option<Vec<Verdict>> {
+    let Value::Array(items) = value else {
+        return None;
+    };
+    if items.len() != n * 5 {
+        return None;
+    }
+    let int = |v: &Value| match v {
+        Value::Int(i) => Some(*i),
+        _ => None,
+    };
+    let ns = |us: i64| u64::try_from(us).unwrap_or(0).saturating_mul(1_000);
+    items
+        .chunks(5)
+        .map(|c| {
+            let [allowed, remaining, reset, retry, delay] = [
+                int(&c[0])?,
+                int(&c[1])?,
+                int(&c[2])?,
+                int(&c[3])?,
+                int(&c[4])?,
+            ];
+            let remaining = u64::try_from(remaining).unwrap_or(0);
+            Some(if allowed == 1 {
+                Verdict {
+                    delay: ns(delay),
+                    ..Verdict::allow(remaining, ns(reset))
+                }
+            } else {
+                Verdict::deny(remaining, ns(reset), ns(retry), retry < 0)
+            })
+        })
+        .collect()
+}
+
+/// A unique id for this process's lease members: pid and start time.
+fn node_id() -> String {
+    let started = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_nanos());
+    let digest = LimitKey::digest(&[&std::process::id().to_le_bytes(), &started.to_le_bytes()]);
+    format!("{:016x}", digest.as_u128() as u64)
+}
+
+/// An entry without borrows, for a lease that outlives the request's view.
+#[derive(Debug, Clone)]
+struct OwnedEntry {
+    limit: Box<str>,
+    plan: Option<Box<str>>,
+    algorithm: Algorithm,
+    align: WindowAlign,
+    key: LimitKey,
+}
+
+impl From<&SharedEntry<'_>> for OwnedEntry {
+    fn from(e: &SharedEntry<'_>) -> Self {
+        OwnedEntry {
+            limit: e.limit.into(),
+            plan: e.plan.map(Into::into),
+            algorithm: e.algorithm,
+            align: e.align,
+            key: e.key,
+        }
+    }
+}
+
+impl OwnedEntry {
+    fn view(&self) -> SharedEntry<'_> {
+        SharedEntry {
+            limit: &self.limit,
+            plan: self.plan.as_deref(),
+            algorithm: self.algorithm,
+            align: self.align,
+            key: self.key,
+            shadow: false,
+        }
+    }
+}
+
+/// Concurrency slots held in Redis by one admitted request: renewed while
+/// held, removed when dropped (the response body ended).
+#[derive(Debug)]
+pub struct Lease {
+    renew: tokio::task::JoinHandle<()>,
+    release: Option<(Arc<RedisStore>, Cmd)>,
+}
+
+impl Lease {
+    fn hold(store: Arc<RedisStore>, held: Vec<OwnedEntry>, member: String, cost: u64) -> Lease {
+        let views: Vec<SharedEntry<'_>> = held.iter().map(OwnedEntry::view).collect();
+        // A positive delta renews a lease, a negative one removes it
+        // (`settle.lua`).
+        let renew_cmd = store.script_cmd(&store.settle, &views, |_| cost as i64, Some(&member));
+        let release_cmd =
+            store.script_cmd(&store.settle, &views, |_| -(cost as i64), Some(&member));
+        drop(views);
+        let renewer = store.clone();
+        let renew = store.runtime.spawn(async move {
+            let period = LEASE / 3;
+            loop {
+                tokio::time::sleep(period).await;
+                let _ = renewer.call(&renewer.settle, &renew_cmd).await;
+            }
+        });
+        Lease {
+            renew,
+            release: Some((store, release_cmd)),
+        }
+    }
+}
+
+impl Drop for Lease {
+    fn drop(&mut self) {
+        self.renew.abort();
+        if let Some((store, cmd)) = self.release.take() {
+            let runtime = store.runtime.clone();
+            runtime.spawn(async move {
+                let _ = store.call(&store.settle, &cmd).await;
+            });
+        }
+    }
+}
