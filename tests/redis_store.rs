@@ -666,3 +666,76 @@ limits = ["budget"]
     }
     assert_eq!(get(a.addr, "/cost/1", &[("x-user", "u")]).await.status, 429);
 }
+
+#[test]
+fn check_accepts_redis_and_names_every_bad_store_key() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let path = dir.path().join("gateway.toml");
+    let good = r#"
+[store]
+backend = "redis"
+url = "redis://127.0.0.1:6379/0"
+prefix = "edge:"
+timeout = "20ms"
+on_failure = "deny"
+local_fraction = 0.5
+
+[limits.guard]
+key = "route"
+algorithm = "concurrency"
+max = 10
+local = true
+"#;
+    std::fs::write(&path, good).expect("write");
+    let (code, stdout, stderr) = common::tollgate(&["check", "-c", path.to_str().expect("utf-8")]);
+    assert_eq!(code, 0, "{stdout}{stderr}");
+    let bad = r#"
+[store]
+backend = "redis"
+url = "http://127.0.0.1:6379"
+prefix = "a {b}"
+timeout = "20 parsecs"
+on_failure = "denny"
+local_fraction = 1.5
+
+[limits.tb]
+key = "ip"
+algorithm = "token_bucket"
+capacity = 10
+refill = "1/s"
+lease = 5
+"#;
+    std::fs::write(&path, bad).expect("write");
+    let (code, _, stderr) = common::tollgate(&["check", "-c", path.to_str().expect("utf-8")]);
+    assert_eq!(code, 1, "{stderr}");
+    for (line, key, says) in [
+        (
+            4,
+            "store.url",
+            "is not a Redis URL; expected redis://HOST:PORT",
+        ),
+        (5, "store.prefix", "cannot hold braces"),
+        (6, "store.timeout", ""),
+        (7, "store.on_failure", "did you mean `deny`?"),
+        (8, "store.local_fraction", "expected a number in (0, 1]"),
+        (15, "limits.tb.lease", "token leasing is not supported"),
+    ] {
+        let found = stderr.lines().any(|l| {
+            l.contains(&format!("gateway.toml:{line}:"))
+                && l.contains(&format!("`{key}`"))
+                && l.contains(says)
+        });
+        assert!(found, "no error for {key} at line {line}:\n{stderr}");
+    }
+    std::fs::write(&path, "[store]\nbackend = \"redis\"\ncluster = true\nurl = [\"redis://127.0.0.1:7000\", \"redis://127.0.0.1:7001\"]\n").expect("write");
+    let (code, _, stderr) = common::tollgate(&["check", "-c", path.to_str().expect("utf-8")]);
+    assert_eq!(code, 1);
+    assert!(
+        stderr.contains("`store.cluster`") && stderr.contains("Redis Cluster is not supported"),
+        "{stderr}"
+    );
+    std::fs::write(&path, "[store]\nbackend = \"redis\"\n").expect("write");
+    let (code, _, stderr) = common::tollgate(&["check", "-c", path.to_str().expect("utf-8")]);
+    assert_eq!(code, 1);
+    assert!(stderr.contains("needs a url"), "{stderr}");
+}
