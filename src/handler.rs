@@ -692,12 +692,14 @@ async fn limit_shared<'s>(
             Ok(decision) => {
                 admitted.via_store = true;
                 for ((&j, e), verdict) in shared_at.iter().zip(&shared).zip(&decision.verdicts) {
-                    entries[j] = EntryVerdict {
-                        outcome: outcome_of(verdict, e.shadow),
-                        verdict: *verdict,
-                    };
+                    if let Some(verdict) = verdict {
+                        entries[j] = EntryVerdict {
+                            outcome: outcome_of(verdict, e.shadow),
+                            verdict: *verdict,
+                        };
+                    }
                 }
-                if let Some(lease) = decision.lease {
+                for lease in decision.leases {
                     permits.hold(Box::new(lease));
                 }
             }

@@ -13,6 +13,10 @@
 //! own single-threaded runtime ([`server`], [`worker`]); state that must be
 //! exact for the process (limiters, metrics, the snapshot) is shared.
 //!
+//! With `store.backend = "redis"` the limit step sends a stack's shared
+//! limits to [`store`] (one Lua script call per request, all or nothing);
+//! `local = true` limits stay in memory.
+//!
 //! [`handler`] is the one function that calls these steps. Operators read the
 //! metrics, health and running configuration on a separate listener, [`admin`].
 //! Configuration ([`config`]) is validated whole and swapped whole

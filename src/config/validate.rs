@@ -585,12 +585,7 @@ fn check_store(c: &mut Checker, path: &KeyPath, raw: &raw::RawStore) -> StoreCon
         }
     }
     let cluster = raw.cluster.unwrap_or(false);
-    if cluster {
-        c.problem(
-            path.key("cluster"),
-            "Redis Cluster is not supported by this version of tollgate yet; use one Redis (cluster = false)",
-        );
-    } else if urls.len() > 1 {
+    if !cluster && urls.len() > 1 {
         c.problem(
             path.key("url"),
             "a list of urls is for Redis Cluster; give one url for one Redis",

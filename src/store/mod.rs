@@ -15,10 +15,18 @@
 //!
 //! # Connections
 //!
-//! One multiplexed connection per process, owned by a small runtime on its
-//! own thread (`tollgate-store`), so that it outlives no worker and belongs
-//! to none: the script calls of all in-flight requests, from every worker,
-//! are pipelined on it, and a request awaits only its own answer.
+//! One multiplexed connection per process (with `cluster = true`, the
+//! cluster client's connection per node), owned by a small runtime on its
+//! own thread (`tollgate-store`), so that it belongs to no worker: the
+//! script calls of all in-flight requests, from every worker, are
+//! pipelined on it, and a request awaits only its own answer.
+//!
+//! # Redis Cluster
+//!
+//! A stack's entries are grouped by slot ([`slot_of`]); each group is one
+//! script call, in stack order. A group that denies ends the decision and
+//! the groups before it are refunded with `settle.lua` before the answer
+//! (the README states the exactness this gives).
 //!
 //! # Failure
 //!
@@ -45,7 +53,8 @@ use std::time::Duration;
 
 use arc_swap::ArcSwapOption;
 use redis::aio::MultiplexedConnection;
-use redis::{Cmd, Value};
+use redis::cluster_async::ClusterConnection;
+use redis::{Cmd, RedisResult, Value};
 use tokio::sync::Notify;
 
 use crate::config::{OnFailure, RedisConfig};
@@ -87,16 +96,41 @@ pub struct SharedEntry<'a> {
 /// The store's answer for a request's shared entries.
 #[derive(Debug)]
 pub struct SharedDecision {
-    /// One per entry, in order.
-    pub verdicts: Vec<Verdict>,
+    /// One per entry, in order; `None` for an entry not decided because an
+    /// earlier Cluster slot denied (it is reported as skipped).
+    pub verdicts: Vec<Option<Verdict>>,
     /// The concurrency slots taken, when admitted; hold until the body ends.
-    pub lease: Option<Lease>,
+    pub leases: Vec<Lease>,
+}
+
+/// One Redis or a Redis Cluster; clones share the connection.
+#[derive(Clone)]
+enum Connection {
+    Single(MultiplexedConnection),
+    Cluster(ClusterConnection),
+}
+
+impl Connection {
+    async fn query(&mut self, cmd: &Cmd) -> RedisResult<Value> {
+        match self {
+            Connection::Single(c) => cmd.query_async(c).await,
+            Connection::Cluster(c) => cmd.query_async(c).await,
+        }
+    }
+
+    /// `SCRIPT LOAD` (on a cluster, on every primary).
+    async fn load(&mut self, script: &redis::Script) -> RedisResult<()> {
+        match self {
+            Connection::Single(c) => script.load_async(c).await.map(drop),
+            Connection::Cluster(c) => script.load_async(c).await.map(drop),
+        }
+    }
 }
 
 /// The Redis store of one process. Shared as `Arc<RedisStore>`.
 pub struct RedisStore {
     config: RedisConfig,
-    connection: ArcSwapOption<MultiplexedConnection>,
+    connection: ArcSwapOption<Connection>,
     open: AtomicBool,
     failures: AtomicU32,
     /// Wakes the store thread to probe when the breaker opens.
@@ -167,11 +201,108 @@ impl RedisStore {
     }
 
     /// Decides `cost` against `entries` in one script call, all or nothing.
+    /// On Redis Cluster, one call per hash slot, in stack order: a slot
+    /// that denies ends the decision and the slots before it are refunded
+    /// (see the README's "Distributed limits" for what that can cost).
     pub async fn decide(
         self: &Arc<Self>,
         entries: &[SharedEntry<'_>],
         cost: u64,
     ) -> Result<SharedDecision, Unavailable> {
+        let mut decision = SharedDecision {
+            verdicts: vec![None; entries.len()],
+            leases: Vec::new(),
+        };
+        if !self.config.cluster {
+            let (verdicts, lease) = self.decide_group(entries, cost).await?;
+            decision.verdicts = verdicts.into_iter().map(Some).collect();
+            decision.leases.extend(lease);
+            return Ok(decision);
+        }
+        // Group by slot, groups in the order of their first entry.
+        let slots: Vec<u16> = entries.iter().map(|e| slot_of(&self.key_of(e))).collect();
+        let mut order: Vec<u16> = Vec::new();
+        for slot in &slots {
+            if !order.contains(slot) {
+                order.push(*slot);
+            }
+        }
+        let mut charged: Vec<SharedEntry<'_>> = Vec::new();
+        for slot in order {
+            let at: Vec<usize> = (0..entries.len()).filter(|&i| slots[i] == slot).collect();
+            let group: Vec<SharedEntry<'_>> = at.iter().map(|&i| entries[i]).collect();
+            let (verdicts, lease) = match self.decide_group(&group, cost).await {
+                Ok(answer) => answer,
+                Err(error) => {
+                    drop(decision.leases);
+                    self.refund(&charged, cost).await;
+                    return Err(error);
+                }
+            };
+            let admitted = group
+                .iter()
+                .zip(&verdicts)
+                .all(|(e, v)| v.allowed || e.shadow);
+            for (&i, verdict) in at.iter().zip(&verdicts) {
+                decision.verdicts[i] = Some(*verdict);
+            }
+            if !admitted {
+                // This slot charged nothing; undo the slots before it.
+                decision.leases.clear();
+                self.refund(&charged, cost).await;
+                return Ok(decision);
+            }
+            decision.leases.extend(lease);
+            charged.extend(
+                group
+                    .iter()
+                    .zip(&verdicts)
+                    .filter(|(_, v)| v.allowed)
+                    .map(|(e, _)| *e),
+            );
+        }
+        Ok(decision)
+    }
+
+    /// Gives back `cost` to every entry charged (concurrency leases are
+    /// released by dropping them). Awaited, so that a denied request's
+    /// refunds are in before its answer.
+    async fn refund(&self, charged: &[SharedEntry<'_>], cost: u64) {
+        let refundable: Vec<SharedEntry<'_>> = charged
+            .iter()
+            .filter(|e| !matches!(e.algorithm, Algorithm::Concurrency { .. }))
+            .copied()
+            .collect();
+        let delta = -i64::try_from(cost).unwrap_or(i64::MAX);
+        for group in self.by_slot(&refundable) {
+            let cmd = self.script_cmd(&self.settle, &group, |_| delta, None);
+            let _ = self.call(&self.settle, &cmd).await;
+        }
+    }
+
+    /// `entries` in groups whose keys share a slot: one group on one Redis.
+    fn by_slot<'e>(&self, entries: &[SharedEntry<'e>]) -> Vec<Vec<SharedEntry<'e>>> {
+        if !self.config.cluster {
+            return vec![entries.to_vec()];
+        }
+        let mut groups: Vec<(u16, Vec<SharedEntry<'e>>)> = Vec::new();
+        for e in entries {
+            let slot = slot_of(&self.key_of(e));
+            match groups.iter_mut().find(|(s, _)| *s == slot) {
+                Some((_, group)) => group.push(*e),
+                None => groups.push((slot, vec![*e])),
+            }
+        }
+        groups.into_iter().map(|(_, group)| group).collect()
+    }
+
+    /// One script call for entries that share a slot (all of them on one
+    /// Redis).
+    async fn decide_group(
+        self: &Arc<Self>,
+        entries: &[SharedEntry<'_>],
+        cost: u64,
+    ) -> Result<(Vec<Verdict>, Option<Lease>), Unavailable> {
         let member = entries
             .iter()
             .any(|e| matches!(e.algorithm, Algorithm::Concurrency { .. }))
@@ -186,10 +317,10 @@ impl RedisStore {
             self.failed();
             Unavailable
         })?;
-        let mut admitted = true;
-        for (entry, verdict) in entries.iter().zip(&verdicts) {
-            admitted &= verdict.allowed || entry.shadow;
-        }
+        let admitted = entries
+            .iter()
+            .zip(&verdicts)
+            .all(|(e, v)| v.allowed || e.shadow);
         let lease = match member {
             Some(member) if admitted => {
                 let held: Vec<OwnedEntry> = entries
@@ -200,11 +331,11 @@ impl RedisStore {
                     })
                     .map(|(e, _)| OwnedEntry::from(e))
                     .collect();
-                Some(Lease::hold(self.clone(), held, member, cost))
+                (!held.is_empty()).then(|| Lease::hold(self.clone(), held, member, cost))
             }
             _ => None,
         };
-        Ok(SharedDecision { verdicts, lease })
+        Ok((verdicts, lease))
     }
 
     /// Post-response settlement: `delta` more units (or a refund) on every
@@ -213,10 +344,16 @@ impl RedisStore {
         if delta == 0 || self.is_down() {
             return;
         }
-        let cmd = self.script_cmd(&self.settle, entries, |_| delta, None);
+        let cmds: Vec<Cmd> = self
+            .by_slot(entries)
+            .iter()
+            .map(|group| self.script_cmd(&self.settle, group, |_| delta, None))
+            .collect();
         let store = self.clone();
         self.runtime.spawn(async move {
-            let _ = store.call(&store.settle, &cmd).await;
+            for cmd in &cmds {
+                let _ = store.call(&store.settle, cmd).await;
+            }
         });
     }
 
@@ -278,12 +415,12 @@ impl RedisStore {
         };
         let mut connection = (*connection).clone();
         let result = tokio::time::timeout(self.config.timeout, async {
-            match cmd.query_async::<Value>(&mut connection).await {
+            match connection.query(cmd).await {
                 Err(e)
                     if e.kind() == redis::ErrorKind::Server(redis::ServerErrorKind::NoScript) =>
                 {
-                    script.load_async(&mut connection).await?;
-                    cmd.query_async::<Value>(&mut connection).await
+                    connection.load(script).await?;
+                    connection.query(cmd).await
                 }
                 other => other,
             }
@@ -321,22 +458,55 @@ impl RedisStore {
     }
 
     /// A fresh connection with the scripts loaded, or why not.
-    async fn connect(&self) -> redis::RedisResult<MultiplexedConnection> {
-        let client = redis::Client::open(self.config.urls[0].as_str())?;
+    async fn connect(&self) -> RedisResult<Connection> {
         let bound = self.config.timeout.max(Duration::from_millis(500));
-        let settings = redis::AsyncConnectionConfig::new()
-            .set_connection_timeout(Some(bound))
-            .set_response_timeout(Some(bound));
-        let mut connection = client
-            .get_multiplexed_async_connection_with_config(&settings)
-            .await?;
-        redis::cmd("PING")
-            .query_async::<()>(&mut connection)
-            .await?;
-        self.stack.load_async(&mut connection).await?;
-        self.settle.load_async(&mut connection).await?;
+        let mut connection = if self.config.cluster {
+            let client =
+                redis::cluster::ClusterClient::builder(self.config.urls.iter().map(String::as_str))
+                    .connection_timeout(bound)
+                    .response_timeout(bound)
+                    .build()?;
+            Connection::Cluster(client.get_async_connection().await?)
+        } else {
+            let client = redis::Client::open(self.config.urls[0].as_str())?;
+            let settings = redis::AsyncConnectionConfig::new()
+                .set_connection_timeout(Some(bound))
+                .set_response_timeout(Some(bound));
+            Connection::Single(
+                client
+                    .get_multiplexed_async_connection_with_config(&settings)
+                    .await?,
+            )
+        };
+        connection.query(&redis::cmd("PING")).await?;
+        connection.load(&self.stack).await?;
+        connection.load(&self.settle).await?;
         Ok(connection)
     }
+}
+
+/// The Redis Cluster slot of `key`: CRC16 (XMODEM) of its hash tag (the
+/// part inside the first `{…}`, when not empty) or of the whole key, mod
+/// 16384.
+pub fn slot_of(key: &str) -> u16 {
+    let bytes = key.as_bytes();
+    let tagged = bytes.iter().position(|&b| b == b'{').and_then(|open| {
+        let rest = &bytes[open + 1..];
+        let close = rest.iter().position(|&b| b == b'}')?;
+        (close > 0).then(|| &rest[..close])
+    });
+    let mut crc: u16 = 0;
+    for &byte in tagged.unwrap_or(bytes) {
+        crc ^= u16::from(byte) << 8;
+        for _ in 0..8 {
+            crc = if crc & 0x8000 != 0 {
+                (crc << 1) ^ 0x1021
+            } else {
+                crc << 1
+            };
+        }
+    }
+    crc % 16384
 }
 
 /// The store thread: connects, and reconnects whenever the breaker opens.
