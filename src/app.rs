@@ -18,7 +18,7 @@ use arc_swap::ArcSwap;
 use parking_lot::Mutex;
 
 use crate::access_log::DeniedSampler;
-use crate::config::{Config, KeyPart, LimitConfig, OnFailure, RouteAction};
+use crate::config::{Config, KeyPart, LimitConfig, LocalFraction, OnFailure, RouteAction};
 use crate::identity::client_ip::{ClientIpPolicy, ForwardHeader, Trust};
 use crate::limit::{Algorithm, Clock, Limiter, Nanos, SystemClock, WindowAlign};
 use crate::metrics::{LabelNames, Metrics, RouteHandles};
@@ -246,18 +246,19 @@ impl LimiterRegistry {
     /// - otherwise (new limit, other key or algorithm): a fresh limiter.
     ///
     /// With a shared store, a limit that is not `local` is built scaled by
-    /// `fraction` (millionths): its memory state is the node's fallback.
+    /// `fraction` (numerator, denominator): its memory state is the node's
+    /// fallback.
     fn resolve(
         &self,
         limits: &[LimitConfig],
         now: Nanos,
-        fraction: Option<u32>,
+        fraction: Option<(u64, u64)>,
     ) -> Vec<LimiterSet> {
         let mut by_name = self.by_name.lock();
         let mut next = HashMap::with_capacity(limits.len());
         let mut take = |limit: &LimitConfig, plan: Option<&Arc<str>>, algorithm: Algorithm| {
             let algorithm = match fraction {
-                Some(ppm) if !limit.local => algorithm.scaled(ppm),
+                Some((num, den)) if !limit.local => algorithm.scaled(num, den),
                 _ => algorithm,
             };
             let spec = LimiterSpec {
@@ -314,8 +315,11 @@ pub struct App {
     store_unavailable: AtomicBool,
     /// The shared store (`backend = "redis"`), chosen at start.
     store: Option<Arc<RedisStore>>,
-    /// With a store: `local_fraction` (millionths) of the fallback limiters.
-    fraction: Option<u32>,
+    /// With a store: `local_fraction` of the fallback limiters, as
+    /// (numerator, denominator). Read and written only when installing.
+    fraction: Mutex<(u64, u64)>,
+    /// Held while a snapshot is built and swapped in (reload, rescale).
+    install_lock: Mutex<()>,
 }
 
 /// A failed reload, as `/config` shows it.
@@ -349,13 +353,22 @@ impl App {
                 .ok()
         });
         let registry = LimiterRegistry::default();
-        let fraction = store
-            .as_ref()
-            .and(config.store.redis())
-            .map(|r| r.local_fraction_ppm);
-        let limiters = registry.resolve(&config.limits, clock.now(), fraction);
+        // "auto" starts at 1 (this node alone) until heartbeats count more.
+        let fraction = match config.store.redis().map(|r| r.local_fraction) {
+            Some(LocalFraction::Fixed(ppm)) => (u64::from(ppm), 1_000_000),
+            _ => (1, 1),
+        };
+        let auto = config
+            .store
+            .redis()
+            .is_some_and(|r| r.local_fraction == LocalFraction::Auto);
+        let limiters = registry.resolve(
+            &config.limits,
+            clock.now(),
+            store.as_ref().map(|_| fraction),
+        );
         let shared = store.is_some();
-        Arc::new(App {
+        let app = Arc::new(App {
             snapshot: ArcSwap::from_pointee(Snapshot::new(config, 1, limiters, &metrics, shared)),
             generation: AtomicU64::new(1),
             registry,
@@ -365,8 +378,46 @@ impl App {
             last_reload_error: parking_lot::Mutex::new(None),
             store_unavailable: AtomicBool::new(false),
             store,
-            fraction,
-        })
+            fraction: Mutex::new(fraction),
+            install_lock: Mutex::new(()),
+        });
+        if let (Some(store), true) = (&app.store, auto) {
+            let weak = Arc::downgrade(&app);
+            store.on_live_nodes(move |nodes| {
+                if let Some(app) = weak.upgrade() {
+                    app.rescale_fallback(nodes);
+                }
+            });
+        }
+        app
+    }
+
+    /// `local_fraction = "auto"`: rebuilds the node-local fallback limiters
+    /// at 1/`nodes` of each shared limit (their state carried over as on a
+    /// reload), keeping the configuration and its generation.
+    pub fn rescale_fallback(&self, nodes: u64) {
+        let fraction = (1, nodes.max(1));
+        let _installing = self.install_lock.lock();
+        if std::mem::replace(&mut *self.fraction.lock(), fraction) == fraction {
+            return;
+        }
+        let current = self.snapshot();
+        let limiters =
+            self.registry
+                .resolve(&current.config.limits, self.clock.now(), Some(fraction));
+        let mut next = Snapshot::new(
+            current.config.clone(),
+            current.generation,
+            limiters,
+            &self.metrics,
+            self.store.is_some(),
+        );
+        next.loaded_at = current.loaded_at;
+        self.snapshot.store(Arc::new(next));
+        tracing::info!(
+            nodes,
+            "redis store: {nodes} live gateway nodes; the node-local fallback is 1/{nodes} of each shared limit"
+        );
     }
 
     /// The shared store, if limits are shared through Redis.
@@ -411,11 +462,15 @@ impl App {
 
     /// Makes `config` current for new requests; returns its generation.
     pub fn install(&self, config: Config) -> u64 {
+        let _installing = self.install_lock.lock();
         // The store is the one chosen at start (a reload that changes
         // `[store]` is told a restart is needed), and so is its fraction.
-        let limiters = self
-            .registry
-            .resolve(&config.limits, self.clock.now(), self.fraction);
+        let fraction = *self.fraction.lock();
+        let limiters = self.registry.resolve(
+            &config.limits,
+            self.clock.now(),
+            self.store.as_ref().map(|_| fraction),
+        );
         let generation = self.generation.fetch_add(1, Ordering::Relaxed) + 1;
         // Before the swap: the gauge never lags the `/config` generation.
         self.metrics.set_generation(generation);

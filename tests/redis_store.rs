@@ -902,3 +902,76 @@ async fn cluster_failover_while_serving() {
         "no 5xx through the failover"
     );
 }
+
+/// Sends `n` requests one by one; how many were admitted.
+async fn admitted(gateway: &Gateway, user: &str, n: usize) -> usize {
+    let mut ok = 0;
+    for _ in 0..n {
+        let status = get(gateway.addr, "/r", &[("x-user", user)]).await.status;
+        assert!(status == 200 || status == 429, "{status}");
+        ok += usize::from(status == 200);
+    }
+    ok
+}
+
+#[tokio::test]
+async fn auto_local_fraction_splits_the_fallback_between_live_nodes() {
+    let mut redis = Redis::start();
+    let upstream = TestUpstream::start().await;
+    let body = ONE_LIMIT.replace("limit = 100000", "limit = 30");
+    let store = "on_failure = \"local\"\nlocal_fraction = \"auto\"";
+    let nodes = |n: usize| format!("{n} live gateway nodes");
+    let a = gateway(&redis, store, &upstream, &body);
+    let b = gateway(&redis, store, &upstream, &body);
+    for g in [&a, &b] {
+        let log = g.stderr_when(|log| log.contains(&nodes(2)), Duration::from_secs(10));
+        assert!(log.contains(&nodes(2)), "{log}");
+    }
+    // Heartbeats are one key with an expiry, members by node id only.
+    assert_keys_expire_and_hide(&redis, &["127.0.0.1"]);
+    redis.kill();
+    for g in [&a, &b] {
+        until_metric(
+            g,
+            "tollgate_store_fallback_active",
+            1.0,
+            Duration::from_secs(10),
+        )
+        .await;
+        assert_eq!(
+            admitted(g, "p", 20).await,
+            15,
+            "half of 30 on each of 2 nodes"
+        );
+    }
+    redis.restart();
+    for g in [&a, &b] {
+        until_metric(
+            g,
+            "tollgate_store_fallback_active",
+            0.0,
+            Duration::from_secs(5),
+        )
+        .await;
+    }
+    let c = gateway(&redis, store, &upstream, &body);
+    for g in [&a, &b, &c] {
+        let log = g.stderr_when(|log| log.contains(&nodes(3)), Duration::from_secs(10));
+        assert!(log.contains(&nodes(3)), "{log}");
+    }
+    redis.kill();
+    for g in [&a, &b, &c] {
+        until_metric(
+            g,
+            "tollgate_store_fallback_active",
+            1.0,
+            Duration::from_secs(10),
+        )
+        .await;
+        assert_eq!(
+            admitted(g, "q", 15).await,
+            10,
+            "a third of 30 on each of 3 nodes"
+        );
+    }
+}

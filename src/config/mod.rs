@@ -150,9 +150,17 @@ pub struct RedisConfig {
     /// The most one store call may take before it counts as a failure.
     pub timeout: Duration,
     pub on_failure: OnFailure,
-    /// Node-local fallback limits are the shared ones times this, in
-    /// millionths (1.0 = 1_000_000).
-    pub local_fraction_ppm: u32,
+    /// Node-local fallback limits are the shared ones times this.
+    pub local_fraction: LocalFraction,
+}
+
+/// `store.local_fraction`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum LocalFraction {
+    /// In millionths (1.0 = 1_000_000).
+    Fixed(u32),
+    /// 1/N, N the live gateway nodes counted by heartbeats in Redis.
+    Auto,
 }
 
 /// What a limited request gets while the store is unavailable.

@@ -613,23 +613,19 @@ fn check_store(c: &mut Checker, path: &KeyPath, raw: &raw::RawStore) -> StoreCon
             _ => OnFailure::Local,
         },
     };
-    let local_fraction_ppm = match &raw.local_fraction {
-        None => 1_000_000,
-        Some(toml::Value::Float(f)) if *f > 0.0 && *f <= 1.0 => (f * 1e6).round().max(1.0) as u32,
-        Some(toml::Value::Integer(1)) => 1_000_000,
-        Some(toml::Value::String(s)) if s == "auto" => {
-            c.problem(
-                path.key("local_fraction"),
-                "\"auto\" is not supported by this version of tollgate yet; give a number in (0, 1], like 0.5",
-            );
-            1_000_000
+    let local_fraction = match &raw.local_fraction {
+        None => LocalFraction::Fixed(1_000_000),
+        Some(toml::Value::Float(f)) if *f > 0.0 && *f <= 1.0 => {
+            LocalFraction::Fixed((f * 1e6).round().max(1.0) as u32)
         }
+        Some(toml::Value::Integer(1)) => LocalFraction::Fixed(1_000_000),
+        Some(toml::Value::String(s)) if s == "auto" => LocalFraction::Auto,
         Some(other) => {
             c.problem(
                 path.key("local_fraction"),
-                format!("`{other}`: expected a number in (0, 1], like 0.5"),
+                format!("`{other}`: expected a number in (0, 1], like 0.5, or \"auto\""),
             );
-            1_000_000
+            LocalFraction::Fixed(1_000_000)
         }
     };
     StoreConfig {
@@ -639,7 +635,7 @@ fn check_store(c: &mut Checker, path: &KeyPath, raw: &raw::RawStore) -> StoreCon
             prefix,
             timeout,
             on_failure,
-            local_fraction_ppm,
+            local_fraction,
         }),
     }
 }

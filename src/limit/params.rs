@@ -57,15 +57,16 @@ pub enum Algorithm {
 }
 
 impl Algorithm {
-    /// The same algorithm with its quota (and rate) times `ppm` millionths,
-    /// at least 1: a node's share of a shared limit (`store.local_fraction`).
-    /// Windows keep their length.
-    pub fn scaled(self, ppm: u32) -> Algorithm {
-        let ppm = u64::from(ppm.min(1_000_000));
-        let part = |n: u64| (u128::from(n) * u128::from(ppm) / 1_000_000).max(1) as u64;
-        // A rate of tokens/per becomes tokens·ppm / (per·10^6), kept exact
+    /// The same algorithm with its quota (and rate) times `num / den`
+    /// (at most 1), rounded down but at least 1: a node's share of a shared
+    /// limit (`store.local_fraction`). Windows keep their length.
+    pub fn scaled(self, num: u64, den: u64) -> Algorithm {
+        let den = den.max(1);
+        let num = num.min(den);
+        let part = |n: u64| (u128::from(n) * u128::from(num) / u128::from(den)).max(1) as u64;
+        // A rate of tokens/per becomes tokens·num / (per·den), kept exact
         // while it fits (it always does for validated rates).
-        let rate = |r: Rate| match (r.tokens.checked_mul(ppm), r.per.checked_mul(1_000_000)) {
+        let rate = |r: Rate| match (r.tokens.checked_mul(num), r.per.checked_mul(den)) {
             (Some(tokens), Some(per)) if tokens > 0 => {
                 let (mut a, mut b) = (tokens, per);
                 while b != 0 {
@@ -78,7 +79,7 @@ impl Algorithm {
             }
             _ => r,
         };
-        if ppm >= 1_000_000 {
+        if num >= den {
             return self;
         }
         match self {
@@ -103,7 +104,7 @@ impl Algorithm {
                 rate: r,
                 mode,
             } => Algorithm::LeakyBucket {
-                capacity: (u128::from(capacity) * u128::from(ppm) / 1_000_000) as u64,
+                capacity: (u128::from(capacity) * u128::from(num) / u128::from(den)) as u64,
                 rate: rate(r),
                 mode,
             },

@@ -38,6 +38,13 @@
 //! logged once and shown by `tollgate_store_fallback_active`; every failed
 //! call counts in `tollgate_store_errors_total{backend="redis"}`.
 //!
+//! # Heartbeats
+//!
+//! With `local_fraction = "auto"` the store thread renews this node's
+//! heartbeat (`heartbeat.lua`) every [`HEARTBEAT_EVERY`]; each answer is the
+//! live node count, and a change is passed to the listener the app set
+//! ([`RedisStore::on_live_nodes`]), which rescales the fallback limiters.
+//!
 //! # Concurrency leases
 //!
 //! A `concurrency` slot on Redis is a sorted-set member whose score is its
@@ -70,8 +77,17 @@ pub const PROBE_INTERVAL: Duration = Duration::from_millis(250);
 /// How long a concurrency slot outlives the last renewal of its holder.
 pub const LEASE: Duration = Duration::from_secs(30);
 
+/// How often a node renews its heartbeat (`local_fraction = "auto"`), and
+/// how long one counts.
+pub const HEARTBEAT_EVERY: Duration = Duration::from_secs(1);
+pub const HEARTBEAT_TTL: Duration = Duration::from_secs(3);
+
 const STACK_LUA: &str = include_str!("stack.lua");
 const SETTLE_LUA: &str = include_str!("settle.lua");
+const HEARTBEAT_LUA: &str = include_str!("heartbeat.lua");
+
+/// Told the live node count when it changes.
+type NodesListener = Box<dyn Fn(u64) + Send + Sync>;
 
 /// A call that failed (timeout, connection, Redis error) or was not made
 /// because the breaker is open: the caller applies `on_failure`.
@@ -138,6 +154,9 @@ pub struct RedisStore {
     metrics: Arc<Metrics>,
     stack: redis::Script,
     settle: redis::Script,
+    heartbeat: redis::Script,
+    /// `local_fraction = "auto"`: told the live node count when it changes.
+    nodes_listener: std::sync::OnceLock<NodesListener>,
     /// Lease members: `<node>:<sequence>`, unique across gateways.
     node: String,
     sequence: AtomicU64,
@@ -171,6 +190,8 @@ impl RedisStore {
             metrics,
             stack: redis::Script::new(STACK_LUA),
             settle: redis::Script::new(SETTLE_LUA),
+            heartbeat: redis::Script::new(HEARTBEAT_LUA),
+            nodes_listener: std::sync::OnceLock::new(),
             node,
             sequence: AtomicU64::new(0),
             runtime: runtime.handle().clone(),
@@ -189,6 +210,26 @@ impl RedisStore {
             store.metrics.set_store_fallback(true);
         }
         Ok(store)
+    }
+
+    /// With `local_fraction = "auto"`: `listener` is told the number of live
+    /// gateway nodes whenever it changes (on the store thread). Set once.
+    pub fn on_live_nodes(&self, listener: impl Fn(u64) + Send + Sync + 'static) {
+        let _ = self.nodes_listener.set(Box::new(listener));
+    }
+
+    /// Renews this node's heartbeat; the live node count.
+    async fn beat(&self) -> Result<u64, Unavailable> {
+        let mut cmd = redis::cmd("EVALSHA");
+        cmd.arg(self.heartbeat.get_hash())
+            .arg(1)
+            .arg(format!("{}nodes", self.config.prefix))
+            .arg(&self.node)
+            .arg(HEARTBEAT_TTL.as_millis() as u64);
+        match self.call(&self.heartbeat, &cmd).await? {
+            Value::Int(n) => Ok(u64::try_from(n).unwrap_or(1).max(1)),
+            _ => Err(Unavailable),
+        }
     }
 
     pub fn on_failure(&self) -> OnFailure {
@@ -481,6 +522,7 @@ impl RedisStore {
         connection.query(&redis::cmd("PING")).await?;
         connection.load(&self.stack).await?;
         connection.load(&self.settle).await?;
+        connection.load(&self.heartbeat).await?;
         Ok(connection)
     }
 }
@@ -513,6 +555,8 @@ pub fn slot_of(key: &str) -> u16 {
 async fn supervise(store: std::sync::Weak<RedisStore>, ready: std::sync::mpsc::Sender<bool>) {
     let mut ready = Some(ready);
     let mut logged_down = false;
+    // As last told to the nodes listener; 1 until a heartbeat says more.
+    let mut live_nodes = 1;
     loop {
         let Some(s) = store.upgrade() else { return };
         if s.is_down() {
@@ -542,8 +586,15 @@ async fn supervise(store: std::sync::Weak<RedisStore>, ready: std::sync::mpsc::S
             drop(s);
             tokio::time::sleep(PROBE_INTERVAL).await;
         } else {
+            if let Some(listener) = s.nodes_listener.get()
+                && let Ok(nodes) = s.beat().await
+                && nodes != live_nodes
+            {
+                live_nodes = nodes;
+                listener(nodes);
+            }
             // Also re-checked every second, so a dropped store ends the thread.
-            let _ = tokio::time::timeout(Duration::from_secs(1), s.wake.notified()).await;
+            let _ = tokio::time::timeout(HEARTBEAT_EVERY, s.wake.notified()).await;
         }
     }
 }
