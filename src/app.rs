@@ -463,6 +463,10 @@ impl App {
     /// Makes `config` current for new requests; returns its generation.
     pub fn install(&self, config: Config) -> u64 {
         let _installing = self.install_lock.lock();
+        if let Some(store) = &self.store {
+            // Leased tokens go back: the new limits may differ.
+            store.return_leases();
+        }
         // The store is the one chosen at start (a reload that changes
         // `[store]` is told a restart is needed), and so is its fraction.
         let fraction = *self.fraction.lock();

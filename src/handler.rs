@@ -44,7 +44,7 @@ use crate::identity::client_ip::{client_net, resolve_with};
 use crate::identity::consumer::{Caller, identify};
 use crate::identity::keys::{RequestFacts, extract, shared_key};
 use crate::limit::stack::{SKIPPED, StackDecision, outcome_of};
-use crate::limit::{Algorithm, Limiter};
+use crate::limit::{Algorithm, Limiter, Verdict};
 use crate::limit::{
     EntryVerdict, LimitKey, Nanos, Outcome, Permits, StackEntry, check_stack,
     stack::INLINE as INLINE_STACK,
@@ -685,41 +685,92 @@ async fn limit_shared<'s>(
                     align: limit.align,
                     key: admitted.keys[j]?,
                     shadow: limit.shadow,
+                    lease: limit.lease.unwrap_or(0),
                 })
             })
             .collect();
-        match store.decide(&shared, cost).await {
-            Ok(decision) => {
+        // Leased token buckets spend this node's tokens first: no call.
+        let mut spent: SmallVec<[usize; INLINE_STACK]> = SmallVec::new();
+        for (k, (&j, e)) in shared_at.iter().zip(&shared).enumerate() {
+            if e.lease > 0
+                && let Some(left) = store.spend_leased(e, cost)
+            {
+                spent.push(k);
+                entries[j] = EntryVerdict {
+                    outcome: Outcome::Allowed,
+                    verdict: Verdict::allow(left, 0),
+                };
+            }
+        }
+        let remote_at: SmallVec<[usize; INLINE_STACK]> =
+            (0..shared.len()).filter(|k| !spent.contains(k)).collect();
+        let remote: SmallVec<[SharedEntry<'_>; INLINE_STACK]> =
+            remote_at.iter().map(|&k| shared[k]).collect();
+        let answer = if remote.is_empty() {
+            Ok(None)
+        } else {
+            store.decide(&remote, cost).await.map(Some)
+        };
+        match answer {
+            Ok(None) => admitted.via_store = true,
+            Ok(Some(decision)) => {
                 admitted.via_store = true;
-                for ((&j, e), verdict) in shared_at.iter().zip(&shared).zip(&decision.verdicts) {
+                let mut all_admitted = true;
+                for (&k, verdict) in remote_at.iter().zip(&decision.verdicts) {
+                    let (j, e) = (shared_at[k], &shared[k]);
                     if let Some(verdict) = verdict {
                         entries[j] = EntryVerdict {
                             outcome: outcome_of(verdict, e.shadow),
                             verdict: *verdict,
                         };
+                        all_admitted &= verdict.allowed || e.shadow;
+                    }
+                }
+                if all_admitted {
+                    // A lease took more than the cost: the rest is ours.
+                    for (&k, taken) in remote_at.iter().zip(&decision.taken) {
+                        if shared[k].lease > 0 && *taken > cost {
+                            store.add_lease(&shared[k], taken - cost);
+                        }
                     }
                 }
                 for lease in decision.leases {
                     permits.hold(Box::new(lease));
                 }
             }
-            Err(Unavailable) => match store.on_failure() {
-                OnFailure::Local => {
-                    let fallback: SmallVec<[StackEntry<'_>; INLINE_STACK]> =
-                        shared_at.iter().map(|&j| entry(j)).collect();
-                    let mut decision = check_stack(&fallback, cost, now);
-                    for (&j, verdict) in shared_at.iter().zip(&decision.entries) {
-                        entries[j] = *verdict;
+            Err(Unavailable) => {
+                // The fallback decides every shared limit, leased or not.
+                for &k in &spent {
+                    store.unspend(&shared[k], cost);
+                }
+                spent.clear();
+                match store.on_failure() {
+                    OnFailure::Local => {
+                        let fallback: SmallVec<[StackEntry<'_>; INLINE_STACK]> =
+                            shared_at.iter().map(|&j| entry(j)).collect();
+                        let mut decision = check_stack(&fallback, cost, now);
+                        for (&j, verdict) in shared_at.iter().zip(&decision.entries) {
+                            entries[j] = *verdict;
+                        }
+                        permits.append(decision.take_permits());
                     }
-                    permits.append(decision.take_permits());
+                    // Not limited by the shared limits (they show as skipped).
+                    OnFailure::Allow => {
+                        for &j in &shared_at {
+                            entries[j] = SKIPPED;
+                        }
+                    }
+                    OnFailure::Deny => {
+                        refund_local(admitted, &local_at, &entries, cost, now);
+                        return Err(Refused::Error(GatewayError::StoreUnavailable));
+                    }
                 }
-                // Not limited by the shared limits (they show as skipped).
-                OnFailure::Allow => {}
-                OnFailure::Deny => {
-                    refund_local(admitted, &local_at, &entries, cost, now);
-                    return Err(Refused::Error(GatewayError::StoreUnavailable));
-                }
-            },
+            }
+        }
+        if (0..n).any(|j| entries[j].outcome == Outcome::Denied) {
+            for &k in &spent {
+                store.unspend(&shared[k], cost);
+            }
         }
         denied_by = (0..n).find(|&j| entries[j].outcome == Outcome::Denied);
         if denied_by.is_some() {
@@ -845,6 +896,7 @@ fn settle_cost(app: &App, route: &RouteConfig, admitted: &Admitted<'_>, reported
                     align: limit.align,
                     key: *key,
                     shadow: limit.shadow,
+                    lease: 0,
                 });
             }
         } else {

@@ -703,7 +703,7 @@ key = "ip"
 algorithm = "token_bucket"
 capacity = 10
 refill = "1/s"
-lease = 5
+lease = 50
 "#;
     std::fs::write(&path, bad).expect("write");
     let (code, _, stderr) = common::tollgate(&["check", "-c", path.to_str().expect("utf-8")]);
@@ -718,7 +718,7 @@ lease = 5
         (6, "store.timeout", ""),
         (7, "store.on_failure", "did you mean `deny`?"),
         (8, "store.local_fraction", "expected a number in (0, 1]"),
-        (15, "limits.tb.lease", "token leasing is not supported"),
+        (15, "limits.tb.lease", "expected 1 to the capacity (10)"),
     ] {
         let found = stderr.lines().any(|l| {
             l.contains(&format!("gateway.toml:{line}:"))
@@ -974,4 +974,85 @@ async fn auto_local_fraction_splits_the_fallback_between_live_nodes() {
             "a third of 30 on each of 3 nodes"
         );
     }
+}
+
+fn evalsha_calls(redis: &Redis) -> u64 {
+    let stats = redis.cli(&["INFO", "commandstats"]);
+    stats
+        .lines()
+        .find_map(|l| l.strip_prefix("cmdstat_evalsha:calls="))
+        .and_then(|rest| rest.split(',').next())
+        .and_then(|n| n.parse().ok())
+        .unwrap_or(0)
+}
+
+#[tokio::test]
+async fn leased_tokens_cut_redis_calls_and_keep_the_bound() {
+    let redis = Redis::start();
+    let upstream = TestUpstream::start().await;
+    let body = r#"
+[limits.tb]
+key = "header:x-user"
+algorithm = "token_bucket"
+capacity = 250
+refill = "1/h"
+lease = 100
+
+[limits.big]
+key = "header:x-user"
+algorithm = "token_bucket"
+capacity = 100000
+refill = "1/h"
+lease = 100
+
+[[routes]]
+name = "r"
+match = { path = "/r" }
+respond = { status = 200, body = "ok" }
+limits = ["tb"]
+
+[[routes]]
+name = "big"
+match = { path = "/big" }
+respond = { status = 200, body = "ok" }
+limits = ["big"]
+"#;
+    let a = gateway(&redis, "", &upstream, body);
+    let b = gateway(&redis, "", &upstream, body);
+    // At least 10x fewer calls than requests with lease = 100.
+    redis.cli(&["CONFIG", "RESETSTAT"]);
+    for i in 0..400 {
+        let g = if i % 2 == 0 { &a } else { &b };
+        assert_eq!(get(g.addr, "/big", &[("x-user", "u")]).await.status, 200);
+    }
+    let calls = evalsha_calls(&redis);
+    assert!(calls <= 40, "{calls} script calls for 400 requests");
+    // Two nodes, N = 100, no refill to speak of: never more than the
+    // capacity, and a node is denied early by at most (2 - 1) x 100 tokens
+    // held by the other.
+    let mut total = 0;
+    let mut first_denial_at = None;
+    for i in 0..300 {
+        let g = if i % 2 == 0 { &a } else { &b };
+        match get(g.addr, "/r", &[("x-user", "u")]).await.status {
+            200 => total += 1,
+            429 => {
+                first_denial_at.get_or_insert(total);
+            }
+            other => panic!("{other}"),
+        }
+    }
+    assert_eq!(total, 250, "exactly the capacity");
+    let early = first_denial_at.expect("a denial");
+    assert!(early >= 250 - 100, "first denial after {early} admissions");
+    // Unspent tokens go back when the lease lapses: `a` takes 100 for one
+    // request, and after the hold `b` finds the other 249.
+    assert_eq!(get(a.addr, "/r", &[("x-user", "w")]).await.status, 200);
+    tokio::time::sleep(Duration::from_millis(3_000)).await;
+    let mut on_b = 0;
+    for _ in 0..260 {
+        on_b += usize::from(get(b.addr, "/r", &[("x-user", "w")]).await.status == 200);
+    }
+    assert_eq!(on_b, 249, "the unspent lease came back");
+    assert_keys_expire_and_hide(&redis, &["\"w\"", "\"u\""]);
 }

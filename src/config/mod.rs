@@ -224,6 +224,9 @@ pub struct LimitConfig {
     pub plans: Vec<(Arc<str>, Algorithm)>,
     /// Fixed windows of a day or longer: where each key's boundaries fall.
     pub align: WindowAlign,
+    /// A shared token bucket: tokens a node takes from Redis at a time and
+    /// spends locally (`lease = N`); `None` without leasing.
+    pub lease: Option<u64>,
 }
 
 #[derive(Debug, Clone)]

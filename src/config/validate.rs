@@ -860,20 +860,43 @@ fn check_limit(c: &mut Checker, path: &KeyPath, name: &str, raw: &raw::RawLimit)
         shadow: raw.shadow.unwrap_or(false),
         status,
         on_missing_key,
-        local: {
-            if raw.lease.is_some() {
-                c.problem(
-                    path.key("lease"),
-                    "token leasing is not supported by this version of tollgate yet; remove `lease`",
-                );
-            }
-            raw.local.unwrap_or(false)
-        },
+        local: raw.local.unwrap_or(false),
+        lease: check_lease(c, path, raw, &algorithm),
         headers,
         max_keys,
         plans,
         align: check_align(c, path, raw, &algorithm),
     }
+}
+
+/// `lease`: a token bucket's tokens taken from Redis N at a time, `1 <= N <=
+/// capacity` (and for every plan's capacity), not with `local = true`.
+fn check_lease(
+    c: &mut Checker,
+    path: &KeyPath,
+    raw: &raw::RawLimit,
+    algorithm: &Algorithm,
+) -> Option<u64> {
+    let n = raw.lease?;
+    let Algorithm::TokenBucket { capacity, .. } = algorithm else {
+        c.problem(path.key("lease"), "applies to token_bucket limits only");
+        return None;
+    };
+    if raw.local == Some(true) {
+        c.problem(
+            path.key("lease"),
+            "leases are taken from the shared store: not with `local = true`",
+        );
+        return None;
+    }
+    if n == 0 || n > *capacity {
+        c.problem(
+            path.key("lease"),
+            format!("`{n}`: expected 1 to the capacity ({capacity}), like lease = 100"),
+        );
+        return None;
+    }
+    Some(n)
 }
 
 /// `align` and `reset_jitter`: only for a fixed window of a day or longer,

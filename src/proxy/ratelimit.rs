@@ -273,6 +273,7 @@ mod tests {
             max_keys: 10,
             plans: Vec::new(),
             align: Default::default(),
+            lease: None,
         }
     }
 

@@ -45,6 +45,13 @@
 //! live node count, and a change is passed to the listener the app set
 //! ([`RedisStore::on_live_nodes`]), which rescales the fallback limiters.
 //!
+//! # Token leasing
+//!
+//! A token bucket with `lease = N`: an admitting call takes up to N tokens
+//! (`stack.lua`), the node keeps the rest in its pool ([`RedisStore::add_lease`])
+//! and spends them without a call ([`RedisStore::spend_leased`]) for
+//! [`LEASE_HOLD`]; the store thread gives back what lapsed unspent.
+//!
 //! # Concurrency leases
 //!
 //! A `concurrency` slot on Redis is a sorted-set member whose score is its
@@ -77,6 +84,23 @@ pub const PROBE_INTERVAL: Duration = Duration::from_millis(250);
 /// How long a concurrency slot outlives the last renewal of its holder.
 pub const LEASE: Duration = Duration::from_secs(30);
 
+/// How long a node keeps the tokens it leased before giving back what it
+/// did not spend (`lease = N`).
+pub const LEASE_HOLD: Duration = Duration::from_secs(1);
+
+/// Shards of the lease pool: requests for different keys rarely meet.
+const POOL_SHARDS: usize = 16;
+
+/// Tokens leased from one shared token bucket and not spent yet.
+#[derive(Debug)]
+struct Leased {
+    tokens: u64,
+    expires: std::time::Instant,
+    entry: OwnedEntry,
+}
+
+type PoolShard = parking_lot::Mutex<std::collections::HashMap<String, Leased>>;
+
 /// How often a node renews its heartbeat (`local_fraction = "auto"`), and
 /// how long one counts.
 pub const HEARTBEAT_EVERY: Duration = Duration::from_secs(1);
@@ -107,6 +131,8 @@ pub struct SharedEntry<'a> {
     pub align: WindowAlign,
     pub key: LimitKey,
     pub shadow: bool,
+    /// A token bucket's `lease`: units to take at a time (0: no leasing).
+    pub lease: u64,
 }
 
 /// The store's answer for a request's shared entries.
@@ -117,6 +143,9 @@ pub struct SharedDecision {
     pub verdicts: Vec<Option<Verdict>>,
     /// The concurrency slots taken, when admitted; hold until the body ends.
     pub leases: Vec<Lease>,
+    /// Per entry, the units taken (more than the cost for a leased token
+    /// bucket: the rest is this node's to spend, see [`RedisStore::add_lease`]).
+    pub taken: Vec<u64>,
 }
 
 /// One Redis or a Redis Cluster; clones share the connection.
@@ -157,6 +186,8 @@ pub struct RedisStore {
     heartbeat: redis::Script,
     /// `local_fraction = "auto"`: told the live node count when it changes.
     nodes_listener: std::sync::OnceLock<NodesListener>,
+    /// Leased token-bucket tokens, by Redis key, sharded.
+    pool: Box<[PoolShard]>,
     /// Lease members: `<node>:<sequence>`, unique across gateways.
     node: String,
     sequence: AtomicU64,
@@ -192,6 +223,7 @@ impl RedisStore {
             settle: redis::Script::new(SETTLE_LUA),
             heartbeat: redis::Script::new(HEARTBEAT_LUA),
             nodes_listener: std::sync::OnceLock::new(),
+            pool: (0..POOL_SHARDS).map(|_| PoolShard::default()).collect(),
             node,
             sequence: AtomicU64::new(0),
             runtime: runtime.handle().clone(),
@@ -232,6 +264,81 @@ impl RedisStore {
         }
     }
 
+    fn pool_shard(&self, key: &str) -> &PoolShard {
+        let i = slot_of(key) as usize % POOL_SHARDS;
+        &self.pool[i]
+    }
+
+    /// Spends `cost` of this node's leased tokens for `e`, if it holds that
+    /// many (and the lease has not lapsed); the tokens left.
+    pub fn spend_leased(&self, e: &SharedEntry<'_>, cost: u64) -> Option<u64> {
+        let key = self.key_of(e);
+        let mut shard = self.pool_shard(&key).lock();
+        let held = shard.get_mut(&key)?;
+        if held.tokens < cost || held.expires <= std::time::Instant::now() {
+            return None;
+        }
+        held.tokens -= cost;
+        Some(held.tokens)
+    }
+
+    /// Puts back tokens [`RedisStore::spend_leased`] took for a request
+    /// that the rest of its stack denied.
+    pub fn unspend(&self, e: &SharedEntry<'_>, cost: u64) {
+        let key = self.key_of(e);
+        if let Some(held) = self.pool_shard(&key).lock().get_mut(&key) {
+            held.tokens += cost;
+        }
+    }
+
+    /// Keeps `tokens` leased for `e` for [`LEASE_HOLD`]; what is not spent
+    /// by then goes back to the shared bucket.
+    pub fn add_lease(&self, e: &SharedEntry<'_>, tokens: u64) {
+        if tokens == 0 {
+            return;
+        }
+        let key = self.key_of(e);
+        let expires = std::time::Instant::now() + LEASE_HOLD;
+        let mut shard = self.pool_shard(&key).lock();
+        let held = shard.entry(key).or_insert_with(|| Leased {
+            tokens: 0,
+            expires,
+            entry: OwnedEntry::from(e),
+        });
+        held.tokens += tokens;
+        held.expires = expires;
+    }
+
+    /// Gives every unspent leased token back (a reload changes the limits).
+    pub fn return_leases(self: &Arc<Self>) {
+        let store = self.clone();
+        self.runtime
+            .spawn(async move { store.return_expired(true).await });
+    }
+
+    /// Gives back the unspent tokens of lapsed leases (of all, with `all`).
+    async fn return_expired(&self, all: bool) {
+        let now = std::time::Instant::now();
+        let mut back: Vec<(OwnedEntry, u64)> = Vec::new();
+        for shard in self.pool.iter() {
+            shard.lock().retain(|_, held| {
+                if all || held.expires <= now {
+                    back.push((held.entry.clone(), held.tokens));
+                    return false;
+                }
+                true
+            });
+        }
+        let back: Vec<(SharedEntry<'_>, u64)> = back
+            .iter()
+            .filter(|(_, tokens)| *tokens > 0)
+            .map(|(e, tokens)| (e.view(), *tokens))
+            .collect();
+        if !back.is_empty() {
+            self.refund(&back).await;
+        }
+    }
+
     pub fn on_failure(&self) -> OnFailure {
         self.config.on_failure
     }
@@ -253,10 +360,14 @@ impl RedisStore {
         let mut decision = SharedDecision {
             verdicts: vec![None; entries.len()],
             leases: Vec::new(),
+            taken: vec![0; entries.len()],
         };
         if !self.config.cluster {
             let (verdicts, lease) = self.decide_group(entries, cost).await?;
-            decision.verdicts = verdicts.into_iter().map(Some).collect();
+            for (i, (verdict, taken)) in verdicts.into_iter().enumerate() {
+                decision.verdicts[i] = Some(verdict);
+                decision.taken[i] = taken;
+            }
             decision.leases.extend(lease);
             return Ok(decision);
         }
@@ -268,7 +379,7 @@ impl RedisStore {
                 order.push(*slot);
             }
         }
-        let mut charged: Vec<SharedEntry<'_>> = Vec::new();
+        let mut charged: Vec<(SharedEntry<'_>, u64)> = Vec::new();
         for slot in order {
             let at: Vec<usize> = (0..entries.len()).filter(|&i| slots[i] == slot).collect();
             let group: Vec<SharedEntry<'_>> = at.iter().map(|&i| entries[i]).collect();
@@ -276,21 +387,23 @@ impl RedisStore {
                 Ok(answer) => answer,
                 Err(error) => {
                     drop(decision.leases);
-                    self.refund(&charged, cost).await;
+                    self.refund(&charged).await;
                     return Err(error);
                 }
             };
             let admitted = group
                 .iter()
                 .zip(&verdicts)
-                .all(|(e, v)| v.allowed || e.shadow);
-            for (&i, verdict) in at.iter().zip(&verdicts) {
+                .all(|(e, (v, _))| v.allowed || e.shadow);
+            for (&i, (verdict, taken)) in at.iter().zip(&verdicts) {
                 decision.verdicts[i] = Some(*verdict);
+                decision.taken[i] = *taken;
             }
             if !admitted {
                 // This slot charged nothing; undo the slots before it.
                 decision.leases.clear();
-                self.refund(&charged, cost).await;
+                decision.taken.iter_mut().for_each(|t| *t = 0);
+                self.refund(&charged).await;
                 return Ok(decision);
             }
             decision.leases.extend(lease);
@@ -298,25 +411,36 @@ impl RedisStore {
                 group
                     .iter()
                     .zip(&verdicts)
-                    .filter(|(_, v)| v.allowed)
-                    .map(|(e, _)| *e),
+                    .filter(|(_, (v, _))| v.allowed)
+                    .map(|(e, (_, taken))| (*e, *taken)),
             );
         }
         Ok(decision)
     }
 
-    /// Gives back `cost` to every entry charged (concurrency leases are
+    /// Gives back what every entry took (concurrency leases are
     /// released by dropping them). Awaited, so that a denied request's
     /// refunds are in before its answer.
-    async fn refund(&self, charged: &[SharedEntry<'_>], cost: u64) {
-        let refundable: Vec<SharedEntry<'_>> = charged
+    async fn refund(&self, charged: &[(SharedEntry<'_>, u64)]) {
+        let refundable: Vec<(SharedEntry<'_>, u64)> = charged
             .iter()
-            .filter(|e| !matches!(e.algorithm, Algorithm::Concurrency { .. }))
+            .filter(|(e, _)| !matches!(e.algorithm, Algorithm::Concurrency { .. }))
             .copied()
             .collect();
-        let delta = -i64::try_from(cost).unwrap_or(i64::MAX);
-        for group in self.by_slot(&refundable) {
-            let cmd = self.script_cmd(&self.settle, &group, |_| delta, None);
+        let entries: Vec<SharedEntry<'_>> = refundable.iter().map(|(e, _)| *e).collect();
+        for group in self.by_slot(&entries) {
+            // The units each entry took (a lease's included).
+            let amounts: Vec<i64> = group
+                .iter()
+                .map(|g| {
+                    let taken = refundable
+                        .iter()
+                        .find(|(e, _)| self.key_of(e) == self.key_of(g))
+                        .map_or(0, |(_, t)| *t);
+                    -i64::try_from(taken).unwrap_or(i64::MAX)
+                })
+                .collect();
+            let cmd = self.script_cmd(&self.settle, &group, |i| amounts[i], None);
             let _ = self.call(&self.settle, &cmd).await;
         }
     }
@@ -343,7 +467,7 @@ impl RedisStore {
         self: &Arc<Self>,
         entries: &[SharedEntry<'_>],
         cost: u64,
-    ) -> Result<(Vec<Verdict>, Option<Lease>), Unavailable> {
+    ) -> Result<(Vec<(Verdict, u64)>, Option<Lease>), Unavailable> {
         let member = entries
             .iter()
             .any(|e| matches!(e.algorithm, Algorithm::Concurrency { .. }))
@@ -361,13 +485,13 @@ impl RedisStore {
         let admitted = entries
             .iter()
             .zip(&verdicts)
-            .all(|(e, v)| v.allowed || e.shadow);
+            .all(|(e, (v, _))| v.allowed || e.shadow);
         let lease = match member {
             Some(member) if admitted => {
                 let held: Vec<OwnedEntry> = entries
                     .iter()
                     .zip(&verdicts)
-                    .filter(|(e, v)| {
+                    .filter(|(e, (v, _))| {
                         matches!(e.algorithm, Algorithm::Concurrency { .. }) && v.allowed
                     })
                     .map(|(e, _)| OwnedEntry::from(e))
@@ -586,6 +710,7 @@ async fn supervise(store: std::sync::Weak<RedisStore>, ready: std::sync::mpsc::S
             drop(s);
             tokio::time::sleep(PROBE_INTERVAL).await;
         } else {
+            s.return_expired(false).await;
             if let Some(listener) = s.nodes_listener.get()
                 && let Ok(nodes) = s.beat().await
                 && nodes != live_nodes
@@ -643,7 +768,7 @@ fn script_params(e: &SharedEntry<'_>, member: &str) -> [String; 5] {
             capacity.to_string(),
             interval(refill.per, refill.tokens),
             "0".into(),
-            "0".into(),
+            e.lease.min(capacity).to_string(),
         ],
         Algorithm::LeakyBucket {
             capacity,
@@ -666,12 +791,12 @@ fn script_params(e: &SharedEntry<'_>, member: &str) -> [String; 5] {
     }
 }
 
-/// Five integers per entry (see `stack.lua`) into verdicts.
-fn parse_verdicts(value: &Value, n: usize) -> Option<Vec<Verdict>> {
+/// Six integers per entry (see `stack.lua`) into verdicts and the units taken.
+fn parse_verdicts(value: &Value, n: usize) -> Option<Vec<(Verdict, u64)>> {
     let Value::Array(items) = value else {
         return None;
     };
-    if items.len() != n * 5 {
+    if items.len() != n * 6 {
         return None;
     }
     let int = |v: &Value| match v {
@@ -680,24 +805,26 @@ fn parse_verdicts(value: &Value, n: usize) -> Option<Vec<Verdict>> {
     };
     let ns = |us: i64| u64::try_from(us).unwrap_or(0).saturating_mul(1_000);
     items
-        .chunks(5)
+        .chunks(6)
         .map(|c| {
-            let [allowed, remaining, reset, retry, delay] = [
+            let [allowed, remaining, reset, retry, delay, taken] = [
                 int(&c[0])?,
                 int(&c[1])?,
                 int(&c[2])?,
                 int(&c[3])?,
                 int(&c[4])?,
+                int(&c[5])?,
             ];
             let remaining = u64::try_from(remaining).unwrap_or(0);
-            Some(if allowed == 1 {
+            let verdict = if allowed == 1 {
                 Verdict {
                     delay: ns(delay),
                     ..Verdict::allow(remaining, ns(reset))
                 }
             } else {
                 Verdict::deny(remaining, ns(reset), ns(retry), retry < 0)
-            })
+            };
+            Some((verdict, u64::try_from(taken).unwrap_or(0)))
         })
         .collect()
 }
@@ -742,6 +869,7 @@ impl OwnedEntry {
             align: self.align,
             key: self.key,
             shadow: false,
+            lease: 0,
         }
     }
 }

@@ -7,7 +7,8 @@
 --   2 sliding window  p1 limit, p2 window (us)
 --   3 sliding log     p1 limit, p2 window (us)
 --   4 GCRA bucket     p1 units (token capacity; leaky capacity + 1), p2 emission
---                     interval T (us, may be fractional), p3 delay mode (0/1)
+--                     interval T (us, may be fractional), p3 delay mode (0/1),
+--                     p4 lease: take up to this many units when admitted (0: cost)
 --   5 concurrency     p1 max, p2 lease (ms), p3 lease member (unique per request)
 --
 -- The clock is Redis TIME. Phase 1 decides every entry against the state as
@@ -15,8 +16,9 @@
 -- non-shadow entry denies, nothing is written and the admitting entries are
 -- reported uncharged. Phase 2 writes every charge, each key with its expiry.
 --
--- Returns 5 integers per entry: allowed (0/1), remaining, reset_after (us),
--- retry_after (us, -1 = never), delay (us).
+-- Returns 6 integers per entry: allowed (0/1), remaining, reset_after (us),
+-- retry_after (us, -1 = never), delay (us), units taken (the cost, or with a
+-- lease up to the lease).
 
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000000 + tonumber(t[2])
@@ -67,7 +69,8 @@ local function copy(s)
 end
 
 -- Each decide returns allowed, remaining, reset_after, retry_after, delay,
--- and the state after the charge (nil when nothing is charged).
+-- the state after the charge (nil when nothing is charged) and the units
+-- taken.
 
 local function fixed(s, cost, limit, w, jitter, first)
   local kn = now - jitter
@@ -93,10 +96,10 @@ local function fixed(s, cost, limit, w, jitter, first)
   local after = used + cost
   if not never and after <= limit then
     local ra = (after == 0) and 0 or reset_in
-    return true, limit - after, ra, 0, 0, { win, after }
+    return true, limit - after, ra, 0, 0, { win, after }, cost
   end
   local ra = (used == 0) and 0 or reset_in
-  return false, math.max(limit - used, 0), ra, never and -1 or reset_in, 0, nil
+  return false, math.max(limit - used, 0), ra, never and -1 or reset_in, 0, nil, 0
 end
 
 local function sliding(s, cost, limit, w)
@@ -121,7 +124,7 @@ local function sliding(s, cost, limit, w)
     if p > 0 then reset_after = math.min(ceil(w / p), w - e) else reset_after = w - e end
   end
   if allowed then
-    return true, remaining, reset_after, 0, 0, { idx, p, c + cost }
+    return true, remaining, reset_after, 0, 0, { idx, p, c + cost }, cost
   end
   local retry = -1
   if not never then
@@ -134,7 +137,7 @@ local function sliding(s, cost, limit, w)
       retry = w - e
     end
   end
-  return false, remaining, reset_after, retry, 0, nil
+  return false, remaining, reset_after, retry, 0, nil, 0
 end
 
 local function log(s, cost, limit, w)
@@ -159,7 +162,7 @@ local function log(s, cost, limit, w)
     next.added = {}
     for _, r in ipairs(s.added) do next.added[#next.added + 1] = r end
     if cost > 0 then next.added[#next.added + 1] = { now, cost } end
-    return true, limit - after, reset_after, 0, 0, next
+    return true, limit - after, reset_after, 0, 0, next, cost
   end
   local retry = -1
   if not never then
@@ -170,15 +173,24 @@ local function log(s, cost, limit, w)
       to_free = to_free - r[2]
     end
   end
-  return false, math.max(limit - used, 0), reset_after, retry, 0, nil
+  return false, math.max(limit - used, 0), reset_after, retry, 0, nil, 0
 end
 
-local function gcra(s, cost, units, T, delay_mode)
+local function gcra(s, cost, units, T, delay_mode, lease)
   local tau = units * T
   local tat = math.max(s[1] or 0, now)
   local new_tat = tat + cost * T
   local never = cost > units
   local allowed = not never and new_tat - now <= tau + 1e-6
+  local taken = cost
+  if allowed and cost > 0 and lease > cost then
+    -- A lease: the rest of it too, as far as the bucket holds it.
+    local extra = math.min(lease - cost, floor((tau - (new_tat - now)) / T))
+    if extra > 0 then
+      new_tat = new_tat + extra * T
+      taken = cost + extra
+    end
+  end
   local ahead = (allowed and new_tat or tat) - now
   local room = math.max(tau - ahead, 0)
   local remaining = floor(room / T)
@@ -187,9 +199,9 @@ local function gcra(s, cost, units, T, delay_mode)
   if allowed then
     local delay = 0
     if delay_mode == 1 then delay = math.max(ceil(ahead - T), 0) end
-    return true, remaining, reset_after, 0, delay, { new_tat }
+    return true, remaining, reset_after, 0, delay, { new_tat }, taken
   end
-  return false, remaining, reset_after, never and -1 or ceil(new_tat - now - tau), 0, nil
+  return false, remaining, reset_after, never and -1 or ceil(new_tat - now - tau), 0, nil, 0
 end
 
 local function concurrency(s, cost, max, member)
@@ -199,9 +211,9 @@ local function concurrency(s, cost, max, member)
     local next = { used = after, added = {} }
     for _, a in ipairs(s.added) do next.added[#next.added + 1] = a end
     if cost > 0 then next.added[#next.added + 1] = { cost, member } end
-    return true, max - after, 0, 0, 0, next
+    return true, max - after, 0, 0, 0, next, cost
   end
-  return false, math.max(max - s.used, 0), 0, never and -1 or 1000000, 0, nil
+  return false, math.max(max - s.used, 0), 0, never and -1 or 1000000, 0, nil, 0
 end
 
 local function decide(i, key, cost, state)
@@ -216,7 +228,7 @@ local function decide(i, key, cost, state)
   elseif algo == 3 then
     return algo, log(s, cost, p1, p2)
   elseif algo == 4 then
-    return algo, gcra(s, cost, p1, p2, tonumber(ARGV[b + 4]))
+    return algo, gcra(s, cost, p1, p2, tonumber(ARGV[b + 4]), tonumber(ARGV[b + 5]))
   end
   return algo, concurrency(s, cost, p1, ARGV[b + 4])
 end
@@ -229,7 +241,7 @@ for i = 1, n do
   local shadow = ARGV[b + 6] == '1'
   local cost = tonumber(ARGV[b + 7])
   local key = KEYS[i]
-  local algo, allowed, remaining, reset_after, retry, delay, next = decide(i, key, cost)
+  local algo, allowed, remaining, reset_after, retry, delay, next, taken = decide(i, key, cost)
   if allowed and next ~= nil and cost > 0 then
     cur[key] = next
     charged[#charged + 1] = { i, key, algo }
@@ -240,17 +252,19 @@ for i = 1, n do
   out[#out + 1] = reset_after
   out[#out + 1] = retry
   out[#out + 1] = delay
+  out[#out + 1] = taken
 end
 
 if denied then
   -- Nothing is written; entries that admitted report the state uncharged.
   for i = 1, n do
-    if out[(i - 1) * 5 + 1] == 1 then
+    if out[(i - 1) * 6 + 1] == 1 then
       local key = KEYS[i]
       local _, _, remaining, reset_after = decide(i, key, 0, orig[key])
-      out[(i - 1) * 5 + 2] = remaining
-      out[(i - 1) * 5 + 3] = reset_after
-      out[(i - 1) * 5 + 5] = 0
+      out[(i - 1) * 6 + 2] = remaining
+      out[(i - 1) * 6 + 3] = reset_after
+      out[(i - 1) * 6 + 5] = 0
+      out[(i - 1) * 6 + 6] = 0
     end
   end
   return out
