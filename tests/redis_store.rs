@@ -350,7 +350,7 @@ limits = ["fw"]
         flushes.load(Ordering::Relaxed) >= 3,
         "the scripts were flushed while serving"
     );
-    assert_eq!(count(&statuses, 200), 150, "{statuses:?}");
+    assert_eq!(count(&statuses, 200), 150, "{statuses:?}\n{}", a.stderr());
     assert_eq!(count(&statuses, 429), 50, "{statuses:?}");
     assert_eq!(
         metric(&a, "tollgate_store_fallback_active").await,

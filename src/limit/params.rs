@@ -131,3 +131,48 @@ impl Default for WindowAlign {
         WindowAlign::Epoch { jitter: 0 }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const S: Nanos = NANOS_PER_SEC;
+
+    #[test]
+    fn scaled_takes_an_exact_share_at_least_one() {
+        let w = Algorithm::FixedWindow {
+            limit: 30,
+            window: S,
+        };
+        assert_eq!(
+            w.scaled(1, 3),
+            Algorithm::FixedWindow {
+                limit: 10,
+                window: S
+            }
+        );
+        assert_eq!(
+            w.scaled(1, 100),
+            Algorithm::FixedWindow {
+                limit: 1,
+                window: S
+            }
+        );
+        assert_eq!(w.scaled(1, 1), w);
+        let b = Algorithm::TokenBucket {
+            capacity: 20,
+            refill: Rate { tokens: 10, per: S },
+        };
+        // 10/s halved is 5/s, reduced: 1 token per 200 ms.
+        let half = Algorithm::TokenBucket {
+            capacity: 10,
+            refill: Rate {
+                tokens: 1,
+                per: S / 5,
+            },
+        };
+        assert_eq!(b.scaled(500_000, 1_000_000), half);
+        let c = Algorithm::Concurrency { max: 3 };
+        assert_eq!(c.scaled(1, 2), Algorithm::Concurrency { max: 1 });
+    }
+}

@@ -15,11 +15,15 @@
 //!
 //! # Connections
 //!
-//! One multiplexed connection per process (with `cluster = true`, the
-//! cluster client's connection per node), owned by a small runtime on its
-//! own thread (`tollgate-store`), so that it belongs to no worker: the
-//! script calls of all in-flight requests, from every worker, are
-//! pipelined on it, and a request awaits only its own answer.
+//! One multiplexed connection per worker thread (with `cluster = true`, the
+//! cluster client's, one per node), made lazily on the worker's own runtime
+//! so that its driver runs beside the requests that use it: the script
+//! calls of all the worker's in-flight requests are pipelined on it, a
+//! request awaits only its own answer, and no other thread is woken for
+//! it. The store's own thread (`tollgate-store`, a small runtime) probes,
+//! renews heartbeats and leases, and settles, on a connection of its own.
+//! A connection belongs to a generation, bumped each time the breaker
+//! closes: after an outage every thread connects afresh.
 //!
 //! # Redis Cluster
 //!
@@ -65,7 +69,6 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 use std::time::Duration;
 
-use arc_swap::ArcSwapOption;
 use redis::aio::MultiplexedConnection;
 use redis::cluster_async::ClusterConnection;
 use redis::{Cmd, RedisResult, Value};
@@ -148,6 +151,12 @@ pub struct SharedDecision {
     pub taken: Vec<u64>,
 }
 
+thread_local! {
+    /// Per thread: (store address, generation, connection).
+    static THREAD_CONNECTION: std::cell::RefCell<Option<(usize, u64, Connection)>> =
+        const { std::cell::RefCell::new(None) };
+}
+
 /// One Redis or a Redis Cluster; clones share the connection.
 #[derive(Clone)]
 enum Connection {
@@ -175,7 +184,9 @@ impl Connection {
 /// The Redis store of one process. Shared as `Arc<RedisStore>`.
 pub struct RedisStore {
     config: RedisConfig,
-    connection: ArcSwapOption<Connection>,
+    /// Bumped each time the breaker closes: every thread's connection of an
+    /// older generation is replaced (see [`RedisStore::thread_connection`]).
+    generation: AtomicU64,
     open: AtomicBool,
     failures: AtomicU32,
     /// Wakes the store thread to probe when the breaker opens.
@@ -214,7 +225,7 @@ impl RedisStore {
         let node = node_id();
         let store = Arc::new(RedisStore {
             config,
-            connection: ArcSwapOption::empty(),
+            generation: AtomicU64::new(0),
             open: AtomicBool::new(true),
             failures: AtomicU32::new(0),
             wake: Notify::new(),
@@ -570,25 +581,29 @@ impl RedisStore {
     }
 
     /// One call, bounded by `timeout`, through the breaker; re-loads the
-    /// script once on `NOSCRIPT`.
+    /// script on `NOSCRIPT`.
     async fn call(&self, script: &redis::Script, cmd: &Cmd) -> Result<Value, Unavailable> {
         if self.is_down() {
             return Err(Unavailable);
         }
-        let Some(connection) = self.connection.load_full() else {
-            return Err(Unavailable);
-        };
-        let mut connection = (*connection).clone();
         let result = tokio::time::timeout(self.config.timeout, async {
-            match connection.query(cmd).await {
-                Err(e)
-                    if e.kind() == redis::ErrorKind::Server(redis::ServerErrorKind::NoScript) =>
-                {
-                    connection.load(script).await?;
-                    connection.query(cmd).await
+            let mut connection = self.thread_connection().await?;
+            let mut answer = connection.query(cmd).await;
+            // NOSCRIPT: load and retry; a second flush may land between the
+            // two (a test does that), so a few times, all within `timeout`.
+            for _ in 0..3 {
+                match &answer {
+                    Err(e)
+                        if e.kind()
+                            == redis::ErrorKind::Server(redis::ServerErrorKind::NoScript) =>
+                    {
+                        connection.load(script).await?;
+                        answer = connection.query(cmd).await;
+                    }
+                    _ => break,
                 }
-                other => other,
             }
+            answer
         })
         .await;
         match result {
@@ -622,10 +637,45 @@ impl RedisStore {
         }
     }
 
+    /// This thread's connection of the current generation, made on this
+    /// thread's runtime when there is none yet: its driver then runs beside
+    /// the requests that use it, and a call costs no wake-up of another
+    /// thread. All requests of the thread share (pipeline) it.
+    async fn thread_connection(&self) -> RedisResult<Connection> {
+        let id = self as *const RedisStore as usize;
+        let generation = self.generation.load(Ordering::Acquire);
+        let held = THREAD_CONNECTION.with(|held| {
+            held.borrow()
+                .as_ref()
+                .filter(|(i, g, _)| *i == id && *g == generation)
+                .map(|(_, _, c)| c.clone())
+        });
+        if let Some(connection) = held {
+            return Ok(connection);
+        }
+        // The probe that closed the breaker loaded the scripts (NOSCRIPT
+        // reloads them otherwise): a plain connection will do.
+        let connection = self.open().await?;
+        THREAD_CONNECTION.with(|held| {
+            *held.borrow_mut() = Some((id, generation, connection.clone()));
+        });
+        Ok(connection)
+    }
+
     /// A fresh connection with the scripts loaded, or why not.
     async fn connect(&self) -> RedisResult<Connection> {
+        let mut connection = self.open().await?;
+        connection.query(&redis::cmd("PING")).await?;
+        connection.load(&self.stack).await?;
+        connection.load(&self.settle).await?;
+        connection.load(&self.heartbeat).await?;
+        Ok(connection)
+    }
+
+    /// A fresh connection.
+    async fn open(&self) -> RedisResult<Connection> {
         let bound = self.config.timeout.max(Duration::from_millis(500));
-        let mut connection = if self.config.cluster {
+        let connection = if self.config.cluster {
             let client =
                 redis::cluster::ClusterClient::builder(self.config.urls.iter().map(String::as_str))
                     .connection_timeout(bound)
@@ -643,10 +693,6 @@ impl RedisStore {
                     .await?,
             )
         };
-        connection.query(&redis::cmd("PING")).await?;
-        connection.load(&self.stack).await?;
-        connection.load(&self.settle).await?;
-        connection.load(&self.heartbeat).await?;
         Ok(connection)
     }
 }
@@ -686,8 +732,9 @@ async fn supervise(store: std::sync::Weak<RedisStore>, ready: std::sync::mpsc::S
         if s.is_down() {
             let attempt = tokio::time::timeout(Duration::from_secs(2), s.connect()).await;
             match attempt {
-                Ok(Ok(connection)) => {
-                    s.connection.store(Some(Arc::new(connection)));
+                Ok(Ok(_probe)) => {
+                    // Threads connect again, lazily, on their own runtimes.
+                    s.generation.fetch_add(1, Ordering::AcqRel);
                     s.failures.store(0, Ordering::Relaxed);
                     s.open.store(false, Ordering::Relaxed);
                     s.metrics.set_store_fallback(false);
@@ -915,5 +962,74 @@ impl Drop for Lease {
                 let _ = store.call(&store.settle, &cmd).await;
             });
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::limit::{NANOS_PER_SEC, Rate};
+
+    #[test]
+    fn slots_match_redis_cluster_keyslot() {
+        // `CLUSTER KEYSLOT foo` is 12182; a hash tag takes only its content.
+        assert_eq!(slot_of("foo"), 12182);
+        assert_eq!(slot_of("tollgate:a:{foo}:fw"), 12182);
+        assert_eq!(slot_of("tollgate:b:{foo}:tb:pro"), 12182);
+        // An empty tag does not count: the whole key is hashed.
+        assert_ne!(slot_of("{}foo"), slot_of("{}bar"));
+    }
+
+    #[test]
+    fn verdicts_parse_six_integers_per_entry() {
+        let answer = Value::Array(
+            [1, 4, 2_000, 0, 0, 5, 0, 0, 9_000, 3_000, 0, 0]
+                .into_iter()
+                .map(Value::Int)
+                .collect(),
+        );
+        let parsed = parse_verdicts(&answer, 2).expect("parses");
+        assert_eq!(parsed[0].0, Verdict::allow(4, 2_000_000));
+        assert_eq!(parsed[0].1, 5);
+        assert_eq!(parsed[1].0, Verdict::deny(0, 9_000_000, 3_000_000, false));
+        assert!(
+            parse_verdicts(&answer, 3).is_none(),
+            "a short answer is refused"
+        );
+        let never = Value::Array([0, 0, 0, -1, 0, 0].into_iter().map(Value::Int).collect());
+        assert!(parse_verdicts(&never, 1).expect("parses")[0].0.never);
+    }
+
+    #[test]
+    fn script_parameters_are_microseconds_and_exact_intervals() {
+        let e = SharedEntry {
+            limit: "l",
+            plan: None,
+            algorithm: Algorithm::TokenBucket {
+                capacity: 20,
+                refill: Rate {
+                    tokens: 3,
+                    per: NANOS_PER_SEC,
+                },
+            },
+            align: WindowAlign::default(),
+            key: LimitKey::from_u128(7),
+            shadow: false,
+            lease: 100,
+        };
+        // T = 1 s / 3; a lease is capped at the capacity.
+        assert_eq!(
+            script_params(&e, ""),
+            ["4", "20", "333333.333333", "0", "20"]
+        );
+        let e = SharedEntry {
+            algorithm: Algorithm::FixedWindow {
+                limit: 5,
+                window: 60 * NANOS_PER_SEC,
+            },
+            align: WindowAlign::FirstRequest,
+            ..e
+        };
+        assert_eq!(script_params(&e, ""), ["1", "5", "60000000", "0", "1"]);
     }
 }
