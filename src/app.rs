@@ -25,7 +25,7 @@ use crate::metrics::{LabelNames, Metrics, RouteHandles};
 use crate::proxy::forward::{Upstream, Upstreams};
 use crate::proxy::ratelimit::{StackView, policy_header};
 use crate::routing::Router;
-use crate::store::RedisStore;
+use crate::store::{RedisStore, Signals};
 
 /// One named limit's state: the base limiter and one per plan that sets its
 /// own numbers (a plan's keys are counted against the plan's parameters).
@@ -346,7 +346,12 @@ impl App {
     pub fn with_clock(config: Config, clock: Arc<dyn Clock>) -> Arc<App> {
         let metrics = Arc::new(Metrics::new());
         let store = config.store.redis().and_then(|redis| {
-            RedisStore::start(redis.clone(), metrics.clone())
+            let (errors, fallback) = (metrics.clone(), metrics.clone());
+            let signals = Signals {
+                error: Box::new(move || errors.record_store_error("redis")),
+                fallback: Box::new(move |active| fallback.set_store_fallback(active)),
+            };
+            RedisStore::start(redis.clone(), signals)
                 .inspect_err(|error| {
                     tracing::error!(%error, "cannot start the redis store; limits stay node-local");
                 })

@@ -267,9 +267,7 @@ async fn route_and_act(
             Ok(false) => {}
             Ok(true) => {
                 if let Some(store) = store {
-                    // Boxed: the memory-only path's future stays as small
-                    // as it was; only a shared stack pays the allocation.
-                    let shared = limit_shared(
+                    let shared = shared_step(
                         store,
                         snapshot,
                         route,
@@ -279,7 +277,7 @@ async fn route_and_act(
                         notes,
                         &mut decided,
                     );
-                    if let Err(error) = Box::pin(shared).await {
+                    if let Err(error) = shared.await {
                         return match error {
                             Refused::Response(response) => Ok(response),
                             Refused::Error(error) => Err(error),
@@ -317,7 +315,7 @@ async fn route_and_act(
                 forward(snapshot, route, downstream, parts, body, &mut notes.permits).await?;
             if let (Some(cost_header), Some(admitted)) = (&route.cost_header, admitted) {
                 let reported = fields.relayed_value(cost_header.as_str());
-                settle_cost(app, route, admitted, reported);
+                settle_cost(app, snapshot, index, admitted, reported);
             }
             (response, fields)
         }
@@ -464,8 +462,6 @@ struct Admitted<'s> {
     /// The shared entries were decided by the store (not a fallback):
     /// their settlement goes there too.
     via_store: bool,
-    /// Per entry: decided in the shared store (empty without one).
-    shared: SmallVec<[bool; INLINE_STACK]>,
 }
 
 impl Admitted<'_> {
@@ -545,9 +541,6 @@ fn limit_request<'s>(
         admitted.algorithms.push(algorithm);
         admitted.limiters.push(limiter);
         admitted.keys.push(key);
-        if store {
-            admitted.shared.push(snapshot.shared[i]);
-        }
     }
     let entries: SmallVec<[StackEntry<'_>; INLINE_STACK]> = admitted
         .limiters
@@ -578,8 +571,11 @@ fn limit_request<'s>(
 }
 
 /// The limits' outcome recorded, and the request answered if denied, else
-/// its permits, verdicts and delay kept in `admitted`.
+/// its permits, verdicts and delay kept in `admitted`. Inlined: on the
+/// memory path this is the tail of [`limit_request`], as it was before the
+/// shared path needed it too.
 #[allow(clippy::result_large_err)]
+#[inline(always)]
 fn conclude(
     metrics: &Metrics,
     snapshot: &Snapshot,
@@ -623,6 +619,26 @@ enum Refused {
     Error(GatewayError),
 }
 
+/// [`limit_shared`]'s future, boxed: the memory-only path's future stays
+/// as small as it was (only a shared stack pays the allocation), and out of
+/// line so that none of it is built into [`route_and_act`].
+#[allow(clippy::too_many_arguments)]
+#[inline(never)]
+fn shared_step<'a, 's: 'a>(
+    store: &'a Arc<RedisStore>,
+    snapshot: &'s Snapshot,
+    route: &'a RouteConfig,
+    plan: &'a RoutePlan,
+    now: Nanos,
+    metrics: &'a Metrics,
+    notes: &'a mut Notes,
+    admitted: &'a mut Admitted<'s>,
+) -> std::pin::Pin<Box<dyn std::future::Future<Output = Result<(), Refused>> + Send + 'a>> {
+    Box::pin(limit_shared(
+        store, snapshot, route, plan, now, metrics, notes, admitted,
+    ))
+}
+
 /// A limit's shared numbers for a caller on `plan`, and the plan when it
 /// has its own numbers (and so its own state).
 fn shared_algorithm<'l>(
@@ -658,10 +674,10 @@ async fn limit_shared<'s>(
         key: admitted.keys[j],
         shadow: admitted.stack[j].shadow,
     };
-    let local_at: SmallVec<[usize; INLINE_STACK]> =
-        (0..n).filter(|&j| !admitted.shared[j]).collect();
+    let is_shared = |j: usize| snapshot.shared[plan.stack[j]];
+    let local_at: SmallVec<[usize; INLINE_STACK]> = (0..n).filter(|&j| !is_shared(j)).collect();
     let shared_at: SmallVec<[usize; INLINE_STACK]> = (0..n)
-        .filter(|&j| admitted.shared[j] && admitted.keys[j].is_some())
+        .filter(|&j| is_shared(j) && admitted.keys[j].is_some())
         .collect();
     let local: SmallVec<[StackEntry<'_>; INLINE_STACK]> =
         local_at.iter().map(|&j| entry(j)).collect();
@@ -859,7 +875,17 @@ fn record_decisions(
 /// Post-response cost: charges (or refunds) the difference between the
 /// upstream's reported cost (`reported`, its cost header's value) and the up-front cost to every limit that charged
 /// the request. Never blocks the response; bad values are ignored.
-fn settle_cost(app: &App, route: &RouteConfig, admitted: &Admitted<'_>, reported: Option<&[u8]>) {
+fn settle_cost(
+    app: &App,
+    snapshot: &Snapshot,
+    route_index: usize,
+    admitted: &Admitted<'_>,
+    reported: Option<&[u8]>,
+) {
+    let route = &snapshot.config.routes[route_index];
+    // Per entry: a shared limit.
+    let shared_at: SmallVec<[bool; INLINE_STACK]> =
+        route.limits.iter().map(|&i| snapshot.shared[i]).collect();
     let Some(reported) = reported
         .and_then(|v| std::str::from_utf8(v).ok())
         .and_then(|v| v.trim().parse::<u64>().ok())
@@ -886,7 +912,7 @@ fn settle_cost(app: &App, route: &RouteConfig, admitted: &Admitted<'_>, reported
             continue;
         };
         let limit = admitted.stack[j];
-        if admitted.via_store && admitted.shared.get(j) == Some(&true) {
+        if admitted.via_store && shared_at.get(j) == Some(&true) {
             let (algorithm, plan) = shared_algorithm(limit, admitted.plan);
             if !matches!(algorithm, Algorithm::Concurrency { .. }) {
                 shared.push(SharedEntry {

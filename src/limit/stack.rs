@@ -86,9 +86,13 @@ pub struct EntryVerdict {
 pub struct Permits {
     memory: SmallVec<[ConcurrencyPermit; 2]>,
     /// Slots held elsewhere (a Redis lease), released when dropped too.
-    /// Empty, and so not allocated, without a shared store.
-    held: Vec<Box<dyn std::fmt::Debug + Send + Sync>>,
+    /// `None` without a shared store: one word, so that the permits (moved
+    /// with every response body) grow by no more than that.
+    held: Option<Box<Held>>,
 }
+
+/// Guards kept with the permits (see [`Permits::hold`]).
+type Held = Vec<Box<dyn std::fmt::Debug + Send + Sync>>;
 
 impl Permits {
     fn push(&mut self, permit: Option<ConcurrencyPermit>) {
@@ -99,27 +103,29 @@ impl Permits {
 
     /// Keeps `guard` (e.g. a Redis concurrency lease) until these permits drop.
     pub fn hold(&mut self, guard: Box<dyn std::fmt::Debug + Send + Sync>) {
-        self.held.push(guard);
+        self.held.get_or_insert_with(Box::default).push(guard);
     }
 
     /// Takes over `other`'s permits and guards.
     pub fn append(&mut self, other: Permits) {
         self.memory.extend(other.memory);
-        self.held.extend(other.held);
+        for guard in other.held.into_iter().flat_map(|held| *held) {
+            self.hold(guard);
+        }
     }
 
     pub fn is_empty(&self) -> bool {
-        self.memory.is_empty() && self.held.is_empty()
+        self.len() == 0
     }
 
     /// Memory permits plus held guards.
     pub fn len(&self) -> usize {
-        self.memory.len() + self.held.len()
+        self.memory.len() + self.held.as_ref().map_or(0, |held| held.len())
     }
 
     fn clear(&mut self) {
         self.memory.clear();
-        self.held.clear();
+        self.held = None;
     }
 }
 

@@ -76,7 +76,6 @@ use tokio::sync::Notify;
 
 use crate::config::{OnFailure, RedisConfig};
 use crate::limit::{Algorithm, LeakyMode, LimitKey, Nanos, Verdict, WindowAlign};
-use crate::metrics::Metrics;
 
 /// Failed calls in a row that open the breaker.
 pub const FAILURES_TO_OPEN: u32 = 3;
@@ -115,6 +114,14 @@ const HEARTBEAT_LUA: &str = include_str!("heartbeat.lua");
 
 /// Told the live node count when it changes.
 type NodesListener = Box<dyn Fn(u64) + Send + Sync>;
+
+/// What the store tells the metrics (kept as callbacks so that the store
+/// depends on no module above the limiter): a failed call, and the breaker
+/// opening (`true`) or closing.
+pub struct Signals {
+    pub error: Box<dyn Fn() + Send + Sync>,
+    pub fallback: Box<dyn Fn(bool) + Send + Sync>,
+}
 
 /// A call that failed (timeout, connection, Redis error) or was not made
 /// because the breaker is open: the caller applies `on_failure`.
@@ -191,7 +198,7 @@ pub struct RedisStore {
     failures: AtomicU32,
     /// Wakes the store thread to probe when the breaker opens.
     wake: Notify,
-    metrics: Arc<Metrics>,
+    signals: Signals,
     stack: redis::Script,
     settle: redis::Script,
     heartbeat: redis::Script,
@@ -218,7 +225,7 @@ impl RedisStore {
     /// Starts the store thread and connects (waiting at most about a second:
     /// a Redis that is down at start leaves the breaker open, and the store
     /// thread keeps probing). Fails only when the thread cannot start.
-    pub fn start(config: RedisConfig, metrics: Arc<Metrics>) -> std::io::Result<Arc<RedisStore>> {
+    pub fn start(config: RedisConfig, signals: Signals) -> std::io::Result<Arc<RedisStore>> {
         let runtime = tokio::runtime::Builder::new_current_thread()
             .enable_all()
             .build()?;
@@ -229,7 +236,7 @@ impl RedisStore {
             open: AtomicBool::new(true),
             failures: AtomicU32::new(0),
             wake: Notify::new(),
-            metrics,
+            signals,
             stack: redis::Script::new(STACK_LUA),
             settle: redis::Script::new(SETTLE_LUA),
             heartbeat: redis::Script::new(HEARTBEAT_LUA),
@@ -250,7 +257,7 @@ impl RedisStore {
                 on_failure = ?store.config.on_failure,
                 "redis store unavailable at start; on_failure applies until it answers"
             );
-            store.metrics.set_store_fallback(true);
+            (store.signals.fallback)(true);
         }
         Ok(store)
     }
@@ -625,14 +632,14 @@ impl RedisStore {
     }
 
     fn failed(&self) {
-        self.metrics.record_store_error("redis");
+        (self.signals.error)();
         let failures = self.failures.fetch_add(1, Ordering::Relaxed) + 1;
         if failures >= FAILURES_TO_OPEN && !self.open.swap(true, Ordering::Relaxed) {
             tracing::warn!(
                 on_failure = ?self.config.on_failure,
                 "redis store unavailable; on_failure applies until it answers again"
             );
-            self.metrics.set_store_fallback(true);
+            (self.signals.fallback)(true);
             self.wake.notify_one();
         }
     }
@@ -737,7 +744,7 @@ async fn supervise(store: std::sync::Weak<RedisStore>, ready: std::sync::mpsc::S
                     s.generation.fetch_add(1, Ordering::AcqRel);
                     s.failures.store(0, Ordering::Relaxed);
                     s.open.store(false, Ordering::Relaxed);
-                    s.metrics.set_store_fallback(false);
+                    (s.signals.fallback)(false);
                     if ready.take().is_some_and(|r| r.send(true).is_ok()) {
                         tracing::info!(url = %s.config.urls[0], "redis store connected");
                     } else {
