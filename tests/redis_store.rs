@@ -740,6 +740,14 @@ lease = 50
             && stderr.contains("a list of urls is for Redis Cluster"),
         "{stderr}"
     );
+    let memory_lease = "[limits.tb]\nkey = \"ip\"\nalgorithm = \"token_bucket\"\ncapacity = 10\nrefill = \"1/s\"\nlease = 5\n";
+    std::fs::write(&path, memory_lease).expect("write");
+    let (code, _, stderr) = common::tollgate(&["check", "-c", path.to_str().expect("utf-8")]);
+    assert_eq!(code, 1);
+    assert!(
+        stderr.contains("gateway.toml:6:") && stderr.contains("set store.backend = \"redis\""),
+        "{stderr}"
+    );
     std::fs::write(&path, "[store]\nbackend = \"redis\"\n").expect("write");
     let (code, _, stderr) = common::tollgate(&["check", "-c", path.to_str().expect("utf-8")]);
     assert_eq!(code, 1);

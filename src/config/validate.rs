@@ -260,6 +260,16 @@ fn check(c: &mut Checker, path: &Path, bytes: &[u8], raw: &RawConfig) -> Config 
         .iter()
         .map(|(name, l)| check_limit(c, &root.key("limits").key(name), name, l))
         .collect();
+    if store.redis().is_none() {
+        // Leases are taken from the shared store: without one, say so
+        // rather than ignore the setting.
+        for limit in limits.iter().filter(|l| l.lease.is_some()) {
+            c.problem(
+                root.key("limits").key(&limit.name).key("lease"),
+                "leases are taken from a shared store: set store.backend = \"redis\", or remove `lease`",
+            );
+        }
+    }
 
     let upstream_names: Vec<&str> = raw.upstreams.keys().map(String::as_str).collect();
     let limit_names: Vec<&str> = raw.limits.keys().map(String::as_str).collect();
