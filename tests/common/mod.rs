@@ -536,3 +536,4 @@ pub fn config_with(template: &str, vars: &HashMap<&str, String>) -> String {
 }
 
 pub mod openmetrics;
+pub mod redis;
