@@ -29,6 +29,7 @@ pub mod drain;
 pub mod error;
 pub mod h1;
 pub mod handler;
+pub mod http;
 pub mod identity;
 pub mod limit;
 pub mod linger;

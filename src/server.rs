@@ -67,7 +67,7 @@ use tokio::time::Instant;
 use crate::app::App;
 use crate::config::ServerConfig;
 use crate::drain::{Drain, DrainWatch};
-use crate::h1::{self, Rewind};
+use crate::h1::{self, Gate, Rewind};
 use crate::handler::{Downstream, handle};
 use crate::linger::{LingerSwitch, Lingering};
 use crate::proxy::body::ClientBody;
@@ -570,6 +570,11 @@ pub struct ConnActivity {
     closing: AtomicBool,
     /// Off once the connection is handed to a tunnel (see `crate::linger`).
     linger: LingerSwitch,
+    /// The gate of a handed-off connection waits for the requests in flight
+    /// to be answered before it passes an upgrade ([`h1::gate::Answered`]);
+    /// rare, so a lock, taken only when `answer_awaited` is set.
+    answer_awaited: AtomicBool,
+    answer_waker: parking_lot::Mutex<Option<std::task::Waker>>,
 }
 
 impl ConnActivity {
@@ -581,6 +586,8 @@ impl ConnActivity {
             head_started_ms: AtomicU64::new(0),
             closing: AtomicBool::new(false),
             linger: LingerSwitch::default(),
+            answer_awaited: AtomicBool::new(false),
+            answer_waker: parking_lot::Mutex::new(None),
         }
     }
 
@@ -626,7 +633,33 @@ impl ConnActivity {
     pub fn request_finished(&self) {
         self.last_activity_ms
             .store(self.now_ms(), Ordering::Relaxed);
-        self.in_flight.fetch_sub(1, Ordering::Relaxed);
+        self.in_flight.fetch_sub(1, Ordering::SeqCst);
+        if self.answer_awaited.load(Ordering::SeqCst) {
+            self.answer_awaited.store(false, Ordering::SeqCst);
+            if let Some(waker) = self.answer_waker.lock().take() {
+                waker.wake();
+            }
+        }
+    }
+}
+
+/// A handed-off connection's gate asks whether every request is answered.
+struct ActivityAnswered(Arc<ConnActivity>);
+
+impl h1::gate::Answered for ActivityAnswered {
+    fn poll_answered(&self, cx: &mut Context<'_>) -> Poll<()> {
+        let activity = &self.0;
+        if activity.in_flight.load(Ordering::SeqCst) == 0 {
+            return Poll::Ready(());
+        }
+        *activity.answer_waker.lock() = Some(cx.waker().clone());
+        activity.answer_awaited.store(true, Ordering::SeqCst);
+        // A request that ended in between would not have seen the flag.
+        if activity.in_flight.load(Ordering::SeqCst) == 0 {
+            activity.answer_awaited.store(false, Ordering::SeqCst);
+            return Poll::Ready(());
+        }
+        Poll::Pending
     }
 }
 
@@ -707,7 +740,7 @@ async fn serve_connection(
             // the head as they are (`h1` writes them).
             handle(&app, downstream, request, Some(activity.clone()))
         };
-        let fast = h1::serve(&mut io, &*activity, respond);
+        let fast = h1::serve(&mut io, &*activity, server.max_header_bytes, respond);
         tokio::pin!(fast);
         // Whether `check` holds this task's waker: it then wakes the task
         // when it fires, and is polled only once it has (`is_elapsed`), not
@@ -799,13 +832,18 @@ async fn serve_connection(
         .timer(TokioTimer::new())
         .header_read_timeout(None)
         .keep_alive(true)
-        // Room for the largest allowed head; the handler answers 431 with
-        // problem+json above `max_header_bytes`, hyper's own 431 is the backstop.
+        // Room for the largest allowed head: the gate refuses longer ones
+        // (431 problem+json) before hyper could.
         .max_buf_size((server.max_header_bytes + 16 * 1024).max(8 * 1024));
     // Lingering: hyper answers some requests before reading their bodies
     // (denied, too large, an upstream's early answer); see `crate::linger`.
+    // The gate checks every later request before hyper reads it (`h1::gate`).
     let io = TokioIo::new(Lingering::new(
-        Rewind::new(prefix, io),
+        Gate::new(
+            Rewind::new(prefix, io),
+            server.max_header_bytes,
+            ActivityAnswered(activity.clone()),
+        ),
         ActivityLinger(activity.clone()),
     ));
     let connection = builder.serve_connection(io, service).with_upgrades();

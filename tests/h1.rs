@@ -379,7 +379,7 @@ async fn serve_fast(table: Arc<Vec<Case>>, hand_offs: Arc<AtomicUsize>) -> Socke
                     // responses carry all their fields in the map.
                     async move { (answer(request, &table).await, ()) }
                 };
-                let prefix = match h1::serve(&mut stream, &Never, respond).await {
+                let prefix = match h1::serve(&mut stream, &Never, 64 * 1024, respond).await {
                     Ok(Ended::HandOff(prefix)) => prefix,
                     Ok(Ended::Closed) | Err(_) => return,
                 };

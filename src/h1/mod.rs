@@ -10,17 +10,26 @@
 //! hyper does), runs the handler in place, and writes the response head and
 //! body from one buffer, one `write` for a small response.
 //!
-//! It never has to get an edge case right, because it only serves requests it
-//! recognises as plain ([`parse`]'s short allow-list). At the first
-//! request that is anything else, it returns the bytes it has read
-//! ([`Ended::HandOff`]) and the caller gives the connection to hyper, which
-//! reads them again ([`Rewind`]) and serves the connection from then on:
-//! chunked and streamed uploads, `Expect: 100-continue`, upgrades, HTTP/1.0,
-//! every malformed head and its error answer stay hyper's. Responses are
-//! written by hyper's rules ([`encode_head`]), so a client sees the same bytes
-//! from either.
+//! Every request head the gateway receives is parsed here first, whoever
+//! serves it, and checked by one rule ([`framing`], RFC 9112 §6.3 as a
+//! numbered list): a malformed head, an ambiguous framing (the stuff of
+//! request smuggling), a head over `max_header_bytes` are answered here with
+//! problem+json (400, 414, 431) and the connection is closed; nothing after
+//! them is read. Of the rest, it serves only the requests it recognises as
+//! plain ([`parse`]'s short allow-list). At the first request that is
+//! anything else, it returns the bytes it has read ([`Ended::HandOff`]) and
+//! the caller gives the connection to hyper, which reads them again
+//! ([`Rewind`]) and serves the connection from then on: chunked and
+//! streamed uploads, `Expect: 100-continue`, upgrades, HTTP/1.0. hyper reads
+//! through a [`Gate`], which checks every later head by the same rule and
+//! every chunked body strictly, so hyper never sees a head the gateway would
+//! refuse and its own plain-text 400 and 431 never reach a client.
+//! Responses are written by hyper's rules ([`encode_head`]), so a client
+//! sees the same bytes from either.
 
 mod date;
+pub mod framing;
+pub mod gate;
 mod request;
 mod response;
 mod rewind;
@@ -37,16 +46,14 @@ use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 
 use crate::proxy::body::ClientBody;
 use crate::proxy::client::chunked::LAST_CHUNK;
+pub use framing::{BodyFraming, Refusal};
+pub use gate::Gate;
 pub use request::{Parsed, parse};
 pub use response::{BodyLength, Framing, Head, encode_head};
 pub use rewind::Rewind;
 
 /// Room for the reads of one connection (grown only while a head is longer).
 const READ_BUFFER: usize = 8 * 1024;
-
-/// A head still incomplete at this many bytes goes to hyper, whose limit
-/// (`max_buf_size`) and 431 answer apply from there.
-const MAX_FAST_HEAD: usize = 16 * 1024;
 
 /// Response bytes gathered before a write while the body keeps coming.
 const WRITE_BATCH: usize = 16 * 1024;
@@ -90,10 +97,17 @@ pub trait Closing {
 
 /// Serves plain requests on `io` with `respond` until the connection ends or
 /// a request needs hyper. `respond` answers a request with a response and
-/// the [`ExtraFields`] written into its head after the map's fields. I/O
-/// errors end the connection (returned for the log); nothing here panics on
-/// what a client sends.
-pub async fn serve<T, C, F, Fut, B, L>(io: &mut T, closing: &C, mut respond: F) -> io::Result<Ended>
+/// the [`ExtraFields`] written into its head after the map's fields. A head
+/// that is malformed, framed ambiguously or longer than `max_head` bytes is
+/// answered here ([`Refusal`]) and ends the connection: nothing after it is
+/// read, let alone served. I/O errors end the connection (returned for the
+/// log); nothing here panics on what a client sends.
+pub async fn serve<T, C, F, Fut, B, L>(
+    io: &mut T,
+    closing: &C,
+    max_head: usize,
+    mut respond: F,
+) -> io::Result<Ended>
 where
     T: AsyncRead + AsyncWrite + Unpin,
     C: Closing + ?Sized,
@@ -110,13 +124,14 @@ where
     loop {
         let (request, close) = loop {
             if !buffer.is_empty() {
-                match parse(&mut buffer, &mut fields) {
+                match parse(&mut buffer, &mut fields, max_head) {
                     Parsed::Request { request, close } => break (request, close),
                     Parsed::HandOff => return Ok(Ended::HandOff(buffer)),
-                    Parsed::Partial if buffer.len() >= MAX_FAST_HEAD => {
-                        return Ok(Ended::HandOff(buffer));
-                    }
                     Parsed::Partial => {}
+                    Parsed::Refused(refusal) => {
+                        refuse(io, &mut out, refusal).await?;
+                        return Ok(Ended::Closed);
+                    }
                 }
             }
             if buffer.capacity() - buffer.len() < READ_BUFFER / 4 {
@@ -196,6 +211,20 @@ where
             out = Vec::with_capacity(1024);
         }
     }
+}
+
+/// Answers a refused request and closes the connection (lingering, so the
+/// client reads the answer rather than a reset while it is still sending).
+async fn refuse<T>(io: &mut T, out: &mut Vec<u8>, refusal: Refusal) -> io::Result<()>
+where
+    T: AsyncRead + AsyncWrite + Unpin,
+{
+    tracing::debug!(status = %refusal.status, detail = refusal.detail, "request refused");
+    out.clear();
+    refusal.encode(out);
+    io.write_all(out).await?;
+    crate::linger::close(io).await;
+    Ok(())
 }
 
 /// Writes the head in `out` and the body after it, framed as `framing`.

@@ -10,8 +10,8 @@ use std::net::{IpAddr, SocketAddr};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 
-use super::body::RequestBody;
-use super::client::{ConnectionPool, OwnFields, UpstreamBody};
+use super::body::{ClientBodyError, RequestBody};
+use super::client::{ConnectionPool, OwnFields, PoolError, UpstreamBody};
 use super::field_lines::FieldLines;
 use super::hop_by_hop::{ConnectionToken, connection_tokens, is_hop_by_hop};
 use super::structured::is_tchar;
@@ -103,6 +103,15 @@ impl Upstream {
                 Some(Ok(answer)) => Ok(answer),
                 Some(Err(_)) if body_exceeded.is_some_and(|flag| flag.load(Ordering::Relaxed)) => {
                     Err(GatewayError::BodyTooLarge { limit: body_limit })
+                }
+                // The client's body failed (malformed chunked coding, a
+                // client gone mid-body): its fault, a 400, not an upstream
+                // error; the upstream connection went with the exchange.
+                Some(Err(PoolError::Request(error))) if ClientBodyError::caused(&error) => {
+                    tracing::debug!(%error, "request body failed while going upstream");
+                    Err(GatewayError::BadRequest {
+                        reason: "the request body is malformed or incomplete",
+                    })
                 }
                 Some(Err(source)) if source.is_connect() => Err(GatewayError::UpstreamConnect {
                     upstream: name.clone(),
