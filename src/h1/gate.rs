@@ -160,6 +160,12 @@ impl Scanner {
         }
     }
 
+    /// Whether the next bytes are a request head (the next `Pass` is one
+    /// whole head).
+    pub fn at_head(&self) -> bool {
+        self.state == State::Head
+    }
+
     /// Decides about `input`, the bytes after those already passed. A `Pass`
     /// moves the scanner past them; call again with what follows.
     pub fn scan(&mut self, input: &[u8]) -> Step {
@@ -582,6 +588,15 @@ impl<T: AsyncRead + Unpin, A: Answered + Unpin> AsyncRead for Gate<T, A> {
                 this.passed -= n;
                 return Poll::Ready(Ok(()));
             }
+            if this.refusal.is_some() {
+                // hyper sees the end of the stream only once it has
+                // answered every request it was given: an end while one is
+                // in flight would be a client gone, and its answer dropped.
+                if this.answered.poll_answered(cx).is_pending() {
+                    return Poll::Pending;
+                }
+                return Poll::Ready(Ok(()));
+            }
             if this.closing {
                 if !this.buffer.is_empty() {
                     this.buffer.clear();
@@ -604,10 +619,11 @@ impl<T: AsyncRead + Unpin, A: Answered + Unpin> AsyncRead for Gate<T, A> {
                     return Poll::Pending;
                 }
                 Step::RefuseHead(refusal) => {
-                    this.refusal.get_or_insert(refusal);
-                    // The end of the stream, for hyper: it answers what it
-                    // owes and shuts down, and the refusal is written then.
-                    return Poll::Ready(Ok(()));
+                    // The end of the stream, for hyper (above): it answers
+                    // what it owes and shuts down, and the refusal is
+                    // written then.
+                    this.refusal = Some(refusal);
+                    continue;
                 }
                 Step::RefuseBody(reason) => {
                     tracing::debug!(reason, "request body refused");
