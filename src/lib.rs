@@ -13,6 +13,11 @@
 //! own single-threaded runtime ([`server`], [`worker`]); state that must be
 //! exact for the process (limiters, metrics, the snapshot) is shared.
 //!
+//! Every request head is checked by one framing rule before anything
+//! serves it ([`h1::framing`]; `Content-Length` by [`http::content_length`]):
+//! an ambiguous or malformed request is answered 400 and its connection
+//! closed, so nothing can be smuggled past the gateway.
+//!
 //! [`handler`] is the one function that calls these steps. Operators read the
 //! metrics, health and running configuration on a separate listener, [`admin`].
 //! Configuration ([`config`]) is validated whole and swapped whole

@@ -27,8 +27,10 @@
 //!   of ending the loop (as in mini-redis).
 //! - **HTTP/1.1**: a connection is served by [`crate::h1`] (the gateway's own
 //!   path for plain requests) until a request needs hyper; from then on hyper
-//!   serves it, starting from the bytes `h1` had read ([`h1::Rewind`]). The
-//!   watchdog and the drain below apply to both.
+//!   serves it, starting from the bytes `h1` had read ([`h1::Rewind`]),
+//!   through [`h1::Gate`], which checks every later request by the same
+//!   framing rule before hyper reads it. The watchdog and the drain below
+//!   apply to both.
 //! - **Slow clients**: a per-connection watchdog closes a connection whose
 //!   request head is not complete within `header_read_timeout` (slowloris) and
 //!   one idle between requests for `idle_timeout`. hyper's own header timer is

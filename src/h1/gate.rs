@@ -147,6 +147,9 @@ pub struct Scanner {
     max_head: usize,
     /// In [`State::AwaitAnswer`]: what the written response looks like so far.
     status: StatusWatch,
+    /// In [`State::Head`]: how much of the input was a partial head when
+    /// last parsed (see [`super::may_be_complete`]).
+    parsed_up_to: usize,
 }
 
 impl Scanner {
@@ -157,6 +160,7 @@ impl Scanner {
             state: State::Head,
             max_head,
             status: StatusWatch::default(),
+            parsed_up_to: 0,
         }
     }
 
@@ -216,7 +220,7 @@ impl Scanner {
     }
 
     fn scan_head(&mut self, input: &[u8]) -> Step {
-        if input.is_empty() {
+        if input.is_empty() || !super::may_be_complete(input, self.parsed_up_to, self.max_head) {
             return Step::More;
         }
         let mut slots = [const { MaybeUninit::<httparse::Header<'_>>::uninit() }; MAX_FIELDS];
@@ -228,10 +232,14 @@ impl Scanner {
         );
         let len = match parsed {
             Ok(httparse::Status::Complete(len)) if len <= self.max_head => len,
-            Ok(httparse::Status::Partial) if input.len() <= self.max_head => return Step::More,
+            Ok(httparse::Status::Partial) if input.len() <= self.max_head => {
+                self.parsed_up_to = input.len();
+                return Step::More;
+            }
             Ok(_) => return self.refuse_head(Refusal::TOO_LARGE),
             Err(error) => return self.refuse_head(error.into()),
         };
+        self.parsed_up_to = 0;
         let framing = match framing::check(&input[..len], &request) {
             Ok(framing) => framing,
             Err(refusal) => return self.refuse_head(refusal),
@@ -315,6 +323,13 @@ impl Scanner {
                     // The final empty line: the message ends here.
                     self.end_body(upgrade);
                     return Step::Pass(at);
+                }
+                // Everything before the bad byte passes first, so what
+                // passes does not depend on how the bytes arrived; the next
+                // scan starts at the bad byte and refuses.
+                Err(_) if at > 1 => {
+                    self.state = State::Chunked { chunk, upgrade };
+                    return Step::Pass(at - 1);
                 }
                 Err(reason) => {
                     self.state = State::Refused;
@@ -839,6 +854,24 @@ mod tests {
         ] {
             body_refused(&chunked(body));
         }
+    }
+
+    #[test]
+    fn what_passes_does_not_depend_on_how_the_bytes_arrive() {
+        // Fuzz crash (request_head): a bad trailer after a good chunk; split
+        // arrivals passed the chunk, the whole input refused it unpassed.
+        let input = b"POST / HTTP/1.1\r\nHost: a\r\nTransfer-Encoding: chunked\r\n\r\n\
+                      5;x=y\r\nhello\r\n0\r\nT: 1\r\n\n\rGET /ws HTTP/1.1\r\n";
+        let mut outcomes = Vec::new();
+        for split in [1, 2, 3, 16, input.len()] {
+            let mut scanner = Scanner::new(8 * 1024);
+            outcomes.push(scan_all(&mut scanner, input, split));
+        }
+        assert!(
+            outcomes.windows(2).all(|pair| pair[0] == pair[1]),
+            "{outcomes:?}"
+        );
+        assert!(matches!(outcomes[0].1, Step::RefuseBody(_)));
     }
 
     #[test]

@@ -122,12 +122,15 @@ where
     // The last response's map, emptied: the next request's fields go in it.
     let mut fields = HeaderMap::new();
     loop {
+        // Bytes of a partial head already parsed: a head arriving in many
+        // small reads is parsed again only when it may have ended.
+        let mut parsed_up_to = 0;
         let (request, close) = loop {
-            if !buffer.is_empty() {
+            if !buffer.is_empty() && may_be_complete(&buffer, parsed_up_to, max_head) {
                 match parse(&mut buffer, &mut fields, max_head) {
                     Parsed::Request { request, close } => break (request, close),
                     Parsed::HandOff => return Ok(Ended::HandOff(buffer)),
-                    Parsed::Partial => {}
+                    Parsed::Partial => parsed_up_to = buffer.len(),
                     Parsed::Refused(refusal) => {
                         refuse(io, &mut out, refusal).await?;
                         return Ok(Ended::Closed);
@@ -211,6 +214,20 @@ where
             out = Vec::with_capacity(1024);
         }
     }
+}
+
+/// Whether a head that was partial at `parsed_up_to` bytes may be complete
+/// (or too long) now: an end of line followed by an empty line (bare LF
+/// included, for the check to refuse) is among the new bytes. Without this,
+/// a head sent a byte at a time would be parsed from its start once per
+/// byte, up to `max_head` bytes each time. The first parse of a head (at 0)
+/// always runs: the usual head arrives whole.
+pub(crate) fn may_be_complete(buffer: &[u8], parsed_up_to: usize, max_head: usize) -> bool {
+    if parsed_up_to == 0 || buffer.len() > max_head {
+        return true;
+    }
+    let new = &buffer[parsed_up_to.saturating_sub(3)..];
+    new.windows(2).any(|pair| pair == b"\n\n") || new.windows(3).any(|w| w == b"\n\r\n")
 }
 
 /// Answers a refused request and closes the connection (lingering, so the
