@@ -3,7 +3,7 @@
 //!
 //! Every request head the gateway receives passes here before it is served
 //! (by the fast path, or by hyper after a hand-off, through
-//! [`super::gate`]): a proxy that reads the end of a message differently
+//! the gate, `gate.rs`): a proxy that reads the end of a message differently
 //! from the server behind it can be made to forward a request hidden inside
 //! another (request smuggling). So the rule is to refuse every head whose
 //! framing is ambiguous, with `400` and a closed connection, never to guess.
@@ -40,13 +40,19 @@
 //!   `host[:port]` (RFC 9112 §3.2); HTTP/1.0 may omit it, never repeat it.
 //!
 //! The check is one pass over the fields httparse has already split, with no
-//! allocation: each field line is a length comparison for all but the few
-//! names that frame.
+//! allocation; the fast path folds it into the loop over the fields it runs
+//! anyway, where a field is one comparison of its (already parsed) name for
+//! all but the three that frame.
 
-use http::StatusCode;
+use http::header::{CONTENT_LENGTH, HOST, TRANSFER_ENCODING};
+use http::{HeaderName, StatusCode};
 
 use super::response::{BodyLength, encode_head};
-use crate::http::content_length;
+use crate::http::content_length::{self, ContentLengthError};
+
+/// At most this many fields, as hyper (`DEFAULT_MAX_HEADERS`); a head with
+/// more is refused with 431, as hyper does.
+pub(crate) const MAX_FIELDS: usize = 100;
 
 /// hyper's limit on a request target (`MAX_URI_LEN`): longer ones are 414.
 pub const MAX_TARGET: usize = (u16::MAX - 1) as usize;
@@ -136,96 +142,124 @@ impl From<httparse::Error> for Refusal {
 
 /// Checks a head httparse has parsed completely from `head` (its bytes,
 /// exactly `head.len()` long): line ends, `Host`, and the body's framing.
+/// The fast path applies the same pieces inside the one loop over the
+/// fields it already runs ([`check_head`], [`line_ends_before`],
+/// [`FramingFields`]).
 pub fn check(head: &[u8], request: &httparse::Request<'_, '_>) -> Result<BodyFraming, Refusal> {
-    let (Some(method), Some(target), Some(version)) =
-        (request.method, request.path, request.version)
-    else {
-        // httparse fills all three for a complete head.
+    check_head(head, request)?;
+    let mut fields = FramingFields::default();
+    for field in request.headers.iter() {
+        if !line_ends_before(head, field.name.as_bytes()) {
+            return Err(Refusal::BARE_LF);
+        }
+        let name = HeaderName::from_bytes(field.name.as_bytes()).map_err(|_| Refusal::MALFORMED)?;
+        fields.field(&name, field.value)?;
+    }
+    fields.finish(request.version == Some(1))
+}
+
+/// The checks of a head as a whole: the target's length, and CRLF at the
+/// end of the request line (with no fields) and of the head, and of the
+/// empty lines before the request line (RFC 9112 §2.2 lets a server skip
+/// them). The line ends between fields are [`line_ends_before`]'s.
+pub fn check_head(head: &[u8], request: &httparse::Request<'_, '_>) -> Result<(), Refusal> {
+    let (Some(method), Some(target)) = (request.method, request.path) else {
+        // httparse fills both for a complete head.
         return Err(Refusal::MALFORMED);
     };
     if target.len() > MAX_TARGET {
         return Err(Refusal::TARGET_TOO_LONG);
     }
-    let offset = |part: &[u8]| part.as_ptr() as usize - head.as_ptr() as usize;
-    // Empty lines before the request line (RFC 9112 §2.2 lets a server skip
-    // them): CRLF pairs only.
-    let start = offset(method.as_bytes());
-    if !head[..start].chunks(2).all(|pair| pair == b"\r\n") {
+    let start = method.as_ptr() as usize - head.as_ptr() as usize;
+    if start > 0 && !head[..start].chunks(2).all(|pair| pair == b"\r\n") {
         return Err(Refusal::BARE_LF);
     }
     if !head.ends_with(b"\r\n\r\n") {
         return Err(Refusal::BARE_LF);
     }
+    Ok(())
+}
 
-    let http_11 = version == 1;
-    let mut hosts = 0u32;
-    let mut length: Option<u64> = None;
-    let mut length_error = None;
-    let mut transfer_encodings = 0u32;
-    let mut chunked = false;
-    for field in request.headers.iter() {
-        // The line before this field ends right before its name: CR LF.
-        let name_at = offset(field.name.as_bytes());
-        if head.get(name_at.wrapping_sub(2)) != Some(&b'\r') {
-            return Err(Refusal::BARE_LF);
-        }
-        let name = field.name.as_bytes();
-        match name.len() {
-            4 if name.eq_ignore_ascii_case(b"host") => {
-                hosts += 1;
-                if !is_valid_host(field.value) {
-                    return Err(Refusal::bad("the Host header is not a valid host"));
-                }
+/// Whether the line before the field whose name is `name` (a slice of
+/// `head`) ends with CRLF: the two bytes before a name are CR LF.
+#[inline]
+pub fn line_ends_before(head: &[u8], name: &[u8]) -> bool {
+    let at = name.as_ptr() as usize - head.as_ptr() as usize;
+    at >= 2 && head[at - 2] == b'\r'
+}
+
+/// The framing fields of one head, gathered a field at a time (§6.3 items
+/// 3 to 6 and `Host`), then judged by [`FramingFields::finish`].
+#[derive(Debug, Default)]
+pub struct FramingFields {
+    hosts: u32,
+    length: Option<u64>,
+    length_error: Option<ContentLengthError>,
+    transfer_encodings: u32,
+    chunked: bool,
+}
+
+impl FramingFields {
+    /// One field line. Names other than the three are one comparison each
+    /// (a standard name is an enum inside `HeaderName`).
+    #[inline]
+    pub fn field(&mut self, name: &HeaderName, value: &[u8]) -> Result<(), Refusal> {
+        if *name == HOST {
+            self.hosts += 1;
+            if !is_valid_host(value) {
+                return Err(Refusal::bad("the Host header is not a valid host"));
             }
-            14 if name.eq_ignore_ascii_case(b"content-length") => {
-                match content_length::merge(length, field.value) {
-                    Ok(merged) => length = Some(merged),
-                    // Decided below: a Transfer-Encoding makes it moot.
-                    Err(error) => length_error = Some(error),
-                }
+        } else if *name == CONTENT_LENGTH {
+            match content_length::merge(self.length, value) {
+                Ok(merged) => self.length = Some(merged),
+                // Decided in `finish`: a Transfer-Encoding makes it moot.
+                Err(error) => self.length_error = Some(error),
             }
-            17 if name.eq_ignore_ascii_case(b"transfer-encoding") => {
-                transfer_encodings += 1;
-                chunked = field.value.eq_ignore_ascii_case(b"chunked");
+        } else if *name == TRANSFER_ENCODING {
+            self.transfer_encodings += 1;
+            self.chunked = value.eq_ignore_ascii_case(b"chunked");
+        }
+        Ok(())
+    }
+
+    /// The body's framing once every field is seen, or the refusal.
+    pub fn finish(self, http_11: bool) -> Result<BodyFraming, Refusal> {
+        if self.hosts > 1 {
+            return Err(Refusal::bad("the request has more than one Host header"));
+        }
+        if http_11 && self.hosts == 0 {
+            return Err(Refusal::bad("an HTTP/1.1 request needs a Host header"));
+        }
+        // §6.3 items 3 and 4.
+        if self.transfer_encodings > 0 {
+            if self.length.is_some() || self.length_error.is_some() {
+                return Err(Refusal::bad(
+                    "the request has both Content-Length and Transfer-Encoding",
+                ));
             }
-            _ => {}
+            if !http_11 {
+                return Err(Refusal::bad(
+                    "an HTTP/1.0 request cannot have Transfer-Encoding",
+                ));
+            }
+            if self.transfer_encodings > 1 || !self.chunked {
+                return Err(Refusal::bad(
+                    "the request's Transfer-Encoding is not exactly `chunked`",
+                ));
+            }
+            return Ok(BodyFraming::Chunked);
         }
-    }
-    if hosts > 1 {
-        return Err(Refusal::bad("the request has more than one Host header"));
-    }
-    if http_11 && hosts == 0 {
-        return Err(Refusal::bad("an HTTP/1.1 request needs a Host header"));
-    }
-    // §6.3 items 3 and 4.
-    if transfer_encodings > 0 {
-        if length.is_some() || length_error.is_some() {
-            return Err(Refusal::bad(
-                "the request has both Content-Length and Transfer-Encoding",
-            ));
+        // Item 5, then 6.
+        match (self.length_error, self.length) {
+            (Some(ContentLengthError::Conflicting), _) => Err(Refusal::bad(
+                "the request has Content-Length values that differ",
+            )),
+            (Some(ContentLengthError::Invalid), _) => Err(Refusal::bad(
+                "the request's Content-Length is not a decimal number",
+            )),
+            (None, Some(0) | None) => Ok(BodyFraming::Empty),
+            (None, Some(n)) => Ok(BodyFraming::Length(n)),
         }
-        if !http_11 {
-            return Err(Refusal::bad(
-                "an HTTP/1.0 request cannot have Transfer-Encoding",
-            ));
-        }
-        if transfer_encodings > 1 || !chunked {
-            return Err(Refusal::bad(
-                "the request's Transfer-Encoding is not exactly `chunked`",
-            ));
-        }
-        return Ok(BodyFraming::Chunked);
-    }
-    // Item 5.
-    match (length_error, length) {
-        (Some(content_length::ContentLengthError::Conflicting), _) => Err(Refusal::bad(
-            "the request has Content-Length values that differ",
-        )),
-        (Some(content_length::ContentLengthError::Invalid), _) => Err(Refusal::bad(
-            "the request's Content-Length is not a decimal number",
-        )),
-        (None, Some(0) | None) => Ok(BodyFraming::Empty),
-        (None, Some(n)) => Ok(BodyFraming::Length(n)),
     }
 }
 
@@ -234,32 +268,46 @@ pub fn check(head: &[u8], request: &httparse::Request<'_, '_>) -> Result<BodyFra
 /// every control byte are refused. Not a full URI grammar: the bytes a host
 /// can never contain, which is what a next hop could read differently.
 fn is_valid_host(value: &[u8]) -> bool {
+    // No early exit: a host is short, and a loop without a branch per byte
+    // is cheaper than one with (every request pays this).
     !value.is_empty()
-        && value.iter().all(|&b| {
-            b.is_ascii_alphanumeric()
-                || matches!(
-                    b,
-                    b'-' | b'.'
-                        | b'_'
-                        | b'~'
-                        | b'!'
-                        | b'$'
-                        | b'&'
-                        | b'\''
-                        | b'('
-                        | b')'
-                        | b'*'
-                        | b'+'
-                        | b','
-                        | b';'
-                        | b'='
-                        | b'%'
-                        | b':'
-                        | b'['
-                        | b']'
-                )
-        })
+        && value
+            .iter()
+            .fold(true, |valid, &b| valid & HOST_BYTES[usize::from(b)])
 }
+
+/// The bytes of [`is_valid_host`]: unreserved, sub-delims, `%`, `:`, `[`, `]`.
+static HOST_BYTES: [bool; 256] = {
+    let mut table = [false; 256];
+    let mut b = 0;
+    while b < 256 {
+        let c = b as u8;
+        table[b] = c.is_ascii_alphanumeric()
+            || matches!(
+                c,
+                b'-' | b'.'
+                    | b'_'
+                    | b'~'
+                    | b'!'
+                    | b'$'
+                    | b'&'
+                    | b'\''
+                    | b'('
+                    | b')'
+                    | b'*'
+                    | b'+'
+                    | b','
+                    | b';'
+                    | b'='
+                    | b'%'
+                    | b':'
+                    | b'['
+                    | b']'
+            );
+        b += 1;
+    }
+    table
+};
 
 #[cfg(test)]
 mod tests {

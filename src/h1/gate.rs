@@ -39,8 +39,7 @@ use std::task::{Context, Poll, Waker};
 use bytes::{Buf, BytesMut};
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 
-use super::framing::{self, BodyFraming, Refusal};
-use super::request::MAX_FIELDS;
+use super::framing::{self, BodyFraming, MAX_FIELDS, Refusal};
 
 /// Longest chunk-size line (size, extensions, CRLF) the gateway reads;
 /// hyper allows 16 KiB of extensions in all, which nothing legitimate uses.

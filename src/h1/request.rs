@@ -12,7 +12,7 @@
 //! just `keep-alive` or `close`. A body is taken only when it has a
 //! `Content-Length` and is already in the buffer. Everything else is
 //! [`Parsed::HandOff`]: hyper reads it again from the same bytes, behind the
-//! gate ([`super::gate`]) that checks every later head the same way.
+//! gate (`gate.rs`) that checks every later head the same way.
 
 use std::mem::MaybeUninit;
 
@@ -20,12 +20,8 @@ use bytes::BytesMut;
 use http::header::{CONNECTION, EXPECT, TE, TRANSFER_ENCODING, UPGRADE};
 use http::{HeaderMap, HeaderName, HeaderValue, Method, Request, Uri, Version};
 
-use super::framing::{self, BodyFraming, Refusal};
+use super::framing::{self, BodyFraming, FramingFields, MAX_FIELDS, Refusal};
 use crate::proxy::body::ClientBody;
-
-/// At most this many fields, as hyper (`DEFAULT_MAX_HEADERS`); a head with
-/// more is refused with 431, as hyper does.
-pub(crate) const MAX_FIELDS: usize = 100;
 
 /// What the bytes read so far hold.
 // Returned once per request and matched at once; boxing the request to make
@@ -70,10 +66,13 @@ pub fn parse(buffer: &mut BytesMut, fields: &mut HeaderMap, max_head: usize) -> 
         Ok(httparse::Status::Partial) => return Parsed::Partial,
         Err(error) => return Parsed::Refused(error.into()),
     };
-    let body_framing = match framing::check(&buffer[..head_len], &request) {
-        Ok(body_framing) => body_framing,
-        Err(refusal) => return Parsed::Refused(refusal),
-    };
+    // The framing check (`framing`), folded into the loop over the fields
+    // below. A head handed off before the loop ends is checked whole by the
+    // gate hyper reads through, and refused there just the same.
+    let head = &buffer[..head_len];
+    if let Err(refusal) = framing::check_head(head, &request) {
+        return Parsed::Refused(refusal);
+    }
     if request.version != Some(1) {
         return Parsed::HandOff;
     }
@@ -97,12 +96,19 @@ pub fn parse(buffer: &mut BytesMut, fields: &mut HeaderMap, max_head: usize) -> 
     // built. Values are sliced out of the frozen head below.
     let mut names: smallvec::SmallVec<[(HeaderName, usize, usize); 24]> = smallvec::SmallVec::new();
     let mut close: Option<bool> = None;
+    let mut framing_fields = FramingFields::default();
     for field in request.headers.iter() {
         let Ok(name) = HeaderName::from_bytes(field.name.as_bytes()) else {
             // httparse checked the token; `HeaderName` would only refuse
             // one longer than it holds.
             return Parsed::Refused(Refusal::MALFORMED);
         };
+        if !framing::line_ends_before(head, field.name.as_bytes()) {
+            return Parsed::Refused(Refusal::BARE_LF);
+        }
+        if let Err(refusal) = framing_fields.field(&name, field.value) {
+            return Parsed::Refused(refusal);
+        }
         if name == CONNECTION {
             match (close, connection_option(field.value)) {
                 (None, Some(option)) => close = Some(option),
@@ -115,6 +121,10 @@ pub fn parse(buffer: &mut BytesMut, fields: &mut HeaderMap, max_head: usize) -> 
         let start = offset(field.value);
         names.push((name, start, start + field.value.len()));
     }
+    let body_framing = match framing_fields.finish(true) {
+        Ok(body_framing) => body_framing,
+        Err(refusal) => return Parsed::Refused(refusal),
+    };
     let body_len = match body_framing {
         BodyFraming::Empty => 0,
         BodyFraming::Length(length) => match usize::try_from(length) {
