@@ -69,6 +69,12 @@
 //! With `store.backend = "redis"` the limit step sends a stack's shared
 //! limits to [`store`] (one Lua script call per request, all or nothing);
 //! `local = true` limits stay in memory.
+//!
+//! Every request head is checked by one framing rule before anything
+//! serves it ([`http1::server::framing`]; `Content-Length` by
+//! [`http::content_length`]): an ambiguous or malformed request is
+//! answered 400 and its connection closed, so nothing can be smuggled past
+//! the gateway.
 
 pub(crate) mod access_log;
 pub mod admin;

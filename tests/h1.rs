@@ -379,7 +379,7 @@ async fn serve_fast(table: Arc<Vec<Case>>, hand_offs: Arc<AtomicUsize>) -> Socke
                     // responses carry all their fields in the map.
                     async move { (answer(request, &table).await, ()) }
                 };
-                let prefix = match h1::serve(&mut stream, &Never, respond).await {
+                let prefix = match h1::serve(&mut stream, &Never, 64 * 1024, respond).await {
                     Ok(Ended::HandOff(prefix)) => prefix,
                     Ok(Ended::Closed) | Err(_) => return,
                 };
@@ -930,6 +930,139 @@ async fn transfer_encoding_without_chunked_matches_hyper() {
     let hyper = transcript(pair.hyper, &request, false).await;
     pair.assert_no_hand_offs();
     assert_eq!(fast, hyper, "fast path, then hyper");
+}
+
+// ---------------------------------------------------------------------------
+// Never more lenient than hyper: for every head both parsers see, a head
+// hyper refuses is refused by the gateway too (its parse, and the gate's
+// scanner that reads every request after a hand-off).
+
+/// The requests the mutations start from: no body, a length, chunked,
+/// HTTP/1.0.
+const LENIENCY_BASES: [&[u8]; 4] = [
+    b"GET /a?b=c HTTP/1.1\r\nHost: t\r\nX-Y: z\r\n\r\n",
+    b"POST /p HTTP/1.1\r\nHost: t\r\nContent-Length: 1\r\n\r\nx",
+    b"POST /p HTTP/1.1\r\nHost: t\r\nTransfer-Encoding: chunked\r\n\r\n1;e=v\r\nx\r\n0\r\nT: 1\r\n\r\n",
+    b"GET / HTTP/1.0\r\nConnection: keep-alive\r\n\r\n",
+];
+
+/// Bytes inserted or written over each position: the separators, the
+/// line ends, controls, obs-text and a few token bytes.
+const LENIENCY_BYTES: [u8; 16] = [
+    0x00, 0x01, b'\t', b'\n', 0x0b, b'\r', b' ', b'"', b',', b':', b';', 0x7f, 0x80, 0xff, b'a',
+    b'0',
+];
+
+/// Each base, and each with one byte inserted, replaced or deleted at every
+/// position.
+fn leniency_corpus() -> Vec<Vec<u8>> {
+    let mut corpus = Vec::new();
+    for base in LENIENCY_BASES {
+        corpus.push(base.to_vec());
+        for at in 0..base.len() {
+            let mut deleted = base.to_vec();
+            deleted.remove(at);
+            corpus.push(deleted);
+            for byte in LENIENCY_BYTES {
+                let mut inserted = base.to_vec();
+                inserted.insert(at, byte);
+                corpus.push(inserted);
+                let mut replaced = base.to_vec();
+                replaced[at] = byte;
+                corpus.push(replaced);
+            }
+        }
+    }
+    corpus.sort();
+    corpus.dedup();
+    corpus
+}
+
+/// Whether the gateway refuses `bytes` (what a client sends first on a
+/// connection): `h1::parse` refuses it, or the gate's scanner does, at a
+/// head or in a chunked body.
+fn gateway_refuses(bytes: &[u8]) -> bool {
+    let max_head = 64 * 1024;
+    let mut buffer = bytes::BytesMut::from(bytes);
+    if let h1::Parsed::Refused(_) = h1::parse(&mut buffer, &mut http::HeaderMap::new(), max_head) {
+        return true;
+    }
+    let mut scanner = h1::gate::Scanner::new(max_head);
+    let mut passed = 0;
+    loop {
+        match scanner.scan(&bytes[passed..]) {
+            h1::gate::Step::Pass(n) => passed += n,
+            h1::gate::Step::AwaitIdle => passed += scanner.release_upgrade(),
+            h1::gate::Step::AwaitAnswer => scanner.answered(b"HTTP/1.1 404 Not Found\r\n"),
+            h1::gate::Step::RefuseHead(_) | h1::gate::Step::RefuseBody(_) => return true,
+            h1::gate::Step::More | h1::gate::Step::Tunnel => return false,
+        }
+    }
+}
+
+/// Whether hyper's server refuses `bytes`: it answers 4xx or 5xx itself
+/// (every request it accepts is answered 200 by the table), or closes
+/// without an answer. A request hyper waits on (a body it reads as longer)
+/// is not refused.
+async fn hyper_refuses(addr: SocketAddr, bytes: &[u8]) -> bool {
+    let mut client = Client::connect(addr).await;
+    client.send(bytes).await;
+    match tokio::time::timeout(Duration::from_millis(300), client.read_answer(false)).await {
+        Ok(answer) => answer.status >= 400 || (answer.status == 0 && client.ended),
+        Err(_) => false,
+    }
+}
+
+/// hyper's HTTP/1.1 server with its defaults, answering every request it
+/// accepts `200 ok` once it has read the body (whatever the body's fate).
+async fn serve_hyper_ok() -> SocketAddr {
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(async move {
+        while let Ok((stream, _)) = listener.accept().await {
+            tokio::spawn(async move {
+                let service = service_fn(|request: Request<hyper::body::Incoming>| async move {
+                    let _ = request.into_body().collect().await;
+                    Ok::<_, Infallible>(Response::new(http_body_util::Full::new(
+                        Bytes::from_static(b"ok"),
+                    )))
+                });
+                let _ = hyper::server::conn::http1::Builder::new()
+                    .serve_connection(TokioIo::new(stream), service)
+                    .await;
+            });
+        }
+    });
+    addr
+}
+
+#[tokio::test]
+async fn the_gateway_refuses_every_head_hyper_refuses() {
+    let hyper = serve_hyper_ok().await;
+    let corpus = leniency_corpus();
+    let mut more_lenient = Vec::new();
+    let mut hyper_refused = 0;
+    for bytes in &corpus {
+        if hyper_refuses(hyper, bytes).await {
+            hyper_refused += 1;
+            if !gateway_refuses(bytes) {
+                more_lenient.push(format!("{:?}", String::from_utf8_lossy(bytes)));
+            }
+        }
+    }
+    assert!(
+        more_lenient.is_empty(),
+        "{} of {} heads hyper refuses are accepted:\n{}",
+        more_lenient.len(),
+        hyper_refused,
+        more_lenient.join("\n")
+    );
+    // The corpus is a real test: hyper refuses a good part of it.
+    assert!(
+        hyper_refused > corpus.len() / 4,
+        "{hyper_refused} of {}",
+        corpus.len()
+    );
 }
 
 // ---------------------------------------------------------------------------

@@ -27,8 +27,10 @@
 //!   of ending the loop (as in mini-redis).
 //! - **HTTP/1.1**: a connection is served by [`crate::http1::server`] (the gateway's own
 //!   path for plain requests) until a request needs hyper; from then on hyper
-//!   serves it, starting from the bytes `h1` had read ([`h1::Rewind`]). The
-//!   watchdog and the drain below apply to both.
+//!   serves it, starting from the bytes `h1` had read ([`h1::Rewind`]),
+//!   through [`h1::Gate`], which checks every later request by the same
+//!   framing rule before hyper reads it. The watchdog and the drain below
+//!   apply to both.
 //! - **Slow clients**: a per-connection watchdog closes a connection whose
 //!   request head is not complete within `header_read_timeout` (slowloris) and
 //!   one idle between requests for `idle_timeout`. hyper's own header timer is
@@ -69,9 +71,10 @@ use tokio::time::Instant;
 use crate::app::App;
 use crate::config::ServerConfig;
 use crate::conn::drain::{Drain, DrainWatch};
+use crate::http1::server::ActivityAnswered;
 use crate::http1::server::ConnActivity;
 use crate::http1::server::linger::{LingerSwitch, Lingering};
-use crate::http1::server::{self as h1, Rewind};
+use crate::http1::server::{self as h1, Gate, Rewind};
 use crate::proxy::body::ClientBody;
 use crate::proxy::handler::{Downstream, handle};
 use crate::worker::worker_count;
@@ -625,7 +628,7 @@ async fn serve_connection(
             // the head as they are (`h1` writes them).
             handle(&app, downstream, request, Some(activity.clone()))
         };
-        let fast = h1::serve(&mut io, &*activity, respond);
+        let fast = h1::serve(&mut io, &*activity, server.max_header_bytes, respond);
         tokio::pin!(fast);
         // Whether `check` holds this task's waker: it then wakes the task
         // when it fires, and is polled only once it has (`is_elapsed`), not
@@ -717,13 +720,18 @@ async fn serve_connection(
         .timer(TokioTimer::new())
         .header_read_timeout(None)
         .keep_alive(true)
-        // Room for the largest allowed head; the handler answers 431 with
-        // problem+json above `max_header_bytes`, hyper's own 431 is the backstop.
+        // Room for the largest allowed head: the gate refuses longer ones
+        // (431 problem+json) before hyper could.
         .max_buf_size((server.max_header_bytes + 16 * 1024).max(8 * 1024));
     // Lingering: hyper answers some requests before reading their bodies
     // (denied, too large, an upstream's early answer); see `crate::http1::server::linger`.
+    // The gate checks every later request before hyper reads it (`h1::gate`).
     let io = TokioIo::new(Lingering::new(
-        Rewind::new(prefix, io),
+        Gate::new(
+            Rewind::new(prefix, io),
+            server.max_header_bytes,
+            ActivityAnswered(activity.clone()),
+        ),
         ActivityLinger(activity.clone()),
     ));
     let connection = builder.serve_connection(io, service).with_upgrades();

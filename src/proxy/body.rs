@@ -29,6 +29,25 @@ pub struct BodyTooLarge {
     pub limit: u64,
 }
 
+/// The error a request body yields when reading the client's body failed:
+/// a malformed chunked body, a client that hung up mid-body. The client's
+/// fault, not the upstream's: the handler answers 400 (if it still can) and
+/// does not count an upstream error; the upstream connection, mid-message,
+/// is dropped with the failed exchange.
+#[derive(Debug, thiserror::Error)]
+#[error("the client's request body could not be read")]
+pub struct ClientBodyError(#[source] pub hyper::Error);
+
+impl ClientBodyError {
+    /// Whether `error` (as the upstream client reports a failed exchange)
+    /// was caused by the client's body.
+    pub fn caused(error: &std::io::Error) -> bool {
+        error
+            .get_ref()
+            .is_some_and(|inner| inner.is::<ClientBodyError>())
+    }
+}
+
 /// A request body on its way upstream.
 #[derive(Debug)]
 pub enum RequestBody {
@@ -79,7 +98,9 @@ impl Body for RequestBody {
                 let frame = match Pin::new(inner).poll_frame(cx) {
                     Poll::Pending => return Poll::Pending,
                     Poll::Ready(None) => return Poll::Ready(None),
-                    Poll::Ready(Some(Err(e))) => return Poll::Ready(Some(Err(e.into()))),
+                    Poll::Ready(Some(Err(e))) => {
+                        return Poll::Ready(Some(Err(Box::new(ClientBodyError(e)))));
+                    }
                     Poll::Ready(Some(Ok(frame))) => frame,
                 };
                 if let (Some(cap), Some(data)) = (cap.as_mut(), frame.data_ref()) {

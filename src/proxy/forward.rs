@@ -10,7 +10,7 @@ use std::net::{IpAddr, SocketAddr};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 
-use super::body::RequestBody;
+use super::body::{ClientBodyError, RequestBody};
 use crate::http::field_lines::FieldLines;
 use crate::http::hop_by_hop::{ConnectionToken, connection_tokens, is_hop_by_hop};
 use crate::http::structured::is_tchar;
@@ -18,6 +18,7 @@ use crate::http1::client::{OwnFields, UpstreamBody};
 use crate::identity::normalize;
 use crate::proxy::error::GatewayError;
 use crate::upstream::Upstream;
+use crate::upstream::pool::PoolError;
 use http::header::{self, HeaderMap, HeaderName, HeaderValue};
 use http::request::Parts;
 use http::uri::{PathAndQuery, Uri};
@@ -64,6 +65,15 @@ impl Upstream {
                 Some(Ok(answer)) => Ok(answer),
                 Some(Err(_)) if body_exceeded.is_some_and(|flag| flag.load(Ordering::Relaxed)) => {
                     Err(GatewayError::BodyTooLarge { limit: body_limit })
+                }
+                // The client's body failed (malformed chunked coding, a
+                // client gone mid-body): its fault, a 400, not an upstream
+                // error; the upstream connection went with the exchange.
+                Some(Err(PoolError::Request(error))) if ClientBodyError::caused(&error) => {
+                    tracing::debug!(%error, "request body failed while going upstream");
+                    Err(GatewayError::BadRequest {
+                        reason: "the request body is malformed or incomplete",
+                    })
                 }
                 Some(Err(source)) if source.is_connect() => Err(GatewayError::UpstreamConnect {
                     upstream: name.clone(),

@@ -37,6 +37,7 @@ use http_body_util::BodyExt;
 use crate::access_log::{self, AccessEntry};
 use crate::app::{App, RoutePlan, Snapshot};
 use crate::config::{Config, Consumer, LimitConfig, OnFailure, RouteAction, RouteConfig};
+use crate::http::content_length;
 use crate::http::field_lines::FieldLines;
 use crate::http::path::normalize_uri;
 use crate::http1::server::ConnActivity;
@@ -1264,16 +1265,19 @@ fn prepare_forward<'s>(
     })
 }
 
-/// The `Content-Length` the client declared, if one parses.
+/// The `Content-Length` the client declared, by the crate's one rule
+/// ([`content_length`]). The server side has refused every request whose
+/// length does not parse, so `None` is a request without one.
 fn declared_length(parts: &Parts) -> Option<u64> {
-    parts
-        .headers
-        .get(CONTENT_LENGTH)?
-        .to_str()
-        .ok()?
-        .trim()
-        .parse()
-        .ok()
+    content_length::parse(
+        parts
+            .headers
+            .get_all(CONTENT_LENGTH)
+            .iter()
+            .map(|value| value.as_bytes()),
+    )
+    .ok()
+    .flatten()
 }
 
 /// Bytes of the request head as the client sent them, near enough: the request

@@ -537,3 +537,131 @@ pub fn config_with(template: &str, vars: &HashMap<&str, String>) -> String {
 
 pub mod openmetrics;
 pub mod redis;
+
+/// What a [`RawUpstream`] received on one connection.
+#[derive(Debug, Clone, Default)]
+pub struct RawConnection {
+    /// Every byte, exactly as it arrived.
+    pub bytes: Vec<u8>,
+    /// Complete requests found in `bytes` (and answered).
+    pub requests: usize,
+    /// The gateway closed the connection.
+    pub closed: bool,
+}
+
+/// An upstream that records the exact bytes of each connection and answers
+/// every complete request `200` with body `ok`. It reads request framing
+/// itself (a `Content-Length` or a chunked body) and nothing else of HTTP:
+/// what the gateway sends is judged by the test from `bytes`.
+pub struct RawUpstream {
+    pub addr: SocketAddr,
+    pub connections: Arc<Mutex<Vec<RawConnection>>>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl RawUpstream {
+    pub async fn start() -> RawUpstream {
+        let listener = TcpListener::bind("127.0.0.1:0")
+            .await
+            .expect("bind upstream");
+        let addr = listener.local_addr().expect("addr");
+        let connections = Arc::new(Mutex::new(Vec::<RawConnection>::new()));
+        let shared = connections.clone();
+        let task = tokio::spawn(async move {
+            while let Ok((mut stream, _)) = listener.accept().await {
+                let index = {
+                    let mut all = shared.lock().unwrap();
+                    all.push(RawConnection::default());
+                    all.len() - 1
+                };
+                let shared = shared.clone();
+                tokio::spawn(async move {
+                    let mut unparsed = Vec::new();
+                    let mut buf = vec![0u8; 16 * 1024];
+                    loop {
+                        let n = stream.read(&mut buf).await.unwrap_or(0);
+                        if n == 0 {
+                            shared.lock().unwrap()[index].closed = true;
+                            return;
+                        }
+                        shared.lock().unwrap()[index]
+                            .bytes
+                            .extend_from_slice(&buf[..n]);
+                        unparsed.extend_from_slice(&buf[..n]);
+                        while let Some(len) = raw_request_len(&unparsed) {
+                            unparsed.drain(..len);
+                            shared.lock().unwrap()[index].requests += 1;
+                            let answer = b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\nok";
+                            if stream.write_all(answer).await.is_err() {
+                                return;
+                            }
+                        }
+                    }
+                });
+            }
+        });
+        RawUpstream {
+            addr,
+            connections,
+            task,
+        }
+    }
+
+    pub fn url(&self) -> String {
+        format!("http://{}", self.addr)
+    }
+
+    /// A copy of what every connection received so far.
+    pub fn connections(&self) -> Vec<RawConnection> {
+        self.connections.lock().unwrap().clone()
+    }
+
+    /// Every byte received, all connections in order.
+    pub fn all_bytes(&self) -> Vec<u8> {
+        self.connections()
+            .into_iter()
+            .flat_map(|c| c.bytes)
+            .collect()
+    }
+
+    /// Complete requests received, all connections.
+    pub fn requests(&self) -> usize {
+        self.connections().iter().map(|c| c.requests).sum()
+    }
+}
+
+impl Drop for RawUpstream {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+/// The length of the complete request at the start of `bytes`, framed by
+/// `Content-Length` or chunked (as the gateway sends them), if it is there.
+pub fn raw_request_len(bytes: &[u8]) -> Option<usize> {
+    let head_end = bytes.windows(4).position(|w| w == b"\r\n\r\n")? + 4;
+    let head = String::from_utf8_lossy(&bytes[..head_end]).to_ascii_lowercase();
+    let field = |name: &str| {
+        head.split("\r\n")
+            .find_map(|line| line.strip_prefix(name).map(|v| v.trim().to_owned()))
+    };
+    if field("transfer-encoding:").is_some() {
+        let mut at = head_end;
+        loop {
+            let line_end = at + bytes[at..].windows(2).position(|w| w == b"\r\n")?;
+            let line = std::str::from_utf8(&bytes[at..line_end]).ok()?;
+            let size = usize::from_str_radix(line.split(';').next()?.trim(), 16).ok()?;
+            at = line_end + 2;
+            if size == 0 {
+                // No trailers from the gateway: the empty line.
+                return (bytes.len() >= at + 2 && &bytes[at..at + 2] == b"\r\n").then_some(at + 2);
+            }
+            at += size + 2;
+            if bytes.len() < at {
+                return None;
+            }
+        }
+    }
+    let length: usize = field("content-length:").map_or(Some(0), |v| v.parse().ok())?;
+    (bytes.len() >= head_end + length).then_some(head_end + length)
+}

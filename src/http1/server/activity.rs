@@ -5,7 +5,9 @@
 //! header and idle timeouts. It lives with the server codec so the pipeline
 //! can mark a request's end without naming the connection layer.
 
+use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
+use std::task::{Context, Poll};
 
 use tokio::time::Instant;
 
@@ -31,6 +33,11 @@ pub struct ConnActivity {
     pub(crate) closing: AtomicBool,
     /// Off once the connection is handed to a tunnel (see [`linger`](super::linger)).
     pub(crate) linger: LingerSwitch,
+    /// The gate of a handed-off connection waits for the requests in flight
+    /// to be answered before it passes an upgrade ([`super::gate::Answered`]);
+    /// rare, so a lock, taken only when `answer_awaited` is set.
+    answer_awaited: AtomicBool,
+    answer_waker: parking_lot::Mutex<Option<std::task::Waker>>,
 }
 
 impl ConnActivity {
@@ -42,6 +49,8 @@ impl ConnActivity {
             head_started_ms: AtomicU64::new(0),
             closing: AtomicBool::new(false),
             linger: LingerSwitch::default(),
+            answer_awaited: AtomicBool::new(false),
+            answer_waker: parking_lot::Mutex::new(None),
         }
     }
 
@@ -87,7 +96,33 @@ impl ConnActivity {
     pub(crate) fn request_finished(&self) {
         self.last_activity_ms
             .store(self.now_ms(), Ordering::Relaxed);
-        self.in_flight.fetch_sub(1, Ordering::Relaxed);
+        self.in_flight.fetch_sub(1, Ordering::SeqCst);
+        if self.answer_awaited.load(Ordering::SeqCst) {
+            self.answer_awaited.store(false, Ordering::SeqCst);
+            if let Some(waker) = self.answer_waker.lock().take() {
+                waker.wake();
+            }
+        }
+    }
+}
+
+/// A handed-off connection's gate asks whether every request is answered.
+pub(crate) struct ActivityAnswered(pub(crate) Arc<ConnActivity>);
+
+impl super::gate::Answered for ActivityAnswered {
+    fn poll_answered(&self, cx: &mut Context<'_>) -> Poll<()> {
+        let activity = &self.0;
+        if activity.in_flight.load(Ordering::SeqCst) == 0 {
+            return Poll::Ready(());
+        }
+        *activity.answer_waker.lock() = Some(cx.waker().clone());
+        activity.answer_awaited.store(true, Ordering::SeqCst);
+        // A request that ended in between would not have seen the flag.
+        if activity.in_flight.load(Ordering::SeqCst) == 0 {
+            activity.answer_awaited.store(false, Ordering::SeqCst);
+            return Poll::Ready(());
+        }
+        Poll::Pending
     }
 }
 

@@ -10,18 +10,27 @@
 //! hyper does), runs the handler in place, and writes the response head and
 //! body from one buffer, one `write` for a small response.
 //!
-//! It never has to get an edge case right, because it only serves requests it
-//! recognises as plain (`parse`'s short allow-list). At the first
-//! request that is anything else, it returns the bytes it has read
-//! ([`Ended::HandOff`]) and the caller gives the connection to hyper, which
-//! reads them again ([`Rewind`]) and serves the connection from then on:
-//! chunked and streamed uploads, `Expect: 100-continue`, upgrades, HTTP/1.0,
-//! every malformed head and its error answer stay hyper's. Responses are
-//! written by hyper's rules (`encode_head`), so a client sees the same bytes
-//! from either.
+//! Every request head the gateway receives is parsed here first, whoever
+//! serves it, and checked by one rule ([`framing`], RFC 9112 §6.3 as a
+//! numbered list): a malformed head, an ambiguous framing (the stuff of
+//! request smuggling), a head over `max_header_bytes` are answered here with
+//! problem+json (400, 414, 431) and the connection is closed; nothing after
+//! them is read. Of the rest, it serves only the requests it recognises as
+//! plain (`parse`'s short allow-list). At the first request that is
+//! anything else, it returns the bytes it has read ([`Ended::HandOff`]) and
+//! the caller gives the connection to hyper, which reads them again
+//! ([`Rewind`]) and serves the connection from then on: chunked and
+//! streamed uploads, `Expect: 100-continue`, upgrades, HTTP/1.0. hyper reads
+//! through a [`Gate`], which checks every later head by the same rule and
+//! every chunked body strictly, so hyper never sees a head the gateway would
+//! refuse and its own plain-text 400 and 431 never reach a client.
+//! Responses are written by hyper's rules (`encode_head`), so a client
+//! sees the same bytes from either.
 
 mod activity;
 mod body;
+pub mod framing;
+pub mod gate;
 pub(crate) mod linger;
 mod request;
 mod response;
@@ -39,18 +48,17 @@ use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 
 use crate::http::chunked::LAST_CHUNK;
 use crate::http::field_lines::FieldLines;
+pub(crate) use activity::ActivityAnswered;
 pub use activity::ConnActivity;
 pub use body::ClientBody;
-pub(crate) use request::{Parsed, parse};
+pub use framing::{BodyFraming, Refusal};
+pub use gate::Gate;
+pub use request::{Parsed, parse};
 pub(crate) use response::{BodyLength, Framing, encode_head};
 pub use rewind::Rewind;
 
 /// Room for the reads of one connection (grown only while a head is longer).
 const READ_BUFFER: usize = 8 * 1024;
-
-/// A head still incomplete at this many bytes goes to hyper, whose limit
-/// (`max_buf_size`) and 431 answer apply from there.
-const MAX_FAST_HEAD: usize = 16 * 1024;
 
 /// Response bytes gathered before a write while the body keeps coming.
 const WRITE_BATCH: usize = 16 * 1024;
@@ -106,10 +114,17 @@ pub trait Closing {
 
 /// Serves plain requests on `io` with `respond` until the connection ends or
 /// a request needs hyper. `respond` answers a request with a response and
-/// the [`ExtraFields`] written into its head after the map's fields. I/O
-/// errors end the connection (returned for the log); nothing here panics on
-/// what a client sends.
-pub async fn serve<T, C, F, Fut, B, L>(io: &mut T, closing: &C, mut respond: F) -> io::Result<Ended>
+/// the [`ExtraFields`] written into its head after the map's fields. A head
+/// that is malformed, framed ambiguously or longer than `max_head` bytes is
+/// answered here ([`Refusal`]) and ends the connection: nothing after it is
+/// read, let alone served. I/O errors end the connection (returned for the
+/// log); nothing here panics on what a client sends.
+pub async fn serve<T, C, F, Fut, B, L>(
+    io: &mut T,
+    closing: &C,
+    max_head: usize,
+    mut respond: F,
+) -> io::Result<Ended>
 where
     T: AsyncRead + AsyncWrite + Unpin,
     C: Closing + ?Sized,
@@ -124,15 +139,19 @@ where
     // The last response's map, emptied: the next request's fields go in it.
     let mut fields = HeaderMap::new();
     loop {
+        // Bytes of a partial head already parsed: a head arriving in many
+        // small reads is parsed again only when it may have ended.
+        let mut parsed_up_to = 0;
         let (request, close) = loop {
-            if !buffer.is_empty() {
-                match parse(&mut buffer, &mut fields) {
+            if !buffer.is_empty() && may_be_complete(&buffer, parsed_up_to, max_head) {
+                match parse(&mut buffer, &mut fields, max_head) {
                     Parsed::Request { request, close } => break (request, close),
                     Parsed::HandOff => return Ok(Ended::HandOff(buffer)),
-                    Parsed::Partial if buffer.len() >= MAX_FAST_HEAD => {
-                        return Ok(Ended::HandOff(buffer));
+                    Parsed::Partial => parsed_up_to = buffer.len(),
+                    Parsed::Refused(refusal) => {
+                        refuse(io, &mut out, refusal).await?;
+                        return Ok(Ended::Closed);
                     }
-                    Parsed::Partial => {}
                 }
             }
             if buffer.capacity() - buffer.len() < READ_BUFFER / 4 {
@@ -212,6 +231,34 @@ where
             out = Vec::with_capacity(1024);
         }
     }
+}
+
+/// Whether a head that was partial at `parsed_up_to` bytes may be complete
+/// (or too long) now: an end of line followed by an empty line (bare LF
+/// included, for the check to refuse) is among the new bytes. Without this,
+/// a head sent a byte at a time would be parsed from its start once per
+/// byte, up to `max_head` bytes each time. The first parse of a head (at 0)
+/// always runs: the usual head arrives whole.
+pub(crate) fn may_be_complete(buffer: &[u8], parsed_up_to: usize, max_head: usize) -> bool {
+    if parsed_up_to == 0 || buffer.len() > max_head {
+        return true;
+    }
+    let new = &buffer[parsed_up_to.saturating_sub(3)..];
+    new.windows(2).any(|pair| pair == b"\n\n") || new.windows(3).any(|w| w == b"\n\r\n")
+}
+
+/// Answers a refused request and closes the connection (lingering, so the
+/// client reads the answer rather than a reset while it is still sending).
+async fn refuse<T>(io: &mut T, out: &mut Vec<u8>, refusal: Refusal) -> io::Result<()>
+where
+    T: AsyncRead + AsyncWrite + Unpin,
+{
+    tracing::debug!(status = %refusal.status, detail = refusal.detail, "request refused");
+    out.clear();
+    refusal.encode(out);
+    io.write_all(out).await?;
+    crate::http1::server::linger::close(io).await;
+    Ok(())
 }
 
 /// Writes the head in `out` and the body after it, framed as `framing`.

@@ -1,26 +1,27 @@
-//! Reading a request head for the fast path, and deciding whether it is one
+//! Reading a request head for the fast path: refusing it when its framing
+//! is ambiguous or it is malformed, and otherwise deciding whether it is one
 //! the fast path serves.
 //!
-//! The decision is a short allow-list, not a re-implementation of HTTP/1.1:
-//! an HTTP/1.1 request in origin form, no `CONNECT`, none of the fields that
-//! change how the connection carries messages (`Transfer-Encoding`,
+//! Every head is parsed here first, whoever serves it: httparse splits it,
+//! [`framing::check`] decides where its body ends or refuses it
+//! ([`Parsed::Refused`]: the caller answers 400, 414 or 431 and closes the
+//! connection), and only then does the short allow-list decide who serves
+//! it: an HTTP/1.1 request in origin form, no `CONNECT`, none of the fields
+//! that change how the connection carries messages (`Transfer-Encoding`,
 //! `Upgrade`, `Expect`, `TE`), and at most one `Connection` field that says
-//! just `keep-alive` or `close`. A body is taken only when it has one valid
-//! `Content-Length` and is already in the buffer. Everything else,
-//! including every head httparse rejects, is [`Parsed::HandOff`]: hyper
-//! reads it again from the same bytes and answers exactly as it always did.
+//! just `keep-alive` or `close`. A body is taken only when it has a
+//! `Content-Length` and is already in the buffer. Everything else is
+//! [`Parsed::HandOff`]: hyper reads it again from the same bytes, behind the
+//! gate (`gate.rs`) that checks every later head the same way.
 
 use std::mem::MaybeUninit;
 
 use bytes::BytesMut;
-use http::header::{CONNECTION, CONTENT_LENGTH, EXPECT, TE, TRANSFER_ENCODING, UPGRADE};
+use http::header::{CONNECTION, EXPECT, TE, TRANSFER_ENCODING, UPGRADE};
 use http::{HeaderMap, HeaderName, HeaderValue, Method, Request, Uri, Version};
 
 use super::body::ClientBody;
-
-/// At most this many fields, as hyper (`DEFAULT_MAX_HEADERS`); a head with
-/// more is hyper's to refuse.
-const MAX_FIELDS: usize = 100;
+use super::framing::{self, BodyFraming, FramingFields, MAX_FIELDS, Refusal};
 
 /// What the bytes read so far hold.
 // Returned once per request and matched at once; boxing the request to make
@@ -39,11 +40,15 @@ pub enum Parsed {
     /// Not the fast path's to serve: hyper takes the connection from these
     /// bytes on. The buffer is untouched.
     HandOff,
+    /// Malformed, ambiguous or too large: answered with this refusal, and
+    /// the connection closed. Nothing after it is read.
+    Refused(Refusal),
 }
 
 /// Parses the request at the start of `buffer`. `fields` is a map to reuse
-/// (cleared; its capacity is what is kept).
-pub fn parse(buffer: &mut BytesMut, fields: &mut HeaderMap) -> Parsed {
+/// (cleared; its capacity is what is kept). A head longer than `max_head`
+/// bytes, complete or not, is refused (431).
+pub fn parse(buffer: &mut BytesMut, fields: &mut HeaderMap, max_head: usize) -> Parsed {
     let mut slots = [const { MaybeUninit::<httparse::Header<'_>>::uninit() }; MAX_FIELDS];
     let mut request = httparse::Request::new(&mut []);
     let head_len = match httparse::ParserConfig::default().parse_request_with_uninit_headers(
@@ -51,10 +56,23 @@ pub fn parse(buffer: &mut BytesMut, fields: &mut HeaderMap) -> Parsed {
         buffer,
         &mut slots,
     ) {
+        Ok(httparse::Status::Complete(len)) if len > max_head => {
+            return Parsed::Refused(Refusal::TOO_LARGE);
+        }
         Ok(httparse::Status::Complete(len)) => len,
+        Ok(httparse::Status::Partial) if buffer.len() > max_head => {
+            return Parsed::Refused(Refusal::TOO_LARGE);
+        }
         Ok(httparse::Status::Partial) => return Parsed::Partial,
-        Err(_) => return Parsed::HandOff,
+        Err(error) => return Parsed::Refused(error.into()),
     };
+    // The framing check (`framing`), folded into the loop over the fields
+    // below. A head handed off before the loop ends is checked whole by the
+    // gate hyper reads through, and refused there just the same.
+    let head = &buffer[..head_len];
+    if let Err(refusal) = framing::check_head(head, &request) {
+        return Parsed::Refused(refusal);
+    }
     if request.version != Some(1) {
         return Parsed::HandOff;
     }
@@ -77,12 +95,20 @@ pub fn parse(buffer: &mut BytesMut, fields: &mut HeaderMap) -> Parsed {
     // Names first: whether the request is ours is known before anything is
     // built. Values are sliced out of the frozen head below.
     let mut names: smallvec::SmallVec<[(HeaderName, usize, usize); 24]> = smallvec::SmallVec::new();
-    let mut content_length: Option<u64> = None;
     let mut close: Option<bool> = None;
+    let mut framing_fields = FramingFields::default();
     for field in request.headers.iter() {
         let Ok(name) = HeaderName::from_bytes(field.name.as_bytes()) else {
-            return Parsed::HandOff;
+            // httparse checked the token; `HeaderName` would only refuse
+            // one longer than it holds.
+            return Parsed::Refused(Refusal::MALFORMED);
         };
+        if !framing::line_ends_before(head, field.name.as_bytes()) {
+            return Parsed::Refused(Refusal::BARE_LF);
+        }
+        if let Err(refusal) = framing_fields.field(&name, field.value) {
+            return Parsed::Refused(refusal);
+        }
         if name == CONNECTION {
             match (close, connection_option(field.value)) {
                 (None, Some(option)) => close = Some(option),
@@ -92,32 +118,27 @@ pub fn parse(buffer: &mut BytesMut, fields: &mut HeaderMap) -> Parsed {
         if name == TRANSFER_ENCODING || name == UPGRADE || name == EXPECT || name == TE {
             return Parsed::HandOff;
         }
-        if name == CONTENT_LENGTH {
-            match (content_length, super::response::digits(field.value)) {
-                (None, Some(length)) => content_length = Some(length),
-                _ => return Parsed::HandOff,
-            }
-        }
         let start = offset(field.value);
         names.push((name, start, start + field.value.len()));
     }
-    let body_len = match content_length {
-        None => 0,
-        Some(length) => match usize::try_from(length) {
+    let body_framing = match framing_fields.finish(true) {
+        Ok(body_framing) => body_framing,
+        Err(refusal) => return Parsed::Refused(refusal),
+    };
+    let body_len = match body_framing {
+        BodyFraming::Empty => 0,
+        BodyFraming::Length(length) => match usize::try_from(length) {
             Ok(length) if length <= buffer.len() - head_len => length,
             _ => return Parsed::HandOff,
         },
+        BodyFraming::Chunked => return Parsed::HandOff,
     };
 
     let head = buffer.split_to(head_len).freeze();
     let Ok(uri) = Uri::from_maybe_shared(head.slice(path_range)) else {
-        // Rare (httparse lets through targets `Uri` refuses): put the head
-        // back for hyper, which answers 400.
-        let mut restored = BytesMut::with_capacity(head.len() + buffer.len());
-        restored.extend_from_slice(&head);
-        restored.extend_from_slice(buffer);
-        *buffer = restored;
-        return Parsed::HandOff;
+        // httparse lets through targets `Uri` refuses (`<`, obs-text), and
+        // so would hyper's 400.
+        return Parsed::Refused(Refusal::MALFORMED);
     };
     let body = (body_len > 0).then(|| buffer.split_to(body_len).freeze());
     let mut map = std::mem::take(fields);
@@ -166,7 +187,7 @@ mod tests {
     /// Parses `bytes` with a fresh map.
     fn parse_bytes(bytes: &[u8]) -> (Parsed, BytesMut) {
         let mut buffer = BytesMut::from(bytes);
-        let parsed = parse(&mut buffer, &mut HeaderMap::new());
+        let parsed = parse(&mut buffer, &mut HeaderMap::new(), 64 * 1024);
         (parsed, buffer)
     }
 
@@ -201,6 +222,23 @@ mod tests {
             "{:?}: buffer changed",
             String::from_utf8_lossy(bytes)
         );
+    }
+
+    fn assert_refused(bytes: &[u8], status: u16) {
+        let (parsed, _) = parse_bytes(bytes);
+        match parsed {
+            Parsed::Refused(refusal) => assert_eq!(
+                refusal.status.as_u16(),
+                status,
+                "{:?}: {}",
+                String::from_utf8_lossy(bytes),
+                refusal.detail
+            ),
+            other => panic!(
+                "{:?}: expected a refusal, got {other:?}",
+                String::from_utf8_lossy(bytes)
+            ),
+        }
     }
 
     #[test]
@@ -251,7 +289,7 @@ mod tests {
         // The field stays for the handler (which drops hop-by-hop fields).
         assert_eq!(request.headers()["connection"], "close");
         // Case does not matter.
-        let (parsed, _) = parse_bytes(b"GET / HTTP/1.1\r\nconnection: CLOSE\r\n\r\n");
+        let (parsed, _) = parse_bytes(b"GET / HTTP/1.1\r\nHost: x\r\nconnection: CLOSE\r\n\r\n");
         assert!(request_close(parsed));
     }
 
@@ -264,7 +302,8 @@ mod tests {
         let (parsed, _) =
             parse_bytes(b"GET / HTTP/1.1\r\nHost: x\r\nConnection: keep-alive\r\n\r\n");
         assert!(!request_close(parsed));
-        let (parsed, _) = parse_bytes(b"GET / HTTP/1.1\r\nConnection: Keep-Alive\r\n\r\n");
+        let (parsed, _) =
+            parse_bytes(b"GET / HTTP/1.1\r\nHost: x\r\nConnection: Keep-Alive\r\n\r\n");
         assert!(!request_close(parsed));
     }
 
@@ -340,18 +379,21 @@ mod tests {
     }
 
     #[test]
-    fn two_content_lengths_are_handed_off() {
-        assert_hand_off(
+    fn differing_content_lengths_are_refused_and_equal_ones_served() {
+        assert_refused(
             b"POST / HTTP/1.1\r\nHost: x\r\nContent-Length: 5\r\nContent-Length: 6\r\n\r\nhello!",
+            400,
         );
-        // Equal ones too: whether they are an error is hyper's rule.
-        assert_hand_off(
+        let (parsed, buffer) = parse_bytes(
             b"POST / HTTP/1.1\r\nHost: x\r\nContent-Length: 5\r\nContent-Length: 5\r\n\r\nhello",
         );
+        let (request, _) = request(parsed);
+        assert_eq!(body_bytes(&request).as_deref(), Some(&b"hello"[..]));
+        assert!(buffer.is_empty());
     }
 
     #[test]
-    fn content_length_that_is_not_digits_is_handed_off() {
+    fn content_length_that_is_not_digits_is_refused() {
         // (Trailing spaces are not here: httparse trims them, for hyper too.)
         for value in [
             "+5",
@@ -364,37 +406,55 @@ mod tests {
         ] {
             let bytes =
                 format!("POST / HTTP/1.1\r\nHost: x\r\nContent-Length: {value}\r\n\r\nhello");
-            assert_hand_off(bytes.as_bytes());
+            assert_refused(bytes.as_bytes(), 400);
         }
     }
 
     #[test]
-    fn malformed_heads_are_handed_off() {
-        assert_hand_off(b"GET / HTTP/1.1\r\nHost : x\r\n\r\n");
-        assert_hand_off(b"GET  / HTTP/1.1\r\nHost: x\r\n\r\n");
-        assert_hand_off(b"GET / HTTP/1.1\r\nHost: x\r\n folded\r\n\r\n");
-        assert_hand_off(b"GET / HTTP/1.1\r\nBad\x01Name: x\r\n\r\n");
-        assert_hand_off(b"GET / HTTP/1.1\r\nNo-Colon\r\n\r\n");
-        assert_hand_off(b"\x16\x03\x01\x02\x00\x01\x00\x01\xfc\x03\x03");
+    fn malformed_heads_are_refused() {
+        for bad in [
+            &b"GET / HTTP/1.1\r\nHost : x\r\n\r\n"[..],
+            b"GET  / HTTP/1.1\r\nHost: x\r\n\r\n",
+            b"GET / HTTP/1.1\r\nHost: x\r\n folded\r\n\r\n",
+            b"GET / HTTP/1.1\r\nHost: x\r\nBad\x01Name: x\r\n\r\n",
+            b"GET / HTTP/1.1\r\nHost: x\r\nNo-Colon\r\n\r\n",
+            b"GET / HTTP/1.1\r\nHost: x\r\nX: a\x00b\r\n\r\n",
+            b"GET / HTTP/1.1\r\nHost: x\r\nX: a\rb\r\n\r\n",
+            b"GET / HTTP/1.1\nHost: x\n\n",
+            b"GET / HTTP/1.1\r\n\r\n",
+            b"\x16\x03\x01\x02\x00\x01\x00\x01\xfc\x03\x03",
+        ] {
+            assert_refused(bad, 400);
+        }
     }
 
     #[test]
-    fn more_fields_than_hyper_allows_are_handed_off() {
+    fn more_fields_than_hyper_allows_are_refused() {
         let mut bytes = b"GET / HTTP/1.1\r\n".to_vec();
         for i in 0..=MAX_FIELDS {
             bytes.extend_from_slice(format!("x-f{i}: v\r\n").as_bytes());
         }
         bytes.extend_from_slice(b"\r\n");
-        assert_hand_off(&bytes);
+        assert_refused(&bytes, 431);
     }
 
     #[test]
-    fn target_uri_refuses_is_handed_off_with_the_buffer_restored() {
-        // httparse lets `<` through in a target; `Uri` does not. This is the
-        // one hand-off decided after the head left the buffer, so it must be
-        // put back exactly, with what followed it.
-        assert_hand_off(b"GET /a<b HTTP/1.1\r\nHost: x\r\n\r\nGET / HTTP/1.1\r\n\r\n");
-        assert_hand_off(b"GET /a<b HTTP/1.1\r\nContent-Length: 2\r\n\r\nhiGET /");
+    fn a_head_over_the_limit_is_refused_complete_or_not() {
+        let long = format!(
+            "GET / HTTP/1.1\r\nHost: x\r\nX: {}\r\n\r\n",
+            "a".repeat(70 * 1024)
+        );
+        assert_refused(long.as_bytes(), 431);
+        assert_refused(&long.as_bytes()[..66 * 1024], 431);
+    }
+
+    #[test]
+    fn a_target_uri_refuses_is_refused() {
+        // httparse lets `<` through in a target; `Uri` does not.
+        assert_refused(
+            b"GET /a<b HTTP/1.1\r\nHost: x\r\n\r\nGET / HTTP/1.1\r\n\r\n",
+            400,
+        );
     }
 
     #[test]
@@ -420,8 +480,9 @@ mod tests {
 
     #[test]
     fn content_length_zero_is_no_body() {
-        let (parsed, buffer) =
-            parse_bytes(b"POST /p HTTP/1.1\r\nContent-Length: 0\r\n\r\nGET / HTTP/1.1\r\n\r\n");
+        let (parsed, buffer) = parse_bytes(
+            b"POST /p HTTP/1.1\r\nHost: x\r\nContent-Length: 0\r\n\r\nGET / HTTP/1.1\r\n\r\n",
+        );
         let (request, _) = request(parsed);
         assert_eq!(body_bytes(&request), None);
         assert_eq!(&buffer[..], b"GET / HTTP/1.1\r\n\r\n");
@@ -432,27 +493,30 @@ mod tests {
         let mut buffer = BytesMut::from(
             &b"GET /one HTTP/1.1\r\nHost: x\r\nX-One: 1\r\n\r\n\
                GET /two HTTP/1.1\r\nHost: y\r\n\r\n\
-               POST /three HTTP/1.1\r\nContent-Length: 3\r\nConnection: close\r\n\r\nabc\
+               POST /three HTTP/1.1\r\nHost: z\r\nContent-Length: 3\r\nConnection: close\r\n\r\nabc\
                GET /fou"[..],
         );
         let mut fields = HeaderMap::new();
-        let (first, close) = request(parse(&mut buffer, &mut fields));
+        let (first, close) = request(parse(&mut buffer, &mut fields, 1024));
         assert_eq!(first.uri(), "/one");
         assert_eq!(first.headers()["x-one"], "1");
         assert!(!close);
-        let (second, close) = request(parse(&mut buffer, &mut fields));
+        let (second, close) = request(parse(&mut buffer, &mut fields, 1024));
         assert_eq!(second.method(), Method::GET);
         assert_eq!(second.uri(), "/two");
         assert_eq!(second.headers()["host"], "y");
         assert!(second.headers().get("x-one").is_none());
         assert!(!close);
-        let (third, close) = request(parse(&mut buffer, &mut fields));
+        let (third, close) = request(parse(&mut buffer, &mut fields, 1024));
         assert_eq!(third.method(), Method::POST);
         assert_eq!(third.uri(), "/three");
         assert_eq!(body_bytes(&third).as_deref(), Some(&b"abc"[..]));
         assert!(close);
-        assert!(third.headers().get("host").is_none());
-        assert!(matches!(parse(&mut buffer, &mut fields), Parsed::Partial));
+        assert_eq!(third.headers()["host"], "z");
+        assert!(matches!(
+            parse(&mut buffer, &mut fields, 1024),
+            Parsed::Partial
+        ));
         assert_eq!(&buffer[..], b"GET /fou");
     }
 
@@ -462,7 +526,7 @@ mod tests {
         fields.insert("x-leftover", HeaderValue::from_static("stale"));
         fields.append("host", HeaderValue::from_static("stale.test"));
         let mut buffer = BytesMut::from(&b"GET / HTTP/1.1\r\nHost: fresh.test\r\n\r\n"[..]);
-        let (request, _) = request(parse(&mut buffer, &mut fields));
+        let (request, _) = request(parse(&mut buffer, &mut fields, 1024));
         assert_eq!(request.headers().len(), 1, "{:?}", request.headers());
         assert!(request.headers().get("x-leftover").is_none());
         let hosts: Vec<_> = request.headers().get_all("host").iter().collect();
@@ -473,9 +537,9 @@ mod tests {
     fn lower_case_and_extension_methods_are_kept_as_sent() {
         // hyper takes any token as a method; so does the fast path, and the
         // router decides.
-        let (parsed, _) = parse_bytes(b"PURGE /c HTTP/1.1\r\n\r\n");
+        let (parsed, _) = parse_bytes(b"PURGE /c HTTP/1.1\r\nHost: x\r\n\r\n");
         assert_eq!(request(parsed).0.method().as_str(), "PURGE");
-        let (parsed, _) = parse_bytes(b"get /c HTTP/1.1\r\n\r\n");
+        let (parsed, _) = parse_bytes(b"get /c HTTP/1.1\r\nHost: x\r\n\r\n");
         assert_eq!(request(parsed).0.method().as_str(), "get");
     }
 }

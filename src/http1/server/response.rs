@@ -15,6 +15,7 @@ use http::{HeaderMap, HeaderName, HeaderValue, StatusCode};
 
 use super::ExtraFields;
 use crate::http::chunked::{UPPER_HEX, size_line_with};
+use crate::http::content_length;
 use crate::http::date;
 use crate::http::hop_by_hop::{ConnectionToken, connection_tokens, ends_in_chunked};
 
@@ -174,9 +175,10 @@ fn encode<E: ExtraFields + ?Sized>(
                     continue;
                 }
                 Some(BodyLength::Unknown) => {
-                    let length = digits(value.as_bytes()).ok_or(InvalidHead::ContentLength)?;
+                    // The crate's one rule: digits only, duplicates equal.
+                    let length = content_length::merge(first_length, value.as_bytes())
+                        .map_err(|_| InvalidHead::ContentLength)?;
                     match first_length {
-                        Some(first) if first != length => return Err(InvalidHead::ContentLength),
                         Some(_) => {}
                         None => {
                             framing = Framing::Length(length);
@@ -304,20 +306,6 @@ fn join_value(out: &mut Vec<u8>, value: &HeaderValue) {
     out.extend_from_slice(value.as_bytes());
 }
 
-/// A length field's value: ASCII digits only, no overflow (hyper's rule).
-pub(crate) fn digits(value: &[u8]) -> Option<u64> {
-    if value.is_empty() {
-        return None;
-    }
-    value.iter().try_fold(0u64, |n, b| {
-        if b.is_ascii_digit() {
-            n.checked_mul(10)?.checked_add(u64::from(b - b'0'))
-        } else {
-            None
-        }
-    })
-}
-
 /// Appends the size line of a chunk of `len` bytes (upper-case hex, as
 /// hyper writes it).
 pub fn chunk_size_line(out: &mut Vec<u8>, len: usize) {
@@ -327,8 +315,7 @@ pub fn chunk_size_line(out: &mut Vec<u8>, len: usize) {
 
 #[cfg(test)]
 mod tests {
-    //! The pieces of the response writer: chunk size lines, length digits,
-    //! and the framing `encode_head` decides. Whether the bytes match hyper's
+    //! The pieces of the response writer: chunk size lines and the framing `encode_head` decides. Whether the bytes match hyper's
     //! is checked against hyper itself, end to end, in `tests/h1.rs`.
 
     use super::*;
@@ -362,33 +349,6 @@ mod tests {
         // fast path promises a client the same bytes from either.
         for len in [0, 1, 15, 16, 255, 4096, 0xdead_beef, usize::MAX] {
             assert_eq!(size_line(len), format!("{len:X}\r\n"), "size {len}");
-        }
-    }
-
-    #[test]
-    fn digits_accepts_only_plain_decimal() {
-        assert_eq!(digits(b"0"), Some(0));
-        assert_eq!(digits(b"5"), Some(5));
-        assert_eq!(digits(b"007"), Some(7));
-        assert_eq!(digits(b"18446744073709551615"), Some(u64::MAX));
-        for refused in [
-            &b""[..],
-            b"+5",
-            b"-5",
-            b" 5",
-            b"5 ",
-            b"5,5",
-            b"0x10",
-            b"1e3",
-            b"18446744073709551616",
-            b"99999999999999999999999",
-        ] {
-            assert_eq!(
-                digits(refused),
-                None,
-                "{:?}",
-                String::from_utf8_lossy(refused)
-            );
         }
     }
 
