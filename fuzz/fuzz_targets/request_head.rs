@@ -77,7 +77,7 @@ fn fast_path(input: &[u8]) {
     }
 }
 
-fn body_len(request: &http::Request<tollgate::proxy::body::ClientBody>) -> usize {
+fn body_len(request: &http::Request<tollgate::http1::server::ClientBody>) -> usize {
     request.body().size_hint().exact().unwrap_or(0) as usize
 }
 
