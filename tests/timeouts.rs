@@ -1,7 +1,9 @@
 //! Time limits on bodies (issue 16): an upstream that stops sending its
 //! response body mid-way cannot hold the client's and its own connection
 //! for ever — past `read_timeout` the client's stream is cut, the upstream
-//! connection is dropped, and the failure is counted as `kind="timeout"`.
+//! connection is dropped, and the failure is counted as `kind="timeout"`;
+//! a client that stops sending its request body gets 408 past
+//! `body_read_timeout`, not counted as an upstream error.
 
 mod common;
 
@@ -92,5 +94,49 @@ upstream = "api"
             &[("upstream", "api"), ("kind", "timeout")]
         ),
         Some(1.0)
+    );
+}
+
+#[tokio::test]
+async fn a_client_that_stalls_mid_body_gets_408_and_no_upstream_error() {
+    let upstream = common::TestUpstream::start().await;
+    let gateway = Gateway::start(&format!(
+        r#"
+[server]
+listen = "127.0.0.1:0"
+admin = "127.0.0.1:0"
+body_read_timeout = "300ms"
+
+[upstreams.api]
+url = "{}"
+
+[[routes]]
+name = "api"
+match = {{ path_prefix = "/" }}
+upstream = "api"
+"#,
+        upstream.url()
+    ));
+    for head in [
+        // Declared 100 bytes, sends 10.
+        "POST /upload HTTP/1.1\r\nhost: x\r\ncontent-length: 100\r\n\r\n0123456789",
+        // Chunked: one chunk, then silence.
+        "POST /upload HTTP/1.1\r\nhost: x\r\ntransfer-encoding: chunked\r\n\r\na\r\n0123456789\r\n",
+    ] {
+        let mut client = TcpStream::connect(gateway.addr).await.unwrap();
+        client.write_all(head.as_bytes()).await.unwrap();
+        let mut received = Vec::new();
+        let _ =
+            tokio::time::timeout(Duration::from_secs(20), client.read_to_end(&mut received)).await;
+        let text = String::from_utf8_lossy(&received);
+        assert!(text.starts_with("HTTP/1.1 408"), "{head:?}: {text}");
+        assert!(text.contains("application/problem+json"), "{text}");
+    }
+    let reply = get(gateway.admin.unwrap(), "/metrics", &[]).await;
+    let metrics = parse(&String::from_utf8_lossy(&reply.body)).unwrap();
+    assert_eq!(
+        metrics.sum("tollgate_upstream_errors_total", &[("upstream", "api")]),
+        0.0,
+        "the client's stall is not an upstream error"
     );
 }

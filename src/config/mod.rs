@@ -79,6 +79,8 @@ pub struct ServerConfig {
     /// CPU core.
     pub workers: usize,
     pub header_read_timeout: Duration,
+    /// Longest wait for the next bytes of a request body (408 past it).
+    pub body_read_timeout: Duration,
     pub idle_timeout: Duration,
     pub max_header_bytes: usize,
     pub max_connections: usize,

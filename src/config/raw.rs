@@ -117,6 +117,7 @@ pub struct RawServer {
     pub shutdown_timeout: Option<String>,
     pub workers: Option<u32>,
     pub header_read_timeout: Option<String>,
+    pub body_read_timeout: Option<String>,
     pub idle_timeout: Option<String>,
     pub max_header_bytes: Option<RawSize>,
     pub max_connections: Option<u32>,

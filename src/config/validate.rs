@@ -525,6 +525,11 @@ fn check_server(c: &mut Checker, path: &KeyPath, raw: &raw::RawServer) -> Server
             &raw.header_read_timeout,
             Duration::from_secs(10),
         ),
+        body_read_timeout: c.duration(
+            path.key("body_read_timeout"),
+            &raw.body_read_timeout,
+            Duration::from_secs(30),
+        ),
         idle_timeout: c.duration(
             path.key("idle_timeout"),
             &raw.idle_timeout,

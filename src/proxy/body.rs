@@ -11,6 +11,9 @@ use std::pin::Pin;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::task::{Context, Poll};
+use std::time::Duration;
+
+use tokio::time::Sleep;
 
 use bytes::Bytes;
 use http_body::{Body, Frame, SizeHint};
@@ -34,17 +37,54 @@ pub struct BodyTooLarge {
 /// fault, not the upstream's: the handler answers 400 (if it still can) and
 /// does not count an upstream error; the upstream connection, mid-message,
 /// is dropped with the failed exchange.
+/// A client that stops sending its body mid-way (`Stalled`) is answered
+/// 408 the same way.
 #[derive(Debug, thiserror::Error)]
-#[error("the client's request body could not be read")]
-pub struct ClientBodyError(#[source] pub hyper::Error);
+pub enum ClientBodyError {
+    #[error("the client's request body could not be read")]
+    Read(#[source] hyper::Error),
+    #[error("the client sent no body bytes within body_read_timeout ({0:?})")]
+    Stalled(Duration),
+}
 
 impl ClientBodyError {
-    /// Whether `error` (as the upstream client reports a failed exchange)
-    /// was caused by the client's body.
-    pub fn caused(error: &std::io::Error) -> bool {
-        error
-            .get_ref()
-            .is_some_and(|inner| inner.is::<ClientBodyError>())
+    /// The client-body failure behind `error` (as the upstream client
+    /// reports a failed exchange), if that is what it was.
+    pub fn of(error: &std::io::Error) -> Option<&ClientBodyError> {
+        error.get_ref()?.downcast_ref::<ClientBodyError>()
+    }
+}
+
+/// The stall guard of a streamed client body: past `timeout` without a
+/// byte, the body fails with [`ClientBodyError::Stalled`]. The timer is
+/// made the first time the body has to wait (a body that is all there
+/// never needs one) and reset after each wait that brought bytes.
+#[derive(Debug)]
+pub struct Stall {
+    timeout: Duration,
+    timer: Option<Pin<Box<Sleep>>>,
+    progressed: bool,
+}
+
+impl Stall {
+    pub fn new(timeout: Duration) -> Stall {
+        Stall {
+            timeout,
+            timer: None,
+            progressed: false,
+        }
+    }
+
+    /// Called when the body is `Pending`: `Ready` once it has stalled.
+    fn poll_stalled(&mut self, cx: &mut Context<'_>) -> Poll<()> {
+        let timeout = self.timeout;
+        let timer = self
+            .timer
+            .get_or_insert_with(|| Box::pin(tokio::time::sleep(timeout)));
+        if std::mem::take(&mut self.progressed) {
+            timer.as_mut().reset(tokio::time::Instant::now() + timeout);
+        }
+        timer.as_mut().poll(cx)
     }
 }
 
@@ -57,6 +97,7 @@ pub enum RequestBody {
         replay: Option<Bytes>,
         inner: ClientBody,
         cap: Option<BodyCap>,
+        stall: Stall,
     },
     /// A body already in memory (buffered for a `body:FIELD` key).
     Buffered(Option<Bytes>),
@@ -91,18 +132,31 @@ impl Body for RequestBody {
     ) -> Poll<Option<Result<Frame<Bytes>, Self::Error>>> {
         match self.get_mut() {
             RequestBody::Buffered(bytes) => Poll::Ready(bytes.take().map(|b| Ok(Frame::data(b)))),
-            RequestBody::Streaming { replay, inner, cap } => {
+            RequestBody::Streaming {
+                replay,
+                inner,
+                cap,
+                stall,
+            } => {
                 if let Some(bytes) = replay.take() {
                     return Poll::Ready(Some(Ok(Frame::data(bytes))));
                 }
                 let frame = match Pin::new(inner).poll_frame(cx) {
-                    Poll::Pending => return Poll::Pending,
+                    Poll::Pending => {
+                        return match stall.poll_stalled(cx) {
+                            Poll::Pending => Poll::Pending,
+                            Poll::Ready(()) => Poll::Ready(Some(Err(Box::new(
+                                ClientBodyError::Stalled(stall.timeout),
+                            )))),
+                        };
+                    }
                     Poll::Ready(None) => return Poll::Ready(None),
                     Poll::Ready(Some(Err(e))) => {
-                        return Poll::Ready(Some(Err(Box::new(ClientBodyError(e)))));
+                        return Poll::Ready(Some(Err(Box::new(ClientBodyError::Read(e)))));
                     }
                     Poll::Ready(Some(Ok(frame))) => frame,
                 };
+                stall.progressed = true;
                 if let (Some(cap), Some(data)) = (cap.as_mut(), frame.data_ref()) {
                     cap.seen = cap.seen.saturating_add(data.len() as u64);
                     if cap.seen > cap.limit {

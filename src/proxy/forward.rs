@@ -69,10 +69,15 @@ impl Upstream {
                 // The client's body failed (malformed chunked coding, a
                 // client gone mid-body): its fault, a 400, not an upstream
                 // error; the upstream connection went with the exchange.
-                Some(Err(PoolError::Request(error))) if ClientBodyError::caused(&error) => {
+                Some(Err(PoolError::Request(error))) if ClientBodyError::of(&error).is_some() => {
                     tracing::debug!(%error, "request body failed while going upstream");
-                    Err(GatewayError::BadRequest {
-                        reason: "the request body is malformed or incomplete",
+                    Err(match ClientBodyError::of(&error) {
+                        Some(ClientBodyError::Stalled(timeout)) => {
+                            GatewayError::RequestTimeout { timeout: *timeout }
+                        }
+                        _ => GatewayError::BadRequest {
+                            reason: "the request body is malformed or incomplete",
+                        },
                     })
                 }
                 Some(Err(source)) if source.is_connect() => Err(GatewayError::UpstreamConnect {

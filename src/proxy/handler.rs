@@ -52,7 +52,7 @@ use crate::limit::{
     stack::INLINE as INLINE_STACK,
 };
 use crate::metrics::Metrics;
-use crate::proxy::body::{BodyCap, ClientBody, Completion, RequestBody, ResponseBody};
+use crate::proxy::body::{BodyCap, ClientBody, Completion, RequestBody, ResponseBody, Stall};
 use crate::proxy::error::GatewayError;
 use crate::proxy::forward::Prepared;
 use crate::proxy::ratelimit;
@@ -407,12 +407,12 @@ async fn buffer_for_key(
     // The request is in flight, so the connection watchdog does not guard
     // this read: bound it like a request head, or a slow uploader on a login
     // route would hold the connection as long as it likes.
-    let deadline = tokio::time::Instant::now() + config.server.header_read_timeout;
+    let deadline = tokio::time::Instant::now() + config.server.body_read_timeout;
     loop {
         let frame = tokio::time::timeout_at(deadline, incoming.frame())
             .await
             .map_err(|_| GatewayError::RequestTimeout {
-                timeout: config.server.header_read_timeout,
+                timeout: config.server.body_read_timeout,
             })?;
         match frame {
             None => break,
@@ -1161,12 +1161,12 @@ async fn replayable(
         _ => return Ok(Err(PendingBody::Fresh(incoming))),
     }
     let mut buffer = BytesMut::new();
-    let deadline = tokio::time::Instant::now() + config.server.header_read_timeout;
+    let deadline = tokio::time::Instant::now() + config.server.body_read_timeout;
     loop {
         let frame = tokio::time::timeout_at(deadline, incoming.frame())
             .await
             .map_err(|_| GatewayError::RequestTimeout {
-                timeout: config.server.header_read_timeout,
+                timeout: config.server.body_read_timeout,
             })?;
         match frame {
             None => return Ok(Ok(buffer.freeze())),
@@ -1230,6 +1230,7 @@ fn prepare_forward<'s>(
             replay: None,
             inner,
             cap,
+            stall: Stall::new(snapshot.config.server.body_read_timeout),
         },
         // Already checked against `max_body` while buffering.
         PendingBody::Complete(bytes) => RequestBody::Buffered(Some(bytes)),
@@ -1242,6 +1243,7 @@ fn prepare_forward<'s>(
                 replay: Some(bytes),
                 inner,
                 cap,
+                stall: Stall::new(snapshot.config.server.body_read_timeout),
             }
         }
     };
