@@ -501,7 +501,7 @@ async fn a_slow_body_for_a_body_key_times_out_with_408() {
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
     let upstream = TestUpstream::start().await;
     let gw = Gateway::start(&format!(
-        "[server]\nlisten = \"127.0.0.1:0\"\nheader_read_timeout = \"500ms\"\n\n[upstreams.api]\nurl = \"{}\"\n\n{LOGIN}",
+        "[server]\nlisten = \"127.0.0.1:0\"\nbody_read_timeout = \"500ms\"\n\n[upstreams.api]\nurl = \"{}\"\n\n{LOGIN}",
         upstream.url()
     ));
     let mut stream = tokio::net::TcpStream::connect(gw.addr).await.unwrap();
