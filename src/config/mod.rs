@@ -8,6 +8,7 @@
 
 pub mod error;
 pub mod raw;
+pub mod tls;
 pub mod units;
 pub mod validate;
 pub mod warnings;
@@ -22,6 +23,7 @@ use http::{HeaderName, HeaderValue, Method, StatusCode, Uri};
 use ipnet::IpNet;
 
 pub use error::{ConfigError, KeyPath, Problem};
+pub use tls::{CertificateFile, ServerTls, TlsConfig};
 
 use crate::access_log::LogDenied;
 pub use crate::http::path::EscapedSlashes;
@@ -95,6 +97,9 @@ pub struct ServerConfig {
     /// The `Upgrade` protocols that are tunnelled (lower case, e.g.
     /// `websocket`); any other `Upgrade` is dropped before forwarding.
     pub upgrades: Vec<Box<str>>,
+    /// `[server.tls]`: TLS listeners and their certificates, read from their
+    /// files when this configuration was loaded.
+    pub tls: Option<TlsConfig>,
 }
 
 /// Which families of rate-limit headers to send.

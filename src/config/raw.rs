@@ -133,6 +133,20 @@ pub struct RawServer {
 #[serde(deny_unknown_fields)]
 pub struct RawTls {
     pub listen: OneOrMany<String>,
+    /// The default certificate chain and key: for clients whose SNI names
+    /// none of `certs` (or send no SNI).
+    pub cert: Option<String>,
+    pub key: Option<String>,
+    #[serde(default)]
+    pub certs: Vec<RawTlsCert>,
+}
+
+/// `[[server.tls.certs]]`: a certificate served to clients whose SNI is one
+/// of `names`.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawTlsCert {
+    pub names: Vec<String>,
     pub cert: String,
     pub key: String,
 }

@@ -257,7 +257,13 @@ fn deserialize(text: &str, document: &DeTable<'_>) -> (Option<RawConfig>, Vec<Pr
 
 fn check(c: &mut Checker, path: &Path, bytes: &[u8], raw: &RawConfig) -> Config {
     let root = KeyPath::default();
-    let server = check_server(c, &root.key("server"), &raw.server);
+    let mut server = check_server(c, &root.key("server"), &raw.server);
+    let directory = path.parent().unwrap_or(Path::new("."));
+    server.tls = raw
+        .server
+        .tls
+        .as_ref()
+        .and_then(|tls| check_tls(c, &root.key("server").key("tls"), directory, tls));
     let client_ip = check_client_ip(c, &root.key("client_ip"), &raw.client_ip);
     let store = check_store(c, &root.key("store"), &raw.store);
 
@@ -456,12 +462,6 @@ fn check_server(c: &mut Checker, path: &KeyPath, raw: &raw::RawServer) -> Server
         .admin
         .as_ref()
         .and_then(|text| c.socket_addr(path.key("admin"), text));
-    if raw.tls.is_some() {
-        c.problem(
-            path.key("tls"),
-            "TLS termination is not supported by this version of tollgate yet",
-        );
-    }
     let max_header_bytes = c.size(
         path.key("max_header_bytes"),
         &raw.max_header_bytes,
@@ -574,6 +574,119 @@ fn check_server(c: &mut Checker, path: &KeyPath, raw: &raw::RawServer) -> Server
                 })
                 .collect(),
         },
+        tls: None,
+    }
+}
+
+/// `[server.tls]`: the listeners, and every certificate pair read and
+/// checked now (see [`super::tls`]). `None` when any problem was found.
+fn check_tls(
+    c: &mut Checker,
+    path: &KeyPath,
+    directory: &Path,
+    raw: &raw::RawTls,
+) -> Option<TlsConfig> {
+    use super::tls::{self, PairSpec, SniResolver};
+    let one = raw.listen.0.len() == 1;
+    if raw.listen.0.is_empty() {
+        c.problem(path.key("listen"), "needs at least one address");
+    }
+    let listen: Vec<SocketAddr> = raw
+        .listen
+        .0
+        .iter()
+        .enumerate()
+        .filter_map(|(i, text)| {
+            let key = if one {
+                path.key("listen")
+            } else {
+                path.key("listen").index(i)
+            };
+            c.socket_addr(key, text)
+        })
+        .collect();
+    let (Some(cert), Some(key)) = (&raw.cert, &raw.key) else {
+        let missing = if raw.cert.is_none() { "cert" } else { "key" };
+        c.problem(
+            path.key(missing),
+            format!(
+                "`{missing}` is required: the default certificate chain and key, for clients whose SNI names none of [[server.tls.certs]]; write `cert = \"certs/gateway.crt\"` and `key = \"certs/gateway.key\"`"
+            ),
+        );
+        return None;
+    };
+    let provider = tls::provider();
+    let mut specs = vec![PairSpec {
+        key: path.clone(),
+        cert: directory.join(cert),
+        private_key: directory.join(key),
+    }];
+    for (i, entry) in raw.certs.iter().enumerate() {
+        specs.push(PairSpec {
+            key: path.key("certs").index(i),
+            cert: directory.join(&entry.cert),
+            private_key: directory.join(&entry.key),
+        });
+    }
+    let mut loaded = Vec::with_capacity(specs.len());
+    let mut certificates = Vec::with_capacity(specs.len());
+    for spec in &specs {
+        match tls::load_pair(spec, &provider) {
+            Ok((certified, not_after)) => {
+                certificates.push(CertificateFile {
+                    key: spec.key.key("cert").to_string(),
+                    file: spec.cert.clone(),
+                    not_after,
+                });
+                loaded.push(Some(certified));
+            }
+            Err((key, message)) => {
+                c.problem(key, message);
+                loaded.push(None);
+            }
+        }
+    }
+    let mut resolver = SniResolver::new(loaded[0].clone()?);
+    for (i, entry) in raw.certs.iter().enumerate() {
+        let names = path.key("certs").index(i).key("names");
+        if entry.names.is_empty() {
+            c.problem(
+                names.clone(),
+                "needs at least one name, e.g. names = [\"api.example.com\"]",
+            );
+        }
+        for (j, name) in entry.names.iter().enumerate() {
+            if !tls::valid_name(name) {
+                c.problem(
+                    names.index(j),
+                    format!("`{name}` is not a DNS name; expected e.g. \"api.example.com\" or \"*.example.com\""),
+                );
+            } else if let Some(certified) = &loaded[i + 1]
+                && !resolver.add(name, certified.clone())
+            {
+                c.problem(
+                    names.index(j),
+                    format!("`{name}` is already named by another certificate"),
+                );
+            }
+        }
+    }
+    if loaded.iter().any(Option::is_none) || listen.len() != raw.listen.0.len() {
+        return None;
+    }
+    match tls::server_config(provider, resolver) {
+        Ok(server) => Some(TlsConfig {
+            listen,
+            server,
+            certificates,
+        }),
+        Err(error) => {
+            c.problem(
+                path.clone(),
+                format!("cannot build the TLS configuration: {error}"),
+            );
+            None
+        }
     }
 }
 
