@@ -25,12 +25,12 @@
 //!   loop sit on a slot while connections queue on another worker's socket.)
 //! - **Accept errors** (e.g. out of file descriptors) back off and retry instead
 //!   of ending the loop (as in mini-redis).
-//! - **TLS** ([`tls`]): a `[server.tls]` listener's connection does its
+//! - **TLS** (`tls`): a `[server.tls]` listener's connection does its
 //!   handshake in its own task, under `header_read_timeout`, with the
 //!   snapshot's certificates of the moment it was accepted; then the TLS
 //!   stream is served by the same code as a TCP stream below (generic over
 //!   the stream), or by hyper's HTTP/2 server when ALPN chose `h2`.
-//! - **HTTP/2** ([`h2`]): hyper's server, every stream a request through the
+//! - **HTTP/2** (`h2`): hyper's server, every stream a request through the
 //!   same `proxy::handler::handle`. On cleartext listeners a client that
 //!   opens with the HTTP/2 preface (h2c with prior knowledge) is handed to it
 //!   by the fast path's hand-off, which sees the preface as a request it does
