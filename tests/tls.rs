@@ -717,3 +717,235 @@ async fn curl_http2_and_prior_knowledge() {
         Some("http")
     );
 }
+
+/// An HTTPS upstream: hyper's HTTP/1.1 server behind rustls with `leaf`,
+/// answering `upstream saw PATH`. Counts the TLS connections it accepted.
+struct TlsUpstream {
+    addr: SocketAddr,
+    connections: Arc<AtomicUsize>,
+}
+
+impl TlsUpstream {
+    async fn start(leaf: &common::certs::Leaf) -> TlsUpstream {
+        let chain = vec![leaf.der.clone()];
+        let key =
+            rustls::pki_types::PrivateKeyDer::from_pem_slice(leaf.key_pem.as_bytes()).unwrap();
+        let config = rustls::ServerConfig::builder_with_provider(Arc::new(
+            rustls::crypto::ring::default_provider(),
+        ))
+        .with_safe_default_protocol_versions()
+        .unwrap()
+        .with_no_client_auth()
+        .with_single_cert(chain, key)
+        .unwrap();
+        let acceptor = tokio_rustls::TlsAcceptor::from(Arc::new(config));
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let connections = Arc::new(AtomicUsize::new(0));
+        let counted = connections.clone();
+        tokio::spawn(async move {
+            while let Ok((stream, _)) = listener.accept().await {
+                let acceptor = acceptor.clone();
+                let counted = counted.clone();
+                tokio::spawn(async move {
+                    let Ok(stream) = acceptor.accept(stream).await else {
+                        return;
+                    };
+                    counted.fetch_add(1, Ordering::Relaxed);
+                    let service = hyper::service::service_fn(
+                        |request: Request<hyper::body::Incoming>| async move {
+                            let body = format!(
+                                "upstream saw {} proto={}",
+                                request.uri().path(),
+                                request
+                                    .headers()
+                                    .get("x-forwarded-proto")
+                                    .and_then(|v| v.to_str().ok())
+                                    .unwrap_or("-")
+                            );
+                            Ok::<_, std::convert::Infallible>(hyper::Response::new(
+                                http_body_util::Full::new(Bytes::from(body)),
+                            ))
+                        },
+                    );
+                    let _ = hyper::server::conn::http1::Builder::new()
+                        .serve_connection(TokioIo::new(stream), service)
+                        .await;
+                });
+            }
+        });
+        TlsUpstream { addr, connections }
+    }
+}
+
+/// A gateway whose upstream `api` is `url` with the `extra` upstream keys;
+/// `ca.pem` in its directory holds `ca`.
+fn https_upstream_gateway(ca: &Ca, url: &str, extra: &str) -> Gateway {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(dir.path().join("ca.pem"), ca.pem()).unwrap();
+    let config = format!(
+        r#"[server]
+listen = "127.0.0.1:0"
+workers = 1
+
+[upstreams.api]
+url = "{url}"
+{extra}
+
+[[routes]]
+name = "api"
+match = {{ path_prefix = "/" }}
+upstream = "api"
+"#
+    );
+    Gateway::start_in(dir, &config, &[])
+}
+
+#[tokio::test]
+async fn https_upstream_verified_with_its_ca_and_pooled() {
+    let ca = Ca::new();
+    let upstream = TlsUpstream::start(&ca.leaf(&["upstream.test", "localhost"])).await;
+    // The name from `sni`.
+    let url = format!("https://127.0.0.1:{}", upstream.addr.port());
+    let gw = https_upstream_gateway(&ca, &url, "ca = \"ca.pem\"\nsni = \"upstream.test\"");
+    for i in 0..5 {
+        let reply = get(gw.addr, &format!("/r{i}"), &[]).await;
+        assert_eq!(reply.status, 200, "{}", gw.stderr());
+        assert_eq!(
+            reply.body,
+            format!("upstream saw /r{i} proto=http").as_bytes()
+        );
+    }
+    // Keep-alive: one TLS connection carried all five.
+    assert_eq!(upstream.connections.load(Ordering::Relaxed), 1);
+    // The name from the URL's host.
+    let url = format!("https://localhost:{}", upstream.addr.port());
+    let gw = https_upstream_gateway(&ca, &url, "ca = \"ca.pem\"");
+    assert_eq!(
+        get(gw.addr, "/by-host", &[]).await.status,
+        200,
+        "{}",
+        gw.stderr()
+    );
+}
+
+#[tokio::test]
+async fn https_upstream_with_a_wrong_ca_or_name_is_a_502_with_a_clear_log_line() {
+    let ca = Ca::new();
+    let upstream = TlsUpstream::start(&ca.leaf(&["upstream.test"])).await;
+    let url = format!("https://127.0.0.1:{}", upstream.addr.port());
+    // Trusting another CA only.
+    let stranger = Ca::new();
+    let gw = https_upstream_gateway(&stranger, &url, "ca = \"ca.pem\"\nsni = \"upstream.test\"");
+    let reply = get(gw.addr, "/x", &[]).await;
+    assert_eq!(reply.status, 502);
+    let log = gw.stderr_when(|s| s.contains("upstream error"), Duration::from_secs(5));
+    assert!(
+        log.contains("TLS handshake as upstream.test failed"),
+        "{log}"
+    );
+    assert!(log.contains("invalid peer certificate"), "{log}");
+    // The built-in roots do not know the test CA either.
+    let gw = https_upstream_gateway(&ca, &url, "sni = \"upstream.test\"");
+    assert_eq!(get(gw.addr, "/x", &[]).await.status, 502);
+    // The right CA, the wrong name.
+    let gw = https_upstream_gateway(&ca, &url, "ca = \"ca.pem\"\nsni = \"other.test\"");
+    assert_eq!(get(gw.addr, "/x", &[]).await.status, 502);
+    let log = gw.stderr_when(|s| s.contains("upstream error"), Duration::from_secs(5));
+    assert!(log.contains("TLS handshake as other.test failed"), "{log}");
+    assert!(
+        log.contains("certificate not valid for name \"other.test\""),
+        "{log}"
+    );
+    assert_eq!(upstream.connections.load(Ordering::Relaxed), 0);
+}
+
+#[test]
+fn https_upstream_options_are_checked() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = |upstream: &str| {
+        format!(
+            "[upstreams.api]\n{upstream}\n\n[[routes]]\nname = \"r\"\nmatch = {{ path_prefix = \"/\" }}\nupstream = \"api\"\n"
+        )
+    };
+    let (code, stderr) = check(
+        dir.path(),
+        &config("url = \"http://127.0.0.1:9000\"\nsni = \"a.test\""),
+    );
+    assert_eq!(code, 1);
+    assert!(
+        stderr.contains("`upstreams.api.sni`: `sni` applies to https:// URLs only"),
+        "{stderr}"
+    );
+    let (code, stderr) = check(
+        dir.path(),
+        &config("url = \"https://127.0.0.1:9443\"\nca = \"missing.pem\""),
+    );
+    assert_eq!(code, 1);
+    assert!(
+        stderr.contains("`upstreams.api.ca`: cannot read"),
+        "{stderr}"
+    );
+    let (code, stderr) = check(dir.path(), &config("url = \"https://api.example.com\""));
+    assert_eq!(code, 0, "{stderr}");
+}
+
+/// Sends a websocket handshake over `stream` and reads the response head.
+async fn upgrade_over<S>(stream: &mut S) -> String
+where
+    S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin,
+{
+    use tokio::io::AsyncReadExt;
+    stream
+        .write_all(b"GET /upgrade HTTP/1.1\r\nhost: gateway.test\r\nconnection: Upgrade\r\nupgrade: websocket\r\nsec-websocket-version: 13\r\nsec-websocket-key: dGhlIHNhbXBsZSBub25jZQ==\r\n\r\n")
+        .await
+        .unwrap();
+    let mut head = Vec::new();
+    let mut byte = [0u8; 1];
+    while !head.ends_with(b"\r\n\r\n") {
+        match stream.read(&mut byte).await {
+            Ok(1) => head.push(byte[0]),
+            _ => break,
+        }
+    }
+    String::from_utf8_lossy(&head).into_owned()
+}
+
+#[tokio::test]
+async fn websocket_upgrades_over_tls_are_tunnelled_and_limited_at_the_handshake() {
+    use tokio::io::AsyncReadExt;
+    let upstream = TestUpstream::start().await;
+    let ca = Ca::new();
+    let dir = dir_with_cert(&ca, &["gateway.test"]);
+    let limit = r#"[limits.one_socket]
+key = "ip"
+algorithm = "token_bucket"
+capacity = 1
+refill = "1/h"
+
+[[routes]]
+name = "ws"
+match = { path = "/upgrade" }
+upstream = "api"
+limits = ["one_socket"]
+"#;
+    let gw = Gateway::start_in(dir, &config(&upstream, "", limit), &[]);
+    let addr = gw.tls_addr.unwrap();
+    let connector = ca.client(&[b"http/1.1"]);
+    let mut first = connect(&connector, addr, "gateway.test").await.unwrap();
+    let head = upgrade_over(&mut first).await;
+    assert!(head.starts_with("HTTP/1.1 101"), "{head}");
+    // The tunnel echoes through TLS both ways.
+    first.write_all(b"ping over tls").await.unwrap();
+    let mut echoed = [0u8; 13];
+    tokio::time::timeout(Duration::from_secs(5), first.read_exact(&mut echoed))
+        .await
+        .expect("echo")
+        .unwrap();
+    assert_eq!(&echoed, b"ping over tls");
+    // The second handshake is over the limit.
+    let mut second = connect(&connector, addr, "gateway.test").await.unwrap();
+    let head = upgrade_over(&mut second).await;
+    assert!(head.starts_with("HTTP/1.1 429"), "{head}");
+    assert!(head.to_ascii_lowercase().contains("retry-after:"), "{head}");
+}

@@ -23,7 +23,7 @@ use http::{HeaderName, HeaderValue, Method, StatusCode, Uri};
 use ipnet::IpNet;
 
 pub use error::{ConfigError, KeyPath, Problem};
-pub use tls::{CertificateFile, ServerTls, TlsConfig};
+pub use tls::{CertificateFile, ClientTls, ServerTls, TlsConfig};
 
 use crate::access_log::LogDenied;
 pub use crate::http::path::EscapedSlashes;
@@ -153,6 +153,9 @@ pub struct UpstreamConfig {
     pub timeout: Duration,
     /// Host header to send instead of the client's.
     pub host: Option<HeaderValue>,
+    /// How `https://` URLs are connected to (trust roots, SNI); `None` when
+    /// every URL is `http://`.
+    pub tls: Option<ClientTls>,
 }
 
 /// What a limit counts requests by.

@@ -180,6 +180,12 @@ pub struct RawUpstream {
     pub connect_timeout: Option<String>,
     pub timeout: Option<String>,
     pub host: Option<String>,
+    /// HTTPS only: a PEM file of the CA certificates to trust instead of the
+    /// built-in roots.
+    pub ca: Option<String>,
+    /// HTTPS only: the name to send as SNI and verify the certificate for,
+    /// instead of the URL's host.
+    pub sni: Option<String>,
 }
 
 #[derive(Debug, Deserialize)]

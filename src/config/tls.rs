@@ -21,7 +21,7 @@ use std::time::{Duration, SystemTime};
 
 use rustls::crypto::CryptoProvider;
 use rustls::pki_types::pem::{self, PemObject};
-use rustls::pki_types::{CertificateDer, PrivateKeyDer};
+use rustls::pki_types::{CertificateDer, PrivateKeyDer, ServerName};
 use rustls::server::{ClientHello, ResolvesServerCert};
 use rustls::sign::CertifiedKey;
 
@@ -157,6 +157,59 @@ fn read(file: &Path) -> Result<Vec<u8>, String> {
 
 fn not_pem(file: &Path, what: &str, error: &pem::Error) -> String {
     format!("{} is not a PEM {what} file ({error})", file.display())
+}
+
+/// How the gateway connects to an upstream's `https://` URLs: the rustls
+/// client configuration (trust roots) and the SNI name, if not the URL's
+/// host. Equal only to itself, like [`ServerTls`].
+#[derive(Clone)]
+pub struct ClientTls {
+    pub config: Arc<rustls::ClientConfig>,
+    pub sni: Option<ServerName<'static>>,
+}
+
+impl PartialEq for ClientTls {
+    fn eq(&self, other: &Self) -> bool {
+        Arc::ptr_eq(&self.config, &other.config) && self.sni == other.sni
+    }
+}
+
+impl Eq for ClientTls {}
+
+impl fmt::Debug for ClientTls {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("ClientTls")
+            .field("sni", &self.sni)
+            .finish_non_exhaustive()
+    }
+}
+
+/// A client configuration that trusts the CA certificates in `ca` (PEM), or
+/// the built-in roots (`webpki-roots`, Mozilla's) without one; TLS 1.3 and
+/// 1.2, ALPN `http/1.1` (the upstream client speaks HTTP/1.1). The error
+/// names the file.
+pub fn client_config(ca: Option<&Path>) -> Result<Arc<rustls::ClientConfig>, String> {
+    let mut roots = rustls::RootCertStore::empty();
+    match ca {
+        None => roots.extend(webpki_roots::TLS_SERVER_ROOTS.iter().cloned()),
+        Some(file) => {
+            for certificate in read_chain(file)? {
+                roots.add(certificate).map_err(|e| {
+                    format!(
+                        "{}: not a CA certificate rustls accepts: {e}",
+                        file.display()
+                    )
+                })?;
+            }
+        }
+    }
+    let mut config = rustls::ClientConfig::builder_with_provider(provider())
+        .with_protocol_versions(&[&rustls::version::TLS13, &rustls::version::TLS12])
+        .map_err(|e| format!("cannot build the TLS client configuration: {e}"))?
+        .with_root_certificates(roots)
+        .with_no_client_auth();
+    config.alpn_protocols = vec![b"http/1.1".to_vec()];
+    Ok(Arc::new(config))
 }
 
 /// Chooses the certificate of a handshake by its SNI: an exact name, then a

@@ -257,8 +257,8 @@ fn deserialize(text: &str, document: &DeTable<'_>) -> (Option<RawConfig>, Vec<Pr
 
 fn check(c: &mut Checker, path: &Path, bytes: &[u8], raw: &RawConfig) -> Config {
     let root = KeyPath::default();
-    let mut server = check_server(c, &root.key("server"), &raw.server);
     let directory = path.parent().unwrap_or(Path::new("."));
+    let mut server = check_server(c, &root.key("server"), &raw.server);
     server.tls = raw
         .server
         .tls
@@ -270,7 +270,7 @@ fn check(c: &mut Checker, path: &Path, bytes: &[u8], raw: &RawConfig) -> Config 
     let upstreams: Vec<UpstreamConfig> = raw
         .upstreams
         .iter()
-        .map(|(name, u)| check_upstream(c, &root.key("upstreams").key(name), name, u))
+        .map(|(name, u)| check_upstream(c, &root.key("upstreams").key(name), name, u, directory))
         .collect();
     let limits: Vec<LimitConfig> = raw
         .limits
@@ -759,6 +759,7 @@ fn check_upstream(
     path: &KeyPath,
     name: &str,
     raw: &raw::RawUpstream,
+    directory: &Path,
 ) -> UpstreamConfig {
     if raw.url.0.is_empty() {
         c.problem(path.key("url"), "needs at least one URL");
@@ -772,20 +773,19 @@ fn check_upstream(
             path.key("url").index(i)
         };
         match text.parse::<Uri>() {
-            Ok(uri) if uri.scheme_str() == Some("http") && uri.authority().is_some() => {
+            Ok(uri)
+                if matches!(uri.scheme_str(), Some("http" | "https"))
+                    && uri.authority().is_some() =>
+            {
                 if uri.query().is_some() {
                     c.problem(key, format!("`{text}`: an upstream URL cannot have a query string"));
                 } else {
                     urls.push(uri);
                 }
             }
-            Ok(uri) if uri.scheme_str() == Some("https") => c.problem(
-                key,
-                "https upstreams are not supported by this version of tollgate yet; use http://",
-            ),
             _ => c.problem(
                 key,
-                format!("`{text}` is not an upstream URL; expected http://HOST:PORT, like \"http://127.0.0.1:9000\""),
+                format!("`{text}` is not an upstream URL; expected http://HOST:PORT or https://HOST:PORT, like \"http://127.0.0.1:9000\""),
             ),
         }
     }
@@ -802,6 +802,55 @@ fn check_upstream(
                 None
             }
         });
+    let https = urls.iter().any(|url| url.scheme_str() == Some("https"));
+    if !https {
+        for (key, value) in [("ca", &raw.ca), ("sni", &raw.sni)] {
+            if value.is_some() {
+                c.problem(
+                    path.key(key),
+                    format!("`{key}` applies to https:// URLs only, and this upstream has none"),
+                );
+            }
+        }
+    }
+    let tls = https
+        .then(|| {
+            let sni = match &raw.sni {
+                None => None,
+                Some(name) => match rustls::pki_types::ServerName::try_from(name.clone()) {
+                    Ok(name) => Some(name),
+                    Err(_) => {
+                        c.problem(
+                            path.key("sni"),
+                            format!("`{name}` is not a DNS name or IP address; expected e.g. \"api.internal\""),
+                        );
+                        None
+                    }
+                },
+            };
+            if sni.is_none() {
+                // The handshake verifies the certificate for the URL's host.
+                for url in urls.iter().filter(|url| url.scheme_str() == Some("https")) {
+                    let host = url.host().unwrap_or("");
+                    let host = host.trim_start_matches('[').trim_end_matches(']');
+                    if rustls::pki_types::ServerName::try_from(host).is_err() {
+                        c.problem(
+                            path.key("sni"),
+                            format!("the host of `{url}` is no name a certificate can be verified for; set `sni = \"NAME\"`"),
+                        );
+                    }
+                }
+            }
+            let ca = raw.ca.as_ref().map(|file| directory.join(file));
+            match super::tls::client_config(ca.as_deref()) {
+                Ok(config) => Some(ClientTls { config, sni }),
+                Err(message) => {
+                    c.problem(path.key("ca"), message);
+                    None
+                }
+            }
+        })
+        .flatten();
     UpstreamConfig {
         name: name.to_owned(),
         urls,
@@ -812,6 +861,7 @@ fn check_upstream(
         ),
         timeout: c.duration(path.key("timeout"), &raw.timeout, Duration::from_secs(30)),
         host,
+        tls,
     }
 }
 

@@ -16,6 +16,12 @@
 //! connection only when doing so cannot repeat an action: its method is
 //! idempotent (RFC 9110 §9.2.2) and its body is in memory — the rule nginx
 //! follows too.
+//!
+//! An `https://` URL's pool shakes hands on each new connection, within the
+//! same `connect_timeout` as the TCP connect, and pools the TLS
+//! connections exactly like plaintext ones. A failed handshake (a
+//! certificate the trust roots do not vouch for, or for another name) is a
+//! connect error naming the address, the name and rustls's reason.
 
 use std::io;
 use std::sync::Arc;
@@ -26,7 +32,7 @@ use parking_lot::Mutex;
 use tokio::net::TcpStream;
 
 use crate::http::field_lines::FieldLines;
-use crate::http1::client::conn::UpstreamConn;
+use crate::http1::client::conn::{UpstreamConn, UpstreamStream};
 use crate::http1::client::exchange::{Outgoing, OutgoingBody, exchange};
 use crate::http1::client::head::{Framing, OwnFields, ResponseHead, encode_request};
 use crate::http1::client::response_body::{CheckIn, UpstreamBody};
@@ -74,10 +80,19 @@ impl Idle {
     }
 }
 
+/// How a pool's connections shake hands: with what trust roots, as what
+/// name.
+pub struct PoolTls {
+    pub connector: tokio_rustls::TlsConnector,
+    pub name: rustls::pki_types::ServerName<'static>,
+}
+
 /// The keep-alive connections to one upstream address (`host:port`).
 pub struct ConnectionPool {
     address: String,
     connect_timeout: Duration,
+    /// `https://`: the handshake on each new connection.
+    tls: Option<PoolTls>,
     /// Idle connections, per worker (indexed by [`worker_index`]).
     idle: Box<[Mutex<Vec<Idle>>]>,
 }
@@ -99,10 +114,21 @@ fn is_idempotent(method: &Method) -> bool {
 }
 
 impl ConnectionPool {
+    #[cfg(test)]
     pub fn new(address: String, connect_timeout: Duration) -> Arc<ConnectionPool> {
+        ConnectionPool::with_tls(address, connect_timeout, None)
+    }
+
+    /// A pool whose connections are TLS when `tls` is given.
+    pub fn with_tls(
+        address: String,
+        connect_timeout: Duration,
+        tls: Option<PoolTls>,
+    ) -> Arc<ConnectionPool> {
         Arc::new(ConnectionPool {
             address,
             connect_timeout,
+            tls,
             idle: (0..worker_count())
                 .map(|_| Mutex::new(Vec::new()))
                 .collect(),
@@ -167,14 +193,30 @@ impl ConnectionPool {
             address: self.address.clone(),
             source,
         };
-        let stream = tokio::time::timeout(self.connect_timeout, TcpStream::connect(&self.address))
+        let connecting = async {
+            let stream = TcpStream::connect(&self.address).await?;
+            let _ = stream.set_nodelay(true);
+            let Some(tls) = &self.tls else {
+                return Ok(UpstreamConn::new(stream));
+            };
+            let stream = tls
+                .connector
+                .connect(tls.name.clone(), stream)
+                .await
+                .map_err(|e| {
+                    io::Error::new(
+                        e.kind(),
+                        format!("TLS handshake as {} failed: {e}", tls.name.to_str()),
+                    )
+                })?;
+            Ok(UpstreamConn::over(UpstreamStream::Tls(Box::new(stream))))
+        };
+        tokio::time::timeout(self.connect_timeout, connecting)
             .await
             .map_err(|_| {
                 connect_error(io::Error::new(io::ErrorKind::TimedOut, "connect timed out"))
             })?
-            .map_err(connect_error)?;
-        let _ = stream.set_nodelay(true);
-        Ok(UpstreamConn::new(stream))
+            .map_err(connect_error)
     }
 
     /// Sends `request` on a pooled connection (or a new one) and waits for

@@ -5,15 +5,138 @@
 //! reuses memory the previous one had: the request head is written into the
 //! same `Vec`, and the read buffer gets its space back once the previous
 //! response's bytes (shared with the client's response) are gone.
+//!
+//! The socket is TCP, or TLS over TCP for an `https://` upstream
+//! ([`UpstreamStream`]): an enum rather than a type parameter, so the
+//! response body, the pool and the tunnels keep one concrete connection
+//! type (a parameter would reach through all of them into the pipeline's
+//! response body); a plaintext read or write costs one predictable branch.
 
 use std::io;
 use std::pin::Pin;
 use std::task::{Context, Poll, Waker};
 
 use bytes::BytesMut;
-use tokio::io::{AsyncRead, AsyncWriteExt};
+use tokio::io::{AsyncRead, AsyncWrite, AsyncWriteExt, ReadBuf};
 use tokio::net::TcpStream;
-use tokio::net::tcp::{ReadHalf, WriteHalf};
+use tokio::net::tcp;
+use tokio_rustls::client::TlsStream;
+
+/// An upstream socket: plain TCP, or TLS over TCP.
+#[derive(Debug)]
+pub enum UpstreamStream {
+    Plain(TcpStream),
+    /// Boxed: a TLS session is large, and plaintext connections should not
+    /// carry its size.
+    Tls(Box<TlsStream<TcpStream>>),
+}
+
+/// Forwards each call to the stream inside.
+macro_rules! each_stream {
+    ($self:expr, $stream:ident => $call:expr) => {
+        match $self.get_mut() {
+            UpstreamStream::Plain($stream) => $call,
+            UpstreamStream::Tls($stream) => $call,
+        }
+    };
+}
+
+impl AsyncRead for UpstreamStream {
+    fn poll_read(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<io::Result<()>> {
+        each_stream!(self, s => Pin::new(s).poll_read(cx, buf))
+    }
+}
+
+impl AsyncWrite for UpstreamStream {
+    fn poll_write(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<io::Result<usize>> {
+        each_stream!(self, s => Pin::new(s).poll_write(cx, buf))
+    }
+
+    fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        each_stream!(self, s => Pin::new(s).poll_flush(cx))
+    }
+
+    fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        each_stream!(self, s => Pin::new(s).poll_shutdown(cx))
+    }
+
+    fn poll_write_vectored(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        bufs: &[io::IoSlice<'_>],
+    ) -> Poll<io::Result<usize>> {
+        each_stream!(self, s => Pin::new(s).poll_write_vectored(cx, bufs))
+    }
+
+    fn is_write_vectored(&self) -> bool {
+        match self {
+            UpstreamStream::Plain(s) => s.is_write_vectored(),
+            UpstreamStream::Tls(s) => s.is_write_vectored(),
+        }
+    }
+}
+
+/// The read side of a split connection: a TCP half borrows the socket's
+/// direction, a TLS one goes through tokio's `split` (one session, two
+/// users).
+pub enum ReadHalf<'a> {
+    Plain(tcp::ReadHalf<'a>),
+    Tls(tokio::io::ReadHalf<&'a mut TlsStream<TcpStream>>),
+}
+
+/// The write side of a split connection (see [`ReadHalf`]).
+pub enum WriteHalf<'a> {
+    Plain(tcp::WriteHalf<'a>),
+    Tls(tokio::io::WriteHalf<&'a mut TlsStream<TcpStream>>),
+}
+
+impl AsyncRead for ReadHalf<'_> {
+    fn poll_read(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<io::Result<()>> {
+        match self.get_mut() {
+            ReadHalf::Plain(s) => Pin::new(s).poll_read(cx, buf),
+            ReadHalf::Tls(s) => Pin::new(s).poll_read(cx, buf),
+        }
+    }
+}
+
+impl AsyncWrite for WriteHalf<'_> {
+    fn poll_write(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<io::Result<usize>> {
+        match self.get_mut() {
+            WriteHalf::Plain(s) => Pin::new(s).poll_write(cx, buf),
+            WriteHalf::Tls(s) => Pin::new(s).poll_write(cx, buf),
+        }
+    }
+
+    fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        match self.get_mut() {
+            WriteHalf::Plain(s) => Pin::new(s).poll_flush(cx),
+            WriteHalf::Tls(s) => Pin::new(s).poll_flush(cx),
+        }
+    }
+
+    fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        match self.get_mut() {
+            WriteHalf::Plain(s) => Pin::new(s).poll_shutdown(cx),
+            WriteHalf::Tls(s) => Pin::new(s).poll_shutdown(cx),
+        }
+    }
+}
 
 /// Space made free in the read buffer before each read.
 const READ_RESERVE: usize = 8 * 1024;
@@ -34,7 +157,7 @@ pub fn poll_fill<R: AsyncRead>(
 /// A connection to an upstream with its buffers.
 #[derive(Debug)]
 pub struct UpstreamConn {
-    stream: TcpStream,
+    stream: UpstreamStream,
     /// Received and not yet consumed.
     pub read: BytesMut,
     /// The request head being written.
@@ -43,6 +166,11 @@ pub struct UpstreamConn {
 
 impl UpstreamConn {
     pub fn new(stream: TcpStream) -> UpstreamConn {
+        UpstreamConn::over(UpstreamStream::Plain(stream))
+    }
+
+    /// A connection over a TCP or TLS stream.
+    pub fn over(stream: UpstreamStream) -> UpstreamConn {
         UpstreamConn {
             stream,
             read: BytesMut::new(),
@@ -58,13 +186,24 @@ impl UpstreamConn {
             return false;
         }
         let mut cx = Context::from_waker(Waker::noop());
-        match self.stream.poll_read_ready(&mut cx) {
+        let stream = match &mut self.stream {
+            UpstreamStream::Plain(stream) => stream,
+            // TLS: a read tells (it also takes in records the upstream may
+            // send unasked, such as TLS 1.3 session tickets); plaintext
+            // bytes or a close make it unusable.
+            UpstreamStream::Tls(stream) => {
+                let mut probe = [0u8; 1];
+                let mut buf = ReadBuf::new(&mut probe);
+                return matches!(Pin::new(stream).poll_read(&mut cx, &mut buf), Poll::Pending);
+            }
+        };
+        match stream.poll_read_ready(&mut cx) {
             Poll::Pending => true,
             Poll::Ready(Err(_)) => false,
             // Readiness may be left over from the last read; a probe tells.
             Poll::Ready(Ok(())) => {
                 let mut probe = [0u8; 1];
-                matches!(self.stream.try_read(&mut probe),
+                matches!(stream.try_read(&mut probe),
                     Err(error) if error.kind() == io::ErrorKind::WouldBlock)
             }
         }
@@ -77,6 +216,16 @@ impl UpstreamConn {
 
     /// Writes the request head buffer, and `then` after it.
     pub async fn write_head(&mut self, then: &[u8]) -> io::Result<()> {
+        self.write_head_bytes(then).await?;
+        // TLS may hold the last record back while the socket is full; a
+        // flush sends it (on TCP there is nothing to flush).
+        if let UpstreamStream::Tls(stream) = &mut self.stream {
+            stream.flush().await?;
+        }
+        Ok(())
+    }
+
+    async fn write_head_bytes(&mut self, then: &[u8]) -> io::Result<()> {
         if then.is_empty() {
             self.stream.write_all(&self.write).await
         } else {
@@ -108,13 +257,29 @@ impl UpstreamConn {
     /// The socket's two directions and the read buffer, to write a body
     /// while watching for an answer.
     pub fn split(&mut self) -> (ReadHalf<'_>, WriteHalf<'_>, &mut BytesMut) {
-        let (reader, writer) = self.stream.split();
-        (reader, writer, &mut self.read)
+        match &mut self.stream {
+            UpstreamStream::Plain(stream) => {
+                let (reader, writer) = stream.split();
+                (
+                    ReadHalf::Plain(reader),
+                    WriteHalf::Plain(writer),
+                    &mut self.read,
+                )
+            }
+            UpstreamStream::Tls(stream) => {
+                let (reader, writer) = tokio::io::split(&mut **stream);
+                (
+                    ReadHalf::Tls(reader),
+                    WriteHalf::Tls(writer),
+                    &mut self.read,
+                )
+            }
+        }
     }
 
     /// The socket and whatever was received past the last response: what an
     /// upgraded connection starts with.
-    pub fn into_parts(self) -> (TcpStream, BytesMut) {
+    pub fn into_parts(self) -> (UpstreamStream, BytesMut) {
         (self.stream, self.read)
     }
 }
