@@ -24,6 +24,7 @@ use crate::limit::{Algorithm, Clock, Limiter, Nanos, SystemClock, WindowAlign};
 use crate::metrics::{LabelNames, Metrics, RouteHandles};
 use crate::ratelimit_policy::{StackView, policy_header};
 use crate::routing::Router;
+use crate::upstream::pool::BodyErrors;
 use crate::upstream::retry::RetryBudget;
 use crate::upstream::{Upstream, Upstreams};
 
@@ -111,7 +112,15 @@ impl Snapshot {
         let upstreams = config
             .upstreams
             .iter()
-            .map(|u| Arc::new(Upstream::new(u.clone())))
+            .zip(&labels.upstreams)
+            .map(|(u, label)| {
+                let body_errors = BodyErrors {
+                    protocol: metrics.upstream_error_counter(label, "protocol"),
+                    timeout: metrics.upstream_error_counter(label, "timeout"),
+                    reset: metrics.upstream_error_counter(label, "reset"),
+                };
+                Arc::new(Upstream::new(u.clone(), body_errors))
+            })
             .collect();
         let routes = config
             .routes

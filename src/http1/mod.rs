@@ -1,4 +1,4 @@
 //! The HTTP/1.1 codec: the server side and the upstream client.
 
-pub(crate) mod client;
+pub mod client;
 pub mod server;

@@ -457,6 +457,18 @@ impl Metrics {
             .inc();
     }
 
+    /// The counter of upstream failures of one `kind`, as a handle for code
+    /// that counts without the metrics at hand (a response body failing
+    /// after its head was relayed). Registers the series at 0.
+    pub fn upstream_error_counter(&self, upstream: &Arc<str>, kind: &'static str) -> Counter {
+        self.upstream_errors
+            .get_or_create(&UpstreamErrorLabels {
+                upstream: upstream.clone(),
+                kind,
+            })
+            .clone()
+    }
+
     /// A failed store call; `backend` is `"memory"` or `"redis"`.
     pub fn record_store_error(&self, backend: &'static str) {
         self.store_errors

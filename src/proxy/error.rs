@@ -61,6 +61,7 @@ impl GatewayError {
     pub fn upstream_kind(&self) -> Option<&'static str> {
         match self {
             GatewayError::UpstreamConnect { .. } => Some("connect"),
+            GatewayError::UpstreamFailed { source, .. } if source.is_protocol() => Some("protocol"),
             GatewayError::UpstreamFailed { .. } => Some("reset"),
             GatewayError::UpstreamTimeout { .. } => Some("timeout"),
             GatewayError::NoRoute { .. }

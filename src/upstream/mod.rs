@@ -14,7 +14,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use http::Uri;
 
 use crate::config::UpstreamConfig;
-use pool::{ConnectionPool, PoolTls};
+use pool::{BodyErrors, ConnectionPool, PoolTls};
 use rustls::pki_types::ServerName;
 
 /// One upstream of a snapshot: its settings and a connection pool per URL.
@@ -27,13 +27,19 @@ pub struct Upstream {
 }
 
 impl Upstream {
-    pub fn new(config: UpstreamConfig) -> Upstream {
+    /// `body_errors` counts response bodies that fail after their head.
+    pub fn new(config: UpstreamConfig, body_errors: BodyErrors) -> Upstream {
         let pools = config
             .urls
             .iter()
             .map(|url| {
-                let tls = pool_tls(&config, url);
-                ConnectionPool::with_tls(socket_address(url), config.connect_timeout, tls)
+                ConnectionPool::with_tls(
+                    socket_address(url),
+                    config.connect_timeout,
+                    config.read_timeout,
+                    body_errors.clone(),
+                    pool_tls(&config, url),
+                )
             })
             .collect();
         Upstream {

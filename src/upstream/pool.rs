@@ -9,6 +9,13 @@
 //! read to the end ([`UpstreamBody`]), or at once when the body came with
 //! the head.
 //!
+//! A connection is reused only if one non-blocking read finds it empty and
+//! open ([`UpstreamConn::idle_state`]), and never after a response with
+//! bytes buffered past its end: bytes an upstream writes after a response
+//! (a body after a `204`, more than `Content-Length`) would be the next
+//! client's response. Once an upstream is seen doing that, its pool stops
+//! reusing connections, since such bytes may also still be on their way.
+//!
 //! An upstream may close an idle keep-alive connection at any time. Most
 //! such closes are seen before use (the socket has signalled readiness while
 //! idle); one that races with the request shows as a connection that took
@@ -25,6 +32,7 @@
 
 use std::io;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use http::{Method, Request, Response};
@@ -32,11 +40,12 @@ use parking_lot::Mutex;
 use tokio::net::TcpStream;
 
 use crate::http::field_lines::FieldLines;
-use crate::http1::client::conn::{UpstreamConn, UpstreamStream};
+use crate::http1::client::conn::{IdleState, UpstreamConn, UpstreamStream};
 use crate::http1::client::exchange::{Outgoing, OutgoingBody, exchange};
 use crate::http1::client::head::{Framing, OwnFields, ResponseHead, encode_request};
 use crate::http1::client::response_body::{CheckIn, UpstreamBody};
 use crate::worker::{worker_count, worker_index};
+use prometheus_client::metrics::counter::Counter;
 
 /// Connections idle longer than this are not reused (upstreams commonly close
 /// idle keep-alive connections after a minute or more).
@@ -64,6 +73,11 @@ impl PoolError {
     pub fn is_connect(&self) -> bool {
         matches!(self, PoolError::Connect { .. })
     }
+
+    /// The upstream's answer broke HTTP/1.1 (refused by the client's parser).
+    pub fn is_protocol(&self) -> bool {
+        matches!(self, PoolError::Request(error) if error.kind() == io::ErrorKind::InvalidData)
+    }
 }
 
 #[derive(Debug)]
@@ -74,9 +88,20 @@ struct Idle {
 
 impl Idle {
     /// Still worth handing out: not idle too long, and not closed (or sent
-    /// something unasked-for) by the upstream meanwhile.
-    fn usable(&mut self) -> bool {
-        self.since.elapsed() < IDLE_TIMEOUT && self.conn.is_idle_and_open()
+    /// something unasked-for) by the upstream meanwhile. Stray bytes mark
+    /// `pool` as misframing.
+    fn usable(&mut self, pool: &ConnectionPool) -> bool {
+        if self.since.elapsed() >= IDLE_TIMEOUT {
+            return false;
+        }
+        match self.conn.idle_state() {
+            IdleState::Open => true,
+            IdleState::Closed => false,
+            IdleState::Stray => {
+                pool.misframed();
+                false
+            }
+        }
     }
 }
 
@@ -91,10 +116,17 @@ pub struct PoolTls {
 pub struct ConnectionPool {
     address: String,
     connect_timeout: Duration,
+    /// Longest wait for the next bytes of a response body.
+    read_timeout: Duration,
     /// `https://`: the handshake on each new connection.
     tls: Option<PoolTls>,
     /// Idle connections, per worker (indexed by [`worker_index`]).
     idle: Box<[Mutex<Vec<Idle>>]>,
+    /// Where response bodies that fail after their head are counted.
+    body_errors: BodyErrors,
+    /// The upstream wrote bytes past the end of a response: its connections
+    /// are not reused from then on (see [`ConnectionPool::misframed`]).
+    misframing: AtomicBool,
 }
 
 impl std::fmt::Debug for ConnectionPool {
@@ -114,20 +146,29 @@ fn is_idempotent(method: &Method) -> bool {
 }
 
 impl ConnectionPool {
-    #[cfg(test)]
-    pub fn new(address: String, connect_timeout: Duration) -> Arc<ConnectionPool> {
-        ConnectionPool::with_tls(address, connect_timeout, None)
+    pub fn new(
+        address: String,
+        connect_timeout: Duration,
+        read_timeout: Duration,
+        body_errors: BodyErrors,
+    ) -> Arc<ConnectionPool> {
+        ConnectionPool::with_tls(address, connect_timeout, read_timeout, body_errors, None)
     }
 
     /// A pool whose connections are TLS when `tls` is given.
     pub fn with_tls(
         address: String,
         connect_timeout: Duration,
+        read_timeout: Duration,
+        body_errors: BodyErrors,
         tls: Option<PoolTls>,
     ) -> Arc<ConnectionPool> {
         Arc::new(ConnectionPool {
             address,
             connect_timeout,
+            read_timeout,
+            body_errors,
+            misframing: AtomicBool::new(false),
             tls,
             idle: (0..worker_count())
                 .map(|_| Mutex::new(Vec::new()))
@@ -145,17 +186,41 @@ impl ConnectionPool {
     fn take_idle(&self) -> Option<UpstreamConn> {
         loop {
             let mut idle = self.idle_list().lock().pop()?;
-            if idle.usable() {
+            if idle.usable(self) {
                 return Some(idle.conn);
             }
         }
     }
 
+    /// Notes that the upstream wrote bytes past the end of a response. A
+    /// check before reuse finds such bytes once they have arrived, but not
+    /// those still on their way — held by the upstream's Nagle algorithm
+    /// until the next request's ACK, say — which the next client would read
+    /// as its response. An upstream seen doing it once is not trusted with
+    /// a reused connection again: every request gets a new one, until a
+    /// reload replaces the pool.
+    fn misframed(&self) {
+        if !self.misframing.swap(true, Ordering::Relaxed) {
+            tracing::warn!(
+                upstream = %self.address,
+                "the upstream sent bytes past the end of a response; its connections are no longer reused"
+            );
+        }
+    }
+
     /// Takes a connection back after a complete response if it may carry
-    /// another request (`keep_alive`) and nothing unasked-for arrived after
-    /// it; otherwise it is closed.
+    /// another request (`keep_alive`), nothing unasked-for arrived after it
+    /// and the upstream has never been seen misframing; otherwise it is
+    /// closed.
     fn release(&self, conn: UpstreamConn, keep_alive: bool) {
-        if !keep_alive || !conn.read.is_empty() {
+        if !keep_alive {
+            return;
+        }
+        if !conn.read.is_empty() {
+            self.misframed();
+            return;
+        }
+        if self.misframing.load(Ordering::Relaxed) {
             return;
         }
         let mut idle = self.idle_list().lock();
@@ -176,7 +241,7 @@ impl ConnectionPool {
         for list in self.idle.iter() {
             let mut idle = list.lock();
             let before = idle.len();
-            idle.retain_mut(Idle::usable);
+            idle.retain_mut(|idle| idle.usable(self));
             closed += before - idle.len();
         }
         closed
@@ -286,10 +351,39 @@ impl ConnectionPool {
     }
 }
 
-/// A response body gives its connection back here.
+/// A response body gives its connection back here, or says it failed.
 impl CheckIn for ConnectionPool {
     fn check_in(&self, conn: UpstreamConn, keep_alive: bool) {
         self.release(conn, keep_alive);
+    }
+
+    fn body_failed(&self, error: &io::Error) {
+        self.body_errors.count(error);
+    }
+
+    fn read_timeout(&self) -> Duration {
+        self.read_timeout
+    }
+}
+
+/// Counters of response bodies that fail after their head was relayed (the
+/// client's stream is cut then): `protocol`, the body broke HTTP/1.1 (a bad
+/// chunk line); `timeout`, no bytes came within `read_timeout`; `reset`, it
+/// was cut short or the connection failed.
+#[derive(Debug, Clone, Default)]
+pub struct BodyErrors {
+    pub protocol: Counter,
+    pub timeout: Counter,
+    pub reset: Counter,
+}
+
+impl BodyErrors {
+    fn count(&self, error: &io::Error) {
+        match error.kind() {
+            io::ErrorKind::InvalidData => self.protocol.inc(),
+            io::ErrorKind::TimedOut => self.timeout.inc(),
+            _ => self.reset.inc(),
+        };
     }
 }
 
@@ -297,11 +391,68 @@ impl CheckIn for ConnectionPool {
 mod tests {
     use super::*;
 
+    /// A connection and its upstream end, the latter as a blocking std
+    /// socket so writing to it needs no await.
+    async fn pair(listener: &tokio::net::TcpListener) -> (UpstreamConn, std::net::TcpStream) {
+        let conn = TcpStream::connect(listener.local_addr().unwrap())
+            .await
+            .unwrap();
+        let (peer, _) = listener.accept().await.unwrap();
+        let peer = peer.into_std().unwrap();
+        peer.set_nonblocking(false).unwrap();
+        peer.set_nodelay(true).unwrap();
+        (UpstreamConn::new(conn), peer)
+    }
+
+    /// The bug behind the 67 of 200: the check before reuse asked
+    /// tokio's readiness, which the event loop updates only when it polls,
+    /// so bytes that arrived since were not seen and the next client read
+    /// them as its response. No await between the write and the checkout
+    /// here: the event loop cannot run.
+    #[tokio::test]
+    async fn bytes_the_event_loop_has_not_seen_keep_a_connection_from_reuse() {
+        use std::io::Write as _;
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let address = listener.local_addr().unwrap().to_string();
+        let pool = ConnectionPool::new(
+            address,
+            Duration::from_secs(1),
+            Duration::from_secs(1),
+            BodyErrors::default(),
+        );
+        let (stray, mut stray_peer) = pair(&listener).await;
+        let (closed, closed_peer) = pair(&listener).await;
+        let (clean, _clean_peer) = pair(&listener).await;
+        pool.release(clean, true);
+        pool.release(closed, true);
+        pool.release(stray, true);
+        assert_eq!(pool.idle_count(), 3);
+        stray_peer
+            .write_all(b"HTTP/1.1 200 OK\r\ncontent-length: 5\r\n\r\nstray")
+            .unwrap();
+        drop(closed_peer);
+        // A wide margin for loopback delivery, blocking: no await.
+        std::thread::sleep(Duration::from_millis(50));
+        // The stray and the closed connections are discarded; the clean one
+        // is handed out.
+        let mut taken = pool.take_idle().expect("the clean connection");
+        assert_eq!(taken.idle_state(), IdleState::Open);
+        assert_eq!(pool.idle_count(), 0);
+        // An upstream seen sending stray bytes is not pooled any more.
+        pool.release(taken, true);
+        assert_eq!(pool.idle_count(), 0);
+    }
+
     #[tokio::test]
     async fn prune_closes_connections_the_upstream_closed() {
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let address = listener.local_addr().unwrap().to_string();
-        let pool = ConnectionPool::new(address.clone(), Duration::from_secs(1));
+        let pool = ConnectionPool::new(
+            address.clone(),
+            Duration::from_secs(1),
+            Duration::from_secs(1),
+            BodyErrors::default(),
+        );
         let kept = TcpStream::connect(&address).await.unwrap();
         let (_kept_peer, _) = listener.accept().await.unwrap();
         let closed = TcpStream::connect(&address).await.unwrap();

@@ -13,10 +13,12 @@
 //! response body); a plaintext read or write costs one predictable branch.
 
 use std::io;
+use std::mem::MaybeUninit;
 use std::pin::Pin;
-use std::task::{Context, Poll, Waker};
+use std::task::{Context, Poll};
 
 use bytes::BytesMut;
+use socket2::SockRef;
 use tokio::io::{AsyncRead, AsyncWrite, AsyncWriteExt, ReadBuf};
 use tokio::net::TcpStream;
 use tokio::net::tcp;
@@ -154,6 +156,52 @@ pub fn poll_fill<R: AsyncRead>(
     tokio_util::io::poll_read_buf(reader, cx, read)
 }
 
+/// What [`UpstreamConn::idle_state`] found on an idle connection.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum IdleState {
+    /// Nothing: it can carry a request.
+    Open,
+    /// The upstream closed it (or it failed).
+    Closed,
+    /// Bytes the upstream sent after its last response.
+    Stray,
+}
+
+/// [`UpstreamConn::idle_state`] of a TLS connection. Bytes on an idle TLS
+/// socket need not be a response: TLS 1.3 servers send session tickets
+/// after the handshake. So a peek first (nothing there: open), then rustls
+/// reads what came: plaintext is stray bytes, a close is a close, and
+/// records it took in whole (tickets) leave the connection open — unless
+/// bytes are still waiting that it did not get to read (tokio's readiness
+/// not caught up yet), where the connection is given up rather than trusted.
+fn tls_idle_state(stream: &mut TlsStream<TcpStream>) -> IdleState {
+    let waiting = |stream: &TlsStream<TcpStream>| {
+        let mut probe = [MaybeUninit::<u8>::uninit(); 1];
+        match SockRef::from(stream.get_ref().0).peek(&mut probe) {
+            Err(error) if error.kind() == io::ErrorKind::WouldBlock => None,
+            Ok(0) | Err(_) => Some(IdleState::Closed),
+            Ok(_) => Some(IdleState::Stray),
+        }
+    };
+    if waiting(stream).is_none() && stream.get_ref().1.wants_read() {
+        // Nothing on the socket; rustls holds no plaintext unless it wants
+        // no more input, which is checked below.
+        return IdleState::Open;
+    }
+    let mut cx = Context::from_waker(std::task::Waker::noop());
+    let mut byte = [0u8; 1];
+    let mut buf = ReadBuf::new(&mut byte);
+    match Pin::new(&mut *stream).poll_read(&mut cx, &mut buf) {
+        Poll::Ready(Ok(())) if buf.filled().is_empty() => IdleState::Closed,
+        Poll::Ready(Ok(())) => IdleState::Stray,
+        Poll::Ready(Err(_)) => IdleState::Closed,
+        Poll::Pending => match waiting(stream) {
+            None => IdleState::Open,
+            Some(_) => IdleState::Stray,
+        },
+    }
+}
+
 /// A connection to an upstream with its buffers.
 #[derive(Debug)]
 pub struct UpstreamConn {
@@ -178,34 +226,29 @@ impl UpstreamConn {
         }
     }
 
-    /// Whether an idle connection can carry a request: the upstream has sent
-    /// nothing — neither a close nor stray bytes — since its last response.
-    /// Costs no system call unless the socket has signalled readiness.
-    pub fn is_idle_and_open(&mut self) -> bool {
+    /// What an idle connection holds: nothing (it can carry a request), a
+    /// close, or bytes the upstream sent unasked since its last response.
+    ///
+    /// One non-blocking `recv` on the socket itself, not through tokio's
+    /// readiness: that is only as fresh as the event loop's last poll, and
+    /// bytes that came meanwhile (a body after a `204`, more than
+    /// `Content-Length` said, written just after the head) would be read as
+    /// the next client's response. Anything read means the connection is
+    /// not used again, so the byte taken is not missed.
+    pub fn idle_state(&mut self) -> IdleState {
         if !self.read.is_empty() {
-            return false;
+            return IdleState::Stray;
         }
-        let mut cx = Context::from_waker(Waker::noop());
+        let mut probe = [MaybeUninit::<u8>::uninit(); 1];
         let stream = match &mut self.stream {
             UpstreamStream::Plain(stream) => stream,
-            // TLS: a read tells (it also takes in records the upstream may
-            // send unasked, such as TLS 1.3 session tickets); plaintext
-            // bytes or a close make it unusable.
-            UpstreamStream::Tls(stream) => {
-                let mut probe = [0u8; 1];
-                let mut buf = ReadBuf::new(&mut probe);
-                return matches!(Pin::new(stream).poll_read(&mut cx, &mut buf), Poll::Pending);
-            }
+            UpstreamStream::Tls(stream) => return tls_idle_state(stream),
         };
-        match stream.poll_read_ready(&mut cx) {
-            Poll::Pending => true,
-            Poll::Ready(Err(_)) => false,
-            // Readiness may be left over from the last read; a probe tells.
-            Poll::Ready(Ok(())) => {
-                let mut probe = [0u8; 1];
-                matches!(stream.try_read(&mut probe),
-                    Err(error) if error.kind() == io::ErrorKind::WouldBlock)
-            }
+        // The socket is non-blocking (tokio's): nothing there is `WouldBlock`.
+        match SockRef::from(&*stream).recv(&mut probe) {
+            Err(error) if error.kind() == io::ErrorKind::WouldBlock => IdleState::Open,
+            Ok(0) | Err(_) => IdleState::Closed,
+            Ok(_) => IdleState::Stray,
         }
     }
 

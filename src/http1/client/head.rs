@@ -146,6 +146,12 @@ pub fn encode_request(
 /// Parses a response head at the start of `buf`; on success its bytes are
 /// taken out of `buf`, leaving what follows (the body).
 pub fn parse_response(buf: &mut BytesMut, method: &Method) -> io::Result<Parsed> {
+    // httparse (and hyper's client) skip empty lines before the status
+    // line; a response has no reason to send one, and on a reused
+    // connection it is a sign of a framing disagreement.
+    if matches!(buf.first(), Some(b'\r' | b'\n')) {
+        return Err(invalid("response head does not start with a status line"));
+    }
     // Most heads fit the small field array; zeroing the large one on every
     // response was a measurable cost, so it is only for heads that need it.
     match parse_into::<COMMON_FIELDS>(buf, method)? {
@@ -176,6 +182,17 @@ fn parse_into<const N: usize>(buf: &mut BytesMut, method: &Method) -> io::Result
     if length > MAX_HEAD {
         return Err(invalid("response head too large"));
     }
+    // httparse takes a bare LF for a line end (as hyper's client does);
+    // here lines end only at CRLF. httparse refuses a CR not followed by an
+    // LF, so each CR pairs with an LF, and equal counts leave no bare LF.
+    // One pass, branch-free (it vectorises): LFs minus CRs.
+    let surplus: isize = buf[..length]
+        .iter()
+        .map(|&b| isize::from(b == b'\n') - isize::from(b == b'\r'))
+        .sum();
+    if surplus != 0 {
+        return Err(invalid("bare LF in the response head"));
+    }
     let code = response.code.unwrap_or(0);
     let status = StatusCode::from_u16(code).map_err(|_| invalid("invalid response status"))?;
     if status.is_informational() && status != StatusCode::SWITCHING_PROTOCOLS {
@@ -195,6 +212,7 @@ fn parse_into<const N: usize>(buf: &mut BytesMut, method: &Method) -> io::Result
     for field in response.headers.iter() {
         hop.note(field.name.as_bytes(), field.value)?;
     }
+    hop.check_framing(version)?;
     let switching = status == StatusCode::SWITCHING_PROTOCOLS;
     let is_head = method == Method::HEAD;
     // Room for all of them at once: the lines are never longer than the head.
@@ -205,7 +223,7 @@ fn parse_into<const N: usize>(buf: &mut BytesMut, method: &Method) -> io::Result
             // The body's length is the body's business: the client-side
             // head gets it from the body (RFC 9112 §6.3), except for a HEAD,
             // whose answer describes a body it does not carry.
-            if !is_head || hop.transfer_encoding {
+            if !is_head {
                 continue;
             }
         } else if hop.drops(name, switching) {
@@ -273,26 +291,38 @@ impl<'h> HopFields<'h> {
             // The last line's last coding decides (codings are applied in order).
             self.chunked_last = ends_in_chunked(value);
         } else if name.eq_ignore_ascii_case(b"content-length") {
-            // A list of equal values (`5, 5`) is one length (RFC 9110 §8.6).
-            for item in value.split(|&b| b == b',').map(<[u8]>::trim_ascii) {
-                if item.is_empty() || item.len() > 19 || !item.iter().all(u8::is_ascii_digit) {
-                    return Err(invalid("invalid Content-Length in the response"));
-                }
-                let parsed = item
-                    .iter()
-                    .fold(0u64, |n, &digit| n * 10 + u64::from(digit - b'0'));
-                if self.content_length.is_some_and(|seen| seen != parsed) {
-                    return Err(invalid("conflicting Content-Length in the response"));
-                }
-                self.content_length = Some(parsed);
+            let length = parse_content_length(value)
+                .ok_or_else(|| invalid("invalid Content-Length in the response"))?;
+            if self.content_length.is_some_and(|seen| seen != length) {
+                return Err(invalid("conflicting Content-Length in the response"));
             }
+            self.content_length = Some(length);
+        }
+        Ok(())
+    }
+
+    /// Refuses the framing ambiguities of RFC 9112 §6.1 and §6.3 item 3,
+    /// whatever the status (a `204` or a `HEAD` answer with them is as
+    /// broken as any other response).
+    fn check_framing(&self, version: Version) -> io::Result<()> {
+        if !self.transfer_encoding {
+            return Ok(());
+        }
+        if version == Version::HTTP_10 {
+            // §6.1: the framing of such a message is faulty.
+            return Err(invalid("Transfer-Encoding in an HTTP/1.0 response"));
+        }
+        if self.content_length.is_some() {
+            // §6.3 item 3: "ought to be handled as an error".
+            return Err(invalid(
+                "both Transfer-Encoding and Content-Length in the response",
+            ));
         }
         Ok(())
     }
 
     /// Whether a field stays out of the client's response: hop-by-hop ones
-    /// (but `Upgrade` on a `101`), and a `Content-Length` that
-    /// `Transfer-Encoding` overrides.
+    /// (but `Upgrade` on a `101`) and those `Connection` names.
     fn drops(&self, name: &[u8], switching: bool) -> bool {
         if name.eq_ignore_ascii_case(b"upgrade") {
             return !switching;
@@ -302,15 +332,61 @@ impl<'h> HopFields<'h> {
                 .named
                 .iter()
                 .any(|named| name.eq_ignore_ascii_case(named))
-            || (self.transfer_encoding && name.eq_ignore_ascii_case(b"content-length"))
     }
 }
 
-/// The body framing of a response (RFC 9112 §6.3) and whether the
-/// connection stays usable after it. A response with both
-/// `Transfer-Encoding` and `Content-Length` is framed by the former and
-/// closes the connection (§6.3 item 3).
+/// A `Content-Length` field value: decimal digits, or a list of equal ones
+/// (`5, 5`; RFC 9110 §8.6); `None` for anything else — a sign, a space
+/// inside, an empty item, differing items, a value over `u64`.
+pub fn parse_content_length(value: &[u8]) -> Option<u64> {
+    let mut length = None;
+    for item in value.split(|&b| b == b',').map(<[u8]>::trim_ascii) {
+        if item.is_empty() {
+            return None;
+        }
+        let mut parsed: u64 = 0;
+        for &digit in item {
+            if !digit.is_ascii_digit() {
+                return None;
+            }
+            parsed = parsed
+                .checked_mul(10)?
+                .checked_add(u64::from(digit - b'0'))?;
+        }
+        if length.is_some_and(|seen| seen != parsed) {
+            return None;
+        }
+        length = Some(parsed);
+    }
+    length
+}
+
+// How a response body is delimited, RFC 9112 §6.3 in its order, and when
+// the connection may carry another request. A head that breaks a rule is
+// refused before this (`HopFields::note`, `HopFields::check_framing`): the
+// client gets a 502 and the connection is closed, never pooled.
+//
+// 1. An answer to HEAD, and a 1xx, 204 or 304, has no body, whatever its
+//    fields say; bytes after its head are not the next response (they keep
+//    the connection from the pool).
+// 2. (A 2xx to CONNECT: not forwarded by the gateway.)
+// 3. `Transfer-Encoding` with `Content-Length` is refused, as is
+//    `Transfer-Encoding` in an HTTP/1.0 response (§6.1).
+// 4. `Transfer-Encoding` whose last coding is `chunked`: chunked
+//    (the decoder in `chunked.rs`). Other codings last: until the upstream closes.
+// 5. A `Content-Length` that does not parse, or lines or list items that
+//    differ: refused.
+// 6. A valid `Content-Length`: that many bytes (none for 0).
+// 7. (Requests only.)
+// 8. Neither field: until the upstream closes; the connection ends with it.
+//
+// Keep-alive (§9.3): HTTP/1.1 unless `Connection: close`; HTTP/1.0 only with
+// `Connection: keep-alive`; never for a body delimited by the close.
+
+/// The body framing of a response and whether the connection stays usable
+/// after it, by the list above.
 fn framing(method: &Method, status: StatusCode, hop: &HopFields<'_>) -> (Framing, bool) {
+    // Rule 1.
     if method == Method::HEAD
         || status.is_informational()
         || status == StatusCode::NO_CONTENT
@@ -318,13 +394,15 @@ fn framing(method: &Method, status: StatusCode, hop: &HopFields<'_>) -> (Framing
     {
         return (Framing::Empty, true);
     }
+    // Rule 4 (rule 3 held: no `Content-Length` beside it).
     if hop.transfer_encoding {
         return if hop.chunked_last {
-            (Framing::Chunked, hop.content_length.is_none())
+            (Framing::Chunked, true)
         } else {
             (Framing::UntilClose, false)
         };
     }
+    // Rules 6 and 8.
     match hop.content_length {
         Some(0) => (Framing::Empty, true),
         Some(length) => (Framing::Length(length), true),
@@ -413,12 +491,6 @@ mod tests {
                 true,
             ),
             (
-                "HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\nContent-Length: 3\r\n\r\n",
-                Method::GET,
-                Framing::Chunked,
-                false,
-            ),
-            (
                 "HTTP/1.1 200 OK\r\nTransfer-Encoding: gzip\r\n\r\n",
                 Method::GET,
                 Framing::UntilClose,
@@ -454,11 +526,6 @@ mod tests {
             assert_eq!(head.framing, framing, "{text:?}");
             assert_eq!(head.keep_alive, keep_alive, "{text:?}");
         }
-        let (chunked, _) = head(
-            "HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\nContent-Length: 3\r\n\r\n",
-            Method::GET,
-        );
-        assert!(!chunked.fields.to_map().contains_key(header::CONTENT_LENGTH));
         // In answer to HEAD the length describes a body that is not sent:
         // it is relayed.
         let (answer, _) = head("HTTP/1.1 200 OK\r\nContent-Length: 5\r\n\r\n", Method::HEAD);
@@ -542,6 +609,152 @@ mod tests {
             huge.push_str("X-Filler: aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa\r\n");
         }
         assert!(parse(&huge, Method::GET).is_err());
+    }
+
+    /// The error a head is refused with, for every method.
+    fn refusal(text: &[u8]) -> String {
+        let messages: Vec<String> = [Method::GET, Method::HEAD, Method::POST]
+            .iter()
+            .map(|method| {
+                let mut buf = BytesMut::from(text);
+                match parse_response(&mut buf, method) {
+                    Err(error) => error.to_string(),
+                    Ok(parsed) => panic!("{text:?} accepted for {method}: {parsed:?}"),
+                }
+            })
+            .collect();
+        assert!(messages.iter().all(|m| *m == messages[0]), "{messages:?}");
+        messages[0].clone()
+    }
+
+    #[test]
+    fn framing_ambiguities_are_refused_whatever_the_status() {
+        for status in [
+            "200 OK",
+            "204 No Content",
+            "304 Not Modified",
+            "404 Not Found",
+        ] {
+            for (fields, why) in [
+                (
+                    "Transfer-Encoding: chunked\r\nContent-Length: 3\r\n",
+                    "both Transfer-Encoding and Content-Length in the response",
+                ),
+                (
+                    "Content-Length: 3\r\nTransfer-Encoding: chunked\r\n",
+                    "both Transfer-Encoding and Content-Length in the response",
+                ),
+                (
+                    "Content-Length: 0\r\nTransfer-Encoding: gzip\r\n",
+                    "both Transfer-Encoding and Content-Length in the response",
+                ),
+                (
+                    "Content-Length: 3\r\nContent-Length: 4\r\n",
+                    "conflicting Content-Length in the response",
+                ),
+                (
+                    "Content-Length: 3, 4\r\n",
+                    "invalid Content-Length in the response",
+                ),
+                (
+                    "Content-Length: +5\r\n",
+                    "invalid Content-Length in the response",
+                ),
+                (
+                    "Content-Length: -3\r\n",
+                    "invalid Content-Length in the response",
+                ),
+                (
+                    "Content-Length: 0x5\r\n",
+                    "invalid Content-Length in the response",
+                ),
+                (
+                    "Content-Length: 5 5\r\n",
+                    "invalid Content-Length in the response",
+                ),
+                (
+                    "Content-Length: 5,\r\n",
+                    "invalid Content-Length in the response",
+                ),
+                (
+                    "Content-Length:\r\n",
+                    "invalid Content-Length in the response",
+                ),
+                (
+                    "Content-Length: 5\u{a0}\r\n",
+                    "invalid Content-Length in the response",
+                ),
+                (
+                    "Content-Length: 18446744073709551616\r\n",
+                    "invalid Content-Length in the response",
+                ),
+            ] {
+                let text = format!("HTTP/1.1 {status}\r\n{fields}\r\n");
+                assert_eq!(refusal(text.as_bytes()), why, "{text:?}");
+            }
+            let text = format!("HTTP/1.0 {status}\r\nTransfer-Encoding: chunked\r\n\r\n");
+            assert_eq!(
+                refusal(text.as_bytes()),
+                "Transfer-Encoding in an HTTP/1.0 response"
+            );
+        }
+        // A list of equal values is one length; leading zeros are digits.
+        let (parsed, _) = head(
+            "HTTP/1.1 200 OK\r\nContent-Length: 05, 5\r\n\r\n",
+            Method::GET,
+        );
+        assert_eq!(parsed.framing, Framing::Length(5));
+        assert_eq!(
+            parse_content_length(b"18446744073709551615"),
+            Some(u64::MAX)
+        );
+        assert_eq!(parse_content_length(b" 7 "), Some(7));
+    }
+
+    #[test]
+    fn malformed_lines_are_refused() {
+        for bad in [
+            // obs-fold.
+            &b"HTTP/1.1 200 OK\r\nX-A: 1\r\n folded\r\nContent-Length: 0\r\n\r\n"[..],
+            b"HTTP/1.1 200 OK\r\nX-A: 1\r\n\tfolded\r\n\r\n",
+            // A bare CR.
+            b"HTTP/1.1 200 OK\rContent-Length: 0\r\n\r\n",
+            b"HTTP/1.1 200 OK\r\nX-A: 1\r2\r\nContent-Length: 0\r\n\r\n",
+            // NUL and other control bytes.
+            b"HTTP/1.1 200 OK\r\nX-A: a\x00b\r\n\r\n",
+            b"HTTP/1.1 200 OK\r\nX-A: a\x01b\r\n\r\n",
+            b"HTTP/1.1 200 OK\r\nX-A: a\x7fb\r\n\r\n",
+            b"HTTP/1.1 200 O\x00K\r\n\r\n",
+            b"HTTP/1.1 200 OK\r\nX\x00A: 1\r\n\r\n",
+            // Not a field line.
+            b"HTTP/1.1 200 OK\r\nX-A 1\r\n\r\n",
+            b"HTTP/1.1 200 OK\r\nX-A : 1\r\n\r\n",
+            b"HTTP/1.1 200 OK\r\n: 1\r\n\r\n",
+            // Invalid status lines.
+            b"HTTP/1.1 2000 OK\r\n\r\n",
+            b"HTTP/1.1 20 OK\r\n\r\n",
+            b"HTTP/1.1 099 OK\r\n\r\n",
+            b"HTTP/1.1  200 OK\r\n\r\n",
+            b"HTTP/1.1 +20 OK\r\n\r\n",
+            b"HTTP/2.0 200 OK\r\n\r\n",
+            b"HTTP/1.2 200 OK\r\n\r\n",
+            b"http/1.1 200 OK\r\n\r\n",
+            b"HTTP/1.1\t200 OK\r\n\r\n",
+            b"SMTP ready\r\n\r\n",
+            b"\r\nHTTP/1.1 200 OK\r\n\r\n",
+        ] {
+            refusal(bad);
+        }
+        // Lines end only at CRLF: httparse (and hyper's client) take a bare
+        // LF, the gateway does not.
+        for bad in [
+            &b"HTTP/1.1 200 OK\nContent-Length: 0\n\n"[..],
+            b"HTTP/1.1 200 OK\r\nContent-Length: 0\n\r\n",
+            b"HTTP/1.1 200 OK\r\nContent-Length: 0\r\n\n",
+            b"HTTP/1.1 100 Continue\n\n",
+        ] {
+            assert_eq!(refusal(bad), "bare LF in the response head", "{bad:?}");
+        }
     }
 
     #[test]

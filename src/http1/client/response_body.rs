@@ -12,6 +12,9 @@ use std::io;
 use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{Context, Poll, ready};
+use std::time::Duration;
+
+use tokio::time::Sleep;
 
 use bytes::Bytes;
 use http_body::{Body, Frame, SizeHint};
@@ -27,6 +30,15 @@ pub trait CheckIn: Send + Sync + Debug {
     /// Takes `conn` back after a complete response; `keep_alive`: the
     /// response let it carry another request.
     fn check_in(&self, conn: UpstreamConn, keep_alive: bool);
+
+    /// The body failed after its head was relayed (the client's stream is
+    /// cut): `error` is `InvalidData` when it broke HTTP/1.1, else the
+    /// connection failed or closed early. The connection is not given back.
+    fn body_failed(&self, error: &io::Error);
+
+    /// The longest wait for the next bytes of a body: past it the body
+    /// fails with `TimedOut` and its connection is dropped.
+    fn read_timeout(&self) -> Duration;
 }
 
 /// Where a streamed body is.
@@ -62,6 +74,19 @@ struct Streaming {
     pool: Arc<dyn CheckIn>,
     remaining: Remaining,
     keep_alive: bool,
+    /// Armed the first time the body waits for bytes (a body that arrives
+    /// with its head never needs one); reset after each wait that ended in
+    /// bytes, so it measures the time since the last progress.
+    stall: Option<Pin<Box<Sleep>>>,
+    /// Bytes arrived since the stall timer was last set.
+    progressed: bool,
+}
+
+fn stalled() -> io::Error {
+    io::Error::new(
+        io::ErrorKind::TimedOut,
+        "the upstream sent no body bytes within read_timeout",
+    )
 }
 
 fn closed_early() -> io::Error {
@@ -115,6 +140,8 @@ impl UpstreamBody {
                 pool,
                 remaining,
                 keep_alive,
+                stall: None,
+                progressed: false,
             })),
         }
     }
@@ -142,19 +169,22 @@ impl Body for UpstreamBody {
         self: Pin<&mut Self>,
         cx: &mut Context<'_>,
     ) -> Poll<Option<Result<Frame<Bytes>, io::Error>>> {
-        let (conn_slot, pool, remaining, keep_alive) = match &mut self.get_mut().kind {
-            Kind::Full(bytes) => return Poll::Ready(bytes.take().map(|b| Ok(Frame::data(b)))),
-            Kind::Upgrade(_) => return Poll::Ready(None),
-            Kind::Streaming(streaming) => {
-                let Streaming {
-                    conn,
-                    pool,
-                    remaining,
-                    keep_alive,
-                } = &mut **streaming;
-                (conn, pool, remaining, *keep_alive)
-            }
-        };
+        let (conn_slot, pool, remaining, keep_alive, stall, progressed) =
+            match &mut self.get_mut().kind {
+                Kind::Full(bytes) => return Poll::Ready(bytes.take().map(|b| Ok(Frame::data(b)))),
+                Kind::Upgrade(_) => return Poll::Ready(None),
+                Kind::Streaming(streaming) => {
+                    let Streaming {
+                        conn,
+                        pool,
+                        remaining,
+                        keep_alive,
+                        stall,
+                        progressed,
+                    } = &mut **streaming;
+                    (conn, pool, remaining, *keep_alive, stall, progressed)
+                }
+            };
         loop {
             let Some(conn) = conn_slot.as_mut() else {
                 return Poll::Ready(None);
@@ -186,6 +216,7 @@ impl Body for UpstreamBody {
                     Ok(Decoded::NeedMore) => {}
                     Err(error) => {
                         conn_slot.take();
+                        pool.body_failed(&error);
                         return Poll::Ready(Some(Err(error)));
                     }
                 },
@@ -196,17 +227,37 @@ impl Body for UpstreamBody {
                     }
                 }
             }
-            match ready!(conn.poll_fill(cx)) {
+            let filled = match conn.poll_fill(cx) {
+                Poll::Ready(filled) => filled,
+                Poll::Pending => {
+                    let timeout = pool.read_timeout();
+                    let timer = stall.get_or_insert_with(|| Box::pin(tokio::time::sleep(timeout)));
+                    if std::mem::take(progressed) {
+                        timer.as_mut().reset(tokio::time::Instant::now() + timeout);
+                    }
+                    ready!(timer.as_mut().poll(cx));
+                    // Stalled: the connection is mid-message, so it is
+                    // dropped, and the client's stream is cut.
+                    conn_slot.take();
+                    let error = stalled();
+                    pool.body_failed(&error);
+                    return Poll::Ready(Some(Err(error)));
+                }
+            };
+            match filled {
                 Ok(0) => {
                     conn_slot.take();
-                    return Poll::Ready(match remaining {
-                        Remaining::UntilClose => None,
-                        _ => Some(Err(closed_early())),
-                    });
+                    if let Remaining::UntilClose = remaining {
+                        return Poll::Ready(None);
+                    }
+                    let error = closed_early();
+                    pool.body_failed(&error);
+                    return Poll::Ready(Some(Err(error)));
                 }
-                Ok(_) => {}
+                Ok(_) => *progressed = true,
                 Err(error) => {
                     conn_slot.take();
+                    pool.body_failed(&error);
                     return Poll::Ready(Some(Err(error)));
                 }
             }

@@ -1,0 +1,96 @@
+//! Time limits on bodies (issue 16): an upstream that stops sending its
+//! response body mid-way cannot hold the client's and its own connection
+//! for ever — past `read_timeout` the client's stream is cut, the upstream
+//! connection is dropped, and the failure is counted as `kind="timeout"`.
+
+mod common;
+
+use std::time::{Duration, Instant};
+
+use common::openmetrics::parse;
+use common::{Gateway, get};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::{TcpListener, TcpStream};
+
+#[tokio::test]
+async fn a_stalled_upstream_body_is_cut_after_read_timeout() {
+    // A raw upstream: the head and 10 of 100 body bytes, then silence; it
+    // reports when the gateway drops the connection.
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let upstream = listener.local_addr().unwrap();
+    let (dropped_tx, dropped_rx) = tokio::sync::oneshot::channel::<Duration>();
+    tokio::spawn(async move {
+        let (mut stream, _) = listener.accept().await.unwrap();
+        let mut head = vec![0u8; 4096];
+        let _ = stream.read(&mut head).await;
+        stream
+            .write_all(b"HTTP/1.1 200 OK\r\ncontent-length: 100\r\n\r\n0123456789")
+            .await
+            .unwrap();
+        let started = Instant::now();
+        let mut rest = [0u8; 64];
+        // Wait (up to a minute) for the gateway to close its end.
+        let _ = tokio::time::timeout(Duration::from_secs(60), stream.read(&mut rest)).await;
+        let _ = dropped_tx.send(started.elapsed());
+    });
+    let gateway = Gateway::start(&format!(
+        r#"
+[server]
+listen = "127.0.0.1:0"
+admin = "127.0.0.1:0"
+
+[upstreams.api]
+url = "http://{upstream}"
+read_timeout = "300ms"
+
+[[routes]]
+name = "api"
+match = {{ path_prefix = "/" }}
+upstream = "api"
+"#
+    ));
+    let mut client = TcpStream::connect(gateway.addr).await.unwrap();
+    client
+        .write_all(b"GET /slow HTTP/1.1\r\nhost: x\r\n\r\n")
+        .await
+        .unwrap();
+    let started = Instant::now();
+    let mut received = Vec::new();
+    // The gateway cuts the stream: the read ends (EOF or reset) long before
+    // this generous bound.
+    let _ = tokio::time::timeout(Duration::from_secs(20), async {
+        let mut buf = [0u8; 1024];
+        loop {
+            match client.read(&mut buf).await {
+                Ok(0) | Err(_) => break,
+                Ok(n) => received.extend_from_slice(&buf[..n]),
+            }
+        }
+    })
+    .await;
+    let waited = started.elapsed();
+    let text = String::from_utf8_lossy(&received);
+    assert!(text.starts_with("HTTP/1.1 200 OK"), "{text}");
+    assert!(
+        text.ends_with("0123456789"),
+        "the body stops where the upstream stopped: {text}"
+    );
+    assert!(
+        waited < Duration::from_secs(20),
+        "the client's stream was cut ({waited:?})"
+    );
+    let dropped = tokio::time::timeout(Duration::from_secs(20), dropped_rx)
+        .await
+        .expect("the upstream connection is dropped")
+        .unwrap();
+    assert!(dropped < Duration::from_secs(20), "{dropped:?}");
+    let reply = get(gateway.admin.unwrap(), "/metrics", &[]).await;
+    let metrics = parse(&String::from_utf8_lossy(&reply.body)).unwrap();
+    assert_eq!(
+        metrics.value(
+            "tollgate_upstream_errors_total",
+            &[("upstream", "api"), ("kind", "timeout")]
+        ),
+        Some(1.0)
+    );
+}
