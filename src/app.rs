@@ -18,12 +18,13 @@ use arc_swap::ArcSwap;
 use parking_lot::Mutex;
 
 use crate::access_log::DeniedSampler;
-use crate::config::{Config, KeyPart, LimitConfig, RouteAction};
+use crate::config::{Config, KeyPart, LimitConfig, LocalFraction, OnFailure, RouteAction};
 use crate::identity::client_ip::{ClientIpPolicy, ForwardHeader, Trust};
 use crate::limit::{Algorithm, Clock, Limiter, Nanos, SystemClock, WindowAlign};
 use crate::metrics::{LabelNames, Metrics, RouteHandles};
 use crate::ratelimit_policy::{StackView, policy_header};
 use crate::routing::Router;
+use crate::store::{RedisStore, Signals};
 use crate::upstream::pool::BodyErrors;
 use crate::upstream::retry::RetryBudget;
 use crate::upstream::{Upstream, Upstreams};
@@ -73,6 +74,8 @@ pub struct RoutePlan {
     /// Some limit of the stack keys on a body field: the body is buffered
     /// (up to `max_key_body`) before the limit step.
     pub needs_body: bool,
+    /// Some limit of the stack is decided in the shared store.
+    pub shared: bool,
     /// The route's common metric series, resolved once.
     pub metrics: RouteHandles,
     /// The route's retry budget, when it retries (`retry = {...}`); a reload
@@ -86,8 +89,13 @@ pub struct Snapshot {
     pub config: Config,
     pub router: Router,
     pub upstreams: Upstreams,
-    /// Aligned with `config.limits`.
+    /// Aligned with `config.limits`. A shared limit's limiters hold its
+    /// node-local fallback (`on_failure = "local"`), scaled by
+    /// `local_fraction`.
     pub limiters: Vec<LimiterSet>,
+    /// Aligned with `config.limits`: decided in the shared store (the store
+    /// is Redis and the limit is not `local = true`).
+    pub shared: Vec<bool>,
     /// Aligned with `config.routes`.
     pub routes: Vec<RoutePlan>,
     pub client_ip: ClientIpPolicy,
@@ -106,7 +114,9 @@ impl Snapshot {
         generation: u64,
         limiters: Vec<LimiterSet>,
         metrics: &Metrics,
+        store: bool,
     ) -> Snapshot {
+        let shared: Vec<bool> = config.limits.iter().map(|l| store && !l.local).collect();
         let labels = LabelNames::new(&config);
         let router = Router::new(&config);
         let upstreams = config
@@ -165,6 +175,7 @@ impl Snapshot {
                     .map(|&i| labels.limits[i].clone())
                     .collect();
                 RoutePlan {
+                    shared: route.limits.iter().any(|&i| shared[i]),
                     metrics: metrics.route_handles(&name, &limit_labels),
                     name,
                     stack: route.limits.clone(),
@@ -204,6 +215,7 @@ impl Snapshot {
             router,
             upstreams,
             limiters,
+            shared,
             routes,
             client_ip,
             generation,
@@ -249,10 +261,23 @@ impl LimiterRegistry {
     /// - same key and algorithm kind, other numbers: state carried over where the
     ///   algorithm allows (see `limit::memory`);
     /// - otherwise (new limit, other key or algorithm): a fresh limiter.
-    fn resolve(&self, limits: &[LimitConfig], now: Nanos) -> Vec<LimiterSet> {
+    ///
+    /// With a shared store, a limit that is not `local` is built scaled by
+    /// `fraction` (numerator, denominator): its memory state is the node's
+    /// fallback.
+    fn resolve(
+        &self,
+        limits: &[LimitConfig],
+        now: Nanos,
+        fraction: Option<(u64, u64)>,
+    ) -> Vec<LimiterSet> {
         let mut by_name = self.by_name.lock();
         let mut next = HashMap::with_capacity(limits.len());
         let mut take = |limit: &LimitConfig, plan: Option<&Arc<str>>, algorithm: Algorithm| {
+            let algorithm = match fraction {
+                Some((num, den)) if !limit.local => algorithm.scaled(num, den),
+                _ => algorithm,
+            };
             let spec = LimiterSpec {
                 key: limit.key.clone(),
                 algorithm,
@@ -305,6 +330,13 @@ pub struct App {
     last_reload_error: parking_lot::Mutex<Option<ReloadError>>,
     /// Set while the store is down with `on_failure = "deny"`: `/readyz` is 503.
     store_unavailable: AtomicBool,
+    /// The shared store (`backend = "redis"`), chosen at start.
+    store: Option<Arc<RedisStore>>,
+    /// With a store: `local_fraction` of the fallback limiters, as
+    /// (numerator, denominator). Read and written only when installing.
+    fraction: Mutex<(u64, u64)>,
+    /// Held while a snapshot is built and swapped in (reload, rescale).
+    install_lock: Mutex<()>,
 }
 
 /// A failed reload, as `/config` shows it.
@@ -329,14 +361,41 @@ impl App {
     }
 
     pub fn with_clock(config: Config, clock: Arc<dyn Clock>) -> Arc<App> {
-        let registry = LimiterRegistry::default();
-        let limiters = registry.resolve(&config.limits, clock.now());
         let metrics = Arc::new(Metrics::new());
         metrics.expose_store_errors(match config.store.backend {
             crate::config::StoreBackend::Memory => "memory",
+            crate::config::StoreBackend::Redis(_) => "redis",
         });
-        Arc::new(App {
-            snapshot: ArcSwap::from_pointee(Snapshot::new(config, 1, limiters, &metrics)),
+        let store = config.store.redis().and_then(|redis| {
+            let (errors, fallback) = (metrics.clone(), metrics.clone());
+            let signals = Signals {
+                error: Box::new(move || errors.record_store_error("redis")),
+                fallback: Box::new(move |active| fallback.set_store_fallback(active)),
+            };
+            RedisStore::start(redis.clone(), signals)
+                .inspect_err(|error| {
+                    tracing::error!(%error, "cannot start the redis store; limits stay node-local");
+                })
+                .ok()
+        });
+        let registry = LimiterRegistry::default();
+        // "auto" starts at 1 (this node alone) until heartbeats count more.
+        let fraction = match config.store.redis().map(|r| r.local_fraction) {
+            Some(LocalFraction::Fixed(ppm)) => (u64::from(ppm), 1_000_000),
+            _ => (1, 1),
+        };
+        let auto = config
+            .store
+            .redis()
+            .is_some_and(|r| r.local_fraction == LocalFraction::Auto);
+        let limiters = registry.resolve(
+            &config.limits,
+            clock.now(),
+            store.as_ref().map(|_| fraction),
+        );
+        let shared = store.is_some();
+        let app = Arc::new(App {
+            snapshot: ArcSwap::from_pointee(Snapshot::new(config, 1, limiters, &metrics, shared)),
             generation: AtomicU64::new(1),
             registry,
             clock,
@@ -344,7 +403,52 @@ impl App {
             metrics,
             last_reload_error: parking_lot::Mutex::new(None),
             store_unavailable: AtomicBool::new(false),
-        })
+            store,
+            fraction: Mutex::new(fraction),
+            install_lock: Mutex::new(()),
+        });
+        if let (Some(store), true) = (&app.store, auto) {
+            let weak = Arc::downgrade(&app);
+            store.on_live_nodes(move |nodes| {
+                if let Some(app) = weak.upgrade() {
+                    app.rescale_fallback(nodes);
+                }
+            });
+        }
+        app
+    }
+
+    /// `local_fraction = "auto"`: rebuilds the node-local fallback limiters
+    /// at 1/`nodes` of each shared limit (their state carried over as on a
+    /// reload), keeping the configuration and its generation.
+    pub fn rescale_fallback(&self, nodes: u64) {
+        let fraction = (1, nodes.max(1));
+        let _installing = self.install_lock.lock();
+        if std::mem::replace(&mut *self.fraction.lock(), fraction) == fraction {
+            return;
+        }
+        let current = self.snapshot();
+        let limiters =
+            self.registry
+                .resolve(&current.config.limits, self.clock.now(), Some(fraction));
+        let mut next = Snapshot::new(
+            current.config.clone(),
+            current.generation,
+            limiters,
+            &self.metrics,
+            self.store.is_some(),
+        );
+        next.loaded_at = current.loaded_at;
+        self.snapshot.store(Arc::new(next));
+        tracing::info!(
+            nodes,
+            "redis store: {nodes} live gateway nodes; the node-local fallback is 1/{nodes} of each shared limit"
+        );
+    }
+
+    /// The shared store, if limits are shared through Redis.
+    pub fn store(&self) -> Option<&Arc<RedisStore>> {
+        self.store.as_ref()
     }
 
     /// The process's metrics (kept across reloads).
@@ -365,7 +469,11 @@ impl App {
     /// Whether the gateway can serve: false while the store is down with
     /// `on_failure = "deny"` (every limited request would get 503).
     pub fn is_ready(&self) -> bool {
-        !self.store_unavailable.load(Ordering::Relaxed)
+        let store_down = self
+            .store
+            .as_ref()
+            .is_some_and(|s| s.on_failure() == OnFailure::Deny && s.is_down());
+        !store_down && !self.store_unavailable.load(Ordering::Relaxed)
     }
 
     /// Called by the store when it goes down / comes back under `on_failure = "deny"`.
@@ -380,7 +488,19 @@ impl App {
 
     /// Makes `config` current for new requests; returns its generation.
     pub fn install(&self, config: Config) -> u64 {
-        let limiters = self.registry.resolve(&config.limits, self.clock.now());
+        let _installing = self.install_lock.lock();
+        if let Some(store) = &self.store {
+            // Leased tokens go back: the new limits may differ.
+            store.return_leases();
+        }
+        // The store is the one chosen at start (a reload that changes
+        // `[store]` is told a restart is needed), and so is its fraction.
+        let fraction = *self.fraction.lock();
+        let limiters = self.registry.resolve(
+            &config.limits,
+            self.clock.now(),
+            self.store.as_ref().map(|_| fraction),
+        );
         let generation = self.generation.fetch_add(1, Ordering::Relaxed) + 1;
         // Before the swap: the gauge never lags the `/config` generation.
         self.metrics.set_generation(generation);
@@ -389,6 +509,7 @@ impl App {
             generation,
             limiters,
             &self.metrics,
+            self.store.is_some(),
         )));
         self.generations.send_replace(generation);
         generation

@@ -48,7 +48,8 @@
 //! (client IP behind proxies, consumers, limit keys), [`routing`],
 //! [`metrics`], `access_log`, `ratelimit_policy` (a stack's
 //! `RateLimit-Policy`, built once per snapshot), [`summary`],
-//! [`fd_limit`] (the open-file limit raised at start), and [`worker`]
+//! [`fd_limit`] (the open-file limit raised at start), [`store`] (the
+//! Redis store: shared limits decided by one script call), and [`worker`]
 //! (which worker thread code runs on).
 //!
 //! # The life of a request
@@ -67,6 +68,10 @@
 //! exact for the process (limiters, metrics, the snapshot) is shared.
 //! Operators read the metrics, health and running configuration on a
 //! separate listener, [`admin`].
+//!
+//! With `store.backend = "redis"` the limit step sends a stack's shared
+//! limits to [`store`] (one Lua script call per request, all or nothing);
+//! `local = true` limits stay in memory.
 
 pub(crate) mod access_log;
 pub mod admin;
@@ -87,6 +92,7 @@ pub(crate) mod ratelimit_policy;
 pub mod reload;
 pub mod routing;
 pub mod simulate;
+pub mod store;
 pub mod summary;
 pub mod upstream;
 pub mod worker;

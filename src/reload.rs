@@ -14,8 +14,11 @@ use crate::config::Config;
 /// Settings read once at start: a reload that changes them says so instead
 /// of ignoring the change silently.
 fn needs_restart(old: &Config, new: &Config) -> Vec<&'static str> {
-    let (old, new) = (&old.server, &new.server);
     let mut changed = Vec::new();
+    if old.store != new.store {
+        changed.push("store");
+    }
+    let (old, new) = (&old.server, &new.server);
     if old.workers != new.workers {
         changed.push("server.workers");
     }

@@ -30,6 +30,7 @@ const BESIDE: &[&str] = &[
     "metrics",
     "ratelimit_policy",
     "routing",
+    "store",
     "summary",
     "worker",
 ];

@@ -136,11 +136,57 @@ pub struct ClientIpConfig {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum StoreBackend {
     Memory,
+    Redis(RedisConfig),
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct StoreConfig {
     pub backend: StoreBackend,
+}
+
+impl StoreConfig {
+    /// The Redis settings, when limits are shared through Redis.
+    pub fn redis(&self) -> Option<&RedisConfig> {
+        match &self.backend {
+            StoreBackend::Redis(redis) => Some(redis),
+            StoreBackend::Memory => None,
+        }
+    }
+}
+
+/// `[store]` with `backend = "redis"`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RedisConfig {
+    /// `redis://` URLs: one server (or, with `cluster`, the seed nodes).
+    pub urls: Vec<String>,
+    pub cluster: bool,
+    /// Prepended to every key the gateway writes.
+    pub prefix: String,
+    /// The most one store call may take before it counts as a failure.
+    pub timeout: Duration,
+    pub on_failure: OnFailure,
+    /// Node-local fallback limits are the shared ones times this.
+    pub local_fraction: LocalFraction,
+}
+
+/// `store.local_fraction`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum LocalFraction {
+    /// In millionths (1.0 = 1_000_000).
+    Fixed(u32),
+    /// 1/N, N the live gateway nodes counted by heartbeats in Redis.
+    Auto,
+}
+
+/// What a limited request gets while the store is unavailable.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum OnFailure {
+    /// The same limits in node memory, scaled by `local_fraction`.
+    Local,
+    /// Admitted, unlimited by the shared limits.
+    Allow,
+    /// 503 problem+json; `/readyz` is 503.
+    Deny,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -199,6 +245,9 @@ pub struct LimitConfig {
     pub plans: Vec<(Arc<str>, Algorithm)>,
     /// Fixed windows of a day or longer: where each key's boundaries fall.
     pub align: WindowAlign,
+    /// A shared token bucket: tokens a node takes from Redis at a time and
+    /// spends locally (`lease = N`); `None` without leasing.
+    pub lease: Option<u64>,
 }
 
 #[derive(Debug, Clone)]

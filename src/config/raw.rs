@@ -205,6 +205,8 @@ pub struct RawLimit {
     pub status: Option<u16>,
     pub on_missing_key: Option<String>,
     pub local: Option<bool>,
+    /// Token leasing from a shared (Redis) token bucket.
+    pub lease: Option<u64>,
     pub headers: Option<Vec<String>>,
     pub max_keys: Option<u64>,
     pub plans: Option<BTreeMap<String, RawPlan>>,

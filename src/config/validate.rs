@@ -277,6 +277,16 @@ fn check(c: &mut Checker, path: &Path, bytes: &[u8], raw: &RawConfig) -> Config 
         .iter()
         .map(|(name, l)| check_limit(c, &root.key("limits").key(name), name, l))
         .collect();
+    if store.redis().is_none() {
+        // Leases are taken from the shared store: without one, say so
+        // rather than ignore the setting.
+        for limit in limits.iter().filter(|l| l.lease.is_some()) {
+            c.problem(
+                root.key("limits").key(&limit.name).key("lease"),
+                "leases are taken from a shared store: set store.backend = \"redis\", or remove `lease`",
+            );
+        }
+    }
 
     let upstream_names: Vec<&str> = raw.upstreams.keys().map(String::as_str).collect();
     let limit_names: Vec<&str> = raw.limits.keys().map(String::as_str).collect();
@@ -741,17 +751,109 @@ fn check_client_ip(c: &mut Checker, path: &KeyPath, raw: &raw::RawClientIp) -> C
 }
 
 fn check_store(c: &mut Checker, path: &KeyPath, raw: &raw::RawStore) -> StoreConfig {
-    if let Some(backend) = &raw.backend
-        && c.one_of(path.key("backend"), backend, &["memory", "redis"]) == Some("redis")
-    {
+    let redis = match raw.backend.as_deref() {
+        None => false,
+        Some(backend) => {
+            c.one_of(path.key("backend"), backend, &["memory", "redis"]) == Some("redis")
+        }
+    };
+    if !redis {
+        // The Redis settings are accepted and without effect (contract §2).
+        return StoreConfig {
+            backend: StoreBackend::Memory,
+        };
+    }
+    let urls = raw.url.as_ref().map(|u| u.0.clone()).unwrap_or_default();
+    if urls.is_empty() {
         c.problem(
-            path.key("backend"),
-            "the redis backend is not supported by this version of tollgate yet; use \"memory\"",
+            path.key("url"),
+            "backend = \"redis\" needs a url, like url = \"redis://127.0.0.1:6379/0\"",
         );
     }
-    StoreConfig {
-        backend: StoreBackend::Memory,
+    for (i, url) in urls.iter().enumerate() {
+        let key = if urls.len() == 1 {
+            path.key("url")
+        } else {
+            path.key("url").index(i)
+        };
+        if let Err(message) = check_redis_url(url) {
+            c.problem(key, message);
+        }
     }
+    let cluster = raw.cluster.unwrap_or(false);
+    if !cluster && urls.len() > 1 {
+        c.problem(
+            path.key("url"),
+            "a list of urls is for Redis Cluster; give one url for one Redis",
+        );
+    }
+    let prefix = raw.prefix.clone().unwrap_or_else(|| "tollgate:".to_owned());
+    if prefix.contains(['{', '}']) || prefix.chars().any(char::is_whitespace) {
+        c.problem(
+            path.key("prefix"),
+            format!("`{prefix}`: a prefix cannot hold braces or spaces; like \"tollgate:\""),
+        );
+    }
+    let timeout = c.duration(path.key("timeout"), &raw.timeout, Duration::from_millis(50));
+    if timeout > Duration::from_secs(10) {
+        c.problem(
+            path.key("timeout"),
+            "a store call is on the request path: at most \"10s\" (tens of ms is usual)",
+        );
+    }
+    let on_failure = match raw.on_failure.as_deref() {
+        None => OnFailure::Local,
+        Some(text) => match c.one_of(path.key("on_failure"), text, &["local", "allow", "deny"]) {
+            Some("allow") => OnFailure::Allow,
+            Some("deny") => OnFailure::Deny,
+            _ => OnFailure::Local,
+        },
+    };
+    let local_fraction = match &raw.local_fraction {
+        None => LocalFraction::Fixed(1_000_000),
+        Some(toml::Value::Float(f)) if *f > 0.0 && *f <= 1.0 => {
+            LocalFraction::Fixed((f * 1e6).round().max(1.0) as u32)
+        }
+        Some(toml::Value::Integer(1)) => LocalFraction::Fixed(1_000_000),
+        Some(toml::Value::String(s)) if s == "auto" => LocalFraction::Auto,
+        Some(other) => {
+            c.problem(
+                path.key("local_fraction"),
+                format!("`{other}`: expected a number in (0, 1], like 0.5, or \"auto\""),
+            );
+            LocalFraction::Fixed(1_000_000)
+        }
+    };
+    StoreConfig {
+        backend: StoreBackend::Redis(RedisConfig {
+            urls,
+            cluster,
+            prefix,
+            timeout,
+            on_failure,
+            local_fraction,
+        }),
+    }
+}
+
+/// A url the redis client accepts: `redis://[user:password@]host:port[/db]`.
+fn check_redis_url(url: &str) -> Result<(), String> {
+    let form = "expected redis://HOST:PORT[/DB], like \"redis://127.0.0.1:6379/0\"";
+    let Some(rest) = url.strip_prefix("redis://") else {
+        return Err(format!("`{url}` is not a Redis URL; {form}"));
+    };
+    let authority = rest.split('/').next().unwrap_or("");
+    let host_port = authority.rsplit('@').next().unwrap_or("");
+    let port_ok = host_port
+        .rsplit_once(':')
+        .is_some_and(|(host, port)| !host.is_empty() && port.parse::<u16>().is_ok());
+    let db_ok = rest
+        .split_once('/')
+        .is_none_or(|(_, db)| db.is_empty() || db.parse::<u32>().is_ok());
+    if !port_ok || !db_ok {
+        return Err(format!("`{url}` is not a Redis URL; {form}"));
+    }
+    Ok(())
 }
 
 fn check_upstream(
@@ -1016,11 +1118,42 @@ fn check_limit(c: &mut Checker, path: &KeyPath, name: &str, raw: &raw::RawLimit)
         status,
         on_missing_key,
         local: raw.local.unwrap_or(false),
+        lease: check_lease(c, path, raw, &algorithm),
         headers,
         max_keys,
         plans,
         align: check_align(c, path, raw, &algorithm),
     }
+}
+
+/// `lease`: a token bucket's tokens taken from Redis N at a time, `1 <= N <=
+/// capacity` (and for every plan's capacity), not with `local = true`.
+fn check_lease(
+    c: &mut Checker,
+    path: &KeyPath,
+    raw: &raw::RawLimit,
+    algorithm: &Algorithm,
+) -> Option<u64> {
+    let n = raw.lease?;
+    let Algorithm::TokenBucket { capacity, .. } = algorithm else {
+        c.problem(path.key("lease"), "applies to token_bucket limits only");
+        return None;
+    };
+    if raw.local == Some(true) {
+        c.problem(
+            path.key("lease"),
+            "leases are taken from the shared store: not with `local = true`",
+        );
+        return None;
+    }
+    if n == 0 || n > *capacity {
+        c.problem(
+            path.key("lease"),
+            format!("`{n}`: expected 1 to the capacity ({capacity}), like lease = 100"),
+        );
+        return None;
+    }
+    Some(n)
 }
 
 /// `align` and `reset_jitter`: only for a fixed window of a day or longer,

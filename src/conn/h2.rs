@@ -87,8 +87,10 @@ pub(crate) async fn serve<S>(
             _ = check.as_mut(), if !draining => {
                 match after_check(&activity, &server, check.as_mut(), peer) {
                     AfterCheck::Carry => {}
-                    AfterCheck::Close => return,
-                    AfterCheck::Drain => {
+                    // Frames but no request within header_read_timeout, or
+                    // idle: either way a GOAWAY, so a client whose stream
+                    // raced with it learns that it was not processed.
+                    AfterCheck::Close | AfterCheck::Drain => {
                         connection.as_mut().graceful_shutdown();
                         draining = true;
                     }

@@ -56,6 +56,63 @@ pub enum Algorithm {
     },
 }
 
+impl Algorithm {
+    /// The same algorithm with its quota (and rate) times `num / den`
+    /// (at most 1), rounded down but at least 1: a node's share of a shared
+    /// limit (`store.local_fraction`). Windows keep their length.
+    pub fn scaled(self, num: u64, den: u64) -> Algorithm {
+        let den = den.max(1);
+        let num = num.min(den);
+        let part = |n: u64| (u128::from(n) * u128::from(num) / u128::from(den)).max(1) as u64;
+        // A rate of tokens/per becomes tokens·num / (per·den), kept exact
+        // while it fits (it always does for validated rates).
+        let rate = |r: Rate| match (r.tokens.checked_mul(num), r.per.checked_mul(den)) {
+            (Some(tokens), Some(per)) if tokens > 0 => {
+                let (mut a, mut b) = (tokens, per);
+                while b != 0 {
+                    (a, b) = (b, a % b);
+                }
+                Rate {
+                    tokens: tokens / a,
+                    per: per / a,
+                }
+            }
+            _ => r,
+        };
+        if num >= den {
+            return self;
+        }
+        match self {
+            Algorithm::FixedWindow { limit, window } => Algorithm::FixedWindow {
+                limit: part(limit),
+                window,
+            },
+            Algorithm::SlidingWindow { limit, window } => Algorithm::SlidingWindow {
+                limit: part(limit),
+                window,
+            },
+            Algorithm::SlidingLog { limit, window } => Algorithm::SlidingLog {
+                limit: part(limit),
+                window,
+            },
+            Algorithm::TokenBucket { capacity, refill } => Algorithm::TokenBucket {
+                capacity: part(capacity),
+                refill: rate(refill),
+            },
+            Algorithm::LeakyBucket {
+                capacity,
+                rate: r,
+                mode,
+            } => Algorithm::LeakyBucket {
+                capacity: (u128::from(capacity) * u128::from(num) / u128::from(den)) as u64,
+                rate: rate(r),
+                mode,
+            },
+            Algorithm::Concurrency { max } => Algorithm::Concurrency { max: part(max) },
+        }
+    }
+}
+
 /// Where a fixed window's boundaries fall for each key (`align`,
 /// `reset_jitter`), so that long windows of many keys do not all reset in the
 /// same second.
@@ -72,5 +129,50 @@ pub enum WindowAlign {
 impl Default for WindowAlign {
     fn default() -> Self {
         WindowAlign::Epoch { jitter: 0 }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const S: Nanos = NANOS_PER_SEC;
+
+    #[test]
+    fn scaled_takes_an_exact_share_at_least_one() {
+        let w = Algorithm::FixedWindow {
+            limit: 30,
+            window: S,
+        };
+        assert_eq!(
+            w.scaled(1, 3),
+            Algorithm::FixedWindow {
+                limit: 10,
+                window: S
+            }
+        );
+        assert_eq!(
+            w.scaled(1, 100),
+            Algorithm::FixedWindow {
+                limit: 1,
+                window: S
+            }
+        );
+        assert_eq!(w.scaled(1, 1), w);
+        let b = Algorithm::TokenBucket {
+            capacity: 20,
+            refill: Rate { tokens: 10, per: S },
+        };
+        // 10/s halved is 5/s, reduced: 1 token per 200 ms.
+        let half = Algorithm::TokenBucket {
+            capacity: 10,
+            refill: Rate {
+                tokens: 1,
+                per: S / 5,
+            },
+        };
+        assert_eq!(b.scaled(500_000, 1_000_000), half);
+        let c = Algorithm::Concurrency { max: 3 };
+        assert_eq!(c.scaled(1, 2), Algorithm::Concurrency { max: 1 });
     }
 }

@@ -88,25 +88,49 @@ pub struct EntryVerdict {
 /// Concurrency permits of an admitted request; dropping them releases the
 /// slots. Hold them until the response body ends.
 #[derive(Debug, Default)]
-pub struct Permits(SmallVec<[ConcurrencyPermit; 2]>);
+pub struct Permits {
+    memory: SmallVec<[ConcurrencyPermit; 2]>,
+    /// Slots held elsewhere (a Redis lease), released when dropped too.
+    /// `None` without a shared store: one word, so that the permits (moved
+    /// with every response body) grow by no more than that.
+    held: Option<Box<Held>>,
+}
+
+/// Guards kept with the permits (see [`Permits::hold`]).
+type Held = Vec<Box<dyn std::fmt::Debug + Send + Sync>>;
 
 impl Permits {
     fn push(&mut self, permit: Option<ConcurrencyPermit>) {
         if let Some(permit) = permit {
-            self.0.push(permit);
+            self.memory.push(permit);
+        }
+    }
+
+    /// Keeps `guard` (e.g. a Redis concurrency lease) until these permits drop.
+    pub fn hold(&mut self, guard: Box<dyn std::fmt::Debug + Send + Sync>) {
+        self.held.get_or_insert_with(Box::default).push(guard);
+    }
+
+    /// Takes over `other`'s permits and guards.
+    pub fn append(&mut self, other: Permits) {
+        self.memory.extend(other.memory);
+        for guard in other.held.into_iter().flat_map(|held| *held) {
+            self.hold(guard);
         }
     }
 
     pub fn is_empty(&self) -> bool {
-        self.0.is_empty()
+        self.len() == 0
     }
 
+    /// Memory permits plus held guards.
     pub fn len(&self) -> usize {
-        self.0.len()
+        self.memory.len() + self.held.as_ref().map_or(0, |held| held.len())
     }
 
     fn clear(&mut self) {
-        self.0.clear();
+        self.memory.clear();
+        self.held = None;
     }
 }
 
@@ -127,6 +151,23 @@ pub struct StackDecision {
 }
 
 impl StackDecision {
+    /// A decision assembled from parts decided elsewhere (a stack split
+    /// between node memory and a shared store).
+    pub fn from_parts(
+        entries: SmallVec<[EntryVerdict; INLINE]>,
+        denied_by: Option<usize>,
+        delay: Nanos,
+        permits: Permits,
+    ) -> StackDecision {
+        StackDecision {
+            allowed: denied_by.is_none(),
+            entries,
+            denied_by,
+            delay,
+            permits,
+        }
+    }
+
     /// Take the concurrency permits, to hold until the response body ends.
     /// Dropping the decision without taking them releases them at once.
     pub fn take_permits(&mut self) -> Permits {
@@ -247,7 +288,8 @@ fn check_many(entries: &[StackEntry<'_>], cost: u64, now: Nanos, decision: &mut 
     drop(guards);
 }
 
-const SKIPPED: EntryVerdict = EntryVerdict {
+/// The verdict of an entry without a key.
+pub const SKIPPED: EntryVerdict = EntryVerdict {
     outcome: Outcome::Skipped,
     verdict: Verdict {
         allowed: false,
@@ -259,7 +301,8 @@ const SKIPPED: EntryVerdict = EntryVerdict {
     },
 };
 
-fn outcome_of(verdict: &Verdict, shadow: bool) -> Outcome {
+/// How a verdict counts for a (shadow or not) entry.
+pub fn outcome_of(verdict: &Verdict, shadow: bool) -> Outcome {
     match (verdict.allowed, shadow) {
         (true, _) => Outcome::Allowed,
         (false, true) => Outcome::ShadowDenied,

@@ -33,6 +33,9 @@ pub enum GatewayError {
         #[source]
         source: crate::upstream::pool::PoolError,
     },
+    /// The shared limiter store is down and `on_failure = "deny"`.
+    #[error("the rate-limit store is unavailable")]
+    StoreUnavailable,
     #[error("upstream {upstream} did not answer within {timeout:?}")]
     UpstreamTimeout {
         upstream: String,
@@ -54,6 +57,7 @@ impl GatewayError {
             GatewayError::UpstreamConnect { .. } => StatusCode::BAD_GATEWAY,
             GatewayError::UpstreamFailed { .. } => StatusCode::BAD_GATEWAY,
             GatewayError::UpstreamTimeout { .. } => StatusCode::GATEWAY_TIMEOUT,
+            GatewayError::StoreUnavailable => StatusCode::SERVICE_UNAVAILABLE,
         }
     }
 
@@ -69,7 +73,8 @@ impl GatewayError {
             | GatewayError::BodyTooLarge { .. }
             | GatewayError::BadRequest { .. }
             | GatewayError::Unauthorized { .. }
-            | GatewayError::RequestTimeout { .. } => None,
+            | GatewayError::RequestTimeout { .. }
+            | GatewayError::StoreUnavailable => None,
         }
     }
 

@@ -36,7 +36,7 @@ use http_body_util::BodyExt;
 
 use crate::access_log::{self, AccessEntry};
 use crate::app::{App, RoutePlan, Snapshot};
-use crate::config::{Config, Consumer, LimitConfig, RouteAction, RouteConfig};
+use crate::config::{Config, Consumer, LimitConfig, OnFailure, RouteAction, RouteConfig};
 use crate::http::field_lines::FieldLines;
 use crate::http::path::normalize_uri;
 use crate::http1::server::ConnActivity;
@@ -44,7 +44,8 @@ use crate::identity::body_fields::BodyFields;
 use crate::identity::client_ip::{client_net, resolve_with};
 use crate::identity::consumer::admit;
 use crate::identity::keys::{RequestFacts, limit_key};
-use crate::limit::{Algorithm, Limiter};
+use crate::limit::stack::{SKIPPED, StackDecision, outcome_of};
+use crate::limit::{Algorithm, Limiter, Verdict};
 use crate::limit::{
     EntryVerdict, LimitKey, Nanos, Outcome, Permits, StackEntry, check_stack,
     stack::INLINE as INLINE_STACK,
@@ -56,6 +57,7 @@ use crate::proxy::forward::Prepared;
 use crate::proxy::ratelimit;
 use crate::proxy::upgrade;
 use crate::ratelimit_policy::StackView;
+use crate::store::{RedisStore, SharedEntry, Unavailable};
 use crate::upstream::Upstream;
 use crate::upstream::pool::PoolError;
 
@@ -261,7 +263,8 @@ async fn route_and_act(
             consumer,
             body: fields.as_ref(),
         };
-        if let Err(response) = limit_request(
+        let store = app.store().filter(|_| plan.shared);
+        match limit_request(
             snapshot,
             route,
             plan,
@@ -272,8 +275,30 @@ async fn route_and_act(
             app.metrics(),
             notes,
             &mut decided,
+            store.is_some(),
         ) {
-            return Ok(response);
+            Err(response) => return Ok(response),
+            Ok(false) => {}
+            Ok(true) => {
+                if let Some(store) = store {
+                    let shared = shared_step(
+                        store,
+                        snapshot,
+                        route,
+                        plan,
+                        now,
+                        app.metrics(),
+                        notes,
+                        &mut decided,
+                    );
+                    if let Err(error) = shared.await {
+                        return match error {
+                            Refused::Response(response) => Ok(response),
+                            Refused::Error(error) => Err(error),
+                        };
+                    }
+                }
+            }
         }
     }
     let admitted = limited.then_some(&decided);
@@ -315,7 +340,7 @@ async fn route_and_act(
             };
             if let (Some(cost_header), Some(admitted)) = (&route.cost_header, admitted) {
                 let reported = fields.relayed_value(cost_header.as_str());
-                settle_cost(app, route, admitted, reported);
+                settle_cost(app, snapshot, index, admitted, reported);
             }
             (response, fields)
         }
@@ -443,6 +468,9 @@ struct Admitted<'s> {
     plan: Option<&'s str>,
     /// The entry the legacy headers describe: the least remaining `r / q`.
     focus: Option<usize>,
+    /// The shared entries were decided by the store (not a fallback):
+    /// their settlement goes there too.
+    via_store: bool,
 }
 
 impl Admitted<'_> {
@@ -477,7 +505,8 @@ fn limit_request<'s>(
     metrics: &Metrics,
     notes: &mut Notes,
     admitted: &mut Admitted<'s>,
-) -> Result<(), Response<ResponseBody>> {
+    store: bool,
+) -> Result<bool, Response<ResponseBody>> {
     let forward_header = || {
         parts
             .headers
@@ -506,7 +535,12 @@ fn limit_request<'s>(
         };
         // A plan's limiter is built with the plan's numbers.
         let limiter = snapshot.limiters[i].for_plan(caller_plan);
-        let algorithm = limiter.algorithm();
+        let algorithm = if store && snapshot.shared[i] {
+            // The shared numbers: the limiter holds the scaled fallback.
+            shared_algorithm(limit, caller_plan).0
+        } else {
+            limiter.algorithm()
+        };
         admitted.stack.push(limit);
         admitted.algorithms.push(algorithm);
         admitted.limiters.push(limiter);
@@ -523,8 +557,38 @@ fn limit_request<'s>(
             shadow: limit.shadow,
         })
         .collect();
+    if store {
+        return Ok(true);
+    }
 
     let mut decision = check_stack(&entries, route.cost, now);
+    conclude(
+        metrics,
+        snapshot,
+        route,
+        plan,
+        notes,
+        admitted,
+        &mut decision,
+    )?;
+    Ok(false)
+}
+
+/// The limits' outcome recorded, and the request answered if denied, else
+/// its permits, verdicts and delay kept in `admitted`. Inlined: on the
+/// memory path this is the tail of [`limit_request`], as it was before the
+/// shared path needed it too.
+#[allow(clippy::result_large_err)]
+#[inline(always)]
+fn conclude(
+    metrics: &Metrics,
+    snapshot: &Snapshot,
+    route: &RouteConfig,
+    plan: &RoutePlan,
+    notes: &mut Notes,
+    admitted: &mut Admitted<'_>,
+    decision: &mut StackDecision,
+) -> Result<(), Response<ResponseBody>> {
     record_decisions(metrics, snapshot, route, plan, admitted, &decision.entries);
     if let Some(denied_by) = decision.denied_by {
         notes.limit = Some(LimitNote {
@@ -550,6 +614,232 @@ fn limit_request<'s>(
     admitted.verdicts = std::mem::take(&mut decision.entries);
     admitted.delay = decision.delay;
     Ok(())
+}
+
+/// Why a shared stack did not admit: a denial's response, or an error
+/// (the store is down with `on_failure = "deny"`).
+enum Refused {
+    Response(Response<ResponseBody>),
+    Error(GatewayError),
+}
+
+/// [`limit_shared`]'s future, boxed: the memory-only path's future stays
+/// as small as it was (only a shared stack pays the allocation), and out of
+/// line so that none of it is built into [`route_and_act`].
+#[allow(clippy::too_many_arguments)]
+#[inline(never)]
+fn shared_step<'a, 's: 'a>(
+    store: &'a Arc<RedisStore>,
+    snapshot: &'s Snapshot,
+    route: &'a RouteConfig,
+    plan: &'a RoutePlan,
+    now: Nanos,
+    metrics: &'a Metrics,
+    notes: &'a mut Notes,
+    admitted: &'a mut Admitted<'s>,
+) -> std::pin::Pin<Box<dyn std::future::Future<Output = Result<(), Refused>> + Send + 'a>> {
+    Box::pin(limit_shared(
+        store, snapshot, route, plan, now, metrics, notes, admitted,
+    ))
+}
+
+/// A limit's shared numbers for a caller on `plan`, and the plan when it
+/// has its own numbers (and so its own state).
+fn shared_algorithm<'l>(
+    limit: &'l LimitConfig,
+    plan: Option<&str>,
+) -> (Algorithm, Option<&'l str>) {
+    plan.and_then(|p| limit.plans.iter().find(|(name, _)| &**name == p))
+        .map_or((limit.algorithm, None), |(name, algorithm)| {
+            (*algorithm, Some(&**name))
+        })
+}
+
+/// The limit step of a stack with shared limits: its `local = true` limits
+/// in node memory first (a local denial costs no store call), then the
+/// shared ones in one store call, all or nothing together: a shared denial
+/// refunds the local charges. When the store is unavailable,
+/// `on_failure` decides (see the README's "Distributed limits").
+#[allow(clippy::too_many_arguments)]
+async fn limit_shared<'s>(
+    store: &Arc<RedisStore>,
+    snapshot: &'s Snapshot,
+    route: &RouteConfig,
+    plan: &RoutePlan,
+    now: Nanos,
+    metrics: &Metrics,
+    notes: &mut Notes,
+    admitted: &mut Admitted<'s>,
+) -> Result<(), Refused> {
+    let n = admitted.stack.len();
+    let cost = route.cost;
+    let entry = |j: usize| StackEntry {
+        limiter: admitted.limiters[j],
+        key: admitted.keys[j],
+        shadow: admitted.stack[j].shadow,
+    };
+    let is_shared = |j: usize| snapshot.shared[plan.stack[j]];
+    let local_at: SmallVec<[usize; INLINE_STACK]> = (0..n).filter(|&j| !is_shared(j)).collect();
+    let shared_at: SmallVec<[usize; INLINE_STACK]> = (0..n)
+        .filter(|&j| is_shared(j) && admitted.keys[j].is_some())
+        .collect();
+    let local: SmallVec<[StackEntry<'_>; INLINE_STACK]> =
+        local_at.iter().map(|&j| entry(j)).collect();
+    let mut local_decision = check_stack(&local, cost, now);
+    let mut entries: SmallVec<[EntryVerdict; INLINE_STACK]> = smallvec::smallvec![SKIPPED; n];
+    for (&j, verdict) in local_at.iter().zip(&local_decision.entries) {
+        entries[j] = *verdict;
+    }
+    let mut permits = local_decision.take_permits();
+    let mut denied_by = local_decision.denied_by.map(|d| local_at[d]);
+    if denied_by.is_none() && !shared_at.is_empty() {
+        let shared: SmallVec<[SharedEntry<'_>; INLINE_STACK]> = shared_at
+            .iter()
+            .filter_map(|&j| {
+                let limit = admitted.stack[j];
+                let (algorithm, plan) = shared_algorithm(limit, admitted.plan);
+                Some(SharedEntry {
+                    limit: &limit.name,
+                    plan,
+                    algorithm,
+                    align: limit.align,
+                    key: admitted.keys[j]?,
+                    shadow: limit.shadow,
+                    lease: limit.lease.unwrap_or(0),
+                })
+            })
+            .collect();
+        // Leased token buckets spend this node's tokens first: no call.
+        let mut spent: SmallVec<[usize; INLINE_STACK]> = SmallVec::new();
+        for (k, (&j, e)) in shared_at.iter().zip(&shared).enumerate() {
+            if e.lease > 0
+                && let Some(left) = store.spend_leased(e, cost)
+            {
+                spent.push(k);
+                entries[j] = EntryVerdict {
+                    outcome: Outcome::Allowed,
+                    verdict: Verdict::allow(left, 0),
+                };
+            }
+        }
+        let remote_at: SmallVec<[usize; INLINE_STACK]> =
+            (0..shared.len()).filter(|k| !spent.contains(k)).collect();
+        let remote: SmallVec<[SharedEntry<'_>; INLINE_STACK]> =
+            remote_at.iter().map(|&k| shared[k]).collect();
+        let answer = if remote.is_empty() {
+            Ok(None)
+        } else {
+            store.decide(&remote, cost).await.map(Some)
+        };
+        match answer {
+            Ok(None) => admitted.via_store = true,
+            Ok(Some(decision)) => {
+                admitted.via_store = true;
+                let mut all_admitted = true;
+                for (&k, verdict) in remote_at.iter().zip(&decision.verdicts) {
+                    let (j, e) = (shared_at[k], &shared[k]);
+                    if let Some(verdict) = verdict {
+                        entries[j] = EntryVerdict {
+                            outcome: outcome_of(verdict, e.shadow),
+                            verdict: *verdict,
+                        };
+                        all_admitted &= verdict.allowed || e.shadow;
+                    }
+                }
+                if all_admitted {
+                    // A lease took more than the cost: the rest is ours.
+                    for (&k, taken) in remote_at.iter().zip(&decision.taken) {
+                        if shared[k].lease > 0 && *taken > cost {
+                            store.add_lease(&shared[k], taken - cost);
+                        }
+                    }
+                }
+                for lease in decision.leases {
+                    permits.hold(Box::new(lease));
+                }
+            }
+            Err(Unavailable) => {
+                // The fallback decides every shared limit, leased or not.
+                for &k in &spent {
+                    store.unspend(&shared[k], cost);
+                }
+                spent.clear();
+                match store.on_failure() {
+                    OnFailure::Local => {
+                        let fallback: SmallVec<[StackEntry<'_>; INLINE_STACK]> =
+                            shared_at.iter().map(|&j| entry(j)).collect();
+                        let mut decision = check_stack(&fallback, cost, now);
+                        for (&j, verdict) in shared_at.iter().zip(&decision.entries) {
+                            entries[j] = *verdict;
+                        }
+                        permits.append(decision.take_permits());
+                    }
+                    // Not limited by the shared limits (they show as skipped).
+                    OnFailure::Allow => {
+                        for &j in &shared_at {
+                            entries[j] = SKIPPED;
+                        }
+                    }
+                    OnFailure::Deny => {
+                        refund_local(admitted, &local_at, &entries, cost, now);
+                        return Err(Refused::Error(GatewayError::StoreUnavailable));
+                    }
+                }
+            }
+        }
+        if (0..n).any(|j| entries[j].outcome == Outcome::Denied) {
+            for &k in &spent {
+                store.unspend(&shared[k], cost);
+            }
+        }
+        denied_by = (0..n).find(|&j| entries[j].outcome == Outcome::Denied);
+        if denied_by.is_some() {
+            refund_local(admitted, &local_at, &entries, cost, now);
+            permits = Permits::default();
+            // As in the memory stack: a limit that would have admitted a
+            // request the stack denied was not charged.
+            for entry in entries.iter_mut().filter(|e| e.outcome == Outcome::Allowed) {
+                entry.outcome = Outcome::DeniedByOther;
+            }
+        }
+    }
+    let delay = if denied_by.is_some() {
+        0
+    } else {
+        (0..n)
+            .filter(|&j| !admitted.stack[j].shadow)
+            .map(|j| entries[j].verdict.delay)
+            .max()
+            .unwrap_or(0)
+    };
+    let mut decision = StackDecision::from_parts(entries, denied_by, delay, permits);
+    conclude(
+        metrics,
+        snapshot,
+        route,
+        plan,
+        notes,
+        admitted,
+        &mut decision,
+    )
+    .map_err(Refused::Response)
+}
+
+/// Gives back what the local tier charged when the shared tier refused.
+fn refund_local(
+    admitted: &Admitted<'_>,
+    local_at: &[usize],
+    entries: &[EntryVerdict],
+    cost: u64,
+    now: Nanos,
+) {
+    let refund = -i64::try_from(cost).unwrap_or(i64::MAX);
+    for &j in local_at {
+        if let (Some(key), Outcome::Allowed) = (admitted.keys[j], entries[j].outcome) {
+            // Concurrency: dropping the permits is the refund.
+            admitted.limiters[j].adjust(key, refund, now);
+        }
+    }
 }
 
 /// Counts each limit's outcome, and keys that just passed 80% of a quota.
@@ -594,7 +884,17 @@ fn record_decisions(
 /// Post-response cost: charges (or refunds) the difference between the
 /// upstream's reported cost (`reported`, its cost header's value) and the up-front cost to every limit that charged
 /// the request. Never blocks the response; bad values are ignored.
-fn settle_cost(app: &App, route: &RouteConfig, admitted: &Admitted<'_>, reported: Option<&[u8]>) {
+fn settle_cost(
+    app: &App,
+    snapshot: &Snapshot,
+    route_index: usize,
+    admitted: &Admitted<'_>,
+    reported: Option<&[u8]>,
+) {
+    let route = &snapshot.config.routes[route_index];
+    // Per entry: a shared limit.
+    let shared_at: SmallVec<[bool; INLINE_STACK]> =
+        route.limits.iter().map(|&i| snapshot.shared[i]).collect();
     let Some(reported) = reported
         .and_then(|v| std::str::from_utf8(v).ok())
         .and_then(|v| v.trim().parse::<u64>().ok())
@@ -608,16 +908,38 @@ fn settle_cost(app: &App, route: &RouteConfig, admitted: &Admitted<'_>, reported
         return;
     }
     let now = app.clock.now();
-    for ((limiter, key), entry) in admitted
+    let mut shared: SmallVec<[SharedEntry<'_>; INLINE_STACK]> = SmallVec::new();
+    for (j, ((limiter, key), entry)) in admitted
         .limiters
         .iter()
         .zip(&admitted.keys)
         .zip(&admitted.verdicts)
+        .enumerate()
     {
         // Shadow limits that would have denied were not charged: nothing to settle.
-        if let (Some(key), Outcome::Allowed) = (key, entry.outcome) {
+        let (Some(key), Outcome::Allowed) = (key, entry.outcome) else {
+            continue;
+        };
+        let limit = admitted.stack[j];
+        if admitted.via_store && shared_at.get(j) == Some(&true) {
+            let (algorithm, plan) = shared_algorithm(limit, admitted.plan);
+            if !matches!(algorithm, Algorithm::Concurrency { .. }) {
+                shared.push(SharedEntry {
+                    limit: &limit.name,
+                    plan,
+                    algorithm,
+                    align: limit.align,
+                    key: *key,
+                    shadow: limit.shadow,
+                    lease: 0,
+                });
+            }
+        } else {
             limiter.adjust(*key, delta, now);
         }
+    }
+    if let (false, Some(store)) = (shared.is_empty(), app.store()) {
+        store.settle(&shared, delta);
     }
 }
 

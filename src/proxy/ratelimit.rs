@@ -230,6 +230,7 @@ mod tests {
             max_keys: 10,
             plans: Vec::new(),
             align: Default::default(),
+            lease: None,
         }
     }
 

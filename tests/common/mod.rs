@@ -553,3 +553,4 @@ pub fn config_with(template: &str, vars: &HashMap<&str, String>) -> String {
 }
 
 pub mod openmetrics;
+pub mod redis;

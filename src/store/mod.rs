@@ -1,0 +1,1042 @@
+//! The Redis store: shared limits decided by one server-side script per
+//! request (contract §7).
+//!
+//! [`RedisStore::decide`] sends a request's shared entries (the limits of its
+//! stack without `local = true`) to Redis as one `EVALSHA` of `stack.lua`,
+//! which decides them all or nothing against Redis `TIME`, writes every
+//! charge with its expiry and returns each entry's numbers. `settle.lua`
+//! charges or refunds afterwards (`cost_header`). Both scripts are loaded
+//! once with `SCRIPT LOAD` when a connection is made, and again when a call
+//! finds them gone (`NOSCRIPT`, after a `SCRIPT FLUSH` or a restart).
+//!
+//! Keys are `<prefix><limit>:{<digest>}:<algorithm>[:<plan>]`: the
+//! 128-bit [`LimitKey`] in hex, never the identity it came from. The braces
+//! are a Redis Cluster hash tag: a key's slot depends on the digest only.
+//!
+//! # Connections
+//!
+//! One multiplexed connection per worker thread (with `cluster = true`, the
+//! cluster client's, one per node), made lazily on the worker's own runtime
+//! so that its driver runs beside the requests that use it: the script
+//! calls of all the worker's in-flight requests are pipelined on it, a
+//! request awaits only its own answer, and no other thread is woken for
+//! it. The store's own thread (`tollgate-store`, a small runtime) probes,
+//! renews heartbeats and leases, and settles, on a connection of its own.
+//! A connection belongs to a generation, bumped each time the breaker
+//! closes: after an outage every thread connects afresh.
+//!
+//! # Redis Cluster
+//!
+//! A stack's entries are grouped by slot ([`slot_of`]); each group is one
+//! script call, in stack order. A group that denies ends the decision and
+//! the groups before it are refunded with `settle.lua` before the answer
+//! (the README states the exactness this gives).
+//!
+//! # Failure
+//!
+//! Every call is bounded by `timeout`. [`FAILURES_TO_OPEN`] failures in a
+//! row open the breaker: calls then fail at once (the caller applies
+//! `on_failure`) and the store thread probes every [`PROBE_INTERVAL`] with a
+//! fresh connection (`PING` + `SCRIPT LOAD`), each probe itself bounded;
+//! the first that succeeds closes the breaker. Opening and closing are each
+//! logged once and shown by `tollgate_store_fallback_active`; every failed
+//! call counts in `tollgate_store_errors_total{backend="redis"}`.
+//!
+//! # Heartbeats
+//!
+//! With `local_fraction = "auto"` the store thread renews this node's
+//! heartbeat (`heartbeat.lua`) every [`HEARTBEAT_EVERY`]; each answer is the
+//! live node count, and a change is passed to the listener the app set
+//! ([`RedisStore::on_live_nodes`]), which rescales the fallback limiters.
+//!
+//! # Token leasing
+//!
+//! A token bucket with `lease = N`: an admitting call takes up to N tokens
+//! (`stack.lua`), the node keeps the rest in its pool ([`RedisStore::add_lease`])
+//! and spends them without a call ([`RedisStore::spend_leased`]) for
+//! [`LEASE_HOLD`]; the store thread gives back what lapsed unspent.
+//!
+//! # Concurrency leases
+//!
+//! A `concurrency` slot on Redis is a sorted-set member whose score is its
+//! expiry ([`LEASE`] from Redis `TIME`). The request holds a [`Lease`] until
+//! its response body ends; dropping it removes the member. While held it is
+//! renewed every third of [`LEASE`], so a long response keeps its slot and a
+//! gateway that dies holds it at most [`LEASE`] longer.
+
+use std::fmt::Write as _;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
+use std::time::Duration;
+
+use redis::aio::MultiplexedConnection;
+use redis::cluster_async::ClusterConnection;
+use redis::{Cmd, RedisResult, Value};
+use tokio::sync::Notify;
+
+use crate::config::{OnFailure, RedisConfig};
+use crate::limit::{Algorithm, LeakyMode, LimitKey, Nanos, Verdict, WindowAlign};
+
+/// Failed calls in a row that open the breaker.
+pub const FAILURES_TO_OPEN: u32 = 3;
+
+/// How often an open breaker tries Redis again.
+pub const PROBE_INTERVAL: Duration = Duration::from_millis(250);
+
+/// How long a concurrency slot outlives the last renewal of its holder.
+pub const LEASE: Duration = Duration::from_secs(30);
+
+/// How long a node keeps the tokens it leased before giving back what it
+/// did not spend (`lease = N`).
+pub const LEASE_HOLD: Duration = Duration::from_secs(1);
+
+/// Shards of the lease pool: requests for different keys rarely meet.
+const POOL_SHARDS: usize = 16;
+
+/// Tokens leased from one shared token bucket and not spent yet.
+#[derive(Debug)]
+struct Leased {
+    tokens: u64,
+    expires: std::time::Instant,
+    entry: OwnedEntry,
+}
+
+type PoolShard = parking_lot::Mutex<std::collections::HashMap<String, Leased>>;
+
+/// How often a node renews its heartbeat (`local_fraction = "auto"`), and
+/// how long one counts.
+pub const HEARTBEAT_EVERY: Duration = Duration::from_secs(1);
+pub const HEARTBEAT_TTL: Duration = Duration::from_secs(3);
+
+const STACK_LUA: &str = include_str!("stack.lua");
+const SETTLE_LUA: &str = include_str!("settle.lua");
+const HEARTBEAT_LUA: &str = include_str!("heartbeat.lua");
+
+/// Told the live node count when it changes.
+type NodesListener = Box<dyn Fn(u64) + Send + Sync>;
+
+/// What the store tells the metrics (kept as callbacks so that the store
+/// depends on no module above the limiter): a failed call, and the breaker
+/// opening (`true`) or closing.
+pub struct Signals {
+    pub error: Box<dyn Fn() + Send + Sync>,
+    pub fallback: Box<dyn Fn(bool) + Send + Sync>,
+}
+
+/// A call that failed (timeout, connection, Redis error) or was not made
+/// because the breaker is open: the caller applies `on_failure`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Unavailable;
+
+/// One shared limit of a request's stack.
+#[derive(Debug, Clone, Copy)]
+pub struct SharedEntry<'a> {
+    /// The limit's name (a key's second part).
+    pub limit: &'a str,
+    /// The caller's plan when it changes this limit's numbers (its state is
+    /// its own, as in memory).
+    pub plan: Option<&'a str>,
+    /// The shared (unscaled) numbers.
+    pub algorithm: Algorithm,
+    pub align: WindowAlign,
+    pub key: LimitKey,
+    pub shadow: bool,
+    /// A token bucket's `lease`: units to take at a time (0: no leasing).
+    pub lease: u64,
+}
+
+/// The store's answer for a request's shared entries.
+#[derive(Debug)]
+pub struct SharedDecision {
+    /// One per entry, in order; `None` for an entry not decided because an
+    /// earlier Cluster slot denied (it is reported as skipped).
+    pub verdicts: Vec<Option<Verdict>>,
+    /// The concurrency slots taken, when admitted; hold until the body ends.
+    pub leases: Vec<Lease>,
+    /// Per entry, the units taken (more than the cost for a leased token
+    /// bucket: the rest is this node's to spend, see [`RedisStore::add_lease`]).
+    pub taken: Vec<u64>,
+}
+
+thread_local! {
+    /// Per thread: (store address, generation, connection).
+    static THREAD_CONNECTION: std::cell::RefCell<Option<(usize, u64, Connection)>> =
+        const { std::cell::RefCell::new(None) };
+}
+
+/// One Redis or a Redis Cluster; clones share the connection.
+#[derive(Clone)]
+enum Connection {
+    Single(MultiplexedConnection),
+    Cluster(ClusterConnection),
+}
+
+impl Connection {
+    async fn query(&mut self, cmd: &Cmd) -> RedisResult<Value> {
+        match self {
+            Connection::Single(c) => cmd.query_async(c).await,
+            Connection::Cluster(c) => cmd.query_async(c).await,
+        }
+    }
+
+    /// `SCRIPT LOAD` (on a cluster, on every primary).
+    async fn load(&mut self, script: &redis::Script) -> RedisResult<()> {
+        match self {
+            Connection::Single(c) => script.load_async(c).await.map(drop),
+            Connection::Cluster(c) => script.load_async(c).await.map(drop),
+        }
+    }
+}
+
+/// The Redis store of one process. Shared as `Arc<RedisStore>`.
+pub struct RedisStore {
+    config: RedisConfig,
+    /// Bumped each time the breaker closes: every thread's connection of an
+    /// older generation is replaced (see [`RedisStore::thread_connection`]).
+    generation: AtomicU64,
+    open: AtomicBool,
+    failures: AtomicU32,
+    /// Wakes the store thread to probe when the breaker opens.
+    wake: Notify,
+    signals: Signals,
+    stack: redis::Script,
+    settle: redis::Script,
+    heartbeat: redis::Script,
+    /// `local_fraction = "auto"`: told the live node count when it changes.
+    nodes_listener: std::sync::OnceLock<NodesListener>,
+    /// Leased token-bucket tokens, by Redis key, sharded.
+    pool: Box<[PoolShard]>,
+    /// Lease members: `<node>:<sequence>`, unique across gateways.
+    node: String,
+    sequence: AtomicU64,
+    runtime: tokio::runtime::Handle,
+}
+
+impl std::fmt::Debug for RedisStore {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RedisStore")
+            .field("urls", &self.config.urls)
+            .field("open", &self.open)
+            .finish_non_exhaustive()
+    }
+}
+
+impl RedisStore {
+    /// Starts the store thread and connects (waiting at most about a second:
+    /// a Redis that is down at start leaves the breaker open, and the store
+    /// thread keeps probing). Fails only when the thread cannot start.
+    pub fn start(config: RedisConfig, signals: Signals) -> std::io::Result<Arc<RedisStore>> {
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()?;
+        let node = node_id();
+        let store = Arc::new(RedisStore {
+            config,
+            generation: AtomicU64::new(0),
+            open: AtomicBool::new(true),
+            failures: AtomicU32::new(0),
+            wake: Notify::new(),
+            signals,
+            stack: redis::Script::new(STACK_LUA),
+            settle: redis::Script::new(SETTLE_LUA),
+            heartbeat: redis::Script::new(HEARTBEAT_LUA),
+            nodes_listener: std::sync::OnceLock::new(),
+            pool: (0..POOL_SHARDS).map(|_| PoolShard::default()).collect(),
+            node,
+            sequence: AtomicU64::new(0),
+            runtime: runtime.handle().clone(),
+        });
+        let (ready, first) = std::sync::mpsc::channel();
+        let weak = Arc::downgrade(&store);
+        std::thread::Builder::new()
+            .name("tollgate-store".into())
+            .spawn(move || runtime.block_on(supervise(weak, ready)))?;
+        if first.recv_timeout(Duration::from_secs(2)) != Ok(true) {
+            tracing::warn!(
+                url = %store.config.urls.join(","),
+                on_failure = ?store.config.on_failure,
+                "redis store unavailable at start; on_failure applies until it answers"
+            );
+            (store.signals.fallback)(true);
+        }
+        Ok(store)
+    }
+
+    /// With `local_fraction = "auto"`: `listener` is told the number of live
+    /// gateway nodes whenever it changes (on the store thread). Set once.
+    pub fn on_live_nodes(&self, listener: impl Fn(u64) + Send + Sync + 'static) {
+        let _ = self.nodes_listener.set(Box::new(listener));
+    }
+
+    /// Renews this node's heartbeat; the live node count.
+    async fn beat(&self) -> Result<u64, Unavailable> {
+        let mut cmd = redis::cmd("EVALSHA");
+        cmd.arg(self.heartbeat.get_hash())
+            .arg(1)
+            .arg(format!("{}nodes", self.config.prefix))
+            .arg(&self.node)
+            .arg(HEARTBEAT_TTL.as_millis() as u64);
+        match self.call(&self.heartbeat, &cmd).await? {
+            Value::Int(n) => Ok(u64::try_from(n).unwrap_or(1).max(1)),
+            _ => Err(Unavailable),
+        }
+    }
+
+    fn pool_shard(&self, key: &str) -> &PoolShard {
+        let i = slot_of(key) as usize % POOL_SHARDS;
+        &self.pool[i]
+    }
+
+    /// Spends `cost` of this node's leased tokens for `e`, if it holds that
+    /// many (and the lease has not lapsed); the tokens left.
+    pub fn spend_leased(&self, e: &SharedEntry<'_>, cost: u64) -> Option<u64> {
+        let key = self.key_of(e);
+        let mut shard = self.pool_shard(&key).lock();
+        let held = shard.get_mut(&key)?;
+        if held.tokens < cost || held.expires <= std::time::Instant::now() {
+            return None;
+        }
+        held.tokens -= cost;
+        Some(held.tokens)
+    }
+
+    /// Puts back tokens [`RedisStore::spend_leased`] took for a request
+    /// that the rest of its stack denied.
+    pub fn unspend(&self, e: &SharedEntry<'_>, cost: u64) {
+        let key = self.key_of(e);
+        if let Some(held) = self.pool_shard(&key).lock().get_mut(&key) {
+            held.tokens += cost;
+        }
+    }
+
+    /// Keeps `tokens` leased for `e` for [`LEASE_HOLD`]; what is not spent
+    /// by then goes back to the shared bucket.
+    pub fn add_lease(&self, e: &SharedEntry<'_>, tokens: u64) {
+        if tokens == 0 {
+            return;
+        }
+        let key = self.key_of(e);
+        let expires = std::time::Instant::now() + LEASE_HOLD;
+        let mut shard = self.pool_shard(&key).lock();
+        let held = shard.entry(key).or_insert_with(|| Leased {
+            tokens: 0,
+            expires,
+            entry: OwnedEntry::from(e),
+        });
+        held.tokens += tokens;
+        held.expires = expires;
+    }
+
+    /// Gives every unspent leased token back (a reload changes the limits).
+    pub fn return_leases(self: &Arc<Self>) {
+        let store = self.clone();
+        self.runtime
+            .spawn(async move { store.return_expired(true).await });
+    }
+
+    /// Gives back the unspent tokens of lapsed leases (of all, with `all`).
+    async fn return_expired(&self, all: bool) {
+        let now = std::time::Instant::now();
+        let mut back: Vec<(OwnedEntry, u64)> = Vec::new();
+        for shard in self.pool.iter() {
+            shard.lock().retain(|_, held| {
+                if all || held.expires <= now {
+                    back.push((held.entry.clone(), held.tokens));
+                    return false;
+                }
+                true
+            });
+        }
+        let back: Vec<(SharedEntry<'_>, u64)> = back
+            .iter()
+            .filter(|(_, tokens)| *tokens > 0)
+            .map(|(e, tokens)| (e.view(), *tokens))
+            .collect();
+        if !back.is_empty() {
+            self.refund(&back).await;
+        }
+    }
+
+    pub fn on_failure(&self) -> OnFailure {
+        self.config.on_failure
+    }
+
+    /// The breaker is open: calls fail at once and `on_failure` applies.
+    pub fn is_down(&self) -> bool {
+        self.open.load(Ordering::Relaxed)
+    }
+
+    /// Decides `cost` against `entries` in one script call, all or nothing.
+    /// On Redis Cluster, one call per hash slot, in stack order: a slot
+    /// that denies ends the decision and the slots before it are refunded
+    /// (see the README's "Distributed limits" for what that can cost).
+    pub async fn decide(
+        self: &Arc<Self>,
+        entries: &[SharedEntry<'_>],
+        cost: u64,
+    ) -> Result<SharedDecision, Unavailable> {
+        let mut decision = SharedDecision {
+            verdicts: vec![None; entries.len()],
+            leases: Vec::new(),
+            taken: vec![0; entries.len()],
+        };
+        if !self.config.cluster {
+            let (verdicts, lease) = self.decide_group(entries, cost).await?;
+            for (i, (verdict, taken)) in verdicts.into_iter().enumerate() {
+                decision.verdicts[i] = Some(verdict);
+                decision.taken[i] = taken;
+            }
+            decision.leases.extend(lease);
+            return Ok(decision);
+        }
+        // Group by slot, groups in the order of their first entry.
+        let slots: Vec<u16> = entries.iter().map(|e| slot_of(&self.key_of(e))).collect();
+        let mut order: Vec<u16> = Vec::new();
+        for slot in &slots {
+            if !order.contains(slot) {
+                order.push(*slot);
+            }
+        }
+        let mut charged: Vec<(SharedEntry<'_>, u64)> = Vec::new();
+        for slot in order {
+            let at: Vec<usize> = (0..entries.len()).filter(|&i| slots[i] == slot).collect();
+            let group: Vec<SharedEntry<'_>> = at.iter().map(|&i| entries[i]).collect();
+            let (verdicts, lease) = match self.decide_group(&group, cost).await {
+                Ok(answer) => answer,
+                Err(error) => {
+                    drop(decision.leases);
+                    self.refund(&charged).await;
+                    return Err(error);
+                }
+            };
+            let admitted = group
+                .iter()
+                .zip(&verdicts)
+                .all(|(e, (v, _))| v.allowed || e.shadow);
+            for (&i, (verdict, taken)) in at.iter().zip(&verdicts) {
+                decision.verdicts[i] = Some(*verdict);
+                decision.taken[i] = *taken;
+            }
+            if !admitted {
+                // This slot charged nothing; undo the slots before it.
+                decision.leases.clear();
+                decision.taken.iter_mut().for_each(|t| *t = 0);
+                self.refund(&charged).await;
+                return Ok(decision);
+            }
+            decision.leases.extend(lease);
+            charged.extend(
+                group
+                    .iter()
+                    .zip(&verdicts)
+                    .filter(|(_, (v, _))| v.allowed)
+                    .map(|(e, (_, taken))| (*e, *taken)),
+            );
+        }
+        Ok(decision)
+    }
+
+    /// Gives back what every entry took (concurrency leases are
+    /// released by dropping them). Awaited, so that a denied request's
+    /// refunds are in before its answer.
+    async fn refund(&self, charged: &[(SharedEntry<'_>, u64)]) {
+        let refundable: Vec<(SharedEntry<'_>, u64)> = charged
+            .iter()
+            .filter(|(e, _)| !matches!(e.algorithm, Algorithm::Concurrency { .. }))
+            .copied()
+            .collect();
+        let entries: Vec<SharedEntry<'_>> = refundable.iter().map(|(e, _)| *e).collect();
+        for group in self.by_slot(&entries) {
+            // The units each entry took (a lease's included).
+            let amounts: Vec<i64> = group
+                .iter()
+                .map(|g| {
+                    let taken = refundable
+                        .iter()
+                        .find(|(e, _)| self.key_of(e) == self.key_of(g))
+                        .map_or(0, |(_, t)| *t);
+                    -i64::try_from(taken).unwrap_or(i64::MAX)
+                })
+                .collect();
+            let cmd = self.script_cmd(&self.settle, &group, |i| amounts[i], None);
+            let _ = self.call(&self.settle, &cmd).await;
+        }
+    }
+
+    /// `entries` in groups whose keys share a slot: one group on one Redis.
+    fn by_slot<'e>(&self, entries: &[SharedEntry<'e>]) -> Vec<Vec<SharedEntry<'e>>> {
+        if !self.config.cluster {
+            return vec![entries.to_vec()];
+        }
+        let mut groups: Vec<(u16, Vec<SharedEntry<'e>>)> = Vec::new();
+        for e in entries {
+            let slot = slot_of(&self.key_of(e));
+            match groups.iter_mut().find(|(s, _)| *s == slot) {
+                Some((_, group)) => group.push(*e),
+                None => groups.push((slot, vec![*e])),
+            }
+        }
+        groups.into_iter().map(|(_, group)| group).collect()
+    }
+
+    /// One script call for entries that share a slot (all of them on one
+    /// Redis).
+    async fn decide_group(
+        self: &Arc<Self>,
+        entries: &[SharedEntry<'_>],
+        cost: u64,
+    ) -> Result<(Vec<(Verdict, u64)>, Option<Lease>), Unavailable> {
+        let member = entries
+            .iter()
+            .any(|e| matches!(e.algorithm, Algorithm::Concurrency { .. }))
+            .then(|| {
+                let n = self.sequence.fetch_add(1, Ordering::Relaxed);
+                format!("{}:{n}", self.node)
+            });
+        let cmd = self.script_cmd(&self.stack, entries, |_| cost as i64, member.as_deref());
+        let value = self.call(&self.stack, &cmd).await?;
+        let verdicts = parse_verdicts(&value, entries.len()).ok_or_else(|| {
+            tracing::warn!("unexpected answer from the redis stack script");
+            self.failed();
+            Unavailable
+        })?;
+        let admitted = entries
+            .iter()
+            .zip(&verdicts)
+            .all(|(e, (v, _))| v.allowed || e.shadow);
+        let lease = match member {
+            Some(member) if admitted => {
+                let held: Vec<OwnedEntry> = entries
+                    .iter()
+                    .zip(&verdicts)
+                    .filter(|(e, (v, _))| {
+                        matches!(e.algorithm, Algorithm::Concurrency { .. }) && v.allowed
+                    })
+                    .map(|(e, _)| OwnedEntry::from(e))
+                    .collect();
+                (!held.is_empty()).then(|| Lease::hold(self.clone(), held, member, cost))
+            }
+            _ => None,
+        };
+        Ok((verdicts, lease))
+    }
+
+    /// Post-response settlement: `delta` more units (or a refund) on every
+    /// entry. Runs on the store thread; the response does not wait.
+    pub fn settle(self: &Arc<Self>, entries: &[SharedEntry<'_>], delta: i64) {
+        if delta == 0 || self.is_down() {
+            return;
+        }
+        let cmds: Vec<Cmd> = self
+            .by_slot(entries)
+            .iter()
+            .map(|group| self.script_cmd(&self.settle, group, |_| delta, None))
+            .collect();
+        let store = self.clone();
+        self.runtime.spawn(async move {
+            for cmd in &cmds {
+                let _ = store.call(&store.settle, cmd).await;
+            }
+        });
+    }
+
+    /// `EVALSHA <script> n keys… argv…` for `entries`, and the keys.
+    fn script_cmd(
+        &self,
+        script: &redis::Script,
+        entries: &[SharedEntry<'_>],
+        amount: impl Fn(usize) -> i64,
+        member: Option<&str>,
+    ) -> Cmd {
+        let mut cmd = redis::cmd("EVALSHA");
+        cmd.arg(script.get_hash()).arg(entries.len());
+        for e in entries {
+            cmd.arg(self.key_of(e));
+        }
+        cmd.arg(entries.len());
+        for (i, e) in entries.iter().enumerate() {
+            let [algo, p1, p2, p3, p4] = script_params(e, member.unwrap_or(""));
+            cmd.arg(algo).arg(p1).arg(p2).arg(p3).arg(p4);
+            cmd.arg(if e.shadow { "1" } else { "0" }).arg(amount(i));
+        }
+        cmd
+    }
+
+    /// `<prefix><limit>:{<digest>}:<algorithm>[:<plan>]`.
+    fn key_of(&self, e: &SharedEntry<'_>) -> String {
+        let tag = match e.algorithm {
+            Algorithm::FixedWindow { .. } => "fw",
+            Algorithm::SlidingWindow { .. } => "sw",
+            Algorithm::SlidingLog { .. } => "sl",
+            Algorithm::TokenBucket { .. } => "tb",
+            Algorithm::LeakyBucket { .. } => "lb",
+            Algorithm::Concurrency { .. } => "cc",
+        };
+        let mut key = String::with_capacity(self.config.prefix.len() + e.limit.len() + 48);
+        let _ = write!(
+            key,
+            "{}{}:{{{:032x}}}:{tag}",
+            self.config.prefix,
+            e.limit,
+            e.key.as_u128()
+        );
+        if let Some(plan) = e.plan {
+            key.push(':');
+            key.push_str(plan);
+        }
+        key
+    }
+
+    /// One call, bounded by `timeout`, through the breaker; re-loads the
+    /// script on `NOSCRIPT`.
+    async fn call(&self, script: &redis::Script, cmd: &Cmd) -> Result<Value, Unavailable> {
+        if self.is_down() {
+            return Err(Unavailable);
+        }
+        let result = tokio::time::timeout(self.config.timeout, async {
+            let mut connection = self.thread_connection().await?;
+            let mut answer = connection.query(cmd).await;
+            // NOSCRIPT: load and retry; a second flush may land between the
+            // two (a test does that), so a few times, all within `timeout`.
+            for _ in 0..3 {
+                match &answer {
+                    Err(e)
+                        if e.kind()
+                            == redis::ErrorKind::Server(redis::ServerErrorKind::NoScript) =>
+                    {
+                        connection.load(script).await?;
+                        answer = connection.query(cmd).await;
+                    }
+                    _ => break,
+                }
+            }
+            answer
+        })
+        .await;
+        match result {
+            Ok(Ok(value)) => {
+                self.failures.store(0, Ordering::Relaxed);
+                Ok(value)
+            }
+            Ok(Err(error)) => {
+                tracing::debug!(%error, "redis store call failed");
+                self.failed();
+                Err(Unavailable)
+            }
+            Err(_) => {
+                tracing::debug!(timeout = ?self.config.timeout, "redis store call timed out");
+                self.failed();
+                Err(Unavailable)
+            }
+        }
+    }
+
+    fn failed(&self) {
+        (self.signals.error)();
+        let failures = self.failures.fetch_add(1, Ordering::Relaxed) + 1;
+        if failures >= FAILURES_TO_OPEN && !self.open.swap(true, Ordering::Relaxed) {
+            tracing::warn!(
+                on_failure = ?self.config.on_failure,
+                "redis store unavailable; on_failure applies until it answers again"
+            );
+            (self.signals.fallback)(true);
+            self.wake.notify_one();
+        }
+    }
+
+    /// This thread's connection of the current generation, made on this
+    /// thread's runtime when there is none yet: its driver then runs beside
+    /// the requests that use it, and a call costs no wake-up of another
+    /// thread. All requests of the thread share (pipeline) it.
+    async fn thread_connection(&self) -> RedisResult<Connection> {
+        let id = self as *const RedisStore as usize;
+        let generation = self.generation.load(Ordering::Acquire);
+        let held = THREAD_CONNECTION.with(|held| {
+            held.borrow()
+                .as_ref()
+                .filter(|(i, g, _)| *i == id && *g == generation)
+                .map(|(_, _, c)| c.clone())
+        });
+        if let Some(connection) = held {
+            return Ok(connection);
+        }
+        // The probe that closed the breaker loaded the scripts (NOSCRIPT
+        // reloads them otherwise): a plain connection will do.
+        let connection = self.open().await?;
+        THREAD_CONNECTION.with(|held| {
+            *held.borrow_mut() = Some((id, generation, connection.clone()));
+        });
+        Ok(connection)
+    }
+
+    /// A fresh connection with the scripts loaded, or why not.
+    async fn connect(&self) -> RedisResult<Connection> {
+        let mut connection = self.open().await?;
+        connection.query(&redis::cmd("PING")).await?;
+        connection.load(&self.stack).await?;
+        connection.load(&self.settle).await?;
+        connection.load(&self.heartbeat).await?;
+        Ok(connection)
+    }
+
+    /// A fresh connection.
+    async fn open(&self) -> RedisResult<Connection> {
+        let bound = self.config.timeout.max(Duration::from_millis(500));
+        let connection = if self.config.cluster {
+            let client =
+                redis::cluster::ClusterClient::builder(self.config.urls.iter().map(String::as_str))
+                    .connection_timeout(bound)
+                    .response_timeout(bound)
+                    .build()?;
+            Connection::Cluster(client.get_async_connection().await?)
+        } else {
+            let client = redis::Client::open(self.config.urls[0].as_str())?;
+            let settings = redis::AsyncConnectionConfig::new()
+                .set_connection_timeout(Some(bound))
+                .set_response_timeout(Some(bound));
+            Connection::Single(
+                client
+                    .get_multiplexed_async_connection_with_config(&settings)
+                    .await?,
+            )
+        };
+        Ok(connection)
+    }
+}
+
+/// The Redis Cluster slot of `key`: CRC16 (XMODEM) of its hash tag (the
+/// part inside the first `{…}`, when not empty) or of the whole key, mod
+/// 16384.
+pub fn slot_of(key: &str) -> u16 {
+    let bytes = key.as_bytes();
+    let tagged = bytes.iter().position(|&b| b == b'{').and_then(|open| {
+        let rest = &bytes[open + 1..];
+        let close = rest.iter().position(|&b| b == b'}')?;
+        (close > 0).then(|| &rest[..close])
+    });
+    let mut crc: u16 = 0;
+    for &byte in tagged.unwrap_or(bytes) {
+        crc ^= u16::from(byte) << 8;
+        for _ in 0..8 {
+            crc = if crc & 0x8000 != 0 {
+                (crc << 1) ^ 0x1021
+            } else {
+                crc << 1
+            };
+        }
+    }
+    crc % 16384
+}
+
+/// The store thread: connects, and reconnects whenever the breaker opens.
+async fn supervise(store: std::sync::Weak<RedisStore>, ready: std::sync::mpsc::Sender<bool>) {
+    let mut ready = Some(ready);
+    let mut logged_down = false;
+    // As last told to the nodes listener; 1 until a heartbeat says more.
+    let mut live_nodes = 1;
+    loop {
+        let Some(s) = store.upgrade() else { return };
+        if s.is_down() {
+            let attempt = tokio::time::timeout(Duration::from_secs(2), s.connect()).await;
+            match attempt {
+                Ok(Ok(_probe)) => {
+                    // Threads connect again, lazily, on their own runtimes.
+                    s.generation.fetch_add(1, Ordering::AcqRel);
+                    s.failures.store(0, Ordering::Relaxed);
+                    s.open.store(false, Ordering::Relaxed);
+                    (s.signals.fallback)(false);
+                    if ready.take().is_some_and(|r| r.send(true).is_ok()) {
+                        tracing::info!(url = %s.config.urls[0], "redis store connected");
+                    } else {
+                        tracing::info!("redis store answers again; shared limits resumed");
+                    }
+                    logged_down = false;
+                }
+                Ok(Err(error)) if !logged_down => {
+                    tracing::debug!(%error, "redis store probe failed");
+                    logged_down = true;
+                }
+                _ => {}
+            }
+            if let Some(r) = ready.take_if(|_| s.is_down()) {
+                let _ = r.send(false);
+            }
+            drop(s);
+            tokio::time::sleep(PROBE_INTERVAL).await;
+        } else {
+            s.return_expired(false).await;
+            if let Some(listener) = s.nodes_listener.get()
+                && let Ok(nodes) = s.beat().await
+                && nodes != live_nodes
+            {
+                live_nodes = nodes;
+                listener(nodes);
+            }
+            // Also re-checked every second, so a dropped store ends the thread.
+            let _ = tokio::time::timeout(HEARTBEAT_EVERY, s.wake.notified()).await;
+        }
+    }
+}
+
+/// The five per-entry script parameters (see `stack.lua`), times in µs.
+fn script_params(e: &SharedEntry<'_>, member: &str) -> [String; 5] {
+    let us = |n: Nanos| (n / 1_000).max(1).to_string();
+    // The emission interval T = per / tokens, in µs, possibly fractional.
+    let interval =
+        |per: Nanos, tokens: u64| format!("{:.6}", per as f64 / 1_000.0 / tokens.max(1) as f64);
+    match e.algorithm {
+        Algorithm::FixedWindow { limit, window } => {
+            let (jitter, first) = match e.align {
+                WindowAlign::Epoch { jitter } if jitter > 0 => {
+                    // As in memory: the digest's high half picks the offset.
+                    let hi = (e.key.as_u128() >> 64) as u64;
+                    ((hi % jitter) / 1_000, 0)
+                }
+                WindowAlign::Epoch { .. } => (0, 0),
+                WindowAlign::FirstRequest => (0, 1),
+            };
+            [
+                "1".into(),
+                limit.to_string(),
+                us(window),
+                jitter.to_string(),
+                first.to_string(),
+            ]
+        }
+        Algorithm::SlidingWindow { limit, window } => [
+            "2".into(),
+            limit.to_string(),
+            us(window),
+            "0".into(),
+            "0".into(),
+        ],
+        Algorithm::SlidingLog { limit, window } => [
+            "3".into(),
+            limit.to_string(),
+            us(window),
+            "0".into(),
+            "0".into(),
+        ],
+        Algorithm::TokenBucket { capacity, refill } => [
+            "4".into(),
+            capacity.to_string(),
+            interval(refill.per, refill.tokens),
+            "0".into(),
+            e.lease.min(capacity).to_string(),
+        ],
+        Algorithm::LeakyBucket {
+            capacity,
+            rate,
+            mode,
+        } => [
+            "4".into(),
+            capacity.saturating_add(1).to_string(),
+            interval(rate.per, rate.tokens),
+            u8::from(mode == LeakyMode::Delay).to_string(),
+            "0".into(),
+        ],
+        Algorithm::Concurrency { max } => [
+            "5".into(),
+            max.to_string(),
+            LEASE.as_millis().to_string(),
+            member.to_owned(),
+            "0".into(),
+        ],
+    }
+}
+
+/// Six integers per entry (see `stack.lua`) into verdicts and the units taken.
+fn parse_verdicts(value: &Value, n: usize) -> Option<Vec<(Verdict, u64)>> {
+    let Value::Array(items) = value else {
+        return None;
+    };
+    if items.len() != n * 6 {
+        return None;
+    }
+    let int = |v: &Value| match v {
+        Value::Int(i) => Some(*i),
+        _ => None,
+    };
+    let ns = |us: i64| u64::try_from(us).unwrap_or(0).saturating_mul(1_000);
+    items
+        .chunks(6)
+        .map(|c| {
+            let [allowed, remaining, reset, retry, delay, taken] = [
+                int(&c[0])?,
+                int(&c[1])?,
+                int(&c[2])?,
+                int(&c[3])?,
+                int(&c[4])?,
+                int(&c[5])?,
+            ];
+            let remaining = u64::try_from(remaining).unwrap_or(0);
+            let verdict = if allowed == 1 {
+                Verdict {
+                    delay: ns(delay),
+                    ..Verdict::allow(remaining, ns(reset))
+                }
+            } else {
+                Verdict::deny(remaining, ns(reset), ns(retry), retry < 0)
+            };
+            Some((verdict, u64::try_from(taken).unwrap_or(0)))
+        })
+        .collect()
+}
+
+/// A unique id for this process's lease members: pid and start time.
+fn node_id() -> String {
+    let started = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_nanos());
+    let digest = LimitKey::digest(&[&std::process::id().to_le_bytes(), &started.to_le_bytes()]);
+    format!("{:016x}", digest.as_u128() as u64)
+}
+
+/// An entry without borrows, for a lease that outlives the request's view.
+#[derive(Debug, Clone)]
+struct OwnedEntry {
+    limit: Box<str>,
+    plan: Option<Box<str>>,
+    algorithm: Algorithm,
+    align: WindowAlign,
+    key: LimitKey,
+}
+
+impl From<&SharedEntry<'_>> for OwnedEntry {
+    fn from(e: &SharedEntry<'_>) -> Self {
+        OwnedEntry {
+            limit: e.limit.into(),
+            plan: e.plan.map(Into::into),
+            algorithm: e.algorithm,
+            align: e.align,
+            key: e.key,
+        }
+    }
+}
+
+impl OwnedEntry {
+    fn view(&self) -> SharedEntry<'_> {
+        SharedEntry {
+            limit: &self.limit,
+            plan: self.plan.as_deref(),
+            algorithm: self.algorithm,
+            align: self.align,
+            key: self.key,
+            shadow: false,
+            lease: 0,
+        }
+    }
+}
+
+/// Concurrency slots held in Redis by one admitted request: renewed while
+/// held, removed when dropped (the response body ended).
+#[derive(Debug)]
+pub struct Lease {
+    renew: tokio::task::JoinHandle<()>,
+    release: Option<(Arc<RedisStore>, Cmd)>,
+}
+
+impl Lease {
+    fn hold(store: Arc<RedisStore>, held: Vec<OwnedEntry>, member: String, cost: u64) -> Lease {
+        let views: Vec<SharedEntry<'_>> = held.iter().map(OwnedEntry::view).collect();
+        // A positive delta renews a lease, a negative one removes it
+        // (`settle.lua`).
+        let renew_cmd = store.script_cmd(&store.settle, &views, |_| cost as i64, Some(&member));
+        let release_cmd =
+            store.script_cmd(&store.settle, &views, |_| -(cost as i64), Some(&member));
+        drop(views);
+        let renewer = store.clone();
+        let renew = store.runtime.spawn(async move {
+            let period = LEASE / 3;
+            loop {
+                tokio::time::sleep(period).await;
+                let _ = renewer.call(&renewer.settle, &renew_cmd).await;
+            }
+        });
+        Lease {
+            renew,
+            release: Some((store, release_cmd)),
+        }
+    }
+}
+
+impl Drop for Lease {
+    fn drop(&mut self) {
+        self.renew.abort();
+        if let Some((store, cmd)) = self.release.take() {
+            let runtime = store.runtime.clone();
+            runtime.spawn(async move {
+                let _ = store.call(&store.settle, &cmd).await;
+            });
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::limit::{NANOS_PER_SEC, Rate};
+
+    #[test]
+    fn slots_match_redis_cluster_keyslot() {
+        // `CLUSTER KEYSLOT foo` is 12182; a hash tag takes only its content.
+        assert_eq!(slot_of("foo"), 12182);
+        assert_eq!(slot_of("tollgate:a:{foo}:fw"), 12182);
+        assert_eq!(slot_of("tollgate:b:{foo}:tb:pro"), 12182);
+        // An empty tag does not count: the whole key is hashed.
+        assert_ne!(slot_of("{}foo"), slot_of("{}bar"));
+    }
+
+    #[test]
+    fn verdicts_parse_six_integers_per_entry() {
+        let answer = Value::Array(
+            [1, 4, 2_000, 0, 0, 5, 0, 0, 9_000, 3_000, 0, 0]
+                .into_iter()
+                .map(Value::Int)
+                .collect(),
+        );
+        let parsed = parse_verdicts(&answer, 2).expect("parses");
+        assert_eq!(parsed[0].0, Verdict::allow(4, 2_000_000));
+        assert_eq!(parsed[0].1, 5);
+        assert_eq!(parsed[1].0, Verdict::deny(0, 9_000_000, 3_000_000, false));
+        assert!(
+            parse_verdicts(&answer, 3).is_none(),
+            "a short answer is refused"
+        );
+        let never = Value::Array([0, 0, 0, -1, 0, 0].into_iter().map(Value::Int).collect());
+        assert!(parse_verdicts(&never, 1).expect("parses")[0].0.never);
+    }
+
+    #[test]
+    fn script_parameters_are_microseconds_and_exact_intervals() {
+        let e = SharedEntry {
+            limit: "l",
+            plan: None,
+            algorithm: Algorithm::TokenBucket {
+                capacity: 20,
+                refill: Rate {
+                    tokens: 3,
+                    per: NANOS_PER_SEC,
+                },
+            },
+            align: WindowAlign::default(),
+            key: LimitKey::from_u128(7),
+            shadow: false,
+            lease: 100,
+        };
+        // T = 1 s / 3; a lease is capped at the capacity.
+        assert_eq!(
+            script_params(&e, ""),
+            ["4", "20", "333333.333333", "0", "20"]
+        );
+        let e = SharedEntry {
+            algorithm: Algorithm::FixedWindow {
+                limit: 5,
+                window: 60 * NANOS_PER_SEC,
+            },
+            align: WindowAlign::FirstRequest,
+            ..e
+        };
+        assert_eq!(script_params(&e, ""), ["1", "5", "60000000", "0", "1"]);
+    }
+}

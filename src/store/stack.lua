@@ -1,0 +1,313 @@
+-- One request's shared key stack, decided all or nothing (src/store/mod.rs).
+--
+-- KEYS[i]: entry i's key. ARGV[1]: the number of entries n; then 7 values
+-- per entry: algorithm, p1, p2, p3, p4, shadow (0/1), cost.
+--
+--   1 fixed window    p1 limit, p2 window (us), p3 jitter offset (us), p4 first_request (0/1)
+--   2 sliding window  p1 limit, p2 window (us)
+--   3 sliding log     p1 limit, p2 window (us)
+--   4 GCRA bucket     p1 units (token capacity; leaky capacity + 1), p2 emission
+--                     interval T (us, may be fractional), p3 delay mode (0/1),
+--                     p4 lease: take up to this many units when admitted (0: cost)
+--   5 concurrency     p1 max, p2 lease (ms), p3 lease member (unique per request)
+--
+-- The clock is Redis TIME. Phase 1 decides every entry against the state as
+-- it stands (an entry listed twice sees its own first charge); if a
+-- non-shadow entry denies, nothing is written and the admitting entries are
+-- reported uncharged. Phase 2 writes every charge, each key with its expiry.
+--
+-- Returns 6 integers per entry: allowed (0/1), remaining, reset_after (us),
+-- retry_after (us, -1 = never), delay (us), units taken (the cost, or with a
+-- lease up to the lease).
+
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000000 + tonumber(t[2])
+local n = tonumber(ARGV[1])
+
+local function ceil(x) return math.ceil(x - 1e-6) end
+local function floor(x) return math.floor(x + 1e-6) end
+
+-- State as read from Redis, by key; `cur` holds the state after this
+-- script's earlier charges.
+local cur = {}
+local orig = {}
+
+local function load(key, algo)
+  if cur[key] ~= nil then return cur[key] end
+  local s
+  if algo == 1 or algo == 2 or algo == 4 then
+    local v = redis.call('GET', key)
+    s = {}
+    if v then
+      for x in string.gmatch(v, '[^ ]+') do s[#s + 1] = tonumber(x) end
+    end
+  elseif algo == 3 then
+    local runs = {}
+    for _, m in ipairs(redis.call('ZRANGE', key, 0, -1)) do
+      local units, ts = string.match(m, '^(%d+):(%d+):')
+      runs[#runs + 1] = { tonumber(ts), tonumber(units), m }
+    end
+    s = { runs = runs, added = {}, card = #runs }
+  else
+    local leases = {}
+    local ms = math.floor(now / 1000)
+    for _, m in ipairs(redis.call('ZRANGEBYSCORE', key, '(' .. ms, '+inf')) do
+      leases[#leases + 1] = tonumber(string.match(m, '^(%d+):'))
+    end
+    s = { used = 0, added = {} }
+    for _, u in ipairs(leases) do s.used = s.used + u end
+  end
+  cur[key] = s
+  orig[key] = s
+  return s
+end
+
+local function copy(s)
+  local c = {}
+  for k, v in pairs(s) do c[k] = v end
+  return c
+end
+
+-- Each decide returns allowed, remaining, reset_after, retry_after, delay,
+-- the state after the charge (nil when nothing is charged) and the units
+-- taken.
+
+local function fixed(s, cost, limit, w, jitter, first)
+  local kn = now - jitter
+  local win, used, reset_in
+  if first == 1 then
+    local start = s[1]
+    if start and kn < start + w then
+      win, used, reset_in = start, s[2], start + w - kn
+    else
+      win, used, reset_in = kn, 0, w
+    end
+  else
+    local idx = math.floor(kn / w)
+    if s[1] and s[1] > idx then
+      win, used, reset_in = s[1], s[2], (s[1] + 1) * w - kn
+    else
+      win = idx
+      used = (s[1] == idx) and s[2] or 0
+      reset_in = (idx + 1) * w - kn
+    end
+  end
+  local never = cost > limit
+  local after = used + cost
+  if not never and after <= limit then
+    local ra = (after == 0) and 0 or reset_in
+    return true, limit - after, ra, 0, 0, { win, after }, cost
+  end
+  local ra = (used == 0) and 0 or reset_in
+  return false, math.max(limit - used, 0), ra, never and -1 or reset_in, 0, nil, 0
+end
+
+local function sliding(s, cost, limit, w)
+  local idx = math.floor(now / w)
+  local e = now % w
+  local p, c = 0, 0
+  if s[1] and s[1] > idx then
+    idx, e, p, c = s[1], 0, s[2], s[3]
+  elseif s[1] == idx then
+    p, c = s[2], s[3]
+  elseif s[1] == idx - 1 then
+    p, c = s[3], 0
+  end
+  local est = p * (w - e) + c * w
+  local never = cost > limit
+  local allowed = not never and est + cost * w <= limit * w
+  local after = allowed and (est + cost * w) or est
+  local remaining = math.max(floor((limit * w - after) / w), 0)
+  -- t: until the estimate frees one unit (the previous window decays).
+  local reset_after = 0
+  if after > 0 then
+    if p > 0 then reset_after = math.min(ceil(w / p), w - e) else reset_after = w - e end
+  end
+  if allowed then
+    return true, remaining, reset_after, 0, 0, { idx, p, c + cost }, cost
+  end
+  local retry = -1
+  if not never then
+    local need = est + cost * w - limit * w
+    if p > 0 and need / p <= w - e then
+      retry = ceil(need / p)
+    elseif c > 0 then
+      retry = (w - e) + math.max(ceil(w - (limit - cost) * w / c), 0)
+    else
+      retry = w - e
+    end
+  end
+  return false, remaining, reset_after, retry, 0, nil, 0
+end
+
+local function log(s, cost, limit, w)
+  local live, used = {}, 0
+  for _, r in ipairs(s.runs) do
+    if r[1] + w > now then
+      live[#live + 1] = r
+      used = used + r[2]
+    end
+  end
+  for _, r in ipairs(s.added) do
+    live[#live + 1] = r
+    used = used + r[2]
+  end
+  local never = cost > limit
+  local allowed = not never and used + cost <= limit
+  local after = allowed and used + cost or used
+  local reset_after = 0
+  if #live > 0 then reset_after = live[1][1] + w - now elseif after > 0 then reset_after = w end
+  if allowed then
+    local next = copy(s)
+    next.added = {}
+    for _, r in ipairs(s.added) do next.added[#next.added + 1] = r end
+    if cost > 0 then next.added[#next.added + 1] = { now, cost } end
+    return true, limit - after, reset_after, 0, 0, next, cost
+  end
+  local retry = -1
+  if not never then
+    local to_free = used + cost - limit
+    for _, r in ipairs(live) do
+      retry = r[1] + w - now
+      if r[2] >= to_free then break end
+      to_free = to_free - r[2]
+    end
+  end
+  return false, math.max(limit - used, 0), reset_after, retry, 0, nil, 0
+end
+
+local function gcra(s, cost, units, T, delay_mode, lease)
+  local tau = units * T
+  local tat = math.max(s[1] or 0, now)
+  local new_tat = tat + cost * T
+  local never = cost > units
+  local allowed = not never and new_tat - now <= tau + 1e-6
+  local taken = cost
+  if allowed and cost > 0 and lease > cost then
+    -- A lease: the rest of it too, as far as the bucket holds it.
+    local extra = math.min(lease - cost, floor((tau - (new_tat - now)) / T))
+    if extra > 0 then
+      new_tat = new_tat + extra * T
+      taken = cost + extra
+    end
+  end
+  local ahead = (allowed and new_tat or tat) - now
+  local room = math.max(tau - ahead, 0)
+  local remaining = floor(room / T)
+  local reset_after = 0
+  if remaining < units then reset_after = ceil((remaining + 1) * T - room) end
+  if allowed then
+    local delay = 0
+    if delay_mode == 1 then delay = math.max(ceil(ahead - T), 0) end
+    return true, remaining, reset_after, 0, delay, { new_tat }, taken
+  end
+  return false, remaining, reset_after, never and -1 or ceil(new_tat - now - tau), 0, nil, 0
+end
+
+local function concurrency(s, cost, max, member)
+  local never = cost > max
+  local after = s.used + cost
+  if not never and after <= max then
+    local next = { used = after, added = {} }
+    for _, a in ipairs(s.added) do next.added[#next.added + 1] = a end
+    if cost > 0 then next.added[#next.added + 1] = { cost, member } end
+    return true, max - after, 0, 0, 0, next, cost
+  end
+  return false, math.max(max - s.used, 0), 0, never and -1 or 1000000, 0, nil, 0
+end
+
+local function decide(i, key, cost, state)
+  local b = 1 + (i - 1) * 7
+  local algo = tonumber(ARGV[b + 1])
+  local p1, p2 = tonumber(ARGV[b + 2]), tonumber(ARGV[b + 3])
+  local s = state or load(key, algo)
+  if algo == 1 then
+    return algo, fixed(s, cost, p1, p2, tonumber(ARGV[b + 4]), tonumber(ARGV[b + 5]))
+  elseif algo == 2 then
+    return algo, sliding(s, cost, p1, p2)
+  elseif algo == 3 then
+    return algo, log(s, cost, p1, p2)
+  elseif algo == 4 then
+    return algo, gcra(s, cost, p1, p2, tonumber(ARGV[b + 4]), tonumber(ARGV[b + 5]))
+  end
+  return algo, concurrency(s, cost, p1, ARGV[b + 4])
+end
+
+local out = {}
+local denied = false
+local charged = {}
+for i = 1, n do
+  local b = 1 + (i - 1) * 7
+  local shadow = ARGV[b + 6] == '1'
+  local cost = tonumber(ARGV[b + 7])
+  local key = KEYS[i]
+  local algo, allowed, remaining, reset_after, retry, delay, next, taken = decide(i, key, cost)
+  if allowed and next ~= nil and cost > 0 then
+    cur[key] = next
+    charged[#charged + 1] = { i, key, algo }
+  end
+  if not allowed and not shadow then denied = true end
+  out[#out + 1] = allowed and 1 or 0
+  out[#out + 1] = remaining
+  out[#out + 1] = reset_after
+  out[#out + 1] = retry
+  out[#out + 1] = delay
+  out[#out + 1] = taken
+end
+
+if denied then
+  -- Nothing is written; entries that admitted report the state uncharged.
+  for i = 1, n do
+    if out[(i - 1) * 6 + 1] == 1 then
+      local key = KEYS[i]
+      local _, _, remaining, reset_after = decide(i, key, 0, orig[key])
+      out[(i - 1) * 6 + 2] = remaining
+      out[(i - 1) * 6 + 3] = reset_after
+      out[(i - 1) * 6 + 5] = 0
+      out[(i - 1) * 6 + 6] = 0
+    end
+  end
+  return out
+end
+
+-- Phase 2: write each charged key once, in its final state, with its expiry.
+local written = {}
+for _, c in ipairs(charged) do
+  local i, key, algo = c[1], c[2], c[3]
+  if not written[key] then
+    written[key] = true
+    local s = cur[key]
+    local b = 1 + (i - 1) * 7
+    local p2 = tonumber(ARGV[b + 3])
+    if algo == 1 then
+      local jitter, first = tonumber(ARGV[b + 4]), tonumber(ARGV[b + 5])
+      local kn = now - jitter
+      local ends = (first == 1) and (s[1] + p2) or ((s[1] + 1) * p2)
+      local ttl = math.max(math.ceil((ends - kn) / 1000), 1)
+      redis.call('SET', key, string.format('%.0f %.0f', s[1], s[2]), 'PX', ttl)
+    elseif algo == 2 then
+      local ttl = math.max(math.ceil(((s[1] + 2) * p2 - now) / 1000), 1)
+      redis.call('SET', key, string.format('%.0f %.0f %.0f', s[1], s[2], s[3]), 'PX', ttl)
+    elseif algo == 4 then
+      local ttl = math.max(math.ceil((s[1] - now) / 1000), 1)
+      redis.call('SET', key, string.format('%.17g', s[1]), 'PX', ttl)
+    elseif algo == 3 then
+      redis.call('ZREMRANGEBYSCORE', key, '-inf', now - p2)
+      local seq = redis.call('ZCARD', key)
+      for _, r in ipairs(s.added) do
+        seq = seq + 1
+        redis.call('ZADD', key, r[1], string.format('%d:%.0f:%d', r[2], r[1], seq))
+      end
+      redis.call('PEXPIRE', key, math.max(math.ceil(p2 / 1000), 1))
+    else
+      local ms = math.floor(now / 1000)
+      redis.call('ZREMRANGEBYSCORE', key, '-inf', ms)
+      for _, a in ipairs(s.added) do
+        redis.call('ZADD', key, ms + p2, string.format('%d:%s', a[1], a[2]))
+      end
+      local top = redis.call('ZRANGE', key, -1, -1, 'WITHSCORES')
+      redis.call('PEXPIREAT', key, tonumber(top[2]) + 1)
+    end
+  end
+end
+return out

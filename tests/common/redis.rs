@@ -1,0 +1,259 @@
+//! A real `redis-server` for a test: started on a free 127.0.0.1 port,
+//! driven with `redis-cli`, stopped by PID when dropped. A machine without
+//! `redis-server` fails the test with the command that installs it.
+
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+const INSTALL: &str = "apt-get update && apt-get install -y redis-server redis-tools";
+
+pub struct Redis {
+    child: Option<Child>,
+    pub port: u16,
+    dir: tempfile::TempDir,
+    paused: bool,
+    /// More `redis-server` arguments (cluster mode).
+    extra: Vec<String>,
+}
+
+/// A port nobody listens on right now.
+pub fn free_port() -> u16 {
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+    listener.local_addr().expect("addr").port()
+}
+
+impl Redis {
+    pub fn start() -> Redis {
+        Redis::on_port(free_port())
+    }
+
+    pub fn on_port(port: u16) -> Redis {
+        Redis::with_args(port, &[])
+    }
+
+    pub fn with_args(port: u16, extra: &[&str]) -> Redis {
+        let mut redis = Redis {
+            child: None,
+            port,
+            dir: tempfile::tempdir().expect("tempdir"),
+            paused: false,
+            extra: extra.iter().map(|s| s.to_string()).collect(),
+        };
+        redis.restart();
+        redis
+    }
+
+    /// Starts the server (again) on its port, empty.
+    pub fn restart(&mut self) {
+        assert!(self.child.is_none(), "already running");
+        let child = Command::new("redis-server")
+            .args(["--port", &self.port.to_string(), "--bind", "127.0.0.1"])
+            .args(["--save", "", "--appendonly", "no"])
+            .arg("--dir")
+            .arg(self.dir.path())
+            .args(&self.extra)
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap_or_else(|e| panic!("cannot run redis-server ({e}); install it: {INSTALL}"));
+        self.child = Some(child);
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while self.try_cli(&["PING"]).as_deref() != Some("PONG") {
+            assert!(Instant::now() < deadline, "redis-server did not start");
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
+    pub fn url(&self) -> String {
+        format!("redis://127.0.0.1:{}", self.port)
+    }
+
+    pub fn try_cli(&self, args: &[&str]) -> Option<String> {
+        let output = Command::new("redis-cli")
+            .args(["-p", &self.port.to_string()])
+            .args(if self.extra.is_empty() {
+                &[][..]
+            } else {
+                &["-c"][..]
+            })
+            .args(args)
+            .output()
+            .unwrap_or_else(|e| panic!("cannot run redis-cli ({e}); install it: {INSTALL}"));
+        let text = String::from_utf8_lossy(&output.stdout).trim().to_owned();
+        (output.status.success() && !text.starts_with("Could not connect")).then_some(text)
+    }
+
+    /// `redis-cli ARGS`, its output trimmed.
+    pub fn cli(&self, args: &[&str]) -> String {
+        self.try_cli(args)
+            .unwrap_or_else(|| panic!("redis-cli {args:?} failed"))
+    }
+
+    /// Every key, by SCAN.
+    pub fn keys(&self) -> Vec<String> {
+        let out = self.cli(&["--scan"]);
+        out.lines()
+            .filter(|l| !l.is_empty())
+            .map(str::to_owned)
+            .collect()
+    }
+
+    /// The count of a fixed window key (`window count`), if it answers.
+    pub fn try_count(&self, key: &str) -> Option<u64> {
+        self.try_cli(&["GET", key])?.split(' ').nth(1)?.parse().ok()
+    }
+
+    /// Kills the server (SIGKILL, by PID) and waits for it.
+    pub fn kill(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            if self.paused {
+                self.signal(child.id(), "CONT");
+                self.paused = false;
+            }
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+
+    /// SIGSTOP: it keeps accepting connections (the kernel does) and never
+    /// answers.
+    pub fn pause(&mut self) {
+        let pid = self.child.as_ref().expect("running").id();
+        self.signal(pid, "STOP");
+        self.paused = true;
+    }
+
+    pub fn resume(&mut self) {
+        let pid = self.child.as_ref().expect("running").id();
+        self.signal(pid, "CONT");
+        self.paused = false;
+    }
+
+    fn signal(&self, pid: u32, name: &str) {
+        let status = Command::new("kill")
+            .arg(format!("-{name}"))
+            .arg(pid.to_string())
+            .status()
+            .expect("kill");
+        assert!(status.success());
+    }
+}
+
+impl Drop for Redis {
+    fn drop(&mut self) {
+        self.kill();
+    }
+}
+
+/// A Redis Cluster of `masters` primaries with `replicas` each, on free
+/// ports, made with `redis-cli --cluster create`.
+pub struct Cluster {
+    pub nodes: Vec<Redis>,
+}
+
+impl Cluster {
+    pub fn start(masters: usize, replicas: usize) -> Cluster {
+        let args = [
+            "--cluster-enabled",
+            "yes",
+            "--cluster-config-file",
+            "nodes.conf",
+            "--cluster-node-timeout",
+            "1000",
+        ];
+        let nodes: Vec<Redis> = (0..masters * (1 + replicas))
+            .map(|_| Redis::with_args(free_port(), &args))
+            .collect();
+        let addrs: Vec<String> = nodes
+            .iter()
+            .map(|n| format!("127.0.0.1:{}", n.port))
+            .collect();
+        let output = Command::new("redis-cli")
+            .arg("--cluster")
+            .arg("create")
+            .args(&addrs)
+            .args(["--cluster-replicas", &replicas.to_string(), "--cluster-yes"])
+            .output()
+            .unwrap_or_else(|e| panic!("cannot run redis-cli ({e}); install it: {INSTALL}"));
+        assert!(
+            output.status.success(),
+            "cluster create: {}",
+            String::from_utf8_lossy(&output.stdout)
+        );
+        let cluster = Cluster { nodes };
+        cluster.wait_ok();
+        cluster
+    }
+
+    /// Waits until every live node says `cluster_state:ok` and every
+    /// replica is in sync with its primary (else it cannot take over).
+    pub fn wait_ok(&self) {
+        let deadline = Instant::now() + Duration::from_secs(20);
+        loop {
+            let ok = self.nodes.iter().filter(|n| n.child.is_some()).all(|n| {
+                let state = n
+                    .try_cli(&["CLUSTER", "INFO"])
+                    .is_some_and(|info| info.contains("cluster_state:ok"));
+                let synced = n.try_cli(&["INFO", "replication"]).is_some_and(|info| {
+                    !info.contains("role:slave") || info.contains("master_link_status:up")
+                });
+                state && synced
+            });
+            if ok {
+                return;
+            }
+            assert!(Instant::now() < deadline, "the cluster did not become ok");
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    }
+
+    pub fn urls(&self) -> Vec<String> {
+        self.nodes.iter().map(Redis::url).collect()
+    }
+
+    /// Every key on every live node (replicas repeat their primary's).
+    pub fn keys(&self) -> Vec<String> {
+        let mut keys: Vec<String> = self
+            .nodes
+            .iter()
+            .filter(|n| n.child.is_some())
+            .flat_map(Redis::keys)
+            .collect();
+        keys.sort();
+        keys.dedup();
+        keys
+    }
+
+    /// A live node, to ask with `redis-cli -c`.
+    pub fn any(&self) -> &Redis {
+        self.nodes
+            .iter()
+            .find(|n| n.child.is_some())
+            .expect("a live node")
+    }
+
+    /// The node serving `key` as primary now.
+    pub fn primary_of(&mut self, key: &str) -> &mut Redis {
+        let slot = self.nodes[0].cli(&["CLUSTER", "KEYSLOT", key]);
+        let slot: u32 = slot.parse().expect("slot");
+        let nodes = self.nodes[0].cli(&["CLUSTER", "NODES"]);
+        let port = nodes
+            .lines()
+            .filter(|l| l.contains("master") && !l.contains("fail"))
+            .find(|l| {
+                l.split(' ').skip(8).any(|range| {
+                    let (lo, hi) = range.split_once('-').unwrap_or((range, range));
+                    matches!((lo.parse::<u32>(), hi.parse::<u32>()), (Ok(lo), Ok(hi)) if lo <= slot && slot <= hi)
+                })
+            })
+            .and_then(|l| l.split(' ').nth(1))
+            .and_then(|addr| addr.split('@').next())
+            .and_then(|addr| addr.rsplit(':').next())
+            .and_then(|p| p.parse::<u16>().ok())
+            .expect("a primary for the slot");
+        self.nodes
+            .iter_mut()
+            .find(|n| n.port == port)
+            .expect("node")
+    }
+}

@@ -1,0 +1,1066 @@
+//! The Redis store end to end: real `redis-server` processes started by the
+//! tests on free ports, real gateway processes sharing them, real sockets.
+//! Exactness across gateways, all-or-nothing stacks, expiries, digests,
+//! NOSCRIPT, the `local = true` tier, `cost_header` settlement, and every
+//! failure mode (killed, restarted on the same port, paused).
+
+mod common;
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::time::{Duration, Instant};
+
+use common::redis::Redis;
+use common::{Gateway, TestUpstream, get};
+
+/// A gateway on `redis` with `store_extra` in `[store]`, an admin listener
+/// and the given limits and routes (`{upstream}` is the test upstream).
+fn gateway(redis: &Redis, store_extra: &str, upstream: &TestUpstream, body: &str) -> Gateway {
+    Gateway::start(&format!(
+        r#"
+[server]
+listen = "127.0.0.1:0"
+admin = "127.0.0.1:0"
+
+[store]
+backend = "redis"
+url = "{url}"
+prefix = "tg:"
+timeout = "500ms"
+{store_extra}
+
+[upstreams.api]
+url = "{upstream}"
+
+{body}
+"#,
+        url = redis.url(),
+        upstream = upstream.url(),
+    ))
+}
+
+/// Sends `n` requests at once to `path`, alternating between the gateways;
+/// returns the statuses.
+async fn burst(gateways: &[&Gateway], path: &str, n: usize, headers: &[(&str, &str)]) -> Vec<u16> {
+    let mut set = tokio::task::JoinSet::new();
+    for i in 0..n {
+        let addr = gateways[i % gateways.len()].addr;
+        let path = path.to_owned();
+        let headers: Vec<(String, String)> = headers
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect();
+        set.spawn(async move {
+            let h: Vec<(&str, &str)> = headers.iter().map(|(k, v)| (&**k, &**v)).collect();
+            get(addr, &path, &h).await.status
+        });
+    }
+    let mut statuses = Vec::new();
+    while let Some(status) = set.join_next().await {
+        statuses.push(status.expect("request task"));
+    }
+    statuses
+}
+
+fn count(statuses: &[u16], status: u16) -> usize {
+    statuses.iter().filter(|s| **s == status).count()
+}
+
+async fn metric(gateway: &Gateway, name: &str) -> Option<f64> {
+    let reply = get(gateway.admin.expect("admin"), "/metrics", &[]).await;
+    let text = String::from_utf8_lossy(&reply.body).into_owned();
+    text.lines()
+        .find(|l| l.starts_with(name) && l[name.len()..].starts_with([' ', '{']))
+        .and_then(|l| l.rsplit(' ').next())
+        .and_then(|v| v.parse().ok())
+}
+
+/// Every key has an expiry, and none holds `secrets` in its name or value.
+fn assert_keys_expire_and_hide(redis: &Redis, secrets: &[&str]) {
+    let keys = redis.keys();
+    assert!(!keys.is_empty(), "the gateways wrote keys");
+    for key in &keys {
+        let ttl: i64 = redis.cli(&["PTTL", key]).parse().expect("PTTL");
+        assert!(ttl > 0, "{key} has no expiry (PTTL {ttl})");
+        let value = match redis.cli(&["TYPE", key]).as_str() {
+            "string" => redis.cli(&["GET", key]),
+            "zset" => redis.cli(&["ZRANGE", key, "0", "-1", "WITHSCORES"]),
+            other => panic!("{key}: unexpected type {other}"),
+        };
+        for secret in secrets {
+            assert!(!key.contains(secret), "{key} names {secret}");
+            assert!(!value.contains(secret), "{key} holds {secret}: {value}");
+        }
+        assert!(key.starts_with("tg:"), "{key} lacks the prefix");
+    }
+}
+
+const ALGORITHMS: &str = r#"
+[limits.fw]
+key = "header:x-user"
+algorithm = "fixed_window"
+limit = 7
+window = "1h"
+
+[limits.sw]
+key = "header:x-user"
+algorithm = "sliding_window"
+limit = 7
+window = "1h"
+
+[limits.sl]
+key = "header:x-user"
+algorithm = "sliding_log"
+limit = 7
+window = "1h"
+
+[limits.tb]
+key = "header:x-user"
+algorithm = "token_bucket"
+capacity = 7
+refill = "1/h"
+
+[limits.lb]
+key = "header:x-user"
+algorithm = "leaky_bucket"
+capacity = 6
+rate = "1/h"
+mode = "reject"
+
+[[routes]]
+name = "fw"
+match = { path = "/fw" }
+respond = { status = 200, body = "ok" }
+limits = ["fw"]
+
+[[routes]]
+name = "sw"
+match = { path = "/sw" }
+respond = { status = 200, body = "ok" }
+limits = ["sw"]
+
+[[routes]]
+name = "sl"
+match = { path = "/sl" }
+respond = { status = 200, body = "ok" }
+limits = ["sl"]
+
+[[routes]]
+name = "tb"
+match = { path = "/tb" }
+respond = { status = 200, body = "ok" }
+limits = ["tb"]
+
+[[routes]]
+name = "lb"
+match = { path = "/lb" }
+respond = { status = 200, body = "ok" }
+limits = ["lb"]
+"#;
+
+#[tokio::test]
+async fn two_gateways_admit_exactly_the_limit_for_every_algorithm() {
+    let redis = Redis::start();
+    let upstream = TestUpstream::start().await;
+    let a = gateway(&redis, "", &upstream, ALGORITHMS);
+    let b = gateway(&redis, "", &upstream, ALGORITHMS);
+    for path in ["/fw", "/sw", "/sl", "/tb", "/lb"] {
+        let statuses = burst(&[&a, &b], path, 24, &[("x-user", "alice@example.com")]).await;
+        assert_eq!(count(&statuses, 200), 7, "{path}: {statuses:?}");
+        assert_eq!(count(&statuses, 429), 17, "{path}: {statuses:?}");
+        // A denied request tells the shared numbers.
+        let reply = get(a.addr, path, &[("x-user", "alice@example.com")]).await;
+        assert_eq!(reply.status, 429, "{path}");
+        assert!(reply.header("retry-after").is_some(), "{path}");
+    }
+    assert_eq!(
+        metric(&a, "tollgate_store_fallback_active").await,
+        Some(0.0)
+    );
+    assert_keys_expire_and_hide(&redis, &["alice", "example.com", "127.0.0.1"]);
+}
+
+#[tokio::test]
+async fn concurrency_slots_are_leases_shared_and_released() {
+    let redis = Redis::start();
+    let upstream = TestUpstream::start().await;
+    let body = r#"
+[limits.cc]
+key = "header:x-user"
+algorithm = "concurrency"
+max = 3
+
+[[routes]]
+name = "slow"
+match = { path_prefix = "/slow" }
+upstream = "api"
+limits = ["cc"]
+"#;
+    let a = gateway(&redis, "", &upstream, body);
+    let b = gateway(&redis, "", &upstream, body);
+    // While held, a lease set has an expiry (a dead gateway's slots lapse).
+    let held = {
+        let addr = a.addr;
+        tokio::spawn(async move { get(addr, "/slow/800", &[("x-user", "u")]).await.status })
+    };
+    let deadline = Instant::now() + Duration::from_secs(5);
+    let key = loop {
+        if let Some(key) = redis.keys().into_iter().find(|k| k.ends_with(":cc")) {
+            break key;
+        }
+        assert!(Instant::now() < deadline, "no lease key");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    };
+    let ttl: i64 = redis.cli(&["PTTL", &key]).parse().expect("PTTL");
+    assert!(ttl > 0 && ttl <= 30_001, "lease expiry {ttl} ms");
+    assert_eq!(held.await.expect("held"), 200);
+    for _wave in 0..2 {
+        let statuses = burst(&[&a, &b], "/slow/1500", 8, &[("x-user", "u")]).await;
+        assert_eq!(count(&statuses, 200), 3, "{statuses:?}");
+        assert_eq!(count(&statuses, 429), 5, "{statuses:?}");
+        // Released at body end: the lease set empties (and Redis drops it).
+        let deadline = Instant::now() + Duration::from_secs(5);
+        while redis.keys().iter().any(|k| k.ends_with(":cc")) {
+            assert!(Instant::now() < deadline, "leases not released");
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+}
+
+/// The count a fixed window key holds (its value is `window count`).
+fn window_count(redis: &Redis, key: &str) -> u64 {
+    let value = redis.cli(&["GET", key]);
+    value
+        .split(' ')
+        .nth(1)
+        .and_then(|c| c.parse().ok())
+        .unwrap_or(0)
+}
+
+#[tokio::test]
+async fn a_shared_stack_is_all_or_nothing_under_concurrent_requests() {
+    let redis = Redis::start();
+    let upstream = TestUpstream::start().await;
+    let body = r#"
+[limits.per_user]
+key = "header:x-user"
+algorithm = "fixed_window"
+limit = 3
+window = "1h"
+
+[limits.per_route]
+key = "route"
+algorithm = "fixed_window"
+limit = 10
+window = "1h"
+
+[[routes]]
+name = "r"
+match = { path = "/r" }
+respond = { status = 200, body = "ok" }
+limits = ["per_user", "per_route"]
+"#;
+    let a = gateway(&redis, "", &upstream, body);
+    let b = gateway(&redis, "", &upstream, body);
+    let mut set = tokio::task::JoinSet::new();
+    for user in 0..8 {
+        for i in 0..5 {
+            let addr = if (user + i) % 2 == 0 { a.addr } else { b.addr };
+            set.spawn(async move {
+                let user = format!("user-{user}");
+                (
+                    user.clone(),
+                    get(addr, "/r", &[("x-user", &user)]).await.status,
+                )
+            });
+        }
+    }
+    let mut admitted = std::collections::HashMap::<String, u64>::new();
+    while let Some(result) = set.join_next().await {
+        let (user, status) = result.expect("task");
+        assert!(status == 200 || status == 429, "{status}");
+        if status == 200 {
+            *admitted.entry(user).or_default() += 1;
+        }
+    }
+    let total: u64 = admitted.values().sum();
+    assert_eq!(total, 10, "{admitted:?}");
+    assert!(admitted.values().all(|n| *n <= 3), "{admitted:?}");
+    // No partial charge: each counter holds exactly what was admitted.
+    let keys = redis.keys();
+    let route_key = keys
+        .iter()
+        .find(|k| k.starts_with("tg:per_route:"))
+        .expect("route key");
+    assert_eq!(window_count(&redis, route_key), 10);
+    let user_sum: u64 = keys
+        .iter()
+        .filter(|k| k.starts_with("tg:per_user:"))
+        .map(|k| window_count(&redis, k))
+        .sum();
+    assert_eq!(
+        user_sum, 10,
+        "the per-user counters hold only admitted requests"
+    );
+    assert_keys_expire_and_hide(&redis, &["user-"]);
+}
+
+#[tokio::test]
+async fn script_flush_under_load_reloads_the_script() {
+    let redis = Redis::start();
+    let upstream = TestUpstream::start().await;
+    let body = r#"
+[limits.fw]
+key = "header:x-user"
+algorithm = "fixed_window"
+limit = 150
+window = "1h"
+
+[[routes]]
+name = "r"
+match = { path = "/r" }
+respond = { status = 200, body = "ok" }
+limits = ["fw"]
+"#;
+    let a = gateway(&redis, "", &upstream, body);
+    let b = gateway(&redis, "", &upstream, body);
+    let stop = Arc::new(AtomicBool::new(false));
+    let flushes = Arc::new(AtomicUsize::new(0));
+    let port = redis.port;
+    let flusher = {
+        let (stop, flushes) = (stop.clone(), flushes.clone());
+        std::thread::spawn(move || {
+            while !stop.load(Ordering::Relaxed) {
+                let ok = std::process::Command::new("redis-cli")
+                    .args(["-p", &port.to_string(), "SCRIPT", "FLUSH"])
+                    .output()
+                    .is_ok_and(|o| o.status.success());
+                flushes.fetch_add(usize::from(ok), Ordering::Relaxed);
+                std::thread::sleep(Duration::from_millis(15));
+            }
+        })
+    };
+    let mut statuses = Vec::new();
+    for _ in 0..10 {
+        statuses.extend(burst(&[&a, &b], "/r", 20, &[("x-user", "u")]).await);
+    }
+    stop.store(true, Ordering::Relaxed);
+    flusher.join().expect("flusher");
+    assert!(
+        flushes.load(Ordering::Relaxed) >= 3,
+        "the scripts were flushed while serving"
+    );
+    assert_eq!(count(&statuses, 200), 150, "{statuses:?}\n{}", a.stderr());
+    assert_eq!(count(&statuses, 429), 50, "{statuses:?}");
+    assert_eq!(
+        metric(&a, "tollgate_store_fallback_active").await,
+        Some(0.0)
+    );
+}
+
+const ONE_LIMIT: &str = r#"
+[limits.fw]
+key = "header:x-user"
+algorithm = "fixed_window"
+limit = 100000
+window = "1h"
+
+[[routes]]
+name = "r"
+match = { path = "/r" }
+respond = { status = 200, body = "ok" }
+limits = ["fw"]
+"#;
+
+/// Waits until `metric` reads `value`, at most `within`; returns how long it took.
+async fn until_metric(gateway: &Gateway, name: &str, value: f64, within: Duration) -> Duration {
+    let start = Instant::now();
+    loop {
+        // A request drives the breaker (a failed call opens it).
+        let _ = get(gateway.addr, "/r", &[("x-user", "u")]).await;
+        if metric(gateway, name).await == Some(value) {
+            return start.elapsed();
+        }
+        assert!(
+            start.elapsed() < within,
+            "{name} did not reach {value} within {within:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+#[tokio::test]
+async fn local_fallback_serves_through_a_redis_restart_on_the_same_port() {
+    let mut redis = Redis::start();
+    let upstream = TestUpstream::start().await;
+    let a = gateway(&redis, r#"on_failure = "local""#, &upstream, ONE_LIMIT);
+    // Load from a background task the whole time.
+    let stop = Arc::new(AtomicBool::new(false));
+    let load = {
+        let (stop, addr) = (stop.clone(), a.addr);
+        tokio::spawn(async move {
+            let mut statuses = Vec::new();
+            while !stop.load(Ordering::Relaxed) {
+                statuses.push(get(addr, "/r", &[("x-user", "u")]).await.status);
+            }
+            statuses
+        })
+    };
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    redis.kill();
+    until_metric(
+        &a,
+        "tollgate_store_fallback_active",
+        1.0,
+        Duration::from_secs(10),
+    )
+    .await;
+    assert!(
+        metric(&a, "tollgate_store_errors_total")
+            .await
+            .unwrap_or(0.0)
+            >= 1.0
+    );
+    redis.restart();
+    let recovered = until_metric(
+        &a,
+        "tollgate_store_fallback_active",
+        0.0,
+        Duration::from_secs(10),
+    )
+    .await;
+    assert!(
+        recovered < Duration::from_secs(5),
+        "recovered after {recovered:?}"
+    );
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    stop.store(true, Ordering::Relaxed);
+    let statuses = load.await.expect("load");
+    assert!(statuses.len() > 20, "{} requests", statuses.len());
+    assert!(
+        statuses.iter().all(|s| *s == 200),
+        "no 5xx, no denial: {statuses:?}"
+    );
+    // Shared again: the fresh Redis holds the key.
+    assert!(redis.keys().iter().any(|k| k.starts_with("tg:fw:")));
+    let log = a.stderr();
+    assert_eq!(log.matches("redis store unavailable").count(), 1, "{log}");
+    assert_eq!(log.matches("shared limits resumed").count(), 1, "{log}");
+}
+
+#[tokio::test]
+async fn deny_mode_answers_503_and_readyz_503_while_redis_is_down() {
+    let mut redis = Redis::start();
+    let upstream = TestUpstream::start().await;
+    let a = gateway(&redis, r#"on_failure = "deny""#, &upstream, ONE_LIMIT);
+    let admin = a.admin.expect("admin");
+    assert_eq!(get(a.addr, "/r", &[("x-user", "u")]).await.status, 200);
+    assert_eq!(get(admin, "/readyz", &[]).await.status, 200);
+    redis.kill();
+    until_metric(
+        &a,
+        "tollgate_store_fallback_active",
+        1.0,
+        Duration::from_secs(10),
+    )
+    .await;
+    let reply = get(a.addr, "/r", &[("x-user", "u")]).await;
+    assert_eq!(reply.status, 503);
+    assert_eq!(
+        reply.header("content-type"),
+        Some("application/problem+json")
+    );
+    assert_eq!(reply.json()["status"], 503);
+    assert_eq!(get(admin, "/readyz", &[]).await.status, 503);
+    redis.restart();
+    until_metric(
+        &a,
+        "tollgate_store_fallback_active",
+        0.0,
+        Duration::from_secs(5),
+    )
+    .await;
+    assert_eq!(get(a.addr, "/r", &[("x-user", "u")]).await.status, 200);
+    assert_eq!(get(admin, "/readyz", &[]).await.status, 200);
+}
+
+#[tokio::test]
+async fn allow_mode_admits_while_redis_is_down() {
+    let mut redis = Redis::start();
+    let upstream = TestUpstream::start().await;
+    let body = ONE_LIMIT.replace("limit = 100000", "limit = 1");
+    let a = gateway(&redis, r#"on_failure = "allow""#, &upstream, &body);
+    assert_eq!(get(a.addr, "/r", &[("x-user", "u")]).await.status, 200);
+    assert_eq!(get(a.addr, "/r", &[("x-user", "u")]).await.status, 429);
+    redis.kill();
+    for _ in 0..10 {
+        assert_eq!(get(a.addr, "/r", &[("x-user", "u")]).await.status, 200);
+    }
+    assert_eq!(
+        get(a.admin.expect("admin"), "/readyz", &[]).await.status,
+        200
+    );
+}
+
+#[tokio::test]
+async fn a_redis_that_never_answers_costs_no_more_than_the_timeout() {
+    let mut redis = Redis::start();
+    let upstream = TestUpstream::start().await;
+    let a = Gateway::start(&format!(
+        r#"
+[server]
+listen = "127.0.0.1:0"
+admin = "127.0.0.1:0"
+
+[store]
+backend = "redis"
+url = "{}"
+prefix = "tg:"
+timeout = "100ms"
+
+{ONE_LIMIT}
+"#,
+        redis.url()
+    ));
+    drop(upstream);
+    assert_eq!(get(a.addr, "/r", &[("x-user", "u")]).await.status, 200);
+    redis.pause();
+    let mut slowest = Duration::ZERO;
+    for _ in 0..20 {
+        let start = Instant::now();
+        let status = get(a.addr, "/r", &[("x-user", "u")]).await.status;
+        slowest = slowest.max(start.elapsed());
+        assert_eq!(status, 200, "the local fallback admits");
+    }
+    // 100 ms per call; the margin is for a loaded 2-core machine.
+    assert!(
+        slowest < Duration::from_millis(1_000),
+        "a request took {slowest:?}"
+    );
+    assert_eq!(
+        metric(&a, "tollgate_store_fallback_active").await,
+        Some(1.0)
+    );
+    redis.resume();
+    until_metric(
+        &a,
+        "tollgate_store_fallback_active",
+        0.0,
+        Duration::from_secs(5),
+    )
+    .await;
+}
+
+#[tokio::test]
+async fn local_limits_stay_per_node_and_are_refunded_by_a_shared_denial() {
+    let redis = Redis::start();
+    let upstream = TestUpstream::start().await;
+    let body = r#"
+[limits.node]
+key = "route"
+algorithm = "fixed_window"
+limit = 4
+window = "1h"
+local = true
+
+[limits.per_user]
+key = "header:x-user"
+algorithm = "fixed_window"
+limit = 2
+window = "1h"
+
+[limits.all]
+key = "route"
+algorithm = "fixed_window"
+limit = 100
+window = "1h"
+
+[[routes]]
+name = "r"
+match = { path = "/r" }
+respond = { status = 200, body = "ok" }
+limits = ["node", "per_user"]
+
+[[routes]]
+name = "wide"
+match = { path = "/wide" }
+respond = { status = 200, body = "ok" }
+limits = ["node", "all"]
+"#;
+    let a = gateway(&redis, "", &upstream, body);
+    let b = gateway(&redis, "", &upstream, body);
+    // u: 2 pass, 3 denied by the shared per_user limit, which refunds the
+    // node limit each time; so v still finds 2 of node's 4 left on `a`.
+    for expected in [200, 200, 429, 429, 429] {
+        assert_eq!(get(a.addr, "/r", &[("x-user", "u")]).await.status, expected);
+    }
+    for expected in [200, 200, 429] {
+        assert_eq!(get(a.addr, "/r", &[("x-user", "v")]).await.status, expected);
+    }
+    // `node` is per gateway: 4 on each, whatever the other did; the shared
+    // limit was charged only for the admitted ones.
+    let statuses = burst(&[&a], "/wide", 6, &[]).await;
+    assert_eq!(count(&statuses, 200), 4, "{statuses:?}");
+    let statuses = burst(&[&b], "/wide", 6, &[]).await;
+    assert_eq!(count(&statuses, 200), 4, "{statuses:?}");
+    let keys = redis.keys();
+    let all = keys
+        .iter()
+        .find(|k| k.starts_with("tg:all:"))
+        .expect("the shared key");
+    assert_eq!(window_count(&redis, all), 8);
+    assert!(
+        !keys.iter().any(|k| k.starts_with("tg:node:")),
+        "local limits stay in memory"
+    );
+}
+
+#[tokio::test]
+async fn cost_header_settles_against_redis() {
+    let redis = Redis::start();
+    let upstream = TestUpstream::start().await;
+    let body = r#"
+[limits.budget]
+key = "header:x-user"
+algorithm = "fixed_window"
+limit = 10
+window = "1h"
+
+[[routes]]
+name = "cost"
+match = { path_prefix = "/cost" }
+upstream = "api"
+cost_header = "x-cost"
+limits = ["budget"]
+"#;
+    let a = gateway(&redis, "", &upstream, body);
+    let b = gateway(&redis, "", &upstream, body);
+    assert_eq!(get(a.addr, "/cost/6", &[("x-user", "u")]).await.status, 200);
+    let key = redis
+        .keys()
+        .into_iter()
+        .find(|k| k.starts_with("tg:budget:"))
+        .expect("key");
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while window_count(&redis, &key) != 6 {
+        assert!(
+            Instant::now() < deadline,
+            "settled to {}",
+            window_count(&redis, &key)
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    // The other gateway sees the settled cost: 4 left, then a refund to 1.
+    assert_eq!(get(b.addr, "/cost/0", &[("x-user", "u")]).await.status, 200);
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while window_count(&redis, &key) != 6 {
+        assert!(
+            Instant::now() < deadline,
+            "refund: {}",
+            window_count(&redis, &key)
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    for _ in 0..4 {
+        assert_eq!(get(b.addr, "/cost/1", &[("x-user", "u")]).await.status, 200);
+    }
+    assert_eq!(get(a.addr, "/cost/1", &[("x-user", "u")]).await.status, 429);
+}
+
+#[test]
+fn check_accepts_redis_and_names_every_bad_store_key() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let path = dir.path().join("gateway.toml");
+    let good = r#"
+[store]
+backend = "redis"
+url = "redis://127.0.0.1:6379/0"
+prefix = "edge:"
+timeout = "20ms"
+on_failure = "deny"
+local_fraction = 0.5
+
+[limits.guard]
+key = "route"
+algorithm = "concurrency"
+max = 10
+local = true
+"#;
+    std::fs::write(&path, good).expect("write");
+    let (code, stdout, stderr) = common::tollgate(&["check", "-c", path.to_str().expect("utf-8")]);
+    assert_eq!(code, 0, "{stdout}{stderr}");
+    let bad = r#"
+[store]
+backend = "redis"
+url = "http://127.0.0.1:6379"
+prefix = "a {b}"
+timeout = "20 parsecs"
+on_failure = "denny"
+local_fraction = 1.5
+
+[limits.tb]
+key = "ip"
+algorithm = "token_bucket"
+capacity = 10
+refill = "1/s"
+lease = 50
+"#;
+    std::fs::write(&path, bad).expect("write");
+    let (code, _, stderr) = common::tollgate(&["check", "-c", path.to_str().expect("utf-8")]);
+    assert_eq!(code, 1, "{stderr}");
+    for (line, key, says) in [
+        (
+            4,
+            "store.url",
+            "is not a Redis URL; expected redis://HOST:PORT",
+        ),
+        (5, "store.prefix", "cannot hold braces"),
+        (6, "store.timeout", ""),
+        (7, "store.on_failure", "did you mean `deny`?"),
+        (8, "store.local_fraction", "expected a number in (0, 1]"),
+        (15, "limits.tb.lease", "expected 1 to the capacity (10)"),
+    ] {
+        let found = stderr.lines().any(|l| {
+            l.contains(&format!("gateway.toml:{line}:"))
+                && l.contains(&format!("`{key}`"))
+                && l.contains(says)
+        });
+        assert!(found, "no error for {key} at line {line}:\n{stderr}");
+    }
+    let seeds = "url = [\"redis://127.0.0.1:7000\", \"redis://127.0.0.1:7001\"]\n";
+    let cluster = format!("[store]\nbackend = \"redis\"\ncluster = true\n{seeds}");
+    std::fs::write(&path, cluster).expect("write");
+    let (code, _, stderr) = common::tollgate(&["check", "-c", path.to_str().expect("utf-8")]);
+    assert_eq!(code, 0, "{stderr}");
+    std::fs::write(&path, format!("[store]\nbackend = \"redis\"\n{seeds}")).expect("write");
+    let (code, _, stderr) = common::tollgate(&["check", "-c", path.to_str().expect("utf-8")]);
+    assert_eq!(code, 1);
+    assert!(
+        stderr.contains("gateway.toml:3:")
+            && stderr.contains("a list of urls is for Redis Cluster"),
+        "{stderr}"
+    );
+    let memory_lease = "[limits.tb]\nkey = \"ip\"\nalgorithm = \"token_bucket\"\ncapacity = 10\nrefill = \"1/s\"\nlease = 5\n";
+    std::fs::write(&path, memory_lease).expect("write");
+    let (code, _, stderr) = common::tollgate(&["check", "-c", path.to_str().expect("utf-8")]);
+    assert_eq!(code, 1);
+    assert!(
+        stderr.contains("gateway.toml:6:") && stderr.contains("set store.backend = \"redis\""),
+        "{stderr}"
+    );
+    std::fs::write(&path, "[store]\nbackend = \"redis\"\n").expect("write");
+    let (code, _, stderr) = common::tollgate(&["check", "-c", path.to_str().expect("utf-8")]);
+    assert_eq!(code, 1);
+    assert!(stderr.contains("needs a url"), "{stderr}");
+}
+
+fn cluster_gateway(
+    cluster: &common::redis::Cluster,
+    upstream: &TestUpstream,
+    body: &str,
+) -> Gateway {
+    let urls: Vec<String> = cluster.urls().iter().map(|u| format!("\"{u}\"")).collect();
+    Gateway::start(&format!(
+        r#"
+[server]
+listen = "127.0.0.1:0"
+admin = "127.0.0.1:0"
+
+[store]
+backend = "redis"
+cluster = true
+url = [{urls}]
+prefix = "tg:"
+timeout = "500ms"
+
+[upstreams.api]
+url = "{upstream}"
+
+{body}
+"#,
+        urls = urls.join(", "),
+        upstream = upstream.url(),
+    ))
+}
+
+const CROSS_SLOT: &str = r#"
+[limits.per_user]
+key = "header:x-user"
+algorithm = "fixed_window"
+limit = 3
+window = "1h"
+
+[limits.per_route]
+key = "route"
+algorithm = "fixed_window"
+limit = 10
+window = "1h"
+
+[[routes]]
+name = "r"
+match = { path = "/r" }
+respond = { status = 200, body = "ok" }
+limits = ["per_user", "per_route"]
+"#;
+
+#[tokio::test]
+async fn cluster_stacks_across_slots_are_all_or_nothing() {
+    let cluster = common::redis::Cluster::start(3, 0);
+    let upstream = TestUpstream::start().await;
+    let a = cluster_gateway(&cluster, &upstream, CROSS_SLOT);
+    let b = cluster_gateway(&cluster, &upstream, CROSS_SLOT);
+    let mut set = tokio::task::JoinSet::new();
+    for user in 0..8 {
+        for i in 0..5 {
+            let addr = if (user + i) % 2 == 0 { a.addr } else { b.addr };
+            set.spawn(async move {
+                let user = format!("user-{user}");
+                (
+                    user.clone(),
+                    get(addr, "/r", &[("x-user", &user)]).await.status,
+                )
+            });
+        }
+    }
+    let mut admitted = std::collections::HashMap::<String, u64>::new();
+    while let Some(result) = set.join_next().await {
+        let (user, status) = result.expect("task");
+        assert!(status == 200 || status == 429, "{status}");
+        if status == 200 {
+            *admitted.entry(user).or_default() += 1;
+        }
+    }
+    assert_eq!(admitted.values().sum::<u64>(), 10, "{admitted:?}");
+    assert!(admitted.values().all(|n| *n <= 3), "{admitted:?}");
+    let keys = cluster.keys();
+    let node = cluster.any();
+    let route_key = keys
+        .iter()
+        .find(|k| k.starts_with("tg:per_route:"))
+        .expect("route key");
+    let user_keys: Vec<&String> = keys
+        .iter()
+        .filter(|k| k.starts_with("tg:per_user:"))
+        .collect();
+    let slot = |k: &str| node.cli(&["CLUSTER", "KEYSLOT", k]);
+    assert!(
+        user_keys.iter().all(|k| slot(k) != slot(route_key)),
+        "keys in other slots"
+    );
+    // Refunds are in: the counters hold exactly the admitted requests.
+    assert_eq!(window_count(node, route_key), 10);
+    let user_sum: u64 = user_keys.iter().map(|k| window_count(node, k)).sum();
+    assert_eq!(
+        user_sum, 10,
+        "a later slot's denial refunded the earlier slot"
+    );
+    for key in &keys {
+        let ttl: i64 = node.cli(&["PTTL", key]).parse().expect("PTTL");
+        assert!(ttl > 0, "{key}: PTTL {ttl}");
+    }
+}
+
+#[tokio::test]
+async fn cluster_failover_while_serving() {
+    let mut cluster = common::redis::Cluster::start(3, 1);
+    let upstream = TestUpstream::start().await;
+    let body = ONE_LIMIT;
+    let a = cluster_gateway(&cluster, &upstream, body);
+    assert_eq!(get(a.addr, "/r", &[("x-user", "u")]).await.status, 200);
+    let key = cluster
+        .keys()
+        .into_iter()
+        .find(|k| k.starts_with("tg:fw:"))
+        .expect("key");
+    let stop = Arc::new(AtomicBool::new(false));
+    let load = {
+        let (stop, addr) = (stop.clone(), a.addr);
+        tokio::spawn(async move {
+            let mut statuses = Vec::new();
+            while !stop.load(Ordering::Relaxed) {
+                statuses.push(get(addr, "/r", &[("x-user", "u")]).await.status);
+            }
+            statuses
+        })
+    };
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let before = window_count(cluster.any(), &key);
+    cluster.primary_of(&key).kill();
+    // The replica takes over (node timeout 1 s); the key is counted again.
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        let node = cluster.any();
+        let now = node.try_count(&key).unwrap_or(0);
+        if now > before + 5 && metric(&a, "tollgate_store_fallback_active").await == Some(0.0) {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "no failover: {before} -> {now} ({:?} from {}; fallback {:?})",
+            node.try_cli(&["GET", &key]),
+            node.port,
+            metric(&a, "tollgate_store_fallback_active").await
+        );
+    }
+    stop.store(true, Ordering::Relaxed);
+    let statuses = load.await.expect("load");
+    assert!(
+        statuses.iter().all(|s| *s == 200),
+        "no 5xx through the failover"
+    );
+}
+
+/// Sends `n` requests one by one; how many were admitted.
+async fn admitted(gateway: &Gateway, user: &str, n: usize) -> usize {
+    let mut ok = 0;
+    for _ in 0..n {
+        let status = get(gateway.addr, "/r", &[("x-user", user)]).await.status;
+        assert!(status == 200 || status == 429, "{status}");
+        ok += usize::from(status == 200);
+    }
+    ok
+}
+
+#[tokio::test]
+async fn auto_local_fraction_splits_the_fallback_between_live_nodes() {
+    let mut redis = Redis::start();
+    let upstream = TestUpstream::start().await;
+    let body = ONE_LIMIT.replace("limit = 100000", "limit = 30");
+    let store = "on_failure = \"local\"\nlocal_fraction = \"auto\"";
+    let nodes = |n: usize| format!("{n} live gateway nodes");
+    let a = gateway(&redis, store, &upstream, &body);
+    let b = gateway(&redis, store, &upstream, &body);
+    for g in [&a, &b] {
+        let log = g.stderr_when(|log| log.contains(&nodes(2)), Duration::from_secs(10));
+        assert!(log.contains(&nodes(2)), "{log}");
+    }
+    // Heartbeats are one key with an expiry, members by node id only.
+    assert_keys_expire_and_hide(&redis, &["127.0.0.1"]);
+    redis.kill();
+    for g in [&a, &b] {
+        until_metric(
+            g,
+            "tollgate_store_fallback_active",
+            1.0,
+            Duration::from_secs(10),
+        )
+        .await;
+        assert_eq!(
+            admitted(g, "p", 20).await,
+            15,
+            "half of 30 on each of 2 nodes"
+        );
+    }
+    redis.restart();
+    for g in [&a, &b] {
+        until_metric(
+            g,
+            "tollgate_store_fallback_active",
+            0.0,
+            Duration::from_secs(5),
+        )
+        .await;
+    }
+    let c = gateway(&redis, store, &upstream, &body);
+    for g in [&a, &b, &c] {
+        let log = g.stderr_when(|log| log.contains(&nodes(3)), Duration::from_secs(10));
+        assert!(log.contains(&nodes(3)), "{log}");
+    }
+    redis.kill();
+    for g in [&a, &b, &c] {
+        until_metric(
+            g,
+            "tollgate_store_fallback_active",
+            1.0,
+            Duration::from_secs(10),
+        )
+        .await;
+        assert_eq!(
+            admitted(g, "q", 15).await,
+            10,
+            "a third of 30 on each of 3 nodes"
+        );
+    }
+}
+
+fn evalsha_calls(redis: &Redis) -> u64 {
+    let stats = redis.cli(&["INFO", "commandstats"]);
+    stats
+        .lines()
+        .find_map(|l| l.strip_prefix("cmdstat_evalsha:calls="))
+        .and_then(|rest| rest.split(',').next())
+        .and_then(|n| n.parse().ok())
+        .unwrap_or(0)
+}
+
+#[tokio::test]
+async fn leased_tokens_cut_redis_calls_and_keep_the_bound() {
+    let redis = Redis::start();
+    let upstream = TestUpstream::start().await;
+    let body = r#"
+[limits.tb]
+key = "header:x-user"
+algorithm = "token_bucket"
+capacity = 250
+refill = "1/h"
+lease = 100
+
+[limits.big]
+key = "header:x-user"
+algorithm = "token_bucket"
+capacity = 100000
+refill = "1/h"
+lease = 100
+
+[[routes]]
+name = "r"
+match = { path = "/r" }
+respond = { status = 200, body = "ok" }
+limits = ["tb"]
+
+[[routes]]
+name = "big"
+match = { path = "/big" }
+respond = { status = 200, body = "ok" }
+limits = ["big"]
+"#;
+    let a = gateway(&redis, "", &upstream, body);
+    let b = gateway(&redis, "", &upstream, body);
+    // At least 10x fewer calls than requests with lease = 100.
+    redis.cli(&["CONFIG", "RESETSTAT"]);
+    for i in 0..400 {
+        let g = if i % 2 == 0 { &a } else { &b };
+        assert_eq!(get(g.addr, "/big", &[("x-user", "u")]).await.status, 200);
+    }
+    let calls = evalsha_calls(&redis);
+    assert!(calls <= 40, "{calls} script calls for 400 requests");
+    // Two nodes, N = 100, no refill to speak of: never more than the
+    // capacity, and a node is denied early by at most (2 - 1) x 100 tokens
+    // held by the other.
+    let mut total = 0;
+    let mut first_denial_at = None;
+    for i in 0..300 {
+        let g = if i % 2 == 0 { &a } else { &b };
+        match get(g.addr, "/r", &[("x-user", "u")]).await.status {
+            200 => total += 1,
+            429 => {
+                first_denial_at.get_or_insert(total);
+            }
+            other => panic!("{other}"),
+        }
+    }
+    assert_eq!(total, 250, "exactly the capacity");
+    let early = first_denial_at.expect("a denial");
+    assert!(early >= 250 - 100, "first denial after {early} admissions");
+    // Unspent tokens go back when the lease lapses: `a` takes 100 for one
+    // request, and after the hold `b` finds the other 249.
+    assert_eq!(get(a.addr, "/r", &[("x-user", "w")]).await.status, 200);
+    tokio::time::sleep(Duration::from_millis(3_000)).await;
+    let mut on_b = 0;
+    for _ in 0..260 {
+        on_b += usize::from(get(b.addr, "/r", &[("x-user", "w")]).await.status == 200);
+    }
+    assert_eq!(on_b, 249, "the unspent lease came back");
+    assert_keys_expire_and_hide(&redis, &["\"w\"", "\"u\""]);
+}
