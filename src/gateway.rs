@@ -22,23 +22,43 @@ use crate::{admin, conn};
 /// ports chosen for port 0, and a bind error comes before anything starts).
 #[derive(Debug)]
 pub struct Listeners {
-    /// `[server] listen`, one socket per worker each ([`conn::bind`]).
+    /// `[server] listen`, then `[server.tls] listen`, one socket per worker
+    /// each ([`conn::bind`], [`conn::bind_tls`]).
     pub traffic: Vec<conn::Listener>,
     /// `[server] admin`, if configured.
     pub admin: Option<TcpListener>,
 }
 
 impl Listeners {
-    /// Binds `server.listen` and `server.admin`. Errors name the address.
+    /// Binds `server.listen`, `server.tls.listen` and `server.admin`.
+    /// Errors name the address.
     /// Call it from within a tokio runtime (the admin listener registers
     /// with it).
     pub async fn bind(server: &ServerConfig) -> io::Result<Listeners> {
-        let traffic = conn::bind(&server.listen)?;
+        let mut traffic = conn::bind(&server.listen)?;
+        if let Some(tls) = &server.tls {
+            traffic.extend(
+                conn::bind_tls(&tls.listen)
+                    .map_err(|e| io::Error::new(e.kind(), format!("{e} (server.tls.listen)")))?,
+            );
+        }
         let admin = match server.admin {
             None => None,
             Some(address) => Some(admin::bind(address).await?),
         };
         Ok(Listeners { traffic, admin })
+    }
+
+    /// The traffic addresses actually bound with their scheme (`http` or
+    /// `https`), in configuration order.
+    pub fn traffic_urls(&self) -> io::Result<Vec<String>> {
+        self.traffic
+            .iter()
+            .map(|listener| {
+                let scheme = if listener.is_tls() { "https" } else { "http" };
+                Ok(format!("{scheme}://{}", listener.local_addr()?))
+            })
+            .collect()
     }
 
     /// The traffic addresses actually bound, in configuration order.

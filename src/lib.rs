@@ -32,7 +32,10 @@
 //!    `/limits/NAME`.
 //! 6. [`conn`] — listeners, the accept loop, worker threads, the
 //!    per-connection watchdog, graceful drain, and the hand-off from the
-//!    fast path to hyper.
+//!    fast path to hyper. TLS (`conn::tls`) is one more kind of stream
+//!    under the same connection code: after the handshake a TLS stream is
+//!    served like a TCP one, or by hyper's HTTP/2 server (`conn::h2`) when
+//!    ALPN chose `h2` or a cleartext client opened with the h2 preface.
 //! 7. [`admin`], [`reload`], [`gateway`] ([`run`]: the whole gateway as
 //!    one future over bound listeners, for the binary and for in-process
 //!    tests), [`simulate`] (a trace through the same routing, keys and

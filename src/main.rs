@@ -92,6 +92,10 @@ fn main() -> ExitCode {
             for warning in tollgate::config::warnings::bypass_warnings(&config) {
                 eprintln!("warning: {warning}");
             }
+            let now = std::time::SystemTime::now();
+            for warning in tollgate::config::warnings::expiry_warnings(&config, now) {
+                eprintln!("warning: {warning}");
+            }
             ExitCode::SUCCESS
         }
         Command::Run => run(config, cli.log_format),
@@ -167,17 +171,20 @@ fn run(config: Config, log_format: LogFormat) -> ExitCode {
             Err(error) => {
                 // The admin listener's bind error names its key; any other
                 // is the traffic listener's.
-                let key = if error.to_string().contains("(server.admin)") {
-                    "admin"
+                let message = error.to_string();
+                let key: &[&str] = if message.contains("(server.admin)") {
+                    &["server", "admin"]
+                } else if message.contains("(server.tls.listen)") {
+                    &["server", "tls", "listen"]
                 } else {
-                    "listen"
+                    &["server", "listen"]
                 };
-                eprintln!("{}", config.problem_at(&["server", key], error.to_string()));
+                eprintln!("{}", config.problem_at(key, message));
                 return ExitCode::FAILURE;
             }
         };
-        for address in listeners.traffic_addrs().into_iter().flatten() {
-            eprintln!("listening on http://{address}");
+        for url in listeners.traffic_urls().into_iter().flatten() {
+            eprintln!("listening on {url}");
         }
         if let Ok(Some(address)) = listeners.admin_addr() {
             eprintln!("admin on http://{address}");
@@ -187,6 +194,10 @@ fn run(config: Config, log_format: LogFormat) -> ExitCode {
         tollgate::fd_limit::raise_for(config.server.max_connections);
         let app = App::new(config);
         for warning in tollgate::config::warnings::bypass_warnings(&app.snapshot().config) {
+            tracing::warn!("{warning}");
+        }
+        let now = std::time::SystemTime::now();
+        for warning in tollgate::config::warnings::expiry_warnings(&app.snapshot().config, now) {
             tracing::warn!("{warning}");
         }
         let (stop_tx, stop_rx) = oneshot::channel();

@@ -14,12 +14,15 @@ pub fn render(config: &Config) -> String {
         config.path.display(),
         &config.sha256[..12]
     );
-    let listen: Vec<String> = config
+    let mut listen: Vec<String> = config
         .server
         .listen
         .iter()
         .map(|a| format!("http://{a}"))
         .collect();
+    if let Some(tls) = &config.server.tls {
+        listen.extend(tls.listen.iter().map(|a| format!("https://{a}")));
+    }
     let _ = writeln!(out, "listeners: {}", listen.join(", "));
     match config.server.admin {
         Some(admin) => _ = writeln!(out, "admin:     http://{admin}"),

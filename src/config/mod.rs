@@ -8,6 +8,7 @@
 
 pub mod error;
 pub mod raw;
+pub mod tls;
 pub mod units;
 pub mod validate;
 pub mod warnings;
@@ -22,6 +23,7 @@ use http::{HeaderName, HeaderValue, Method, StatusCode, Uri};
 use ipnet::IpNet;
 
 pub use error::{ConfigError, KeyPath, Problem};
+pub use tls::{CertificateFile, ClientTls, ServerTls, TlsConfig};
 
 use crate::access_log::LogDenied;
 pub use crate::http::path::EscapedSlashes;
@@ -97,6 +99,9 @@ pub struct ServerConfig {
     /// The `Upgrade` protocols that are tunnelled (lower case, e.g.
     /// `websocket`); any other `Upgrade` is dropped before forwarding.
     pub upgrades: Vec<Box<str>>,
+    /// `[server.tls]`: TLS listeners and their certificates, read from their
+    /// files when this configuration was loaded.
+    pub tls: Option<TlsConfig>,
 }
 
 /// Which families of rate-limit headers to send.
@@ -199,6 +204,9 @@ pub struct UpstreamConfig {
     pub timeout: Duration,
     /// Host header to send instead of the client's.
     pub host: Option<HeaderValue>,
+    /// How `https://` URLs are connected to (trust roots, SNI); `None` when
+    /// every URL is `http://`.
+    pub tls: Option<ClientTls>,
 }
 
 /// What a limit counts requests by.

@@ -134,6 +134,20 @@ pub struct RawServer {
 #[serde(deny_unknown_fields)]
 pub struct RawTls {
     pub listen: OneOrMany<String>,
+    /// The default certificate chain and key: for clients whose SNI names
+    /// none of `certs` (or send no SNI).
+    pub cert: Option<String>,
+    pub key: Option<String>,
+    #[serde(default)]
+    pub certs: Vec<RawTlsCert>,
+}
+
+/// `[[server.tls.certs]]`: a certificate served to clients whose SNI is one
+/// of `names`.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawTlsCert {
+    pub names: Vec<String>,
     pub cert: String,
     pub key: String,
 }
@@ -168,6 +182,12 @@ pub struct RawUpstream {
     pub read_timeout: Option<String>,
     pub timeout: Option<String>,
     pub host: Option<String>,
+    /// HTTPS only: a PEM file of the CA certificates to trust instead of the
+    /// built-in roots.
+    pub ca: Option<String>,
+    /// HTTPS only: the name to send as SNI and verify the certificate for,
+    /// instead of the URL's host.
+    pub sni: Option<String>,
 }
 
 #[derive(Debug, Deserialize)]

@@ -257,14 +257,20 @@ fn deserialize(text: &str, document: &DeTable<'_>) -> (Option<RawConfig>, Vec<Pr
 
 fn check(c: &mut Checker, path: &Path, bytes: &[u8], raw: &RawConfig) -> Config {
     let root = KeyPath::default();
-    let server = check_server(c, &root.key("server"), &raw.server);
+    let directory = path.parent().unwrap_or(Path::new("."));
+    let mut server = check_server(c, &root.key("server"), &raw.server);
+    server.tls = raw
+        .server
+        .tls
+        .as_ref()
+        .and_then(|tls| check_tls(c, &root.key("server").key("tls"), directory, tls));
     let client_ip = check_client_ip(c, &root.key("client_ip"), &raw.client_ip);
     let store = check_store(c, &root.key("store"), &raw.store);
 
     let upstreams: Vec<UpstreamConfig> = raw
         .upstreams
         .iter()
-        .map(|(name, u)| check_upstream(c, &root.key("upstreams").key(name), name, u))
+        .map(|(name, u)| check_upstream(c, &root.key("upstreams").key(name), name, u, directory))
         .collect();
     let limits: Vec<LimitConfig> = raw
         .limits
@@ -466,12 +472,6 @@ fn check_server(c: &mut Checker, path: &KeyPath, raw: &raw::RawServer) -> Server
         .admin
         .as_ref()
         .and_then(|text| c.socket_addr(path.key("admin"), text));
-    if raw.tls.is_some() {
-        c.problem(
-            path.key("tls"),
-            "TLS termination is not supported by this version of tollgate yet",
-        );
-    }
     let max_header_bytes = c.size(
         path.key("max_header_bytes"),
         &raw.max_header_bytes,
@@ -589,6 +589,119 @@ fn check_server(c: &mut Checker, path: &KeyPath, raw: &raw::RawServer) -> Server
                 })
                 .collect(),
         },
+        tls: None,
+    }
+}
+
+/// `[server.tls]`: the listeners, and every certificate pair read and
+/// checked now (see [`super::tls`]). `None` when any problem was found.
+fn check_tls(
+    c: &mut Checker,
+    path: &KeyPath,
+    directory: &Path,
+    raw: &raw::RawTls,
+) -> Option<TlsConfig> {
+    use super::tls::{self, PairSpec, SniResolver};
+    let one = raw.listen.0.len() == 1;
+    if raw.listen.0.is_empty() {
+        c.problem(path.key("listen"), "needs at least one address");
+    }
+    let listen: Vec<SocketAddr> = raw
+        .listen
+        .0
+        .iter()
+        .enumerate()
+        .filter_map(|(i, text)| {
+            let key = if one {
+                path.key("listen")
+            } else {
+                path.key("listen").index(i)
+            };
+            c.socket_addr(key, text)
+        })
+        .collect();
+    let (Some(cert), Some(key)) = (&raw.cert, &raw.key) else {
+        let missing = if raw.cert.is_none() { "cert" } else { "key" };
+        c.problem(
+            path.key(missing),
+            format!(
+                "`{missing}` is required: the default certificate chain and key, for clients whose SNI names none of [[server.tls.certs]]; write `cert = \"certs/gateway.crt\"` and `key = \"certs/gateway.key\"`"
+            ),
+        );
+        return None;
+    };
+    let provider = tls::provider();
+    let mut specs = vec![PairSpec {
+        key: path.clone(),
+        cert: directory.join(cert),
+        private_key: directory.join(key),
+    }];
+    for (i, entry) in raw.certs.iter().enumerate() {
+        specs.push(PairSpec {
+            key: path.key("certs").index(i),
+            cert: directory.join(&entry.cert),
+            private_key: directory.join(&entry.key),
+        });
+    }
+    let mut loaded = Vec::with_capacity(specs.len());
+    let mut certificates = Vec::with_capacity(specs.len());
+    for spec in &specs {
+        match tls::load_pair(spec, &provider) {
+            Ok((certified, not_after)) => {
+                certificates.push(CertificateFile {
+                    key: spec.key.key("cert").to_string(),
+                    file: spec.cert.clone(),
+                    not_after,
+                });
+                loaded.push(Some(certified));
+            }
+            Err((key, message)) => {
+                c.problem(key, message);
+                loaded.push(None);
+            }
+        }
+    }
+    let mut resolver = SniResolver::new(loaded[0].clone()?);
+    for (i, entry) in raw.certs.iter().enumerate() {
+        let names = path.key("certs").index(i).key("names");
+        if entry.names.is_empty() {
+            c.problem(
+                names.clone(),
+                "needs at least one name, e.g. names = [\"api.example.com\"]",
+            );
+        }
+        for (j, name) in entry.names.iter().enumerate() {
+            if !tls::valid_name(name) {
+                c.problem(
+                    names.index(j),
+                    format!("`{name}` is not a DNS name; expected e.g. \"api.example.com\" or \"*.example.com\""),
+                );
+            } else if let Some(certified) = &loaded[i + 1]
+                && !resolver.add(name, certified.clone())
+            {
+                c.problem(
+                    names.index(j),
+                    format!("`{name}` is already named by another certificate"),
+                );
+            }
+        }
+    }
+    if loaded.iter().any(Option::is_none) || listen.len() != raw.listen.0.len() {
+        return None;
+    }
+    match tls::server_config(provider, resolver) {
+        Ok(server) => Some(TlsConfig {
+            listen,
+            server,
+            certificates,
+        }),
+        Err(error) => {
+            c.problem(
+                path.clone(),
+                format!("cannot build the TLS configuration: {error}"),
+            );
+            None
+        }
     }
 }
 
@@ -753,6 +866,7 @@ fn check_upstream(
     path: &KeyPath,
     name: &str,
     raw: &raw::RawUpstream,
+    directory: &Path,
 ) -> UpstreamConfig {
     if raw.url.0.is_empty() {
         c.problem(path.key("url"), "needs at least one URL");
@@ -766,20 +880,19 @@ fn check_upstream(
             path.key("url").index(i)
         };
         match text.parse::<Uri>() {
-            Ok(uri) if uri.scheme_str() == Some("http") && uri.authority().is_some() => {
+            Ok(uri)
+                if matches!(uri.scheme_str(), Some("http" | "https"))
+                    && uri.authority().is_some() =>
+            {
                 if uri.query().is_some() {
                     c.problem(key, format!("`{text}`: an upstream URL cannot have a query string"));
                 } else {
                     urls.push(uri);
                 }
             }
-            Ok(uri) if uri.scheme_str() == Some("https") => c.problem(
-                key,
-                "https upstreams are not supported by this version of tollgate yet; use http://",
-            ),
             _ => c.problem(
                 key,
-                format!("`{text}` is not an upstream URL; expected http://HOST:PORT, like \"http://127.0.0.1:9000\""),
+                format!("`{text}` is not an upstream URL; expected http://HOST:PORT or https://HOST:PORT, like \"http://127.0.0.1:9000\""),
             ),
         }
     }
@@ -796,6 +909,55 @@ fn check_upstream(
                 None
             }
         });
+    let https = urls.iter().any(|url| url.scheme_str() == Some("https"));
+    if !https {
+        for (key, value) in [("ca", &raw.ca), ("sni", &raw.sni)] {
+            if value.is_some() {
+                c.problem(
+                    path.key(key),
+                    format!("`{key}` applies to https:// URLs only, and this upstream has none"),
+                );
+            }
+        }
+    }
+    let tls = https
+        .then(|| {
+            let sni = match &raw.sni {
+                None => None,
+                Some(name) => match rustls::pki_types::ServerName::try_from(name.clone()) {
+                    Ok(name) => Some(name),
+                    Err(_) => {
+                        c.problem(
+                            path.key("sni"),
+                            format!("`{name}` is not a DNS name or IP address; expected e.g. \"api.internal\""),
+                        );
+                        None
+                    }
+                },
+            };
+            if sni.is_none() {
+                // The handshake verifies the certificate for the URL's host.
+                for url in urls.iter().filter(|url| url.scheme_str() == Some("https")) {
+                    let host = url.host().unwrap_or("");
+                    let host = host.trim_start_matches('[').trim_end_matches(']');
+                    if rustls::pki_types::ServerName::try_from(host).is_err() {
+                        c.problem(
+                            path.key("sni"),
+                            format!("the host of `{url}` is no name a certificate can be verified for; set `sni = \"NAME\"`"),
+                        );
+                    }
+                }
+            }
+            let ca = raw.ca.as_ref().map(|file| directory.join(file));
+            match super::tls::client_config(ca.as_deref()) {
+                Ok(config) => Some(ClientTls { config, sni }),
+                Err(message) => {
+                    c.problem(path.key("ca"), message);
+                    None
+                }
+            }
+        })
+        .flatten();
     UpstreamConfig {
         name: name.to_owned(),
         urls,
@@ -811,6 +973,7 @@ fn check_upstream(
         ),
         timeout: c.duration(path.key("timeout"), &raw.timeout, Duration::from_secs(30)),
         host,
+        tls,
     }
 }
 

@@ -11,7 +11,39 @@
 //! or `shared`) gets no warning, and neither does a route with no limits or
 //! only shadow limits (both deliberate).
 
+use std::time::{Duration, SystemTime};
+
 use super::{Config, KeyPart, LimitConfig, OnMissingKey, RouteConfig};
+
+/// A certificate expiring sooner than this gets a warning.
+pub const EXPIRY_WARNING: Duration = Duration::from_secs(14 * 24 * 3600);
+
+/// One warning per `[server.tls]` certificate that has expired or expires
+/// within [`EXPIRY_WARNING`] of `now` (the caller's clock: `check`, start
+/// and every reload).
+pub fn expiry_warnings(config: &Config, now: SystemTime) -> Vec<String> {
+    let Some(tls) = &config.server.tls else {
+        return Vec::new();
+    };
+    tls.certificates
+        .iter()
+        .filter_map(|certificate| {
+            let not_after = certificate.not_after?;
+            let file = certificate.file.display();
+            let key = &certificate.key;
+            match not_after.duration_since(now) {
+                Err(_) => Some(format!(
+                    "`{key}`: the certificate in {file} has expired: clients refuse it; install a renewed one and reload"
+                )),
+                Ok(left) if left < EXPIRY_WARNING => Some(format!(
+                    "`{key}`: the certificate in {file} expires in {} days: renew it and reload",
+                    left.as_secs() / 86_400
+                )),
+                Ok(_) => None,
+            }
+        })
+        .collect()
+}
 
 /// One warning per route where some request can pass every limit of its
 /// stack unlimited, in file order.

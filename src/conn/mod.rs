@@ -25,6 +25,16 @@
 //!   loop sit on a slot while connections queue on another worker's socket.)
 //! - **Accept errors** (e.g. out of file descriptors) back off and retry instead
 //!   of ending the loop (as in mini-redis).
+//! - **TLS** (`tls`): a `[server.tls]` listener's connection does its
+//!   handshake in its own task, under `header_read_timeout`, with the
+//!   snapshot's certificates of the moment it was accepted; then the TLS
+//!   stream is served by the same code as a TCP stream below (generic over
+//!   the stream), or by hyper's HTTP/2 server when ALPN chose `h2`.
+//! - **HTTP/2** (`h2`): hyper's server, every stream a request through the
+//!   same `proxy::handler::handle`. On cleartext listeners a client that
+//!   opens with the HTTP/2 preface (h2c with prior knowledge) is handed to it
+//!   by the fast path's hand-off, which sees the preface as a request it does
+//!   not serve.
 //! - **HTTP/1.1**: a connection is served by [`crate::http1::server`] (the gateway's own
 //!   path for plain requests) until a request needs hyper; from then on hyper
 //!   serves it, starting from the bytes `h1` had read ([`h1::Rewind`]),
@@ -49,6 +59,8 @@
 //!   connection whose task runs on another.
 
 pub(crate) mod drain;
+pub(crate) mod h2;
+pub(crate) mod tls;
 
 use std::collections::HashMap;
 use std::io;
@@ -88,6 +100,8 @@ const BACKLOG: i32 = 128;
 pub struct Listener {
     /// As configured (the key for reloads; may have port 0).
     address: SocketAddr,
+    /// A `[server.tls]` listener: connections start with a TLS handshake.
+    tls: bool,
     /// Listening, non-blocking, one per worker (at least one).
     sockets: Vec<std::net::TcpListener>,
 }
@@ -100,6 +114,11 @@ impl Listener {
             None => Ok(self.address),
         }
     }
+
+    /// Whether this is a `[server.tls]` listener.
+    pub fn is_tls(&self) -> bool {
+        self.tls
+    }
 }
 
 /// Binds every traffic listener of the configuration, one socket per worker
@@ -107,15 +126,24 @@ impl Listener {
 pub fn bind(addresses: &[SocketAddr]) -> io::Result<Vec<Listener>> {
     addresses
         .iter()
-        .map(|address| bind_one(*address, worker_count()))
+        .map(|address| bind_one(*address, false, worker_count()))
         .collect()
 }
 
-fn bind_one(address: SocketAddr, workers: usize) -> io::Result<Listener> {
+/// Binds every `[server.tls]` listener, as [`bind`] does the plain ones.
+pub fn bind_tls(addresses: &[SocketAddr]) -> io::Result<Vec<Listener>> {
+    addresses
+        .iter()
+        .map(|address| bind_one(*address, true, worker_count()))
+        .collect()
+}
+
+fn bind_one(address: SocketAddr, tls: bool, workers: usize) -> io::Result<Listener> {
     let named = |e: io::Error| io::Error::new(e.kind(), format!("cannot listen on {address}: {e}"));
     if workers <= 1 {
         return Ok(Listener {
             address,
+            tls,
             sockets: vec![listen(address, false).map_err(named)?],
         });
     }
@@ -135,7 +163,11 @@ fn bind_one(address: SocketAddr, workers: usize) -> io::Result<Listener> {
         .map(|_| listen(local, true))
         .collect::<io::Result<Vec<_>>>()
         .map_err(named)?;
-    Ok(Listener { address, sockets })
+    Ok(Listener {
+        address,
+        tls,
+        sockets,
+    })
 }
 
 fn socket_for(address: SocketAddr, reuse_port: bool) -> io::Result<Socket> {
@@ -163,6 +195,11 @@ fn listen(address: SocketAddr, reuse_port: bool) -> io::Result<std::net::TcpList
     Ok(socket.into())
 }
 
+/// A configured listener: its address (as configured, perhaps port 0) and
+/// whether it is a `[server.tls]` one. Two listeners on port 0 of one
+/// address are two endpoints.
+type Endpoint = (SocketAddr, bool);
+
 /// What every worker shares: the one connection cap, the drain signal and the
 /// drain's count of live connections.
 #[derive(Clone)]
@@ -183,11 +220,12 @@ enum Command {
     /// Accept on this socket (the worker's own) for the configured `address`.
     Start {
         address: SocketAddr,
+        tls: bool,
         socket: std::net::TcpListener,
     },
-    /// Stop accepting for `address` and close the socket; then answer `done`.
+    /// Stop accepting for `endpoint` and close the socket; then answer `done`.
     Stop {
-        address: SocketAddr,
+        endpoint: Endpoint,
         done: oneshot::Sender<()>,
     },
 }
@@ -208,8 +246,8 @@ pub struct Server {
     shutdown: watch::Receiver<bool>,
     alive: mpsc::Receiver<()>,
     workers: Vec<Worker>,
-    /// The addresses served, as configured.
-    served: Vec<SocketAddr>,
+    /// The addresses served, as configured, and whether each is TLS.
+    served: Vec<Endpoint>,
 }
 
 /// Starts [`worker_count`] workers serving `listeners` (from [`bind`]) until
@@ -349,11 +387,15 @@ impl Server {
 
     /// Hands each worker its socket of `listener`.
     fn start_listener(&mut self, listener: Listener) {
-        let address = listener.address;
+        let (address, tls) = (listener.address, listener.tls);
         for (index, (worker, socket)) in self.workers.iter().zip(listener.sockets).enumerate() {
             if worker
                 .commands
-                .send(Command::Start { address, socket })
+                .send(Command::Start {
+                    address,
+                    tls,
+                    socket,
+                })
                 .is_err()
             {
                 // Its socket is closed with the command: the kernel spreads
@@ -361,17 +403,17 @@ impl Server {
                 tracing::error!(%address, worker = index, "worker has stopped; it does not serve this address");
             }
         }
-        self.served.push(address);
+        self.served.push((address, tls));
     }
 
-    /// Stops `address` on every worker; returns once all have closed it.
-    async fn stop_listener(&mut self, address: SocketAddr) {
+    /// Stops `endpoint` on every worker; returns once all have closed it.
+    async fn stop_listener(&mut self, endpoint: Endpoint) {
         let mut acks = Vec::with_capacity(self.workers.len());
         for worker in &self.workers {
             let (done, ack) = oneshot::channel();
             if worker
                 .commands
-                .send(Command::Stop { address, done })
+                .send(Command::Stop { endpoint, done })
                 .is_ok()
             {
                 acks.push(ack);
@@ -380,22 +422,44 @@ impl Server {
         for ack in acks {
             let _ = ack.await;
         }
-        self.served.retain(|a| *a != address);
+        self.served.retain(|served| *served != endpoint);
     }
 
     /// Applies a reloaded `listen` list: binds the new addresses, then closes
     /// the ones no longer listed (open connections on them carry on). A new
     /// address that cannot be bound is logged and skipped; nothing else changes.
     async fn reconcile(&mut self) {
-        let wanted = self.app.snapshot().config.server.listen.clone();
-        for address in &wanted {
-            if self.served.contains(address) {
+        let server = self.app.snapshot().config.server.clone();
+        let mut wanted: Vec<Endpoint> = server
+            .listen
+            .iter()
+            .map(|address| (*address, false))
+            .collect();
+        if let Some(tls) = &server.tls {
+            wanted.extend(tls.listen.iter().map(|address| (*address, true)));
+        }
+        let gone: Vec<Endpoint> = self
+            .served
+            .iter()
+            .filter(|served| !wanted.contains(served))
+            .copied()
+            .collect();
+        // An address that turned from plain to TLS or back is closed first,
+        // so it can be bound again.
+        for &(address, tls) in &gone {
+            if wanted.contains(&(address, !tls)) {
+                self.stop_listener((address, tls)).await;
+            }
+        }
+        for &(address, tls) in &wanted {
+            if self.served.contains(&(address, tls)) {
                 continue;
             }
-            match bind_one(*address, self.workers.len()) {
+            match bind_one(address, tls, self.workers.len()) {
                 Ok(listener) => {
-                    let bound = listener.local_addr().unwrap_or(*address);
-                    tracing::info!(%bound, "listening on http://{bound} (added by reload)");
+                    let bound = listener.local_addr().unwrap_or(address);
+                    let scheme = if tls { "https" } else { "http" };
+                    tracing::info!(%bound, "listening on {scheme}://{bound} (added by reload)");
                     self.start_listener(listener);
                 }
                 Err(error) => {
@@ -403,14 +467,11 @@ impl Server {
                 }
             }
         }
-        let gone: Vec<SocketAddr> = self
-            .served
-            .iter()
-            .filter(|a| !wanted.contains(a))
-            .copied()
-            .collect();
-        for address in gone {
-            self.stop_listener(address).await;
+        for (address, tls) in gone {
+            if wanted.contains(&(address, !tls)) {
+                continue;
+            }
+            self.stop_listener((address, tls)).await;
             tracing::info!(%address, "stopped listening (removed by reload)");
         }
     }
@@ -428,9 +489,9 @@ async fn run_worker(shared: Shared, mut commands: mpsc::UnboundedReceiver<Comman
         tokio::select! {
             changed = shutdown.changed() => if changed.is_err() { break },
             command = commands.recv() => match command {
-                Some(Command::Start { address, socket }) => accepting.start(address, socket),
-                Some(Command::Stop { address, done }) => {
-                    accepting.stop(address).await;
+                Some(Command::Start { address, tls, socket }) => accepting.start(address, tls, socket),
+                Some(Command::Stop { endpoint, done }) => {
+                    accepting.stop(endpoint).await;
                     let _ = done.send(());
                 }
                 // The server is gone: stop as on shutdown.
@@ -440,23 +501,23 @@ async fn run_worker(shared: Shared, mut commands: mpsc::UnboundedReceiver<Comman
     }
     // Every worker starts it; the first one to get here wakes them all.
     accepting.shared.drain.start();
-    let addresses: Vec<SocketAddr> = accepting.loops.keys().copied().collect();
-    for address in addresses {
-        accepting.stop(address).await;
+    let endpoints: Vec<Endpoint> = accepting.loops.keys().copied().collect();
+    for endpoint in endpoints {
+        accepting.stop(endpoint).await;
     }
     // Dropping `accepting` drops this worker's `alive` sender.
 }
 
-/// A worker's running accept loops, by configured address.
+/// A worker's running accept loops, by endpoint.
 struct Accepting {
     shared: Shared,
     /// Per listener: its stop switch and its accept loop.
-    loops: HashMap<SocketAddr, (watch::Sender<bool>, tokio::task::JoinHandle<()>)>,
+    loops: HashMap<Endpoint, (watch::Sender<bool>, tokio::task::JoinHandle<()>)>,
 }
 
 impl Accepting {
     /// Registers `socket` with this worker's runtime and accepts on it.
-    fn start(&mut self, address: SocketAddr, socket: std::net::TcpListener) {
+    fn start(&mut self, address: SocketAddr, tls: bool, socket: std::net::TcpListener) {
         let listener = match TcpListener::from_std(socket) {
             Ok(listener) => listener,
             Err(error) => {
@@ -467,15 +528,15 @@ impl Accepting {
             }
         };
         let (stop_tx, stop_rx) = watch::channel(false);
-        let task = tokio::spawn(accept_loop(self.shared.clone(), listener, stop_rx));
-        if let Some((old_stop, _)) = self.loops.insert(address, (stop_tx, task)) {
+        let task = tokio::spawn(accept_loop(self.shared.clone(), listener, tls, stop_rx));
+        if let Some((old_stop, _)) = self.loops.insert((address, tls), (stop_tx, task)) {
             let _ = old_stop.send(true);
         }
     }
 
-    /// Stops accepting for `address` and closes its socket.
-    async fn stop(&mut self, address: SocketAddr) {
-        if let Some((stop, task)) = self.loops.remove(&address) {
+    /// Stops accepting for `endpoint` and closes its socket.
+    async fn stop(&mut self, endpoint: Endpoint) {
+        if let Some((stop, task)) = self.loops.remove(&endpoint) {
             let _ = stop.send(true);
             let _ = task.await;
         }
@@ -540,7 +601,12 @@ pub(crate) async fn accept_next(
     }
 }
 
-async fn accept_loop(shared: Shared, listener: TcpListener, mut stop: watch::Receiver<bool>) {
+async fn accept_loop(
+    shared: Shared,
+    listener: TcpListener,
+    tls: bool,
+    mut stop: watch::Receiver<bool>,
+) {
     let mut backoff = Duration::from_millis(5);
     while let Some((stream, peer, permit)) =
         accept_next(&listener, &shared.permits, &mut stop, &mut backoff).await
@@ -549,11 +615,21 @@ async fn accept_loop(shared: Shared, listener: TcpListener, mut stop: watch::Rec
         let app = shared.app.clone();
         let drain = shared.drain.watch(crate::worker::worker_index());
         let alive = shared.alive.clone();
-        tokio::spawn(async move {
-            serve_connection(app, stream, peer, drain).await;
-            drop(permit);
-            drop(alive);
-        });
+        if tls {
+            // The handshake runs in the connection's own task: a slow one
+            // holds up nobody else.
+            tokio::spawn(async move {
+                tls::serve(app, stream, peer, drain).await;
+                drop(permit);
+                drop(alive);
+            });
+        } else {
+            tokio::spawn(async move {
+                serve_connection(app, stream, peer, drain, "http").await;
+                drop(permit);
+                drop(alive);
+            });
+        }
     }
 }
 
@@ -598,22 +674,25 @@ fn watchdog(activity: &ConnActivity, header_timeout: Duration, idle_timeout: Dur
     }
 }
 
-async fn serve_connection(
+/// Serves one HTTP/1.1 connection (the fast path, then hyper) over a TCP
+/// stream or, after its handshake, a TLS one; `proto` is `"http"` or
+/// `"https"`, for the forwarding fields.
+pub(crate) async fn serve_connection<S>(
     app: Arc<App>,
-    stream: TcpStream,
+    stream: S,
     peer: SocketAddr,
     mut drain: DrainWatch,
-) {
+    proto: &'static str,
+) where
+    S: AsyncRead + AsyncWrite + Unpin + Send + 'static,
+{
     let server = app.snapshot().config.server.clone();
     let activity = Arc::new(ConnActivity::new());
     let mut io = ActivityIo {
         inner: stream,
         activity: activity.clone(),
     };
-    let downstream = Downstream {
-        peer,
-        proto: "http",
-    };
+    let downstream = Downstream { peer, proto };
     let mut draining = false;
     // One timer for the connection's life, moved only when it fires.
     let check = tokio::time::sleep(server.header_read_timeout.min(server.idle_timeout));
@@ -682,6 +761,14 @@ async fn serve_connection(
         }
     };
     let prefix = match handed_over {
+        // h2c with prior knowledge: the connection preface is no HTTP/1.1
+        // request, so the fast path handed it over; hyper's HTTP/2 server
+        // takes it from the bytes read so far.
+        Ok(h1::Ended::HandOff(prefix)) if prefix.starts_with(h2::PREFACE) => {
+            let io = Rewind::new(prefix, io);
+            h2::serve(app, io, activity, downstream, drain, draining).await;
+            return;
+        }
         Ok(h1::Ended::HandOff(prefix)) => prefix,
         Ok(h1::Ended::Closed) => return,
         Err(error) => {
@@ -691,30 +778,7 @@ async fn serve_connection(
     };
 
     // Everything else, from the first request that is not plain: hyper.
-    let service = {
-        let activity = activity.clone();
-        service_fn(move |request: http::Request<hyper::body::Incoming>| {
-            let app = app.clone();
-            let activity = activity.clone();
-            activity.request_started();
-            async move {
-                // Not boxed: the handler's future is kept small (the
-                // upstream exchange is boxed where it starts), so hyper's one
-                // move of it into its dispatcher costs less than a per-request
-                // allocation of it did (user time 5.4 -> 4.8 us/request; see
-                // BENCHMARKS.md).
-                let (mut response, fields) = handle(
-                    &app,
-                    downstream,
-                    request.map(ClientBody::Hyper),
-                    Some(activity),
-                )
-                .await;
-                fields.apply(response.headers_mut());
-                Ok::<_, std::convert::Infallible>(response)
-            }
-        })
-    };
+    let service = hyper_service(app, activity.clone(), downstream);
     let mut builder = http1::Builder::new();
     builder
         .timer(TokioTimer::new())
@@ -764,6 +828,43 @@ async fn serve_connection(
             }
         }
     }
+}
+
+/// The service hyper's servers (HTTP/1.1 after the hand-off, HTTP/2) call
+/// for each request: the same handler as the fast path's.
+pub(crate) fn hyper_service(
+    app: Arc<App>,
+    activity: Arc<ConnActivity>,
+    downstream: Downstream,
+) -> impl hyper::service::Service<
+    http::Request<hyper::body::Incoming>,
+    Response = http::Response<crate::proxy::body::ResponseBody>,
+    Error = std::convert::Infallible,
+    Future = impl Future<
+        Output = Result<http::Response<crate::proxy::body::ResponseBody>, std::convert::Infallible>,
+    > + Send,
+> + Clone {
+    service_fn(move |request: http::Request<hyper::body::Incoming>| {
+        let app = app.clone();
+        let activity = activity.clone();
+        activity.request_started();
+        async move {
+            // Not boxed: the handler's future is kept small (the
+            // upstream exchange is boxed where it starts), so hyper's one
+            // move of it into its dispatcher costs less than a per-request
+            // allocation of it did (user time 5.4 -> 4.8 us/request; see
+            // BENCHMARKS.md).
+            let (mut response, fields) = handle(
+                &app,
+                downstream,
+                request.map(ClientBody::Hyper),
+                Some(activity),
+            )
+            .await;
+            fields.apply(response.headers_mut());
+            Ok::<_, std::convert::Infallible>(response)
+        }
+    })
 }
 
 /// What a connection does when its watchdog's timer fired.
@@ -817,13 +918,14 @@ impl std::ops::Deref for ActivityLinger {
     }
 }
 
-/// A TCP stream that tells its [`ConnActivity`] when bytes arrive.
-struct ActivityIo {
-    inner: TcpStream,
-    activity: Arc<ConnActivity>,
+/// A stream (TCP, or TLS over TCP) that tells its [`ConnActivity`] when
+/// bytes arrive.
+pub(crate) struct ActivityIo<S> {
+    pub(crate) inner: S,
+    pub(crate) activity: Arc<ConnActivity>,
 }
 
-impl AsyncRead for ActivityIo {
+impl<S: AsyncRead + Unpin> AsyncRead for ActivityIo<S> {
     fn poll_read(
         self: Pin<&mut Self>,
         cx: &mut Context<'_>,
@@ -839,7 +941,7 @@ impl AsyncRead for ActivityIo {
     }
 }
 
-impl AsyncWrite for ActivityIo {
+impl<S: AsyncWrite + Unpin> AsyncWrite for ActivityIo<S> {
     fn poll_write(
         self: Pin<&mut Self>,
         cx: &mut Context<'_>,

@@ -125,6 +125,11 @@ struct ResultLabels {
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Hash, EncodeLabelSet)]
+struct ReasonLabels {
+    reason: &'static str,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Hash, EncodeLabelSet)]
 struct LimitLabels {
     limit: Arc<str>,
 }
@@ -190,6 +195,7 @@ pub struct Metrics {
     config_reloads: Family<ResultLabels, Counter>,
     config_generation: Gauge,
     limiter_keys: Family<LimitLabels, Gauge>,
+    tls_handshake_failures: Family<ReasonLabels, Counter>,
     /// The shared `"none"` route label.
     no_route: Arc<str>,
 }
@@ -274,6 +280,12 @@ impl Metrics {
             "Live keys held in memory, by limit",
             limiter_keys.clone(),
         );
+        let tls_handshake_failures = Family::<ReasonLabels, Counter>::default();
+        registry.register(
+            "tollgate_tls_handshake_failures",
+            "TLS handshakes that failed (error) or did not finish within header_read_timeout (timeout)",
+            tls_handshake_failures.clone(),
+        );
         for result in ["ok", "error"] {
             let _ = config_reloads.get_or_create(&ResultLabels { result });
         }
@@ -291,6 +303,7 @@ impl Metrics {
             config_reloads,
             config_generation,
             limiter_keys,
+            tls_handshake_failures,
             no_route: Arc::from(NO_ROUTE),
         }
     }
@@ -479,6 +492,13 @@ impl Metrics {
         let result = if ok { "ok" } else { "error" };
         self.config_reloads
             .get_or_create(&ResultLabels { result })
+            .inc();
+    }
+
+    /// A TLS handshake that failed (`"error"`) or stalled (`"timeout"`).
+    pub fn record_tls_handshake_failure(&self, reason: &'static str) {
+        self.tls_handshake_failures
+            .get_or_create(&ReasonLabels { reason })
             .inc();
     }
 

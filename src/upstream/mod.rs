@@ -14,7 +14,8 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use http::Uri;
 
 use crate::config::UpstreamConfig;
-use pool::{BodyErrors, ConnectionPool};
+use pool::{BodyErrors, ConnectionPool, PoolTls};
+use rustls::pki_types::ServerName;
 
 /// One upstream of a snapshot: its settings and a connection pool per URL.
 #[derive(Debug)]
@@ -32,11 +33,12 @@ impl Upstream {
             .urls
             .iter()
             .map(|url| {
-                ConnectionPool::new(
+                ConnectionPool::with_tls(
                     socket_address(url),
                     config.connect_timeout,
                     config.read_timeout,
                     body_errors.clone(),
+                    pool_tls(&config, url),
                 )
             })
             .collect();
@@ -72,12 +74,37 @@ impl Upstream {
     }
 }
 
+/// The handshake of an `https://` URL: the upstream's trust roots, and its
+/// `sni` or else the URL's host as the name.
+fn pool_tls(config: &UpstreamConfig, url: &Uri) -> Option<PoolTls> {
+    if url.scheme_str() != Some("https") {
+        return None;
+    }
+    let tls = config.tls.as_ref()?;
+    let name = match &tls.sni {
+        Some(name) => name.clone(),
+        None => {
+            let host = url.host()?.trim_start_matches('[').trim_end_matches(']');
+            ServerName::try_from(host.to_owned()).ok()?
+        }
+    };
+    Some(PoolTls {
+        connector: tokio_rustls::TlsConnector::from(tls.config.clone()),
+        name,
+    })
+}
+
 /// The `host:port` to connect to for an upstream URL. `Uri::host` keeps an
 /// IPv6 literal's brackets, so the result is always connectable text.
 fn socket_address(url: &Uri) -> String {
-    // Validation guarantees an `http://` URL with an authority.
+    // Validation guarantees an `http://` or `https://` URL with an authority.
     let host = url.host().unwrap_or("127.0.0.1");
-    let port = url.port_u16().unwrap_or(80);
+    let default_port = if url.scheme_str() == Some("https") {
+        443
+    } else {
+        80
+    };
+    let port = url.port_u16().unwrap_or(default_port);
     format!("{host}:{port}")
 }
 

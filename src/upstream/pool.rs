@@ -23,6 +23,12 @@
 //! connection only when doing so cannot repeat an action: its method is
 //! idempotent (RFC 9110 §9.2.2) and its body is in memory — the rule nginx
 //! follows too.
+//!
+//! An `https://` URL's pool shakes hands on each new connection, within the
+//! same `connect_timeout` as the TCP connect, and pools the TLS
+//! connections exactly like plaintext ones. A failed handshake (a
+//! certificate the trust roots do not vouch for, or for another name) is a
+//! connect error naming the address, the name and rustls's reason.
 
 use std::io;
 use std::sync::Arc;
@@ -34,7 +40,7 @@ use parking_lot::Mutex;
 use tokio::net::TcpStream;
 
 use crate::http::field_lines::FieldLines;
-use crate::http1::client::conn::{IdleState, UpstreamConn};
+use crate::http1::client::conn::{IdleState, UpstreamConn, UpstreamStream};
 use crate::http1::client::exchange::{Outgoing, OutgoingBody, exchange};
 use crate::http1::client::head::{Framing, OwnFields, ResponseHead, encode_request};
 use crate::http1::client::response_body::{CheckIn, UpstreamBody};
@@ -99,12 +105,21 @@ impl Idle {
     }
 }
 
+/// How a pool's connections shake hands: with what trust roots, as what
+/// name.
+pub struct PoolTls {
+    pub connector: tokio_rustls::TlsConnector,
+    pub name: rustls::pki_types::ServerName<'static>,
+}
+
 /// The keep-alive connections to one upstream address (`host:port`).
 pub struct ConnectionPool {
     address: String,
     connect_timeout: Duration,
     /// Longest wait for the next bytes of a response body.
     read_timeout: Duration,
+    /// `https://`: the handshake on each new connection.
+    tls: Option<PoolTls>,
     /// Idle connections, per worker (indexed by [`worker_index`]).
     idle: Box<[Mutex<Vec<Idle>>]>,
     /// Where response bodies that fail after their head are counted.
@@ -137,12 +152,24 @@ impl ConnectionPool {
         read_timeout: Duration,
         body_errors: BodyErrors,
     ) -> Arc<ConnectionPool> {
+        ConnectionPool::with_tls(address, connect_timeout, read_timeout, body_errors, None)
+    }
+
+    /// A pool whose connections are TLS when `tls` is given.
+    pub fn with_tls(
+        address: String,
+        connect_timeout: Duration,
+        read_timeout: Duration,
+        body_errors: BodyErrors,
+        tls: Option<PoolTls>,
+    ) -> Arc<ConnectionPool> {
         Arc::new(ConnectionPool {
             address,
             connect_timeout,
             read_timeout,
             body_errors,
             misframing: AtomicBool::new(false),
+            tls,
             idle: (0..worker_count())
                 .map(|_| Mutex::new(Vec::new()))
                 .collect(),
@@ -231,14 +258,30 @@ impl ConnectionPool {
             address: self.address.clone(),
             source,
         };
-        let stream = tokio::time::timeout(self.connect_timeout, TcpStream::connect(&self.address))
+        let connecting = async {
+            let stream = TcpStream::connect(&self.address).await?;
+            let _ = stream.set_nodelay(true);
+            let Some(tls) = &self.tls else {
+                return Ok(UpstreamConn::new(stream));
+            };
+            let stream = tls
+                .connector
+                .connect(tls.name.clone(), stream)
+                .await
+                .map_err(|e| {
+                    io::Error::new(
+                        e.kind(),
+                        format!("TLS handshake as {} failed: {e}", tls.name.to_str()),
+                    )
+                })?;
+            Ok(UpstreamConn::over(UpstreamStream::Tls(Box::new(stream))))
+        };
+        tokio::time::timeout(self.connect_timeout, connecting)
             .await
             .map_err(|_| {
                 connect_error(io::Error::new(io::ErrorKind::TimedOut, "connect timed out"))
             })?
-            .map_err(connect_error)?;
-        let _ = stream.set_nodelay(true);
-        Ok(UpstreamConn::new(stream))
+            .map_err(connect_error)
     }
 
     /// Sends `request` on a pooled connection (or a new one) and waits for

@@ -7,6 +7,8 @@
 //! raw TCP for malformed ones).
 #![allow(dead_code)]
 
+pub mod certs;
+
 use std::collections::HashMap;
 use std::io::{BufRead, BufReader};
 use std::net::SocketAddr;
@@ -103,6 +105,8 @@ impl Drop for InProcess {
 pub struct Gateway {
     child: Child,
     pub addr: SocketAddr,
+    /// The first `[server.tls]` listener, if the config has one.
+    pub tls_addr: Option<SocketAddr>,
     pub admin: Option<SocketAddr>,
     pub dir: tempfile::TempDir,
     pub config_path: PathBuf,
@@ -118,7 +122,12 @@ impl Gateway {
     }
 
     pub fn start_with_args(config: &str, args: &[&str]) -> Gateway {
-        let dir = tempfile::tempdir().expect("tempdir");
+        Gateway::start_in(tempfile::tempdir().expect("tempdir"), config, args)
+    }
+
+    /// As [`Gateway::start_with_args`], with the config written into `dir`
+    /// (where the test put the files it names, e.g. certificates).
+    pub fn start_in(dir: tempfile::TempDir, config: &str, args: &[&str]) -> Gateway {
         let config_path = dir.path().join("gateway.toml");
         std::fs::write(&config_path, config).expect("write config");
         let mut child = Command::new(env!("CARGO_BIN_EXE_tollgate"))
@@ -135,6 +144,8 @@ impl Gateway {
         let mut reader = BufReader::new(stderr);
         let mut addr = None;
         let mut admin = None;
+        let mut tls_addr = None;
+        let expect_tls = config.contains("[server.tls]");
         let mut seen = String::new();
         // Startup lines come first; the admin line (if any) follows the listeners.
         let expect_admin = config.contains("admin");
@@ -146,10 +157,15 @@ impl Gateway {
             seen.push_str(&line);
             if let Some(rest) = line.trim().strip_prefix("listening on http://") {
                 addr.get_or_insert(rest.parse().expect("listen address"));
+            } else if let Some(rest) = line.trim().strip_prefix("listening on https://") {
+                tls_addr.get_or_insert(rest.parse().expect("TLS listen address"));
             } else if let Some(rest) = line.trim().strip_prefix("admin on http://") {
                 admin = Some(rest.parse().expect("admin address"));
             }
-            if addr.is_some() && (!expect_admin || admin.is_some()) {
+            if addr.is_some()
+                && (!expect_admin || admin.is_some())
+                && (!expect_tls || tls_addr.is_some())
+            {
                 break;
             }
         }
@@ -165,6 +181,7 @@ impl Gateway {
         Gateway {
             child,
             addr: addr.expect("address"),
+            tls_addr,
             admin,
             dir,
             config_path,

@@ -11,15 +11,13 @@ use std::future::poll_fn;
 use std::io;
 use std::pin::Pin;
 
+use super::conn::{ReadHalf, UpstreamConn, WriteHalf, poll_fill};
+use super::head::{Parsed, RequestFraming, ResponseHead, parse_response};
+use crate::http::chunked::{LAST_CHUNK, size_line};
 use bytes::{Bytes, BytesMut};
 use http::Method;
 use http_body::Body;
 use tokio::io::AsyncWriteExt;
-use tokio::net::tcp::{ReadHalf, WriteHalf};
-
-use super::conn::{UpstreamConn, poll_fill};
-use super::head::{Parsed, RequestFraming, ResponseHead, parse_response};
-use crate::http::chunked::{LAST_CHUNK, size_line};
 
 /// A request body the client can send: the codec knows it only as this
 /// (the pipeline's body type implements it).
@@ -227,5 +225,6 @@ async fn write_stream<B: OutgoingBody>(
     if chunked {
         writer.write_all(LAST_CHUNK).await?;
     }
-    Ok(())
+    // What TLS still holds back (a no-op on TCP).
+    writer.flush().await
 }

@@ -1,0 +1,101 @@
+//! HTTP/2 from clients: hyper's server over a TLS stream whose ALPN chose
+//! `h2`, or over a cleartext one that opened with the connection preface
+//! (h2c with prior knowledge). Every stream is one request through the same
+//! `proxy::handler::handle` as an HTTP/1.1 request, so limits count streams,
+//! not connections, and 429s carry the same fields.
+//!
+//! Limits against abuse (hyper's `h2`): at most [`MAX_CONCURRENT_STREAMS`]
+//! open streams; a header list no larger than `max_header_bytes`; and the
+//! rapid-reset bound of CVE-2023-44487: a client that resets more than
+//! [`MAX_PENDING_RESETS`] streams the server has not yet taken up, or makes
+//! the server reset more than [`MAX_LOCAL_ERROR_RESETS`] with protocol
+//! errors, gets a `GOAWAY` (`ENHANCE_YOUR_CALM`) and is disconnected. The
+//! connection is watched like an HTTP/1.1 one: idle longer than
+//! `idle_timeout` or draining, it is shut down gracefully (`GOAWAY`, open
+//! streams finish).
+
+use std::sync::Arc;
+
+use hyper::server::conn::http2;
+use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
+use tokio::io::{AsyncRead, AsyncWrite};
+
+use crate::app::App;
+use crate::conn::drain::DrainWatch;
+use crate::conn::{AfterCheck, after_check, hyper_service};
+use crate::http1::server::ConnActivity;
+use crate::proxy::handler::Downstream;
+
+/// The first bytes of the HTTP/2 connection preface (RFC 9113 §3.4): enough
+/// to tell it from any HTTP/1.1 request line.
+pub(crate) const PREFACE: &[u8] = b"PRI * HTTP/2.0\r\n";
+
+/// Streams a client may have open at once (RFC 9113 recommends at least
+/// 100).
+pub(crate) const MAX_CONCURRENT_STREAMS: u32 = 100;
+
+/// Streams a client may reset before the server has taken them up; past it
+/// the connection is closed (the rapid-reset attack).
+pub(crate) const MAX_PENDING_RESETS: usize = 20;
+
+/// Streams the server may reset for a client's protocol errors before it
+/// closes the connection.
+pub(crate) const MAX_LOCAL_ERROR_RESETS: usize = 256;
+
+/// Serves an HTTP/2 connection on `io` until it closes, the server drains
+/// (`draining`: it already does), or the watchdog finds it idle.
+pub(crate) async fn serve<S>(
+    app: Arc<App>,
+    io: S,
+    activity: Arc<ConnActivity>,
+    downstream: Downstream,
+    mut drain: DrainWatch,
+    mut draining: bool,
+) where
+    S: AsyncRead + AsyncWrite + Unpin + Send + 'static,
+{
+    let server = app.snapshot().config.server.clone();
+    let service = hyper_service(app, activity.clone(), downstream);
+    let mut builder = http2::Builder::new(TokioExecutor::new());
+    builder
+        .timer(TokioTimer::new())
+        .max_concurrent_streams(MAX_CONCURRENT_STREAMS)
+        .max_header_list_size(u32::try_from(server.max_header_bytes).unwrap_or(u32::MAX))
+        .max_pending_accept_reset_streams(MAX_PENDING_RESETS)
+        .max_local_error_reset_streams(MAX_LOCAL_ERROR_RESETS);
+    let connection = builder.serve_connection(TokioIo::new(io), service);
+    tokio::pin!(connection);
+    if draining {
+        connection.as_mut().graceful_shutdown();
+    }
+    let check = tokio::time::sleep(server.header_read_timeout.min(server.idle_timeout));
+    tokio::pin!(check);
+    let peer = downstream.peer;
+    loop {
+        tokio::select! {
+            biased;
+            result = connection.as_mut() => {
+                if let Err(error) = result {
+                    tracing::debug!(%peer, %error, "HTTP/2 connection ended with an error");
+                }
+                return;
+            }
+            _ = &mut drain, if !draining => {
+                connection.as_mut().graceful_shutdown();
+                draining = true;
+            }
+            _ = check.as_mut(), if !draining => {
+                match after_check(&activity, &server, check.as_mut(), peer) {
+                    AfterCheck::Carry => {}
+                    // Frames but no request within header_read_timeout, or
+                    // idle: either way a GOAWAY, so a client whose stream
+                    // raced with it learns that it was not processed.
+                    AfterCheck::Close | AfterCheck::Drain => {
+                        connection.as_mut().graceful_shutdown();
+                        draining = true;
+                    }
+                }
+            }
+        }
+    }
+}

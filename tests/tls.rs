@@ -1,0 +1,954 @@
+//! TLS termination and HTTP/2 from clients, end to end through the real
+//! binary: HTTPS (h1 and h2 by ALPN) to a plaintext upstream, SNI choosing
+//! the certificate, rotation by SIGHUP under load, bad files as config
+//! errors, a stalled handshake cut off without holding up others, h2c with
+//! prior knowledge, per-stream rate limiting, rapid reset, and `curl` as
+//! users run it. Certificates are made by each test (`common::certs`).
+
+mod common;
+
+use std::net::SocketAddr;
+use std::path::Path;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use common::certs::{Ca, connect};
+use common::{Gateway, TestUpstream, get, tollgate};
+use http_body_util::{BodyExt, Empty};
+use hyper::Request;
+use hyper_util::rt::{TokioExecutor, TokioIo};
+use tokio::io::AsyncWriteExt;
+use tokio::net::TcpStream;
+use tokio_rustls::TlsConnector;
+
+/// A config with a plain and a TLS listener, upstream `api`, and `rest`.
+fn config(upstream: &TestUpstream, tls: &str, rest: &str) -> String {
+    format!(
+        r#"[server]
+listen = "127.0.0.1:0"
+workers = 1
+admin = "127.0.0.1:0"
+header_read_timeout = "1s"
+
+[server.tls]
+listen = "127.0.0.1:0"
+cert = "gateway.crt"
+key = "gateway.key"
+{tls}
+
+[upstreams.api]
+url = "{url}"
+
+{rest}
+
+[[routes]]
+name = "api"
+match = {{ path_prefix = "/" }}
+upstream = "api"
+"#,
+        url = upstream.url()
+    )
+}
+
+/// A temporary directory holding `gateway.crt`/`gateway.key` for `names`.
+fn dir_with_cert(ca: &Ca, names: &[&str]) -> tempfile::TempDir {
+    let dir = tempfile::tempdir().unwrap();
+    ca.leaf(names).write(dir.path(), "gateway");
+    dir
+}
+
+/// One HTTP/1.1 `GET path` over TLS (SNI `name`): status, headers, body.
+async fn https_get(
+    connector: &TlsConnector,
+    addr: SocketAddr,
+    name: &str,
+    path: &str,
+) -> Result<(u16, http::HeaderMap, Bytes), String> {
+    let stream = connect(connector, addr, name)
+        .await
+        .map_err(|e| format!("handshake: {e}"))?;
+    let (mut sender, connection) = hyper::client::conn::http1::handshake(TokioIo::new(stream))
+        .await
+        .map_err(|e| format!("http1: {e}"))?;
+    tokio::spawn(connection);
+    let request = Request::get(path)
+        .header("host", name)
+        .body(Empty::<Bytes>::new())
+        .unwrap();
+    let response = sender
+        .send_request(request)
+        .await
+        .map_err(|e| format!("request: {e}"))?;
+    let status = response.status().as_u16();
+    let headers = response.headers().clone();
+    let body = response
+        .into_body()
+        .collect()
+        .await
+        .map_err(|e| format!("body: {e}"))?
+        .to_bytes();
+    Ok((status, headers, body))
+}
+
+/// The certificate the server presented for SNI `name`.
+async fn presented(connector: &TlsConnector, addr: SocketAddr, name: &str) -> Vec<u8> {
+    let stream = connect(connector, addr, name).await.expect("handshake");
+    stream.get_ref().1.peer_certificates().unwrap()[0].to_vec()
+}
+
+#[tokio::test]
+async fn https_request_reaches_a_plain_upstream_with_forwarded_proto() {
+    let upstream = TestUpstream::start().await;
+    let ca = Ca::new();
+    let dir = dir_with_cert(&ca, &["gateway.test"]);
+    let gw = Gateway::start_in(dir, &config(&upstream, "", ""), &[]);
+    let tls = gw.tls_addr.expect("TLS listener");
+    let connector = ca.client(&[b"http/1.1"]);
+    let (status, _, body) = https_get(&connector, tls, "gateway.test", "/hello")
+        .await
+        .unwrap();
+    assert_eq!((status, &body[..]), (200, &b"echo"[..]));
+    let seen = upstream.last_seen();
+    assert_eq!(seen.header("x-forwarded-proto"), Some("https"));
+    let forwarded = seen.header("forwarded").unwrap();
+    assert!(forwarded.contains("proto=https"), "{forwarded}");
+    // The cleartext listener still says http.
+    assert_eq!(get(gw.addr, "/plain", &[]).await.status, 200);
+    assert_eq!(
+        upstream.last_seen().header("x-forwarded-proto"),
+        Some("http")
+    );
+}
+
+#[tokio::test]
+async fn sni_chooses_the_certificate_and_others_get_the_default() {
+    let upstream = TestUpstream::start().await;
+    let ca = Ca::new();
+    let dir = dir_with_cert(&ca, &["default.test"]);
+    let api = ca.leaf(&["api.test"]);
+    api.write(dir.path(), "api");
+    let wild = ca.leaf(&["*.wild.test"]);
+    wild.write(dir.path(), "wild");
+    let tls = r#"
+[[server.tls.certs]]
+names = ["api.test"]
+cert = "api.crt"
+key = "api.key"
+
+[[server.tls.certs]]
+names = ["*.wild.test"]
+cert = "wild.crt"
+key = "wild.key"
+"#;
+    let default = std::fs::read_to_string(dir.path().join("gateway.crt")).unwrap();
+    let gw = Gateway::start_in(dir, &config(&upstream, tls, ""), &[]);
+    let addr = gw.tls_addr.unwrap();
+    let connector = ca.client(&[b"http/1.1"]);
+    assert_eq!(
+        presented(&connector, addr, "api.test").await,
+        api.der.to_vec()
+    );
+    assert_eq!(
+        presented(&connector, addr, "a.wild.test").await,
+        wild.der.to_vec()
+    );
+    let default_der = rustls::pki_types::CertificateDer::from_pem_slice(default.as_bytes())
+        .unwrap()
+        .to_vec();
+    assert_eq!(
+        presented(&connector, addr, "default.test").await,
+        default_der
+    );
+    // And the request itself goes through on the chosen certificate.
+    let (status, _, _) = https_get(&connector, addr, "api.test", "/x").await.unwrap();
+    assert_eq!(status, 200);
+}
+
+use rustls::pki_types::pem::PemObject;
+
+/// Rewrites the gateway's certificate files and sends SIGHUP; waits for the
+/// reload to be counted (`result` ok or error).
+async fn rotate(gw: &Gateway, cert: &str, key: &str, result: &str) {
+    let before = reloads(gw, result).await;
+    std::fs::write(gw.dir.path().join("gateway.crt"), cert).unwrap();
+    std::fs::write(gw.dir.path().join("gateway.key"), key).unwrap();
+    gw.signal("HUP");
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while reloads(gw, result).await == before {
+        assert!(Instant::now() < deadline, "no reload: {}", gw.stderr());
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+async fn metrics(gw: &Gateway) -> String {
+    let reply = get(gw.admin.unwrap(), "/metrics", &[]).await;
+    String::from_utf8_lossy(&reply.body).into_owned()
+}
+
+async fn reloads(gw: &Gateway, result: &str) -> u64 {
+    metric(
+        &metrics(gw).await,
+        &format!("tollgate_config_reloads_total{{result=\"{result}\"}}"),
+    )
+}
+
+fn metric(text: &str, series: &str) -> u64 {
+    text.lines()
+        .find_map(|line| line.strip_prefix(series))
+        .and_then(|rest| rest.trim().parse().ok())
+        .unwrap_or(0)
+}
+
+#[tokio::test]
+async fn sighup_rotates_the_certificate_under_load_without_a_failed_request() {
+    let upstream = TestUpstream::start().await;
+    let ca = Ca::new();
+    let dir = dir_with_cert(&ca, &["gateway.test"]);
+    let old = std::fs::read(dir.path().join("gateway.crt")).unwrap();
+    let gw = Gateway::start_in(dir, &config(&upstream, "", ""), &[]);
+    let addr = gw.tls_addr.unwrap();
+    let connector = ca.client(&[b"http/1.1"]);
+
+    // A keep-alive connection opened before the rotation.
+    let stream = connect(&connector, addr, "gateway.test").await.unwrap();
+    let (mut kept, connection) = hyper::client::conn::http1::handshake(TokioIo::new(stream))
+        .await
+        .unwrap();
+    tokio::spawn(connection);
+
+    // Load: new connections (so new handshakes) one after another.
+    let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let (ok, failed) = (Arc::new(AtomicUsize::new(0)), Arc::new(AtomicUsize::new(0)));
+    let mut load = Vec::new();
+    for _ in 0..4 {
+        let (stop, ok, failed, connector) =
+            (stop.clone(), ok.clone(), failed.clone(), connector.clone());
+        load.push(tokio::spawn(async move {
+            while !stop.load(Ordering::Relaxed) {
+                match https_get(&connector, addr, "gateway.test", "/load").await {
+                    Ok((200, _, _)) => ok.fetch_add(1, Ordering::Relaxed),
+                    other => {
+                        eprintln!("failed: {other:?}");
+                        failed.fetch_add(1, Ordering::Relaxed)
+                    }
+                };
+            }
+        }));
+    }
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let mut last = Vec::new();
+    for _ in 0..3 {
+        let next = ca.leaf(&["gateway.test"]);
+        rotate(&gw, &next.cert_pem, &next.key_pem, "ok").await;
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        last = next.der.to_vec();
+    }
+    stop.store(true, Ordering::Relaxed);
+    for task in load {
+        task.await.unwrap();
+    }
+    assert_eq!(failed.load(Ordering::Relaxed), 0, "{}", gw.stderr());
+    assert!(ok.load(Ordering::Relaxed) > 20, "too little load");
+    // New handshakes present the new certificate…
+    assert_eq!(presented(&connector, addr, "gateway.test").await, last);
+    assert_ne!(last, old);
+    // …and the connection from before the rotations still serves.
+    let response = kept
+        .send_request(
+            Request::get("/kept")
+                .header("host", "gateway.test")
+                .body(Empty::<Bytes>::new())
+                .unwrap(),
+        )
+        .await
+        .unwrap();
+    assert_eq!(response.status(), 200);
+}
+
+#[tokio::test]
+async fn a_bad_pair_on_reload_keeps_the_old_one_and_fails_the_reload() {
+    let upstream = TestUpstream::start().await;
+    let ca = Ca::new();
+    let dir = dir_with_cert(&ca, &["gateway.test"]);
+    let cert = std::fs::read(dir.path().join("gateway.crt")).unwrap();
+    let gw = Gateway::start_in(dir, &config(&upstream, "", ""), &[]);
+    let addr = gw.tls_addr.unwrap();
+    let connector = ca.client(&[b"http/1.1"]);
+    let before = presented(&connector, addr, "gateway.test").await;
+    // A new certificate with a key that is not its own.
+    let next = ca.leaf(&["gateway.test"]);
+    let other = ca.leaf(&["gateway.test"]);
+    rotate(&gw, &next.cert_pem, &other.key_pem, "error").await;
+    let stderr = gw.stderr_when(|s| s.contains("does not match"), Duration::from_secs(5));
+    assert!(stderr.contains("gateway.toml:"), "{stderr}");
+    assert!(stderr.contains("`server.tls.key`"), "{stderr}");
+    assert!(
+        stderr.contains("does not match the certificate"),
+        "{stderr}"
+    );
+    assert_eq!(presented(&connector, addr, "gateway.test").await, before);
+    let (status, _, _) = https_get(&connector, addr, "gateway.test", "/x")
+        .await
+        .unwrap();
+    assert_eq!(status, 200);
+    assert!(!cert.is_empty());
+}
+
+/// `tollgate check` on a config in `dir`: (exit code, stderr).
+fn check(dir: &Path, config: &str) -> (i32, String) {
+    let path = dir.join("gateway.toml");
+    std::fs::write(&path, config).unwrap();
+    let (code, _, stderr) = tollgate(&["check", "-c", path.to_str().unwrap()]);
+    (code, stderr)
+}
+
+const TLS_ONLY: &str = r#"[server]
+listen = "127.0.0.1:0"
+
+[server.tls]
+listen = "127.0.0.1:0"
+cert = "gateway.crt"
+key = "gateway.key"
+"#;
+
+#[test]
+fn bad_certificate_and_key_files_are_config_errors_with_file_and_line() {
+    let ca = Ca::new();
+    let dir = tempfile::tempdir().unwrap();
+    // Missing files.
+    let (code, stderr) = check(dir.path(), TLS_ONLY);
+    assert_eq!(code, 1);
+    assert!(stderr.contains("gateway.toml:6:"), "{stderr}");
+    assert!(
+        stderr.contains("`server.tls.cert`: cannot read"),
+        "{stderr}"
+    );
+    assert!(stderr.contains("gateway.crt"), "{stderr}");
+    // Not PEM.
+    std::fs::write(dir.path().join("gateway.crt"), "hello\n").unwrap();
+    std::fs::write(dir.path().join("gateway.key"), "hello\n").unwrap();
+    let (code, stderr) = check(dir.path(), TLS_ONLY);
+    assert_eq!(code, 1);
+    assert!(stderr.contains("holds no PEM certificate"), "{stderr}");
+    // A certificate, and a key that is no key.
+    ca.leaf(&["a.test"]).write(dir.path(), "gateway");
+    std::fs::write(dir.path().join("gateway.key"), ca.pem()).unwrap();
+    let (code, stderr) = check(dir.path(), TLS_ONLY);
+    assert_eq!(code, 1);
+    assert!(stderr.contains("gateway.toml:7:"), "{stderr}");
+    assert!(stderr.contains("holds no PEM private key"), "{stderr}");
+    // A key that belongs to another certificate.
+    let other = ca.leaf(&["a.test"]);
+    std::fs::write(dir.path().join("gateway.key"), other.key_pem).unwrap();
+    let (code, stderr) = check(dir.path(), TLS_ONLY);
+    assert_eq!(code, 1);
+    assert!(stderr.contains("`server.tls.key`"), "{stderr}");
+    assert!(
+        stderr.contains("does not match the certificate"),
+        "{stderr}"
+    );
+    // A good pair passes.
+    ca.leaf(&["a.test"]).write(dir.path(), "gateway");
+    let (code, stderr) = check(dir.path(), TLS_ONLY);
+    assert_eq!(code, 0, "{stderr}");
+    assert!(!stderr.contains("warning"), "{stderr}");
+}
+
+#[test]
+fn expired_and_expiring_certificates_are_warned_about() {
+    let ca = Ca::new();
+    let dir = tempfile::tempdir().unwrap();
+    ca.leaf_with(&["a.test"], |p| {
+        p.not_before = rcgen::date_time_ymd(2019, 1, 1);
+        p.not_after = rcgen::date_time_ymd(2020, 1, 1);
+    })
+    .write(dir.path(), "gateway");
+    let (code, stderr) = check(dir.path(), TLS_ONLY);
+    assert_eq!(code, 0, "{stderr}");
+    assert!(stderr.contains("warning: `server.tls.cert`"), "{stderr}");
+    assert!(stderr.contains("has expired"), "{stderr}");
+    // One that ends in about five days.
+    let soon = std::time::SystemTime::now() + Duration::from_secs(6 * 86_400);
+    let (year, month, day) = civil(soon);
+    ca.leaf_with(&["a.test"], |p| {
+        p.not_after = rcgen::date_time_ymd(year, month, day)
+    })
+    .write(dir.path(), "gateway");
+    let (code, stderr) = check(dir.path(), TLS_ONLY);
+    assert_eq!(code, 0, "{stderr}");
+    assert!(stderr.contains("expires in 5 days"), "{stderr}");
+    // A year ahead: quiet.
+    let later = std::time::SystemTime::now() + Duration::from_secs(365 * 86_400);
+    let (year, month, day) = civil(later);
+    ca.leaf_with(&["a.test"], |p| {
+        p.not_after = rcgen::date_time_ymd(year, month, day)
+    })
+    .write(dir.path(), "gateway");
+    let (_, stderr) = check(dir.path(), TLS_ONLY);
+    assert!(!stderr.contains("warning"), "{stderr}");
+}
+
+/// The UTC date of `time` (Howard Hinnant's `civil_from_days`).
+fn civil(time: std::time::SystemTime) -> (i32, u8, u8) {
+    let days = (time
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_secs()
+        / 86_400) as i64;
+    let z = days + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z - era * 146_097;
+    let yoe = (doe - doe / 1_460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let day = doy - (153 * mp + 2) / 5 + 1;
+    let month = if mp < 10 { mp + 3 } else { mp - 9 };
+    let year = yoe + era * 400 + i64::from(month <= 2);
+    (year as i32, month as u8, day as u8)
+}
+
+#[tokio::test]
+async fn a_stalled_handshake_is_cut_off_and_does_not_stop_others() {
+    let upstream = TestUpstream::start().await;
+    let ca = Ca::new();
+    let dir = dir_with_cert(&ca, &["gateway.test"]);
+    let gw = Gateway::start_in(dir, &config(&upstream, "", ""), &[]);
+    let addr = gw.tls_addr.unwrap();
+    let connector = ca.client(&[b"http/1.1"]);
+    // One client opens a connection and sends half a ClientHello; another
+    // sends nothing at all.
+    let mut half = TcpStream::connect(addr).await.unwrap();
+    half.write_all(&[0x16, 0x03, 0x01, 0x02, 0x00, 0x01])
+        .await
+        .unwrap();
+    let silent = TcpStream::connect(addr).await.unwrap();
+    let started = Instant::now();
+    for _ in 0..5 {
+        let (status, _, _) = https_get(&connector, addr, "gateway.test", "/x")
+            .await
+            .unwrap();
+        assert_eq!(status, 200);
+    }
+    assert!(started.elapsed() < Duration::from_millis(900));
+    // header_read_timeout is 1s: both are closed by then, and counted.
+    for stream in [half, silent] {
+        let mut buf = [0u8; 64];
+        let read = tokio::time::timeout(Duration::from_secs(3), async {
+            stream.readable().await.unwrap();
+            stream.try_read(&mut buf)
+        })
+        .await
+        .expect("closed within the timeout");
+        assert!(matches!(read, Ok(0) | Err(_)), "{read:?}");
+    }
+    let text = metrics(&gw).await;
+    assert_eq!(
+        metric(
+            &text,
+            "tollgate_tls_handshake_failures_total{reason=\"timeout\"}"
+        ),
+        2,
+        "{text}"
+    );
+    // A client that does not trust the certificate fails its handshake.
+    let stranger = Ca::new().client(&[b"http/1.1"]);
+    assert!(connect(&stranger, addr, "gateway.test").await.is_err());
+    let deadline = Instant::now() + Duration::from_secs(5);
+    loop {
+        let text = metrics(&gw).await;
+        if metric(
+            &text,
+            "tollgate_tls_handshake_failures_total{reason=\"error\"}",
+        ) == 1
+        {
+            break;
+        }
+        assert!(Instant::now() < deadline, "{text}");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+/// `n` concurrent `GET path`s on one HTTP/2 connection over `io`: statuses
+/// and the last 429's headers.
+async fn h2_burst<T>(io: T, n: usize, path: &str) -> (Vec<u16>, Option<http::HeaderMap>)
+where
+    T: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
+{
+    let (sender, connection) =
+        hyper::client::conn::http2::handshake(TokioExecutor::new(), TokioIo::new(io))
+            .await
+            .expect("h2 handshake");
+    tokio::spawn(connection);
+    let mut tasks = Vec::new();
+    for _ in 0..n {
+        let mut sender = sender.clone();
+        let request = Request::get(format!("https://gateway.test{path}"))
+            .body(Empty::<Bytes>::new())
+            .unwrap();
+        tasks.push(tokio::spawn(async move {
+            let response = sender.send_request(request).await.expect("h2 response");
+            assert_eq!(response.version(), http::Version::HTTP_2);
+            let status = response.status().as_u16();
+            let headers = response.headers().clone();
+            let _ = response.into_body().collect().await;
+            (status, headers)
+        }))
+    }
+    let mut statuses = Vec::new();
+    let mut denied = None;
+    for task in tasks {
+        let (status, headers) = task.await.unwrap();
+        if status == 429 {
+            denied = Some(headers);
+        }
+        statuses.push(status);
+    }
+    (statuses, denied)
+}
+
+const PER_IP: &str = r#"[limits.per_ip]
+key = "ip"
+algorithm = "token_bucket"
+capacity = 10
+refill = "1/h"
+
+[[routes]]
+name = "limited"
+match = { path_prefix = "/limited" }
+upstream = "api"
+limits = ["per_ip"]
+"#;
+
+/// Field names and values of a 429, without the ones that vary (`date`).
+fn shape(headers: &http::HeaderMap) -> Vec<(String, String)> {
+    let mut fields: Vec<(String, String)> = headers
+        .iter()
+        .filter(|(name, _)| *name != "date")
+        .map(|(n, v)| (n.to_string(), v.to_str().unwrap().to_owned()))
+        .collect();
+    fields.sort();
+    fields
+}
+
+#[tokio::test]
+async fn h2_by_alpn_counts_every_stream_against_the_limit() {
+    let upstream = TestUpstream::start().await;
+    let ca = Ca::new();
+    let dir = dir_with_cert(&ca, &["gateway.test"]);
+    let gw = Gateway::start_in(dir, &config(&upstream, "", PER_IP), &[]);
+    let addr = gw.tls_addr.unwrap();
+    let connector = ca.client(&[b"h2", b"http/1.1"]);
+    let stream = connect(&connector, addr, "gateway.test").await.unwrap();
+    assert_eq!(stream.get_ref().1.alpn_protocol(), Some(&b"h2"[..]));
+    let (statuses, denied) = h2_burst(stream, 20, "/limited").await;
+    assert_eq!(
+        statuses.iter().filter(|s| **s == 200).count(),
+        10,
+        "{statuses:?}"
+    );
+    assert_eq!(
+        statuses.iter().filter(|s| **s == 429).count(),
+        10,
+        "{statuses:?}"
+    );
+    // The Host the upstream saw came from `:authority`, and the 429 over h2
+    // carries what a 429 over HTTP/1.1 does.
+    assert_eq!(upstream.last_seen().header("host"), Some("gateway.test"));
+    assert_eq!(
+        upstream.last_seen().header("x-forwarded-proto"),
+        Some("https")
+    );
+    let connector = ca.client(&[b"http/1.1"]);
+    let (status, h1_headers, _) = https_get(&connector, addr, "gateway.test", "/limited")
+        .await
+        .unwrap();
+    assert_eq!(status, 429);
+    let mut h1 = shape(&h1_headers);
+    // HTTP/2 has no connection-specific fields (RFC 9113 §8.2.2).
+    h1.retain(|(name, _)| name != "connection" && name != "keep-alive");
+    assert_eq!(shape(&denied.unwrap()), h1);
+}
+
+#[tokio::test]
+async fn h2c_with_prior_knowledge_on_the_cleartext_listener() {
+    let upstream = TestUpstream::start().await;
+    let ca = Ca::new();
+    let dir = dir_with_cert(&ca, &["gateway.test"]);
+    let gw = Gateway::start_in(dir, &config(&upstream, "", PER_IP), &[]);
+    let stream = TcpStream::connect(gw.addr).await.unwrap();
+    let (statuses, denied) = h2_burst(stream, 20, "/limited").await;
+    assert_eq!(
+        statuses.iter().filter(|s| **s == 200).count(),
+        10,
+        "{statuses:?}"
+    );
+    assert!(denied.unwrap().contains_key("retry-after"));
+    assert_eq!(
+        upstream.last_seen().header("x-forwarded-proto"),
+        Some("http")
+    );
+}
+
+#[tokio::test]
+async fn rapid_reset_disconnects_the_client() {
+    let upstream = TestUpstream::start().await;
+    let ca = Ca::new();
+    let dir = dir_with_cert(&ca, &["gateway.test"]);
+    let gw = Gateway::start_in(dir, &config(&upstream, "", ""), &[]);
+    let stream = TcpStream::connect(gw.addr).await.unwrap();
+    let (client, connection) = h2::client::handshake(stream).await.expect("h2 handshake");
+    let connection = tokio::spawn(connection);
+    let mut client = client.ready().await.unwrap();
+    // Open streams and reset each at once, as fast as the client can.
+    let mut sent = 0;
+    let started = Instant::now();
+    while sent < 10_000 && started.elapsed() < Duration::from_secs(5) {
+        let request = Request::get("http://gateway.test/slow/200")
+            .body(())
+            .unwrap();
+        match client.send_request(request, true) {
+            Ok((_response, mut stream)) => {
+                stream.send_reset(h2::Reason::CANCEL);
+                sent += 1;
+                // Let the connection task write the frames out.
+                tokio::task::yield_now().await;
+            }
+            Err(_) => break,
+        }
+        client = match client.ready().await {
+            Ok(client) => client,
+            Err(_) => break,
+        };
+    }
+    // The server sent GOAWAY (ENHANCE_YOUR_CALM) and closed: the client's
+    // connection ends with an error. Without the bound it would stay open
+    // and this would time out.
+    let ended = tokio::time::timeout(Duration::from_secs(5), connection)
+        .await
+        .expect("the server closed the connection")
+        .unwrap();
+    let error = ended.expect_err("GOAWAY");
+    // Either the client read the GOAWAY, or its next write found the
+    // connection closed after it.
+    assert!(
+        error.reason() == Some(h2::Reason::ENHANCE_YOUR_CALM) || error.is_io(),
+        "{error}"
+    );
+    // (How many went out before the close depends on scheduling: the bound
+    // is on resets the server has not taken up yet, not on the total.)
+    eprintln!("{sent} streams opened and reset before the close");
+    // Other clients are served.
+    assert_eq!(get(gw.addr, "/after", &[]).await.status, 200);
+}
+
+fn curl_present() -> bool {
+    std::process::Command::new("curl")
+        .arg("--version")
+        .output()
+        .is_ok_and(|o| o.status.success())
+}
+
+#[tokio::test]
+async fn curl_http2_and_prior_knowledge() {
+    if !curl_present() {
+        eprintln!("curl not found: skipped");
+        return;
+    }
+    let upstream = TestUpstream::start().await;
+    let ca = Ca::new();
+    let dir = dir_with_cert(&ca, &["gateway.test"]);
+    let ca_file = dir.path().join("ca.pem");
+    std::fs::write(&ca_file, ca.pem()).unwrap();
+    let gw = Gateway::start_in(dir, &config(&upstream, "", ""), &[]);
+    let tls = gw.tls_addr.unwrap();
+    // Off the runtime: the test upstream runs on it.
+    let curl = |args: &[&str]| {
+        let args: Vec<String> = args.iter().map(|a| (*a).to_owned()).collect();
+        tokio::task::spawn_blocking(move || {
+            let output = std::process::Command::new("curl")
+                .args([
+                    "-sS",
+                    "-o",
+                    "/dev/null",
+                    "-w",
+                    "%{http_version} %{http_code}",
+                ])
+                .args(&args)
+                .output()
+                .unwrap();
+            (
+                String::from_utf8_lossy(&output.stdout).into_owned(),
+                String::from_utf8_lossy(&output.stderr).into_owned(),
+            )
+        })
+    };
+    let resolve = format!("gateway.test:{}:127.0.0.1", tls.port());
+    let url = format!("https://gateway.test:{}/curl", tls.port());
+    let (out, err) = curl(&[
+        "--http2",
+        "--cacert",
+        ca_file.to_str().unwrap(),
+        "--resolve",
+        &resolve,
+        &url,
+    ])
+    .await
+    .unwrap();
+    assert_eq!(out, "2 200", "{err}");
+    let (out, err) = curl(&[
+        "--http1.1",
+        "--cacert",
+        ca_file.to_str().unwrap(),
+        "--resolve",
+        &resolve,
+        &url,
+    ])
+    .await
+    .unwrap();
+    assert_eq!(out, "1.1 200", "{err}");
+    let (out, err) = curl(&[
+        "--http2-prior-knowledge",
+        &format!("http://{}/curl", gw.addr),
+    ])
+    .await
+    .unwrap();
+    assert_eq!(out, "2 200", "{err}");
+    assert_eq!(
+        upstream.last_seen().header("x-forwarded-proto"),
+        Some("http")
+    );
+}
+
+/// An HTTPS upstream: hyper's HTTP/1.1 server behind rustls with `leaf`,
+/// answering `upstream saw PATH`. Counts the TLS connections it accepted.
+struct TlsUpstream {
+    addr: SocketAddr,
+    connections: Arc<AtomicUsize>,
+}
+
+impl TlsUpstream {
+    async fn start(leaf: &common::certs::Leaf) -> TlsUpstream {
+        let chain = vec![leaf.der.clone()];
+        let key =
+            rustls::pki_types::PrivateKeyDer::from_pem_slice(leaf.key_pem.as_bytes()).unwrap();
+        let config = rustls::ServerConfig::builder_with_provider(Arc::new(
+            rustls::crypto::ring::default_provider(),
+        ))
+        .with_safe_default_protocol_versions()
+        .unwrap()
+        .with_no_client_auth()
+        .with_single_cert(chain, key)
+        .unwrap();
+        let acceptor = tokio_rustls::TlsAcceptor::from(Arc::new(config));
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let connections = Arc::new(AtomicUsize::new(0));
+        let counted = connections.clone();
+        tokio::spawn(async move {
+            while let Ok((stream, _)) = listener.accept().await {
+                let acceptor = acceptor.clone();
+                let counted = counted.clone();
+                tokio::spawn(async move {
+                    let Ok(stream) = acceptor.accept(stream).await else {
+                        return;
+                    };
+                    counted.fetch_add(1, Ordering::Relaxed);
+                    let service = hyper::service::service_fn(
+                        |request: Request<hyper::body::Incoming>| async move {
+                            let body = format!(
+                                "upstream saw {} proto={}",
+                                request.uri().path(),
+                                request
+                                    .headers()
+                                    .get("x-forwarded-proto")
+                                    .and_then(|v| v.to_str().ok())
+                                    .unwrap_or("-")
+                            );
+                            Ok::<_, std::convert::Infallible>(hyper::Response::new(
+                                http_body_util::Full::new(Bytes::from(body)),
+                            ))
+                        },
+                    );
+                    let _ = hyper::server::conn::http1::Builder::new()
+                        .serve_connection(TokioIo::new(stream), service)
+                        .await;
+                });
+            }
+        });
+        TlsUpstream { addr, connections }
+    }
+}
+
+/// A gateway whose upstream `api` is `url` with the `extra` upstream keys;
+/// `ca.pem` in its directory holds `ca`.
+fn https_upstream_gateway(ca: &Ca, url: &str, extra: &str) -> Gateway {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(dir.path().join("ca.pem"), ca.pem()).unwrap();
+    let config = format!(
+        r#"[server]
+listen = "127.0.0.1:0"
+workers = 1
+
+[upstreams.api]
+url = "{url}"
+{extra}
+
+[[routes]]
+name = "api"
+match = {{ path_prefix = "/" }}
+upstream = "api"
+"#
+    );
+    Gateway::start_in(dir, &config, &[])
+}
+
+#[tokio::test]
+async fn https_upstream_verified_with_its_ca_and_pooled() {
+    let ca = Ca::new();
+    let upstream = TlsUpstream::start(&ca.leaf(&["upstream.test", "localhost"])).await;
+    // The name from `sni`.
+    let url = format!("https://127.0.0.1:{}", upstream.addr.port());
+    let gw = https_upstream_gateway(&ca, &url, "ca = \"ca.pem\"\nsni = \"upstream.test\"");
+    for i in 0..5 {
+        let reply = get(gw.addr, &format!("/r{i}"), &[]).await;
+        assert_eq!(reply.status, 200, "{}", gw.stderr());
+        assert_eq!(
+            reply.body,
+            format!("upstream saw /r{i} proto=http").as_bytes()
+        );
+    }
+    // Keep-alive: one TLS connection carried all five.
+    assert_eq!(upstream.connections.load(Ordering::Relaxed), 1);
+    // The name from the URL's host.
+    let url = format!("https://localhost:{}", upstream.addr.port());
+    let gw = https_upstream_gateway(&ca, &url, "ca = \"ca.pem\"");
+    assert_eq!(
+        get(gw.addr, "/by-host", &[]).await.status,
+        200,
+        "{}",
+        gw.stderr()
+    );
+}
+
+#[tokio::test]
+async fn https_upstream_with_a_wrong_ca_or_name_is_a_502_with_a_clear_log_line() {
+    let ca = Ca::new();
+    let upstream = TlsUpstream::start(&ca.leaf(&["upstream.test"])).await;
+    let url = format!("https://127.0.0.1:{}", upstream.addr.port());
+    // Trusting another CA only.
+    let stranger = Ca::new();
+    let gw = https_upstream_gateway(&stranger, &url, "ca = \"ca.pem\"\nsni = \"upstream.test\"");
+    let reply = get(gw.addr, "/x", &[]).await;
+    assert_eq!(reply.status, 502);
+    let log = gw.stderr_when(|s| s.contains("upstream error"), Duration::from_secs(5));
+    assert!(
+        log.contains("TLS handshake as upstream.test failed"),
+        "{log}"
+    );
+    assert!(log.contains("invalid peer certificate"), "{log}");
+    // The built-in roots do not know the test CA either.
+    let gw = https_upstream_gateway(&ca, &url, "sni = \"upstream.test\"");
+    assert_eq!(get(gw.addr, "/x", &[]).await.status, 502);
+    // The right CA, the wrong name.
+    let gw = https_upstream_gateway(&ca, &url, "ca = \"ca.pem\"\nsni = \"other.test\"");
+    assert_eq!(get(gw.addr, "/x", &[]).await.status, 502);
+    let log = gw.stderr_when(|s| s.contains("upstream error"), Duration::from_secs(5));
+    assert!(log.contains("TLS handshake as other.test failed"), "{log}");
+    assert!(
+        log.contains("certificate not valid for name \"other.test\""),
+        "{log}"
+    );
+    assert_eq!(upstream.connections.load(Ordering::Relaxed), 0);
+}
+
+#[test]
+fn https_upstream_options_are_checked() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = |upstream: &str| {
+        format!(
+            "[upstreams.api]\n{upstream}\n\n[[routes]]\nname = \"r\"\nmatch = {{ path_prefix = \"/\" }}\nupstream = \"api\"\n"
+        )
+    };
+    let (code, stderr) = check(
+        dir.path(),
+        &config("url = \"http://127.0.0.1:9000\"\nsni = \"a.test\""),
+    );
+    assert_eq!(code, 1);
+    assert!(
+        stderr.contains("`upstreams.api.sni`: `sni` applies to https:// URLs only"),
+        "{stderr}"
+    );
+    let (code, stderr) = check(
+        dir.path(),
+        &config("url = \"https://127.0.0.1:9443\"\nca = \"missing.pem\""),
+    );
+    assert_eq!(code, 1);
+    assert!(
+        stderr.contains("`upstreams.api.ca`: cannot read"),
+        "{stderr}"
+    );
+    let (code, stderr) = check(dir.path(), &config("url = \"https://api.example.com\""));
+    assert_eq!(code, 0, "{stderr}");
+}
+
+/// Sends a websocket handshake over `stream` and reads the response head.
+async fn upgrade_over<S>(stream: &mut S) -> String
+where
+    S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin,
+{
+    use tokio::io::AsyncReadExt;
+    stream
+        .write_all(b"GET /upgrade HTTP/1.1\r\nhost: gateway.test\r\nconnection: Upgrade\r\nupgrade: websocket\r\nsec-websocket-version: 13\r\nsec-websocket-key: dGhlIHNhbXBsZSBub25jZQ==\r\n\r\n")
+        .await
+        .unwrap();
+    let mut head = Vec::new();
+    let mut byte = [0u8; 1];
+    while !head.ends_with(b"\r\n\r\n") {
+        match stream.read(&mut byte).await {
+            Ok(1) => head.push(byte[0]),
+            _ => break,
+        }
+    }
+    String::from_utf8_lossy(&head).into_owned()
+}
+
+#[tokio::test]
+async fn websocket_upgrades_over_tls_are_tunnelled_and_limited_at_the_handshake() {
+    use tokio::io::AsyncReadExt;
+    let upstream = TestUpstream::start().await;
+    let ca = Ca::new();
+    let dir = dir_with_cert(&ca, &["gateway.test"]);
+    let limit = r#"[limits.one_socket]
+key = "ip"
+algorithm = "token_bucket"
+capacity = 1
+refill = "1/h"
+
+[[routes]]
+name = "ws"
+match = { path = "/upgrade" }
+upstream = "api"
+limits = ["one_socket"]
+"#;
+    let gw = Gateway::start_in(dir, &config(&upstream, "", limit), &[]);
+    let addr = gw.tls_addr.unwrap();
+    let connector = ca.client(&[b"http/1.1"]);
+    let mut first = connect(&connector, addr, "gateway.test").await.unwrap();
+    let head = upgrade_over(&mut first).await;
+    assert!(head.starts_with("HTTP/1.1 101"), "{head}");
+    // The tunnel echoes through TLS both ways.
+    first.write_all(b"ping over tls").await.unwrap();
+    let mut echoed = [0u8; 13];
+    tokio::time::timeout(Duration::from_secs(5), first.read_exact(&mut echoed))
+        .await
+        .expect("echo")
+        .unwrap();
+    assert_eq!(&echoed, b"ping over tls");
+    // The second handshake is over the limit.
+    let mut second = connect(&connector, addr, "gateway.test").await.unwrap();
+    let head = upgrade_over(&mut second).await;
+    assert!(head.starts_with("HTTP/1.1 429"), "{head}");
+    assert!(head.to_ascii_lowercase().contains("retry-after:"), "{head}");
+}
