@@ -28,7 +28,7 @@ use crate::proxy::handler::Downstream;
 
 /// The first bytes of the HTTP/2 connection preface (RFC 9113 §3.4): enough
 /// to tell it from any HTTP/1.1 request line.
-pub(crate) const PREFACE: &[u8] = b"PRI * HTTP/2.0\r\n";
+pub(crate) const PREFACE: &[u8] = crate::http1::server::H2_PREFACE;
 
 /// Streams a client may have open at once (RFC 9113 recommends at least
 /// 100).

@@ -53,7 +53,7 @@ pub use activity::ConnActivity;
 pub use body::ClientBody;
 pub use framing::{BodyFraming, Refusal};
 pub use gate::Gate;
-pub use request::{Parsed, parse};
+pub use request::{H2_PREFACE, Parsed, parse};
 pub(crate) use response::{BodyLength, Framing, encode_head};
 pub use rewind::Rewind;
 

@@ -45,10 +45,26 @@ pub enum Parsed {
     Refused(Refusal),
 }
 
+/// The first line of the HTTP/2 connection preface (RFC 9113 §3.4):
+/// enough to tell h2c with prior knowledge from an HTTP/1.1 request.
+pub const H2_PREFACE: &[u8] = b"PRI * HTTP/2.0\r\n";
+
 /// Parses the request at the start of `buffer`. `fields` is a map to reuse
 /// (cleared; its capacity is what is kept). A head longer than `max_head`
 /// bytes, complete or not, is refused (431).
 pub fn parse(buffer: &mut BytesMut, fields: &mut HeaderMap, max_head: usize) -> Parsed {
+    // The HTTP/2 connection preface (h2c with prior knowledge) is no
+    // HTTP/1.1 head to refuse: the connection goes to the HTTP/2 server.
+    if buffer.first() == Some(&b'P') {
+        let known = buffer.len().min(H2_PREFACE.len());
+        if buffer[..known] == H2_PREFACE[..known] {
+            return if known == H2_PREFACE.len() {
+                Parsed::HandOff
+            } else {
+                Parsed::Partial
+            };
+        }
+    }
     let mut slots = [const { MaybeUninit::<httparse::Header<'_>>::uninit() }; MAX_FIELDS];
     let mut request = httparse::Request::new(&mut []);
     let head_len = match httparse::ParserConfig::default().parse_request_with_uninit_headers(
