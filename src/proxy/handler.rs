@@ -335,7 +335,11 @@ async fn route_and_act(
                         policy,
                         budget,
                     };
-                    retrying.forward(downstream, parts, body, notes).await?
+                    // Boxed: the retry loop's future (a forward inside it,
+                    // the request's template) would otherwise make every
+                    // request's future larger, retried or not, and each
+                    // larger future is copied when it starts.
+                    Box::pin(retrying.forward(downstream, parts, body, notes)).await?
                 }
                 _ => forward(snapshot, route, downstream, parts, body, &mut notes.permits).await?,
             };
