@@ -32,6 +32,17 @@ impl KeyPath {
         segments.push(PathSegment::Index(index));
         KeyPath(segments)
     }
+
+    /// Element `index` of `key`, a value written as one item or a list of
+    /// `count` (`listen = "a"` or `listen = ["a", "b"]`): the key itself when
+    /// it holds one item, so a problem points where the user wrote it.
+    pub fn element(&self, key: &str, count: usize, index: usize) -> KeyPath {
+        if count == 1 {
+            self.key(key)
+        } else {
+            self.key(key).index(index)
+        }
+    }
 }
 
 impl fmt::Display for KeyPath {

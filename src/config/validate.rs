@@ -453,18 +453,11 @@ fn check_server(c: &mut Checker, path: &KeyPath, raw: &raw::RawServer) -> Server
             if list.0.is_empty() {
                 c.problem(path.key("listen"), "needs at least one address");
             }
-            let one = list.0.len() == 1;
+            let count = list.0.len();
             list.0
                 .iter()
                 .enumerate()
-                .filter_map(|(i, text)| {
-                    let key = if one {
-                        path.key("listen")
-                    } else {
-                        path.key("listen").index(i)
-                    };
-                    c.socket_addr(key, text)
-                })
+                .filter_map(|(i, text)| c.socket_addr(path.element("listen", count, i), text))
                 .collect()
         }
     };
@@ -602,8 +595,8 @@ fn check_tls(
     raw: &raw::RawTls,
 ) -> Option<TlsConfig> {
     use super::tls::{self, PairSpec, SniResolver};
-    let one = raw.listen.0.len() == 1;
-    if raw.listen.0.is_empty() {
+    let count = raw.listen.0.len();
+    if count == 0 {
         c.problem(path.key("listen"), "needs at least one address");
     }
     let listen: Vec<SocketAddr> = raw
@@ -611,14 +604,7 @@ fn check_tls(
         .0
         .iter()
         .enumerate()
-        .filter_map(|(i, text)| {
-            let key = if one {
-                path.key("listen")
-            } else {
-                path.key("listen").index(i)
-            };
-            c.socket_addr(key, text)
-        })
+        .filter_map(|(i, text)| c.socket_addr(path.element("listen", count, i), text))
         .collect();
     let (Some(cert), Some(key)) = (&raw.cert, &raw.key) else {
         let missing = if raw.cert.is_none() { "cert" } else { "key" };
@@ -776,13 +762,8 @@ fn check_store(c: &mut Checker, path: &KeyPath, raw: &raw::RawStore) -> StoreCon
         );
     }
     for (i, url) in urls.iter().enumerate() {
-        let key = if urls.len() == 1 {
-            path.key("url")
-        } else {
-            path.key("url").index(i)
-        };
         if let Err(message) = check_redis_url(url) {
-            c.problem(key, message);
+            c.problem(path.element("url", urls.len(), i), message);
         }
     }
     let cluster = raw.cluster.unwrap_or(false);
@@ -871,14 +852,10 @@ fn check_upstream(
     if raw.url.0.is_empty() {
         c.problem(path.key("url"), "needs at least one URL");
     }
-    let one = raw.url.0.len() == 1;
+    let count = raw.url.0.len();
     let mut urls = Vec::new();
     for (i, text) in raw.url.0.iter().enumerate() {
-        let key = if one {
-            path.key("url")
-        } else {
-            path.key("url").index(i)
-        };
+        let key = path.element("url", count, i);
         match text.parse::<Uri>() {
             Ok(uri)
                 if matches!(uri.scheme_str(), Some("http" | "https"))
@@ -1039,8 +1016,8 @@ fn check_limit(c: &mut Checker, path: &KeyPath, name: &str, raw: &raw::RawLimit)
             "a limit's name must be printable ASCII: it is sent in RateLimit headers",
         );
     }
-    let one = raw.key.0.len() == 1;
-    if raw.key.0.is_empty() {
+    let count = raw.key.0.len();
+    if count == 0 {
         c.problem(path.key("key"), "needs at least one key part");
     }
     let key: Vec<KeyPart> = raw
@@ -1048,14 +1025,7 @@ fn check_limit(c: &mut Checker, path: &KeyPath, name: &str, raw: &raw::RawLimit)
         .0
         .iter()
         .enumerate()
-        .filter_map(|(i, text)| {
-            let key_path = if one {
-                path.key("key")
-            } else {
-                path.key("key").index(i)
-            };
-            check_key_part(c, key_path, text)
-        })
+        .filter_map(|(i, text)| check_key_part(c, path.element("key", count, i), text))
         .collect();
 
     let base = raw.params();
