@@ -126,7 +126,7 @@ http {
         local ok, err = red:connect("127.0.0.1", $PORT_REDIS)
         if not ok then return ngx.exit(503) end
         local key = "tollgate:per_ip:{" .. ngx.md5(ngx.var.remote_addr) .. "}:tb"
-        local res, err = red:evalsha("$SHA", 1, key, 1, 4, 1000000, "1.000000", 0, 0, 0, 1)
+        local res, err = red:evalsha("$SHA", 1, key, 1, 1, 4, 1000000, "1.000000", 0, 0, 0, 1)
         if not res then return ngx.exit(503) end
         red:set_keepalive(10000, 64)
         if res[1] ~= 1 then return ngx.exit(429) end

@@ -72,6 +72,7 @@ use std::time::Duration;
 use redis::aio::MultiplexedConnection;
 use redis::cluster_async::ClusterConnection;
 use redis::{Cmd, RedisResult, Value};
+use smallvec::SmallVec;
 use tokio::sync::Notify;
 
 use crate::config::{OnFailure, RedisConfig};
@@ -159,9 +160,101 @@ pub struct SharedDecision {
 }
 
 thread_local! {
-    /// Per thread: (store address, generation, connection).
-    static THREAD_CONNECTION: std::cell::RefCell<Option<(usize, u64, Connection)>> =
+    /// Per thread: (store address, generation, connection and batcher).
+    static THREAD_STATE: std::cell::RefCell<Option<(usize, u64, Arc<ThreadState>)>> =
         const { std::cell::RefCell::new(None) };
+}
+
+/// Most decisions one script call carries: bounds the call's size and how
+/// long Redis runs it.
+pub const MAX_BATCH: usize = 64;
+
+/// One thread's connection (made on first use) and the decisions waiting
+/// for it.
+#[derive(Default)]
+struct ThreadState {
+    connection: tokio::sync::OnceCell<Connection>,
+    /// Per thread, so never contended by another worker.
+    queue: parking_lot::Mutex<Queue>,
+}
+
+#[derive(Default)]
+struct Queue {
+    waiting: Vec<Pending>,
+    /// A task is sending batches: a decision that arrives now waits for
+    /// the call in flight to return, then goes in the next batch.
+    busy: bool,
+}
+
+/// The numbers of one decision's entries (6 per entry, see `stack.lua`).
+type Answer = SmallVec<[i64; 24]>;
+
+/// A decision waiting to be sent.
+struct Pending {
+    args: Args,
+    reply: tokio::sync::oneshot::Sender<Result<Answer, Unavailable>>,
+}
+
+/// The script arguments of one decision or settlement: its keys, then its
+/// ARGV values, all in one buffer (a request builds no `String` per value).
+#[derive(Debug, Default)]
+struct Args {
+    buf: String,
+    /// Where each value ends in `buf`.
+    ends: SmallVec<[u32; 40]>,
+    /// How many of the values are keys (one per entry).
+    keys: usize,
+}
+
+impl Args {
+    fn push(&mut self, value: impl std::fmt::Display) {
+        let _ = write!(self.buf, "{value}");
+        self.end();
+    }
+
+    /// Ends the value written into `buf` since the last one.
+    fn end(&mut self) {
+        self.ends
+            .push(u32::try_from(self.buf.len()).unwrap_or(u32::MAX));
+    }
+
+    fn values(&self) -> impl Iterator<Item = &str> {
+        let starts = std::iter::once(0).chain(self.ends.iter().copied());
+        starts
+            .zip(self.ends.iter().copied())
+            .map(|(a, b)| &self.buf[a as usize..b as usize])
+    }
+}
+
+/// `EVALSHA <hash> <keys> <keys…> <argv…>` of `args` as they are
+/// (`settle.lua`).
+fn eval_cmd(hash: &str, args: &Args) -> Cmd {
+    let mut cmd = redis::cmd("EVALSHA");
+    cmd.arg(hash).arg(args.keys);
+    for value in args.values() {
+        cmd.arg(value);
+    }
+    cmd
+}
+
+/// One `stack.lua` call deciding `batch` in order: every decision's keys,
+/// then the number of decisions, then every decision's values.
+fn batch_cmd<'a>(hash: &str, batch: impl Iterator<Item = &'a Args> + Clone) -> Cmd {
+    let mut cmd = redis::cmd("EVALSHA");
+    let keys: usize = batch.clone().map(|a| a.keys).sum();
+    cmd.arg(hash).arg(keys);
+    for args in batch.clone() {
+        for key in args.values().take(args.keys) {
+            cmd.arg(key);
+        }
+    }
+    cmd.arg(batch.clone().count());
+    for args in batch {
+        for value in args.values().skip(args.keys) {
+            cmd.arg(value);
+        }
+    }
+    cmd
 }
 
 /// One Redis or a Redis Cluster; clones share the connection.
@@ -192,7 +285,7 @@ impl Connection {
 pub struct RedisStore {
     config: RedisConfig,
     /// Bumped each time the breaker closes: every thread's connection of an
-    /// older generation is replaced (see [`RedisStore::thread_connection`]).
+    /// older generation is replaced (see [`RedisStore::thread_state`]).
     generation: AtomicU64,
     open: AtomicBool,
     failures: AtomicU32,
@@ -493,9 +586,16 @@ impl RedisStore {
                 let n = self.sequence.fetch_add(1, Ordering::Relaxed);
                 format!("{}:{n}", self.node)
             });
-        let cmd = self.script_cmd(&self.stack, entries, |_| cost as i64, member.as_deref());
-        let value = self.call(&self.stack, &cmd).await?;
-        let verdicts = parse_verdicts(&value, entries.len()).ok_or_else(|| {
+        let args = self.args(entries, |_| cost as i64, member.as_deref());
+        let answer = if self.config.cluster {
+            // Unbatched: requests on one connection rarely share a slot.
+            let cmd = batch_cmd(self.stack.get_hash(), std::iter::once(&args));
+            let value = self.call(&self.stack, &cmd).await?;
+            ints(&value, entries.len() * 6)
+        } else {
+            self.batched(args).await?
+        };
+        let verdicts = parse_verdicts(&answer, entries.len()).ok_or_else(|| {
             tracing::warn!("unexpected answer from the redis stack script");
             self.failed();
             Unavailable
@@ -540,7 +640,7 @@ impl RedisStore {
         });
     }
 
-    /// `EVALSHA <script> n keys… argv…` for `entries`, and the keys.
+    /// `EVALSHA <script> n keys… argv…` for `entries` (`settle.lua`).
     fn script_cmd(
         &self,
         script: &redis::Script,
@@ -548,22 +648,44 @@ impl RedisStore {
         amount: impl Fn(usize) -> i64,
         member: Option<&str>,
     ) -> Cmd {
-        let mut cmd = redis::cmd("EVALSHA");
-        cmd.arg(script.get_hash()).arg(entries.len());
+        eval_cmd(script.get_hash(), &self.args(entries, amount, member))
+    }
+
+    /// The keys of `entries`, then their number and 7 values each (see
+    /// `stack.lua`): one decision, or one settlement.
+    fn args(
+        &self,
+        entries: &[SharedEntry<'_>],
+        amount: impl Fn(usize) -> i64,
+        member: Option<&str>,
+    ) -> Args {
+        let mut args = Args {
+            buf: String::with_capacity(entries.len() * 96),
+            ..Args::default()
+        };
         for e in entries {
-            cmd.arg(self.key_of(e));
+            self.write_key(e, &mut args.buf);
+            args.end();
         }
-        cmd.arg(entries.len());
+        args.keys = entries.len();
+        args.push(entries.len());
         for (i, e) in entries.iter().enumerate() {
-            let [algo, p1, p2, p3, p4] = script_params(e, member.unwrap_or(""));
-            cmd.arg(algo).arg(p1).arg(p2).arg(p3).arg(p4);
-            cmd.arg(if e.shadow { "1" } else { "0" }).arg(amount(i));
+            push_params(e, member.unwrap_or(""), &mut args);
+            args.push(if e.shadow { 1 } else { 0 });
+            args.push(amount(i));
         }
-        cmd
+        args
     }
 
     /// `<prefix><limit>:{<digest>}:<algorithm>[:<plan>]`.
     fn key_of(&self, e: &SharedEntry<'_>) -> String {
+        let mut key = String::with_capacity(self.config.prefix.len() + e.limit.len() + 48);
+        self.write_key(e, &mut key);
+        key
+    }
+
+    /// [`RedisStore::key_of`], written at the end of `key`.
+    fn write_key(&self, e: &SharedEntry<'_>, key: &mut String) {
         let tag = match e.algorithm {
             Algorithm::FixedWindow { .. } => "fw",
             Algorithm::SlidingWindow { .. } => "sw",
@@ -572,7 +694,6 @@ impl RedisStore {
             Algorithm::LeakyBucket { .. } => "lb",
             Algorithm::Concurrency { .. } => "cc",
         };
-        let mut key = String::with_capacity(self.config.prefix.len() + e.limit.len() + 48);
         let _ = write!(
             key,
             "{}{}:{{{:032x}}}:{tag}",
@@ -584,7 +705,6 @@ impl RedisStore {
             key.push(':');
             key.push_str(plan);
         }
-        key
     }
 
     /// One call, bounded by `timeout`, through the breaker; re-loads the
@@ -593,8 +713,32 @@ impl RedisStore {
         if self.is_down() {
             return Err(Unavailable);
         }
+        match self.query(&self.thread_state(), script, cmd).await {
+            Ok(value) => {
+                self.failures.store(0, Ordering::Relaxed);
+                Ok(value)
+            }
+            Err(Unavailable) => {
+                self.failed();
+                Err(Unavailable)
+            }
+        }
+    }
+
+    /// `cmd` on `state`'s connection, bounded by `timeout`; re-loads the
+    /// script on `NOSCRIPT`. The caller counts the failure.
+    async fn query(
+        &self,
+        state: &ThreadState,
+        script: &redis::Script,
+        cmd: &Cmd,
+    ) -> Result<Value, Unavailable> {
         let result = tokio::time::timeout(self.config.timeout, async {
-            let mut connection = self.thread_connection().await?;
+            let mut connection = state
+                .connection
+                .get_or_try_init(|| self.open())
+                .await?
+                .clone();
             let mut answer = connection.query(cmd).await;
             // NOSCRIPT: load and retry; a second flush may land between the
             // two (a test does that), so a few times, all within `timeout`.
@@ -614,12 +758,40 @@ impl RedisStore {
         })
         .await;
         match result {
-            Ok(Ok(value)) => {
-                self.failures.store(0, Ordering::Relaxed);
-                Ok(value)
-            }
+            Ok(Ok(value)) => Ok(value),
             Ok(Err(error)) => {
                 tracing::debug!(%error, "redis store call failed");
+                Err(Unavailable)
+            }
+            Err(_) => {
+                tracing::debug!(timeout = ?self.config.timeout, "redis store call timed out");
+                Err(Unavailable)
+            }
+        }
+    }
+
+    /// One decision through this thread's batcher: sent at once when no
+    /// call is in flight on the thread's connection, else with every other
+    /// decision that arrives meanwhile in the next call. Waits at most
+    /// `timeout` in all; a failed batch fails each of its decisions, and
+    /// each counts for the breaker as its own call would have.
+    async fn batched(self: &Arc<Self>, args: Args) -> Result<Answer, Unavailable> {
+        if self.is_down() {
+            return Err(Unavailable);
+        }
+        let state = self.thread_state();
+        let (reply, answer) = tokio::sync::oneshot::channel();
+        let start = {
+            let mut queue = state.queue.lock();
+            queue.waiting.push(Pending { args, reply });
+            !std::mem::replace(&mut queue.busy, true)
+        };
+        if start {
+            tokio::spawn(send_batches(self.clone(), state));
+        }
+        match tokio::time::timeout(self.config.timeout, answer).await {
+            Ok(Ok(Ok(answer))) => Ok(answer),
+            Ok(_) => {
                 self.failed();
                 Err(Unavailable)
             }
@@ -627,6 +799,44 @@ impl RedisStore {
                 tracing::debug!(timeout = ?self.config.timeout, "redis store call timed out");
                 self.failed();
                 Err(Unavailable)
+            }
+        }
+    }
+
+    /// `batch` as one `stack.lua` call, each decision's answer sent back.
+    async fn send_batch(&self, state: &ThreadState, batch: &mut Vec<Pending>) {
+        let answer = if self.is_down() {
+            Err(Unavailable)
+        } else {
+            let cmd = batch_cmd(self.stack.get_hash(), batch.iter().map(|p| &p.args));
+            self.query(state, &self.stack, &cmd).await
+        };
+        let expected: usize = batch.iter().map(|p| p.args.keys * 6).sum();
+        match answer {
+            Ok(Value::Array(items)) if items.len() == expected => {
+                self.failures.store(0, Ordering::Relaxed);
+                let mut items = items.iter();
+                for pending in batch.drain(..) {
+                    let n = pending.args.keys * 6;
+                    let answer: Option<Answer> = items
+                        .by_ref()
+                        .take(n)
+                        .map(|v| match v {
+                            Value::Int(i) => Some(*i),
+                            _ => None,
+                        })
+                        .collect();
+                    // A caller that gave up (timeout, client gone) is not told.
+                    let _ = pending.reply.send(answer.ok_or(Unavailable));
+                }
+            }
+            other => {
+                if other.is_ok() {
+                    tracing::warn!("unexpected answer from the redis stack script");
+                }
+                for pending in batch.drain(..) {
+                    let _ = pending.reply.send(Err(Unavailable));
+                }
             }
         }
     }
@@ -644,29 +854,28 @@ impl RedisStore {
         }
     }
 
-    /// This thread's connection of the current generation, made on this
-    /// thread's runtime when there is none yet: its driver then runs beside
-    /// the requests that use it, and a call costs no wake-up of another
-    /// thread. All requests of the thread share (pipeline) it.
-    async fn thread_connection(&self) -> RedisResult<Connection> {
+    /// This thread's connection and batcher, of the current generation.
+    /// The connection is made on first use on this thread's runtime: its
+    /// driver then runs beside the requests that use it, and a call costs
+    /// no wake-up of another thread. All requests of the thread share it:
+    /// a decision goes through the batcher, other calls are pipelined.
+    fn thread_state(&self) -> Arc<ThreadState> {
         let id = self as *const RedisStore as usize;
         let generation = self.generation.load(Ordering::Acquire);
-        let held = THREAD_CONNECTION.with(|held| {
-            held.borrow()
-                .as_ref()
-                .filter(|(i, g, _)| *i == id && *g == generation)
-                .map(|(_, _, c)| c.clone())
-        });
-        if let Some(connection) = held {
-            return Ok(connection);
-        }
-        // The probe that closed the breaker loaded the scripts (NOSCRIPT
-        // reloads them otherwise): a plain connection will do.
-        let connection = self.open().await?;
-        THREAD_CONNECTION.with(|held| {
-            *held.borrow_mut() = Some((id, generation, connection.clone()));
-        });
-        Ok(connection)
+        THREAD_STATE.with(|held| {
+            let mut held = held.borrow_mut();
+            match &*held {
+                Some((i, g, state)) if *i == id && *g == generation => state.clone(),
+                // The probe that closed the breaker loaded the scripts
+                // (NOSCRIPT reloads them otherwise): a plain connection
+                // will do.
+                _ => {
+                    let state = Arc::new(ThreadState::default());
+                    *held = Some((id, generation, state.clone()));
+                    state
+                }
+            }
+        })
     }
 
     /// A fresh connection with the scripts loaded, or why not.
@@ -701,6 +910,30 @@ impl RedisStore {
             )
         };
         Ok(connection)
+    }
+}
+
+/// Sends the decisions queued on `state`, [`MAX_BATCH`] at a time, one
+/// call in flight, until none is left; the next decision then starts a
+/// new sender.
+async fn send_batches(store: Arc<RedisStore>, state: Arc<ThreadState>) {
+    let mut batch: Vec<Pending> = Vec::new();
+    loop {
+        {
+            let mut queue = state.queue.lock();
+            // Callers that gave up are not decided: they were told
+            // `Unavailable`, and a charge for them would be lost.
+            queue.waiting.retain(|p| !p.reply.is_closed());
+            if queue.waiting.is_empty() {
+                queue.busy = false;
+                return;
+            }
+            std::mem::swap(&mut queue.waiting, &mut batch);
+            if batch.len() > MAX_BATCH {
+                queue.waiting.extend(batch.drain(MAX_BATCH..));
+            }
+        }
+        store.send_batch(&state, &mut batch).await;
     }
 }
 
@@ -778,12 +1011,19 @@ async fn supervise(store: std::sync::Weak<RedisStore>, ready: std::sync::mpsc::S
     }
 }
 
-/// The five per-entry script parameters (see `stack.lua`), times in µs.
-fn script_params(e: &SharedEntry<'_>, member: &str) -> [String; 5] {
-    let us = |n: Nanos| (n / 1_000).max(1).to_string();
+/// The five per-entry script parameters (see `stack.lua`), times in µs,
+/// pushed onto `args`.
+fn push_params(e: &SharedEntry<'_>, member: &str, args: &mut Args) {
+    let us = |n: Nanos| (n / 1_000).max(1);
     // The emission interval T = per / tokens, in µs, possibly fractional.
-    let interval =
-        |per: Nanos, tokens: u64| format!("{:.6}", per as f64 / 1_000.0 / tokens.max(1) as f64);
+    let interval = |args: &mut Args, per: Nanos, tokens: u64| {
+        let _ = write!(
+            args.buf,
+            "{:.6}",
+            per as f64 / 1_000.0 / tokens.max(1) as f64
+        );
+        args.end();
+    };
     match e.algorithm {
         Algorithm::FixedWindow { limit, window } => {
             let (jitter, first) = match e.align {
@@ -795,80 +1035,77 @@ fn script_params(e: &SharedEntry<'_>, member: &str) -> [String; 5] {
                 WindowAlign::Epoch { .. } => (0, 0),
                 WindowAlign::FirstRequest => (0, 1),
             };
-            [
-                "1".into(),
-                limit.to_string(),
-                us(window),
-                jitter.to_string(),
-                first.to_string(),
-            ]
+            args.push(1);
+            args.push(limit);
+            args.push(us(window));
+            args.push(jitter);
+            args.push(first);
         }
-        Algorithm::SlidingWindow { limit, window } => [
-            "2".into(),
-            limit.to_string(),
-            us(window),
-            "0".into(),
-            "0".into(),
-        ],
-        Algorithm::SlidingLog { limit, window } => [
-            "3".into(),
-            limit.to_string(),
-            us(window),
-            "0".into(),
-            "0".into(),
-        ],
-        Algorithm::TokenBucket { capacity, refill } => [
-            "4".into(),
-            capacity.to_string(),
-            interval(refill.per, refill.tokens),
-            "0".into(),
-            e.lease.min(capacity).to_string(),
-        ],
+        Algorithm::SlidingWindow { limit, window } | Algorithm::SlidingLog { limit, window } => {
+            let code = if matches!(e.algorithm, Algorithm::SlidingWindow { .. }) {
+                2
+            } else {
+                3
+            };
+            args.push(code);
+            args.push(limit);
+            args.push(us(window));
+            args.push(0);
+            args.push(0);
+        }
+        Algorithm::TokenBucket { capacity, refill } => {
+            args.push(4);
+            args.push(capacity);
+            interval(args, refill.per, refill.tokens);
+            args.push(0);
+            args.push(e.lease.min(capacity));
+        }
         Algorithm::LeakyBucket {
             capacity,
             rate,
             mode,
-        } => [
-            "4".into(),
-            capacity.saturating_add(1).to_string(),
-            interval(rate.per, rate.tokens),
-            u8::from(mode == LeakyMode::Delay).to_string(),
-            "0".into(),
-        ],
-        Algorithm::Concurrency { max } => [
-            "5".into(),
-            max.to_string(),
-            LEASE.as_millis().to_string(),
-            member.to_owned(),
-            "0".into(),
-        ],
+        } => {
+            args.push(4);
+            args.push(capacity.saturating_add(1));
+            interval(args, rate.per, rate.tokens);
+            args.push(u8::from(mode == LeakyMode::Delay));
+            args.push(0);
+        }
+        Algorithm::Concurrency { max } => {
+            args.push(5);
+            args.push(max);
+            args.push(LEASE.as_millis());
+            args.push(member);
+            args.push(0);
+        }
+    }
+}
+
+/// The integers of a script's answer, when it is `n` of them.
+fn ints(value: &Value, n: usize) -> Answer {
+    match value {
+        Value::Array(items) if items.len() == n => items
+            .iter()
+            .map_while(|v| match v {
+                Value::Int(i) => Some(*i),
+                _ => None,
+            })
+            .collect(),
+        _ => Answer::new(),
     }
 }
 
 /// Six integers per entry (see `stack.lua`) into verdicts and the units taken.
-fn parse_verdicts(value: &Value, n: usize) -> Option<Vec<(Verdict, u64)>> {
-    let Value::Array(items) = value else {
-        return None;
-    };
-    if items.len() != n * 6 {
+fn parse_verdicts(answer: &[i64], n: usize) -> Option<Vec<(Verdict, u64)>> {
+    if answer.len() != n * 6 {
         return None;
     }
-    let int = |v: &Value| match v {
-        Value::Int(i) => Some(*i),
-        _ => None,
-    };
     let ns = |us: i64| u64::try_from(us).unwrap_or(0).saturating_mul(1_000);
-    items
+    let verdicts = answer
         .chunks(6)
         .map(|c| {
-            let [allowed, remaining, reset, retry, delay, taken] = [
-                int(&c[0])?,
-                int(&c[1])?,
-                int(&c[2])?,
-                int(&c[3])?,
-                int(&c[4])?,
-                int(&c[5])?,
-            ];
+            let [allowed, remaining, reset, retry, delay, taken] =
+                [c[0], c[1], c[2], c[3], c[4], c[5]];
             let remaining = u64::try_from(remaining).unwrap_or(0);
             let verdict = if allowed == 1 {
                 Verdict {
@@ -878,9 +1115,10 @@ fn parse_verdicts(value: &Value, n: usize) -> Option<Vec<(Verdict, u64)>> {
             } else {
                 Verdict::deny(remaining, ns(reset), ns(retry), retry < 0)
             };
-            Some((verdict, u64::try_from(taken).unwrap_or(0)))
+            (verdict, u64::try_from(taken).unwrap_or(0))
         })
-        .collect()
+        .collect();
+    Some(verdicts)
 }
 
 /// A unique id for this process's lease members: pid and start time.
@@ -995,16 +1233,24 @@ mod tests {
                 .map(Value::Int)
                 .collect(),
         );
-        let parsed = parse_verdicts(&answer, 2).expect("parses");
+        let parsed = parse_verdicts(&ints(&answer, 12), 2).expect("parses");
         assert_eq!(parsed[0].0, Verdict::allow(4, 2_000_000));
         assert_eq!(parsed[0].1, 5);
         assert_eq!(parsed[1].0, Verdict::deny(0, 9_000_000, 3_000_000, false));
         assert!(
-            parse_verdicts(&answer, 3).is_none(),
+            parse_verdicts(&ints(&answer, 18), 3).is_none(),
             "a short answer is refused"
         );
-        let never = Value::Array([0, 0, 0, -1, 0, 0].into_iter().map(Value::Int).collect());
+        let odd = Value::Array(vec![Value::Int(1), Value::Nil]);
+        assert!(ints(&odd, 2).len() < 2, "a non-integer is refused");
+        let never = [0, 0, 0, -1, 0, 0];
         assert!(parse_verdicts(&never, 1).expect("parses")[0].0.never);
+    }
+
+    fn params(e: &SharedEntry<'_>) -> Vec<String> {
+        let mut args = Args::default();
+        push_params(e, "", &mut args);
+        args.values().map(str::to_owned).collect()
     }
 
     #[test]
@@ -1025,10 +1271,7 @@ mod tests {
             lease: 100,
         };
         // T = 1 s / 3; a lease is capped at the capacity.
-        assert_eq!(
-            script_params(&e, ""),
-            ["4", "20", "333333.333333", "0", "20"]
-        );
+        assert_eq!(params(&e), ["4", "20", "333333.333333", "0", "20"]);
         let e = SharedEntry {
             algorithm: Algorithm::FixedWindow {
                 limit: 5,
@@ -1037,6 +1280,34 @@ mod tests {
             align: WindowAlign::FirstRequest,
             ..e
         };
-        assert_eq!(script_params(&e, ""), ["1", "5", "60000000", "0", "1"]);
+        assert_eq!(params(&e), ["1", "5", "60000000", "0", "1"]);
+    }
+
+    #[test]
+    fn a_batch_lists_every_key_then_the_count_then_every_decision() {
+        let mut a = Args::default();
+        for v in ["k1", "k2", "2", "x", "y"] {
+            a.push(v);
+        }
+        a.keys = 2;
+        let mut b = Args::default();
+        for v in ["k3", "1", "z"] {
+            b.push(v);
+        }
+        b.keys = 1;
+        let cmd = batch_cmd("sha", [&a, &b].into_iter());
+        let args: Vec<String> = cmd
+            .args_iter()
+            .map(|arg| match arg {
+                redis::Arg::Simple(bytes) => String::from_utf8_lossy(bytes).into_owned(),
+                _ => String::new(),
+            })
+            .collect();
+        assert_eq!(
+            args,
+            [
+                "EVALSHA", "sha", "3", "k1", "k2", "k3", "2", "2", "x", "y", "1", "z"
+            ]
+        );
     }
 }

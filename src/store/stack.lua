@@ -1,7 +1,11 @@
--- One request's shared key stack, decided all or nothing (src/store/mod.rs).
+-- Decisions of one or more requests, each all or nothing, in order
+-- (src/store/mod.rs). A batch is the requests that reached one worker's
+-- connection while its previous call was in flight.
 --
--- KEYS[i]: entry i's key. ARGV[1]: the number of entries n; then 7 values
--- per entry: algorithm, p1, p2, p3, p4, shadow (0/1), cost.
+-- ARGV[1]: the number of decisions m. Then per decision: its number of
+-- entries n and 7 values per entry: algorithm, p1, p2, p3, p4, shadow (0/1),
+-- cost. KEYS: every decision's keys, in order (entry j of a decision is the
+-- next key).
 --
 --   1 fixed window    p1 limit, p2 window (us), p3 jitter offset (us), p4 first_request (0/1)
 --   2 sliding window  p1 limit, p2 window (us)
@@ -11,29 +15,31 @@
 --                     p4 lease: take up to this many units when admitted (0: cost)
 --   5 concurrency     p1 max, p2 lease (ms), p3 lease member (unique per request)
 --
--- The clock is Redis TIME. Phase 1 decides every entry against the state as
--- it stands (an entry listed twice sees its own first charge); if a
--- non-shadow entry denies, nothing is written and the admitting entries are
--- reported uncharged. Phase 2 writes every charge, each key with its expiry.
+-- The clock is Redis TIME, read once: one batch is one instant. Each
+-- decision is decided against the state the decisions before it left (an
+-- entry listed twice sees its own first charge); if one of its non-shadow
+-- entries denies, it charges nothing and its admitting entries are reported
+-- uncharged. Each key is read at most once and, when charged, written once
+-- at the end in its final state with its expiry: a batch of decisions on one
+-- hot key costs one read and one write.
 --
--- Returns 6 integers per entry: allowed (0/1), remaining, reset_after (us),
--- retry_after (us, -1 = never), delay (us), units taken (the cost, or with a
--- lease up to the lease).
+-- Returns 6 integers per entry, decisions in order: allowed (0/1),
+-- remaining, reset_after (us), retry_after (us, -1 = never), delay (us),
+-- units taken (the cost, or with a lease up to the lease).
 
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000000 + tonumber(t[2])
-local n = tonumber(ARGV[1])
+local m = tonumber(ARGV[1])
 
 local function ceil(x) return math.ceil(x - 1e-6) end
 local function floor(x) return math.floor(x + 1e-6) end
 
--- State as read from Redis, by key; `cur` holds the state after this
--- script's earlier charges.
-local cur = {}
-local orig = {}
+-- By key: the state after the admitted decisions so far (read from Redis
+-- on first use).
+local committed = {}
 
 local function load(key, algo)
-  if cur[key] ~= nil then return cur[key] end
+  if committed[key] ~= nil then return committed[key] end
   local s
   if algo == 1 or algo == 2 or algo == 4 then
     local v = redis.call('GET', key)
@@ -57,8 +63,7 @@ local function load(key, algo)
     s = { used = 0, added = {} }
     for _, u in ipairs(leases) do s.used = s.used + u end
   end
-  cur[key] = s
-  orig[key] = s
+  committed[key] = s
   return s
 end
 
@@ -216,11 +221,11 @@ local function concurrency(s, cost, max, member)
   return false, math.max(max - s.used, 0), 0, never and -1 or 1000000, 0, nil, 0
 end
 
-local function decide(i, key, cost, state)
-  local b = 1 + (i - 1) * 7
+-- Entry at ARGV base b (its algorithm is ARGV[b + 1]) against `state`.
+local function decide(b, key, cost, state)
   local algo = tonumber(ARGV[b + 1])
   local p1, p2 = tonumber(ARGV[b + 2]), tonumber(ARGV[b + 3])
-  local s = state or load(key, algo)
+  local s = state
   if algo == 1 then
     return algo, fixed(s, cost, p1, p2, tonumber(ARGV[b + 4]), tonumber(ARGV[b + 5]))
   elseif algo == 2 then
@@ -234,80 +239,99 @@ local function decide(i, key, cost, state)
 end
 
 local out = {}
-local denied = false
-local charged = {}
-for i = 1, n do
-  local b = 1 + (i - 1) * 7
-  local shadow = ARGV[b + 6] == '1'
-  local cost = tonumber(ARGV[b + 7])
-  local key = KEYS[i]
-  local algo, allowed, remaining, reset_after, retry, delay, next, taken = decide(i, key, cost)
-  if allowed and next ~= nil and cost > 0 then
-    cur[key] = next
-    charged[#charged + 1] = { i, key, algo }
-  end
-  if not allowed and not shadow then denied = true end
-  out[#out + 1] = allowed and 1 or 0
-  out[#out + 1] = remaining
-  out[#out + 1] = reset_after
-  out[#out + 1] = retry
-  out[#out + 1] = delay
-  out[#out + 1] = taken
-end
-
-if denied then
-  -- Nothing is written; entries that admitted report the state uncharged.
+-- Keys to write, in the order first charged, with the ARGV base and
+-- algorithm of that first charge (its parameters give the expiry).
+local dirty = {}
+local writes = {}
+local a = 2 -- ARGV base of the current decision
+local k = 0 -- KEYS before the current decision
+for _ = 1, m do
+  local n = tonumber(ARGV[a])
+  local first = #out
+  -- State after this decision's earlier charges, by key.
+  local cur = {}
+  local charged = {}
+  local denied = false
   for i = 1, n do
-    if out[(i - 1) * 6 + 1] == 1 then
-      local key = KEYS[i]
-      local _, _, remaining, reset_after = decide(i, key, 0, orig[key])
-      out[(i - 1) * 6 + 2] = remaining
-      out[(i - 1) * 6 + 3] = reset_after
-      out[(i - 1) * 6 + 5] = 0
-      out[(i - 1) * 6 + 6] = 0
+    local b = a + (i - 1) * 7
+    local shadow = ARGV[b + 6] == '1'
+    local cost = tonumber(ARGV[b + 7])
+    local key = KEYS[k + i]
+    local s = cur[key]
+    if s == nil then s = load(key, tonumber(ARGV[b + 1])) end
+    local algo, allowed, remaining, reset_after, retry, delay, next, taken = decide(b, key, cost, s)
+    if allowed and next ~= nil and cost > 0 then
+      cur[key] = next
+      charged[#charged + 1] = { b, key, algo }
+    end
+    if not allowed and not shadow then denied = true end
+    out[#out + 1] = allowed and 1 or 0
+    out[#out + 1] = remaining
+    out[#out + 1] = reset_after
+    out[#out + 1] = retry
+    out[#out + 1] = delay
+    out[#out + 1] = taken
+  end
+  if denied then
+    -- Nothing is charged; entries that admitted report the state uncharged.
+    for i = 1, n do
+      local o = first + (i - 1) * 6
+      if out[o + 1] == 1 then
+        local key = KEYS[k + i]
+        local _, _, remaining, reset_after = decide(a + (i - 1) * 7, key, 0, committed[key])
+        out[o + 2] = remaining
+        out[o + 3] = reset_after
+        out[o + 5] = 0
+        out[o + 6] = 0
+      end
+    end
+  else
+    for _, c in ipairs(charged) do
+      local key = c[2]
+      committed[key] = cur[key]
+      if not dirty[key] then
+        dirty[key] = true
+        writes[#writes + 1] = c
+      end
     end
   end
-  return out
+  a = a + 1 + n * 7
+  k = k + n
 end
 
--- Phase 2: write each charged key once, in its final state, with its expiry.
-local written = {}
-for _, c in ipairs(charged) do
-  local i, key, algo = c[1], c[2], c[3]
-  if not written[key] then
-    written[key] = true
-    local s = cur[key]
-    local b = 1 + (i - 1) * 7
-    local p2 = tonumber(ARGV[b + 3])
-    if algo == 1 then
-      local jitter, first = tonumber(ARGV[b + 4]), tonumber(ARGV[b + 5])
-      local kn = now - jitter
-      local ends = (first == 1) and (s[1] + p2) or ((s[1] + 1) * p2)
-      local ttl = math.max(math.ceil((ends - kn) / 1000), 1)
-      redis.call('SET', key, string.format('%.0f %.0f', s[1], s[2]), 'PX', ttl)
-    elseif algo == 2 then
-      local ttl = math.max(math.ceil(((s[1] + 2) * p2 - now) / 1000), 1)
-      redis.call('SET', key, string.format('%.0f %.0f %.0f', s[1], s[2], s[3]), 'PX', ttl)
-    elseif algo == 4 then
-      local ttl = math.max(math.ceil((s[1] - now) / 1000), 1)
-      redis.call('SET', key, string.format('%.17g', s[1]), 'PX', ttl)
-    elseif algo == 3 then
-      redis.call('ZREMRANGEBYSCORE', key, '-inf', now - p2)
-      local seq = redis.call('ZCARD', key)
-      for _, r in ipairs(s.added) do
-        seq = seq + 1
-        redis.call('ZADD', key, r[1], string.format('%d:%.0f:%d', r[2], r[1], seq))
-      end
-      redis.call('PEXPIRE', key, math.max(math.ceil(p2 / 1000), 1))
-    else
-      local ms = math.floor(now / 1000)
-      redis.call('ZREMRANGEBYSCORE', key, '-inf', ms)
-      for _, a in ipairs(s.added) do
-        redis.call('ZADD', key, ms + p2, string.format('%d:%s', a[1], a[2]))
-      end
-      local top = redis.call('ZRANGE', key, -1, -1, 'WITHSCORES')
-      redis.call('PEXPIREAT', key, tonumber(top[2]) + 1)
+-- Write each charged key once, in its final state, with its expiry.
+for _, c in ipairs(writes) do
+  local b, key, algo = c[1], c[2], c[3]
+  local s = committed[key]
+  local p2 = tonumber(ARGV[b + 3])
+  if algo == 1 then
+    local jitter, first = tonumber(ARGV[b + 4]), tonumber(ARGV[b + 5])
+    local kn = now - jitter
+    local ends = (first == 1) and (s[1] + p2) or ((s[1] + 1) * p2)
+    local ttl = math.max(math.ceil((ends - kn) / 1000), 1)
+    redis.call('SET', key, string.format('%.0f %.0f', s[1], s[2]), 'PX', ttl)
+  elseif algo == 2 then
+    local ttl = math.max(math.ceil(((s[1] + 2) * p2 - now) / 1000), 1)
+    redis.call('SET', key, string.format('%.0f %.0f %.0f', s[1], s[2], s[3]), 'PX', ttl)
+  elseif algo == 4 then
+    local ttl = math.max(math.ceil((s[1] - now) / 1000), 1)
+    redis.call('SET', key, string.format('%.17g', s[1]), 'PX', ttl)
+  elseif algo == 3 then
+    redis.call('ZREMRANGEBYSCORE', key, '-inf', now - p2)
+    local seq = redis.call('ZCARD', key)
+    for _, r in ipairs(s.added) do
+      seq = seq + 1
+      redis.call('ZADD', key, r[1], string.format('%d:%.0f:%d', r[2], r[1], seq))
     end
+    redis.call('PEXPIRE', key, math.max(math.ceil(p2 / 1000), 1))
+  else
+    local ms = math.floor(now / 1000)
+    redis.call('ZREMRANGEBYSCORE', key, '-inf', ms)
+    for _, x in ipairs(s.added) do
+      redis.call('ZADD', key, ms + p2, string.format('%d:%s', x[1], x[2]))
+    end
+    local top = redis.call('ZRANGE', key, -1, -1, 'WITHSCORES')
+    redis.call('PEXPIREAT', key, tonumber(top[2]) + 1)
   end
 end
 return out
