@@ -1064,3 +1064,174 @@ limits = ["big"]
     assert_eq!(on_b, 249, "the unspent lease came back");
     assert_keys_expire_and_hide(&redis, &["\"w\"", "\"u\""]);
 }
+
+/// One worker, a patient timeout: while Redis is paused every decision
+/// queues behind the one in flight, so the batching is certain.
+fn one_worker_gateway(redis: &Redis, upstream: &TestUpstream, body: &str) -> Gateway {
+    Gateway::start(&format!(
+        r#"
+[server]
+listen = "127.0.0.1:0"
+admin = "127.0.0.1:0"
+workers = 1
+
+[store]
+backend = "redis"
+url = "{url}"
+prefix = "tg:"
+timeout = "5s"
+
+[upstreams.api]
+url = "{upstream}"
+
+{body}
+"#,
+        url = redis.url(),
+        upstream = upstream.url(),
+    ))
+}
+
+/// `burst` of `n` to `path` on `gateway` (headers per request from
+/// `header_of(i)`), sent while Redis is paused so that they meet in the
+/// worker's queue; returns the statuses by request index.
+async fn burst_while_paused(
+    redis: &mut Redis,
+    gateway: &Gateway,
+    path: &str,
+    n: usize,
+    header_of: impl Fn(usize) -> String,
+) -> Vec<u16> {
+    redis.pause();
+    let mut set = tokio::task::JoinSet::new();
+    for i in 0..n {
+        let (addr, path, user) = (gateway.addr, path.to_owned(), header_of(i));
+        set.spawn(async move { (i, get(addr, &path, &[("x-user", &user)]).await.status) });
+    }
+    // Long enough for every request to reach the gateway's queue; far
+    // below the 5 s timeout.
+    tokio::time::sleep(Duration::from_millis(400)).await;
+    redis.resume();
+    let mut statuses = vec![0; n];
+    while let Some(result) = set.join_next().await {
+        let (i, status) = result.expect("request task");
+        statuses[i] = status;
+    }
+    statuses
+}
+
+#[tokio::test]
+async fn concurrent_decisions_share_script_calls_and_admit_exactly_the_limit() {
+    let mut redis = Redis::start();
+    let upstream = TestUpstream::start().await;
+    let body = r#"
+[limits.fw]
+key = "header:x-user"
+algorithm = "fixed_window"
+limit = 150
+window = "1h"
+
+[limits.tb]
+key = "route"
+algorithm = "token_bucket"
+capacity = 1000
+refill = "1/h"
+
+[[routes]]
+name = "r"
+match = { path = "/r" }
+respond = { status = 200, body = "ok" }
+limits = ["fw", "tb"]
+"#;
+    let a = one_worker_gateway(&redis, &upstream, body);
+    assert_eq!(get(a.addr, "/r", &[("x-user", "warm")]).await.status, 200);
+    redis.cli(&["CONFIG", "RESETSTAT"]);
+    let statuses = burst_while_paused(&mut redis, &a, "/r", 300, |_| "u".into()).await;
+    assert_eq!(count(&statuses, 200), 150, "{statuses:?}\n{}", a.stderr());
+    assert_eq!(count(&statuses, 429), 150, "{statuses:?}");
+    let calls = evalsha_calls(&redis);
+    // One call in flight while the rest queue: 300 decisions in a handful
+    // of calls of at most 64 each (a few more if requests trickle in late).
+    assert!(
+        (5..=60).contains(&calls),
+        "{calls} script calls for 300 decisions"
+    );
+    // Exactly the admitted ones were charged, on both keys.
+    let fw: u64 = redis
+        .keys()
+        .iter()
+        .filter(|k| k.starts_with("tg:fw:"))
+        .map(|k| window_count(&redis, k))
+        .sum();
+    assert_eq!(fw, 151, "150 for u, 1 for the warm-up");
+    assert_eq!(
+        metric(&a, "tollgate_store_fallback_active").await,
+        Some(0.0)
+    );
+    assert_eq!(
+        metric(&a, "tollgate_store_errors_total")
+            .await
+            .unwrap_or(0.0),
+        0.0
+    );
+    assert_keys_expire_and_hide(&redis, &["\"u\"", "warm"]);
+}
+
+#[tokio::test]
+async fn a_denied_stack_in_a_batch_charges_nothing_and_spares_the_others() {
+    let mut redis = Redis::start();
+    let upstream = TestUpstream::start().await;
+    let body = r#"
+[limits.per_user]
+key = "header:x-user"
+algorithm = "fixed_window"
+limit = 1
+window = "1h"
+
+[limits.per_route]
+key = "route"
+algorithm = "fixed_window"
+limit = 1000
+window = "1h"
+
+[[routes]]
+name = "r"
+match = { path = "/r" }
+respond = { status = 200, body = "ok" }
+limits = ["per_route", "per_user"]
+"#;
+    let a = one_worker_gateway(&redis, &upstream, body);
+    assert_eq!(get(a.addr, "/r", &[("x-user", "spent")]).await.status, 200);
+    redis.cli(&["CONFIG", "RESETSTAT"]);
+    // Every third request is from `spent`, whose per_user limit is used up:
+    // its stack denies, even though per_route (listed first) would admit.
+    let user = |i: usize| {
+        if i % 3 == 0 {
+            "spent".to_owned()
+        } else {
+            format!("user-{i}")
+        }
+    };
+    let statuses = burst_while_paused(&mut redis, &a, "/r", 60, user).await;
+    for (i, status) in statuses.iter().enumerate() {
+        let expected = if i % 3 == 0 { 429 } else { 200 };
+        assert_eq!(*status, expected, "request {i} ({}): {statuses:?}", user(i));
+    }
+    let calls = evalsha_calls(&redis);
+    assert!(calls < 20, "{calls} script calls for 60 decisions");
+    // per_route holds the first request and the 40 admitted, none of the
+    // 20 denied; each new user holds exactly its one.
+    let keys = redis.keys();
+    let route = keys
+        .iter()
+        .find(|k| k.starts_with("tg:per_route:"))
+        .expect("route key");
+    assert_eq!(window_count(&redis, route), 41);
+    let users: Vec<u64> = keys
+        .iter()
+        .filter(|k| k.starts_with("tg:per_user:"))
+        .map(|k| window_count(&redis, k))
+        .collect();
+    assert_eq!(users.len(), 41, "{users:?}");
+    assert!(users.iter().all(|n| *n == 1), "{users:?}");
+    assert_keys_expire_and_hide(&redis, &["spent", "user-"]);
+}
