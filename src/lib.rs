@@ -70,8 +70,9 @@
 //! separate listener, [`admin`].
 //!
 //! With `store.backend = "redis"` the limit step sends a stack's shared
-//! limits to [`store`] (one Lua script call per request, all or nothing);
-//! `local = true` limits stay in memory.
+//! limits to [`store`] (one Lua script decision per request, all or
+//! nothing; a worker's concurrent requests share one call); `local = true`
+//! limits stay in memory.
 //!
 //! Every request head is checked by one framing rule before anything
 //! serves it ([`http1::server::framing`]; `Content-Length` by

@@ -1,8 +1,8 @@
 //! The Redis store: shared limits decided by one server-side script per
-//! request (contract §7).
+//! request's stack (contract §7), concurrent requests batched into one call.
 //!
 //! [`RedisStore::decide`] sends a request's shared entries (the limits of its
-//! stack without `local = true`) to Redis as one `EVALSHA` of `stack.lua`,
+//! stack without `local = true`) to Redis as one decision of `stack.lua`,
 //! which decides them all or nothing against Redis `TIME`, writes every
 //! charge with its expiry and returns each entry's numbers. `settle.lua`
 //! charges or refunds afterwards (`cost_header`). Both scripts are loaded
@@ -13,31 +13,39 @@
 //! 128-bit [`LimitKey`] in hex, never the identity it came from. The braces
 //! are a Redis Cluster hash tag: a key's slot depends on the digest only.
 //!
-//! # Connections
+//! # Connections and batches
 //!
 //! One multiplexed connection per worker thread (with `cluster = true`, the
 //! cluster client's, one per node), made lazily on the worker's own runtime
-//! so that its driver runs beside the requests that use it: the script
-//! calls of all the worker's in-flight requests are pipelined on it, a
-//! request awaits only its own answer, and no other thread is woken for
-//! it. The store's own thread (`tollgate-store`, a small runtime) probes,
-//! renews heartbeats and leases, and settles, on a connection of its own.
-//! A connection belongs to a generation, bumped each time the breaker
+//! so that its driver runs beside the requests that use it, and no other
+//! thread is woken for a call. A worker keeps at most one decision call in
+//! flight: a decision that finds none is sent at once, alone; decisions
+//! that arrive meanwhile queue (`ThreadState`) and go together, up to
+//! [`MAX_BATCH`], as one `EVALSHA` when it returns (`stack.lua` decides
+//! them one after the other, each all or nothing). Under load one script
+//! run and one reply serve many requests; idle, nothing waits. Other calls
+//! (settlements, lease renewals) are pipelined on the same connection. The
+//! store's own thread (`tollgate-store`, a small runtime) probes, renews
+//! heartbeats and leases, and settles, on a connection of its own. A
+//! connection belongs to a generation, bumped each time the breaker
 //! closes: after an outage every thread connects afresh.
 //!
 //! # Redis Cluster
 //!
 //! A stack's entries are grouped by slot ([`slot_of`]); each group is one
-//! script call, in stack order. A group that denies ends the decision and
-//! the groups before it are refunded with `settle.lua` before the answer
-//! (the README states the exactness this gives).
+//! script call, in stack order, not batched with other requests. A group
+//! that denies ends the decision and the groups before it are refunded with
+//! `settle.lua` before the answer (the README states the exactness this
+//! gives).
 //!
 //! # Failure
 //!
-//! Every call is bounded by `timeout`. [`FAILURES_TO_OPEN`] failures in a
-//! row open the breaker: calls then fail at once (the caller applies
-//! `on_failure`) and the store thread probes every [`PROBE_INTERVAL`] with a
-//! fresh connection (`PING` + `SCRIPT LOAD`), each probe itself bounded;
+//! Every call is bounded by `timeout`, and so is a decision's wait in a
+//! batch from the moment it queues; a failed batch is one failure per
+//! decision in it. [`FAILURES_TO_OPEN`] failures in a row open the
+//! breaker: calls then fail at once (the caller applies `on_failure`) and
+//! the store thread probes every [`PROBE_INTERVAL`] with a fresh connection
+//! (`PING` + `SCRIPT LOAD`), each probe itself bounded;
 //! the first that succeeds closes the breaker. Opening and closing are each
 //! logged once and shown by `tollgate_store_fallback_active`; every failed
 //! call counts in `tollgate_store_errors_total{backend="redis"}`.

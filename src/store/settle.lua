@@ -3,9 +3,11 @@
 -- Used for `cost_header` and, on Redis Cluster, to refund the slots a later
 -- slot's denial made void.
 --
--- KEYS and ARGV as in stack.lua, with the entry's signed delta in place of
--- its cost (the shadow flag is ignored). For concurrency the delta is the
--- lease's units: negative removes the lease member, positive renews it.
+-- KEYS and ARGV as one decision of stack.lua (ARGV[1] is its number of
+-- entries n, no decision count before it), with the entry's signed delta
+-- in place of its cost (the shadow flag is ignored). For concurrency the
+-- delta is the lease's units: negative removes the lease member, positive
+-- renews it.
 -- Returns 0.
 
 local t = redis.call('TIME')
