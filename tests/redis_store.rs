@@ -1205,7 +1205,7 @@ limits = ["per_route", "per_user"]
     // Every third request is from `spent`, whose per_user limit is used up:
     // its stack denies, even though per_route (listed first) would admit.
     let user = |i: usize| {
-        if i % 3 == 0 {
+        if i.is_multiple_of(3) {
             "spent".to_owned()
         } else {
             format!("user-{i}")
@@ -1213,7 +1213,7 @@ limits = ["per_route", "per_user"]
     };
     let statuses = burst_while_paused(&mut redis, &a, "/r", 60, user).await;
     for (i, status) in statuses.iter().enumerate() {
-        let expected = if i % 3 == 0 { 429 } else { 200 };
+        let expected = if i.is_multiple_of(3) { 429 } else { 200 };
         assert_eq!(*status, expected, "request {i} ({}): {statuses:?}", user(i));
     }
     let calls = evalsha_calls(&redis);
