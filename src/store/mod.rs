@@ -159,12 +159,12 @@ pub struct SharedEntry<'a> {
 pub struct SharedDecision {
     /// One per entry, in order; `None` for an entry not decided because an
     /// earlier Cluster slot denied (it is reported as skipped).
-    pub verdicts: Vec<Option<Verdict>>,
+    pub verdicts: SmallVec<[Option<Verdict>; 4]>,
     /// The concurrency slots taken, when admitted; hold until the body ends.
     pub leases: Vec<Lease>,
     /// Per entry, the units taken (more than the cost for a leased token
     /// bucket: the rest is this node's to spend, see [`RedisStore::add_lease`]).
-    pub taken: Vec<u64>,
+    pub taken: SmallVec<[u64; 4]>,
 }
 
 thread_local! {
@@ -196,6 +196,9 @@ struct Queue {
 
 /// The numbers of one decision's entries (6 per entry, see `stack.lua`).
 type Answer = SmallVec<[i64; 24]>;
+
+/// Per entry of a decision, its verdict and the units it took.
+type Verdicts = SmallVec<[(Verdict, u64); 4]>;
 
 /// A decision waiting to be sent.
 struct Pending {
@@ -477,9 +480,9 @@ impl RedisStore {
         cost: u64,
     ) -> Result<SharedDecision, Unavailable> {
         let mut decision = SharedDecision {
-            verdicts: vec![None; entries.len()],
+            verdicts: smallvec::smallvec![None; entries.len()],
             leases: Vec::new(),
-            taken: vec![0; entries.len()],
+            taken: smallvec::smallvec![0; entries.len()],
         };
         if !self.config.cluster {
             let (verdicts, lease) = self.decide_group(entries, cost).await?;
@@ -586,7 +589,7 @@ impl RedisStore {
         self: &Arc<Self>,
         entries: &[SharedEntry<'_>],
         cost: u64,
-    ) -> Result<(Vec<(Verdict, u64)>, Option<Lease>), Unavailable> {
+    ) -> Result<(Verdicts, Option<Lease>), Unavailable> {
         let member = entries
             .iter()
             .any(|e| matches!(e.algorithm, Algorithm::Concurrency { .. }))
@@ -1023,13 +1026,12 @@ async fn supervise(store: std::sync::Weak<RedisStore>, ready: std::sync::mpsc::S
 /// pushed onto `args`.
 fn push_params(e: &SharedEntry<'_>, member: &str, args: &mut Args) {
     let us = |n: Nanos| (n / 1_000).max(1);
-    // The emission interval T = per / tokens, in µs, possibly fractional.
+    // The emission interval T = per / tokens, in µs with six decimals:
+    // counted in ps and rounded, in integers (float formatting is slow).
     let interval = |args: &mut Args, per: Nanos, tokens: u64| {
-        let _ = write!(
-            args.buf,
-            "{:.6}",
-            per as f64 / 1_000.0 / tokens.max(1) as f64
-        );
+        let tokens = u128::from(tokens.max(1));
+        let ps = (u128::from(per) * 1_000 + tokens / 2) / tokens;
+        let _ = write!(args.buf, "{}.{:06}", ps / 1_000_000, ps % 1_000_000);
         args.end();
     };
     match e.algorithm {
@@ -1104,7 +1106,7 @@ fn ints(value: &Value, n: usize) -> Answer {
 }
 
 /// Six integers per entry (see `stack.lua`) into verdicts and the units taken.
-fn parse_verdicts(answer: &[i64], n: usize) -> Option<Vec<(Verdict, u64)>> {
+fn parse_verdicts(answer: &[i64], n: usize) -> Option<Verdicts> {
     if answer.len() != n * 6 {
         return None;
     }
@@ -1280,6 +1282,18 @@ mod tests {
         };
         // T = 1 s / 3; a lease is capped at the capacity.
         assert_eq!(params(&e), ["4", "20", "333333.333333", "0", "20"]);
+        // 2 s / 3 = 666666.666666… µs: rounded to the nearest ps.
+        let two_thirds = SharedEntry {
+            algorithm: Algorithm::TokenBucket {
+                capacity: 20,
+                refill: Rate {
+                    tokens: 3,
+                    per: 2 * NANOS_PER_SEC,
+                },
+            },
+            ..e
+        };
+        assert_eq!(params(&two_thirds)[2], "666666.666667");
         let e = SharedEntry {
             algorithm: Algorithm::FixedWindow {
                 limit: 5,
