@@ -8,7 +8,8 @@
 # Targets (each in front of the same nginx `return 200` upstream, limited by
 # a per-IP token bucket that never denies):
 #   tg_memory   tollgate, store.backend = "memory"
-#   tg_redis    tollgate, store.backend = "redis" (one EVALSHA per request)
+#   tg_redis    tollgate, store.backend = "redis" (at most one EVALSHA per
+#               request; a worker's concurrent requests share one)
 #   tg_lease    tollgate on Redis with `lease = 100`
 #   ng_lua      nginx, access_by_lua_block: EVALSHA of tollgate's own
 #               src/store/stack.lua for the same token bucket, key = md5 of
@@ -98,7 +99,8 @@ redis_conf "$PORT_TG_REDIS" "" >"$TMP/tg-redis.toml"
 redis_conf "$PORT_TG_LEASE" "lease = 100" >"$TMP/tg-lease.toml"
 
 # nginx + lua-resty-redis: the same script and parameters (a token bucket of
-# capacity 1e6 refilled 1e6/s: T = 1 us), one EVALSHA per request.
+# capacity 1e6 refilled 1e6/s: T = 1 us), one EVALSHA per request: one
+# decision (the first ARGV) of one entry.
 cat >"$TMP/ng-lua.conf" <<CONF
 load_module /usr/lib/nginx/modules/ndk_http_module.so;
 load_module /usr/lib/nginx/modules/ngx_http_lua_module.so;
