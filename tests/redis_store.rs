@@ -1235,3 +1235,47 @@ limits = ["per_route", "per_user"]
     assert!(users.iter().all(|n| *n == 1), "{users:?}");
     assert_keys_expire_and_hide(&redis, &["spent", "user-"]);
 }
+
+#[tokio::test]
+async fn a_node_takes_one_lease_at_a_time_when_its_requests_miss_together() {
+    let mut redis = Redis::start();
+    let upstream = TestUpstream::start().await;
+    let body = r#"
+[limits.tb]
+key = "header:x-user"
+algorithm = "token_bucket"
+capacity = 1000
+refill = "1/h"
+lease = 100
+
+[[routes]]
+name = "r"
+match = { path = "/r" }
+respond = { status = 200, body = "ok" }
+limits = ["tb"]
+"#;
+    let a = one_worker_gateway(&redis, &upstream, body);
+    // 50 requests find no leased tokens at once: the first takes a lease,
+    // the others (queued behind it) only their cost. Were each to take a
+    // lease, ten would empty the bucket and the other forty be denied.
+    let statuses = burst_while_paused(&mut redis, &a, "/r", 50, |_| "u".into()).await;
+    assert_eq!(count(&statuses, 200), 50, "{statuses:?}");
+    // What the node took from the shared bucket: its GCRA `tat` is `now +
+    // used × 1 h` (refill 1/h), read against Redis TIME.
+    let key = redis
+        .keys()
+        .into_iter()
+        .find(|k| k.ends_with(":tb"))
+        .expect("bucket key");
+    let tat: f64 = redis.cli(&["GET", &key]).parse().expect("tat");
+    let time = redis.cli(&["TIME"]);
+    let mut parts = time
+        .split_whitespace()
+        .map(|p| p.parse::<f64>().expect("TIME"));
+    let now = parts.next().expect("secs") * 1e6 + parts.next().expect("us");
+    let used = ((tat - now) / 3.6e9).ceil() as u64;
+    assert!(
+        (100..=149).contains(&used),
+        "the node took {used} tokens for 50 requests: one lease of 100 and the rest's cost"
+    );
+}

@@ -108,9 +108,30 @@ struct Leased {
     tokens: u64,
     expires: std::time::Instant,
     entry: OwnedEntry,
+    /// A call taking a lease for this bucket is under way: the node's
+    /// other requests meanwhile take only their cost, so that it never
+    /// holds more than one lease of a bucket (see the README's bound).
+    fetching: bool,
 }
 
 type PoolShard = parking_lot::Mutex<std::collections::HashMap<String, Leased>>;
+
+/// The buckets a decision is taking leases for; their `fetching` mark is
+/// cleared when it ends, also when its request goes away mid-call.
+struct Fetching<'a> {
+    store: &'a RedisStore,
+    keys: SmallVec<[String; 2]>,
+}
+
+impl Drop for Fetching<'_> {
+    fn drop(&mut self) {
+        for key in &self.keys {
+            if let Some(held) = self.store.pool_shard(key).lock().get_mut(key) {
+                held.fetching = false;
+            }
+        }
+    }
+}
 
 /// How often a node renews its heartbeat (`local_fraction = "auto"`), and
 /// how long one counts.
@@ -426,6 +447,7 @@ impl RedisStore {
             tokens: 0,
             expires,
             entry: OwnedEntry::from(e),
+            fetching: false,
         });
         held.tokens += tokens;
         held.expires = expires;
@@ -446,7 +468,9 @@ impl RedisStore {
             shard.lock().retain(|_, held| {
                 if all || held.expires <= now {
                     back.push((held.entry.clone(), held.tokens));
-                    return false;
+                    // Kept while its fetch is under way (the fetch ends it).
+                    held.tokens = 0;
+                    return held.fetching;
                 }
                 true
             });
@@ -474,7 +498,45 @@ impl RedisStore {
     /// On Redis Cluster, one call per hash slot, in stack order: a slot
     /// that denies ends the decision and the slots before it are refunded
     /// (see the README's "Distributed limits" for what that can cost).
+    ///
+    /// A leased token bucket takes a lease only when no other call of this
+    /// node is taking one for it; otherwise this request takes its cost.
     pub async fn decide(
+        self: &Arc<Self>,
+        entries: &[SharedEntry<'_>],
+        cost: u64,
+    ) -> Result<SharedDecision, Unavailable> {
+        if entries.iter().all(|e| e.lease == 0) {
+            return self.decide_stack(entries, cost).await;
+        }
+        let mut entries: SmallVec<[SharedEntry<'_>; 4]> = entries.iter().copied().collect();
+        let mut fetching = Fetching {
+            store: self,
+            keys: SmallVec::new(),
+        };
+        for e in entries.iter_mut().filter(|e| e.lease > 0) {
+            let key = self.key_of(e);
+            let mut shard = self.pool_shard(&key).lock();
+            let held = shard.entry(key.clone()).or_insert_with(|| Leased {
+                tokens: 0,
+                expires: std::time::Instant::now() + LEASE_HOLD,
+                entry: OwnedEntry::from(&*e),
+                fetching: false,
+            });
+            if held.fetching {
+                e.lease = 0;
+            } else {
+                held.fetching = true;
+                fetching.keys.push(key);
+            }
+        }
+        let decision = self.decide_stack(&entries, cost).await;
+        drop(fetching);
+        decision
+    }
+
+    /// [`RedisStore::decide`], leases as given.
+    async fn decide_stack(
         self: &Arc<Self>,
         entries: &[SharedEntry<'_>],
         cost: u64,
