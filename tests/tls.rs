@@ -952,3 +952,180 @@ limits = ["one_socket"]
     assert!(head.starts_with("HTTP/1.1 429"), "{head}");
     assert!(head.to_ascii_lowercase().contains("retry-after:"), "{head}");
 }
+
+/// `n` new TLS connections to `addr`, one `GET path` each, concurrently:
+/// the statuses (or the error text).
+async fn https_gets(
+    connector: &TlsConnector,
+    addr: SocketAddr,
+    path: &str,
+    n: usize,
+) -> Vec<Result<u16, String>> {
+    let mut tasks = Vec::new();
+    for _ in 0..n {
+        let (connector, path) = (connector.clone(), path.to_owned());
+        tasks.push(tokio::spawn(async move {
+            https_get(&connector, addr, "gateway.test", &path)
+                .await
+                .map(|(status, _, _)| status)
+        }));
+    }
+    let mut statuses = Vec::new();
+    for task in tasks {
+        statuses.push(task.await.unwrap());
+    }
+    statuses
+}
+
+#[tokio::test]
+async fn tls_with_two_workers_serves_h1_and_h2_and_shares_one_limit() {
+    let upstream = TestUpstream::start().await;
+    let ca = Ca::new();
+    let dir = dir_with_cert(&ca, &["gateway.test"]);
+    let text = config(&upstream, "", PER_IP).replace("workers = 1", "workers = 2");
+    let gw = Gateway::start_in(dir, &text, &[]);
+    let addr = gw.tls_addr.unwrap();
+    let connector = ca.client(&[b"http/1.1"]);
+    // Many connections, spread by the kernel over both workers' sockets.
+    let statuses = https_gets(&connector, addr, "/open", 16).await;
+    assert!(
+        statuses.iter().all(|s| s == &Ok(200)),
+        "{statuses:?}\n{}",
+        gw.stderr()
+    );
+    // One bucket for the process, whichever worker a connection landed on.
+    let statuses = https_gets(&connector, addr, "/limited", 16).await;
+    let count = |code| statuses.iter().filter(|s| **s == Ok(code)).count();
+    assert_eq!((count(200), count(429)), (10, 6), "{statuses:?}");
+    let connector = ca.client(&[b"h2", b"http/1.1"]);
+    let stream = connect(&connector, addr, "gateway.test").await.unwrap();
+    assert_eq!(stream.get_ref().1.alpn_protocol(), Some(&b"h2"[..]));
+    let (statuses, _) = h2_burst(stream, 8, "/h2").await;
+    assert_eq!(statuses, vec![200; 8]);
+}
+
+/// Writes `text` as the gateway's configuration, sends SIGHUP and waits
+/// until the reload is counted as `ok`.
+async fn reload_with(gw: &Gateway, text: &str) {
+    let before = reloads(gw, "ok").await;
+    std::fs::write(&gw.config_path, text).unwrap();
+    gw.signal("HUP");
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while reloads(gw, "ok").await == before {
+        assert!(Instant::now() < deadline, "no reload: {}", gw.stderr());
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+#[tokio::test]
+async fn sighup_removes_and_adds_the_tls_listener() {
+    let upstream = TestUpstream::start().await;
+    let ca = Ca::new();
+    let dir = dir_with_cert(&ca, &["gateway.test"]);
+    let with_tls = config(&upstream, "", "");
+    let gw = Gateway::start_in(dir, &with_tls, &[]);
+    let first = gw.tls_addr.unwrap();
+    let connector = ca.client(&[b"http/1.1"]);
+    assert_eq!(https_gets(&connector, first, "/", 1).await, vec![Ok(200)]);
+
+    // Removed: the TLS address refuses connections; cleartext carries on.
+    let tls_table =
+        "[server.tls]\nlisten = \"127.0.0.1:0\"\ncert = \"gateway.crt\"\nkey = \"gateway.key\"\n";
+    assert!(with_tls.contains(tls_table));
+    reload_with(&gw, &with_tls.replace(tls_table, "")).await;
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while TcpStream::connect(first).await.is_ok() {
+        assert!(Instant::now() < deadline, "still listening on {first}");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert_eq!(get(gw.addr, "/plain", &[]).await.status, 200);
+
+    // Added back (port 0: a new address, which the reload logs).
+    let before = gw.stderr().matches("listening on https://").count();
+    reload_with(&gw, &with_tls).await;
+    let log = gw.stderr_when(
+        |s| s.matches("listening on https://").count() > before,
+        Duration::from_secs(5),
+    );
+    let added: SocketAddr = log
+        .lines()
+        .filter_map(|line| line.split("listening on https://").nth(1))
+        .last()
+        .and_then(|rest| rest.split_whitespace().next())
+        .and_then(|addr| addr.parse().ok())
+        .unwrap_or_else(|| panic!("no added TLS listener in:\n{log}"));
+    assert!(log.contains("(added by reload)"), "{log}");
+    assert_eq!(https_gets(&connector, added, "/", 1).await, vec![Ok(200)]);
+    assert_eq!(get(gw.addr, "/plain", &[]).await.status, 200);
+}
+
+#[tokio::test]
+async fn an_idle_h2_connection_is_closed_after_idle_timeout() {
+    let upstream = TestUpstream::start().await;
+    let ca = Ca::new();
+    let dir = dir_with_cert(&ca, &["gateway.test"]);
+    let text = config(&upstream, "", "").replace(
+        "header_read_timeout = \"1s\"",
+        "header_read_timeout = \"1s\"\nidle_timeout = \"1s\"",
+    );
+    let gw = Gateway::start_in(dir, &text, &[]);
+    let connector = ca.client(&[b"h2"]);
+    let stream = connect(&connector, gw.tls_addr.unwrap(), "gateway.test")
+        .await
+        .unwrap();
+    let (client, connection) = h2::client::handshake(stream).await.expect("h2 handshake");
+    let connection = tokio::spawn(connection);
+    let mut client = client.ready().await.unwrap();
+    let request = Request::get("https://gateway.test/once").body(()).unwrap();
+    let (response, _) = client.send_request(request, true).unwrap();
+    assert_eq!(response.await.unwrap().status(), 200);
+    let answered = Instant::now();
+    // The server says GOAWAY and closes; the client's connection ends. A
+    // connection kept open would time out here.
+    let ended = tokio::time::timeout(Duration::from_secs(15), connection)
+        .await
+        .expect("the idle connection was closed")
+        .unwrap();
+    assert!(ended.is_ok(), "a graceful GOAWAY: {ended:?}");
+    // Not before it was idle (margin for a slow machine's clock checks).
+    assert!(answered.elapsed() >= Duration::from_millis(500));
+    drop(client);
+}
+
+#[tokio::test]
+async fn an_oversized_h2_header_list_is_refused_and_the_connection_serves_on() {
+    let upstream = TestUpstream::start().await;
+    let ca = Ca::new();
+    let dir = dir_with_cert(&ca, &["gateway.test"]);
+    let text = config(&upstream, "", "").replace(
+        "header_read_timeout = \"1s\"",
+        "header_read_timeout = \"1s\"\nmax_header_bytes = \"4KiB\"",
+    );
+    let gw = Gateway::start_in(dir, &text, &[]);
+    let connector = ca.client(&[b"h2"]);
+    let stream = connect(&connector, gw.tls_addr.unwrap(), "gateway.test")
+        .await
+        .unwrap();
+    let (client, connection) = h2::client::handshake(stream).await.expect("h2 handshake");
+    tokio::spawn(connection);
+    let mut client = client.ready().await.unwrap();
+    let big = "x".repeat(8 * 1024);
+    let request = Request::get("https://gateway.test/big")
+        .header("x-big", big.as_str())
+        .body(())
+        .unwrap();
+    let (response, _) = client.send_request(request, true).unwrap();
+    // RFC 9113 §10.5.1: a 431 (h2 sends one, then resets the stream), or
+    // the reset alone if it arrives first.
+    match response.await {
+        Ok(response) => assert_eq!(response.status(), 431),
+        Err(error) => assert_eq!(error.reason(), Some(h2::Reason::REFUSED_STREAM), "{error}"),
+    }
+    assert_eq!(upstream.count(), 0, "the oversized request was forwarded");
+    // The same connection serves a request of ordinary size.
+    let mut client = client.ready().await.unwrap();
+    let request = Request::get("https://gateway.test/small").body(()).unwrap();
+    let (response, _) = client.send_request(request, true).unwrap();
+    assert_eq!(response.await.unwrap().status(), 200);
+    assert_eq!(upstream.count(), 1);
+}
