@@ -722,7 +722,8 @@ async fn curl_http2_and_prior_knowledge() {
 }
 
 /// An HTTPS upstream: hyper's HTTP/1.1 server behind rustls with `leaf`,
-/// answering `upstream saw PATH`. Counts the TLS connections it accepted.
+/// answering `upstream saw PATH`, or tunnelling a WebSocket upgrade as an
+/// echo. Counts the TLS connections it accepted.
 struct TlsUpstream {
     addr: SocketAddr,
     connections: Arc<AtomicUsize>,
@@ -756,7 +757,10 @@ impl TlsUpstream {
                     };
                     counted.fetch_add(1, Ordering::Relaxed);
                     let service = hyper::service::service_fn(
-                        |request: Request<hyper::body::Incoming>| async move {
+                        |mut request: Request<hyper::body::Incoming>| async move {
+                            if request.headers().contains_key("upgrade") {
+                                return Ok(echo_upgrade(&mut request));
+                            }
                             let body = format!(
                                 "upstream saw {} proto={}",
                                 request.uri().path(),
@@ -773,12 +777,34 @@ impl TlsUpstream {
                     );
                     let _ = hyper::server::conn::http1::Builder::new()
                         .serve_connection(TokioIo::new(stream), service)
+                        .with_upgrades()
                         .await;
                 });
             }
         });
         TlsUpstream { addr, connections }
     }
+}
+
+/// Accepts a WebSocket handshake (`101`, the accept value of
+/// [`upgrade_over`]'s key) and echoes what the tunnel carries.
+fn echo_upgrade(
+    request: &mut Request<hyper::body::Incoming>,
+) -> hyper::Response<http_body_util::Full<Bytes>> {
+    let upgrade = hyper::upgrade::on(request);
+    tokio::spawn(async move {
+        if let Ok(upgraded) = upgrade.await {
+            let (mut from, mut to) = tokio::io::split(TokioIo::new(upgraded));
+            let _ = tokio::io::copy(&mut from, &mut to).await;
+        }
+    });
+    hyper::Response::builder()
+        .status(101)
+        .header("connection", "upgrade")
+        .header("upgrade", "websocket")
+        .header("sec-websocket-accept", "s3pPLMBiTxaQ9kYGzzhZRbK+xOo=")
+        .body(http_body_util::Full::new(Bytes::new()))
+        .unwrap()
 }
 
 /// A gateway whose upstream `api` is `url` with the `extra` upstream keys;
@@ -1128,4 +1154,65 @@ async fn an_oversized_h2_header_list_is_refused_and_the_connection_serves_on() {
     let (response, _) = client.send_request(request, true).unwrap();
     assert_eq!(response.await.unwrap().status(), 200);
     assert_eq!(upstream.count(), 1);
+}
+
+#[tokio::test]
+async fn websocket_over_tls_to_an_https_upstream_is_tunnelled_and_limited() {
+    use tokio::io::AsyncReadExt;
+    let ca = Ca::new();
+    let upstream = TlsUpstream::start(&ca.leaf(&["upstream.test"])).await;
+    let dir = dir_with_cert(&ca, &["gateway.test"]);
+    std::fs::write(dir.path().join("ca.pem"), ca.pem()).unwrap();
+    let text = format!(
+        r#"[server]
+listen = "127.0.0.1:0"
+workers = 1
+
+[server.tls]
+listen = "127.0.0.1:0"
+cert = "gateway.crt"
+key = "gateway.key"
+
+[upstreams.api]
+url = "https://127.0.0.1:{port}"
+ca = "ca.pem"
+sni = "upstream.test"
+
+[limits.one_socket]
+key = "ip"
+algorithm = "token_bucket"
+capacity = 1
+refill = "1/h"
+
+[[routes]]
+name = "ws"
+match = {{ path = "/upgrade" }}
+upstream = "api"
+limits = ["one_socket"]
+"#,
+        port = upstream.addr.port()
+    );
+    let gw = Gateway::start_in(dir, &text, &[]);
+    let connector = ca.client(&[b"http/1.1"]);
+    let addr = gw.tls_addr.unwrap();
+    let mut first = connect(&connector, addr, "gateway.test").await.unwrap();
+    let head = upgrade_over(&mut first).await;
+    assert!(head.starts_with("HTTP/1.1 101"), "{head}\n{}", gw.stderr());
+    // TLS on both sides of the tunnel: client -> gateway -> upstream, and back.
+    for message in [&b"ping over tls"[..], &b"and again"[..]] {
+        first.write_all(message).await.unwrap();
+        let mut echoed = vec![0u8; message.len()];
+        tokio::time::timeout(Duration::from_secs(5), first.read_exact(&mut echoed))
+            .await
+            .expect("echo")
+            .unwrap();
+        assert_eq!(echoed, message);
+    }
+    assert_eq!(upstream.connections.load(Ordering::Relaxed), 1);
+    // Limited at the handshake: the second is a 429 that never reaches
+    // the upstream.
+    let mut second = connect(&connector, addr, "gateway.test").await.unwrap();
+    let head = upgrade_over(&mut second).await;
+    assert!(head.starts_with("HTTP/1.1 429"), "{head}");
+    assert_eq!(upstream.connections.load(Ordering::Relaxed), 1);
 }
