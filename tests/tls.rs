@@ -1076,7 +1076,7 @@ async fn sighup_removes_and_adds_the_tls_listener() {
     let added: SocketAddr = log
         .lines()
         .filter_map(|line| line.split("listening on https://").nth(1))
-        .last()
+        .next_back()
         .and_then(|rest| rest.split_whitespace().next())
         .and_then(|addr| addr.parse().ok())
         .unwrap_or_else(|| panic!("no added TLS listener in:\n{log}"));
