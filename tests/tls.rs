@@ -1092,7 +1092,7 @@ async fn an_idle_h2_connection_is_closed_after_idle_timeout() {
     let dir = dir_with_cert(&ca, &["gateway.test"]);
     let text = config(&upstream, "", "").replace(
         "header_read_timeout = \"1s\"",
-        "header_read_timeout = \"1s\"\nidle_timeout = \"1s\"",
+        "header_read_timeout = \"1s\"\nidle_timeout = \"2s\"",
     );
     let gw = Gateway::start_in(dir, &text, &[]);
     let connector = ca.client(&[b"h2"]);
@@ -1112,9 +1112,15 @@ async fn an_idle_h2_connection_is_closed_after_idle_timeout() {
         .await
         .expect("the idle connection was closed")
         .unwrap();
-    assert!(ended.is_ok(), "a graceful GOAWAY: {ended:?}");
-    // Not before it was idle (margin for a slow machine's clock checks).
-    assert!(answered.elapsed() >= Duration::from_millis(500));
+    // A graceful GOAWAY, or the client's answer to it finding the socket
+    // already closed (which of the two depends on scheduling).
+    if let Err(error) = ended {
+        assert!(error.is_io(), "neither a GOAWAY nor a close: {error}");
+    }
+    // By idle_timeout (2 s), not before, and not by header_read_timeout
+    // (1 s), which is for a request head begun and not finished.
+    let idle = answered.elapsed();
+    assert!(idle >= Duration::from_millis(1500), "closed after {idle:?}");
     drop(client);
 }
 
