@@ -2,8 +2,11 @@
 //! binary: HTTPS (h1 and h2 by ALPN) to a plaintext upstream, SNI choosing
 //! the certificate, rotation by SIGHUP under load, bad files as config
 //! errors, a stalled handshake cut off without holding up others, h2c with
-//! prior knowledge, per-stream rate limiting, rapid reset, and `curl` as
-//! users run it. Certificates are made by each test (`common::certs`).
+//! prior knowledge, per-stream rate limiting, rapid reset, an idle h2
+//! connection closed and an oversized h2 header list refused, two workers
+//! sharing one limit, a TLS listener removed and added by SIGHUP, HTTPS
+//! upstreams (WebSocket tunnels included), and `curl` as users run it.
+//! Certificates are made by each test (`common::certs`).
 
 mod common;
 
