@@ -1,4 +1,4 @@
-# Shared by bench/load.sh and bench/instructions.sh (sourced, not run): the
+# Shared by the bench/ scripts (load, instructions, redis, tls; sourced, not run): the
 # tools they need, the scratch directory and the children to stop, waiting
 # for a port, and the configurations both measure — the nginx upstream,
 # nginx `limit_req` as the peer, and tollgate's token-bucket limit — so the

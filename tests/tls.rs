@@ -2,8 +2,11 @@
 //! binary: HTTPS (h1 and h2 by ALPN) to a plaintext upstream, SNI choosing
 //! the certificate, rotation by SIGHUP under load, bad files as config
 //! errors, a stalled handshake cut off without holding up others, h2c with
-//! prior knowledge, per-stream rate limiting, rapid reset, and `curl` as
-//! users run it. Certificates are made by each test (`common::certs`).
+//! prior knowledge, per-stream rate limiting, rapid reset, an idle h2
+//! connection closed and an oversized h2 header list refused, two workers
+//! sharing one limit, a TLS listener removed and added by SIGHUP, HTTPS
+//! upstreams (WebSocket tunnels included), and `curl` as users run it.
+//! Certificates are made by each test (`common::certs`).
 
 mod common;
 
@@ -722,7 +725,8 @@ async fn curl_http2_and_prior_knowledge() {
 }
 
 /// An HTTPS upstream: hyper's HTTP/1.1 server behind rustls with `leaf`,
-/// answering `upstream saw PATH`. Counts the TLS connections it accepted.
+/// answering `upstream saw PATH`, or tunnelling a WebSocket upgrade as an
+/// echo. Counts the TLS connections it accepted.
 struct TlsUpstream {
     addr: SocketAddr,
     connections: Arc<AtomicUsize>,
@@ -756,7 +760,10 @@ impl TlsUpstream {
                     };
                     counted.fetch_add(1, Ordering::Relaxed);
                     let service = hyper::service::service_fn(
-                        |request: Request<hyper::body::Incoming>| async move {
+                        |mut request: Request<hyper::body::Incoming>| async move {
+                            if request.headers().contains_key("upgrade") {
+                                return Ok(echo_upgrade(&mut request));
+                            }
                             let body = format!(
                                 "upstream saw {} proto={}",
                                 request.uri().path(),
@@ -773,12 +780,34 @@ impl TlsUpstream {
                     );
                     let _ = hyper::server::conn::http1::Builder::new()
                         .serve_connection(TokioIo::new(stream), service)
+                        .with_upgrades()
                         .await;
                 });
             }
         });
         TlsUpstream { addr, connections }
     }
+}
+
+/// Accepts a WebSocket handshake (`101`, the accept value of
+/// [`upgrade_over`]'s key) and echoes what the tunnel carries.
+fn echo_upgrade(
+    request: &mut Request<hyper::body::Incoming>,
+) -> hyper::Response<http_body_util::Full<Bytes>> {
+    let upgrade = hyper::upgrade::on(request);
+    tokio::spawn(async move {
+        if let Ok(upgraded) = upgrade.await {
+            let (mut from, mut to) = tokio::io::split(TokioIo::new(upgraded));
+            let _ = tokio::io::copy(&mut from, &mut to).await;
+        }
+    });
+    hyper::Response::builder()
+        .status(101)
+        .header("connection", "upgrade")
+        .header("upgrade", "websocket")
+        .header("sec-websocket-accept", "s3pPLMBiTxaQ9kYGzzhZRbK+xOo=")
+        .body(http_body_util::Full::new(Bytes::new()))
+        .unwrap()
 }
 
 /// A gateway whose upstream `api` is `url` with the `extra` upstream keys;
@@ -951,4 +980,248 @@ limits = ["one_socket"]
     let head = upgrade_over(&mut second).await;
     assert!(head.starts_with("HTTP/1.1 429"), "{head}");
     assert!(head.to_ascii_lowercase().contains("retry-after:"), "{head}");
+}
+
+/// `n` new TLS connections to `addr`, one `GET path` each, concurrently:
+/// the statuses (or the error text).
+async fn https_gets(
+    connector: &TlsConnector,
+    addr: SocketAddr,
+    path: &str,
+    n: usize,
+) -> Vec<Result<u16, String>> {
+    let mut tasks = Vec::new();
+    for _ in 0..n {
+        let (connector, path) = (connector.clone(), path.to_owned());
+        tasks.push(tokio::spawn(async move {
+            https_get(&connector, addr, "gateway.test", &path)
+                .await
+                .map(|(status, _, _)| status)
+        }));
+    }
+    let mut statuses = Vec::new();
+    for task in tasks {
+        statuses.push(task.await.unwrap());
+    }
+    statuses
+}
+
+#[tokio::test]
+async fn tls_with_two_workers_serves_h1_and_h2_and_shares_one_limit() {
+    let upstream = TestUpstream::start().await;
+    let ca = Ca::new();
+    let dir = dir_with_cert(&ca, &["gateway.test"]);
+    let text = config(&upstream, "", PER_IP).replace("workers = 1", "workers = 2");
+    let gw = Gateway::start_in(dir, &text, &[]);
+    let addr = gw.tls_addr.unwrap();
+    let connector = ca.client(&[b"http/1.1"]);
+    // Many connections, spread by the kernel over both workers' sockets.
+    let statuses = https_gets(&connector, addr, "/open", 16).await;
+    assert!(
+        statuses.iter().all(|s| s == &Ok(200)),
+        "{statuses:?}\n{}",
+        gw.stderr()
+    );
+    // One bucket for the process, whichever worker a connection landed on.
+    let statuses = https_gets(&connector, addr, "/limited", 16).await;
+    let count = |code| statuses.iter().filter(|s| **s == Ok(code)).count();
+    assert_eq!((count(200), count(429)), (10, 6), "{statuses:?}");
+    let connector = ca.client(&[b"h2", b"http/1.1"]);
+    let stream = connect(&connector, addr, "gateway.test").await.unwrap();
+    assert_eq!(stream.get_ref().1.alpn_protocol(), Some(&b"h2"[..]));
+    let (statuses, _) = h2_burst(stream, 8, "/h2").await;
+    assert_eq!(statuses, vec![200; 8]);
+}
+
+/// Writes `text` as the gateway's configuration, sends SIGHUP and waits
+/// until the reload is counted as `ok`.
+async fn reload_with(gw: &Gateway, text: &str) {
+    let before = reloads(gw, "ok").await;
+    std::fs::write(&gw.config_path, text).unwrap();
+    gw.signal("HUP");
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while reloads(gw, "ok").await == before {
+        assert!(Instant::now() < deadline, "no reload: {}", gw.stderr());
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+#[tokio::test]
+async fn sighup_removes_and_adds_the_tls_listener() {
+    let upstream = TestUpstream::start().await;
+    let ca = Ca::new();
+    let dir = dir_with_cert(&ca, &["gateway.test"]);
+    let with_tls = config(&upstream, "", "");
+    let gw = Gateway::start_in(dir, &with_tls, &[]);
+    let first = gw.tls_addr.unwrap();
+    let connector = ca.client(&[b"http/1.1"]);
+    assert_eq!(https_gets(&connector, first, "/", 1).await, vec![Ok(200)]);
+
+    // Removed: the TLS address refuses connections; cleartext carries on.
+    let tls_table =
+        "[server.tls]\nlisten = \"127.0.0.1:0\"\ncert = \"gateway.crt\"\nkey = \"gateway.key\"\n";
+    assert!(with_tls.contains(tls_table));
+    reload_with(&gw, &with_tls.replace(tls_table, "")).await;
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while TcpStream::connect(first).await.is_ok() {
+        assert!(Instant::now() < deadline, "still listening on {first}");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert_eq!(get(gw.addr, "/plain", &[]).await.status, 200);
+
+    // Added back (port 0: a new address, which the reload logs).
+    let before = gw.stderr().matches("listening on https://").count();
+    reload_with(&gw, &with_tls).await;
+    let log = gw.stderr_when(
+        |s| s.matches("listening on https://").count() > before,
+        Duration::from_secs(5),
+    );
+    let added: SocketAddr = log
+        .lines()
+        .filter_map(|line| line.split("listening on https://").nth(1))
+        .next_back()
+        .and_then(|rest| rest.split_whitespace().next())
+        .and_then(|addr| addr.parse().ok())
+        .unwrap_or_else(|| panic!("no added TLS listener in:\n{log}"));
+    assert!(log.contains("(added by reload)"), "{log}");
+    assert_eq!(https_gets(&connector, added, "/", 1).await, vec![Ok(200)]);
+    assert_eq!(get(gw.addr, "/plain", &[]).await.status, 200);
+}
+
+#[tokio::test]
+async fn an_idle_h2_connection_is_closed_after_idle_timeout() {
+    let upstream = TestUpstream::start().await;
+    let ca = Ca::new();
+    let dir = dir_with_cert(&ca, &["gateway.test"]);
+    let text = config(&upstream, "", "").replace(
+        "header_read_timeout = \"1s\"",
+        "header_read_timeout = \"1s\"\nidle_timeout = \"2s\"",
+    );
+    let gw = Gateway::start_in(dir, &text, &[]);
+    let connector = ca.client(&[b"h2"]);
+    let stream = connect(&connector, gw.tls_addr.unwrap(), "gateway.test")
+        .await
+        .unwrap();
+    let (client, connection) = h2::client::handshake(stream).await.expect("h2 handshake");
+    let connection = tokio::spawn(connection);
+    let mut client = client.ready().await.unwrap();
+    let request = Request::get("https://gateway.test/once").body(()).unwrap();
+    let (response, _) = client.send_request(request, true).unwrap();
+    assert_eq!(response.await.unwrap().status(), 200);
+    let answered = Instant::now();
+    // The server says GOAWAY and closes; the client's connection ends. A
+    // connection kept open would time out here.
+    let ended = tokio::time::timeout(Duration::from_secs(15), connection)
+        .await
+        .expect("the idle connection was closed")
+        .unwrap();
+    // A graceful GOAWAY, or the client's answer to it finding the socket
+    // already closed (which of the two depends on scheduling).
+    if let Err(error) = ended {
+        assert!(error.is_io(), "neither a GOAWAY nor a close: {error}");
+    }
+    // By idle_timeout (2 s), not before, and not by header_read_timeout
+    // (1 s), which is for a request head begun and not finished.
+    let idle = answered.elapsed();
+    assert!(idle >= Duration::from_millis(1500), "closed after {idle:?}");
+    drop(client);
+}
+
+#[tokio::test]
+async fn an_oversized_h2_header_list_is_refused_and_the_connection_serves_on() {
+    let upstream = TestUpstream::start().await;
+    let ca = Ca::new();
+    let dir = dir_with_cert(&ca, &["gateway.test"]);
+    let text = config(&upstream, "", "").replace(
+        "header_read_timeout = \"1s\"",
+        "header_read_timeout = \"1s\"\nmax_header_bytes = \"4KiB\"",
+    );
+    let gw = Gateway::start_in(dir, &text, &[]);
+    let connector = ca.client(&[b"h2"]);
+    let stream = connect(&connector, gw.tls_addr.unwrap(), "gateway.test")
+        .await
+        .unwrap();
+    let (client, connection) = h2::client::handshake(stream).await.expect("h2 handshake");
+    tokio::spawn(connection);
+    let mut client = client.ready().await.unwrap();
+    let big = "x".repeat(8 * 1024);
+    let request = Request::get("https://gateway.test/big")
+        .header("x-big", big.as_str())
+        .body(())
+        .unwrap();
+    let (response, _) = client.send_request(request, true).unwrap();
+    // RFC 9113 §10.5.1: a 431 (h2 sends one, then resets the stream), or
+    // the reset alone if it arrives first.
+    match response.await {
+        Ok(response) => assert_eq!(response.status(), 431),
+        Err(error) => assert_eq!(error.reason(), Some(h2::Reason::REFUSED_STREAM), "{error}"),
+    }
+    assert_eq!(upstream.count(), 0, "the oversized request was forwarded");
+    // The same connection serves a request of ordinary size.
+    let mut client = client.ready().await.unwrap();
+    let request = Request::get("https://gateway.test/small").body(()).unwrap();
+    let (response, _) = client.send_request(request, true).unwrap();
+    assert_eq!(response.await.unwrap().status(), 200);
+    assert_eq!(upstream.count(), 1);
+}
+
+#[tokio::test]
+async fn websocket_over_tls_to_an_https_upstream_is_tunnelled_and_limited() {
+    use tokio::io::AsyncReadExt;
+    let ca = Ca::new();
+    let upstream = TlsUpstream::start(&ca.leaf(&["upstream.test"])).await;
+    let dir = dir_with_cert(&ca, &["gateway.test"]);
+    std::fs::write(dir.path().join("ca.pem"), ca.pem()).unwrap();
+    let text = format!(
+        r#"[server]
+listen = "127.0.0.1:0"
+workers = 1
+
+[server.tls]
+listen = "127.0.0.1:0"
+cert = "gateway.crt"
+key = "gateway.key"
+
+[upstreams.api]
+url = "https://127.0.0.1:{port}"
+ca = "ca.pem"
+sni = "upstream.test"
+
+[limits.one_socket]
+key = "ip"
+algorithm = "token_bucket"
+capacity = 1
+refill = "1/h"
+
+[[routes]]
+name = "ws"
+match = {{ path = "/upgrade" }}
+upstream = "api"
+limits = ["one_socket"]
+"#,
+        port = upstream.addr.port()
+    );
+    let gw = Gateway::start_in(dir, &text, &[]);
+    let connector = ca.client(&[b"http/1.1"]);
+    let addr = gw.tls_addr.unwrap();
+    let mut first = connect(&connector, addr, "gateway.test").await.unwrap();
+    let head = upgrade_over(&mut first).await;
+    assert!(head.starts_with("HTTP/1.1 101"), "{head}\n{}", gw.stderr());
+    // TLS on both sides of the tunnel: client -> gateway -> upstream, and back.
+    for message in [&b"ping over tls"[..], &b"and again"[..]] {
+        first.write_all(message).await.unwrap();
+        let mut echoed = vec![0u8; message.len()];
+        tokio::time::timeout(Duration::from_secs(5), first.read_exact(&mut echoed))
+            .await
+            .expect("echo")
+            .unwrap();
+        assert_eq!(echoed, message);
+    }
+    assert_eq!(upstream.connections.load(Ordering::Relaxed), 1);
+    // Limited at the handshake: the second is a 429 that never reaches
+    // the upstream.
+    let mut second = connect(&connector, addr, "gateway.test").await.unwrap();
+    let head = upgrade_over(&mut second).await;
+    assert!(head.starts_with("HTTP/1.1 429"), "{head}");
+    assert_eq!(upstream.connections.load(Ordering::Relaxed), 1);
 }

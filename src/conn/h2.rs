@@ -17,6 +17,7 @@
 use std::sync::Arc;
 
 use hyper::server::conn::http2;
+use hyper::service::{Service, service_fn};
 use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use tokio::io::{AsyncRead, AsyncWrite};
 
@@ -55,7 +56,11 @@ pub(crate) async fn serve<S>(
     S: AsyncRead + AsyncWrite + Unpin + Send + 'static,
 {
     let server = app.snapshot().config.server.clone();
-    let service = hyper_service(app, activity.clone(), downstream);
+    let handler = hyper_service(app, activity.clone(), downstream);
+    // Boxed here, unlike on HTTP/1.1: hyper spawns every stream as a task,
+    // moving the handler's future into it more than once, which cost more
+    // than allocating it once (see BENCHMARKS.md, *TLS and HTTP/2*).
+    let service = service_fn(move |request| Box::pin(handler.call(request)));
     let mut builder = http2::Builder::new(TokioExecutor::new());
     builder
         .timer(TokioTimer::new())
