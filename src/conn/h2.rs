@@ -22,7 +22,7 @@ use tokio::io::{AsyncRead, AsyncWrite};
 
 use crate::app::App;
 use crate::conn::drain::DrainWatch;
-use crate::conn::{AfterCheck, after_check, hyper_service};
+use crate::conn::{AfterCheck, ConnLimits, after_check, hyper_service};
 use crate::http1::server::ConnActivity;
 use crate::proxy::handler::Downstream;
 
@@ -54,7 +54,7 @@ pub(crate) async fn serve<S>(
 ) where
     S: AsyncRead + AsyncWrite + Unpin + Send + 'static,
 {
-    let server = app.snapshot().config.server.clone();
+    let server = ConnLimits::of(&app.snapshot().config.server);
     let service = hyper_service(app, activity.clone(), downstream);
     let mut builder = http2::Builder::new(TokioExecutor::new());
     builder

@@ -686,7 +686,10 @@ pub(crate) async fn serve_connection<S>(
 ) where
     S: AsyncRead + AsyncWrite + Unpin + Send + 'static,
 {
-    let server = app.snapshot().config.server.clone();
+    // Only what the connection reads of its settings: a copy of the whole
+    // server section would be kept (with its allocations) as long as the
+    // connection, idle or not.
+    let server = ConnLimits::of(&app.snapshot().config.server);
     let activity = Arc::new(ConnActivity::new());
     let mut io = ActivityIo {
         inner: stream,
@@ -766,7 +769,8 @@ pub(crate) async fn serve_connection<S>(
         // takes it from the bytes read so far.
         Ok(h1::Ended::HandOff(prefix)) if prefix.starts_with(h2::PREFACE) => {
             let io = Rewind::new(prefix, io);
-            h2::serve(app, io, activity, downstream, drain, draining).await;
+            // Boxed, as hyper's HTTP/1.1 connection below.
+            Box::pin(h2::serve(app, io, activity, downstream, drain, draining)).await;
             return;
         }
         Ok(h1::Ended::HandOff(prefix)) => prefix,
@@ -778,6 +782,32 @@ pub(crate) async fn serve_connection<S>(
     };
 
     // Everything else, from the first request that is not plain: hyper.
+    // Boxed, once per handed-off connection: hyper's connection (with the
+    // handler's future in it) is larger than the fast path's state, and the
+    // task of every connection would otherwise carry its size, idle or not.
+    let io = Rewind::new(prefix, io);
+    Box::pin(serve_handed_off(
+        app, io, activity, downstream, drain, draining, server, check, peer,
+    ))
+    .await;
+}
+
+/// Serves a connection with hyper's HTTP/1.1 server from the first request
+/// the fast path handed over (its bytes replayed by `io`).
+#[allow(clippy::too_many_arguments)]
+async fn serve_handed_off<S>(
+    app: Arc<App>,
+    io: Rewind<ActivityIo<S>>,
+    activity: Arc<ConnActivity>,
+    downstream: Downstream,
+    mut drain: DrainWatch,
+    mut draining: bool,
+    server: ConnLimits,
+    mut check: Pin<&mut tokio::time::Sleep>,
+    peer: SocketAddr,
+) where
+    S: AsyncRead + AsyncWrite + Unpin + Send + 'static,
+{
     let service = hyper_service(app, activity.clone(), downstream);
     let mut builder = http1::Builder::new();
     builder
@@ -792,7 +822,7 @@ pub(crate) async fn serve_connection<S>(
     // The gate checks every later request before hyper reads it (`h1::gate`).
     let io = TokioIo::new(Lingering::new(
         Gate::new(
-            Rewind::new(prefix, io),
+            io,
             server.max_header_bytes,
             ActivityAnswered(activity.clone()),
         ),
@@ -877,10 +907,29 @@ enum AfterCheck {
     Drain,
 }
 
+/// The settings a connection reads, copied at accept (a reload applies to
+/// connections accepted after it).
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct ConnLimits {
+    pub(crate) header_read_timeout: Duration,
+    pub(crate) idle_timeout: Duration,
+    pub(crate) max_header_bytes: usize,
+}
+
+impl ConnLimits {
+    pub(crate) fn of(server: &ServerConfig) -> ConnLimits {
+        ConnLimits {
+            header_read_timeout: server.header_read_timeout,
+            idle_timeout: server.idle_timeout,
+            max_header_bytes: server.max_header_bytes,
+        }
+    }
+}
+
 /// Asks the watchdog about `activity` and re-arms `check` when nothing is due.
 fn after_check(
     activity: &ConnActivity,
-    server: &ServerConfig,
+    server: &ConnLimits,
     check: Pin<&mut tokio::time::Sleep>,
     peer: SocketAddr,
 ) -> AfterCheck {
