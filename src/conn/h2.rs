@@ -22,7 +22,9 @@ use tokio::io::{AsyncRead, AsyncWrite};
 
 use crate::app::App;
 use crate::conn::drain::DrainWatch;
-use crate::conn::{AfterCheck, ConnLimits, after_check, hyper_service};
+use crate::conn::{
+    AfterCheck, ConnLimits, after_check, evicted, eviction, hyper_service, register_task,
+};
 use crate::http1::server::ConnActivity;
 use crate::proxy::handler::Downstream;
 
@@ -55,6 +57,8 @@ pub(crate) async fn serve<S>(
     S: AsyncRead + AsyncWrite + Unpin + Send + 'static,
 {
     let server = ConnLimits::of(&app.snapshot().config.server);
+    let metrics = app.metrics().clone();
+    register_task(&activity).await;
     let service = hyper_service(app, activity.clone(), downstream);
     let mut builder = http2::Builder::new(TokioExecutor::new());
     builder
@@ -78,6 +82,12 @@ pub(crate) async fn serve<S>(
                 if let Err(error) = result {
                     tracing::debug!(%peer, %error, "HTTP/2 connection ended with an error");
                 }
+                return;
+            }
+            // Idle (no stream open): nothing to tell the client a GOAWAY
+            // would save it from.
+            _ = eviction(&activity) => {
+                evicted(&metrics, peer);
                 return;
             }
             _ = &mut drain, if !draining => {

@@ -59,6 +59,7 @@
 //!   connection whose task runs on another.
 
 pub(crate) mod drain;
+pub(crate) mod evict;
 pub(crate) mod h2;
 pub(crate) mod tls;
 
@@ -83,10 +84,12 @@ use tokio::time::Instant;
 use crate::app::App;
 use crate::config::ServerConfig;
 use crate::conn::drain::{Drain, DrainWatch};
+use crate::conn::evict::Registry;
 use crate::http1::server::ActivityAnswered;
 use crate::http1::server::ConnActivity;
 use crate::http1::server::linger::{LingerSwitch, Lingering};
 use crate::http1::server::{self as h1, Gate, Rewind};
+use crate::metrics::Metrics;
 use crate::proxy::body::ClientBody;
 use crate::proxy::handler::{Downstream, handle};
 use crate::worker::worker_count;
@@ -213,6 +216,8 @@ struct Shared {
     /// Held by each worker until it stops accepting and by each connection
     /// task: the drain ends when all are gone.
     alive: mpsc::Sender<()>,
+    /// Every live connection, for closing the oldest idle one at the cap.
+    connections: Arc<Registry>,
 }
 
 /// What the main thread asks of a worker.
@@ -267,6 +272,7 @@ pub fn start(
         shutdown: shutdown.clone(),
         drain: Drain::new(worker_count()),
         alive: alive_tx,
+        connections: Registry::new(worker_count()),
     };
     let count = worker_count();
     let mut workers = Vec::with_capacity(count);
@@ -564,13 +570,21 @@ async fn sweep_idle_keys(app: Arc<App>) {
     }
 }
 
+/// How long an accept loop at the cap waits for the connection it asked to
+/// close before it asks another (the first may have turned busy), or looks
+/// again for an idle one when none was.
+const EVICT_RETRY: Duration = Duration::from_millis(100);
+
 /// An accepted connection and its connection slot, or `None` once `stop`
-/// fires. The slot is taken after `accept` (see the module doc). Accept
-/// errors (EMFILE and friends) back off and retry rather than end the loop;
-/// `backoff` carries the current delay between calls.
+/// fires. The slot is taken after `accept` (see the module doc); at the cap,
+/// the connection idle the longest among `evict`'s is asked to close to make
+/// room (see [`evict`]). Accept errors (EMFILE and friends) back off and
+/// retry rather than end the loop; `backoff` carries the current delay
+/// between calls.
 pub(crate) async fn accept_next(
     listener: &TcpListener,
     permits: &Arc<Semaphore>,
+    evict: Option<&Registry>,
     stop: &mut watch::Receiver<bool>,
     backoff: &mut Duration,
 ) -> Option<(TcpStream, SocketAddr, OwnedSemaphorePermit)> {
@@ -584,11 +598,22 @@ pub(crate) async fn accept_next(
                 *backoff = Duration::from_millis(5);
                 let permit = match permits.clone().try_acquire_owned() {
                     Ok(permit) => permit,
-                    // At the cap: wait, unserved, for a connection to close.
-                    Err(_) => tokio::select! {
-                        permit = permits.clone().acquire_owned() => permit.ok()?,
-                        _ = stop.changed() => return None,
-                    },
+                    // At the cap: make room by closing an idle connection,
+                    // and wait for a slot.
+                    Err(_) => {
+                        let acquire = permits.clone().acquire_owned();
+                        tokio::pin!(acquire);
+                        loop {
+                            if let Some(registry) = evict {
+                                registry.evict_oldest_idle();
+                            }
+                            tokio::select! {
+                                permit = &mut acquire => break permit.ok()?,
+                                _ = tokio::time::sleep(EVICT_RETRY), if evict.is_some() => {}
+                                _ = stop.changed() => return None,
+                            }
+                        }
+                    }
                 };
                 return Some((stream, peer, permit));
             }
@@ -608,24 +633,31 @@ async fn accept_loop(
     mut stop: watch::Receiver<bool>,
 ) {
     let mut backoff = Duration::from_millis(5);
-    while let Some((stream, peer, permit)) =
-        accept_next(&listener, &shared.permits, &mut stop, &mut backoff).await
+    while let Some((stream, peer, permit)) = accept_next(
+        &listener,
+        &shared.permits,
+        Some(&shared.connections),
+        &mut stop,
+        &mut backoff,
+    )
+    .await
     {
         let _ = stream.set_nodelay(true);
         let app = shared.app.clone();
         let drain = shared.drain.watch(crate::worker::worker_index());
         let alive = shared.alive.clone();
+        let connections = shared.connections.clone();
         if tls {
             // The handshake runs in the connection's own task: a slow one
             // holds up nobody else.
             tokio::spawn(async move {
-                tls::serve(app, stream, peer, drain).await;
+                tls::serve(app, stream, peer, drain, connections).await;
                 drop(permit);
                 drop(alive);
             });
         } else {
             tokio::spawn(async move {
-                serve_connection(app, stream, peer, drain, "http").await;
+                serve_connection(app, stream, peer, drain, "http", connections).await;
                 drop(permit);
                 drop(alive);
             });
@@ -683,6 +715,7 @@ pub(crate) async fn serve_connection<S>(
     peer: SocketAddr,
     mut drain: DrainWatch,
     proto: &'static str,
+    connections: Arc<Registry>,
 ) where
     S: AsyncRead + AsyncWrite + Unpin + Send + 'static,
 {
@@ -691,6 +724,8 @@ pub(crate) async fn serve_connection<S>(
     // connection, idle or not.
     let server = ConnLimits::of(&app.snapshot().config.server);
     let activity = Arc::new(ConnActivity::new());
+    let _registered = connections.register(crate::worker::worker_index(), activity.clone());
+    register_task(&activity).await;
     let mut io = ActivityIo {
         inner: stream,
         activity: activity.clone(),
@@ -710,6 +745,9 @@ pub(crate) async fn serve_connection<S>(
             // the head as they are (`h1` writes them).
             handle(&app, downstream, request, Some(activity.clone()))
         };
+        // The fast path relays interim (1xx) responses; hyper's servers,
+        // which take over at a hand-off, have no way to send them.
+        activity.relay_interim(true);
         let fast = h1::serve(&mut io, &*activity, server.max_header_bytes, respond);
         tokio::pin!(fast);
         // Whether `check` holds this task's waker: it then wakes the task
@@ -720,6 +758,9 @@ pub(crate) async fn serve_connection<S>(
             let event = std::future::poll_fn(|cx| {
                 if let Poll::Ready(ended) = fast.as_mut().poll(cx) {
                     return Poll::Ready(Event::Ended(ended));
+                }
+                if activity.evicted() {
+                    return Poll::Ready(Event::Evicted);
                 }
                 if draining {
                     return Poll::Pending;
@@ -744,6 +785,10 @@ pub(crate) async fn serve_connection<S>(
             .await;
             match event {
                 Event::Ended(ended) => break ended,
+                Event::Evicted => {
+                    evicted(app.metrics(), peer);
+                    return;
+                }
                 Event::Drain => {
                     draining = true;
                     if activity.begin_closing() {
@@ -763,6 +808,7 @@ pub(crate) async fn serve_connection<S>(
             }
         }
     };
+    activity.relay_interim(false);
     let prefix = match handed_over {
         // h2c with prior knowledge: the connection preface is no HTTP/1.1
         // request, so the fast path handed it over; hyper's HTTP/2 server
@@ -808,6 +854,7 @@ async fn serve_handed_off<S>(
 ) where
     S: AsyncRead + AsyncWrite + Unpin + Send + 'static,
 {
+    let metrics = app.metrics().clone();
     let service = hyper_service(app, activity.clone(), downstream);
     let mut builder = http1::Builder::new();
     builder
@@ -840,6 +887,10 @@ async fn serve_handed_off<S>(
                 if let Err(error) = result {
                     tracing::debug!(%peer, %error, "connection ended with an error");
                 }
+                return;
+            }
+            _ = eviction(&activity) => {
+                evicted(&metrics, peer);
                 return;
             }
             _ = &mut drain, if !draining => {
@@ -954,6 +1005,37 @@ enum Event<T> {
     Drain,
     /// The watchdog's timer fired.
     Check,
+    /// Asked to close, idle, to make room at `max_connections`.
+    Evicted,
+}
+
+/// Stores the connection task's waker in `activity`, for an eviction to
+/// wake it (see [`evict`]).
+pub(crate) async fn register_task(activity: &ConnActivity) {
+    std::future::poll_fn(|cx| {
+        activity.set_task(cx.waker());
+        Poll::Ready(())
+    })
+    .await;
+}
+
+/// Resolves once the connection was asked to close and is idle
+/// ([`ConnActivity::evicted`]); polled on every wake-up of its task, it
+/// registers nothing (the task's waker is in `activity` already).
+pub(crate) fn eviction(activity: &ConnActivity) -> impl Future<Output = ()> + '_ {
+    std::future::poll_fn(move |_| {
+        if activity.evicted() {
+            Poll::Ready(())
+        } else {
+            Poll::Pending
+        }
+    })
+}
+
+/// Counts and logs an idle connection closed to make room.
+pub(crate) fn evicted(metrics: &Metrics, peer: SocketAddr) {
+    tracing::debug!(%peer, "idle connection closed to make room at max_connections");
+    metrics.record_connection_evicted();
 }
 
 /// A connection's linger switch, reached through its activity.

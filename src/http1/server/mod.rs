@@ -104,10 +104,19 @@ impl ExtraFields for FieldLines {
     }
 }
 
-/// Tells the fast path to finish: the response in progress closes the
-/// connection, and no further request is read.
+/// What the connection tells the fast path while it serves: to finish (the
+/// response in progress closes the connection, and no further request is
+/// read), and the interim (1xx) heads to write before a final response.
 pub trait Closing {
     fn is_closing(&self) -> bool;
+
+    /// Whether interim heads are waiting ([`Closing::take_interim`]).
+    fn interim_waiting(&self) -> bool {
+        false
+    }
+
+    /// Appends the interim heads waiting, if any, to `out`.
+    fn take_interim(&self, _out: &mut Vec<u8>) {}
 }
 
 /// Serves plain requests on `io` with `respond` until the connection ends or
@@ -194,6 +203,18 @@ where
             tokio::select! {
                 biased;
                 response = handling.as_mut() => break response,
+                // An interim response (`103 Early Hints`) the upstream sent
+                // while the handler polled: written now, ahead of the final
+                // one (RFC 9110 §15.2).
+                () = poll_fn(|_| if closing.interim_waiting() {
+                    Poll::Ready(())
+                } else {
+                    Poll::Pending
+                }) => {
+                    out.clear();
+                    closing.take_interim(out);
+                    io.write_all(out).await?;
+                }
                 read = io.read_buf(buffer) => match read {
                     Ok(0) | Err(_) => return Ok(Ended::Closed),
                     Ok(_) => {}
@@ -212,6 +233,9 @@ where
         };
         let keep_alive = !close && !closing.is_closing();
         out.clear();
+        // Interim heads not written yet (they came with the final one, or
+        // the connection was not watched): they go first.
+        closing.take_interim(out);
         let head = encode_head(
             out,
             parts.status,
