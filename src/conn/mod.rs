@@ -23,6 +23,13 @@
 //!   connection waiting for a slot, and further ones wait in the kernel
 //!   backlog. (Taking the slot *before* `accept` would let an idle worker's
 //!   loop sit on a slot while connections queue on another worker's socket.)
+//!   A loop holding a connection at the cap asks the keep-alive connection
+//!   idle the longest, of any worker, to close and make room ([`evict`]).
+//! - **Idle connections are cheap**: one waiting for its next request holds
+//!   no buffer (the fast path gives them back and takes a set when bytes
+//!   arrive) and no handler future (it lives in a block of its own while a
+//!   request does); hyper's and HTTP/2's connections, larger, are boxed at
+//!   the hand-off, so the task of every connection does not carry their size.
 //! - **Accept errors** (e.g. out of file descriptors) back off and retry instead
 //!   of ending the loop (as in mini-redis).
 //! - **TLS** (`tls`): a `[server.tls]` listener's connection does its
