@@ -24,7 +24,7 @@
 //!   backlog. (Taking the slot *before* `accept` would let an idle worker's
 //!   loop sit on a slot while connections queue on another worker's socket.)
 //!   A loop holding a connection at the cap asks the keep-alive connection
-//!   idle the longest, of any worker, to close and make room ([`evict`]).
+//!   idle the longest, of any worker, to close and make room (`evict`).
 //! - **Idle connections are cheap**: one waiting for its next request holds
 //!   no buffer (the fast path gives them back and takes a set when bytes
 //!   arrive) and no handler future (it lives in a block of its own while a

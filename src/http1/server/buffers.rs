@@ -66,7 +66,12 @@ impl Buffers {
         }
         self.read.clear();
         self.out.clear();
-        self.fields.clear();
+        // Emptied by the connection already after each response (clearing
+        // a map walks all its slots): only a set given back mid-request
+        // holds fields.
+        if !self.fields.is_empty() {
+            self.fields.clear();
+        }
         let _ = SPARE.try_with(|spare| {
             if let Ok(mut spare) = spare.try_borrow_mut()
                 && spare.len() < MAX_SPARE

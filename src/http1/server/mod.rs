@@ -189,7 +189,7 @@ where
         // future is large, and an idle connection would carry its room.
         // Awaited here, not passed to a helper: moving it once more showed
         // as +500 instructions of memcpy per request.
-        let mut handling = Slot::new(respond(request));
+        let mut handling = Slot::new_with(|| respond(request));
         let response = loop {
             // Watching the connection meanwhile, as hyper does: a client that
             // closes (or breaks) it before its answer is ready is gone, and

@@ -13,6 +13,7 @@
 use std::alloc::{Layout, alloc, dealloc, handle_alloc_error};
 use std::cell::RefCell;
 use std::future::Future;
+use std::mem::MaybeUninit;
 use std::pin::Pin;
 use std::ptr::NonNull;
 use std::task::{Context, Poll};
@@ -95,17 +96,23 @@ unsafe impl<F: Send> Send for Slot<F> {}
 unsafe impl<F: Sync> Sync for Slot<F> {}
 
 impl<F: Future> Slot<F> {
-    /// Moves `value` into a block from the thread's spares.
+    /// Makes the future with `make` in a block from the thread's spares.
+    /// The block is taken first and `make`'s result written into it through
+    /// a reference (known writable for a whole `F`), so the compiler can
+    /// build the future in place rather than build it aside and copy it in
+    /// (a copy of the whole future, 3.5 KB, cost ~650 instructions).
     #[inline(always)]
-    pub(super) fn new(value: F) -> Slot<F> {
+    pub(super) fn new_with(make: impl FnOnce() -> F) -> Slot<F> {
         let layout = Layout::new::<F>();
         let value_at = if layout.size() == 0 {
             NonNull::dangling()
         } else {
             take_block(layout).cast::<F>()
         };
-        // SAFETY: the block is valid for writes of an `F` and holds nothing.
-        unsafe { value_at.as_ptr().write(value) };
+        // SAFETY: the block is valid for an `F`, holds nothing and is
+        // referenced by nothing else.
+        let place = unsafe { &mut *value_at.as_ptr().cast::<MaybeUninit<F>>() };
+        place.write(make());
         Slot { value: value_at }
     }
 }
@@ -161,18 +168,22 @@ mod tests {
         let drops = Arc::new(AtomicUsize::new(0));
         let mut values = [0u64; 64];
         values[63] = 7;
-        let slot = Slot::new(CountsDrops(drops.clone(), values));
+        let slot = Slot::new_with(|| CountsDrops(drops.clone(), values));
         let first_block = slot.value.as_ptr() as usize;
         assert_eq!(slot.await, 7);
         assert_eq!(drops.load(Ordering::Relaxed), 1);
-        let again = Slot::new(CountsDrops(drops.clone(), values));
-        assert_eq!(again.value.as_ptr() as usize, first_block, "the spare block");
+        let again = Slot::new_with(|| CountsDrops(drops.clone(), values));
+        assert_eq!(
+            again.value.as_ptr() as usize,
+            first_block,
+            "the spare block"
+        );
         drop(again);
         assert_eq!(drops.load(Ordering::Relaxed), 2);
     }
 
     #[tokio::test]
     async fn zero_sized_futures_need_no_block() {
-        assert_eq!(Slot::new(std::future::ready(3)).await, 3);
+        assert_eq!(Slot::new_with(|| std::future::ready(3)).await, 3);
     }
 }
