@@ -40,27 +40,31 @@ pub(super) struct Buffers {
 }
 
 thread_local! {
-    static SPARE: RefCell<Vec<Buffers>> = const { RefCell::new(Vec::new()) };
+    // Boxed: a set moves in and out of the list, and through the
+    // connection's states, as one pointer.
+    static SPARE: RefCell<Vec<Box<Buffers>>> = const { RefCell::new(Vec::new()) };
 }
 
 impl Buffers {
     /// A set from the thread's spares, or a new one.
-    pub(super) fn take() -> Buffers {
+    pub(super) fn take() -> Box<Buffers> {
         let spare = SPARE
             .try_with(|spare| spare.try_borrow_mut().ok().and_then(|mut s| s.pop()))
             .ok()
             .flatten();
-        spare.unwrap_or_else(|| Buffers {
-            read: BytesMut::with_capacity(READ_BUFFER),
-            out: Vec::with_capacity(1024),
-            fields: HeaderMap::new(),
+        spare.unwrap_or_else(|| {
+            Box::new(Buffers {
+                read: BytesMut::with_capacity(READ_BUFFER),
+                out: Vec::with_capacity(1024),
+                fields: HeaderMap::new(),
+            })
         })
     }
 
     /// Gives the set back to the thread's spares (empty, as `take` hands it
     /// out). A set grown past its usual size, or one the spares have no room
     /// for, is freed instead.
-    pub(super) fn give_back(mut self) {
+    pub(super) fn give_back(mut self: Box<Self>) {
         if self.read.capacity() > 2 * READ_BUFFER || self.out.capacity() > 4 * WRITE_BATCH {
             return;
         }
@@ -110,11 +114,11 @@ mod tests {
         set.give_back();
         assert!(SPARE.with(|s| s.borrow().is_empty()));
         for _ in 0..MAX_SPARE + 5 {
-            Buffers {
+            Box::new(Buffers {
                 read: BytesMut::with_capacity(READ_BUFFER),
                 out: Vec::new(),
                 fields: HeaderMap::new(),
-            }
+            })
             .give_back();
         }
         assert_eq!(SPARE.with(|s| s.borrow().len()), MAX_SPARE);

@@ -145,7 +145,7 @@ where
 {
     // `None` while the connection waits for its next request: an idle
     // connection holds no buffer (see `buffers`).
-    let mut busy: Option<Buffers> = None;
+    let mut busy: Option<Box<Buffers>> = None;
     loop {
         let mut buffers = match busy.take() {
             Some(buffers) => buffers,
@@ -159,7 +159,7 @@ where
             read: buffer,
             out,
             fields,
-        } = &mut buffers;
+        } = &mut *buffers;
         // Bytes of a partial head already parsed: a head arriving in many
         // small reads is parsed again only when it may have ended.
         let mut parsed_up_to = 0;
@@ -284,7 +284,7 @@ const FIRST_READ: usize = 2 * 1024;
 /// into a scratch array on the stack (not kept across polls, so not part of
 /// the connection's future); then takes a set of buffers and puts them in.
 /// `None`: the client closed the connection.
-async fn first_bytes<T: AsyncRead + Unpin>(io: &mut T) -> io::Result<Option<Buffers>> {
+async fn first_bytes<T: AsyncRead + Unpin>(io: &mut T) -> io::Result<Option<Box<Buffers>>> {
     poll_fn(|cx| {
         let mut scratch = [MaybeUninit::<u8>::uninit(); FIRST_READ];
         let mut read = ReadBuf::uninit(&mut scratch);
