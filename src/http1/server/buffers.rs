@@ -16,6 +16,8 @@ use std::cell::RefCell;
 use bytes::BytesMut;
 use http::HeaderMap;
 
+use super::slot::Block;
+
 /// Room for the reads of one connection (grown only while a head is longer).
 pub(super) const READ_BUFFER: usize = 8 * 1024;
 
@@ -23,8 +25,8 @@ pub(super) const READ_BUFFER: usize = 8 * 1024;
 pub(super) const WRITE_BATCH: usize = 16 * 1024;
 
 /// Spare sets kept per thread: enough for the connections that go idle and
-/// come back at once under load; beyond it a set is freed (at most ~0.7 MB
-/// per thread sits here).
+/// come back at once under load; beyond it a set is freed (at most ~0.9 MB
+/// per thread sits here, handler blocks included).
 const MAX_SPARE: usize = 64;
 
 /// What a busy connection reads into and writes from.
@@ -37,6 +39,8 @@ pub(super) struct Buffers {
     /// The last response's map, emptied: the next request's fields go in it
     /// (its capacity is what is kept).
     pub(super) fields: HeaderMap,
+    /// Room for the handler's future of the next request (see `slot`).
+    pub(super) block: Option<Block>,
 }
 
 thread_local! {
@@ -59,6 +63,7 @@ impl Buffers {
                 read: BytesMut::with_capacity(READ_BUFFER),
                 out: Vec::with_capacity(1024),
                 fields: HeaderMap::new(),
+                block: None,
             })
         })
     }
@@ -120,6 +125,7 @@ mod tests {
                 read: BytesMut::with_capacity(READ_BUFFER),
                 out: Vec::new(),
                 fields: HeaderMap::new(),
+                block: None,
             })
             .give_back();
         }

@@ -159,6 +159,7 @@ where
             read: buffer,
             out,
             fields,
+            block,
         } = &mut *buffers;
         // Bytes of a partial head already parsed: a head arriving in many
         // small reads is parsed again only when it may have ended.
@@ -189,7 +190,7 @@ where
         // future is large, and an idle connection would carry its room.
         // Awaited here, not passed to a helper: moving it once more showed
         // as +500 instructions of memcpy per request.
-        let mut handling = Slot::new_with(|| respond(request));
+        let mut handling = Slot::new_with(block, || respond(request));
         let response = loop {
             // Watching the connection meanwhile, as hyper does: a client that
             // closes (or breaks) it before its answer is ready is gone, and
@@ -224,6 +225,8 @@ where
                 },
             }
         };
+        // Done: its block waits, with the buffers, for the next request.
+        handling.finish(block);
         let (response, extra_fields) = response;
         let (mut parts, body) = response.into_parts();
         let length = if body.is_end_stream() {

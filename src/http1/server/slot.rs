@@ -1,93 +1,58 @@
 //! A request's handler future, kept outside the connection's own future in
-//! a block from the thread's spares.
+//! a block that the connection holds only while it is busy.
 //!
 //! An async state machine is as large as its largest state, for as long as
 //! it lives: a connection that awaited the handler's future in place (3.5 KB)
 //! would carry its room while idle too, 10,000 idle connections 35 MB of it.
-//! In a [`Slot`] the handler's future lives in a block of its own that
-//! exists only while the request does. Under load every request takes one,
-//! so the block comes from a short per-thread list of spares (a pop and a
-//! push on a thread-local `Vec`, no lock: a connection is served on one
-//! thread), not from the allocator.
+//! In a [`Slot`] the handler's future lives in a [`Block`] of its own, which
+//! travels with the connection's buffer set (`buffers`): taken from the
+//! thread's spares with them when a request arrives, used by one request
+//! after another, and given back with them when the connection goes idle.
+//! So a request costs no allocation and no second look at the spares.
 
 use std::alloc::{Layout, alloc, dealloc, handle_alloc_error};
-use std::cell::RefCell;
 use std::future::Future;
 use std::mem::MaybeUninit;
 use std::pin::Pin;
 use std::ptr::NonNull;
 use std::task::{Context, Poll};
 
-/// Spare blocks kept per thread and layout; beyond it a block is freed.
-const MAX_SPARE: usize = 64;
+/// An allocation with room for one value of `layout` (non-zero size),
+/// holding none.
+#[derive(Debug)]
+pub(super) struct Block {
+    at: NonNull<u8>,
+    layout: Layout,
+}
 
-/// The thread's spare blocks, by layout (one layout in practice: the
-/// handler's future).
-struct Spares(Vec<(Layout, Vec<NonNull<u8>>)>);
+// SAFETY: a `Block` is an owned allocation holding no value.
+unsafe impl Send for Block {}
+// SAFETY: as above; `&Block` gives no access to its memory.
+unsafe impl Sync for Block {}
 
-impl Drop for Spares {
-    fn drop(&mut self) {
-        for (layout, blocks) in self.0.drain(..) {
-            for block in blocks {
-                // SAFETY: every block here was allocated with `layout`.
-                unsafe { dealloc(block.as_ptr(), layout) };
-            }
+impl Block {
+    fn new(layout: Layout) -> Block {
+        // SAFETY: `layout` has a non-zero size (checked by the caller).
+        let at = unsafe { alloc(layout) };
+        Block {
+            at: NonNull::new(at).unwrap_or_else(|| handle_alloc_error(layout)),
+            layout,
         }
     }
 }
 
-thread_local! {
-    static SPARE: RefCell<Spares> = const { RefCell::new(Spares(Vec::new())) };
-}
-
-/// A block for `layout` (non-zero size) from the spares, or a new one.
-fn take_block(layout: Layout) -> NonNull<u8> {
-    let spare = SPARE
-        .try_with(|spare| {
-            let mut spare = spare.try_borrow_mut().ok()?;
-            let (_, blocks) = spare.0.iter_mut().find(|(l, _)| *l == layout)?;
-            blocks.pop()
-        })
-        .ok()
-        .flatten();
-    spare.unwrap_or_else(|| {
-        // SAFETY: `layout` has a non-zero size (checked by the caller).
-        let block = unsafe { alloc(layout) };
-        NonNull::new(block).unwrap_or_else(|| handle_alloc_error(layout))
-    })
-}
-
-/// Returns a block (its value dropped already) to the spares, or frees it.
-fn give_block(layout: Layout, block: NonNull<u8>) {
-    let kept = SPARE
-        .try_with(|spare| {
-            let Ok(mut spare) = spare.try_borrow_mut() else {
-                return false;
-            };
-            let index = match spare.0.iter().position(|(l, _)| *l == layout) {
-                Some(index) => index,
-                None => {
-                    spare.0.push((layout, Vec::new()));
-                    spare.0.len() - 1
-                }
-            };
-            let blocks = &mut spare.0[index].1;
-            if blocks.len() >= MAX_SPARE {
-                return false;
-            }
-            blocks.push(block);
-            true
-        })
-        .unwrap_or(false);
-    if !kept {
-        // SAFETY: the block was allocated with `layout` and holds no value.
-        unsafe { dealloc(block.as_ptr(), layout) };
+impl Drop for Block {
+    fn drop(&mut self) {
+        // SAFETY: allocated with `layout`, and holds no value.
+        unsafe { dealloc(self.at.as_ptr(), self.layout) };
     }
 }
 
-/// A future in a block of its own, pinned there until the slot is dropped.
+/// A future in a block of its own, pinned there until the slot ends.
 pub(super) struct Slot<F> {
     value: NonNull<F>,
+    /// The block the value is in (`None` for a zero-sized `F`).
+    block: Option<Block>,
 }
 
 // SAFETY: a `Slot` owns its `F` as a `Box` would.
@@ -96,36 +61,48 @@ unsafe impl<F: Send> Send for Slot<F> {}
 unsafe impl<F: Sync> Sync for Slot<F> {}
 
 impl<F: Future> Slot<F> {
-    /// Makes the future with `make` in a block from the thread's spares.
-    /// The block is taken first and `make`'s result written into it through
-    /// a reference (known writable for a whole `F`), so the compiler can
-    /// build the future in place rather than build it aside and copy it in
-    /// (a copy of the whole future, 3.5 KB, cost ~650 instructions).
+    /// Makes the future with `make` in the block `spare` holds (one is
+    /// allocated if it holds none that fits). The block is taken first and
+    /// `make`'s result written into it through a reference (known writable
+    /// for a whole `F`), so the compiler may build the future in place
+    /// rather than aside and copy it in.
     #[inline(always)]
-    pub(super) fn new_with(make: impl FnOnce() -> F) -> Slot<F> {
+    pub(super) fn new_with(spare: &mut Option<Block>, make: impl FnOnce() -> F) -> Slot<F> {
         let layout = Layout::new::<F>();
-        let value_at = if layout.size() == 0 {
-            NonNull::dangling()
+        let block = if layout.size() == 0 {
+            None
         } else {
-            take_block(layout).cast::<F>()
+            Some(match spare.take() {
+                Some(block) if block.layout == layout => block,
+                _ => Block::new(layout),
+            })
         };
+        let value = block
+            .as_ref()
+            .map_or(NonNull::dangling(), |block| block.at.cast::<F>());
         // SAFETY: the block is valid for an `F`, holds nothing and is
         // referenced by nothing else.
-        let place = unsafe { &mut *value_at.as_ptr().cast::<MaybeUninit<F>>() };
+        let place = unsafe { &mut *value.as_ptr().cast::<MaybeUninit<F>>() };
         place.write(make());
-        Slot { value: value_at }
+        Slot { value, block }
+    }
+}
+
+impl<F> Slot<F> {
+    /// Drops the future and puts its block in `spare`, for the next one.
+    pub(super) fn finish(mut self, spare: &mut Option<Block>) {
+        // SAFETY: the slot owns the value, dropped here once, in place.
+        unsafe { std::ptr::drop_in_place(self.value.as_ptr()) };
+        *spare = self.block.take();
+        std::mem::forget(self);
     }
 }
 
 impl<F> Drop for Slot<F> {
     fn drop(&mut self) {
-        let layout = Layout::new::<F>();
         // SAFETY: the slot owns the value, dropped here once, in place (it
-        // was pinned: it never moved).
+        // was pinned: it never moved); the block is freed after it.
         unsafe { std::ptr::drop_in_place(self.value.as_ptr()) };
-        if layout.size() != 0 {
-            give_block(layout, self.value.cast());
-        }
     }
 }
 
@@ -164,26 +141,39 @@ mod tests {
     }
 
     #[tokio::test]
-    async fn a_slot_runs_its_future_drops_it_once_and_reuses_its_block() {
+    async fn a_slot_runs_its_future_drops_it_once_and_hands_its_block_on() {
         let drops = Arc::new(AtomicUsize::new(0));
         let mut values = [0u64; 64];
         values[63] = 7;
-        let slot = Slot::new_with(|| CountsDrops(drops.clone(), values));
+        let mut spare = None;
+        let mut slot = Slot::new_with(&mut spare, || CountsDrops(drops.clone(), values));
         let first_block = slot.value.as_ptr() as usize;
-        assert_eq!(slot.await, 7);
+        assert_eq!((&mut slot).await, 7);
+        slot.finish(&mut spare);
         assert_eq!(drops.load(Ordering::Relaxed), 1);
-        let again = Slot::new_with(|| CountsDrops(drops.clone(), values));
-        assert_eq!(
-            again.value.as_ptr() as usize,
-            first_block,
-            "the spare block"
-        );
+        assert!(spare.is_some());
+        let again = Slot::new_with(&mut spare, || CountsDrops(drops.clone(), values));
+        assert_eq!(again.value.as_ptr() as usize, first_block, "the same block");
+        assert!(spare.is_none());
+        // Dropped unfinished (a cancelled request): value and block go.
         drop(again);
         assert_eq!(drops.load(Ordering::Relaxed), 2);
     }
 
     #[tokio::test]
-    async fn zero_sized_futures_need_no_block() {
-        assert_eq!(Slot::new_with(|| std::future::ready(3)).await, 3);
+    async fn a_block_of_another_layout_is_replaced_and_zero_sized_futures_need_none() {
+        let mut spare = Some(Block::new(Layout::new::<[u8; 3]>()));
+        let slot = Slot::new_with(&mut spare, || std::future::ready(5u64));
+        assert_eq!(
+            slot.block.as_ref().unwrap().layout,
+            Layout::new::<std::future::Ready<u64>>()
+        );
+        let mut none = None;
+        assert_eq!(
+            Slot::new_with(&mut none, || std::future::ready(())).await,
+            ()
+        );
+        assert!(none.is_none());
+        assert_eq!(slot.await, 5);
     }
 }
