@@ -57,7 +57,7 @@ pub async fn serve(app: Arc<App>, listener: TcpListener, shutdown: watch::Receiv
     }
     let mut stop = shutdown.clone();
     while let Some((stream, _, permit)) =
-        crate::conn::accept_next(&listener, &permits, &mut stop, &mut backoff).await
+        crate::conn::accept_next(&listener, &permits, None, &mut stop, &mut backoff).await
     {
         let app = app.clone();
         let mut shutdown = shutdown.clone();

@@ -372,7 +372,7 @@ async fn ours(addr: std::net::SocketAddr, method: &Method, path: &str) -> Outcom
         .header("host", "upstream.test")
         .body(NoBody)
         .unwrap();
-    let (response, lines) = match pool.send(request, OwnFields::default()).await {
+    let (response, lines) = match pool.send(request, OwnFields::default(), None).await {
         Ok(answer) => answer,
         Err(error) => {
             return Outcome::Refused(format!("head: {:?}", std::error::Error::source(&error)));

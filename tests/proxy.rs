@@ -371,39 +371,6 @@ async fn idle_keep_alive_connections_are_closed() {
 }
 
 #[tokio::test]
-async fn connections_beyond_the_cap_wait() {
-    let upstream = TestUpstream::start().await;
-    let gateway = Gateway::start(&config(
-        &upstream,
-        "max_connections = 1\nidle_timeout = \"60s\"",
-    ));
-    // The first connection holds the only slot.
-    let mut first = tokio::net::TcpStream::connect(gateway.addr).await.unwrap();
-    use tokio::io::{AsyncReadExt, AsyncWriteExt};
-    first
-        .write_all(b"GET /health HTTP/1.1\r\nhost: x\r\n\r\n")
-        .await
-        .unwrap();
-    let mut buf = [0u8; 256];
-    let n = first.read(&mut buf).await.unwrap();
-    assert!(String::from_utf8_lossy(&buf[..n]).starts_with("HTTP/1.1 200"));
-    // The second waits in the backlog while the first is open...
-    let second = tokio::spawn(get(gateway.addr, "/health", &[]));
-    tokio::time::sleep(Duration::from_millis(500)).await;
-    assert!(
-        !second.is_finished(),
-        "second connection was served beyond the cap"
-    );
-    // ...and is served once the first closes.
-    drop(first);
-    let reply = tokio::time::timeout(Duration::from_secs(5), second)
-        .await
-        .unwrap()
-        .unwrap();
-    assert_eq!(reply.status, 200);
-}
-
-#[tokio::test]
 async fn sigterm_drains_in_flight_requests() {
     let upstream = TestUpstream::start().await;
     let mut gateway = Gateway::start(&config(&upstream, ""));

@@ -23,7 +23,9 @@ use tokio::io::{AsyncRead, AsyncWrite};
 
 use crate::app::App;
 use crate::conn::drain::DrainWatch;
-use crate::conn::{AfterCheck, after_check, hyper_service};
+use crate::conn::{
+    AfterCheck, ConnLimits, after_check, evicted, eviction, hyper_service, register_task,
+};
 use crate::http1::server::ConnActivity;
 use crate::proxy::handler::Downstream;
 
@@ -55,7 +57,9 @@ pub(crate) async fn serve<S>(
 ) where
     S: AsyncRead + AsyncWrite + Unpin + Send + 'static,
 {
-    let server = app.snapshot().config.server.clone();
+    let server = ConnLimits::of(&app.snapshot().config.server);
+    let metrics = app.metrics().clone();
+    register_task(&activity).await;
     let handler = hyper_service(app, activity.clone(), downstream);
     // Boxed here, unlike on HTTP/1.1: hyper spawns every stream as a task,
     // moving the handler's future into it more than once, which cost more
@@ -83,6 +87,12 @@ pub(crate) async fn serve<S>(
                 if let Err(error) = result {
                     tracing::debug!(%peer, %error, "HTTP/2 connection ended with an error");
                 }
+                return;
+            }
+            // Idle (no stream open): nothing to tell the client a GOAWAY
+            // would save it from.
+            _ = eviction(&activity) => {
+                evicted(&metrics, peer);
                 return;
             }
             _ = &mut drain, if !draining => {

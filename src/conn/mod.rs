@@ -23,6 +23,13 @@
 //!   connection waiting for a slot, and further ones wait in the kernel
 //!   backlog. (Taking the slot *before* `accept` would let an idle worker's
 //!   loop sit on a slot while connections queue on another worker's socket.)
+//!   A loop holding a connection at the cap asks the keep-alive connection
+//!   idle the longest, of any worker, to close and make room (`evict`).
+//! - **Idle connections are cheap**: one waiting for its next request holds
+//!   no buffer (the fast path gives them back and takes a set when bytes
+//!   arrive) and no handler future (it lives in a block of its own while a
+//!   request does); hyper's and HTTP/2's connections, larger, are boxed at
+//!   the hand-off, so the task of every connection does not carry their size.
 //! - **Accept errors** (e.g. out of file descriptors) back off and retry instead
 //!   of ending the loop (as in mini-redis).
 //! - **TLS** (`tls`): a `[server.tls]` listener's connection does its
@@ -59,6 +66,7 @@
 //!   connection whose task runs on another.
 
 pub(crate) mod drain;
+pub(crate) mod evict;
 pub(crate) mod h2;
 pub(crate) mod tls;
 
@@ -83,10 +91,12 @@ use tokio::time::Instant;
 use crate::app::App;
 use crate::config::ServerConfig;
 use crate::conn::drain::{Drain, DrainWatch};
+use crate::conn::evict::Registry;
 use crate::http1::server::ActivityAnswered;
 use crate::http1::server::ConnActivity;
 use crate::http1::server::linger::{LingerSwitch, Lingering};
 use crate::http1::server::{self as h1, Gate, Rewind};
+use crate::metrics::Metrics;
 use crate::proxy::body::ClientBody;
 use crate::proxy::handler::{Downstream, handle};
 use crate::worker::worker_count;
@@ -213,6 +223,8 @@ struct Shared {
     /// Held by each worker until it stops accepting and by each connection
     /// task: the drain ends when all are gone.
     alive: mpsc::Sender<()>,
+    /// Every live connection, for closing the oldest idle one at the cap.
+    connections: Arc<Registry>,
 }
 
 /// What the main thread asks of a worker.
@@ -267,6 +279,7 @@ pub fn start(
         shutdown: shutdown.clone(),
         drain: Drain::new(worker_count()),
         alive: alive_tx,
+        connections: Registry::new(worker_count()),
     };
     let count = worker_count();
     let mut workers = Vec::with_capacity(count);
@@ -564,13 +577,21 @@ async fn sweep_idle_keys(app: Arc<App>) {
     }
 }
 
+/// How long an accept loop at the cap waits for the connection it asked to
+/// close before it asks another (the first may have turned busy), or looks
+/// again for an idle one when none was.
+const EVICT_RETRY: Duration = Duration::from_millis(100);
+
 /// An accepted connection and its connection slot, or `None` once `stop`
-/// fires. The slot is taken after `accept` (see the module doc). Accept
-/// errors (EMFILE and friends) back off and retry rather than end the loop;
-/// `backoff` carries the current delay between calls.
+/// fires. The slot is taken after `accept` (see the module doc); at the cap,
+/// the connection idle the longest among `evict`'s is asked to close to make
+/// room (see [`evict`]). Accept errors (EMFILE and friends) back off and
+/// retry rather than end the loop; `backoff` carries the current delay
+/// between calls.
 pub(crate) async fn accept_next(
     listener: &TcpListener,
     permits: &Arc<Semaphore>,
+    evict: Option<&Registry>,
     stop: &mut watch::Receiver<bool>,
     backoff: &mut Duration,
 ) -> Option<(TcpStream, SocketAddr, OwnedSemaphorePermit)> {
@@ -584,11 +605,22 @@ pub(crate) async fn accept_next(
                 *backoff = Duration::from_millis(5);
                 let permit = match permits.clone().try_acquire_owned() {
                     Ok(permit) => permit,
-                    // At the cap: wait, unserved, for a connection to close.
-                    Err(_) => tokio::select! {
-                        permit = permits.clone().acquire_owned() => permit.ok()?,
-                        _ = stop.changed() => return None,
-                    },
+                    // At the cap: make room by closing an idle connection,
+                    // and wait for a slot.
+                    Err(_) => {
+                        let acquire = permits.clone().acquire_owned();
+                        tokio::pin!(acquire);
+                        loop {
+                            if let Some(registry) = evict {
+                                registry.evict_oldest_idle();
+                            }
+                            tokio::select! {
+                                permit = &mut acquire => break permit.ok()?,
+                                _ = tokio::time::sleep(EVICT_RETRY), if evict.is_some() => {}
+                                _ = stop.changed() => return None,
+                            }
+                        }
+                    }
                 };
                 return Some((stream, peer, permit));
             }
@@ -608,24 +640,31 @@ async fn accept_loop(
     mut stop: watch::Receiver<bool>,
 ) {
     let mut backoff = Duration::from_millis(5);
-    while let Some((stream, peer, permit)) =
-        accept_next(&listener, &shared.permits, &mut stop, &mut backoff).await
+    while let Some((stream, peer, permit)) = accept_next(
+        &listener,
+        &shared.permits,
+        Some(&shared.connections),
+        &mut stop,
+        &mut backoff,
+    )
+    .await
     {
         let _ = stream.set_nodelay(true);
         let app = shared.app.clone();
         let drain = shared.drain.watch(crate::worker::worker_index());
         let alive = shared.alive.clone();
+        let connections = shared.connections.clone();
         if tls {
             // The handshake runs in the connection's own task: a slow one
             // holds up nobody else.
             tokio::spawn(async move {
-                tls::serve(app, stream, peer, drain).await;
+                tls::serve(app, stream, peer, drain, connections).await;
                 drop(permit);
                 drop(alive);
             });
         } else {
             tokio::spawn(async move {
-                serve_connection(app, stream, peer, drain, "http").await;
+                serve_connection(app, stream, peer, drain, "http", connections).await;
                 drop(permit);
                 drop(alive);
             });
@@ -683,11 +722,17 @@ pub(crate) async fn serve_connection<S>(
     peer: SocketAddr,
     mut drain: DrainWatch,
     proto: &'static str,
+    connections: Arc<Registry>,
 ) where
     S: AsyncRead + AsyncWrite + Unpin + Send + 'static,
 {
-    let server = app.snapshot().config.server.clone();
+    // Only what the connection reads of its settings: a copy of the whole
+    // server section would be kept (with its allocations) as long as the
+    // connection, idle or not.
+    let server = ConnLimits::of(&app.snapshot().config.server);
     let activity = Arc::new(ConnActivity::new());
+    let _registered = connections.register(crate::worker::worker_index(), activity.clone());
+    register_task(&activity).await;
     let mut io = ActivityIo {
         inner: stream,
         activity: activity.clone(),
@@ -707,6 +752,9 @@ pub(crate) async fn serve_connection<S>(
             // the head as they are (`h1` writes them).
             handle(&app, downstream, request, Some(activity.clone()))
         };
+        // The fast path relays interim (1xx) responses; hyper's servers,
+        // which take over at a hand-off, have no way to send them.
+        activity.relay_interim(true);
         let fast = h1::serve(&mut io, &*activity, server.max_header_bytes, respond);
         tokio::pin!(fast);
         // Whether `check` holds this task's waker: it then wakes the task
@@ -717,6 +765,9 @@ pub(crate) async fn serve_connection<S>(
             let event = std::future::poll_fn(|cx| {
                 if let Poll::Ready(ended) = fast.as_mut().poll(cx) {
                     return Poll::Ready(Event::Ended(ended));
+                }
+                if activity.evicted() {
+                    return Poll::Ready(Event::Evicted);
                 }
                 if draining {
                     return Poll::Pending;
@@ -741,6 +792,10 @@ pub(crate) async fn serve_connection<S>(
             .await;
             match event {
                 Event::Ended(ended) => break ended,
+                Event::Evicted => {
+                    evicted(app.metrics(), peer);
+                    return;
+                }
                 Event::Drain => {
                     draining = true;
                     if activity.begin_closing() {
@@ -760,13 +815,15 @@ pub(crate) async fn serve_connection<S>(
             }
         }
     };
+    activity.relay_interim(false);
     let prefix = match handed_over {
         // h2c with prior knowledge: the connection preface is no HTTP/1.1
         // request, so the fast path handed it over; hyper's HTTP/2 server
         // takes it from the bytes read so far.
         Ok(h1::Ended::HandOff(prefix)) if prefix.starts_with(h2::PREFACE) => {
             let io = Rewind::new(prefix, io);
-            h2::serve(app, io, activity, downstream, drain, draining).await;
+            // Boxed, as hyper's HTTP/1.1 connection below.
+            Box::pin(h2::serve(app, io, activity, downstream, drain, draining)).await;
             return;
         }
         Ok(h1::Ended::HandOff(prefix)) => prefix,
@@ -778,6 +835,33 @@ pub(crate) async fn serve_connection<S>(
     };
 
     // Everything else, from the first request that is not plain: hyper.
+    // Boxed, once per handed-off connection: hyper's connection (with the
+    // handler's future in it) is larger than the fast path's state, and the
+    // task of every connection would otherwise carry its size, idle or not.
+    let io = Rewind::new(prefix, io);
+    Box::pin(serve_handed_off(
+        app, io, activity, downstream, drain, draining, server, check, peer,
+    ))
+    .await;
+}
+
+/// Serves a connection with hyper's HTTP/1.1 server from the first request
+/// the fast path handed over (its bytes replayed by `io`).
+#[allow(clippy::too_many_arguments)]
+async fn serve_handed_off<S>(
+    app: Arc<App>,
+    io: Rewind<ActivityIo<S>>,
+    activity: Arc<ConnActivity>,
+    downstream: Downstream,
+    mut drain: DrainWatch,
+    mut draining: bool,
+    server: ConnLimits,
+    mut check: Pin<&mut tokio::time::Sleep>,
+    peer: SocketAddr,
+) where
+    S: AsyncRead + AsyncWrite + Unpin + Send + 'static,
+{
+    let metrics = app.metrics().clone();
     let service = hyper_service(app, activity.clone(), downstream);
     let mut builder = http1::Builder::new();
     builder
@@ -792,7 +876,7 @@ pub(crate) async fn serve_connection<S>(
     // The gate checks every later request before hyper reads it (`h1::gate`).
     let io = TokioIo::new(Lingering::new(
         Gate::new(
-            Rewind::new(prefix, io),
+            io,
             server.max_header_bytes,
             ActivityAnswered(activity.clone()),
         ),
@@ -810,6 +894,10 @@ pub(crate) async fn serve_connection<S>(
                 if let Err(error) = result {
                     tracing::debug!(%peer, %error, "connection ended with an error");
                 }
+                return;
+            }
+            _ = eviction(&activity) => {
+                evicted(&metrics, peer);
                 return;
             }
             _ = &mut drain, if !draining => {
@@ -877,10 +965,29 @@ enum AfterCheck {
     Drain,
 }
 
+/// The settings a connection reads, copied at accept (a reload applies to
+/// connections accepted after it).
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct ConnLimits {
+    pub(crate) header_read_timeout: Duration,
+    pub(crate) idle_timeout: Duration,
+    pub(crate) max_header_bytes: usize,
+}
+
+impl ConnLimits {
+    pub(crate) fn of(server: &ServerConfig) -> ConnLimits {
+        ConnLimits {
+            header_read_timeout: server.header_read_timeout,
+            idle_timeout: server.idle_timeout,
+            max_header_bytes: server.max_header_bytes,
+        }
+    }
+}
+
 /// Asks the watchdog about `activity` and re-arms `check` when nothing is due.
 fn after_check(
     activity: &ConnActivity,
-    server: &ServerConfig,
+    server: &ConnLimits,
     check: Pin<&mut tokio::time::Sleep>,
     peer: SocketAddr,
 ) -> AfterCheck {
@@ -905,6 +1012,37 @@ enum Event<T> {
     Drain,
     /// The watchdog's timer fired.
     Check,
+    /// Asked to close, idle, to make room at `max_connections`.
+    Evicted,
+}
+
+/// Stores the connection task's waker in `activity`, for an eviction to
+/// wake it (see [`evict`]).
+pub(crate) async fn register_task(activity: &ConnActivity) {
+    std::future::poll_fn(|cx| {
+        activity.set_task(cx.waker());
+        Poll::Ready(())
+    })
+    .await;
+}
+
+/// Resolves once the connection was asked to close and is idle
+/// ([`ConnActivity::evicted`]); polled on every wake-up of its task, it
+/// registers nothing (the task's waker is in `activity` already).
+pub(crate) fn eviction(activity: &ConnActivity) -> impl Future<Output = ()> + '_ {
+    std::future::poll_fn(move |_| {
+        if activity.evicted() {
+            Poll::Ready(())
+        } else {
+            Poll::Pending
+        }
+    })
+}
+
+/// Counts and logs an idle connection closed to make room.
+pub(crate) fn evicted(metrics: &Metrics, peer: SocketAddr) {
+    tracing::debug!(%peer, "idle connection closed to make room at max_connections");
+    metrics.record_connection_evicted();
 }
 
 /// A connection's linger switch, reached through its activity.

@@ -19,12 +19,19 @@ use tokio_rustls::TlsAcceptor;
 
 use crate::app::App;
 use crate::conn::drain::DrainWatch;
+use crate::conn::evict::Registry;
 use crate::conn::{ActivityIo, h2, serve_connection};
 use crate::http1::server::ConnActivity;
 use crate::proxy::handler::Downstream;
 
 /// Serves one connection of a TLS listener, from its handshake to its close.
-pub(crate) async fn serve(app: Arc<App>, stream: TcpStream, peer: SocketAddr, drain: DrainWatch) {
+pub(crate) async fn serve(
+    app: Arc<App>,
+    stream: TcpStream,
+    peer: SocketAddr,
+    drain: DrainWatch,
+    connections: Arc<Registry>,
+) {
     let snapshot = app.snapshot();
     let server = &snapshot.config.server;
     // The listener outlived its `[server.tls]` (removed by a reload, and
@@ -58,12 +65,13 @@ pub(crate) async fn serve(app: Arc<App>, stream: TcpStream, peer: SocketAddr, dr
     };
     if stream.get_ref().1.alpn_protocol() == Some(b"h2") {
         let activity = Arc::new(ConnActivity::new());
+        let _registered = connections.register(crate::worker::worker_index(), activity.clone());
         let io = ActivityIo {
             inner: stream,
             activity: activity.clone(),
         };
         h2::serve(app, io, activity, downstream, drain, false).await;
     } else {
-        serve_connection(app, stream, peer, drain, "https").await;
+        serve_connection(app, stream, peer, drain, "https", connections).await;
     }
 }

@@ -196,6 +196,7 @@ pub struct Metrics {
     config_generation: Gauge,
     limiter_keys: Family<LimitLabels, Gauge>,
     tls_handshake_failures: Family<ReasonLabels, Counter>,
+    connections_evicted: Counter,
     /// The shared `"none"` route label.
     no_route: Arc<str>,
 }
@@ -286,6 +287,12 @@ impl Metrics {
             "TLS handshakes that failed (error) or did not finish within header_read_timeout (timeout)",
             tls_handshake_failures.clone(),
         );
+        let connections_evicted = Counter::default();
+        registry.register(
+            "tollgate_connections_evicted",
+            "Idle keep-alive connections closed, oldest idle first, to serve a new one at max_connections",
+            connections_evicted.clone(),
+        );
         for result in ["ok", "error"] {
             let _ = config_reloads.get_or_create(&ResultLabels { result });
         }
@@ -304,6 +311,7 @@ impl Metrics {
             config_generation,
             limiter_keys,
             tls_handshake_failures,
+            connections_evicted,
             no_route: Arc::from(NO_ROUTE),
         }
     }
@@ -500,6 +508,11 @@ impl Metrics {
         self.tls_handshake_failures
             .get_or_create(&ReasonLabels { reason })
             .inc();
+    }
+
+    /// An idle connection closed to make room at `max_connections`.
+    pub fn record_connection_evicted(&self) {
+        self.connections_evicted.inc();
     }
 
     /// The generation of the configuration now serving.

@@ -14,7 +14,7 @@ use super::body::{ClientBodyError, RequestBody};
 use crate::http::field_lines::FieldLines;
 use crate::http::hop_by_hop::{ConnectionToken, connection_tokens, is_hop_by_hop};
 use crate::http::structured::is_tchar;
-use crate::http1::client::{OwnFields, UpstreamBody};
+use crate::http1::client::{InterimSink, OwnFields, UpstreamBody};
 use crate::identity::normalize;
 use crate::proxy::error::GatewayError;
 use crate::upstream::Upstream;
@@ -44,13 +44,18 @@ impl Upstream {
     /// once, and the future returned stays small — an inline one would make
     /// every future above it (forward, route_and_act, handle) larger by as
     /// much, each copied when created and moved.
-    pub fn send(
-        &self,
+    pub fn send<'a>(
+        &'a self,
         prepared: Prepared,
         body_exceeded: Option<Arc<AtomicBool>>,
         body_limit: u64,
-    ) -> impl Future<Output = Result<(Response<UpstreamBody>, FieldLines), GatewayError>> + '_ {
-        let exchange = Box::pin(self.pool(prepared.url).send(prepared.request, prepared.own));
+        interim: Option<&'a dyn InterimSink>,
+    ) -> impl Future<Output = Result<(Response<UpstreamBody>, FieldLines), GatewayError>> + 'a {
+        let exchange = Box::pin(self.pool(prepared.url).send(
+            prepared.request,
+            prepared.own,
+            interim,
+        ));
         let timeout = self.config.timeout;
         async move {
             let name = &self.config.name;

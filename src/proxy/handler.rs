@@ -40,6 +40,7 @@ use crate::config::{Config, Consumer, LimitConfig, OnFailure, RouteAction, Route
 use crate::http::content_length;
 use crate::http::field_lines::FieldLines;
 use crate::http::path::normalize_uri;
+use crate::http1::client::InterimSink;
 use crate::http1::server::ConnActivity;
 use crate::identity::body_fields::BodyFields;
 use crate::identity::client_ip::{client_net, resolve_with};
@@ -88,7 +89,10 @@ pub async fn handle(
     let now = app.clock.now();
     let observation = Observation::start(downstream, &request, now);
     let snapshot = app.snapshot();
-    let mut notes = Notes::default();
+    let mut notes = Notes {
+        connection,
+        ..Notes::default()
+    };
     let response = match route_and_act(app, &snapshot, downstream, request, now, &mut notes).await {
         Ok(response) => response,
         Err(error) => {
@@ -103,6 +107,7 @@ pub async fn handle(
         }
     };
     observation.finish(app, &snapshot, response.status().as_u16(), &notes);
+    let connection = notes.connection.take();
     if response.status() == StatusCode::SWITCHING_PROTOCOLS
         && let Some(connection) = &connection
     {
@@ -115,6 +120,20 @@ pub async fn handle(
     };
     let response = response.map(|body| body.with_completion(completion));
     (response, std::mem::take(&mut notes.fields))
+}
+
+/// The client's connection as the upstream exchange sees it: where its
+/// interim (1xx) responses go.
+fn interim_sink(connection: &Option<Arc<ConnActivity>>) -> Option<&dyn InterimSink> {
+    connection.as_deref().map(|c| c as &dyn InterimSink)
+}
+
+/// Interim responses reach the client through its connection, when the
+/// server that serves it relays them (`ConnActivity::queue_interim`).
+impl InterimSink for ConnActivity {
+    fn relay(&self, head: &[u8]) {
+        self.queue_interim(head);
+    }
 }
 
 /// What the steps learn about a request, for metrics and its log line.
@@ -132,6 +151,9 @@ struct Notes {
     fields: FieldLines,
     /// Upstream retries made (for the access log).
     retries: u32,
+    /// The client's connection (when the server tracks it): where interim
+    /// responses go, and what the response's end tells it is idle.
+    connection: Option<Arc<ConnActivity>>,
 }
 
 /// One limit's part in a request's log line.
@@ -341,7 +363,18 @@ async fn route_and_act(
                     // larger future is copied when it starts.
                     Box::pin(retrying.forward(downstream, parts, body, notes)).await?
                 }
-                _ => forward(snapshot, route, downstream, parts, body, &mut notes.permits).await?,
+                _ => {
+                    forward(
+                        snapshot,
+                        route,
+                        downstream,
+                        parts,
+                        body,
+                        &mut notes.permits,
+                        interim_sink(&notes.connection),
+                    )
+                    .await?
+                }
             };
             if let (Some(cost_header), Some(admitted)) = (&route.cost_header, admitted) {
                 let reported = fields.relayed_value(cost_header.as_str());
@@ -954,6 +987,7 @@ fn settle_cost(
 /// [`prepare_forward`], a plain function, so its temporaries (the request's
 /// parts in several states) are not kept in this future — which every
 /// future above it embeds and copies.
+#[allow(clippy::too_many_arguments)]
 async fn forward(
     snapshot: &Snapshot,
     route: &RouteConfig,
@@ -961,6 +995,7 @@ async fn forward(
     parts: Parts,
     body: PendingBody,
     permits: &mut Permits,
+    interim: Option<&dyn InterimSink>,
 ) -> Result<(Response<ResponseBody>, FieldLines), GatewayError> {
     let Forwarding {
         upstream,
@@ -969,7 +1004,12 @@ async fn forward(
         client_upgrade,
     } = prepare_forward(snapshot, route, downstream, parts, body)?;
     let (mut response, fields) = upstream
-        .send(request, exceeded, route.max_body.unwrap_or(u64::MAX))
+        .send(
+            request,
+            exceeded,
+            route.max_body.unwrap_or(u64::MAX),
+            interim,
+        )
         .await?;
     if response.status() == StatusCode::SWITCHING_PROTOCOLS {
         if !upgrade::switched_to_allowed(
@@ -1037,7 +1077,16 @@ impl Retrying<'_> {
         let (snapshot, route) = (self.snapshot, self.route);
         self.budget.record_request(self.app.clock.now());
         let Some(upstream) = snapshot.upstream_of(&route.action) else {
-            return forward(snapshot, route, downstream, parts, body, &mut notes.permits).await;
+            return forward(
+                snapshot,
+                route,
+                downstream,
+                parts,
+                body,
+                &mut notes.permits,
+                interim_sink(&notes.connection),
+            )
+            .await;
         };
         let idempotent = matches!(
             parts.method,
@@ -1050,12 +1099,30 @@ impl Retrying<'_> {
         ) || parts.headers.contains_key("idempotency-key");
         let upgrade = parts.headers.contains_key(http::header::UPGRADE);
         if !idempotent || upgrade {
-            return forward(snapshot, route, downstream, parts, body, &mut notes.permits).await;
+            return forward(
+                snapshot,
+                route,
+                downstream,
+                parts,
+                body,
+                &mut notes.permits,
+                interim_sink(&notes.connection),
+            )
+            .await;
         }
         let body = match replayable(body, &parts, &snapshot.config).await? {
             Ok(bytes) => bytes,
             Err(body) => {
-                return forward(snapshot, route, downstream, parts, body, &mut notes.permits).await;
+                return forward(
+                    snapshot,
+                    route,
+                    downstream,
+                    parts,
+                    body,
+                    &mut notes.permits,
+                    interim_sink(&notes.connection),
+                )
+                .await;
             }
         };
         let timeout = upstream.config.timeout;
@@ -1084,6 +1151,7 @@ impl Retrying<'_> {
                 this,
                 PendingBody::Complete(body.clone()),
                 &mut notes.permits,
+                interim_sink(&notes.connection),
             );
             let result = match tokio::time::timeout_at(deadline, sent).await {
                 Ok(result) => result,

@@ -43,6 +43,7 @@ use crate::http::field_lines::FieldLines;
 use crate::http1::client::conn::{IdleState, UpstreamConn, UpstreamStream};
 use crate::http1::client::exchange::{Outgoing, OutgoingBody, exchange};
 use crate::http1::client::head::{Framing, OwnFields, ResponseHead, encode_request};
+use crate::http1::client::interim::InterimSink;
 use crate::http1::client::response_body::{CheckIn, UpstreamBody};
 use crate::worker::{worker_count, worker_index};
 use prometheus_client::metrics::counter::Counter;
@@ -288,11 +289,13 @@ impl ConnectionPool {
     /// the response head; the body is read as the response is polled. The
     /// response's fields come as lines beside it (its header map is empty).
     /// `own` are the fields the gateway writes in place of some of the
-    /// request's (see [`OwnFields`]).
+    /// request's (see [`OwnFields`]); interim (1xx) responses go to
+    /// `interim`, the client's connection, when it relays them.
     pub async fn send<B: OutgoingBody>(
         self: &Arc<Self>,
         request: Request<B>,
         own: OwnFields,
+        interim: Option<&dyn InterimSink>,
     ) -> Result<(Response<UpstreamBody>, FieldLines), PoolError> {
         let (parts, body) = request.into_parts();
         let mut body = Outgoing::new(body);
@@ -305,7 +308,7 @@ impl ConnectionPool {
             };
             conn.write.clear();
             encode_request(&parts, framing, &own, &mut conn.write);
-            match exchange(&mut conn, &parts.method, &mut body, framing).await {
+            match exchange(&mut conn, &parts.method, &mut body, framing, interim).await {
                 Ok(head) => return Ok(self.response(conn, head)),
                 // A keep-alive connection closed under the request.
                 Err(failure) if reused && failure.silent && may_retry => continue,

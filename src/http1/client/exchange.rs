@@ -1,7 +1,8 @@
 //! One request and its response head on an upstream connection: the head
 //! (and a body in memory) written with one `writev`, a streamed body written
-//! as it arrives, then the response head read, skipping interim (1xx)
-//! responses.
+//! as it arrives, then the response head read, interim (1xx) responses
+//! handed to the client's connection on the way (`interim`), at most
+//! [`MAX_INTERIM`] of them.
 //!
 //! All of it runs inside the task serving the client's request — there is no
 //! connection task to hand the request to and no channel back — so a proxied
@@ -12,7 +13,8 @@ use std::io;
 use std::pin::Pin;
 
 use super::conn::{ReadHalf, UpstreamConn, WriteHalf, poll_fill};
-use super::head::{Parsed, RequestFraming, ResponseHead, parse_response};
+use super::head::{Parsed, RequestFraming, ResponseHead, invalid, parse_response};
+use super::interim::{InterimSink, MAX_INTERIM, MAX_INTERIM_BYTES};
 use crate::http::chunked::{LAST_CHUNK, size_line};
 use bytes::{Bytes, BytesMut};
 use http::Method;
@@ -87,12 +89,14 @@ impl Failure {
 }
 
 /// Writes the request whose head is in `conn.write` and reads the final
-/// response head. `method` decides whether a body follows (HEAD).
+/// response head. `method` decides whether a body follows (HEAD). Interim
+/// responses go to `interim` as they arrive (dropped without one).
 pub async fn exchange<B: OutgoingBody>(
     conn: &mut UpstreamConn,
     method: &Method,
     body: &mut Outgoing<B>,
     framing: RequestFraming,
+    interim: Option<&dyn InterimSink>,
 ) -> Result<ResponseHead, Failure> {
     match body {
         Outgoing::Empty => conn.write_head(&[]).await.map_err(Failure::silent)?,
@@ -100,7 +104,7 @@ pub async fn exchange<B: OutgoingBody>(
         Outgoing::Stream(stream) => {
             conn.write_head(&[]).await.map_err(Failure::silent)?;
             let chunked = framing == RequestFraming::Chunked;
-            let early = send_watching(conn, stream, chunked, method)
+            let early = send_watching(conn, stream, chunked, method, interim)
                 .await
                 .map_err(|error| Failure {
                     error,
@@ -115,22 +119,39 @@ pub async fn exchange<B: OutgoingBody>(
         }
     }
     let (mut reader, _, read) = conn.split();
-    read_head(&mut reader, read, method).await
+    read_head(&mut reader, read, method, interim).await
 }
 
 /// Reads from `reader` into `read` until a final response head is there,
-/// skipping interim ones.
+/// handing interim ones to `interim` (more than [`MAX_INTERIM`] of them, or
+/// of [`MAX_INTERIM_BYTES`], fail the exchange).
 async fn read_head(
     reader: &mut ReadHalf<'_>,
     read: &mut BytesMut,
     method: &Method,
+    interim: Option<&dyn InterimSink>,
 ) -> Result<ResponseHead, Failure> {
     let mut received = !read.is_empty();
+    let (mut interim_count, mut interim_bytes) = (0usize, 0usize);
     loop {
         if !read.is_empty() {
+            let before = read.len();
             match parse_response(read, method) {
                 Ok(Parsed::Head(head)) => return Ok(head),
-                Ok(Parsed::Interim) => continue,
+                Ok(Parsed::Interim(relayed)) => {
+                    interim_count += 1;
+                    interim_bytes += before - read.len();
+                    if interim_count > MAX_INTERIM || interim_bytes > MAX_INTERIM_BYTES {
+                        return Err(Failure {
+                            error: invalid("too many interim (1xx) responses"),
+                            silent: false,
+                        });
+                    }
+                    if let (Some(sink), Some(head)) = (interim, relayed) {
+                        sink.relay(&head);
+                    }
+                    continue;
+                }
                 Ok(Parsed::Partial) => {}
                 Err(error) => {
                     return Err(Failure {
@@ -172,10 +193,11 @@ async fn send_watching<B: OutgoingBody>(
     body: &mut B,
     chunked: bool,
     method: &Method,
+    interim: Option<&dyn InterimSink>,
 ) -> io::Result<Option<ResponseHead>> {
     let (mut reader, mut writer, read) = conn.split();
     let write = write_stream(&mut writer, body, chunked);
-    let answer = early_head(&mut reader, read, method);
+    let answer = early_head(&mut reader, read, method, interim);
     tokio::pin!(write, answer);
     tokio::select! {
         biased;
@@ -191,8 +213,9 @@ async fn early_head(
     reader: &mut ReadHalf<'_>,
     read: &mut BytesMut,
     method: &Method,
+    interim: Option<&dyn InterimSink>,
 ) -> ResponseHead {
-    match read_head(reader, read, method).await {
+    match read_head(reader, read, method, interim).await {
         Ok(head) => head,
         Err(_) => std::future::pending().await,
     }

@@ -64,8 +64,9 @@ pub struct ResponseHead {
 #[derive(Debug)]
 pub enum Parsed {
     Head(ResponseHead),
-    /// A 1xx other than 101, consumed; a final response follows.
-    Interim,
+    /// A 1xx other than 101, consumed, with the head to relay to the client
+    /// (`None` for a `100`; see [`super::interim`]); a final response follows.
+    Interim(Option<Vec<u8>>),
     /// Not a whole head yet: read more.
     Partial,
 }
@@ -197,8 +198,9 @@ fn parse_into<const N: usize>(buf: &mut BytesMut, method: &Method) -> io::Result
     let code = response.code.unwrap_or(0);
     let status = StatusCode::from_u16(code).map_err(|_| invalid("invalid response status"))?;
     if status.is_informational() && status != StatusCode::SWITCHING_PROTOCOLS {
+        let relayed = super::interim::client_head(status, response.headers);
         buf.advance(length);
-        return Ok(Some(Parsed::Interim));
+        return Ok(Some(Parsed::Interim(relayed)));
     }
     let version = match response.version {
         Some(0) => Version::HTTP_10,
@@ -532,14 +534,20 @@ mod tests {
     }
 
     #[test]
-    fn interim_responses_are_skipped_but_101_is_final() {
+    fn interim_responses_are_consumed_but_101_is_final() {
         let mut buf = BytesMut::from(
-            &b"HTTP/1.1 100 Continue\r\n\r\nHTTP/1.1 200 OK\r\nContent-Length: 0\r\n\r\n"[..],
+            &b"HTTP/1.1 100 Continue\r\n\r\nHTTP/1.1 103 Early Hints\r\nLink: </a>\r\n\r\nHTTP/1.1 200 OK\r\nContent-Length: 0\r\n\r\n"[..],
         );
         assert!(matches!(
             parse_response(&mut buf, &Method::POST),
-            Ok(Parsed::Interim)
+            Ok(Parsed::Interim(None))
         ));
+        match parse_response(&mut buf, &Method::POST) {
+            Ok(Parsed::Interim(Some(relayed))) => {
+                assert_eq!(relayed, b"HTTP/1.1 103 Early Hints\r\nLink: </a>\r\n\r\n")
+            }
+            other => panic!("{other:?}"),
+        }
         assert!(matches!(
             parse_response(&mut buf, &Method::POST),
             Ok(Parsed::Head(_))

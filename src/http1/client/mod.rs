@@ -9,7 +9,8 @@
 //! channel) and per-field allocations of the response head.
 //!
 //! [`exchange`] writes a request and reads the response head ([`head`]
-//! encodes and parses heads), [`response_body`] streams the body back and
+//! encodes and parses heads; [`interim`] says which 1xx go on to the client),
+//! [`response_body`] streams the body back and
 //! hands its connection back through [`CheckIn`](response_body::CheckIn), and [`chunked`] decodes the
 //! transfer coding. Which connection, and whether to retry, is the upstream
 //! layer's (`upstream::pool`); what a request body is, the pipeline's
@@ -19,8 +20,10 @@ pub mod chunked;
 pub mod conn;
 pub mod exchange;
 pub mod head;
+pub mod interim;
 pub mod response_body;
 
 pub use conn::UpstreamConn;
 pub use head::OwnFields;
+pub use interim::InterimSink;
 pub use response_body::UpstreamBody;

@@ -38,6 +38,23 @@ pub struct ConnActivity {
     /// rare, so a lock, taken only when `answer_awaited` is set.
     answer_awaited: AtomicBool,
     answer_waker: parking_lot::Mutex<Option<std::task::Waker>>,
+    /// Asked to close if idle, to make room at `max_connections` (see
+    /// [`ConnActivity::request_eviction`]).
+    evict: AtomicBool,
+    /// The connection task's waker, stored once when the connection starts
+    /// (a task's waker does not change): how an eviction reaches an idle
+    /// connection, which nothing else polls. Locked twice in a connection's
+    /// life, never per request.
+    task: parking_lot::Mutex<Option<std::task::Waker>>,
+    /// Whether interim (1xx) heads are relayed: set while the fast path
+    /// serves the connection (HTTP/1.1 clients only; hyper's servers have no
+    /// way to send them).
+    relay_interim: AtomicBool,
+    /// Interim heads queued by the upstream exchange and not written yet;
+    /// `interim_waiting` says there are some without taking the lock (a
+    /// 1xx is rare: the lock is for them, never for a plain request).
+    interim_waiting: AtomicBool,
+    interim: parking_lot::Mutex<Vec<u8>>,
 }
 
 impl ConnActivity {
@@ -51,7 +68,83 @@ impl ConnActivity {
             linger: LingerSwitch::default(),
             answer_awaited: AtomicBool::new(false),
             answer_waker: parking_lot::Mutex::new(None),
+            evict: AtomicBool::new(false),
+            task: parking_lot::Mutex::new(None),
+            relay_interim: AtomicBool::new(false),
+            interim_waiting: AtomicBool::new(false),
+            interim: parking_lot::Mutex::new(Vec::new()),
         }
+    }
+
+    /// Turns the relaying of interim heads on (the fast path serves) or off.
+    pub(crate) fn relay_interim(&self, on: bool) {
+        self.relay_interim.store(on, Ordering::Relaxed);
+    }
+
+    /// Queues an interim head for the client, if this connection relays
+    /// them; called from within the connection's task.
+    pub(crate) fn queue_interim(&self, head: &[u8]) {
+        if !self.relay_interim.load(Ordering::Relaxed) {
+            return;
+        }
+        self.interim.lock().extend_from_slice(head);
+        self.interim_waiting.store(true, Ordering::Release);
+    }
+
+    /// Remembers the connection task's waker, for evictions.
+    pub(crate) fn set_task(&self, waker: &std::task::Waker) {
+        *self.task.lock() = Some(waker.clone());
+    }
+
+    /// Whether nothing is in progress: no request in flight, no head begun.
+    fn is_between_requests(&self) -> bool {
+        self.in_flight.load(Ordering::Relaxed) == 0
+            && self.head_started_ms.load(Ordering::Relaxed) == 0
+    }
+
+    /// When this connection went idle, if it is an idle keep-alive one that
+    /// may be evicted: it has served a request (a connection that has sent
+    /// nothing yet may be a client whose first request is on its way), has
+    /// none in progress, is not closing or asked to already, and is no
+    /// upgrade's tunnel.
+    pub(crate) fn idle_since(&self) -> Option<Instant> {
+        let last = self.last_activity_ms.load(Ordering::Relaxed);
+        if last == 0
+            || !self.is_between_requests()
+            || self.closing.load(Ordering::Relaxed)
+            || self.evict.load(Ordering::Relaxed)
+            || self.linger.is_off()
+        {
+            return None;
+        }
+        Some(self.started + std::time::Duration::from_millis(last - 1))
+    }
+
+    /// Asks the connection to close if it is still idle when it looks (its
+    /// task is woken for it). False when it was asked already.
+    pub(crate) fn request_eviction(&self) -> bool {
+        if self.evict.swap(true, Ordering::SeqCst) {
+            return false;
+        }
+        if let Some(waker) = self.task.lock().as_ref() {
+            waker.wake_by_ref();
+        }
+        true
+    }
+
+    /// Called by the connection's task on each wake-up (one relaxed load):
+    /// true when it was asked to close and is idle, so it closes now. A
+    /// connection that turned busy meanwhile is left alone (and may be asked
+    /// again once idle).
+    pub(crate) fn evicted(&self) -> bool {
+        if !self.evict.load(Ordering::Relaxed) {
+            return false;
+        }
+        if self.is_between_requests() {
+            return true;
+        }
+        self.evict.store(false, Ordering::SeqCst);
+        false
     }
 
     pub(crate) fn now_ms(&self) -> u64 {
@@ -129,5 +222,25 @@ impl super::gate::Answered for ActivityAnswered {
 impl Closing for ConnActivity {
     fn is_closing(&self) -> bool {
         self.closing.load(Ordering::Relaxed)
+    }
+
+    fn interim_waiting(&self) -> bool {
+        self.interim_waiting.load(Ordering::Acquire)
+    }
+
+    fn take_interim(&self, out: &mut Vec<u8>) {
+        // A plain load first: this runs once per response, and a swap is a
+        // locked instruction.
+        if !self.interim_waiting.load(Ordering::Relaxed)
+            || !self.interim_waiting.swap(false, Ordering::Acquire)
+        {
+            return;
+        }
+        let mut queued = self.interim.lock();
+        out.extend_from_slice(&queued);
+        queued.clear();
+        if queued.capacity() > 4096 {
+            queued.shrink_to(0);
+        }
     }
 }

@@ -42,7 +42,7 @@ impl LingerSwitch {
         self.0.store(true, Ordering::Relaxed);
     }
 
-    fn is_off(&self) -> bool {
+    pub(crate) fn is_off(&self) -> bool {
         self.0.load(Ordering::Relaxed)
     }
 }

@@ -29,22 +29,28 @@
 
 mod activity;
 mod body;
+mod buffers;
 pub mod framing;
 pub mod gate;
 pub(crate) mod linger;
 mod request;
 mod response;
 mod rewind;
+mod slot;
 
 use std::future::{Future, poll_fn};
 use std::io;
-use std::pin::pin;
-use std::task::Poll;
+use std::mem::MaybeUninit;
+use std::pin::{Pin, pin};
+use std::task::{Poll, ready};
 
 use bytes::{Bytes, BytesMut};
-use http::{HeaderMap, Method, Request, Response};
+use http::{Method, Request, Response};
 use http_body::Body;
-use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, ReadBuf};
+
+use buffers::{Buffers, READ_BUFFER, WRITE_BATCH};
+use slot::Slot;
 
 use crate::http::chunked::LAST_CHUNK;
 use crate::http::field_lines::FieldLines;
@@ -56,12 +62,6 @@ pub use gate::Gate;
 pub use request::{H2_PREFACE, Parsed, parse};
 pub(crate) use response::{BodyLength, Framing, encode_head};
 pub use rewind::Rewind;
-
-/// Room for the reads of one connection (grown only while a head is longer).
-const READ_BUFFER: usize = 8 * 1024;
-
-/// Response bytes gathered before a write while the body keeps coming.
-const WRITE_BATCH: usize = 16 * 1024;
 
 /// How a connection's fast path ended.
 #[derive(Debug)]
@@ -106,10 +106,19 @@ impl ExtraFields for FieldLines {
     }
 }
 
-/// Tells the fast path to finish: the response in progress closes the
-/// connection, and no further request is read.
+/// What the connection tells the fast path while it serves: to finish (the
+/// response in progress closes the connection, and no further request is
+/// read), and the interim (1xx) heads to write before a final response.
 pub trait Closing {
     fn is_closing(&self) -> bool;
+
+    /// Whether interim heads are waiting ([`Closing::take_interim`]).
+    fn interim_waiting(&self) -> bool {
+        false
+    }
+
+    /// Appends the interim heads waiting, if any, to `out`.
+    fn take_interim(&self, _out: &mut Vec<u8>) {}
 }
 
 /// Serves plain requests on `io` with `respond` until the connection ends or
@@ -134,22 +143,35 @@ where
     B: Body<Data = Bytes>,
     B::Error: std::fmt::Display,
 {
-    let mut buffer = BytesMut::with_capacity(READ_BUFFER);
-    let mut out: Vec<u8> = Vec::with_capacity(1024);
-    // The last response's map, emptied: the next request's fields go in it.
-    let mut fields = HeaderMap::new();
+    // `None` while the connection waits for its next request: an idle
+    // connection holds no buffer (see `buffers`).
+    let mut busy: Option<Box<Buffers>> = None;
     loop {
+        let mut buffers = match busy.take() {
+            Some(buffers) => buffers,
+            None => match first_bytes(io).await? {
+                Some(buffers) => buffers,
+                // Between requests: the client is done.
+                None => return Ok(Ended::Closed),
+            },
+        };
+        let Buffers {
+            read: buffer,
+            out,
+            fields,
+            block,
+        } = &mut *buffers;
         // Bytes of a partial head already parsed: a head arriving in many
         // small reads is parsed again only when it may have ended.
         let mut parsed_up_to = 0;
         let (request, close) = loop {
-            if !buffer.is_empty() && may_be_complete(&buffer, parsed_up_to, max_head) {
-                match parse(&mut buffer, &mut fields, max_head) {
+            if !buffer.is_empty() && may_be_complete(buffer, parsed_up_to, max_head) {
+                match parse(buffer, fields, max_head) {
                     Parsed::Request { request, close } => break (request, close),
-                    Parsed::HandOff => return Ok(Ended::HandOff(buffer)),
+                    Parsed::HandOff => return Ok(Ended::HandOff(std::mem::take(buffer))),
                     Parsed::Partial => parsed_up_to = buffer.len(),
                     Parsed::Refused(refusal) => {
-                        refuse(io, &mut out, refusal).await?;
+                        refuse(io, out, refusal).await?;
                         return Ok(Ended::Closed);
                     }
                 }
@@ -157,17 +179,18 @@ where
             if buffer.capacity() - buffer.len() < READ_BUFFER / 4 {
                 buffer.reserve(READ_BUFFER);
             }
-            if io.read_buf(&mut buffer).await? == 0 {
-                // Between requests: the client is done. Within a head: it
-                // gave up; hyper answers nothing then either.
+            if io.read_buf(buffer).await? == 0 {
+                // Within a head: the client gave up; hyper answers nothing
+                // then either.
                 return Ok(Ended::Closed);
             }
         };
         let is_head = request.method() == Method::HEAD;
-        // Awaited in place, not passed to a helper: the handler's future is
-        // large, and moving it once more showed as +500 instructions of
-        // memcpy per request.
-        let mut handling = pin!(respond(request));
+        // In a block of its own (`slot`), not in this future: the handler's
+        // future is large, and an idle connection would carry its room.
+        // Awaited here, not passed to a helper: moving it once more showed
+        // as +500 instructions of memcpy per request.
+        let mut handling = Slot::new_with(block, || respond(request));
         let response = loop {
             // Watching the connection meanwhile, as hyper does: a client that
             // closes (or breaks) it before its answer is ready is gone, and
@@ -176,20 +199,34 @@ where
             // are buffered, the connection is no longer watched (hyper's
             // rule too).
             if !buffer.is_empty() {
-                break handling.await;
+                break (&mut handling).await;
             }
             if buffer.capacity() < READ_BUFFER / 4 {
                 buffer.reserve(READ_BUFFER);
             }
             tokio::select! {
                 biased;
-                response = handling.as_mut() => break response,
-                read = io.read_buf(&mut buffer) => match read {
+                response = &mut handling => break response,
+                // An interim response (`103 Early Hints`) the upstream sent
+                // while the handler polled: written now, ahead of the final
+                // one (RFC 9110 §15.2).
+                () = poll_fn(|_| if closing.interim_waiting() {
+                    Poll::Ready(())
+                } else {
+                    Poll::Pending
+                }) => {
+                    out.clear();
+                    closing.take_interim(out);
+                    io.write_all(out).await?;
+                }
+                read = io.read_buf(buffer) => match read {
                     Ok(0) | Err(_) => return Ok(Ended::Closed),
                     Ok(_) => {}
                 },
             }
         };
+        // Done: its block waits, with the buffers, for the next request.
+        handling.finish(block);
         let (response, extra_fields) = response;
         let (mut parts, body) = response.into_parts();
         let length = if body.is_end_stream() {
@@ -202,8 +239,11 @@ where
         };
         let keep_alive = !close && !closing.is_closing();
         out.clear();
+        // Interim heads not written yet (they came with the final one, or
+        // the connection was not watched): they go first.
+        closing.take_interim(out);
         let head = encode_head(
-            &mut out,
+            out,
             parts.status,
             &mut parts.headers,
             &extra_fields,
@@ -212,7 +252,7 @@ where
             keep_alive,
         );
         parts.headers.clear();
-        fields = parts.headers;
+        *fields = parts.headers;
         let head = match head {
             Ok(head) => head,
             Err(error) => {
@@ -220,17 +260,46 @@ where
                 return Ok(Ended::Closed);
             }
         };
-        let complete = write_body(io, &mut out, body, head.framing).await?;
+        let complete = write_body(io, out, body, head.framing).await?;
         if !complete || head.last || closing.is_closing() {
+            buffers.give_back();
             // Whatever the client still sends (pipelined requests) is read
             // and dropped for a moment, so its answer is not lost to a reset.
             crate::http1::server::linger::close(io).await;
             return Ok(Ended::Closed);
         }
-        if out.capacity() > 4 * WRITE_BATCH {
-            out = Vec::with_capacity(1024);
+        if buffer.is_empty() {
+            // Idle until the next request: the buffers go back to the
+            // thread's spares (a large `out` is freed there).
+            buffers.give_back();
+        } else {
+            // Pipelined bytes are waiting: served with the same buffers.
+            busy = Some(buffers);
         }
     }
+}
+
+/// Stack room for the first read of an idle connection: most request heads
+/// fit, and a longer one goes on in the buffers taken for it.
+const FIRST_READ: usize = 2 * 1024;
+
+/// Waits, holding no buffer, for the first bytes of the next request, read
+/// into a scratch array on the stack (not kept across polls, so not part of
+/// the connection's future); then takes a set of buffers and puts them in.
+/// `None`: the client closed the connection.
+async fn first_bytes<T: AsyncRead + Unpin>(io: &mut T) -> io::Result<Option<Box<Buffers>>> {
+    poll_fn(|cx| {
+        let mut scratch = [MaybeUninit::<u8>::uninit(); FIRST_READ];
+        let mut read = ReadBuf::uninit(&mut scratch);
+        ready!(Pin::new(&mut *io).poll_read(cx, &mut read))?;
+        if read.filled().is_empty() {
+            return Poll::Ready(Ok(None));
+        }
+        let mut buffers = Buffers::take();
+        buffers.read.extend_from_slice(read.filled());
+        Poll::Ready(Ok(Some(buffers)))
+    })
+    .await
 }
 
 /// Whether a head that was partial at `parsed_up_to` bytes may be complete

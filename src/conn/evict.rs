@@ -1,0 +1,176 @@
+//! Making room at `max_connections`: the live connections of the process,
+//! and closing the one idle the longest so that a new client is served
+//! instead of waiting in the accept backlog.
+//!
+//! Each worker registers its connections in its own shard (a lock taken when
+//! a connection opens and when it closes, never per request, and shared with
+//! nobody but an eviction). At the cap, an accept loop looks over every
+//! shard — the cap is the whole process's, so the idle connection to close
+//! may be another worker's — reads each connection's [`ConnActivity`] (a few
+//! relaxed loads; the marks the watchdog already keeps), and asks the one
+//! idle since the earliest moment to close. The connection's own task makes
+//! the decision when it wakes for it (`ConnActivity::evicted`): if a request
+//! started in between, it is left alone. A connection with a request in
+//! progress, one that has not sent a request yet, or an upgrade's tunnel is
+//! never chosen.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use parking_lot::Mutex;
+use tokio::time::Instant;
+
+use crate::http1::server::ConnActivity;
+
+/// The live connections, one shard per worker.
+#[derive(Debug)]
+pub(crate) struct Registry {
+    shards: Box<[Mutex<Shard>]>,
+}
+
+#[derive(Debug, Default)]
+struct Shard {
+    next: u64,
+    live: HashMap<u64, Arc<ConnActivity>>,
+}
+
+/// A connection's place in the registry, left when dropped.
+#[derive(Debug)]
+pub(crate) struct Registered {
+    registry: Arc<Registry>,
+    shard: usize,
+    id: u64,
+}
+
+impl Registry {
+    pub(crate) fn new(workers: usize) -> Arc<Registry> {
+        Arc::new(Registry {
+            shards: (0..workers.max(1))
+                .map(|_| Mutex::new(Shard::default()))
+                .collect(),
+        })
+    }
+
+    /// Registers a connection of worker `worker` (its shard).
+    pub(crate) fn register(
+        self: &Arc<Self>,
+        worker: usize,
+        activity: Arc<ConnActivity>,
+    ) -> Registered {
+        let shard = worker % self.shards.len();
+        let mut entries = self.shards[shard].lock();
+        let id = entries.next;
+        entries.next += 1;
+        entries.live.insert(id, activity);
+        Registered {
+            registry: self.clone(),
+            shard,
+            id,
+        }
+    }
+
+    /// Asks the connection idle the longest to close; false when no
+    /// connection is idle (then nothing can be done but wait).
+    pub(crate) fn evict_oldest_idle(&self) -> bool {
+        loop {
+            let mut oldest: Option<(Instant, Arc<ConnActivity>)> = None;
+            for shard in self.shards.iter() {
+                for activity in shard.lock().live.values() {
+                    if let Some(since) = activity.idle_since()
+                        && oldest.as_ref().is_none_or(|(at, _)| since < *at)
+                    {
+                        oldest = Some((since, activity.clone()));
+                    }
+                }
+            }
+            match oldest {
+                None => return false,
+                Some((_, activity)) => {
+                    if activity.request_eviction() {
+                        return true;
+                    }
+                    // Asked by another accept loop in between: look again.
+                }
+            }
+        }
+    }
+
+    #[cfg(test)]
+    fn len(&self) -> usize {
+        self.shards.iter().map(|s| s.lock().live.len()).sum()
+    }
+}
+
+impl Drop for Registered {
+    fn drop(&mut self) {
+        self.registry.shards[self.shard]
+            .lock()
+            .live
+            .remove(&self.id);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn served(activity: &ConnActivity) {
+        activity.bytes_read();
+        activity.request_started();
+        activity.request_finished();
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn the_connection_idle_longest_is_asked_and_busy_or_new_ones_never() {
+        let registry = Registry::new(2);
+        let older = Arc::new(ConnActivity::new());
+        let newer = Arc::new(ConnActivity::new());
+        let busy = Arc::new(ConnActivity::new());
+        let fresh = Arc::new(ConnActivity::new());
+        let _a = registry.register(0, newer.clone());
+        let _b = registry.register(1, older.clone());
+        let _c = registry.register(0, busy.clone());
+        let _d = registry.register(1, fresh.clone());
+        tokio::time::advance(std::time::Duration::from_millis(10)).await;
+        served(&older);
+        tokio::time::advance(std::time::Duration::from_millis(10)).await;
+        served(&newer);
+        // `busy` is inside a request; `fresh` never sent one.
+        busy.bytes_read();
+        busy.request_started();
+
+        assert!(registry.evict_oldest_idle());
+        assert!(older.evicted(), "the one idle the longest goes first");
+        assert!(!newer.evicted());
+        assert!(registry.evict_oldest_idle());
+        assert!(newer.evicted());
+        assert!(!registry.evict_oldest_idle(), "only busy and new ones left");
+        assert!(!busy.evicted() && !fresh.evicted());
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_connection_busy_again_when_it_looks_is_left_alone() {
+        let registry = Registry::new(1);
+        let activity = Arc::new(ConnActivity::new());
+        let _r = registry.register(0, activity.clone());
+        served(&activity);
+        assert!(registry.evict_oldest_idle());
+        // A request starts before the connection's task looks.
+        activity.bytes_read();
+        assert!(!activity.evicted());
+        activity.request_started();
+        activity.request_finished();
+        // Idle again: it may be asked again.
+        assert!(registry.evict_oldest_idle());
+        assert!(activity.evicted());
+    }
+
+    #[test]
+    fn a_closed_connection_leaves_the_registry() {
+        let registry = Registry::new(1);
+        let registered = registry.register(0, Arc::new(ConnActivity::new()));
+        assert_eq!(registry.len(), 1);
+        drop(registered);
+        assert_eq!(registry.len(), 0);
+    }
+}

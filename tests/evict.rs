@@ -1,0 +1,165 @@
+//! Oldest-idle eviction at `max_connections` (issue 16): when the process
+//! is at its cap, the keep-alive connection idle the longest is closed so a
+//! new client is served instead of waiting in the accept backlog; a
+//! connection in the middle of a request is never closed for it. Real
+//! sockets against the real binary; real time, with generous margins.
+
+mod common;
+
+use std::time::Duration;
+
+use common::{Gateway, TestUpstream, get};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpStream;
+
+fn config(upstream: &TestUpstream, max_connections: usize) -> String {
+    format!(
+        r#"
+[server]
+listen = "127.0.0.1:0"
+admin = "127.0.0.1:0"
+workers = 1
+max_connections = {max_connections}
+idle_timeout = "60s"
+
+[upstreams.api]
+url = "{}"
+
+[[routes]]
+name = "api"
+match = {{ path_prefix = "/" }}
+upstream = "api"
+"#,
+        upstream.url()
+    )
+}
+
+/// A keep-alive connection that has made one request and read its whole
+/// response (`echo`, 4 bytes).
+async fn idle_connection(gateway: &Gateway) -> TcpStream {
+    let mut stream = TcpStream::connect(gateway.addr).await.unwrap();
+    stream
+        .write_all(b"GET /idle HTTP/1.1\r\nhost: x\r\n\r\n")
+        .await
+        .unwrap();
+    let response = read_until(&mut stream, b"echo").await;
+    assert!(response.starts_with("HTTP/1.1 200"), "{response}");
+    stream
+}
+
+/// Reads until `end` has arrived (at most 10 s).
+async fn read_until(stream: &mut TcpStream, end: &[u8]) -> String {
+    let mut got = Vec::new();
+    let read = tokio::time::timeout(Duration::from_secs(10), async {
+        let mut buf = [0u8; 1024];
+        while !got.windows(end.len()).any(|w| w == end) {
+            let n = stream.read(&mut buf).await.unwrap();
+            assert!(n > 0, "closed early: {:?}", String::from_utf8_lossy(&got));
+            got.extend_from_slice(&buf[..n]);
+        }
+    })
+    .await;
+    assert!(
+        read.is_ok(),
+        "timed out: {:?}",
+        String::from_utf8_lossy(&got)
+    );
+    String::from_utf8_lossy(&got).into_owned()
+}
+
+/// Whether the gateway closed `stream` (EOF or reset) within `wait`.
+async fn closed_within(stream: &mut TcpStream, wait: Duration) -> bool {
+    let mut buf = [0u8; 64];
+    match tokio::time::timeout(wait, stream.read(&mut buf)).await {
+        Ok(Ok(0)) | Ok(Err(_)) => true,
+        Ok(Ok(n)) => panic!("unexpected bytes: {:?}", String::from_utf8_lossy(&buf[..n])),
+        Err(_) => false,
+    }
+}
+
+async fn evictions(gateway: &Gateway) -> String {
+    let metrics = get(gateway.admin.unwrap(), "/metrics", &[]).await;
+    String::from_utf8_lossy(&metrics.body)
+        .lines()
+        .find(|line| line.starts_with("tollgate_connections_evicted_total"))
+        .unwrap_or("(missing)")
+        .to_owned()
+}
+
+#[tokio::test]
+async fn at_the_cap_the_oldest_idle_connection_makes_room_and_a_busy_one_is_kept() {
+    let upstream = TestUpstream::start().await;
+    let gateway = Gateway::start(&config(&upstream, 3));
+    assert_eq!(
+        evictions(&gateway).await,
+        "tollgate_connections_evicted_total 0"
+    );
+
+    // Three connections fill the cap: the oldest idle, one in the middle of
+    // a response (the upstream holds its last chunk), a newer idle one.
+    let mut oldest = idle_connection(&gateway).await;
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    let mut busy = TcpStream::connect(gateway.addr).await.unwrap();
+    busy.write_all(b"GET /stream HTTP/1.1\r\nhost: x\r\n\r\n")
+        .await
+        .unwrap();
+    read_until(&mut busy, b"first\n").await;
+    let mut newer = idle_connection(&gateway).await;
+
+    // One more client: served, well before anything else would free a slot.
+    let reply = tokio::time::timeout(Duration::from_secs(5), get(gateway.addr, "/new", &[]))
+        .await
+        .expect("the new client was left waiting at the cap");
+    assert_eq!(reply.status, 200);
+
+    assert!(
+        closed_within(&mut oldest, Duration::from_secs(5)).await,
+        "the oldest idle connection was not closed"
+    );
+    assert!(
+        !closed_within(&mut newer, Duration::from_millis(300)).await,
+        "a newer idle connection was closed too"
+    );
+    // The busy one finishes its response, whole.
+    upstream.release();
+    let rest = read_until(&mut busy, b"0\r\n\r\n").await;
+    assert!(rest.contains("last\n"), "{rest}");
+    assert_eq!(
+        evictions(&gateway).await,
+        "tollgate_connections_evicted_total 1"
+    );
+}
+
+#[tokio::test]
+async fn a_connection_in_the_middle_of_a_request_is_never_evicted() {
+    let upstream = TestUpstream::start().await;
+    let gateway = Gateway::start(&config(&upstream, 1));
+    // The only slot: a connection whose response is not finished.
+    let mut busy = TcpStream::connect(gateway.addr).await.unwrap();
+    busy.write_all(b"GET /stream HTTP/1.1\r\nhost: x\r\n\r\n")
+        .await
+        .unwrap();
+    read_until(&mut busy, b"first\n").await;
+
+    // A new client waits: there is nothing idle to close.
+    let addr = gateway.addr;
+    let waiting = tokio::spawn(async move { get(addr, "/new", &[]).await });
+    tokio::time::sleep(Duration::from_millis(700)).await;
+    assert!(!waiting.is_finished(), "served beyond the cap");
+
+    // The busy connection's response completes, whole; once it is idle, it
+    // is the one to go, and the waiting client is served.
+    upstream.release();
+    let rest = read_until(&mut busy, b"0\r\n\r\n").await;
+    assert!(rest.contains("last\n"), "{rest}");
+    let reply = tokio::time::timeout(Duration::from_secs(5), waiting)
+        .await
+        .expect("the waiting client was not served once a connection was idle")
+        .unwrap();
+    assert_eq!(reply.status, 200);
+    assert!(closed_within(&mut busy, Duration::from_secs(5)).await);
+    assert_eq!(
+        evictions(&gateway).await,
+        "tollgate_connections_evicted_total 1"
+    );
+}
