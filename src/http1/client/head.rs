@@ -184,14 +184,18 @@ fn parse_into<const N: usize>(buf: &mut BytesMut, method: &Method) -> io::Result
         return Err(invalid("response head too large"));
     }
     // httparse takes a bare LF for a line end (as hyper's client does);
-    // here lines end only at CRLF. httparse refuses a CR not followed by an
-    // LF, so each CR pairs with an LF, and equal counts leave no bare LF.
-    // One pass, branch-free (it vectorises): LFs minus CRs.
-    let surplus: isize = buf[..length]
-        .iter()
-        .map(|&b| isize::from(b == b'\n') - isize::from(b == b'\r'))
-        .sum();
-    if surplus != 0 {
+    // here lines end only at CRLF. An LF can only end a line (httparse ends
+    // the reason and every value at one, and refuses obs-fold), and every
+    // line end is followed by a field name or by the head's last line: so
+    // the byte two before each name being a CR, and the head ending in two
+    // CRLFs, cover them all — without a pass over the head's bytes.
+    let head = &buf[..length];
+    if !head.ends_with(b"\r\n\r\n")
+        || !response
+            .headers
+            .iter()
+            .all(|field| crlf_before(head, field.name.as_bytes()))
+    {
         return Err(invalid("bare LF in the response head"));
     }
     let code = response.code.unwrap_or(0);
@@ -254,6 +258,15 @@ fn parse_into<const N: usize>(buf: &mut BytesMut, method: &Method) -> io::Result
         framing,
         keep_alive,
     })))
+}
+
+/// Whether the line before the field whose name is `name` (a slice of
+/// `head`) ends with CRLF: the byte before a name is the line's LF, the one
+/// before that must be its CR.
+#[inline]
+fn crlf_before(head: &[u8], name: &[u8]) -> bool {
+    let at = name.as_ptr() as usize - head.as_ptr() as usize;
+    at >= 2 && head[at - 2] == b'\r'
 }
 
 /// What a response head's hop-by-hop and length fields say.
