@@ -160,7 +160,7 @@ pub fn parse(buffer: &mut BytesMut, fields: &mut HeaderMap, max_head: usize) -> 
     let mut map = std::mem::take(fields);
     map.clear();
     map.reserve(names.len());
-    for (name, start, end) in names {
+    for (name, start, end) in names.drain(..) {
         // httparse has checked the value's bytes, which HeaderValue accepts.
         if let Ok(value) = HeaderValue::from_maybe_shared(head.slice(start..end)) {
             map.append(name, value);
