@@ -301,7 +301,10 @@ impl ConnectionPool {
         loop {
             let (mut conn, reused) = match self.take_idle() {
                 Some(conn) => (conn, true),
-                None => (self.connect().await?, false),
+                // Boxed: a connect (a TLS handshake's state with it) is
+                // rare on a pooled upstream, and inline it made this whole
+                // future — copied into its box for every request — larger.
+                None => (Box::pin(self.connect()).await?, false),
             };
             conn.write.clear();
             encode_request(&parts, framing, &own, &mut conn.write);
