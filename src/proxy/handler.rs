@@ -38,7 +38,7 @@ use crate::access_log::{self, AccessEntry};
 use crate::app::{App, RoutePlan, Snapshot};
 use crate::config::{Config, Consumer, LimitConfig, OnFailure, RouteAction, RouteConfig};
 use crate::http::content_length;
-use crate::http::field_lines::FieldLines;
+use crate::http::field_lines::{FieldLines, recycle_map};
 use crate::http::path::normalize_uri;
 use crate::http1::server::ConnActivity;
 use crate::identity::body_fields::BodyFields;
@@ -278,7 +278,10 @@ async fn route_and_act(
             &mut decided,
             store.is_some(),
         ) {
-            Err(response) => return Ok(response),
+            Err(mut response) => {
+                recycle_map(&mut parts.headers, response.headers_mut());
+                return Ok(response);
+            }
             Ok(false) => {}
             Ok(true) => {
                 if let Some(store) = store {

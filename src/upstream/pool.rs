@@ -39,7 +39,7 @@ use http::{Method, Request, Response};
 use parking_lot::Mutex;
 use tokio::net::TcpStream;
 
-use crate::http::field_lines::FieldLines;
+use crate::http::field_lines::{FieldLines, recycle_map};
 use crate::http1::client::conn::{IdleState, UpstreamConn, UpstreamStream};
 use crate::http1::client::exchange::{Outgoing, OutgoingBody, exchange};
 use crate::http1::client::head::{Framing, OwnFields, ResponseHead, encode_request};
@@ -294,7 +294,7 @@ impl ConnectionPool {
         request: Request<B>,
         own: OwnFields,
     ) -> Result<(Response<UpstreamBody>, FieldLines), PoolError> {
-        let (parts, body) = request.into_parts();
+        let (mut parts, body) = request.into_parts();
         let mut body = Outgoing::new(body);
         let framing = body.framing();
         let may_retry = body.is_replayable() && is_idempotent(&parts.method);
@@ -309,7 +309,13 @@ impl ConnectionPool {
             conn.write.clear();
             encode_request(&parts, framing, &own, &mut conn.write);
             match exchange(&mut conn, &parts.method, &mut body, framing).await {
-                Ok(head) => return Ok(self.response(conn, head)),
+                Ok(head) => {
+                    let (mut response, fields) = self.response(conn, head);
+                    // The request's map, emptied, travels back with the
+                    // response for the connection to reuse.
+                    recycle_map(&mut parts.headers, response.headers_mut());
+                    return Ok((response, fields));
+                }
                 // A keep-alive connection closed under the request.
                 Err(failure) if reused && failure.silent && may_retry => continue,
                 Err(failure) => return Err(PoolError::Request(failure.error)),
