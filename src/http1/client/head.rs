@@ -286,6 +286,9 @@ struct HopFields<'h> {
 }
 
 impl<'h> HopFields<'h> {
+    // Inlined (like `drops`): called for every field of every response, and
+    // most fields leave at the first comparison.
+    #[inline]
     fn note(&mut self, name: &[u8], value: &'h [u8]) -> io::Result<()> {
         // The three names are 10, 14 and 17 bytes long: most fields stop here.
         if !matches!(name.len(), 10 | 14 | 17) {
@@ -342,6 +345,7 @@ impl<'h> HopFields<'h> {
 
     /// Whether a field stays out of the client's response: hop-by-hop ones
     /// (but `Upgrade` on a `101`) and those `Connection` names.
+    #[inline]
     fn drops(&self, name: &[u8], switching: bool) -> bool {
         if name.eq_ignore_ascii_case(b"upgrade") {
             return !switching;
