@@ -97,6 +97,8 @@ pub struct Permits {
 }
 
 /// One thing [`Permits`] releases by being dropped.
+// Never read: each is held only for what its drop releases.
+#[allow(dead_code)]
 #[derive(Debug)]
 enum Permit {
     Memory(ConcurrencyPermit),

@@ -263,7 +263,7 @@ fn parse_into<const N: usize>(buf: &mut BytesMut, method: &Method) -> io::Result
 /// Whether the line before the field whose name is `name` (a slice of
 /// `head`) ends with CRLF: the byte before a name is the line's LF, the one
 /// before that must be its CR.
-#[inline]
+#[inline(always)]
 fn crlf_before(head: &[u8], name: &[u8]) -> bool {
     let at = name.as_ptr() as usize - head.as_ptr() as usize;
     at >= 2 && head[at - 2] == b'\r'
@@ -287,8 +287,9 @@ struct HopFields<'h> {
 
 impl<'h> HopFields<'h> {
     // Inlined (like `drops`): called for every field of every response, and
-    // most fields leave at the first comparison.
-    #[inline]
+    // most fields leave at the first comparison; as a call (a plain
+    // `#[inline]` was not taken) its frame cost more than that.
+    #[inline(always)]
     fn note(&mut self, name: &[u8], value: &'h [u8]) -> io::Result<()> {
         // The three names are 10, 14 and 17 bytes long: most fields stop here.
         if !matches!(name.len(), 10 | 14 | 17) {
@@ -345,7 +346,7 @@ impl<'h> HopFields<'h> {
 
     /// Whether a field stays out of the client's response: hop-by-hop ones
     /// (but `Upgrade` on a `101`) and those `Connection` names.
-    #[inline]
+    #[inline(always)]
     fn drops(&self, name: &[u8], switching: bool) -> bool {
         if name.eq_ignore_ascii_case(b"upgrade") {
             return !switching;
