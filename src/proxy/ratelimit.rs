@@ -81,14 +81,22 @@ pub fn limit_fields(
         (style.legacy, &X_LIMIT, &X_REMAINING, &X_RESET),
         (style.trio, &TRIO_LIMIT, &TRIO_REMAINING, &TRIO_RESET),
     ];
+    // Both families say the same three numbers: formatted once.
+    let (mut q_digits, mut r_digits, mut reset_digits) = (
+        itoa::Buffer::new(),
+        itoa::Buffer::new(),
+        itoa::Buffer::new(),
+    );
+    let (q, r) = (q_digits.format(q), r_digits.format(r));
+    let reset = reset.map(|reset| reset_digits.format(reset));
     for (enabled, limit_name, remaining_name, reset_name) in families {
         if !enabled {
             continue;
         }
-        lines.push_number(limit_name, q);
-        lines.push_number(remaining_name, r);
+        lines.push(limit_name, q);
+        lines.push(remaining_name, r);
         if let Some(reset) = reset {
-            lines.push_number(reset_name, reset);
+            lines.push(reset_name, reset);
         }
     }
 }
