@@ -152,21 +152,28 @@ pub fn deny_response(
     body.push_str("\",\"status\":");
     body.push_str(digits.format(status.as_u16()));
     body.push_str(",\"detail\":\"");
-    if verdict.never {
+    let name = if verdict.never {
         body.push_str("request cost ");
         body.push_str(digits.format(cost));
         body.push_str(" exceeds what limit ");
+        let start = body.len();
         push_json_escaped(&mut body, &limit.name);
+        let name = start..body.len();
         body.push_str(" can ever admit (");
         body.push_str(digits.format(quota(&view.algorithms[denied_by])));
         body.push_str("); it can never be admitted");
+        name
     } else {
         body.push_str("limit ");
+        let start = body.len();
         push_json_escaped(&mut body, &limit.name);
+        let name = start..body.len();
         body.push_str(" exceeded");
-    }
+        name
+    };
     body.push_str("\",\"violated-policies\":[\"");
-    push_json_escaped(&mut body, &limit.name);
+    // The name as escaped above: copied, not checked and escaped again.
+    body.extend_from_within(name);
     body.push_str("\"]");
     if let Some(seconds) = retry_after {
         body.push_str(",\"retry_after\":");
