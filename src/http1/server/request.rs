@@ -163,7 +163,11 @@ pub fn parse(buffer: &mut BytesMut, fields: &mut HeaderMap, max_head: usize) -> 
     // instructions for nothing.
     let map = built.headers_mut();
     std::mem::swap(map, fields);
-    map.clear();
+    // `clear` resets every index slot even of an empty map; the server
+    // hands over maps already emptied.
+    if !map.is_empty() {
+        map.clear();
+    }
     map.reserve(names.len());
     for (name, start, end) in names.drain(..) {
         // httparse has checked the value's bytes, which HeaderValue accepts.
