@@ -194,8 +194,13 @@ pub fn deny_response(
 
 /// Appends `text` as the inside of a JSON string (RFC 8259 escaping).
 fn push_json_escaped(out: &mut String, text: &str) {
-    // Limit names rarely need escaping: then the text goes in whole.
-    if !text.bytes().any(|b| b == b'"' || b == b'\\' || b < 0x20) {
+    // Limit names rarely need escaping: then the text goes in whole. The
+    // check is a table and no early exit (a name is short), a third of what
+    // the three comparisons per byte cost.
+    if text
+        .bytes()
+        .fold(true, |plain, b| plain & JSON_PLAIN[usize::from(b)])
+    {
         out.push_str(text);
         return;
     }
@@ -210,6 +215,19 @@ fn push_json_escaped(out: &mut String, text: &str) {
         }
     }
 }
+
+/// The bytes a JSON string holds as they are: not `"`, `\` or a control.
+static JSON_PLAIN: [bool; 256] = {
+    let mut table = [true; 256];
+    let mut b = 0;
+    while b < 0x20 {
+        table[b] = false;
+        b += 1;
+    }
+    table[b'"' as usize] = false;
+    table[b'\\' as usize] = false;
+    table
+};
 
 /// The 400 answer for a limit with `on_missing_key = "deny"`.
 pub fn missing_key_response(limit: &LimitConfig, key: &str) -> Response<ResponseBody> {
@@ -231,6 +249,24 @@ mod tests {
     use crate::ratelimit_policy::policy_header;
 
     const S: Nanos = NANOS_PER_SEC;
+
+    #[test]
+    fn json_escaping_round_trips() {
+        for text in [
+            "per_ip",
+            "a\"b",
+            "back\\slash",
+            "tab\there",
+            "\u{1}x\u{1f}",
+            "é ~\u{7f}",
+            "",
+        ] {
+            let mut out = String::new();
+            push_json_escaped(&mut out, text);
+            let back: String = serde_json::from_str(&format!("\"{out}\"")).unwrap();
+            assert_eq!(back, text, "{out}");
+        }
+    }
 
     fn limit(name: &str, algorithm: Algorithm) -> LimitConfig {
         LimitConfig {
