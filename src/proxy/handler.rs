@@ -873,23 +873,36 @@ fn record_decisions(
         let limit_label = &snapshot.labels.limits[index];
         metrics.record_route_decision(&plan.metrics, position, entry.outcome);
         match entry.outcome {
-            Outcome::ShadowDenied => {
-                // Debug, not info: a shadow limit may "deny" every request;
-                // `tollgate_ratelimit_decisions_total` counts them all.
-                tracing::debug!(route = %route.name, limit = %limit_label, "shadow limit would have denied");
-            }
+            Outcome::ShadowDenied => shadow_denied(route, limit_label),
             Outcome::Allowed => {
                 // Near limit: this request took the key past 80% of its quota.
                 let quota = crate::limit::quota(algorithm) as u128;
                 let after = entry.verdict.remaining as u128;
                 let before = after + route.cost as u128;
                 if after * 5 < quota && before * 5 >= quota {
-                    metrics.record_near_limit(route_label, limit_label);
+                    near_limit(metrics, route_label, limit_label);
                 }
             }
             Outcome::Denied | Outcome::Skipped | Outcome::DeniedByOther => {}
         }
     }
+}
+
+// The two rare branches of `record_decisions`, out of line: inline, the
+// event's and the metric's set-up made every request's frame larger.
+
+#[cold]
+#[inline(never)]
+fn shadow_denied(route: &RouteConfig, limit_label: &Arc<str>) {
+    // Debug, not info: a shadow limit may "deny" every request;
+    // `tollgate_ratelimit_decisions_total` counts them all.
+    tracing::debug!(route = %route.name, limit = %limit_label, "shadow limit would have denied");
+}
+
+#[cold]
+#[inline(never)]
+fn near_limit(metrics: &Metrics, route_label: &Arc<str>, limit_label: &Arc<str>) {
+    metrics.record_near_limit(route_label, limit_label);
 }
 
 /// Post-response cost: charges (or refunds) the difference between the
