@@ -131,13 +131,6 @@ impl FieldLines {
         }
     }
 
-    /// Adds `name: value` for an existing header value, if it is text.
-    pub fn push_value(&mut self, name: &HeaderName, value: &HeaderValue) {
-        if let Ok(value) = value.to_str() {
-            self.push(name, value);
-        }
-    }
-
     /// Adds `name: n`.
     pub fn push_number(&mut self, name: &HeaderName, n: u64) {
         self.push(name, itoa::Buffer::new().format(n));

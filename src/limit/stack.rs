@@ -177,6 +177,14 @@ impl StackDecision {
         std::mem::take(&mut self.permits)
     }
 
+    /// Moves the concurrency permits into `into`, which takes the place of
+    /// [`StackDecision::take_permits`] when `into` is empty: assigning the
+    /// taken permits over it dropped an empty `Permits` for nothing.
+    /// Whatever `into` held is released with the decision.
+    pub fn move_permits_into(&mut self, into: &mut Permits) {
+        std::mem::swap(&mut self.permits, into);
+    }
+
     /// The denying entry's verdict.
     pub fn denial(&self) -> Option<&Verdict> {
         self.denied_by

@@ -109,12 +109,16 @@ pub async fn handle(
         // A tunnel takes the client's connection over (`proxy::upgrade`).
         connection.handed_to_tunnel();
     }
+    // Moved out, not taken: taking left empty ones for `notes` to drop.
+    let Notes {
+        permits, fields, ..
+    } = notes;
     let completion = Completion {
         connection,
-        permits: std::mem::take(&mut notes.permits),
+        permits,
     };
     let response = response.map(|body| body.with_completion(completion));
-    (response, std::mem::take(&mut notes.fields))
+    (response, fields)
 }
 
 /// What the steps learn about a request, for metrics and its log line.
@@ -614,7 +618,7 @@ fn conclude(
         notes.fields = lines;
         return Err(response);
     }
-    notes.permits = decision.take_permits();
+    decision.move_permits_into(&mut notes.permits);
     // Noted now, so the log line has it even if forwarding fails.
     admitted.focus = ratelimit::least_remaining(admitted.view(snapshot), &decision.entries);
     notes.limit = admitted.focus.map(|i| LimitNote {

@@ -16,7 +16,7 @@ use http::header::{CACHE_CONTROL, CONTENT_TYPE, RETRY_AFTER};
 use http::{HeaderName, Response, StatusCode};
 
 use super::body::ResponseBody;
-use super::response::PROBLEM_JSON;
+use super::response::PROBLEM_JSON_TEXT;
 use crate::config::LimitConfig;
 use crate::http::field_lines::FieldLines;
 use crate::limit::{EntryVerdict, NANOS_PER_SEC, Nanos, Outcome, quota};
@@ -183,7 +183,9 @@ pub fn deny_response(
     let mut response = Response::new(ResponseBody::full(body));
     *response.status_mut() = status;
     let mut lines = FieldLines::new();
-    lines.push_value(&CONTENT_TYPE, &PROBLEM_JSON);
+    // The text itself: `push_value` checked the constant's 24 bytes again
+    // on every denial.
+    lines.push(&CONTENT_TYPE, PROBLEM_JSON_TEXT);
     lines.push(&CACHE_CONTROL, "no-store");
     if let Some(seconds) = retry_after {
         lines.push_number(&RETRY_AFTER, seconds);
