@@ -121,6 +121,12 @@ pub struct LimitField<'a> {
     pub denied: bool,
 }
 
+/// Whether access-log events are recorded at all (the log filter may turn
+/// them off): a request then need not keep what only its line would show.
+pub fn enabled() -> bool {
+    tracing::enabled!(target: TARGET, tracing::Level::INFO)
+}
+
 /// Emits the access-log event of one request.
 pub fn log(entry: &AccessEntry<'_>) {
     tracing::info!(

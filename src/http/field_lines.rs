@@ -34,6 +34,48 @@ pub struct FieldLines {
     relayed_date: bool,
 }
 
+/// Hands a request's header map, emptied, to its response when the
+/// response's own map is empty (the gateway's responses carry their fields
+/// as [`FieldLines`]). The HTTP/1.1 server reuses a response's map for the
+/// connection's next request, so the request's allocation is kept rather
+/// than freed here and made again for the next request (~300 instructions).
+pub fn recycle_map(request: &mut HeaderMap, response: &mut HeaderMap) {
+    if response.is_empty() {
+        request.clear();
+        std::mem::swap(request, response);
+    }
+}
+
+/// Appends `bytes` lower-cased (ASCII), eight at a time and the rest one
+/// by one: a byte loop cost nine instructions a byte, and every relayed
+/// field name goes through here. (The rest is not padded into a word:
+/// copying a variable-length piece is a `memcpy` call.)
+fn extend_lowercase(out: &mut Vec<u8>, bytes: &[u8]) {
+    out.reserve(bytes.len());
+    let mut chunks = bytes.chunks_exact(8);
+    for chunk in &mut chunks {
+        let mut word = [0u8; 8];
+        word.copy_from_slice(chunk);
+        out.extend_from_slice(&lowercase_word(u64::from_le_bytes(word)).to_le_bytes());
+    }
+    for &b in chunks.remainder() {
+        out.push(b.to_ascii_lowercase());
+    }
+}
+
+/// `to_ascii_lowercase` of each byte of `word`: a byte gets bit 5 set when
+/// it is `A`..=`Z`, found by adding to each 7-bit value so that bit 7
+/// flips at `A` and at `[` (no carry crosses a byte).
+fn lowercase_word(word: u64) -> u64 {
+    const LOW7: u64 = 0x7f7f_7f7f_7f7f_7f7f;
+    const HIGH: u64 = 0x8080_8080_8080_8080;
+    let low = word & LOW7;
+    let from_a = low + 0x3f3f_3f3f_3f3f_3f3f;
+    let past_z = low + 0x2525_2525_2525_2525;
+    let upper = from_a & !past_z & !word & HIGH;
+    word | (upper >> 2)
+}
+
 fn length_bit(name: &[u8]) -> u64 {
     1 << (name.len() % 64)
 }
@@ -55,9 +97,7 @@ impl FieldLines {
     /// Adds a field relayed from an upstream: the name lower-cased, the
     /// value as it came (httparse has checked both).
     pub fn push_relayed(&mut self, name: &[u8], value: &[u8]) {
-        let start = self.relayed.len();
-        self.relayed.extend_from_slice(name);
-        self.relayed[start..].make_ascii_lowercase();
+        extend_lowercase(&mut self.relayed, name);
         self.relayed.extend_from_slice(b": ");
         self.relayed.extend_from_slice(value);
         self.relayed.extend_from_slice(b"\r\n");
@@ -82,17 +122,12 @@ impl FieldLines {
     /// Room for `more` bytes of own lines; the first reservation is sized
     /// for a denial's whole set, so the buffer is allocated once.
     fn reserve_own(&mut self, more: usize) {
-        self.own.reserve(if self.own.is_empty() {
-            more.max(384)
+        if self.own.capacity() == 0 {
+            // Allocated outright: `reserve` on an empty string went through
+            // the vector's general growth path first.
+            self.own = String::with_capacity(more.max(384));
         } else {
-            more
-        });
-    }
-
-    /// Adds `name: value` for an existing header value, if it is text.
-    pub fn push_value(&mut self, name: &HeaderName, value: &HeaderValue) {
-        if let Ok(value) = value.to_str() {
-            self.push(name, value);
+            self.own.reserve(more);
         }
     }
 
@@ -206,6 +241,20 @@ fn lines(text: &[u8]) -> impl Iterator<Item = (&[u8], &[u8])> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn lowercasing_matches_the_byte_rule() {
+        let all: Vec<u8> = (0..=u8::MAX).collect();
+        for len in 0..=all.len() {
+            for start in [0, 7, 60, 64, 90, 200] {
+                let bytes = &all[start.min(all.len())..(start + len).min(all.len())];
+                let mut out = b"x".to_vec();
+                extend_lowercase(&mut out, bytes);
+                assert_eq!(&out[..1], b"x");
+                assert_eq!(out[1..], bytes.to_ascii_lowercase(), "{bytes:?}");
+            }
+        }
+    }
 
     static RATELIMIT: HeaderName = HeaderName::from_static("ratelimit");
     static REMAINING: HeaderName = HeaderName::from_static("x-ratelimit-remaining");

@@ -89,48 +89,51 @@ pub struct EntryVerdict {
 /// slots. Hold them until the response body ends.
 #[derive(Debug, Default)]
 pub struct Permits {
-    memory: SmallVec<[ConcurrencyPermit; 2]>,
-    /// Slots held elsewhere (a Redis lease), released when dropped too.
-    /// `None` without a shared store: one word, so that the permits (moved
-    /// with every response body) grow by no more than that.
-    held: Option<Box<Held>>,
+    /// Memory slots and guards held elsewhere, in one list: a request makes
+    /// several empty `Permits` on its way (moved into and out of the
+    /// decision, the notes, the response body), and an empty list drops
+    /// without the out-of-line call a second, boxed field cost each time.
+    slots: SmallVec<[Permit; 2]>,
 }
 
-/// Guards kept with the permits (see [`Permits::hold`]).
-type Held = Vec<Box<dyn std::fmt::Debug + Send + Sync>>;
+/// One thing [`Permits`] releases by being dropped.
+// Never read: each is held only for what its drop releases.
+#[allow(dead_code)]
+#[derive(Debug)]
+enum Permit {
+    Memory(ConcurrencyPermit),
+    /// Held elsewhere (a Redis concurrency lease; see [`Permits::hold`]).
+    Held(Box<dyn std::fmt::Debug + Send + Sync>),
+}
 
 impl Permits {
     fn push(&mut self, permit: Option<ConcurrencyPermit>) {
         if let Some(permit) = permit {
-            self.memory.push(permit);
+            self.slots.push(Permit::Memory(permit));
         }
     }
 
     /// Keeps `guard` (e.g. a Redis concurrency lease) until these permits drop.
     pub fn hold(&mut self, guard: Box<dyn std::fmt::Debug + Send + Sync>) {
-        self.held.get_or_insert_with(Box::default).push(guard);
+        self.slots.push(Permit::Held(guard));
     }
 
     /// Takes over `other`'s permits and guards.
     pub fn append(&mut self, other: Permits) {
-        self.memory.extend(other.memory);
-        for guard in other.held.into_iter().flat_map(|held| *held) {
-            self.hold(guard);
-        }
+        self.slots.extend(other.slots);
     }
 
     pub fn is_empty(&self) -> bool {
-        self.len() == 0
+        self.slots.is_empty()
     }
 
     /// Memory permits plus held guards.
     pub fn len(&self) -> usize {
-        self.memory.len() + self.held.as_ref().map_or(0, |held| held.len())
+        self.slots.len()
     }
 
     fn clear(&mut self) {
-        self.memory.clear();
-        self.held = None;
+        self.slots.clear();
     }
 }
 
@@ -172,6 +175,14 @@ impl StackDecision {
     /// Dropping the decision without taking them releases them at once.
     pub fn take_permits(&mut self) -> Permits {
         std::mem::take(&mut self.permits)
+    }
+
+    /// Moves the concurrency permits into `into`, which takes the place of
+    /// [`StackDecision::take_permits`] when `into` is empty: assigning the
+    /// taken permits over it dropped an empty `Permits` for nothing.
+    /// Whatever `into` held is released with the decision.
+    pub fn move_permits_into(&mut self, into: &mut Permits) {
+        std::mem::swap(&mut self.permits, into);
     }
 
     /// The denying entry's verdict.

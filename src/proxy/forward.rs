@@ -175,8 +175,12 @@ fn own_fields(
     proto: &'static str,
     client_host: Option<&HeaderValue>,
 ) -> OwnFields {
-    let mut own = OwnFields::default();
-    own.lines.reserve(160);
+    // Allocated outright: `reserve` on an empty vector took its general
+    // growth path first.
+    let mut own = OwnFields {
+        lines: Vec::with_capacity(160),
+        ..OwnFields::default()
+    };
     if let Some(host) = host {
         own.push("host", host.as_bytes());
     }

@@ -6,8 +6,11 @@ use http::{HeaderValue, Response, StatusCode};
 
 use super::body::ResponseBody;
 
+/// `application/problem+json`, as text (for lines, which then need not
+/// check a header value's bytes again).
+pub const PROBLEM_JSON_TEXT: &str = "application/problem+json";
 /// `application/problem+json`.
-pub const PROBLEM_JSON: HeaderValue = HeaderValue::from_static("application/problem+json");
+pub const PROBLEM_JSON: HeaderValue = HeaderValue::from_static(PROBLEM_JSON_TEXT);
 
 /// A problem+json response: `{"type":"about:blank","title":...,"status":...,"detail":...}`.
 pub fn problem(status: StatusCode, detail: &str) -> Response<ResponseBody> {

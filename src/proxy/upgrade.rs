@@ -68,6 +68,11 @@ fn allowed(element: &str, protocols: &[Box<str>]) -> bool {
 /// Keeps only the allowed protocols in the request's `Upgrade` (removing the
 /// field when none is left, so the request is forwarded as a plain one).
 pub fn allow_only(headers: &mut HeaderMap, protocols: &[Box<str>]) {
+    // A scan of the names first: most requests have no `Upgrade`, and a
+    // hashed lookup of one cost more than comparing a few standard names.
+    if !headers.keys().any(|name| name == UPGRADE) {
+        return;
+    }
     let Some(value) = headers.get(UPGRADE) else {
         return;
     };

@@ -39,7 +39,7 @@ use http::{Method, Request, Response};
 use parking_lot::Mutex;
 use tokio::net::TcpStream;
 
-use crate::http::field_lines::FieldLines;
+use crate::http::field_lines::{FieldLines, recycle_map};
 use crate::http1::client::conn::{IdleState, UpstreamConn, UpstreamStream};
 use crate::http1::client::exchange::{Outgoing, OutgoingBody, exchange};
 use crate::http1::client::head::{Framing, OwnFields, ResponseHead, encode_request};
@@ -297,19 +297,28 @@ impl ConnectionPool {
         own: OwnFields,
         interim: Option<&dyn InterimSink>,
     ) -> Result<(Response<UpstreamBody>, FieldLines), PoolError> {
-        let (parts, body) = request.into_parts();
+        let (mut parts, body) = request.into_parts();
         let mut body = Outgoing::new(body);
         let framing = body.framing();
         let may_retry = body.is_replayable() && is_idempotent(&parts.method);
         loop {
             let (mut conn, reused) = match self.take_idle() {
                 Some(conn) => (conn, true),
-                None => (self.connect().await?, false),
+                // Boxed: a connect (a TLS handshake's state with it) is
+                // rare on a pooled upstream, and inline it made this whole
+                // future — copied into its box for every request — larger.
+                None => (Box::pin(self.connect()).await?, false),
             };
             conn.write.clear();
             encode_request(&parts, framing, &own, &mut conn.write);
             match exchange(&mut conn, &parts.method, &mut body, framing, interim).await {
-                Ok(head) => return Ok(self.response(conn, head)),
+                Ok(head) => {
+                    let (mut response, fields) = self.response(conn, head);
+                    // The request's map, emptied, travels back with the
+                    // response for the connection to reuse.
+                    recycle_map(&mut parts.headers, response.headers_mut());
+                    return Ok((response, fields));
+                }
                 // A keep-alive connection closed under the request.
                 Err(failure) if reused && failure.silent && may_retry => continue,
                 Err(failure) => return Err(PoolError::Request(failure.error)),

@@ -104,7 +104,10 @@ pub async fn exchange<B: OutgoingBody>(
         Outgoing::Stream(stream) => {
             conn.write_head(&[]).await.map_err(Failure::silent)?;
             let chunked = framing == RequestFraming::Chunked;
-            let early = send_watching(conn, stream, chunked, method, interim)
+            // Boxed: a streamed body is the rare case, and its two
+            // futures inline made every exchange's future larger (it is
+            // copied into a box per request, `proxy::forward`).
+            let early = Box::pin(send_watching(conn, stream, chunked, method, interim))
                 .await
                 .map_err(|error| Failure {
                     error,

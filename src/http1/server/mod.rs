@@ -251,7 +251,10 @@ where
             is_head,
             keep_alive,
         );
-        parts.headers.clear();
+        // `clear` resets every index slot even of an empty map.
+        if !parts.headers.is_empty() {
+            parts.headers.clear();
+        }
         *fields = parts.headers;
         let head = match head {
             Ok(head) => head,
