@@ -1,8 +1,9 @@
 # Shared by the bench/ scripts (load, instructions, redis, tls; sourced, not run): the
 # tools they need, the scratch directory and the children to stop, waiting
-# for a port, and the configurations both measure — the nginx upstream,
-# nginx `limit_req` as the peer, and tollgate's token-bucket limit — so the
-# scripts always measure the same thing.
+# for a port, starting nginx and tollgate, CPU ticks and wrk latencies, and
+# the configurations they measure — the nginx upstream, nginx `limit_req` as
+# the peer, and tollgate's token-bucket limit — so the scripts always
+# measure the same thing.
 
 # Installs the commands named (package = command) that are missing, and sets
 # $NGINX to nginx's path (it may be outside $PATH, in /usr/sbin).
@@ -135,4 +136,40 @@ match = { path_prefix = "/" }
 upstream = "up"
 limits = ["per_ip"]
 CONF
+}
+
+# Starts nginx in the foreground (`daemon off`, a child of this shell) with
+# config file $1; its pid goes to $STARTED and the cleanup list.
+start_nginx() {
+  "$NGINX" -p "$TMP/" -e "$1.err" -c "$1" >/dev/null 2>&1 &
+  STARTED=$!
+  PIDS+=("$STARTED")
+}
+
+# Starts $TOLLGATE with config file $1; pid in $STARTED, as for nginx.
+start_tollgate() {
+  TOLLGATE_LOG=warn "$TOLLGATE" run -c "$1" >/dev/null 2>>"$1.err" &
+  STARTED=$!
+  PIDS+=("$STARTED")
+}
+
+# CPU ticks (utime + stime) of a process and its direct children.
+cpu_ticks() {
+  local total=0 pid fields
+  for pid in "$1" $(pgrep -P "$1" || true); do
+    [ -r "/proc/$pid/stat" ] || continue
+    # Fields after the ")" of the command name: state is $1, utime $12, stime $13.
+    fields=$(sed 's/^.*) //' "/proc/$pid/stat")
+    total=$((total + $(echo "$fields" | awk '{print $12 + $13}')))
+  done
+  echo "$total"
+}
+
+# Latency text from wrk ("812.00us", "1.20ms", "1.01s") in microseconds.
+to_us() {
+  awk -v t="$1" 'BEGIN {
+    v = t + 0
+    if (t ~ /us$/) m = 1; else if (t ~ /ms$/) m = 1000; else if (t ~ /s$/) m = 1000000; else m = 1
+    printf "%.1f", v * m
+  }'
 }

@@ -70,47 +70,11 @@ PORT_NG_ALLOW=$((BASE_PORT + 3))
 PORT_NG_DENY=$((BASE_PORT + 4))
 
 
-# Starts nginx in the foreground (`daemon off`, a child of this shell) with
-# config file $1; its pid goes to $STARTED and the cleanup list.
-start_nginx() {
-  "$NGINX" -p "$TMP/" -e "$1.err" -c "$1" >/dev/null 2>&1 &
-  STARTED=$!
-  PIDS+=("$STARTED")
-}
-
 # ---- the upstream: nginx `return 200`, 1 worker --------------------------------
 upstream_conf "$PORT_UP" "$TMP" >"$TMP/upstream.conf"
 start_nginx "$TMP/upstream.conf"
 UP_PID=$STARTED
 wait_port "$PORT_UP"
-
-# Starts tollgate with config file $1; pid in $STARTED, as for nginx.
-start_tollgate() {
-  TOLLGATE_LOG=warn "$TOLLGATE" run -c "$1" >/dev/null 2>>"$1.err" &
-  STARTED=$!
-  PIDS+=("$STARTED")
-}
-
-# CPU ticks (utime + stime) of a process and its direct children.
-cpu_ticks() {
-  local total=0 pid fields
-  for pid in "$1" $(pgrep -P "$1" || true); do
-    [ -r "/proc/$pid/stat" ] || continue
-    # Fields after the ")" of the command name: state is $1, utime $12, stime $13.
-    fields=$(sed 's/^.*) //' "/proc/$pid/stat")
-    total=$((total + $(echo "$fields" | awk '{print $12 + $13}')))
-  done
-  echo "$total"
-}
-
-# Latency text from wrk ("812.00us", "1.20ms", "1.01s") in microseconds.
-to_us() {
-  awk -v t="$1" 'BEGIN {
-    v = t + 0
-    if (t ~ /us$/) m = 1; else if (t ~ /ms$/) m = 1000; else if (t ~ /s$/) m = 1000000; else m = 1
-    printf "%.1f", v * m
-  }'
-}
 
 CLK_TCK=$(getconf CLK_TCK)
 RESULTS=$TMP/results.tsv

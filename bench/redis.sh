@@ -58,18 +58,6 @@ PORT_TG_REDIS=$((BASE_PORT + 3))
 PORT_TG_LEASE=$((BASE_PORT + 4))
 PORT_NG_LUA=$((BASE_PORT + 5))
 
-start_nginx() {
-  "$NGINX" -p "$TMP/" -e "$1.err" -c "$1" >/dev/null 2>&1 &
-  STARTED=$!
-  PIDS+=("$STARTED")
-}
-
-start_tollgate() {
-  TOLLGATE_LOG=warn "$TOLLGATE" run -c "$1" >/dev/null 2>>"$1.err" &
-  STARTED=$!
-  PIDS+=("$STARTED")
-}
-
 # ---- upstream and Redis --------------------------------------------------------
 upstream_conf "$PORT_UP" "$TMP" >"$TMP/upstream.conf"
 start_nginx "$TMP/upstream.conf"
@@ -154,24 +142,6 @@ for port in "$PORT_TG_MEMORY" "$PORT_TG_REDIS" "$PORT_TG_LEASE" "$PORT_NG_LUA"; 
   code=$(curl -s -o /dev/null -w '%{http_code}' "http://127.0.0.1:$port/")
   [ "$code" = 200 ] || { echo "port $port answers $code" >&2; exit 1; }
 done
-
-cpu_ticks() {
-  local total=0 pid fields
-  for pid in "$1" $(pgrep -P "$1" || true); do
-    [ -r "/proc/$pid/stat" ] || continue
-    fields=$(sed 's/^.*) //' "/proc/$pid/stat")
-    total=$((total + $(echo "$fields" | awk '{print $12 + $13}')))
-  done
-  echo "$total"
-}
-
-to_us() {
-  awk -v t="$1" 'BEGIN {
-    v = t + 0
-    if (t ~ /us$/) m = 1; else if (t ~ /ms$/) m = 1000; else if (t ~ /s$/) m = 1000000; else m = 1
-    printf "%.1f", v * m
-  }'
-}
 
 # The calls clients have made so far (INFO commandstats; see the header).
 redis_calls() {

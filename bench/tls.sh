@@ -79,18 +79,6 @@ PORT_NG_DENY=$((BASE_PORT + 4))
 PORT_TG_ALLOW_PLAIN=$((BASE_PORT + 5))
 PORT_TG_DENY_PLAIN=$((BASE_PORT + 6))
 
-start_nginx() {
-  "$NGINX" -p "$TMP/" -e "$1.err" -c "$1" >/dev/null 2>&1 &
-  STARTED=$!
-  PIDS+=("$STARTED")
-}
-
-start_tollgate() {
-  TOLLGATE_LOG=warn "$TOLLGATE" run -c "$1" >/dev/null 2>>"$1.err" &
-  STARTED=$!
-  PIDS+=("$STARTED")
-}
-
 # ---- the certificate: ECDSA P-256, for localhost and 127.0.0.1 ---------------
 openssl req -x509 -newkey ec -pkeyopt ec_paramgen_curve:prime256v1 -nodes \
   -keyout "$TMP/key.pem" -out "$TMP/cert.pem" -days 2 -subj /CN=localhost \
@@ -166,25 +154,6 @@ done
 negotiated() {
   echo | openssl s_client -connect "127.0.0.1:$1" -alpn h2,http/1.1 2>/dev/null |
     awk -F': ' '/^(New|Protocol|Cipher is|Server Temp Key|Peer signature type|ALPN)/ {printf "%s; ", $0}'
-}
-
-cpu_ticks() {
-  local total=0 pid fields
-  for pid in "$1" $(pgrep -P "$1" || true); do
-    [ -r "/proc/$pid/stat" ] || continue
-    # Fields after the ")" of the command name: state is $1, utime $12, stime $13.
-    fields=$(sed 's/^.*) //' "/proc/$pid/stat")
-    total=$((total + $(echo "$fields" | awk '{print $12 + $13}')))
-  done
-  echo "$total"
-}
-
-to_us() {
-  awk -v t="$1" 'BEGIN {
-    v = t + 0
-    if (t ~ /us$/) m = 1; else if (t ~ /ms$/) m = 1000; else if (t ~ /s$/) m = 1000000; else m = 1
-    printf "%.1f", v * m
-  }'
 }
 
 CLK_TCK=$(getconf CLK_TCK)
