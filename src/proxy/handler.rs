@@ -451,36 +451,16 @@ async fn buffer_for_key(
         return Ok((PendingBody::Fresh(incoming), None));
     }
     let mut buffer = BytesMut::new();
-    // The request is in flight, so the connection watchdog does not guard
-    // this read: bound it like a request head, or a slow uploader on a login
-    // route would hold the connection as long as it likes.
-    let deadline = tokio::time::Instant::now() + config.server.body_read_timeout;
-    loop {
-        let frame = tokio::time::timeout_at(deadline, incoming.frame())
-            .await
-            .map_err(|_| GatewayError::RequestTimeout {
-                timeout: config.server.body_read_timeout,
-            })?;
-        match frame {
-            None => break,
-            Some(Err(_)) => {
-                return Err(GatewayError::BadRequest {
-                    reason: "the request body could not be read",
-                });
-            }
-            Some(Ok(frame)) => {
-                if let Ok(data) = frame.into_data() {
-                    buffer.extend_from_slice(&data);
-                }
-                if let Some(limit) = route.max_body
-                    && buffer.len() as u64 > limit
-                {
-                    return Err(GatewayError::BodyTooLarge { limit });
-                }
-                if buffer.len() > cap {
-                    return Ok((PendingBody::Partial(buffer.freeze(), incoming), None));
-                }
-            }
+    let read = BodyRead::start(config);
+    while let Some(data) = read.next(&mut incoming).await? {
+        buffer.extend_from_slice(&data);
+        if let Some(limit) = route.max_body
+            && buffer.len() as u64 > limit
+        {
+            return Err(GatewayError::BodyTooLarge { limit });
+        }
+        if buffer.len() > cap {
+            return Ok((PendingBody::Partial(buffer.freeze(), incoming), None));
         }
     }
     let bytes = buffer.freeze();
@@ -490,6 +470,51 @@ async fn buffer_for_key(
         .and_then(|v| v.to_str().ok());
     let fields = BodyFields::parse(content_type, &bytes);
     Ok((PendingBody::Complete(bytes), Some(fields)))
+}
+
+/// A client body read before forwarding (for a `body:FIELD` key, or to
+/// replay it on a retry). The request is in flight, so the connection
+/// watchdog does not guard this read: the whole read is bounded by
+/// `body_read_timeout` like a request head, or a slow uploader would hold
+/// the connection as long as it likes.
+struct BodyRead {
+    deadline: tokio::time::Instant,
+    timeout: Duration,
+}
+
+impl BodyRead {
+    fn start(config: &Config) -> Self {
+        let timeout = config.server.body_read_timeout;
+        BodyRead {
+            deadline: tokio::time::Instant::now() + timeout,
+            timeout,
+        }
+    }
+
+    /// The body's next data (trailers are skipped), `None` at its end: 408
+    /// past the deadline, 400 when the body cannot be read.
+    async fn next(&self, incoming: &mut ClientBody) -> Result<Option<Bytes>, GatewayError> {
+        loop {
+            let frame = tokio::time::timeout_at(self.deadline, incoming.frame())
+                .await
+                .map_err(|_| GatewayError::RequestTimeout {
+                    timeout: self.timeout,
+                })?;
+            match frame {
+                None => return Ok(None),
+                Some(Err(_)) => {
+                    return Err(GatewayError::BadRequest {
+                        reason: "the request body could not be read",
+                    });
+                }
+                Some(Ok(frame)) => {
+                    if let Ok(data) = frame.into_data() {
+                        return Ok(Some(data));
+                    }
+                }
+            }
+        }
+    }
 }
 
 /// What the limit step knows beyond the request head.
@@ -1256,27 +1281,11 @@ async fn replayable(
         _ => return Ok(Err(PendingBody::Fresh(incoming))),
     }
     let mut buffer = BytesMut::new();
-    let deadline = tokio::time::Instant::now() + config.server.body_read_timeout;
-    loop {
-        let frame = tokio::time::timeout_at(deadline, incoming.frame())
-            .await
-            .map_err(|_| GatewayError::RequestTimeout {
-                timeout: config.server.body_read_timeout,
-            })?;
-        match frame {
-            None => return Ok(Ok(buffer.freeze())),
-            Some(Err(_)) => {
-                return Err(GatewayError::BadRequest {
-                    reason: "the request body could not be read",
-                });
-            }
-            Some(Ok(frame)) => {
-                if let Ok(data) = frame.into_data() {
-                    buffer.extend_from_slice(&data);
-                }
-            }
-        }
+    let read = BodyRead::start(config);
+    while let Some(data) = read.next(&mut incoming).await? {
+        buffer.extend_from_slice(&data);
     }
+    Ok(Ok(buffer.freeze()))
 }
 
 /// A request ready to send, and what the forward step needs afterwards.
