@@ -50,6 +50,7 @@ set -euo pipefail
 DURATION=${DURATION:-5s}
 ROUNDS=${ROUNDS:-3}
 CONNS=${CONNS:-64}
+WRK_THREADS=${WRK_THREADS:-1}
 HS_CLIENTS=${HS_CLIENTS:-8}
 H2_CLIENTS=${H2_CLIENTS:-16}
 H2_STREAMS=${H2_STREAMS:-10}
@@ -88,6 +89,7 @@ chmod 644 "$TMP/key.pem" # nginx reads it as root, but its workers may not be
 # ---- the upstream and the targets --------------------------------------------
 upstream_conf "$PORT_UP" "$TMP" >"$TMP/upstream.conf"
 start_nginx "$TMP/upstream.conf"
+UPSTREAM=$STARTED
 wait_port "$PORT_UP"
 
 # nginx: load.sh's proxy, its listener turned into `ssl http2` with the
@@ -163,8 +165,14 @@ RESULTS=$TMP/results.tsv
 # One bounded run of test $1 against target $2 (port $3, server pid $4).
 measure() {
   local test=$1 target=$2 port=$3 pid=$4 round=$5 out=$TMP/run.out before after
-  local rps p99=0 requests non2xx=0
+  local rps p99=0 requests non2xx=0 up_before up_after
   before=$(cpu_ticks "$pid")
+  up_before=$(cpu_ticks "$UPSTREAM")
+  # The load generator's CPU over the run, in cores (user+sys over real):
+  # near 1.0 for a one-thread client means the client, not the server, set
+  # the pace.
+  local TIMEFORMAT='%3R %3U %3S'
+  { time {
   case $test in
     handshake)
       local clients=() i start
@@ -179,13 +187,15 @@ measure() {
       rm -f "$out".*
       ;;
     keepalive)
-      wrk -t1 -c"$CONNS" -d"$DURATION" --latency "https://127.0.0.1:$port/" >"$out"
+      wrk -t"$WRK_THREADS" -c"$CONNS" -d"$DURATION" --latency "https://127.0.0.1:$port/" >"$out"
       ;;
     h2)
       h2load -c"$H2_CLIENTS" -m"$H2_STREAMS" -D"${DURATION%s}" "https://127.0.0.1:$port/" >"$out"
       ;;
   esac
+  }; } 2>"$TMP/client.time"
   after=$(cpu_ticks "$pid")
+  up_after=$(cpu_ticks "$UPSTREAM")
   if [ "$test" = h2 ]; then
     rps=$(awk '/^finished in/ {print $4}' "$out")
     requests=$(awk '/^requests:/ {print $6}' "$out")
@@ -197,9 +207,12 @@ measure() {
     non2xx=$(awk '/Non-2xx or 3xx responses:/ {print $5}' "$out")
   fi
   awk -v test="$test" -v t="$target" -v r="$round" -v rps="$rps" -v p99="$p99" \
-    -v n="${requests:-0}" -v d=$((after - before)) -v bad="${non2xx:-0}" -v hz="$CLK_TCK" 'BEGIN {
-      printf "%s\t%s\t%s\t%.0f\t%s\t%.2f\t%.3f\n", test, t, r, rps, p99,
-        (n > 0 ? d * 1e6 / hz / n : 0), (n > 0 ? bad / n : 0)
+    -v n="${requests:-0}" -v d=$((after - before)) -v bad="${non2xx:-0}" -v hz="$CLK_TCK" \
+    -v client="$(tail -1 "$TMP/client.time")" -v up=$((up_after - up_before)) 'BEGIN {
+      split(client, c, " ")
+      printf "%s\t%s\t%s\t%.0f\t%s\t%.2f\t%.3f\t%.2f\t%.2f\n", test, t, r, rps, p99,
+        (n > 0 ? d * 1e6 / hz / n : 0), (n > 0 ? bad / n : 0), (c[1] > 0 ? (c[2] + c[3]) / c[1] : 0),
+        (n > 0 ? up * 1e6 / hz / n : 0)
     }' | tee -a "$RESULTS"
 }
 
@@ -208,7 +221,7 @@ echo "# $("$NGINX" -v 2>&1) ($("$NGINX" -V 2>&1 | grep -o 'running with OpenSSL 
 echo "# tollgate negotiates: $(negotiated "$PORT_TG_ALLOW")"
 echo "# nginx negotiates:    $(negotiated "$PORT_NG_ALLOW")"
 echo "# handshake: $HS_CLIENTS x openssl s_time -new -www /; keepalive: wrk -t1 -c$CONNS; h2: h2load -c$H2_CLIENTS -m$H2_STREAMS; each -d $DURATION; rounds=$ROUNDS"
-printf 'test\ttarget\tround\treq/s\tp99_us\tcpu_us/req\tnon2xx\n'
+printf 'test\ttarget\tround\treq/s\tp99_us\tcpu_us/req\tnon2xx\tclient_cores\tupstream_us/req\n'
 for round in $(seq 1 "$ROUNDS"); do
   for test in $TESTS; do
     measure "$test" tg_allow "$PORT_TG_ALLOW" "$TG_ALLOW" "$round"
@@ -228,12 +241,12 @@ awk -F'\t' '
   }
   {
     k = $1 SUBSEP $2
-    rps[k] = rps[k] " " $4; p99[k] = p99[k] " " $5; cpu[k] = cpu[k] " " $6; bad[k] = bad[k] " " $7
+    rps[k] = rps[k] " " $4; p99[k] = p99[k] " " $5; cpu[k] = cpu[k] " " $6; bad[k] = bad[k] " " $7; cli[k] = cli[k] " " $8
     if (!($1 in seen)) { seen[$1] = 1; order[++nt] = $1 }
   }
   END {
     split("tg_allow ng_allow tg_deny ng_deny", targets, " ")
-    printf "%-10s %-9s %9s %8s %11s %7s\n", "test", "target", "req/s", "p99_us", "cpu_us/req", "non2xx"
+    printf "%-10s %-9s %9s %8s %11s %7s %12s\n", "test", "target", "req/s", "p99_us", "cpu_us/req", "non2xx", "client_cores"
     for (i = 1; i <= nt; i++) {
       T = order[i]
       for (t = 1; t <= 4; t++) {
@@ -241,7 +254,7 @@ awk -F'\t' '
         R[targets[t]] = median(rps[k]); P[targets[t]] = median(p99[k]); C[targets[t]] = median(cpu[k])
         # p99 only where wrk measured it (s_time and h2load report none).
         p = (T == "keepalive") ? sprintf("%.0f", P[targets[t]]) : "-"
-        printf "%-10s %-9s %9.0f %8s %11.2f %7.3f\n", T, targets[t], R[targets[t]], p, C[targets[t]], median(bad[k])
+        printf "%-10s %-9s %9.0f %8s %11.2f %7.3f %12.2f\n", T, targets[t], R[targets[t]], p, C[targets[t]], median(bad[k]), median(cli[k])
       }
       printf "%-10s ratios tollgate/nginx: allow req/s %.2f, cpu/req %.2f | deny req/s %.2f, cpu/req %.2f\n", T, \
         R["tg_allow"] / R["ng_allow"], C["tg_allow"] / C["ng_allow"], R["tg_deny"] / R["ng_deny"], C["tg_deny"] / C["ng_deny"]

@@ -945,7 +945,7 @@ pub(crate) fn hyper_service(
             let (mut response, fields) = handle(
                 &app,
                 downstream,
-                request.map(ClientBody::Hyper),
+                request.map(ClientBody::hyper),
                 Some(activity),
             )
             .await;

@@ -42,5 +42,7 @@ pub use concurrency::ConcurrencyPermit;
 pub use key::LimitKey;
 pub use memory::{Decision, Limiter};
 pub use params::{Algorithm, LeakyMode, NANOS_PER_SEC, Nanos, Rate, WindowAlign};
-pub use stack::{EntryVerdict, Outcome, Permits, StackDecision, StackEntry, check_stack};
+pub use stack::{
+    EntryVerdict, Outcome, Permits, StackDecision, StackEntry, check_stack, check_stack_into,
+};
 pub use verdict::{Verdict, quota, window_secs};

@@ -49,7 +49,7 @@ use crate::identity::keys::{RequestFacts, limit_key};
 use crate::limit::stack::{SKIPPED, StackDecision, outcome_of};
 use crate::limit::{Algorithm, Limiter, Verdict};
 use crate::limit::{
-    EntryVerdict, LimitKey, Nanos, Outcome, Permits, StackEntry, check_stack,
+    EntryVerdict, LimitKey, Nanos, Outcome, Permits, StackEntry, check_stack, check_stack_into,
     stack::INLINE as INLINE_STACK,
 };
 use crate::metrics::Metrics;
@@ -335,7 +335,7 @@ async fn route_and_act(
         }
     }
     let admitted = limited.then_some(&decided);
-    if let Some(delay) = admitted.map(|a| a.delay).filter(|d| *d > 0) {
+    if let Some(delay) = admitted.map(|a| a.decision.delay).filter(|d| *d > 0) {
         // Leaky bucket in delay mode: the request waits its turn, like nginx
         // `limit_req` without `nodelay`. A client that gives up drops this
         // future (and its place was already paid for, as in nginx).
@@ -399,7 +399,7 @@ async fn route_and_act(
         ratelimit::limit_fields(
             &mut fields,
             view,
-            &admitted.verdicts,
+            &admitted.decision.entries,
             policy,
             admitted.focus,
         );
@@ -534,9 +534,10 @@ struct Admitted<'s> {
     limiters: SmallVec<[&'s Limiter; INLINE_STACK]>,
     /// Each limit's key for this request (`None`: skipped).
     keys: SmallVec<[Option<LimitKey>; INLINE_STACK]>,
-    verdicts: SmallVec<[EntryVerdict; INLINE_STACK]>,
-    /// Leaky bucket in delay mode: wait this long before forwarding.
-    delay: Nanos,
+    /// The stack's decision: each entry's verdict and, for a leaky bucket
+    /// in delay mode, how long to wait before forwarding. Decided in place
+    /// (`check_stack_into`); its permits go to the request's notes.
+    decision: StackDecision,
     /// The caller's plan, if it has one.
     plan: Option<&'s str>,
     /// The entry the legacy headers describe: the least remaining `r / q`.
@@ -619,36 +620,31 @@ fn limit_request<'s>(
         admitted.limiters.push(limiter);
         admitted.keys.push(key);
     }
-    let entries: SmallVec<[StackEntry<'_>; INLINE_STACK]> = admitted
-        .limiters
-        .iter()
-        .zip(&admitted.keys)
-        .zip(&admitted.stack)
-        .map(|((limiter, key), limit)| StackEntry {
-            limiter,
-            key: *key,
-            shadow: limit.shadow,
-        })
-        .collect();
     if store {
         return Ok(true);
     }
-
-    let mut decision = check_stack(&entries, route.cost, now);
-    conclude(
-        metrics,
-        snapshot,
-        route,
-        plan,
-        notes,
-        admitted,
-        &mut decision,
-    )?;
+    // Extended in place: collected, the array was copied out (~60
+    // instructions).
+    let mut entries: SmallVec<[StackEntry<'_>; INLINE_STACK]> = SmallVec::new();
+    entries.extend(
+        admitted
+            .limiters
+            .iter()
+            .zip(&admitted.keys)
+            .zip(&admitted.stack)
+            .map(|((limiter, key), limit)| StackEntry {
+                limiter,
+                key: *key,
+                shadow: limit.shadow,
+            }),
+    );
+    check_stack_into(&entries, route.cost, now, &mut admitted.decision);
+    conclude(metrics, snapshot, route, plan, notes, admitted)?;
     Ok(false)
 }
 
-/// The limits' outcome recorded, and the request answered if denied, else
-/// its permits, verdicts and delay kept in `admitted`. Inlined: on the
+/// The limits' outcome (`admitted.decision`) recorded, and the request
+/// answered if denied, else its permits moved to the request's notes. Inlined: on the
 /// memory path this is the tail of [`limit_request`], as it was before the
 /// shared path needed it too.
 #[allow(clippy::result_large_err)]
@@ -660,32 +656,31 @@ fn conclude(
     plan: &RoutePlan,
     notes: &mut Notes,
     admitted: &mut Admitted<'_>,
-    decision: &mut StackDecision,
 ) -> Result<(), Response<ResponseBody>> {
-    record_decisions(metrics, snapshot, route, plan, admitted, &decision.entries);
-    if let Some(denied_by) = decision.denied_by {
+    let entries = &admitted.decision.entries;
+    record_decisions(metrics, snapshot, route, plan, admitted, entries);
+    if let Some(denied_by) = admitted.decision.denied_by {
         notes.limit = Some(LimitNote {
             index: plan.stack[denied_by],
-            remaining: decision.entries[denied_by].verdict.remaining,
+            remaining: entries[denied_by].verdict.remaining,
             denied: true,
         });
         let view = admitted.view(snapshot);
         let policy = admitted.policy(plan);
         let (response, lines) =
-            ratelimit::deny_response(view, &decision.entries, denied_by, policy, route.cost);
+            ratelimit::deny_response(view, entries, denied_by, policy, route.cost);
         notes.fields = lines;
         return Err(response);
     }
-    decision.move_permits_into(&mut notes.permits);
     // Noted now, so the log line has it even if forwarding fails.
-    admitted.focus = ratelimit::least_remaining(admitted.view(snapshot), &decision.entries);
-    notes.limit = admitted.focus.map(|i| LimitNote {
+    let focus = ratelimit::least_remaining(admitted.view(snapshot), entries);
+    notes.limit = focus.map(|i| LimitNote {
         index: plan.stack[i],
-        remaining: decision.entries[i].verdict.remaining,
+        remaining: entries[i].verdict.remaining,
         denied: false,
     });
-    admitted.verdicts = std::mem::take(&mut decision.entries);
-    admitted.delay = decision.delay;
+    admitted.focus = focus;
+    admitted.decision.move_permits_into(&mut notes.permits);
     Ok(())
 }
 
@@ -885,17 +880,8 @@ async fn limit_shared<'s>(
             .max()
             .unwrap_or(0)
     };
-    let mut decision = StackDecision::from_parts(entries, denied_by, delay, permits);
-    conclude(
-        metrics,
-        snapshot,
-        route,
-        plan,
-        notes,
-        admitted,
-        &mut decision,
-    )
-    .map_err(Refused::Response)
+    admitted.decision = StackDecision::from_parts(entries, denied_by, delay, permits);
+    conclude(metrics, snapshot, route, plan, notes, admitted).map_err(Refused::Response)
 }
 
 /// Gives back what the local tier charged when the shared tier refused.
@@ -999,7 +985,7 @@ fn settle_cost(
         .limiters
         .iter()
         .zip(&admitted.keys)
-        .zip(&admitted.verdicts)
+        .zip(&admitted.decision.entries)
         .enumerate()
     {
         // Shadow limits that would have denied were not charged: nothing to settle.

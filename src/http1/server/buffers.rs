@@ -10,8 +10,15 @@
 //! the allocator: a pop and a push on a thread-local `Vec`, no lock (a
 //! connection is served on one thread from accept to close), and the
 //! allocations of a busy set are reused as they were before.
+//!
+//! The first [`KEEP_IDLE`] connections of a thread that go idle keep their
+//! set instead ([`Kept`]): a few connections each serving one request after
+//! another (the usual keep-alive client, a load balancer's pool) then skip
+//! the list both ways, and the first read of their next request goes
+//! straight into the set. The memory that costs is bounded per thread, not
+//! per connection, as the spares are.
 
-use std::cell::RefCell;
+use std::cell::{Cell, RefCell};
 
 use bytes::BytesMut;
 use http::HeaderMap;
@@ -28,6 +35,10 @@ pub(super) const WRITE_BATCH: usize = 16 * 1024;
 /// come back at once under load; beyond it a set is freed (at most ~0.9 MB
 /// per thread sits here, handler blocks included).
 const MAX_SPARE: usize = 64;
+
+/// Idle connections per thread that keep their set ([`Kept`]): at most
+/// ~0.9 MB per thread, as the spares.
+const KEEP_IDLE: usize = 64;
 
 /// What a busy connection reads into and writes from.
 #[derive(Debug)]
@@ -49,9 +60,50 @@ thread_local! {
     // by value cost ~300 instructions per request).
     #[allow(clippy::vec_box)]
     static SPARE: RefCell<Vec<Box<Buffers>>> = const { RefCell::new(Vec::new()) };
+    /// Sets kept by idle connections of this thread ([`Kept`]).
+    static KEPT: Cell<usize> = const { Cell::new(0) };
+}
+
+/// The set of an idle connection that keeps it, counted against
+/// [`KEEP_IDLE`] until it is taken back ([`Kept::resume`]) or dropped with
+/// the connection.
+#[derive(Debug)]
+pub(super) struct Kept(Option<Box<Buffers>>);
+
+impl Kept {
+    /// Keeps `set` for an idle connection if the thread has room for one
+    /// more, and it is of its usual size; otherwise hands it back.
+    pub(super) fn try_keep(set: Box<Buffers>) -> Result<Kept, Box<Buffers>> {
+        let kept = KEPT.with(Cell::get);
+        if kept >= KEEP_IDLE || set.grown() {
+            return Err(set);
+        }
+        KEPT.with(|k| k.set(kept + 1));
+        Ok(Kept(Some(set)))
+    }
+
+    /// The set back, for the connection's next request.
+    pub(super) fn resume(mut self) -> Box<Buffers> {
+        // Always there: only `Drop` sees it taken.
+        self.0.take().unwrap_or_else(Buffers::take)
+    }
+}
+
+impl Drop for Kept {
+    fn drop(&mut self) {
+        // `try_with`: a connection dropped as its thread ends finds the
+        // counter gone, and has nothing to tell it.
+        let _ = KEPT.try_with(|k| k.set(k.get().saturating_sub(1)));
+    }
 }
 
 impl Buffers {
+    /// Whether the set grew past its usual size (a long head, a large
+    /// response batch): it is then freed rather than kept for another.
+    fn grown(&self) -> bool {
+        self.read.capacity() > 2 * READ_BUFFER || self.out.capacity() > 4 * WRITE_BATCH
+    }
+
     /// A set from the thread's spares, or a new one.
     pub(super) fn take() -> Box<Buffers> {
         let spare = SPARE
@@ -72,7 +124,7 @@ impl Buffers {
     /// out). A set grown past its usual size, or one the spares have no room
     /// for, is freed instead.
     pub(super) fn give_back(mut self: Box<Self>) {
-        if self.read.capacity() > 2 * READ_BUFFER || self.out.capacity() > 4 * WRITE_BATCH {
+        if self.grown() {
             return;
         }
         self.read.clear();

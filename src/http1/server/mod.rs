@@ -49,7 +49,7 @@ use http::{Method, Request, Response};
 use http_body::Body;
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, ReadBuf};
 
-use buffers::{Buffers, READ_BUFFER, WRITE_BATCH};
+use buffers::{Buffers, Kept, READ_BUFFER, WRITE_BATCH};
 use slot::Slot;
 
 use crate::http::chunked::LAST_CHUNK;
@@ -146,10 +146,15 @@ where
     // `None` while the connection waits for its next request: an idle
     // connection holds no buffer (see `buffers`).
     let mut busy: Option<Box<Buffers>> = None;
+    // Or kept while idle, by one of the thread's first idle connections.
+    let mut kept: Option<Kept> = None;
     loop {
-        let mut buffers = match busy.take() {
-            Some(buffers) => buffers,
-            None => match first_bytes(io).await? {
+        let mut buffers = match (busy.take(), kept.take()) {
+            (Some(buffers), _) => buffers,
+            // Read into it below; a close there, before any byte of a
+            // request, ends the connection as `first_bytes` does.
+            (None, Some(kept)) => kept.resume(),
+            (None, None) => match first_bytes(io).await? {
                 Some(buffers) => buffers,
                 // Between requests: the client is done.
                 None => return Ok(Ended::Closed),
@@ -272,9 +277,13 @@ where
             return Ok(Ended::Closed);
         }
         if buffer.is_empty() {
-            // Idle until the next request: the buffers go back to the
-            // thread's spares (a large `out` is freed there).
-            buffers.give_back();
+            // Idle until the next request: the buffers are kept, if the
+            // thread keeps fewer than its bound, or go back to its spares
+            // (a large `out` is freed there).
+            match Kept::try_keep(buffers) {
+                Ok(set) => kept = Some(set),
+                Err(buffers) => buffers.give_back(),
+            }
         } else {
             // Pipelined bytes are waiting: served with the same buffers.
             busy = Some(buffers);

@@ -16,7 +16,7 @@
 
 use std::mem::MaybeUninit;
 
-use bytes::BytesMut;
+use bytes::{Bytes, BytesMut};
 use http::header::{CONNECTION, EXPECT, TE, TRANSFER_ENCODING, UPGRADE};
 use http::{HeaderMap, HeaderName, HeaderValue, Method, Request, Uri, Version};
 
@@ -156,7 +156,11 @@ pub fn parse(buffer: &mut BytesMut, fields: &mut HeaderMap, max_head: usize) -> 
         // so would hyper's 400.
         return Parsed::Refused(Refusal::MALFORMED);
     };
-    let body = (body_len > 0).then(|| buffer.split_to(body_len).freeze());
+    let body = if body_len > 0 {
+        buffer.split_to(body_len).freeze()
+    } else {
+        Bytes::new()
+    };
     let mut built = Request::new(ClientBody::Complete(body));
     // The map to reuse goes into the request, and the request's new empty
     // one takes its place: assigning it would drop that empty map, ~60
@@ -226,7 +230,7 @@ mod tests {
     /// The bytes of a body the fast path read whole (`None` for no body).
     fn body_bytes(request: &Request<ClientBody>) -> Option<Bytes> {
         match request.body() {
-            ClientBody::Complete(bytes) => bytes.clone(),
+            ClientBody::Complete(bytes) => Some(bytes.clone()).filter(|b| !b.is_empty()),
             ClientBody::Hyper(_) => panic!("the fast path built a hyper body"),
         }
     }
