@@ -93,7 +93,10 @@ pub struct Permits {
     /// several empty `Permits` on its way (moved into and out of the
     /// decision, the notes, the response body), and an empty list drops
     /// without the out-of-line call a second, boxed field cost each time.
-    slots: SmallVec<[Permit; 2]>,
+    /// A `Vec`, not inline: most requests hold none, and the 64 bytes of an
+    /// inline pair made every response 40 bytes larger, copied on each of
+    /// its moves; a request that holds a permit pays one allocation.
+    slots: Vec<Permit>,
 }
 
 /// One thing [`Permits`] releases by being dropped.
