@@ -19,9 +19,11 @@
 //! per connection, as the spares are.
 
 use std::cell::{Cell, RefCell};
+use std::io;
 
 use bytes::BytesMut;
 use http::HeaderMap;
+use tokio::io::{AsyncRead, AsyncReadExt};
 
 use super::slot::Block;
 
@@ -65,8 +67,8 @@ thread_local! {
 }
 
 /// The set of an idle connection that keeps it, counted against
-/// [`KEEP_IDLE`] until it is taken back ([`Kept::resume`]) or dropped with
-/// the connection.
+/// [`KEEP_IDLE`] until the next request's first bytes are read into it
+/// ([`Kept::next_request`]) or the connection ends.
 #[derive(Debug)]
 pub(super) struct Kept(Option<Box<Buffers>>);
 
@@ -82,10 +84,25 @@ impl Kept {
         Ok(Kept(Some(set)))
     }
 
-    /// The set back, for the connection's next request.
-    pub(super) fn resume(mut self) -> Box<Buffers> {
-        // Always there: only `Drop` sees it taken.
-        self.0.take().unwrap_or_else(Buffers::take)
+    /// Waits, keeping the set (and counted), for the first bytes of the
+    /// connection's next request, read into it; then the set is the
+    /// connection's again. `None`: the client closed the connection.
+    pub(super) async fn next_request<T: AsyncRead + Unpin>(
+        mut self,
+        io: &mut T,
+    ) -> io::Result<Option<Box<Buffers>>> {
+        // Always there: only `Drop` and `resume` take it.
+        let Some(set) = self.0.as_mut() else {
+            return Ok(None);
+        };
+        if set.read.capacity() < READ_BUFFER / 4 {
+            // Empty: taken again from the start of its allocation.
+            set.read.reserve(READ_BUFFER);
+        }
+        if io.read_buf(&mut set.read).await? == 0 {
+            return Ok(None);
+        }
+        Ok(self.0.take())
     }
 }
 
@@ -94,6 +111,10 @@ impl Drop for Kept {
         // `try_with`: a connection dropped as its thread ends finds the
         // counter gone, and has nothing to tell it.
         let _ = KEPT.try_with(|k| k.set(k.get().saturating_sub(1)));
+        // The connection ended while idle: its set goes to the spares.
+        if let Some(set) = self.0.take() {
+            set.give_back();
+        }
     }
 }
 
@@ -160,6 +181,43 @@ mod tests {
         assert!(again.read.is_empty() && again.out.is_empty());
         assert_eq!(again.read.as_ptr(), read_at, "the same allocation");
         assert!(again.read.capacity() >= READ_BUFFER);
+    }
+
+    #[tokio::test]
+    async fn a_thread_keeps_at_most_its_bound_of_sets_for_idle_connections() {
+        use tokio::io::AsyncWriteExt;
+        let before = KEPT.with(Cell::get);
+        let mut kept = Vec::new();
+        while let Ok(set) = Kept::try_keep(Buffers::take()) {
+            kept.push(set);
+        }
+        assert_eq!(KEPT.with(Cell::get), KEEP_IDLE);
+        assert_eq!(kept.len(), KEEP_IDLE - before);
+        // The next request's bytes go into the kept set, which is then the
+        // connection's again and no longer counted.
+        let (mut client, mut server) = tokio::io::duplex(64);
+        client.write_all(b"GET / HTTP/1.1\r\n").await.unwrap();
+        let set = kept.pop().unwrap().next_request(&mut server).await.unwrap();
+        let set = set.expect("bytes arrived");
+        assert_eq!(&set.read[..], b"GET / HTTP/1.1\r\n");
+        assert_eq!(KEPT.with(Cell::get), KEEP_IDLE - 1);
+        // A client that closes while idle: no set, and not counted.
+        drop(client);
+        assert!(
+            kept.pop()
+                .unwrap()
+                .next_request(&mut server)
+                .await
+                .unwrap()
+                .is_none()
+        );
+        assert_eq!(KEPT.with(Cell::get), KEEP_IDLE - 2);
+        // Room for another again; a grown set is not kept.
+        let mut grown = Buffers::take();
+        grown.read.reserve(4 * READ_BUFFER);
+        assert!(Kept::try_keep(grown).is_err());
+        assert!(Kept::try_keep(set).is_ok());
+        drop(kept);
     }
 
     #[test]

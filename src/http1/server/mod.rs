@@ -144,16 +144,17 @@ where
     B::Error: std::fmt::Display,
 {
     // `None` while the connection waits for its next request: an idle
-    // connection holds no buffer (see `buffers`).
+    // connection holds no buffer (see `buffers`)...
     let mut busy: Option<Box<Buffers>> = None;
-    // Or kept while idle, by one of the thread's first idle connections.
+    // ...unless it is among the few of its thread that keep theirs.
     let mut kept: Option<Kept> = None;
     loop {
         let mut buffers = match (busy.take(), kept.take()) {
             (Some(buffers), _) => buffers,
-            // Read into it below; a close there, before any byte of a
-            // request, ends the connection as `first_bytes` does.
-            (None, Some(kept)) => kept.resume(),
+            (None, Some(kept)) => match kept.next_request(io).await? {
+                Some(buffers) => buffers,
+                None => return Ok(Ended::Closed),
+            },
             (None, None) => match first_bytes(io).await? {
                 Some(buffers) => buffers,
                 // Between requests: the client is done.
