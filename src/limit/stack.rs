@@ -229,7 +229,7 @@ pub fn check_stack_into(
     now: Nanos,
     decision: &mut StackDecision,
 ) {
-    debug_assert!(decision.entries.is_empty() && decision.permits.len() == 0);
+    debug_assert!(decision.entries.is_empty() && decision.permits.is_empty());
     if let [only] = entries {
         check_one(only, cost, now, decision);
     } else {
