@@ -24,7 +24,7 @@
 #              (wrk and h2load would resume: both keep the session of a
 #              closed connection for the next, and nginx's default tickets
 #              and rustls's default session cache would honour it.)
-#   keepalive  `wrk -t1 -cCONNS --latency` over HTTPS/1.1 keep-alive
+#   keepalive  `wrk -tWRK_THREADS -cCONNS --latency` over HTTPS/1.1 keep-alive
 #   h2         `h2load -c H2_CLIENTS -m H2_STREAMS -D DURATION` (ALPN h2)
 # Both sides negotiate TLS 1.3 with what the client (OpenSSL) prefers; the
 # protocol, cipher and key exchange each server chose are printed at the top.
@@ -32,13 +32,16 @@
 # Per run: requests/s; p99 (wrk only: s_time and h2load report none, and
 # the per-run lines show 0 there); the share of non-2xx answers (s_time
 # sees no status, so its HTTP/1.0 answers are checked once before the
-# rounds); and the gateway's CPU time per request: utime+stime from
+# rounds); the gateway's CPU time per request: utime+stime from
 # /proc/PID/stat (nginx: master + worker) before and after the run, over
-# completed requests. Then the median over rounds per test and target, and
+# completed requests; the load generator's CPU in cores (user+sys over the
+# run's wall time: near 1.0 for one wrk thread means the client set the
+# pace) and the upstream's CPU per request (the three share the machine's
+# cores). The size of each target's answer is printed at the top. Then the median over rounds per test and target, and
 # the ratios tollgate/nginx.
 #
 # Run (as root, or with the tools installed):   bench/tls.sh
-# Knobs (environment): DURATION=5s ROUNDS=3 CONNS=64 HS_CLIENTS=8
+# Knobs (environment): DURATION=5s ROUNDS=3 CONNS=64 WRK_THREADS=1 HS_CLIENTS=8
 #                      H2_CLIENTS=16 H2_STREAMS=10 TESTS="handshake keepalive h2"
 #                      BASE_PORT=20180 (uses BASE_PORT .. BASE_PORT+6)
 #                      SKIP_BUILD=1 (use the existing target/release/tollgate)
@@ -220,6 +223,11 @@ echo "# machine: nproc=$(nproc), CPU: $(grep -m1 'model name' /proc/cpuinfo | cu
 echo "# $("$NGINX" -v 2>&1) ($("$NGINX" -V 2>&1 | grep -o 'running with OpenSSL [^ ]*' || true)), $(wrk -v 2>&1 | head -1 | cut -d' ' -f1-2), $(h2load --version)"
 echo "# tollgate negotiates: $(negotiated "$PORT_TG_ALLOW")"
 echo "# nginx negotiates:    $(negotiated "$PORT_NG_ALLOW")"
+# What the client decrypts per answer (wrk's share of the work grows with it).
+for target in "tg_allow $PORT_TG_ALLOW" "ng_allow $PORT_NG_ALLOW" "tg_deny $PORT_TG_DENY" "ng_deny $PORT_NG_DENY"; do
+  read -r name port <<<"$target"
+  echo "# $name answer: $(curl -sk -o /dev/null -w '%{http_code}, head %{size_header} B, body %{size_download} B' "https://127.0.0.1:$port/")"
+done
 echo "# handshake: $HS_CLIENTS x openssl s_time -new -www /; keepalive: wrk -t1 -c$CONNS; h2: h2load -c$H2_CLIENTS -m$H2_STREAMS; each -d $DURATION; rounds=$ROUNDS"
 printf 'test\ttarget\tround\treq/s\tp99_us\tcpu_us/req\tnon2xx\tclient_cores\tupstream_us/req\n'
 for round in $(seq 1 "$ROUNDS"); do
@@ -241,12 +249,12 @@ awk -F'\t' '
   }
   {
     k = $1 SUBSEP $2
-    rps[k] = rps[k] " " $4; p99[k] = p99[k] " " $5; cpu[k] = cpu[k] " " $6; bad[k] = bad[k] " " $7; cli[k] = cli[k] " " $8
+    rps[k] = rps[k] " " $4; p99[k] = p99[k] " " $5; cpu[k] = cpu[k] " " $6; bad[k] = bad[k] " " $7; cli[k] = cli[k] " " $8; up[k] = up[k] " " $9
     if (!($1 in seen)) { seen[$1] = 1; order[++nt] = $1 }
   }
   END {
     split("tg_allow ng_allow tg_deny ng_deny", targets, " ")
-    printf "%-10s %-9s %9s %8s %11s %7s %12s\n", "test", "target", "req/s", "p99_us", "cpu_us/req", "non2xx", "client_cores"
+    printf "%-10s %-9s %9s %8s %11s %7s %12s %15s\n", "test", "target", "req/s", "p99_us", "cpu_us/req", "non2xx", "client_cores", "upstream_us/req"
     for (i = 1; i <= nt; i++) {
       T = order[i]
       for (t = 1; t <= 4; t++) {
@@ -254,7 +262,7 @@ awk -F'\t' '
         R[targets[t]] = median(rps[k]); P[targets[t]] = median(p99[k]); C[targets[t]] = median(cpu[k])
         # p99 only where wrk measured it (s_time and h2load report none).
         p = (T == "keepalive") ? sprintf("%.0f", P[targets[t]]) : "-"
-        printf "%-10s %-9s %9.0f %8s %11.2f %7.3f %12.2f\n", T, targets[t], R[targets[t]], p, C[targets[t]], median(bad[k]), median(cli[k])
+        printf "%-10s %-9s %9.0f %8s %11.2f %7.3f %12.2f %15.2f\n", T, targets[t], R[targets[t]], p, C[targets[t]], median(bad[k]), median(cli[k]), median(up[k])
       }
       printf "%-10s ratios tollgate/nginx: allow req/s %.2f, cpu/req %.2f | deny req/s %.2f, cpu/req %.2f\n", T, \
         R["tg_allow"] / R["ng_allow"], C["tg_allow"] / C["ng_allow"], R["tg_deny"] / R["ng_deny"], C["tg_deny"] / C["ng_deny"]

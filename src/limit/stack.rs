@@ -37,6 +37,8 @@
 //! (`r` 0), per_ip denies (`r` 10); the per_key charge is undone, and the
 //! decision reports `denied_by = Some(1)`, per_key `Allowed` with `r` 20.
 
+use std::cell::RefCell;
+
 use parking_lot::MutexGuard;
 use smallvec::SmallVec;
 
@@ -95,8 +97,18 @@ pub struct Permits {
     /// without the out-of-line call a second, boxed field cost each time.
     /// A `Vec`, not inline: most requests hold none, and the 64 bytes of an
     /// inline pair made every response 40 bytes larger, copied on each of
-    /// its moves; a request that holds a permit pays one allocation.
+    /// its moves. A request that holds a permit takes its list from the
+    /// thread's spare lists ([`SPARE_LISTS`]), so a decision allocates
+    /// nothing once the thread has served one.
     slots: Vec<Permit>,
+}
+
+/// Emptied permit lists kept per thread for the next requests that hold
+/// permits (beyond it a list is freed).
+const SPARE_LISTS_MAX: usize = 64;
+
+thread_local! {
+    static SPARE_LISTS: RefCell<Vec<Vec<Permit>>> = const { RefCell::new(Vec::new()) };
 }
 
 /// One thing [`Permits`] releases by being dropped.
@@ -109,21 +121,63 @@ enum Permit {
     Held(Box<dyn std::fmt::Debug + Send + Sync>),
 }
 
+impl Drop for Permits {
+    #[inline]
+    fn drop(&mut self) {
+        if self.slots.capacity() != 0 {
+            self.give_back_list();
+        }
+    }
+}
+
 impl Permits {
     fn push(&mut self, permit: Option<ConcurrencyPermit>) {
         if let Some(permit) = permit {
-            self.slots.push(Permit::Memory(permit));
+            self.add(Permit::Memory(permit));
         }
     }
 
     /// Keeps `guard` (e.g. a Redis concurrency lease) until these permits drop.
     pub fn hold(&mut self, guard: Box<dyn std::fmt::Debug + Send + Sync>) {
-        self.slots.push(Permit::Held(guard));
+        self.add(Permit::Held(guard));
+    }
+
+    fn add(&mut self, permit: Permit) {
+        if self.slots.capacity() == 0 {
+            self.slots = SPARE_LISTS
+                .try_with(|lists| lists.try_borrow_mut().ok()?.pop())
+                .ok()
+                .flatten()
+                .unwrap_or_else(|| Vec::with_capacity(2));
+        }
+        self.slots.push(permit);
+    }
+
+    /// Releases the permits and keeps their list for the thread's next
+    /// request that holds one.
+    #[cold]
+    fn give_back_list(&mut self) {
+        let mut list = std::mem::take(&mut self.slots);
+        list.clear();
+        if list.capacity() > 8 {
+            return;
+        }
+        let _ = SPARE_LISTS.try_with(|lists| {
+            if let Ok(mut lists) = lists.try_borrow_mut()
+                && lists.len() < SPARE_LISTS_MAX
+            {
+                lists.push(list);
+            }
+        });
     }
 
     /// Takes over `other`'s permits and guards.
-    pub fn append(&mut self, other: Permits) {
-        self.slots.extend(other.slots);
+    pub fn append(&mut self, mut other: Permits) {
+        if self.slots.capacity() == 0 {
+            std::mem::swap(&mut self.slots, &mut other.slots);
+        } else {
+            self.slots.append(&mut other.slots);
+        }
     }
 
     pub fn is_empty(&self) -> bool {
