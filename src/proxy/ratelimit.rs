@@ -306,6 +306,31 @@ pub fn missing_key_response(limit: &LimitConfig, key: &str) -> Response<Response
 mod tests {
     use super::*;
     use crate::config::HeaderStyles;
+
+    #[test]
+    fn a_denial_body_kept_while_others_are_cut_stays_as_written() {
+        // A slow client still sending its 429 holds its body; the arena
+        // then takes new room rather than writing over it.
+        let held = deny_body(|text| text.push_str("first"));
+        let long = "x".repeat(DENY_ARENA / 3);
+        let mut others = Vec::new();
+        for i in 0..20 {
+            let body = deny_body(|text| {
+                text.push_str(&long);
+                text.push_str(&i.to_string());
+            });
+            assert!(body.ends_with(i.to_string().as_bytes()));
+            others.push(body);
+        }
+        assert_eq!(&held[..], b"first");
+        // Bodies dropped: their room is taken again from its start.
+        drop(others);
+        let a = deny_body(|text| text.push_str("again"));
+        assert_eq!(&a[..], b"again");
+        // Longer than the arena: still whole.
+        let huge = "y".repeat(2 * DENY_ARENA);
+        assert_eq!(deny_body(|text| text.push_str(&huge)).len(), 2 * DENY_ARENA);
+    }
     use crate::config::OnMissingKey;
     use crate::limit::{Algorithm, Rate, Verdict};
     use crate::ratelimit_policy::policy_header;
