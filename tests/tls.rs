@@ -1033,6 +1033,45 @@ async fn tls_with_two_workers_serves_h1_and_h2_and_shares_one_limit() {
     assert_eq!(statuses, vec![200; 8]);
 }
 
+#[tokio::test]
+async fn sessions_resume_from_tickets_on_any_worker() {
+    // Stateless tickets (no session cache shared by the workers behind a
+    // lock): a client resumes its session on every later connection,
+    // whichever of the two workers' sockets the kernel hands it to.
+    let upstream = TestUpstream::start().await;
+    let ca = Ca::new();
+    let dir = dir_with_cert(&ca, &["gateway.test"]);
+    let text = config(&upstream, "", PER_IP).replace("workers = 1", "workers = 2");
+    let gw = Gateway::start_in(dir, &text, &[]);
+    let addr = gw.tls_addr.unwrap();
+    // One client configuration: its session store keeps the tickets.
+    let connector = ca.client(&[b"http/1.1"]);
+    let mut kinds = Vec::new();
+    for _ in 0..12 {
+        let stream = connect(&connector, addr, "gateway.test").await.unwrap();
+        kinds.push(stream.get_ref().1.handshake_kind());
+        let (mut sender, connection) = hyper::client::conn::http1::handshake(TokioIo::new(stream))
+            .await
+            .unwrap();
+        tokio::spawn(connection);
+        let request = Request::get("/open")
+            .header("host", "gateway.test")
+            .body(Empty::<Bytes>::new())
+            .unwrap();
+        let response = sender.send_request(request).await.unwrap();
+        assert_eq!(response.status(), 200);
+        // The tickets arrive after the handshake: read to the end.
+        response.into_body().collect().await.unwrap();
+    }
+    use rustls::HandshakeKind::{Full, Resumed};
+    assert_eq!(kinds[0], Some(Full), "{kinds:?}");
+    assert!(
+        kinds[1..].iter().all(|kind| *kind == Some(Resumed)),
+        "{kinds:?}\n{}",
+        gw.stderr()
+    );
+}
+
 /// Writes `text` as the gateway's configuration, sends SIGHUP and waits
 /// until the reload is counted as `ok`.
 async fn reload_with(gw: &Gateway, text: &str) {

@@ -277,7 +277,7 @@ pub fn valid_name(name: &str) -> bool {
 }
 
 /// The server configuration over `resolver`: TLS 1.3 and 1.2 only, ALPN
-/// `h2` then `http/1.1`.
+/// `h2` then `http/1.1`, sessions resumed from stateless tickets.
 pub fn server_config(
     provider: Arc<CryptoProvider>,
     resolver: SniResolver,
@@ -287,7 +287,28 @@ pub fn server_config(
         .with_no_client_auth()
         .with_cert_resolver(Arc::new(resolver));
     config.alpn_protocols = ALPN.iter().map(|p| p.to_vec()).collect();
+    // rustls's default keeps sessions in one in-memory cache behind a mutex
+    // that every worker's handshakes take (two puts per full handshake, a
+    // take per resumption): a lock shared by all workers on the handshake
+    // path. Stateless tickets instead: the session travels, encrypted, with
+    // the client, and any worker resumes it (its key behind a read lock,
+    // written only when it rotates).
+    config.session_storage = Arc::new(rustls::server::NoServerSessionStorage {});
+    config.ticketer = ticketer()?;
     Ok(ServerTls(Arc::new(config)))
+}
+
+/// The process's ticket keys (rustls's rotating `Ticketer`: a new key
+/// every 6 hours, tickets valid for 12), made once so that a reload does
+/// not end the sessions clients hold.
+fn ticketer() -> Result<Arc<dyn rustls::server::ProducesTickets>, rustls::Error> {
+    static TICKETER: std::sync::OnceLock<Arc<dyn rustls::server::ProducesTickets>> =
+        std::sync::OnceLock::new();
+    if let Some(ticketer) = TICKETER.get() {
+        return Ok(ticketer.clone());
+    }
+    let made = rustls::crypto::ring::Ticketer::new()?;
+    Ok(TICKETER.get_or_init(|| made).clone())
 }
 
 /// The `notAfter` of a DER certificate, read by walking the few DER
