@@ -147,6 +147,26 @@ pub fn log(entry: &AccessEntry<'_>) {
     );
 }
 
+/// Emits the access-log event of a request the HTTP/1.1 codec refused
+/// before it was parsed into one: no method, path or route is known, and
+/// `refused` says why (a fixed text, never a byte of the request).
+pub fn log_refused(status: u16, reason: &str, client_ip: IpAddr) {
+    tracing::info!(
+        target: TARGET,
+        method = "-",
+        path = "-",
+        // `metrics::NO_ROUTE`, the label the metrics give it too.
+        route = "none",
+        status,
+        upstream = "-",
+        client_ip = %client_ip,
+        limit = "-",
+        retries = 0,
+        refused = reason,
+        "request"
+    );
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

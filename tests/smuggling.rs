@@ -402,6 +402,50 @@ async fn every_smuggler_mutation_is_refused_or_forwarded_well_framed() {
 }
 
 #[tokio::test]
+async fn refusals_are_counted_and_logged() {
+    // A smuggling scan must show in the metrics and the access log like
+    // any other answer, though no route saw it.
+    let upstream = RawUpstream::start().await;
+    let config = config(&upstream, "1KiB").replace(
+        "listen = \"127.0.0.1:0\"",
+        "listen = \"127.0.0.1:0\"\nadmin = \"127.0.0.1:0\"",
+    );
+    let gateway = Gateway::start(&config);
+    for (request, status) in [
+        (&b"POST / HTTP/1.1\r\nHost: gateway.test\r\nContent-Length: 6\r\nTransfer-Encoding: chunked\r\n\r\n0\r\n\r\nG"[..], 400),
+        (b"GET / HTTP/1.1\r\nHost: a\r\nHost: b\r\n\r\n", 400),
+        (&[b"GET / HTTP/1.1\r\nHost: gateway.test\r\nX-Long: ".as_slice(), &[b'a'; 2048], b"\r\n\r\n"].concat(), 431),
+    ] {
+        let mut client = Client::connect(&gateway).await;
+        client.send(request).await;
+        assert_refused(&mut client, status, "refused").await;
+    }
+    assert_eq!(upstream.all_bytes(), b"", "nothing went upstream");
+    let metrics = common::get(gateway.admin.unwrap(), "/metrics", &[]).await;
+    let text = String::from_utf8_lossy(&metrics.body);
+    let count = |status: &str| {
+        text.lines()
+            .find(|l| {
+                l.starts_with("tollgate_requests_total{")
+                    && l.contains("route=\"none\"")
+                    && l.contains(&format!("status=\"{status}\""))
+            })
+            .and_then(|l| l.rsplit(' ').next())
+            .and_then(|n| n.parse::<u64>().ok())
+    };
+    assert_eq!((count("400"), count("431")), (Some(2), Some(1)), "{text}");
+    let log = gateway.stderr_when(|log| log.matches("refused").count() >= 3, LIMIT);
+    let lines: Vec<&str> = log.lines().filter(|l| l.contains("refused=")).collect();
+    assert_eq!(lines.len(), 3, "{log}");
+    assert!(
+        lines
+            .iter()
+            .all(|l| l.contains("route=\"none\"") && l.contains("client_ip=127.0.0.1")),
+        "{log}"
+    );
+}
+
+#[tokio::test]
 async fn cl_te_is_refused() {
     assert_refused_everywhere(
         b"POST / HTTP/1.1\r\nHost: gateway.test\r\nContent-Length: 6\r\nTransfer-Encoding: chunked\r\n\r\n0\r\n\r\nG",

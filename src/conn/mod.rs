@@ -828,6 +828,10 @@ pub(crate) async fn serve_connection<S>(
         }
         Ok(h1::Ended::HandOff(prefix)) => prefix,
         Ok(h1::Ended::Closed) => return,
+        Ok(h1::Ended::Refused(refusal)) => {
+            refused(&app, peer, &refusal);
+            return;
+        }
         Err(error) => {
             tracing::debug!(%peer, %error, "connection ended with an error");
             return;
@@ -840,9 +844,30 @@ pub(crate) async fn serve_connection<S>(
     // task of every connection would otherwise carry its size, idle or not.
     let io = Rewind::new(prefix, io);
     Box::pin(serve_handed_off(
-        app, io, activity, downstream, drain, draining, server, check, peer,
+        app.clone(),
+        io,
+        activity.clone(),
+        downstream,
+        drain,
+        draining,
+        server,
+        check,
+        peer,
     ))
     .await;
+    if let Some(refusal) = activity.refused() {
+        refused(&app, peer, refusal);
+    }
+}
+
+/// A request the codec refused (malformed, framed ambiguously, a head too
+/// large): counted as `tollgate_requests_total{route="none"}` with its
+/// status, and given an access-log line, so a flood of them (a smuggling
+/// scan, a broken client) shows where every other answer does.
+fn refused(app: &App, peer: SocketAddr, refusal: &h1::Refusal) {
+    let status = refusal.status.as_u16();
+    app.metrics().record_refused(status);
+    crate::access_log::log_refused(status, refusal.detail, peer.ip());
 }
 
 /// Serves a connection with hyper's HTTP/1.1 server from the first request

@@ -336,6 +336,18 @@ impl Metrics {
             .observe(elapsed);
     }
 
+    /// A request the HTTP/1.1 codec refused before it reached the pipeline
+    /// (no route, no duration measured): `tollgate_requests_total` only,
+    /// with `route="none"`.
+    pub fn record_refused(&self, status: u16) {
+        self.requests
+            .get_or_create(&RequestLabels {
+                route: self.no_route.clone(),
+                status,
+            })
+            .inc();
+    }
+
     /// Handles for a route's common series, resolved once per configuration
     /// snapshot so the request path skips the family lookup (a lock and a
     /// hash of the labels) for them.

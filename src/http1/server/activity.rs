@@ -50,6 +50,9 @@ pub struct ConnActivity {
     /// serves the connection (HTTP/1.1 clients only; hyper's servers have no
     /// way to send them).
     relay_interim: AtomicBool,
+    /// The request the gate of a handed-off connection refused (the
+    /// connection closes after it), for the connection's metrics and log.
+    refused: std::sync::OnceLock<super::Refusal>,
     /// Interim heads queued by the upstream exchange and not written yet;
     /// `interim_waiting` says there are some without taking the lock (a
     /// 1xx is rare: the lock is for them, never for a plain request).
@@ -71,6 +74,7 @@ impl ConnActivity {
             evict: AtomicBool::new(false),
             task: parking_lot::Mutex::new(None),
             relay_interim: AtomicBool::new(false),
+            refused: std::sync::OnceLock::new(),
             interim_waiting: AtomicBool::new(false),
             interim: parking_lot::Mutex::new(Vec::new()),
         }
@@ -199,10 +203,21 @@ impl ConnActivity {
     }
 }
 
+impl ConnActivity {
+    /// The request the gate refused, if it refused one.
+    pub fn refused(&self) -> Option<&super::Refusal> {
+        self.refused.get()
+    }
+}
+
 /// A handed-off connection's gate asks whether every request is answered.
 pub(crate) struct ActivityAnswered(pub(crate) Arc<ConnActivity>);
 
 impl super::gate::Answered for ActivityAnswered {
+    fn refused(&self, refusal: super::Refusal) {
+        let _ = self.0.refused.set(refusal);
+    }
+
     fn poll_answered(&self, cx: &mut Context<'_>) -> Poll<()> {
         let activity = &self.0;
         if activity.in_flight.load(Ordering::SeqCst) == 0 {

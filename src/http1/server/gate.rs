@@ -548,6 +548,10 @@ pub trait Answered {
     /// Ready when nothing is in flight; otherwise wakes `cx` when that
     /// changes.
     fn poll_answered(&self, cx: &mut Context<'_>) -> Poll<()>;
+
+    /// The gate refused a request (its answer is being written and the
+    /// connection closes): for the connection's metrics and log.
+    fn refused(&self, _refusal: Refusal) {}
 }
 
 /// The I/O hyper reads through after a hand-off (see the module doc).
@@ -687,7 +691,7 @@ impl<T: AsyncWrite + Unpin, A: Unpin> Gate<T, A> {
     }
 }
 
-impl<T: AsyncWrite + Unpin, A: Unpin> AsyncWrite for Gate<T, A> {
+impl<T: AsyncWrite + Unpin, A: Answered + Unpin> AsyncWrite for Gate<T, A> {
     fn poll_write(
         self: Pin<&mut Self>,
         cx: &mut Context<'_>,
@@ -733,6 +737,7 @@ impl<T: AsyncWrite + Unpin, A: Unpin> AsyncWrite for Gate<T, A> {
         let this = self.get_mut();
         if let Some(refusal) = this.refusal.take() {
             tracing::debug!(status = %refusal.status, detail = refusal.detail, "request refused");
+            this.answered.refused(refusal);
             let mut bytes = Vec::with_capacity(256);
             refusal.encode(&mut bytes);
             this.answer = Some((bytes, 0));

@@ -72,6 +72,9 @@ pub enum Ended {
     /// A request the fast path does not serve starts at these bytes: hyper
     /// takes the connection from here.
     HandOff(BytesMut),
+    /// A request was refused ([`Refusal`]: answered here, 400 or 431) and
+    /// the connection closed after it; for the caller's metrics and log.
+    Refused(Refusal),
 }
 
 /// Fields a response carries outside its header map (the gateway keeps
@@ -177,8 +180,11 @@ where
                     Parsed::HandOff => return Ok(Ended::HandOff(std::mem::take(buffer))),
                     Parsed::Partial => parsed_up_to = buffer.len(),
                     Parsed::Refused(refusal) => {
-                        refuse(io, out, refusal).await?;
-                        return Ok(Ended::Closed);
+                        // Counted whether or not the client still reads it.
+                        if let Err(error) = refuse(io, out, refusal).await {
+                            tracing::debug!(%error, "refusal not delivered");
+                        }
+                        return Ok(Ended::Refused(refusal));
                     }
                 }
             }
