@@ -95,9 +95,20 @@ async fn https_get(
     Ok((status, headers, body))
 }
 
-/// The certificate the server presented for SNI `name`.
+/// `connector` without session resumption: every connection a full
+/// handshake, with the server's certificate (a resumed session presents
+/// none; the client reports the one it was first given).
+fn full_handshakes(connector: &TlsConnector) -> TlsConnector {
+    let mut config = (**connector.config()).clone();
+    config.resumption = rustls::client::Resumption::disabled();
+    TlsConnector::from(Arc::new(config))
+}
+
+/// The certificate the server presents for SNI `name` in a full handshake.
 async fn presented(connector: &TlsConnector, addr: SocketAddr, name: &str) -> Vec<u8> {
-    let stream = connect(connector, addr, name).await.expect("handshake");
+    let stream = connect(&full_handshakes(connector), addr, name)
+        .await
+        .expect("handshake");
     stream.get_ref().1.peer_certificates().unwrap()[0].to_vec()
 }
 
@@ -212,7 +223,7 @@ async fn sighup_rotates_the_certificate_under_load_without_a_failed_request() {
     let old = std::fs::read(dir.path().join("gateway.crt")).unwrap();
     let gw = Gateway::start_in(dir, &config(&upstream, "", ""), &[]);
     let addr = gw.tls_addr.unwrap();
-    let connector = ca.client(&[b"http/1.1"]);
+    let connector = full_handshakes(&ca.client(&[b"http/1.1"]));
 
     // A keep-alive connection opened before the rotation.
     let stream = connect(&connector, addr, "gateway.test").await.unwrap();
