@@ -421,9 +421,9 @@ async fn refusals_are_counted_and_logged() {
         assert_refused(&mut client, status, "refused").await;
     }
     assert_eq!(upstream.all_bytes(), b"", "nothing went upstream");
-    let metrics = common::get(gateway.admin.unwrap(), "/metrics", &[]).await;
-    let text = String::from_utf8_lossy(&metrics.body);
-    let count = |status: &str| {
+    // Counted as each refused connection closes: the gateway first reads
+    // and drops what the client still sends, for a moment (`linger`).
+    let count = |text: &str, status: &str| {
         text.lines()
             .find(|l| {
                 l.starts_with("tollgate_requests_total{")
@@ -433,7 +433,21 @@ async fn refusals_are_counted_and_logged() {
             .and_then(|l| l.rsplit(' ').next())
             .and_then(|n| n.parse::<u64>().ok())
     };
-    assert_eq!((count("400"), count("431")), (Some(2), Some(1)), "{text}");
+    let deadline = std::time::Instant::now() + LIMIT;
+    let text = loop {
+        let metrics = common::get(gateway.admin.unwrap(), "/metrics", &[]).await;
+        let text = String::from_utf8_lossy(&metrics.body).into_owned();
+        let counts = (count(&text, "400"), count(&text, "431"));
+        if counts == (Some(2), Some(1)) || std::time::Instant::now() > deadline {
+            break text;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    assert_eq!(
+        (count(&text, "400"), count(&text, "431")),
+        (Some(2), Some(1)),
+        "{text}"
+    );
     let log = gateway.stderr_when(|log| log.matches("refused").count() >= 3, LIMIT);
     let lines: Vec<&str> = log.lines().filter(|l| l.contains("refused=")).collect();
     assert_eq!(lines.len(), 3, "{log}");
