@@ -1275,3 +1275,190 @@ limits = ["one_socket"]
     assert!(head.starts_with("HTTP/1.1 429"), "{head}");
     assert_eq!(upstream.connections.load(Ordering::Relaxed), 1);
 }
+
+/// An HTTP/2 upstream: hyper's HTTP/2 server, behind rustls offering ALPN
+/// `h2` only when `leaf` is given, else h2c with prior knowledge. It answers
+/// what it saw: version, method, path, `:authority`, the forwarding fields
+/// and the body's length, with a field of its own and a `connection` field
+/// (which HTTP/2 has none of: hyper refuses to send it, so it is not set).
+/// Counts the connections it accepted.
+struct H2Upstream {
+    addr: SocketAddr,
+    connections: Arc<AtomicUsize>,
+}
+
+impl H2Upstream {
+    async fn start(leaf: Option<&common::certs::Leaf>) -> H2Upstream {
+        let acceptor = leaf.map(|leaf| {
+            let key =
+                rustls::pki_types::PrivateKeyDer::from_pem_slice(leaf.key_pem.as_bytes()).unwrap();
+            let mut config = rustls::ServerConfig::builder_with_provider(Arc::new(
+                rustls::crypto::ring::default_provider(),
+            ))
+            .with_safe_default_protocol_versions()
+            .unwrap()
+            .with_no_client_auth()
+            .with_single_cert(vec![leaf.der.clone()], key)
+            .unwrap();
+            config.alpn_protocols = vec![b"h2".to_vec()];
+            tokio_rustls::TlsAcceptor::from(Arc::new(config))
+        });
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let connections = Arc::new(AtomicUsize::new(0));
+        let counted = connections.clone();
+        tokio::spawn(async move {
+            while let Ok((stream, _)) = listener.accept().await {
+                let (acceptor, counted) = (acceptor.clone(), counted.clone());
+                tokio::spawn(async move {
+                    counted.fetch_add(1, Ordering::Relaxed);
+                    let service = hyper::service::service_fn(
+                        |request: Request<hyper::body::Incoming>| async move {
+                            let field = |name: &str| {
+                                request
+                                    .headers()
+                                    .get(name)
+                                    .and_then(|v| v.to_str().ok())
+                                    .unwrap_or("-")
+                                    .to_owned()
+                            };
+                            let seen = format!(
+                                "{:?} {} {} authority={} xff={} proto={} te={}",
+                                request.version(),
+                                request.method(),
+                                request.uri().path(),
+                                request.uri().authority().map_or("-", |a| a.as_str()),
+                                field("x-forwarded-for"),
+                                field("x-forwarded-proto"),
+                                field("te"),
+                            );
+                            let body = request.into_body().collect().await.unwrap().to_bytes();
+                            let answer = format!("{seen} body={}", body.len());
+                            Ok::<_, std::convert::Infallible>(
+                                hyper::Response::builder()
+                                    .header("x-upstream", "h2")
+                                    .body(http_body_util::Full::new(Bytes::from(answer)))
+                                    .unwrap(),
+                            )
+                        },
+                    );
+                    let builder = hyper::server::conn::http2::Builder::new(TokioExecutor::new());
+                    match acceptor {
+                        Some(acceptor) => {
+                            if let Ok(stream) = acceptor.accept(stream).await {
+                                let _ = builder
+                                    .serve_connection(TokioIo::new(stream), service)
+                                    .await;
+                            }
+                        }
+                        None => {
+                            let _ = builder
+                                .serve_connection(TokioIo::new(stream), service)
+                                .await;
+                        }
+                    }
+                });
+            }
+        });
+        H2Upstream { addr, connections }
+    }
+}
+
+#[tokio::test]
+async fn http2_upstreams_over_tls_and_h2c_carry_every_request_on_one_connection() {
+    let ca = Ca::new();
+    let tls = H2Upstream::start(Some(&ca.leaf(&["upstream.test"]))).await;
+    let h2c = H2Upstream::start(None).await;
+    for (url, proto_seen) in [
+        (format!("https://127.0.0.1:{}", tls.addr.port()), "https"),
+        (format!("http://127.0.0.1:{}", h2c.addr.port()), "http"),
+    ] {
+        let extra = if proto_seen == "https" {
+            "http2 = true\nca = \"ca.pem\"\nsni = \"upstream.test\""
+        } else {
+            "http2 = true"
+        };
+        let gw = https_upstream_gateway(&ca, &url, extra);
+        for i in 0..5 {
+            let reply = get(gw.addr, &format!("/r{i}"), &[]).await;
+            assert_eq!(reply.status, 200, "{url}: {}", gw.stderr());
+            let body = String::from_utf8_lossy(&reply.body).into_owned();
+            assert!(
+                body.starts_with(&format!("HTTP/2.0 GET /r{i} authority=gateway.test")),
+                "{url}: {body}"
+            );
+            // The forwarding fields as over HTTP/1.1.
+            assert!(
+                body.contains("xff=127.0.0.1 proto=http te=- body=0"),
+                "{url}: {body}"
+            );
+            assert_eq!(reply.header("x-upstream"), Some("h2"), "{url}");
+        }
+        // A body goes up whole.
+        let request = http::Request::builder()
+            .method("POST")
+            .uri("/upload")
+            .header("host", "gateway.test")
+            .body(http_body_util::Full::new(Bytes::from(vec![b'x'; 100_000])))
+            .unwrap();
+        let reply = common::send(gw.addr, request).await;
+        let body = String::from_utf8_lossy(&reply.body).into_owned();
+        assert!(
+            body.starts_with("HTTP/2.0 POST /upload") && body.ends_with("body=100000"),
+            "{url}: {body}"
+        );
+    }
+    // An upgrade reaches an HTTP/2 upstream as a plain request, and its
+    // answer (no 101) is the client's.
+    let gw = https_upstream_gateway(
+        &ca,
+        &format!("http://127.0.0.1:{}", h2c.addr.port()),
+        "http2 = true",
+    );
+    let answer = common::raw(
+        gw.addr,
+        b"GET /ws HTTP/1.1\r\nHost: gateway.test\r\nConnection: Upgrade\r\nUpgrade: websocket\r\nSec-WebSocket-Version: 13\r\nSec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\n\r\n",
+        Duration::from_secs(2),
+    )
+    .await;
+    assert!(answer.starts_with("HTTP/1.1 200"), "{answer}");
+    assert!(answer.contains("HTTP/2.0 GET /ws"), "{answer}");
+    // One multiplexed connection per gateway carried all its requests.
+    assert_eq!(tls.connections.load(Ordering::Relaxed), 1);
+    assert_eq!(h2c.connections.load(Ordering::Relaxed), 2);
+}
+
+#[tokio::test]
+async fn an_http2_upstream_that_only_speaks_http_1_1_is_a_502_saying_so() {
+    let ca = Ca::new();
+    // ALPN offers nothing: the server never agrees to h2.
+    let upstream = TlsUpstream::start(&ca.leaf(&["upstream.test"])).await;
+    let url = format!("https://127.0.0.1:{}", upstream.addr.port());
+    let gw = https_upstream_gateway(
+        &ca,
+        &url,
+        "http2 = true\nca = \"ca.pem\"\nsni = \"upstream.test\"",
+    );
+    let reply = get(gw.addr, "/", &[]).await;
+    assert_eq!(reply.status, 502, "{}", gw.stderr());
+    let log = gw.stderr_when(
+        |log| log.contains("did not agree to HTTP/2"),
+        Duration::from_secs(5),
+    );
+    assert!(log.contains("did not agree to HTTP/2 (ALPN h2)"), "{log}");
+    // Nobody listening: a 502 too, and the next request tries again.
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let gw = https_upstream_gateway(&ca, &format!("http://127.0.0.1:{port}"), "http2 = true");
+    for _ in 0..2 {
+        assert_eq!(get(gw.addr, "/", &[]).await.status, 502, "{}", gw.stderr());
+    }
+    let log = gw.stderr_when(
+        |log| log.matches("cannot connect").count() >= 2,
+        Duration::from_secs(5),
+    );
+    assert!(log.matches("cannot connect").count() >= 2, "{log}");
+}

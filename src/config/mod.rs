@@ -207,6 +207,9 @@ pub struct UpstreamConfig {
     /// How `https://` URLs are connected to (trust roots, SNI); `None` when
     /// every URL is `http://`.
     pub tls: Option<ClientTls>,
+    /// HTTP/2 to the upstream (`http2 = true`): hyper's client, one
+    /// multiplexed connection per URL, instead of the HTTP/1.1 pool.
+    pub http2: bool,
 }
 
 /// What a limit counts requests by.

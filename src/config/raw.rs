@@ -188,6 +188,9 @@ pub struct RawUpstream {
     /// HTTPS only: the name to send as SNI and verify the certificate for,
     /// instead of the URL's host.
     pub sni: Option<String>,
+    /// Speak HTTP/2 to this upstream (ALPN `h2` over TLS, prior knowledge
+    /// over cleartext).
+    pub http2: Option<bool>,
 }
 
 #[derive(Debug, Deserialize)]

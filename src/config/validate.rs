@@ -951,6 +951,7 @@ fn check_upstream(
         timeout: c.duration(path.key("timeout"), &raw.timeout, Duration::from_secs(30)),
         host,
         tls,
+        http2: raw.http2.unwrap_or(false),
     }
 }
 

@@ -51,7 +51,18 @@ impl ClientBodyError {
     /// The client-body failure behind `error` (as the upstream client
     /// reports a failed exchange), if that is what it was.
     pub fn of(error: &std::io::Error) -> Option<&ClientBodyError> {
-        error.get_ref()?.downcast_ref::<ClientBodyError>()
+        // Directly inside (the HTTP/1.1 client), or a source of what is
+        // (hyper's HTTP/2 client wraps it).
+        let mut next: Option<&(dyn std::error::Error + 'static)> = error
+            .get_ref()
+            .map(|inner| inner as &(dyn std::error::Error + 'static));
+        while let Some(error) = next {
+            if let Some(found) = error.downcast_ref::<ClientBodyError>() {
+                return Some(found);
+            }
+            next = error.source();
+        }
+        None
     }
 }
 

@@ -51,11 +51,16 @@ impl Upstream {
         body_limit: u64,
         interim: Option<&'a dyn InterimSink>,
     ) -> impl Future<Output = Result<(Response<UpstreamBody>, FieldLines), GatewayError>> + 'a {
-        let exchange = Box::pin(self.pool(prepared.url).send(
-            prepared.request,
-            prepared.own,
-            interim,
-        ));
+        let exchange: std::pin::Pin<Box<dyn Future<Output = _> + Send + 'a>> = match self
+            .h2(prepared.url)
+        {
+            // `http2 = true`: interim responses are hyper's, not relayed.
+            Some(h2) => Box::pin(h2.send(prepared.request, prepared.own)),
+            None => Box::pin(
+                self.pool(prepared.url)
+                    .send(prepared.request, prepared.own, interim),
+            ),
+        };
         let timeout = self.config.timeout;
         async move {
             let name = &self.config.name;

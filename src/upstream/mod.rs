@@ -5,6 +5,7 @@
 //! pipeline's (`proxy::forward`).
 
 pub mod deadline;
+pub mod h2;
 pub mod pool;
 pub mod retry;
 
@@ -14,6 +15,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use http::Uri;
 
 use crate::config::UpstreamConfig;
+use h2::H2Client;
 use pool::{BodyErrors, ConnectionPool, PoolTls};
 use rustls::pki_types::ServerName;
 
@@ -23,6 +25,9 @@ pub struct Upstream {
     pub config: UpstreamConfig,
     /// Aligned with `config.urls`.
     pools: Vec<Arc<ConnectionPool>>,
+    /// With `http2 = true`, the HTTP/2 connection of each URL (aligned with
+    /// `config.urls`; empty otherwise).
+    h2: Vec<H2Client>,
     next: AtomicUsize,
 }
 
@@ -38,15 +43,40 @@ impl Upstream {
                     config.connect_timeout,
                     config.read_timeout,
                     body_errors.clone(),
-                    pool_tls(&config, url),
+                    pool_tls(&config, url, false),
                 )
             })
             .collect();
+        let h2 = if config.http2 {
+            config
+                .urls
+                .iter()
+                .map(|url| {
+                    let scheme = url.scheme().cloned().unwrap_or(http::uri::Scheme::HTTP);
+                    H2Client::new(
+                        socket_address(url),
+                        scheme,
+                        config.connect_timeout,
+                        config.read_timeout,
+                        pool_tls(&config, url, true),
+                    )
+                })
+                .collect()
+        } else {
+            Vec::new()
+        };
         Upstream {
             config,
             pools,
+            h2,
             next: AtomicUsize::new(0),
         }
+    }
+
+    /// The HTTP/2 connection of base URL `url`, if the upstream speaks
+    /// HTTP/2 (`http2 = true`).
+    pub(crate) fn h2(&self, url: usize) -> Option<&H2Client> {
+        self.h2.get(url)
     }
 
     /// Closes idle upstream connections that expired or were closed by the
@@ -75,8 +105,9 @@ impl Upstream {
 }
 
 /// The handshake of an `https://` URL: the upstream's trust roots, and its
-/// `sni` or else the URL's host as the name.
-fn pool_tls(config: &UpstreamConfig, url: &Uri) -> Option<PoolTls> {
+/// `sni` or else the URL's host as the name; offering ALPN `h2` alone when
+/// `h2`.
+fn pool_tls(config: &UpstreamConfig, url: &Uri, h2: bool) -> Option<PoolTls> {
     if url.scheme_str() != Some("https") {
         return None;
     }
@@ -88,8 +119,15 @@ fn pool_tls(config: &UpstreamConfig, url: &Uri) -> Option<PoolTls> {
             ServerName::try_from(host.to_owned()).ok()?
         }
     };
+    let client = if h2 {
+        let mut client = (*tls.config).clone();
+        client.alpn_protocols = vec![b"h2".to_vec()];
+        std::sync::Arc::new(client)
+    } else {
+        tls.config.clone()
+    };
     Some(PoolTls {
-        connector: tokio_rustls::TlsConnector::from(tls.config.clone()),
+        connector: tokio_rustls::TlsConnector::from(client),
         name,
     })
 }

@@ -18,6 +18,7 @@ use tokio::time::Sleep;
 
 use bytes::Bytes;
 use http_body::{Body, Frame, SizeHint};
+use http_body_util::combinators::UnsyncBoxBody;
 
 use super::chunked::{ChunkedDecoder, Decoded};
 use super::conn::UpstreamConn;
@@ -65,6 +66,8 @@ enum Kind {
     Streaming(Box<Streaming>),
     /// A `101 Switching Protocols`: the connection, for the tunnel.
     Upgrade(Option<Box<UpstreamConn>>),
+    /// Read by another client (an HTTP/2 upstream's stream).
+    Boxed(UnsyncBoxBody<Bytes, io::Error>),
 }
 
 /// A body still arriving on its connection.
@@ -97,6 +100,13 @@ fn closed_early() -> io::Error {
 }
 
 impl UpstreamBody {
+    /// A body another client reads (`upstream::h2`), errors as `io::Error`s.
+    pub fn boxed(body: UnsyncBoxBody<Bytes, io::Error>) -> UpstreamBody {
+        UpstreamBody {
+            kind: Kind::Boxed(body),
+        }
+    }
+
     pub fn full(bytes: Option<Bytes>) -> UpstreamBody {
         UpstreamBody {
             kind: Kind::Full(bytes.filter(|b| !b.is_empty())),
@@ -173,6 +183,7 @@ impl Body for UpstreamBody {
             match &mut self.get_mut().kind {
                 Kind::Full(bytes) => return Poll::Ready(bytes.take().map(|b| Ok(Frame::data(b)))),
                 Kind::Upgrade(_) => return Poll::Ready(None),
+                Kind::Boxed(body) => return Pin::new(body).poll_frame(cx),
                 Kind::Streaming(streaming) => {
                     let Streaming {
                         conn,
@@ -268,6 +279,7 @@ impl Body for UpstreamBody {
         match &self.kind {
             Kind::Full(bytes) => bytes.is_none(),
             Kind::Upgrade(_) => true,
+            Kind::Boxed(body) => body.is_end_stream(),
             Kind::Streaming(streaming) => streaming.conn.is_none(),
         }
     }
@@ -276,6 +288,7 @@ impl Body for UpstreamBody {
         match &self.kind {
             Kind::Full(Some(bytes)) => SizeHint::with_exact(bytes.len() as u64),
             Kind::Full(None) | Kind::Upgrade(_) => SizeHint::with_exact(0),
+            Kind::Boxed(body) => body.size_hint(),
             Kind::Streaming(streaming) => match streaming.remaining {
                 Remaining::Length(left) => SizeHint::with_exact(left),
                 _ => SizeHint::default(),
