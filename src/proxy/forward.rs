@@ -24,6 +24,27 @@ use http::request::Parts;
 use http::uri::{PathAndQuery, Uri};
 use http::{Request, Response, Version};
 
+/// An exchange with an HTTP/1.1 pool or an HTTP/2 connection, each boxed:
+/// an enum, so that the HTTP/1.1 path keeps a static call.
+enum Exchange<A, B> {
+    H1(std::pin::Pin<Box<A>>),
+    H2(std::pin::Pin<Box<B>>),
+}
+
+impl<A: Future, B: Future<Output = A::Output>> Future for Exchange<A, B> {
+    type Output = A::Output;
+
+    fn poll(
+        self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<A::Output> {
+        match self.get_mut() {
+            Exchange::H1(exchange) => exchange.as_mut().poll(cx),
+            Exchange::H2(exchange) => exchange.as_mut().poll(cx),
+        }
+    }
+}
+
 /// A request ready to go upstream, and the URL (pool) it was built for.
 #[derive(Debug)]
 pub struct Prepared {
@@ -51,15 +72,14 @@ impl Upstream {
         body_limit: u64,
         interim: Option<&'a dyn InterimSink>,
     ) -> impl Future<Output = Result<(Response<UpstreamBody>, FieldLines), GatewayError>> + 'a {
-        let exchange: std::pin::Pin<Box<dyn Future<Output = _> + Send + 'a>> = match self
-            .h2(prepared.url)
-        {
+        let exchange = match self.h2(prepared.url) {
             // `http2 = true`: interim responses are hyper's, not relayed.
-            Some(h2) => Box::pin(h2.send(prepared.request, prepared.own)),
-            None => Box::pin(
-                self.pool(prepared.url)
-                    .send(prepared.request, prepared.own, interim),
-            ),
+            Some(h2) => Exchange::H2(Box::pin(h2.send(prepared.request, prepared.own))),
+            None => Exchange::H1(Box::pin(self.pool(prepared.url).send(
+                prepared.request,
+                prepared.own,
+                interim,
+            ))),
         };
         let timeout = self.config.timeout;
         async move {
