@@ -40,6 +40,7 @@ use bytes::{Buf, BytesMut};
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 
 use super::framing::{self, BodyFraming, MAX_FIELDS, Refusal};
+use crate::http::structured::is_tchar;
 
 /// Longest chunk-size line (size, extensions, CRLF) the gateway reads;
 /// hyper allows 16 KiB of extensions in all, which nothing legitimate uses.
@@ -465,28 +466,6 @@ fn step_chunk(chunk: Chunk, byte: u8) -> Result<Option<Chunk>, &'static str> {
 fn unreachable_data() -> Chunk {
     debug_assert!(false, "chunk data stepped byte by byte");
     Chunk::DataCr
-}
-
-/// RFC 9110 §5.6.2 `tchar`.
-fn is_tchar(byte: u8) -> bool {
-    byte.is_ascii_alphanumeric()
-        || matches!(
-            byte,
-            b'!' | b'#'
-                | b'$'
-                | b'%'
-                | b'&'
-                | b'\''
-                | b'*'
-                | b'+'
-                | b'-'
-                | b'.'
-                | b'^'
-                | b'_'
-                | b'`'
-                | b'|'
-                | b'~'
-        )
 }
 
 /// Reads the status of the final response in bytes written, skipping
