@@ -26,10 +26,9 @@ use http_body_util::BodyExt;
 use http_body_util::combinators::UnsyncBoxBody;
 use hyper::client::conn::http2::{self, SendRequest};
 use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
-use tokio::net::TcpStream;
 use tokio::time::Sleep;
 
-use super::pool::{PoolError, PoolTls};
+use super::pool::{PoolError, PoolTls, connect_within};
 use crate::http::field_lines::FieldLines;
 use crate::http1::client::OwnFields;
 use crate::http1::client::UpstreamBody;
@@ -223,22 +222,11 @@ impl H2Client {
     }
 
     async fn connect(&self) -> Result<SendRequest<Outgoing>, PoolError> {
-        let connecting = async {
-            let stream = TcpStream::connect(&self.address).await?;
-            let _ = stream.set_nodelay(true);
+        connect_within(&self.address, self.connect_timeout, |stream| async {
             let Some(tls) = &self.tls else {
                 return handshake(TokioIo::new(stream)).await;
             };
-            let stream = tls
-                .connector
-                .connect(tls.name.clone(), stream)
-                .await
-                .map_err(|e| {
-                    io::Error::new(
-                        e.kind(),
-                        format!("TLS handshake as {} failed: {e}", tls.name.to_str()),
-                    )
-                })?;
+            let stream = tls.handshake(stream).await?;
             if stream.get_ref().1.alpn_protocol() != Some(b"h2") {
                 return Err(io::Error::new(
                     io::ErrorKind::InvalidData,
@@ -246,17 +234,8 @@ impl H2Client {
                 ));
             }
             handshake(TokioIo::new(stream)).await
-        };
-        let connect_error = |source| PoolError::Connect {
-            address: self.address.clone(),
-            source,
-        };
-        tokio::time::timeout(self.connect_timeout, connecting)
-            .await
-            .map_err(|_| {
-                connect_error(io::Error::new(io::ErrorKind::TimedOut, "connect timed out"))
-            })?
-            .map_err(connect_error)
+        })
+        .await
     }
 }
 

@@ -113,6 +113,51 @@ pub struct PoolTls {
     pub name: rustls::pki_types::ServerName<'static>,
 }
 
+impl PoolTls {
+    /// The TLS handshake on `stream`; a failure says as what name.
+    pub(crate) async fn handshake(
+        &self,
+        stream: TcpStream,
+    ) -> io::Result<tokio_rustls::client::TlsStream<TcpStream>> {
+        self.connector
+            .connect(self.name.clone(), stream)
+            .await
+            .map_err(|e| {
+                io::Error::new(
+                    e.kind(),
+                    format!("TLS handshake as {} failed: {e}", self.name.to_str()),
+                )
+            })
+    }
+}
+
+/// Opens a TCP connection to `address` (without Nagle's delay) and goes on
+/// with `then` (a TLS handshake, a protocol's own), all within `timeout`:
+/// how both upstream clients connect. Any failure, or the timeout, is a
+/// [`PoolError::Connect`].
+pub(crate) async fn connect_within<T, F>(
+    address: &str,
+    timeout: Duration,
+    then: impl FnOnce(TcpStream) -> F,
+) -> Result<T, PoolError>
+where
+    F: Future<Output = io::Result<T>>,
+{
+    let connect_error = |source| PoolError::Connect {
+        address: address.to_owned(),
+        source,
+    };
+    let connecting = async {
+        let stream = TcpStream::connect(address).await?;
+        let _ = stream.set_nodelay(true);
+        then(stream).await
+    };
+    tokio::time::timeout(timeout, connecting)
+        .await
+        .map_err(|_| connect_error(io::Error::new(io::ErrorKind::TimedOut, "connect timed out")))?
+        .map_err(connect_error)
+}
+
 /// The keep-alive connections to one upstream address (`host:port`).
 pub struct ConnectionPool {
     address: String,
@@ -255,34 +300,14 @@ impl ConnectionPool {
     }
 
     async fn connect(&self) -> Result<UpstreamConn, PoolError> {
-        let connect_error = |source| PoolError::Connect {
-            address: self.address.clone(),
-            source,
-        };
-        let connecting = async {
-            let stream = TcpStream::connect(&self.address).await?;
-            let _ = stream.set_nodelay(true);
+        connect_within(&self.address, self.connect_timeout, |stream| async {
             let Some(tls) = &self.tls else {
                 return Ok(UpstreamConn::new(stream));
             };
-            let stream = tls
-                .connector
-                .connect(tls.name.clone(), stream)
-                .await
-                .map_err(|e| {
-                    io::Error::new(
-                        e.kind(),
-                        format!("TLS handshake as {} failed: {e}", tls.name.to_str()),
-                    )
-                })?;
+            let stream = tls.handshake(stream).await?;
             Ok(UpstreamConn::over(UpstreamStream::Tls(Box::new(stream))))
-        };
-        tokio::time::timeout(self.connect_timeout, connecting)
-            .await
-            .map_err(|_| {
-                connect_error(io::Error::new(io::ErrorKind::TimedOut, "connect timed out"))
-            })?
-            .map_err(connect_error)
+        })
+        .await
     }
 
     /// Sends `request` on a pooled connection (or a new one) and waits for
