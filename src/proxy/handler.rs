@@ -1099,6 +1099,28 @@ struct Retrying<'s> {
 }
 
 impl Retrying<'_> {
+    /// The request sent once, as a route without `retry` sends it: not
+    /// retryable (no upstream, not idempotent, an upgrade, a body that
+    /// cannot be sent again).
+    async fn once(
+        &self,
+        downstream: Downstream,
+        parts: Parts,
+        body: PendingBody,
+        notes: &mut Notes,
+    ) -> Result<(Response<ResponseBody>, FieldLines), GatewayError> {
+        forward(
+            self.snapshot,
+            self.route,
+            downstream,
+            parts,
+            body,
+            &mut notes.permits,
+            interim_sink(&notes.connection),
+        )
+        .await
+    }
+
     async fn forward(
         &self,
         downstream: Downstream,
@@ -1111,52 +1133,18 @@ impl Retrying<'_> {
         let (snapshot, route) = (self.snapshot, self.route);
         self.budget.record_request(self.app.clock.now());
         let Some(upstream) = snapshot.upstream_of(&route.action) else {
-            return forward(
-                snapshot,
-                route,
-                downstream,
-                parts,
-                body,
-                &mut notes.permits,
-                interim_sink(&notes.connection),
-            )
-            .await;
+            return self.once(downstream, parts, body, notes).await;
         };
-        let idempotent = matches!(
-            parts.method,
-            Method::GET
-                | Method::HEAD
-                | Method::OPTIONS
-                | Method::TRACE
-                | Method::PUT
-                | Method::DELETE
-        ) || parts.headers.contains_key("idempotency-key");
+        let idempotent = crate::upstream::pool::is_idempotent(&parts.method)
+            || parts.headers.contains_key("idempotency-key");
         let upgrade = parts.headers.contains_key(http::header::UPGRADE);
         if !idempotent || upgrade {
-            return forward(
-                snapshot,
-                route,
-                downstream,
-                parts,
-                body,
-                &mut notes.permits,
-                interim_sink(&notes.connection),
-            )
-            .await;
+            return self.once(downstream, parts, body, notes).await;
         }
         let body = match replayable(body, &parts, &snapshot.config).await? {
             Ok(bytes) => bytes,
             Err(body) => {
-                return forward(
-                    snapshot,
-                    route,
-                    downstream,
-                    parts,
-                    body,
-                    &mut notes.permits,
-                    interim_sink(&notes.connection),
-                )
-                .await;
+                return self.once(downstream, parts, body, notes).await;
             }
         };
         let timeout = upstream.config.timeout;

@@ -184,7 +184,7 @@ impl std::fmt::Debug for ConnectionPool {
 }
 
 /// RFC 9110 §9.2.2.
-fn is_idempotent(method: &Method) -> bool {
+pub(crate) fn is_idempotent(method: &Method) -> bool {
     matches!(
         *method,
         Method::GET | Method::HEAD | Method::OPTIONS | Method::TRACE | Method::PUT | Method::DELETE
