@@ -28,7 +28,7 @@ use tokio::io::{AsyncRead, AsyncReadExt};
 use super::slot::Block;
 
 /// Room for the reads of one connection (grown only while a head is longer).
-pub(super) const READ_BUFFER: usize = 8 * 1024;
+const READ_BUFFER: usize = 8 * 1024;
 
 /// Response bytes gathered before a write while the body keeps coming.
 pub(super) const WRITE_BATCH: usize = 16 * 1024;
@@ -41,6 +41,16 @@ const MAX_SPARE: usize = 64;
 /// Idle connections per thread that keep their set ([`Kept`]): at most
 /// ~0.9 MB per thread, as the spares.
 const KEEP_IDLE: usize = 64;
+
+/// Room for the next read into `read`: a new [`READ_BUFFER`] when less than
+/// a quarter of one is left (an empty buffer whose bytes are all handed on
+/// is taken again from the start of its allocation).
+#[inline]
+pub(super) fn make_room(read: &mut BytesMut) {
+    if read.capacity() - read.len() < READ_BUFFER / 4 {
+        read.reserve(READ_BUFFER);
+    }
+}
 
 /// What a busy connection reads into and writes from.
 #[derive(Debug)]
@@ -76,12 +86,21 @@ impl Kept {
     /// Keeps `set` for an idle connection if the thread has room for one
     /// more, and it is of its usual size; otherwise hands it back.
     pub(super) fn try_keep(set: Box<Buffers>) -> Result<Kept, Box<Buffers>> {
-        let kept = KEPT.with(Cell::get);
-        if kept >= KEEP_IDLE || set.grown() {
+        if set.grown() {
             return Err(set);
         }
-        KEPT.with(|k| k.set(kept + 1));
-        Ok(Kept(Some(set)))
+        let counted = KEPT.with(|kept| {
+            let room = kept.get() < KEEP_IDLE;
+            if room {
+                kept.set(kept.get() + 1);
+            }
+            room
+        });
+        if counted {
+            Ok(Kept(Some(set)))
+        } else {
+            Err(set)
+        }
     }
 
     /// Waits, keeping the set (and counted), for the first bytes of the
@@ -91,14 +110,11 @@ impl Kept {
         mut self,
         io: &mut T,
     ) -> io::Result<Option<Box<Buffers>>> {
-        // Always there: only `Drop` and `resume` take it.
+        // Always there: only `Drop` and this take it.
         let Some(set) = self.0.as_mut() else {
             return Ok(None);
         };
-        if set.read.capacity() < READ_BUFFER / 4 {
-            // Empty: taken again from the start of its allocation.
-            set.read.reserve(READ_BUFFER);
-        }
+        make_room(&mut set.read);
         if io.read_buf(&mut set.read).await? == 0 {
             return Ok(None);
         }

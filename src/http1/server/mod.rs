@@ -49,7 +49,7 @@ use http::{Method, Request, Response};
 use http_body::Body;
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, ReadBuf};
 
-use buffers::{Buffers, Kept, READ_BUFFER, WRITE_BATCH};
+use buffers::{Buffers, Kept, WRITE_BATCH, make_room};
 use slot::Slot;
 
 use crate::http::chunked::LAST_CHUNK;
@@ -188,9 +188,7 @@ where
                     }
                 }
             }
-            if buffer.capacity() - buffer.len() < READ_BUFFER / 4 {
-                buffer.reserve(READ_BUFFER);
-            }
+            make_room(buffer);
             if io.read_buf(buffer).await? == 0 {
                 // Within a head: the client gave up; hyper answers nothing
                 // then either.
@@ -213,9 +211,7 @@ where
             if !buffer.is_empty() {
                 break (&mut handling).await;
             }
-            if buffer.capacity() < READ_BUFFER / 4 {
-                buffer.reserve(READ_BUFFER);
-            }
+            make_room(buffer);
             tokio::select! {
                 biased;
                 response = &mut handling => break response,
