@@ -22,8 +22,6 @@ use std::num::NonZeroU64;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
-use http::Method;
-
 /// The `tracing` target of access-log events.
 pub const TARGET: &str = "tollgate::access";
 
@@ -95,13 +93,15 @@ impl DeniedSampler {
 /// What the access log records of one request.
 #[derive(Debug)]
 pub struct AccessEntry<'a> {
-    pub method: &'a Method,
+    /// `"-"` for a request refused before it was parsed (`refused`).
+    pub method: &'a str,
     /// The path only; the query string is never logged.
     pub path: &'a str,
     /// The route's name, or `"none"`.
     pub route: &'a str,
     pub status: u16,
-    pub elapsed: Duration,
+    /// `None` for a refused request: the codec times nothing.
+    pub elapsed: Option<Duration>,
     /// The upstream a forwarding route sent to; `None` for answers of the
     /// gateway itself.
     pub upstream: Option<&'a str>,
@@ -111,6 +111,9 @@ pub struct AccessEntry<'a> {
     pub limit: Option<LimitField<'a>>,
     /// Upstream retries made for the request (`retry` on its route).
     pub retries: u32,
+    /// Why the HTTP/1.1 codec refused the request (a fixed text, never a
+    /// byte of the request); `None` for a request the pipeline answered.
+    pub refused: Option<&'a str>,
 }
 
 /// The limit part of an access-log line.
@@ -131,38 +134,19 @@ pub fn enabled() -> bool {
 pub fn log(entry: &AccessEntry<'_>) {
     tracing::info!(
         target: TARGET,
-        method = entry.method.as_str(),
+        method = entry.method,
         path = entry.path,
         route = entry.route,
         status = entry.status,
         // Whole microseconds, shown in milliseconds: 0.011, not 0.011477000000000001.
-        duration_ms = entry.elapsed.as_micros() as f64 / 1000.0,
+        duration_ms = entry.elapsed.map(|e| e.as_micros() as f64 / 1000.0),
         upstream = entry.upstream.unwrap_or("-"),
         client_ip = %entry.client_ip,
         limit = entry.limit.map_or("-", |l| l.name),
         limit_remaining = entry.limit.map(|l| l.remaining),
         limit_denied = entry.limit.map(|l| l.denied),
         retries = entry.retries,
-        "request"
-    );
-}
-
-/// Emits the access-log event of a request the HTTP/1.1 codec refused
-/// before it was parsed into one: no method, path or route is known, and
-/// `refused` says why (a fixed text, never a byte of the request).
-pub fn log_refused(status: u16, reason: &str, client_ip: IpAddr) {
-    tracing::info!(
-        target: TARGET,
-        method = "-",
-        path = "-",
-        // `metrics::NO_ROUTE`, the label the metrics give it too.
-        route = "none",
-        status,
-        upstream = "-",
-        client_ip = %client_ip,
-        limit = "-",
-        retries = 0,
-        refused = reason,
+        refused = entry.refused,
         "request"
     );
 }

@@ -867,7 +867,18 @@ pub(crate) async fn serve_connection<S>(
 fn refused(app: &App, peer: SocketAddr, refusal: &h1::Refusal) {
     let status = refusal.status.as_u16();
     app.metrics().record_refused(status);
-    crate::access_log::log_refused(status, refusal.detail, peer.ip());
+    crate::access_log::log(&crate::access_log::AccessEntry {
+        method: "-",
+        path: "-",
+        route: crate::metrics::NO_ROUTE,
+        status,
+        elapsed: None,
+        upstream: None,
+        client_ip: peer.ip(),
+        limit: None,
+        retries: 0,
+        refused: Some(refusal.detail),
+    });
 }
 
 /// Serves a connection with hyper's HTTP/1.1 server from the first request

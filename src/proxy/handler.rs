@@ -213,12 +213,12 @@ impl Observation {
             return;
         }
         access_log::log(&AccessEntry {
-            method: &self.method,
+            method: self.method.as_str(),
             // The filter turned the log on during the request: no path.
             path: self.uri.as_ref().map_or("-", Uri::path),
             route,
             status,
-            elapsed,
+            elapsed: Some(elapsed),
             upstream: notes
                 .route_index
                 .and_then(|i| upstream_label(snapshot, i))
@@ -230,6 +230,7 @@ impl Observation {
                 denied: note.denied,
             }),
             retries: notes.retries,
+            refused: None,
         });
     }
 }
