@@ -381,7 +381,7 @@ async fn serve_fast(table: Arc<Vec<Case>>, hand_offs: Arc<AtomicUsize>) -> Socke
                 };
                 let prefix = match h1::serve(&mut stream, &Never, 64 * 1024, respond).await {
                     Ok(Ended::HandOff(prefix)) => prefix,
-                    Ok(Ended::Closed | Ended::Refused(_)) | Err(_) => return,
+                    Ok(Ended::Closed) | Err(_) => return,
                 };
                 hand_offs.fetch_add(1, Ordering::Relaxed);
                 let service = service_fn(move |request| {

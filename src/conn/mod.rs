@@ -827,13 +827,14 @@ pub(crate) async fn serve_connection<S>(
             return;
         }
         Ok(h1::Ended::HandOff(prefix)) => prefix,
-        Ok(h1::Ended::Closed) => return,
-        Ok(h1::Ended::Refused(refusal)) => {
-            refused(&app, peer, &refusal);
+        Ok(h1::Ended::Closed) => {
+            refused(&app, peer, &activity);
             return;
         }
         Err(error) => {
             tracing::debug!(%peer, %error, "connection ended with an error");
+            // A refusal whose answer could not be written still counts.
+            refused(&app, peer, &activity);
             return;
         }
     };
@@ -855,16 +856,18 @@ pub(crate) async fn serve_connection<S>(
         peer,
     ))
     .await;
-    if let Some(refusal) = activity.refused() {
-        refused(&app, peer, refusal);
-    }
+    refused(&app, peer, &activity);
 }
 
-/// A request the codec refused (malformed, framed ambiguously, a head too
-/// large): counted as `tollgate_requests_total{route="none"}` with its
-/// status, and given an access-log line, so a flood of them (a smuggling
-/// scan, a broken client) shows where every other answer does.
-fn refused(app: &App, peer: SocketAddr, refusal: &h1::Refusal) {
+/// The request the codec refused on `activity`'s connection, if it refused
+/// one (malformed, framed ambiguously, a head too large): counted as
+/// `tollgate_requests_total{route="none"}` with its status, and given an
+/// access-log line, so a flood of them (a smuggling scan, a broken client)
+/// shows where every other answer does.
+fn refused(app: &App, peer: SocketAddr, activity: &ConnActivity) {
+    let Some(refusal) = activity.refusal() else {
+        return;
+    };
     let status = refusal.status.as_u16();
     app.metrics().record_refused(status);
     crate::access_log::log(&crate::access_log::AccessEntry {

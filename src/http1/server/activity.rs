@@ -50,8 +50,8 @@ pub struct ConnActivity {
     /// serves the connection (HTTP/1.1 clients only; hyper's servers have no
     /// way to send them).
     relay_interim: AtomicBool,
-    /// The request the gate of a handed-off connection refused (the
-    /// connection closes after it), for the connection's metrics and log.
+    /// The request the codec refused (the connection closes after it), for
+    /// the connection's metrics and log.
     refused: std::sync::OnceLock<super::Refusal>,
     /// Interim heads queued by the upstream exchange and not written yet;
     /// `interim_waiting` says there are some without taking the lock (a
@@ -204,8 +204,9 @@ impl ConnActivity {
 }
 
 impl ConnActivity {
-    /// The request the gate refused, if it refused one.
-    pub fn refused(&self) -> Option<&super::Refusal> {
+    /// The request the codec refused (the fast path or, after a hand-off,
+    /// the gate), if it refused one.
+    pub fn refusal(&self) -> Option<&super::Refusal> {
         self.refused.get()
     }
 }
@@ -215,7 +216,7 @@ pub(crate) struct ActivityAnswered(pub(crate) Arc<ConnActivity>);
 
 impl super::gate::Answered for ActivityAnswered {
     fn refused(&self, refusal: super::Refusal) {
-        let _ = self.0.refused.set(refusal);
+        Closing::refused(&*self.0, refusal);
     }
 
     fn poll_answered(&self, cx: &mut Context<'_>) -> Poll<()> {
@@ -257,5 +258,10 @@ impl Closing for ConnActivity {
         if queued.capacity() > 4096 {
             queued.shrink_to(0);
         }
+    }
+
+    fn refused(&self, refusal: super::Refusal) {
+        // A connection refuses once: it closes after.
+        let _ = self.refused.set(refusal);
     }
 }

@@ -72,9 +72,6 @@ pub enum Ended {
     /// A request the fast path does not serve starts at these bytes: hyper
     /// takes the connection from here.
     HandOff(BytesMut),
-    /// A request was refused ([`Refusal`]: answered here, 400 or 431) and
-    /// the connection closed after it; for the caller's metrics and log.
-    Refused(Refusal),
 }
 
 /// Fields a response carries outside its header map (the gateway keeps
@@ -122,6 +119,10 @@ pub trait Closing {
 
     /// Appends the interim heads waiting, if any, to `out`.
     fn take_interim(&self, _out: &mut Vec<u8>) {}
+
+    /// A request was refused ([`Refusal`]: answered here, 400 or 431; the
+    /// connection closes after it), for the caller's metrics and log.
+    fn refused(&self, _refusal: Refusal) {}
 }
 
 /// Serves plain requests on `io` with `respond` until the connection ends or
@@ -180,11 +181,10 @@ where
                     Parsed::HandOff => return Ok(Ended::HandOff(std::mem::take(buffer))),
                     Parsed::Partial => parsed_up_to = buffer.len(),
                     Parsed::Refused(refusal) => {
-                        // Counted whether or not the client still reads it.
-                        if let Err(error) = refuse(io, out, refusal).await {
-                            tracing::debug!(%error, "refusal not delivered");
-                        }
-                        return Ok(Ended::Refused(refusal));
+                        // Told whether or not the client still reads it.
+                        closing.refused(refusal);
+                        refuse(io, out, refusal).await?;
+                        return Ok(Ended::Closed);
                     }
                 }
             }
