@@ -323,12 +323,7 @@ impl Metrics {
 
     /// One answered request: `tollgate_requests_total` and the duration histogram.
     pub fn record_request(&self, route: &Arc<str>, status: u16, elapsed: Duration) {
-        self.requests
-            .get_or_create(&RequestLabels {
-                route: route.clone(),
-                status,
-            })
-            .inc();
+        self.count_request(route, status);
         self.request_duration
             .get_or_create(&RouteLabels {
                 route: route.clone(),
@@ -340,9 +335,14 @@ impl Metrics {
     /// (no route, no duration measured): `tollgate_requests_total` only,
     /// with `route="none"`.
     pub fn record_refused(&self, status: u16) {
+        self.count_request(&self.no_route, status);
+    }
+
+    /// `tollgate_requests_total{route,status}` one up.
+    fn count_request(&self, route: &Arc<str>, status: u16) {
         self.requests
             .get_or_create(&RequestLabels {
-                route: self.no_route.clone(),
+                route: route.clone(),
                 status,
             })
             .inc();
@@ -424,12 +424,7 @@ impl Metrics {
                 })
                 .inc();
         } else {
-            self.requests
-                .get_or_create(&RequestLabels {
-                    route: handles.route.clone(),
-                    status,
-                })
-                .inc();
+            self.count_request(&handles.route, status);
         }
         handles.duration.observe(elapsed);
     }
