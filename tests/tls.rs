@@ -1027,13 +1027,21 @@ async fn https_gets(
     statuses
 }
 
-#[tokio::test]
-async fn tls_with_two_workers_serves_h1_and_h2_and_shares_one_limit() {
+/// A gateway with two workers and a TLS listener (a certificate for
+/// `gateway.test` from a new CA), with the `PER_IP` routes, in front of a
+/// new test upstream (kept alive by the caller).
+async fn two_worker_tls_gateway() -> (TestUpstream, Ca, Gateway) {
     let upstream = TestUpstream::start().await;
     let ca = Ca::new();
     let dir = dir_with_cert(&ca, &["gateway.test"]);
     let text = config(&upstream, "", PER_IP).replace("workers = 1", "workers = 2");
     let gw = Gateway::start_in(dir, &text, &[]);
+    (upstream, ca, gw)
+}
+
+#[tokio::test]
+async fn tls_with_two_workers_serves_h1_and_h2_and_shares_one_limit() {
+    let (_upstream, ca, gw) = two_worker_tls_gateway().await;
     let addr = gw.tls_addr.unwrap();
     let connector = ca.client(&[b"http/1.1"]);
     // Many connections, spread by the kernel over both workers' sockets.
@@ -1059,11 +1067,7 @@ async fn sessions_resume_from_tickets_on_any_worker() {
     // Stateless tickets (no session cache shared by the workers behind a
     // lock): a client resumes its session on every later connection,
     // whichever of the two workers' sockets the kernel hands it to.
-    let upstream = TestUpstream::start().await;
-    let ca = Ca::new();
-    let dir = dir_with_cert(&ca, &["gateway.test"]);
-    let text = config(&upstream, "", PER_IP).replace("workers = 1", "workers = 2");
-    let gw = Gateway::start_in(dir, &text, &[]);
+    let (_upstream, ca, gw) = two_worker_tls_gateway().await;
     let addr = gw.tls_addr.unwrap();
     // One client configuration: its session store keeps the tickets.
     let connector = ca.client(&[b"http/1.1"]);
