@@ -13,6 +13,7 @@
 #
 # Run:    bench/ab.sh BINARY_A BINARY_B
 # Knobs:  MODE=allow|deny  ROUNDS=6  DURATION=5s  CONNS=64  BASE_PORT=18380
+#         SERVER_CPU=0.5 (cap each build alike, bench/common.sh)
 #         (uses BASE_PORT .. BASE_PORT+2)
 # Needs nginx and wrk (installed with apt-get when absent).
 set -euo pipefail
@@ -35,7 +36,7 @@ CLK_TCK=$(getconf CLK_TCK)
 
 PORT_UP=$BASE_PORT
 upstream_conf "$PORT_UP" "$TMP" >"$TMP/upstream.conf"
-start_nginx "$TMP/upstream.conf"
+start_upstream "$TMP/upstream.conf"
 wait_port "$PORT_UP"
 
 case $MODE in

@@ -42,10 +42,52 @@ start_scratch() {
 }
 
 cleanup() {
-  local pid
+  local pid group
   for pid in "${PIDS[@]}"; do kill "$pid" 2>/dev/null || true; done
   for pid in "${PIDS[@]}"; do wait "$pid" 2>/dev/null || true; done
+  for group in "${CPU_GROUPS[@]}"; do rmdir "$group" 2>/dev/null || true; done
   rm -rf "$TMP"
+}
+
+# SERVER_CPU (e.g. 0.5): each server started by start_nginx/start_tollgate
+# runs in its own cgroup with that many cores of CPU time (CFS quota over a
+# 10 ms period), so that the server, not the load generator sharing its
+# machine, sets the pace: what a client on another machine would see. Both
+# peers get the same budget; unset, nothing is capped.
+CPU_GROUPS=()
+cpu_cap_dir() { # the directory of a new capped cgroup, in $CPU_GROUP
+  CPU_GROUP=
+  [ -n "${SERVER_CPU:-}" ] || return 0
+  local period=10000 quota base
+  quota=$(awk -v c="$SERVER_CPU" 'BEGIN {printf "%d", c * 10000}')
+  if [ -d /sys/fs/cgroup/cpu ] && [ -w /sys/fs/cgroup/cpu ]; then
+    base=/sys/fs/cgroup/cpu/tollgate-bench-$$-${#CPU_GROUPS[@]}
+    mkdir "$base"
+    echo "$period" >"$base/cpu.cfs_period_us"
+    echo "$quota" >"$base/cpu.cfs_quota_us"
+  elif grep -qw cpu /sys/fs/cgroup/cgroup.controllers 2>/dev/null; then
+    echo +cpu >/sys/fs/cgroup/cgroup.subtree_control 2>/dev/null || true
+    base=/sys/fs/cgroup/tollgate-bench-$$-${#CPU_GROUPS[@]}
+    mkdir "$base"
+    echo "$quota $period" >"$base/cpu.max"
+  else
+    echo "SERVER_CPU needs a writable cgroup cpu controller (v1 or v2); run as root" >&2
+    exit 1
+  fi
+  CPU_GROUPS+=("$base")
+  CPU_GROUP=$base
+}
+
+# Becomes "$@" (exec: called as `capped … &`, the background child is the
+# server itself, so $! is the server's pid) in cgroup $CPU_GROUP when
+# it is set (cpu_cap_dir, called before in this shell: a `&` child could not
+# record the group for cleanup), else as it is.
+capped() {
+  if [ -n "$CPU_GROUP" ]; then
+    exec sh -c 'echo $$ >"$0/cgroup.procs" && exec "$@"' "$CPU_GROUP" "$@"
+  else
+    exec "$@"
+  fi
 }
 
 # Waits until something accepts on 127.0.0.1:$1 (up to 10 s).
@@ -141,14 +183,22 @@ CONF
 # Starts nginx in the foreground (`daemon off`, a child of this shell) with
 # config file $1; its pid goes to $STARTED and the cleanup list.
 start_nginx() {
-  "$NGINX" -p "$TMP/" -e "$1.err" -c "$1" >/dev/null 2>&1 &
+  cpu_cap_dir
+  capped "$NGINX" -p "$TMP/" -e "$1.err" -c "$1" >/dev/null 2>&1 &
   STARTED=$!
   PIDS+=("$STARTED")
 }
 
+# Starts the upstream's nginx with config file $1, never capped: the cap
+# is for the servers compared, and the upstream serves both alike.
+start_upstream() {
+  SERVER_CPU= start_nginx "$1"
+}
+
 # Starts $TOLLGATE with config file $1; pid in $STARTED, as for nginx.
 start_tollgate() {
-  TOLLGATE_LOG=warn "$TOLLGATE" run -c "$1" >/dev/null 2>>"$1.err" &
+  cpu_cap_dir
+  TOLLGATE_LOG=warn capped "$TOLLGATE" run -c "$1" >/dev/null 2>>"$1.err" &
   STARTED=$!
   PIDS+=("$STARTED")
 }

@@ -26,6 +26,7 @@
 # Knobs (environment): THREADS=1 CONNS=64 DURATION=5s ROUNDS=3 WORKERS="1 2"
 #                      BASE_PORT=18080 (uses BASE_PORT .. BASE_PORT+4)
 #                      SKIP_BUILD=1 (use the existing target/release/tollgate)
+#                      SERVER_CPU=0.5 (cap each compared server, bench/common.sh)
 # Everything it writes lives in a `mktemp -d` directory, removed at exit, and
 # every process it starts is stopped at exit.
 set -euo pipefail
@@ -72,7 +73,7 @@ PORT_NG_DENY=$((BASE_PORT + 4))
 
 # ---- the upstream: nginx `return 200`, 1 worker --------------------------------
 upstream_conf "$PORT_UP" "$TMP" >"$TMP/upstream.conf"
-start_nginx "$TMP/upstream.conf"
+start_upstream "$TMP/upstream.conf"
 UP_PID=$STARTED
 wait_port "$PORT_UP"
 

@@ -25,6 +25,7 @@
 # Run (as root, or with the tools installed):   bench/redis.sh
 # Knobs: THREADS=1 CONNS=64 DURATION=5s ROUNDS=3 WORKERS=1 BASE_PORT=18280
 #        SKIP_BUILD=1 (use the existing target/release/tollgate)
+#        SERVER_CPU=0.5 (cap each compared server, bench/common.sh)
 # Needs nginx, libnginx-mod-http-lua, lua-nginx-redis, redis-server and wrk
 # (installed with apt-get when absent). Everything it starts is stopped at
 # exit; its files live in a `mktemp -d` directory, removed at exit.
@@ -60,7 +61,7 @@ PORT_NG_LUA=$((BASE_PORT + 5))
 
 # ---- upstream and Redis --------------------------------------------------------
 upstream_conf "$PORT_UP" "$TMP" >"$TMP/upstream.conf"
-start_nginx "$TMP/upstream.conf"
+start_upstream "$TMP/upstream.conf"
 wait_port "$PORT_UP"
 
 redis-server --port "$PORT_REDIS" --bind 127.0.0.1 --save "" --appendonly no \

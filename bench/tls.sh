@@ -45,6 +45,11 @@
 #                      H2_CLIENTS=16 H2_STREAMS=10 TESTS="handshake keepalive h2"
 #                      BASE_PORT=20180 (uses BASE_PORT .. BASE_PORT+6)
 #                      SKIP_BUILD=1 (use the existing target/release/tollgate)
+#                      SERVER_CPU=0.5 (each compared server gets that many
+#                      cores of CPU time in its own cgroup, bench/common.sh;
+#                      the upstream and the client are not capped, so the
+#                      server sets the pace, as with a client on another
+#                      machine. Needs root. Unset: nothing is capped.)
 # Needs nginx, wrk, h2load (nghttp2-client), openssl and curl (installed
 # with apt-get when absent). Everything it writes lives in a `mktemp -d`
 # directory, removed at exit, and every process it starts is stopped at exit.
@@ -91,7 +96,7 @@ chmod 644 "$TMP/key.pem" # nginx reads it as root, but its workers may not be
 
 # ---- the upstream and the targets --------------------------------------------
 upstream_conf "$PORT_UP" "$TMP" >"$TMP/upstream.conf"
-start_nginx "$TMP/upstream.conf"
+start_upstream "$TMP/upstream.conf"
 UPSTREAM=$STARTED
 wait_port "$PORT_UP"
 
@@ -228,6 +233,7 @@ for target in "tg_allow $PORT_TG_ALLOW" "ng_allow $PORT_NG_ALLOW" "tg_deny $PORT
   read -r name port <<<"$target"
   echo "# $name answer: $(curl -sk -o /dev/null -w '%{http_code}, head %{size_header} B, body %{size_download} B' "https://127.0.0.1:$port/")"
 done
+echo "# servers compared: $([ -n "${SERVER_CPU:-}" ] && echo "capped at $SERVER_CPU cores each" || echo "not capped")"
 echo "# handshake: $HS_CLIENTS x openssl s_time -new -www /; keepalive: wrk -t1 -c$CONNS; h2: h2load -c$H2_CLIENTS -m$H2_STREAMS; each -d $DURATION; rounds=$ROUNDS"
 printf 'test\ttarget\tround\treq/s\tp99_us\tcpu_us/req\tnon2xx\tclient_cores\tupstream_us/req\n'
 for round in $(seq 1 "$ROUNDS"); do
