@@ -180,6 +180,124 @@ async fn two_gateways_admit_exactly_the_limit_for_every_algorithm() {
     assert_keys_expire_and_hide(&redis, &["alice", "example.com", "127.0.0.1"]);
 }
 
+/// `r` and `t` of a `RateLimit` field of one policy (`"name";r=R;t=T`).
+fn remaining_and_reset(field: &str) -> (u64, u64) {
+    let param = |name: &str| {
+        field
+            .split(';')
+            .find_map(|p| p.trim().strip_prefix(name))
+            .and_then(|v| v.parse().ok())
+            .unwrap_or_else(|| panic!("no {name} in {field}"))
+    };
+    (param("r="), param("t="))
+}
+
+/// A gateway with the memory store, the test upstream, and `body`.
+fn memory_gateway(upstream: &TestUpstream, body: &str) -> Gateway {
+    Gateway::start(&format!(
+        "[server]\nlisten = \"127.0.0.1:0\"\n\n[upstreams.api]\nurl = \"{}\"\n{body}",
+        upstream.url()
+    ))
+}
+
+/// Sends `n` requests for `route` as `user` to both gateways in turn: each
+/// pair gets the same status and `r`, and `t` and `Retry-After` within the
+/// second that can pass between the two (Redis reads its own clock).
+async fn assert_same_answers(
+    in_memory: &Gateway,
+    on_redis: &Gateway,
+    route: &str,
+    user: &str,
+    n: usize,
+) {
+    let user = [("x-user", user)];
+    for i in 1..=n {
+        let memory = get(in_memory.addr, &format!("/{route}"), &user).await;
+        let shared = get(on_redis.addr, &format!("/{route}"), &user).await;
+        let what = format!("/{route} request {i}");
+        assert_eq!(memory.status, shared.status, "{what}: status");
+        let field = |reply: &common::Reply| {
+            reply
+                .header("ratelimit")
+                .unwrap_or_else(|| panic!("{what}: no RateLimit field"))
+                .to_owned()
+        };
+        let (memory_r, memory_t) = remaining_and_reset(&field(&memory));
+        let (shared_r, shared_t) = remaining_and_reset(&field(&shared));
+        assert_eq!(
+            memory_r, shared_r,
+            "{what}: r, memory {memory:?}, redis {shared:?}"
+        );
+        assert!(
+            memory_t.abs_diff(shared_t) <= 1,
+            "{what}: t {memory_t} in memory, {shared_t} on redis"
+        );
+        let retry = |reply: &common::Reply| -> Option<u64> {
+            reply
+                .header("retry-after")
+                .map(|v| v.parse().expect("Retry-After"))
+        };
+        match (retry(&memory), retry(&shared)) {
+            (None, None) => {}
+            (Some(m), Some(r)) => assert!(m.abs_diff(r) <= 1, "{what}: Retry-After {m} / {r}"),
+            other => panic!("{what}: Retry-After in memory / on redis: {other:?}"),
+        }
+    }
+}
+
+/// The same requests on the memory store and on Redis get the same answer.
+#[tokio::test]
+async fn redis_answers_every_algorithm_as_the_memory_store_does() {
+    let redis = Redis::start();
+    let upstream = TestUpstream::start().await;
+    let on_redis = gateway(&redis, "", &upstream, ALGORITHMS);
+    let in_memory = memory_gateway(&upstream, ALGORITHMS);
+    for route in ["fw", "sw", "sl", "tb", "lb"] {
+        assert_same_answers(&in_memory, &on_redis, route, route, 9).await;
+    }
+}
+
+/// The sliding window's previous count, weighted, gives the same `r`, `t`
+/// and `Retry-After` on both stores. The second half is sent 3 s into a
+/// 10 s window, a second from where the weighted estimate of 5 earlier
+/// requests changes (every 2 s), so both requests of a pair see the same.
+#[tokio::test]
+async fn redis_weights_the_previous_sliding_window_as_the_memory_store_does() {
+    let body = r#"
+[limits.sw]
+key = "header:x-user"
+algorithm = "sliding_window"
+limit = 7
+window = "10s"
+
+[[routes]]
+name = "sw"
+match = { path = "/sw" }
+respond = { status = 200, body = "ok" }
+limits = ["sw"]
+"#;
+    let redis = Redis::start();
+    let upstream = TestUpstream::start().await;
+    let on_redis = gateway(&redis, "", &upstream, body);
+    let in_memory = memory_gateway(&upstream, body);
+    let into_window = || {
+        let now = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .expect("clock after 1970");
+        Duration::from_nanos((now.as_nanos() % 10_000_000_000) as u64)
+    };
+    // The first half in a window's first 5 s, with time to spare before it ends.
+    let offset = into_window();
+    if offset > Duration::from_secs(5) {
+        tokio::time::sleep(Duration::from_secs(10) - offset).await;
+    }
+    assert_same_answers(&in_memory, &on_redis, "sw", "carol", 5).await;
+    // Then 3 s into the next window: the estimate is 5 × 7/10 = 3.5.
+    let offset = into_window();
+    tokio::time::sleep(Duration::from_secs(13) - offset).await;
+    assert_same_answers(&in_memory, &on_redis, "sw", "carol", 6).await;
+}
+
 #[tokio::test]
 async fn concurrency_slots_are_leases_shared_and_released() {
     let redis = Redis::start();

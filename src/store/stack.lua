@@ -107,6 +107,24 @@ local function fixed(s, cost, limit, w, jitter, first)
   return false, math.max(limit - used, 0), ra, never and -1 or reset_in, 0, nil, 0
 end
 
+-- The smallest wait after offset e for the estimate to leave room for
+-- `need` units, given counts p, c: sliding_window.rs's wait_for, so that
+-- both stores give the same t and Retry-After.
+local function sliding_wait(p, c, e, w, limit, need)
+  -- In this window: p(w - x) + c w <= (limit - need) w, for x in [e, w).
+  local room = limit - need - c
+  if room >= 0 then
+    local x = e
+    if p > 0 then x = math.max(w - floor(room * w / p), e) end
+    if x < w then return x - e end
+  end
+  -- In the next one, c has become the previous count: c (w - y) <= (limit - need) w.
+  room = math.max(limit - need, 0)
+  local y = 0
+  if c > 0 then y = math.max(w - floor(room * w / c), 0) end
+  return (w - e) + y
+end
+
 local function sliding(s, cost, limit, w)
   local idx = math.floor(now / w)
   local e = now % w
@@ -121,27 +139,18 @@ local function sliding(s, cost, limit, w)
   local est = p * (w - e) + c * w
   local never = cost > limit
   local allowed = not never and est + cost * w <= limit * w
-  local after = allowed and (est + cost * w) or est
-  local remaining = math.max(floor((limit * w - after) / w), 0)
-  -- t: until the estimate frees one unit (the previous window decays).
+  local c_after = allowed and (c + cost) or c
+  local remaining = math.max(floor((limit * w - (est + (c_after - c) * w)) / w), 0)
+  -- t: until the estimate leaves room for one more unit than now.
   local reset_after = 0
-  if after > 0 then
-    if p > 0 then reset_after = math.min(ceil(w / p), w - e) else reset_after = w - e end
+  if remaining < limit then
+    reset_after = sliding_wait(p, c_after, e, w, limit, remaining + 1)
   end
   if allowed then
-    return true, remaining, reset_after, 0, 0, { idx, p, c + cost }, cost
+    return true, remaining, reset_after, 0, 0, { idx, p, c_after }, cost
   end
   local retry = -1
-  if not never then
-    local need = est + cost * w - limit * w
-    if p > 0 and need / p <= w - e then
-      retry = ceil(need / p)
-    elseif c > 0 then
-      retry = (w - e) + math.max(ceil(w - (limit - cost) * w / c), 0)
-    else
-      retry = w - e
-    end
-  end
+  if not never then retry = sliding_wait(p, c, e, w, limit, cost) end
   return false, remaining, reset_after, retry, 0, nil, 0
 end
 
