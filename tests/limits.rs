@@ -235,11 +235,21 @@ window = "1d"
 align = "first_request"
 shadow = true
 
+# A shadow limit never denies, not even for a missing key.
+[limits.audit]
+key = "header:x-api-key"
+algorithm = "fixed_window"
+limit = 100
+window = "1d"
+align = "first_request"
+shadow = true
+on_missing_key = "deny"
+
 [[routes]]
 name = "api"
 match = {{ path_prefix = "/" }}
 upstream = "api"
-limits = ["trial"]
+limits = ["trial", "audit"]
 "#,
         upstream.url()
     ));
@@ -257,13 +267,27 @@ limits = ["trial"]
         text.contains(r#"tollgate_ratelimit_decisions_total{route="api",limit="trial",outcome="shadow_denied"} 2"#),
         "{text}"
     );
+    // The missing key: the 400 it would have been, counted, not answered.
+    assert!(
+        text.contains(r#"tollgate_ratelimit_decisions_total{route="api",limit="audit",outcome="shadow_denied"} 3"#),
+        "{text}"
+    );
+    let skipped =
+        r#"tollgate_ratelimit_decisions_total{route="api",limit="audit",outcome="skipped"}"#;
+    assert!(
+        text.lines()
+            .filter(|l| l.starts_with(skipped))
+            .all(|l| l.ends_with(" 0")),
+        "{text}"
+    );
 }
 
 #[tokio::test]
 async fn missing_keys_follow_on_missing_key() {
     let upstream = TestUpstream::start().await;
-    let gw = gateway(
+    let gw = Gateway::start(&gateway_toml(
         &upstream,
+        r#"admin = "127.0.0.1:0""#,
         r#"
 [limits.must]
 key = "header:x-api-key"
@@ -295,9 +319,18 @@ match = { path = "/pooled" }
 upstream = "api"
 limits = ["pooled"]
 "#,
-    );
+    ));
     let reply = get(gw.addr, "/must", &[]).await;
     assert_eq!(reply.status, 400);
+    // The refusal counts as this limit's denial.
+    let metrics = get(gw.admin.unwrap(), "/metrics", &[]).await;
+    let text = String::from_utf8_lossy(&metrics.body);
+    assert!(
+        text.contains(
+            r#"tollgate_ratelimit_decisions_total{route="must",limit="must",outcome="denied"} 1"#
+        ),
+        "{text}"
+    );
     assert!(
         reply.json()["detail"]
             .as_str()

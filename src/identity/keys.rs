@@ -106,7 +106,8 @@ pub struct MissingKey;
 
 /// The key `limit` counts this request under, with its `on_missing_key`
 /// applied: `Ok(None)` skips the limit. The one rule the gateway's limit step
-/// and `simulate` share.
+/// and `simulate` share. A shadow limit never denies, so `"deny"` skips it
+/// too (the gateway counts that `shadow_denied`).
 pub fn limit_key(
     limit: &LimitConfig,
     request: &Parts,
@@ -116,8 +117,15 @@ pub fn limit_key(
         (Some(key), _) => Ok(Some(key)),
         (None, OnMissingKey::Skip) => Ok(None),
         (None, OnMissingKey::Shared) => Ok(Some(shared_key())),
+        (None, OnMissingKey::Deny) if limit.shadow => Ok(None),
         (None, OnMissingKey::Deny) => Err(MissingKey),
     }
+}
+
+/// The request lacked the key of a shadow limit that would have refused it
+/// for that (`on_missing_key = "deny"`): given the key `limit_key` returned.
+pub fn shadow_missing_key(limit: &LimitConfig, key: Option<LimitKey>) -> bool {
+    key.is_none() && limit.shadow && limit.on_missing_key == OnMissingKey::Deny
 }
 
 /// The key every request without its key shares (`on_missing_key = "shared"`).

@@ -45,7 +45,7 @@ use crate::http1::server::ConnActivity;
 use crate::identity::body_fields::BodyFields;
 use crate::identity::client_ip::{client_net, resolve_with};
 use crate::identity::consumer::admit;
-use crate::identity::keys::{RequestFacts, limit_key};
+use crate::identity::keys::{RequestFacts, limit_key, shadow_missing_key};
 use crate::limit::stack::{SKIPPED, StackDecision, outcome_of};
 use crate::limit::{Algorithm, Limiter, Verdict};
 use crate::limit::{
@@ -600,9 +600,11 @@ fn limit_request<'s>(
     let caller_plan = facts.consumer.and_then(|c| c.plan.as_deref());
 
     admitted.plan = caller_plan;
-    for &i in &plan.stack {
+    for (position, &i) in plan.stack.iter().enumerate() {
         let limit = &snapshot.config.limits[i];
         let Ok(key) = limit_key(limit, parts, &key_facts) else {
+            // This limit refused the request; the others decided nothing.
+            metrics.record_route_decision(&plan.metrics, position, Outcome::Denied);
             return Err(ratelimit::missing_key_response(
                 limit,
                 &crate::summary::key_parts(&limit.key),
@@ -920,8 +922,15 @@ fn record_decisions(
         .enumerate()
     {
         let limit_label = &snapshot.labels.limits[index];
-        metrics.record_route_decision(&plan.metrics, position, entry.outcome);
-        match entry.outcome {
+        let outcome = if entry.outcome == Outcome::Skipped
+            && shadow_missing_key(admitted.stack[position], admitted.keys[position])
+        {
+            Outcome::ShadowDenied
+        } else {
+            entry.outcome
+        };
+        metrics.record_route_decision(&plan.metrics, position, outcome);
+        match outcome {
             Outcome::ShadowDenied => shadow_denied(route, limit_label),
             Outcome::Allowed => {
                 // Near limit: this request took the key past 80% of its quota.
