@@ -180,6 +180,43 @@ limits = ["per_ip"]
 CONF
 }
 
+# The TLS certificate both servers present: ECDSA P-256 for localhost and
+# 127.0.0.1, written to $1/cert.pem and $1/key.pem.
+make_tls_cert() {
+  openssl req -x509 -newkey ec -pkeyopt ec_paramgen_curve:prime256v1 -nodes \
+    -keyout "$1/key.pem" -out "$1/cert.pem" -days 2 -subj /CN=localhost \
+    -addext "subjectAltName=DNS:localhost,IP:127.0.0.1" 2>/dev/null
+  chmod 644 "$1/key.pem" # nginx reads it as root, but its workers may not be
+}
+
+# nginx as the peer over TLS: nginx_proxy_conf's proxy (one worker), its
+# listener turned into `ssl http2` with $5's certificate, TLS 1.2 and 1.3
+# (1.22's default lacks 1.3), and otherwise nginx's TLS defaults, as
+# tollgate has rustls's (both send two TLS 1.3 session tickets per
+# handshake). $1 = port, $2 = limit_req parameters, $3 = rate, $4 = the
+# upstream's port, $5 = the directory of the certificate and its files.
+nginx_tls_conf() {
+  nginx_proxy_conf 1 "$1" "$2" "$3" "$4" "$5" | sed \
+    -e "s|^    listen 127.0.0.1:$1;|    listen 127.0.0.1:$1 ssl http2;\\
+    ssl_certificate $5/cert.pem;\\
+    ssl_certificate_key $5/key.pem;\\
+    ssl_protocols TLSv1.2 TLSv1.3;|"
+}
+
+# tollgate_conf's gateway (one worker, its cleartext listener on $2, which
+# nothing is sent to) with a `[server.tls]` listener on $1 and $6's
+# certificate: $3 = capacity, $4 = refill, $5 = the upstream's port.
+tollgate_tls_conf() {
+  tollgate_conf 1 "$2" "$3" "$4" "$5"
+  cat <<CONF
+
+[server.tls]
+listen = "127.0.0.1:$1"
+cert = "$6/cert.pem"
+key = "$6/key.pem"
+CONF
+}
+
 # Starts nginx in the foreground (`daemon off`, a child of this shell) with
 # config file $1; its pid goes to $STARTED and the cleanup list.
 start_nginx() {

@@ -15,10 +15,19 @@
 # bench/load.sh configures it (one process), is counted the same way first,
 # and each binary's counts are also printed as a ratio to nginx's.
 #
+# TLS=1 counts HTTPS keep-alive instead: both servers terminate TLS 1.3
+# with the same certificate, as bench/tls.sh sets them up (nginx `listen
+# ssl http2`, tollgate `[server.tls]`), and wrk speaks HTTPS/1.1. A wrk run
+# opens its 16 connections with full handshakes, so two measured runs are
+# made, 2 s and 6 s, each dumped on its own, and a request costs the
+# difference of their counts over the difference of their requests: the
+# handshakes cancel out.
+#
 # Run:    bench/instructions.sh [BINARY ...]     (default: target/release/tollgate,
 #                                                built unless SKIP_BUILD=1)
-# Knobs:  BASE_PORT=18180 (uses BASE_PORT .. BASE_PORT+4)
-# Needs valgrind, nginx and wrk (installed with apt-get when absent).
+# Knobs:  BASE_PORT=18180 (uses BASE_PORT .. BASE_PORT+6)  TLS=1
+# Needs valgrind, nginx and wrk (installed with apt-get when absent), and
+# openssl with TLS=1.
 set -euo pipefail
 
 BASE_PORT=${BASE_PORT:-18180}
@@ -26,7 +35,7 @@ cd "$(dirname "$0")/.."
 
 # shellcheck source=bench/common.sh
 . bench/common.sh
-need_tools valgrind nginx wrk
+need_tools valgrind nginx wrk openssl
 
 if [ $# -eq 0 ]; then
   build_release
@@ -41,8 +50,18 @@ upstream_conf "$PORT_UP" "$TMP" >"$TMP/upstream.conf"
 PIDS+=($!)
 wait_port "$PORT_UP"
 
-tollgate_conf 1 $((BASE_PORT + 1)) 1000000 "1000000/s" "$PORT_UP" >"$TMP/allow.toml"
-tollgate_conf 1 $((BASE_PORT + 2)) 1 "1/m" "$PORT_UP" >"$TMP/deny.toml"
+TLS=${TLS:-0}
+if [ "$TLS" = 1 ]; then
+  make_tls_cert "$TMP"
+  SCHEME=https
+  # The cleartext listeners tollgate needs beside, which nothing is sent to.
+  tollgate_tls_conf $((BASE_PORT + 1)) $((BASE_PORT + 5)) 1000000 "1000000/s" "$PORT_UP" "$TMP" >"$TMP/allow.toml"
+  tollgate_tls_conf $((BASE_PORT + 2)) $((BASE_PORT + 6)) 1 "1/m" "$PORT_UP" "$TMP" >"$TMP/deny.toml"
+else
+  SCHEME=http
+  tollgate_conf 1 $((BASE_PORT + 1)) 1000000 "1000000/s" "$PORT_UP" >"$TMP/allow.toml"
+  tollgate_conf 1 $((BASE_PORT + 2)) 1 "1/m" "$PORT_UP" >"$TMP/deny.toml"
+fi
 
 # Instructions per request of the server started by the command "$@"
 # (under callgrind), listening on port $PORT.
@@ -53,9 +72,25 @@ count() {
     --callgrind-out-file="$out.%p" "$@" >"$TMP/cg.log" 2>&1 &
   pid=$!
   wait_port "$PORT"
-  wrk -t1 -c16 -d2s "http://127.0.0.1:$PORT/" >/dev/null
+  wrk -t1 -c16 -d2s "$SCHEME://127.0.0.1:$PORT/" >/dev/null
   callgrind_control -i on "$pid" >/dev/null 2>&1
-  wrk -t1 -c16 -d5s "http://127.0.0.1:$PORT/" >"$TMP/wrk.out"
+  if [ "$TLS" = 1 ]; then
+    local short long
+    wrk -t1 -c16 -d2s "$SCHEME://127.0.0.1:$PORT/" >"$TMP/wrk.short"
+    callgrind_control -d "$pid" >/dev/null 2>&1
+    wrk -t1 -c16 -d6s "$SCHEME://127.0.0.1:$PORT/" >"$TMP/wrk.out"
+    callgrind_control -d "$pid" >/dev/null 2>&1
+    sleep 0.5
+    kill "$pid"
+    wait "$pid" 2>/dev/null || true
+    # Dumps number from 1 in order: .1 is the short run, .2 the long one.
+    short=$(grep -h -m1 '^summary:' "$out".*.1 | awk '{print $2}')
+    long=$(grep -h -m1 '^summary:' "$out".*.2 | awk '{print $2}')
+    requests=$(($(awk '/requests in/ {print $1}' "$TMP/wrk.out") - $(awk '/requests in/ {print $1}' "$TMP/wrk.short")))
+    echo $(((long - short) / requests))
+    return
+  fi
+  wrk -t1 -c16 -d5s "$SCHEME://127.0.0.1:$PORT/" >"$TMP/wrk.out"
   callgrind_control -d "$pid" >/dev/null 2>&1
   sleep 0.5
   kill "$pid"
@@ -69,7 +104,11 @@ count() {
 # (`master_process off`) so callgrind sees the process that serves.
 nginx_count() {
   PORT=$1
-  { echo "master_process off;"; nginx_proxy_conf 1 "$1" "$2" "$3" "$PORT_UP" "$TMP"; } >"$TMP/ng-$1.conf"
+  if [ "$TLS" = 1 ]; then
+    { echo "master_process off;"; nginx_tls_conf "$1" "$2" "$3" "$PORT_UP" "$TMP"; } >"$TMP/ng-$1.conf"
+  else
+    { echo "master_process off;"; nginx_proxy_conf 1 "$1" "$2" "$3" "$PORT_UP" "$TMP"; } >"$TMP/ng-$1.conf"
+  fi
   count "$NGINX" -p "$TMP/" -e "$TMP/ng-$1.err" -c "$TMP/ng-$1.conf"
 }
 ng_allow=$(nginx_count $((BASE_PORT + 3)) "burst=1000000 nodelay" "1000000r/s")

@@ -89,10 +89,7 @@ PORT_TG_ALLOW_PLAIN=$((BASE_PORT + 5))
 PORT_TG_DENY_PLAIN=$((BASE_PORT + 6))
 
 # ---- the certificate: ECDSA P-256, for localhost and 127.0.0.1 ---------------
-openssl req -x509 -newkey ec -pkeyopt ec_paramgen_curve:prime256v1 -nodes \
-  -keyout "$TMP/key.pem" -out "$TMP/cert.pem" -days 2 -subj /CN=localhost \
-  -addext "subjectAltName=DNS:localhost,IP:127.0.0.1" 2>/dev/null
-chmod 644 "$TMP/key.pem" # nginx reads it as root, but its workers may not be
+make_tls_cert "$TMP"
 
 # ---- the upstream and the targets --------------------------------------------
 upstream_conf "$PORT_UP" "$TMP" >"$TMP/upstream.conf"
@@ -100,33 +97,11 @@ start_upstream "$TMP/upstream.conf"
 UPSTREAM=$STARTED
 wait_port "$PORT_UP"
 
-# nginx: load.sh's proxy, its listener turned into `ssl http2` with the
-# certificate, TLS 1.2 and 1.3 (1.22's default lacks 1.3), and otherwise
-# nginx's TLS defaults, as tollgate has rustls's (both send two TLS 1.3
-# session tickets per handshake).
-nginx_tls_conf() { # $1 = port, $2 = limit_req parameters, $3 = rate
-  nginx_proxy_conf 1 "$1" "$2" "$3" "$PORT_UP" "$TMP" | sed \
-    -e "s|^    listen 127.0.0.1:$1;|    listen 127.0.0.1:$1 ssl http2;\\
-    ssl_certificate $TMP/cert.pem;\\
-    ssl_certificate_key $TMP/key.pem;\\
-    ssl_protocols TLSv1.2 TLSv1.3;|"
-}
-nginx_tls_conf "$PORT_NG_ALLOW" "burst=1000000 nodelay" "1000000r/s" >"$TMP/ng-allow.conf"
-nginx_tls_conf "$PORT_NG_DENY" "" "1r/m" >"$TMP/ng-deny.conf"
+nginx_tls_conf "$PORT_NG_ALLOW" "burst=1000000 nodelay" "1000000r/s" "$PORT_UP" "$TMP" >"$TMP/ng-allow.conf"
+nginx_tls_conf "$PORT_NG_DENY" "" "1r/m" "$PORT_UP" "$TMP" >"$TMP/ng-deny.conf"
 
-# tollgate: load.sh's configuration with a `[server.tls]` listener beside.
-tollgate_tls_conf() { # $1 = TLS port, $2 = plain port, $3 = capacity, $4 = refill
-  tollgate_conf 1 "$2" "$3" "$4" "$PORT_UP"
-  cat <<CONF
-
-[server.tls]
-listen = "127.0.0.1:$1"
-cert = "$TMP/cert.pem"
-key = "$TMP/key.pem"
-CONF
-}
-tollgate_tls_conf "$PORT_TG_ALLOW" "$PORT_TG_ALLOW_PLAIN" 1000000 "1000000/s" >"$TMP/tg-allow.toml"
-tollgate_tls_conf "$PORT_TG_DENY" "$PORT_TG_DENY_PLAIN" 1 "1/m" >"$TMP/tg-deny.toml"
+tollgate_tls_conf "$PORT_TG_ALLOW" "$PORT_TG_ALLOW_PLAIN" 1000000 "1000000/s" "$PORT_UP" "$TMP" >"$TMP/tg-allow.toml"
+tollgate_tls_conf "$PORT_TG_DENY" "$PORT_TG_DENY_PLAIN" 1 "1/m" "$PORT_UP" "$TMP" >"$TMP/tg-deny.toml"
 
 start_tollgate "$TMP/tg-allow.toml"; TG_ALLOW=$STARTED
 start_tollgate "$TMP/tg-deny.toml"; TG_DENY=$STARTED

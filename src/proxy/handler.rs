@@ -603,12 +603,7 @@ fn limit_request<'s>(
     for (position, &i) in plan.stack.iter().enumerate() {
         let limit = &snapshot.config.limits[i];
         let Ok(key) = limit_key(limit, parts, &key_facts) else {
-            // This limit refused the request; the others decided nothing.
-            metrics.record_route_decision(&plan.metrics, position, Outcome::Denied);
-            return Err(ratelimit::missing_key_response(
-                limit,
-                &crate::summary::key_parts(&limit.key),
-            ));
+            return Err(missing_key(metrics, plan, position, limit));
         };
         // A plan's limiter is built with the plan's numbers.
         let limiter = snapshot.limiters[i].for_plan(caller_plan);
@@ -887,6 +882,21 @@ async fn limit_shared<'s>(
     conclude(metrics, snapshot, route, plan, notes, admitted).map_err(Refused::Response)
 }
 
+/// The 400 for a request without the key of `limit` (at `position` in the
+/// stack), counted as that limit's denial; the others decided nothing. Out
+/// of line: the key loop of every request stays as small as it was.
+#[cold]
+#[inline(never)]
+fn missing_key(
+    metrics: &Metrics,
+    plan: &RoutePlan,
+    position: usize,
+    limit: &LimitConfig,
+) -> Response<ResponseBody> {
+    metrics.record_route_decision(&plan.metrics, position, Outcome::Denied);
+    ratelimit::missing_key_response(limit, &crate::summary::key_parts(&limit.key))
+}
+
 /// Gives back what the local tier charged when the shared tier refused.
 fn refund_local(
     admitted: &Admitted<'_>,
@@ -922,12 +932,9 @@ fn record_decisions(
         .enumerate()
     {
         let limit_label = &snapshot.labels.limits[index];
-        let outcome = if entry.outcome == Outcome::Skipped
-            && shadow_missing_key(admitted.stack[position], admitted.keys[position])
-        {
-            Outcome::ShadowDenied
-        } else {
-            entry.outcome
+        let outcome = match entry.outcome {
+            Outcome::Skipped => skipped_outcome(admitted, position),
+            outcome => outcome,
         };
         metrics.record_route_decision(&plan.metrics, position, outcome);
         match outcome {
@@ -943,6 +950,18 @@ fn record_decisions(
             }
             Outcome::Denied | Outcome::Skipped | Outcome::DeniedByOther => {}
         }
+    }
+}
+
+/// A skipped limit's outcome: `shadow_denied` where a shadow limit lacked
+/// its key under `on_missing_key = "deny"` (it would have answered 400).
+#[cold]
+#[inline(never)]
+fn skipped_outcome(admitted: &Admitted<'_>, position: usize) -> Outcome {
+    if shadow_missing_key(admitted.stack[position], admitted.keys[position]) {
+        Outcome::ShadowDenied
+    } else {
+        Outcome::Skipped
     }
 }
 
