@@ -456,3 +456,78 @@ limits = ["per_key", "trial"]
         "{lines:?}"
     );
 }
+
+/// `tollgate_request_duration_seconds` holds a request's whole time: a body
+/// still arriving from the upstream is timed until its last byte, not only
+/// until the response head. The request is counted at its head.
+#[tokio::test]
+async fn the_duration_of_a_streamed_response_runs_to_its_last_byte() {
+    let upstream = TestUpstream::start().await;
+    let gateway = Gateway::start(&format!(
+        "{}\n[[routes]]\nname = \"stream\"\nmatch = {{ path = \"/stream\" }}\nupstream = \"api\"\n",
+        config(&upstream)
+    ));
+    let stream = tokio::net::TcpStream::connect(gateway.addr).await.unwrap();
+    let (mut sender, connection) =
+        hyper::client::conn::http1::handshake(hyper_util::rt::TokioIo::new(stream))
+            .await
+            .unwrap();
+    tokio::spawn(connection);
+    let request = Request::get("/stream")
+        .header("host", "x")
+        .body(Full::new(Bytes::new()))
+        .unwrap();
+    let response = sender.send_request(request).await.unwrap();
+    assert_eq!(response.status(), 200);
+    let mut body = response.into_body();
+    use http_body_util::BodyExt;
+    let first = tokio::time::timeout(Duration::from_secs(5), body.frame())
+        .await
+        .expect("the first chunk")
+        .unwrap()
+        .unwrap();
+    assert_eq!(first.into_data().unwrap(), "first\n");
+    let series = [("route", "stream")];
+    let during = scrape(&gateway).await;
+    assert_eq!(
+        during.value(
+            "tollgate_requests_total",
+            &[("route", "stream"), ("status", "200")]
+        ),
+        Some(1.0),
+        "counted at its head"
+    );
+    assert_eq!(
+        during.value("tollgate_request_duration_seconds_count", &series),
+        Some(0.0),
+        "not timed before its body ends"
+    );
+    let held = Duration::from_millis(400);
+    tokio::time::sleep(held).await;
+    upstream.release();
+    let rest = body.collect().await.unwrap().to_bytes();
+    assert_eq!(rest, "last\n");
+    // The body's end is observed when the gateway drops it, just after the
+    // last byte went out: poll for it.
+    let deadline = Instant::now() + Duration::from_secs(5);
+    let after = loop {
+        let after = scrape(&gateway).await;
+        if after.value("tollgate_request_duration_seconds_count", &series) == Some(1.0)
+            || Instant::now() > deadline
+        {
+            break after;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    };
+    assert_eq!(
+        after.value("tollgate_request_duration_seconds_count", &series),
+        Some(1.0)
+    );
+    let sum = after
+        .value("tollgate_request_duration_seconds_sum", &series)
+        .expect("a sum");
+    assert!(
+        sum >= held.as_secs_f64(),
+        "the duration ({sum} s) includes the {held:?} the body took"
+    );
+}

@@ -158,6 +158,13 @@ pub struct RouteHandles {
     decisions: Vec<DecisionHandles>,
 }
 
+impl RouteHandles {
+    /// `tollgate_request_duration_seconds{route}`.
+    pub fn duration(&self) -> &DurationHistogram {
+        &self.duration
+    }
+}
+
 /// Statuses besides 200 that a route answers often enough to be worth a
 /// pre-resolved counter: the gateway's own answers and common upstream ones.
 const COMMON_STATUSES: [u16; 12] = [201, 204, 304, 400, 401, 403, 404, 429, 500, 502, 503, 504];
@@ -410,6 +417,14 @@ impl Metrics {
 
     /// [`Metrics::record_request`] through a route's handles.
     pub fn record_route_request(&self, handles: &RouteHandles, status: u16, elapsed: Duration) {
+        self.count_route_request(handles, status);
+        handles.duration.observe(elapsed);
+    }
+
+    /// A routed request's count alone: its duration is observed later, when
+    /// its body ends ([`RouteHandles::duration`]).
+    #[inline]
+    pub fn count_route_request(&self, handles: &RouteHandles, status: u16) {
         if status == 200 {
             handles.ok.inc();
         } else if let Some(index) = COMMON_STATUSES.iter().position(|&common| common == status) {
@@ -426,7 +441,6 @@ impl Metrics {
         } else {
             self.count_request(&handles.route, status);
         }
-        handles.duration.observe(elapsed);
     }
 
     /// One limit's decision for one request.

@@ -11,7 +11,7 @@ use std::pin::Pin;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::task::{Context, Poll};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use tokio::time::Sleep;
 
@@ -24,6 +24,7 @@ use crate::http1::client::exchange::OutgoingBody;
 pub use crate::http1::server::ClientBody;
 use crate::http1::server::ConnActivity;
 use crate::limit::Permits;
+use crate::metrics::DurationHistogram;
 
 /// The error a request body yields when it outgrows the route's `max_body`.
 #[derive(Debug, thiserror::Error)]
@@ -234,6 +235,36 @@ impl Drop for Completion {
     }
 }
 
+/// The request-duration observation of a response whose body is still
+/// arriving from the upstream: made when the body is dropped (its last byte
+/// sent, or the client gone), so the histogram holds the request's whole
+/// time, not just the time to its head.
+#[derive(Debug)]
+pub struct BodyTiming {
+    histogram: DurationHistogram,
+    /// From the request's arrival to its response head.
+    to_head: Duration,
+    /// When the head was ready.
+    head_at: Instant,
+}
+
+impl BodyTiming {
+    pub fn new(histogram: DurationHistogram, to_head: Duration) -> BodyTiming {
+        BodyTiming {
+            histogram,
+            to_head,
+            head_at: Instant::now(),
+        }
+    }
+}
+
+impl Drop for BodyTiming {
+    fn drop(&mut self) {
+        self.histogram
+            .observe(self.to_head + self.head_at.elapsed());
+    }
+}
+
 /// A response body on its way to the client.
 #[derive(Debug)]
 pub struct ResponseBody {
@@ -247,6 +278,9 @@ enum ResponseKind {
     Full(Option<Bytes>),
     /// The upstream's body, read from its connection as it is polled.
     Upstream(UpstreamBody),
+    /// The same, still arriving, timed until it ends (boxed: rare, and the
+    /// common variants stay as small as they were).
+    Timed(Box<(UpstreamBody, BodyTiming)>),
 }
 
 impl ResponseBody {
@@ -272,6 +306,21 @@ impl ResponseBody {
         }
     }
 
+    /// Some of the body is still to come from the upstream.
+    pub fn still_arriving(&self) -> bool {
+        matches!(&self.kind, ResponseKind::Upstream(body) if body.still_arriving())
+    }
+
+    /// Observes the request's duration when the body ends (`timing`'s drop),
+    /// if it is still arriving; otherwise gives `timing` back.
+    pub fn time_until_end(&mut self, timing: BodyTiming) {
+        let kind = std::mem::replace(&mut self.kind, ResponseKind::Full(None));
+        self.kind = match kind {
+            ResponseKind::Upstream(body) => ResponseKind::Timed(Box::new((body, timing))),
+            other => other,
+        };
+    }
+
     /// Attaches what must happen when the response ends.
     pub fn with_completion(mut self, completion: Completion) -> Self {
         self._completion = completion;
@@ -290,6 +339,7 @@ impl Body for ResponseBody {
         match &mut self.get_mut().kind {
             ResponseKind::Full(bytes) => Poll::Ready(bytes.take().map(|b| Ok(Frame::data(b)))),
             ResponseKind::Upstream(body) => Pin::new(body).poll_frame(cx),
+            ResponseKind::Timed(timed) => Pin::new(&mut timed.0).poll_frame(cx),
         }
     }
 
@@ -297,6 +347,7 @@ impl Body for ResponseBody {
         match &self.kind {
             ResponseKind::Full(bytes) => bytes.is_none(),
             ResponseKind::Upstream(body) => body.is_end_stream(),
+            ResponseKind::Timed(timed) => timed.0.is_end_stream(),
         }
     }
 
@@ -305,6 +356,7 @@ impl Body for ResponseBody {
             ResponseKind::Full(Some(bytes)) => SizeHint::with_exact(bytes.len() as u64),
             ResponseKind::Full(None) => SizeHint::with_exact(0),
             ResponseKind::Upstream(body) => body.size_hint(),
+            ResponseKind::Timed(timed) => timed.0.size_hint(),
         }
     }
 }

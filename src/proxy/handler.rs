@@ -53,7 +53,9 @@ use crate::limit::{
     stack::INLINE as INLINE_STACK,
 };
 use crate::metrics::Metrics;
-use crate::proxy::body::{BodyCap, ClientBody, Completion, RequestBody, ResponseBody, Stall};
+use crate::proxy::body::{
+    BodyCap, BodyTiming, ClientBody, Completion, RequestBody, ResponseBody, Stall,
+};
 use crate::proxy::error::GatewayError;
 use crate::proxy::forward::Prepared;
 use crate::proxy::ratelimit;
@@ -106,7 +108,8 @@ pub async fn handle(
             error.to_response()
         }
     };
-    observation.finish(app, &snapshot, response.status().as_u16(), &notes);
+    let mut response = response;
+    observation.finish(app, &snapshot, &mut response, &notes);
     let connection = notes.connection.take();
     if response.status() == StatusCode::SWITCHING_PROTOCOLS
         && let Some(connection) = &connection
@@ -124,6 +127,22 @@ pub async fn handle(
     };
     let response = response.map(|body| body.with_completion(completion));
     (response, fields)
+}
+
+/// A streamed response's request: counted now, its duration observed when
+/// the body ends. Out of line: most bodies come with their head.
+#[cold]
+#[inline(never)]
+fn time_until_end(
+    app: &App,
+    plan: &RoutePlan,
+    status: u16,
+    to_head: Duration,
+    response: &mut Response<ResponseBody>,
+) {
+    app.metrics().count_route_request(&plan.metrics, status);
+    let timing = BodyTiming::new(plan.metrics.duration().clone(), to_head);
+    response.body_mut().time_until_end(timing);
 }
 
 /// The client's connection as the upstream exchange sees it: where its
@@ -193,10 +212,24 @@ impl Observation {
     }
 
     /// Step 8: metrics and the access-log line of the answered request.
-    fn finish(self, app: &App, snapshot: &Snapshot, status: u16, notes: &Notes) {
+    /// The duration histogram holds the request's whole time: a body still
+    /// arriving from the upstream is timed until it ends (the access log's
+    /// `elapsed` is to the response head).
+    fn finish(
+        self,
+        app: &App,
+        snapshot: &Snapshot,
+        response: &mut Response<ResponseBody>,
+        notes: &Notes,
+    ) {
+        let status = response.status().as_u16();
         let elapsed = Duration::from_nanos(app.clock.now().saturating_sub(self.started));
         let plan = notes.route_index.and_then(|i| snapshot.routes.get(i));
         let route = match plan {
+            Some(plan) if response.body().still_arriving() => {
+                time_until_end(app, plan, status, elapsed, response);
+                &plan.name
+            }
             Some(plan) => {
                 app.metrics()
                     .record_route_request(&plan.metrics, status, elapsed);

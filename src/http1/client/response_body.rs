@@ -100,6 +100,16 @@ fn closed_early() -> io::Error {
 }
 
 impl UpstreamBody {
+    /// Some of it is still to come from the upstream (it did not all come
+    /// with the head): the request ends when it has.
+    pub fn still_arriving(&self) -> bool {
+        match &self.kind {
+            Kind::Streaming(streaming) => streaming.conn.is_some(),
+            Kind::Boxed(body) => !body.is_end_stream(),
+            Kind::Full(_) | Kind::Upgrade(_) => false,
+        }
+    }
+
     /// A body another client reads (`upstream::h2`), errors as `io::Error`s.
     pub fn boxed(body: UnsyncBoxBody<Bytes, io::Error>) -> UpstreamBody {
         UpstreamBody {
