@@ -278,9 +278,6 @@ enum ResponseKind {
     Full(Option<Bytes>),
     /// The upstream's body, read from its connection as it is polled.
     Upstream(UpstreamBody),
-    /// The same, still arriving, timed until it ends (boxed: rare, and the
-    /// common variants stay as small as they were).
-    Timed(Box<(UpstreamBody, BodyTiming)>),
 }
 
 impl ResponseBody {
@@ -311,20 +308,24 @@ impl ResponseBody {
         matches!(&self.kind, ResponseKind::Upstream(body) if body.still_arriving())
     }
 
-    /// Observes the request's duration when the body ends (`timing`'s drop),
-    /// if it is still arriving; otherwise gives `timing` back.
-    pub fn time_until_end(&mut self, timing: BodyTiming) {
-        let kind = std::mem::replace(&mut self.kind, ResponseKind::Full(None));
-        self.kind = match kind {
-            ResponseKind::Upstream(body) => ResponseKind::Timed(Box::new((body, timing))),
-            other => other,
-        };
-    }
-
-    /// Attaches what must happen when the response ends.
-    pub fn with_completion(mut self, completion: Completion) -> Self {
+    /// Attaches what must happen when the response ends: `completion`, and
+    /// `timing` observed when the body ends (`finish`'s drop).
+    pub fn with_completion(mut self, completion: Completion, timing: Option<BodyTiming>) -> Self {
+        if let Some(timing) = timing {
+            self.time_until_end(timing);
+        }
         self._completion = completion;
         self
+    }
+
+    #[cold]
+    #[inline(never)]
+    fn time_until_end(&mut self, timing: BodyTiming) {
+        match &mut self.kind {
+            ResponseKind::Upstream(body) => body.keep_until_end(Box::new(timing)),
+            // Not an upstream body: its end is now (`timing` dropped here).
+            ResponseKind::Full(_) => {}
+        }
     }
 }
 
@@ -339,7 +340,6 @@ impl Body for ResponseBody {
         match &mut self.get_mut().kind {
             ResponseKind::Full(bytes) => Poll::Ready(bytes.take().map(|b| Ok(Frame::data(b)))),
             ResponseKind::Upstream(body) => Pin::new(body).poll_frame(cx),
-            ResponseKind::Timed(timed) => Pin::new(&mut timed.0).poll_frame(cx),
         }
     }
 
@@ -347,7 +347,6 @@ impl Body for ResponseBody {
         match &self.kind {
             ResponseKind::Full(bytes) => bytes.is_none(),
             ResponseKind::Upstream(body) => body.is_end_stream(),
-            ResponseKind::Timed(timed) => timed.0.is_end_stream(),
         }
     }
 
@@ -356,7 +355,6 @@ impl Body for ResponseBody {
             ResponseKind::Full(Some(bytes)) => SizeHint::with_exact(bytes.len() as u64),
             ResponseKind::Full(None) => SizeHint::with_exact(0),
             ResponseKind::Upstream(body) => body.size_hint(),
-            ResponseKind::Timed(timed) => timed.0.size_hint(),
         }
     }
 }

@@ -108,8 +108,7 @@ pub async fn handle(
             error.to_response()
         }
     };
-    let mut response = response;
-    observation.finish(app, &snapshot, &mut response, &notes);
+    let timing = observation.finish(app, &snapshot, &response, &notes);
     let connection = notes.connection.take();
     if response.status() == StatusCode::SWITCHING_PROTOCOLS
         && let Some(connection) = &connection
@@ -125,7 +124,7 @@ pub async fn handle(
         connection,
         permits,
     };
-    let response = response.map(|body| body.with_completion(completion));
+    let response = response.map(|body| body.with_completion(completion, timing));
     (response, fields)
 }
 
@@ -133,16 +132,9 @@ pub async fn handle(
 /// the body ends. Out of line: most bodies come with their head.
 #[cold]
 #[inline(never)]
-fn time_until_end(
-    app: &App,
-    plan: &RoutePlan,
-    status: u16,
-    to_head: Duration,
-    response: &mut Response<ResponseBody>,
-) {
+fn time_until_end(app: &App, plan: &RoutePlan, status: u16, to_head: Duration) -> BodyTiming {
     app.metrics().count_route_request(&plan.metrics, status);
-    let timing = BodyTiming::new(plan.metrics.duration().clone(), to_head);
-    response.body_mut().time_until_end(timing);
+    BodyTiming::new(plan.metrics.duration().clone(), to_head)
 }
 
 /// The client's connection as the upstream exchange sees it: where its
@@ -213,21 +205,22 @@ impl Observation {
 
     /// Step 8: metrics and the access-log line of the answered request.
     /// The duration histogram holds the request's whole time: a body still
-    /// arriving from the upstream is timed until it ends (the access log's
-    /// `elapsed` is to the response head).
+    /// arriving from the upstream is timed until it ends, by the returned
+    /// timing (the access log's `elapsed` is to the response head).
     fn finish(
         self,
         app: &App,
         snapshot: &Snapshot,
-        response: &mut Response<ResponseBody>,
+        response: &Response<ResponseBody>,
         notes: &Notes,
-    ) {
+    ) -> Option<BodyTiming> {
         let status = response.status().as_u16();
         let elapsed = Duration::from_nanos(app.clock.now().saturating_sub(self.started));
         let plan = notes.route_index.and_then(|i| snapshot.routes.get(i));
+        let mut timing = None;
         let route = match plan {
             Some(plan) if response.body().still_arriving() => {
-                time_until_end(app, plan, status, elapsed, response);
+                timing = Some(time_until_end(app, plan, status, elapsed));
                 &plan.name
             }
             Some(plan) => {
@@ -243,7 +236,7 @@ impl Observation {
         };
         // A flood of denials must not become a flood of log I/O.
         if notes.limit.is_some_and(|l| l.denied) && !snapshot.denied_log.should_log_denied() {
-            return;
+            return timing;
         }
         access_log::log(&AccessEntry {
             method: self.method.as_str(),
@@ -265,6 +258,7 @@ impl Observation {
             retries: notes.retries,
             refused: None,
         });
+        timing
     }
 }
 

@@ -42,6 +42,39 @@ pub trait CheckIn: Send + Sync + Debug {
     fn read_timeout(&self) -> Duration;
 }
 
+/// What [`UpstreamBody::keep_until_end`] holds: anything, dropped with the
+/// body.
+pub trait EndGuard: Send + Sync + Debug {}
+
+impl<T: Send + Sync + Debug> EndGuard for T {}
+
+/// A boxed body with something dropped along with it
+/// ([`UpstreamBody::keep_until_end`]).
+struct Guarded {
+    inner: UnsyncBoxBody<Bytes, io::Error>,
+    _guard: Box<dyn EndGuard>,
+}
+
+impl Body for Guarded {
+    type Data = Bytes;
+    type Error = io::Error;
+
+    fn poll_frame(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, io::Error>>> {
+        Pin::new(&mut self.get_mut().inner).poll_frame(cx)
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.inner.is_end_stream()
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        self.inner.size_hint()
+    }
+}
+
 /// Where a streamed body is.
 #[derive(Debug)]
 enum Remaining {
@@ -83,6 +116,8 @@ struct Streaming {
     stall: Option<Pin<Box<Sleep>>>,
     /// Bytes arrived since the stall timer was last set.
     progressed: bool,
+    /// Dropped with the body ([`UpstreamBody::keep_until_end`]).
+    until_end: Option<Box<dyn EndGuard>>,
 }
 
 fn stalled() -> io::Error {
@@ -107,6 +142,23 @@ impl UpstreamBody {
             Kind::Streaming(streaming) => streaming.conn.is_some(),
             Kind::Boxed(body) => !body.is_end_stream(),
             Kind::Full(_) | Kind::Upgrade(_) => false,
+        }
+    }
+
+    /// Keeps `guard` until the body is dropped (its last byte taken, or the
+    /// client gone): what the end of a body still arriving must set off. A
+    /// body already here drops it now.
+    pub fn keep_until_end(&mut self, guard: Box<dyn EndGuard>) {
+        match &mut self.kind {
+            Kind::Streaming(streaming) => streaming.until_end = Some(guard),
+            Kind::Boxed(body) => {
+                let inner = std::mem::take(body);
+                *body = UnsyncBoxBody::new(Guarded {
+                    inner,
+                    _guard: guard,
+                });
+            }
+            Kind::Full(_) | Kind::Upgrade(_) => {}
         }
     }
 
@@ -162,6 +214,7 @@ impl UpstreamBody {
                 keep_alive,
                 stall: None,
                 progressed: false,
+                until_end: None,
             })),
         }
     }
@@ -202,6 +255,7 @@ impl Body for UpstreamBody {
                         keep_alive,
                         stall,
                         progressed,
+                        ..
                     } = &mut **streaming;
                     (conn, pool, remaining, *keep_alive, stall, progressed)
                 }
