@@ -665,6 +665,14 @@ async fn rapid_reset_disconnects_the_client() {
     eprintln!("{sent} streams opened and reset before the close");
     // Other clients are served.
     assert_eq!(get(gw.addr, "/after", &[]).await.status, 200);
+    // And the operator sees it, once the gateway's side of the connection
+    // has ended (the client may see the GOAWAY first).
+    let series = r#"tollgate_http2_connection_errors_total{reason="enhance_your_calm"}"#;
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while metric(&metrics(&gw).await, series) == 0 && Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert_eq!(metric(&metrics(&gw).await, series), 1);
 }
 
 fn curl_present() -> bool {

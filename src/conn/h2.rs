@@ -85,7 +85,13 @@ pub(crate) async fn serve<S>(
             biased;
             result = connection.as_mut() => {
                 if let Err(error) = result {
-                    tracing::debug!(%peer, %error, "HTTP/2 connection ended with an error");
+                    match goaway_sent(&error) {
+                        Some(reason) => {
+                            metrics.record_http2_connection_error(reason);
+                            tracing::info!(%peer, reason, "HTTP/2 connection closed with a GOAWAY error");
+                        }
+                        None => tracing::debug!(%peer, %error, "HTTP/2 connection ended with an error"),
+                    }
                 }
                 return;
             }
@@ -112,5 +118,44 @@ pub(crate) async fn serve<S>(
                 }
             }
         }
+    }
+}
+
+/// The error code of the GOAWAY the gateway sent to end a connection (h2's
+/// own: the client broke the protocol or a bound, e.g. rapid reset's
+/// `enhance_your_calm`), as the metric's label; `None` for an I/O error, a
+/// client's own GOAWAY, or anything else.
+fn goaway_sent(error: &hyper::Error) -> Option<&'static str> {
+    let mut source = std::error::Error::source(error);
+    while let Some(cause) = source {
+        if let Some(h2) = cause.downcast_ref::<h2::Error>() {
+            if !(h2.is_go_away() && h2.is_library()) {
+                return None;
+            }
+            return Some(reason_label(h2.reason()?));
+        }
+        source = cause.source();
+    }
+    None
+}
+
+/// RFC 9113 §7's error codes, in lower case.
+fn reason_label(reason: h2::Reason) -> &'static str {
+    match reason {
+        h2::Reason::NO_ERROR => "no_error",
+        h2::Reason::PROTOCOL_ERROR => "protocol_error",
+        h2::Reason::INTERNAL_ERROR => "internal_error",
+        h2::Reason::FLOW_CONTROL_ERROR => "flow_control_error",
+        h2::Reason::SETTINGS_TIMEOUT => "settings_timeout",
+        h2::Reason::STREAM_CLOSED => "stream_closed",
+        h2::Reason::FRAME_SIZE_ERROR => "frame_size_error",
+        h2::Reason::REFUSED_STREAM => "refused_stream",
+        h2::Reason::CANCEL => "cancel",
+        h2::Reason::COMPRESSION_ERROR => "compression_error",
+        h2::Reason::CONNECT_ERROR => "connect_error",
+        h2::Reason::ENHANCE_YOUR_CALM => "enhance_your_calm",
+        h2::Reason::INADEQUATE_SECURITY => "inadequate_security",
+        h2::Reason::HTTP_1_1_REQUIRED => "http_1_1_required",
+        _ => "other",
     }
 }

@@ -203,6 +203,7 @@ pub struct Metrics {
     config_generation: Gauge,
     limiter_keys: Family<LimitLabels, Gauge>,
     tls_handshake_failures: Family<ReasonLabels, Counter>,
+    http2_connection_errors: Family<ReasonLabels, Counter>,
     connections_evicted: Counter,
     /// The shared `"none"` route label.
     no_route: Arc<str>,
@@ -294,6 +295,12 @@ impl Metrics {
             "TLS handshakes that failed (error) or did not finish within header_read_timeout (timeout)",
             tls_handshake_failures.clone(),
         );
+        let http2_connection_errors = Family::<ReasonLabels, Counter>::default();
+        registry.register(
+            "tollgate_http2_connection_errors",
+            "HTTP/2 client connections the gateway closed with a GOAWAY error code, by code (enhance_your_calm: the rapid-reset bound; protocol_error, frame_size_error, ...)",
+            http2_connection_errors.clone(),
+        );
         let connections_evicted = Counter::default();
         registry.register(
             "tollgate_connections_evicted",
@@ -318,6 +325,7 @@ impl Metrics {
             config_generation,
             limiter_keys,
             tls_handshake_failures,
+            http2_connection_errors,
             connections_evicted,
             no_route: Arc::from(NO_ROUTE),
         }
@@ -527,6 +535,14 @@ impl Metrics {
     /// A TLS handshake that failed (`"error"`) or stalled (`"timeout"`).
     pub fn record_tls_handshake_failure(&self, reason: &'static str) {
         self.tls_handshake_failures
+            .get_or_create(&ReasonLabels { reason })
+            .inc();
+    }
+
+    /// An HTTP/2 client connection closed with a GOAWAY carrying the error
+    /// code `reason` (lower case, as RFC 9113 names it).
+    pub fn record_http2_connection_error(&self, reason: &'static str) {
+        self.http2_connection_errors
             .get_or_create(&ReasonLabels { reason })
             .inc();
     }
