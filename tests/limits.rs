@@ -674,3 +674,50 @@ limits = ["per_ip"]
     let reply = get(gw.addr, "/", &[("x-forwarded-for", "198.51.100.77")]).await;
     assert_eq!(reply.status, 429);
 }
+
+/// An admitted request whose upstream fails was still charged: the
+/// gateway's 502 tells the client its quota like any allowed response.
+#[tokio::test]
+async fn an_upstream_failure_still_carries_the_quota() {
+    let upstream = TestUpstream::start().await;
+    let gw = gateway(
+        &upstream,
+        r#"
+[upstreams.dead]
+url = "http://127.0.0.1:1"
+connect_timeout = "500ms"
+
+[limits.per_ip]
+key = "ip"
+algorithm = "fixed_window"
+limit = 5
+window = "1d"
+# Windows start at the first request: no epoch boundary can fall inside a test.
+align = "first_request"
+
+[[routes]]
+name = "dead"
+match = { path = "/dead" }
+upstream = "dead"
+limits = ["per_ip"]
+"#,
+    );
+    let reply = get(gw.addr, "/dead", &[]).await;
+    assert_eq!(reply.status, 502);
+    assert_eq!(
+        reply.header("ratelimit-policy"),
+        Some(r#""per_ip";q=5;w=86400"#)
+    );
+    assert!(
+        reply
+            .header("ratelimit")
+            .is_some_and(|v| v.starts_with(r#""per_ip";r=4;t="#)),
+        "{:?}",
+        reply.header("ratelimit")
+    );
+    assert_eq!(reply.header("x-ratelimit-remaining"), Some("4"));
+    assert_eq!(
+        reply.header("content-type"),
+        Some("application/problem+json")
+    );
+}

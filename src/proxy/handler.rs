@@ -386,7 +386,7 @@ async fn route_and_act(
             (response, FieldLines::new())
         }
         RouteAction::Forward(_) => {
-            let (response, fields) = match (&route.retry, &plan.retry_budget) {
+            let forwarded = match (&route.retry, &plan.retry_budget) {
                 (Some(policy), Some(budget)) => {
                     let retrying = Retrying {
                         app,
@@ -399,7 +399,7 @@ async fn route_and_act(
                     // the request's template) would otherwise make every
                     // request's future larger, retried or not, and each
                     // larger future is copied when it starts.
-                    Box::pin(retrying.forward(downstream, parts, body, notes)).await?
+                    Box::pin(retrying.forward(downstream, parts, body, notes)).await
                 }
                 _ => {
                     forward(
@@ -411,7 +411,18 @@ async fn route_and_act(
                         &mut notes.permits,
                         interim_sink(&notes.connection),
                     )
-                    .await?
+                    .await
+                }
+            };
+            let (response, fields) = match forwarded {
+                Ok(answer) => answer,
+                Err(error) => {
+                    // The request was admitted and charged: the gateway's
+                    // error answer tells the client its quota as well.
+                    if let Some(admitted) = admitted {
+                        notes.fields = failed_request_fields(snapshot, plan, admitted);
+                    }
+                    return Err(error);
                 }
             };
             if let (Some(cost_header), Some(admitted)) = (&route.cost_header, admitted) {
@@ -436,6 +447,26 @@ async fn route_and_act(
     }
     notes.fields = fields;
     Ok(response)
+}
+
+/// The rate-limit fields of an admitted request whose forwarding failed
+/// (the 502, 504 or 4xx the gateway answers instead). Out of line: rare.
+#[cold]
+#[inline(never)]
+fn failed_request_fields(
+    snapshot: &Snapshot,
+    plan: &RoutePlan,
+    admitted: &Admitted<'_>,
+) -> FieldLines {
+    let mut fields = FieldLines::new();
+    ratelimit::limit_fields(
+        &mut fields,
+        admitted.view(snapshot),
+        &admitted.decision.entries,
+        admitted.policy(plan),
+        admitted.focus,
+    );
+    fields
 }
 
 /// The caller's consumer, or 401 where the route or configuration demands one.
