@@ -577,3 +577,53 @@ fn the_example_trace_runs_against_the_repository_config() {
         "the example shows a denial: {report}"
     );
 }
+
+/// A shadow limit never denies, not even for a missing key under "deny":
+/// the simulation admits those requests and counts them against the shadow
+/// limit as the denials they would have been, as the gateway does.
+#[test]
+fn a_shadow_limit_counts_the_missing_keys_it_would_have_refused() {
+    let (dir, config) = config_file(
+        r#"
+[limits.audit]
+key = "header:x-audit"
+algorithm = "fixed_window"
+limit = 100
+window = "1d"
+shadow = true
+on_missing_key = "deny"
+
+[[routes]]
+name = "api"
+match = { path_prefix = "/" }
+respond = { status = 200 }
+limits = ["audit"]
+"#,
+    );
+    let trace = dir.path().join("trace.jsonl");
+    let lines: String = (0..3)
+        .map(|i| {
+            format!(
+                "{{\"time\": 1772359200.{i}, \"method\": \"GET\", \"path\": \"/x\", \"ip\": \"192.0.2.1\"}}\n"
+            )
+        })
+        .collect();
+    std::fs::write(&trace, lines).unwrap();
+    let (code, stdout, stderr) = tollgate(&[
+        "simulate",
+        "-c",
+        &config,
+        "--trace",
+        trace.to_str().unwrap(),
+        "--json",
+    ]);
+    assert_eq!(code, 0, "{stderr}");
+    let report = json(&stdout);
+    let route = &report["routes"][0];
+    assert_eq!(route["admitted"], 3, "{report}");
+    assert_eq!(route["missing_key"], 0, "{report}");
+    let limit = &report["rows"][0];
+    assert_eq!(limit["shadow"], true, "{report}");
+    assert_eq!(limit["requests"], 3, "{report}");
+    assert_eq!(limit["denied"], 3, "{report}");
+}

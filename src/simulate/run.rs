@@ -36,7 +36,7 @@ use crate::config::Config;
 use crate::identity::body_fields::BodyFields;
 use crate::identity::client_ip::{client_net, resolve_with};
 use crate::identity::consumer::admit;
-use crate::identity::keys::{RequestFacts, limit_key};
+use crate::identity::keys::{RequestFacts, limit_key, shadow_missing_key};
 use crate::limit::stack::INLINE;
 use crate::limit::{
     Algorithm, LimitKey, ManualClock, NANOS_PER_SEC, Nanos, Outcome, StackDecision, StackEntry,
@@ -456,6 +456,13 @@ impl Simulation {
         let mut exact_all = true;
         for (position, entry) in decision.entries.iter().enumerate() {
             if entry.outcome == Outcome::Skipped {
+                // A shadow limit that lacked its key under "deny": the 400 it
+                // would have been, counted as the gateway counts it.
+                let limit = &variant.snapshot.config.limits[plan.limits[position]];
+                if shadow_missing_key(limit, keys[position]) {
+                    stats.entries[position].applied += 1;
+                    stats.entries[position].shadow_denied += 1;
+                }
                 continue;
             }
             let counts = &mut stats.entries[position];
