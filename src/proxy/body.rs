@@ -309,7 +309,7 @@ impl ResponseBody {
     }
 
     /// Attaches what must happen when the response ends: `completion`, and
-    /// `timing` observed when the body ends (`finish`'s drop).
+    /// `timing`, observed when the body is dropped.
     pub fn with_completion(mut self, completion: Completion, timing: Option<BodyTiming>) -> Self {
         if let Some(timing) = timing {
             self.time_until_end(timing);
