@@ -1441,6 +1441,130 @@ async fn http2_upstreams_over_tls_and_h2c_carry_every_request_on_one_connection(
     assert_eq!(h2c.connections.load(Ordering::Relaxed), 2);
 }
 
+/// A TCP relay to `target` that can go silent: once frozen, the
+/// connections it carries at that moment forward nothing either way (their
+/// sockets stay open, as with an upstream host that vanished without a
+/// FIN), while later ones relay as before. It notes when the gateway closes
+/// a frozen connection.
+struct Relay {
+    addr: SocketAddr,
+    accepted: Arc<AtomicUsize>,
+    /// Connections numbered below this are frozen.
+    frozen_below: Arc<AtomicUsize>,
+    /// Frozen connections the gateway closed.
+    closed_frozen: Arc<AtomicUsize>,
+}
+
+impl Relay {
+    async fn start(target: SocketAddr) -> Relay {
+        use tokio::io::AsyncReadExt;
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let accepted = Arc::new(AtomicUsize::new(0));
+        let frozen_below = Arc::new(AtomicUsize::new(0));
+        let closed_frozen = Arc::new(AtomicUsize::new(0));
+        let (count, frozen, closed) = (
+            accepted.clone(),
+            frozen_below.clone(),
+            closed_frozen.clone(),
+        );
+        tokio::spawn(async move {
+            while let Ok((client, _)) = listener.accept().await {
+                let id = count.fetch_add(1, Ordering::SeqCst);
+                let upstream = TcpStream::connect(target).await.unwrap();
+                let (mut client_read, mut client_write) = client.into_split();
+                let (mut upstream_read, mut upstream_write) = upstream.into_split();
+                let (frozen_up, frozen_down) = (frozen.clone(), frozen.clone());
+                let closed = closed.clone();
+                // Gateway to upstream: dropped once frozen; the end is noted.
+                tokio::spawn(async move {
+                    let mut buf = vec![0u8; 16 * 1024];
+                    loop {
+                        match client_read.read(&mut buf).await {
+                            Ok(0) | Err(_) => {
+                                if id < frozen_up.load(Ordering::SeqCst) {
+                                    closed.fetch_add(1, Ordering::SeqCst);
+                                }
+                                return;
+                            }
+                            Ok(n) if id >= frozen_up.load(Ordering::SeqCst) => {
+                                if upstream_write.write_all(&buf[..n]).await.is_err() {
+                                    return;
+                                }
+                            }
+                            Ok(_) => {}
+                        }
+                    }
+                });
+                // Upstream to gateway: dropped once frozen.
+                tokio::spawn(async move {
+                    let mut buf = vec![0u8; 16 * 1024];
+                    while let Ok(n) = upstream_read.read(&mut buf).await {
+                        if n == 0 {
+                            return;
+                        }
+                        if id >= frozen_down.load(Ordering::SeqCst)
+                            && client_write.write_all(&buf[..n]).await.is_err()
+                        {
+                            return;
+                        }
+                    }
+                });
+            }
+        });
+        Relay {
+            addr,
+            accepted,
+            frozen_below,
+            closed_frozen,
+        }
+    }
+
+    /// Freezes every connection accepted so far.
+    fn freeze(&self) {
+        self.frozen_below
+            .store(self.accepted.load(Ordering::SeqCst), Ordering::SeqCst);
+    }
+}
+
+/// An HTTP/2 upstream connection that goes silent (its host gone, no FIN)
+/// is found out by PING: quiet for `read_timeout`, it is pinged, and with no
+/// answer within `connect_timeout` it is closed, so the next request opens
+/// a new connection instead of waiting on the dead one until `timeout`.
+#[tokio::test]
+async fn a_silent_http2_upstream_connection_is_pinged_and_replaced() {
+    let ca = Ca::new();
+    let h2c = H2Upstream::start(None).await;
+    let relay = Relay::start(h2c.addr).await;
+    let gw = https_upstream_gateway(
+        &ca,
+        &format!("http://127.0.0.1:{}", relay.addr.port()),
+        "http2 = true\nread_timeout = \"500ms\"\nconnect_timeout = \"500ms\"\ntimeout = \"10s\"",
+    );
+    assert_eq!(get(gw.addr, "/before", &[]).await.status, 200);
+    assert_eq!(relay.accepted.load(Ordering::SeqCst), 1);
+    relay.freeze();
+    // Closed within read_timeout + connect_timeout (1 s), with margin.
+    let deadline = Instant::now() + Duration::from_secs(8);
+    while relay.closed_frozen.load(Ordering::SeqCst) == 0 && Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert_eq!(
+        relay.closed_frozen.load(Ordering::SeqCst),
+        1,
+        "the gateway kept the silent connection: {}",
+        gw.stderr()
+    );
+    let started = Instant::now();
+    let reply = get(gw.addr, "/after", &[]).await;
+    assert_eq!(reply.status, 200, "{}", gw.stderr());
+    assert!(
+        started.elapsed() < Duration::from_secs(5),
+        "the request waited on the dead connection"
+    );
+    assert_eq!(relay.accepted.load(Ordering::SeqCst), 2);
+}
+
 #[tokio::test]
 async fn an_http2_upstream_that_only_speaks_http_1_1_is_a_502_saying_so() {
     let ca = Ca::new();

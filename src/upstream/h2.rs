@@ -224,7 +224,7 @@ impl H2Client {
     async fn connect(&self) -> Result<SendRequest<Outgoing>, PoolError> {
         connect_within(&self.address, self.connect_timeout, |stream| async {
             let Some(tls) = &self.tls else {
-                return handshake(TokioIo::new(stream)).await;
+                return handshake(TokioIo::new(stream), self.liveness()).await;
             };
             let stream = tls.handshake(stream).await?;
             if stream.get_ref().1.alpn_protocol() != Some(b"h2") {
@@ -233,20 +233,41 @@ impl H2Client {
                     "the upstream did not agree to HTTP/2 (ALPN h2); drop `http2 = true` for an HTTP/1.1 upstream",
                 ));
             }
-            handshake(TokioIo::new(stream)).await
+            handshake(TokioIo::new(stream), self.liveness()).await
         })
         .await
     }
+
+    /// How a connection is kept honest while it carries nothing: silent for
+    /// `read_timeout`, it is sent a PING, and no answer within
+    /// `connect_timeout` closes it, so that the next request opens a new one
+    /// rather than waiting on a connection whose upstream has gone.
+    fn liveness(&self) -> Liveness {
+        Liveness {
+            ping_after: self.read_timeout,
+            answer_within: self.connect_timeout,
+        }
+    }
+}
+
+/// PINGs on a quiet connection ([`H2Client::liveness`]).
+#[derive(Debug, Clone, Copy)]
+struct Liveness {
+    ping_after: Duration,
+    answer_within: Duration,
 }
 
 /// The HTTP/2 handshake on `io`; the connection is driven by a task of its
-/// own until it closes.
-async fn handshake<T>(io: T) -> io::Result<SendRequest<Outgoing>>
+/// own until it closes (or fails `liveness`).
+async fn handshake<T>(io: T, liveness: Liveness) -> io::Result<SendRequest<Outgoing>>
 where
     T: hyper::rt::Read + hyper::rt::Write + Unpin + Send + 'static,
 {
     let (sender, connection) = http2::Builder::new(TokioExecutor::new())
         .timer(TokioTimer::new())
+        .keep_alive_interval(liveness.ping_after)
+        .keep_alive_timeout(liveness.answer_within)
+        .keep_alive_while_idle(true)
         .handshake(io)
         .await
         .map_err(|error| io::Error::new(io::ErrorKind::InvalidData, error))?;
