@@ -5,7 +5,9 @@
 //!
 //! # What is logged, and what never is
 //!
-//! Method, path, route, status, duration, upstream and client address. The
+//! Method, path, route, status, duration (to the response's last byte: a
+//! streamed response's line is written when its body ends), upstream and
+//! client address. The
 //! path is logged **without the query string**, and no header value or body
 //! byte is ever logged: query parameters, headers and body fields are where API
 //! keys and user names travel (they are limiter keys, see `limits.*.key`).
@@ -19,6 +21,7 @@
 
 use std::net::IpAddr;
 use std::num::NonZeroU64;
+use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
@@ -122,6 +125,48 @@ pub struct LimitField<'a> {
     pub name: &'a str,
     pub remaining: u64,
     pub denied: bool,
+}
+
+/// The line of a request that is not over yet (its response body still
+/// streaming from the upstream): the same fields, owned, logged when the
+/// body ends with the request's whole duration.
+#[derive(Debug)]
+pub struct PendingLine {
+    pub method: http::Method,
+    /// `None`: logged as `"-"` (the log was off when the request came).
+    pub uri: Option<http::Uri>,
+    pub route: Arc<str>,
+    pub status: u16,
+    pub upstream: Option<Arc<str>>,
+    pub client_ip: IpAddr,
+    /// The limit's name, remaining and whether it denied.
+    pub limit: Option<(Arc<str>, u64, bool)>,
+    pub retries: u32,
+}
+
+impl PendingLine {
+    /// Emits the line, the request having taken `elapsed` in all.
+    pub fn log(&self, elapsed: Duration) {
+        log(&AccessEntry {
+            method: self.method.as_str(),
+            path: self.uri.as_ref().map_or("-", http::Uri::path),
+            route: &self.route,
+            status: self.status,
+            elapsed: Some(elapsed),
+            upstream: self.upstream.as_deref(),
+            client_ip: self.client_ip,
+            limit: self
+                .limit
+                .as_ref()
+                .map(|(name, remaining, denied)| LimitField {
+                    name,
+                    remaining: *remaining,
+                    denied: *denied,
+                }),
+            retries: self.retries,
+            refused: None,
+        });
+    }
 }
 
 /// Whether access-log events are recorded at all (the log filter may turn

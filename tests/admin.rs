@@ -504,6 +504,17 @@ async fn the_duration_of_a_streamed_response_runs_to_its_last_byte() {
     );
     let held = Duration::from_millis(400);
     tokio::time::sleep(held).await;
+    let stream_line = |stderr: &str| {
+        stderr
+            .lines()
+            .find(|l| l.contains("tollgate::access") && l.contains(r#"path="/stream""#))
+            .map(str::to_owned)
+    };
+    assert_eq!(
+        stream_line(&gateway.stderr()),
+        None,
+        "the access-log line waits for the body's end"
+    );
     upstream.release();
     let rest = body.collect().await.unwrap().to_bytes();
     assert_eq!(rest, "last\n");
@@ -529,5 +540,28 @@ async fn the_duration_of_a_streamed_response_runs_to_its_last_byte() {
     assert!(
         sum >= held.as_secs_f64(),
         "the duration ({sum} s) includes the {held:?} the body took"
+    );
+    // The access log's duration is the same whole time.
+    let deadline = Instant::now() + Duration::from_secs(5);
+    let line = loop {
+        if let Some(line) = stream_line(&gateway.stderr()) {
+            break line;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "no access-log line: {}",
+            gateway.stderr()
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    };
+    let duration_ms: f64 = line
+        .split("duration_ms=")
+        .nth(1)
+        .and_then(|rest| rest.split_whitespace().next())
+        .and_then(|v| v.parse().ok())
+        .unwrap_or_else(|| panic!("no duration in {line}"));
+    assert!(
+        duration_ms >= held.as_millis() as f64,
+        "the logged duration ({duration_ms} ms) includes the body's {held:?}: {line}"
     );
 }

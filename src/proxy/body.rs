@@ -21,6 +21,7 @@ use http_body::{Body, Frame, SizeHint};
 use crate::http1::client::UpstreamBody;
 use crate::http1::client::exchange::OutgoingBody;
 // The server side's request body, named here beside the bodies it becomes.
+use crate::access_log::PendingLine;
 pub use crate::http1::server::ClientBody;
 use crate::http1::server::ConnActivity;
 use crate::limit::Permits;
@@ -235,10 +236,10 @@ impl Drop for Completion {
     }
 }
 
-/// The request-duration observation of a response whose body is still
-/// arriving from the upstream: made when the body is dropped (its last byte
-/// sent, or the client gone), so the histogram holds the request's whole
-/// time, not just the time to its head.
+/// The request-duration observation and access-log line of a response
+/// whose body is still arriving from the upstream: made when the body is
+/// dropped (its last byte sent, or the client gone), so both hold the
+/// request's whole time, not just the time to its head.
 #[derive(Debug)]
 pub struct BodyTiming {
     histogram: DurationHistogram,
@@ -246,6 +247,8 @@ pub struct BodyTiming {
     to_head: Duration,
     /// When the head was ready.
     head_at: Instant,
+    /// `None` when the access log is off, or the line was not to be written.
+    line: Option<PendingLine>,
 }
 
 impl BodyTiming {
@@ -254,14 +257,23 @@ impl BodyTiming {
             histogram,
             to_head,
             head_at: Instant::now(),
+            line: None,
         }
+    }
+
+    /// Writes `line` when the body ends, with the whole duration.
+    pub fn log_at_end(&mut self, line: PendingLine) {
+        self.line = Some(line);
     }
 }
 
 impl Drop for BodyTiming {
     fn drop(&mut self) {
-        self.histogram
-            .observe(self.to_head + self.head_at.elapsed());
+        let elapsed = self.to_head + self.head_at.elapsed();
+        self.histogram.observe(elapsed);
+        if let Some(line) = &self.line {
+            line.log(elapsed);
+        }
     }
 }
 

@@ -34,7 +34,7 @@ use smallvec::SmallVec;
 use bytes::{Bytes, BytesMut};
 use http_body_util::BodyExt;
 
-use crate::access_log::{self, AccessEntry};
+use crate::access_log::{self, AccessEntry, PendingLine};
 use crate::app::{App, RoutePlan, Snapshot};
 use crate::config::{Config, Consumer, LimitConfig, OnFailure, RouteAction, RouteConfig};
 use crate::http::content_length;
@@ -204,9 +204,9 @@ impl Observation {
     }
 
     /// Step 8: metrics and the access-log line of the answered request.
-    /// The duration histogram holds the request's whole time: a body still
-    /// arriving from the upstream is timed until it ends, by the returned
-    /// timing (the access log's `elapsed` is to the response head).
+    /// Both hold the request's whole time: for a body still arriving from
+    /// the upstream, the returned timing observes the duration and writes
+    /// the line when the body ends.
     fn finish(
         self,
         app: &App,
@@ -238,6 +238,13 @@ impl Observation {
         if notes.limit.is_some_and(|l| l.denied) && !snapshot.denied_log.should_log_denied() {
             return timing;
         }
+        if let Some(mut timing) = timing {
+            // Written when the body ends, with the whole duration.
+            if access_log::enabled() {
+                timing.log_at_end(self.pending_line(snapshot, route, status, notes));
+            }
+            return Some(timing);
+        }
         access_log::log(&AccessEntry {
             method: self.method.as_str(),
             // The filter turned the log on during the request: no path.
@@ -258,7 +265,39 @@ impl Observation {
             retries: notes.retries,
             refused: None,
         });
-        timing
+        None
+    }
+
+    /// The access-log line of a request whose body is still streaming, to
+    /// be written when it ends. Out of line: rare, and it allocates.
+    #[cold]
+    #[inline(never)]
+    fn pending_line(
+        &self,
+        snapshot: &Snapshot,
+        route: &Arc<str>,
+        status: u16,
+        notes: &Notes,
+    ) -> PendingLine {
+        PendingLine {
+            method: self.method.clone(),
+            uri: self.uri.clone(),
+            route: route.clone(),
+            status,
+            upstream: notes
+                .route_index
+                .and_then(|i| upstream_label(snapshot, i))
+                .cloned(),
+            client_ip: notes.client_ip.unwrap_or(self.downstream.peer.ip()),
+            limit: notes.limit.map(|note| {
+                (
+                    snapshot.labels.limits[note.index].clone(),
+                    note.remaining,
+                    note.denied,
+                )
+            }),
+            retries: notes.retries,
+        }
     }
 }
 
