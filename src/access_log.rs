@@ -21,7 +21,6 @@
 
 use std::net::IpAddr;
 use std::num::NonZeroU64;
-use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
@@ -128,28 +127,44 @@ pub struct LimitField<'a> {
 }
 
 /// The line of a request that is not over yet (its response body still
-/// streaming from the upstream): the same fields, owned, logged when the
+/// streaming from the upstream): an owned copy of its entry, logged when the
 /// body ends with the request's whole duration.
 #[derive(Debug)]
 pub struct PendingLine {
-    pub method: http::Method,
-    /// `None`: logged as `"-"` (the log was off when the request came).
-    pub uri: Option<http::Uri>,
-    pub route: Arc<str>,
-    pub status: u16,
-    pub upstream: Option<Arc<str>>,
-    pub client_ip: IpAddr,
+    method: Box<str>,
+    path: Box<str>,
+    route: Box<str>,
+    status: u16,
+    upstream: Option<Box<str>>,
+    client_ip: IpAddr,
     /// The limit's name, remaining and whether it denied.
-    pub limit: Option<(Arc<str>, u64, bool)>,
-    pub retries: u32,
+    limit: Option<(Box<str>, u64, bool)>,
+    retries: u32,
 }
 
 impl PendingLine {
+    /// `entry` kept for later (its duration is the one `log` is given).
+    /// Out of line: rare, and it allocates.
+    #[cold]
+    #[inline(never)]
+    pub fn of(entry: &AccessEntry<'_>) -> PendingLine {
+        PendingLine {
+            method: entry.method.into(),
+            path: entry.path.into(),
+            route: entry.route.into(),
+            status: entry.status,
+            upstream: entry.upstream.map(Into::into),
+            client_ip: entry.client_ip,
+            limit: entry.limit.map(|l| (l.name.into(), l.remaining, l.denied)),
+            retries: entry.retries,
+        }
+    }
+
     /// Emits the line, the request having taken `elapsed` in all.
     pub fn log(&self, elapsed: Duration) {
         log(&AccessEntry {
-            method: self.method.as_str(),
-            path: self.uri.as_ref().map_or("-", http::Uri::path),
+            method: &self.method,
+            path: &self.path,
             route: &self.route,
             status: self.status,
             elapsed: Some(elapsed),

@@ -238,14 +238,7 @@ impl Observation {
         if notes.limit.is_some_and(|l| l.denied) && !snapshot.denied_log.should_log_denied() {
             return timing;
         }
-        if let Some(mut timing) = timing {
-            // Written when the body ends, with the whole duration.
-            if access_log::enabled() {
-                timing.log_at_end(self.pending_line(snapshot, route, status, notes));
-            }
-            return Some(timing);
-        }
-        access_log::log(&AccessEntry {
+        let entry = AccessEntry {
             method: self.method.as_str(),
             // The filter turned the log on during the request: no path.
             path: self.uri.as_ref().map_or("-", Uri::path),
@@ -264,39 +257,19 @@ impl Observation {
             }),
             retries: notes.retries,
             refused: None,
-        });
-        None
-    }
-
-    /// The access-log line of a request whose body is still streaming, to
-    /// be written when it ends. Out of line: rare, and it allocates.
-    #[cold]
-    #[inline(never)]
-    fn pending_line(
-        &self,
-        snapshot: &Snapshot,
-        route: &Arc<str>,
-        status: u16,
-        notes: &Notes,
-    ) -> PendingLine {
-        PendingLine {
-            method: self.method.clone(),
-            uri: self.uri.clone(),
-            route: route.clone(),
-            status,
-            upstream: notes
-                .route_index
-                .and_then(|i| upstream_label(snapshot, i))
-                .cloned(),
-            client_ip: notes.client_ip.unwrap_or(self.downstream.peer.ip()),
-            limit: notes.limit.map(|note| {
-                (
-                    snapshot.labels.limits[note.index].clone(),
-                    note.remaining,
-                    note.denied,
-                )
-            }),
-            retries: notes.retries,
+        };
+        match timing {
+            // Written when the body ends, with the whole duration.
+            Some(mut timing) => {
+                if access_log::enabled() {
+                    timing.log_at_end(PendingLine::of(&entry));
+                }
+                Some(timing)
+            }
+            None => {
+                access_log::log(&entry);
+                None
+            }
         }
     }
 }
@@ -472,15 +445,7 @@ async fn route_and_act(
         }
     };
     if let Some(admitted) = admitted {
-        let view = admitted.view(snapshot);
-        let policy = admitted.policy(plan);
-        ratelimit::limit_fields(
-            &mut fields,
-            view,
-            &admitted.decision.entries,
-            policy,
-            admitted.focus,
-        );
+        admitted.push_limit_fields(&mut fields, snapshot, plan);
         // Ours replace an upstream's fields of the same names.
         fields.drop_replaced();
     }
@@ -498,13 +463,7 @@ fn failed_request_fields(
     admitted: &Admitted<'_>,
 ) -> FieldLines {
     let mut fields = FieldLines::new();
-    ratelimit::limit_fields(
-        &mut fields,
-        admitted.view(snapshot),
-        &admitted.decision.entries,
-        admitted.policy(plan),
-        admitted.focus,
-    );
+    admitted.push_limit_fields(&mut fields, snapshot, plan);
     fields
 }
 
@@ -652,6 +611,18 @@ impl Admitted<'_> {
             algorithms: &self.algorithms,
             server: snapshot.config.server.headers,
         }
+    }
+
+    /// The rate-limit fields of an admitted request, added to `fields`.
+    #[inline]
+    fn push_limit_fields(&self, fields: &mut FieldLines, snapshot: &Snapshot, plan: &RoutePlan) {
+        ratelimit::limit_fields(
+            fields,
+            self.view(snapshot),
+            &self.decision.entries,
+            self.policy(plan),
+            self.focus,
+        );
     }
 
     /// `RateLimit-Policy`: precomputed for the route and this caller's plan.
