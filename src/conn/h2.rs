@@ -126,17 +126,12 @@ pub(crate) async fn serve<S>(
 /// `enhance_your_calm`), as the metric's label; `None` for an I/O error, a
 /// client's own GOAWAY, or anything else.
 fn goaway_sent(error: &hyper::Error) -> Option<&'static str> {
-    let mut source = std::error::Error::source(error);
-    while let Some(cause) = source {
-        if let Some(h2) = cause.downcast_ref::<h2::Error>() {
-            if !(h2.is_go_away() && h2.is_library()) {
-                return None;
-            }
-            return Some(reason_label(h2.reason()?));
-        }
-        source = cause.source();
+    let h2 = std::iter::successors(std::error::Error::source(error), |cause| cause.source())
+        .find_map(|cause| cause.downcast_ref::<h2::Error>())?;
+    if !(h2.is_go_away() && h2.is_library()) {
+        return None;
     }
-    None
+    Some(reason_label(h2.reason()?))
 }
 
 /// RFC 9113 §7's error codes, in lower case.

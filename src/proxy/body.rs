@@ -55,16 +55,11 @@ impl ClientBodyError {
     pub fn of(error: &std::io::Error) -> Option<&ClientBodyError> {
         // Directly inside (the HTTP/1.1 client), or a source of what is
         // (hyper's HTTP/2 client wraps it).
-        let mut next: Option<&(dyn std::error::Error + 'static)> = error
+        let inner = error
             .get_ref()
             .map(|inner| inner as &(dyn std::error::Error + 'static));
-        while let Some(error) = next {
-            if let Some(found) = error.downcast_ref::<ClientBodyError>() {
-                return Some(found);
-            }
-            next = error.source();
-        }
-        None
+        std::iter::successors(inner, |error| error.source())
+            .find_map(|error| error.downcast_ref::<ClientBodyError>())
     }
 }
 
