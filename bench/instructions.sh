@@ -75,29 +75,28 @@ count() {
   wrk -t1 -c16 -d2s "$SCHEME://127.0.0.1:$PORT/" >/dev/null
   callgrind_control -i on "$pid" >/dev/null 2>&1
   if [ "$TLS" = 1 ]; then
-    local short long
     wrk -t1 -c16 -d2s "$SCHEME://127.0.0.1:$PORT/" >"$TMP/wrk.short"
     callgrind_control -d "$pid" >/dev/null 2>&1
     wrk -t1 -c16 -d6s "$SCHEME://127.0.0.1:$PORT/" >"$TMP/wrk.out"
-    callgrind_control -d "$pid" >/dev/null 2>&1
-    sleep 0.5
-    kill "$pid"
-    wait "$pid" 2>/dev/null || true
-    # Dumps number from 1 in order: .1 is the short run, .2 the long one.
-    short=$(grep -h -m1 '^summary:' "$out".*.1 | awk '{print $2}')
-    long=$(grep -h -m1 '^summary:' "$out".*.2 | awk '{print $2}')
-    requests=$(($(awk '/requests in/ {print $1}' "$TMP/wrk.out") - $(awk '/requests in/ {print $1}' "$TMP/wrk.short")))
-    echo $(((long - short) / requests))
-    return
+  else
+    wrk -t1 -c16 -d5s "$SCHEME://127.0.0.1:$PORT/" >"$TMP/wrk.out"
   fi
-  wrk -t1 -c16 -d5s "$SCHEME://127.0.0.1:$PORT/" >"$TMP/wrk.out"
   callgrind_control -d "$pid" >/dev/null 2>&1
   sleep 0.5
   kill "$pid"
   wait "$pid" 2>/dev/null || true
   requests=$(awk '/requests in/ {print $1}' "$TMP/wrk.out")
-  total=$(for f in "$out".*; do grep -m1 '^summary:' "$f" | awk '{print $2}'; done | sort -n | tail -1)
-  echo $((total / requests))
+  if [ "$TLS" = 1 ]; then
+    # Dumps number from 1 in order: .1 is the short run, .2 the long one.
+    local short long
+    short=$(grep -h -m1 '^summary:' "$out".*.1 | awk '{print $2}')
+    long=$(grep -h -m1 '^summary:' "$out".*.2 | awk '{print $2}')
+    requests=$((requests - $(awk '/requests in/ {print $1}' "$TMP/wrk.short")))
+    echo $(((long - short) / requests))
+  else
+    total=$(for f in "$out".*; do grep -m1 '^summary:' "$f" | awk '{print $2}'; done | sort -n | tail -1)
+    echo $((total / requests))
+  fi
 }
 
 # The peer: nginx `limit_req` configured as in bench/load.sh, as one process
