@@ -467,17 +467,11 @@ async fn the_duration_of_a_streamed_response_runs_to_its_last_byte() {
         "{}\n[[routes]]\nname = \"stream\"\nmatch = {{ path = \"/stream\" }}\nupstream = \"api\"\n",
         config(&upstream)
     ));
-    let stream = tokio::net::TcpStream::connect(gateway.addr).await.unwrap();
-    let (mut sender, connection) =
-        hyper::client::conn::http1::handshake(hyper_util::rt::TokioIo::new(stream))
-            .await
-            .unwrap();
-    tokio::spawn(connection);
     let request = Request::get("/stream")
         .header("host", "x")
         .body(Full::new(Bytes::new()))
         .unwrap();
-    let response = sender.send_request(request).await.unwrap();
+    let response = common::send_streaming(gateway.addr, request).await;
     assert_eq!(response.status(), 200);
     let mut body = response.into_body();
     use http_body_util::BodyExt;

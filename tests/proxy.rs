@@ -216,17 +216,11 @@ async fn slow_upstream_is_504_problem_json() {
 async fn response_body_streams() {
     let upstream = TestUpstream::start().await;
     let gateway = Gateway::start(&config(&upstream, ""));
-    let stream = tokio::net::TcpStream::connect(gateway.addr).await.unwrap();
-    let (mut sender, connection) =
-        hyper::client::conn::http1::handshake(hyper_util::rt::TokioIo::new(stream))
-            .await
-            .unwrap();
-    tokio::spawn(connection);
     let request = Request::get("/stream")
         .header("host", "x")
         .body(Full::new(Bytes::new()))
         .unwrap();
-    let response = sender.send_request(request).await.unwrap();
+    let response = common::send_streaming(gateway.addr, request).await;
     let mut body = response.into_body();
     // The upstream holds its last chunk until the first has reached us.
     let first = tokio::time::timeout(Duration::from_secs(5), body.frame())

@@ -11,7 +11,7 @@ use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
 use common::redis::Redis;
-use common::{Gateway, TestUpstream, get};
+use common::{Gateway, TestUpstream, gateway_toml, get};
 
 /// A gateway on `redis` with `store_extra` in `[store]`, an admin listener
 /// and the given limits and routes (`{upstream}` is the test upstream).
@@ -194,10 +194,7 @@ fn remaining_and_reset(field: &str) -> (u64, u64) {
 
 /// A gateway with the memory store, the test upstream, and `body`.
 fn memory_gateway(upstream: &TestUpstream, body: &str) -> Gateway {
-    Gateway::start(&format!(
-        "[server]\nlisten = \"127.0.0.1:0\"\n\n[upstreams.api]\nurl = \"{}\"\n{body}",
-        upstream.url()
-    ))
+    Gateway::start(&gateway_toml(upstream, "", body))
 }
 
 /// Sends `n` requests for `route` as `user` to both gateways in turn: each

@@ -502,14 +502,22 @@ impl Reply {
     }
 }
 
-/// Sends one request on a new connection and reads the whole response.
-pub async fn send(addr: SocketAddr, request: Request<Full<Bytes>>) -> Reply {
+/// Sends one request on a new connection; its body is read as it comes.
+pub async fn send_streaming(
+    addr: SocketAddr,
+    request: Request<Full<Bytes>>,
+) -> hyper::Response<hyper::body::Incoming> {
     let stream = TcpStream::connect(addr).await.expect("connect");
     let (mut sender, connection) = hyper::client::conn::http1::handshake(TokioIo::new(stream))
         .await
         .expect("handshake");
     tokio::spawn(connection);
-    let response = sender.send_request(request).await.expect("response");
+    sender.send_request(request).await.expect("response")
+}
+
+/// Sends one request on a new connection and reads the whole response.
+pub async fn send(addr: SocketAddr, request: Request<Full<Bytes>>) -> Reply {
+    let response = send_streaming(addr, request).await;
     let status = response.status().as_u16();
     let headers = response.headers().clone();
     let body = response
