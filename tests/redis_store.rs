@@ -159,6 +159,10 @@ limits = ["lb"]
 "#;
 
 #[tokio::test]
+#[cfg_attr(
+    not(has_redis),
+    ignore = "needs redis-server and redis-cli: apt-get install -y redis-server redis-tools"
+)]
 async fn two_gateways_admit_exactly_the_limit_for_every_algorithm() {
     let redis = Redis::start();
     let upstream = TestUpstream::start().await;
@@ -244,6 +248,10 @@ async fn assert_same_answers(
 
 /// The same requests on the memory store and on Redis get the same answer.
 #[tokio::test]
+#[cfg_attr(
+    not(has_redis),
+    ignore = "needs redis-server and redis-cli: apt-get install -y redis-server redis-tools"
+)]
 async fn redis_answers_every_algorithm_as_the_memory_store_does() {
     let redis = Redis::start();
     let upstream = TestUpstream::start().await;
@@ -259,6 +267,10 @@ async fn redis_answers_every_algorithm_as_the_memory_store_does() {
 /// 10 s window, a second from where the weighted estimate of 5 earlier
 /// requests changes (every 2 s), so both requests of a pair see the same.
 #[tokio::test]
+#[cfg_attr(
+    not(has_redis),
+    ignore = "needs redis-server and redis-cli: apt-get install -y redis-server redis-tools"
+)]
 async fn redis_weights_the_previous_sliding_window_as_the_memory_store_does() {
     let body = r#"
 [limits.sw]
@@ -296,6 +308,10 @@ limits = ["sw"]
 }
 
 #[tokio::test]
+#[cfg_attr(
+    not(has_redis),
+    ignore = "needs redis-server and redis-cli: apt-get install -y redis-server redis-tools"
+)]
 async fn concurrency_slots_are_leases_shared_and_released() {
     let redis = Redis::start();
     let upstream = TestUpstream::start().await;
@@ -353,6 +369,10 @@ fn window_count(redis: &Redis, key: &str) -> u64 {
 }
 
 #[tokio::test]
+#[cfg_attr(
+    not(has_redis),
+    ignore = "needs redis-server and redis-cli: apt-get install -y redis-server redis-tools"
+)]
 async fn a_shared_stack_is_all_or_nothing_under_concurrent_requests() {
     let redis = Redis::start();
     let upstream = TestUpstream::start().await;
@@ -421,6 +441,10 @@ limits = ["per_user", "per_route"]
 }
 
 #[tokio::test]
+#[cfg_attr(
+    not(has_redis),
+    ignore = "needs redis-server and redis-cli: apt-get install -y redis-server redis-tools"
+)]
 async fn script_flush_under_load_reloads_the_script() {
     let redis = Redis::start();
     let upstream = TestUpstream::start().await;
@@ -515,6 +539,10 @@ async fn until_metric(gateway: &Gateway, name: &str, value: f64, within: Duratio
 }
 
 #[tokio::test]
+#[cfg_attr(
+    not(has_redis),
+    ignore = "needs redis-server and redis-cli: apt-get install -y redis-server redis-tools"
+)]
 async fn local_fallback_serves_through_a_redis_restart_on_the_same_port() {
     let mut redis = Redis::start();
     let upstream = TestUpstream::start().await;
@@ -574,6 +602,10 @@ async fn local_fallback_serves_through_a_redis_restart_on_the_same_port() {
 }
 
 #[tokio::test]
+#[cfg_attr(
+    not(has_redis),
+    ignore = "needs redis-server and redis-cli: apt-get install -y redis-server redis-tools"
+)]
 async fn deny_mode_answers_503_and_readyz_503_while_redis_is_down() {
     let mut redis = Redis::start();
     let upstream = TestUpstream::start().await;
@@ -610,6 +642,10 @@ async fn deny_mode_answers_503_and_readyz_503_while_redis_is_down() {
 }
 
 #[tokio::test]
+#[cfg_attr(
+    not(has_redis),
+    ignore = "needs redis-server and redis-cli: apt-get install -y redis-server redis-tools"
+)]
 async fn allow_mode_admits_while_redis_is_down() {
     let mut redis = Redis::start();
     let upstream = TestUpstream::start().await;
@@ -628,6 +664,10 @@ async fn allow_mode_admits_while_redis_is_down() {
 }
 
 #[tokio::test]
+#[cfg_attr(
+    not(has_redis),
+    ignore = "needs redis-server and redis-cli: apt-get install -y redis-server redis-tools"
+)]
 async fn a_redis_that_never_answers_costs_no_more_than_the_timeout() {
     let mut redis = Redis::start();
     let upstream = TestUpstream::start().await;
@@ -677,6 +717,10 @@ timeout = "100ms"
 }
 
 #[tokio::test]
+#[cfg_attr(
+    not(has_redis),
+    ignore = "needs redis-server and redis-cli: apt-get install -y redis-server redis-tools"
+)]
 async fn local_limits_stay_per_node_and_are_refunded_by_a_shared_denial() {
     let redis = Redis::start();
     let upstream = TestUpstream::start().await;
@@ -741,6 +785,10 @@ limits = ["node", "all"]
 }
 
 #[tokio::test]
+#[cfg_attr(
+    not(has_redis),
+    ignore = "needs redis-server and redis-cli: apt-get install -y redis-server redis-tools"
+)]
 async fn cost_header_settles_against_redis() {
     let redis = Redis::start();
     let upstream = TestUpstream::start().await;
@@ -793,6 +841,10 @@ limits = ["budget"]
 }
 
 #[test]
+#[cfg_attr(
+    not(has_redis),
+    ignore = "needs redis-server and redis-cli: apt-get install -y redis-server redis-tools"
+)]
 fn check_accepts_redis_and_names_every_bad_store_key() {
     let dir = tempfile::tempdir().expect("tempdir");
     let path = dir.path().join("gateway.toml");
@@ -929,6 +981,10 @@ limits = ["per_user", "per_route"]
 "#;
 
 #[tokio::test]
+#[cfg_attr(
+    not(has_redis),
+    ignore = "needs redis-server and redis-cli: apt-get install -y redis-server redis-tools"
+)]
 async fn cluster_stacks_across_slots_are_all_or_nothing() {
     let cluster = common::redis::Cluster::start(3, 0);
     let upstream = TestUpstream::start().await;
@@ -986,6 +1042,10 @@ async fn cluster_stacks_across_slots_are_all_or_nothing() {
 }
 
 #[tokio::test]
+#[cfg_attr(
+    not(has_redis),
+    ignore = "needs redis-server and redis-cli: apt-get install -y redis-server redis-tools"
+)]
 async fn cluster_failover_while_serving() {
     let mut cluster = common::redis::Cluster::start(3, 1);
     let upstream = TestUpstream::start().await;
@@ -1048,6 +1108,10 @@ async fn admitted(gateway: &Gateway, user: &str, n: usize) -> usize {
 }
 
 #[tokio::test]
+#[cfg_attr(
+    not(has_redis),
+    ignore = "needs redis-server and redis-cli: apt-get install -y redis-server redis-tools"
+)]
 async fn auto_local_fraction_splits_the_fallback_between_live_nodes() {
     let mut redis = Redis::start();
     let upstream = TestUpstream::start().await;
@@ -1120,6 +1184,10 @@ fn evalsha_calls(redis: &Redis) -> u64 {
 }
 
 #[tokio::test]
+#[cfg_attr(
+    not(has_redis),
+    ignore = "needs redis-server and redis-cli: apt-get install -y redis-server redis-tools"
+)]
 async fn leased_tokens_cut_redis_calls_and_keep_the_bound() {
     let redis = Redis::start();
     let upstream = TestUpstream::start().await;
@@ -1245,6 +1313,10 @@ async fn burst_while_paused(
 }
 
 #[tokio::test]
+#[cfg_attr(
+    not(has_redis),
+    ignore = "needs redis-server and redis-cli: apt-get install -y redis-server redis-tools"
+)]
 async fn concurrent_decisions_share_script_calls_and_admit_exactly_the_limit() {
     let mut redis = Redis::start();
     let upstream = TestUpstream::start().await;
@@ -1302,6 +1374,10 @@ limits = ["fw", "tb"]
 }
 
 #[tokio::test]
+#[cfg_attr(
+    not(has_redis),
+    ignore = "needs redis-server and redis-cli: apt-get install -y redis-server redis-tools"
+)]
 async fn a_denied_stack_in_a_batch_charges_nothing_and_spares_the_others() {
     let mut redis = Redis::start();
     let upstream = TestUpstream::start().await;
@@ -1362,6 +1438,10 @@ limits = ["per_route", "per_user"]
 }
 
 #[tokio::test]
+#[cfg_attr(
+    not(has_redis),
+    ignore = "needs redis-server and redis-cli: apt-get install -y redis-server redis-tools"
+)]
 async fn a_node_takes_one_lease_at_a_time_when_its_requests_miss_together() {
     let mut redis = Redis::start();
     let upstream = TestUpstream::start().await;

@@ -675,19 +675,9 @@ async fn rapid_reset_disconnects_the_client() {
     assert_eq!(metric(&metrics(&gw).await, series), 1);
 }
 
-fn curl_present() -> bool {
-    std::process::Command::new("curl")
-        .arg("--version")
-        .output()
-        .is_ok_and(|o| o.status.success())
-}
-
 #[tokio::test]
+#[cfg_attr(not(has_curl), ignore = "needs curl: apt-get install -y curl")]
 async fn curl_http2_and_prior_knowledge() {
-    if !curl_present() {
-        eprintln!("curl not found: skipped");
-        return;
-    }
     let upstream = TestUpstream::start().await;
     let ca = Ca::new();
     let dir = dir_with_cert(&ca, &["gateway.test"]);
@@ -709,7 +699,9 @@ async fn curl_http2_and_prior_knowledge() {
                 ])
                 .args(&args)
                 .output()
-                .unwrap();
+                .unwrap_or_else(|e| {
+                    panic!("cannot run curl ({e}); install it: apt-get install -y curl")
+                });
             (
                 String::from_utf8_lossy(&output.stdout).into_owned(),
                 String::from_utf8_lossy(&output.stderr).into_owned(),
