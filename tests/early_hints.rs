@@ -1,4 +1,4 @@
-//! Interim (1xx) responses (issue 16, RFC 9110 §15.2): an upstream's
+//! Interim (1xx) responses (RFC 9110 §15.2): an upstream's
 //! `103 Early Hints` reaches an HTTP/1.1 client before the final response,
 //! as it arrives; an HTTP/1.0 client gets only the final response; an
 //! upstream's `100 Continue` is not relayed (the gateway answers a client's

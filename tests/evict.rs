@@ -1,4 +1,4 @@
-//! Oldest-idle eviction at `max_connections` (issue 16): when the process
+//! Oldest-idle eviction at `max_connections`: when the process
 //! is at its cap, the keep-alive connection idle the longest is closed so a
 //! new client is served instead of waiting in the accept backlog; a
 //! connection in the middle of a request is never closed for it. Real

@@ -1,4 +1,4 @@
-//! A new user's first hour (issue 18), through the binary: `check` warns
+//! A new user's first hour, through the binary: `check` warns
 //! about limits that a request can walk around, config errors show the form
 //! to write, a port in use names its line, the decision metrics say what
 //! happened to the request, `/limits/NAME` explains a key's state, and the

@@ -1,5 +1,5 @@
 //! Limits that cannot be walked around by spelling a path differently or by
-//! upgrading the connection (issue 16), through real sockets: every
+//! upgrading the connection, through real sockets: every
 //! encoding of a limited path meets that path's limit, the upstream sees the
 //! normalised path, what cannot be normalised is 400, and only the allowed
 //! upgrades are tunnelled.

@@ -1,4 +1,4 @@
-//! Upstream retries with full jitter and a budget (issue 16), end to end: a
+//! Upstream retries with full jitter and a budget, end to end: a
 //! flaky upstream is retried for idempotent requests only, `Retry-After` is
 //! honoured within the upstream's timeout, and a dead upstream gets no more
 //! retries than the budget allows.

@@ -1,4 +1,4 @@
-//! Time limits on bodies (issue 16): an upstream that stops sending its
+//! Time limits on bodies: an upstream that stops sending its
 //! response body mid-way cannot hold the client's and its own connection
 //! for ever — past `read_timeout` the client's stream is cut, the upstream
 //! connection is dropped, and the failure is counted as `kind="timeout"`;
