@@ -8,7 +8,7 @@ mod common;
 
 use std::time::Duration;
 
-use common::{Gateway, TestUpstream, get, raw, tollgate};
+use common::{Gateway, TestUpstream, get, raw, raw_for, tollgate};
 
 fn config(upstream: &TestUpstream, server_extra: &str) -> String {
     format!(
@@ -150,7 +150,7 @@ async fn only_allowed_upgrades_are_tunnelled() {
     let gateway = Gateway::start(&config(&upstream, ""));
     // h2c would tunnel every later request past routing and limits: the
     // gateway forwards the request as a plain one.
-    let reply = raw(
+    let reply = raw_for(
         gateway.addr,
         b"GET /plain HTTP/1.1\r\nhost: x\r\nconnection: Upgrade, HTTP2-Settings\r\nupgrade: h2c\r\nhttp2-settings: AAMAAABkAARAAAAAAAIAAAAA\r\n\r\n",
         Duration::from_secs(2),
@@ -169,7 +169,7 @@ async fn only_allowed_upgrades_are_tunnelled() {
     .await;
     assert_eq!(status(&reply), "502", "{reply}");
     // A websocket upgrade is tunnelled (101).
-    let reply = raw(
+    let reply = raw_for(
         gateway.addr,
         b"GET /upgrade HTTP/1.1\r\nhost: x\r\nconnection: Upgrade\r\nupgrade: websocket\r\n\r\n",
         Duration::from_millis(500),

@@ -6,7 +6,7 @@ mod common;
 use std::time::Duration;
 
 use bytes::Bytes;
-use common::{Gateway, TestUpstream, get, raw, send};
+use common::{Gateway, TestUpstream, get, raw, raw_for, send};
 use http_body_util::{BodyExt, Full};
 use hyper::Request;
 
@@ -286,8 +286,9 @@ async fn oversized_bodies_are_413() {
         reply.header("content-type"),
         Some("application/problem+json")
     );
-    // Chunked, no declared length: cut off while streaming.
-    let answer = raw(
+    // Chunked, no declared length: cut off while streaming (the whole
+    // body was sent, so the connection may stay open).
+    let answer = raw_for(
         gateway.addr,
         b"POST /small HTTP/1.1\r\nhost: x\r\ntransfer-encoding: chunked\r\n\r\n10\r\n0123456789abcdef\r\n10\r\n0123456789abcdef\r\n0\r\n\r\n",
         Duration::from_secs(5),
@@ -323,18 +324,14 @@ async fn slow_request_heads_are_cut_off() {
         &upstream,
         "header_read_timeout = \"300ms\"\nidle_timeout = \"30s\"",
     ));
-    let started = std::time::Instant::now();
-    // Half a request head, then silence: the connection must be closed.
+    // Half a request head, then silence: the connection must be closed
+    // (`raw` fails the test if it is still open after 10 s).
     let answer = raw(
         gateway.addr,
         b"GET / HTTP/1.1\r\nhost: x\r\n",
         Duration::from_secs(10),
     )
     .await;
-    assert!(
-        started.elapsed() < Duration::from_secs(9),
-        "connection was not closed"
-    );
     assert!(!answer.contains("200"), "{answer}");
 }
 
@@ -354,13 +351,11 @@ async fn idle_keep_alive_connections_are_closed() {
     .await;
     assert!(answer.starts_with("HTTP/1.1 200"), "{answer}");
     let elapsed = started.elapsed();
+    // Closed (`raw` fails the test otherwise), and not before the idle
+    // timeout: a lower bound, which a slow machine cannot break.
     assert!(
         elapsed >= Duration::from_millis(300),
         "closed too early: {elapsed:?}"
-    );
-    assert!(
-        elapsed < Duration::from_secs(9),
-        "idle connection was not closed"
     );
 }
 

@@ -1420,7 +1420,7 @@ async fn http2_upstreams_over_tls_and_h2c_carry_every_request_on_one_connection(
         &format!("http://127.0.0.1:{}", h2c.addr.port()),
         "http2 = true",
     );
-    let answer = common::raw(
+    let answer = common::raw_for(
         gw.addr,
         b"GET /ws HTTP/1.1\r\nHost: gateway.test\r\nConnection: Upgrade\r\nUpgrade: websocket\r\nSec-WebSocket-Version: 13\r\nSec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\n\r\n",
         Duration::from_secs(2),

@@ -542,12 +542,28 @@ pub async fn get(addr: SocketAddr, path: &str, headers: &[(&str, &str)]) -> Repl
     send(addr, builder.body(Full::new(Bytes::new())).unwrap()).await
 }
 
-/// Writes raw bytes and reads until the server closes or `timeout` passes.
+/// Writes raw bytes and reads until the server closes the connection,
+/// which it must do within `timeout`: a gateway that hangs instead of
+/// closing fails the test (with what it had sent).
 pub async fn raw(addr: SocketAddr, bytes: &[u8], timeout: Duration) -> String {
     let mut stream = TcpStream::connect(addr).await.expect("connect");
     stream.write_all(bytes).await.expect("write");
     let mut out = Vec::new();
-    let _ = tokio::time::timeout(timeout, stream.read_to_end(&mut out)).await;
+    let read = tokio::time::timeout(timeout, stream.read_to_end(&mut out)).await;
+    let out = String::from_utf8_lossy(&out).into_owned();
+    match read {
+        Ok(_) => out,
+        Err(_) => panic!("the connection was still open after {timeout:?}; read so far: {out:?}"),
+    }
+}
+
+/// Writes raw bytes and reads what arrives for `wait`, whether or not the
+/// server closes: for answers on a connection that stays open.
+pub async fn raw_for(addr: SocketAddr, bytes: &[u8], wait: Duration) -> String {
+    let mut stream = TcpStream::connect(addr).await.expect("connect");
+    stream.write_all(bytes).await.expect("write");
+    let mut out = Vec::new();
+    let _ = tokio::time::timeout(wait, stream.read_to_end(&mut out)).await;
     String::from_utf8_lossy(&out).into_owned()
 }
 
