@@ -101,6 +101,10 @@ impl Drop for InProcess {
     }
 }
 
+/// How long a started gateway may take to print its listeners: generous,
+/// for a debug build on a loaded 2-core machine.
+const STARTUP_DEADLINE: Duration = Duration::from_secs(60);
+
 /// A running `tollgate run` process; killed when dropped.
 pub struct Gateway {
     child: Child,
@@ -140,21 +144,48 @@ impl Gateway {
             .stderr(Stdio::piped())
             .spawn()
             .expect("spawn tollgate");
+        // Every line goes to the capture; the startup lines also to this
+        // thread, which waits for them with a deadline, so a gateway that
+        // hangs before listening fails the test instead of hanging it.
         let stderr = child.stderr.take().expect("stderr");
-        let mut reader = BufReader::new(stderr);
+        let stderr_text = Arc::new(Mutex::new(String::new()));
+        let sink = stderr_text.clone();
+        let (startup, startup_lines) = std::sync::mpsc::channel::<String>();
+        std::thread::spawn(move || {
+            let mut reader = BufReader::new(stderr);
+            let mut line = String::new();
+            while reader.read_line(&mut line).unwrap_or(0) > 0 {
+                sink.lock().unwrap().push_str(&line);
+                let _ = startup.send(std::mem::take(&mut line));
+            }
+        });
         let mut addr = None;
         let mut admin = None;
         let mut tls_addr = None;
         let expect_tls = config.contains("[server.tls]");
-        let mut seen = String::new();
         // Startup lines come first; the admin line (if any) follows the listeners.
         let expect_admin = config.contains("admin");
+        let deadline = std::time::Instant::now() + STARTUP_DEADLINE;
         loop {
-            let mut line = String::new();
-            if reader.read_line(&mut line).unwrap_or(0) == 0 {
-                panic!("tollgate exited before listening:\n{seen}");
-            }
-            seen.push_str(&line);
+            let left = deadline.saturating_duration_since(std::time::Instant::now());
+            let line = match startup_lines.recv_timeout(left) {
+                Ok(line) => line,
+                Err(std::sync::mpsc::RecvTimeoutError::Disconnected) => {
+                    let _ = child.wait();
+                    panic!(
+                        "tollgate exited before listening:\n{}",
+                        stderr_text.lock().unwrap()
+                    );
+                }
+                Err(std::sync::mpsc::RecvTimeoutError::Timeout) => {
+                    let _ = child.kill();
+                    let _ = child.wait();
+                    panic!(
+                        "tollgate was not listening after {STARTUP_DEADLINE:?}:\n{}",
+                        stderr_text.lock().unwrap()
+                    );
+                }
+            };
             if let Some(rest) = line.trim().strip_prefix("listening on http://") {
                 addr.get_or_insert(rest.parse().expect("listen address"));
             } else if let Some(rest) = line.trim().strip_prefix("listening on https://") {
@@ -169,15 +200,6 @@ impl Gateway {
                 break;
             }
         }
-        let stderr_text = Arc::new(Mutex::new(seen));
-        let sink = stderr_text.clone();
-        std::thread::spawn(move || {
-            let mut line = String::new();
-            while reader.read_line(&mut line).unwrap_or(0) > 0 {
-                sink.lock().unwrap().push_str(&line);
-                line.clear();
-            }
-        });
         Gateway {
             child,
             addr: addr.expect("address"),
