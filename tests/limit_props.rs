@@ -9,6 +9,14 @@
 //!   window, at most `limit + P_tail − P·(W − e)/W` (the bound documented in
 //!   `src/limit/sliding_window.rs`), and so always below `2 × limit`;
 //! * token bucket: in any `[a, b]`, at most `capacity + (b − a) × rate`.
+//!
+//! Each is bounded from below too, so a limiter that denied everything
+//! would fail: every denial of the sliding log is one the limit required,
+//! and the sliding window counter and the token bucket decide each arrival
+//! exactly as their reference definitions do, computed here from the
+//! admitted history alone (two windows' counts weighted by the position in
+//! the window; a bucket level that refills continuously and caps at
+//! `capacity`).
 
 use proptest::prelude::*;
 use tollgate::limit::{Nanos, Rate, sliding_log, sliding_window, token_bucket};
@@ -76,14 +84,25 @@ proptest! {
         let window = window_ms * MS;
         let mut state = sliding_window::State::default();
         let mut admitted = Vec::new();
+        let (w, l) = (u128::from(window), u128::from(limit));
         for &(now, cost) in &arrivals {
             let (next, v) = sliding_window::decide(state, now, cost, limit, window);
+            // The reference: P the units of the previous window, C those of
+            // the current one, e the offset in it; admitted iff
+            // P·(W − e)/W + C + cost ≤ limit, and never when cost > limit.
+            let k = now / window;
+            let e = u128::from(now % window);
+            let cur_start = k * window;
+            let p = u128::from(units_in(&admitted, cur_start - window - 1, cur_start - 1));
+            let c = u128::from(units_in(&admitted, cur_start - 1, now));
+            let admits = cost <= limit && p * (w - e) + (c + u128::from(cost)) * w <= l * w;
+            prop_assert_eq!(v.allowed, admits, "now={} p={} c={} e={} cost={}", now, p, c, e, cost);
+            prop_assert_eq!(v.never, cost > limit);
             if v.allowed {
                 state = next;
                 admitted.push((now, cost));
             }
         }
-        let (w, l) = (u128::from(window), u128::from(limit));
         for &(t, _) in &admitted {
             let k = t / window;
             let e = u128::from(t % window);
@@ -110,8 +129,22 @@ proptest! {
         let refill = Rate { tokens, per: per_ms * MS };
         let mut state = token_bucket::State::default();
         let mut admitted = Vec::new();
+        // The reference bucket, in ticks (one token = `per` ticks; a
+        // nanosecond refills `tokens` ticks): full at the start.
+        let full = u128::from(capacity) * u128::from(refill.per);
+        let mut level = full;
+        let mut last = T0;
         for &(now, cost) in &arrivals {
             let (next, v) = token_bucket::decide(state, now, cost, capacity, refill);
+            level = (level + u128::from(now - last) * u128::from(tokens)).min(full);
+            last = now;
+            let need = u128::from(cost) * u128::from(refill.per);
+            let admits = cost <= capacity && need <= level;
+            prop_assert_eq!(v.allowed, admits, "now={} level={} need={}", now, level, need);
+            prop_assert_eq!(v.never, cost > capacity);
+            if admits {
+                level -= need;
+            }
             if v.allowed {
                 state = next;
                 admitted.push((now, cost));
