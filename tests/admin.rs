@@ -111,9 +111,7 @@ async fn request_counts_move_by_exactly_what_was_sent() {
     let before = scrape(&gateway).await;
     assert_eq!(before.value("tollgate_config_generation", &[]), Some(1.0));
     let api_200 = [("route", "api"), ("status", "200")];
-    let base = before
-        .value("tollgate_requests_total", &api_200)
-        .unwrap_or(0.0);
+    let base = before.count("tollgate_requests_total", &api_200);
     for i in 0..7 {
         let reply = get(gateway.addr, &format!("/api/items/{i}"), &[]).await;
         assert_eq!(reply.status, 200);

@@ -226,11 +226,10 @@ async fn decisions_count_what_happened_to_the_request() {
     let text = String::from_utf8_lossy(&reply.body).into_owned();
     let m = parse(&text).unwrap();
     let decision = |limit: &str, outcome: &str| {
-        m.value(
+        m.count(
             "tollgate_ratelimit_decisions_total",
             &[("route", "api"), ("limit", limit), ("outcome", outcome)],
         )
-        .unwrap_or(0.0)
     };
     // per_key would have admitted all ten, but only three got through.
     assert_eq!(decision("per_key", "allowed"), 3.0);

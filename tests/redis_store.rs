@@ -66,9 +66,17 @@ fn count(statuses: &[u16], status: u16) -> usize {
     statuses.iter().filter(|s| **s == status).count()
 }
 
+/// The first sample of `name` (`None` before a labelled series is first
+/// counted); a failure when the exposition lacks the metric itself.
 async fn metric(gateway: &Gateway, name: &str) -> Option<f64> {
     let reply = get(gateway.admin.expect("admin"), "/metrics", &[]).await;
     let text = String::from_utf8_lossy(&reply.body).into_owned();
+    let family = name.strip_suffix("_total").unwrap_or(name);
+    assert!(
+        text.lines()
+            .any(|line| line.starts_with(&format!("# TYPE {family} "))),
+        "no metric {family} in the exposition:\n{text}"
+    );
     text.lines()
         .find(|l| l.starts_with(name) && l[name.len()..].starts_with([' ', '{']))
         .and_then(|l| l.rsplit(' ').next())

@@ -245,12 +245,10 @@ async fn upstream_errors(gateway: &Gateway, kind: &str) -> f64 {
     let reply = common::get(gateway.admin.unwrap(), "/metrics", &[]).await;
     let text = String::from_utf8_lossy(&reply.body).into_owned();
     let exposition = parse(&text).unwrap();
-    exposition
-        .value(
-            "tollgate_upstream_errors_total",
-            &[("upstream", "up"), ("kind", kind)],
-        )
-        .unwrap_or(0.0)
+    exposition.count(
+        "tollgate_upstream_errors_total",
+        &[("upstream", "up"), ("kind", kind)],
+    )
 }
 
 /// What the first client should have got.

@@ -136,13 +136,10 @@ retry = {{ attempts = 2, on = ["connect", "502", "503", "504", "429"], base = "1
 async fn retries(gateway: &Gateway, upstream: &str, reason: &str) -> f64 {
     let reply = get(gateway.admin.unwrap(), "/metrics", &[]).await;
     let text = String::from_utf8_lossy(&reply.body).into_owned();
-    parse(&text)
-        .unwrap()
-        .value(
-            "tollgate_upstream_retries_total",
-            &[("upstream", upstream), ("reason", reason)],
-        )
-        .unwrap_or(0.0)
+    parse(&text).unwrap().count(
+        "tollgate_upstream_retries_total",
+        &[("upstream", upstream), ("reason", reason)],
+    )
 }
 
 fn post(path: &str, key: Option<&str>) -> Request<Full<Bytes>> {

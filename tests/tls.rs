@@ -218,7 +218,17 @@ async fn reloads(gw: &Gateway, result: &str) -> u64 {
     )
 }
 
+/// A counter series' value: 0 when it has not been counted yet, a failure
+/// when the exposition lacks the metric itself (a renamed metric must not
+/// read as a zero).
 fn metric(text: &str, series: &str) -> u64 {
+    let name = series.split('{').next().unwrap_or(series);
+    let family = name.strip_suffix("_total").unwrap_or(name);
+    assert!(
+        text.lines()
+            .any(|line| line.starts_with(&format!("# TYPE {family} "))),
+        "no metric {family} in the exposition:\n{text}"
+    );
     text.lines()
         .find_map(|line| line.strip_prefix(series))
         .and_then(|rest| rest.trim().parse().ok())

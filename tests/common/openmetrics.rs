@@ -60,8 +60,36 @@ impl Exposition {
             .map(|s| s.value)
     }
 
-    /// The sum of the samples `name` that carry at least `labels`.
+    /// The family a sample named `sample` belongs to (`x_total` is a
+    /// sample of the counter `x`, `x_bucket` of the histogram `x`).
+    pub fn family_of(&self, sample: &str) -> Option<&MetricFamily> {
+        self.families.iter().find(|f| {
+            sample == f.name
+                || sample.strip_prefix(f.name.as_str()).is_some_and(|suffix| {
+                    ["_total", "_bucket", "_count", "_sum", "_created"].contains(&suffix)
+                })
+        })
+    }
+
+    /// A counter's value for exactly `labels`: 0 for a series not counted
+    /// yet (a labelled series appears at its first increment), but a
+    /// failure when the exposition has no such metric at all, so that a
+    /// renamed or unregistered metric never reads as a zero.
+    pub fn count(&self, name: &str, labels: &[(&str, &str)]) -> f64 {
+        assert!(
+            self.family_of(name).is_some(),
+            "no metric {name} in the exposition"
+        );
+        self.value(name, labels).unwrap_or(0.0)
+    }
+
+    /// The sum of the samples `name` that carry at least `labels`; a
+    /// failure when the exposition has no such metric (as [`Self::count`]).
     pub fn sum(&self, name: &str, labels: &[(&str, &str)]) -> f64 {
+        assert!(
+            self.family_of(name).is_some(),
+            "no metric {name} in the exposition"
+        );
         self.samples()
             .filter(|s| s.name == name && labels.iter().all(|(k, v)| s.label(k) == Some(*v)))
             .map(|s| s.value)
