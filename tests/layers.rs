@@ -1,6 +1,6 @@
 //! The layer order of the crate doc (`src/lib.rs`), kept: every `crate::` or
-//! `super::` path in a file of `src/` (outside its `#[cfg(test)]` part, doc
-//! links included) is an arrow to the file it names, and no arrow may point
+//! `super::` path in a file of `src/` (outside its `#[cfg(test)]` items,
+//! wherever in the file they are; doc links included) is an arrow to the file it names, and no arrow may point
 //! up a layer or close a cycle between files.
 
 use std::collections::{BTreeMap, BTreeSet};
@@ -60,12 +60,106 @@ fn files(dir: &Path, prefix: &Module, out: &mut BTreeMap<Module, String>) {
             }
             let text = std::fs::read_to_string(&path).expect("read file");
             // Tests may import anything.
-            let text = match text.find("#[cfg(test)]") {
-                Some(at) => text[..at].to_owned(),
-                None => text,
-            };
-            out.insert(module, text);
+            out.insert(module, without_test_items(&text));
         }
+    }
+}
+
+/// `text` without its `#[cfg(test)]` items (a `mod tests { … }`, a
+/// `mod tests;`, a test-only function or `use`): the production code after
+/// such an item is read like the code before it.
+fn without_test_items(text: &str) -> String {
+    let bytes = text.as_bytes();
+    let mut kept = String::new();
+    let mut from = 0;
+    while let Some(found) = text[from..].find("#[cfg(test)]") {
+        let at = from + found;
+        kept.push_str(&text[from..at]);
+        from = item_end(bytes, at + "#[cfg(test)]".len());
+    }
+    kept.push_str(&text[from..]);
+    kept
+}
+
+/// Where the item starting at or after `at` ends: after the `;` that ends
+/// it at depth 0, or after the `}` that closes its first `{`. Strings,
+/// character literals and comments are skipped, so a brace inside one
+/// does not count.
+fn item_end(bytes: &[u8], mut at: usize) -> usize {
+    let mut depth = 0usize;
+    while at < bytes.len() {
+        match bytes[at] {
+            b'/' if bytes[at..].starts_with(b"//") => {
+                at += bytes[at..]
+                    .iter()
+                    .position(|&b| b == b'\n')
+                    .unwrap_or(bytes.len() - at);
+                continue;
+            }
+            b'/' if bytes[at..].starts_with(b"/*") => {
+                at += bytes[at..]
+                    .windows(2)
+                    .position(|w| w == b"*/")
+                    .map_or(bytes.len() - at, |i| i + 2);
+                continue;
+            }
+            b'r' if !is_ident(bytes[at.saturating_sub(1)])
+                && matches!(bytes.get(at + 1), Some(b'"' | b'#')) =>
+            {
+                // A raw string: r"…", r#"…"#, …
+                let hashes = bytes[at + 1..].iter().take_while(|&&b| b == b'#').count();
+                let open = at + 1 + hashes;
+                if bytes.get(open) == Some(&b'"') {
+                    let mut close = vec![b'"'];
+                    close.extend(std::iter::repeat_n(b'#', hashes));
+                    at = bytes[open + 1..]
+                        .windows(close.len())
+                        .position(|w| w == close.as_slice())
+                        .map_or(bytes.len(), |i| open + 1 + i + close.len());
+                    continue;
+                }
+            }
+            b'"' => {
+                at += 1;
+                while at < bytes.len() && bytes[at] != b'"' {
+                    at += if bytes[at] == b'\\' { 2 } else { 1 };
+                }
+            }
+            b'\'' => {
+                // A character literal ('{', '\n', '\u{7b}'), not a lifetime.
+                if bytes.get(at + 1) == Some(&b'\\') {
+                    at += bytes[at + 2..]
+                        .iter()
+                        .position(|&b| b == b'\'')
+                        .map_or(bytes.len() - at, |i| i + 2);
+                } else if bytes.get(at + 2) == Some(&b'\'') {
+                    at += 2;
+                }
+            }
+            b'{' => depth += 1,
+            b'}' => {
+                depth = depth.saturating_sub(1);
+                if depth == 0 {
+                    return at + 1;
+                }
+            }
+            b';' if depth == 0 => return at + 1,
+            _ => {}
+        }
+        at += 1;
+    }
+    bytes.len()
+}
+
+#[test]
+fn test_items_are_left_out_and_the_code_after_them_is_read() {
+    let text = "use crate::a;\n#[cfg(test)]\nmod tests {\n    use crate::b;\n    const S: &str = \"}\";\n    const C: char = '}';\n    fn f<'a>(x: &'a str) -> &'a str { x }\n    // }\n}\nuse crate::c;\n#[cfg(test)]\nuse crate::d;\nfn g() {}\n#[cfg(test)]\nmod more;\nuse crate::e;\n";
+    let kept = without_test_items(text);
+    for wanted in ["crate::a", "crate::c", "crate::e", "fn g() {}"] {
+        assert!(kept.contains(wanted), "{wanted} missing from {kept:?}");
+    }
+    for unwanted in ["crate::b", "crate::d", "mod more"] {
+        assert!(!kept.contains(unwanted), "{unwanted} kept in {kept:?}");
     }
 }
 
