@@ -56,11 +56,10 @@ upstream = "api"
         .write_all(b"GET /slow HTTP/1.1\r\nhost: x\r\n\r\n")
         .await
         .unwrap();
-    let started = Instant::now();
     let mut received = Vec::new();
     // The gateway cuts the stream: the read ends (EOF or reset) long before
     // this generous bound.
-    let _ = tokio::time::timeout(Duration::from_secs(20), async {
+    tokio::time::timeout(Duration::from_secs(20), async {
         let mut buf = [0u8; 1024];
         loop {
             match client.read(&mut buf).await {
@@ -69,23 +68,18 @@ upstream = "api"
             }
         }
     })
-    .await;
-    let waited = started.elapsed();
+    .await
+    .expect("the client's stream was cut, not left open");
     let text = String::from_utf8_lossy(&received);
     assert!(text.starts_with("HTTP/1.1 200 OK"), "{text}");
     assert!(
         text.ends_with("0123456789"),
         "the body stops where the upstream stopped: {text}"
     );
-    assert!(
-        waited < Duration::from_secs(20),
-        "the client's stream was cut ({waited:?})"
-    );
-    let dropped = tokio::time::timeout(Duration::from_secs(20), dropped_rx)
+    tokio::time::timeout(Duration::from_secs(20), dropped_rx)
         .await
         .expect("the upstream connection is dropped")
         .unwrap();
-    assert!(dropped < Duration::from_secs(20), "{dropped:?}");
     let reply = get(gateway.admin.unwrap(), "/metrics", &[]).await;
     let metrics = parse(&String::from_utf8_lossy(&reply.body)).unwrap();
     assert_eq!(

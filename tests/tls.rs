@@ -458,14 +458,21 @@ async fn a_stalled_handshake_is_cut_off_and_does_not_stop_others() {
         .await
         .unwrap();
     let silent = TcpStream::connect(addr).await.unwrap();
-    let started = Instant::now();
     for _ in 0..5 {
         let (status, _, _) = https_get(&connector, addr, "gateway.test", "/x")
             .await
             .unwrap();
         assert_eq!(status, 200);
     }
-    assert!(started.elapsed() < Duration::from_millis(900));
+    // They were served while both stalled connections were still open: the
+    // stalls did not hold them up until header_read_timeout closed them.
+    for stream in [&half, &silent] {
+        let mut byte = [0u8; 1];
+        assert!(
+            matches!(stream.try_read(&mut byte), Err(e) if e.kind() == std::io::ErrorKind::WouldBlock),
+            "a stalled connection was closed before the others were served"
+        );
+    }
     // header_read_timeout is 1s: both are closed by then, and counted.
     for stream in [half, silent] {
         let mut buf = [0u8; 64];
@@ -1557,13 +1564,10 @@ async fn a_silent_http2_upstream_connection_is_pinged_and_replaced() {
         "the gateway kept the silent connection: {}",
         gw.stderr()
     );
-    let started = Instant::now();
+    // A request that waited on the dead connection would end in a 504 at
+    // `timeout`; this one is answered on a new connection.
     let reply = get(gw.addr, "/after", &[]).await;
     assert_eq!(reply.status, 200, "{}", gw.stderr());
-    assert!(
-        started.elapsed() < Duration::from_secs(5),
-        "the request waited on the dead connection"
-    );
     assert_eq!(relay.accepted.load(Ordering::SeqCst), 2);
 }
 

@@ -492,14 +492,9 @@ async fn an_answer_before_the_body_is_relayed_at_once() {
     };
     let gateway = Gateway::start(&config(&upstream));
     let upload = "u".repeat(16 * 1024 * 1024);
-    let started = std::time::Instant::now();
+    // The upstream's early answer is relayed: a gateway that wrote on
+    // would hit the upstream `timeout` (3 s) and answer 504.
     let reply = request(&gateway, "POST", "/upload", &upload).await;
     assert_eq!(reply.status, 413);
     assert_eq!(reply.body, "too big\n");
-    // Well before the upstream `timeout` (3 s), which writing on would hit.
-    assert!(
-        started.elapsed() < Duration::from_millis(2500),
-        "took {:?}",
-        started.elapsed()
-    );
 }
