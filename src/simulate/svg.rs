@@ -190,6 +190,7 @@ pub fn render(simulation: &Simulation) -> Result<String, Error> {
     let top_max = (busiest_max.max(quota) as f64 * 1.15).max(1.0);
     let denied_max = (denied.iter().flatten().copied().max().unwrap_or(0) as f64 * 1.15).max(1.0);
     let per_bucket = width_text(denied_width);
+    let denied_ticks = (denied_max.floor() as usize + 1).clamp(2, 10);
 
     let width_of = |v| stroke(v, labels.len());
     let limit_label = format!("limit: {quota} per {}", window_text(window));
@@ -266,6 +267,8 @@ pub fn render(simulation: &Simulation) -> Result<String, Error> {
             .x_desc(x_desc.as_str())
             .x_label_formatter(&|x| tick(*x))
             .y_label_formatter(&|y| tick(*y))
+            // Counts: a few whole numbers have a tick each, not halves.
+            .y_labels(denied_ticks)
             .y_desc(format!("denied per {per_bucket}"))
             .draw()
             .map_err(failed)?;
