@@ -640,6 +640,26 @@ limits = ["per_key", "per_tenant", "per_ip"]
     }
 
     #[test]
+    fn bearer_keys_go_in_authorization() {
+        let config = config(&KEYED.replace(
+            "[limits.per_key]\nkey = \"header:x-api-key\"",
+            "[api_keys]\nheader = \"authorization\"\n\n[limits.per_key]\nkey = \"ip\"",
+        ));
+        let clients = clients(&config, 3, None).unwrap();
+        let record = clients.record(1, 0, 1);
+        assert_eq!(record.parts.headers["authorization"], "Bearer k-b");
+        assert!(
+            admit(&record.parts.headers, &config, false)
+                .unwrap()
+                .is_some()
+        );
+        assert_eq!(
+            clients.variation().varied,
+            ["ip", "header:authorization", "cookie:sid"]
+        );
+    }
+
+    #[test]
     fn match_headers_keep_the_routes_value() {
         let config = config(
             r#"
