@@ -51,7 +51,9 @@ struct SimulateArgs {
     #[arg(long, value_name = "FILE")]
     trace: Option<String>,
     /// Generated traffic: `boundary-burst`, `poisson:rate=R,keys=K,duration=D`,
-    /// `page-loads:users=U,burst=8`.
+    /// `page-loads:users=U,burst=8`; each client is one key of every kind the
+    /// route's limits read, or of those `vary=KIND,...` lists (e.g.
+    /// `vary=ip,header:x-api-key`).
     #[arg(long, value_name = "SPEC")]
     generate: Option<String>,
     /// Report this route only (and send generated traffic to it).

@@ -1,7 +1,8 @@
 //! End-to-end tests of `tollgate simulate`, through the built binary: the
 //! lessons it must show (the fixed window's boundary burst), decisions equal
 //! to a live gateway's for the same requests, trace input (bad lines, gzip,
-//! stdin), the SVG and the JSON.
+//! stdin), generated keys of every kind the limits read (`vary=`), the SVG
+//! and the JSON.
 
 mod common;
 
@@ -102,7 +103,11 @@ fn the_table_names_every_row() {
         "api",
     ]);
     assert_eq!(code, 0, "{stderr}");
-    assert!(stdout.starts_with("200 requests over 1.2s"), "{stdout}");
+    assert_eq!(
+        stdout.lines().next().unwrap(),
+        "200 requests over 1.2s; generated: boundary-burst 100 + 100 requests 600ms \
+         either side of a 1m window edge, 1 key: ip",
+    );
     let header = stdout.lines().nth(2).unwrap();
     for column in [
         "route",
@@ -116,12 +121,14 @@ fn the_table_names_every_row() {
     ] {
         assert!(header.contains(column), "{header}");
     }
+    assert!(header.ends_with("keys"), "{header}");
     let line = stdout.lines().nth(3).unwrap();
     let cells: Vec<&str> = line.split_whitespace().collect();
     assert_eq!(
         &cells[..7],
         ["api", "per_ip", "fixed_window", "200", "200", "0", "200"]
     );
+    assert_eq!(cells.last(), Some(&"1"), "one key: {line}");
 }
 
 /// A gateway configuration exercising routing, trusted proxies, API-key and
@@ -448,6 +455,27 @@ fn gzip_and_stdin_read_the_same_trace() {
     assert_eq!(from_stdin["rows"], from_file["rows"]);
 }
 
+/// The texts and the long polylines (the series) of an SVG, in order.
+fn svg_texts_and_series(text: &str) -> (Vec<String>, Vec<(String, usize)>) {
+    let document = roxmltree::Document::parse(text).expect("the SVG parses as XML");
+    assert_eq!(document.root_element().tag_name().name(), "svg");
+    let texts = document
+        .descendants()
+        .filter(|n| n.has_tag_name("text"))
+        .filter_map(|n| n.text())
+        .map(|t| t.trim().to_owned())
+        .collect();
+    let series = document
+        .descendants()
+        .filter(|n| n.has_tag_name("polyline"))
+        .filter_map(|n| {
+            let points = n.attribute("points")?.split_whitespace().count();
+            (points > 10).then(|| (n.attribute("stroke").unwrap_or("").to_owned(), points))
+        })
+        .collect();
+    (texts, series)
+}
+
 #[test]
 fn the_svg_is_xml_with_one_series_per_algorithm() {
     let (dir, config) = config_file(WINDOW_100);
@@ -465,37 +493,306 @@ fn the_svg_is_xml_with_one_series_per_algorithm() {
         out.to_str().unwrap(),
     ]);
     assert_eq!(code, 0, "{stderr}");
-    let text = std::fs::read_to_string(&out).unwrap();
-    let document = roxmltree::Document::parse(&text).expect("the SVG parses as XML");
-    assert_eq!(document.root_element().tag_name().name(), "svg");
-    let texts: Vec<String> = document
-        .descendants()
-        .filter(|n| n.has_tag_name("text"))
-        .filter_map(|n| n.text())
-        .map(|t| t.trim().to_owned())
-        .collect();
-    // Each algorithm is in the legend of both panels; the limit is drawn.
+    let (texts, lines) = svg_texts_and_series(&std::fs::read_to_string(&out).unwrap());
+    // Each algorithm is in the one legend, beside both panels; the limit is
+    // drawn.
     for algorithm in algorithms {
         assert_eq!(
             texts.iter().filter(|t| *t == algorithm).count(),
-            2,
+            1,
             "{algorithm} in {texts:?}"
         );
     }
     assert!(texts.iter().any(|t| t == "limit: 100 per 1m"), "{texts:?}");
     // One line per algorithm and panel, each its own colour.
-    let lines: Vec<_> = document
-        .descendants()
-        .filter(|n| n.has_tag_name("polyline"))
-        .filter(|n| {
-            n.attribute("points")
-                .is_some_and(|p| p.split(' ').count() > 10)
-        })
-        .collect();
-    let colours: std::collections::HashSet<_> =
-        lines.iter().filter_map(|n| n.attribute("stroke")).collect();
+    let colours: std::collections::HashSet<_> = lines.iter().map(|(c, _)| c).collect();
     assert_eq!(lines.len(), 2 * algorithms.len(), "{colours:?}");
     assert_eq!(colours.len(), algorithms.len());
+}
+
+/// `20 ms`, `1 s`, `10 min` in seconds.
+fn label_seconds(label: &str) -> f64 {
+    let (n, unit) = label.split_once(' ').expect("a number and a unit");
+    let n: f64 = n.parse().expect("a number");
+    n * match unit {
+        "ms" => 0.001,
+        "s" => 1.0,
+        "min" => 60.0,
+        "h" => 3600.0,
+        unit => panic!("unit {unit}"),
+    }
+}
+
+/// The denied panel's buckets are round widths, named on its axis, 60 to
+/// 120 across the run: the chart once drew 8 ms buckets of a 1.2 s run
+/// (1 or 2 denials each, which read as noise) and would draw a minute's run
+/// in buckets of 256 ms.
+#[test]
+fn the_denied_panel_counts_in_round_buckets_named_on_its_axis() {
+    let (dir, config) = config_file(WINDOW_100);
+    let out = dir.path().join("chart.svg");
+    for (spec, expected) in [
+        ("boundary-burst", "20 ms"),
+        ("poisson:rate=20/s,duration=1m", "1 s"),
+        ("poisson:rate=2/s,duration=2h", "2 min"),
+    ] {
+        let (code, stdout, stderr) = tollgate(&[
+            "simulate",
+            "-c",
+            &config,
+            "--generate",
+            spec,
+            "--compare",
+            "sliding_log,token_bucket",
+            "--svg",
+            out.to_str().unwrap(),
+            "--json",
+        ]);
+        assert_eq!(code, 0, "{stderr}");
+        let span = json(&stdout)["span_seconds"].as_f64().unwrap();
+        let (texts, lines) = svg_texts_and_series(&std::fs::read_to_string(&out).unwrap());
+        let label = texts
+            .iter()
+            .find_map(|t| t.strip_prefix("denied per "))
+            .unwrap_or_else(|| panic!("{spec}: no `denied per` label in {texts:?}"));
+        assert_eq!(label, expected, "{spec}");
+        assert!(
+            texts
+                .iter()
+                .any(|t| *t == format!("api: denied requests per {label}")),
+            "{texts:?}"
+        );
+        // The denied panel's series come last: a level (two points) per bucket.
+        let width = label_seconds(label);
+        for (_, points) in &lines[lines.len() - 2..] {
+            assert_eq!(points % 2, 0, "{spec}");
+            let buckets = points / 2;
+            assert!((60..=120).contains(&buckets), "{spec}: {buckets} buckets");
+            assert!(buckets as f64 * width >= span, "{spec}: the run is covered");
+            assert!((buckets - 1) as f64 * width <= span, "{spec}: and no more");
+        }
+    }
+}
+
+/// The repository's `gateway.toml`, loaded, and its focus route: the first
+/// with limits, where generated traffic goes.
+fn repository_config() -> (String, tollgate::config::Config, usize) {
+    let path = format!("{}/gateway.toml", env!("CARGO_MANIFEST_DIR"));
+    let config = tollgate::config::Config::load(std::path::Path::new(&path)).unwrap();
+    let route = config
+        .routes
+        .iter()
+        .position(|r| !r.limits.is_empty())
+        .unwrap();
+    (path, config, route)
+}
+
+/// The row of limit `name` in a `--json` report.
+fn limit_row<'a>(report: &'a serde_json::Value, name: &str) -> &'a serde_json::Value {
+    report["rows"]
+        .as_array()
+        .expect("rows")
+        .iter()
+        .find(|r| r["limit"] == name)
+        .unwrap_or_else(|| panic!("no row for {name}: {report}"))
+}
+
+/// Found trying it as a new user: `keys=50` against `gateway.toml` varied
+/// the client address but sent every request with the one consumer's API
+/// key, so the API-key limit saw one key and denied 11,914 of 11,944
+/// requests. Now client N sends the N-th consumer's key, then unknown keys
+/// (which `unknown_key = "anonymous"` admits, counted per key by the
+/// `header:x-api-key` limit): 50 keys of every limit that reads a client's.
+#[test]
+fn generated_keys_spread_the_api_key_limit_over_every_key() {
+    let (path, config, route) = repository_config();
+    let keys = 50;
+    let (code, stdout, stderr) = tollgate(&[
+        "simulate",
+        "-c",
+        &path,
+        "--generate",
+        &format!("poisson:rate=200/s,keys={keys}"),
+        "--json",
+    ]);
+    assert_eq!(code, 0, "{stderr}");
+    let report = json(&stdout);
+    let route_config = &config.routes[route];
+    let api_key_limit = route_config
+        .limits
+        .iter()
+        .map(|&i| &config.limits[i])
+        .find(|l| {
+            l.key
+                == [tollgate::config::KeyPart::Header(
+                    "x-api-key".parse().unwrap(),
+                )]
+        })
+        .expect("gateway.toml keys a limit on x-api-key");
+    let tollgate::limit::Algorithm::TokenBucket { capacity, refill } = api_key_limit.algorithm
+    else {
+        panic!("{} is a token bucket", api_key_limit.name);
+    };
+    // What one key could ever be admitted over the run: the bucket full,
+    // then what refills, each request costing the route's cost.
+    let span = report["span_seconds"].as_f64().unwrap();
+    let refilled = refill.tokens as f64 * span * 1e9 / refill.per as f64;
+    let one_key = (capacity as f64 + refilled) / route_config.cost as f64;
+    let row = limit_row(&report, &api_key_limit.name);
+    assert_eq!(row["keys"], keys, "{row}");
+    let admitted = report["routes"][0]["admitted"].as_f64().unwrap();
+    assert!(
+        admitted > 2.0 * one_key,
+        "admitted {admitted}: more than one key's {one_key:.0}"
+    );
+    let requests = row["requests"].as_f64().unwrap();
+    let denied = row["denied"].as_f64().unwrap();
+    assert!(
+        denied < (requests - one_key) / 2.0,
+        "{denied} of {requests} denied by the API-key limit"
+    );
+    assert_eq!(limit_row(&report, "per_ip")["keys"], keys);
+    // The consumer's key first, then unknown ones.
+    let generated = &report["generated"];
+    assert_eq!(generated["keys"], keys);
+    assert_eq!(
+        generated["varied"],
+        serde_json::json!(["header:x-api-key", "ip"])
+    );
+    assert_eq!(generated["fixed"], serde_json::json!([]));
+    let consumers = config.consumers.len() as u64;
+    assert_eq!(generated["api_key"]["consumers"], consumers);
+    assert_eq!(generated["api_key"]["unknown_keys"], keys - consumers);
+    assert_eq!(generated["api_key"]["unknown_refused"], false);
+    assert_eq!(report["routes"][0]["unauthorized"], 0);
+
+    // The table's header line says the same.
+    let (code, stdout, stderr) = tollgate(&[
+        "simulate",
+        "-c",
+        &path,
+        "--generate",
+        &format!("poisson:rate=200/s,keys={keys}"),
+    ]);
+    assert_eq!(code, 0, "{stderr}");
+    let first = stdout.lines().next().unwrap();
+    assert!(
+        first.ends_with(&format!(
+            "; generated: poisson 200/s for 1m, {keys} keys varying header:x-api-key \
+             ({consumers} consumer, then unknown keys), ip"
+        )),
+        "{first}"
+    );
+}
+
+#[test]
+fn vary_chooses_which_key_kinds_differ() {
+    let (path, _, _) = repository_config();
+    let run = |vary: &str| {
+        let (code, stdout, stderr) = tollgate(&[
+            "simulate",
+            "-c",
+            &path,
+            "--generate",
+            &format!("poisson:rate=50/s,keys=20,duration=10s,vary={vary}"),
+            "--json",
+        ]);
+        assert_eq!(code, 0, "{stderr}");
+        json(&stdout)
+    };
+    let report = run("ip");
+    assert_eq!(limit_row(&report, "per_ip")["keys"], 20);
+    assert_eq!(limit_row(&report, "per_key")["keys"], 1);
+    assert_eq!(report["generated"]["varied"], serde_json::json!(["ip"]));
+    assert_eq!(
+        report["generated"]["fixed"],
+        serde_json::json!(["header:x-api-key"])
+    );
+    assert!(
+        report["generated"]["summary"]
+            .as_str()
+            .unwrap()
+            .ends_with("20 keys varying ip; fixed: header:x-api-key (one consumer)"),
+        "{}",
+        report["generated"]
+    );
+    let report = run("header:X-Api-Key");
+    assert_eq!(limit_row(&report, "per_ip")["keys"], 1);
+    assert_eq!(limit_row(&report, "per_key")["keys"], 20);
+    assert_eq!(report["generated"]["fixed"], serde_json::json!(["ip"]));
+    // Both, listed: the same as the default.
+    let both = run("ip,header:x-api-key");
+    assert_eq!(limit_row(&both, "per_ip")["keys"], 20);
+    assert_eq!(limit_row(&both, "per_key")["keys"], 20);
+
+    let (code, stdout, stderr) = tollgate(&[
+        "simulate",
+        "-c",
+        &path,
+        "--generate",
+        "poisson:rate=5/s,vary=cookie:sid",
+    ]);
+    assert_eq!(code, 2, "{stderr}");
+    assert!(stdout.is_empty());
+    assert!(
+        stderr.contains(
+            "vary: the limits of route `reports` do not read `cookie:sid`; \
+             they read header:x-api-key, ip"
+        ),
+        "{stderr}"
+    );
+}
+
+/// Where the gateway answers an unknown API key with 401, unknown keys
+/// would exercise no limit: the consumers' keys are cycled, and the header
+/// line says so.
+#[test]
+fn where_unknown_keys_are_refused_the_consumers_keys_are_cycled() {
+    let (_dir, config) = config_file(
+        r#"
+[api_keys]
+unknown_key = "reject"
+
+[consumers."k-1"]
+consumer = "one"
+
+[consumers."k-2"]
+consumer = "two"
+
+[limits.per_consumer]
+key = "consumer"
+algorithm = "fixed_window"
+limit = 1000
+window = "1h"
+
+[[routes]]
+name = "api"
+match = { path_prefix = "/" }
+respond = { status = 200 }
+limits = ["per_consumer"]
+"#,
+    );
+    let (code, stdout, stderr) = tollgate(&[
+        "simulate",
+        "-c",
+        &config,
+        "--generate",
+        "poisson:rate=10/s,keys=5,duration=10s",
+        "--json",
+    ]);
+    assert_eq!(code, 0, "{stderr}");
+    let report = json(&stdout);
+    assert_eq!(report["routes"][0]["unauthorized"], 0, "{report}");
+    assert_eq!(report["rows"][0]["keys"], 2);
+    let generated = &report["generated"];
+    assert_eq!(generated["api_key"]["unknown_refused"], true);
+    assert_eq!(generated["api_key"]["unknown_keys"], 0);
+    assert!(
+        generated["summary"].as_str().unwrap().ends_with(
+            "5 keys varying header:x-api-key (2 consumers, cycled: unknown keys get 401)"
+        ),
+        "{generated}"
+    );
 }
 
 #[test]

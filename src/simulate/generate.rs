@@ -9,25 +9,26 @@
 //! | `poisson:rate=R,keys=K,duration=D` (`seed`, `start`) | arrivals at `R` (`"50/s"` or a number per second) spread uniformly over `K` keys (default 1), for `D` (default `60s`) |
 //! | `page-loads:users=U,burst=8` (`think`, `spread`, `duration`, `seed`, `start`) | each of `U` users (default 10) loads a page of `burst` requests within `spread` (default `50ms`), then waits an exponential time of mean `think` (default `5s`), for `duration` (default `60s`) |
 //!
-//! The requests go to the route of `--route` (else the first route with
-//! limits): its method, path (or prefix), host and match headers, and every
-//! key its limits read — `ip` from `10.0.0.0/8`, headers, query parameters,
-//! cookies and body fields `client-N`, and for `consumer`/`tenant` keys the
-//! API keys of `[consumers]` in turn — so client N is one key of each limit.
+//! Every spec also takes `vary=KIND,...` (the kinds, comma-separated, up to
+//! the next `key=value`): which key kinds differ per client, e.g.
+//! `poisson:rate=50/s,keys=10,vary=ip,header:x-api-key`; by default every
+//! kind the route's limits read. The requests go to the route of `--route`
+//! (else the first route with limits), as [`Clients`] makes them: client N
+//! is one key of each limit. [`Generated`] says what was made, for the
+//! report's header line.
 
 use std::cmp::Reverse;
 use std::collections::BinaryHeap;
-use std::net::{IpAddr, Ipv4Addr};
 
-use bytes::Bytes;
-use http::header::{AUTHORIZATION, CONTENT_TYPE, COOKIE, HOST};
-use http::{HeaderName, HeaderValue, Method, Request};
+use serde::Serialize;
 
 use super::Error;
+use super::clients::{Clients, Variation};
 use super::compare::window_form;
-use super::trace::{Item, Record};
+use super::text::{nanos_text, rate_text};
+use super::trace::Item;
+use crate::config::Config;
 use crate::config::units::{parse_duration, parse_rate};
-use crate::config::{ApiKeySource, Config, KeyPart};
 use crate::limit::{NANOS_PER_SEC, Nanos};
 
 /// 2026-01-01T00:00:00Z: where generated traffic starts by default.
@@ -38,7 +39,16 @@ const MAX_COUNT: u64 = 100_000_000;
 
 /// A parsed `--generate` spec.
 #[derive(Debug, Clone, PartialEq)]
-pub enum Spec {
+pub struct Spec {
+    pub traffic: Traffic,
+    /// `vary=`: the key kinds that differ per client, as limits spell them;
+    /// `None`: every kind the route's limits read.
+    pub vary: Option<Vec<String>>,
+}
+
+/// When requests arrive, and from which client.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Traffic {
     BoundaryBurst {
         n: Option<u64>,
         window: Option<Nanos>,
@@ -144,28 +154,53 @@ impl Spec {
     pub fn parse(text: &str) -> Result<Spec, Error> {
         let (name, rest) = text.trim().split_once(':').unwrap_or((text.trim(), ""));
         let mut pairs = Vec::new();
+        // `vary=` is a list: the items after it without `=` are its own.
+        let mut vary: Option<Vec<String>> = None;
+        let mut in_vary = false;
         for pair in rest.split(',').map(str::trim).filter(|p| !p.is_empty()) {
             let Some((key, value)) = pair.split_once('=') else {
+                if let (true, Some(vary)) = (in_vary, vary.as_mut()) {
+                    vary.push(pair.to_owned());
+                    continue;
+                }
                 return Err(usage(format!("{name}: `{pair}` is not key=value")));
             };
             let (key, value) = (key.trim(), value.trim());
-            if pairs.iter().any(|(k, _)| *k == key) {
+            if pairs.iter().any(|(k, _)| *k == key) || (key == "vary" && vary.is_some()) {
                 return Err(usage(format!("{name}: `{key}` is given twice")));
             }
-            pairs.push((key, value));
+            in_vary = key == "vary";
+            if in_vary {
+                if value.is_empty() {
+                    return Err(usage(format!(
+                        "{name}: `vary=` needs key kinds, e.g. vary=ip,header:x-api-key"
+                    )));
+                }
+                vary = Some(vec![value.to_owned()]);
+            } else {
+                pairs.push((key, value));
+            }
+        }
+        if let Some(items) = &vary
+            && let Some(twice) = items
+                .iter()
+                .enumerate()
+                .find_map(|(i, item)| items[..i].contains(item).then_some(item))
+        {
+            return Err(usage(format!("{name}: vary: `{twice}` is given twice")));
         }
         let mut p = Params { name, pairs };
-        let spec = match name {
+        let traffic = match name {
             "boundary-burst" => {
-                let spec = Spec::BoundaryBurst {
+                let traffic = Traffic::BoundaryBurst {
                     n: p.count("n", 1)?,
                     window: p.duration("window")?,
                     spread: p.duration("spread")?,
                     at: p.time("at")?,
                     keys: p.count("keys", 1)?.unwrap_or(1),
                 };
-                p.finish("n, window, spread, at, keys")?;
-                spec
+                p.finish("n, window, spread, at, keys, vary")?;
+                traffic
             }
             "poisson" => {
                 let rate = match p.take("rate") {
@@ -176,18 +211,18 @@ impl Spec {
                         ))
                     })?,
                 };
-                let spec = Spec::Poisson {
+                let traffic = Traffic::Poisson {
                     rate,
                     keys: p.count("keys", 1)?.unwrap_or(1),
                     duration: p.duration("duration")?.unwrap_or(60 * NANOS_PER_SEC),
                     start: p.time("start")?.unwrap_or(DEFAULT_START),
                     seed: p.seed()?,
                 };
-                p.finish("rate, keys, duration, seed, start")?;
-                spec
+                p.finish("rate, keys, duration, seed, start, vary")?;
+                traffic
             }
             "page-loads" => {
-                let spec = Spec::PageLoads {
+                let traffic = Traffic::PageLoads {
                     users: p.count("users", 1)?.unwrap_or(10),
                     burst: p.count("burst", 1)?.unwrap_or(8),
                     think: p.duration("think")?.unwrap_or(5 * NANOS_PER_SEC),
@@ -196,8 +231,8 @@ impl Spec {
                     start: p.time("start")?.unwrap_or(DEFAULT_START),
                     seed: p.seed()?,
                 };
-                p.finish("users, burst, think, spread, duration, seed, start")?;
-                spec
+                p.finish("users, burst, think, spread, duration, seed, start, vary")?;
+                traffic
             }
             other => {
                 return Err(usage(format!(
@@ -206,23 +241,25 @@ impl Spec {
             }
         };
         // Expected requests, so a typo cannot ask for a run of days.
-        let expected = match spec {
-            Spec::Poisson { rate, duration, .. } => rate * (duration as f64 / NANOS_PER_SEC as f64),
-            Spec::PageLoads {
+        let expected = match traffic {
+            Traffic::Poisson { rate, duration, .. } => {
+                rate * (duration as f64 / NANOS_PER_SEC as f64)
+            }
+            Traffic::PageLoads {
                 users,
                 burst,
                 think,
                 duration,
                 ..
             } => users as f64 * burst as f64 * (duration as f64 / think.max(1) as f64 + 1.0),
-            Spec::BoundaryBurst { .. } => 0.0,
+            Traffic::BoundaryBurst { .. } => 0.0,
         };
         if expected > MAX_COUNT as f64 {
             return Err(usage(format!(
                 "{name}: these parameters make about {expected:.0} requests, more than {MAX_COUNT}"
             )));
         }
-        Ok(spec)
+        Ok(Spec { traffic, vary })
     }
 }
 
@@ -238,212 +275,110 @@ fn per_second(text: &str) -> Option<f64> {
     (rate.is_finite() && rate > 0.0).then_some(rate)
 }
 
-/// The requests of client N, as the focus route and its limits want them.
-struct Template {
-    method: Method,
-    path: String,
-    host: Option<HeaderValue>,
-    headers: Vec<(HeaderName, HeaderValue)>,
-    key_headers: Vec<HeaderName>,
-    queries: Vec<String>,
-    cookies: Vec<String>,
-    body_fields: Vec<String>,
-    /// Where the API key goes, and the consumers' keys to hand out.
-    api_key: Option<(ApiKeySource, Vec<String>)>,
+/// What a spec generated, for the report's header line and its JSON.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct Generated {
+    pub generator: &'static str,
+    /// `poisson 200/s for 1m, 50 keys varying ip, header:x-api-key (2
+    /// consumers, then unknown keys)`.
+    pub summary: String,
+    /// Clients (users for `page-loads`): the keys of each varied kind.
+    pub keys: u64,
+    #[serde(flatten)]
+    pub variation: Variation,
 }
 
-impl Template {
-    fn new(config: &Config, focus: Option<usize>) -> Template {
-        let route = focus.map(|i| &config.routes[i]);
-        let matcher = route.map(|r| &r.matcher);
-        let path = matcher
-            .and_then(|m| m.path.clone().or_else(|| m.path_prefix.clone()))
-            .unwrap_or_else(|| "/".to_owned());
-        let method = matcher
-            .and_then(|m| m.methods.as_ref())
-            .and_then(|methods| methods.first().cloned())
-            .unwrap_or(Method::GET);
-        let mut template = Template {
-            method,
-            path,
-            host: matcher
-                .and_then(|m| m.host.as_deref())
-                .and_then(|h| HeaderValue::from_str(h).ok()),
-            headers: matcher.map(|m| m.headers.clone()).unwrap_or_default(),
-            key_headers: Vec::new(),
-            queries: Vec::new(),
-            cookies: Vec::new(),
-            body_fields: Vec::new(),
-            api_key: None,
-        };
-        let parts = route
-            .into_iter()
-            .flat_map(|r| &r.limits)
-            .flat_map(|&i| &config.limits[i].key);
-        let mut wants_consumer = route.is_some_and(|r| r.require_consumer);
-        for part in parts {
-            match part {
-                KeyPart::Header(name) if !template.key_headers.contains(name) => {
-                    template.key_headers.push(name.clone());
-                }
-                KeyPart::Query(name) if !template.queries.contains(name) => {
-                    template.queries.push(name.clone());
-                }
-                KeyPart::Cookie(name) if !template.cookies.contains(name) => {
-                    template.cookies.push(name.clone());
-                }
-                KeyPart::BodyField(name) if !template.body_fields.contains(name) => {
-                    template.body_fields.push(name.clone());
-                }
-                KeyPart::Consumer | KeyPart::Tenant => wants_consumer = true,
-                _ => {}
-            }
-        }
-        if wants_consumer && !config.consumers.is_empty() {
-            let mut keys: Vec<String> = config.consumers.keys().cloned().collect();
-            keys.sort();
-            template.api_key = Some((config.api_keys.source.clone(), keys));
-        }
-        template
-    }
-
-    fn record(&self, line: u64, time: Nanos, client: u64) -> Record {
-        let value = format!("client-{client}");
-        let mut target = self.path.clone();
-        for (i, name) in self.queries.iter().enumerate() {
-            target.push(if i == 0 { '?' } else { '&' });
-            target.push_str(name);
-            target.push('=');
-            target.push_str(&value);
-        }
-        let mut request = Request::new(());
-        *request.method_mut() = self.method.clone();
-        // A route's path and plain names always make a valid target; the
-        // fallback keeps a generator total.
-        *request.uri_mut() = target
-            .parse()
-            .unwrap_or_else(|_| http::Uri::from_static("/"));
-        let headers = request.headers_mut();
-        if let Some(host) = &self.host {
-            headers.insert(HOST, host.clone());
-        }
-        for (name, v) in &self.headers {
-            headers.append(name.clone(), v.clone());
-        }
-        let client_value =
-            HeaderValue::from_str(&value).unwrap_or(HeaderValue::from_static("client"));
-        if let Some((source, keys)) = &self.api_key {
-            let key = &keys[(client % keys.len() as u64) as usize];
-            let (name, text) = match source {
-                ApiKeySource::Header(name) => (name.clone(), key.clone()),
-                ApiKeySource::Bearer => (AUTHORIZATION, format!("Bearer {key}")),
-            };
-            if let Ok(v) = HeaderValue::from_str(&text) {
-                headers.insert(name, v);
-            }
-        }
-        for name in &self.key_headers {
-            if !headers.contains_key(name) {
-                headers.insert(name.clone(), client_value.clone());
-            }
-        }
-        if !self.cookies.is_empty() {
-            let cookie: Vec<String> = self
-                .cookies
-                .iter()
-                .map(|c| format!("{c}={value}"))
-                .collect();
-            if let Ok(v) = HeaderValue::from_str(&cookie.join("; ")) {
-                headers.append(COOKIE, v);
-            }
-        }
-        let body = (!self.body_fields.is_empty()).then(|| {
-            headers.insert(CONTENT_TYPE, HeaderValue::from_static("application/json"));
-            let object: serde_json::Map<String, serde_json::Value> = self
-                .body_fields
-                .iter()
-                .map(|f| (f.clone(), value.clone().into()))
-                .collect();
-            Bytes::from(serde_json::Value::Object(object).to_string())
-        });
-        // Client N's address in 10.0.0.0/8.
-        let n = (client % (1 << 24)) as u32;
-        let peer = IpAddr::V4(Ipv4Addr::from(0x0a00_0000 | n));
-        Record {
-            line,
-            time,
-            parts: request.into_parts().0,
-            peer,
-            body,
-        }
-    }
-}
-
-/// The records of `spec`, aimed at route `focus` of `config`, in time order.
+/// The records of `spec`, aimed at route `focus` of `config`, in time
+/// order, and what they are.
 pub fn records(
     spec: &Spec,
     config: &Config,
     focus: Option<usize>,
-) -> Result<impl Iterator<Item = Item> + use<>, Error> {
-    let template = Template::new(config, focus);
-    let events: Box<dyn Iterator<Item = (Nanos, u64)>> = match *spec {
-        Spec::BoundaryBurst {
-            n,
-            window,
-            spread,
-            at,
-            keys,
-        } => {
-            // The route's first limit sets the defaults.
-            let form = focus
-                .and_then(|r| config.routes[r].limits.first())
-                .and_then(|&i| window_form(&config.limits[i].algorithm));
-            let n = n.or(form.map(|(l, _)| l)).unwrap_or(100);
-            let window = window
-                .or(form.map(|(_, w)| w))
-                .unwrap_or(60 * NANOS_PER_SEC)
-                .max(1);
-            let spread = spread.unwrap_or(window / 100).max(1);
-            let edge = at.unwrap_or_else(|| DEFAULT_START.div_ceil(window).saturating_mul(window));
-            let before = edge.saturating_sub(spread);
-            Box::new((0..2 * n).map(move |i| {
-                let (base, j) = if i < n { (before, i) } else { (edge, i - n) };
-                let offset = (u128::from(spread) * u128::from(j) / u128::from(n)) as Nanos;
-                (base.saturating_add(offset), i % keys)
-            }))
-        }
-        Spec::Poisson {
-            rate,
-            keys,
-            duration,
-            start,
-            seed,
-        } => {
-            let mut rng = fastrand::Rng::with_seed(seed);
-            let end = start.saturating_add(duration);
-            let mean_gap = NANOS_PER_SEC as f64 / rate;
-            let mut now = start as f64;
-            Box::new(std::iter::from_fn(move || {
-                now += exponential(&mut rng, mean_gap);
-                let t = now as Nanos;
-                (t < end).then(|| (t, rng.u64(0..keys)))
-            }))
-        }
-        Spec::PageLoads {
-            users,
-            burst,
-            think,
-            spread,
-            duration,
-            start,
-            seed,
-        } => Box::new(PageLoads::new(
-            users, burst, think, spread, start, duration, seed,
-        )),
+) -> Result<(impl Iterator<Item = Item> + use<>, Generated), Error> {
+    let (generator, traffic, keys, events): (_, _, _, Box<dyn Iterator<Item = (Nanos, u64)>>) =
+        match spec.traffic {
+            Traffic::BoundaryBurst {
+                n,
+                window,
+                spread,
+                at,
+                keys,
+            } => {
+                // The route's first limit sets the defaults.
+                let form = focus
+                    .and_then(|r| config.routes[r].limits.first())
+                    .and_then(|&i| window_form(&config.limits[i].algorithm));
+                let n = n.or(form.map(|(l, _)| l)).unwrap_or(100);
+                let window = window
+                    .or(form.map(|(_, w)| w))
+                    .unwrap_or(60 * NANOS_PER_SEC)
+                    .max(1);
+                let spread = spread.unwrap_or(window / 100).max(1);
+                let edge =
+                    at.unwrap_or_else(|| DEFAULT_START.div_ceil(window).saturating_mul(window));
+                let before = edge.saturating_sub(spread);
+                let traffic = format!(
+                    "{n} + {n} requests {} either side of a {} window edge",
+                    nanos_text(spread),
+                    nanos_text(window)
+                );
+                let events = (0..2 * n).map(move |i| {
+                    let (base, j) = if i < n { (before, i) } else { (edge, i - n) };
+                    let offset = (u128::from(spread) * u128::from(j) / u128::from(n)) as Nanos;
+                    (base.saturating_add(offset), i % keys)
+                });
+                ("boundary-burst", traffic, keys, Box::new(events))
+            }
+            Traffic::Poisson {
+                rate,
+                keys,
+                duration,
+                start,
+                seed,
+            } => {
+                let mut rng = fastrand::Rng::with_seed(seed);
+                let end = start.saturating_add(duration);
+                let mean_gap = NANOS_PER_SEC as f64 / rate;
+                let mut now = start as f64;
+                let traffic = format!("{}/s for {}", rate_text(rate), nanos_text(duration));
+                let events = std::iter::from_fn(move || {
+                    now += exponential(&mut rng, mean_gap);
+                    let t = now as Nanos;
+                    (t < end).then(|| (t, rng.u64(0..keys)))
+                });
+                ("poisson", traffic, keys, Box::new(events))
+            }
+            Traffic::PageLoads {
+                users,
+                burst,
+                think,
+                spread,
+                duration,
+                start,
+                seed,
+            } => {
+                let traffic = format!(
+                    "{users} users, pages of {burst} in {}, think {}, for {}",
+                    nanos_text(spread),
+                    nanos_text(think),
+                    nanos_text(duration)
+                );
+                let events = PageLoads::new(users, burst, think, spread, start, duration, seed);
+                ("page-loads", traffic, users, Box::new(events))
+            }
+        };
+    let clients = Clients::new(config, focus, keys, spec.vary.as_deref())?;
+    let variation = clients.variation();
+    let generated = Generated {
+        generator,
+        summary: format!("{generator} {traffic}, {}", variation.text),
+        keys,
+        variation,
     };
-    Ok(events
+    let records = events
         .enumerate()
-        .map(move |(i, (time, client))| Ok(template.record(i as u64 + 1, time, client))))
+        .map(move |(i, (time, client))| Ok(clients.record(i as u64 + 1, time, client)));
+    Ok((records, generated))
 }
 
 /// An exponential gap of mean `mean` (ns).
@@ -519,6 +454,9 @@ impl Iterator for PageLoads {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::simulate::trace::Record;
+    use http::Method;
+    use std::net::{IpAddr, Ipv4Addr};
     use std::path::Path;
 
     fn config() -> Config {
@@ -542,6 +480,7 @@ limits = ["per_key"]
         let spec = Spec::parse(spec).unwrap();
         records(&spec, &config(), Some(0))
             .unwrap()
+            .0
             .map(|r| r.unwrap())
             .collect()
     }
@@ -615,11 +554,54 @@ limits = ["per_key"]
             ("boundary-burst:n", "is not key=value"),
             ("poisson:rate=1000000/s,duration=1d", "more than"),
             ("page-loads:users=1000,think=1ms,duration=1d", "more than"),
+            ("poisson:rate=1/s,vary=", "`vary=` needs key kinds"),
+            ("poisson:rate=1/s,vary=ip,ip", "vary: `ip` is given twice"),
+            (
+                "poisson:rate=1/s,vary=ip,keys=2,vary=ip",
+                "`vary` is given twice",
+            ),
+            ("poisson:rate=1/s,keys=2,ip", "`ip` is not key=value"),
         ] {
             let Err(Error::Usage(message)) = Spec::parse(spec) else {
                 panic!("accepted {spec}");
             };
             assert!(message.contains(needle), "{spec}: {message}");
         }
+    }
+
+    #[test]
+    fn vary_takes_the_items_up_to_the_next_parameter() {
+        let spec = Spec::parse("poisson:rate=5/s,vary=ip,header:x-api-key,keys=3").unwrap();
+        assert_eq!(
+            spec.vary.as_deref(),
+            Some(&["ip".to_owned(), "header:x-api-key".to_owned()][..])
+        );
+        assert!(matches!(spec.traffic, Traffic::Poisson { keys: 3, .. }));
+        assert_eq!(Spec::parse("poisson:rate=5/s").unwrap().vary, None);
+    }
+
+    #[test]
+    fn generated_says_what_varied() {
+        let spec = Spec::parse("poisson:rate=200/s,keys=50,vary=ip,query:page").unwrap();
+        let (made, generated) = records(&spec, &config(), Some(0)).unwrap();
+        assert_eq!(generated.generator, "poisson");
+        assert_eq!(generated.keys, 50);
+        assert_eq!(
+            generated.summary,
+            "poisson 200/s for 1m, 50 keys varying query:page, ip; \
+             fixed: header:x-api-key (one unknown key), cookie:sid"
+        );
+        let cookies: std::collections::HashSet<_> = made
+            .take(500)
+            .map(|r| r.unwrap().parts.headers["cookie"].clone())
+            .collect();
+        assert_eq!(cookies.len(), 1, "cookie:sid is fixed");
+        let spec = Spec::parse("boundary-burst:keys=1").unwrap();
+        let (_, generated) = records(&spec, &config(), Some(0)).unwrap();
+        assert_eq!(
+            generated.summary,
+            "boundary-burst 50 + 50 requests 100ms either side of a 10s window edge, \
+             1 key: header:x-api-key (one unknown key), query:page, cookie:sid, ip"
+        );
     }
 }

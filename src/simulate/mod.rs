@@ -2,7 +2,8 @@
 //! requests, before it is deployed.
 //!
 //! The trace ([`trace`]: a CSV or JSON-lines file, gzip or not, or stdin) or
-//! a generated workload ([`generate`]) is run through the configuration on
+//! a generated workload ([`generate`], its clients made by [`clients`]) is
+//! run through the configuration on
 //! a virtual clock ([`run`]): every record is routed by the gateway's
 //! [`Router`](crate::routing::Router), its caller and keys found by the
 //! gateway's identity functions, and its route's stack decided by the
@@ -27,11 +28,13 @@
 //! `simulate` sits at the top of the layer order, beside `main` and the admin
 //! listener: it imports the engine layers, nothing imports it.
 
+pub mod clients;
 pub mod compare;
 pub mod generate;
 pub mod report;
 pub mod run;
 pub mod svg;
+pub mod text;
 pub mod trace;
 pub mod tracker;
 
@@ -45,7 +48,8 @@ use crate::config::Config;
 pub struct Options {
     /// A trace file, or `-` for stdin.
     pub trace: Option<String>,
-    /// A generator spec such as `poisson:rate=50/s,keys=10,duration=1m`.
+    /// A generator spec such as `poisson:rate=50/s,keys=10,duration=1m`
+    /// (`vary=ip,header:x-api-key` to choose the key kinds that vary).
     pub generate: Option<String>,
     /// Report this route only (and aim generated traffic at it).
     pub route: Option<String>,
@@ -91,18 +95,20 @@ pub fn simulate(
 ) -> Result<(), Error> {
     let algorithms = compare::parse_list(&options.compare)?;
     let focus = run::focus_route(config, options.route.as_deref())?;
-    let records: Box<dyn Iterator<Item = trace::Item>> = match (&options.trace, &options.generate) {
-        (Some(source), None) => Box::new(trace::open(source)?),
-        (None, Some(spec)) => {
-            let spec = generate::Spec::parse(spec)?;
-            Box::new(generate::records(&spec, config, focus)?)
-        }
-        _ => {
-            return Err(Error::Usage(
-                "simulate needs one of --trace FILE or --generate SPEC".into(),
-            ));
-        }
-    };
+    let (records, generated): (Box<dyn Iterator<Item = trace::Item>>, _) =
+        match (&options.trace, &options.generate) {
+            (Some(source), None) => (Box::new(trace::open(source)?), None),
+            (None, Some(spec)) => {
+                let spec = generate::Spec::parse(spec)?;
+                let (records, generated) = generate::records(&spec, config, focus)?;
+                (Box::new(records), Some(generated))
+            }
+            _ => {
+                return Err(Error::Usage(
+                    "simulate needs one of --trace FILE or --generate SPEC".into(),
+                ));
+            }
+        };
     let mut decisions = match &options.decisions {
         None => None,
         Some(path) => Some(std::io::BufWriter::new(
@@ -122,7 +128,7 @@ pub fn simulate(
             .map_err(|e| Error::Failed(format!("cannot write the decisions: {e}")))?;
     }
     outcome?;
-    let report = report::Report::new(&simulation, options.route.as_deref());
+    let report = report::Report::new(&simulation, options.route.as_deref(), generated);
     let written = if options.json {
         report.write_json(out)
     } else {

@@ -12,7 +12,11 @@
 //! | `excess` | the worst excess over `capacity + rate × span` |
 //! | `false allow` / `false deny` | share of `requests` this limit admitted although `L` units were already admitted for the key in the last `W` (an exact sliding log holding the same admissions would deny), and the share it denied although they fit (each free unit counted once per window) |
 //!
-//! Below the table: what was not decided by a limit (no route, refused
+//! | `keys` | distinct keys the limit saw (the limit's, whichever route sent them) |
+//!
+//! Above it, the header line: the requests, their span and, for generated
+//! traffic, what was generated and which key kinds varied
+//! ([`Generated`]). Below the table: what was not decided by a limit (no route, refused
 //! before the limits) and the trace's bad records.
 
 use std::io::Write;
@@ -20,7 +24,9 @@ use std::io::Write;
 use serde::Serialize;
 
 use super::compare::{algorithm_name, window_form};
+use super::generate::Generated;
 use super::run::Simulation;
+use super::text::duration_text;
 use crate::limit::{Algorithm, NANOS_PER_SEC, Nanos};
 
 /// One variant × route × limit.
@@ -45,6 +51,9 @@ pub struct Row {
     pub false_denies: Option<u64>,
     pub false_allow_share: Option<f64>,
     pub false_deny_share: Option<f64>,
+    /// Distinct keys the limit saw, over every route that lists it
+    /// (`None` for concurrency, which is not tracked).
+    pub keys: Option<u64>,
 }
 
 /// One variant × route.
@@ -66,6 +75,9 @@ pub struct RouteRow {
 /// Everything a run found.
 #[derive(Debug, Clone, Serialize)]
 pub struct Report {
+    /// What `--generate` made (absent for a trace).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub generated: Option<Generated>,
     pub records: u64,
     pub bad_records: u64,
     pub out_of_order: u64,
@@ -89,7 +101,11 @@ fn seconds(nanos: Nanos) -> f64 {
 
 impl Report {
     /// The report of `simulation`, for route `only` (all routes when `None`).
-    pub fn new(simulation: &Simulation, only: Option<&str>) -> Report {
+    pub fn new(
+        simulation: &Simulation,
+        only: Option<&str>,
+        generated: Option<Generated>,
+    ) -> Report {
         let compared = simulation.variants.len() > 1;
         let mut rows = Vec::new();
         let mut routes = Vec::new();
@@ -117,7 +133,8 @@ impl Report {
                 });
                 for (&limit_index, entry) in route.limits.iter().zip(&stats.entries) {
                     let limit = &config.limits[limit_index];
-                    let worst = variant.trackers[limit_index].worst;
+                    let tracker = &variant.trackers[limit_index];
+                    let worst = tracker.worst;
                     let rated = !matches!(limit.algorithm, Algorithm::Concurrency { .. });
                     // Before any admission the tracker knows no key: the
                     // configured window form stands in.
@@ -144,11 +161,13 @@ impl Report {
                         false_denies: some(entry.false_denies),
                         false_allow_share: rated.then(|| share(entry.false_allows, entry.applied)),
                         false_deny_share: rated.then(|| share(entry.false_denies, entry.applied)),
+                        keys: some(tracker.keys() as u64),
                     });
                 }
             }
         }
         Report {
+            generated,
             records: simulation.records,
             bad_records: simulation.bad_records,
             out_of_order: simulation.out_of_order,
@@ -165,9 +184,14 @@ impl Report {
     }
 
     pub fn write_table(&self, out: &mut dyn Write) -> std::io::Result<()> {
+        let generated = self
+            .generated
+            .as_ref()
+            .map(|g| format!("; generated: {}", g.summary))
+            .unwrap_or_default();
         writeln!(
             out,
-            "{} requests over {}",
+            "{} requests over {}{generated}",
             self.records,
             duration_text(self.span_seconds)
         )?;
@@ -185,6 +209,7 @@ impl Report {
             "excess",
             "false allow",
             "false deny",
+            "keys",
         ];
         let dash = || "-".to_owned();
         let mut cells: Vec<Vec<String>> = vec![header.iter().map(|s| s.to_string()).collect()];
@@ -206,6 +231,7 @@ impl Report {
                 row.excess.map_or_else(dash, |v| v.to_string()),
                 row.false_allow_share.map_or_else(dash, percent),
                 row.false_deny_share.map_or_else(dash, percent),
+                row.keys.map_or_else(dash, |v| v.to_string()),
             ]);
         }
         let widths: Vec<usize> = (0..header.len())
@@ -274,34 +300,12 @@ fn percent(share: f64) -> String {
     format!("{:.1}%", share * 100.0)
 }
 
-/// `90ms`, `1.2s`, `60s`, `1h`: short, for a table cell.
-fn duration_text(seconds: f64) -> String {
-    if seconds == 0.0 {
-        "0s".to_owned()
-    } else if seconds < 1.0 {
-        format!("{}ms", (seconds * 1000.0).round())
-    } else if seconds >= 3600.0 && (seconds / 3600.0).fract() == 0.0 {
-        format!("{}h", seconds / 3600.0)
-    } else if seconds >= 60.0 && (seconds / 60.0).fract() == 0.0 {
-        format!("{}m", seconds / 60.0)
-    } else if seconds.fract() == 0.0 {
-        format!("{seconds}s")
-    } else {
-        format!("{seconds:.1}s")
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
 
     #[test]
-    fn durations_read_short() {
-        assert_eq!(duration_text(0.25), "250ms");
-        assert_eq!(duration_text(60.0), "1m");
-        assert_eq!(duration_text(7200.0), "2h");
-        assert_eq!(duration_text(2.0), "2s");
-        assert_eq!(duration_text(1.21), "1.2s");
+    fn shares_read_as_percentages() {
         assert_eq!(percent(0.1234), "12.3%");
     }
 }

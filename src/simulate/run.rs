@@ -39,8 +39,7 @@ use crate::identity::consumer::admit;
 use crate::identity::keys::{RequestFacts, limit_key, shadow_missing_key};
 use crate::limit::stack::INLINE;
 use crate::limit::{
-    Algorithm, LimitKey, ManualClock, NANOS_PER_SEC, Nanos, Outcome, StackDecision, StackEntry,
-    check_stack,
+    Algorithm, LimitKey, ManualClock, Nanos, Outcome, StackDecision, StackEntry, check_stack,
 };
 
 /// Bad records printed one by one; beyond this they are only counted.
@@ -325,8 +324,7 @@ impl Simulation {
         };
         let chart_limit = focus.and_then(|r| config.routes[r].limits.first().copied());
         Simulation {
-            // 1 ms, doubled until the trace fits the chart.
-            timeline: Timeline::new(variants.len(), NANOS_PER_SEC / 1000),
+            timeline: Timeline::new(variants.len()),
             variants,
             focus,
             chart_limit,
@@ -568,7 +566,7 @@ mod tests {
     use crate::simulate::trace::TraceReader;
     use std::path::Path;
 
-    const S: Nanos = NANOS_PER_SEC;
+    const S: Nanos = crate::limit::NANOS_PER_SEC;
 
     fn config(text: &str) -> Config {
         Config::from_bytes(Path::new("gateway.toml"), text.as_bytes()).unwrap()

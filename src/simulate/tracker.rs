@@ -26,7 +26,7 @@ use std::hash::BuildHasherDefault;
 
 use super::compare::{bucket_form, window_form};
 use crate::limit::memory::DigestHasher;
-use crate::limit::{Algorithm, LimitKey, Nanos};
+use crate::limit::{Algorithm, LimitKey, NANOS_PER_SEC, Nanos};
 
 /// The worst a limit did over the whole trace.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -177,6 +177,11 @@ impl LimitTracker {
         })
     }
 
+    /// Distinct keys judged or admitted so far.
+    pub fn keys(&self) -> usize {
+        self.keys.len()
+    }
+
     fn track(&mut self, key: LimitKey, algorithm: &Algorithm, now: Nanos) -> Option<&mut KeyTrack> {
         let (limit, window) = window_form(algorithm)?;
         let (capacity, rate) = bucket_form(algorithm)?;
@@ -197,13 +202,32 @@ impl LimitTracker {
     }
 }
 
-/// Most buckets a series holds before its buckets are made twice as wide.
-const MAX_BUCKETS: usize = 240;
+/// Most buckets a series holds before its buckets are made wider.
+const MAX_BUCKETS: usize = 3600;
+
+/// The widths the timeline's buckets take, finest first: each a multiple of
+/// the one before, and of every divisor the chart's bucket widths need
+/// (`svg`: 1, 2, 5 ms ... 15 s, 1 min, 3 h ... 7 d), so the chart's buckets
+/// are whole groups of the timeline's and the merged counts are exact. Past
+/// the last, ten times wider each time.
+const WIDTHS: [Nanos; 9] = [
+    1_000_000,
+    10_000_000,
+    100_000_000,
+    NANOS_PER_SEC,
+    10 * NANOS_PER_SEC,
+    60 * NANOS_PER_SEC,
+    600 * NANOS_PER_SEC,
+    3600 * NANOS_PER_SEC,
+    86_400 * NANOS_PER_SEC,
+];
 
 /// Per time bucket and variant: the busiest key's units in its window
 /// (the most seen in the bucket) and the requests denied. Buckets start at
-/// the first record and double in width whenever the trace outgrows
-/// `MAX_BUCKETS` (240), so a trace of any length fits one chart.
+/// the first record, 1 ms wide, and widen along [`WIDTHS`] whenever the
+/// trace outgrows `MAX_BUCKETS` (3600), so a trace of any length fits in a
+/// bounded series, fine enough for the chart, which merges them into its
+/// own buckets ([`Timeline::merged`]).
 #[derive(Debug)]
 pub struct Timeline {
     pub start: Option<Nanos>,
@@ -213,11 +237,11 @@ pub struct Timeline {
 }
 
 impl Timeline {
-    /// For `variants` series, buckets starting `width` wide.
-    pub fn new(variants: usize, width: Nanos) -> Timeline {
+    /// For `variants` series.
+    pub fn new(variants: usize) -> Timeline {
         Timeline {
             start: None,
-            width: width.max(1),
+            width: WIDTHS[0],
             busiest: vec![Vec::new(); variants],
             denied: vec![Vec::new(); variants],
         }
@@ -231,27 +255,43 @@ impl Timeline {
             if index < MAX_BUCKETS {
                 return index;
             }
-            self.coarsen();
+            self.widen();
         }
     }
 
-    /// Buckets twice as wide: neighbours merged (max for the busiest key,
-    /// sum for denials).
-    fn coarsen(&mut self) {
-        self.width = self.width.saturating_mul(2);
-        let merge = |series: &mut Vec<u64>, combine: fn(u64, u64) -> u64| {
-            let merged = series
-                .chunks(2)
-                .map(|pair| pair.iter().copied().fold(0, combine))
-                .collect();
-            *series = merged;
+    /// The next width of [`WIDTHS`]: neighbours merged.
+    fn widen(&mut self) {
+        let next = WIDTHS
+            .iter()
+            .copied()
+            .find(|&w| w > self.width)
+            .unwrap_or_else(|| self.width.saturating_mul(10));
+        let merged = self.merged(next);
+        self.width = next;
+        (self.busiest, self.denied) = merged;
+    }
+
+    /// The series in buckets `width` wide (a multiple of [`Timeline::width`];
+    /// a width that is not is rounded up to one): for the busiest key the
+    /// most of the merged buckets, for denials their sum.
+    pub fn merged(&self, width: Nanos) -> (Vec<Vec<u64>>, Vec<Vec<u64>>) {
+        let group = usize::try_from(width.div_ceil(self.width))
+            .unwrap_or(usize::MAX)
+            .max(1);
+        let merge = |series: &[Vec<u64>], combine: fn(u64, u64) -> u64| -> Vec<Vec<u64>> {
+            series
+                .iter()
+                .map(|s| {
+                    s.chunks(group)
+                        .map(|c| c.iter().copied().fold(0, combine))
+                        .collect()
+                })
+                .collect()
         };
-        for series in &mut self.busiest {
-            merge(series, u64::max);
-        }
-        for series in &mut self.denied {
-            merge(series, u64::saturating_add);
-        }
+        (
+            merge(&self.busiest, u64::max),
+            merge(&self.denied, u64::saturating_add),
+        )
     }
 
     fn slot(series: &mut Vec<u64>, index: usize) -> &mut u64 {
@@ -284,6 +324,11 @@ impl Timeline {
 
     pub fn is_empty(&self) -> bool {
         self.len() == 0
+    }
+
+    /// The time the buckets used so far cover.
+    pub fn extent(&self) -> Nanos {
+        (self.len() as Nanos).saturating_mul(self.width)
     }
 }
 
@@ -379,15 +424,28 @@ mod tests {
     }
 
     #[test]
-    fn timeline_doubles_its_buckets_and_keeps_the_totals() {
-        let mut timeline = Timeline::new(1, S);
+    fn timeline_widens_its_buckets_and_keeps_the_totals() {
+        let mut timeline = Timeline::new(1);
         for i in 0..1000 {
             timeline.denied(0, i * S);
             timeline.admitted(0, i * S, i);
         }
         assert!(timeline.len() <= MAX_BUCKETS);
-        assert_eq!(timeline.width, 8 * S);
+        // 1000 s in 1 s buckets: 1 ms, 10 ms and 100 ms were too narrow.
+        assert_eq!(timeline.width, S);
+        assert_eq!(timeline.len(), 1000);
         assert_eq!(timeline.denied[0].iter().sum::<u64>(), 1000);
         assert_eq!(timeline.busiest[0].iter().max(), Some(&999));
+        // Merged into 15 s buckets: whole groups, the same totals.
+        let (busiest, denied) = timeline.merged(15 * S);
+        assert_eq!(denied[0].len(), 67);
+        assert_eq!(denied[0][0], 15);
+        assert_eq!(denied[0].iter().sum::<u64>(), 1000);
+        assert_eq!(busiest[0][1], 29);
+        assert_eq!(timeline.extent(), 1000 * S);
+        // A day: 8640 ten-second buckets are too many, 1440 minutes fit.
+        timeline.denied(0, 86_400 * S);
+        assert_eq!(timeline.width, 60 * S);
+        assert_eq!(timeline.denied[0].iter().sum::<u64>(), 1001);
     }
 }
