@@ -990,7 +990,15 @@ fn check_redis_auth(
             "the url holds a password and `password_file`/`password_env` gives one too: remove it from the url",
         );
     }
-    (username, password.or(from_url))
+    let password = password.or(from_url);
+    let no_source = raw.password_file.is_none() && raw.password_env.is_none();
+    if raw.username.is_some() && no_source && password.is_none() {
+        c.problem(
+            path.key("username"),
+            "an ACL user logs in with a password: set `password_file` or `password_env` too",
+        );
+    }
+    (username, password)
 }
 
 /// TLS for `rediss://`: `ca` and `sni` read as for HTTPS upstreams.
@@ -1965,5 +1973,49 @@ mod tests {
         assert_eq!(strip_port("example.com:8080"), "example.com");
         assert_eq!(strip_port("[::1]:80"), "[::1]");
         assert_eq!(strip_port("example.com"), "example.com");
+    }
+
+    #[test]
+    fn a_store_password_shows_in_no_debug_output() {
+        let text =
+            "[store]\nbackend = \"redis\"\nurl = \"redis://tollgate:hunter2@127.0.0.1:6379/1\"\n";
+        let config = Config::from_bytes(Path::new("g.toml"), text.as_bytes()).unwrap();
+        let redis = config.store.redis().unwrap();
+        assert_eq!(redis.username.as_deref(), Some("tollgate"));
+        assert_eq!(redis.password.as_ref().map(Secret::expose), Some("hunter2"));
+        assert!(!format!("{config:?}").contains("hunter2"));
+        assert_eq!(
+            redis.servers.to_string(),
+            "redis://tollgate:<redacted>@127.0.0.1:6379/1"
+        );
+    }
+
+    #[test]
+    fn a_user_or_password_given_twice_is_a_problem() {
+        let message = errors(
+            "[store]\nbackend = \"redis\"\nurl = \"redis://a@127.0.0.1:6379\"\nusername = \"b\"\npassword_file = \"f\"\npassword_env = \"E\"\n",
+        );
+        assert!(
+            message.contains("`store.username`: the url names a user too"),
+            "{message}"
+        );
+        assert!(
+            message.contains(
+                "`store.password_env`: `password_file` and `password_env` are two sources"
+            ),
+            "{message}"
+        );
+        let message =
+            errors("[store]\nbackend = \"redis\"\nmaster = \"m\"\nurl = \"redis://h:1\"\n");
+        assert!(
+            message.contains("`store.master`: `master` names the master of Sentinel"),
+            "{message}"
+        );
+        let message =
+            errors("[store]\nbackend = \"redis\"\nurl = \"redis://h:1\"\nusername = \"u\"\n");
+        assert!(
+            message.contains("`store.username`: an ACL user logs in with a password"),
+            "{message}"
+        );
     }
 }
