@@ -12,7 +12,7 @@ use std::path::Path;
 use std::time::{Duration, Instant};
 
 use common::certs::Ca;
-use common::redis::{Options, Redis, Sentinel, TlsFiles, free_port};
+use common::redis::{Options, Redis, Sentinel, SentinelAuth, TlsFiles, free_port};
 use common::{Gateway, InProcess, get};
 
 /// A gateway on `store` (the `[store]` keys after `backend`) with an
@@ -339,16 +339,30 @@ fn wait_synced(replica: &Redis) {
     ignore = "needs redis-server and redis-cli: apt-get install -y redis-server redis-tools"
 )]
 async fn sentinel_finds_the_master_and_follows_a_failover() {
-    let mut master = Redis::with_options(Options::default());
+    // The master and its replica ask for one password, the sentinel for
+    // another; the gateway reads both from files.
+    let requirepass = Some(PASSWORD.to_owned());
+    let mut master = Redis::with_options(Options {
+        requirepass: requirepass.clone(),
+        ..Options::default()
+    });
     let replica = Redis::with_options(Options {
         replica_of: Some(master.port),
+        requirepass,
         ..Options::default()
     });
     wait_synced(&replica);
+    let dir = tempfile::tempdir().expect("tempdir");
+    let (master_pw, sentinel_pw) = (dir.path().join("redis.pw"), dir.path().join("sentinel.pw"));
+    std::fs::write(&master_pw, format!("{PASSWORD}\n")).expect("write");
+    std::fs::write(&sentinel_pw, "sentinel-pw-5d1\n").expect("write");
     // The first sentinel never runs: any one that answers will do.
     let (silent, port) = (free_port(), free_port());
     let store = format!(
-        "sentinels = [\"redis://127.0.0.1:{silent}\", \"redis://127.0.0.1:{port}\"]\nmaster = \"mymaster\""
+        "sentinels = [\"redis://127.0.0.1:{silent}\", \"redis://127.0.0.1:{port}\"]\nmaster = \"mymaster\"\n\
+         password_file = \"{}\"\nsentinel_password_file = \"{}\"",
+        master_pw.display(),
+        sentinel_pw.display()
     );
     let gateway = InProcess::start(&config(&store)).await;
     let admin = gateway.admin.expect("admin");
@@ -356,7 +370,11 @@ async fn sentinel_finds_the_master_and_follows_a_failover() {
     assert_eq!(statuses(gateway.addr, "early", 2).await, [503, 503]);
     assert_eq!(get(admin, "/readyz", &[]).await.status, 503);
 
-    let mut sentinel = Sentinel::start(port, "mymaster", master.port, None);
+    let auth = SentinelAuth {
+        master: Some(PASSWORD),
+        own: Some("sentinel-pw-5d1"),
+    };
+    let mut sentinel = Sentinel::start(port, "mymaster", master.port, auth);
     sentinel.wait_replicas(1);
     until(
         "decided through the master",
@@ -366,6 +384,14 @@ async fn sentinel_finds_the_master_and_follows_a_failover() {
     .await;
     assert_eq!(statuses(gateway.addr, "u", 4).await, [200, 200, 200, 429]);
     assert!(master.keys().iter().any(|k| k.starts_with("tg:shared:")));
+    // Without the sentinel's password, no sentinel answers.
+    let store_without = store.replace(
+        &format!("sentinel_password_file = \"{}\"", sentinel_pw.display()),
+        "",
+    );
+    let refused = InProcess::start(&config(&store_without)).await;
+    assert_eq!(statuses(refused.addr, "x", 1).await, [503]);
+    drop(refused);
 
     master.kill();
     // Down after 500 ms, then promoted: poll with a new user each time
@@ -431,7 +457,7 @@ fn bad_production_store_keys_are_located_errors() {
     let dir = tempfile::tempdir().expect("tempdir");
     let head = "[store]\nbackend = \"redis\"\n";
     let both = format!("url = \"redis://:{PASSWORD}@127.0.0.1:6379\"\npassword_env = \"HOME\"\n");
-    let cases: [(&str, usize, &str, &str); 8] = [
+    let cases: [(&str, usize, &str, &str); 9] = [
         (
             "url = \"redis://127.0.0.1:6379\"\nsentinels = [\"redis://127.0.0.1:26379\"]\nmaster = \"m\"\n",
             4,
@@ -475,6 +501,12 @@ fn bad_production_store_keys_are_located_errors() {
             "applies to rediss:// (TLS) URLs only",
         ),
         (&both, 3, "store.url", "remove it from the url"),
+        (
+            "url = \"redis://127.0.0.1:6379\"\nsentinel_password_env = \"HOME\"\n",
+            4,
+            "store.sentinel_password_env",
+            "set `sentinels` too",
+        ),
     ];
     std::fs::write(dir.path().join("not-pem.txt"), "hello\n").expect("write");
     for (body, line, key, says) in cases {
@@ -507,6 +539,19 @@ fn check_warns_of_a_password_in_the_url_and_not_of_one_in_a_file() {
     assert!(
         stderr.contains("warning: `store.url`: redis://:<redacted>@127.0.0.1:6379 holds a password in the configuration file")
             && stderr.contains("password_file"),
+        "{stderr}"
+    );
+    let (code, stderr) = check(
+        dir.path(),
+        &format!(
+            "[store]\nbackend = \"redis\"\nsentinels = [\"redis://:{PASSWORD}@127.0.0.1:26379\"]\nmaster = \"m\"\n"
+        ),
+    );
+    assert_eq!(code, 0, "{stderr}");
+    assert!(
+        stderr.contains(
+            "warning: `store.sentinels`: redis://:<redacted>@127.0.0.1:26379 holds a password"
+        ) && stderr.contains("sentinel_password_file"),
         "{stderr}"
     );
     std::fs::write(dir.path().join("redis.pw"), PASSWORD).expect("write");

@@ -188,6 +188,10 @@ pub struct RawStore {
     /// master they monitor.
     pub sentinels: Option<Vec<String>>,
     pub master: Option<String>,
+    /// The sentinels' own password (their `requirepass`), as for the data
+    /// nodes' `password_file` / `password_env`.
+    pub sentinel_password_file: Option<String>,
+    pub sentinel_password_env: Option<String>,
 }
 
 #[derive(Debug, Deserialize)]

@@ -96,6 +96,9 @@ pub enum RedisServers {
     Sentinel {
         sentinels: Vec<RedisUrl>,
         master: String,
+        /// The sentinels' password (`sentinel_password_file`/`_env`), for
+        /// those whose URL has none.
+        password: Option<Secret>,
     },
 }
 
@@ -110,7 +113,9 @@ impl fmt::Display for RedisServers {
         match self {
             RedisServers::One(url) => write!(f, "{url}"),
             RedisServers::Cluster(urls) => write!(f, "cluster {}", list(urls)),
-            RedisServers::Sentinel { sentinels, master } => {
+            RedisServers::Sentinel {
+                sentinels, master, ..
+            } => {
                 write!(f, "master `{master}` of sentinels {}", list(sentinels))
             }
         }

@@ -759,7 +759,7 @@ fn check_store(
             backend: StoreBackend::Memory,
         };
     }
-    let servers = check_redis_servers(c, path, raw);
+    let servers = check_redis_servers(c, path, raw, directory);
     let prefix = raw.prefix.clone().unwrap_or_else(|| "tollgate:".to_owned());
     if prefix.contains(['{', '}']) || prefix.chars().any(char::is_whitespace) {
         c.problem(
@@ -815,7 +815,12 @@ fn check_store(
 
 /// `url` (one server, or with `cluster` the seeds) or `sentinels` +
 /// `master`, each URL parsed.
-fn check_redis_servers(c: &mut Checker, path: &KeyPath, raw: &raw::RawStore) -> RedisServers {
+fn check_redis_servers(
+    c: &mut Checker,
+    path: &KeyPath,
+    raw: &raw::RawStore,
+    directory: &Path,
+) -> RedisServers {
     let cluster = raw.cluster.unwrap_or(false);
     let parse = |c: &mut Checker, key: &str, texts: &[String]| -> Vec<RedisUrl> {
         let urls: Vec<RedisUrl> = texts
@@ -884,7 +889,36 @@ fn check_redis_servers(c: &mut Checker, path: &KeyPath, raw: &raw::RawStore) -> 
                 String::new()
             }
         };
-        return RedisServers::Sentinel { sentinels, master };
+        let password = read_password(
+            c,
+            path,
+            ("sentinel_password_file", &raw.sentinel_password_file),
+            ("sentinel_password_env", &raw.sentinel_password_env),
+            directory,
+        );
+        if password.is_some() && sentinels.iter().any(|u| u.password.is_some()) {
+            c.problem(
+                path.key("sentinels"),
+                "a sentinel URL holds a password and `sentinel_password_file`/`sentinel_password_env` gives one too: remove it from the URL",
+            );
+        }
+        return RedisServers::Sentinel {
+            sentinels,
+            master,
+            password,
+        };
+    }
+    for key in ["sentinel_password_file", "sentinel_password_env"] {
+        let set = match key {
+            "sentinel_password_file" => raw.sentinel_password_file.is_some(),
+            _ => raw.sentinel_password_env.is_some(),
+        };
+        if set {
+            c.problem(
+                path.key(key),
+                format!("`{key}` is the sentinels' password: set `sentinels` too, or remove it"),
+            );
+        }
     }
     if raw.master.is_some() {
         c.problem(
@@ -965,24 +999,13 @@ fn check_redis_auth(
         (None, from_url) => username = from_url,
         _ => {}
     }
-    if raw.password_file.is_some() && raw.password_env.is_some() {
-        c.problem(
-            path.key("password_env"),
-            "`password_file` and `password_env` are two sources of one password: give one",
-        );
-    }
-    let mut password = None;
-    if let Some(file) = &raw.password_file {
-        match super::store::read_password_file(&directory.join(file)) {
-            Ok(secret) => password = Some(secret),
-            Err(message) => c.problem(path.key("password_file"), message),
-        }
-    } else if let Some(name) = &raw.password_env {
-        match super::store::read_password_env(name) {
-            Ok(secret) => password = Some(secret),
-            Err(message) => c.problem(path.key("password_env"), message),
-        }
-    }
+    let password = read_password(
+        c,
+        path,
+        ("password_file", &raw.password_file),
+        ("password_env", &raw.password_env),
+        directory,
+    );
     let from_url = url.and_then(|u| u.password.clone());
     if from_url.is_some() && (raw.password_file.is_some() || raw.password_env.is_some()) {
         c.problem(
@@ -999,6 +1022,37 @@ fn check_redis_auth(
         );
     }
     (username, password)
+}
+
+/// The password named by a `*_file` or a `*_env` key (one of them at most).
+fn read_password(
+    c: &mut Checker,
+    path: &KeyPath,
+    (file_key, file): (&str, &Option<String>),
+    (env_key, env): (&str, &Option<String>),
+    directory: &Path,
+) -> Option<Secret> {
+    if file.is_some() && env.is_some() {
+        c.problem(
+            path.key(env_key),
+            format!("`{file_key}` and `{env_key}` are two sources of one password: give one"),
+        );
+    }
+    let read = match (file, env) {
+        (Some(file), _) => super::store::read_password_file(&directory.join(file))
+            .map_err(|message| (file_key, message)),
+        (None, Some(name)) => {
+            super::store::read_password_env(name).map_err(|message| (env_key, message))
+        }
+        (None, None) => return None,
+    };
+    match read {
+        Ok(secret) => Some(secret),
+        Err((key, message)) => {
+            c.problem(path.key(key), message);
+            None
+        }
+    }
 }
 
 /// TLS for `rediss://`: `ca` and `sni` read as for HTTPS upstreams.

@@ -60,7 +60,7 @@ pub fn store_warnings(config: &Config) -> Vec<String> {
     let fix = if key == "url" {
         "move it to a file named by `password_file` (or an environment variable named by `password_env`)"
     } else {
-        "a sentinel's own password can only be given in its URL: keep the file readable by the gateway alone"
+        "move it to a file named by `sentinel_password_file` (or an environment variable named by `sentinel_password_env`)"
     };
     urls.iter()
         .filter(|url| url.password.is_some())

@@ -22,7 +22,8 @@
 //! failure, and every worker's connection of the generation it opens, so a
 //! failover is followed as soon as a sentinel names the new master.
 //! Sentinels are reached like the master (TLS when their URLs are
-//! `rediss://`), with the user and password of their own URLs.
+//! `rediss://`), with the user and password of their own URLs, or
+//! `sentinel_password_file`'s.
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
@@ -120,10 +121,11 @@ pub(crate) async fn node(
     }
 }
 
-/// A connection to the master that `sentinels` name `name` now; `last`
+/// A connection to the master that `sentinels` name `name` now (each
+/// sentinel logged in with its URL's password, else `password`); `last`
 /// remembers which sentinel answered, to ask it first next time.
 pub(crate) async fn master(
-    sentinels: &[RedisUrl],
+    (sentinels, password): (&[RedisUrl], Option<&Secret>),
     name: &str,
     last: &AtomicUsize,
     tls: Option<&RedisTls>,
@@ -136,7 +138,8 @@ pub(crate) async fn master(
     for i in 0..sentinels.len() {
         let at = (first + i) % sentinels.len();
         let sentinel = &sentinels[at];
-        let (host, port) = match ask(sentinel, name, tls, response_timeout, bound).await {
+        let asked = ask(sentinel, password, name, tls, response_timeout, bound).await;
+        let (host, port) = match asked {
             Ok(address) => address,
             Err(error) => {
                 why.push(format!("{sentinel}: {error}"));
@@ -173,6 +176,7 @@ pub(crate) async fn master(
 /// `SENTINEL GET-MASTER-ADDR-BY-NAME name` of one sentinel.
 async fn ask(
     sentinel: &RedisUrl,
+    password: Option<&Secret>,
     name: &str,
     tls: Option<&RedisTls>,
     response_timeout: Duration,
@@ -180,7 +184,7 @@ async fn ask(
 ) -> RedisResult<(String, u16)> {
     let login = Login {
         username: sentinel.username.as_deref(),
-        password: sentinel.password.as_ref(),
+        password: sentinel.password.as_ref().or(password),
         db: 0,
     };
     let tls = tls.filter(|_| sentinel.tls);

@@ -1010,9 +1010,13 @@ impl RedisStore {
             RedisServers::One(url) => Connection::Single(
                 connect::node(&url.host, url.port, tls, &login(url.db), bound, bound).await?,
             ),
-            RedisServers::Sentinel { sentinels, master } => Connection::Single(
+            RedisServers::Sentinel {
+                sentinels,
+                master,
+                password,
+            } => Connection::Single(
                 connect::master(
-                    sentinels,
+                    (sentinels, password.as_ref()),
                     master,
                     &self.sentinel,
                     tls,

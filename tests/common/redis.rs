@@ -228,12 +228,23 @@ pub struct Sentinel {
     dir: tempfile::TempDir,
     master: u16,
     name: String,
+    /// The sentinel's own `requirepass`.
+    requirepass: Option<String>,
+}
+
+/// The passwords a [`Sentinel`] uses and asks for.
+#[derive(Default, Clone, Copy)]
+pub struct SentinelAuth<'a> {
+    /// The master's (and its replicas') `requirepass`: `sentinel auth-pass`.
+    pub master: Option<&'a str>,
+    /// The sentinel's own `requirepass`.
+    pub own: Option<&'a str>,
 }
 
 impl Sentinel {
     /// Starts on `port` (picked beforehand with [`free_port`], so a config
     /// can name it before it runs), watching `127.0.0.1:master`.
-    pub fn start(port: u16, name: &str, master: u16, master_password: Option<&str>) -> Sentinel {
+    pub fn start(port: u16, name: &str, master: u16, auth: SentinelAuth<'_>) -> Sentinel {
         let dir = tempfile::tempdir().expect("tempdir");
         let mut conf = format!(
             "port {port}\nbind 127.0.0.1\ndir {dir}\n\
@@ -243,8 +254,11 @@ impl Sentinel {
              sentinel parallel-syncs {name} 1\n",
             dir = dir.path().display(),
         );
-        if let Some(password) = master_password {
+        if let Some(password) = auth.master {
             conf.push_str(&format!("sentinel auth-pass {name} {password}\n"));
+        }
+        if let Some(password) = auth.own {
+            conf.push_str(&format!("requirepass {password}\n"));
         }
         // Sentinel rewrites its file: it must be writable.
         let file = dir.path().join("sentinel.conf");
@@ -262,6 +276,7 @@ impl Sentinel {
             dir,
             master,
             name: name.to_owned(),
+            requirepass: auth.own.map(str::to_owned),
         };
         let deadline = Instant::now() + Duration::from_secs(10);
         while sentinel.master_port().is_none() {
@@ -277,8 +292,13 @@ impl Sentinel {
 
     /// `redis-cli ARGS` to the sentinel, its output trimmed.
     pub fn try_cli(&self, args: &[&str]) -> Option<String> {
+        let login: Vec<&str> = match &self.requirepass {
+            Some(password) => vec!["-a", password, "--no-auth-warning"],
+            None => Vec::new(),
+        };
         let output = Command::new("redis-cli")
             .args(["-h", "127.0.0.1", "-p", &self.port.to_string()])
+            .args(login)
             .args(args)
             .output()
             .unwrap_or_else(|e| panic!("cannot run redis-cli ({e}); install it: {INSTALL}"));
