@@ -94,6 +94,9 @@ fn main() -> ExitCode {
             for warning in tollgate::config::warnings::bypass_warnings(&config) {
                 eprintln!("warning: {warning}");
             }
+            for warning in tollgate::config::warnings::store_warnings(&config) {
+                eprintln!("warning: {warning}");
+            }
             let now = std::time::SystemTime::now();
             for warning in tollgate::config::warnings::expiry_warnings(&config, now) {
                 eprintln!("warning: {warning}");
@@ -196,6 +199,9 @@ fn run(config: Config, log_format: LogFormat) -> ExitCode {
         tollgate::fd_limit::raise_for(config.server.max_connections);
         let app = App::new(config);
         for warning in tollgate::config::warnings::bypass_warnings(&app.snapshot().config) {
+            tracing::warn!("{warning}");
+        }
+        for warning in tollgate::config::warnings::store_warnings(&app.snapshot().config) {
             tracing::warn!("{warning}");
         }
         let now = std::time::SystemTime::now();

@@ -45,6 +45,9 @@ pub fn reload(app: &App, path: &Path) {
             for warning in crate::config::warnings::bypass_warnings(&config) {
                 tracing::warn!("{warning}");
             }
+            for warning in crate::config::warnings::store_warnings(&config) {
+                tracing::warn!("{warning}");
+            }
             for warning in crate::config::warnings::expiry_warnings(&config, SystemTime::now()) {
                 tracing::warn!("{warning}");
             }

@@ -8,6 +8,7 @@
 
 pub mod error;
 pub mod raw;
+pub mod store;
 pub mod tls;
 pub mod units;
 pub mod validate;
@@ -23,6 +24,7 @@ use http::{HeaderName, HeaderValue, Method, StatusCode, Uri};
 use ipnet::IpNet;
 
 pub use error::{ConfigError, KeyPath, Problem};
+pub use store::{RedisServers, RedisTls, RedisUrl, Secret};
 pub use tls::{CertificateFile, ClientTls, ServerTls, TlsConfig};
 
 use crate::access_log::LogDenied;
@@ -138,7 +140,8 @@ pub struct ClientIpConfig {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum StoreBackend {
     Memory,
-    Redis(RedisConfig),
+    /// Boxed: the Redis settings are large and read once at start.
+    Redis(Box<RedisConfig>),
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -159,9 +162,14 @@ impl StoreConfig {
 /// `[store]` with `backend = "redis"`.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct RedisConfig {
-    /// `redis://` URLs: one server (or, with `cluster`, the seed nodes).
-    pub urls: Vec<String>,
-    pub cluster: bool,
+    /// One server, a Redis Cluster's seed nodes, or a Sentinel master.
+    pub servers: RedisServers,
+    /// The ACL user of the data nodes (`username`, or the URL's).
+    pub username: Option<String>,
+    /// Their password (`password_file`, `password_env`, or the URL's).
+    pub password: Option<Secret>,
+    /// How `rediss://` connections are made; `None` over plain TCP.
+    pub tls: Option<RedisTls>,
     /// Prepended to every key the gateway writes.
     pub prefix: String,
     /// The most one store call may take before it counts as a failure.
@@ -169,6 +177,13 @@ pub struct RedisConfig {
     pub on_failure: OnFailure,
     /// Node-local fallback limits are the shared ones times this.
     pub local_fraction: LocalFraction,
+}
+
+impl RedisConfig {
+    /// Redis Cluster: keys are grouped by slot.
+    pub fn is_cluster(&self) -> bool {
+        matches!(self.servers, RedisServers::Cluster(_))
+    }
 }
 
 /// `store.local_fraction`.

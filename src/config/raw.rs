@@ -172,6 +172,26 @@ pub struct RawStore {
     pub timeout: Option<String>,
     pub on_failure: Option<String>,
     pub local_fraction: Option<toml::Value>,
+    /// `rediss://` only: a PEM file of the CA certificates to trust instead
+    /// of the built-in roots.
+    pub ca: Option<String>,
+    /// `rediss://` only: the name to verify the certificate for, instead of
+    /// the host connected to.
+    pub sni: Option<String>,
+    /// The Redis ACL user.
+    pub username: Option<String>,
+    /// A file holding the password (one trailing newline ignored).
+    pub password_file: Option<String>,
+    /// The name of an environment variable holding the password.
+    pub password_env: Option<String>,
+    /// Sentinel instead of `url`: the sentinels' URLs, and the name of the
+    /// master they monitor.
+    pub sentinels: Option<Vec<String>>,
+    pub master: Option<String>,
+    /// The sentinels' own password (their `requirepass`), as for the data
+    /// nodes' `password_file` / `password_env`.
+    pub sentinel_password_file: Option<String>,
+    pub sentinel_password_env: Option<String>,
 }
 
 #[derive(Debug, Deserialize)]

@@ -265,7 +265,7 @@ fn check(c: &mut Checker, path: &Path, bytes: &[u8], raw: &RawConfig) -> Config 
         .as_ref()
         .and_then(|tls| check_tls(c, &root.key("server").key("tls"), directory, tls));
     let client_ip = check_client_ip(c, &root.key("client_ip"), &raw.client_ip);
-    let store = check_store(c, &root.key("store"), &raw.store);
+    let store = check_store(c, &root.key("store"), &raw.store, directory);
 
     let upstreams: Vec<UpstreamConfig> = raw
         .upstreams
@@ -741,7 +741,12 @@ fn check_client_ip(c: &mut Checker, path: &KeyPath, raw: &raw::RawClientIp) -> C
     config
 }
 
-fn check_store(c: &mut Checker, path: &KeyPath, raw: &raw::RawStore) -> StoreConfig {
+fn check_store(
+    c: &mut Checker,
+    path: &KeyPath,
+    raw: &raw::RawStore,
+    directory: &Path,
+) -> StoreConfig {
     let redis = match raw.backend.as_deref() {
         None => false,
         Some(backend) => {
@@ -754,25 +759,7 @@ fn check_store(c: &mut Checker, path: &KeyPath, raw: &raw::RawStore) -> StoreCon
             backend: StoreBackend::Memory,
         };
     }
-    let urls = raw.url.as_ref().map(|u| u.0.clone()).unwrap_or_default();
-    if urls.is_empty() {
-        c.problem(
-            path.key("url"),
-            "backend = \"redis\" needs a url, like url = \"redis://127.0.0.1:6379/0\"",
-        );
-    }
-    for (i, url) in urls.iter().enumerate() {
-        if let Err(message) = check_redis_url(url) {
-            c.problem(path.element("url", urls.len(), i), message);
-        }
-    }
-    let cluster = raw.cluster.unwrap_or(false);
-    if !cluster && urls.len() > 1 {
-        c.problem(
-            path.key("url"),
-            "a list of urls is for Redis Cluster; give one url for one Redis",
-        );
-    }
+    let servers = check_redis_servers(c, path, raw, directory);
     let prefix = raw.prefix.clone().unwrap_or_else(|| "tollgate:".to_owned());
     if prefix.contains(['{', '}']) || prefix.chars().any(char::is_whitespace) {
         c.problem(
@@ -810,36 +797,319 @@ fn check_store(c: &mut Checker, path: &KeyPath, raw: &raw::RawStore) -> StoreCon
             LocalFraction::Fixed(1_000_000)
         }
     };
+    let (username, password) = check_redis_auth(c, path, raw, &servers, directory);
+    let tls = check_redis_tls(c, path, raw, &servers, directory);
     StoreConfig {
-        backend: StoreBackend::Redis(RedisConfig {
-            urls,
-            cluster,
+        backend: StoreBackend::Redis(Box::new(RedisConfig {
+            servers,
+            username,
+            password,
+            tls,
             prefix,
             timeout,
             on_failure,
             local_fraction,
+        })),
+    }
+}
+
+/// `url` (one server, or with `cluster` the seeds) or `sentinels` +
+/// `master`, each URL parsed.
+fn check_redis_servers(
+    c: &mut Checker,
+    path: &KeyPath,
+    raw: &raw::RawStore,
+    directory: &Path,
+) -> RedisServers {
+    let cluster = raw.cluster.unwrap_or(false);
+    let parse = |c: &mut Checker, key: &str, texts: &[String]| -> Vec<RedisUrl> {
+        let urls: Vec<RedisUrl> = texts
+            .iter()
+            .enumerate()
+            .filter_map(|(i, text)| match super::store::parse_url(text) {
+                Ok(url) => Some(url),
+                Err(message) => {
+                    c.problem(path.element(key, texts.len(), i), message);
+                    None
+                }
+            })
+            .collect();
+        if urls.iter().any(|u| u.tls) && urls.iter().any(|u| !u.tls) {
+            c.problem(
+                path.key(key),
+                "mixes redis:// and rediss:// URLs: every server is reached the same way",
+            );
+        }
+        urls
+    };
+    if let Some(texts) = &raw.sentinels {
+        if raw.url.is_some() {
+            c.problem(
+                path.key("sentinels"),
+                "`url` and `sentinels` are two ways to find the Redis: give `url` for one server, or `sentinels` and `master` for a master found through Sentinel",
+            );
+        }
+        if cluster {
+            c.problem(
+                path.key("cluster"),
+                "Sentinel (`sentinels`) and Redis Cluster (`cluster = true`) do not go together: remove one",
+            );
+        }
+        if texts.is_empty() {
+            c.problem(
+                path.key("sentinels"),
+                "needs at least one sentinel, like [\"redis://10.0.0.1:26379\"]",
+            );
+        }
+        let sentinels = parse(c, "sentinels", texts);
+        for (i, url) in sentinels.iter().enumerate() {
+            if url.db != 0 {
+                c.problem(
+                    path.element("sentinels", texts.len(), i),
+                    "a sentinel URL takes no database: the master's is 0",
+                );
+            }
+        }
+        let master = match raw.master.as_deref() {
+            Some(name) if !name.is_empty() && !name.contains(char::is_whitespace) => {
+                name.to_owned()
+            }
+            Some(name) => {
+                c.problem(
+                    path.key("master"),
+                    format!("`{name}` is no master name: write the name the sentinels monitor, like \"mymaster\""),
+                );
+                String::new()
+            }
+            None => {
+                c.problem(
+                    path.key("sentinels"),
+                    "Sentinel needs `master = \"NAME\"` too: the name the sentinels monitor (`sentinel monitor NAME ...`)",
+                );
+                String::new()
+            }
+        };
+        let password = read_password(
+            c,
+            path,
+            ("sentinel_password_file", &raw.sentinel_password_file),
+            ("sentinel_password_env", &raw.sentinel_password_env),
+            directory,
+        );
+        if password.is_some() && sentinels.iter().any(|u| u.password.is_some()) {
+            c.problem(
+                path.key("sentinels"),
+                "a sentinel URL holds a password and `sentinel_password_file`/`sentinel_password_env` gives one too: remove it from the URL",
+            );
+        }
+        return RedisServers::Sentinel {
+            sentinels,
+            master,
+            password,
+        };
+    }
+    for key in ["sentinel_password_file", "sentinel_password_env"] {
+        let set = match key {
+            "sentinel_password_file" => raw.sentinel_password_file.is_some(),
+            _ => raw.sentinel_password_env.is_some(),
+        };
+        if set {
+            c.problem(
+                path.key(key),
+                format!("`{key}` is the sentinels' password: set `sentinels` too, or remove it"),
+            );
+        }
+    }
+    if raw.master.is_some() {
+        c.problem(
+            path.key("master"),
+            "`master` names the master of Sentinel: set `sentinels = [...]` too, or remove it",
+        );
+    }
+    let texts = raw.url.as_ref().map(|u| u.0.clone()).unwrap_or_default();
+    if texts.is_empty() {
+        c.problem(
+            path.key("url"),
+            "backend = \"redis\" needs a url, like url = \"redis://127.0.0.1:6379/0\" (or `sentinels` and `master`)",
+        );
+    }
+    let urls = parse(c, "url", &texts);
+    if cluster {
+        if urls.iter().any(|u| u.tls) {
+            c.problem(
+                path.key("url"),
+                "rediss:// (TLS) with cluster = true is not supported: the cluster client connects to the nodes it discovers itself; reach the cluster over a private network or a TLS tunnel",
+            );
+        }
+        return RedisServers::Cluster(urls);
+    }
+    if texts.len() > 1 {
+        c.problem(
+            path.key("url"),
+            "a list of urls is for Redis Cluster; give one url for one Redis",
+        );
+    }
+    match urls.into_iter().next() {
+        Some(url) => RedisServers::One(url),
+        None => RedisServers::One(RedisUrl {
+            tls: false,
+            host: "127.0.0.1".to_owned(),
+            port: 6379,
+            db: 0,
+            username: None,
+            password: None,
         }),
     }
 }
 
-/// A url the redis client accepts: `redis://[user:password@]host:port[/db]`.
-fn check_redis_url(url: &str) -> Result<(), String> {
-    let form = "expected redis://HOST:PORT[/DB], like \"redis://127.0.0.1:6379/0\"";
-    let Some(rest) = url.strip_prefix("redis://") else {
-        return Err(format!("`{url}` is not a Redis URL; {form}"));
+/// The ACL user and password of the data nodes: `username` and
+/// `password_file` / `password_env`, or the URL's own; a value given twice
+/// is a problem (which one would win is not obvious to a reader).
+fn check_redis_auth(
+    c: &mut Checker,
+    path: &KeyPath,
+    raw: &raw::RawStore,
+    servers: &RedisServers,
+    directory: &Path,
+) -> (Option<String>, Option<Secret>) {
+    // The URL that carries the data nodes' credentials, if any: a
+    // sentinel's are its own.
+    let url = match servers {
+        RedisServers::One(url) => Some(url),
+        RedisServers::Cluster(urls) => urls
+            .iter()
+            .find(|u| u.password.is_some() || u.username.is_some()),
+        RedisServers::Sentinel { .. } => None,
     };
-    let authority = rest.split('/').next().unwrap_or("");
-    let host_port = authority.rsplit('@').next().unwrap_or("");
-    let port_ok = host_port
-        .rsplit_once(':')
-        .is_some_and(|(host, port)| !host.is_empty() && port.parse::<u16>().is_ok());
-    let db_ok = rest
-        .split_once('/')
-        .is_none_or(|(_, db)| db.is_empty() || db.parse::<u32>().is_ok());
-    if !port_ok || !db_ok {
-        return Err(format!("`{url}` is not a Redis URL; {form}"));
+    let mut username = raw.username.clone();
+    if let Some(name) = &username
+        && (name.is_empty() || name.contains(char::is_whitespace))
+    {
+        c.problem(
+            path.key("username"),
+            format!("`{name}` is no Redis user name"),
+        );
+        username = None;
     }
-    Ok(())
+    match (&username, url.and_then(|u| u.username.clone())) {
+        (Some(_), Some(_)) => c.problem(
+            path.key("username"),
+            "the url names a user too: give the user once, in `username` or in the url",
+        ),
+        (None, from_url) => username = from_url,
+        _ => {}
+    }
+    let password = read_password(
+        c,
+        path,
+        ("password_file", &raw.password_file),
+        ("password_env", &raw.password_env),
+        directory,
+    );
+    let from_url = url.and_then(|u| u.password.clone());
+    if from_url.is_some() && (raw.password_file.is_some() || raw.password_env.is_some()) {
+        c.problem(
+            path.key("url"),
+            "the url holds a password and `password_file`/`password_env` gives one too: remove it from the url",
+        );
+    }
+    let password = password.or(from_url);
+    let no_source = raw.password_file.is_none() && raw.password_env.is_none();
+    if raw.username.is_some() && no_source && password.is_none() {
+        c.problem(
+            path.key("username"),
+            "an ACL user logs in with a password: set `password_file` or `password_env` too",
+        );
+    }
+    (username, password)
+}
+
+/// The password named by a `*_file` or a `*_env` key (one of them at most).
+fn read_password(
+    c: &mut Checker,
+    path: &KeyPath,
+    (file_key, file): (&str, &Option<String>),
+    (env_key, env): (&str, &Option<String>),
+    directory: &Path,
+) -> Option<Secret> {
+    if file.is_some() && env.is_some() {
+        c.problem(
+            path.key(env_key),
+            format!("`{file_key}` and `{env_key}` are two sources of one password: give one"),
+        );
+    }
+    let read = match (file, env) {
+        (Some(file), _) => super::store::read_password_file(&directory.join(file))
+            .map_err(|message| (file_key, message)),
+        (None, Some(name)) => {
+            super::store::read_password_env(name).map_err(|message| (env_key, message))
+        }
+        (None, None) => return None,
+    };
+    match read {
+        Ok(secret) => Some(secret),
+        Err((key, message)) => {
+            c.problem(path.key(key), message);
+            None
+        }
+    }
+}
+
+/// TLS for `rediss://`: `ca` and `sni` read as for HTTPS upstreams.
+fn check_redis_tls(
+    c: &mut Checker,
+    path: &KeyPath,
+    raw: &raw::RawStore,
+    servers: &RedisServers,
+    directory: &Path,
+) -> Option<RedisTls> {
+    let tls = match servers {
+        RedisServers::One(url) => url.tls,
+        RedisServers::Cluster(urls) => urls.iter().any(|u| u.tls),
+        RedisServers::Sentinel { sentinels, .. } => sentinels.iter().any(|u| u.tls),
+    };
+    if !tls {
+        for (key, value) in [("ca", &raw.ca), ("sni", &raw.sni)] {
+            if value.is_some() {
+                c.problem(
+                    path.key(key),
+                    format!("`{key}` applies to rediss:// (TLS) URLs only, and the store has none"),
+                );
+            }
+        }
+        return None;
+    }
+    let sni = match &raw.sni {
+        None => None,
+        Some(name) => {
+            match rustls::pki_types::ServerName::try_from(name.clone()) {
+                Ok(name) => Some(name),
+                Err(_) => {
+                    c.problem(
+                    path.key("sni"),
+                    format!("`{name}` is not a DNS name or IP address; expected e.g. \"redis.internal\""),
+                );
+                    None
+                }
+            }
+        }
+    };
+    if let (None, RedisServers::One(url)) = (&sni, servers)
+        && rustls::pki_types::ServerName::try_from(url.host.as_str()).is_err()
+    {
+        c.problem(
+            path.key("sni"),
+            format!("the host of `{url}` is no name a certificate can be verified for; set `sni = \"NAME\"`"),
+        );
+    }
+    let ca = raw.ca.as_ref().map(|file| directory.join(file));
+    match RedisTls::new(ca.as_deref(), sni) {
+        Ok(tls) => Some(tls),
+        Err(message) => {
+            c.problem(path.key("ca"), message);
+            None
+        }
+    }
 }
 
 fn check_upstream(
@@ -1757,5 +2027,49 @@ mod tests {
         assert_eq!(strip_port("example.com:8080"), "example.com");
         assert_eq!(strip_port("[::1]:80"), "[::1]");
         assert_eq!(strip_port("example.com"), "example.com");
+    }
+
+    #[test]
+    fn a_store_password_shows_in_no_debug_output() {
+        let text =
+            "[store]\nbackend = \"redis\"\nurl = \"redis://tollgate:hunter2@127.0.0.1:6379/1\"\n";
+        let config = Config::from_bytes(Path::new("g.toml"), text.as_bytes()).unwrap();
+        let redis = config.store.redis().unwrap();
+        assert_eq!(redis.username.as_deref(), Some("tollgate"));
+        assert_eq!(redis.password.as_ref().map(Secret::expose), Some("hunter2"));
+        assert!(!format!("{config:?}").contains("hunter2"));
+        assert_eq!(
+            redis.servers.to_string(),
+            "redis://tollgate:<redacted>@127.0.0.1:6379/1"
+        );
+    }
+
+    #[test]
+    fn a_user_or_password_given_twice_is_a_problem() {
+        let message = errors(
+            "[store]\nbackend = \"redis\"\nurl = \"redis://a@127.0.0.1:6379\"\nusername = \"b\"\npassword_file = \"f\"\npassword_env = \"E\"\n",
+        );
+        assert!(
+            message.contains("`store.username`: the url names a user too"),
+            "{message}"
+        );
+        assert!(
+            message.contains(
+                "`store.password_env`: `password_file` and `password_env` are two sources"
+            ),
+            "{message}"
+        );
+        let message =
+            errors("[store]\nbackend = \"redis\"\nmaster = \"m\"\nurl = \"redis://h:1\"\n");
+        assert!(
+            message.contains("`store.master`: `master` names the master of Sentinel"),
+            "{message}"
+        );
+        let message =
+            errors("[store]\nbackend = \"redis\"\nurl = \"redis://h:1\"\nusername = \"u\"\n");
+        assert!(
+            message.contains("`store.username`: an ACL user logs in with a password"),
+            "{message}"
+        );
     }
 }

@@ -13,7 +13,7 @@
 
 use std::time::{Duration, SystemTime};
 
-use super::{Config, KeyPart, LimitConfig, OnMissingKey, RouteConfig};
+use super::{Config, KeyPart, LimitConfig, OnMissingKey, RedisServers, RouteConfig};
 
 /// A certificate expiring sooner than this gets a warning.
 pub const EXPIRY_WARNING: Duration = Duration::from_secs(14 * 24 * 3600);
@@ -41,6 +41,31 @@ pub fn expiry_warnings(config: &Config, now: SystemTime) -> Vec<String> {
                 )),
                 Ok(_) => None,
             }
+        })
+        .collect()
+}
+
+/// A warning per store URL that holds a password: the secret sits in the
+/// configuration file (and wherever the file is copied, reviewed or
+/// backed up), where `password_file` or `password_env` would keep it out.
+pub fn store_warnings(config: &Config) -> Vec<String> {
+    let Some(redis) = config.store.redis() else {
+        return Vec::new();
+    };
+    let (key, urls) = match &redis.servers {
+        RedisServers::One(url) => ("url", std::slice::from_ref(url)),
+        RedisServers::Cluster(urls) => ("url", urls.as_slice()),
+        RedisServers::Sentinel { sentinels, .. } => ("sentinels", sentinels.as_slice()),
+    };
+    let fix = if key == "url" {
+        "move it to a file named by `password_file` (or an environment variable named by `password_env`)"
+    } else {
+        "move it to a file named by `sentinel_password_file` (or an environment variable named by `sentinel_password_env`)"
+    };
+    urls.iter()
+        .filter(|url| url.password.is_some())
+        .map(|url| {
+            format!("`store.{key}`: {url} holds a password in the configuration file; {fix}")
         })
         .collect()
 }

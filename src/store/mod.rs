@@ -47,8 +47,14 @@
 //! the store thread probes every [`PROBE_INTERVAL`] with a fresh connection
 //! (`PING` + `SCRIPT LOAD`), each probe itself bounded;
 //! the first that succeeds closes the breaker. Opening and closing are each
-//! logged once and shown by `tollgate_store_fallback_active`; every failed
-//! call counts in `tollgate_store_errors_total{backend="redis"}`.
+//! logged once (the first failed probe of an outage says why) and shown by
+//! `tollgate_store_fallback_active`; every failed call, probes included,
+//! counts in `tollgate_store_errors_total{backend="redis"}`.
+//!
+//! A connection is made the same way whatever the servers are (`connect`:
+//! TCP or TLS, `AUTH`, Sentinel's master found anew each time), so the
+//! breaker, `on_failure` and the generations behave alike on each: after a
+//! Sentinel failover, the probe's fresh connection is to the new master.
 //!
 //! # Heartbeats
 //!
@@ -83,7 +89,9 @@ use redis::{Cmd, RedisResult, Value};
 use smallvec::SmallVec;
 use tokio::sync::Notify;
 
-use crate::config::{OnFailure, RedisConfig};
+use crate::config::{OnFailure, RedisConfig, RedisServers};
+
+mod connect;
 use crate::limit::{Algorithm, LeakyMode, LimitKey, Nanos, Verdict, WindowAlign};
 
 /// Failed calls in a row that open the breaker.
@@ -341,13 +349,15 @@ pub struct RedisStore {
     /// Lease members: `<node>:<sequence>`, unique across gateways.
     node: String,
     sequence: AtomicU64,
+    /// With Sentinel: the sentinel that answered last, asked first.
+    sentinel: std::sync::atomic::AtomicUsize,
     runtime: tokio::runtime::Handle,
 }
 
 impl std::fmt::Debug for RedisStore {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("RedisStore")
-            .field("urls", &self.config.urls)
+            .field("servers", &self.config.servers.to_string())
             .field("open", &self.open)
             .finish_non_exhaustive()
     }
@@ -376,6 +386,7 @@ impl RedisStore {
             pool: (0..POOL_SHARDS).map(|_| PoolShard::default()).collect(),
             node,
             sequence: AtomicU64::new(0),
+            sentinel: std::sync::atomic::AtomicUsize::new(0),
             runtime: runtime.handle().clone(),
         });
         let (ready, first) = std::sync::mpsc::channel();
@@ -385,7 +396,7 @@ impl RedisStore {
             .spawn(move || runtime.block_on(supervise(weak, ready)))?;
         if first.recv_timeout(Duration::from_secs(2)) != Ok(true) {
             tracing::warn!(
-                url = %store.config.urls.join(","),
+                redis = %store.config.servers,
                 on_failure = ?store.config.on_failure,
                 "redis store unavailable at start; on_failure applies until it answers"
             );
@@ -553,7 +564,7 @@ impl RedisStore {
             leases: Vec::new(),
             taken: smallvec::smallvec![0; entries.len()],
         };
-        if !self.config.cluster {
+        if !self.config.is_cluster() {
             let (verdicts, lease) = self.decide_group(entries, cost).await?;
             for (i, (verdict, taken)) in verdicts.into_iter().enumerate() {
                 decision.verdicts[i] = Some(verdict);
@@ -638,7 +649,7 @@ impl RedisStore {
 
     /// `entries` in groups whose keys share a slot: one group on one Redis.
     fn by_slot<'e>(&self, entries: &[SharedEntry<'e>]) -> Vec<Vec<SharedEntry<'e>>> {
-        if !self.config.cluster {
+        if !self.config.is_cluster() {
             return vec![entries.to_vec()];
         }
         let mut groups: Vec<(u16, Vec<SharedEntry<'e>>)> = Vec::new();
@@ -667,7 +678,7 @@ impl RedisStore {
                 format!("{}:{n}", self.node)
             });
         let args = self.args(entries, |_| cost as i64, member.as_deref());
-        let answer = if self.config.cluster {
+        let answer = if self.config.is_cluster() {
             // Unbatched: requests on one connection rarely share a slot.
             let cmd = batch_cmd(self.stack.get_hash(), std::iter::once(&args));
             let value = self.call(&self.stack, &cmd).await?;
@@ -971,26 +982,50 @@ impl RedisStore {
         Ok(connection)
     }
 
-    /// A fresh connection.
+    /// A fresh connection: to the one server, the cluster, or the master
+    /// the sentinels name now (asked again each time, see `connect`).
     async fn open(&self) -> RedisResult<Connection> {
         let bound = self.config.timeout.max(Duration::from_millis(500));
-        let connection = if self.config.cluster {
-            let client =
-                redis::cluster::ClusterClient::builder(self.config.urls.iter().map(String::as_str))
-                    .connection_timeout(bound)
-                    .response_timeout(bound)
-                    .build()?;
-            Connection::Cluster(client.get_async_connection().await?)
-        } else {
-            let client = redis::Client::open(self.config.urls[0].as_str())?;
-            let settings = redis::AsyncConnectionConfig::new()
-                .set_connection_timeout(Some(bound))
-                .set_response_timeout(Some(bound));
-            Connection::Single(
-                client
-                    .get_multiplexed_async_connection_with_config(&settings)
-                    .await?,
-            )
+        let config = &self.config;
+        let login = |db| connect::Login {
+            username: config.username.as_deref(),
+            password: config.password.as_ref(),
+            db,
+        };
+        let tls = config.tls.as_ref();
+        let connection = match &config.servers {
+            RedisServers::Cluster(urls) => {
+                let mut builder =
+                    redis::cluster::ClusterClient::builder(urls.iter().map(|u| u.address()))
+                        .connection_timeout(bound)
+                        .response_timeout(bound);
+                if let Some(user) = &config.username {
+                    builder = builder.username(user);
+                }
+                if let Some(password) = &config.password {
+                    builder = builder.password(password.expose());
+                }
+                Connection::Cluster(builder.build()?.get_async_connection().await?)
+            }
+            RedisServers::One(url) => Connection::Single(
+                connect::node(&url.host, url.port, tls, &login(url.db), bound, bound).await?,
+            ),
+            RedisServers::Sentinel {
+                sentinels,
+                master,
+                password,
+            } => Connection::Single(
+                connect::master(
+                    (sentinels, password.as_ref()),
+                    master,
+                    &self.sentinel,
+                    tls,
+                    &login(0),
+                    bound,
+                    bound,
+                )
+                .await?,
+            ),
         };
         Ok(connection)
     }
@@ -1062,17 +1097,26 @@ async fn supervise(store: std::sync::Weak<RedisStore>, ready: std::sync::mpsc::S
                     s.open.store(false, Ordering::Relaxed);
                     (s.signals.fallback)(false);
                     if ready.take().is_some_and(|r| r.send(true).is_ok()) {
-                        tracing::info!(url = %s.config.urls[0], "redis store connected");
+                        tracing::info!(redis = %s.config.servers, "redis store connected");
                     } else {
                         tracing::info!("redis store answers again; shared limits resumed");
                     }
                     logged_down = false;
                 }
-                Ok(Err(error)) if !logged_down => {
-                    tracing::debug!(%error, "redis store probe failed");
-                    logged_down = true;
+                // A failed probe is a failed call: a gateway that never
+                // connects (a wrong CA or password) shows in the errors.
+                failed => {
+                    (s.signals.error)();
+                    // Why, once per outage; the URLs print redacted.
+                    if !logged_down {
+                        let error = match failed {
+                            Ok(Err(error)) => error.to_string(),
+                            _ => "no answer within 2s".to_owned(),
+                        };
+                        tracing::warn!(redis = %s.config.servers, %error, "redis store cannot connect");
+                        logged_down = true;
+                    }
                 }
-                _ => {}
             }
             if let Some(r) = ready.take_if(|_| s.is_down()) {
                 let _ = r.send(false);

@@ -132,6 +132,17 @@ impl Gateway {
     /// As [`Gateway::start_with_args`], with the config written into `dir`
     /// (where the test put the files it names, e.g. certificates).
     pub fn start_in(dir: tempfile::TempDir, config: &str, args: &[&str]) -> Gateway {
+        Gateway::start_in_with_env(dir, config, args, &[])
+    }
+
+    /// As [`Gateway::start_in`], with `env` added to the process's
+    /// environment (e.g. a variable that `password_env` names).
+    pub fn start_in_with_env(
+        dir: tempfile::TempDir,
+        config: &str,
+        args: &[&str],
+        env: &[(&str, &str)],
+    ) -> Gateway {
         let config_path = dir.path().join("gateway.toml");
         std::fs::write(&config_path, config).expect("write config");
         let mut child = Command::new(env!("CARGO_BIN_EXE_tollgate"))
@@ -139,6 +150,7 @@ impl Gateway {
             .arg("-c")
             .arg(&config_path)
             .args(args)
+            .envs(env.iter().copied())
             .stdin(Stdio::null())
             .stdout(Stdio::null())
             .stderr(Stdio::piped())

@@ -1,7 +1,10 @@
 //! A real `redis-server` for a test: started on a free 127.0.0.1 port,
 //! driven with `redis-cli`, stopped by PID when dropped. A machine without
 //! `redis-server` fails the test with the command that installs it.
+//! [`Options`] start it TLS-only, with a password or as a replica;
+//! [`Sentinel`] is a `redis-server --sentinel` watching one master.
 
+use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
@@ -14,6 +17,26 @@ pub struct Redis {
     paused: bool,
     /// More `redis-server` arguments (cluster mode).
     extra: Vec<String>,
+    options: Options,
+}
+
+/// How a test's `redis-server` is started, beyond the defaults.
+#[derive(Default, Clone)]
+pub struct Options {
+    /// TLS only: the port is `--tls-port` and plain TCP is off.
+    pub tls: Option<TlsFiles>,
+    /// `requirepass` of the default user (redis-cli logs in with it).
+    pub requirepass: Option<String>,
+    /// `--replicaof 127.0.0.1 PORT`.
+    pub replica_of: Option<u16>,
+}
+
+/// The server's certificate and key, and the CA that redis-cli trusts.
+#[derive(Clone)]
+pub struct TlsFiles {
+    pub cert: PathBuf,
+    pub key: PathBuf,
+    pub ca: PathBuf,
 }
 
 /// A port nobody listens on right now.
@@ -32,22 +55,64 @@ impl Redis {
     }
 
     pub fn with_args(port: u16, extra: &[&str]) -> Redis {
+        Redis::new(port, extra, Options::default())
+    }
+
+    /// A server on a free port started with `options`.
+    pub fn with_options(options: Options) -> Redis {
+        Redis::new(free_port(), &[], options)
+    }
+
+    fn new(port: u16, extra: &[&str], options: Options) -> Redis {
         let mut redis = Redis {
             child: None,
             port,
             dir: tempfile::tempdir().expect("tempdir"),
             paused: false,
             extra: extra.iter().map(|s| s.to_string()).collect(),
+            options,
         };
         redis.restart();
         redis
+    }
+
+    /// The `redis-server` arguments that `options` add.
+    fn option_args(&self) -> Vec<String> {
+        let mut args: Vec<String> = Vec::new();
+        let port = self.port.to_string();
+        match &self.options.tls {
+            None => args.extend(["--port".to_owned(), port]),
+            Some(tls) => {
+                args.extend(["--port", "0", "--tls-port", &port].map(String::from));
+                for (flag, file) in [
+                    ("--tls-cert-file", &tls.cert),
+                    ("--tls-key-file", &tls.key),
+                    ("--tls-ca-cert-file", &tls.ca),
+                ] {
+                    args.push(flag.to_owned());
+                    args.push(file.display().to_string());
+                }
+                args.extend(
+                    ["--tls-auth-clients", "no", "--tls-replication", "yes"].map(String::from),
+                );
+            }
+        }
+        if let Some(password) = &self.options.requirepass {
+            // A replica logs in to its master with the same password.
+            args.extend(["--requirepass", password, "--masterauth", password].map(String::from));
+        }
+        if let Some(master) = self.options.replica_of {
+            args.extend(["--replicaof", "127.0.0.1", &master.to_string()].map(String::from));
+        }
+        args
     }
 
     /// Starts the server (again) on its port, empty.
     pub fn restart(&mut self) {
         assert!(self.child.is_none(), "already running");
         let child = Command::new("redis-server")
-            .args(["--port", &self.port.to_string(), "--bind", "127.0.0.1"])
+            .args(self.option_args())
+            .args(["--bind", "127.0.0.1"])
             .args(["--save", "", "--appendonly", "no"])
             .arg("--dir")
             .arg(self.dir.path())
@@ -69,8 +134,17 @@ impl Redis {
     }
 
     pub fn try_cli(&self, args: &[&str]) -> Option<String> {
+        let mut login: Vec<String> = Vec::new();
+        if let Some(tls) = &self.options.tls {
+            login.extend(["--tls".to_owned(), "--cacert".to_owned()]);
+            login.push(tls.ca.display().to_string());
+        }
+        if let Some(password) = &self.options.requirepass {
+            login.extend(["-a", password, "--no-auth-warning"].map(String::from));
+        }
         let output = Command::new("redis-cli")
-            .args(["-p", &self.port.to_string()])
+            .args(["-h", "127.0.0.1", "-p", &self.port.to_string()])
+            .args(login)
             .args(if self.extra.is_empty() {
                 &[][..]
             } else {
@@ -140,6 +214,138 @@ impl Redis {
 }
 
 impl Drop for Redis {
+    fn drop(&mut self) {
+        self.kill();
+    }
+}
+
+/// A sentinel (`redis-server sentinel.conf --sentinel`) on a port of its
+/// own, monitoring one master as `name` with a quorum of 1 and short
+/// timeouts (down after 500 ms, failover within 5 s).
+pub struct Sentinel {
+    child: Option<Child>,
+    pub port: u16,
+    dir: tempfile::TempDir,
+    master: u16,
+    name: String,
+    /// The sentinel's own `requirepass`.
+    requirepass: Option<String>,
+}
+
+/// The passwords a [`Sentinel`] uses and asks for.
+#[derive(Default, Clone, Copy)]
+pub struct SentinelAuth<'a> {
+    /// The master's (and its replicas') `requirepass`: `sentinel auth-pass`.
+    pub master: Option<&'a str>,
+    /// The sentinel's own `requirepass`.
+    pub own: Option<&'a str>,
+}
+
+impl Sentinel {
+    /// Starts on `port` (picked beforehand with [`free_port`], so a config
+    /// can name it before it runs), watching `127.0.0.1:master`.
+    pub fn start(port: u16, name: &str, master: u16, auth: SentinelAuth<'_>) -> Sentinel {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let mut conf = format!(
+            "port {port}\nbind 127.0.0.1\ndir {dir}\n\
+             sentinel monitor {name} 127.0.0.1 {master} 1\n\
+             sentinel down-after-milliseconds {name} 500\n\
+             sentinel failover-timeout {name} 5000\n\
+             sentinel parallel-syncs {name} 1\n",
+            dir = dir.path().display(),
+        );
+        if let Some(password) = auth.master {
+            conf.push_str(&format!("sentinel auth-pass {name} {password}\n"));
+        }
+        if let Some(password) = auth.own {
+            conf.push_str(&format!("requirepass {password}\n"));
+        }
+        // Sentinel rewrites its file: it must be writable.
+        let file = dir.path().join("sentinel.conf");
+        std::fs::write(&file, conf).expect("write sentinel.conf");
+        let child = Command::new("redis-server")
+            .arg(&file)
+            .arg("--sentinel")
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap_or_else(|e| panic!("cannot run redis-server ({e}); install it: {INSTALL}"));
+        let sentinel = Sentinel {
+            child: Some(child),
+            port,
+            dir,
+            master,
+            name: name.to_owned(),
+            requirepass: auth.own.map(str::to_owned),
+        };
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while sentinel.master_port().is_none() {
+            assert!(Instant::now() < deadline, "the sentinel did not start");
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        sentinel
+    }
+
+    pub fn url(&self) -> String {
+        format!("redis://127.0.0.1:{}", self.port)
+    }
+
+    /// `redis-cli ARGS` to the sentinel, its output trimmed.
+    pub fn try_cli(&self, args: &[&str]) -> Option<String> {
+        let login: Vec<&str> = match &self.requirepass {
+            Some(password) => vec!["-a", password, "--no-auth-warning"],
+            None => Vec::new(),
+        };
+        let output = Command::new("redis-cli")
+            .args(["-h", "127.0.0.1", "-p", &self.port.to_string()])
+            .args(login)
+            .args(args)
+            .output()
+            .unwrap_or_else(|e| panic!("cannot run redis-cli ({e}); install it: {INSTALL}"));
+        let text = String::from_utf8_lossy(&output.stdout).trim().to_owned();
+        (output.status.success() && !text.starts_with("Could not connect")).then_some(text)
+    }
+
+    /// The master's port as the sentinel names it now.
+    pub fn master_port(&self) -> Option<u16> {
+        let answer = self.try_cli(&["SENTINEL", "GET-MASTER-ADDR-BY-NAME", &self.name])?;
+        answer.lines().nth(1)?.trim().parse().ok()
+    }
+
+    /// Waits until the sentinel knows `replicas` replicas of the master
+    /// (it finds them in the master's `INFO`), so that it can fail over.
+    pub fn wait_replicas(&self, replicas: usize) {
+        let deadline = Instant::now() + Duration::from_secs(30);
+        loop {
+            let known = self
+                .try_cli(&["SENTINEL", "MASTER", &self.name])
+                .and_then(|info| {
+                    let lines: Vec<&str> = info.lines().collect();
+                    let at = lines.iter().position(|l| *l == "num-slaves")?;
+                    lines.get(at + 1)?.parse::<usize>().ok()
+                });
+            if known.is_some_and(|n| n >= replicas) {
+                return;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "the sentinel did not find {replicas} replicas of port {}",
+                self.master
+            );
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+
+    /// Kills the sentinel (SIGKILL, by PID) and waits for it.
+    pub fn kill(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+}
+
+impl Drop for Sentinel {
     fn drop(&mut self) {
         self.kill();
     }
