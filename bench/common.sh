@@ -24,10 +24,11 @@ need_tools() {
   NGINX=$(command -v nginx || echo /usr/sbin/nginx)
 }
 
-# Builds the release binary unless SKIP_BUILD=1.
+# Builds the benchmarked binary (the `dist` profile, target/dist/tollgate)
+# unless SKIP_BUILD=1.
 build_release() {
   if [ "${SKIP_BUILD:-0}" != 1 ]; then
-    cargo build --release --bin tollgate
+    cargo build --profile dist --bin tollgate
   fi
 }
 

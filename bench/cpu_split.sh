@@ -14,7 +14,7 @@
 # Both run one worker, configured as in bench/load.sh (bench/common.sh), in
 # front of the same nginx `return 200` upstream.
 #
-# Run:    bench/cpu_split.sh [BINARY]   (default: target/release/tollgate,
+# Run:    bench/cpu_split.sh [BINARY]   (default: target/dist/tollgate,
 #                                        built unless SKIP_BUILD=1)
 # Knobs:  MODE=allow|deny  ROUNDS=8  DURATION=4s  CONNS=64  BASE_PORT=18280
 #         (uses BASE_PORT .. BASE_PORT+2)
@@ -34,7 +34,7 @@ need_tools nginx wrk
 
 if [ $# -eq 0 ]; then
   build_release
-  set -- "$PWD/target/release/tollgate"
+  set -- "$PWD/target/dist/tollgate"
 fi
 BINARY=$1
 

@@ -12,7 +12,7 @@
 # self-signed certificate made with openssl), where rustls keeps buffers of
 # its own per connection.
 #
-# Run:    bench/idle_rss.sh [BINARY]    (default: target/release/tollgate,
+# Run:    bench/idle_rss.sh [BINARY]    (default: target/dist/tollgate,
 #                                        built unless SKIP_BUILD=1)
 # Knobs:  BASE_PORT=18190 (uses BASE_PORT .. BASE_PORT+4), CONNECTIONS=10000,
 #         TLS=1 (also measure TLS connections)
@@ -30,7 +30,7 @@ need_tools nginx python3
 
 if [ $# -eq 0 ]; then
   build_release
-  set -- "$PWD/target/release/tollgate"
+  set -- "$PWD/target/dist/tollgate"
 fi
 BINARY=$1
 

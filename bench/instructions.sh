@@ -23,7 +23,7 @@
 # difference of their counts over the difference of their requests: the
 # handshakes cancel out.
 #
-# Run:    bench/instructions.sh [BINARY ...]     (default: target/release/tollgate,
+# Run:    bench/instructions.sh [BINARY ...]     (default: target/dist/tollgate,
 #                                                built unless SKIP_BUILD=1)
 # Knobs:  BASE_PORT=18180 (uses BASE_PORT .. BASE_PORT+6)  TLS=1
 # Needs valgrind, nginx and wrk (installed with apt-get when absent), and
@@ -39,7 +39,7 @@ need_tools valgrind nginx wrk openssl
 
 if [ $# -eq 0 ]; then
   build_release
-  set -- "$PWD/target/release/tollgate"
+  set -- "$PWD/target/dist/tollgate"
 fi
 
 start_scratch

@@ -25,7 +25,7 @@
 # Run (as root, or with nginx and wrk installed):   bench/load.sh
 # Knobs (environment): THREADS=1 CONNS=64 DURATION=5s ROUNDS=3 WORKERS="1 2"
 #                      BASE_PORT=18080 (uses BASE_PORT .. BASE_PORT+4)
-#                      SKIP_BUILD=1 (use the existing target/release/tollgate)
+#                      SKIP_BUILD=1 (use the existing target/dist/tollgate)
 #                      SERVER_CPU=0.5 (cap each compared server, bench/common.sh)
 # Everything it writes lives in a `mktemp -d` directory, removed at exit, and
 # every process it starts is stopped at exit.
@@ -45,7 +45,7 @@ cd "$(dirname "$0")/.."
 . bench/common.sh
 need_tools nginx wrk
 build_release
-TOLLGATE=$PWD/target/release/tollgate
+TOLLGATE=$PWD/target/dist/tollgate
 
 # ---- scratch directory and the children to stop at exit ----------------------
 start_scratch

@@ -24,7 +24,7 @@
 #
 # Run (as root, or with the tools installed):   bench/redis.sh
 # Knobs: THREADS=1 CONNS=64 DURATION=5s ROUNDS=3 WORKERS=1 BASE_PORT=18280
-#        SKIP_BUILD=1 (use the existing target/release/tollgate)
+#        SKIP_BUILD=1 (use the existing target/dist/tollgate)
 #        SERVER_CPU=0.5 (cap each compared server, bench/common.sh)
 # Needs nginx, libnginx-mod-http-lua, lua-nginx-redis, redis-server and wrk
 # (installed with apt-get when absent). Everything it starts is stopped at
@@ -49,7 +49,7 @@ if [ ! -e /usr/lib/nginx/modules/ngx_http_lua_module.so ] || [ ! -e /usr/share/l
   apt-get install -y -qq libnginx-mod-http-lua lua-nginx-redis >/dev/null
 fi
 build_release
-TOLLGATE=$PWD/target/release/tollgate
+TOLLGATE=$PWD/target/dist/tollgate
 start_scratch
 
 PORT_UP=$BASE_PORT

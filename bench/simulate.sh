@@ -10,7 +10,7 @@
 #   3. the same trace with `--compare` of all five rate algorithms (five
 #      variants and the reference decide every request).
 #
-# Run:    bench/simulate.sh [BINARY]   (default: target/release/tollgate,
+# Run:    bench/simulate.sh [BINARY]   (default: target/dist/tollgate,
 #                                       built unless SKIP_BUILD=1)
 set -euo pipefail
 
@@ -19,7 +19,7 @@ cd "$(dirname "$0")/.."
 # shellcheck source=bench/common.sh
 . bench/common.sh
 
-BINARY=${1:-target/release/tollgate}
+BINARY=${1:-target/dist/tollgate}
 if [ $# -eq 0 ]; then
   build_release
 fi

@@ -44,7 +44,7 @@
 # Knobs (environment): DURATION=5s ROUNDS=3 CONNS=64 WRK_THREADS=1 HS_CLIENTS=8
 #                      H2_CLIENTS=16 H2_STREAMS=10 TESTS="handshake keepalive h2"
 #                      BASE_PORT=20180 (uses BASE_PORT .. BASE_PORT+6)
-#                      SKIP_BUILD=1 (use the existing target/release/tollgate)
+#                      SKIP_BUILD=1 (use the existing target/dist/tollgate)
 #                      SERVER_CPU=0.5 (each compared server gets that many
 #                      cores of CPU time in its own cgroup, bench/common.sh;
 #                      the upstream and the client are not capped, so the
@@ -76,7 +76,7 @@ if ! command -v h2load >/dev/null 2>&1; then
 fi
 need_tools nginx wrk openssl curl
 build_release
-TOLLGATE=$PWD/target/release/tollgate
+TOLLGATE=$PWD/target/dist/tollgate
 start_scratch
 
 PORT_UP=$BASE_PORT
