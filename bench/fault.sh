@@ -288,6 +288,7 @@ measure() {
       awk -v url="http://127.0.0.1:$PORT_UP2" 'index($0, "tollgate_upstream_ejections_total{") == 1 && index($0, "url=\"" url "\"") {n += $NF} END {print n + 0}')
     [ "$ejections" -gt 0 ] || fail "$target: instance 2 was never ejected: no fault seen"
     echo "# $target: instance 2 ejected $ejections times; log lines: $(wc -l <"$TMP/tg.toml.err")" >&2
+    sed 's/^/#   /' "$TMP/tg.toml.err" | cut -c1-220 >&2
   else
     grep -q "Connection refused" "$TMP/ng.err" || fail "nginx: no refused connection in its error log: no fault seen"
     echo "# nginx: error log lines: $(wc -l <"$TMP/ng.err")" >&2

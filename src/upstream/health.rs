@@ -404,10 +404,10 @@ impl UrlHealth {
             reason = failure.reason(),
             seconds = length.as_secs_f64(),
             ejections = n,
-            "upstream URL ejected after {} consecutive failures ({}); it gets no requests for {:?}",
+            "upstream URL ejected: no requests for {:?} (failures in a row: {}, the last: {})",
+            length,
             policy.after,
-            failure.reason(),
-            length
+            failure.reason()
         );
         Some(length)
     }
