@@ -8,7 +8,7 @@
 //! | --- | --- |
 //! | `GET /metrics` | OpenMetrics text ([`crate::metrics`]) |
 //! | `GET /healthz` | 200 while the process runs |
-//! | `GET /readyz` | 200, or 503 while the store is down with `on_failure = "deny"` ([`App::is_ready`]) |
+//! | `GET /readyz` | 200, or 503 while the store is down with `on_failure = "deny"` ([`App::is_ready`]) or some upstream has no URL up ([`App::unhealthy_upstreams`]) |
 //! | `GET /config` | `{"path","sha256","loaded_at","generation","last_error"}` of the configuration serving |
 //! | `GET /limits/NAME?key=VALUE` | one key's state of limit NAME, charging nothing (`explain.rs`) |
 //!
@@ -117,18 +117,40 @@ pub(crate) fn answer(app: &App, method: &Method, target: &str) -> Response<Respo
     }
     match path {
         "/metrics" => {
-            // Live keys are counted at scrape time, so the gauge is current.
+            // Live keys are counted at scrape time, so the gauge is current;
+            // so are ejections whose time is up.
             app.refresh_limiter_keys();
+            app.refresh_upstream_health();
             ok(app.metrics().encode(), crate::metrics::CONTENT_TYPE)
         }
         "/healthz" => ok("ok\n".to_owned(), "text/plain; charset=utf-8"),
-        "/readyz" if app.is_ready() => ok("ready\n".to_owned(), "text/plain; charset=utf-8"),
-        "/readyz" => problem(
+        "/readyz" if !app.is_ready() => problem(
             StatusCode::SERVICE_UNAVAILABLE,
             "the limiter store is down and store.on_failure is \"deny\"",
         ),
+        "/readyz" => match app.unhealthy_upstreams() {
+            unhealthy if unhealthy.is_empty() => {
+                ok("ready\n".to_owned(), "text/plain; charset=utf-8")
+            }
+            unhealthy => no_healthy_upstream(&unhealthy),
+        },
         _ => ok(config_json(app).to_string(), "application/json"),
     }
+}
+
+/// `/readyz` while some upstream has no URL that takes requests: 503
+/// problem+json naming them (`upstreams`), as their routes answer 503.
+fn no_healthy_upstream(upstreams: &[String]) -> Response<ResponseBody> {
+    let body = serde_json::json!({
+        "type": "about:blank",
+        "title": "Service Unavailable",
+        "status": 503,
+        "detail": format!("upstreams with no healthy instance: {}", upstreams.join(", ")),
+        "upstreams": upstreams,
+    });
+    let mut response = ok(body.to_string(), "application/problem+json");
+    *response.status_mut() = StatusCode::SERVICE_UNAVAILABLE;
+    response
 }
 
 /// `/limits/NAME?key=VALUE`: one key's state, charging nothing ([`explain`]).

@@ -6,8 +6,9 @@
 //! end, so a reload never changes the rules under a request in flight.
 //!
 //! Outside the snapshot, and so kept across reloads: the [`Metrics`], the
-//! last reload error shown by the admin listener's `/config`, and the store
-//! readiness flag behind `/readyz`.
+//! last reload error shown by the admin listener's `/config`, the store
+//! readiness flag behind `/readyz`, and every upstream URL's health (the
+//! upstream layer's `HealthRegistry`, with the active checkers).
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -25,7 +26,9 @@ use crate::metrics::{LabelNames, Metrics, RouteHandles};
 use crate::ratelimit_policy::{StackView, policy_header};
 use crate::routing::Router;
 use crate::store::{RedisStore, Signals};
+use crate::upstream::health::{self, HealthSignals, UrlHealth};
 use crate::upstream::pool::BodyErrors;
+use crate::upstream::registry::{HealthMetrics, HealthRegistry};
 use crate::upstream::retry::RetryBudget;
 use crate::upstream::{Upstream, Upstreams};
 
@@ -113,6 +116,7 @@ impl Snapshot {
         config: Config,
         generation: u64,
         limiters: Vec<LimiterSet>,
+        health: Vec<Vec<Arc<UrlHealth>>>,
         metrics: &Metrics,
         store: bool,
     ) -> Snapshot {
@@ -123,13 +127,14 @@ impl Snapshot {
             .upstreams
             .iter()
             .zip(&labels.upstreams)
-            .map(|(u, label)| {
+            .zip(health)
+            .map(|((u, label), health)| {
                 let body_errors = BodyErrors {
                     protocol: metrics.upstream_error_counter(label, "protocol"),
                     timeout: metrics.upstream_error_counter(label, "timeout"),
                     reset: metrics.upstream_error_counter(label, "reset"),
                 };
-                Arc::new(Upstream::new(u.clone(), body_errors))
+                Arc::new(Upstream::new(u.clone(), body_errors, health))
             })
             .collect();
         let routes = config
@@ -315,11 +320,33 @@ impl LimiterRegistry {
     }
 }
 
+/// A URL's health series in the process's [`Metrics`].
+struct UpstreamHealthMetrics<'m>(&'m Arc<Metrics>);
+
+impl HealthMetrics for UpstreamHealthMetrics<'_> {
+    fn signals(&self, upstream: &str, url: &str) -> HealthSignals {
+        let (upstream, url): (Arc<str>, Arc<str>) = (Arc::from(upstream), Arc::from(url));
+        let (ejections, checks) = (self.0.clone(), self.0.clone());
+        let (u1, l1, u2, l2) = (upstream.clone(), url.clone(), upstream.clone(), url.clone());
+        HealthSignals {
+            healthy: self.0.upstream_healthy_gauge(&upstream, &url),
+            ejected: Box::new(move |reason| ejections.record_upstream_ejection(&u1, &l1, reason)),
+            checked: Box::new(move |result| checks.record_upstream_health_check(&u2, &l2, result)),
+        }
+    }
+
+    fn retire(&self, upstream: &str, url: &str) {
+        self.0.retire_upstream_url(upstream, url);
+    }
+}
+
 /// The gateway's shared state, one per process (shared as `Arc<App>`).
 pub struct App {
     snapshot: ArcSwap<Snapshot>,
     generation: AtomicU64,
     registry: LimiterRegistry,
+    /// Every upstream URL's health, kept across reloads.
+    health: HealthRegistry,
     /// The one time source of the limiters.
     pub clock: Arc<dyn Clock>,
     /// Tells the server (listener changes) that a new generation is installed.
@@ -394,10 +421,15 @@ impl App {
             store.as_ref().map(|_| fraction),
         );
         let shared = store.is_some();
+        let health = HealthRegistry::default();
+        let urls = health.resolve(&config.upstreams, &UpstreamHealthMetrics(&metrics));
         let app = Arc::new(App {
-            snapshot: ArcSwap::from_pointee(Snapshot::new(config, 1, limiters, &metrics, shared)),
+            snapshot: ArcSwap::from_pointee(Snapshot::new(
+                config, 1, limiters, urls, &metrics, shared,
+            )),
             generation: AtomicU64::new(1),
             registry,
+            health,
             clock,
             generations: tokio::sync::watch::Sender::new(1),
             metrics,
@@ -431,10 +463,15 @@ impl App {
         let limiters =
             self.registry
                 .resolve(&current.config.limits, self.clock.now(), Some(fraction));
+        let urls = self.health.resolve(
+            &current.config.upstreams,
+            &UpstreamHealthMetrics(&self.metrics),
+        );
         let mut next = Snapshot::new(
             current.config.clone(),
             current.generation,
             limiters,
+            urls,
             &self.metrics,
             self.store.is_some(),
         );
@@ -501,6 +538,9 @@ impl App {
             self.clock.now(),
             self.store.as_ref().map(|_| fraction),
         );
+        let urls = self
+            .health
+            .resolve(&config.upstreams, &UpstreamHealthMetrics(&self.metrics));
         let generation = self.generation.fetch_add(1, Ordering::Relaxed) + 1;
         // Before the swap: the gauge never lags the `/config` generation.
         self.metrics.set_generation(generation);
@@ -508,6 +548,7 @@ impl App {
             config,
             generation,
             limiters,
+            urls,
             &self.metrics,
             self.store.is_some(),
         )));
@@ -529,13 +570,34 @@ impl App {
         let snapshot = self.snapshot();
         for upstream in &snapshot.upstreams {
             upstream.prune_idle();
+            upstream.summarise();
         }
+        // The health log's interval: one line per failing URL.
+        self.health.summarise(health::now());
         snapshot
             .limiters
             .iter()
             .flat_map(LimiterSet::all)
             .map(|l| l.sweep(now))
             .sum()
+    }
+
+    /// The upstreams none of whose URLs takes requests now (all ejected or
+    /// down by their checks), by name, for `/readyz`.
+    pub fn unhealthy_upstreams(&self) -> Vec<String> {
+        let now = health::now();
+        self.snapshot()
+            .upstreams
+            .iter()
+            .filter(|upstream| !upstream.has_available(now))
+            .map(|upstream| upstream.config.name.clone())
+            .collect()
+    }
+
+    /// Ends the upstream ejections whose time is up, so that
+    /// `tollgate_upstream_healthy` is current for a scrape.
+    pub fn refresh_upstream_health(&self) {
+        self.health.expire(health::now());
     }
 
     /// Sets `tollgate_limiter_keys{limit}` to the keys each limit holds now.

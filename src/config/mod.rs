@@ -225,6 +225,16 @@ pub struct UpstreamConfig {
     /// HTTP/2 to the upstream (`http2 = true`): hyper's client, one
     /// multiplexed connection per URL, instead of the HTTP/1.1 pool.
     pub http2: bool,
+    /// How requests are spread over `urls` (`balance`).
+    pub balance: Balance,
+    /// A URL that comes back (from an ejection or a failed health check)
+    /// ramps up to its full share over this long (`slow_start`); `None`:
+    /// at once.
+    pub slow_start: Option<Duration>,
+    /// Passive health: when a failing URL is ejected (`eject = {...}`).
+    pub eject: EjectPolicy,
+    /// Active health checks (`health = {...}`), off when `None`.
+    pub health: Option<HealthCheck>,
 }
 
 /// What a limit counts requests by.
@@ -362,5 +372,91 @@ impl Config {
             file: self.path.clone(),
             problems: vec![problem],
         }
+    }
+}
+
+/// How an upstream spreads requests over its URLs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Balance {
+    /// Each URL in turn.
+    RoundRobin,
+    /// The power of two choices: of two URLs drawn at random, the one with
+    /// fewer requests in flight.
+    LeastRequest,
+}
+
+/// Passive health (outlier detection), `eject = {...}`: a URL failing
+/// `after` times in a row is ejected for `base × n` (n: its ejections so
+/// far), at most `max`, while no more than `max_ejected` of the list is out.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct EjectPolicy {
+    /// Consecutive failures that eject a URL (at least 1).
+    pub after: u32,
+    /// A connection that could not be opened, or that failed before an
+    /// answer, is a failure (`"connect"`).
+    pub on_connect: bool,
+    /// Response statuses that are failures (5xx); `504` also counts a
+    /// response head that did not come within `timeout`.
+    pub on_status: Vec<u16>,
+    pub base: Duration,
+    pub max: Duration,
+    /// The largest share of the list ejected at once, in thousandths
+    /// (`"50%"` is 500; `"0%"` never ejects).
+    pub max_ejected_permille: u64,
+}
+
+impl EjectPolicy {
+    /// Whether a response of `status` counts as a failure.
+    pub fn fails_on(&self, status: u16) -> bool {
+        self.on_status.contains(&status)
+    }
+
+    /// Most URLs of a list of `urls` ejected at once: the share, rounded down.
+    pub fn max_ejected(&self, urls: usize) -> usize {
+        (urls as u64 * self.max_ejected_permille / 1000) as usize
+    }
+}
+
+impl Default for EjectPolicy {
+    /// `eject = { after = 3, on = ["connect", "502", "503", "504"], base =
+    /// "10s", max = "5m", max_ejected = "50%" }`.
+    fn default() -> Self {
+        EjectPolicy {
+            after: 3,
+            on_connect: true,
+            on_status: vec![502, 503, 504],
+            base: Duration::from_secs(10),
+            max: Duration::from_secs(300),
+            max_ejected_permille: 500,
+        }
+    }
+}
+
+/// Active health checks, `health = {...}`: `GET path` on every URL each
+/// `interval`, spoken as the upstream is (HTTPS, HTTP/2).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct HealthCheck {
+    /// Path and query of the check, after the URL's own path prefix.
+    pub path: http::uri::PathAndQuery,
+    pub interval: Duration,
+    /// No response head within this is a failed check.
+    pub timeout: Duration,
+    /// Passed checks in a row that bring a URL that is down back.
+    pub healthy: u32,
+    /// Failed checks in a row that take a URL down.
+    pub unhealthy: u32,
+    /// The statuses that pass, as inclusive ranges.
+    pub expect: Vec<(u16, u16)>,
+    /// A URL is up before its first check (`start = "healthy"`, the
+    /// default), or down until it has passed `healthy` checks.
+    pub start_healthy: bool,
+}
+
+impl HealthCheck {
+    /// Whether a check answered `status` passed.
+    pub fn passes(&self, status: u16) -> bool {
+        self.expect
+            .iter()
+            .any(|&(low, high)| (low..=high).contains(&status))
     }
 }

@@ -211,6 +211,40 @@ pub struct RawUpstream {
     /// Speak HTTP/2 to this upstream (ALPN `h2` over TLS, prior knowledge
     /// over cleartext).
     pub http2: Option<bool>,
+    /// `"round_robin"` or `"least_request"`.
+    pub balance: Option<String>,
+    /// How long a URL that comes back takes to reach its full share.
+    pub slow_start: Option<String>,
+    /// Passive health: when a failing URL is ejected.
+    pub eject: Option<RawEject>,
+    /// Active health checks.
+    pub health: Option<RawHealth>,
+}
+
+/// `eject = { after = 3, on = [...], base = "10s", max = "5m", max_ejected = "50%" }`.
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawEject {
+    pub after: Option<u32>,
+    pub on: Option<Vec<String>>,
+    pub base: Option<String>,
+    pub max: Option<String>,
+    pub max_ejected: Option<String>,
+}
+
+/// `health = { path = "/healthz", interval = "5s", timeout = "1s", healthy = 2,
+/// unhealthy = 3, expect = ["2xx", "3xx"], start = "healthy" }`.
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawHealth {
+    pub path: Option<String>,
+    pub interval: Option<String>,
+    pub timeout: Option<String>,
+    pub healthy: Option<u32>,
+    pub unhealthy: Option<u32>,
+    /// Statuses (`200`) or classes (`"2xx"`).
+    pub expect: Option<Vec<toml::Value>>,
+    pub start: Option<String>,
 }
 
 #[derive(Debug, Deserialize)]

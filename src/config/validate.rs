@@ -1222,7 +1222,181 @@ fn check_upstream(
         host,
         tls,
         http2: raw.http2.unwrap_or(false),
+        balance: check_balance(c, path, raw),
+        slow_start: raw
+            .slow_start
+            .as_ref()
+            .map(|_| c.duration(path.key("slow_start"), &raw.slow_start, Duration::ZERO)),
+        eject: raw
+            .eject
+            .as_ref()
+            .map_or_else(EjectPolicy::default, |eject| {
+                check_eject(c, &path.key("eject"), eject)
+            }),
+        health: raw
+            .health
+            .as_ref()
+            .map(|health| check_health(c, &path.key("health"), health)),
     }
+}
+
+fn check_balance(c: &mut Checker, path: &KeyPath, raw: &raw::RawUpstream) -> Balance {
+    match raw.balance.as_deref() {
+        None => Balance::RoundRobin,
+        Some(text) => {
+            match c.one_of(path.key("balance"), text, &["round_robin", "least_request"]) {
+                Some("least_request") => Balance::LeastRequest,
+                _ => Balance::RoundRobin,
+            }
+        }
+    }
+}
+
+/// `eject = {...}`: the keys left out keep [`EjectPolicy::default`]'s values.
+fn check_eject(c: &mut Checker, path: &KeyPath, raw: &raw::RawEject) -> EjectPolicy {
+    let default = EjectPolicy::default();
+    let after = raw.after.unwrap_or(default.after);
+    if after == 0 {
+        c.problem(
+            path.key("after"),
+            "must be at least 1 (to never eject, set `max_ejected = \"0%\"`)",
+        );
+    }
+    let (mut on_connect, mut on_status) = (default.on_connect, default.on_status);
+    if let Some(on) = &raw.on {
+        on_connect = false;
+        on_status = Vec::new();
+        for (i, token) in on.iter().enumerate() {
+            match token.as_str() {
+                "connect" => on_connect = true,
+                text => match text.parse::<u16>() {
+                    Ok(status @ 500..=599) => on_status.push(status),
+                    _ => c.problem(
+                        path.key("on").index(i),
+                        format!(
+                            "`{text}` is not a failure to eject on; expected \"connect\" or a 5xx status like \"503\""
+                        ),
+                    ),
+                },
+            }
+        }
+    }
+    let base = c.duration(path.key("base"), &raw.base, default.base);
+    let max = c.duration(path.key("max"), &raw.max, default.max.max(base));
+    if max < base {
+        c.problem(path.key("max"), "must be at least `base`");
+    }
+    let max_ejected_permille = match raw.max_ejected.as_deref() {
+        None => default.max_ejected_permille,
+        Some(text) => parse_percent(text).unwrap_or_else(|| {
+            c.problem(
+                path.key("max_ejected"),
+                format!("`{text}` is not a share; expected a percentage like \"50%\" (0% to 100%)"),
+            );
+            default.max_ejected_permille
+        }),
+    };
+    EjectPolicy {
+        after: after.max(1),
+        on_connect,
+        on_status,
+        base,
+        max: max.max(base),
+        max_ejected_permille,
+    }
+}
+
+/// `health = {...}`: `path` is required; the rest have defaults.
+fn check_health(c: &mut Checker, path: &KeyPath, raw: &raw::RawHealth) -> HealthCheck {
+    let check_path = match raw.path.as_deref() {
+        None => {
+            c.problem(
+                path.clone(),
+                "a health check needs `path`, like `path = \"/healthz\"`",
+            );
+            http::uri::PathAndQuery::from_static("/")
+        }
+        Some(text) => match http::uri::PathAndQuery::try_from(text) {
+            Ok(pq) if text.starts_with('/') => pq,
+            _ => {
+                c.problem(
+                    path.key("path"),
+                    format!("`{text}` is not a request path; expected one starting with `/`, like \"/healthz\""),
+                );
+                http::uri::PathAndQuery::from_static("/")
+            }
+        },
+    };
+    let interval = c.duration(path.key("interval"), &raw.interval, Duration::from_secs(5));
+    let timeout = c.duration(path.key("timeout"), &raw.timeout, Duration::from_secs(1));
+    if timeout > interval {
+        c.problem(path.key("timeout"), "must not be longer than `interval`");
+    }
+    let mut count = |key: &str, value: Option<u32>, default: u32| match value {
+        None => default,
+        Some(0) => {
+            c.problem(path.key(key), "must be at least 1");
+            default
+        }
+        Some(n) => n,
+    };
+    let healthy = count("healthy", raw.healthy, 2);
+    let unhealthy = count("unhealthy", raw.unhealthy, 3);
+    let expect = match &raw.expect {
+        None => vec![(200, 399)],
+        Some(list) => {
+            if list.is_empty() {
+                c.problem(path.key("expect"), "needs at least one status");
+            }
+            list.iter()
+                .enumerate()
+                .filter_map(|(i, value)| {
+                    let range = expected_status(value);
+                    if range.is_none() {
+                        c.problem(
+                            path.key("expect").index(i),
+                            format!("`{value}` is not a status; expected one like 200 or a class like \"2xx\""),
+                        );
+                    }
+                    range
+                })
+                .collect()
+        }
+    };
+    let start_healthy = match raw.start.as_deref() {
+        None => true,
+        Some(text) => {
+            c.one_of(path.key("start"), text, &["healthy", "unhealthy"]) != Some("unhealthy")
+        }
+    };
+    HealthCheck {
+        path: check_path,
+        interval,
+        timeout: timeout.min(interval),
+        healthy,
+        unhealthy,
+        expect,
+        start_healthy,
+    }
+}
+
+/// A status of `health.expect`: `200` (or `"200"`), or a class `"2xx"`, as
+/// an inclusive range.
+fn expected_status(value: &toml::Value) -> Option<(u16, u16)> {
+    let text = match value {
+        toml::Value::Integer(n) => n.to_string(),
+        toml::Value::String(text) => text.trim().to_ascii_lowercase(),
+        _ => return None,
+    };
+    if let Some(class) = text.strip_suffix("xx") {
+        let digit = class.parse::<u16>().ok().filter(|d| (1..=5).contains(d))?;
+        return Some((digit * 100, digit * 100 + 99));
+    }
+    let status = text
+        .parse::<u16>()
+        .ok()
+        .filter(|s| (100..=599).contains(s))?;
+    Some((status, status))
 }
 
 fn check_key_part(c: &mut Checker, path: KeyPath, text: &str) -> Option<KeyPart> {
@@ -2071,5 +2245,65 @@ mod tests {
             message.contains("`store.username`: an ACL user logs in with a password"),
             "{message}"
         );
+    }
+
+    #[test]
+    fn upstream_health_keys_have_defaults_and_are_checked() {
+        let plain = "[upstreams.api]\nurl = [\"http://127.0.0.1:1\", \"http://127.0.0.1:2\"]\n";
+        let config = Config::from_bytes(Path::new("gateway.toml"), plain.as_bytes()).unwrap();
+        let api = &config.upstreams[0];
+        assert_eq!(api.balance, Balance::RoundRobin);
+        assert_eq!(api.eject, EjectPolicy::default());
+        assert_eq!(api.eject.max_ejected(2), 1);
+        assert_eq!(api.eject.max_ejected(1), 0, "a lone URL is never ejected");
+        assert_eq!((api.health.clone(), api.slow_start), (None, None));
+
+        let full = format!(
+            "{plain}balance = \"least_request\"\nslow_start = \"30s\"\n\
+             eject = {{ after = 1, on = [\"connect\", \"500\"], base = \"5s\", max = \"1m\", max_ejected = \"100%\" }}\n\
+             health = {{ path = \"/healthz?deep=1\", interval = \"2s\", timeout = \"500ms\", healthy = 1, unhealthy = 2, expect = [204, \"3xx\"], start = \"unhealthy\" }}\n"
+        );
+        let config = Config::from_bytes(Path::new("gateway.toml"), full.as_bytes())
+            .unwrap_or_else(|e| panic!("{e}"));
+        let api = &config.upstreams[0];
+        assert_eq!(api.balance, Balance::LeastRequest);
+        assert_eq!(api.slow_start, Some(Duration::from_secs(30)));
+        assert_eq!(
+            api.eject,
+            EjectPolicy {
+                after: 1,
+                on_connect: true,
+                on_status: vec![500],
+                base: Duration::from_secs(5),
+                max: Duration::from_secs(60),
+                max_ejected_permille: 1000,
+            }
+        );
+        let health = api.health.as_ref().unwrap();
+        assert_eq!(health.path.as_str(), "/healthz?deep=1");
+        assert_eq!(health.expect, vec![(204, 204), (300, 399)]);
+        assert!(health.passes(302) && !health.passes(200));
+        assert!(!health.start_healthy);
+
+        let bad = format!(
+            "{plain}balance = \"least_requests\"\n\
+             eject = {{ after = 0, on = [\"404\"], base = \"10s\", max = \"1s\", max_ejected = \"half\" }}\n\
+             health = {{ interval = \"1s\", timeout = \"2s\", healthy = 0, expect = [\"6xx\"], start = \"sick\" }}\n"
+        );
+        let message = errors(&bad);
+        for wanted in [
+            "gateway.toml:3:1: `upstreams.api.balance`: unknown value `least_requests`, expected one of round_robin, least_request (did you mean `least_request`?)",
+            "`upstreams.api.eject.after`: must be at least 1",
+            "`upstreams.api.eject.on[0]`: `404` is not a failure to eject on",
+            "`upstreams.api.eject.max`: must be at least `base`",
+            "`upstreams.api.eject.max_ejected`: `half` is not a share",
+            "`upstreams.api.health`: a health check needs `path`",
+            "`upstreams.api.health.timeout`: must not be longer than `interval`",
+            "`upstreams.api.health.healthy`: must be at least 1",
+            "`upstreams.api.health.expect[0]`: `\"6xx\"` is not a status",
+            "`upstreams.api.health.start`: unknown value `sick`",
+        ] {
+            assert!(message.contains(wanted), "{wanted}\n{message}");
+        }
     }
 }

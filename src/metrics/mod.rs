@@ -115,6 +115,26 @@ struct RetryLabels {
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Hash, EncodeLabelSet)]
+struct UrlLabels {
+    upstream: Arc<str>,
+    url: Arc<str>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Hash, EncodeLabelSet)]
+struct EjectionLabels {
+    upstream: Arc<str>,
+    url: Arc<str>,
+    reason: &'static str,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Hash, EncodeLabelSet)]
+struct HealthCheckLabels {
+    upstream: Arc<str>,
+    url: Arc<str>,
+    result: &'static str,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Hash, EncodeLabelSet)]
 struct BackendLabels {
     backend: &'static str,
 }
@@ -207,6 +227,37 @@ pub struct Metrics {
     connections_evicted: Counter,
     /// The shared `"none"` route label.
     no_route: Arc<str>,
+    upstream_health: UpstreamHealthFamilies,
+}
+
+/// The families of upstream health, per URL.
+#[derive(Debug, Default)]
+struct UpstreamHealthFamilies {
+    healthy: Family<UrlLabels, Gauge>,
+    ejections: Family<EjectionLabels, Counter>,
+    checks: Family<HealthCheckLabels, Counter>,
+}
+
+impl UpstreamHealthFamilies {
+    fn register(registry: &mut Registry) -> UpstreamHealthFamilies {
+        let families = UpstreamHealthFamilies::default();
+        registry.register(
+            "tollgate_upstream_healthy",
+            "1 while an upstream URL takes requests, 0 while it is ejected or down by its health checks",
+            families.healthy.clone(),
+        );
+        registry.register(
+            "tollgate_upstream_ejections",
+            "Upstream URLs taken out of service, by reason (connect, reset, timeout, the status, or health_check)",
+            families.ejections.clone(),
+        );
+        registry.register(
+            "tollgate_upstream_health_checks",
+            "Active health checks of upstream URLs, by result (pass, fail_status, fail_connect, fail_timeout)",
+            families.checks.clone(),
+        );
+        families
+    }
 }
 
 impl Default for Metrics {
@@ -307,6 +358,7 @@ impl Metrics {
             "Idle keep-alive connections closed, oldest idle first, to serve a new one at max_connections",
             connections_evicted.clone(),
         );
+        let upstream_health = UpstreamHealthFamilies::register(&mut registry);
         for result in ["ok", "error"] {
             let _ = config_reloads.get_or_create(&ResultLabels { result });
         }
@@ -328,6 +380,7 @@ impl Metrics {
             http2_connection_errors,
             connections_evicted,
             no_route: Arc::from(NO_ROUTE),
+            upstream_health,
         }
     }
 
@@ -565,6 +618,62 @@ impl Metrics {
                 limit: limit.clone(),
             })
             .set(i64::try_from(keys).unwrap_or(i64::MAX));
+    }
+
+    /// `tollgate_upstream_healthy{upstream,url}`, as a handle the URL's
+    /// health sets on each transition.
+    pub fn upstream_healthy_gauge(&self, upstream: &Arc<str>, url: &Arc<str>) -> Gauge {
+        self.upstream_health
+            .healthy
+            .get_or_create(&UrlLabels {
+                upstream: upstream.clone(),
+                url: url.clone(),
+            })
+            .clone()
+    }
+
+    /// An upstream URL taken out of service; `reason` is what did it
+    /// (`connect`, `reset`, `timeout`, a status, `health_check`).
+    pub fn record_upstream_ejection(
+        &self,
+        upstream: &Arc<str>,
+        url: &Arc<str>,
+        reason: &'static str,
+    ) {
+        self.upstream_health
+            .ejections
+            .get_or_create(&EjectionLabels {
+                upstream: upstream.clone(),
+                url: url.clone(),
+                reason,
+            })
+            .inc();
+    }
+
+    /// One active health check of an upstream URL, by `result`.
+    pub fn record_upstream_health_check(
+        &self,
+        upstream: &Arc<str>,
+        url: &Arc<str>,
+        result: &'static str,
+    ) {
+        self.upstream_health
+            .checks
+            .get_or_create(&HealthCheckLabels {
+                upstream: upstream.clone(),
+                url: url.clone(),
+                result,
+            })
+            .inc();
+    }
+
+    /// A URL a reload removed: its `tollgate_upstream_healthy` series goes
+    /// (its counters stay, as counters do).
+    pub fn retire_upstream_url(&self, upstream: &str, url: &str) {
+        self.upstream_health.healthy.remove(&UrlLabels {
+            upstream: Arc::from(upstream),
+            url: Arc::from(url),
+        });
     }
 
     /// The OpenMetrics text exposition of every metric, ending in `# EOF`.

@@ -4,7 +4,7 @@
 use http::{Response, StatusCode};
 
 use crate::proxy::body::ResponseBody;
-use crate::proxy::response::problem;
+use crate::proxy::response::{problem, problem_titled};
 
 /// Why the gateway answers a request itself with an error.
 #[derive(Debug, thiserror::Error)]
@@ -41,7 +41,13 @@ pub enum GatewayError {
         upstream: String,
         timeout: std::time::Duration,
     },
+    /// Every URL of the upstream is ejected or down by its health checks.
+    #[error("upstream {upstream} has no healthy instance")]
+    NoHealthyUpstream { upstream: String },
 }
+
+/// The `title` of [`GatewayError::NoHealthyUpstream`]'s problem.
+pub const NO_HEALTHY_TITLE: &str = "No Healthy Upstream Instance";
 
 impl GatewayError {
     /// The HTTP status the client gets. Exhaustive on purpose: a new error
@@ -58,6 +64,7 @@ impl GatewayError {
             GatewayError::UpstreamFailed { .. } => StatusCode::BAD_GATEWAY,
             GatewayError::UpstreamTimeout { .. } => StatusCode::GATEWAY_TIMEOUT,
             GatewayError::StoreUnavailable => StatusCode::SERVICE_UNAVAILABLE,
+            GatewayError::NoHealthyUpstream { .. } => StatusCode::SERVICE_UNAVAILABLE,
         }
     }
 
@@ -68,6 +75,7 @@ impl GatewayError {
             GatewayError::UpstreamFailed { source, .. } if source.is_protocol() => Some("protocol"),
             GatewayError::UpstreamFailed { .. } => Some("reset"),
             GatewayError::UpstreamTimeout { .. } => Some("timeout"),
+            GatewayError::NoHealthyUpstream { .. } => Some("unavailable"),
             GatewayError::NoRoute { .. }
             | GatewayError::HeadersTooLarge { .. }
             | GatewayError::BodyTooLarge { .. }
@@ -81,6 +89,11 @@ impl GatewayError {
     /// The problem+json response for this error. The detail is the error's own
     /// message; upstream error chains are logged, not shown to clients.
     pub fn to_response(&self) -> Response<ResponseBody> {
-        problem(self.status(), &self.to_string())
+        match self {
+            GatewayError::NoHealthyUpstream { .. } => {
+                problem_titled(self.status(), NO_HEALTHY_TITLE, &self.to_string())
+            }
+            _ => problem(self.status(), &self.to_string()),
+        }
     }
 }

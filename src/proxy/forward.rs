@@ -1,5 +1,6 @@
 //! Forwarding to upstreams (RFC 9110 §7.6): the pipeline's side of an
-//! [`Upstream`] (its pools and round robin are the upstream layer's). What changes in the request on the way —
+//! [`Upstream`] (its pools, health and balancing are the upstream layer's).
+//! What changes in the request on the way —
 //! `Host`, `X-Forwarded-For` / `X-Forwarded-Proto` / `Forwarded`, hop-by-hop
 //! fields left out — is written straight into the upstream head
 //! ([`OwnFields`]) rather than edited in the header map. The response's
@@ -17,48 +18,43 @@ use crate::http::structured::is_tchar;
 use crate::http1::client::{InterimSink, OwnFields, UpstreamBody};
 use crate::identity::normalize;
 use crate::proxy::error::GatewayError;
-use crate::upstream::Upstream;
+use crate::upstream::health::Failure;
 use crate::upstream::pool::PoolError;
+use crate::upstream::{Attempt, NotConnected, Upstream};
 use http::header::{self, HeaderMap, HeaderName, HeaderValue};
 use http::request::Parts;
 use http::uri::{PathAndQuery, Uri};
 use http::{Request, Response, Version};
 
-/// An exchange with an HTTP/1.1 pool or an HTTP/2 connection, each boxed:
-/// an enum, so that the HTTP/1.1 path keeps a static call.
-enum Exchange<A, B> {
-    H1(std::pin::Pin<Box<A>>),
-    H2(std::pin::Pin<Box<B>>),
-}
-
-impl<A: Future, B: Future<Output = A::Output>> Future for Exchange<A, B> {
-    type Output = A::Output;
-
-    fn poll(
-        self: std::pin::Pin<&mut Self>,
-        cx: &mut std::task::Context<'_>,
-    ) -> std::task::Poll<A::Output> {
-        match self.get_mut() {
-            Exchange::H1(exchange) => exchange.as_mut().poll(cx),
-            Exchange::H2(exchange) => exchange.as_mut().poll(cx),
-        }
-    }
-}
-
-/// A request ready to go upstream, and the URL (pool) it was built for.
+/// A request ready to go upstream, to whichever URL takes it.
 #[derive(Debug)]
 pub struct Prepared {
-    /// The client's request with the upstream's target; its header map is
-    /// left as the client sent it, and `own` says what changes on the way.
+    /// The client's request; its target is the client's until a URL is
+    /// chosen (then that URL's prefix goes in front), and its header map is
+    /// left as the client sent it: `own` says what changes on the way.
     pub request: Request<RequestBody>,
     pub own: OwnFields,
-    url: usize,
+    /// Neither the upstream's `host` nor the client's: the chosen URL's
+    /// authority is the `Host`.
+    host_from_url: bool,
+}
+
+/// How a request's exchange ended, before it is a [`GatewayError`].
+enum Failed {
+    NotConnected(NotConnected),
+    Pool(PoolError),
+    /// The target cannot be joined to the URL's prefix.
+    Target,
 }
 
 impl Upstream {
-    /// Sends the request upstream and waits for the response head, at most
-    /// `timeout`. `body_exceeded` tells a body-cap abort (413) from a failure.
-    /// The response body reads from the upstream connection as it is polled;
+    /// Sends the request to a URL that takes requests and waits for the
+    /// response head, at most `timeout` for all of it (connections that
+    /// could not be opened, and the next URL tried, included). The outcome
+    /// is recorded on the URL (what ejects a failing one), and the URL is
+    /// noted in `attempt`, so that a retry goes elsewhere.
+    /// `body_exceeded` tells a body-cap abort (413) from a failure. The
+    /// response body reads from the upstream connection as it is polled;
     /// the response's fields come beside it, as lines.
     ///
     /// Not an `async fn`: the exchange future is large, so it is boxed here,
@@ -71,35 +67,52 @@ impl Upstream {
         body_exceeded: Option<Arc<AtomicBool>>,
         body_limit: u64,
         interim: Option<&'a dyn InterimSink>,
+        attempt: &'a mut Attempt,
     ) -> impl Future<Output = Result<(Response<UpstreamBody>, FieldLines), GatewayError>> + 'a {
-        let exchange = match self.h2(prepared.url) {
-            // `http2 = true`: interim responses are hyper's, not relayed.
-            Some(h2) => Exchange::H2(Box::pin(h2.send(prepared.request, prepared.own))),
-            None => Exchange::H1(Box::pin(self.pool(prepared.url).send(
-                prepared.request,
-                prepared.own,
-                interim,
-            ))),
-        };
         let timeout = self.config.timeout;
         async move {
             let name = &self.config.name;
+            let exchange = Box::pin(self.connect_and_exchange(prepared, interim, attempt));
             // A reused timer: a fresh one per request cost ~600 instructions.
-            match crate::upstream::deadline::within(tokio::time::Instant::now() + timeout, exchange)
-                .await
-            {
-                None => Err(GatewayError::UpstreamTimeout {
-                    upstream: name.clone(),
-                    timeout,
-                }),
+            let outcome =
+                crate::upstream::deadline::within(tokio::time::Instant::now() + timeout, exchange)
+                    .await;
+            match outcome {
+                None => {
+                    if let Some(url) = attempt.current {
+                        self.record_failure(url, Failure::Timeout, None);
+                    }
+                    Err(GatewayError::UpstreamTimeout {
+                        upstream: name.clone(),
+                        timeout,
+                    })
+                }
                 Some(Ok(answer)) => Ok(answer),
-                Some(Err(_)) if body_exceeded.is_some_and(|flag| flag.load(Ordering::Relaxed)) => {
+                Some(Err(Failed::NotConnected(NotConnected::NoHealthy))) => {
+                    Err(GatewayError::NoHealthyUpstream {
+                        upstream: name.clone(),
+                    })
+                }
+                Some(Err(Failed::NotConnected(NotConnected::Connect(source)))) => {
+                    Err(GatewayError::UpstreamConnect {
+                        upstream: name.clone(),
+                        source,
+                    })
+                }
+                Some(Err(Failed::Target)) => Err(GatewayError::BadRequest {
+                    reason: "the request target cannot be forwarded",
+                }),
+                Some(Err(Failed::Pool(_)))
+                    if body_exceeded.is_some_and(|flag| flag.load(Ordering::Relaxed)) =>
+                {
                     Err(GatewayError::BodyTooLarge { limit: body_limit })
                 }
                 // The client's body failed (malformed chunked coding, a
                 // client gone mid-body): its fault, a 400, not an upstream
                 // error; the upstream connection went with the exchange.
-                Some(Err(PoolError::Request(error))) if ClientBodyError::of(&error).is_some() => {
+                Some(Err(Failed::Pool(PoolError::Request(error))))
+                    if ClientBodyError::of(&error).is_some() =>
+                {
                     tracing::debug!(%error, "request body failed while going upstream");
                     Err(match ClientBodyError::of(&error) {
                         Some(ClientBodyError::Stalled(timeout)) => {
@@ -110,20 +123,62 @@ impl Upstream {
                         },
                     })
                 }
-                Some(Err(source)) if source.is_connect() => Err(GatewayError::UpstreamConnect {
-                    upstream: name.clone(),
-                    source,
-                }),
-                Some(Err(source)) => Err(GatewayError::UpstreamFailed {
-                    upstream: name.clone(),
-                    source,
-                }),
+                Some(Err(Failed::Pool(source))) => {
+                    if let Some(url) = attempt.current {
+                        let failure = if source.is_connect() {
+                            Failure::Connect
+                        } else {
+                            Failure::Reset
+                        };
+                        self.record_failure(url, failure, Some(&source));
+                    }
+                    if source.is_connect() {
+                        Err(GatewayError::UpstreamConnect {
+                            upstream: name.clone(),
+                            source,
+                        })
+                    } else {
+                        Err(GatewayError::UpstreamFailed {
+                            upstream: name.clone(),
+                            source,
+                        })
+                    }
+                }
             }
         }
     }
 
-    /// Builds the upstream request from the client's: new URI, forwarding
-    /// headers, hop-by-hop headers removed.
+    /// A connection to a URL ([`Upstream::connect`]), the request aimed at
+    /// it, the exchange; a response head's status recorded on the URL.
+    async fn connect_and_exchange(
+        &self,
+        prepared: Prepared,
+        interim: Option<&dyn InterimSink>,
+        attempt: &mut Attempt,
+    ) -> Result<(Response<UpstreamBody>, FieldLines), Failed> {
+        let (url, connection, _in_flight) =
+            self.connect(attempt).await.map_err(Failed::NotConnected)?;
+        let Prepared {
+            mut request,
+            mut own,
+            host_from_url,
+        } = prepared;
+        let base = &self.config.urls[url];
+        *request.uri_mut() = upstream_uri(base, request.uri()).map_err(|_| Failed::Target)?;
+        if host_from_url && let Some(authority) = base.authority() {
+            own.push("host", authority.as_str().as_bytes());
+        }
+        let answer = self
+            .exchange(url, connection, request, own, interim)
+            .await
+            .map_err(Failed::Pool)?;
+        self.record_status(url, answer.0.status().as_u16());
+        Ok(answer)
+    }
+
+    /// Builds the upstream request from the client's: forwarding headers,
+    /// hop-by-hop headers removed; the target is set when a URL is chosen
+    /// ([`Upstream::send`]).
     pub fn prepare(
         &self,
         mut parts: Parts,
@@ -131,8 +186,6 @@ impl Upstream {
         peer: SocketAddr,
         proto: &'static str,
     ) -> Result<Prepared, GatewayError> {
-        let url = self.pick();
-        let base = &self.config.urls[url];
         // HTTP/2 and absolute-form requests carry the host in the URI
         // (RFC 9113 §8.3.1); it wins over a `Host` header.
         let client_host = parts
@@ -140,26 +193,13 @@ impl Upstream {
             .authority()
             .and_then(|a| HeaderValue::from_str(a.as_str()).ok())
             .or_else(|| parts.headers.get(header::HOST).cloned());
-        parts.uri = upstream_uri(base, &parts.uri)?;
-        let host = match (&self.config.host, &client_host) {
-            (Some(host), _) => Some(host.clone()),
-            (None, Some(host)) => Some(host.clone()),
-            (None, None) => base
-                .authority()
-                .and_then(|authority| HeaderValue::from_str(authority.as_str()).ok()),
-        };
-        let own = own_fields(
-            &parts.headers,
-            host.as_ref(),
-            peer.ip(),
-            proto,
-            client_host.as_ref(),
-        );
+        let host = self.config.host.as_ref().or(client_host.as_ref());
+        let own = own_fields(&parts.headers, host, peer.ip(), proto, client_host.as_ref());
         parts.version = Version::HTTP_11;
         Ok(Prepared {
             request: Request::from_parts(parts, body),
             own,
-            url,
+            host_from_url: host.is_none(),
         })
     }
 }

@@ -10,8 +10,8 @@
 //! 5. **limit** — the route's stack decided all or nothing; a denial is
 //!    answered here (429 + headers) without touching the upstream.
 //! 6. **act** — answer a `respond` route, or forward upstream (body capped by
-//!    the route's `max_body` → 413; upstream failures → 502/504), after any
-//!    leaky-bucket delay.
+//!    the route's `max_body` → 413; upstream failures → 502/504; no URL of
+//!    the upstream up → 503), after any leaky-bucket delay.
 //! 7. **respond** — rate-limit headers on the response; post-response cost
 //!    settled from `cost_header`; concurrency slots held until the body ends.
 //! 8. **observe** — count the request and its duration under the route's name
@@ -62,8 +62,8 @@ use crate::proxy::ratelimit;
 use crate::proxy::upgrade;
 use crate::ratelimit_policy::StackView;
 use crate::store::{RedisStore, SharedEntry, Unavailable};
-use crate::upstream::Upstream;
 use crate::upstream::pool::PoolError;
+use crate::upstream::{Attempt, Upstream};
 
 /// What the server knows about the connection a request came on.
 #[derive(Debug, Clone, Copy)]
@@ -99,7 +99,10 @@ pub async fn handle(
         Ok(response) => response,
         Err(error) => {
             if let Some(kind) = error.upstream_kind() {
-                tracing::warn!(error = %error_chain(&error), kind, "upstream error");
+                // Not a line per failed request: the URL's health logs the
+                // first failure of a spell and then a summary per interval
+                // (`upstream::health`).
+                tracing::debug!(error = %crate::upstream::health::error_chain(&error), kind, "upstream error");
                 if let Some(upstream) = notes.route_index.and_then(|i| upstream_label(&snapshot, i))
                 {
                     app.metrics().record_upstream_error(upstream, kind);
@@ -422,6 +425,7 @@ async fn route_and_act(
                         body,
                         &mut notes.permits,
                         interim_sink(&notes.connection),
+                        &mut Attempt::default(),
                     )
                     .await
                 }
@@ -1127,6 +1131,7 @@ async fn forward(
     body: PendingBody,
     permits: &mut Permits,
     interim: Option<&dyn InterimSink>,
+    attempt: &mut Attempt,
 ) -> Result<(Response<ResponseBody>, FieldLines), GatewayError> {
     let Forwarding {
         upstream,
@@ -1140,6 +1145,7 @@ async fn forward(
             exceeded,
             route.max_body.unwrap_or(u64::MAX),
             interim,
+            attempt,
         )
         .await?;
     if response.status() == StatusCode::SWITCHING_PROTOCOLS {
@@ -1147,6 +1153,7 @@ async fn forward(
             fields.relayed_value("upgrade"),
             &snapshot.config.server.upgrades,
         ) {
+            tracing::warn!(upstream = %upstream.config.name, "the upstream switched to a protocol that is not in server.upgrades");
             return Err(GatewayError::UpstreamFailed {
                 upstream: upstream.config.name.clone(),
                 source: PoolError::Request(std::io::Error::new(
@@ -1161,6 +1168,7 @@ async fn forward(
             }
             // A switch nobody asked for cannot be relayed.
             _ => {
+                tracing::warn!(upstream = %upstream.config.name, "the upstream switched protocols unasked");
                 return Err(GatewayError::UpstreamFailed {
                     upstream: upstream.config.name.clone(),
                     source: PoolError::Request(std::io::Error::new(
@@ -1186,7 +1194,10 @@ const MAX_REPLAY_BODY: u64 = 64 * 1024;
 /// read first); never once the client has received a byte (only errors and
 /// retried statuses, whose response is dropped unread, are retried); never
 /// an upgrade. All attempts together are bounded by the upstream's
-/// `timeout` (504).
+/// `timeout` (504). A retry goes to another URL of the list than the tries
+/// before it, when there is one. (A connection that could not be opened is
+/// not a retry: [`forward`] tries the next URL at once, for any request,
+/// outside the budget — `crate::upstream`'s module doc.)
 struct Retrying<'s> {
     app: &'s App,
     snapshot: &'s Snapshot,
@@ -1214,6 +1225,7 @@ impl Retrying<'_> {
             body,
             &mut notes.permits,
             interim_sink(&notes.connection),
+            &mut Attempt::default(),
         )
         .await
     }
@@ -1254,6 +1266,8 @@ impl Retrying<'_> {
         );
         let mut parts = Some(parts);
         let mut attempt = 0u32;
+        // Where the tries went: a retry goes to another URL if there is one.
+        let mut way = Attempt::default();
         loop {
             let this = parts.take().unwrap_or_else(|| {
                 let mut request = Request::new(());
@@ -1271,6 +1285,7 @@ impl Retrying<'_> {
                 PendingBody::Complete(body.clone()),
                 &mut notes.permits,
                 interim_sink(&notes.connection),
+                &mut way,
             );
             let result = match tokio::time::timeout_at(deadline, sent).await {
                 Ok(result) => result,
@@ -1466,16 +1481,4 @@ fn head_size(parts: &Parts) -> usize {
     parts.headers.iter().fold(line, |sum, (name, value)| {
         sum + name.as_str().len() + value.len() + 4
     })
-}
-
-/// `error: cause: cause` for logs, keeping the whole source chain.
-fn error_chain(error: &dyn std::error::Error) -> String {
-    let mut text = error.to_string();
-    let mut source = error.source();
-    while let Some(cause) = source {
-        text.push_str(": ");
-        text.push_str(&cause.to_string());
-        source = cause.source();
-    }
-    text
 }

@@ -14,9 +14,15 @@ pub const PROBLEM_JSON: HeaderValue = HeaderValue::from_static(PROBLEM_JSON_TEXT
 
 /// A problem+json response: `{"type":"about:blank","title":...,"status":...,"detail":...}`.
 pub fn problem(status: StatusCode, detail: &str) -> Response<ResponseBody> {
+    problem_titled(status, status.canonical_reason().unwrap_or("Error"), detail)
+}
+
+/// [`problem`] with a title of its own, for a case the status's reason
+/// phrase does not name.
+pub fn problem_titled(status: StatusCode, title: &str, detail: &str) -> Response<ResponseBody> {
     let body = serde_json::json!({
         "type": "about:blank",
-        "title": status.canonical_reason().unwrap_or("Error"),
+        "title": title,
         "status": status.as_u16(),
         "detail": detail,
     });

@@ -37,6 +37,9 @@ use crate::http1::client::head::{Parsed, RequestFraming, encode_request, parse_r
 /// A request body as hyper's client takes it.
 type Outgoing = UnsyncBoxBody<Bytes, Box<dyn std::error::Error + Send + Sync>>;
 
+/// The handle of an open HTTP/2 connection ([`H2Client::connection`]).
+pub type H2Sender = SendRequest<Outgoing>;
+
 /// Request fields that are HTTP/1.1 connection business, never HTTP/2
 /// fields (RFC 9113 §8.2.2); `te` goes only as `trailers`.
 const CONNECTION_SPECIFIC: [&str; 5] = [
@@ -105,6 +108,28 @@ impl H2Client {
             + Send
             + 'static,
     {
+        let sender = self.connection().await?;
+        self.send_on(sender, request, own).await
+    }
+
+    /// The open connection's handle, or one to a new connection. Nothing is
+    /// sent: a failure here is always a [`PoolError::Connect`].
+    pub async fn connection(&self) -> Result<H2Sender, PoolError> {
+        self.sender().await
+    }
+
+    /// [`H2Client::send`] on `sender`, from [`H2Client::connection`].
+    pub async fn send_on<B>(
+        &self,
+        mut sender: H2Sender,
+        request: Request<B>,
+        own: OwnFields,
+    ) -> Result<(Response<UpstreamBody>, FieldLines), PoolError>
+    where
+        B: Body<Data = Bytes, Error: Into<Box<dyn std::error::Error + Send + Sync>>>
+            + Send
+            + 'static,
+    {
         let (parts, body) = request.into_parts();
         let framing = if body.is_end_stream() {
             RequestFraming::Empty
@@ -118,7 +143,6 @@ impl H2Client {
         encode_request(&parts, framing, &own, &mut head);
         let body = body.map_err(Into::into).boxed_unsync();
         let request = self.h2_request(&head, body).map_err(PoolError::Request)?;
-        let mut sender = self.sender().await?;
         let response = sender
             .send_request(request)
             .await

@@ -1,25 +1,51 @@
 //! Connections to upstreams: an [`Upstream`] of the configuration is a
-//! connection pool per URL ([`pool`]) and the round robin over them; a
-//! request's wait for its answer is bounded with a reused timer
-//! ([`deadline`]). What a request looks like on its way upstream is the
-//! pipeline's (`proxy::forward`).
+//! connection pool per URL ([`pool`]), the health of each URL
+//! ([`health`]: passive ejection, and the active checks of [`check`]; kept
+//! across reloads by [`registry`]) and the choice among the URLs that are
+//! up ([`balance`]). A request's wait for its answer is bounded with a
+//! reused timer ([`deadline`]). What a request looks like on its way
+//! upstream is the pipeline's (`proxy::forward`).
+//!
+//! # A request's way to a URL
+//!
+//! [`Upstream::connect`] picks a URL by `balance` among those that take
+//! requests and opens (or reuses) a connection to it. A connection that
+//! could not be opened — refused, unreachable, timed out, a handshake
+//! refused: nothing was sent — is recorded against its URL and the next
+//! URL is tried at once, whatever the request's method and whether or not
+//! its route retries (as nginx's `proxy_next_upstream error`). Only when no
+//! URL is left is the request failed: `502` with the last connect error,
+//! or `503` when no URL of the list was up to begin with. The pipeline
+//! then records how the exchange went ([`Upstream::record_status`],
+//! [`Upstream::record_failure`]), which is what ejects a failing URL.
 
+pub mod balance;
+pub mod check;
 pub mod deadline;
 pub mod h2;
+pub mod health;
 pub mod pool;
+pub mod registry;
 pub mod retry;
 
 use std::sync::Arc;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 
-use http::Uri;
+use http::{Request, Response, Uri};
+use parking_lot::Mutex;
 
-use crate::config::UpstreamConfig;
-use h2::H2Client;
-use pool::{BodyErrors, ConnectionPool, PoolTls};
+use crate::config::{Balance, UpstreamConfig};
+use crate::http::field_lines::FieldLines;
+use crate::http1::client::exchange::OutgoingBody;
+use crate::http1::client::{InterimSink, OwnFields, UpstreamBody, UpstreamConn};
+use balance::{Choice, UrlSet};
+use h2::{H2Client, H2Sender};
+use health::{Failure, LazyNow, Nanos, UrlHealth};
+use pool::{BodyErrors, ConnectionPool, PoolError, PoolTls};
 use rustls::pki_types::ServerName;
 
-/// One upstream of a snapshot: its settings and a connection pool per URL.
+/// One upstream of a snapshot: its settings, a connection pool per URL,
+/// and each URL's health (shared with the other snapshots that list it).
 #[derive(Debug)]
 pub struct Upstream {
     pub config: UpstreamConfig,
@@ -28,12 +54,74 @@ pub struct Upstream {
     /// With `http2 = true`, the HTTP/2 connection of each URL (aligned with
     /// `config.urls`; empty otherwise).
     h2: Vec<H2Client>,
+    /// Aligned with `config.urls`.
+    health: Vec<Arc<UrlHealth>>,
     next: AtomicUsize,
+    /// Held while an ejection is decided, so that two URLs failing at once
+    /// cannot both pass the `max_ejected` count. Taken only by a request
+    /// whose failure completes a URL's run of `after`: a cold path.
+    ejecting: Mutex<()>,
+    /// Requests answered 503 for want of a URL that is up, since the last
+    /// summary, and whether that spell was logged.
+    unavailable: AtomicU64,
+    unavailable_logged: AtomicBool,
+}
+
+/// A connection to one URL, ready for a request.
+pub enum Connection {
+    /// From the URL's HTTP/1.1 pool; `reused`: it carried requests before.
+    H1 { conn: UpstreamConn, reused: bool },
+    /// The URL's HTTP/2 connection.
+    H2(H2Sender),
+}
+
+/// Why no connection could be had.
+#[derive(Debug)]
+pub enum NotConnected {
+    /// No URL of the list takes requests (all ejected or down).
+    NoHealthy,
+    /// Every URL that takes requests refused; the last one's error.
+    Connect(PoolError),
+}
+
+/// One client request's way through an upstream's URLs, across its
+/// retries: where it went, where it could not go.
+#[derive(Debug, Default)]
+pub struct Attempt {
+    /// URLs the request was sent to: a retry prefers others.
+    pub avoid: UrlSet,
+    /// URLs that refused a connection in the current try: not tried again
+    /// in it.
+    exclude: UrlSet,
+    /// The URL of the exchange under way (the one a timeout is charged to).
+    pub current: Option<usize>,
+    /// The last URL tried: round robin goes on from the one after it, so
+    /// a URL that refuses or fails does not hand its successor a second
+    /// turn (the turn counter moves once per client request).
+    last: Option<usize>,
+}
+
+/// A request in flight on a URL, counted for `least_request` while it
+/// lives (nothing is counted under `round_robin`).
+pub struct InFlight<'a>(Option<&'a UrlHealth>);
+
+impl Drop for InFlight<'_> {
+    fn drop(&mut self) {
+        if let Some(health) = self.0 {
+            health.end_request();
+        }
+    }
 }
 
 impl Upstream {
-    /// `body_errors` counts response bodies that fail after their head.
-    pub fn new(config: UpstreamConfig, body_errors: BodyErrors) -> Upstream {
+    /// `body_errors` counts response bodies that fail after their head;
+    /// `health` is each URL's state (from the registry; a URL without one
+    /// gets a fresh state).
+    pub fn new(
+        config: UpstreamConfig,
+        body_errors: BodyErrors,
+        mut health: Vec<Arc<UrlHealth>>,
+    ) -> Upstream {
         let pools = config
             .urls
             .iter()
@@ -65,18 +153,25 @@ impl Upstream {
         } else {
             Vec::new()
         };
+        health.truncate(config.urls.len());
+        for url in &config.urls[health.len()..] {
+            health.push(Arc::new(UrlHealth::new(
+                Arc::from(config.name.as_str()),
+                Arc::from(registry::url_label(url)),
+                config.health.as_ref(),
+                health::HealthSignals::none(),
+            )));
+        }
         Upstream {
             config,
             pools,
             h2,
+            health,
             next: AtomicUsize::new(0),
+            ejecting: Mutex::new(()),
+            unavailable: AtomicU64::new(0),
+            unavailable_logged: AtomicBool::new(false),
         }
-    }
-
-    /// The HTTP/2 connection of base URL `url`, if the upstream speaks
-    /// HTTP/2 (`http2 = true`).
-    pub(crate) fn h2(&self, url: usize) -> Option<&H2Client> {
-        self.h2.get(url)
     }
 
     /// Closes idle upstream connections that expired or were closed by the
@@ -87,20 +182,226 @@ impl Upstream {
         }
     }
 
-    /// The next base URL's index, round robin.
-    pub(crate) fn pick(&self) -> usize {
-        let urls = self.config.urls.len();
-        // One URL: no turn to take. The counter is a cache line every
-        // worker would otherwise write on every request.
-        if urls == 1 {
-            return 0;
-        }
-        self.next.fetch_add(1, Ordering::Relaxed) % urls
+    /// The health of base URL `url`.
+    pub fn health(&self, url: usize) -> &Arc<UrlHealth> {
+        &self.health[url]
     }
 
-    /// The pool of base URL `url` (an index from [`Upstream::pick`]).
-    pub(crate) fn pool(&self, url: usize) -> &Arc<ConnectionPool> {
-        &self.pools[url]
+    /// The next URL's index by `balance`, among those that take requests,
+    /// never one in `exclude`, one in `avoid` only when no other is left;
+    /// `None`: no URL is left. Round robin starts from the URL after
+    /// `after` when given, else takes the next turn.
+    pub(crate) fn pick(
+        &self,
+        exclude: UrlSet,
+        avoid: UrlSet,
+        after: Option<usize>,
+    ) -> Option<usize> {
+        let mut now = LazyNow::default();
+        let urls = &self.health;
+        // One URL: no turn to take. The counter is a cache line every
+        // worker would otherwise write on every request.
+        if urls.len() == 1 {
+            return (!exclude.contains(0) && urls[0].is_available(&mut now)).then_some(0);
+        }
+        let choice = Choice {
+            urls,
+            exclude,
+            avoid,
+            slow_start: self.config.slow_start,
+        };
+        let mut draw = |n: u64| fastrand::u64(0..=n);
+        match self.config.balance {
+            Balance::RoundRobin => {
+                let start = match after {
+                    Some(url) => url + 1,
+                    None => self.next.fetch_add(1, Ordering::Relaxed),
+                };
+                choice.round_robin(start % urls.len(), &mut now, &mut draw)
+            }
+            Balance::LeastRequest => choice.least_request(&mut now, &mut draw),
+        }
+    }
+
+    /// A connection to a URL that takes requests, for the next try of
+    /// `attempt` (see the module doc: a URL that refuses is recorded and
+    /// the next one tried at once). The URL chosen is in `attempt.current`
+    /// and `attempt.avoid`.
+    pub async fn connect(
+        &self,
+        attempt: &mut Attempt,
+    ) -> Result<(usize, Connection, InFlight<'_>), NotConnected> {
+        attempt.exclude = UrlSet::default();
+        let mut refused = None;
+        loop {
+            let Some(url) = self.pick(attempt.exclude, attempt.avoid, attempt.last) else {
+                return Err(match refused {
+                    Some(error) => NotConnected::Connect(error),
+                    None => {
+                        self.note_unavailable();
+                        NotConnected::NoHealthy
+                    }
+                });
+            };
+            attempt.current = Some(url);
+            attempt.last = Some(url);
+            attempt.avoid.insert(url);
+            let in_flight = self.begin(url);
+            match self.open(url).await {
+                Ok(connection) => return Ok((url, connection, in_flight)),
+                Err(error) => {
+                    drop(in_flight);
+                    attempt.current = None;
+                    attempt.exclude.insert(url);
+                    self.record_failure(url, Failure::Connect, Some(&error));
+                    if self.health.len() > 1 {
+                        tracing::debug!(upstream = %self.config.name, url, "connection refused; trying the next URL");
+                    }
+                    refused = Some(error);
+                }
+            }
+        }
+    }
+
+    fn begin(&self, url: usize) -> InFlight<'_> {
+        if self.config.balance != Balance::LeastRequest {
+            return InFlight(None);
+        }
+        let health = &*self.health[url];
+        health.begin_request();
+        InFlight(Some(health))
+    }
+
+    /// A connection to `url`: its HTTP/2 connection, or one from its pool.
+    async fn open(&self, url: usize) -> Result<Connection, PoolError> {
+        match self.h2.get(url) {
+            Some(h2) => Ok(Connection::H2(h2.connection().await?)),
+            None => {
+                let (conn, reused) = self.pools[url].checkout().await?;
+                Ok(Connection::H1 { conn, reused })
+            }
+        }
+    }
+
+    /// Sends `request` on `connection` (to `url`) and waits for the
+    /// response head; the body is read as the response is polled.
+    pub async fn exchange<B>(
+        &self,
+        url: usize,
+        connection: Connection,
+        request: Request<B>,
+        own: OwnFields,
+        interim: Option<&dyn InterimSink>,
+    ) -> Result<(Response<UpstreamBody>, FieldLines), PoolError>
+    where
+        B: OutgoingBody + Send + 'static,
+    {
+        match (connection, self.h2.get(url)) {
+            (Connection::H2(sender), Some(h2)) => h2.send_on(sender, request, own).await,
+            (Connection::H1 { conn, reused }, _) => {
+                self.pools[url]
+                    .send_on((conn, reused), request, own, interim)
+                    .await
+            }
+            (Connection::H2(_), None) => Err(PoolError::Request(std::io::Error::other(
+                "an HTTP/2 connection for a URL without one",
+            ))),
+        }
+    }
+
+    /// A response head from `url`: a failure if `eject.on` names its
+    /// status, else a success.
+    pub fn record_status(&self, url: usize, status: u16) {
+        if self.config.eject.fails_on(status) {
+            self.record_failure(url, Failure::Status(status), None);
+        } else {
+            self.health[url].record_success();
+        }
+    }
+
+    /// A failed request to `url`, with its error for the log. A failure
+    /// that completes a run of `eject.after` ejects the URL, unless
+    /// `max_ejected` of the list is out already (then every further
+    /// `after` failures ask again).
+    pub fn record_failure(
+        &self,
+        url: usize,
+        failure: Failure,
+        error: Option<&(dyn std::error::Error + 'static)>,
+    ) {
+        let policy = &self.config.eject;
+        let run = self.health[url].record_failure(failure, policy, error);
+        if run >= policy.after && (run - policy.after).is_multiple_of(policy.after) {
+            self.eject(url, failure);
+        }
+    }
+
+    fn eject(&self, url: usize, failure: Failure) {
+        let urls = self.health.len();
+        let allowed = self.config.eject.max_ejected(urls);
+        if allowed == 0 {
+            return;
+        }
+        let _one_at_a_time = self.ejecting.lock();
+        let now = health::now();
+        let out = self
+            .health
+            .iter()
+            .enumerate()
+            .filter(|(i, health)| *i != url && health.is_out(now))
+            .count();
+        if out >= allowed {
+            tracing::debug!(
+                upstream = %self.config.name,
+                url = %self.health[url].url,
+                "not ejected: max_ejected of the list is out already"
+            );
+            return;
+        }
+        let ejected = self.health[url].eject(failure, &self.config.eject, now);
+        if ejected.is_some() && out + 1 == urls {
+            tracing::warn!(
+                upstream = %self.config.name,
+                "upstream has no healthy instance: its requests are answered 503"
+            );
+        }
+    }
+
+    /// Whether some URL takes requests at `now`.
+    pub fn has_available(&self, now: Nanos) -> bool {
+        self.health.iter().any(|health| !health.is_out(now))
+    }
+
+    /// A request answered 503 for want of a URL that is up: the first of a
+    /// spell is logged, the rest counted for [`Upstream::summarise`].
+    fn note_unavailable(&self) {
+        self.unavailable.fetch_add(1, Ordering::Relaxed);
+        if !self.unavailable_logged.swap(true, Ordering::Relaxed) {
+            tracing::warn!(
+                upstream = %self.config.name,
+                "upstream has no healthy instance: answering 503; further such requests are counted and summarised every {}s",
+                health::SUMMARY_SECONDS
+            );
+        }
+    }
+
+    /// The summary tick of the upstream's 503s (its URLs' ticks are the
+    /// registry's).
+    pub fn summarise(&self) {
+        if !self.unavailable_logged.load(Ordering::Relaxed) {
+            return;
+        }
+        let answered = self.unavailable.swap(0, Ordering::Relaxed);
+        if answered == 0 {
+            self.unavailable_logged.store(false, Ordering::Relaxed);
+            return;
+        }
+        tracing::warn!(
+            upstream = %self.config.name,
+            answered,
+            "upstream has no healthy instance: {answered} requests answered 503 in the last {}s",
+            health::SUMMARY_SECONDS
+        );
     }
 }
 

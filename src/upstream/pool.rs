@@ -322,17 +322,41 @@ impl ConnectionPool {
         own: OwnFields,
         interim: Option<&dyn InterimSink>,
     ) -> Result<(Response<UpstreamBody>, FieldLines), PoolError> {
+        let first = self.checkout().await?;
+        self.send_on(first, request, own, interim).await
+    }
+
+    /// A connection for the next request: the most recently used idle one
+    /// (`true`: reused), or a new one. Nothing is sent: a failure here is
+    /// always a [`PoolError::Connect`], and the request can go elsewhere.
+    pub async fn checkout(&self) -> Result<(UpstreamConn, bool), PoolError> {
+        match self.take_idle() {
+            Some(conn) => Ok((conn, true)),
+            // Boxed: a connect (a TLS handshake's state with it) is rare on
+            // a pooled upstream, and inline it made every request's
+            // future — copied into its box — larger.
+            None => Ok((Box::pin(self.connect()).await?, false)),
+        }
+    }
+
+    /// [`ConnectionPool::send`] on `first`, a connection from
+    /// [`ConnectionPool::checkout`].
+    pub async fn send_on<B: OutgoingBody>(
+        self: &Arc<Self>,
+        first: (UpstreamConn, bool),
+        request: Request<B>,
+        own: OwnFields,
+        interim: Option<&dyn InterimSink>,
+    ) -> Result<(Response<UpstreamBody>, FieldLines), PoolError> {
         let (mut parts, body) = request.into_parts();
         let mut body = Outgoing::new(body);
         let framing = body.framing();
         let may_retry = body.is_replayable() && is_idempotent(&parts.method);
+        let mut next = Some(first);
         loop {
-            let (mut conn, reused) = match self.take_idle() {
-                Some(conn) => (conn, true),
-                // Boxed: a connect (a TLS handshake's state with it) is
-                // rare on a pooled upstream, and inline it made this whole
-                // future — copied into its box for every request — larger.
-                None => (Box::pin(self.connect()).await?, false),
+            let (mut conn, reused) = match next.take() {
+                Some(first) => first,
+                None => self.checkout().await?,
             };
             conn.write.clear();
             encode_request(&parts, framing, &own, &mut conn.write);
