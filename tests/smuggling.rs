@@ -763,6 +763,16 @@ async fn missing_duplicate_and_invalid_host_are_refused() {
             b"GET / HTTP/1.1\r\nHost: user@a.test\r\n\r\n",
         ),
         ("with a path", b"GET / HTTP/1.1\r\nHost: a.test/x\r\n\r\n"),
+        // Was forwarded (the check was a byte set); every class of the host
+        // rule is in tests/host.rs.
+        (
+            "with a port that is not a number",
+            b"GET / HTTP/1.1\r\nHost: example.com:abc\r\n\r\n",
+        ),
+        (
+            "good, beside a target whose authority is not a valid host",
+            b"GET http://a.test:99999/ HTTP/1.1\r\nHost: a.test\r\n\r\n",
+        ),
     ] {
         assert_refused_everywhere(request, 400, &format!("Host {what}")).await;
     }

@@ -7,7 +7,14 @@
 //! - a head either parser accepts has exactly one framing: no
 //!   `Transfer-Encoding` with a `Content-Length`, `Transfer-Encoding` only as
 //!   one `chunked` line, every `Content-Length` line the same `1*DIGIT`;
-//!   exactly one `Host` for HTTP/1.1; every line ended by CRLF;
+//!   exactly one `Host` for HTTP/1.1, and every `Host` and a target's
+//!   authority a host by an independent reading of the rule (what
+//!   `http::uri::Authority`, hyper's parser, reads, narrowed: no userinfo,
+//!   no `%`, a port of digits up to 65535, an IPv6 literal the standard
+//!   library parses, no empty label); every line ended by CRLF;
+//! - the host rule (`http::host::parse`) on every line of the input: what it
+//!   accepts, `http::uri::Authority` accepts with the same host and port
+//!   (every host hyper refuses, tollgate refuses), and the same reading;
 //! - a `Content-Length` the crate accepts round-trips: its value is its
 //!   digits, leading zeros aside;
 //! - the fast path's body is exactly the declared length, and a hand-off
@@ -25,7 +32,7 @@ use http_body::Body;
 use libfuzzer_sys::fuzz_target;
 use tollgate::http1::server::gate::{Scanner, Step};
 use tollgate::http1::server::{Parsed, parse};
-use tollgate::http::content_length;
+use tollgate::http::{content_length, host};
 
 const MAX_HEAD: usize = 4 * 1024;
 
@@ -47,6 +54,7 @@ fuzz_target!(|data: &[u8]| {
     );
     for value in input.split(|&b| b == b'\n') {
         round_trips(value);
+        host_rule(value.strip_suffix(b"\r").unwrap_or(value));
     }
 });
 
@@ -139,6 +147,16 @@ fn assert_one_framing(head: &[u8]) {
     if request.version == Some(1) {
         assert_eq!(named("host").count(), 1, "HTTP/1.1 without exactly one Host");
     }
+    for host in named("host") {
+        assert_plausible_host(host.value);
+    }
+    let target = request.path.expect("a complete head has a target");
+    if !target.starts_with('/') {
+        let uri: http::Uri = target.parse().expect("an accepted target is a Uri");
+        if let Some(authority) = uri.authority() {
+            assert_plausible_host(authority.as_str().as_bytes());
+        }
+    }
     for (i, &b) in head.iter().enumerate() {
         if b == b'\n' {
             assert!(i > 0 && head[i - 1] == b'\r', "a bare LF accepted");
@@ -156,4 +174,45 @@ fn round_trips(value: &[u8]) {
         assert_eq!(trimmed, n.to_string().as_bytes(), "{value:?} is not {n}");
         assert_eq!(content_length::parse([value, value]), Ok(Some(n)));
     }
+}
+
+/// A host the gateway accepted, checked without its code: what
+/// `http::uri::Authority` reads (as hyper does), without userinfo or `%`,
+/// a port of digits at most 65535, an IPv6 literal `Ipv6Addr` parses, a
+/// reg-name of at most 255 bytes with no empty label.
+fn assert_plausible_host(value: &[u8]) {
+    let lossy = String::from_utf8_lossy(value);
+    let authority = http::uri::Authority::try_from(value)
+        .unwrap_or_else(|e| panic!("host {lossy:?} accepted, Authority refuses it: {e}"));
+    assert!(!value.contains(&b'@') && !value.contains(&b'%'), "{lossy:?}");
+    let host = authority.host();
+    assert!(!host.is_empty(), "{lossy:?}");
+    match &value[host.len()..] {
+        [] => {}
+        [b':', port @ ..] => {
+            assert!(!port.is_empty() && port.iter().all(u8::is_ascii_digit), "{lossy:?}");
+            assert!(authority.port_u16().is_some(), "{lossy:?}: port over 65535");
+        }
+        _ => panic!("{lossy:?}: bytes after the host"),
+    }
+    if let Some(inside) = host.strip_prefix('[') {
+        let inside = inside.strip_suffix(']').expect("a closed literal");
+        assert!(inside.parse::<std::net::Ipv6Addr>().is_ok(), "{lossy:?}");
+    } else {
+        let name = host.strip_suffix('.').unwrap_or(host);
+        assert!(host.len() <= 255, "{lossy:?}");
+        assert!(name.split('.').all(|label| !label.is_empty()), "{lossy:?}");
+    }
+}
+
+/// The host rule on any bytes: what it accepts is a plausible host
+/// ([`assert_plausible_host`]) that `Authority` splits the same way.
+fn host_rule(value: &[u8]) {
+    let Ok(parsed) = host::parse(value) else {
+        return;
+    };
+    assert_plausible_host(value);
+    let authority = http::uri::Authority::try_from(value).expect("checked above");
+    assert_eq!(authority.host().as_bytes(), parsed.host);
+    assert_eq!(authority.port_u16(), parsed.port);
 }

@@ -7,5 +7,6 @@ pub mod content_length;
 pub mod date;
 pub mod field_lines;
 pub mod hop_by_hop;
+pub mod host;
 pub mod path;
 pub mod structured;

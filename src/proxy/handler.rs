@@ -1,7 +1,8 @@
 //! The life of one request, as plain steps in a fixed order:
 //!
 //! 1. **snapshot** — load the current configuration once; the request keeps it.
-//! 2. **guard** — reject what no route should see (oversized heads → 431, a
+//! 2. **guard** — reject what no route should see (oversized heads → 431, an
+//!    HTTP/2 request whose `:authority` or `Host` is no valid host → 400, a
 //!    path that cannot be normalised → 400), then normalise the path.
 //! 3. **route** — first matching route in file order, else 404.
 //! 4. **identify** — the caller's consumer from its API key (401 where one is
@@ -28,7 +29,7 @@ use std::time::Duration;
 
 use http::header::{CONTENT_LENGTH, CONTENT_TYPE};
 use http::request::Parts;
-use http::{Method, Request, Response, StatusCode, Uri};
+use http::{Method, Request, Response, StatusCode, Uri, Version};
 use smallvec::SmallVec;
 
 use bytes::{Bytes, BytesMut};
@@ -39,6 +40,7 @@ use crate::app::{App, RoutePlan, Snapshot};
 use crate::config::{Config, Consumer, LimitConfig, OnFailure, RouteAction, RouteConfig};
 use crate::http::content_length;
 use crate::http::field_lines::{FieldLines, recycle_map};
+use crate::http::host;
 use crate::http::path::normalize_uri;
 use crate::http1::client::InterimSink;
 use crate::http1::server::ConnActivity;
@@ -301,6 +303,12 @@ async fn route_and_act(
     let limit = server.max_header_bytes;
     if head_size(&parts) > limit {
         return Err(GatewayError::HeadersTooLarge { limit });
+    }
+    // The HTTP/1.1 codec has checked `Host` and the target already; h2
+    // checks only what `Uri` cannot read, so the host rule is applied here.
+    if parts.version == Version::HTTP_2 {
+        host::check_http2_request(&parts.uri, &parts.headers)
+            .map_err(|reason| GatewayError::BadRequest { reason })?;
     }
     // Every spelling of a path meets the route of its plain form: from here
     // on (route, keys, forwarding) the path is the normalised one.

@@ -37,7 +37,12 @@
 //!   (NUL included) in a field, and malformed method, target or version
 //!   tokens are refused by httparse already, with the same answer.
 //! - HTTP/1.1 needs exactly one `Host`, and its value must be a valid
-//!   `host[:port]` (RFC 9112 §3.2); HTTP/1.0 may omit it, never repeat it.
+//!   `uri-host [":" port]` by the crate's one host rule ([`host`]: RFC 9110
+//!   §7.2, RFC 3986 §3.2.2; an empty value is refused too); HTTP/1.0 may
+//!   omit it, never repeat it. A target in absolute or authority form must
+//!   have a valid authority by the same rule ([`check_target`]); the `Host`
+//!   is still required then (RFC 9112 §3.2), though the target's authority
+//!   wins over it (§3.2.2).
 //!
 //! The check is one pass over the fields httparse has already split, with no
 //! allocation; the fast path folds it into the loop over the fields it runs
@@ -49,6 +54,7 @@ use http::{HeaderName, StatusCode};
 
 use super::response::{BodyLength, encode_head};
 use crate::http::content_length::{self, ContentLengthError};
+use crate::http::host;
 
 /// At most this many fields, as hyper (`DEFAULT_MAX_HEADERS`); a head with
 /// more is refused with 431, as hyper does.
@@ -208,7 +214,7 @@ impl FramingFields {
     pub fn field(&mut self, name: &HeaderName, value: &[u8]) -> Result<(), Refusal> {
         if *name == HOST {
             self.hosts += 1;
-            if !is_valid_host(value) {
+            if !host::is_valid(value) {
                 return Err(Refusal::bad("the Host header is not a valid host"));
             }
         } else if *name == CONTENT_LENGTH {
@@ -265,51 +271,20 @@ impl FramingFields {
     }
 }
 
-/// `uri-host [":" port]` (RFC 3986 §3.2.2): reg-name, IPv4 or an IP-literal
-/// in brackets, as bytes; an empty value, spaces, `@`, `/`, obs-text and
-/// every control byte are refused. Not a full URI grammar: the bytes a host
-/// can never contain, which is what a next hop could read differently.
-fn is_valid_host(value: &[u8]) -> bool {
-    // No early exit: a host is short, and a loop without a branch per byte
-    // is cheaper than one with (every request pays this).
-    !value.is_empty()
-        && value
-            .iter()
-            .fold(true, |valid, &b| valid & HOST_BYTES[usize::from(b)])
-}
-
-/// The bytes of [`is_valid_host`]: unreserved, sub-delims, `%`, `:`, `[`, `]`.
-static HOST_BYTES: [bool; 256] = {
-    let mut table = [false; 256];
-    let mut b = 0;
-    while b < 256 {
-        let c = b as u8;
-        table[b] = c.is_ascii_alphanumeric()
-            || matches!(
-                c,
-                b'-' | b'.'
-                    | b'_'
-                    | b'~'
-                    | b'!'
-                    | b'$'
-                    | b'&'
-                    | b'\''
-                    | b'('
-                    | b')'
-                    | b'*'
-                    | b'+'
-                    | b','
-                    | b';'
-                    | b'='
-                    | b'%'
-                    | b':'
-                    | b'['
-                    | b']'
-            );
-        b += 1;
+/// The authority of a target in absolute form (`GET http://a:80/ HTTP/1.1`)
+/// or authority form (`CONNECT a:443 HTTP/1.1`), as `Uri` read it (and so
+/// hyper will): a valid host by the same rule as `Host` ([`host`]). The
+/// `Host` field itself must still be there and valid; RFC 9112 §3.2.2 has
+/// the target's authority win over it, which is what routing and
+/// forwarding use.
+pub fn check_target(target: &http::Uri) -> Result<(), Refusal> {
+    match target.authority() {
+        Some(authority) if !host::is_valid(authority.as_str().as_bytes()) => Err(Refusal::bad(
+            "the request target's authority is not a valid host",
+        )),
+        _ => Ok(()),
     }
-    table
-};
+}
 
 #[cfg(test)]
 mod tests {
@@ -420,8 +395,44 @@ mod tests {
             b"GET / HTTP/1.1\r\nHost: user@a\r\n\r\n",
             b"GET / HTTP/1.1\r\nHost: a/b\r\n\r\n",
             b"GET / HTTP/1.1\r\nHost: a\xff\r\n\r\n",
+            // The host rule (`http::host`, whose table has every class).
+            b"GET / HTTP/1.1\r\nHost: example.com:abc\r\n\r\n",
+            b"GET / HTTP/1.1\r\nHost: example.com:65536\r\n\r\n",
+            b"GET / HTTP/1.1\r\nHost: example.com:\r\n\r\n",
+            b"GET / HTTP/1.1\r\nHost: [::1\r\n\r\n",
+            b"GET / HTTP/1.1\r\nHost: ex%41mple.com\r\n\r\n",
+            b"GET / HTTP/1.1\r\nHost: a..b\r\n\r\n",
+            b"GET / HTTP/1.0\r\nHost: a:b:c\r\n\r\n",
         ] {
             refused(head);
+        }
+        for head in [
+            &b"GET / HTTP/1.1\r\nHost: example.com:8080\r\n\r\n"[..],
+            b"GET / HTTP/1.1\r\nHost: [::1]:80\r\n\r\n",
+            b"GET / HTTP/1.1\r\nHost: 10.0.0.1\r\n\r\n",
+            b"GET / HTTP/1.1\r\nHost: example.com.\r\n\r\n",
+        ] {
+            assert_eq!(checked(head), Ok(BodyFraming::Empty), "{head:?}");
+        }
+    }
+
+    #[test]
+    fn a_target_authority_must_be_a_valid_host() {
+        for target in [
+            "http://example.com:abc/",
+            "http://example.com:99999/",
+            "http://example.com:/",
+            "http://user@example.com/",
+            "http://a..b/",
+            "example.com:abc",
+            "http:abc",
+        ] {
+            let uri: http::Uri = target.parse().unwrap();
+            assert!(check_target(&uri).is_err(), "{target}");
+        }
+        for target in ["/", "*", "http://example.com:8080/x", "example.com:443"] {
+            let uri: http::Uri = target.parse().unwrap();
+            assert_eq!(check_target(&uri), Ok(()), "{target}");
         }
     }
 

@@ -246,10 +246,14 @@ impl Scanner {
         };
         // The fast path builds a `Uri` of every target it serves; hyper
         // does the same and answers 400 when it fails. (This copies the
-        // target: handed-off requests only.)
+        // target: handed-off requests only.) The fast path serves origin
+        // form only, so a target with an authority is checked here alone.
         let target = request.path.unwrap_or_default();
-        if http::Uri::try_from(target).is_err() {
+        let Ok(target) = http::Uri::try_from(target) else {
             return self.refuse_head(Refusal::MALFORMED);
+        };
+        if let Err(refusal) = framing::check_target(&target) {
+            return self.refuse_head(refusal);
         }
         let connect = request.method == Some("CONNECT");
         let upgrade = connect
@@ -876,6 +880,38 @@ mod tests {
             scanner.scan(b"GET /a<b HTTP/1.1\r\nHost: a\r\n\r\n"),
             Step::RefuseHead(Refusal::MALFORMED)
         );
+    }
+
+    #[test]
+    fn a_target_authority_is_held_to_the_host_rule() {
+        // Only the gate sees absolute-form targets: the fast path hands
+        // every one off.
+        for head in [
+            &b"GET http://a:abc/ HTTP/1.1\r\nHost: a\r\n\r\n"[..],
+            b"GET http://a@b/ HTTP/1.1\r\nHost: b\r\n\r\n",
+            b"CONNECT a:99999 HTTP/1.1\r\nHost: a\r\n\r\n",
+        ] {
+            let mut scanner = Scanner::new(1024);
+            assert!(
+                matches!(scanner.scan(head), Step::RefuseHead(r) if r.status == 400),
+                "{:?}",
+                String::from_utf8_lossy(head)
+            );
+        }
+        passes_whole(b"GET http://a:8080/x HTTP/1.1\r\nHost: a:8080\r\n\r\n");
+        // The target's authority wins (RFC 9112 §3.2.2); the Host is still
+        // required and must be valid.
+        passes_whole(b"GET http://a/ HTTP/1.1\r\nHost: b\r\n\r\n");
+        let mut scanner = Scanner::new(1024);
+        assert!(matches!(
+            scanner.scan(b"GET http://a/ HTTP/1.1\r\n\r\n"),
+            Step::RefuseHead(_)
+        ));
+        let mut scanner = Scanner::new(1024);
+        assert!(matches!(
+            scanner.scan(b"GET http://a/ HTTP/1.1\r\nHost: a:x\r\n\r\n"),
+            Step::RefuseHead(_)
+        ));
     }
 
     #[test]
