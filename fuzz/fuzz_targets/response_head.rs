@@ -48,7 +48,7 @@ fuzz_target!(|data: &[u8]| {
     let consumed = input.len() - buf.len();
     match &parsed {
         Ok(Parsed::Partial) => assert_eq!(consumed, 0, "a partial head consumed bytes"),
-        Ok(Parsed::Interim) | Ok(Parsed::Head(_)) => {
+        Ok(Parsed::Interim(_)) | Ok(Parsed::Head(_)) => {
             assert!(consumed > 0);
             // Any shorter prefix is only partial.
             for cut in [consumed - 1, consumed / 2, usize::from(control) % consumed] {
