@@ -41,7 +41,7 @@
 # Run (as root, or with nginx and wrk installed):   bench/fault.sh
 # Knobs: SEGMENT=20s CONNS=32 TARGETS="nginx tollgate tg_checks"
 #        BASE_PORT=18380 (uses BASE_PORT .. BASE_PORT+4)
-#        SKIP_BUILD=1 (use the existing target/release/tollgate)
+#        SKIP_BUILD=1 (use the existing target/dist/tollgate)
 #        TOLLGATE=path (another tollgate binary; implies no build)
 # Everything it writes lives in a `mktemp -d` directory, removed at exit, and
 # every process it starts is stopped at exit.
@@ -59,7 +59,7 @@ cd "$(dirname "$0")/.."
 need_tools nginx wrk curl
 if [ -z "${TOLLGATE:-}" ]; then
   build_release
-  TOLLGATE=$PWD/target/release/tollgate
+  TOLLGATE=$PWD/target/dist/tollgate
 fi
 start_scratch
 
