@@ -224,7 +224,7 @@ const WIDTHS: [Nanos; 9] = [
 
 /// Per time bucket and variant: the busiest key's units in its window
 /// (the most seen in the bucket) and the requests denied. Buckets start at
-/// the first record, 1 ms wide, and widen along [`WIDTHS`] whenever the
+/// the first record, 1 ms wide, and widen along `WIDTHS` whenever the
 /// trace outgrows `MAX_BUCKETS` (3600), so a trace of any length fits in a
 /// bounded series, fine enough for the chart, which merges them into its
 /// own buckets ([`Timeline::merged`]).

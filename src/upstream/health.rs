@@ -15,7 +15,7 @@
 //! at `base` (Envoy's outlier detection works the same way). When its time
 //! is up the URL takes requests again, the run of failures starts from
 //! zero, and a `slow_start` window ramps its share up. The upstream
-//! ([`super::Upstream::record`]) decides whether an ejection may happen at
+//! ([`super::Upstream::record_failure`], [`super::Upstream::record_status`]) decides whether an ejection may happen at
 //! all: never more than `max_ejected` of its list at once.
 //!
 //! # Active: checks
