@@ -275,7 +275,11 @@ impl Upstream {
     /// A connection to `url`: its HTTP/2 connection, or one from its pool.
     async fn open(&self, url: usize) -> Result<Connection, PoolError> {
         match self.h2.get(url) {
-            Some(h2) => Ok(Connection::H2(h2.connection().await?)),
+            // Boxed: an HTTP/2 connect (its TLS and h2 handshakes) inline
+            // would size every request's exchange future, which is copied
+            // into its box per request (~9 KB, +11,500 instructions on
+            // the HTTP/1.1 path too).
+            Some(h2) => Ok(Connection::H2(Box::pin(h2.connection()).await?)),
             None => {
                 let (conn, reused) = self.pools[url].checkout().await?;
                 Ok(Connection::H1 { conn, reused })
@@ -296,12 +300,13 @@ impl Upstream {
     where
         B: OutgoingBody + Send + 'static,
     {
+        // Each protocol's exchange boxed on its own: inline, both would sit
+        // in this future (and in the caller's box, copied whole for every
+        // request: ~9 KB, +11,500 instructions per proxied request).
         match (connection, self.h2.get(url)) {
-            (Connection::H2(sender), Some(h2)) => h2.send_on(sender, request, own).await,
+            (Connection::H2(sender), Some(h2)) => Box::pin(h2.send_on(sender, request, own)).await,
             (Connection::H1 { conn, reused }, _) => {
-                self.pools[url]
-                    .send_on((conn, reused), request, own, interim)
-                    .await
+                Box::pin(self.pools[url].send_on((conn, reused), request, own, interim)).await
             }
             (Connection::H2(_), None) => Err(PoolError::Request(std::io::Error::other(
                 "an HTTP/2 connection for a URL without one",
