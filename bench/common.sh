@@ -50,6 +50,20 @@ cleanup() {
   rm -rf "$TMP"
 }
 
+# Stops the given children and forgets them (so cleanup never signals a
+# reused pid).
+stop() {
+  local pid keep=()
+  for pid in "$@"; do
+    kill "$pid" 2>/dev/null || true
+    wait "$pid" 2>/dev/null || true
+  done
+  for pid in "${PIDS[@]}"; do
+    case " $* " in *" $pid "*) ;; *) keep+=("$pid") ;; esac
+  done
+  PIDS=("${keep[@]}")
+}
+
 # SERVER_CPU (e.g. 0.5): each server started by start_nginx/start_tollgate
 # runs in its own cgroup with that many cores of CPU time (CFS quota over a
 # 10 ms period), so that the server, not the load generator sharing its

@@ -69,19 +69,6 @@ PORT_NG=$((BASE_PORT + 2))
 PORT_TG=$((BASE_PORT + 3))
 PORT_TG_ADMIN=$((BASE_PORT + 4))
 
-# Stops the given children and forgets them (as bench/load.sh does).
-stop() {
-  local pid keep=()
-  for pid in "$@"; do
-    kill "$pid" 2>/dev/null || true
-    wait "$pid" 2>/dev/null || true
-  done
-  for pid in "${PIDS[@]}"; do
-    case " $* " in *" $pid "*) ;; *) keep+=("$pid") ;; esac
-  done
-  PIDS=("${keep[@]}")
-}
-
 now() { date +%s.%N; }
 
 fail() {

@@ -50,20 +50,6 @@ TOLLGATE=$PWD/target/dist/tollgate
 # ---- scratch directory and the children to stop at exit ----------------------
 start_scratch
 
-# Stops the given children and forgets them (so cleanup never signals a
-# reused pid).
-stop() {
-  local pid keep=()
-  for pid in "$@"; do
-    kill "$pid" 2>/dev/null || true
-    wait "$pid" 2>/dev/null || true
-  done
-  for pid in "${PIDS[@]}"; do
-    case " $* " in *" $pid "*) ;; *) keep+=("$pid") ;; esac
-  done
-  PIDS=("${keep[@]}")
-}
-
 PORT_UP=$BASE_PORT
 PORT_TG_ALLOW=$((BASE_PORT + 1))
 PORT_TG_DENY=$((BASE_PORT + 2))
