@@ -70,17 +70,15 @@ fn count(statuses: &[u16], status: u16) -> usize {
 /// counted); a failure when the exposition lacks the metric itself.
 async fn metric(gateway: &Gateway, name: &str) -> Option<f64> {
     let reply = get(gateway.admin.expect("admin"), "/metrics", &[]).await;
-    let text = String::from_utf8_lossy(&reply.body).into_owned();
-    let family = name.strip_suffix("_total").unwrap_or(name);
+    let exposition = common::openmetrics::parse(&String::from_utf8_lossy(&reply.body)).unwrap();
     assert!(
-        text.lines()
-            .any(|line| line.starts_with(&format!("# TYPE {family} "))),
-        "no metric {family} in the exposition:\n{text}"
+        exposition.family_of(name).is_some(),
+        "no metric {name} in the exposition"
     );
-    text.lines()
-        .find(|l| l.starts_with(name) && l[name.len()..].starts_with([' ', '{']))
-        .and_then(|l| l.rsplit(' ').next())
-        .and_then(|v| v.parse().ok())
+    exposition
+        .samples()
+        .find(|sample| sample.name == name)
+        .map(|sample| sample.value)
 }
 
 /// Every key has an expiry, and none holds `secrets` in its name or value.

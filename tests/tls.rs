@@ -214,25 +214,17 @@ async fn metrics(gw: &Gateway) -> String {
 async fn reloads(gw: &Gateway, result: &str) -> u64 {
     metric(
         &metrics(gw).await,
-        &format!("tollgate_config_reloads_total{{result=\"{result}\"}}"),
+        "tollgate_config_reloads_total",
+        ("result", result),
     )
 }
 
-/// A counter series' value: 0 when it has not been counted yet, a failure
-/// when the exposition lacks the metric itself (a renamed metric must not
-/// read as a zero).
-fn metric(text: &str, series: &str) -> u64 {
-    let name = series.split('{').next().unwrap_or(series);
-    let family = name.strip_suffix("_total").unwrap_or(name);
-    assert!(
-        text.lines()
-            .any(|line| line.starts_with(&format!("# TYPE {family} "))),
-        "no metric {family} in the exposition:\n{text}"
-    );
-    text.lines()
-        .find_map(|line| line.strip_prefix(series))
-        .and_then(|rest| rest.trim().parse().ok())
-        .unwrap_or(0)
+/// A counter's value for one label: 0 when it has not been counted yet, a
+/// failure when the exposition lacks the metric itself.
+fn metric(text: &str, name: &str, label: (&str, &str)) -> u64 {
+    common::openmetrics::parse(text)
+        .unwrap()
+        .count(name, &[label]) as u64
 }
 
 #[tokio::test]
@@ -488,7 +480,8 @@ async fn a_stalled_handshake_is_cut_off_and_does_not_stop_others() {
     assert_eq!(
         metric(
             &text,
-            "tollgate_tls_handshake_failures_total{reason=\"timeout\"}"
+            "tollgate_tls_handshake_failures_total",
+            ("reason", "timeout")
         ),
         2,
         "{text}"
@@ -501,7 +494,8 @@ async fn a_stalled_handshake_is_cut_off_and_does_not_stop_others() {
         let text = metrics(&gw).await;
         if metric(
             &text,
-            "tollgate_tls_handshake_failures_total{reason=\"error\"}",
+            "tollgate_tls_handshake_failures_total",
+            ("reason", "error"),
         ) == 1
         {
             break;
@@ -684,12 +678,15 @@ async fn rapid_reset_disconnects_the_client() {
     assert_eq!(get(gw.addr, "/after", &[]).await.status, 200);
     // And the operator sees it, once the gateway's side of the connection
     // has ended (the client may see the GOAWAY first).
-    let series = r#"tollgate_http2_connection_errors_total{reason="enhance_your_calm"}"#;
+    let series = (
+        "tollgate_http2_connection_errors_total",
+        ("reason", "enhance_your_calm"),
+    );
     let deadline = Instant::now() + Duration::from_secs(5);
-    while metric(&metrics(&gw).await, series) == 0 && Instant::now() < deadline {
+    while metric(&metrics(&gw).await, series.0, series.1) == 0 && Instant::now() < deadline {
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
-    assert_eq!(metric(&metrics(&gw).await, series), 1);
+    assert_eq!(metric(&metrics(&gw).await, series.0, series.1), 1);
 }
 
 #[tokio::test]

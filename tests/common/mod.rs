@@ -580,25 +580,29 @@ pub async fn get(addr: SocketAddr, path: &str, headers: &[(&str, &str)]) -> Repl
 /// which it must do within `timeout`: a gateway that hangs instead of
 /// closing fails the test (with what it had sent).
 pub async fn raw(addr: SocketAddr, bytes: &[u8], timeout: Duration) -> String {
-    let mut stream = TcpStream::connect(addr).await.expect("connect");
-    stream.write_all(bytes).await.expect("write");
-    let mut out = Vec::new();
-    let read = tokio::time::timeout(timeout, stream.read_to_end(&mut out)).await;
-    let out = String::from_utf8_lossy(&out).into_owned();
-    match read {
-        Ok(_) => out,
-        Err(_) => panic!("the connection was still open after {timeout:?}; read so far: {out:?}"),
-    }
+    let (out, closed) = exchange_raw(addr, bytes, timeout).await;
+    assert!(
+        closed,
+        "the connection was still open after {timeout:?}; read so far: {out:?}"
+    );
+    out
 }
 
 /// Writes raw bytes and reads what arrives for `wait`, whether or not the
 /// server closes: for answers on a connection that stays open.
 pub async fn raw_for(addr: SocketAddr, bytes: &[u8], wait: Duration) -> String {
+    exchange_raw(addr, bytes, wait).await.0
+}
+
+/// What the server sent within `wait`, and whether it closed by then.
+async fn exchange_raw(addr: SocketAddr, bytes: &[u8], wait: Duration) -> (String, bool) {
     let mut stream = TcpStream::connect(addr).await.expect("connect");
     stream.write_all(bytes).await.expect("write");
     let mut out = Vec::new();
-    let _ = tokio::time::timeout(wait, stream.read_to_end(&mut out)).await;
-    String::from_utf8_lossy(&out).into_owned()
+    let closed = tokio::time::timeout(wait, stream.read_to_end(&mut out))
+        .await
+        .is_ok();
+    (String::from_utf8_lossy(&out).into_owned(), closed)
 }
 
 /// Replaces `{upstream}` in a config template.
