@@ -29,8 +29,8 @@ use hyper_util::rt::{TokioIo, TokioTimer};
 use tokio::net::TcpListener;
 use tokio::sync::{Semaphore, watch};
 
+use crate::admission::explain::{ExplainError, explain};
 use crate::app::App;
-use crate::explain::{ExplainError, explain};
 use crate::proxy::body::ResponseBody;
 use crate::proxy::response::problem;
 

@@ -32,6 +32,40 @@ use crate::upstream::registry::{HealthMetrics, HealthRegistry};
 use crate::upstream::retry::RetryBudget;
 use crate::upstream::{Upstream, Upstreams};
 
+/// A limit of one configuration generation: which of `config.limits` it
+/// is. Typed, so that a limit is never confused with a route or a position
+/// in a route's stack; valid for the snapshot that made it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct LimitId(usize);
+
+impl LimitId {
+    /// The limit's place in `config.limits` (and in `labels.limits`).
+    pub fn index(self) -> usize {
+        self.0
+    }
+}
+
+/// A limit's request-path state in a snapshot.
+#[derive(Debug)]
+struct LimitState {
+    /// A shared limit's limiters hold its node-local fallback
+    /// (`on_failure = "local"`), scaled by `local_fraction`.
+    limiters: LimiterSet,
+    /// Decided in the shared store (the store is Redis and the limit is not
+    /// `local = true`).
+    shared: bool,
+}
+
+/// One limit as the request path sees it: its configuration, its limiters,
+/// where it is decided and its metric label.
+#[derive(Debug, Clone, Copy)]
+pub struct Limit<'s> {
+    pub config: &'s LimitConfig,
+    pub limiters: &'s LimiterSet,
+    pub shared: bool,
+    pub label: &'s Arc<str>,
+}
+
 /// One named limit's state: the base limiter and one per plan that sets its
 /// own numbers (a plan's keys are counted against the plan's parameters).
 #[derive(Debug)]
@@ -67,8 +101,8 @@ impl RoutePlan {
 pub struct RoutePlan {
     /// The route's name, shared cheaply with metrics and logs.
     pub name: Arc<str>,
-    /// The route's limits, narrowest first: indexes into [`Snapshot::limiters`].
-    pub stack: Vec<usize>,
+    /// The route's limits, narrowest first.
+    pub stack: Vec<LimitId>,
     /// `RateLimit-Policy` for callers without a plan: serialized once here.
     pub policy: Option<Box<str>>,
     /// `RateLimit-Policy` for callers on each plan that changes some limit's
@@ -92,13 +126,9 @@ pub struct Snapshot {
     pub config: Config,
     pub router: Router,
     pub upstreams: Upstreams,
-    /// Aligned with `config.limits`. A shared limit's limiters hold its
-    /// node-local fallback (`on_failure = "local"`), scaled by
-    /// `local_fraction`.
-    pub limiters: Vec<LimiterSet>,
-    /// Aligned with `config.limits`: decided in the shared store (the store
-    /// is Redis and the limit is not `local = true`).
-    pub shared: Vec<bool>,
+    /// Each limit's state on the request path, reached by its [`LimitId`]
+    /// ([`Snapshot::limit`]).
+    limits: Vec<LimitState>,
     /// Aligned with `config.routes`.
     pub routes: Vec<RoutePlan>,
     pub client_ip: ClientIpPolicy,
@@ -121,6 +151,11 @@ impl Snapshot {
         store: bool,
     ) -> Snapshot {
         let shared: Vec<bool> = config.limits.iter().map(|l| store && !l.local).collect();
+        let limits: Vec<LimitState> = limiters
+            .into_iter()
+            .zip(&shared)
+            .map(|(limiters, &shared)| LimitState { limiters, shared })
+            .collect();
         let labels = LabelNames::new(&config);
         let router = Router::new(&config);
         let upstreams = config
@@ -183,7 +218,7 @@ impl Snapshot {
                     shared: route.limits.iter().any(|&i| shared[i]),
                     metrics: metrics.route_handles(&name, &limit_labels),
                     name,
-                    stack: route.limits.clone(),
+                    stack: route.limits.iter().map(|&i| LimitId(i)).collect(),
                     policy: policy_header(view),
                     plan_policies,
                     needs_body: limits.iter().any(|l| {
@@ -219,13 +254,63 @@ impl Snapshot {
             config,
             router,
             upstreams,
-            limiters,
-            shared,
+            limits,
             routes,
             client_ip,
             generation,
             loaded_at: SystemTime::now(),
         }
+    }
+
+    /// The limit `id` names.
+    #[inline]
+    pub fn limit(&self, id: LimitId) -> Limit<'_> {
+        let state = &self.limits[id.0];
+        Limit {
+            config: &self.config.limits[id.0],
+            limiters: &state.limiters,
+            shared: state.shared,
+            label: &self.labels.limits[id.0],
+        }
+    }
+
+    /// The limit's configuration (of the hot path's accessors, each reads
+    /// only what it names).
+    #[inline]
+    pub fn limit_config(&self, id: LimitId) -> &LimitConfig {
+        &self.config.limits[id.0]
+    }
+
+    /// The limit's limiters.
+    #[inline]
+    pub fn limiters(&self, id: LimitId) -> &LimiterSet {
+        &self.limits[id.0].limiters
+    }
+
+    /// The limit is decided in the shared store.
+    #[inline]
+    pub fn is_shared(&self, id: LimitId) -> bool {
+        self.limits[id.0].shared
+    }
+
+    /// The limit's metric label.
+    #[inline]
+    pub fn limit_label(&self, id: LimitId) -> &Arc<str> {
+        &self.labels.limits[id.0]
+    }
+
+    /// The limit named `name`, if the configuration has one.
+    pub fn limit_named(&self, name: &str) -> Option<LimitId> {
+        self.config
+            .limits
+            .iter()
+            .position(|l| l.name == name)
+            .map(LimitId)
+    }
+
+    /// Every limit of the configuration, in file order.
+    pub fn limits(&self) -> impl Iterator<Item = Limit<'_>> {
+        (0..self.limits.len()).map(|i| self.limit(LimitId(i)))
     }
 
     /// The upstream a forwarding route sends to.
@@ -575,9 +660,8 @@ impl App {
         // The health log's interval: one line per failing URL.
         self.health.summarise(health::now());
         snapshot
-            .limiters
-            .iter()
-            .flat_map(LimiterSet::all)
+            .limits()
+            .flat_map(|limit| limit.limiters.all())
             .map(|l| l.sweep(now))
             .sum()
     }
@@ -603,9 +687,9 @@ impl App {
     /// Sets `tollgate_limiter_keys{limit}` to the keys each limit holds now.
     pub fn refresh_limiter_keys(&self) {
         let snapshot = self.snapshot();
-        for (set, label) in snapshot.limiters.iter().zip(&snapshot.labels.limits) {
-            let live: usize = set.all().map(|l| l.live_keys()).sum();
-            self.metrics.set_limiter_keys(label, live as u64);
+        for limit in snapshot.limits() {
+            let live: usize = limit.limiters.all().map(|l| l.live_keys()).sum();
+            self.metrics.set_limiter_keys(limit.label, live as u64);
         }
     }
 }

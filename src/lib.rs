@@ -83,11 +83,11 @@
 
 pub(crate) mod access_log;
 pub mod admin;
+pub(crate) mod admission;
 pub mod allocator;
 pub mod app;
 pub mod config;
 pub mod conn;
-pub(crate) mod explain;
 pub mod fd_limit;
 pub mod gateway;
 pub mod http;

@@ -6,7 +6,7 @@
 
 use crate::config::{HeaderStyles, LimitConfig};
 use crate::http::structured::ListWriter;
-use crate::limit::{Algorithm, quota, window_secs};
+use crate::limit::{Algorithm, EntryVerdict, Outcome, quota, window_secs};
 
 /// A route's stack as the headers see it: each limit with the algorithm in
 /// force for this request (a consumer's plan may change the numbers).
@@ -52,4 +52,25 @@ pub fn policy_header(view: StackView<'_>) -> Option<Box<str>> {
     // The list writer emits only sf-strings, integers and tokens: always a
     // valid field value.
     (!text.is_empty()).then(|| text.into_boxed_str())
+}
+
+/// The client-visible entry with the least remaining quota (`r / q`), for the
+/// legacy headers of an allowed response.
+pub(crate) fn least_remaining(view: StackView<'_>, verdicts: &[EntryVerdict]) -> Option<usize> {
+    let mut best: Option<(usize, u64, u64)> = None;
+    for (i, (limit, entry)) in view.limits.iter().zip(verdicts).enumerate() {
+        if limit.shadow || entry.outcome == Outcome::Skipped {
+            continue;
+        }
+        let (r, q) = (entry.verdict.remaining, quota(&view.algorithms[i]).max(1));
+        // r/q < r'/q'  ⇔  r·q' < r'·q, exact in u128.
+        let better = match best {
+            None => true,
+            Some((_, br, bq)) => (r as u128) * (bq as u128) < (br as u128) * (q as u128),
+        };
+        if better {
+            best = Some((i, r, q));
+        }
+    }
+    best.map(|(i, _, _)| i)
 }

@@ -21,6 +21,9 @@ pub enum GatewayError {
     Unauthorized { reason: &'static str },
     #[error("malformed request: {reason}")]
     BadRequest { reason: &'static str },
+    /// A limit with `on_missing_key = "deny"` found no key in the request.
+    #[error("limit {limit} needs the request key {key}, which is missing")]
+    MissingKey { limit: String, key: String },
     #[error("upstream {upstream} is unreachable")]
     UpstreamConnect {
         upstream: String,
@@ -57,7 +60,9 @@ impl GatewayError {
             GatewayError::NoRoute { .. } => StatusCode::NOT_FOUND,
             GatewayError::HeadersTooLarge { .. } => StatusCode::REQUEST_HEADER_FIELDS_TOO_LARGE,
             GatewayError::BodyTooLarge { .. } => StatusCode::PAYLOAD_TOO_LARGE,
-            GatewayError::BadRequest { .. } => StatusCode::BAD_REQUEST,
+            GatewayError::BadRequest { .. } | GatewayError::MissingKey { .. } => {
+                StatusCode::BAD_REQUEST
+            }
             GatewayError::Unauthorized { .. } => StatusCode::UNAUTHORIZED,
             GatewayError::RequestTimeout { .. } => StatusCode::REQUEST_TIMEOUT,
             GatewayError::UpstreamConnect { .. } => StatusCode::BAD_GATEWAY,
@@ -80,6 +85,7 @@ impl GatewayError {
             | GatewayError::HeadersTooLarge { .. }
             | GatewayError::BodyTooLarge { .. }
             | GatewayError::BadRequest { .. }
+            | GatewayError::MissingKey { .. }
             | GatewayError::Unauthorized { .. }
             | GatewayError::RequestTimeout { .. }
             | GatewayError::StoreUnavailable => None,

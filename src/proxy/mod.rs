@@ -12,5 +12,8 @@ pub mod error;
 pub mod forward;
 pub mod handler;
 pub mod ratelimit;
+pub(crate) mod request_body;
 pub mod response;
+pub(crate) mod retry;
+pub(crate) mod send;
 pub mod upgrade;

@@ -16,11 +16,10 @@ use std::fmt::Write as _;
 use bytes::{Bytes, BytesMut};
 
 use http::header::{CACHE_CONTROL, CONTENT_TYPE, RETRY_AFTER};
-use http::{HeaderName, Response, StatusCode};
+use http::{HeaderName, Response};
 
 use super::body::ResponseBody;
 use super::response::PROBLEM_JSON_TEXT;
-use crate::config::LimitConfig;
 use crate::http::field_lines::FieldLines;
 use crate::limit::{EntryVerdict, NANOS_PER_SEC, Nanos, Outcome, quota};
 use crate::ratelimit_policy::{StackView, is_concurrency, styles};
@@ -102,27 +101,6 @@ pub fn limit_fields(
             lines.push(reset_name, reset);
         }
     }
-}
-
-/// The client-visible entry with the least remaining quota (`r / q`), for the
-/// legacy headers of an allowed response.
-pub fn least_remaining(view: StackView<'_>, verdicts: &[EntryVerdict]) -> Option<usize> {
-    let mut best: Option<(usize, u64, u64)> = None;
-    for (i, (limit, entry)) in view.limits.iter().zip(verdicts).enumerate() {
-        if limit.shadow || entry.outcome == Outcome::Skipped {
-            continue;
-        }
-        let (r, q) = (entry.verdict.remaining, quota(&view.algorithms[i]).max(1));
-        // r/q < r'/q'  ⇔  r·q' < r'·q, exact in u128.
-        let better = match best {
-            None => true,
-            Some((_, br, bq)) => (r as u128) * (bq as u128) < (br as u128) * (q as u128),
-        };
-        if better {
-            best = Some((i, r, q));
-        }
-    }
-    best.map(|(i, _, _)| i)
 }
 
 /// The deny response: the limit's status and problem+json naming the limit;
@@ -291,17 +269,6 @@ static JSON_PLAIN: [bool; 256] = {
     table
 };
 
-/// The 400 answer for a limit with `on_missing_key = "deny"`.
-pub fn missing_key_response(limit: &LimitConfig, key: &str) -> Response<ResponseBody> {
-    super::response::problem(
-        StatusCode::BAD_REQUEST,
-        &format!(
-            "limit {} needs the request key {key}, which is missing",
-            limit.name
-        ),
-    )
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -331,9 +298,10 @@ mod tests {
         let huge = "y".repeat(2 * DENY_ARENA);
         assert_eq!(deny_body(|text| text.push_str(&huge)).len(), 2 * DENY_ARENA);
     }
-    use crate::config::OnMissingKey;
+    use crate::config::{LimitConfig, OnMissingKey};
     use crate::limit::{Algorithm, Rate, Verdict};
-    use crate::ratelimit_policy::policy_header;
+    use crate::ratelimit_policy::{least_remaining, policy_header};
+    use http::StatusCode;
 
     const S: Nanos = NANOS_PER_SEC;
 

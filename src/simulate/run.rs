@@ -2,14 +2,14 @@
 //! virtual clock, counted per route and limit.
 //!
 //! [`identify`] and [`limit`] are the gateway's request path up to and
-//! including the limit step, minus the network: the
-//! [`Router`](crate::routing::Router), the
-//! caller's consumer ([`admit`]), the client IP behind trusted proxies
-//! ([`resolve_with`], the record's `ip` as the TCP peer), the body's fields
-//! for `body:FIELD` keys (capped at `max_key_body`), each limit's key with
-//! its `on_missing_key` ([`limit_key`]), the caller's plan, and
-//! [`check_stack`] on the limiters of an [`App`] built from the
-//! configuration — with the record's time as `now`.
+//! including the limit step, minus the network, and they run the gateway's
+//! own code ([`crate::admission`]): the [`Router`](crate::routing::Router),
+//! the caller's consumer, the client IP behind trusted proxies (the
+//! record's `ip` as the TCP peer), the body's fields for `body:FIELD` keys
+//! (capped at `max_key_body`), then [`admission::decide`] — each limit's
+//! key with its `on_missing_key`, the caller's plan, the stack all or
+//! nothing on the limiters of an [`App`] built from the configuration —
+//! with the record's time as `now`.
 //!
 //! Not modelled: a request head over `max_header_bytes` (431), an upstream's
 //! `cost_header` settlement (there is no upstream), and concurrency slots,
@@ -24,23 +24,19 @@ use std::io::Write;
 use std::net::IpAddr;
 use std::sync::Arc;
 
-use http::header::CONTENT_TYPE;
 use smallvec::SmallVec;
 
 use super::Error;
 use super::compare::{self, Kind, algorithm_name};
 use super::trace::{Item, Record};
 use super::tracker::{Judgement, LimitTracker, Timeline};
+use crate::admission::{self, Admission, Candidate, Identity, Ticket, identify};
 use crate::app::{App, Snapshot};
-use crate::config::Config;
+use crate::config::{Config, Consumer};
 use crate::identity::body_fields::BodyFields;
-use crate::identity::client_ip::{client_net, resolve_with};
-use crate::identity::consumer::admit;
-use crate::identity::keys::{RequestFacts, limit_key, shadow_missing_key};
+use crate::identity::keys::shadow_missing_key;
 use crate::limit::stack::INLINE;
-use crate::limit::{
-    Algorithm, LimitKey, ManualClock, Nanos, Outcome, StackDecision, StackEntry, check_stack,
-};
+use crate::limit::{Algorithm, LimitKey, ManualClock, Nanos, Outcome, StackDecision};
 
 /// Bad records printed one by one; beyond this they are only counted.
 const SHOWN_PROBLEMS: u64 = 20;
@@ -93,19 +89,22 @@ impl From<Early> for Decided {
     }
 }
 
-/// A request as the limit step receives it: its route, each limit's key and
-/// the caller's plan. Variants of one configuration differ only in their
-/// algorithms, so this is worked out once per record for all of them.
-#[derive(Debug, Clone)]
-pub struct Identified {
+/// A request as the limit step receives it: its route and who is calling.
+/// Variants of one configuration differ only in their algorithms, so this
+/// is worked out once per record for all of them.
+#[derive(Debug)]
+pub struct Identified<'s> {
     pub route: usize,
-    pub keys: SmallVec<[Option<LimitKey>; INLINE]>,
-    pub plan: Option<Arc<str>>,
+    pub client_ip: IpAddr,
+    pub consumer: Option<&'s Consumer>,
+    /// The body's fields, when a limit keys on them and the body is within
+    /// `max_key_body`.
+    pub body: Option<BodyFields>,
 }
 
-/// The gateway's steps before the limits: route, caller, body fields,
-/// client IP, keys.
-pub fn identify(snapshot: &Snapshot, record: &Record) -> Result<Identified, Early> {
+/// The gateway's steps before the limits, as the gateway runs them
+/// ([`crate::admission::identify`]): route, caller, body fields, client IP.
+pub fn identify<'s>(snapshot: &'s Snapshot, record: &Record) -> Result<Identified<'s>, Early> {
     let parts = &record.parts;
     let Some(index) = snapshot.router.find(parts) else {
         return Err(Early::NoRoute);
@@ -116,11 +115,11 @@ pub fn identify(snapshot: &Snapshot, record: &Record) -> Result<Identified, Earl
         route: index,
         refusal,
     };
-    let Ok(consumer) = admit(&parts.headers, &snapshot.config, route.require_consumer) else {
+    let Ok(consumer) = identify::caller(snapshot, route, &parts.headers) else {
         return Err(refused(Refusal::Unauthorized));
     };
     let body = record.body.as_deref().unwrap_or_default();
-    let fields = if plan.needs_body {
+    let body = if plan.needs_body {
         if route
             .max_body
             .is_some_and(|limit| body.len() as u64 > limit)
@@ -128,67 +127,60 @@ pub fn identify(snapshot: &Snapshot, record: &Record) -> Result<Identified, Earl
             return Err(refused(Refusal::TooLarge));
         }
         // Over the key cap the gateway does not parse the body: no key.
-        (body.len() <= snapshot.config.server.max_key_body).then(|| {
-            let content_type = parts
-                .headers
-                .get(CONTENT_TYPE)
-                .and_then(|v| v.to_str().ok());
-            BodyFields::parse(content_type, body)
-        })
+        (body.len() <= snapshot.config.server.max_key_body)
+            .then(|| identify::body_fields(&parts.headers, body))
     } else {
         None
     };
-    let forward_header = || {
-        parts
-            .headers
-            .get_all(snapshot.client_ip.header.name())
-            .iter()
-            .map(|v| v.as_bytes())
-    };
-    let client_ip: IpAddr = resolve_with(record.peer, forward_header, &snapshot.client_ip);
-    let facts = RequestFacts {
-        client: client_net(client_ip, &snapshot.client_ip),
-        route: &route.name,
-        consumer,
-        body: fields.as_ref(),
-    };
-    let mut keys = SmallVec::new();
-    for &i in &plan.stack {
-        let Ok(key) = limit_key(&snapshot.config.limits[i], parts, &facts) else {
-            return Err(refused(Refusal::MissingKey(i)));
-        };
-        keys.push(key);
-    }
     Ok(Identified {
         route: index,
-        keys,
-        plan: consumer.and_then(|c| c.plan.clone()),
+        client_ip: identify::client_ip(snapshot, &parts.headers, record.peer),
+        consumer,
+        body,
     })
 }
 
-/// The limit step: the route's stack decided on `snapshot`'s limiters (the
-/// caller's plan's), all or nothing, at `now`.
-pub fn limit(snapshot: &Snapshot, identified: &Identified, now: Nanos) -> Decided {
+/// The limit step: the route's stack decided by admission on `app`'s
+/// limiters (the caller's plan's), all or nothing, at `now` — the
+/// gateway's own decision ([`admission::decide`]).
+pub fn limit(
+    app: &App,
+    snapshot: &Snapshot,
+    record: &Record,
+    identified: &Identified<'_>,
+    now: Nanos,
+) -> Decided {
     let route = identified.route;
-    let stack = &snapshot.routes[route].stack;
-    let mut algorithms = SmallVec::new();
-    let mut entries: SmallVec<[StackEntry<'_>; INLINE]> = SmallVec::new();
-    for (&i, &key) in stack.iter().zip(&identified.keys) {
-        let limiter = snapshot.limiters[i].for_plan(identified.plan.as_deref());
-        algorithms.push(limiter.algorithm());
-        entries.push(StackEntry {
-            limiter,
-            key,
-            shadow: snapshot.config.limits[i].shadow,
-        });
-    }
-    let decision = check_stack(&entries, snapshot.config.routes[route].cost, now);
-    drop(entries);
-    Decided::Limited {
+    let candidate = Candidate {
         route,
-        decision,
-        keys: identified.keys.clone(),
-        algorithms,
+        parts: &record.parts,
+        identity: Identity {
+            client_ip: identified.client_ip,
+            consumer: identified.consumer,
+            body: identified.body.as_ref(),
+        },
+        cost: snapshot.config.routes[route].cost,
+        now,
+    };
+    let mut ticket = Ticket::default();
+    match admission::decide(app, snapshot, &candidate, &mut ticket) {
+        Admission::MissingKey { position } => Decided::Refused {
+            route,
+            refusal: Refusal::MissingKey(snapshot.routes[route].stack[position].index()),
+        },
+        Admission::Allowed | Admission::Denied { .. } | Admission::StoreDown => {
+            let admission::ticket::Decided {
+                decision,
+                keys,
+                algorithms,
+            } = ticket.into_parts();
+            Decided::Limited {
+                route,
+                decision,
+                keys,
+                algorithms,
+            }
+        }
     }
 }
 
@@ -233,6 +225,8 @@ pub struct RouteStats {
 pub struct Variant {
     /// `None`: as configured.
     pub kind: Option<Kind>,
+    /// What admission decides on (its limiters and metrics).
+    pub app: Arc<App>,
     pub snapshot: Arc<Snapshot>,
     pub routes: Vec<RouteStats>,
     /// Per limit of `config.limits`.
@@ -259,6 +253,7 @@ impl Variant {
         Variant {
             kind,
             snapshot: app.snapshot(),
+            app,
             routes,
             trackers,
             no_route: 0,
@@ -375,10 +370,15 @@ impl Simulation {
             self.span = Some(self.span.map_or((now, now), |(first, _)| (first, now)));
             let compared = self.variants.len() > 1;
             // Routing and keys do not depend on the algorithms: once for all.
-            let identified = identify(&self.variants[0].snapshot, &record);
+            // Held apart from `self`, which the accounting below borrows.
+            let first = self.variants[0].snapshot.clone();
+            let identified = identify(&first, &record);
             for v in 0..self.variants.len() {
+                let variant = &self.variants[v];
                 let decided = match &identified {
-                    Ok(identified) => limit(&self.variants[v].snapshot, identified, now),
+                    Ok(identified) => {
+                        limit(&variant.app, &variant.snapshot, &record, identified, now)
+                    }
                     Err(early) => (*early).into(),
                 };
                 self.account(v, &decided, now);

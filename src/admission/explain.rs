@@ -36,12 +36,12 @@ pub fn explain(
     query: Option<&str>,
     now: Nanos,
 ) -> Result<Value, ExplainError> {
-    let Some(index) = snapshot.config.limits.iter().position(|l| l.name == limit) else {
+    let Some(id) = snapshot.limit_named(limit) else {
         return Err(ExplainError::UnknownLimit(format!(
             "no limit named `{limit}` in the running configuration"
         )));
     };
-    let config = &snapshot.config.limits[index];
+    let config = snapshot.limit_config(id);
     let mut values = Vec::new();
     let mut plan = None;
     for pair in query.unwrap_or("").split('&').filter(|p| !p.is_empty()) {
@@ -67,7 +67,7 @@ pub fn explain(
     let refs: Vec<&str> = values.iter().map(String::as_str).collect();
     let digest = digest_values(&config.key, &refs, |ip| client_net(ip, &snapshot.client_ip))
         .map_err(|message| ExplainError::BadKey(format!("{message} (keyed by {parts})")))?;
-    let limiter = snapshot.limiters[index].for_plan(plan.as_deref());
+    let limiter = snapshot.limiters(id).for_plan(plan.as_deref());
     let algorithm = limiter.algorithm();
     let verdict = limiter.peek(digest, now);
     let secs = |nanos: Nanos| nanos.div_ceil(crate::limit::NANOS_PER_SEC);

@@ -1,0 +1,86 @@
+//! What a decision leaves in the metrics: each limit's outcome on the
+//! route (`tollgate_ratelimit_decisions_total`), and keys that just passed
+//! 80 % of a quota.
+
+use std::sync::Arc;
+
+use super::{Candidate, Ticket};
+use crate::app::{RoutePlan, Snapshot};
+use crate::identity::keys::shadow_missing_key;
+use crate::limit::Outcome;
+use crate::metrics::Metrics;
+
+/// Counts each limit's outcome of the decided stack.
+pub(super) fn decisions(
+    metrics: &Metrics,
+    snapshot: &Snapshot,
+    candidate: &Candidate<'_, '_>,
+    ticket: &Ticket<'_>,
+) {
+    let plan = &snapshot.routes[candidate.route];
+    let route_label = &plan.name;
+    for (position, ((&id, entry), algorithm)) in plan
+        .stack
+        .iter()
+        .zip(&ticket.decision.entries)
+        .zip(&ticket.algorithms)
+        .enumerate()
+    {
+        let outcome = match entry.outcome {
+            Outcome::Skipped => skipped_outcome(ticket, position),
+            outcome => outcome,
+        };
+        metrics.record_route_decision(&plan.metrics, position, outcome);
+        match outcome {
+            Outcome::ShadowDenied => shadow_denied(route_label, snapshot.limit_label(id)),
+            Outcome::Allowed => {
+                // Near limit: this request took the key past 80% of its quota.
+                let quota = crate::limit::quota(algorithm) as u128;
+                let after = entry.verdict.remaining as u128;
+                let before = after + candidate.cost as u128;
+                if after * 5 < quota && before * 5 >= quota {
+                    near_limit(metrics, route_label, snapshot.limit_label(id));
+                }
+            }
+            Outcome::Denied | Outcome::Skipped | Outcome::DeniedByOther => {}
+        }
+    }
+}
+
+/// A request without the key of the limit at `position`, counted as that
+/// limit's denial; the others decided nothing. Out of line: the key loop of
+/// every request stays as small as it was.
+#[cold]
+#[inline(never)]
+pub(super) fn missing_key(metrics: &Metrics, plan: &RoutePlan, position: usize) {
+    metrics.record_route_decision(&plan.metrics, position, Outcome::Denied);
+}
+
+/// A skipped limit's outcome: `shadow_denied` where a shadow limit lacked
+/// its key under `on_missing_key = "deny"` (it would have answered 400).
+#[cold]
+#[inline(never)]
+fn skipped_outcome(ticket: &Ticket<'_>, position: usize) -> Outcome {
+    if shadow_missing_key(ticket.stack[position], ticket.keys[position]) {
+        Outcome::ShadowDenied
+    } else {
+        Outcome::Skipped
+    }
+}
+
+// The two rare branches of `decisions`, out of line: inline, the event's
+// and the metric's set-up made every request's frame larger.
+
+#[cold]
+#[inline(never)]
+fn shadow_denied(route_label: &Arc<str>, limit_label: &Arc<str>) {
+    // Debug, not info: a shadow limit may "deny" every request;
+    // `tollgate_ratelimit_decisions_total` counts them all.
+    tracing::debug!(route = %route_label, limit = %limit_label, "shadow limit would have denied");
+}
+
+#[cold]
+#[inline(never)]
+fn near_limit(metrics: &Metrics, route_label: &Arc<str>, limit_label: &Arc<str>) {
+    metrics.record_near_limit(route_label, limit_label);
+}

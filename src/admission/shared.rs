@@ -1,0 +1,218 @@
+//! The shared tier: a stack with limits in the store. Its `local = true`
+//! limits are decided in node memory first (a local denial costs no store
+//! call), then the shared ones in one store call, all or nothing together:
+//! a shared denial refunds the local charges. Leased token buckets spend
+//! this node's tokens first, without a call. When the store is unavailable,
+//! `on_failure` decides (see the README's "Distributed limits").
+
+use std::future::Future;
+use std::pin::Pin;
+
+use smallvec::SmallVec;
+
+use super::{Admission, Candidate, Store, Ticket, conclude};
+use crate::app::{App, Snapshot};
+use crate::config::{LimitConfig, OnFailure};
+use crate::limit::stack::{INLINE, SKIPPED, outcome_of};
+use crate::limit::{
+    Algorithm, EntryVerdict, Nanos, Outcome, Permits, StackDecision, StackEntry, Verdict,
+    check_stack,
+};
+use crate::store::{SharedEntry, Unavailable};
+
+/// [`decide`]'s future, boxed: only a shared stack pays the allocation,
+/// and out of line, so that none of it is built into the request future.
+#[inline(never)]
+pub(super) fn step<'a, 's: 'a>(
+    store: &'a Store,
+    app: &'a App,
+    snapshot: &'s Snapshot,
+    candidate: Candidate<'a, 's>,
+    ticket: &'a mut Ticket<'s>,
+) -> Pin<Box<dyn Future<Output = Admission> + Send + 'a>> {
+    Box::pin(decide(store, app, snapshot, candidate, ticket))
+}
+
+/// A limit's shared numbers for a caller on `plan`, and the plan when it
+/// has its own numbers (and so its own state).
+pub(super) fn algorithm<'l>(
+    limit: &'l LimitConfig,
+    plan: Option<&str>,
+) -> (Algorithm, Option<&'l str>) {
+    plan.and_then(|p| limit.plans.iter().find(|(name, _)| &**name == p))
+        .map_or((limit.algorithm, None), |(name, algorithm)| {
+            (*algorithm, Some(&**name))
+        })
+}
+
+/// The stack decided across the local tier and the store, into `ticket`.
+async fn decide<'s>(
+    store: &Store,
+    app: &App,
+    snapshot: &'s Snapshot,
+    candidate: Candidate<'_, 's>,
+    ticket: &mut Ticket<'s>,
+) -> Admission {
+    let plan = &snapshot.routes[candidate.route];
+    let n = ticket.stack.len();
+    let (cost, now) = (candidate.cost, candidate.now);
+    let entry = |j: usize| StackEntry {
+        limiter: ticket.limiters[j],
+        key: ticket.keys[j],
+        shadow: ticket.stack[j].shadow,
+    };
+    let is_shared = |j: usize| snapshot.is_shared(plan.stack[j]);
+    let local_at: SmallVec<[usize; INLINE]> = (0..n).filter(|&j| !is_shared(j)).collect();
+    let shared_at: SmallVec<[usize; INLINE]> = (0..n)
+        .filter(|&j| is_shared(j) && ticket.keys[j].is_some())
+        .collect();
+    let local: SmallVec<[StackEntry<'_>; INLINE]> = local_at.iter().map(|&j| entry(j)).collect();
+    let mut local_decision = check_stack(&local, cost, now);
+    let mut entries: SmallVec<[EntryVerdict; INLINE]> = smallvec::smallvec![SKIPPED; n];
+    for (&j, verdict) in local_at.iter().zip(&local_decision.entries) {
+        entries[j] = *verdict;
+    }
+    let mut permits = local_decision.take_permits();
+    let mut denied_by = local_decision.denied_by.map(|d| local_at[d]);
+    let mut via_store = false;
+    if denied_by.is_none() && !shared_at.is_empty() {
+        let shared: SmallVec<[SharedEntry<'_>; INLINE]> = shared_at
+            .iter()
+            .filter_map(|&j| {
+                let limit = ticket.stack[j];
+                let (algorithm, plan) = algorithm(limit, ticket.plan);
+                Some(SharedEntry {
+                    limit: &limit.name,
+                    plan,
+                    algorithm,
+                    align: limit.align,
+                    key: ticket.keys[j]?,
+                    shadow: limit.shadow,
+                    lease: limit.lease.unwrap_or(0),
+                })
+            })
+            .collect();
+        // Leased token buckets spend this node's tokens first: no call.
+        let mut spent: SmallVec<[usize; INLINE]> = SmallVec::new();
+        for (k, (&j, e)) in shared_at.iter().zip(&shared).enumerate() {
+            if e.lease > 0
+                && let Some(left) = store.spend_leased(e, cost)
+            {
+                spent.push(k);
+                entries[j] = EntryVerdict {
+                    outcome: Outcome::Allowed,
+                    verdict: Verdict::allow(left, 0),
+                };
+            }
+        }
+        let remote_at: SmallVec<[usize; INLINE]> =
+            (0..shared.len()).filter(|k| !spent.contains(k)).collect();
+        let remote: SmallVec<[SharedEntry<'_>; INLINE]> =
+            remote_at.iter().map(|&k| shared[k]).collect();
+        let answer = if remote.is_empty() {
+            Ok(None)
+        } else {
+            store.decide(&remote, cost).await.map(Some)
+        };
+        match answer {
+            Ok(None) => via_store = true,
+            Ok(Some(decision)) => {
+                via_store = true;
+                let mut all_admitted = true;
+                for (&k, verdict) in remote_at.iter().zip(&decision.verdicts) {
+                    let (j, e) = (shared_at[k], &shared[k]);
+                    if let Some(verdict) = verdict {
+                        entries[j] = EntryVerdict {
+                            outcome: outcome_of(verdict, e.shadow),
+                            verdict: *verdict,
+                        };
+                        all_admitted &= verdict.allowed || e.shadow;
+                    }
+                }
+                if all_admitted {
+                    // A lease took more than the cost: the rest is ours.
+                    for (&k, taken) in remote_at.iter().zip(&decision.taken) {
+                        if shared[k].lease > 0 && *taken > cost {
+                            store.add_lease(&shared[k], taken - cost);
+                        }
+                    }
+                }
+                for lease in decision.leases {
+                    permits.hold(Box::new(lease));
+                }
+            }
+            Err(Unavailable) => {
+                // The fallback decides every shared limit, leased or not.
+                for &k in &spent {
+                    store.unspend(&shared[k], cost);
+                }
+                spent.clear();
+                match store.on_failure() {
+                    OnFailure::Local => {
+                        let fallback: SmallVec<[StackEntry<'_>; INLINE]> =
+                            shared_at.iter().map(|&j| entry(j)).collect();
+                        let mut decision = check_stack(&fallback, cost, now);
+                        for (&j, verdict) in shared_at.iter().zip(&decision.entries) {
+                            entries[j] = *verdict;
+                        }
+                        permits.append(decision.take_permits());
+                    }
+                    // Not limited by the shared limits (they show as skipped).
+                    OnFailure::Allow => {
+                        for &j in &shared_at {
+                            entries[j] = SKIPPED;
+                        }
+                    }
+                    OnFailure::Deny => {
+                        refund_local(ticket, &local_at, &entries, cost, now);
+                        return Admission::StoreDown;
+                    }
+                }
+            }
+        }
+        if (0..n).any(|j| entries[j].outcome == Outcome::Denied) {
+            for &k in &spent {
+                store.unspend(&shared[k], cost);
+            }
+        }
+        denied_by = (0..n).find(|&j| entries[j].outcome == Outcome::Denied);
+        if denied_by.is_some() {
+            refund_local(ticket, &local_at, &entries, cost, now);
+            permits = Permits::default();
+            // As in the memory stack: a limit that would have admitted a
+            // request the stack denied was not charged.
+            for entry in entries.iter_mut().filter(|e| e.outcome == Outcome::Allowed) {
+                entry.outcome = Outcome::DeniedByOther;
+            }
+        }
+    }
+    let delay = if denied_by.is_some() {
+        0
+    } else {
+        (0..n)
+            .filter(|&j| !ticket.stack[j].shadow)
+            .map(|j| entries[j].verdict.delay)
+            .max()
+            .unwrap_or(0)
+    };
+    ticket.via_store = via_store;
+    ticket.decision = StackDecision::from_parts(entries, denied_by, delay, permits);
+    conclude(app, snapshot, &candidate, ticket)
+}
+
+/// Gives back what the local tier charged when the shared tier refused.
+fn refund_local(
+    ticket: &Ticket<'_>,
+    local_at: &[usize],
+    entries: &[EntryVerdict],
+    cost: u64,
+    now: Nanos,
+) {
+    let refund = -i64::try_from(cost).unwrap_or(i64::MAX);
+    for &j in local_at {
+        if let (Some(key), Outcome::Allowed) = (ticket.keys[j], entries[j].outcome) {
+            // Concurrency: dropping the permits is the refund.
+            ticket.limiters[j].adjust(key, refund, now);
+        }
+    }
+}

@@ -1,0 +1,94 @@
+//! The ticket: everything admission learnt and decided about one request,
+//! filled in place (returned by value it was copied twice, 1.1 KB) and
+//! kept until the response: the stack, each limit's key, limiter and
+//! algorithm, the verdicts, the permits, the caller's plan.
+
+use smallvec::SmallVec;
+
+use crate::config::{HeaderStyles, LimitConfig};
+use crate::limit::stack::INLINE;
+use crate::limit::{Algorithm, EntryVerdict, LimitKey, Limiter, Nanos, Permits, StackDecision};
+use crate::ratelimit_policy::{StackView, least_remaining};
+
+/// One request's admission record, in stack order.
+#[derive(Default)]
+pub struct Ticket<'s> {
+    /// The route's limits.
+    pub(super) stack: SmallVec<[&'s LimitConfig; INLINE]>,
+    /// The algorithm in force for each (the caller's plan may change it).
+    pub(super) algorithms: SmallVec<[Algorithm; INLINE]>,
+    /// The limiter charged for each.
+    pub(super) limiters: SmallVec<[&'s Limiter; INLINE]>,
+    /// Each limit's key for this request (`None`: skipped).
+    pub(super) keys: SmallVec<[Option<LimitKey>; INLINE]>,
+    /// Each entry's verdict and, for a leaky bucket in delay mode, how long
+    /// to wait before forwarding; the permits of an admitted request.
+    pub(super) decision: StackDecision,
+    /// The caller's plan, if it has one.
+    pub(super) plan: Option<&'s str>,
+    /// The client-visible entry closest to its limit (least `r / q`), of
+    /// an admitted request: the one its legacy headers describe.
+    pub(super) focus: Option<usize>,
+    /// The shared entries were decided by the store (not a fallback):
+    /// their settlement goes there too.
+    pub(super) via_store: bool,
+}
+
+/// A ticket's decision, keys and algorithms, owned.
+pub struct Decided {
+    pub decision: StackDecision,
+    pub keys: SmallVec<[Option<LimitKey>; INLINE]>,
+    pub algorithms: SmallVec<[Algorithm; INLINE]>,
+}
+
+impl<'s> Ticket<'s> {
+    /// The stack as the rate-limit fields describe it.
+    pub fn view(&self, server: HeaderStyles) -> StackView<'_> {
+        StackView {
+            limits: &self.stack,
+            algorithms: &self.algorithms,
+            server,
+        }
+    }
+
+    /// Each limit's verdict, in stack order.
+    pub fn entries(&self) -> &[EntryVerdict] {
+        &self.decision.entries
+    }
+
+    /// The caller's plan.
+    pub fn plan(&self) -> Option<&'s str> {
+        self.plan
+    }
+
+    /// An admitted request's entry its legacy headers describe.
+    pub fn focus(&self) -> Option<usize> {
+        self.focus
+    }
+
+    /// How long a leaky bucket in delay mode holds the admitted request.
+    pub fn delay(&self) -> Nanos {
+        self.decision.delay
+    }
+
+    /// An admitted request's concurrency permits, moved into `into` (which
+    /// keeps them until the response ends).
+    pub fn move_permits_into(&mut self, into: &mut Permits) {
+        self.decision.move_permits_into(into);
+    }
+
+    /// The decision, the keys and the algorithms, taken out (`simulate`
+    /// keeps them past the snapshot's borrow).
+    pub fn into_parts(self) -> Decided {
+        Decided {
+            decision: self.decision,
+            keys: self.keys,
+            algorithms: self.algorithms,
+        }
+    }
+
+    /// The client-visible entry with the least remaining quota (`r / q`).
+    pub(super) fn least_remaining(&self, server: HeaderStyles) -> Option<usize> {
+        least_remaining(self.view(server), &self.decision.entries)
+    }
+}

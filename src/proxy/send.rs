@@ -1,0 +1,173 @@
+//! One request sent upstream: the body capped at the route's `max_body`,
+//! the upstream request prepared (`proxy::forward`), the exchange, and an
+//! upstream's `101 Switching Protocols` turned into a tunnel when the
+//! client asked for that protocol.
+
+use std::sync::Arc;
+use std::sync::atomic::AtomicBool;
+
+use http::request::Parts;
+use http::{Response, StatusCode};
+
+use crate::app::Snapshot;
+use crate::config::RouteConfig;
+use crate::http::field_lines::FieldLines;
+use crate::http1::client::InterimSink;
+use crate::limit::Permits;
+use crate::proxy::body::{BodyCap, RequestBody, ResponseBody, Stall};
+use crate::proxy::error::GatewayError;
+use crate::proxy::forward::Prepared;
+use crate::proxy::handler::Downstream;
+use crate::proxy::request_body::{PendingBody, declared_length};
+use crate::proxy::upgrade;
+use crate::upstream::pool::PoolError;
+use crate::upstream::{Attempt, Upstream};
+
+/// Forwards the request upstream and hands back the upstream's response.
+///
+/// Split in two on purpose: everything before the upstream call is done by
+/// [`prepare_forward`], a plain function, so its temporaries (the request's
+/// parts in several states) are not kept in this future — which every
+/// future above it embeds and copies.
+#[allow(clippy::too_many_arguments)]
+pub(crate) async fn forward(
+    snapshot: &Snapshot,
+    route: &RouteConfig,
+    downstream: Downstream,
+    parts: Parts,
+    body: PendingBody,
+    permits: &mut Permits,
+    interim: Option<&dyn InterimSink>,
+    attempt: &mut Attempt,
+) -> Result<(Response<ResponseBody>, FieldLines), GatewayError> {
+    let Forwarding {
+        upstream,
+        request,
+        exceeded,
+        client_upgrade,
+    } = prepare_forward(snapshot, route, downstream, parts, body)?;
+    let (mut response, fields) = upstream
+        .send(
+            request,
+            exceeded,
+            route.max_body.unwrap_or(u64::MAX),
+            interim,
+            attempt,
+        )
+        .await?;
+    if response.status() == StatusCode::SWITCHING_PROTOCOLS {
+        if !upgrade::switched_to_allowed(
+            fields.relayed_value("upgrade"),
+            &snapshot.config.server.upgrades,
+        ) {
+            tracing::warn!(upstream = %upstream.config.name, "the upstream switched to a protocol that is not in server.upgrades");
+            return Err(GatewayError::UpstreamFailed {
+                upstream: upstream.config.name.clone(),
+                source: PoolError::Request(std::io::Error::new(
+                    std::io::ErrorKind::InvalidData,
+                    "the upstream switched to a protocol that is not in server.upgrades",
+                )),
+            });
+        }
+        match (client_upgrade, response.body_mut().take_upgraded()) {
+            (Some(client_upgrade), Some(upstream_conn)) => {
+                upgrade::spawn_tunnel(client_upgrade, upstream_conn, std::mem::take(permits));
+            }
+            // A switch nobody asked for cannot be relayed.
+            _ => {
+                tracing::warn!(upstream = %upstream.config.name, "the upstream switched protocols unasked");
+                return Err(GatewayError::UpstreamFailed {
+                    upstream: upstream.config.name.clone(),
+                    source: PoolError::Request(std::io::Error::new(
+                        std::io::ErrorKind::InvalidData,
+                        "the upstream switched protocols unasked",
+                    )),
+                });
+            }
+        }
+    }
+    Ok((response.map(ResponseBody::upstream), fields))
+}
+
+/// A request ready to send, and what the forward step needs afterwards.
+struct Forwarding<'s> {
+    upstream: &'s Upstream,
+    request: Prepared,
+    /// Set when the streamed body outgrew `max_body` (413, not 502).
+    exceeded: Option<Arc<AtomicBool>>,
+    /// The client's side of an upgrade, if it asked for one.
+    client_upgrade: Option<hyper::upgrade::OnUpgrade>,
+}
+
+/// The synchronous half of [`forward`]: the upstream, the body (capped at
+/// `max_body`), and the upstream request.
+fn prepare_forward<'s>(
+    snapshot: &'s Snapshot,
+    route: &RouteConfig,
+    downstream: Downstream,
+    parts: Parts,
+    body: PendingBody,
+) -> Result<Forwarding<'s>, GatewayError> {
+    let Some(upstream) = snapshot.upstream_of(&route.action) else {
+        // Validation resolves every upstream reference; reaching this is a bug.
+        debug_assert!(false, "route {} has no upstream", route.name);
+        return Err(GatewayError::BadRequest {
+            reason: "route has no upstream",
+        });
+    };
+    let (cap, exceeded) = match route.max_body {
+        None => (None, None),
+        Some(limit) => {
+            if declared_length(&parts).is_some_and(|length| length > limit) {
+                return Err(GatewayError::BodyTooLarge { limit });
+            }
+            let exceeded = Arc::new(AtomicBool::new(false));
+            let cap = BodyCap {
+                limit,
+                seen: 0,
+                exceeded: exceeded.clone(),
+            };
+            (Some(cap), Some(exceeded))
+        }
+    };
+    let body = match body {
+        PendingBody::Fresh(inner) => RequestBody::Streaming {
+            replay: None,
+            inner,
+            cap,
+            stall: Stall::new(snapshot.config.server.body_read_timeout),
+        },
+        // Already checked against `max_body` while buffering.
+        PendingBody::Complete(bytes) => RequestBody::Buffered(Some(bytes)),
+        PendingBody::Partial(bytes, inner) => {
+            let cap = cap.map(|cap| BodyCap {
+                seen: bytes.len() as u64,
+                ..cap
+            });
+            RequestBody::Streaming {
+                replay: Some(bytes),
+                inner,
+                cap,
+                stall: Stall::new(snapshot.config.server.body_read_timeout),
+            }
+        }
+    };
+    let mut parts = parts;
+    upgrade::allow_only(&mut parts.headers, &snapshot.config.server.upgrades);
+    let mut request = upstream.prepare(parts, body, downstream.peer, downstream.proto)?;
+    // hyper hands the client's connection over if we answer 101.
+    let client_upgrade = if request.own.upgrade {
+        request
+            .request
+            .extensions_mut()
+            .remove::<hyper::upgrade::OnUpgrade>()
+    } else {
+        None
+    };
+    Ok(Forwarding {
+        upstream,
+        request,
+        exceeded,
+        client_upgrade,
+    })
+}
