@@ -83,7 +83,7 @@
 
 pub(crate) mod access_log;
 pub mod admin;
-pub(crate) mod admission;
+pub mod admission;
 pub mod allocator;
 pub mod app;
 pub mod config;

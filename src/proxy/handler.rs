@@ -22,7 +22,6 @@
 //! Every error is a [`GatewayError`] turned into problem+json in one place.
 
 use std::net::IpAddr;
-use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -41,20 +40,13 @@ use crate::http1::client::InterimSink;
 use crate::http1::server::ConnActivity;
 use crate::limit::{Nanos, Permits};
 use crate::proxy::body::{BodyTiming, ClientBody, Completion, ResponseBody};
+pub use crate::proxy::downstream::Downstream;
 use crate::proxy::error::GatewayError;
 use crate::proxy::ratelimit;
 use crate::proxy::request_body::{PendingBody, buffer_for_key};
 use crate::proxy::retry::{Retrying, Sender};
 use crate::proxy::send::forward;
 use crate::upstream::Attempt;
-
-/// What the server knows about the connection a request came on.
-#[derive(Debug, Clone, Copy)]
-pub struct Downstream {
-    pub peer: SocketAddr,
-    /// `"http"` or `"https"`, for `X-Forwarded-Proto` and `Forwarded`.
-    pub proto: &'static str,
-}
 
 /// Handles one request from a downstream client. The response's body ends
 /// the request when it ends or is dropped: it then releases the request's

@@ -8,6 +8,7 @@
 //! layer (`conn`), which it never names.
 
 pub mod body;
+pub(crate) mod downstream;
 pub mod error;
 pub mod forward;
 pub mod handler;

@@ -1,0 +1,12 @@
+//! What the server knows about the connection a request came on, handed
+//! to the pipeline with each request.
+
+use std::net::SocketAddr;
+
+/// What the server knows about the connection a request came on.
+#[derive(Debug, Clone, Copy)]
+pub struct Downstream {
+    pub peer: SocketAddr,
+    /// `"http"` or `"https"`, for `X-Forwarded-Proto` and `Forwarded`.
+    pub proto: &'static str,
+}
