@@ -220,6 +220,7 @@ pub struct Completion {
     /// The connection the request came on, told that it is idle again.
     pub connection: Option<Arc<ConnActivity>>,
     /// Concurrency slots of the request, released by being dropped.
+    #[expect(dead_code, reason = "held, never read: dropping it is the release")]
     pub permits: Permits,
 }
 
@@ -292,13 +293,6 @@ impl ResponseBody {
         let bytes = bytes.into();
         ResponseBody {
             kind: ResponseKind::Full((!bytes.is_empty()).then_some(bytes)),
-            _completion: Completion::default(),
-        }
-    }
-
-    pub fn empty() -> Self {
-        ResponseBody {
-            kind: ResponseKind::Full(None),
             _completion: Completion::default(),
         }
     }

@@ -1,5 +1,6 @@
 //! Forwarding to upstreams (RFC 9110 §7.6): the pipeline's side of an
-//! [`Upstream`] (its pools, health and balancing are the upstream layer's).
+//! [`Upstream`], as functions of it ([`prepare`], [`send`]) — its methods
+//! (pools, health, balancing) are all the upstream layer's.
 //! What changes in the request on the way —
 //! `Host`, `X-Forwarded-For` / `X-Forwarded-Proto` / `Forwarded`, hop-by-hop
 //! fields left out — is written straight into the upstream head
@@ -47,161 +48,161 @@ enum Failed {
     Target,
 }
 
-impl Upstream {
-    /// Sends the request to a URL that takes requests and waits for the
-    /// response head, at most `timeout` for all of it (connections that
-    /// could not be opened, and the next URL tried, included). The outcome
-    /// is recorded on the URL (what ejects a failing one), and the URL is
-    /// noted in `attempt`, so that a retry goes elsewhere.
-    /// `body_exceeded` tells a body-cap abort (413) from a failure. The
-    /// response body reads from the upstream connection as it is polled;
-    /// the response's fields come beside it, as lines.
-    ///
-    /// Not an `async fn`: the exchange future is large, so it is boxed here,
-    /// once, and the future returned stays small — an inline one would make
-    /// every future above it (forward, route_and_act, handle) larger by as
-    /// much, each copied when created and moved.
-    pub fn send<'a>(
-        &'a self,
-        prepared: Prepared,
-        body_exceeded: Option<Arc<AtomicBool>>,
-        body_limit: u64,
-        interim: Option<&'a dyn InterimSink>,
-        attempt: &'a mut Attempt,
-    ) -> impl Future<Output = Result<(Response<UpstreamBody>, FieldLines), GatewayError>> + 'a {
-        let timeout = self.config.timeout;
-        async move {
-            let name = &self.config.name;
-            let exchange = Box::pin(self.connect_and_exchange(prepared, interim, attempt));
-            // A reused timer: a fresh one per request cost ~600 instructions.
-            let outcome =
-                crate::upstream::deadline::within(tokio::time::Instant::now() + timeout, exchange)
-                    .await;
-            match outcome {
-                None => {
-                    if let Some(url) = attempt.current {
-                        self.record_failure(url, Failure::Timeout, None);
+/// Sends the request to a URL that takes requests and waits for the
+/// response head, at most `timeout` for all of it (connections that
+/// could not be opened, and the next URL tried, included). The outcome
+/// is recorded on the URL (what ejects a failing one), and the URL is
+/// noted in `attempt`, so that a retry goes elsewhere.
+/// `body_exceeded` tells a body-cap abort (413) from a failure. The
+/// response body reads from the upstream connection as it is polled;
+/// the response's fields come beside it, as lines.
+///
+/// Not an `async fn`: the exchange future is large, so it is boxed here,
+/// once, and the future returned stays small — an inline one would make
+/// every future above it (forward, route_and_act, handle) larger by as
+/// much, each copied when created and moved.
+pub(crate) fn send<'a>(
+    upstream: &'a Upstream,
+    prepared: Prepared,
+    body_exceeded: Option<Arc<AtomicBool>>,
+    body_limit: u64,
+    interim: Option<&'a dyn InterimSink>,
+    attempt: &'a mut Attempt,
+) -> impl Future<Output = Result<(Response<UpstreamBody>, FieldLines), GatewayError>> + 'a {
+    let timeout = upstream.config.timeout;
+    async move {
+        let name = &upstream.config.name;
+        let exchange = Box::pin(connect_and_exchange(upstream, prepared, interim, attempt));
+        // A reused timer: a fresh one per request cost ~600 instructions.
+        let outcome =
+            crate::upstream::deadline::within(tokio::time::Instant::now() + timeout, exchange)
+                .await;
+        match outcome {
+            None => {
+                if let Some(url) = attempt.current {
+                    upstream.record_failure(url, Failure::Timeout, None);
+                }
+                Err(GatewayError::UpstreamTimeout {
+                    upstream: name.clone(),
+                    timeout,
+                })
+            }
+            Some(Ok(answer)) => Ok(answer),
+            Some(Err(Failed::NotConnected(NotConnected::NoHealthy))) => {
+                Err(GatewayError::NoHealthyUpstream {
+                    upstream: name.clone(),
+                })
+            }
+            Some(Err(Failed::NotConnected(NotConnected::Connect(source)))) => {
+                Err(GatewayError::UpstreamConnect {
+                    upstream: name.clone(),
+                    source,
+                })
+            }
+            Some(Err(Failed::Target)) => Err(GatewayError::BadRequest {
+                reason: "the request target cannot be forwarded",
+            }),
+            Some(Err(Failed::Pool(_)))
+                if body_exceeded.is_some_and(|flag| flag.load(Ordering::Relaxed)) =>
+            {
+                Err(GatewayError::BodyTooLarge { limit: body_limit })
+            }
+            // The client's body failed (malformed chunked coding, a
+            // client gone mid-body): its fault, a 400, not an upstream
+            // error; the upstream connection went with the exchange.
+            Some(Err(Failed::Pool(PoolError::Request(error))))
+                if ClientBodyError::of(&error).is_some() =>
+            {
+                tracing::debug!(%error, "request body failed while going upstream");
+                Err(match ClientBodyError::of(&error) {
+                    Some(ClientBodyError::Stalled(timeout)) => {
+                        GatewayError::RequestTimeout { timeout: *timeout }
                     }
-                    Err(GatewayError::UpstreamTimeout {
-                        upstream: name.clone(),
-                        timeout,
-                    })
+                    _ => GatewayError::BadRequest {
+                        reason: "the request body is malformed or incomplete",
+                    },
+                })
+            }
+            Some(Err(Failed::Pool(source))) => {
+                if let Some(url) = attempt.current {
+                    let failure = if source.is_connect() {
+                        Failure::Connect
+                    } else {
+                        Failure::Reset
+                    };
+                    upstream.record_failure(url, failure, Some(&source));
                 }
-                Some(Ok(answer)) => Ok(answer),
-                Some(Err(Failed::NotConnected(NotConnected::NoHealthy))) => {
-                    Err(GatewayError::NoHealthyUpstream {
-                        upstream: name.clone(),
-                    })
-                }
-                Some(Err(Failed::NotConnected(NotConnected::Connect(source)))) => {
+                if source.is_connect() {
                     Err(GatewayError::UpstreamConnect {
                         upstream: name.clone(),
                         source,
                     })
-                }
-                Some(Err(Failed::Target)) => Err(GatewayError::BadRequest {
-                    reason: "the request target cannot be forwarded",
-                }),
-                Some(Err(Failed::Pool(_)))
-                    if body_exceeded.is_some_and(|flag| flag.load(Ordering::Relaxed)) =>
-                {
-                    Err(GatewayError::BodyTooLarge { limit: body_limit })
-                }
-                // The client's body failed (malformed chunked coding, a
-                // client gone mid-body): its fault, a 400, not an upstream
-                // error; the upstream connection went with the exchange.
-                Some(Err(Failed::Pool(PoolError::Request(error))))
-                    if ClientBodyError::of(&error).is_some() =>
-                {
-                    tracing::debug!(%error, "request body failed while going upstream");
-                    Err(match ClientBodyError::of(&error) {
-                        Some(ClientBodyError::Stalled(timeout)) => {
-                            GatewayError::RequestTimeout { timeout: *timeout }
-                        }
-                        _ => GatewayError::BadRequest {
-                            reason: "the request body is malformed or incomplete",
-                        },
+                } else {
+                    Err(GatewayError::UpstreamFailed {
+                        upstream: name.clone(),
+                        source,
                     })
-                }
-                Some(Err(Failed::Pool(source))) => {
-                    if let Some(url) = attempt.current {
-                        let failure = if source.is_connect() {
-                            Failure::Connect
-                        } else {
-                            Failure::Reset
-                        };
-                        self.record_failure(url, failure, Some(&source));
-                    }
-                    if source.is_connect() {
-                        Err(GatewayError::UpstreamConnect {
-                            upstream: name.clone(),
-                            source,
-                        })
-                    } else {
-                        Err(GatewayError::UpstreamFailed {
-                            upstream: name.clone(),
-                            source,
-                        })
-                    }
                 }
             }
         }
     }
+}
 
-    /// A connection to a URL ([`Upstream::connect`]), the request aimed at
-    /// it, the exchange; a response head's status recorded on the URL.
-    async fn connect_and_exchange(
-        &self,
-        prepared: Prepared,
-        interim: Option<&dyn InterimSink>,
-        attempt: &mut Attempt,
-    ) -> Result<(Response<UpstreamBody>, FieldLines), Failed> {
-        let (url, connection, _in_flight) =
-            self.connect(attempt).await.map_err(Failed::NotConnected)?;
-        let Prepared {
-            mut request,
-            mut own,
-            host_from_url,
-        } = prepared;
-        let base = &self.config.urls[url];
-        *request.uri_mut() = upstream_uri(base, request.uri()).map_err(|_| Failed::Target)?;
-        if host_from_url && let Some(authority) = base.authority() {
-            own.push("host", authority.as_str().as_bytes());
-        }
-        let answer = self
-            .exchange(url, connection, request, own, interim)
-            .await
-            .map_err(Failed::Pool)?;
-        self.record_status(url, answer.0.status().as_u16());
-        Ok(answer)
+/// A connection to a URL ([`Upstream::connect`]), the request aimed at
+/// it, the exchange; a response head's status recorded on the URL.
+async fn connect_and_exchange(
+    upstream: &Upstream,
+    prepared: Prepared,
+    interim: Option<&dyn InterimSink>,
+    attempt: &mut Attempt,
+) -> Result<(Response<UpstreamBody>, FieldLines), Failed> {
+    let (url, connection, _in_flight) = upstream
+        .connect(attempt)
+        .await
+        .map_err(Failed::NotConnected)?;
+    let Prepared {
+        mut request,
+        mut own,
+        host_from_url,
+    } = prepared;
+    let base = &upstream.config.urls[url];
+    *request.uri_mut() = upstream_uri(base, request.uri()).map_err(|_| Failed::Target)?;
+    if host_from_url && let Some(authority) = base.authority() {
+        own.push("host", authority.as_str().as_bytes());
     }
+    let answer = upstream
+        .exchange(url, connection, request, own, interim)
+        .await
+        .map_err(Failed::Pool)?;
+    upstream.record_status(url, answer.0.status().as_u16());
+    Ok(answer)
+}
 
-    /// Builds the upstream request from the client's: forwarding headers,
-    /// hop-by-hop headers removed; the target is set when a URL is chosen
-    /// ([`Upstream::send`]).
-    pub fn prepare(
-        &self,
-        mut parts: Parts,
-        body: RequestBody,
-        peer: SocketAddr,
-        proto: &'static str,
-    ) -> Result<Prepared, GatewayError> {
-        // HTTP/2 and absolute-form requests carry the host in the URI
-        // (RFC 9113 §8.3.1); it wins over a `Host` header.
-        let client_host = parts
-            .uri
-            .authority()
-            .and_then(|a| HeaderValue::from_str(a.as_str()).ok())
-            .or_else(|| parts.headers.get(header::HOST).cloned());
-        let host = self.config.host.as_ref().or(client_host.as_ref());
-        let own = own_fields(&parts.headers, host, peer.ip(), proto, client_host.as_ref());
-        parts.version = Version::HTTP_11;
-        Ok(Prepared {
-            request: Request::from_parts(parts, body),
-            own,
-            host_from_url: host.is_none(),
-        })
-    }
+/// Builds the upstream request from the client's: forwarding headers,
+/// hop-by-hop headers removed; the target is set when a URL is chosen
+/// ([`send`]).
+pub(crate) fn prepare(
+    upstream: &Upstream,
+    mut parts: Parts,
+    body: RequestBody,
+    peer: SocketAddr,
+    proto: &'static str,
+) -> Result<Prepared, GatewayError> {
+    // HTTP/2 and absolute-form requests carry the host in the URI
+    // (RFC 9113 §8.3.1); it wins over a `Host` header.
+    let client_host = parts
+        .uri
+        .authority()
+        .and_then(|a| HeaderValue::from_str(a.as_str()).ok())
+        .or_else(|| parts.headers.get(header::HOST).cloned());
+    let host = upstream.config.host.as_ref().or(client_host.as_ref());
+    let own = own_fields(&parts.headers, host, peer.ip(), proto, client_host.as_ref());
+    parts.version = Version::HTTP_11;
+    Ok(Prepared {
+        request: Request::from_parts(parts, body),
+        own,
+        host_from_url: host.is_none(),
+    })
 }
 
 /// The request target sent upstream, in origin form (`/prefix/path?query`):

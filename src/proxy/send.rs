@@ -17,7 +17,7 @@ use crate::limit::Permits;
 use crate::proxy::body::{BodyCap, RequestBody, ResponseBody, Stall};
 use crate::proxy::downstream::Downstream;
 use crate::proxy::error::GatewayError;
-use crate::proxy::forward::Prepared;
+use crate::proxy::forward::{self, Prepared};
 use crate::proxy::request_body::{PendingBody, declared_length};
 use crate::proxy::upgrade;
 use crate::upstream::pool::PoolError;
@@ -46,15 +46,15 @@ pub(crate) async fn forward(
         exceeded,
         client_upgrade,
     } = prepare_forward(snapshot, route, downstream, parts, body)?;
-    let (mut response, fields) = upstream
-        .send(
-            request,
-            exceeded,
-            route.max_body.unwrap_or(u64::MAX),
-            interim,
-            attempt,
-        )
-        .await?;
+    let (mut response, fields) = forward::send(
+        upstream,
+        request,
+        exceeded,
+        route.max_body.unwrap_or(u64::MAX),
+        interim,
+        attempt,
+    )
+    .await?;
     if response.status() == StatusCode::SWITCHING_PROTOCOLS {
         if !upgrade::switched_to_allowed(
             fields.relayed_value("upgrade"),
@@ -154,7 +154,7 @@ fn prepare_forward<'s>(
     };
     let mut parts = parts;
     upgrade::allow_only(&mut parts.headers, &snapshot.config.server.upgrades);
-    let mut request = upstream.prepare(parts, body, downstream.peer, downstream.proto)?;
+    let mut request = forward::prepare(upstream, parts, body, downstream.peer, downstream.proto)?;
     // hyper hands the client's connection over if we answer 101.
     let client_upgrade = if request.own.upgrade {
         request
