@@ -104,7 +104,9 @@ pub fn admit<'a, 's: 'a>(
     }
     match store {
         None => Admitting::Decided(decide_in_memory(app, snapshot, &candidate, ticket)),
-        Some(store) => Admitting::Asking(shared::step(store, app, snapshot, candidate, ticket)),
+        Some(store) => Admitting::Asking(shared::decide_boxed(
+            store, app, snapshot, candidate, ticket,
+        )),
     }
 }
 
@@ -214,13 +216,13 @@ fn decide_in_memory<'s>(
         candidate.now,
         &mut ticket.decision,
     );
-    conclude(app, snapshot, candidate, ticket)
+    answer(app, snapshot, candidate, ticket)
 }
 
 /// The stack's outcome recorded and turned into an [`Admission`]; for an
 /// admitted request, the entry its legacy headers describe noted.
 #[inline(always)]
-fn conclude(
+fn answer(
     app: &App,
     snapshot: &Snapshot,
     candidate: &Candidate<'_, '_>,

@@ -10,7 +10,7 @@ use std::pin::Pin;
 
 use smallvec::SmallVec;
 
-use super::{Admission, Candidate, Store, Ticket, conclude};
+use super::{Admission, Candidate, Store, Ticket, answer};
 use crate::app::{App, Snapshot};
 use crate::config::{LimitConfig, OnFailure};
 use crate::limit::stack::{INLINE, SKIPPED, outcome_of};
@@ -23,7 +23,7 @@ use crate::store::{SharedEntry, Unavailable};
 /// [`decide`]'s future, boxed: only a shared stack pays the allocation,
 /// and out of line, so that none of it is built into the request future.
 #[inline(never)]
-pub(super) fn step<'a, 's: 'a>(
+pub(super) fn decide_boxed<'a, 's: 'a>(
     store: &'a Store,
     app: &'a App,
     snapshot: &'s Snapshot,
@@ -197,7 +197,7 @@ async fn decide<'s>(
     };
     ticket.via_store = via_store;
     ticket.decision = StackDecision::from_parts(entries, denied_by, delay, permits);
-    conclude(app, snapshot, &candidate, ticket)
+    answer(app, snapshot, &candidate, ticket)
 }
 
 /// Gives back what the local tier charged when the shared tier refused.

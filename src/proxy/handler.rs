@@ -66,11 +66,16 @@ pub async fn handle(
     let now = app.clock.now();
     let observation = Observation::start(downstream, &request, now);
     let snapshot = app.snapshot();
-    let mut notes = Notes {
-        connection,
-        ..Notes::default()
+    let mut progress = Progress {
+        answer: Answer {
+            connection,
+            ..Answer::default()
+        },
+        ..Progress::default()
     };
-    let response = match route_and_act(app, &snapshot, downstream, request, now, &mut notes).await {
+    let response = match route_and_act(app, &snapshot, downstream, request, now, &mut progress)
+        .await
+    {
         Ok(response) => response,
         Err(error) => {
             if let Some(kind) = error.upstream_kind() {
@@ -78,7 +83,10 @@ pub async fn handle(
                 // first failure of a spell and then a summary per interval
                 // (`upstream::health`).
                 tracing::debug!(error = %crate::upstream::health::error_chain(&error), kind, "upstream error");
-                if let Some(upstream) = notes.route_index.and_then(|i| upstream_label(&snapshot, i))
+                if let Some(upstream) = progress
+                    .seen
+                    .route_index
+                    .and_then(|i| upstream_label(&snapshot, i))
                 {
                     app.metrics().record_upstream_error(upstream, kind);
                 }
@@ -86,18 +94,18 @@ pub async fn handle(
             error.to_response()
         }
     };
-    let timing = observation.finish(app, &snapshot, &response, &notes);
-    let connection = notes.connection.take();
+    let timing = observation.finish(app, &snapshot, &response, &progress.seen);
+    let connection = progress.answer.connection.take();
     if response.status() == StatusCode::SWITCHING_PROTOCOLS
         && let Some(connection) = &connection
     {
         // A tunnel takes the client's connection over (`proxy::upgrade`).
         connection.handed_to_tunnel();
     }
-    // Moved out, not taken: taking left empty ones for `notes` to drop.
-    let Notes {
+    // Moved out, not taken: taking left empty ones for `progress` to drop.
+    let Answer {
         permits, fields, ..
-    } = notes;
+    } = progress.answer;
     let completion = Completion {
         connection,
         permits,
@@ -129,21 +137,34 @@ impl InterimSink for ConnActivity {
     }
 }
 
-/// What the steps learn about a request, for metrics and its log line.
+/// A request's record while the steps run, filled as they go: what they
+/// observe, and what they hand on with the answer.
 #[derive(Debug, Default)]
-struct Notes {
+struct Progress {
+    seen: Seen,
+    answer: Answer,
+}
+
+/// What the steps observe about a request, for metrics and its log line.
+#[derive(Debug, Default)]
+struct Seen {
     /// Index into the snapshot's routes once a route matched.
     route_index: Option<usize>,
     /// The client after trusted-proxy resolution, once identified.
     client_ip: Option<IpAddr>,
     /// The limit the response's legacy headers describe.
     limit: Option<LimitNote>,
-    /// Concurrency slots, handed to the response body.
+    /// Upstream retries made.
+    retries: u32,
+}
+
+/// What goes with the response, beyond it.
+#[derive(Debug, Default)]
+struct Answer {
+    /// Concurrency slots, held by the response body until it ends.
     permits: Permits,
     /// The response's rate-limit fields, handed to the server with it.
     fields: FieldLines,
-    /// Upstream retries made (for the access log).
-    retries: u32,
     /// The client's connection (when the server tracks it): where interim
     /// responses go, and what the response's end tells it is idle.
     connection: Option<Arc<ConnActivity>>,
@@ -189,11 +210,11 @@ impl Observation {
         app: &App,
         snapshot: &Snapshot,
         response: &Response<ResponseBody>,
-        notes: &Notes,
+        seen: &Seen,
     ) -> Option<BodyTiming> {
         let status = response.status().as_u16();
         let elapsed = Duration::from_nanos(app.clock.now().saturating_sub(self.started));
-        let plan = notes.route_index.and_then(|i| snapshot.routes.get(i));
+        let plan = seen.route_index.and_then(|i| snapshot.routes.get(i));
         let mut timing = None;
         let route = match plan {
             Some(plan) if response.body().still_arriving() => {
@@ -212,7 +233,7 @@ impl Observation {
             }
         };
         // A flood of denials must not become a flood of log I/O.
-        if notes.limit.is_some_and(|l| l.denied) && !snapshot.denied_log.should_log_denied() {
+        if seen.limit.is_some_and(|l| l.denied) && !snapshot.denied_log.should_log_denied() {
             return timing;
         }
         let entry = AccessEntry {
@@ -222,17 +243,17 @@ impl Observation {
             route,
             status,
             elapsed: Some(elapsed),
-            upstream: notes
+            upstream: seen
                 .route_index
                 .and_then(|i| upstream_label(snapshot, i))
                 .map(|name| &**name),
-            client_ip: notes.client_ip.unwrap_or(self.downstream.peer.ip()),
-            limit: notes.limit.map(|note| access_log::LimitField {
+            client_ip: seen.client_ip.unwrap_or(self.downstream.peer.ip()),
+            limit: seen.limit.map(|note| access_log::LimitField {
                 name: &snapshot.limit_config(note.limit).name,
                 remaining: note.remaining,
                 denied: note.denied,
             }),
-            retries: notes.retries,
+            retries: seen.retries,
             refused: None,
         };
         match timing {
@@ -259,7 +280,7 @@ fn upstream_label(snapshot: &Snapshot, index: usize) -> Option<&Arc<str>> {
     }
 }
 
-/// Steps 1–7; `notes` are filled as the steps learn things (the route as soon
+/// Steps 1–7; `progress` is filled as the steps learn things (the route as soon
 /// as one matched), so metrics and the access log have them also when acting
 /// on the request fails.
 ///
@@ -272,7 +293,7 @@ async fn route_and_act(
     downstream: Downstream,
     request: Request<ClientBody>,
     now: Nanos,
-    notes: &mut Notes,
+    progress: &mut Progress,
 ) -> Result<Response<ResponseBody>, GatewayError> {
     let (mut parts, body) = request.into_parts();
     let server = &snapshot.config.server;
@@ -301,7 +322,7 @@ async fn route_and_act(
             path: parts.uri.path().to_owned(),
         });
     };
-    notes.route_index = Some(index);
+    progress.seen.route_index = Some(index);
     let route = &snapshot.config.routes[index];
     let plan = &snapshot.routes[index];
 
@@ -318,7 +339,7 @@ async fn route_and_act(
     let limited = !plan.stack.is_empty();
     if limited {
         let client_ip = identify::client_ip(snapshot, &parts.headers, downstream.peer.ip());
-        notes.client_ip = Some(client_ip);
+        progress.seen.client_ip = Some(client_ip);
         let candidate = Candidate {
             route: index,
             parts: &parts,
@@ -333,11 +354,11 @@ async fn route_and_act(
         match admission::admit(app, snapshot, candidate, &mut ticket).await {
             Admission::Allowed => {
                 // Noted now, so the log line has it even if forwarding fails.
-                notes.limit = ticket.focus().map(|i| note(plan, &ticket, i, false));
-                ticket.move_permits_into(&mut notes.permits);
+                progress.seen.limit = ticket.focus().map(|i| note(plan, &ticket, i, false));
+                ticket.move_permits_into(&mut progress.answer.permits);
             }
             Admission::Denied { by } => {
-                notes.limit = Some(note(plan, &ticket, by, true));
+                progress.seen.limit = Some(note(plan, &ticket, by, true));
                 let (mut response, lines) = ratelimit::deny_response(
                     ticket.view(snapshot.config.server.headers),
                     ticket.entries(),
@@ -345,7 +366,7 @@ async fn route_and_act(
                     plan.policy_for(ticket.plan()),
                     route.cost,
                 );
-                notes.fields = lines;
+                progress.answer.fields = lines;
                 recycle_map(&mut parts.headers, response.headers_mut());
                 return Ok(response);
             }
@@ -389,9 +410,9 @@ async fn route_and_act(
                         budget,
                     };
                     let sender = Sender {
-                        permits: &mut notes.permits,
-                        interim: interim_sink(&notes.connection),
-                        retries: &mut notes.retries,
+                        permits: &mut progress.answer.permits,
+                        interim: interim_sink(&progress.answer.connection),
+                        retries: &mut progress.seen.retries,
                         upstream_label: upstream_label(snapshot, index),
                     };
                     // Boxed: the retry loop's future (a forward inside it,
@@ -407,8 +428,8 @@ async fn route_and_act(
                         downstream,
                         parts,
                         body,
-                        &mut notes.permits,
-                        interim_sink(&notes.connection),
+                        &mut progress.answer.permits,
+                        interim_sink(&progress.answer.connection),
                         &mut Attempt::default(),
                     )
                     .await
@@ -420,7 +441,7 @@ async fn route_and_act(
                     // The request was admitted and charged: the gateway's
                     // error answer tells the client its quota as well.
                     if let Some(admitted) = admitted {
-                        notes.fields = failed_request_fields(snapshot, plan, admitted);
+                        progress.answer.fields = failed_request_fields(snapshot, plan, admitted);
                     }
                     return Err(error);
                 }
@@ -437,7 +458,7 @@ async fn route_and_act(
         // Ours replace an upstream's fields of the same names.
         fields.drop_replaced();
     }
-    notes.fields = fields;
+    progress.answer.fields = fields;
     Ok(response)
 }
 

@@ -52,7 +52,7 @@ pub enum Decided {
     /// Answered before the limits: 401 (unknown or missing API key), 400
     /// (a limit's key is missing and it says `on_missing_key = "deny"`), 413
     /// (a body over `max_body` on a route that reads it for a key).
-    Refused { route: usize, refusal: Refusal },
+    Rejected { route: usize, rejection: Rejection },
     /// The stack decided.
     Limited {
         route: usize,
@@ -65,7 +65,7 @@ pub enum Decided {
 
 /// Why a request was answered before its limits.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Refusal {
+pub enum Rejection {
     Unauthorized,
     /// The index in `config.limits` of the limit whose key was missing.
     MissingKey(usize),
@@ -73,18 +73,18 @@ pub enum Refusal {
 }
 
 /// A request answered before its limits decide ([`Decided::NoRoute`],
-/// [`Decided::Refused`]).
+/// [`Decided::Rejected`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Early {
     NoRoute,
-    Refused { route: usize, refusal: Refusal },
+    Rejected { route: usize, rejection: Rejection },
 }
 
 impl From<Early> for Decided {
     fn from(early: Early) -> Decided {
         match early {
             Early::NoRoute => Decided::NoRoute,
-            Early::Refused { route, refusal } => Decided::Refused { route, refusal },
+            Early::Rejected { route, rejection } => Decided::Rejected { route, rejection },
         }
     }
 }
@@ -111,12 +111,12 @@ pub fn identify<'s>(snapshot: &'s Snapshot, record: &Record) -> Result<Identifie
     };
     let route = &snapshot.config.routes[index];
     let plan = &snapshot.routes[index];
-    let refused = |refusal| Early::Refused {
+    let rejected = |rejection| Early::Rejected {
         route: index,
-        refusal,
+        rejection,
     };
     let Ok(consumer) = identify::caller(snapshot, route, &parts.headers) else {
-        return Err(refused(Refusal::Unauthorized));
+        return Err(rejected(Rejection::Unauthorized));
     };
     let body = record.body.as_deref().unwrap_or_default();
     let body = if plan.needs_body {
@@ -124,7 +124,7 @@ pub fn identify<'s>(snapshot: &'s Snapshot, record: &Record) -> Result<Identifie
             .max_body
             .is_some_and(|limit| body.len() as u64 > limit)
         {
-            return Err(refused(Refusal::TooLarge));
+            return Err(rejected(Rejection::TooLarge));
         }
         // Over the key cap the gateway does not parse the body: no key.
         (body.len() <= snapshot.config.server.max_key_body)
@@ -164,9 +164,9 @@ pub fn limit(
     };
     let mut ticket = Ticket::default();
     match admission::decide(app, snapshot, &candidate, &mut ticket) {
-        Admission::MissingKey { position } => Decided::Refused {
+        Admission::MissingKey { position } => Decided::Rejected {
             route,
-            refusal: Refusal::MissingKey(snapshot.routes[route].stack[position].index()),
+            rejection: Rejection::MissingKey(snapshot.routes[route].stack[position].index()),
         },
         Admission::Allowed | Admission::Denied { .. } | Admission::StoreDown => {
             let admission::ticket::Decided {
@@ -421,13 +421,13 @@ impl Simulation {
                 variant.no_route += 1;
                 return;
             }
-            Decided::Refused { route, refusal } => {
+            Decided::Rejected { route, rejection } => {
                 let stats = &mut variant.routes[*route];
                 stats.requests += 1;
-                match refusal {
-                    Refusal::Unauthorized => stats.unauthorized += 1,
-                    Refusal::MissingKey(_) => stats.missing_key += 1,
-                    Refusal::TooLarge => stats.too_large += 1,
+                match rejection {
+                    Rejection::Unauthorized => stats.unauthorized += 1,
+                    Rejection::MissingKey(_) => stats.missing_key += 1,
+                    Rejection::TooLarge => stats.too_large += 1,
                 }
                 return;
             }
@@ -530,10 +530,10 @@ fn write_decision(
     }
     let (route, outcome, status, limit) = match decided {
         Decided::NoRoute => (None, "no_route", Some(404), None),
-        Decided::Refused { route, refusal } => match refusal {
-            Refusal::Unauthorized => (Some(*route), "unauthorized", Some(401), None),
-            Refusal::MissingKey(limit) => (Some(*route), "missing_key", Some(400), Some(*limit)),
-            Refusal::TooLarge => (Some(*route), "too_large", Some(413), None),
+        Decided::Rejected { route, rejection } => match rejection {
+            Rejection::Unauthorized => (Some(*route), "unauthorized", Some(401), None),
+            Rejection::MissingKey(limit) => (Some(*route), "missing_key", Some(400), Some(*limit)),
+            Rejection::TooLarge => (Some(*route), "too_large", Some(413), None),
         },
         Decided::Limited {
             route, decision, ..
