@@ -25,19 +25,26 @@
 //! 4. [`app`] — the shared state a request reads: the configuration
 //!    snapshot (swapped whole, `arc-swap`) and the limiter registry, which
 //!    lives outside the snapshot so a reload keeps its state.
-//! 5. `proxy/` — the pipeline: `proxy::handler::handle` and its steps, the
-//!    rate-limit fields and 429s, the forwarding header rules, upgrade
-//!    tunnels, the body types, and the one error → status mapping
-//!    (`proxy::error`). It never names the connection layer. Beside it,
-//!    `explain`: one key's state of a limit, for the admin listener's
-//!    `/limits/NAME`.
-//! 6. [`conn`] — listeners, the accept loop, worker threads, the
+//! 5. [`admission`] — the limit decision, as a value: what is known of a
+//!    request (route, caller, cost, time) in, an `Admission` (allowed,
+//!    denied by which limit, a missing key, the store down) out, with the
+//!    request's `Ticket` (verdicts, permits, what to settle). The only code
+//!    that decides: the proxy, `simulate` and the explain endpoint
+//!    (`admission::explain`) all call it. Identification (consumer, client
+//!    IP, body fields), the memory and shared tiers with leases and
+//!    `on_failure`, decision metrics and `cost_header` settlement live here.
+//! 6. `proxy/` — the pipeline: `proxy::handler::handle` and its phases,
+//!    the rate-limit fields and 429s (turning an `Admission` into an
+//!    answer), the forwarding header rules and the send upstream, retries,
+//!    upgrade tunnels, the body types, and the one error → status mapping
+//!    (`proxy::error`). It never names the connection layer.
+//! 7. [`conn`] — listeners, the accept loop, worker threads, the
 //!    per-connection watchdog, graceful drain, and the hand-off from the
 //!    fast path to hyper. TLS (`conn::tls`) is one more kind of stream
 //!    under the same connection code: after the handshake a TLS stream is
 //!    served like a TCP one, or by hyper's HTTP/2 server (`conn::h2`) when
 //!    ALPN chose `h2` or a cleartext client opened with the h2 preface.
-//! 7. [`admin`], [`reload`], [`gateway`] ([`run`]: the whole gateway as
+//! 8. [`admin`], [`reload`], [`gateway`] ([`run`]: the whole gateway as
 //!    one future over bound listeners, for the binary and for in-process
 //!    tests), [`simulate`] (a trace through the same routing, keys and
 //!    limiters on a virtual clock, offline), and the binary (`main.rs`:
@@ -57,8 +64,8 @@
 //!
 //! **accept** ([`conn`]) → **parse** ([`http1::server`], or hyper for what
 //! the fast path hands off) → **snapshot** ([`app`]) → **guard** →
-//! **route** ([`routing`]) → **identify** ([`identity`]) → **limit**
-//! ([`limit`]) → **act**: answer, or forward (`proxy::forward` →
+//! **route** ([`routing`]) → **identify** and **limit** ([`admission`],
+//! on [`identity`] and [`limit`]) → **act**: answer, or forward (`proxy::forward` →
 //! `upstream/` → `http1::client`) → **respond** (`proxy::ratelimit`,
 //! `proxy::response`, errors via `proxy::error`) → **observe**
 //! ([`metrics`], `access_log`). `proxy::handler` calls the steps in this
