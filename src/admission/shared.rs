@@ -180,7 +180,18 @@ async fn decide<'s>(
             refund_local(ticket, &local_at, &entries, cost, now);
             permits = Permits::default();
             // As in the memory stack: a limit that would have admitted a
-            // request the stack denied was not charged.
+            // request the stack denied was not charged, and shows its state
+            // as it stands (its `r` in the 429): the local tier's after the
+            // refund, a lease's with the tokens put back.
+            for &j in &local_at {
+                if let (Some(key), Outcome::Allowed) = (ticket.keys[j], entries[j].outcome) {
+                    entries[j].verdict = ticket.limiters[j].peek(key, now);
+                }
+            }
+            for &k in &spent {
+                let remaining = &mut entries[shared_at[k]].verdict.remaining;
+                *remaining = remaining.saturating_add(cost);
+            }
             for entry in entries.iter_mut().filter(|e| e.outcome == Outcome::Allowed) {
                 entry.outcome = Outcome::DeniedByOther;
             }
