@@ -97,6 +97,7 @@ fn candidate<'r, 's>(app: &App, snapshot: &'s Snapshot, parts: &'r Parts) -> Can
         identify::caller(snapshot, config, &parts.headers).expect("the caller is admitted");
     Candidate {
         route,
+        plan: &snapshot.routes[route],
         parts,
         identity: Identity {
             client_ip: identify::client_ip(snapshot, &parts.headers, PEER),

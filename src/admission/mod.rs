@@ -40,7 +40,7 @@ use std::task::{Context, Poll};
 use http::request::Parts;
 use smallvec::SmallVec;
 
-use crate::app::{App, Snapshot};
+use crate::app::{App, RoutePlan, Snapshot};
 use crate::identity::keys::{RequestFacts, limit_key};
 use crate::limit::{Nanos, StackEntry, check_stack_into, stack::INLINE};
 use crate::store::RedisStore;
@@ -72,6 +72,9 @@ pub enum Admission {
 pub struct Candidate<'r, 's> {
     /// The matched route, an index into the snapshot's routes.
     pub route: usize,
+    /// That route's plan (`snapshot.routes[route]`), looked up once by the
+    /// caller.
+    pub plan: &'s RoutePlan,
     /// The request's head, for header, query and path keys.
     pub parts: &'r Parts,
     pub identity: Identity<'r, 's>,
@@ -96,9 +99,7 @@ pub fn admit<'a, 's: 'a>(
     candidate: Candidate<'a, 's>,
     ticket: &'a mut Ticket<'s>,
 ) -> Admitting<'a> {
-    let store = app
-        .store()
-        .filter(|_| snapshot.routes[candidate.route].shared);
+    let store = app.store().filter(|_| candidate.plan.shared);
     if let Err(missing) = key_stack(app, snapshot, &candidate, store.is_some(), ticket) {
         return Admitting::Decided(missing);
     }
@@ -154,12 +155,11 @@ fn key_stack<'s>(
     shared: bool,
     ticket: &mut Ticket<'s>,
 ) -> Result<(), Admission> {
-    let route = &snapshot.config.routes[candidate.route];
-    let plan = &snapshot.routes[candidate.route];
+    let plan = candidate.plan;
     let identity = &candidate.identity;
     let facts = RequestFacts {
         client: identity.client_net(snapshot),
-        route: &route.name,
+        route: &plan.name,
         consumer: identity.consumer,
         body: identity.body,
     };

@@ -17,7 +17,7 @@ pub(super) fn decisions(
     candidate: &Candidate<'_, '_>,
     ticket: &Ticket<'_>,
 ) {
-    let plan = &snapshot.routes[candidate.route];
+    let plan = candidate.plan;
     let route_label = &plan.name;
     for (position, ((&id, entry), algorithm)) in plan
         .stack

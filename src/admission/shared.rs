@@ -53,7 +53,7 @@ async fn decide<'s>(
     candidate: Candidate<'_, 's>,
     ticket: &mut Ticket<'s>,
 ) -> Admission {
-    let plan = &snapshot.routes[candidate.route];
+    let plan = candidate.plan;
     let n = ticket.stack.len();
     let (cost, now) = (candidate.cost, candidate.now);
     let entry = |j: usize| StackEntry {

@@ -342,6 +342,7 @@ async fn route_and_act(
         progress.seen.client_ip = Some(client_ip);
         let candidate = Candidate {
             route: index,
+            plan,
             parts: &parts,
             identity: Identity {
                 client_ip,

@@ -153,6 +153,7 @@ pub fn limit(
     let route = identified.route;
     let candidate = Candidate {
         route,
+        plan: &snapshot.routes[route],
         parts: &record.parts,
         identity: Identity {
             client_ip: identified.client_ip,
