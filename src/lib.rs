@@ -24,7 +24,9 @@
 //!    reused deadline timers.
 //! 4. [`app`] — the shared state a request reads: the configuration
 //!    snapshot (swapped whole, `arc-swap`) and the limiter registry, which
-//!    lives outside the snapshot so a reload keeps its state.
+//!    lives outside the snapshot so a reload keeps its state, with the
+//!    idle sweeper that evicts its keys back at full quota (`app::sweep`,
+//!    started by [`gateway`]).
 //! 5. `proxy/` — the pipeline: `proxy::handler::handle` and its steps, the
 //!    rate-limit fields and 429s, the forwarding header rules, upgrade
 //!    tunnels, the body types, and the one error → status mapping

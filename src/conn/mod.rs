@@ -6,8 +6,8 @@
 //!   N threads each run their own single-threaded runtime and their own accept
 //!   loop per listener; a connection is accepted, served and closed on one
 //!   thread, with no work stealing and no cross-thread wakeups. The main
-//!   thread keeps signals, the admin listener, the idle-key sweeper and the
-//!   reload bookkeeping, and tells the workers which sockets to serve.
+//!   thread keeps signals, the admin listener and the reload bookkeeping,
+//!   and tells the workers which sockets to serve.
 //! - **Sockets**: with N > 1 workers every address gets N `SO_REUSEPORT`
 //!   sockets, one per worker, and the kernel spreads incoming connections over
 //!   them by a hash of the peer. One shared socket (`try_clone`d per worker)
@@ -357,7 +357,6 @@ impl Server {
     /// drains: returns when every connection of every worker has closed or
     /// `shutdown_timeout` has passed.
     pub async fn run(mut self) {
-        let sweeper = tokio::spawn(sweep_idle_keys(self.app.clone()));
         let mut generations = self.app.subscribe_generations();
         let mut shutdown = self.shutdown.clone();
         while !*shutdown.borrow() {
@@ -373,7 +372,6 @@ impl Server {
         }
         // The workers see the same signal: each closes its listeners and
         // drops its `alive` sender; their connections hold the rest.
-        sweeper.abort();
         let timeout = self.app.snapshot().config.server.shutdown_timeout;
         if tokio::time::timeout(timeout, self.alive.recv())
             .await
@@ -552,27 +550,6 @@ impl Accepting {
         if let Some((stop, task)) = self.loops.remove(&endpoint) {
             let _ = stop.send(true);
             let _ = task.await;
-        }
-    }
-}
-
-/// How often idle limiter keys are evicted (and idle upstream connections
-/// pruned, [`App::sweep`]). Keys back at full quota carry no information, so
-/// evicting them bounds memory under floods of one-shot keys.
-const SWEEP_INTERVAL: Duration = Duration::from_secs(10);
-
-async fn sweep_idle_keys(app: Arc<App>) {
-    let mut interval = tokio::time::interval(SWEEP_INTERVAL);
-    interval.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-    loop {
-        interval.tick().await;
-        // Sweeping locks one shard at a time; run it off the runtime.
-        let app = app.clone();
-        let removed = tokio::task::spawn_blocking(move || app.sweep())
-            .await
-            .unwrap_or(0);
-        if removed > 0 {
-            tracing::debug!(removed, "evicted idle limiter keys");
         }
     }
 }
