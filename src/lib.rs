@@ -34,8 +34,10 @@
 //!    `explain`: one key's state of a limit, for the admin listener's
 //!    `/limits/NAME`.
 //! 6. [`conn`] — listeners, the accept loop, worker threads, the
-//!    per-connection watchdog, graceful drain, and the hand-off from the
-//!    fast path to hyper. TLS (`conn::tls`) is one more kind of stream
+//!    per-connection watchdog (`conn::watchdog`: one loop for eviction, the
+//!    drain and the deadlines, whichever protocol serves), graceful drain,
+//!    and the hand-off from the fast path to hyper. Connections only: the
+//!    limiter state's sweeper is `app`'s. TLS (`conn::tls`) is one more kind of stream
 //!    under the same connection code: after the handshake a TLS stream is
 //!    served like a TCP one, or by hyper's HTTP/2 server (`conn::h2`) when
 //!    ALPN chose `h2` or a cleartext client opened with the h2 preface.
