@@ -8,7 +8,10 @@
 //! 1. `http/` — wire vocabulary both sides share: field lines
 //!    (`http::field_lines`), the RFC 9651 writer (`http::structured`),
 //!    hop-by-hop rules, chunked framing, the cached `Date`, the one host
-//!    rule for `Host`, a target's authority and `:authority` (`http::host`).
+//!    rule for `Host`, a target's authority and `:authority` (`http::host`),
+//!    and the one RFC 9457 problem+json writer (`http::problem`) of every
+//!    body the gateway answers with itself: the codec's refusals, the
+//!    pipeline's errors and its 429s.
 //! 2. [`http1`] — the HTTP/1.1 codec, bytes ↔ `http` types: the server side
 //!    ([`http1::server`]: the fast path, lingering close, the bytes handed
 //!    to hyper) and the upstream client (`http1::client`: head codec,
