@@ -9,6 +9,11 @@
 //! last reload error shown by the admin listener's `/config`, the store
 //! readiness flag behind `/readyz`, and every upstream URL's health (the
 //! upstream layer's `HealthRegistry`, with the active checkers).
+//!
+//! The idle sweeper that keeps the registry small runs beside it
+//! (`sweep`).
+
+pub(crate) mod sweep;
 
 use std::collections::HashMap;
 use std::sync::Arc;

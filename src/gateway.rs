@@ -5,6 +5,11 @@
 //! pause tokio's clock and drive the limiter's clock from it (the clock is
 //! injected: [`App::with_clock`]), as mini-redis's `server::run` lets its
 //! tests do.
+//!
+//! The gateway owns its background tasks: the connections' server
+//! ([`conn::start`]), the admin listener, and the idle sweeper of the
+//! limiter registry (`app::sweep`), which runs until the
+//! shutdown and not through the drain.
 
 use std::future::Future;
 use std::io;
@@ -14,7 +19,7 @@ use std::sync::Arc;
 use tokio::net::TcpListener;
 use tokio::sync::watch;
 
-use crate::app::App;
+use crate::app::{App, sweep};
 use crate::config::ServerConfig;
 use crate::{admin, conn};
 
@@ -88,6 +93,7 @@ pub async fn run(
 ) -> io::Result<()> {
     let (stop_tx, stop_rx) = watch::channel(false);
     let server = conn::start(app.clone(), listeners.traffic, stop_rx.clone())?;
+    let sweeper = tokio::spawn(sweep::sweep_idle(app.clone()));
     let admin = listeners
         .admin
         .map(|listener| tokio::spawn(admin::serve(app, listener, stop_rx)));
@@ -98,9 +104,12 @@ pub async fn run(
         () = &mut serving => {}
         () = shutdown => {
             let _ = stop_tx.send(true);
+            // Before the drain, as the server stops accepting.
+            sweeper.abort();
             serving.await;
         }
     }
+    sweeper.abort();
     if let Some(admin) = admin {
         let _ = admin.await;
     }

@@ -8,7 +8,10 @@
 //! 1. `http/` — wire vocabulary both sides share: field lines
 //!    (`http::field_lines`), the RFC 9651 writer (`http::structured`),
 //!    hop-by-hop rules, chunked framing, the cached `Date`, the one host
-//!    rule for `Host`, a target's authority and `:authority` (`http::host`).
+//!    rule for `Host`, a target's authority and `:authority` (`http::host`),
+//!    and the one RFC 9457 problem+json writer (`http::problem`) of every
+//!    body the gateway answers with itself: the codec's refusals, the
+//!    pipeline's errors and its 429s.
 //! 2. [`http1`] — the HTTP/1.1 codec, bytes ↔ `http` types: the server side
 //!    ([`http1::server`]: the fast path, lingering close, the bytes handed
 //!    to hyper) and the upstream client (`http1::client`: head codec,
@@ -24,7 +27,9 @@
 //!    reused deadline timers.
 //! 4. [`app`] — the shared state a request reads: the configuration
 //!    snapshot (swapped whole, `arc-swap`) and the limiter registry, which
-//!    lives outside the snapshot so a reload keeps its state.
+//!    lives outside the snapshot so a reload keeps its state, with the
+//!    idle sweeper that evicts its keys back at full quota (`app::sweep`,
+//!    started by [`gateway`]).
 //! 5. [`admission`] — the limit decision, as a value: what is known of a
 //!    request (route, caller, cost, time) in, an `Admission` (allowed,
 //!    denied by which limit, a missing key, the store down) out, with the
@@ -39,8 +44,10 @@
 //!    upgrade tunnels, the body types, and the one error → status mapping
 //!    (`proxy::error`). It never names the connection layer.
 //! 7. [`conn`] — listeners, the accept loop, worker threads, the
-//!    per-connection watchdog, graceful drain, and the hand-off from the
-//!    fast path to hyper. TLS (`conn::tls`) is one more kind of stream
+//!    per-connection watchdog (`conn::watchdog`: one loop for eviction, the
+//!    drain and the deadlines, whichever protocol serves), graceful drain,
+//!    and the hand-off from the fast path to hyper. Connections only: the
+//!    limiter state's sweeper is `app`'s. TLS (`conn::tls`) is one more kind of stream
 //!    under the same connection code: after the handshake a TLS stream is
 //!    served like a TCP one, or by hyper's HTTP/2 server (`conn::h2`) when
 //!    ALPN chose `h2` or a cleartext client opened with the h2 preface.

@@ -23,9 +23,8 @@ use tokio::io::{AsyncRead, AsyncWrite};
 
 use crate::app::App;
 use crate::conn::drain::DrainWatch;
-use crate::conn::{
-    AfterCheck, ConnLimits, after_check, evicted, eviction, hyper_service, register_task,
-};
+use crate::conn::watchdog::{Shutdown, Watchdog, register_task};
+use crate::conn::{ConnLimits, hyper_service};
 use crate::http1::server::ConnActivity;
 use crate::proxy::handler::Downstream;
 
@@ -53,13 +52,13 @@ pub(crate) async fn serve<S>(
     activity: Arc<ConnActivity>,
     downstream: Downstream,
     mut drain: DrainWatch,
-    mut draining: bool,
+    draining: bool,
 ) where
     S: AsyncRead + AsyncWrite + Unpin + Send + 'static,
 {
-    let server = ConnLimits::of(&app.snapshot().config.server);
-    let metrics = app.metrics().clone();
     register_task(&activity).await;
+    let limits = ConnLimits::of(&app.snapshot().config.server);
+    let metrics = app.metrics().clone();
     let handler = hyper_service(app, activity.clone(), downstream);
     // Boxed here, unlike on HTTP/1.1: hyper spawns every stream as a task,
     // moving the handler's future into it more than once, which cost more
@@ -69,54 +68,38 @@ pub(crate) async fn serve<S>(
     builder
         .timer(TokioTimer::new())
         .max_concurrent_streams(MAX_CONCURRENT_STREAMS)
-        .max_header_list_size(u32::try_from(server.max_header_bytes).unwrap_or(u32::MAX))
+        .max_header_list_size(u32::try_from(limits.max_header_bytes).unwrap_or(u32::MAX))
         .max_pending_accept_reset_streams(MAX_PENDING_RESETS)
         .max_local_error_reset_streams(MAX_LOCAL_ERROR_RESETS);
     let connection = builder.serve_connection(TokioIo::new(io), service);
     tokio::pin!(connection);
-    if draining {
-        connection.as_mut().graceful_shutdown();
-    }
-    let check = tokio::time::sleep(server.header_read_timeout.min(server.idle_timeout));
+    let check = tokio::time::sleep(limits.header_read_timeout.min(limits.idle_timeout));
     tokio::pin!(check);
-    let peer = downstream.peer;
-    loop {
-        tokio::select! {
-            biased;
-            result = connection.as_mut() => {
-                if let Err(error) = result {
-                    match goaway_sent(&error) {
-                        Some(reason) => {
-                            metrics.record_http2_connection_error(reason);
-                            tracing::info!(%peer, reason, "HTTP/2 connection closed with a GOAWAY error");
-                        }
-                        None => tracing::debug!(%peer, %error, "HTTP/2 connection ended with an error"),
-                    }
-                }
-                return;
+    let peer = &downstream.peer;
+    let mut watchdog = Watchdog::new(
+        &activity,
+        &metrics,
+        limits,
+        peer,
+        &mut drain,
+        draining,
+        check.as_mut(),
+    );
+    // Draining, idle, or frames but no request within
+    // header_read_timeout: a GOAWAY either way, so a client whose stream
+    // raced with it learns that it was not processed. (Evicted, it is
+    // idle, with no stream open: nothing a GOAWAY would save it from.)
+    let served = watchdog.serve(connection.as_mut(), |connection, _| {
+        connection.graceful_shutdown();
+        Shutdown::Begun
+    });
+    if let Some(Err(error)) = served.await {
+        match goaway_sent(&error) {
+            Some(reason) => {
+                metrics.record_http2_connection_error(reason);
+                tracing::info!(%peer, reason, "HTTP/2 connection closed with a GOAWAY error");
             }
-            // Idle (no stream open): nothing to tell the client a GOAWAY
-            // would save it from.
-            _ = eviction(&activity) => {
-                evicted(&metrics, peer);
-                return;
-            }
-            _ = &mut drain, if !draining => {
-                connection.as_mut().graceful_shutdown();
-                draining = true;
-            }
-            _ = check.as_mut(), if !draining => {
-                match after_check(&activity, &server, check.as_mut(), peer) {
-                    AfterCheck::Carry => {}
-                    // Frames but no request within header_read_timeout, or
-                    // idle: either way a GOAWAY, so a client whose stream
-                    // raced with it learns that it was not processed.
-                    AfterCheck::Close | AfterCheck::Drain => {
-                        connection.as_mut().graceful_shutdown();
-                        draining = true;
-                    }
-                }
-            }
+            None => tracing::debug!(%peer, %error, "HTTP/2 connection ended with an error"),
         }
     }
 }

@@ -6,8 +6,8 @@
 //!   N threads each run their own single-threaded runtime and their own accept
 //!   loop per listener; a connection is accepted, served and closed on one
 //!   thread, with no work stealing and no cross-thread wakeups. The main
-//!   thread keeps signals, the admin listener, the idle-key sweeper and the
-//!   reload bookkeeping, and tells the workers which sockets to serve.
+//!   thread keeps signals, the admin listener and the reload bookkeeping,
+//!   and tells the workers which sockets to serve.
 //! - **Sockets**: with N > 1 workers every address gets N `SO_REUSEPORT`
 //!   sockets, one per worker, and the kernel spreads incoming connections over
 //!   them by a hash of the peer. One shared socket (`try_clone`d per worker)
@@ -52,7 +52,10 @@
 //!   request head is not complete within `header_read_timeout` (slowloris) and
 //!   one idle between requests for `idle_timeout`. hyper's own header timer is
 //!   off, because it also runs while a keep-alive connection is idle and would
-//!   cap the idle time at the header timeout.
+//!   cap the idle time at the header timeout. The watchdog (`watchdog`) is
+//!   one loop for the fast path, hyper's HTTP/1.1 and HTTP/2 alike, which
+//!   also ends an evicted connection and starts the drain's polite close;
+//!   each protocol gives only its own way to close.
 //! - **Reloads**: a new `listen` list is applied as soon as the generation
 //!   changes: new addresses are bound (on every worker), removed ones stop
 //!   accepting on every worker (their open connections carry on).
@@ -69,13 +72,13 @@ pub(crate) mod drain;
 pub(crate) mod evict;
 pub(crate) mod h2;
 pub(crate) mod tls;
+pub(crate) mod watchdog;
 
 use std::collections::HashMap;
 use std::io;
 use std::net::SocketAddr;
 use std::pin::Pin;
 use std::sync::Arc;
-use std::sync::atomic::Ordering;
 use std::task::{Context, Poll};
 use std::time::Duration;
 
@@ -86,17 +89,16 @@ use socket2::{Domain, Protocol, Socket, Type};
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::{OwnedSemaphorePermit, Semaphore, mpsc, oneshot, watch};
-use tokio::time::Instant;
 
 use crate::app::App;
 use crate::config::ServerConfig;
 use crate::conn::drain::{Drain, DrainWatch};
 use crate::conn::evict::Registry;
+use crate::conn::watchdog::{Closing, Shutdown, Watchdog, register_task};
 use crate::http1::server::ActivityAnswered;
 use crate::http1::server::ConnActivity;
 use crate::http1::server::linger::{LingerSwitch, Lingering};
 use crate::http1::server::{self as h1, Gate, Rewind};
-use crate::metrics::Metrics;
 use crate::proxy::body::ClientBody;
 use crate::proxy::handler::{Downstream, handle};
 use crate::worker::worker_count;
@@ -357,7 +359,6 @@ impl Server {
     /// drains: returns when every connection of every worker has closed or
     /// `shutdown_timeout` has passed.
     pub async fn run(mut self) {
-        let sweeper = tokio::spawn(sweep_idle_keys(self.app.clone()));
         let mut generations = self.app.subscribe_generations();
         let mut shutdown = self.shutdown.clone();
         while !*shutdown.borrow() {
@@ -373,7 +374,6 @@ impl Server {
         }
         // The workers see the same signal: each closes its listeners and
         // drops its `alive` sender; their connections hold the rest.
-        sweeper.abort();
         let timeout = self.app.snapshot().config.server.shutdown_timeout;
         if tokio::time::timeout(timeout, self.alive.recv())
             .await
@@ -556,27 +556,6 @@ impl Accepting {
     }
 }
 
-/// How often idle limiter keys are evicted (and idle upstream connections
-/// pruned, [`App::sweep`]). Keys back at full quota carry no information, so
-/// evicting them bounds memory under floods of one-shot keys.
-const SWEEP_INTERVAL: Duration = Duration::from_secs(10);
-
-async fn sweep_idle_keys(app: Arc<App>) {
-    let mut interval = tokio::time::interval(SWEEP_INTERVAL);
-    interval.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-    loop {
-        interval.tick().await;
-        // Sweeping locks one shard at a time; run it off the runtime.
-        let app = app.clone();
-        let removed = tokio::task::spawn_blocking(move || app.sweep())
-            .await
-            .unwrap_or(0);
-        if removed > 0 {
-            tracing::debug!(removed, "evicted idle limiter keys");
-        }
-    }
-}
-
 /// How long an accept loop at the cap waits for the connection it asked to
 /// close before it asks another (the first may have turned busy), or looks
 /// again for an idle one when none was.
@@ -664,7 +643,11 @@ async fn accept_loop(
             });
         } else {
             tokio::spawn(async move {
-                serve_connection(app, stream, peer, drain, "http", connections).await;
+                let downstream = Downstream {
+                    peer,
+                    proto: "http",
+                };
+                serve_connection(app, stream, downstream, drain, connections).await;
                 drop(permit);
                 drop(alive);
             });
@@ -672,76 +655,40 @@ async fn accept_loop(
     }
 }
 
-/// What the watchdog decided.
-enum Verdict {
-    /// Check again at this instant.
-    Later(Instant),
-    /// Idle too long: close politely.
-    Idle,
-    /// Request head too slow: drop the connection.
-    SlowHead,
-}
-
-/// Decides on a connection's deadlines, and when to look again.
-///
-/// A head that starts at `t` must be complete by `t + header_timeout`, and
-/// `t` is never earlier than now; so looking again no later than `now +
-/// header_timeout` can never miss a head's deadline, however many requests
-/// come and go meanwhile — which is why traffic needs no wake-up.
-fn watchdog(activity: &ConnActivity, header_timeout: Duration, idle_timeout: Duration) -> Verdict {
-    let now = activity.now_ms();
-    let at = |ms: u64| activity.started + Duration::from_millis(ms.saturating_sub(1));
-    let soonest_head_deadline = at(now) + header_timeout;
-    if activity.in_flight.load(Ordering::Relaxed) > 0 {
-        return Verdict::Later(soonest_head_deadline);
-    }
-    let head = activity.head_started_ms.load(Ordering::Relaxed);
-    if head != 0 {
-        let deadline = head + header_timeout.as_millis() as u64;
-        return if now >= deadline {
-            Verdict::SlowHead
-        } else {
-            Verdict::Later(at(deadline))
-        };
-    }
-    let deadline =
-        activity.last_activity_ms.load(Ordering::Relaxed) + idle_timeout.as_millis() as u64;
-    if now >= deadline {
-        Verdict::Idle
-    } else {
-        Verdict::Later(at(deadline).min(soonest_head_deadline))
-    }
-}
-
 /// Serves one HTTP/1.1 connection (the fast path, then hyper) over a TCP
-/// stream or, after its handshake, a TLS one; `proto` is `"http"` or
-/// `"https"`, for the forwarding fields.
+/// stream or, after its handshake, a TLS one, from `downstream` (its proto
+/// is `"http"` or `"https"`, for the forwarding fields).
 pub(crate) async fn serve_connection<S>(
     app: Arc<App>,
     stream: S,
-    peer: SocketAddr,
+    downstream: Downstream,
     mut drain: DrainWatch,
-    proto: &'static str,
     connections: Arc<Registry>,
 ) where
     S: AsyncRead + AsyncWrite + Unpin + Send + 'static,
 {
-    // Only what the connection reads of its settings: a copy of the whole
-    // server section would be kept (with its allocations) as long as the
-    // connection, idle or not.
-    let server = ConnLimits::of(&app.snapshot().config.server);
     let activity = Arc::new(ConnActivity::new());
     let _registered = connections.register(crate::worker::worker_index(), activity.clone());
     register_task(&activity).await;
+    // Only what the connection reads of its settings: a copy of the whole
+    // server section would be kept (with its allocations) as long as the
+    // connection, idle or not.
+    let limits = ConnLimits::of(&app.snapshot().config.server);
     let mut io = ActivityIo {
         inner: stream,
         activity: activity.clone(),
     };
-    let downstream = Downstream { peer, proto };
-    let mut draining = false;
-    // One timer for the connection's life, moved only when it fires.
-    let check = tokio::time::sleep(server.header_read_timeout.min(server.idle_timeout));
+    let check = tokio::time::sleep(limits.header_read_timeout.min(limits.idle_timeout));
     tokio::pin!(check);
+    let mut watchdog = Watchdog::new(
+        &activity,
+        app.metrics(),
+        limits,
+        &downstream.peer,
+        &mut drain,
+        false,
+        check.as_mut(),
+    );
 
     // Plain requests first, served by our own HTTP/1.1 path (`crate::http1::server`).
     let handed_over = {
@@ -755,64 +702,18 @@ pub(crate) async fn serve_connection<S>(
         // The fast path relays interim (1xx) responses; hyper's servers,
         // which take over at a hand-off, have no way to send them.
         activity.relay_interim(true);
-        let fast = h1::serve(&mut io, &*activity, server.max_header_bytes, respond);
+        let fast = h1::serve(&mut io, &*activity, limits.max_header_bytes, respond);
         tokio::pin!(fast);
-        // Whether `check` holds this task's waker: it then wakes the task
-        // when it fires, and is polled only once it has (`is_elapsed`), not
-        // on every wake-up of a busy connection (two or three per request).
-        let mut check_armed = false;
-        loop {
-            let event = std::future::poll_fn(|cx| {
-                if let Poll::Ready(ended) = fast.as_mut().poll(cx) {
-                    return Poll::Ready(Event::Ended(ended));
-                }
-                if activity.evicted() {
-                    return Poll::Ready(Event::Evicted);
-                }
-                if draining {
-                    return Poll::Pending;
-                }
-                if Pin::new(&mut drain).poll(cx).is_ready() {
-                    return Poll::Ready(Event::Drain);
-                }
-                if !check_armed || check.is_elapsed() {
-                    // Outside the cooperative budget: `fast` may have used
-                    // it up (a burst of pipelined requests), and a timer
-                    // polled without budget stays unregistered — the
-                    // connection would never be checked again.
-                    let unbudgeted = tokio::task::unconstrained(check.as_mut());
-                    if std::pin::pin!(unbudgeted).poll(cx).is_ready() {
-                        check_armed = false;
-                        return Poll::Ready(Event::Check);
-                    }
-                    check_armed = true;
-                }
-                Poll::Pending
-            })
-            .await;
-            match event {
-                Event::Ended(ended) => break ended,
-                Event::Evicted => {
-                    evicted(app.metrics(), peer);
-                    return;
-                }
-                Event::Drain => {
-                    draining = true;
-                    if activity.begin_closing() {
-                        return;
-                    }
-                }
-                Event::Check => match after_check(&activity, &server, check.as_mut(), peer) {
-                    AfterCheck::Carry => {}
-                    AfterCheck::Close => return,
-                    AfterCheck::Drain => {
-                        draining = true;
-                        if activity.begin_closing() {
-                            return;
-                        }
-                    }
-                },
-            }
+        // The fast path closes by itself once the request in flight is
+        // answered, or at once when there is none.
+        let served = watchdog.serve(fast.as_mut(), |_, why| match why {
+            Closing::SlowHead => Shutdown::Now,
+            Closing::Politely if activity.begin_closing() => Shutdown::Now,
+            Closing::Politely => Shutdown::Begun,
+        });
+        match served.await {
+            Some(ended) => ended,
+            None => return,
         }
     };
     activity.relay_interim(false);
@@ -822,19 +723,20 @@ pub(crate) async fn serve_connection<S>(
         // takes it from the bytes read so far.
         Ok(h1::Ended::HandOff(prefix)) if prefix.starts_with(h2::PREFACE) => {
             let io = Rewind::new(prefix, io);
+            let closing = watchdog.is_closing();
             // Boxed, as hyper's HTTP/1.1 connection below.
-            Box::pin(h2::serve(app, io, activity, downstream, drain, draining)).await;
+            Box::pin(h2::serve(app, io, activity, downstream, drain, closing)).await;
             return;
         }
         Ok(h1::Ended::HandOff(prefix)) => prefix,
         Ok(h1::Ended::Closed) => {
-            refused(&app, peer, &activity);
+            refused(&app, downstream.peer, &activity);
             return;
         }
         Err(error) => {
-            tracing::debug!(%peer, %error, "connection ended with an error");
+            tracing::debug!(peer = %downstream.peer, %error, "connection ended with an error");
             // A refusal whose answer could not be written still counts.
-            refused(&app, peer, &activity);
+            refused(&app, downstream.peer, &activity);
             return;
         }
     };
@@ -849,14 +751,10 @@ pub(crate) async fn serve_connection<S>(
         io,
         activity.clone(),
         downstream,
-        drain,
-        draining,
-        server,
-        check,
-        peer,
+        watchdog,
     ))
     .await;
-    refused(&app, peer, &activity);
+    refused(&app, downstream.peer, &activity);
 }
 
 /// The request the codec refused on `activity`'s connection, if it refused
@@ -885,22 +783,18 @@ fn refused(app: &App, peer: SocketAddr, activity: &ConnActivity) {
 }
 
 /// Serves a connection with hyper's HTTP/1.1 server from the first request
-/// the fast path handed over (its bytes replayed by `io`).
-#[allow(clippy::too_many_arguments)]
+/// the fast path handed over (its bytes replayed by `io`), under the watch
+/// the fast path was served under.
 async fn serve_handed_off<S>(
     app: Arc<App>,
     io: Rewind<ActivityIo<S>>,
     activity: Arc<ConnActivity>,
     downstream: Downstream,
-    mut drain: DrainWatch,
-    mut draining: bool,
-    server: ConnLimits,
-    mut check: Pin<&mut tokio::time::Sleep>,
-    peer: SocketAddr,
+    mut watchdog: Watchdog<'_>,
 ) where
     S: AsyncRead + AsyncWrite + Unpin + Send + 'static,
 {
-    let metrics = app.metrics().clone();
+    let max_header_bytes = watchdog.limits().max_header_bytes;
     let service = hyper_service(app, activity.clone(), downstream);
     let mut builder = http1::Builder::new();
     builder
@@ -909,51 +803,25 @@ async fn serve_handed_off<S>(
         .keep_alive(true)
         // Room for the largest allowed head: the gate refuses longer ones
         // (431 problem+json) before hyper could.
-        .max_buf_size((server.max_header_bytes + 16 * 1024).max(8 * 1024));
+        .max_buf_size((max_header_bytes + 16 * 1024).max(8 * 1024));
     // Lingering: hyper answers some requests before reading their bodies
     // (denied, too large, an upstream's early answer); see `crate::http1::server::linger`.
     // The gate checks every later request before hyper reads it (`h1::gate`).
     let io = TokioIo::new(Lingering::new(
-        Gate::new(
-            io,
-            server.max_header_bytes,
-            ActivityAnswered(activity.clone()),
-        ),
-        ActivityLinger(activity.clone()),
+        Gate::new(io, max_header_bytes, ActivityAnswered(activity.clone())),
+        ActivityLinger(activity),
     ));
     let connection = builder.serve_connection(io, service).with_upgrades();
     tokio::pin!(connection);
-    if draining {
-        connection.as_mut().graceful_shutdown();
-    }
-    loop {
-        tokio::select! {
-            biased;
-            result = connection.as_mut() => {
-                if let Err(error) = result {
-                    tracing::debug!(%peer, %error, "connection ended with an error");
-                }
-                return;
-            }
-            _ = eviction(&activity) => {
-                evicted(&metrics, peer);
-                return;
-            }
-            _ = &mut drain, if !draining => {
-                connection.as_mut().graceful_shutdown();
-                draining = true;
-            }
-            _ = check.as_mut(), if !draining => {
-                match after_check(&activity, &server, check.as_mut(), peer) {
-                    AfterCheck::Carry => {}
-                    AfterCheck::Close => return,
-                    AfterCheck::Drain => {
-                        connection.as_mut().graceful_shutdown();
-                        draining = true;
-                    }
-                }
-            }
+    let served = watchdog.serve(connection.as_mut(), |connection, why| match why {
+        Closing::SlowHead => Shutdown::Now,
+        Closing::Politely => {
+            connection.graceful_shutdown();
+            Shutdown::Begun
         }
+    });
+    if let Some(Err(error)) = served.await {
+        tracing::debug!(peer = %downstream.peer, %error, "connection ended with an error");
     }
 }
 
@@ -994,16 +862,6 @@ pub(crate) fn hyper_service(
     })
 }
 
-/// What a connection does when its watchdog's timer fired.
-enum AfterCheck {
-    /// Nothing is due: the timer is set to look again.
-    Carry,
-    /// A request head too slow: drop the connection.
-    Close,
-    /// Idle too long: close it politely, as when draining.
-    Drain,
-}
-
 /// The settings a connection reads, copied at accept (a reload applies to
 /// connections accepted after it).
 #[derive(Debug, Clone, Copy)]
@@ -1021,67 +879,6 @@ impl ConnLimits {
             max_header_bytes: server.max_header_bytes,
         }
     }
-}
-
-/// Asks the watchdog about `activity` and re-arms `check` when nothing is due.
-fn after_check(
-    activity: &ConnActivity,
-    server: &ConnLimits,
-    check: Pin<&mut tokio::time::Sleep>,
-    peer: SocketAddr,
-) -> AfterCheck {
-    match watchdog(activity, server.header_read_timeout, server.idle_timeout) {
-        Verdict::Later(at) => {
-            check.reset(at);
-            AfterCheck::Carry
-        }
-        Verdict::SlowHead => {
-            tracing::debug!(%peer, "request head not complete in time; closing");
-            AfterCheck::Close
-        }
-        Verdict::Idle => AfterCheck::Drain,
-    }
-}
-
-/// What woke a connection on the fast path.
-enum Event<T> {
-    /// The fast path is over.
-    Ended(T),
-    /// The server is draining.
-    Drain,
-    /// The watchdog's timer fired.
-    Check,
-    /// Asked to close, idle, to make room at `max_connections`.
-    Evicted,
-}
-
-/// Stores the connection task's waker in `activity`, for an eviction to
-/// wake it (see [`evict`]).
-pub(crate) async fn register_task(activity: &ConnActivity) {
-    std::future::poll_fn(|cx| {
-        activity.set_task(cx.waker());
-        Poll::Ready(())
-    })
-    .await;
-}
-
-/// Resolves once the connection was asked to close and is idle
-/// ([`ConnActivity::evicted`]); polled on every wake-up of its task, it
-/// registers nothing (the task's waker is in `activity` already).
-pub(crate) fn eviction(activity: &ConnActivity) -> impl Future<Output = ()> + '_ {
-    std::future::poll_fn(move |_| {
-        if activity.evicted() {
-            Poll::Ready(())
-        } else {
-            Poll::Pending
-        }
-    })
-}
-
-/// Counts and logs an idle connection closed to make room.
-pub(crate) fn evicted(metrics: &Metrics, peer: SocketAddr) {
-    tracing::debug!(%peer, "idle connection closed to make room at max_connections");
-    metrics.record_connection_evicted();
 }
 
 /// A connection's linger switch, reached through its activity.

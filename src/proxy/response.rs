@@ -1,32 +1,29 @@
-//! The gateway's own responses: RFC 9457 problem+json bodies for every error the
-//! gateway answers itself, and the `respond` routes.
+//! The gateway's own responses: RFC 9457 problem+json responses for every
+//! error the gateway answers itself (the body written by
+//! [`crate::http::problem`], as the codec's refusals and the 429s are), and
+//! the `respond` routes.
 
 use http::header::{CACHE_CONTROL, CONTENT_TYPE};
 use http::{HeaderValue, Response, StatusCode};
 
 use super::body::ResponseBody;
+use crate::http::problem::{self as problem_json, about_blank, reason_title};
 
-/// `application/problem+json`, as text (for lines, which then need not
-/// check a header value's bytes again).
-pub const PROBLEM_JSON_TEXT: &str = "application/problem+json";
 /// `application/problem+json`.
-pub const PROBLEM_JSON: HeaderValue = HeaderValue::from_static(PROBLEM_JSON_TEXT);
+const PROBLEM_JSON: HeaderValue = HeaderValue::from_static(problem_json::CONTENT_TYPE);
 
-/// A problem+json response: `{"type":"about:blank","title":...,"status":...,"detail":...}`.
+/// A problem+json response of type `about:blank`, titled by the status's
+/// reason phrase: `{"detail":...,"status":...,"title":...,"type":"about:blank"}`.
 pub fn problem(status: StatusCode, detail: &str) -> Response<ResponseBody> {
-    problem_titled(status, status.canonical_reason().unwrap_or("Error"), detail)
+    problem_titled(status, reason_title(status), detail)
 }
 
 /// [`problem`] with a title of its own, for a case the status's reason
 /// phrase does not name.
 pub fn problem_titled(status: StatusCode, title: &str, detail: &str) -> Response<ResponseBody> {
-    let body = serde_json::json!({
-        "type": "about:blank",
-        "title": title,
-        "status": status.as_u16(),
-        "detail": detail,
-    });
-    let mut response = Response::new(ResponseBody::full(body.to_string()));
+    let mut body = String::new();
+    about_blank(&mut body, status, title, detail);
+    let mut response = Response::new(ResponseBody::full(body));
     *response.status_mut() = status;
     response.headers_mut().insert(CONTENT_TYPE, PROBLEM_JSON);
     response

@@ -527,7 +527,7 @@ impl UrlHealth {
 }
 
 /// Seconds between summary lines: the gateway's sweep interval, which runs
-/// the summary (`conn`'s sweeper calls `App::sweep`).
+/// the summary (the gateway's sweeper, `app::sweep`, calls `App::sweep`).
 pub const SUMMARY_SECONDS: u64 = 10;
 
 /// How long the `n`-th ejection lasts: `base × n`, at most `max`.

@@ -55,6 +55,7 @@ use http::{HeaderName, StatusCode};
 use super::response::{BodyLength, encode_head};
 use crate::http::content_length::{self, ContentLengthError};
 use crate::http::host;
+use crate::http::problem;
 
 /// At most this many fields, as hyper (`DEFAULT_MAX_HEADERS`); a head with
 /// more is refused with 431, as hyper does.
@@ -111,19 +112,16 @@ impl Refusal {
 
 impl Refusal {
     /// Writes the whole answer: the problem+json body (RFC 9457) the
-    /// gateway's other errors have, and `Connection: close`.
+    /// gateway's other errors have, by the same writer
+    /// ([`problem::about_blank`]), and `Connection: close`.
     pub(crate) fn encode(&self, out: &mut Vec<u8>) {
-        let body = serde_json::json!({
-            "type": "about:blank",
-            "title": self.status.canonical_reason().unwrap_or("Error"),
-            "status": self.status.as_u16(),
-            "detail": self.detail,
-        })
-        .to_string();
+        let mut body = String::new();
+        let title = problem::reason_title(self.status);
+        problem::about_blank(&mut body, self.status, title, self.detail);
         let mut fields = http::HeaderMap::with_capacity(2);
         fields.insert(
             http::header::CONTENT_TYPE,
-            http::HeaderValue::from_static("application/problem+json"),
+            http::HeaderValue::from_static(problem::CONTENT_TYPE),
         );
         fields.insert(
             http::header::CACHE_CONTROL,
