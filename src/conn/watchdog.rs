@@ -159,15 +159,15 @@ impl<'a> Watchdog<'a> {
                     }
                     self.armed = false;
                     match deadlines(self.activity, &self.limits) {
-                        Verdict::Later(at) => {
+                        Due::Later(at) => {
                             self.check.as_mut().reset(at);
                             continue;
                         }
-                        Verdict::SlowHead => {
+                        Due::SlowHead => {
                             tracing::debug!(peer = %self.peer, "request head not complete in time; closing");
                             Closing::SlowHead
                         }
-                        Verdict::Idle => Closing::Politely,
+                        Due::Idle => Closing::Politely,
                     }
                 };
                 match close(serving.as_mut(), why) {
@@ -191,7 +191,7 @@ pub(crate) async fn register_task(activity: &ConnActivity) {
 }
 
 /// What [`deadlines`] decided.
-enum Verdict {
+enum Due {
     /// Check again at this instant.
     Later(Instant),
     /// Idle too long: close politely.
@@ -206,29 +206,29 @@ enum Verdict {
 /// `t` is never earlier than now; so looking again no later than `now +
 /// header_timeout` can never miss a head's deadline, however many requests
 /// come and go meanwhile — which is why traffic needs no wake-up.
-fn deadlines(activity: &ConnActivity, limits: &ConnLimits) -> Verdict {
+fn deadlines(activity: &ConnActivity, limits: &ConnLimits) -> Due {
     let (header_timeout, idle_timeout) = (limits.header_read_timeout, limits.idle_timeout);
     let now = activity.now_ms();
     let at = |ms: u64| activity.started + Duration::from_millis(ms.saturating_sub(1));
     let soonest_head_deadline = at(now) + header_timeout;
     if activity.in_flight.load(Ordering::Relaxed) > 0 {
-        return Verdict::Later(soonest_head_deadline);
+        return Due::Later(soonest_head_deadline);
     }
     let head = activity.head_started_ms.load(Ordering::Relaxed);
     if head != 0 {
         let deadline = head + header_timeout.as_millis() as u64;
         return if now >= deadline {
-            Verdict::SlowHead
+            Due::SlowHead
         } else {
-            Verdict::Later(at(deadline))
+            Due::Later(at(deadline))
         };
     }
     let deadline =
         activity.last_activity_ms.load(Ordering::Relaxed) + idle_timeout.as_millis() as u64;
     if now >= deadline {
-        Verdict::Idle
+        Due::Idle
     } else {
-        Verdict::Later(at(deadline).min(soonest_head_deadline))
+        Due::Later(at(deadline).min(soonest_head_deadline))
     }
 }
 
