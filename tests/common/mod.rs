@@ -8,6 +8,7 @@
 #![allow(dead_code)]
 
 pub mod certs;
+pub mod log;
 
 use std::collections::HashMap;
 use std::io::{BufRead, BufReader};
@@ -49,24 +50,44 @@ pub fn gateway_toml(upstream: &TestUpstream, server: &str, rest: &str) -> String
 /// is tokio's ([`TokioClock`], from [`IN_PROCESS_EPOCH`]): in a
 /// `#[tokio::test(start_paused = true)]` test, `tokio::time::sleep` moves
 /// the limiter's time as far as it sleeps, instantly. One worker whatever
-/// the config says (the process never fixes `worker::init`). Drained when
-/// [`InProcess::stop`] is awaited; stopped when dropped.
+/// the config says (the process never fixes `worker::init`). The config is
+/// written to `dir` (where the files it names may be, and where
+/// [`InProcess::reload`] reads it again, as `SIGHUP` makes the binary do).
+/// Drained when [`InProcess::stop`] is awaited; stopped when dropped.
 pub struct InProcess {
     pub addr: SocketAddr,
+    /// The first `[server.tls]` listener, if the config has one.
+    pub tls_addr: Option<SocketAddr>,
     pub admin: Option<SocketAddr>,
     pub app: Arc<App>,
+    pub dir: tempfile::TempDir,
+    pub config_path: PathBuf,
     stop: Option<oneshot::Sender<()>>,
     task: tokio::task::JoinHandle<std::io::Result<()>>,
 }
 
 impl InProcess {
     pub async fn start(config: &str) -> InProcess {
-        let config = Config::from_bytes(std::path::Path::new("gateway.toml"), config.as_bytes())
-            .unwrap_or_else(|error| panic!("{error}"));
+        InProcess::start_in(tempfile::tempdir().expect("tempdir"), config).await
+    }
+
+    /// As [`InProcess::start`], with the config written into `dir` (where
+    /// the test put the files it names, e.g. certificates).
+    pub async fn start_in(dir: tempfile::TempDir, config: &str) -> InProcess {
+        let config_path = dir.path().join("gateway.toml");
+        std::fs::write(&config_path, config).expect("write config");
+        let config = Config::load(&config_path).unwrap_or_else(|error| panic!("{error}"));
         let listeners = tollgate::Listeners::bind(&config.server)
             .await
             .expect("bind the listeners");
-        let addr = listeners.traffic_addrs().expect("address")[0];
+        let urls = listeners.traffic_urls().expect("addresses");
+        let first = |scheme: &str| {
+            urls.iter()
+                .find_map(|url| url.strip_prefix(scheme))
+                .map(|addr| addr.parse::<SocketAddr>().expect("listen address"))
+        };
+        let addr = first("http://").expect("a plain listener");
+        let tls_addr = first("https://");
         let admin = listeners.admin_addr().expect("admin address");
         let app = App::with_clock(config, Arc::new(TokioClock::starting_at(IN_PROCESS_EPOCH)));
         let (stop, stopped) = oneshot::channel::<()>();
@@ -76,11 +97,32 @@ impl InProcess {
         let task = tokio::spawn(tollgate::run(listeners, app.clone(), shutdown));
         InProcess {
             addr,
+            tls_addr,
             admin,
             app,
+            dir,
+            config_path,
             stop: Some(stop),
             task,
         }
+    }
+
+    pub fn url(&self, path: &str) -> String {
+        format!("http://{}{}", self.addr, path)
+    }
+
+    /// Reads the config file again and installs it, as the binary does on
+    /// `SIGHUP` (the same function): a bad file is counted and kept out.
+    /// Returns the generation running afterwards.
+    pub fn reload(&self) -> u64 {
+        tollgate::reload::reload(&self.app, &self.config_path);
+        self.app.snapshot().generation
+    }
+
+    /// Writes `config` over the config file and [reloads](InProcess::reload).
+    pub fn reload_with(&self, config: &str) -> u64 {
+        std::fs::write(&self.config_path, config).expect("write config");
+        self.reload()
     }
 
     /// Signals the shutdown and waits for the drain to finish.
@@ -98,6 +140,27 @@ impl InProcess {
 impl Drop for InProcess {
     fn drop(&mut self) {
         self.task.abort();
+    }
+}
+
+/// How long [`eventually`] polls: generous, for a debug build on a loaded
+/// 2-core machine. Real time, so that it also bounds a wait under paused
+/// time for what another thread or process does.
+pub const EVENTUALLY: Duration = Duration::from_secs(30);
+
+/// Polls `check` every 10 ms until it holds, for at most [`EVENTUALLY`];
+/// returns whether it held, for the caller to assert with its own message.
+/// Under paused time each poll moves tokio's clock by 10 ms.
+pub async fn eventually(mut check: impl AsyncFnMut() -> bool) -> bool {
+    let deadline = std::time::Instant::now() + EVENTUALLY;
+    loop {
+        if check().await {
+            return true;
+        }
+        if std::time::Instant::now() >= deadline {
+            return false;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
     }
 }
 
@@ -322,6 +385,8 @@ impl Seen {
 pub struct TestUpstream {
     pub addr: SocketAddr,
     pub seen: Arc<Mutex<Vec<Seen>>>,
+    /// Requests that arrived, counted before `/slow/MS` waits.
+    arrived: Arc<std::sync::atomic::AtomicUsize>,
     release: Arc<Notify>,
     task: tokio::task::JoinHandle<()>,
 }
@@ -333,17 +398,19 @@ impl TestUpstream {
             .expect("bind upstream");
         let addr = listener.local_addr().expect("addr");
         let seen = Arc::new(Mutex::new(Vec::new()));
+        let arrived = Arc::new(std::sync::atomic::AtomicUsize::new(0));
         let release = Arc::new(Notify::new());
-        let (seen2, release2) = (seen.clone(), release.clone());
+        let (seen2, arrived2, release2) = (seen.clone(), arrived.clone(), release.clone());
         let task = tokio::spawn(async move {
             loop {
                 let Ok((stream, _)) = listener.accept().await else {
                     return;
                 };
-                let (seen, release) = (seen2.clone(), release2.clone());
+                let (seen, arrived, release) = (seen2.clone(), arrived2.clone(), release2.clone());
                 tokio::spawn(async move {
                     let service = hyper::service::service_fn(move |request: Request<Incoming>| {
                         let (seen, release) = (seen.clone(), release.clone());
+                        arrived.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
                         async move {
                             Ok::<_, hyper::Error>(upstream_answer(request, seen, release).await)
                         }
@@ -358,6 +425,7 @@ impl TestUpstream {
         TestUpstream {
             addr,
             seen,
+            arrived,
             release,
             task,
         }
@@ -383,6 +451,11 @@ impl TestUpstream {
 
     pub fn count(&self) -> usize {
         self.seen.lock().unwrap().len()
+    }
+
+    /// Requests that reached the upstream, answered or not yet.
+    pub fn arrived(&self) -> usize {
+        self.arrived.load(std::sync::atomic::Ordering::SeqCst)
     }
 }
 

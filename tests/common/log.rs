@@ -1,0 +1,60 @@
+//! The log lines of an in-process gateway, for tests that read what the
+//! binary would write to stderr (an upstream error, a failed reload): a
+//! subscriber formatting as the binary does (human format, INFO and up,
+//! no colours) into a buffer, the default of the test's thread while the
+//! [`LogCapture`] lives. On a `#[tokio::test]` runtime (one thread) that
+//! is everything a one-worker gateway logs, an in-process reload
+//! included; not what blocking-pool threads log.
+
+use std::sync::{Arc, Mutex};
+
+use tracing::subscriber::DefaultGuard;
+
+/// What the gateway logged on this thread since [`capture`].
+pub struct LogCapture {
+    text: Arc<Mutex<Vec<u8>>>,
+    _default: DefaultGuard,
+}
+
+/// Starts capturing this thread's log lines.
+pub fn capture() -> LogCapture {
+    let text = Arc::new(Mutex::new(Vec::new()));
+    let sink = text.clone();
+    let subscriber = tracing_subscriber::fmt()
+        .with_max_level(tracing::Level::INFO)
+        .with_ansi(false)
+        .with_writer(move || Writer(sink.clone()))
+        .finish();
+    LogCapture {
+        text,
+        _default: tracing::subscriber::set_default(subscriber),
+    }
+}
+
+impl LogCapture {
+    /// Everything logged so far.
+    pub fn text(&self) -> String {
+        String::from_utf8_lossy(&self.text.lock().unwrap()).into_owned()
+    }
+
+    /// Waits until the log satisfies `done` (a line may follow the answer
+    /// it belongs to), at most [`super::EVENTUALLY`]; returns the log
+    /// either way.
+    pub async fn when(&self, done: impl Fn(&str) -> bool) -> String {
+        super::eventually(async || done(&self.text())).await;
+        self.text()
+    }
+}
+
+struct Writer(Arc<Mutex<Vec<u8>>>);
+
+impl std::io::Write for Writer {
+    fn write(&mut self, bytes: &[u8]) -> std::io::Result<usize> {
+        self.0.lock().unwrap().extend_from_slice(bytes);
+        Ok(bytes.len())
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
