@@ -1,8 +1,8 @@
 //! The log lines of an in-process gateway, for tests that read what the
 //! binary would write to stderr (an upstream error, a failed reload): a
-//! subscriber formatting as the binary does (human format, INFO and up,
-//! no colours) into a buffer, the default of the test's thread while the
-//! [`LogCapture`] lives. On a `#[tokio::test]` runtime (one thread) that
+//! subscriber formatting as the binary does (human format, or JSON as
+//! with `--log-format json`; INFO and up, no colours) into a buffer, the
+//! default of the test's thread while the [`LogCapture`] lives. On a `#[tokio::test]` runtime (one thread) that
 //! is everything a one-worker gateway logs, an in-process reload
 //! included; not what blocking-pool threads log.
 
@@ -16,7 +16,7 @@ pub struct LogCapture {
     _default: DefaultGuard,
 }
 
-/// Starts capturing this thread's log lines.
+/// Starts capturing this thread's log lines, in the human format.
 pub fn capture() -> LogCapture {
     let text = Arc::new(Mutex::new(Vec::new()));
     let sink = text.clone();
@@ -24,6 +24,24 @@ pub fn capture() -> LogCapture {
         .with_max_level(tracing::Level::INFO)
         .with_ansi(false)
         .with_writer(move || Writer(sink.clone()))
+        .finish();
+    LogCapture {
+        text,
+        _default: tracing::subscriber::set_default(subscriber),
+    }
+}
+
+/// Starts capturing this thread's log lines as JSON objects, one a line,
+/// the event's fields beside `target` and `level` (`--log-format json`).
+pub fn capture_json() -> LogCapture {
+    let text = Arc::new(Mutex::new(Vec::new()));
+    let sink = text.clone();
+    let subscriber = tracing_subscriber::fmt()
+        .with_max_level(tracing::Level::INFO)
+        .with_ansi(false)
+        .with_writer(move || Writer(sink.clone()))
+        .json()
+        .flatten_event(true)
         .finish();
     LogCapture {
         text,
