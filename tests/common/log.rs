@@ -5,6 +5,12 @@
 //! default of the test's thread while the [`LogCapture`] lives. On a `#[tokio::test]` runtime (one thread) that
 //! is everything a one-worker gateway logs, an in-process reload
 //! included; not what blocking-pool threads log.
+//!
+//! A no-op global subscriber is installed first: with a thread's default
+//! the only subscriber, a callsite first reached on another test's thread
+//! (which has none) is cached as uninteresting for every thread, and this
+//! thread's lines from it are lost. With two, a callsite is asked again on
+//! each thread.
 
 use std::sync::{Arc, Mutex};
 
@@ -18,6 +24,7 @@ pub struct LogCapture {
 
 /// Starts capturing this thread's log lines, in the human format.
 pub fn capture() -> LogCapture {
+    global_no_op();
     let text = Arc::new(Mutex::new(Vec::new()));
     let sink = text.clone();
     let subscriber = tracing_subscriber::fmt()
@@ -34,6 +41,7 @@ pub fn capture() -> LogCapture {
 /// Starts capturing this thread's log lines as JSON objects, one a line,
 /// the event's fields beside `target` and `level` (`--log-format json`).
 pub fn capture_json() -> LogCapture {
+    global_no_op();
     let text = Arc::new(Mutex::new(Vec::new()));
     let sink = text.clone();
     let subscriber = tracing_subscriber::fmt()
@@ -62,6 +70,16 @@ impl LogCapture {
         super::eventually(async || done(&self.text())).await;
         self.text()
     }
+}
+
+/// Installs the no-op global subscriber (see the module doc), once; a
+/// test binary that installs a global subscriber of its own keeps it.
+fn global_no_op() {
+    static ONCE: std::sync::Once = std::sync::Once::new();
+    ONCE.call_once(|| {
+        let _ =
+            tracing::subscriber::set_global_default(tracing::subscriber::NoSubscriber::default());
+    });
 }
 
 struct Writer(Arc<Mutex<Vec<u8>>>);
