@@ -71,9 +71,30 @@ impl InProcess {
         InProcess::start_in(tempfile::tempdir().expect("tempdir"), config).await
     }
 
+    /// As [`InProcess::start`], the limiter's clock starting at the wall
+    /// clock's time instead of [`IN_PROCESS_EPOCH`]: for a test that
+    /// compares with a clock outside the process (Redis `TIME`).
+    pub async fn start_on_wall_time(config: &str) -> InProcess {
+        let now = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .expect("a clock after 1970");
+        let anchor = u64::try_from(now.as_nanos()).expect("before 2554");
+        let dir = tempfile::tempdir().expect("tempdir");
+        InProcess::start_with(dir, config, Arc::new(TokioClock::starting_at(anchor))).await
+    }
+
     /// As [`InProcess::start`], with the config written into `dir` (where
     /// the test put the files it names, e.g. certificates).
     pub async fn start_in(dir: tempfile::TempDir, config: &str) -> InProcess {
+        let clock = Arc::new(TokioClock::starting_at(IN_PROCESS_EPOCH));
+        InProcess::start_with(dir, config, clock).await
+    }
+
+    async fn start_with(
+        dir: tempfile::TempDir,
+        config: &str,
+        clock: Arc<dyn tollgate::limit::Clock>,
+    ) -> InProcess {
         let config_path = dir.path().join("gateway.toml");
         std::fs::write(&config_path, config).expect("write config");
         let config = Config::load(&config_path).unwrap_or_else(|error| panic!("{error}"));
@@ -89,7 +110,7 @@ impl InProcess {
         let addr = first("http://").expect("a plain listener");
         let tls_addr = first("https://");
         let admin = listeners.admin_addr().expect("admin address");
-        let app = App::with_clock(config, Arc::new(TokioClock::starting_at(IN_PROCESS_EPOCH)));
+        let app = App::with_clock(config, clock);
         let (stop, stopped) = oneshot::channel::<()>();
         let shutdown = async {
             let _ = stopped.await;
@@ -151,8 +172,13 @@ pub const EVENTUALLY: Duration = Duration::from_secs(30);
 /// Polls `check` every 10 ms until it holds, for at most [`EVENTUALLY`];
 /// returns whether it held, for the caller to assert with its own message.
 /// Under paused time each poll moves tokio's clock by 10 ms.
-pub async fn eventually(mut check: impl AsyncFnMut() -> bool) -> bool {
-    let deadline = std::time::Instant::now() + EVENTUALLY;
+pub async fn eventually(check: impl AsyncFnMut() -> bool) -> bool {
+    eventually_within(EVENTUALLY, check).await
+}
+
+/// As [`eventually`], for at most `within`.
+pub async fn eventually_within(within: Duration, mut check: impl AsyncFnMut() -> bool) -> bool {
+    let deadline = std::time::Instant::now() + within;
     loop {
         if check().await {
             return true;
