@@ -364,15 +364,21 @@ impl Gateway {
 
     /// Waits for the process to exit, at most `timeout`.
     pub fn wait_exit(&mut self, timeout: Duration) -> Option<std::process::ExitStatus> {
-        let deadline = std::time::Instant::now() + timeout;
-        while std::time::Instant::now() < deadline {
-            if let Ok(Some(status)) = self.child.try_wait() {
-                return Some(status);
-            }
-            std::thread::sleep(Duration::from_millis(20));
-        }
-        None
+        wait_exit(&mut self.child, timeout)
     }
+}
+
+/// Waits for `child` to exit, at most `timeout` (blocking: call it off the
+/// runtime when the test's tasks must run meanwhile).
+pub fn wait_exit(child: &mut Child, timeout: Duration) -> Option<std::process::ExitStatus> {
+    let deadline = std::time::Instant::now() + timeout;
+    while std::time::Instant::now() < deadline {
+        if let Ok(Some(status)) = child.try_wait() {
+            return Some(status);
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    None
 }
 
 impl Drop for Gateway {
