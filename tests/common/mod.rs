@@ -189,6 +189,22 @@ pub async fn eventually(check: impl AsyncFnMut() -> bool) -> bool {
     eventually_within(EVENTUALLY, check).await
 }
 
+/// As [`eventually`], blocking, for code that waits off the runtime (a
+/// process starting or exiting, a captured stderr): polls `check` every
+/// 10 ms for at most `within`.
+pub fn eventually_blocking(within: Duration, mut check: impl FnMut() -> bool) -> bool {
+    let deadline = std::time::Instant::now() + within;
+    loop {
+        if check() {
+            return true;
+        }
+        if std::time::Instant::now() >= deadline {
+            return false;
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    }
+}
+
 /// As [`eventually`], for at most `within`.
 pub async fn eventually_within(within: Duration, mut check: impl AsyncFnMut() -> bool) -> bool {
     let deadline = std::time::Instant::now() + within;
@@ -338,14 +354,8 @@ impl Gateway {
     /// its own thread, a little behind the process), at most `timeout`;
     /// returns the stderr either way.
     pub fn stderr_when(&self, done: impl Fn(&str) -> bool, timeout: Duration) -> String {
-        let deadline = std::time::Instant::now() + timeout;
-        loop {
-            let text = self.stderr();
-            if done(&text) || std::time::Instant::now() >= deadline {
-                return text;
-            }
-            std::thread::sleep(Duration::from_millis(10));
-        }
+        eventually_blocking(timeout, || done(&self.stderr()));
+        self.stderr()
     }
 
     /// The process id.
@@ -371,14 +381,12 @@ impl Gateway {
 /// Waits for `child` to exit, at most `timeout` (blocking: call it off the
 /// runtime when the test's tasks must run meanwhile).
 pub fn wait_exit(child: &mut Child, timeout: Duration) -> Option<std::process::ExitStatus> {
-    let deadline = std::time::Instant::now() + timeout;
-    while std::time::Instant::now() < deadline {
-        if let Ok(Some(status)) = child.try_wait() {
-            return Some(status);
-        }
-        std::thread::sleep(Duration::from_millis(20));
-    }
-    None
+    let mut exited = None;
+    eventually_blocking(timeout, || {
+        exited = child.try_wait().ok().flatten();
+        exited.is_some()
+    });
+    exited
 }
 
 impl Drop for Gateway {
