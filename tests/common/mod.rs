@@ -459,6 +459,10 @@ impl TestUpstream {
                 let Ok((stream, _)) = listener.accept().await else {
                     return;
                 };
+                // Without it a chunk written behind an unacknowledged head
+                // waits for a delayed ACK: real time, which paused time
+                // skips as idle.
+                let _ = stream.set_nodelay(true);
                 let (seen, arrived, release) = (seen2.clone(), arrived2.clone(), release2.clone());
                 tokio::spawn(async move {
                     let service = hyper::service::service_fn(move |request: Request<Incoming>| {
