@@ -1,15 +1,17 @@
 //! End-to-end tests of observability through real sockets: the admin
 //! listener (`/metrics` parsed strictly, `/config`, `/healthz`, `/readyz`),
-//! reload bookkeeping on SIGHUP, and the JSON access log on stderr.
+//! reload bookkeeping, and the access log, with the gateway in process; the
+//! binary for the JSON access log on stderr (`--log-format json`) and the
+//! startup line of the admin listener.
 
 mod common;
 
 use std::net::SocketAddr;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use bytes::Bytes;
 use common::openmetrics::{Exposition, parse};
-use common::{Gateway, Reply, TestUpstream, get, send};
+use common::{Gateway, InProcess, Reply, TestUpstream, eventually, get, send};
 use http_body_util::Full;
 use hyper::Request;
 use sha2::{Digest, Sha256};
@@ -48,11 +50,11 @@ upstream = "api"
     )
 }
 
-fn admin(gateway: &Gateway) -> SocketAddr {
-    gateway.admin.expect("the gateway printed `admin on ...`")
+fn admin(gateway: &InProcess) -> SocketAddr {
+    gateway.admin.expect("an admin listener")
 }
 
-async fn scrape(gateway: &Gateway) -> Exposition {
+async fn scrape(gateway: &InProcess) -> Exposition {
     let reply = get(admin(gateway), "/metrics", &[]).await;
     assert_eq!(reply.status, 200);
     assert_eq!(
@@ -63,26 +65,11 @@ async fn scrape(gateway: &Gateway) -> Exposition {
     parse(&text).unwrap_or_else(|e| panic!("invalid exposition: {e}\n{text}"))
 }
 
-async fn config_json(gateway: &Gateway) -> serde_json::Value {
+async fn config_json(gateway: &InProcess) -> serde_json::Value {
     let reply = get(admin(gateway), "/config", &[]).await;
     assert_eq!(reply.status, 200);
     assert_eq!(reply.header("content-type"), Some("application/json"));
     reply.json()
-}
-
-/// Polls `/config` until `done` holds, at most 5 s.
-async fn config_until(
-    gateway: &Gateway,
-    done: impl Fn(&serde_json::Value) -> bool,
-) -> serde_json::Value {
-    let deadline = Instant::now() + Duration::from_secs(5);
-    loop {
-        let value = config_json(gateway).await;
-        if done(&value) || Instant::now() > deadline {
-            return value;
-        }
-        tokio::time::sleep(Duration::from_millis(25)).await;
-    }
 }
 
 fn sha256_hex(bytes: &[u8]) -> String {
@@ -107,7 +94,7 @@ fn is_rfc3339_utc(text: &str) -> bool {
 #[tokio::test]
 async fn request_counts_move_by_exactly_what_was_sent() {
     let upstream = TestUpstream::start().await;
-    let gateway = Gateway::start(&config(&upstream));
+    let gateway = InProcess::start(&config(&upstream)).await;
     let before = scrape(&gateway).await;
     assert_eq!(before.value("tollgate_config_generation", &[]), Some(1.0));
     let api_200 = [("route", "api"), ("status", "200")];
@@ -175,7 +162,7 @@ async fn request_counts_move_by_exactly_what_was_sent() {
 #[tokio::test]
 async fn upstream_errors_are_counted_by_upstream_and_kind() {
     let upstream = TestUpstream::start().await;
-    let gateway = Gateway::start(&config(&upstream));
+    let gateway = InProcess::start(&config(&upstream)).await;
     assert_eq!(get(gateway.addr, "/dead", &[]).await.status, 502);
     assert_eq!(get(gateway.addr, "/dead/again", &[]).await.status, 502);
     let metrics = scrape(&gateway).await;
@@ -198,7 +185,7 @@ async fn upstream_errors_are_counted_by_upstream_and_kind() {
 #[tokio::test]
 async fn health_readiness_and_unknown_admin_requests() {
     let upstream = TestUpstream::start().await;
-    let gateway = Gateway::start(&config(&upstream));
+    let gateway = InProcess::start(&config(&upstream)).await;
     let healthz = get(admin(&gateway), "/healthz", &[]).await;
     assert_eq!(healthz.status, 200);
     let readyz = get(admin(&gateway), "/readyz", &[]).await;
@@ -229,7 +216,7 @@ async fn health_readiness_and_unknown_admin_requests() {
 async fn config_endpoint_follows_failed_and_successful_reloads() {
     let upstream = TestUpstream::start().await;
     let text = config(&upstream);
-    let gateway = Gateway::start(&text);
+    let gateway = InProcess::start(&text).await;
     let initial = config_json(&gateway).await;
     assert_eq!(initial["sha256"], sha256_hex(text.as_bytes()));
     assert_eq!(initial["generation"], 1);
@@ -240,9 +227,9 @@ async fn config_endpoint_follows_failed_and_successful_reloads() {
 
     // A broken file: the running configuration stays, /config says why.
     let broken_line = text.lines().count() + 1;
-    std::fs::write(&gateway.config_path, format!("{text}bogus = 1\n")).unwrap();
-    gateway.signal("HUP");
-    let failed = config_until(&gateway, |v| !v["last_error"].is_null()).await;
+    // Reloaded in process, by the function SIGHUP calls in the binary.
+    gateway.reload_with(&format!("{text}bogus = 1\n"));
+    let failed = config_json(&gateway).await;
     let message = failed["last_error"]["message"].as_str().unwrap_or_default();
     assert!(
         message.contains(&format!("gateway.toml:{broken_line}:")),
@@ -268,9 +255,8 @@ async fn config_endpoint_follows_failed_and_successful_reloads() {
     // A valid change: generation 2, the new file's hash, the error cleared.
     let changed = text.replace("body = \"ok\\n\"", "body = \"fine\\n\"");
     assert_ne!(changed, text);
-    std::fs::write(&gateway.config_path, &changed).unwrap();
-    gateway.signal("HUP");
-    let reloaded = config_until(&gateway, |v| v["generation"] == 2).await;
+    gateway.reload_with(&changed);
+    let reloaded = config_json(&gateway).await;
     assert_eq!(reloaded["generation"], 2);
     assert_eq!(reloaded["sha256"], sha256_hex(changed.as_bytes()));
     assert_eq!(reloaded["last_error"], serde_json::Value::Null);
@@ -295,11 +281,9 @@ async fn config_endpoint_follows_failed_and_successful_reloads() {
     );
 }
 
-/// Lines of the JSON access log written so far.
-fn access_lines(gateway: &Gateway) -> Vec<serde_json::Value> {
-    gateway
-        .stderr()
-        .lines()
+/// Lines of the JSON access log in `log`.
+fn access_lines(log: &str) -> Vec<serde_json::Value> {
+    log.lines()
         .filter_map(|line| serde_json::from_str::<serde_json::Value>(line).ok())
         .filter(|v| v["target"] == "tollgate::access")
         .collect()
@@ -325,12 +309,8 @@ async fn access_log_has_the_fields_and_no_secrets() {
             .status,
         404
     );
-    let deadline = Instant::now() + Duration::from_secs(5);
-    while access_lines(&gateway).len() < 2 && Instant::now() < deadline {
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
-    let lines = access_lines(&gateway);
-    let stderr = gateway.stderr();
+    let stderr = gateway.stderr_when(|log| access_lines(log).len() >= 2, Duration::from_secs(5));
+    let lines = access_lines(&stderr);
     assert_eq!(lines.len(), 2, "{stderr}");
     let line = &lines[0];
     assert_eq!(line["method"], "GET");
@@ -374,9 +354,9 @@ async fn no_admin_listener_unless_configured() {
 #[tokio::test]
 async fn limit_decisions_near_limit_and_live_keys_are_counted() {
     let upstream = TestUpstream::start().await;
-    let gateway = Gateway::start_with_args(
-        &format!(
-            r#"
+    let log = common::log::capture_json();
+    let gateway = InProcess::start(&format!(
+        r#"
 [server]
 listen = "127.0.0.1:0"
 admin = "127.0.0.1:0"
@@ -408,10 +388,9 @@ match = {{ path_prefix = "/" }}
 upstream = "api"
 limits = ["per_key", "trial"]
 "#,
-            upstream.url()
-        ),
-        &["--log-format", "json"],
-    );
+        upstream.url()
+    ))
+    .await;
     for _ in 0..6 {
         get(gateway.addr, "/", &[("x-api-key", "k1")]).await;
     }
@@ -445,11 +424,16 @@ limits = ["per_key", "trial"]
         Some(2.0)
     );
     // log_denied = "none": the 429 has no access-log line, the others do.
-    let access_lines = |log: &str| log.matches("tollgate::access").count();
-    gateway.stderr_when(|log| access_lines(log) >= 7, Duration::from_secs(5));
-    // A moment more, so a line that should not be there would have arrived.
-    std::thread::sleep(Duration::from_millis(100));
-    let log = gateway.stderr();
+    // Every request's end is timed where its line is written: once all
+    // eight are, a line that should not be there would be.
+    let ended = async || {
+        scrape(&gateway).await.value(
+            "tollgate_request_duration_seconds_count",
+            &[("route", "api")],
+        ) == Some(8.0)
+    };
+    assert!(eventually(ended).await, "not every request ended");
+    let log = log.text();
     let lines: Vec<&str> = log
         .lines()
         .filter(|l| l.contains("tollgate::access"))
@@ -468,10 +452,12 @@ limits = ["per_key", "trial"]
 #[tokio::test]
 async fn the_duration_of_a_streamed_response_runs_to_its_last_byte() {
     let upstream = TestUpstream::start().await;
-    let gateway = Gateway::start(&format!(
+    let log = common::log::capture();
+    let gateway = InProcess::start(&format!(
         "{}\n[[routes]]\nname = \"stream\"\nmatch = {{ path = \"/stream\" }}\nupstream = \"api\"\n",
         config(&upstream)
-    ));
+    ))
+    .await;
     let request = Request::get("/stream")
         .header("host", "x")
         .body(Full::new(Bytes::new()))
@@ -501,6 +487,8 @@ async fn the_duration_of_a_streamed_response_runs_to_its_last_byte() {
         Some(0.0),
         "not timed before its body ends"
     );
+    // Real time: the body's duration is measured on the wall clock
+    // (`proxy::body::BodyTiming`), which paused time does not move.
     let held = Duration::from_millis(400);
     tokio::time::sleep(held).await;
     let stream_line = |stderr: &str| {
@@ -510,7 +498,7 @@ async fn the_duration_of_a_streamed_response_runs_to_its_last_byte() {
             .map(str::to_owned)
     };
     assert_eq!(
-        stream_line(&gateway.stderr()),
+        stream_line(&log.text()),
         None,
         "the access-log line waits for the body's end"
     );
@@ -519,16 +507,14 @@ async fn the_duration_of_a_streamed_response_runs_to_its_last_byte() {
     assert_eq!(rest, "last\n");
     // The body's end is observed when the gateway drops it, just after the
     // last byte went out: poll for it.
-    let deadline = Instant::now() + Duration::from_secs(5);
-    let after = loop {
-        let after = scrape(&gateway).await;
-        if after.value("tollgate_request_duration_seconds_count", &series) == Some(1.0)
-            || Instant::now() > deadline
-        {
-            break after;
-        }
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    };
+    eventually(async || {
+        scrape(&gateway)
+            .await
+            .value("tollgate_request_duration_seconds_count", &series)
+            == Some(1.0)
+    })
+    .await;
+    let after = scrape(&gateway).await;
     assert_eq!(
         after.value("tollgate_request_duration_seconds_count", &series),
         Some(1.0)
@@ -541,18 +527,8 @@ async fn the_duration_of_a_streamed_response_runs_to_its_last_byte() {
         "the duration ({sum} s) includes the {held:?} the body took"
     );
     // The access log's duration is the same whole time.
-    let deadline = Instant::now() + Duration::from_secs(5);
-    let line = loop {
-        if let Some(line) = stream_line(&gateway.stderr()) {
-            break line;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "no access-log line: {}",
-            gateway.stderr()
-        );
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    };
+    let text = log.when(|text| stream_line(text).is_some()).await;
+    let line = stream_line(&text).unwrap_or_else(|| panic!("no access-log line: {text}"));
     let duration_ms: f64 = line
         .split("duration_ms=")
         .nth(1)

@@ -4,13 +4,13 @@
 //! upstream's `100 Continue` is not relayed (the gateway answers a client's
 //! `Expect` itself, once); an upstream that sends interim heads without end
 //! gets the client a 502, not a hang. Real sockets: a scripted raw upstream
-//! and raw clients against the real binary.
+//! and raw clients against the gateway in process.
 
 mod common;
 
 use std::time::Duration;
 
-use common::Gateway;
+use common::InProcess;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::mpsc;
@@ -93,8 +93,8 @@ async fn upstream(script: Script) -> (String, mpsc::UnboundedSender<()>) {
     (url, go_tx)
 }
 
-fn gateway(url: &str) -> Gateway {
-    Gateway::start(&format!(
+async fn gateway(url: &str) -> InProcess {
+    InProcess::start(&format!(
         r#"
 [server]
 listen = "127.0.0.1:0"
@@ -110,6 +110,7 @@ match = {{ path_prefix = "/" }}
 upstream = "api"
 "#
     ))
+    .await
 }
 
 /// Reads from `stream` until `done` says the bytes are complete (at most 10 s).
@@ -140,7 +141,7 @@ fn ends_with_done(bytes: &[u8]) -> bool {
 #[tokio::test]
 async fn early_hints_reach_an_http11_client_before_the_final_response() {
     let (url, go) = upstream(Script::HintsThenWait).await;
-    let gateway = gateway(&url);
+    let gateway = gateway(&url).await;
     let mut client = TcpStream::connect(gateway.addr).await.unwrap();
     client
         .write_all(b"GET /page HTTP/1.1\r\nhost: x\r\n\r\n")
@@ -167,7 +168,7 @@ async fn early_hints_reach_an_http11_client_before_the_final_response() {
 #[tokio::test]
 async fn an_http10_client_gets_only_the_final_response() {
     let (url, _go) = upstream(Script::Hints).await;
-    let gateway = gateway(&url);
+    let gateway = gateway(&url).await;
     let mut client = TcpStream::connect(gateway.addr).await.unwrap();
     client
         .write_all(b"GET /page HTTP/1.0\r\nhost: x\r\n\r\n")
@@ -181,7 +182,7 @@ async fn an_http10_client_gets_only_the_final_response() {
 #[tokio::test]
 async fn hints_that_arrive_with_the_final_response_still_come_first() {
     let (url, _go) = upstream(Script::Hints).await;
-    let gateway = gateway(&url);
+    let gateway = gateway(&url).await;
     let mut client = TcpStream::connect(gateway.addr).await.unwrap();
     client
         .write_all(b"GET /page HTTP/1.1\r\nhost: x\r\n\r\n")
@@ -199,7 +200,7 @@ async fn hints_that_arrive_with_the_final_response_still_come_first() {
 #[tokio::test]
 async fn an_upstreams_100_continue_is_not_relayed() {
     let (url, _go) = upstream(Script::Continue).await;
-    let gateway = gateway(&url);
+    let gateway = gateway(&url).await;
     // A plain request: the upstream's 100 is dropped.
     let mut client = TcpStream::connect(gateway.addr).await.unwrap();
     client
@@ -227,7 +228,7 @@ async fn an_upstreams_100_continue_is_not_relayed() {
 #[tokio::test]
 async fn endless_interim_responses_end_in_a_502() {
     let (url, _go) = upstream(Script::EndlessHints).await;
-    let gateway = gateway(&url);
+    let gateway = gateway(&url).await;
     let mut client = TcpStream::connect(gateway.addr).await.unwrap();
     client
         .write_all(b"GET /page HTTP/1.1\r\nhost: x\r\n\r\n")

@@ -2,13 +2,14 @@
 //! is at its cap, the keep-alive connection idle the longest is closed so a
 //! new client is served instead of waiting in the accept backlog; a
 //! connection in the middle of a request is never closed for it. Real
-//! sockets against the real binary; real time, with generous margins.
+//! sockets against the gateway in process, on paused time: a wait for
+//! something not to happen lasts until nothing else can, then its time.
 
 mod common;
 
 use std::time::Duration;
 
-use common::{Gateway, TestUpstream, get};
+use common::{InProcess, TestUpstream, get};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 
@@ -36,7 +37,7 @@ upstream = "api"
 
 /// A keep-alive connection that has made one request and read its whole
 /// response (`echo`, 4 bytes).
-async fn idle_connection(gateway: &Gateway) -> TcpStream {
+async fn idle_connection(gateway: &InProcess) -> TcpStream {
     let mut stream = TcpStream::connect(gateway.addr).await.unwrap();
     stream
         .write_all(b"GET /idle HTTP/1.1\r\nhost: x\r\n\r\n")
@@ -77,7 +78,7 @@ async fn closed_within(stream: &mut TcpStream, wait: Duration) -> bool {
     }
 }
 
-async fn evictions(gateway: &Gateway) -> String {
+async fn evictions(gateway: &InProcess) -> String {
     let metrics = get(gateway.admin.unwrap(), "/metrics", &[]).await;
     String::from_utf8_lossy(&metrics.body)
         .lines()
@@ -86,10 +87,10 @@ async fn evictions(gateway: &Gateway) -> String {
         .to_owned()
 }
 
-#[tokio::test]
+#[tokio::test(start_paused = true)]
 async fn at_the_cap_the_oldest_idle_connection_makes_room_and_a_busy_one_is_kept() {
     let upstream = TestUpstream::start().await;
-    let gateway = Gateway::start(&config(&upstream, 3));
+    let gateway = InProcess::start(&config(&upstream, 3)).await;
     assert_eq!(
         evictions(&gateway).await,
         "tollgate_connections_evicted_total 0"
@@ -130,10 +131,10 @@ async fn at_the_cap_the_oldest_idle_connection_makes_room_and_a_busy_one_is_kept
     );
 }
 
-#[tokio::test]
+#[tokio::test(start_paused = true)]
 async fn a_connection_in_the_middle_of_a_request_is_never_evicted() {
     let upstream = TestUpstream::start().await;
-    let gateway = Gateway::start(&config(&upstream, 1));
+    let gateway = InProcess::start(&config(&upstream, 1)).await;
     // The only slot: a connection whose response is not finished.
     let mut busy = TcpStream::connect(gateway.addr).await.unwrap();
     busy.write_all(b"GET /stream HTTP/1.1\r\nhost: x\r\n\r\n")

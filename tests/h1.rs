@@ -4,8 +4,8 @@
 //! `h1::serve` on one listener and by hyper's `http1` server on another, the
 //! same raw request bytes go to both, and the raw answers (the `date` value
 //! blanked) must be byte for byte the same — the fast path's promise is that
-//! a client cannot tell which one answered. Then end to end through the real
-//! gateway binary: hand-off to hyper in the middle of a connection,
+//! a client cannot tell which one answered. Then end to end through the
+//! gateway in process: hand-off to hyper in the middle of a connection,
 //! pipelining, `Expect`, `Connection: close`, `HEAD`, slow and large heads,
 //! and malformed ones.
 
@@ -21,7 +21,7 @@ use std::task::{Context, Poll};
 use std::time::Duration;
 
 use bytes::Bytes;
-use common::{Gateway, TestUpstream, raw};
+use common::{InProcess, TestUpstream, raw};
 use http::{HeaderValue, Request, Response, StatusCode};
 use http_body::{Body, Frame, SizeHint};
 use http_body_util::BodyExt;
@@ -1212,7 +1212,7 @@ async fn exchange(client: &mut Client, request: &[u8], is_head: bool) -> Answer 
 #[tokio::test]
 async fn hand_off_mid_connection_then_hyper_serves_the_rest() {
     let upstream = TestUpstream::start().await;
-    let gateway = Gateway::start(&gateway_config(&upstream));
+    let gateway = InProcess::start(&gateway_config(&upstream)).await;
     let mut client = Client::connect(gateway.addr).await;
 
     let first = exchange(&mut client, b"GET /one HTTP/1.1\r\nhost: t\r\n\r\n", false).await;
@@ -1250,7 +1250,7 @@ async fn hand_off_mid_connection_then_hyper_serves_the_rest() {
 #[tokio::test]
 async fn pipelined_requests_are_answered_in_order() {
     let upstream = TestUpstream::start().await;
-    let gateway = Gateway::start(&gateway_config(&upstream));
+    let gateway = InProcess::start(&gateway_config(&upstream)).await;
     let mut client = Client::connect(gateway.addr).await;
     client
         .send(
@@ -1272,7 +1272,7 @@ async fn pipelined_requests_are_answered_in_order() {
 #[tokio::test]
 async fn expect_continue_gets_100_then_the_response() {
     let upstream = TestUpstream::start().await;
-    let gateway = Gateway::start(&gateway_config(&upstream));
+    let gateway = InProcess::start(&gateway_config(&upstream)).await;
     let mut client = Client::connect(gateway.addr).await;
     // The body is held back until the 100 arrives, as a client that asks
     // for one does.
@@ -1301,7 +1301,7 @@ async fn expect_continue_gets_100_then_the_response() {
 #[tokio::test]
 async fn connection_close_is_answered_and_the_connection_closed() {
     let upstream = TestUpstream::start().await;
-    let gateway = Gateway::start(&gateway_config(&upstream));
+    let gateway = InProcess::start(&gateway_config(&upstream)).await;
     let mut client = Client::connect(gateway.addr).await;
     let answer = exchange(
         &mut client,
@@ -1321,7 +1321,7 @@ async fn connection_close_is_answered_and_the_connection_closed() {
 #[tokio::test]
 async fn head_gets_the_head_and_no_body() {
     let upstream = TestUpstream::start().await;
-    let gateway = Gateway::start(&gateway_config(&upstream));
+    let gateway = InProcess::start(&gateway_config(&upstream)).await;
     let mut client = Client::connect(gateway.addr).await;
     let answer = exchange(
         &mut client,
@@ -1341,10 +1341,11 @@ async fn head_gets_the_head_and_no_body() {
     assert_eq!(next.body, b"echo");
 }
 
-#[tokio::test]
+// Paused time: each pause lasts until the gateway has read the part.
+#[tokio::test(start_paused = true)]
 async fn a_head_in_three_writes_is_served() {
     let upstream = TestUpstream::start().await;
-    let gateway = Gateway::start(&gateway_config(&upstream));
+    let gateway = InProcess::start(&gateway_config(&upstream)).await;
     let mut client = Client::connect(gateway.addr).await;
     // Each part a separate segment (no delay on the client): the fast path
     // sees a partial head twice before the whole.
@@ -1369,7 +1370,7 @@ async fn a_head_in_three_writes_is_served() {
 #[tokio::test]
 async fn a_large_head_is_served_and_one_over_the_limit_is_431() {
     let upstream = TestUpstream::start().await;
-    let gateway = Gateway::start(&gateway_config(&upstream));
+    let gateway = InProcess::start(&gateway_config(&upstream)).await;
     // Over the fast path's 16 KiB, under the configured 48 KiB: hyper takes
     // it and it is served.
     let big = "b".repeat(24 * 1024);
@@ -1417,7 +1418,7 @@ async fn a_large_head_is_served_and_one_over_the_limit_is_431() {
 #[tokio::test]
 async fn a_malformed_request_line_is_400_from_hyper() {
     let upstream = TestUpstream::start().await;
-    let gateway = Gateway::start(&gateway_config(&upstream));
+    let gateway = InProcess::start(&gateway_config(&upstream)).await;
     for bad in [
         &b"GET  /x HTTP/1.1\r\nhost: t\r\n\r\n"[..],
         b"GET /x HTTP/9.9\r\nhost: t\r\n\r\n",
@@ -1458,9 +1459,10 @@ respond = { status = 200, body = "ok\n" }
 }
 
 /// Sends `count` pipelined requests in one write, reads every answer, sends
-/// `then`, and says whether the gateway closed the connection within 4 s.
+/// `then`, and says whether the gateway closed the connection within 4 s
+/// (of paused time, in the tests that call it).
 async fn closed_after_pipelined_burst(count: usize, then: &[u8]) -> bool {
-    let gateway = Gateway::start(&short_timeouts_config());
+    let gateway = InProcess::start(&short_timeouts_config()).await;
     let mut stream = TcpStream::connect(gateway.addr).await.unwrap();
     let burst = b"GET /health HTTP/1.1\r\nhost: t\r\n\r\n".repeat(count);
     stream.write_all(&burst).await.unwrap();
@@ -1483,7 +1485,7 @@ async fn closed_after_pipelined_burst(count: usize, then: &[u8]) -> bool {
     .is_ok()
 }
 
-#[tokio::test]
+#[tokio::test(start_paused = true)]
 async fn a_burst_of_pipelined_requests_does_not_escape_the_idle_timeout() {
     // 230 requests in one read use up the task's cooperative budget before
     // the watchdog's timer is first polled; it must still be armed.
@@ -1494,7 +1496,7 @@ async fn a_burst_of_pipelined_requests_does_not_escape_the_idle_timeout() {
     );
 }
 
-#[tokio::test]
+#[tokio::test(start_paused = true)]
 async fn a_burst_of_pipelined_requests_does_not_escape_the_head_timeout() {
     assert!(
         closed_after_pipelined_burst(230, b"GET /health HTTP/1.1\r\nhost").await,

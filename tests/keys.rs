@@ -1,26 +1,28 @@
 //! End-to-end tests of who the client is: trusted proxies, IPv6 prefixes,
-//! body fields, consumers, tenants and plans.
+//! body fields, consumers, tenants and plans, with the gateway in process
+//! (on paused time where a test waits on the limiter's time).
 
 mod common;
 
 use bytes::Bytes;
-use common::{Gateway, InProcess, TestUpstream, gateway_toml, get, send};
+use common::{InProcess, TestUpstream, gateway_toml, get, send};
 use http_body_util::Full;
 use hyper::Request;
 
 const SERVER: &str = "max_key_body = \"1KiB\"";
 
-fn gateway(upstream: &TestUpstream, body: &str) -> Gateway {
-    Gateway::start(&gateway_toml(upstream, SERVER, body))
-}
-
-/// The gateway in this process, for the tests that wait on the limiter's
-/// time (paused: their sleeps are instant and exact).
-async fn in_process(upstream: &TestUpstream, body: &str) -> InProcess {
+/// The gateway in this process; under paused time a test's sleeps move
+/// the limiter's time, instantly and exactly.
+async fn gateway(upstream: &TestUpstream, body: &str) -> InProcess {
     InProcess::start(&gateway_toml(upstream, SERVER, body)).await
 }
 
-async fn post(gw: &Gateway, path: &str, content_type: &str, body: &'static [u8]) -> common::Reply {
+async fn post(
+    gw: &InProcess,
+    path: &str,
+    content_type: &str,
+    body: &'static [u8],
+) -> common::Reply {
     let request = Request::post(path)
         .header("host", "x")
         .header("content-type", content_type)
@@ -56,7 +58,7 @@ limits = ["login_account", "login_ip"]
 #[tokio::test]
 async fn login_stacks_account_and_ip_limits_and_names_the_one_that_fired() {
     let upstream = TestUpstream::start().await;
-    let gw = gateway(&upstream, LOGIN);
+    let gw = gateway(&upstream, LOGIN).await;
     let body: &[u8] = br#"{"username":"ann","password":"x"}"#;
     for _ in 0..2 {
         let reply = post(&gw, "/login", "application/json", body).await;
@@ -119,7 +121,8 @@ match = { path = "/login" }
 upstream = "api"
 limits = ["account"]
 "#,
-    );
+    )
+    .await;
     // 3 KiB of JSON, over the 1 KiB cap: no key, so not limited (skip), and
     // the upstream still gets every byte.
     let mut big = String::from(r#"{"username":"ann","pad":""#);
@@ -184,7 +187,7 @@ upstream = "api"
 #[tokio::test]
 async fn tenant_quotas_are_shared_by_the_tenants_keys_and_set_by_plan() {
     let upstream = TestUpstream::start().await;
-    let gw = gateway(&upstream, TENANTS);
+    let gw = gateway(&upstream, TENANTS).await;
     let keys = ["k-acme-1", "k-acme-2", "k-acme-1"];
     for key in keys {
         let reply = get(gw.addr, "/api/x", &[("x-api-key", key)]).await;
@@ -216,7 +219,8 @@ async fn tenant_quotas_are_shared_by_the_tenants_keys_and_set_by_plan() {
 #[tokio::test]
 async fn unknown_and_missing_api_keys() {
     let upstream = TestUpstream::start().await;
-    let gw = gateway(&upstream, TENANTS);
+    let log = common::log::capture();
+    let gw = gateway(&upstream, TENANTS).await;
     let reply = get(gw.addr, "/api/x", &[("x-api-key", "k-nobody")]).await;
     assert_eq!(reply.status, 401);
     assert_eq!(
@@ -232,14 +236,15 @@ async fn unknown_and_missing_api_keys() {
         200
     );
     assert!(
-        !gw.stderr().contains("k-nobody"),
+        !log.text().contains("k-nobody"),
         "an API key reached the logs"
     );
 
     let strict = gateway(
         &upstream,
         &format!("[api_keys]\nheader = \"authorization\"\nunknown_key = \"reject\"\n{TENANTS}"),
-    );
+    )
+    .await;
     assert_eq!(
         get(
             strict.addr,
@@ -276,7 +281,7 @@ async fn consumers_can_live_in_their_own_file() {
         dir.path().join("consumers.toml").display(),
         upstream.url()
     );
-    let gw = Gateway::start(&config);
+    let gw = InProcess::start(&config).await;
     assert_eq!(
         get(gw.addr, "/", &[("x-api-key", "k-file")]).await.status,
         200
@@ -315,7 +320,7 @@ limits = ["per_ip"]
 #[tokio::test]
 async fn the_client_is_counted_from_the_right_of_x_forwarded_for() {
     let upstream = TestUpstream::start().await;
-    let gw = gateway(&upstream, &one_request_per_client_ip("trusted_hops = 1"));
+    let gw = gateway(&upstream, &one_request_per_client_ip("trusted_hops = 1")).await;
     // Our load balancer appended 203.0.113.5; what the client wrote to the
     // left changes nothing.
     let xff = |spoof: &str| format!("{spoof}, 203.0.113.5");
@@ -348,7 +353,8 @@ async fn ipv6_clients_are_grouped_by_prefix() {
             r#"trusted_cidrs = ["127.0.0.0/8"]
 ipv6_prefix = 64"#,
         ),
-    );
+    )
+    .await;
     let get_from = |ip: &'static str| {
         let addr = gw.addr;
         async move { get(addr, "/", &[("x-forwarded-for", ip)]).await.status }
@@ -373,7 +379,8 @@ async fn forwarded_header_can_carry_the_client() {
             r#"trusted_hops = 1
 header = "forwarded""#,
         ),
-    );
+    )
+    .await;
     let forwarded = |ip: &str| format!("for=1.1.1.1, for=\"{ip}\";proto=https");
     assert_eq!(
         get(gw.addr, "/", &[("forwarded", &forwarded("198.51.100.1"))])
@@ -415,7 +422,8 @@ match = { path_prefix = "/" }
 upstream = "api"
 limits = ["session"]
 "#,
-    );
+    )
+    .await;
     let h = |sid: &'static str, ua: &'static str| [("cookie", sid), ("user-agent", ua)];
     assert_eq!(get(gw.addr, "/", &h("sid=1", "a")).await.status, 200);
     assert_eq!(
@@ -429,7 +437,7 @@ limits = ["session"]
 #[tokio::test(start_paused = true)]
 async fn a_daily_tenant_quota_stacks_with_a_per_second_burst() {
     let upstream = TestUpstream::start().await;
-    let gw = in_process(
+    let gw = gateway(
         &upstream,
         r#"
 [consumers."k-a"]
@@ -496,14 +504,16 @@ require_consumer = true
     assert_ne!(a, b, "two tenants' daily windows reset in the same second");
 }
 
-#[tokio::test]
+// Paused time: body_read_timeout fires when its time comes.
+#[tokio::test(start_paused = true)]
 async fn a_slow_body_for_a_body_key_times_out_with_408() {
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
     let upstream = TestUpstream::start().await;
-    let gw = Gateway::start(&format!(
+    let gw = InProcess::start(&format!(
         "[server]\nlisten = \"127.0.0.1:0\"\nbody_read_timeout = \"500ms\"\n\n[upstreams.api]\nurl = \"{}\"\n\n{LOGIN}",
         upstream.url()
-    ));
+    ))
+    .await;
     let mut stream = tokio::net::TcpStream::connect(gw.addr).await.unwrap();
     // The head, then half the declared body, then silence.
     stream

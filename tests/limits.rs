@@ -1,24 +1,16 @@
 //! End-to-end tests of rate limiting through real sockets: algorithms, key
 //! stacks, cost, shadow limits, missing keys, and every header of the 429
-//! contract.
+//! contract, with the gateway in process.
 
 mod common;
 
 use std::time::Duration;
 
-use common::{Gateway, InProcess, TestUpstream, gateway_toml, get};
+use common::{InProcess, TestUpstream, eventually, gateway_toml, get};
 
-// These tests run everything on one thread (`workers = 1`, as
-// `gateway_toml` writes); the proxy tests run with the default, one worker
-// thread per core.
-fn gateway(upstream: &TestUpstream, limits_and_routes: &str) -> Gateway {
-    Gateway::start(&gateway_toml(upstream, "", limits_and_routes))
-}
-
-/// The gateway in this process, for the tests that wait on the limiter's
-/// time: under `start_paused`, their sleeps take no real time and move the
-/// limiter's clock exactly as far.
-async fn in_process(upstream: &TestUpstream, limits_and_routes: &str) -> InProcess {
+/// The gateway in this process: under `start_paused`, a test's sleeps take
+/// no real time and move the limiter's clock exactly as far.
+async fn gateway(upstream: &TestUpstream, limits_and_routes: &str) -> InProcess {
     InProcess::start(&gateway_toml(upstream, "", limits_and_routes)).await
 }
 
@@ -49,7 +41,8 @@ match = { path_prefix = "/" }
 upstream = "api"
 limits = ["per_key"]
 "#,
-    );
+    )
+    .await;
     for expected_remaining in [2, 1, 0] {
         let reply = get(gw.addr, "/x", &[("x-api-key", "k1")]).await;
         assert_eq!(reply.status, 200);
@@ -135,7 +128,7 @@ limits = ["per_key", "per_ip"]
 #[tokio::test]
 async fn a_denied_stack_charges_none_of_its_limits() {
     let upstream = TestUpstream::start().await;
-    let gw = gateway(&upstream, STACK);
+    let gw = gateway(&upstream, STACK).await;
     for _ in 0..2 {
         assert_eq!(get(gw.addr, "/", &[("x-api-key", "k")]).await.status, 200);
     }
@@ -167,7 +160,7 @@ async fn a_denied_stack_charges_none_of_its_limits() {
 #[tokio::test]
 async fn allowed_responses_name_the_limit_with_least_remaining() {
     let upstream = TestUpstream::start().await;
-    let gw = gateway(&upstream, STACK);
+    let gw = gateway(&upstream, STACK).await;
     let reply = get(gw.addr, "/", &[("x-api-key", "k")]).await;
     // per_key 4/5 = 0.8, per_ip 1/2 = 0.5: per_ip has the least remaining.
     assert_eq!(reply.header("x-ratelimit-limit"), Some("2"));
@@ -200,7 +193,8 @@ upstream = "api"
 cost = 41
 limits = ["budget"]
 "#,
-    );
+    )
+    .await;
     assert_eq!(get(gw.addr, "/reports", &[]).await.status, 200);
     let reply = get(gw.addr, "/reports", &[]).await;
     assert_eq!(reply.status, 200);
@@ -217,7 +211,7 @@ limits = ["budget"]
 #[tokio::test]
 async fn shadow_limits_count_but_never_deny_or_show() {
     let upstream = TestUpstream::start().await;
-    let gw = Gateway::start(&format!(
+    let gw = InProcess::start(&format!(
         r#"
 [server]
 listen = "127.0.0.1:0"
@@ -252,7 +246,8 @@ upstream = "api"
 limits = ["trial", "audit"]
 "#,
         upstream.url()
-    ));
+    ))
+    .await;
     for _ in 0..3 {
         let reply = get(gw.addr, "/", &[]).await;
         assert_eq!(reply.status, 200);
@@ -285,7 +280,7 @@ limits = ["trial", "audit"]
 #[tokio::test]
 async fn missing_keys_follow_on_missing_key() {
     let upstream = TestUpstream::start().await;
-    let gw = Gateway::start(&gateway_toml(
+    let gw = InProcess::start(&gateway_toml(
         &upstream,
         r#"admin = "127.0.0.1:0""#,
         r#"
@@ -319,7 +314,8 @@ match = { path = "/pooled" }
 upstream = "api"
 limits = ["pooled"]
 "#,
-    ));
+    ))
+    .await;
     let reply = get(gw.addr, "/must", &[]).await;
     assert_eq!(reply.status, 400);
     // The refusal counts as this limit's denial.
@@ -381,7 +377,8 @@ match = { path = "/quiet" }
 upstream = "api"
 limits = ["quiet"]
 "#,
-    );
+    )
+    .await;
     let reply = get(gw.addr, "/trio", &[]).await;
     assert_eq!(reply.status, 200);
     assert_eq!(reply.header("ratelimit-limit"), Some("1"));
@@ -421,10 +418,13 @@ limits = ["one_at_a_time"]
 #[tokio::test(start_paused = true)]
 async fn concurrency_slots_are_held_until_the_response_ends() {
     let upstream = TestUpstream::start().await;
-    let gw = in_process(&upstream, ONE_AT_A_TIME).await;
+    let gw = gateway(&upstream, ONE_AT_A_TIME).await;
     let addr = gw.addr;
     let slow = tokio::spawn(async move { get(addr, "/slow/800", &[]).await });
-    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert!(
+        eventually(async || upstream.arrived() == 1).await,
+        "the slow request never reached the upstream"
+    );
     let reply = get(gw.addr, "/fast", &[]).await;
     assert_eq!(reply.status, 429);
     assert_eq!(reply.header("retry-after"), Some("1"));
@@ -455,7 +455,8 @@ match = { path_prefix = "/" }
 upstream = "api"
 limits = ["per_ip"]
 "#,
-    );
+    )
+    .await;
     let reply = get(gw.addr, "/own-limits", &[]).await;
     assert_eq!(reply.status, 200);
     let all = |name: &str| -> Vec<&str> {
@@ -498,7 +499,8 @@ match = { path_prefix = "/" }
 upstream = "api"
 limits = ["once"]
 "#,
-    );
+    )
+    .await;
     assert_eq!(get(gw.addr, "/", &[]).await.status, 200);
     let upload = bytes::Bytes::from(vec![b'u'; 16 * 1024 * 1024]);
     for _ in 0..5 {
@@ -524,7 +526,7 @@ async fn a_client_that_hangs_up_releases_its_concurrency_slot() {
     // upstream: a client that closes it cancels the request, and its slot is
     // free long before the slow upstream would have answered.
     let upstream = TestUpstream::start().await;
-    let gw = in_process(&upstream, ONE_AT_A_TIME).await;
+    let gw = gateway(&upstream, ONE_AT_A_TIME).await;
     let mut client = tokio::net::TcpStream::connect(gw.addr).await.unwrap();
     tokio::io::AsyncWriteExt::write_all(
         &mut client,
@@ -532,7 +534,10 @@ async fn a_client_that_hangs_up_releases_its_concurrency_slot() {
     )
     .await
     .unwrap();
-    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert!(
+        eventually(async || upstream.arrived() == 1).await,
+        "the slow request never reached the upstream"
+    );
     assert_eq!(
         get(gw.addr, "/fast", &[]).await.status,
         429,
@@ -558,7 +563,7 @@ async fn a_client_that_hangs_up_releases_its_concurrency_slot() {
 #[tokio::test(start_paused = true)]
 async fn leaky_bucket_delay_mode_spaces_requests() {
     let upstream = TestUpstream::start().await;
-    let gw = in_process(
+    let gw = gateway(
         &upstream,
         r#"
 [limits.smooth]
@@ -631,7 +636,8 @@ cost = 1
 cost_header = "x-cost"
 limits = ["tokens"]
 "#,
-    );
+    )
+    .await;
     // Charged 1 up front, the upstream reports 6: 5 more are charged.
     let reply = get(gw.addr, "/cost/6", &[]).await;
     assert_eq!(reply.status, 200);
@@ -663,7 +669,8 @@ match = { path_prefix = "/" }
 upstream = "api"
 limits = ["per_ip"]
 "#,
-    );
+    )
+    .await;
     for i in 0..2 {
         let xff = format!("198.51.100.{i}");
         assert_eq!(
@@ -701,7 +708,8 @@ match = { path = "/dead" }
 upstream = "dead"
 limits = ["per_ip"]
 "#,
-    );
+    )
+    .await;
     let reply = get(gw.addr, "/dead", &[]).await;
     assert_eq!(reply.status, 502);
     assert_eq!(

@@ -1,5 +1,6 @@
 //! Limits that cannot be walked around by spelling a path differently or by
-//! upgrading the connection, through real sockets: every
+//! upgrading the connection, through real sockets to the gateway in
+//! process: every
 //! encoding of a limited path meets that path's limit, the upstream sees the
 //! normalised path, what cannot be normalised is 400, and only the allowed
 //! upgrades are tunnelled.
@@ -8,7 +9,7 @@ mod common;
 
 use std::time::Duration;
 
-use common::{Gateway, TestUpstream, get, raw, raw_for, tollgate};
+use common::{InProcess, TestUpstream, get, raw, raw_for, tollgate};
 
 fn config(upstream: &TestUpstream, server_extra: &str) -> String {
     format!(
@@ -43,7 +44,7 @@ upstream = "api"
     )
 }
 
-async fn post(gateway: &Gateway, target: &str) -> String {
+async fn post(gateway: &InProcess, target: &str) -> String {
     let request = format!(
         "POST {target} HTTP/1.1\r\nhost: x\r\ncontent-length: 0\r\nconnection: close\r\n\r\n"
     );
@@ -57,7 +58,7 @@ fn status(reply: &str) -> &str {
 #[tokio::test]
 async fn every_spelling_of_a_limited_path_meets_its_limit() {
     let upstream = TestUpstream::start().await;
-    let gateway = Gateway::start(&config(&upstream, ""));
+    let gateway = InProcess::start(&config(&upstream, "")).await;
     assert_eq!(status(&post(&gateway, "/login").await), "200");
     assert_eq!(status(&post(&gateway, "/login").await), "429");
     assert_eq!(upstream.count(), 1);
@@ -101,7 +102,7 @@ async fn every_spelling_of_a_limited_path_meets_its_limit() {
 #[tokio::test]
 async fn the_upstream_sees_the_normalised_path_and_the_query_as_sent() {
     let upstream = TestUpstream::start().await;
-    let gateway = Gateway::start(&config(&upstream, ""));
+    let gateway = InProcess::start(&config(&upstream, "")).await;
     let reply = get(gateway.addr, "/api/./v1//it%65ms/x/..?q=/../a%2fb", &[]).await;
     assert_eq!(reply.status, 200);
     assert_eq!(upstream.last_seen().uri, "/api/v1/items/?q=/../a%2fb");
@@ -113,7 +114,7 @@ async fn the_upstream_sees_the_normalised_path_and_the_query_as_sent() {
 #[tokio::test]
 async fn escaped_slashes_can_be_kept() {
     let upstream = TestUpstream::start().await;
-    let gateway = Gateway::start(&config(&upstream, r#"escaped_slashes = "keep""#));
+    let gateway = InProcess::start(&config(&upstream, r#"escaped_slashes = "keep""#)).await;
     let reply = get(gateway.addr, "/files/a%2fb/./c", &[]).await;
     assert_eq!(reply.status, 200);
     assert_eq!(upstream.last_seen().uri, "/files/a%2Fb/c");
@@ -125,7 +126,7 @@ async fn escaped_slashes_can_be_kept() {
 async fn without_normalisation_the_raw_path_is_matched_and_check_says_so() {
     let upstream = TestUpstream::start().await;
     let text = config(&upstream, "path_normalization = false");
-    let gateway = Gateway::start(&text);
+    let gateway = InProcess::start(&text).await;
     assert_eq!(status(&post(&gateway, "/login").await), "200");
     assert_eq!(status(&post(&gateway, "/login").await), "429");
     // The raw spelling goes to the catch-all route, unlimited, as written.
@@ -144,10 +145,11 @@ async fn without_normalisation_the_raw_path_is_matched_and_check_says_so() {
     );
 }
 
-#[tokio::test]
+// Paused time: `raw_for`'s waits for more bytes take no real time.
+#[tokio::test(start_paused = true)]
 async fn only_allowed_upgrades_are_tunnelled() {
     let upstream = TestUpstream::start().await;
-    let gateway = Gateway::start(&config(&upstream, ""));
+    let gateway = InProcess::start(&config(&upstream, "")).await;
     // h2c would tunnel every later request past routing and limits: the
     // gateway forwards the request as a plain one.
     let reply = raw_for(

@@ -1,12 +1,13 @@
-//! End-to-end tests of the HTTP/1.1 proxy through real sockets: the real
-//! binary in front of an in-process upstream.
+//! End-to-end tests of the HTTP/1.1 proxy through real sockets: the
+//! gateway in process (the binary for `SIGTERM`) in front of an in-process
+//! upstream; timeouts on paused time.
 
 mod common;
 
 use std::time::Duration;
 
 use bytes::Bytes;
-use common::{Gateway, TestUpstream, get, raw, raw_for, send};
+use common::{Gateway, InProcess, TestUpstream, eventually, get, raw, raw_for, send};
 use http_body_util::{BodyExt, Full};
 use hyper::Request;
 
@@ -64,7 +65,7 @@ upstream = "api"
 #[tokio::test]
 async fn respond_route_answers_from_the_gateway() {
     let upstream = TestUpstream::start().await;
-    let gateway = Gateway::start(&config(&upstream, ""));
+    let gateway = InProcess::start(&config(&upstream, "")).await;
     let reply = get(gateway.addr, "/health", &[]).await;
     assert_eq!(reply.status, 200);
     assert_eq!(reply.body, "ok\n");
@@ -74,7 +75,7 @@ async fn respond_route_answers_from_the_gateway() {
 #[tokio::test]
 async fn request_and_response_pass_unchanged() {
     let upstream = TestUpstream::start().await;
-    let gateway = Gateway::start(&config(&upstream, ""));
+    let gateway = InProcess::start(&config(&upstream, "")).await;
     let request = Request::post("/things/1?sort=desc&x=%20y")
         .header("host", "api.example.com")
         .header("x-custom", "value 1")
@@ -97,7 +98,7 @@ async fn request_and_response_pass_unchanged() {
 #[tokio::test]
 async fn hop_by_hop_headers_are_dropped_both_ways() {
     let upstream = TestUpstream::start().await;
-    let gateway = Gateway::start(&config(&upstream, ""));
+    let gateway = InProcess::start(&config(&upstream, "")).await;
     let reply = get(
         gateway.addr,
         "/hop",
@@ -132,7 +133,7 @@ async fn hop_by_hop_headers_are_dropped_both_ways() {
 #[tokio::test]
 async fn forwarding_headers_are_appended() {
     let upstream = TestUpstream::start().await;
-    let gateway = Gateway::start(&config(&upstream, ""));
+    let gateway = InProcess::start(&config(&upstream, "")).await;
     get(
         gateway.addr,
         "/xff",
@@ -168,7 +169,7 @@ async fn forwarding_headers_are_appended() {
 #[tokio::test]
 async fn no_route_is_404_problem_json() {
     let upstream = TestUpstream::start().await;
-    let gateway = Gateway::start(&config(&upstream, ""));
+    let gateway = InProcess::start(&config(&upstream, "")).await;
     // DELETE matches no route's methods: a method mismatch is 404 too.
     let request = Request::delete("/things")
         .header("host", "x")
@@ -189,7 +190,7 @@ async fn no_route_is_404_problem_json() {
 #[tokio::test]
 async fn unreachable_upstream_is_502_problem_json() {
     let upstream = TestUpstream::start().await;
-    let gateway = Gateway::start(&config(&upstream, ""));
+    let gateway = InProcess::start(&config(&upstream, "")).await;
     let reply = get(gateway.addr, "/dead", &[]).await;
     assert_eq!(reply.status, 502);
     assert_eq!(
@@ -199,10 +200,10 @@ async fn unreachable_upstream_is_502_problem_json() {
     assert_eq!(reply.json()["status"], 502);
 }
 
-#[tokio::test]
+#[tokio::test(start_paused = true)]
 async fn slow_upstream_is_504_problem_json() {
     let upstream = TestUpstream::start().await;
-    let gateway = Gateway::start(&config(&upstream, ""));
+    let gateway = InProcess::start(&config(&upstream, "")).await;
     let reply = get(gateway.addr, "/slow/3000", &[]).await;
     assert_eq!(reply.status, 504);
     assert_eq!(
@@ -215,7 +216,7 @@ async fn slow_upstream_is_504_problem_json() {
 #[tokio::test]
 async fn response_body_streams() {
     let upstream = TestUpstream::start().await;
-    let gateway = Gateway::start(&config(&upstream, ""));
+    let gateway = InProcess::start(&config(&upstream, "")).await;
     let request = Request::get("/stream")
         .header("host", "x")
         .body(Full::new(Bytes::new()))
@@ -237,7 +238,7 @@ async fn response_body_streams() {
 #[tokio::test]
 async fn request_body_streams_to_the_upstream() {
     let upstream = TestUpstream::start().await;
-    let gateway = Gateway::start(&config(&upstream, ""));
+    let gateway = InProcess::start(&config(&upstream, "")).await;
     let payload = vec![b'x'; 3 * 1024 * 1024];
     let request = Request::put("/upload")
         .header("host", "x")
@@ -251,7 +252,7 @@ async fn request_body_streams_to_the_upstream() {
 #[tokio::test]
 async fn oversized_headers_are_431() {
     let upstream = TestUpstream::start().await;
-    let gateway = Gateway::start(&config(&upstream, "max_header_bytes = \"4KiB\""));
+    let gateway = InProcess::start(&config(&upstream, "max_header_bytes = \"4KiB\"")).await;
     let big = "a".repeat(5000);
     let reply = get(gateway.addr, "/x", &[("x-big", &big)]).await;
     assert_eq!(reply.status, 431);
@@ -271,10 +272,11 @@ async fn oversized_headers_are_431() {
     assert!(answer.starts_with("HTTP/1.1 431"), "{answer}");
 }
 
-#[tokio::test]
+// Paused time: `raw_for`'s wait for more bytes takes no real time.
+#[tokio::test(start_paused = true)]
 async fn oversized_bodies_are_413() {
     let upstream = TestUpstream::start().await;
-    let gateway = Gateway::start(&config(&upstream, ""));
+    let gateway = InProcess::start(&config(&upstream, "")).await;
     // Declared length over the cap: refused before reading the body.
     let request = Request::post("/small")
         .header("host", "x")
@@ -306,7 +308,7 @@ async fn oversized_bodies_are_413() {
 #[tokio::test]
 async fn malformed_requests_are_400() {
     let upstream = TestUpstream::start().await;
-    let gateway = Gateway::start(&config(&upstream, ""));
+    let gateway = InProcess::start(&config(&upstream, "")).await;
     let answer = raw(
         gateway.addr,
         b"POST /x HTTP/1.1\r\nhost: x\r\ncontent-length: 5\r\ncontent-length: 6\r\n\r\nhello",
@@ -317,13 +319,14 @@ async fn malformed_requests_are_400() {
     assert_eq!(upstream.count(), 0);
 }
 
-#[tokio::test]
+#[tokio::test(start_paused = true)]
 async fn slow_request_heads_are_cut_off() {
     let upstream = TestUpstream::start().await;
-    let gateway = Gateway::start(&config(
+    let gateway = InProcess::start(&config(
         &upstream,
         "header_read_timeout = \"300ms\"\nidle_timeout = \"30s\"",
-    ));
+    ))
+    .await;
     // Half a request head, then silence: the connection must be closed
     // (`raw` fails the test if it is still open after 10 s).
     let answer = raw(
@@ -335,14 +338,16 @@ async fn slow_request_heads_are_cut_off() {
     assert!(!answer.contains("200"), "{answer}");
 }
 
-#[tokio::test]
+#[tokio::test(start_paused = true)]
 async fn idle_keep_alive_connections_are_closed() {
     let upstream = TestUpstream::start().await;
-    let gateway = Gateway::start(&config(
+    let gateway = InProcess::start(&config(
         &upstream,
         "header_read_timeout = \"10s\"\nidle_timeout = \"400ms\"",
-    ));
-    let started = std::time::Instant::now();
+    ))
+    .await;
+    // Paused time: the gateway's idle timer and this clock are tokio's.
+    let started = tokio::time::Instant::now();
     let answer = raw(
         gateway.addr,
         b"GET /health HTTP/1.1\r\nhost: x\r\n\r\n",
@@ -352,7 +357,7 @@ async fn idle_keep_alive_connections_are_closed() {
     assert!(answer.starts_with("HTTP/1.1 200"), "{answer}");
     let elapsed = started.elapsed();
     // Closed (`raw` fails the test otherwise), and not before the idle
-    // timeout: a lower bound, which a slow machine cannot break.
+    // timeout.
     assert!(
         elapsed >= Duration::from_millis(300),
         "closed too early: {elapsed:?}"
@@ -365,12 +370,14 @@ async fn sigterm_drains_in_flight_requests() {
     let mut gateway = Gateway::start(&config(&upstream, ""));
     let addr = gateway.addr;
     let in_flight = tokio::spawn(async move { get(addr, "/slow/800", &[]).await });
-    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert!(
+        eventually(async || upstream.arrived() == 1).await,
+        "the request never reached the upstream"
+    );
     gateway.signal("TERM");
-    tokio::time::sleep(Duration::from_millis(200)).await;
     // The listener is closed: new connections are refused.
     assert!(
-        tokio::net::TcpStream::connect(addr).await.is_err(),
+        eventually(async || tokio::net::TcpStream::connect(addr).await.is_err()).await,
         "listener still open"
     );
     let reply = in_flight.await.unwrap();
@@ -418,7 +425,7 @@ async fn open_tunnel(addr: std::net::SocketAddr) -> Result<tokio::net::TcpStream
 async fn upgraded_connections_are_tunnelled_and_hold_their_concurrency_slot() {
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
     let upstream = TestUpstream::start().await;
-    let gateway = Gateway::start(&format!(
+    let gateway = InProcess::start(&format!(
         r#"
 [server]
 listen = "127.0.0.1:0"
@@ -438,7 +445,8 @@ upstream = "api"
 limits = ["one_tunnel"]
 "#,
         upstream.url()
-    ));
+    ))
+    .await;
     let mut tunnel = open_tunnel(gateway.addr).await.expect("101");
     tunnel
         .write_all(b"hello through the gateway")
@@ -456,23 +464,26 @@ limits = ["one_tunnel"]
         .expect_err("second tunnel admitted");
     assert!(refused.starts_with("HTTP/1.1 429"), "{refused}");
     drop(tunnel);
-    let deadline = std::time::Instant::now() + Duration::from_secs(5);
-    loop {
-        match open_tunnel(gateway.addr).await {
-            Ok(_) => break,
-            Err(head) if std::time::Instant::now() < deadline => {
-                assert!(head.starts_with("HTTP/1.1 429"), "{head}");
-                tokio::time::sleep(Duration::from_millis(50)).await;
-            }
-            Err(head) => panic!("slot not released after the tunnel closed: {head}"),
+    let mut refused = String::new();
+    let reopened = eventually(async || match open_tunnel(gateway.addr).await {
+        Ok(_) => true,
+        Err(head) => {
+            assert!(head.starts_with("HTTP/1.1 429"), "{head}");
+            refused = head;
+            false
         }
-    }
+    })
+    .await;
+    assert!(
+        reopened,
+        "slot not released after the tunnel closed: {refused}"
+    );
 }
 
 #[tokio::test]
 async fn upstream_connections_are_reused_and_closed_ones_are_not() {
     let upstream = TestUpstream::start().await;
-    let gateway = Gateway::start(&config(&upstream, ""));
+    let gateway = InProcess::start(&config(&upstream, "")).await;
     // Alternate requests that keep the upstream connection alive with ones
     // after which the upstream closes it: none may fail.
     for i in 0..40 {
@@ -486,7 +497,7 @@ async fn upstream_connections_are_reused_and_closed_ones_are_not() {
 #[tokio::test]
 async fn an_upstream_with_several_urls_takes_them_in_turn() {
     let (first, second) = (TestUpstream::start().await, TestUpstream::start().await);
-    let gateway = Gateway::start(&format!(
+    let gateway = InProcess::start(&format!(
         r#"
 [server]
 listen = "127.0.0.1:0"
@@ -501,7 +512,8 @@ upstream = "pair"
 "#,
         first.url(),
         second.url()
-    ));
+    ))
+    .await;
     for i in 0..6 {
         let reply = get(gateway.addr, "/turn", &[]).await;
         assert_eq!(reply.status, 200, "request {i}");

@@ -5,15 +5,17 @@
 //! decides a shared limit exactly, and each failure (wrong CA, wrong
 //! password, no sentinel answering) is `on_failure`'s. The password shows
 //! nowhere: not in `/config`, `/metrics`, the log, `check` or an error.
+//! The gateway in process, but where a test reads the store thread's log
+//! lines on stderr or gives the process an environment (`password_env`).
 
 mod common;
 
 use std::path::Path;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use common::certs::Ca;
 use common::redis::{Options, Redis, Sentinel, SentinelAuth, TlsFiles, free_port};
-use common::{Gateway, InProcess, get};
+use common::{Gateway, InProcess, eventually_blocking, eventually_within, get};
 
 /// A gateway on `store` (the `[store]` keys after `backend`) with an
 /// admin listener and one route limited to 3 requests an hour per
@@ -71,17 +73,12 @@ async fn admin_text(admin: std::net::SocketAddr, path: &str) -> String {
     String::from_utf8_lossy(&get(admin, path, &[]).await.body).into_owned()
 }
 
-/// Waits until `done` holds, polling every 50 ms, at most `within`.
-async fn until<F: std::future::Future<Output = bool>>(
-    what: &str,
-    within: Duration,
-    mut done: impl FnMut() -> F,
-) {
-    let deadline = Instant::now() + within;
-    while !done().await {
-        assert!(Instant::now() < deadline, "{what}: not within {within:?}");
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+/// Waits until `done` holds, at most `within`.
+async fn until(what: &str, within: Duration, done: impl AsyncFnMut() -> bool) {
+    assert!(
+        eventually_within(within, done).await,
+        "{what}: not within {within:?}"
+    );
 }
 
 /// A TLS-only `redis-server` whose certificate is for `redis.test` only
@@ -323,14 +320,15 @@ async fn an_acl_user_with_only_the_commands_the_scripts_use_decides_over_tls() {
 
 /// Waits until the replica has synced with its master.
 fn wait_synced(replica: &Redis) {
-    let deadline = Instant::now() + Duration::from_secs(20);
-    while !replica
-        .try_cli(&["INFO", "replication"])
-        .is_some_and(|info| info.contains("master_link_status:up"))
-    {
-        assert!(Instant::now() < deadline, "the replica did not sync");
-        std::thread::sleep(Duration::from_millis(50));
-    }
+    let synced = || {
+        replica
+            .try_cli(&["INFO", "replication"])
+            .is_some_and(|info| info.contains("master_link_status:up"))
+    };
+    assert!(
+        eventually_blocking(Duration::from_secs(20), synced),
+        "the replica did not sync"
+    );
 }
 
 #[tokio::test]

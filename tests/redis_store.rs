@@ -1,22 +1,70 @@
 //! The Redis store end to end: real `redis-server` processes started by the
-//! tests on free ports, real gateway processes sharing them, real sockets.
+//! tests on free ports, gateways sharing them in process (the binary where
+//! a test reads what the store thread logs on its stderr), real sockets, on
+//! real time (Redis keeps its own). Waits poll Redis or the metrics for
+//! what they wait for.
 //! Exactness across gateways, all-or-nothing stacks, expiries, digests,
 //! NOSCRIPT, the `local = true` tier, `cost_header` settlement, and every
 //! failure mode (killed, restarted on the same port, paused).
 
 mod common;
 
+use std::net::SocketAddr;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use common::redis::Redis;
-use common::{Gateway, TestUpstream, gateway_toml, get};
+use common::{Gateway, InProcess, TestUpstream, eventually, eventually_within, gateway_toml, get};
 
-/// A gateway on `redis` with `store_extra` in `[store]`, an admin listener
-/// and the given limits and routes (`{upstream}` is the test upstream).
-fn gateway(redis: &Redis, store_extra: &str, upstream: &TestUpstream, body: &str) -> Gateway {
-    Gateway::start(&format!(
+/// A gateway under test: in process, or the binary.
+trait Node {
+    fn addr(&self) -> SocketAddr;
+    fn admin(&self) -> SocketAddr;
+}
+
+impl Node for InProcess {
+    fn addr(&self) -> SocketAddr {
+        self.addr
+    }
+    fn admin(&self) -> SocketAddr {
+        self.admin.expect("admin")
+    }
+}
+
+impl Node for Gateway {
+    fn addr(&self) -> SocketAddr {
+        self.addr
+    }
+    fn admin(&self) -> SocketAddr {
+        self.admin.expect("admin")
+    }
+}
+
+/// A gateway in process on `redis` with `store_extra` in `[store]`, an
+/// admin listener and the given limits and routes (`{upstream}` is the
+/// test upstream).
+async fn gateway(
+    redis: &Redis,
+    store_extra: &str,
+    upstream: &TestUpstream,
+    body: &str,
+) -> InProcess {
+    InProcess::start(&config(redis, store_extra, upstream, body)).await
+}
+
+/// As [`gateway`], the binary: for the lines its store thread logs.
+fn gateway_process(
+    redis: &Redis,
+    store_extra: &str,
+    upstream: &TestUpstream,
+    body: &str,
+) -> Gateway {
+    Gateway::start(&config(redis, store_extra, upstream, body))
+}
+
+fn config(redis: &Redis, store_extra: &str, upstream: &TestUpstream, body: &str) -> String {
+    format!(
         r#"
 [server]
 listen = "127.0.0.1:0"
@@ -36,12 +84,17 @@ url = "{upstream}"
 "#,
         url = redis.url(),
         upstream = upstream.url(),
-    ))
+    )
 }
 
 /// Sends `n` requests at once to `path`, alternating between the gateways;
 /// returns the statuses.
-async fn burst(gateways: &[&Gateway], path: &str, n: usize, headers: &[(&str, &str)]) -> Vec<u16> {
+async fn burst(
+    gateways: &[&InProcess],
+    path: &str,
+    n: usize,
+    headers: &[(&str, &str)],
+) -> Vec<u16> {
     let mut set = tokio::task::JoinSet::new();
     for i in 0..n {
         let addr = gateways[i % gateways.len()].addr;
@@ -68,8 +121,8 @@ fn count(statuses: &[u16], status: u16) -> usize {
 
 /// The first sample of `name` (`None` before a labelled series is first
 /// counted); a failure when the exposition lacks the metric itself.
-async fn metric(gateway: &Gateway, name: &str) -> Option<f64> {
-    let reply = get(gateway.admin.expect("admin"), "/metrics", &[]).await;
+async fn metric(gateway: &impl Node, name: &str) -> Option<f64> {
+    let reply = get(gateway.admin(), "/metrics", &[]).await;
     let exposition = common::openmetrics::parse(&String::from_utf8_lossy(&reply.body)).unwrap();
     assert!(
         exposition.family_of(name).is_some(),
@@ -172,8 +225,8 @@ limits = ["lb"]
 async fn two_gateways_admit_exactly_the_limit_for_every_algorithm() {
     let redis = Redis::start();
     let upstream = TestUpstream::start().await;
-    let a = gateway(&redis, "", &upstream, ALGORITHMS);
-    let b = gateway(&redis, "", &upstream, ALGORITHMS);
+    let a = gateway(&redis, "", &upstream, ALGORITHMS).await;
+    let b = gateway(&redis, "", &upstream, ALGORITHMS).await;
     for path in ["/fw", "/sw", "/sl", "/tb", "/lb"] {
         let statuses = burst(&[&a, &b], path, 24, &[("x-user", "alice@example.com")]).await;
         assert_eq!(count(&statuses, 200), 7, "{path}: {statuses:?}");
@@ -202,17 +255,18 @@ fn remaining_and_reset(field: &str) -> (u64, u64) {
     (param("r="), param("t="))
 }
 
-/// A gateway with the memory store, the test upstream, and `body`.
-fn memory_gateway(upstream: &TestUpstream, body: &str) -> Gateway {
-    Gateway::start(&gateway_toml(upstream, "", body))
+/// A gateway in process with the memory store, the test upstream, and
+/// `body`, its limiter clock on wall time as Redis's is.
+async fn memory_gateway(upstream: &TestUpstream, body: &str) -> InProcess {
+    InProcess::start_on_wall_time(&gateway_toml(upstream, "", body)).await
 }
 
 /// Sends `n` requests for `route` as `user` to both gateways in turn: each
 /// pair gets the same status and `r`, and `t` and `Retry-After` within the
 /// second that can pass between the two (Redis reads its own clock).
 async fn assert_same_answers(
-    in_memory: &Gateway,
-    on_redis: &Gateway,
+    in_memory: &InProcess,
+    on_redis: &InProcess,
     route: &str,
     user: &str,
     n: usize,
@@ -261,8 +315,8 @@ async fn assert_same_answers(
 async fn redis_answers_every_algorithm_as_the_memory_store_does() {
     let redis = Redis::start();
     let upstream = TestUpstream::start().await;
-    let on_redis = gateway(&redis, "", &upstream, ALGORITHMS);
-    let in_memory = memory_gateway(&upstream, ALGORITHMS);
+    let on_redis = gateway(&redis, "", &upstream, ALGORITHMS).await;
+    let in_memory = memory_gateway(&upstream, ALGORITHMS).await;
     for route in ["fw", "sw", "sl", "tb", "lb"] {
         assert_same_answers(&in_memory, &on_redis, route, route, 9).await;
     }
@@ -293,8 +347,8 @@ limits = ["sw"]
 "#;
     let redis = Redis::start();
     let upstream = TestUpstream::start().await;
-    let on_redis = gateway(&redis, "", &upstream, body);
-    let in_memory = memory_gateway(&upstream, body);
+    let on_redis = gateway(&redis, "", &upstream, body).await;
+    let in_memory = memory_gateway(&upstream, body).await;
     let into_window = || {
         let now = std::time::SystemTime::now()
             .duration_since(std::time::UNIX_EPOCH)
@@ -333,21 +387,19 @@ match = { path_prefix = "/slow" }
 upstream = "api"
 limits = ["cc"]
 "#;
-    let a = gateway(&redis, "", &upstream, body);
-    let b = gateway(&redis, "", &upstream, body);
+    let a = gateway(&redis, "", &upstream, body).await;
+    let b = gateway(&redis, "", &upstream, body).await;
     // While held, a lease set has an expiry (a dead gateway's slots lapse).
     let held = {
         let addr = a.addr;
         tokio::spawn(async move { get(addr, "/slow/800", &[("x-user", "u")]).await.status })
     };
-    let deadline = Instant::now() + Duration::from_secs(5);
-    let key = loop {
-        if let Some(key) = redis.keys().into_iter().find(|k| k.ends_with(":cc")) {
-            break key;
-        }
-        assert!(Instant::now() < deadline, "no lease key");
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    };
+    let lease_key = || redis.keys().into_iter().find(|k| k.ends_with(":cc"));
+    assert!(
+        eventually(async || lease_key().is_some()).await,
+        "no lease key"
+    );
+    let key = lease_key().expect("the lease key");
     let ttl: i64 = redis.cli(&["PTTL", &key]).parse().expect("PTTL");
     assert!(ttl > 0 && ttl <= 30_001, "lease expiry {ttl} ms");
     assert_eq!(held.await.expect("held"), 200);
@@ -356,11 +408,10 @@ limits = ["cc"]
         assert_eq!(count(&statuses, 200), 3, "{statuses:?}");
         assert_eq!(count(&statuses, 429), 5, "{statuses:?}");
         // Released at body end: the lease set empties (and Redis drops it).
-        let deadline = Instant::now() + Duration::from_secs(5);
-        while redis.keys().iter().any(|k| k.ends_with(":cc")) {
-            assert!(Instant::now() < deadline, "leases not released");
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        }
+        assert!(
+            eventually(async || !redis.keys().iter().any(|k| k.ends_with(":cc"))).await,
+            "leases not released"
+        );
     }
 }
 
@@ -401,8 +452,8 @@ match = { path = "/r" }
 respond = { status = 200, body = "ok" }
 limits = ["per_user", "per_route"]
 "#;
-    let a = gateway(&redis, "", &upstream, body);
-    let b = gateway(&redis, "", &upstream, body);
+    let a = gateway(&redis, "", &upstream, body).await;
+    let b = gateway(&redis, "", &upstream, body).await;
     let mut set = tokio::task::JoinSet::new();
     for user in 0..8 {
         for i in 0..5 {
@@ -467,8 +518,8 @@ match = { path = "/r" }
 respond = { status = 200, body = "ok" }
 limits = ["fw"]
 "#;
-    let a = gateway(&redis, "", &upstream, body);
-    let b = gateway(&redis, "", &upstream, body);
+    let a = gateway(&redis, "", &upstream, body).await;
+    let b = gateway(&redis, "", &upstream, body).await;
     let stop = Arc::new(AtomicBool::new(false));
     let flushes = Arc::new(AtomicUsize::new(0));
     let port = redis.port;
@@ -493,10 +544,7 @@ limits = ["fw"]
         // run (batched calls are quick): wait for one, so that every
         // next burst starts on a flushed script cache.
         let seen = flushes.load(Ordering::Relaxed);
-        let deadline = Instant::now() + Duration::from_secs(10);
-        while flushes.load(Ordering::Relaxed) == seen && Instant::now() < deadline {
-            tokio::time::sleep(Duration::from_millis(5)).await;
-        }
+        eventually(async || flushes.load(Ordering::Relaxed) > seen).await;
         flushed_between += usize::from(flushes.load(Ordering::Relaxed) > seen);
     }
     stop.store(true, Ordering::Relaxed);
@@ -505,7 +553,7 @@ limits = ["fw"]
         flushed_between >= 9,
         "the scripts were flushed between bursts ({flushed_between} of 10)"
     );
-    assert_eq!(count(&statuses, 200), 150, "{statuses:?}\n{}", a.stderr());
+    assert_eq!(count(&statuses, 200), 150, "{statuses:?}");
     assert_eq!(count(&statuses, 429), 50, "{statuses:?}");
     assert_eq!(
         metric(&a, "tollgate_store_fallback_active").await,
@@ -527,21 +575,16 @@ respond = { status = 200, body = "ok" }
 limits = ["fw"]
 "#;
 
-/// Waits until `metric` reads `value`, at most `within`; returns how long it took.
-async fn until_metric(gateway: &Gateway, name: &str, value: f64, within: Duration) -> Duration {
-    let start = Instant::now();
-    loop {
+/// Waits until `metric` reads `value`, at most `within` (a deadline
+/// generous for the store's probes every 250 ms).
+async fn until_metric(gateway: &impl Node, name: &str, value: f64, within: Duration) {
+    let reached = eventually_within(within, async || {
         // A request drives the breaker (a failed call opens it).
-        let _ = get(gateway.addr, "/r", &[("x-user", "u")]).await;
-        if metric(gateway, name).await == Some(value) {
-            return start.elapsed();
-        }
-        assert!(
-            start.elapsed() < within,
-            "{name} did not reach {value} within {within:?}"
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+        let _ = get(gateway.addr(), "/r", &[("x-user", "u")]).await;
+        metric(gateway, name).await == Some(value)
+    })
+    .await;
+    assert!(reached, "{name} did not reach {value} within {within:?}");
 }
 
 #[tokio::test]
@@ -552,20 +595,30 @@ async fn until_metric(gateway: &Gateway, name: &str, value: f64, within: Duratio
 async fn local_fallback_serves_through_a_redis_restart_on_the_same_port() {
     let mut redis = Redis::start();
     let upstream = TestUpstream::start().await;
-    let a = gateway(&redis, r#"on_failure = "local""#, &upstream, ONE_LIMIT);
+    // The binary: the store thread's lines are read on its stderr.
+    let a = gateway_process(&redis, r#"on_failure = "local""#, &upstream, ONE_LIMIT);
     // Load from a background task the whole time.
     let stop = Arc::new(AtomicBool::new(false));
+    let served = Arc::new(AtomicUsize::new(0));
     let load = {
-        let (stop, addr) = (stop.clone(), a.addr);
+        let (stop, served, addr) = (stop.clone(), served.clone(), a.addr);
         tokio::spawn(async move {
             let mut statuses = Vec::new();
             while !stop.load(Ordering::Relaxed) {
                 statuses.push(get(addr, "/r", &[("x-user", "u")]).await.status);
+                served.fetch_add(1, Ordering::Relaxed);
             }
             statuses
         })
     };
-    tokio::time::sleep(Duration::from_millis(300)).await;
+    let more_served = async |n: usize| {
+        let target = served.load(Ordering::Relaxed) + n;
+        assert!(
+            eventually(async || served.load(Ordering::Relaxed) >= target).await,
+            "the load stalled"
+        );
+    };
+    more_served(11).await;
     redis.kill();
     until_metric(
         &a,
@@ -581,18 +634,16 @@ async fn local_fallback_serves_through_a_redis_restart_on_the_same_port() {
             >= 1.0
     );
     redis.restart();
-    let recovered = until_metric(
+    // Recovered by the probes (every 250 ms) within 5 s.
+    until_metric(
         &a,
         "tollgate_store_fallback_active",
         0.0,
-        Duration::from_secs(10),
+        Duration::from_secs(5),
     )
     .await;
-    assert!(
-        recovered < Duration::from_secs(5),
-        "recovered after {recovered:?}"
-    );
-    tokio::time::sleep(Duration::from_millis(200)).await;
+    // And served on after it.
+    more_served(10).await;
     stop.store(true, Ordering::Relaxed);
     let statuses = load.await.expect("load");
     assert!(statuses.len() > 20, "{} requests", statuses.len());
@@ -615,7 +666,7 @@ async fn local_fallback_serves_through_a_redis_restart_on_the_same_port() {
 async fn deny_mode_answers_503_and_readyz_503_while_redis_is_down() {
     let mut redis = Redis::start();
     let upstream = TestUpstream::start().await;
-    let a = gateway(&redis, r#"on_failure = "deny""#, &upstream, ONE_LIMIT);
+    let a = gateway(&redis, r#"on_failure = "deny""#, &upstream, ONE_LIMIT).await;
     let admin = a.admin.expect("admin");
     assert_eq!(get(a.addr, "/r", &[("x-user", "u")]).await.status, 200);
     assert_eq!(get(admin, "/readyz", &[]).await.status, 200);
@@ -656,7 +707,7 @@ async fn allow_mode_admits_while_redis_is_down() {
     let mut redis = Redis::start();
     let upstream = TestUpstream::start().await;
     let body = ONE_LIMIT.replace("limit = 100000", "limit = 1");
-    let a = gateway(&redis, r#"on_failure = "allow""#, &upstream, &body);
+    let a = gateway(&redis, r#"on_failure = "allow""#, &upstream, &body).await;
     assert_eq!(get(a.addr, "/r", &[("x-user", "u")]).await.status, 200);
     assert_eq!(get(a.addr, "/r", &[("x-user", "u")]).await.status, 429);
     redis.kill();
@@ -677,7 +728,7 @@ async fn allow_mode_admits_while_redis_is_down() {
 async fn a_redis_that_never_answers_costs_no_more_than_the_timeout() {
     let mut redis = Redis::start();
     let upstream = TestUpstream::start().await;
-    let a = Gateway::start(&format!(
+    let a = InProcess::start(&format!(
         r#"
 [server]
 listen = "127.0.0.1:0"
@@ -692,7 +743,8 @@ timeout = "100ms"
 {ONE_LIMIT}
 "#,
         redis.url()
-    ));
+    ))
+    .await;
     drop(upstream);
     assert_eq!(get(a.addr, "/r", &[("x-user", "u")]).await.status, 200);
     redis.pause();
@@ -763,8 +815,8 @@ match = { path = "/wide" }
 respond = { status = 200, body = "ok" }
 limits = ["node", "all"]
 "#;
-    let a = gateway(&redis, "", &upstream, body);
-    let b = gateway(&redis, "", &upstream, body);
+    let a = gateway(&redis, "", &upstream, body).await;
+    let b = gateway(&redis, "", &upstream, body).await;
     // u: 2 pass, 3 denied by the shared per_user limit, which refunds the
     // node limit each time; so v still finds 2 of node's 4 left on `a`.
     for expected in [200, 200, 429, 429, 429] {
@@ -813,34 +865,26 @@ upstream = "api"
 cost_header = "x-cost"
 limits = ["budget"]
 "#;
-    let a = gateway(&redis, "", &upstream, body);
-    let b = gateway(&redis, "", &upstream, body);
+    let a = gateway(&redis, "", &upstream, body).await;
+    let b = gateway(&redis, "", &upstream, body).await;
     assert_eq!(get(a.addr, "/cost/6", &[("x-user", "u")]).await.status, 200);
     let key = redis
         .keys()
         .into_iter()
         .find(|k| k.starts_with("tg:budget:"))
         .expect("key");
-    let deadline = Instant::now() + Duration::from_secs(5);
-    while window_count(&redis, &key) != 6 {
-        assert!(
-            Instant::now() < deadline,
-            "settled to {}",
-            window_count(&redis, &key)
-        );
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    assert!(
+        eventually(async || window_count(&redis, &key) == 6).await,
+        "settled to {}",
+        window_count(&redis, &key)
+    );
     // The other gateway sees the settled cost: 4 left, then a refund to 1.
     assert_eq!(get(b.addr, "/cost/0", &[("x-user", "u")]).await.status, 200);
-    let deadline = Instant::now() + Duration::from_secs(5);
-    while window_count(&redis, &key) != 6 {
-        assert!(
-            Instant::now() < deadline,
-            "refund: {}",
-            window_count(&redis, &key)
-        );
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    assert!(
+        eventually(async || window_count(&redis, &key) == 6).await,
+        "refund: {}",
+        window_count(&redis, &key)
+    );
     for _ in 0..4 {
         assert_eq!(get(b.addr, "/cost/1", &[("x-user", "u")]).await.status, 200);
     }
@@ -938,13 +982,13 @@ lease = 50
     assert!(stderr.contains("needs a url"), "{stderr}");
 }
 
-fn cluster_gateway(
+async fn cluster_gateway(
     cluster: &common::redis::Cluster,
     upstream: &TestUpstream,
     body: &str,
-) -> Gateway {
+) -> InProcess {
     let urls: Vec<String> = cluster.urls().iter().map(|u| format!("\"{u}\"")).collect();
-    Gateway::start(&format!(
+    InProcess::start(&format!(
         r#"
 [server]
 listen = "127.0.0.1:0"
@@ -965,6 +1009,7 @@ url = "{upstream}"
         urls = urls.join(", "),
         upstream = upstream.url(),
     ))
+    .await
 }
 
 const CROSS_SLOT: &str = r#"
@@ -995,8 +1040,8 @@ limits = ["per_user", "per_route"]
 async fn cluster_stacks_across_slots_are_all_or_nothing() {
     let cluster = common::redis::Cluster::start(3, 0);
     let upstream = TestUpstream::start().await;
-    let a = cluster_gateway(&cluster, &upstream, CROSS_SLOT);
-    let b = cluster_gateway(&cluster, &upstream, CROSS_SLOT);
+    let a = cluster_gateway(&cluster, &upstream, CROSS_SLOT).await;
+    let b = cluster_gateway(&cluster, &upstream, CROSS_SLOT).await;
     let mut set = tokio::task::JoinSet::new();
     for user in 0..8 {
         for i in 0..5 {
@@ -1057,7 +1102,7 @@ async fn cluster_failover_while_serving() {
     let mut cluster = common::redis::Cluster::start(3, 1);
     let upstream = TestUpstream::start().await;
     let body = ONE_LIMIT;
-    let a = cluster_gateway(&cluster, &upstream, body);
+    let a = cluster_gateway(&cluster, &upstream, body).await;
     assert_eq!(get(a.addr, "/r", &[("x-user", "u")]).await.status, 200);
     let key = cluster
         .keys()
@@ -1065,31 +1110,34 @@ async fn cluster_failover_while_serving() {
         .find(|k| k.starts_with("tg:fw:"))
         .expect("key");
     let stop = Arc::new(AtomicBool::new(false));
+    let served = Arc::new(AtomicUsize::new(0));
     let load = {
-        let (stop, addr) = (stop.clone(), a.addr);
+        let (stop, served, addr) = (stop.clone(), served.clone(), a.addr);
         tokio::spawn(async move {
             let mut statuses = Vec::new();
             while !stop.load(Ordering::Relaxed) {
                 statuses.push(get(addr, "/r", &[("x-user", "u")]).await.status);
+                served.fetch_add(1, Ordering::Relaxed);
             }
             statuses
         })
     };
-    tokio::time::sleep(Duration::from_millis(200)).await;
+    assert!(
+        eventually(async || served.load(Ordering::Relaxed) >= 10).await,
+        "no load"
+    );
     let before = window_count(cluster.any(), &key);
     cluster.primary_of(&key).kill();
     // The replica takes over (node timeout 1 s); the key is counted again.
-    let deadline = Instant::now() + Duration::from_secs(20);
-    loop {
-        tokio::time::sleep(Duration::from_millis(200)).await;
+    let failed_over = async || {
+        let now = cluster.any().try_count(&key).unwrap_or(0);
+        now > before + 5 && metric(&a, "tollgate_store_fallback_active").await == Some(0.0)
+    };
+    if !eventually(failed_over).await {
         let node = cluster.any();
-        let now = node.try_count(&key).unwrap_or(0);
-        if now > before + 5 && metric(&a, "tollgate_store_fallback_active").await == Some(0.0) {
-            break;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "no failover: {before} -> {now} ({:?} from {}; fallback {:?})",
+        panic!(
+            "no failover: {before} -> {} ({:?} from {}; fallback {:?})",
+            node.try_count(&key).unwrap_or(0),
             node.try_cli(&["GET", &key]),
             node.port,
             metric(&a, "tollgate_store_fallback_active").await
@@ -1104,10 +1152,10 @@ async fn cluster_failover_while_serving() {
 }
 
 /// Sends `n` requests one by one; how many were admitted.
-async fn admitted(gateway: &Gateway, user: &str, n: usize) -> usize {
+async fn admitted(gateway: &impl Node, user: &str, n: usize) -> usize {
     let mut ok = 0;
     for _ in 0..n {
-        let status = get(gateway.addr, "/r", &[("x-user", user)]).await.status;
+        let status = get(gateway.addr(), "/r", &[("x-user", user)]).await.status;
         assert!(status == 200 || status == 429, "{status}");
         ok += usize::from(status == 200);
     }
@@ -1125,8 +1173,9 @@ async fn auto_local_fraction_splits_the_fallback_between_live_nodes() {
     let body = ONE_LIMIT.replace("limit = 100000", "limit = 30");
     let store = "on_failure = \"local\"\nlocal_fraction = \"auto\"";
     let nodes = |n: usize| format!("{n} live gateway nodes");
-    let a = gateway(&redis, store, &upstream, &body);
-    let b = gateway(&redis, store, &upstream, &body);
+    // The binary: the store thread's lines are read on its stderr.
+    let a = gateway_process(&redis, store, &upstream, &body);
+    let b = gateway_process(&redis, store, &upstream, &body);
     for g in [&a, &b] {
         let log = g.stderr_when(|log| log.contains(&nodes(2)), Duration::from_secs(10));
         assert!(log.contains(&nodes(2)), "{log}");
@@ -1158,7 +1207,7 @@ async fn auto_local_fraction_splits_the_fallback_between_live_nodes() {
         )
         .await;
     }
-    let c = gateway(&redis, store, &upstream, &body);
+    let c = gateway_process(&redis, store, &upstream, &body);
     for g in [&a, &b, &c] {
         let log = g.stderr_when(|log| log.contains(&nodes(3)), Duration::from_secs(10));
         assert!(log.contains(&nodes(3)), "{log}");
@@ -1178,6 +1227,18 @@ async fn auto_local_fraction_splits_the_fallback_between_live_nodes() {
             "a third of 30 on each of 3 nodes"
         );
     }
+}
+
+/// What a token bucket with `refill = "1/h"` has given out, read from its
+/// GCRA `tat` (`now + used × 1 h`, in µs) against Redis TIME.
+fn tokens_used(redis: &Redis, key: &str) -> u64 {
+    let tat: f64 = redis.cli(&["GET", key]).parse().expect("tat");
+    let time = redis.cli(&["TIME"]);
+    let mut parts = time
+        .split_whitespace()
+        .map(|p| p.parse::<f64>().expect("TIME"));
+    let now = parts.next().expect("secs") * 1e6 + parts.next().expect("us");
+    ((tat - now) / 3.6e9).ceil() as u64
 }
 
 fn evalsha_calls(redis: &Redis) -> u64 {
@@ -1225,8 +1286,8 @@ match = { path = "/big" }
 respond = { status = 200, body = "ok" }
 limits = ["big"]
 "#;
-    let a = gateway(&redis, "", &upstream, body);
-    let b = gateway(&redis, "", &upstream, body);
+    let a = gateway(&redis, "", &upstream, body).await;
+    let b = gateway(&redis, "", &upstream, body).await;
     // At least 10x fewer calls than requests with lease = 100.
     redis.cli(&["CONFIG", "RESETSTAT"]);
     for i in 0..400 {
@@ -1255,8 +1316,25 @@ limits = ["big"]
     assert!(early >= 250 - 100, "first denial after {early} admissions");
     // Unspent tokens go back when the lease lapses: `a` takes 100 for one
     // request, and after the hold `b` finds the other 249.
+    let buckets = || -> Vec<String> {
+        redis
+            .keys()
+            .into_iter()
+            .filter(|k| k.ends_with(":tb"))
+            .collect()
+    };
+    let before = buckets();
     assert_eq!(get(a.addr, "/r", &[("x-user", "w")]).await.status, 200);
-    tokio::time::sleep(Duration::from_millis(3_000)).await;
+    let w = buckets()
+        .into_iter()
+        .find(|k| !before.contains(k))
+        .expect("w's bucket");
+    assert!(tokens_used(&redis, &w) >= 100, "a took a lease");
+    assert!(
+        eventually(async || tokens_used(&redis, &w) == 1).await,
+        "the lease never lapsed: {} tokens out",
+        tokens_used(&redis, &w)
+    );
     let mut on_b = 0;
     for _ in 0..260 {
         on_b += usize::from(get(b.addr, "/r", &[("x-user", "w")]).await.status == 200);
@@ -1267,8 +1345,8 @@ limits = ["big"]
 
 /// One worker, a patient timeout: while Redis is paused every decision
 /// queues behind the one in flight, so the batching is certain.
-fn one_worker_gateway(redis: &Redis, upstream: &TestUpstream, body: &str) -> Gateway {
-    Gateway::start(&format!(
+async fn one_worker_gateway(redis: &Redis, upstream: &TestUpstream, body: &str) -> InProcess {
+    InProcess::start(&format!(
         r#"
 [server]
 listen = "127.0.0.1:0"
@@ -1289,6 +1367,7 @@ url = "{upstream}"
         url = redis.url(),
         upstream = upstream.url(),
     ))
+    .await
 }
 
 /// `burst` of `n` to `path` on `gateway` (headers per request from
@@ -1296,7 +1375,7 @@ url = "{upstream}"
 /// worker's queue; returns the statuses by request index.
 async fn burst_while_paused(
     redis: &mut Redis,
-    gateway: &Gateway,
+    gateway: &InProcess,
     path: &str,
     n: usize,
     header_of: impl Fn(usize) -> String,
@@ -1346,11 +1425,11 @@ match = { path = "/r" }
 respond = { status = 200, body = "ok" }
 limits = ["fw", "tb"]
 "#;
-    let a = one_worker_gateway(&redis, &upstream, body);
+    let a = one_worker_gateway(&redis, &upstream, body).await;
     assert_eq!(get(a.addr, "/r", &[("x-user", "warm")]).await.status, 200);
     redis.cli(&["CONFIG", "RESETSTAT"]);
     let statuses = burst_while_paused(&mut redis, &a, "/r", 300, |_| "u".into()).await;
-    assert_eq!(count(&statuses, 200), 150, "{statuses:?}\n{}", a.stderr());
+    assert_eq!(count(&statuses, 200), 150, "{statuses:?}");
     assert_eq!(count(&statuses, 429), 150, "{statuses:?}");
     let calls = evalsha_calls(&redis);
     // One call in flight while the rest queue: 300 decisions in a handful
@@ -1407,7 +1486,7 @@ match = { path = "/r" }
 respond = { status = 200, body = "ok" }
 limits = ["per_route", "per_user"]
 "#;
-    let a = one_worker_gateway(&redis, &upstream, body);
+    let a = one_worker_gateway(&redis, &upstream, body).await;
     assert_eq!(get(a.addr, "/r", &[("x-user", "spent")]).await.status, 200);
     redis.cli(&["CONFIG", "RESETSTAT"]);
     // Every third request is from `spent`, whose per_user limit is used up:
@@ -1466,7 +1545,7 @@ match = { path = "/r" }
 respond = { status = 200, body = "ok" }
 limits = ["tb"]
 "#;
-    let a = one_worker_gateway(&redis, &upstream, body);
+    let a = one_worker_gateway(&redis, &upstream, body).await;
     // 50 requests find no leased tokens at once: the first takes a lease,
     // the others (queued behind it) only their cost. Were each to take a
     // lease, ten would empty the bucket and the other forty be denied.
@@ -1479,13 +1558,7 @@ limits = ["tb"]
         .into_iter()
         .find(|k| k.ends_with(":tb"))
         .expect("bucket key");
-    let tat: f64 = redis.cli(&["GET", &key]).parse().expect("tat");
-    let time = redis.cli(&["TIME"]);
-    let mut parts = time
-        .split_whitespace()
-        .map(|p| p.parse::<f64>().expect("TIME"));
-    let now = parts.next().expect("secs") * 1e6 + parts.next().expect("us");
-    let used = ((tat - now) / 3.6e9).ceil() as u64;
+    let used = tokens_used(&redis, &key);
     assert!(
         (100..=149).contains(&used),
         "the node took {used} tokens for 50 requests: one lease of 100 and the rest's cost"

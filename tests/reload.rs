@@ -1,16 +1,18 @@
-//! Hot reload on SIGHUP, end to end with the real process and real signals:
-//! state kept, new values in effect, invalid files ignored, in-flight requests
-//! finish on their old route, listeners follow `listen`, and a keep-alive
-//! load sees no failure while the configuration is swapped ten times.
+//! Hot reload, end to end: state kept, new values in effect, invalid files
+//! ignored, in-flight requests finish on their old route, and listeners
+//! follow `listen`, with the gateway in process and reloaded by the
+//! function SIGHUP calls; with the real process and real signals, a
+//! keep-alive load sees no failure while SIGHUP swaps the configuration ten
+//! times, and a SIGHUP right after startup reloads.
 
 mod common;
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use bytes::Bytes;
-use common::{Gateway, TestUpstream, get};
+use common::{Gateway, InProcess, TestUpstream, eventually, get};
 use http_body_util::{BodyExt, Full};
 use hyper::Request;
 
@@ -53,24 +55,23 @@ limits = ["per_key"]
     )
 }
 
-/// Rewrites the config, sends SIGHUP and waits until `/version` says `version`.
-async fn reload_to(gw: &Gateway, text: &str, version: &str) {
-    std::fs::write(&gw.config_path, text).unwrap();
-    gw.signal("HUP");
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while Instant::now() < deadline {
-        if get(gw.addr, "/version", &[]).await.body == version.as_bytes() {
-            return;
-        }
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
-    panic!("reload to {version} did not take effect:\n{}", gw.stderr());
+/// Rewrites the config, reloads it and checks that `/version` says `version`.
+async fn reload_to(gw: &InProcess, text: &str, version: &str) {
+    let log = common::log::capture();
+    gw.reload_with(text);
+    let answered = get(gw.addr, "/version", &[]).await.body;
+    assert_eq!(
+        answered,
+        version.as_bytes(),
+        "reload to {version} did not take effect:\n{}",
+        log.text()
+    );
 }
 
 #[tokio::test]
 async fn limiter_state_survives_an_unrelated_change_and_new_numbers_apply() {
     let upstream = TestUpstream::start().await;
-    let gw = Gateway::start(&config(&upstream, "\"127.0.0.1:0\"", "v1", 3, ""));
+    let gw = InProcess::start(&config(&upstream, "\"127.0.0.1:0\"", "v1", 3, "")).await;
     let key = [("x-api-key", "k")];
     for _ in 0..2 {
         assert_eq!(get(gw.addr, "/x", &key).await.status, 200);
@@ -108,14 +109,10 @@ async fn limiter_state_survives_an_unrelated_change_and_new_numbers_apply() {
 #[tokio::test]
 async fn an_invalid_file_keeps_the_running_configuration() {
     let upstream = TestUpstream::start().await;
-    let gw = Gateway::start(&config(&upstream, "\"127.0.0.1:0\"", "v1", 3, ""));
-    std::fs::write(&gw.config_path, "[server]\nlisten = 12\n").unwrap();
-    gw.signal("HUP");
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while !gw.stderr().contains("reload failed") && Instant::now() < deadline {
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
-    let log = gw.stderr();
+    let gw = InProcess::start(&config(&upstream, "\"127.0.0.1:0\"", "v1", 3, "")).await;
+    let capture = common::log::capture();
+    gw.reload_with("[server]\nlisten = 12\n");
+    let log = capture.text();
     assert!(log.contains("reload failed"), "{log}");
     assert!(
         log.contains("gateway.toml:2:"),
@@ -125,13 +122,17 @@ async fn an_invalid_file_keeps_the_running_configuration() {
     assert_eq!(get(gw.addr, "/x", &[]).await.status, 200);
 }
 
-#[tokio::test]
+// Paused time: the upstream holds the request for a second of it.
+#[tokio::test(start_paused = true)]
 async fn a_request_in_flight_finishes_on_its_old_route() {
     let upstream = TestUpstream::start().await;
-    let gw = Gateway::start(&config(&upstream, "\"127.0.0.1:0\"", "v1", 3, ""));
+    let gw = InProcess::start(&config(&upstream, "\"127.0.0.1:0\"", "v1", 3, "")).await;
     let addr = gw.addr;
     let in_flight = tokio::spawn(async move { get(addr, "/slow/1000", &[]).await });
-    tokio::time::sleep(Duration::from_millis(200)).await;
+    assert!(
+        eventually(async || upstream.arrived() == 1).await,
+        "the request never reached the upstream"
+    );
     // The new configuration answers /slow itself.
     let takeover = "[[routes]]\nname = \"slow\"\nmatch = { path_prefix = \"/slow\" }\nrespond = { status = 200, body = \"new\" }\n";
     reload_to(
@@ -156,31 +157,21 @@ async fn listeners_follow_the_listen_list() {
             .unwrap()
     };
     let (first, second) = (free_port(), free_port());
-    let gw = Gateway::start(&config(&upstream, &format!("\"{first}\""), "v1", 3, ""));
+    let gw = InProcess::start(&config(&upstream, &format!("\"{first}\""), "v1", 3, "")).await;
     assert_eq!(gw.addr, first);
     let both = format!("[\"{first}\", \"{second}\"]");
     reload_to(&gw, &config(&upstream, &both, "v2", 3, ""), "v2").await;
     // The new listener is bound right after the swap, by the server task.
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while tokio::net::TcpStream::connect(second).await.is_err() {
-        assert!(Instant::now() < deadline, "the new address was never bound");
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    assert!(
+        eventually(async || tokio::net::TcpStream::connect(second).await.is_ok()).await,
+        "the new address was never bound"
+    );
     assert_eq!(get(second, "/version", &[]).await.body, "v2");
     // Drop the first address: served on the second, refused on the first.
-    std::fs::write(
-        &gw.config_path,
-        config(&upstream, &format!("\"{second}\""), "v3", 3, ""),
-    )
-    .unwrap();
-    gw.signal("HUP");
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while get(second, "/version", &[]).await.body != "v3" && Instant::now() < deadline {
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
-    tokio::time::sleep(Duration::from_millis(200)).await;
+    gw.reload_with(&config(&upstream, &format!("\"{second}\""), "v3", 3, ""));
+    eventually(async || get(second, "/version", &[]).await.body == "v3").await;
     assert!(
-        tokio::net::TcpStream::connect(first).await.is_err(),
+        eventually(async || tokio::net::TcpStream::connect(first).await.is_err()).await,
         "old listener still open"
     );
 }
@@ -222,8 +213,16 @@ async fn ten_reloads_under_keep_alive_load_fail_no_request() {
             }
         }));
     }
+    // Load between the reloads: `more` requests answered each time.
+    let served = async |more: usize| {
+        let target = ok.load(Ordering::Relaxed) + more;
+        eventually(async || {
+            ok.load(Ordering::Relaxed) >= target || failed.load(Ordering::Relaxed) > 0
+        })
+        .await;
+    };
     for i in 1..=10 {
-        tokio::time::sleep(Duration::from_millis(500)).await;
+        served(11).await;
         let text = config(
             &upstream,
             "\"127.0.0.1:0\"",
@@ -233,8 +232,11 @@ async fn ten_reloads_under_keep_alive_load_fail_no_request() {
         );
         std::fs::write(&gw.config_path, text).unwrap();
         gw.signal("HUP");
+        // Applied before the next (a reload takes milliseconds).
+        let version = format!("v{i}");
+        eventually(async || get(gw.addr, "/version", &[]).await.body == version.as_bytes()).await;
     }
-    tokio::time::sleep(Duration::from_millis(300)).await;
+    served(11).await;
     stop.store(true, Ordering::Relaxed);
     for client in clients {
         client.await.unwrap();
@@ -253,6 +255,10 @@ async fn a_sighup_right_after_startup_reloads_instead_of_killing() {
     let upstream = TestUpstream::start().await;
     let gw = Gateway::start(&config(&upstream, "\"127.0.0.1:0\"", "v1", 3, ""));
     gw.signal("HUP");
-    tokio::time::sleep(Duration::from_millis(300)).await;
+    // Reloaded, or killed (and the request below fails).
+    gw.stderr_when(
+        |log| log.contains("configuration reloaded"),
+        Duration::from_secs(10),
+    );
     assert_eq!(get(gw.addr, "/version", &[]).await.body, "v1");
 }

@@ -9,7 +9,8 @@
 //! for byte, and that the next client — which would get the poisoned
 //! connection if it were pooled — gets only its own response: the upstream
 //! answers every other request with a body naming the request's path, so a
-//! connection shifted by one response is visible.
+//! connection shifted by one response is visible. The gateway in process,
+//! on real time (the Nagle variant needs the kernel's real ACK timing).
 
 mod common;
 
@@ -17,8 +18,8 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use common::Gateway;
 use common::openmetrics::parse;
+use common::{InProcess, eventually};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 
@@ -94,26 +95,17 @@ impl Malicious {
             .clone()
     }
 
-    /// Waits (at most 10 s) until connection `index` was closed by the gateway.
+    /// Waits until connection `index` was closed by the gateway.
     async fn closed(&self, index: usize) -> bool {
-        for _ in 0..1000 {
-            if self.conns.lock().unwrap()[index].lock().unwrap().closed {
-                return true;
-            }
-            tokio::time::sleep(Duration::from_millis(10)).await;
-        }
-        false
+        eventually(async || self.conns.lock().unwrap()[index].lock().unwrap().closed).await
     }
 
-    /// Waits (at most 10 s) until `count` answers were written whole.
+    /// Waits until `count` answers were written whole.
     async fn answered(&self, count: usize) {
-        for _ in 0..10_000 {
-            if self.answered.load(Ordering::SeqCst) >= count {
-                return;
-            }
-            tokio::time::sleep(Duration::from_millis(1)).await;
-        }
-        panic!("the upstream did not write {count} answers");
+        assert!(
+            eventually(async || self.answered.load(Ordering::SeqCst) >= count).await,
+            "the upstream did not write {count} answers"
+        );
     }
 }
 
@@ -205,7 +197,7 @@ fn forwarded(method: &str, path: &str) -> Vec<u8> {
 
 /// Sends `METHOD path` on a new connection and reads until the gateway
 /// closes it (the request asks to close): the raw answer.
-async fn client(gateway: &Gateway, method: &str, path: &str) -> String {
+async fn client(gateway: &InProcess, method: &str, path: &str) -> String {
     let mut stream = TcpStream::connect(gateway.addr).await.unwrap();
     let request =
         format!("{method} {path} HTTP/1.1\r\nhost: gateway.test\r\nconnection: close\r\n\r\n");
@@ -241,7 +233,7 @@ fn body(answer: &str) -> String {
 }
 
 /// `tollgate_upstream_errors_total{upstream="up",kind}`.
-async fn upstream_errors(gateway: &Gateway, kind: &str) -> f64 {
+async fn upstream_errors(gateway: &InProcess, kind: &str) -> f64 {
     let reply = common::get(gateway.admin.unwrap(), "/metrics", &[]).await;
     let text = String::from_utf8_lossy(&reply.body).into_owned();
     let exposition = parse(&text).unwrap();
@@ -267,7 +259,7 @@ enum Expect {
 /// upstream's received bytes are checked.
 async fn variant(method: &str, expect: Expect, evil: Script) {
     let upstream = Malicious::start(evil).await;
-    let gateway = Gateway::start(&config(&upstream));
+    let gateway = InProcess::start(&config(&upstream)).await;
     let first = client(&gateway, method, "/evil").await;
     match expect {
         Expect::Answer(status, want) => {
@@ -499,7 +491,7 @@ async fn obs_fold_and_bare_cr_or_lf_in_the_head_are_refused() {
 async fn shifted_clients(nagle: bool) -> usize {
     let upstream =
         Malicious::start_with(pieces(&[b"HTTP/1.1 204 No Content\r\n\r\n", STRAY]), nagle).await;
-    let gateway = Gateway::start(&config(&upstream));
+    let gateway = InProcess::start(&config(&upstream)).await;
     let mut shifted = 0;
     for round in 0..200 {
         // On a shifted connection this client gets a 200 meant for another.

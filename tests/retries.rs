@@ -1,7 +1,8 @@
 //! Upstream retries with full jitter and a budget, end to end: a
 //! flaky upstream is retried for idempotent requests only, `Retry-After` is
 //! honoured within the upstream's timeout, and a dead upstream gets no more
-//! retries than the budget allows.
+//! retries than the budget allows. The gateway in process; the wait for a
+//! `Retry-After` on paused time.
 
 mod common;
 
@@ -12,7 +13,7 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use common::openmetrics::parse;
-use common::{Gateway, get, send, tollgate};
+use common::{InProcess, get, send, tollgate};
 use http_body_util::Full;
 use hyper::body::Incoming;
 use hyper::{Request, Response};
@@ -133,7 +134,7 @@ retry = {{ attempts = 2, on = ["connect", "502", "503", "504", "429"], base = "1
     )
 }
 
-async fn retries(gateway: &Gateway, upstream: &str, reason: &str) -> f64 {
+async fn retries(gateway: &InProcess, upstream: &str, reason: &str) -> f64 {
     let reply = get(gateway.admin.unwrap(), "/metrics", &[]).await;
     let text = String::from_utf8_lossy(&reply.body).into_owned();
     parse(&text).unwrap().count(
@@ -158,7 +159,8 @@ fn post(path: &str, key: Option<&str>) -> Request<Full<Bytes>> {
 #[tokio::test]
 async fn a_flaky_upstream_is_retried_for_idempotent_requests() {
     let upstream = Flaky::start().await;
-    let gateway = Gateway::start_with_args(&config(upstream.addr), &["--log-format", "json"]);
+    let log = common::log::capture_json();
+    let gateway = InProcess::start(&config(upstream.addr)).await;
     let reply = get(gateway.addr, "/flaky/2/a", &[]).await;
     assert_eq!(reply.status, 200);
     assert_eq!(reply.body, "attempt 3\n");
@@ -169,7 +171,7 @@ async fn a_flaky_upstream_is_retried_for_idempotent_requests() {
     assert_eq!(reply.status, 503);
     assert_eq!(upstream.seen("/flaky/5/b"), 3, "one try and two retries");
     // The access log marks the retried request.
-    let log = gateway.stderr_when(|s| s.contains("/flaky/5/b"), Duration::from_secs(5));
+    let log = log.when(|s| s.contains("/flaky/5/b")).await;
     let line = log.lines().find(|l| l.contains("/flaky/2/a")).unwrap();
     assert!(line.contains("\"retries\":2"), "{line}");
 }
@@ -177,7 +179,7 @@ async fn a_flaky_upstream_is_retried_for_idempotent_requests() {
 #[tokio::test]
 async fn a_post_is_retried_only_with_an_idempotency_key() {
     let upstream = Flaky::start().await;
-    let gateway = Gateway::start(&config(upstream.addr));
+    let gateway = InProcess::start(&config(upstream.addr)).await;
     let reply = send(gateway.addr, post("/flaky/1/post", None)).await;
     assert_eq!(reply.status, 503);
     assert_eq!(upstream.seen("/flaky/1/post"), 1);
@@ -190,12 +192,13 @@ async fn a_post_is_retried_only_with_an_idempotency_key() {
     );
 }
 
-#[tokio::test]
+// Paused time: the gateway's wait and this test's clock are tokio's.
+#[tokio::test(start_paused = true)]
 async fn retry_after_is_honoured_when_it_fits_the_timeout() {
     let upstream = Flaky::start().await;
-    let gateway = Gateway::start(&config(upstream.addr));
+    let gateway = InProcess::start(&config(upstream.addr)).await;
     // 10 s of timeout: the upstream's 1 s Retry-After is waited out.
-    let started = std::time::Instant::now();
+    let started = tokio::time::Instant::now();
     let reply = get(gateway.addr, "/api/later", &[]).await;
     assert_eq!(reply.status, 200);
     assert_eq!(upstream.seen("/api/later"), 2);
@@ -212,7 +215,7 @@ async fn retry_after_is_honoured_when_it_fits_the_timeout() {
 #[tokio::test]
 async fn the_budget_bounds_retries_against_a_dead_upstream() {
     let upstream = Flaky::start().await;
-    let gateway = Gateway::start(&config(upstream.addr));
+    let gateway = InProcess::start(&config(upstream.addr)).await;
     let requests = 50;
     for i in 0..requests {
         let reply = get(gateway.addr, &format!("/dead/{i}"), &[]).await;

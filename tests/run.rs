@@ -34,7 +34,10 @@ async fn run_drains_the_request_in_flight_when_its_shutdown_completes() {
     assert_eq!(get(addr, "/health", &[]).await.status, 200);
     let in_flight = tokio::spawn(async move { get(addr, "/slow/800", &[]).await });
     // Paused time: the upstream holds the request for 800 ms of it.
-    tokio::time::sleep(Duration::from_millis(100)).await;
+    assert!(
+        common::eventually(async || upstream.arrived() == 1).await,
+        "the request never reached the upstream"
+    );
     assert!(!in_flight.is_finished());
     gw.stop().await;
     let reply = in_flight.await.expect("the request task");

@@ -2,7 +2,7 @@
 //! lessons it must show (the fixed window's boundary burst), decisions equal
 //! to a live gateway's for the same requests, trace input (bad lines, gzip,
 //! stdin), generated keys of every kind the limits read (`vary=`), the SVG
-//! and the JSON.
+//! and the JSON. The live gateway runs in process.
 
 mod common;
 
@@ -10,7 +10,7 @@ use std::io::Write;
 use std::process::{Command, Stdio};
 
 use bytes::Bytes;
-use common::{Gateway, TestUpstream, send, tollgate};
+use common::{InProcess, TestUpstream, send, tollgate};
 use http_body_util::Full;
 use hyper::Request;
 
@@ -285,7 +285,7 @@ fn live_requests() -> Vec<Sent> {
 async fn decisions_equal_the_live_gateways() {
     let upstream = TestUpstream::start().await;
     let config = live_config(&upstream.url());
-    let gateway = Gateway::start(&config);
+    let gateway = InProcess::start(&config).await;
     let requests = live_requests();
 
     // 1. Through the live gateway, one at a time.

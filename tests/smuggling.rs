@@ -1,4 +1,4 @@
-//! Request smuggling, tried on the real gateway binary through raw sockets,
+//! Request smuggling, tried on the gateway (in process) through raw sockets,
 //! with an upstream that records every byte it receives (`RawUpstream`).
 //!
 //! Each variant asserts what the client got (status, problem+json,
@@ -12,7 +12,7 @@ mod common;
 
 use std::time::Duration;
 
-use common::{Gateway, RawUpstream, raw_request_len};
+use common::{InProcess, RawUpstream, eventually, raw_request_len};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 
@@ -64,7 +64,7 @@ struct Client {
 }
 
 impl Client {
-    async fn connect(gateway: &Gateway) -> Client {
+    async fn connect(gateway: &InProcess) -> Client {
         Client {
             stream: TcpStream::connect(gateway.addr).await.expect("connect"),
             buffer: Vec::new(),
@@ -201,7 +201,7 @@ fn lossy(bytes: &[u8]) -> String {
 }
 
 /// The next client, on a new connection, is served normally.
-async fn assert_next_client_served(gateway: &Gateway, upstream: &RawUpstream, what: &str) {
+async fn assert_next_client_served(gateway: &InProcess, upstream: &RawUpstream, what: &str) {
     let before = upstream.requests();
     let mut client = Client::connect(gateway).await;
     client
@@ -227,7 +227,7 @@ async fn assert_refused_with(request: &[u8], status: u16, what: &str, max_header
     for after_hand_off in [false, true] {
         let what = &format!("{what} (after a hand-off: {after_hand_off})");
         let upstream = RawUpstream::start().await;
-        let gateway = Gateway::start(&config(&upstream, max_header_bytes));
+        let gateway = InProcess::start(&config(&upstream, max_header_bytes)).await;
         let mut client = Client::connect(&gateway).await;
         if after_hand_off {
             client.send(HAND_OFF).await;
@@ -332,7 +332,7 @@ const NOT_A_TRANSFER_ENCODING: [&str; 4] = [
 #[tokio::test]
 async fn every_smuggler_mutation_is_refused_or_forwarded_well_framed() {
     let upstream = RawUpstream::start().await;
-    let gateway = Gateway::start(&config(&upstream, "32KiB"));
+    let gateway = InProcess::start(&config(&upstream, "32KiB")).await;
     let mut failures = Vec::new();
     for after_hand_off in [false, true] {
         for (name, gadget) in smuggler_mutations() {
@@ -410,7 +410,8 @@ async fn refusals_are_counted_and_logged() {
         "listen = \"127.0.0.1:0\"",
         "listen = \"127.0.0.1:0\"\nadmin = \"127.0.0.1:0\"",
     );
-    let gateway = Gateway::start(&config);
+    let log = common::log::capture();
+    let gateway = InProcess::start(&config).await;
     for (request, status) in [
         (&b"POST / HTTP/1.1\r\nHost: gateway.test\r\nContent-Length: 6\r\nTransfer-Encoding: chunked\r\n\r\n0\r\n\r\nG"[..], 400),
         (b"GET / HTTP/1.1\r\nHost: a\r\nHost: b\r\n\r\n", 400),
@@ -433,22 +434,22 @@ async fn refusals_are_counted_and_logged() {
             .and_then(|l| l.rsplit(' ').next())
             .and_then(|n| n.parse::<u64>().ok())
     };
-    let deadline = std::time::Instant::now() + LIMIT;
-    let text = loop {
+    let metrics = async || {
         let metrics = common::get(gateway.admin.unwrap(), "/metrics", &[]).await;
-        let text = String::from_utf8_lossy(&metrics.body).into_owned();
-        let counts = (count(&text, "400"), count(&text, "431"));
-        if counts == (Some(2), Some(1)) || std::time::Instant::now() > deadline {
-            break text;
-        }
-        tokio::time::sleep(Duration::from_millis(50)).await;
+        String::from_utf8_lossy(&metrics.body).into_owned()
     };
+    eventually(async || {
+        let text = metrics().await;
+        (count(&text, "400"), count(&text, "431")) == (Some(2), Some(1))
+    })
+    .await;
+    let text = metrics().await;
     assert_eq!(
         (count(&text, "400"), count(&text, "431")),
         (Some(2), Some(1)),
         "{text}"
     );
-    let log = gateway.stderr_when(|log| log.matches("refused").count() >= 3, LIMIT);
+    let log = log.when(|log| log.matches("refused").count() >= 3).await;
     let lines: Vec<&str> = log.lines().filter(|l| l.contains("refused=")).collect();
     assert_eq!(lines.len(), 3, "{log}");
     assert!(
@@ -556,7 +557,7 @@ async fn duplicate_and_malformed_content_lengths_are_refused() {
 #[tokio::test]
 async fn equal_duplicate_content_lengths_are_one_length() {
     let upstream = RawUpstream::start().await;
-    let gateway = Gateway::start(&config(&upstream, "32KiB"));
+    let gateway = InProcess::start(&config(&upstream, "32KiB")).await;
     let mut client = Client::connect(&gateway).await;
     client
         .send(b"POST /dup HTTP/1.1\r\nHost: gateway.test\r\nContent-Length: 5\r\nContent-Length: 5\r\n\r\nhello")
@@ -804,7 +805,7 @@ async fn pipelined_requests_after_a_refused_one_are_never_processed() {
     for after_hand_off in [false, true] {
         let what = format!("after a hand-off: {after_hand_off}");
         let upstream = RawUpstream::start().await;
-        let gateway = Gateway::start(&config(&upstream, "32KiB"));
+        let gateway = InProcess::start(&config(&upstream, "32KiB")).await;
         let mut client = Client::connect(&gateway).await;
         let mut burst = Vec::new();
         if after_hand_off {
@@ -839,9 +840,10 @@ async fn pipelined_requests_after_a_refused_one_are_never_processed() {
 /// part of it is closed, not reused.
 async fn assert_bad_chunked_body(body: &[u8], what: &str) {
     let upstream = RawUpstream::start().await;
-    let gateway = Gateway::start(
+    let gateway = InProcess::start(
         &config(&upstream, "32KiB").replace("[server]\n", "[server]\nadmin = \"127.0.0.1:0\"\n"),
-    );
+    )
+    .await;
     let mut client = Client::connect(&gateway).await;
     let request = [
         &b"POST /upload HTTP/1.1\r\nHost: gateway.test\r\nTransfer-Encoding: chunked\r\n\r\n"[..],
@@ -867,17 +869,10 @@ async fn assert_bad_chunked_body(body: &[u8], what: &str) {
         "{what}: {:?}",
         lossy(&upstream.all_bytes())
     );
-    let closed = async {
-        loop {
-            if upstream.connections().iter().all(|c| c.closed) {
-                return;
-            }
-            tokio::time::sleep(Duration::from_millis(10)).await;
-        }
-    };
-    tokio::time::timeout(LIMIT, closed)
-        .await
-        .unwrap_or_else(|_| panic!("{what}: the upstream connection is still open"));
+    assert!(
+        eventually(async || upstream.connections().iter().all(|c| c.closed)).await,
+        "{what}: the upstream connection is still open"
+    );
     let used = upstream.connections().len();
     assert_next_client_served(&gateway, &upstream, what).await;
     assert!(
@@ -922,7 +917,7 @@ async fn malformed_chunked_bodies_are_the_clients_400() {
 #[tokio::test]
 async fn a_good_chunked_body_with_extensions_and_trailers_is_forwarded() {
     let upstream = RawUpstream::start().await;
-    let gateway = Gateway::start(&config(&upstream, "32KiB"));
+    let gateway = InProcess::start(&config(&upstream, "32KiB")).await;
     let mut client = Client::connect(&gateway).await;
     client
         .send(

@@ -1,10 +1,10 @@
-//! TLS termination and HTTP/2 from clients, end to end through the real
-//! binary: HTTPS (h1 and h2 by ALPN) to a plaintext upstream, SNI choosing
-//! the certificate, rotation by SIGHUP under load, bad files as config
+//! TLS termination and HTTP/2 from clients, end to end through the
+//! gateway in process (the binary for two workers): HTTPS (h1 and h2 by ALPN) to a plaintext upstream, SNI choosing
+//! the certificate, rotation by a reload under load, bad files as config
 //! errors, a stalled handshake cut off without holding up others, h2c with
 //! prior knowledge, per-stream rate limiting, rapid reset, an idle h2
 //! connection closed and an oversized h2 header list refused, two workers
-//! sharing one limit, a TLS listener removed and added by SIGHUP, HTTPS
+//! sharing one limit, a TLS listener removed and added by a reload, HTTPS
 //! upstreams (WebSocket tunnels included), and `curl` as users run it.
 //! Certificates are made by each test (`common::certs`).
 
@@ -18,7 +18,7 @@ use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use common::certs::{Ca, connect};
-use common::{Gateway, TestUpstream, get, tollgate};
+use common::{Gateway, InProcess, TestUpstream, eventually, get, tollgate};
 use http_body_util::{BodyExt, Empty};
 use hyper::Request;
 use hyper_util::rt::{TokioExecutor, TokioIo};
@@ -127,7 +127,7 @@ async fn https_request_reaches_a_plain_upstream_with_forwarded_proto() {
     let upstream = TestUpstream::start().await;
     let ca = Ca::new();
     let dir = dir_with_cert(&ca, &["gateway.test"]);
-    let gw = Gateway::start_in(dir, &config(&upstream, "", ""), &[]);
+    let gw = InProcess::start_in(dir, &config(&upstream, "", "")).await;
     let tls = gw.tls_addr.expect("TLS listener");
     let connector = ca.client(&[b"http/1.1"]);
     let (status, _, body) = https_get(&connector, tls, "gateway.test", "/hello")
@@ -167,7 +167,7 @@ cert = "wild.crt"
 key = "wild.key"
 "#;
     let default = std::fs::read_to_string(dir.path().join("gateway.crt")).unwrap();
-    let gw = Gateway::start_in(dir, &config(&upstream, tls, ""), &[]);
+    let gw = InProcess::start_in(dir, &config(&upstream, tls, "")).await;
     let addr = gw.tls_addr.unwrap();
     let connector = ca.client(&[b"http/1.1"]);
     assert_eq!(
@@ -192,26 +192,22 @@ key = "wild.key"
 
 use rustls::pki_types::pem::PemObject;
 
-/// Rewrites the gateway's certificate files and sends SIGHUP; waits for the
-/// reload to be counted (`result` ok or error).
-async fn rotate(gw: &Gateway, cert: &str, key: &str, result: &str) {
+/// Rewrites the gateway's certificate files and reloads (as SIGHUP does);
+/// checks that the reload was counted (`result` ok or error).
+async fn rotate(gw: &InProcess, cert: &str, key: &str, result: &str) {
     let before = reloads(gw, result).await;
     std::fs::write(gw.dir.path().join("gateway.crt"), cert).unwrap();
     std::fs::write(gw.dir.path().join("gateway.key"), key).unwrap();
-    gw.signal("HUP");
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while reloads(gw, result).await == before {
-        assert!(Instant::now() < deadline, "no reload: {}", gw.stderr());
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    gw.reload();
+    assert_ne!(reloads(gw, result).await, before, "no reload");
 }
 
-async fn metrics(gw: &Gateway) -> String {
+async fn metrics(gw: &InProcess) -> String {
     let reply = get(gw.admin.unwrap(), "/metrics", &[]).await;
     String::from_utf8_lossy(&reply.body).into_owned()
 }
 
-async fn reloads(gw: &Gateway, result: &str) -> u64 {
+async fn reloads(gw: &InProcess, result: &str) -> u64 {
     metric(
         &metrics(gw).await,
         "tollgate_config_reloads_total",
@@ -228,12 +224,13 @@ fn metric(text: &str, name: &str, label: (&str, &str)) -> u64 {
 }
 
 #[tokio::test]
-async fn sighup_rotates_the_certificate_under_load_without_a_failed_request() {
+async fn a_reload_rotates_the_certificate_under_load_without_a_failed_request() {
+    let log = common::log::capture();
     let upstream = TestUpstream::start().await;
     let ca = Ca::new();
     let dir = dir_with_cert(&ca, &["gateway.test"]);
     let old = std::fs::read(dir.path().join("gateway.crt")).unwrap();
-    let gw = Gateway::start_in(dir, &config(&upstream, "", ""), &[]);
+    let gw = InProcess::start_in(dir, &config(&upstream, "", "")).await;
     let addr = gw.tls_addr.unwrap();
     let connector = full_handshakes(&ca.client(&[b"http/1.1"]));
 
@@ -263,19 +260,27 @@ async fn sighup_rotates_the_certificate_under_load_without_a_failed_request() {
             }
         }));
     }
-    tokio::time::sleep(Duration::from_millis(200)).await;
+    // New handshakes before, between and after the rotations.
+    let served = async |more: usize| {
+        let target = ok.load(Ordering::Relaxed) + more;
+        assert!(
+            eventually(async || ok.load(Ordering::Relaxed) >= target).await,
+            "the load stalled"
+        );
+    };
+    served(6).await;
     let mut last = Vec::new();
     for _ in 0..3 {
         let next = ca.leaf(&["gateway.test"]);
         rotate(&gw, &next.cert_pem, &next.key_pem, "ok").await;
-        tokio::time::sleep(Duration::from_millis(200)).await;
+        served(6).await;
         last = next.der.to_vec();
     }
     stop.store(true, Ordering::Relaxed);
     for task in load {
         task.await.unwrap();
     }
-    assert_eq!(failed.load(Ordering::Relaxed), 0, "{}", gw.stderr());
+    assert_eq!(failed.load(Ordering::Relaxed), 0, "{}", log.text());
     assert!(ok.load(Ordering::Relaxed) > 20, "too little load");
     // New handshakes present the new certificate…
     assert_eq!(presented(&connector, addr, "gateway.test").await, last);
@@ -299,7 +304,8 @@ async fn a_bad_pair_on_reload_keeps_the_old_one_and_fails_the_reload() {
     let ca = Ca::new();
     let dir = dir_with_cert(&ca, &["gateway.test"]);
     let cert = std::fs::read(dir.path().join("gateway.crt")).unwrap();
-    let gw = Gateway::start_in(dir, &config(&upstream, "", ""), &[]);
+    let log = common::log::capture();
+    let gw = InProcess::start_in(dir, &config(&upstream, "", "")).await;
     let addr = gw.tls_addr.unwrap();
     let connector = ca.client(&[b"http/1.1"]);
     let before = presented(&connector, addr, "gateway.test").await;
@@ -307,7 +313,7 @@ async fn a_bad_pair_on_reload_keeps_the_old_one_and_fails_the_reload() {
     let next = ca.leaf(&["gateway.test"]);
     let other = ca.leaf(&["gateway.test"]);
     rotate(&gw, &next.cert_pem, &other.key_pem, "error").await;
-    let stderr = gw.stderr_when(|s| s.contains("does not match"), Duration::from_secs(5));
+    let stderr = log.when(|s| s.contains("does not match")).await;
     assert!(stderr.contains("gateway.toml:"), "{stderr}");
     assert!(stderr.contains("`server.tls.key`"), "{stderr}");
     assert!(
@@ -440,7 +446,7 @@ async fn a_stalled_handshake_is_cut_off_and_does_not_stop_others() {
     let upstream = TestUpstream::start().await;
     let ca = Ca::new();
     let dir = dir_with_cert(&ca, &["gateway.test"]);
-    let gw = Gateway::start_in(dir, &config(&upstream, "", ""), &[]);
+    let gw = InProcess::start_in(dir, &config(&upstream, "", "")).await;
     let addr = gw.tls_addr.unwrap();
     let connector = ca.client(&[b"http/1.1"]);
     // One client opens a connection and sends half a ClientHello; another
@@ -489,20 +495,17 @@ async fn a_stalled_handshake_is_cut_off_and_does_not_stop_others() {
     // A client that does not trust the certificate fails its handshake.
     let stranger = Ca::new().client(&[b"http/1.1"]);
     assert!(connect(&stranger, addr, "gateway.test").await.is_err());
-    let deadline = Instant::now() + Duration::from_secs(5);
-    loop {
+    let failed = async || {
         let text = metrics(&gw).await;
-        if metric(
+        let failures = metric(
             &text,
             "tollgate_tls_handshake_failures_total",
             ("reason", "error"),
-        ) == 1
-        {
-            break;
-        }
-        assert!(Instant::now() < deadline, "{text}");
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+        );
+        (failures, text)
+    };
+    let counted = eventually(async || failed().await.0 == 1).await;
+    assert!(counted, "{}", failed().await.1);
 }
 
 /// `n` concurrent `GET path`s on one HTTP/2 connection over `io`: statuses
@@ -572,7 +575,7 @@ async fn h2_by_alpn_counts_every_stream_against_the_limit() {
     let upstream = TestUpstream::start().await;
     let ca = Ca::new();
     let dir = dir_with_cert(&ca, &["gateway.test"]);
-    let gw = Gateway::start_in(dir, &config(&upstream, "", PER_IP), &[]);
+    let gw = InProcess::start_in(dir, &config(&upstream, "", PER_IP)).await;
     let addr = gw.tls_addr.unwrap();
     let connector = ca.client(&[b"h2", b"http/1.1"]);
     let stream = connect(&connector, addr, "gateway.test").await.unwrap();
@@ -611,7 +614,7 @@ async fn h2c_with_prior_knowledge_on_the_cleartext_listener() {
     let upstream = TestUpstream::start().await;
     let ca = Ca::new();
     let dir = dir_with_cert(&ca, &["gateway.test"]);
-    let gw = Gateway::start_in(dir, &config(&upstream, "", PER_IP), &[]);
+    let gw = InProcess::start_in(dir, &config(&upstream, "", PER_IP)).await;
     let stream = TcpStream::connect(gw.addr).await.unwrap();
     let (statuses, denied) = h2_burst(stream, 20, "/limited").await;
     assert_eq!(
@@ -631,7 +634,7 @@ async fn rapid_reset_disconnects_the_client() {
     let upstream = TestUpstream::start().await;
     let ca = Ca::new();
     let dir = dir_with_cert(&ca, &["gateway.test"]);
-    let gw = Gateway::start_in(dir, &config(&upstream, "", ""), &[]);
+    let gw = InProcess::start_in(dir, &config(&upstream, "", "")).await;
     let stream = TcpStream::connect(gw.addr).await.unwrap();
     let (client, connection) = h2::client::handshake(stream).await.expect("h2 handshake");
     let connection = tokio::spawn(connection);
@@ -682,10 +685,7 @@ async fn rapid_reset_disconnects_the_client() {
         "tollgate_http2_connection_errors_total",
         ("reason", "enhance_your_calm"),
     );
-    let deadline = Instant::now() + Duration::from_secs(5);
-    while metric(&metrics(&gw).await, series.0, series.1) == 0 && Instant::now() < deadline {
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    eventually(async || metric(&metrics(&gw).await, series.0, series.1) != 0).await;
     assert_eq!(metric(&metrics(&gw).await, series.0, series.1), 1);
 }
 
@@ -697,7 +697,7 @@ async fn curl_http2_and_prior_knowledge() {
     let dir = dir_with_cert(&ca, &["gateway.test"]);
     let ca_file = dir.path().join("ca.pem");
     std::fs::write(&ca_file, ca.pem()).unwrap();
-    let gw = Gateway::start_in(dir, &config(&upstream, "", ""), &[]);
+    let gw = InProcess::start_in(dir, &config(&upstream, "", "")).await;
     let tls = gw.tls_addr.unwrap();
     // Off the runtime: the test upstream runs on it.
     let curl = |args: &[&str]| {
@@ -847,7 +847,7 @@ fn echo_upgrade(
 
 /// A gateway whose upstream `api` is `url` with the `extra` upstream keys;
 /// `ca.pem` in its directory holds `ca`.
-fn https_upstream_gateway(ca: &Ca, url: &str, extra: &str) -> Gateway {
+async fn https_upstream_gateway(ca: &Ca, url: &str, extra: &str) -> InProcess {
     let dir = tempfile::tempdir().unwrap();
     std::fs::write(dir.path().join("ca.pem"), ca.pem()).unwrap();
     let config = format!(
@@ -865,7 +865,7 @@ match = {{ path_prefix = "/" }}
 upstream = "api"
 "#
     );
-    Gateway::start_in(dir, &config, &[])
+    InProcess::start_in(dir, &config).await
 }
 
 #[tokio::test]
@@ -874,10 +874,11 @@ async fn https_upstream_verified_with_its_ca_and_pooled() {
     let upstream = TlsUpstream::start(&ca.leaf(&["upstream.test", "localhost"])).await;
     // The name from `sni`.
     let url = format!("https://127.0.0.1:{}", upstream.addr.port());
-    let gw = https_upstream_gateway(&ca, &url, "ca = \"ca.pem\"\nsni = \"upstream.test\"");
+    let log = common::log::capture();
+    let gw = https_upstream_gateway(&ca, &url, "ca = \"ca.pem\"\nsni = \"upstream.test\"").await;
     for i in 0..5 {
         let reply = get(gw.addr, &format!("/r{i}"), &[]).await;
-        assert_eq!(reply.status, 200, "{}", gw.stderr());
+        assert_eq!(reply.status, 200, "{}", log.text());
         assert_eq!(
             reply.body,
             format!("upstream saw /r{i} proto=http").as_bytes()
@@ -887,12 +888,12 @@ async fn https_upstream_verified_with_its_ca_and_pooled() {
     assert_eq!(upstream.connections.load(Ordering::Relaxed), 1);
     // The name from the URL's host.
     let url = format!("https://localhost:{}", upstream.addr.port());
-    let gw = https_upstream_gateway(&ca, &url, "ca = \"ca.pem\"");
+    let gw = https_upstream_gateway(&ca, &url, "ca = \"ca.pem\"").await;
     assert_eq!(
         get(gw.addr, "/by-host", &[]).await.status,
         200,
         "{}",
-        gw.stderr()
+        log.text()
     );
 }
 
@@ -903,22 +904,25 @@ async fn https_upstream_with_a_wrong_ca_or_name_is_a_502_with_a_clear_log_line()
     let url = format!("https://127.0.0.1:{}", upstream.addr.port());
     // Trusting another CA only.
     let stranger = Ca::new();
-    let gw = https_upstream_gateway(&stranger, &url, "ca = \"ca.pem\"\nsni = \"upstream.test\"");
+    let capture = common::log::capture();
+    let gw =
+        https_upstream_gateway(&stranger, &url, "ca = \"ca.pem\"\nsni = \"upstream.test\"").await;
     let reply = get(gw.addr, "/x", &[]).await;
     assert_eq!(reply.status, 502);
-    let log = gw.stderr_when(|s| s.contains("upstream error"), Duration::from_secs(5));
+    let log = capture.when(|s| s.contains("upstream error")).await;
     assert!(
         log.contains("TLS handshake as upstream.test failed"),
         "{log}"
     );
     assert!(log.contains("invalid peer certificate"), "{log}");
     // The built-in roots do not know the test CA either.
-    let gw = https_upstream_gateway(&ca, &url, "sni = \"upstream.test\"");
+    let gw = https_upstream_gateway(&ca, &url, "sni = \"upstream.test\"").await;
     assert_eq!(get(gw.addr, "/x", &[]).await.status, 502);
-    // The right CA, the wrong name.
-    let gw = https_upstream_gateway(&ca, &url, "ca = \"ca.pem\"\nsni = \"other.test\"");
+    // The right CA, the wrong name (its own log, as a new process's).
+    let capture = common::log::capture();
+    let gw = https_upstream_gateway(&ca, &url, "ca = \"ca.pem\"\nsni = \"other.test\"").await;
     assert_eq!(get(gw.addr, "/x", &[]).await.status, 502);
-    let log = gw.stderr_when(|s| s.contains("upstream error"), Duration::from_secs(5));
+    let log = capture.when(|s| s.contains("upstream error")).await;
     assert!(log.contains("TLS handshake as other.test failed"), "{log}");
     assert!(
         log.contains("certificate not valid for name \"other.test\""),
@@ -996,7 +1000,7 @@ match = { path = "/upgrade" }
 upstream = "api"
 limits = ["one_socket"]
 "#;
-    let gw = Gateway::start_in(dir, &config(&upstream, "", limit), &[]);
+    let gw = InProcess::start_in(dir, &config(&upstream, "", limit)).await;
     let addr = gw.tls_addr.unwrap();
     let connector = ca.client(&[b"http/1.1"]);
     let mut first = connect(&connector, addr, "gateway.test").await.unwrap();
@@ -1102,26 +1106,22 @@ async fn sessions_resume_from_tickets_on_any_worker() {
     );
 }
 
-/// Writes `text` as the gateway's configuration, sends SIGHUP and waits
-/// until the reload is counted as `ok`.
-async fn reload_with(gw: &Gateway, text: &str) {
+/// Writes `text` as the gateway's configuration and reloads it (as SIGHUP
+/// does); checks that the reload was counted as `ok`.
+async fn reload_with(gw: &InProcess, text: &str) {
     let before = reloads(gw, "ok").await;
-    std::fs::write(&gw.config_path, text).unwrap();
-    gw.signal("HUP");
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while reloads(gw, "ok").await == before {
-        assert!(Instant::now() < deadline, "no reload: {}", gw.stderr());
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    gw.reload_with(text);
+    assert_ne!(reloads(gw, "ok").await, before, "no reload");
 }
 
 #[tokio::test]
-async fn sighup_removes_and_adds_the_tls_listener() {
+async fn a_reload_removes_and_adds_the_tls_listener() {
+    let capture = common::log::capture();
     let upstream = TestUpstream::start().await;
     let ca = Ca::new();
     let dir = dir_with_cert(&ca, &["gateway.test"]);
     let with_tls = config(&upstream, "", "");
-    let gw = Gateway::start_in(dir, &with_tls, &[]);
+    let gw = InProcess::start_in(dir, &with_tls).await;
     let first = gw.tls_addr.unwrap();
     let connector = ca.client(&[b"http/1.1"]);
     assert_eq!(https_gets(&connector, first, "/", 1).await, vec![Ok(200)]);
@@ -1131,20 +1131,18 @@ async fn sighup_removes_and_adds_the_tls_listener() {
         "[server.tls]\nlisten = \"127.0.0.1:0\"\ncert = \"gateway.crt\"\nkey = \"gateway.key\"\n";
     assert!(with_tls.contains(tls_table));
     reload_with(&gw, &with_tls.replace(tls_table, "")).await;
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while TcpStream::connect(first).await.is_ok() {
-        assert!(Instant::now() < deadline, "still listening on {first}");
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    assert!(
+        eventually(async || TcpStream::connect(first).await.is_err()).await,
+        "still listening on {first}"
+    );
     assert_eq!(get(gw.addr, "/plain", &[]).await.status, 200);
 
     // Added back (port 0: a new address, which the reload logs).
-    let before = gw.stderr().matches("listening on https://").count();
+    let before = capture.text().matches("listening on https://").count();
     reload_with(&gw, &with_tls).await;
-    let log = gw.stderr_when(
-        |s| s.matches("listening on https://").count() > before,
-        Duration::from_secs(5),
-    );
+    let log = capture
+        .when(|s| s.matches("listening on https://").count() > before)
+        .await;
     let added: SocketAddr = log
         .lines()
         .filter_map(|line| line.split("listening on https://").nth(1))
@@ -1157,7 +1155,8 @@ async fn sighup_removes_and_adds_the_tls_listener() {
     assert_eq!(get(gw.addr, "/plain", &[]).await.status, 200);
 }
 
-#[tokio::test]
+// Paused time: the gateway's timers and this test's clock are tokio's.
+#[tokio::test(start_paused = true)]
 async fn an_idle_h2_connection_is_closed_after_idle_timeout() {
     let upstream = TestUpstream::start().await;
     let ca = Ca::new();
@@ -1166,7 +1165,7 @@ async fn an_idle_h2_connection_is_closed_after_idle_timeout() {
         "header_read_timeout = \"1s\"",
         "header_read_timeout = \"1s\"\nidle_timeout = \"2s\"",
     );
-    let gw = Gateway::start_in(dir, &text, &[]);
+    let gw = InProcess::start_in(dir, &text).await;
     let connector = ca.client(&[b"h2"]);
     let stream = connect(&connector, gw.tls_addr.unwrap(), "gateway.test")
         .await
@@ -1177,7 +1176,7 @@ async fn an_idle_h2_connection_is_closed_after_idle_timeout() {
     let request = Request::get("https://gateway.test/once").body(()).unwrap();
     let (response, _) = client.send_request(request, true).unwrap();
     assert_eq!(response.await.unwrap().status(), 200);
-    let answered = Instant::now();
+    let answered = tokio::time::Instant::now();
     // The server says GOAWAY and closes; the client's connection ends. A
     // connection kept open would time out here.
     let ended = tokio::time::timeout(Duration::from_secs(15), connection)
@@ -1205,7 +1204,7 @@ async fn an_oversized_h2_header_list_is_refused_and_the_connection_serves_on() {
         "header_read_timeout = \"1s\"",
         "header_read_timeout = \"1s\"\nmax_header_bytes = \"4KiB\"",
     );
-    let gw = Gateway::start_in(dir, &text, &[]);
+    let gw = InProcess::start_in(dir, &text).await;
     let connector = ca.client(&[b"h2"]);
     let stream = connect(&connector, gw.tls_addr.unwrap(), "gateway.test")
         .await
@@ -1270,12 +1269,13 @@ limits = ["one_socket"]
 "#,
         port = upstream.addr.port()
     );
-    let gw = Gateway::start_in(dir, &text, &[]);
+    let log = common::log::capture();
+    let gw = InProcess::start_in(dir, &text).await;
     let connector = ca.client(&[b"http/1.1"]);
     let addr = gw.tls_addr.unwrap();
     let mut first = connect(&connector, addr, "gateway.test").await.unwrap();
     let head = upgrade_over(&mut first).await;
-    assert!(head.starts_with("HTTP/1.1 101"), "{head}\n{}", gw.stderr());
+    assert!(head.starts_with("HTTP/1.1 101"), "{head}\n{}", log.text());
     // TLS on both sides of the tunnel: client -> gateway -> upstream, and back.
     for message in [&b"ping over tls"[..], &b"and again"[..]] {
         first.write_all(message).await.unwrap();
@@ -1397,10 +1397,11 @@ async fn http2_upstreams_over_tls_and_h2c_carry_every_request_on_one_connection(
         } else {
             "http2 = true"
         };
-        let gw = https_upstream_gateway(&ca, &url, extra);
+        let log = common::log::capture();
+        let gw = https_upstream_gateway(&ca, &url, extra).await;
         for i in 0..5 {
             let reply = get(gw.addr, &format!("/r{i}"), &[]).await;
-            assert_eq!(reply.status, 200, "{url}: {}", gw.stderr());
+            assert_eq!(reply.status, 200, "{url}: {}", log.text());
             let body = String::from_utf8_lossy(&reply.body).into_owned();
             assert!(
                 body.starts_with(&format!("HTTP/2.0 GET /r{i} authority=gateway.test")),
@@ -1433,7 +1434,8 @@ async fn http2_upstreams_over_tls_and_h2c_carry_every_request_on_one_connection(
         &ca,
         &format!("http://127.0.0.1:{}", h2c.addr.port()),
         "http2 = true",
-    );
+    )
+    .await;
     let answer = common::raw_for(
         gw.addr,
         b"GET /ws HTTP/1.1\r\nHost: gateway.test\r\nConnection: Upgrade\r\nUpgrade: websocket\r\nSec-WebSocket-Version: 13\r\nSec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\n\r\n",
@@ -1542,29 +1544,28 @@ async fn a_silent_http2_upstream_connection_is_pinged_and_replaced() {
     let ca = Ca::new();
     let h2c = H2Upstream::start(None).await;
     let relay = Relay::start(h2c.addr).await;
+    let log = common::log::capture();
     let gw = https_upstream_gateway(
         &ca,
         &format!("http://127.0.0.1:{}", relay.addr.port()),
         "http2 = true\nread_timeout = \"500ms\"\nconnect_timeout = \"500ms\"\ntimeout = \"10s\"",
-    );
+    )
+    .await;
     assert_eq!(get(gw.addr, "/before", &[]).await.status, 200);
     assert_eq!(relay.accepted.load(Ordering::SeqCst), 1);
     relay.freeze();
-    // Closed within read_timeout + connect_timeout (1 s), with margin.
-    let deadline = Instant::now() + Duration::from_secs(8);
-    while relay.closed_frozen.load(Ordering::SeqCst) == 0 && Instant::now() < deadline {
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    // Closed after read_timeout + connect_timeout (1 s).
+    eventually(async || relay.closed_frozen.load(Ordering::SeqCst) != 0).await;
     assert_eq!(
         relay.closed_frozen.load(Ordering::SeqCst),
         1,
         "the gateway kept the silent connection: {}",
-        gw.stderr()
+        log.text()
     );
     // A request that waited on the dead connection would end in a 504 at
     // `timeout`; this one is answered on a new connection.
     let reply = get(gw.addr, "/after", &[]).await;
-    assert_eq!(reply.status, 200, "{}", gw.stderr());
+    assert_eq!(reply.status, 200, "{}", log.text());
     assert_eq!(relay.accepted.load(Ordering::SeqCst), 2);
 }
 
@@ -1574,17 +1575,18 @@ async fn an_http2_upstream_that_only_speaks_http_1_1_is_a_502_saying_so() {
     // ALPN offers nothing: the server never agrees to h2.
     let upstream = TlsUpstream::start(&ca.leaf(&["upstream.test"])).await;
     let url = format!("https://127.0.0.1:{}", upstream.addr.port());
+    let capture = common::log::capture();
     let gw = https_upstream_gateway(
         &ca,
         &url,
         "http2 = true\nca = \"ca.pem\"\nsni = \"upstream.test\"",
-    );
+    )
+    .await;
     let reply = get(gw.addr, "/", &[]).await;
-    assert_eq!(reply.status, 502, "{}", gw.stderr());
-    let log = gw.stderr_when(
-        |log| log.contains("did not agree to HTTP/2"),
-        Duration::from_secs(5),
-    );
+    assert_eq!(reply.status, 502, "{}", capture.text());
+    let log = capture
+        .when(|log| log.contains("did not agree to HTTP/2"))
+        .await;
     assert!(log.contains("did not agree to HTTP/2 (ALPN h2)"), "{log}");
     // Nobody listening: a 502 too, and the next request tries again (a
     // 502, a connection refused; not the 503 of an upstream given up on).
@@ -1595,10 +1597,17 @@ async fn an_http2_upstream_that_only_speaks_http_1_1_is_a_502_saying_so() {
         .local_addr()
         .unwrap()
         .port();
-    let gw = https_upstream_gateway(&ca, &format!("http://127.0.0.1:{port}"), "http2 = true");
+    // Its own log, as a new process's.
+    let capture = common::log::capture();
+    let gw = https_upstream_gateway(&ca, &format!("http://127.0.0.1:{port}"), "http2 = true").await;
     for _ in 0..2 {
-        assert_eq!(get(gw.addr, "/", &[]).await.status, 502, "{}", gw.stderr());
+        assert_eq!(
+            get(gw.addr, "/", &[]).await.status,
+            502,
+            "{}",
+            capture.text()
+        );
     }
-    let log = gw.stderr_when(|log| log.contains("cannot connect"), Duration::from_secs(5));
+    let log = capture.when(|log| log.contains("cannot connect")).await;
     assert_eq!(log.matches("cannot connect").count(), 1, "{log}");
 }

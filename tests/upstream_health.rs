@@ -285,7 +285,10 @@ fn all_ok(statuses: &[u16]) -> bool {
     statuses.iter().all(|&s| s == 200)
 }
 
-async fn sleep(seconds: f64) {
+/// Lets `seconds` of paused time pass, with no real wait: tokio's clock
+/// (and the limiter's, and every timer's) moves that far, each timer due
+/// firing in its turn (a paused `tokio::time::sleep`, not `advance`).
+async fn elapse(seconds: f64) {
     tokio::time::sleep(Duration::from_secs_f64(seconds)).await;
 }
 
@@ -323,10 +326,10 @@ async fn a_refused_connection_goes_to_the_next_url_at_once_and_the_url_is_ejecte
 
     // The instance comes back; its ejection (`base`, 10 s) is not over yet.
     dead.resume().await;
-    sleep(9.0).await;
+    elapse(9.0).await;
     assert!(all_ok(&gets(&gw, 12).await));
     assert_eq!(dead.requests(), 0, "still ejected");
-    sleep(1.0).await;
+    elapse(1.0).await;
     assert!(all_ok(&gets(&gw, 12).await));
     assert_eq!(dead.requests(), 4, "its turns again, once its time was up");
     assert_eq!(healthy(&gw, &dead.url()).await, Some(1.0));
@@ -345,10 +348,10 @@ async fn a_url_answering_503_is_ejected_and_a_flapping_one_for_longer_each_time(
 
     // It recovers; it is tried again after `base` (10 s), not before.
     b.set(Mode::Ok);
-    sleep(9.0).await;
+    elapse(9.0).await;
     assert!(all_ok(&gets(&gw, 10).await));
     assert_eq!(b.requests(), 3);
-    sleep(1.0).await;
+    elapse(1.0).await;
     assert!(all_ok(&gets(&gw, 10).await));
     assert_eq!(b.requests(), 8);
 
@@ -358,10 +361,10 @@ async fn a_url_answering_503_is_ejected_and_a_flapping_one_for_longer_each_time(
     assert_eq!(b.requests(), 11);
     assert_eq!(ejections(&gw, &b.url(), "503").await, 2.0);
     b.set(Mode::Ok);
-    sleep(19.0).await;
+    elapse(19.0).await;
     assert!(all_ok(&gets(&gw, 10).await));
     assert_eq!(b.requests(), 11, "20 s this time");
-    sleep(1.0).await;
+    elapse(1.0).await;
     assert!(all_ok(&gets(&gw, 10).await));
     assert_eq!(b.requests(), 16);
 }
@@ -467,7 +470,7 @@ async fn with_every_url_ejected_requests_get_503_and_readyz_names_the_upstream()
     );
     // One comes back; once the ejections are over the gateway is ready.
     one.resume().await;
-    sleep(10.0).await;
+    elapse(10.0).await;
     assert_eq!(get(admin, "/readyz", &[]).await.status, 200);
     assert!(all_ok(&gets(&gw, 4).await));
     assert_eq!(
@@ -484,7 +487,7 @@ async fn health_checks_take_a_url_down_and_bring_it_back() {
     let health = r#"health = { path = "/healthz", interval = "1s", timeout = "500ms", healthy = 2, unhealthy = 2 }"#;
     let gw = InProcess::start(&config(&[a.url(), b.url()], health, "")).await;
     // Checks at 0 s and 1 s fail: down.
-    sleep(1.5).await;
+    elapse(1.5).await;
     assert_eq!(checks(&gw, &b.url(), "fail_status").await, 2.0);
     assert_eq!(checks(&gw, &a.url(), "pass").await, 2.0);
     assert_eq!(healthy(&gw, &b.url()).await, Some(0.0));
@@ -493,13 +496,13 @@ async fn health_checks_take_a_url_down_and_bring_it_back() {
     assert_eq!((a.requests(), b.requests()), (10, 0));
     // Its checks pass again (at 2 s and 3 s): up.
     b.set(Mode::Ok);
-    sleep(2.0).await;
+    elapse(2.0).await;
     assert_eq!(healthy(&gw, &b.url()).await, Some(1.0));
     assert!(all_ok(&gets(&gw, 10).await));
     assert_eq!(b.requests(), 5);
     // A check that gets no answer within its timeout fails too.
     b.set(Mode::Hang);
-    sleep(2.0).await;
+    elapse(2.0).await;
     assert_eq!(checks(&gw, &b.url(), "fail_timeout").await, 2.0);
     assert_eq!(healthy(&gw, &b.url()).await, Some(0.0));
     assert!(b.checks() >= 6);
@@ -565,7 +568,7 @@ upstream = "api"
         ca = dir.path().join("ca.pem").display(),
     );
     let gw = InProcess::start(&text).await;
-    sleep(0.5).await;
+    elapse(0.5).await;
     let text =
         String::from_utf8_lossy(&get(gw.admin.unwrap(), "/metrics", &[]).await.body).into_owned();
     assert_eq!(checks(&gw, &tls.url(), "pass").await, 1.0, "{text}");
@@ -590,11 +593,11 @@ async fn a_url_that_starts_unhealthy_gets_no_requests_until_its_checks_pass() {
     let health = r#"health = { path = "/healthz", interval = "1s", timeout = "500ms", healthy = 2, start = "unhealthy" }"#;
     let gw = InProcess::start(&config(&[a.url(), b.url()], health, "")).await;
     assert_eq!(healthy(&gw, &b.url()).await, Some(0.0));
-    sleep(3.5).await;
+    elapse(3.5).await;
     assert!(all_ok(&gets(&gw, 10).await));
     assert_eq!(b.requests(), 0, "its checks fail: never up");
     b.set(Mode::Ok);
-    sleep(2.0).await;
+    elapse(2.0).await;
     assert!(all_ok(&gets(&gw, 10).await));
     assert_eq!(b.requests(), 5);
 }
@@ -637,13 +640,13 @@ async fn a_reload_keeps_the_state_of_the_urls_it_keeps() {
     assert_eq!(healthy(&gw, &c.url()).await, Some(1.0));
     assert_eq!(healthy(&gw, &dead.url()).await, Some(0.0));
     // Its ejection ends on time whatever the reloads.
-    sleep(10.0).await;
+    elapse(10.0).await;
     // Its turns, and D's (down: the turn passes to the next URL).
     assert!(all_ok(&gets(&gw, 9).await));
     assert_eq!((dead.requests(), c.requests()), (6, 13));
     // D passed its first check at once, its second a minute later: up.
     assert_eq!(healthy(&gw, &d.url()).await, Some(0.0));
-    sleep(51.0).await;
+    elapse(51.0).await;
     assert_eq!(
         healthy(&gw, &d.url()).await,
         Some(1.0),
@@ -690,13 +693,13 @@ async fn a_url_back_from_an_ejection_ramps_up_over_slow_start() {
     assert!(all_ok(&gets(&gw, 4).await));
     assert_eq!(healthy(&gw, &b.url()).await, Some(0.0));
     b.resume().await;
-    sleep(10.0).await;
+    elapse(10.0).await;
     // Just back: about a tenth of its turns (half the requests) go to it.
     assert!(all_ok(&gets(&gw, 200).await));
     let early = b.requests();
     assert!((1..=30).contains(&early), "{early} of 200");
     // A minute later it has its whole share.
-    sleep(60.0).await;
+    elapse(60.0).await;
     assert!(all_ok(&gets(&gw, 200).await));
     assert_eq!(b.requests() - early, 100);
 }
@@ -749,7 +752,7 @@ async fn a_failing_url_is_logged_when_it_starts_and_then_summarised() {
     let gw = InProcess::start(&config(&[a.url(), dead.url()], upstream, "")).await;
     // The sweeper's first tick (at start, on a blocking thread) is over
     // before the first request: paused time waits for blocking tasks.
-    sleep(0.001).await;
+    elapse(0.001).await;
     assert!(all_ok(&gets(&gw, 200).await));
     let failing = dead.url();
     let lines = lines_with(&log, &failing);

@@ -1,5 +1,5 @@
-//! End-to-end tests of the gateway's HTTP/1.1 client against a scripted
-//! upstream that writes exact bytes: response framings (chunked, length,
+//! End-to-end tests of the gateway's HTTP/1.1 client (the gateway in
+//! process) against a scripted upstream that writes exact bytes: response framings (chunked, length,
 //! until close, none), interim responses, malformed and truncated answers,
 //! and keep-alive connections that the upstream closes.
 
@@ -10,7 +10,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use bytes::Bytes;
-use common::{Gateway, get, raw, send};
+use common::{InProcess, get, raw, send};
 use http_body_util::Full;
 use hyper::Request;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -162,7 +162,7 @@ upstream = "up"
 }
 
 /// Sends a request with `method` and an optional body through the gateway.
-async fn request(gateway: &Gateway, method: &str, path: &str, body: &str) -> common::Reply {
+async fn request(gateway: &InProcess, method: &str, path: &str, body: &str) -> common::Reply {
     let request = Request::builder()
         .method(method)
         .uri(path)
@@ -182,7 +182,7 @@ async fn chunked_responses_stream_and_keep_the_connection() {
         ])
     })
     .await;
-    let gateway = Gateway::start(&config(&upstream));
+    let gateway = InProcess::start(&config(&upstream)).await;
     for _ in 0..3 {
         let reply = get(gateway.addr, "/chunked", &[]).await;
         assert_eq!(reply.status, 200);
@@ -199,7 +199,7 @@ async fn responses_split_anywhere_are_read_whole() {
         Answer::Pieces(text.chunks(7).map(<[u8]>::to_vec).collect())
     })
     .await;
-    let gateway = Gateway::start(&config(&upstream));
+    let gateway = InProcess::start(&config(&upstream)).await;
     for _ in 0..2 {
         let reply = get(gateway.addr, "/", &[]).await;
         assert_eq!(reply.status, 200);
@@ -217,7 +217,7 @@ async fn close_delimited_bodies_end_with_the_connection() {
         ))
     })
     .await;
-    let gateway = Gateway::start(&config(&upstream));
+    let gateway = InProcess::start(&config(&upstream)).await;
     for _ in 0..2 {
         let reply = get(gateway.addr, "/", &[]).await;
         assert_eq!(reply.status, 200);
@@ -236,7 +236,7 @@ async fn interim_responses_are_skipped() {
         ])
     })
     .await;
-    let gateway = Gateway::start(&config(&upstream));
+    let gateway = InProcess::start(&config(&upstream)).await;
     let reply = request(&gateway, "POST", "/items", "{}").await;
     assert_eq!(reply.status, 201);
     assert_eq!(reply.body, "ok");
@@ -256,7 +256,7 @@ async fn bodiless_responses_do_not_desynchronise_the_connection() {
         }
     })
     .await;
-    let gateway = Gateway::start(&config(&upstream));
+    let gateway = InProcess::start(&config(&upstream)).await;
     let head = request(&gateway, "HEAD", "/", "").await;
     assert_eq!(head.status, 200);
     assert_eq!(head.headers["content-length"], "5");
@@ -278,7 +278,7 @@ async fn transfer_encoding_with_content_length_is_502() {
         )])
     })
     .await;
-    let gateway = Gateway::start(&config(&upstream));
+    let gateway = InProcess::start(&config(&upstream)).await;
     for _ in 0..2 {
         let reply = get(gateway.addr, "/", &[]).await;
         assert_eq!(reply.status, 502);
@@ -302,7 +302,7 @@ async fn malformed_responses_are_502() {
         }
     })
     .await;
-    let gateway = Gateway::start(&config(&upstream));
+    let gateway = InProcess::start(&config(&upstream)).await;
     for path in ["/conflict", "/garbage", "/cut-head"] {
         let reply = get(gateway.addr, path, &[]).await;
         assert_eq!(reply.status, 502, "{path}");
@@ -319,7 +319,7 @@ async fn a_body_cut_short_aborts_the_client_response() {
         Answer::ThenClose(bytes("HTTP/1.1 200 OK\r\nContent-Length: 10\r\n\r\n012"))
     })
     .await;
-    let gateway = Gateway::start(&config(&upstream));
+    let gateway = InProcess::start(&config(&upstream)).await;
     let answer = raw(
         gateway.addr,
         b"GET / HTTP/1.1\r\nhost: gateway.test\r\n\r\n",
@@ -348,7 +348,7 @@ async fn a_closed_keep_alive_connection_is_retried_only_when_safe() {
         _ => Answer::Close,
     })
     .await;
-    let gateway = Gateway::start(&config(&upstream));
+    let gateway = InProcess::start(&config(&upstream)).await;
     assert_eq!(get(gateway.addr, "/one", &[]).await.status, 200);
     // Idempotent, no body: sent again on a new connection.
     let again = get(gateway.addr, "/two", &[]).await;
@@ -371,7 +371,7 @@ async fn request_bodies_of_unknown_length_go_up_chunked() {
         Answer::Pieces(vec![bytes("HTTP/1.1 200 OK\r\nContent-Length: 0\r\n\r\n")])
     })
     .await;
-    let gateway = Gateway::start(&config(&upstream));
+    let gateway = InProcess::start(&config(&upstream)).await;
     let answer = raw(
         gateway.addr,
         b"POST /upload HTTP/1.1\r\nhost: gateway.test\r\ntransfer-encoding: chunked\r\nconnection: close\r\n\r\n4\r\nwiki\r\n5\r\npedia\r\n0\r\n\r\n",
@@ -405,7 +405,7 @@ async fn request_bodies_of_known_length_keep_it() {
         Answer::Pieces(vec![bytes("HTTP/1.1 200 OK\r\nContent-Length: 0\r\n\r\n")])
     })
     .await;
-    let gateway = Gateway::start(&config(&upstream));
+    let gateway = InProcess::start(&config(&upstream)).await;
     let reply = request(&gateway, "PUT", "/doc", "0123456789").await;
     assert_eq!(reply.status, 200);
     let requests = upstream.requests();
@@ -441,7 +441,7 @@ async fn large_bodies_stream_through_intact_both_ways() {
         Answer::Pieces(vec![answer])
     })
     .await;
-    let gateway = Gateway::start(&config(&upstream));
+    let gateway = InProcess::start(&config(&upstream)).await;
     let upload = "u".repeat(2 * 1024 * 1024);
     let reply = request(&gateway, "POST", "/big", &upload).await;
     assert_eq!(reply.status, 200);
@@ -490,7 +490,7 @@ async fn an_answer_before_the_body_is_relayed_at_once() {
         requests: Arc::new(Mutex::new(Vec::new())),
         task,
     };
-    let gateway = Gateway::start(&config(&upstream));
+    let gateway = InProcess::start(&config(&upstream)).await;
     let upload = "u".repeat(16 * 1024 * 1024);
     // The upstream's early answer is relayed: a gateway that wrote on
     // would hit the upstream `timeout` (3 s) and answer 504.

@@ -2,17 +2,18 @@
 //! worker threads, each accepting on its own socket, must behave as one
 //! gateway — every request answered, limits counted once for the process,
 //! reloads (listen changes included) applied on every worker, and a SIGTERM
-//! drain that waits for the requests of both.
+//! drain that waits for the requests of both. The binary: only a process
+//! fixes the worker count. Waits poll for what they wait for.
 
 mod common;
 
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use bytes::Bytes;
-use common::{Gateway, TestUpstream, get};
+use common::{Gateway, TestUpstream, eventually, get};
 use http_body_util::{BodyExt, Full};
 use hyper::Request;
 
@@ -131,17 +132,13 @@ async fn two_workers_answer_every_request_and_share_limits() {
     if cfg!(target_os = "linux") {
         // Threads name themselves as they start, maybe just after the
         // startup lines.
-        let deadline = Instant::now() + Duration::from_secs(5);
         let has_workers = |names: &[String]| {
             ["tollgate-wrk-0", "tollgate-wrk-1"]
                 .iter()
                 .all(|worker| names.iter().any(|n| n == worker))
         };
-        let mut names = thread_names(gw.pid());
-        while !has_workers(&names) && Instant::now() < deadline {
-            tokio::time::sleep(Duration::from_millis(10)).await;
-            names = thread_names(gw.pid());
-        }
+        eventually(async || has_workers(&thread_names(gw.pid()))).await;
+        let names = thread_names(gw.pid());
         assert!(has_workers(&names), "no worker threads: {names:?}");
     }
 
@@ -181,20 +178,12 @@ async fn sighup_reloads_and_moves_listeners_on_every_worker() {
     let both = format!("[\"{first}\", \"{second}\"]");
     std::fs::write(&gw.config_path, config(&upstream, &both, "v2", 5)).expect("write");
     gw.signal("HUP");
-    let deadline = Instant::now() + Duration::from_secs(10);
-    loop {
-        if tokio::net::TcpStream::connect(second).await.is_ok()
+    let applied = eventually(async || {
+        tokio::net::TcpStream::connect(second).await.is_ok()
             && get(second, "/version", &[]).await.body == "v2"
-        {
-            break;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "reload not applied:\n{}",
-            gw.stderr()
-        );
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    })
+    .await;
+    assert!(applied, "reload not applied:\n{}", gw.stderr());
     // Every new connection, whichever worker takes it, sees the new
     // configuration on both addresses, and the key kept its state.
     for _ in 0..CONNECTIONS {
@@ -226,28 +215,23 @@ async fn sighup_reloads_and_moves_listeners_on_every_worker() {
     )
     .expect("write");
     gw.signal("HUP");
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while get(second, "/version", &[]).await.body != "v3" {
-        assert!(Instant::now() < deadline, "{}", gw.stderr());
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
-    let deadline = Instant::now() + Duration::from_secs(5);
-    loop {
-        let mut open = 0;
+    let applied = eventually(async || get(second, "/version", &[]).await.body == "v3").await;
+    assert!(applied, "{}", gw.stderr());
+    let mut open = 0;
+    let closed = eventually(async || {
+        open = 0;
         for _ in 0..CONNECTIONS {
             if tokio::net::TcpStream::connect(first).await.is_ok() {
                 open += 1;
             }
         }
-        if open == 0 {
-            break;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "{open} of {CONNECTIONS} connections to the removed address accepted"
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+        open == 0
+    })
+    .await;
+    assert!(
+        closed,
+        "{open} of {CONNECTIONS} connections to the removed address accepted"
+    );
     assert_eq!(get(second, "/echo", &[]).await.status, 200);
 }
 
@@ -268,16 +252,23 @@ async fn sigterm_drains_in_flight_requests_on_both_workers() {
         }));
     }
     // Let them all reach the upstream (which answers after 1 s).
-    tokio::time::sleep(Duration::from_millis(400)).await;
+    assert!(
+        eventually(async || upstream.arrived() == CONNECTIONS).await,
+        "{} of {CONNECTIONS} requests reached the upstream",
+        upstream.arrived()
+    );
     gw.signal("TERM");
-    tokio::time::sleep(Duration::from_millis(200)).await;
     // Every worker closed its socket: new connections are refused.
-    for _ in 0..CONNECTIONS {
-        assert!(
-            tokio::net::TcpStream::connect(addr).await.is_err(),
-            "a listener is still open"
-        );
-    }
+    let refused = eventually(async || {
+        for _ in 0..CONNECTIONS {
+            if tokio::net::TcpStream::connect(addr).await.is_ok() {
+                return false;
+            }
+        }
+        true
+    })
+    .await;
+    assert!(refused, "a listener is still open");
     assert_eq!(done.load(Ordering::Relaxed), 0, "drained before the answer");
     for request in in_flight {
         let reply = request.await.expect("client task");
@@ -310,18 +301,11 @@ async fn a_second_gateway_on_the_same_port_is_refused() {
         .stderr(std::process::Stdio::piped())
         .spawn()
         .expect("spawn");
-    let deadline = Instant::now() + Duration::from_secs(10);
-    let status = loop {
-        if let Some(status) = second.try_wait().expect("wait") {
-            break Some(status);
-        }
-        if Instant::now() >= deadline {
-            let _ = second.kill();
-            let _ = second.wait();
-            break None;
-        }
-        std::thread::sleep(Duration::from_millis(20));
-    };
+    let status = common::wait_exit(&mut second, Duration::from_secs(10));
+    if status.is_none() {
+        let _ = second.kill();
+        let _ = second.wait();
+    }
     let mut stderr = String::new();
     if let Some(mut pipe) = second.stderr.take() {
         use std::io::Read;

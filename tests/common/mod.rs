@@ -8,6 +8,7 @@
 #![allow(dead_code)]
 
 pub mod certs;
+pub mod log;
 
 use std::collections::HashMap;
 use std::io::{BufRead, BufReader};
@@ -49,38 +50,113 @@ pub fn gateway_toml(upstream: &TestUpstream, server: &str, rest: &str) -> String
 /// is tokio's ([`TokioClock`], from [`IN_PROCESS_EPOCH`]): in a
 /// `#[tokio::test(start_paused = true)]` test, `tokio::time::sleep` moves
 /// the limiter's time as far as it sleeps, instantly. One worker whatever
-/// the config says (the process never fixes `worker::init`). Drained when
-/// [`InProcess::stop`] is awaited; stopped when dropped.
+/// the config says (the process never fixes `worker::init`). The config is
+/// written to `dir` (where the files it names may be, and where
+/// [`InProcess::reload`] reads it again, as `SIGHUP` makes the binary do).
+/// Drained when [`InProcess::stop`] is awaited; stopped when dropped.
 pub struct InProcess {
     pub addr: SocketAddr,
+    /// The first `[server.tls]` listener, if the config has one.
+    pub tls_addr: Option<SocketAddr>,
     pub admin: Option<SocketAddr>,
     pub app: Arc<App>,
+    pub dir: tempfile::TempDir,
+    pub config_path: PathBuf,
     stop: Option<oneshot::Sender<()>>,
     task: tokio::task::JoinHandle<std::io::Result<()>>,
 }
 
 impl InProcess {
     pub async fn start(config: &str) -> InProcess {
-        let config = Config::from_bytes(std::path::Path::new("gateway.toml"), config.as_bytes())
-            .unwrap_or_else(|error| panic!("{error}"));
+        InProcess::start_in(tempfile::tempdir().expect("tempdir"), config).await
+    }
+
+    /// As [`InProcess::start`], the limiter's clock starting at the wall
+    /// clock's time instead of [`IN_PROCESS_EPOCH`]: for a test that
+    /// compares with a clock outside the process (Redis `TIME`).
+    pub async fn start_on_wall_time(config: &str) -> InProcess {
+        let now = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .expect("a clock after 1970");
+        let anchor = u64::try_from(now.as_nanos()).expect("before 2554");
+        let dir = tempfile::tempdir().expect("tempdir");
+        InProcess::start_with(dir, config, Arc::new(TokioClock::starting_at(anchor))).await
+    }
+
+    /// As [`InProcess::start`], with the config written into `dir` (where
+    /// the test put the files it names, e.g. certificates).
+    pub async fn start_in(dir: tempfile::TempDir, config: &str) -> InProcess {
+        let clock = Arc::new(TokioClock::starting_at(IN_PROCESS_EPOCH));
+        InProcess::start_with(dir, config, clock).await
+    }
+
+    async fn start_with(
+        dir: tempfile::TempDir,
+        config: &str,
+        clock: Arc<dyn tollgate::limit::Clock>,
+    ) -> InProcess {
+        let config_path = dir.path().join("gateway.toml");
+        std::fs::write(&config_path, config).expect("write config");
+        let config = Config::load(&config_path).unwrap_or_else(|error| panic!("{error}"));
         let listeners = tollgate::Listeners::bind(&config.server)
             .await
             .expect("bind the listeners");
-        let addr = listeners.traffic_addrs().expect("address")[0];
+        let urls = listeners.traffic_urls().expect("addresses");
+        let first = |scheme: &str| {
+            urls.iter()
+                .find_map(|url| url.strip_prefix(scheme))
+                .map(|addr| addr.parse::<SocketAddr>().expect("listen address"))
+        };
+        let addr = first("http://").expect("a plain listener");
+        let tls_addr = first("https://");
         let admin = listeners.admin_addr().expect("admin address");
-        let app = App::with_clock(config, Arc::new(TokioClock::starting_at(IN_PROCESS_EPOCH)));
+        let app = App::with_clock(config, clock);
         let (stop, stopped) = oneshot::channel::<()>();
         let shutdown = async {
             let _ = stopped.await;
         };
-        let task = tokio::spawn(tollgate::run(listeners, app.clone(), shutdown));
+        // Returned once the gateway has been polled: its server watches for
+        // new configurations from its first poll on, and one installed
+        // before (a test that reloads at once) would not move its listeners.
+        let mut run = Box::pin(tollgate::run(listeners, app.clone(), shutdown));
+        let (polled, first_poll) = oneshot::channel::<()>();
+        let mut polled = Some(polled);
+        let task = tokio::spawn(std::future::poll_fn(move |cx| {
+            let poll = run.as_mut().poll(cx);
+            if let Some(polled) = polled.take() {
+                let _ = polled.send(());
+            }
+            poll
+        }));
+        first_poll.await.expect("the gateway task ran");
         InProcess {
             addr,
+            tls_addr,
             admin,
             app,
+            dir,
+            config_path,
             stop: Some(stop),
             task,
         }
+    }
+
+    pub fn url(&self, path: &str) -> String {
+        format!("http://{}{}", self.addr, path)
+    }
+
+    /// Reads the config file again and installs it, as the binary does on
+    /// `SIGHUP` (the same function): a bad file is counted and kept out.
+    /// Returns the generation running afterwards.
+    pub fn reload(&self) -> u64 {
+        tollgate::reload::reload(&self.app, &self.config_path);
+        self.app.snapshot().generation
+    }
+
+    /// Writes `config` over the config file and [reloads](InProcess::reload).
+    pub fn reload_with(&self, config: &str) -> u64 {
+        std::fs::write(&self.config_path, config).expect("write config");
+        self.reload()
     }
 
     /// Signals the shutdown and waits for the drain to finish.
@@ -98,6 +174,48 @@ impl InProcess {
 impl Drop for InProcess {
     fn drop(&mut self) {
         self.task.abort();
+    }
+}
+
+/// How long [`eventually`] polls: generous, for a debug build on a loaded
+/// 2-core machine. Real time, so that it also bounds a wait under paused
+/// time for what another thread or process does.
+pub const EVENTUALLY: Duration = Duration::from_secs(30);
+
+/// Polls `check` every 10 ms until it holds, for at most [`EVENTUALLY`];
+/// returns whether it held, for the caller to assert with its own message.
+/// Under paused time each poll moves tokio's clock by 10 ms.
+pub async fn eventually(check: impl AsyncFnMut() -> bool) -> bool {
+    eventually_within(EVENTUALLY, check).await
+}
+
+/// As [`eventually`], blocking, for code that waits off the runtime (a
+/// process starting or exiting, a captured stderr): polls `check` every
+/// 10 ms for at most `within`.
+pub fn eventually_blocking(within: Duration, mut check: impl FnMut() -> bool) -> bool {
+    let deadline = std::time::Instant::now() + within;
+    loop {
+        if check() {
+            return true;
+        }
+        if std::time::Instant::now() >= deadline {
+            return false;
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    }
+}
+
+/// As [`eventually`], for at most `within`.
+pub async fn eventually_within(within: Duration, mut check: impl AsyncFnMut() -> bool) -> bool {
+    let deadline = std::time::Instant::now() + within;
+    loop {
+        if check().await {
+            return true;
+        }
+        if std::time::Instant::now() >= deadline {
+            return false;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
     }
 }
 
@@ -236,14 +354,8 @@ impl Gateway {
     /// its own thread, a little behind the process), at most `timeout`;
     /// returns the stderr either way.
     pub fn stderr_when(&self, done: impl Fn(&str) -> bool, timeout: Duration) -> String {
-        let deadline = std::time::Instant::now() + timeout;
-        loop {
-            let text = self.stderr();
-            if done(&text) || std::time::Instant::now() >= deadline {
-                return text;
-            }
-            std::thread::sleep(Duration::from_millis(10));
-        }
+        eventually_blocking(timeout, || done(&self.stderr()));
+        self.stderr()
     }
 
     /// The process id.
@@ -262,15 +374,19 @@ impl Gateway {
 
     /// Waits for the process to exit, at most `timeout`.
     pub fn wait_exit(&mut self, timeout: Duration) -> Option<std::process::ExitStatus> {
-        let deadline = std::time::Instant::now() + timeout;
-        while std::time::Instant::now() < deadline {
-            if let Ok(Some(status)) = self.child.try_wait() {
-                return Some(status);
-            }
-            std::thread::sleep(Duration::from_millis(20));
-        }
-        None
+        wait_exit(&mut self.child, timeout)
     }
+}
+
+/// Waits for `child` to exit, at most `timeout` (blocking: call it off the
+/// runtime when the test's tasks must run meanwhile).
+pub fn wait_exit(child: &mut Child, timeout: Duration) -> Option<std::process::ExitStatus> {
+    let mut exited = None;
+    eventually_blocking(timeout, || {
+        exited = child.try_wait().ok().flatten();
+        exited.is_some()
+    });
+    exited
 }
 
 impl Drop for Gateway {
@@ -322,6 +438,8 @@ impl Seen {
 pub struct TestUpstream {
     pub addr: SocketAddr,
     pub seen: Arc<Mutex<Vec<Seen>>>,
+    /// Requests that arrived, counted before `/slow/MS` waits.
+    arrived: Arc<std::sync::atomic::AtomicUsize>,
     release: Arc<Notify>,
     task: tokio::task::JoinHandle<()>,
 }
@@ -333,17 +451,23 @@ impl TestUpstream {
             .expect("bind upstream");
         let addr = listener.local_addr().expect("addr");
         let seen = Arc::new(Mutex::new(Vec::new()));
+        let arrived = Arc::new(std::sync::atomic::AtomicUsize::new(0));
         let release = Arc::new(Notify::new());
-        let (seen2, release2) = (seen.clone(), release.clone());
+        let (seen2, arrived2, release2) = (seen.clone(), arrived.clone(), release.clone());
         let task = tokio::spawn(async move {
             loop {
                 let Ok((stream, _)) = listener.accept().await else {
                     return;
                 };
-                let (seen, release) = (seen2.clone(), release2.clone());
+                // Without it a chunk written behind an unacknowledged head
+                // waits for a delayed ACK: real time, which paused time
+                // skips as idle.
+                let _ = stream.set_nodelay(true);
+                let (seen, arrived, release) = (seen2.clone(), arrived2.clone(), release2.clone());
                 tokio::spawn(async move {
                     let service = hyper::service::service_fn(move |request: Request<Incoming>| {
                         let (seen, release) = (seen.clone(), release.clone());
+                        arrived.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
                         async move {
                             Ok::<_, hyper::Error>(upstream_answer(request, seen, release).await)
                         }
@@ -358,6 +482,7 @@ impl TestUpstream {
         TestUpstream {
             addr,
             seen,
+            arrived,
             release,
             task,
         }
@@ -383,6 +508,11 @@ impl TestUpstream {
 
     pub fn count(&self) -> usize {
         self.seen.lock().unwrap().len()
+    }
+
+    /// Requests that reached the upstream, answered or not yet.
+    pub fn arrived(&self) -> usize {
+        self.arrived.load(std::sync::atomic::Ordering::SeqCst)
     }
 }
 

@@ -6,7 +6,9 @@
 
 use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
-use std::time::{Duration, Instant};
+use std::time::Duration;
+
+use super::eventually_blocking;
 
 const INSTALL: &str = "apt-get update && apt-get install -y redis-server redis-tools";
 
@@ -122,11 +124,11 @@ impl Redis {
             .spawn()
             .unwrap_or_else(|e| panic!("cannot run redis-server ({e}); install it: {INSTALL}"));
         self.child = Some(child);
-        let deadline = Instant::now() + Duration::from_secs(10);
-        while self.try_cli(&["PING"]).as_deref() != Some("PONG") {
-            assert!(Instant::now() < deadline, "redis-server did not start");
-            std::thread::sleep(Duration::from_millis(20));
-        }
+        let pong = || self.try_cli(&["PING"]).as_deref() == Some("PONG");
+        assert!(
+            eventually_blocking(Duration::from_secs(10), pong),
+            "redis-server did not start"
+        );
     }
 
     pub fn url(&self) -> String {
@@ -278,11 +280,10 @@ impl Sentinel {
             name: name.to_owned(),
             requirepass: auth.own.map(str::to_owned),
         };
-        let deadline = Instant::now() + Duration::from_secs(10);
-        while sentinel.master_port().is_none() {
-            assert!(Instant::now() < deadline, "the sentinel did not start");
-            std::thread::sleep(Duration::from_millis(20));
-        }
+        assert!(
+            eventually_blocking(Duration::from_secs(10), || sentinel.master_port().is_some()),
+            "the sentinel did not start"
+        );
         sentinel
     }
 
@@ -315,25 +316,20 @@ impl Sentinel {
     /// Waits until the sentinel knows `replicas` replicas of the master
     /// (it finds them in the master's `INFO`), so that it can fail over.
     pub fn wait_replicas(&self, replicas: usize) {
-        let deadline = Instant::now() + Duration::from_secs(30);
-        loop {
-            let known = self
-                .try_cli(&["SENTINEL", "MASTER", &self.name])
+        let found = || {
+            self.try_cli(&["SENTINEL", "MASTER", &self.name])
                 .and_then(|info| {
                     let lines: Vec<&str> = info.lines().collect();
                     let at = lines.iter().position(|l| *l == "num-slaves")?;
                     lines.get(at + 1)?.parse::<usize>().ok()
-                });
-            if known.is_some_and(|n| n >= replicas) {
-                return;
-            }
-            assert!(
-                Instant::now() < deadline,
-                "the sentinel did not find {replicas} replicas of port {}",
-                self.master
-            );
-            std::thread::sleep(Duration::from_millis(50));
-        }
+                })
+                .is_some_and(|n| n >= replicas)
+        };
+        assert!(
+            eventually_blocking(Duration::from_secs(30), found),
+            "the sentinel did not find {replicas} replicas of port {}",
+            self.master
+        );
     }
 
     /// Kills the sentinel (SIGKILL, by PID) and waits for it.
@@ -394,9 +390,8 @@ impl Cluster {
     /// Waits until every live node says `cluster_state:ok` and every
     /// replica is in sync with its primary (else it cannot take over).
     pub fn wait_ok(&self) {
-        let deadline = Instant::now() + Duration::from_secs(20);
-        loop {
-            let ok = self.nodes.iter().filter(|n| n.child.is_some()).all(|n| {
+        let ok = || {
+            self.nodes.iter().filter(|n| n.child.is_some()).all(|n| {
                 let state = n
                     .try_cli(&["CLUSTER", "INFO"])
                     .is_some_and(|info| info.contains("cluster_state:ok"));
@@ -404,13 +399,12 @@ impl Cluster {
                     !info.contains("role:slave") || info.contains("master_link_status:up")
                 });
                 state && synced
-            });
-            if ok {
-                return;
-            }
-            assert!(Instant::now() < deadline, "the cluster did not become ok");
-            std::thread::sleep(Duration::from_millis(100));
-        }
+            })
+        };
+        assert!(
+            eventually_blocking(Duration::from_secs(20), ok),
+            "the cluster did not become ok"
+        );
     }
 
     pub fn urls(&self) -> Vec<String> {
