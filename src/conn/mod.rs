@@ -262,6 +262,10 @@ pub struct Server {
     workers: Vec<Worker>,
     /// The addresses served, as configured, and whether each is TLS.
     served: Vec<Endpoint>,
+    /// Configuration generations, subscribed when the server starts: a
+    /// configuration installed before [`Server::run`] is first polled still
+    /// moves the listeners (subscribing in `run` missed it).
+    generations: watch::Receiver<u64>,
 }
 
 /// Starts [`worker_count`] workers serving `listeners` (from [`bind`]) until
@@ -273,6 +277,8 @@ pub fn start(
     listeners: Vec<Listener>,
     shutdown: watch::Receiver<bool>,
 ) -> io::Result<Server> {
+    // Before the snapshot is read: a reload after this point is seen.
+    let generations = app.subscribe_generations();
     let limits = app.snapshot().config.server.clone();
     let (alive_tx, alive_rx) = mpsc::channel::<()>(1);
     let shared = Shared {
@@ -305,6 +311,7 @@ pub fn start(
         alive: alive_rx,
         workers,
         served: Vec::new(),
+        generations,
     };
     for listener in listeners {
         server.start_listener(listener);
@@ -359,8 +366,11 @@ impl Server {
     /// drains: returns when every connection of every worker has closed or
     /// `shutdown_timeout` has passed.
     pub async fn run(mut self) {
-        let mut generations = self.app.subscribe_generations();
+        let mut generations = self.generations.clone();
         let mut shutdown = self.shutdown.clone();
+        // The listeners were bound for the configuration of their day: one
+        // installed since (before this first poll) is applied now.
+        self.reconcile().await;
         while !*shutdown.borrow() {
             tokio::select! {
                 changed = shutdown.changed() => if changed.is_err() { break },

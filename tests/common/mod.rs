@@ -115,20 +115,10 @@ impl InProcess {
         let shutdown = async {
             let _ = stopped.await;
         };
-        // Returned once the gateway has been polled: its server watches for
-        // new configurations from its first poll on, and one installed
-        // before (a test that reloads at once) would not move its listeners.
-        let mut run = Box::pin(tollgate::run(listeners, app.clone(), shutdown));
-        let (polled, first_poll) = oneshot::channel::<()>();
-        let mut polled = Some(polled);
-        let task = tokio::spawn(std::future::poll_fn(move |cx| {
-            let poll = run.as_mut().poll(cx);
-            if let Some(polled) = polled.take() {
-                let _ = polled.send(());
-            }
-            poll
-        }));
-        first_poll.await.expect("the gateway task ran");
+        // Spawned, not polled yet: a test may reload at once, and the server
+        // applies a configuration installed before its first poll
+        // (`tests/reload.rs`'s listen-list test reloads so).
+        let task = tokio::spawn(tollgate::run(listeners, app.clone(), shutdown));
         InProcess {
             addr,
             tls_addr,
