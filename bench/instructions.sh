@@ -26,6 +26,8 @@
 # Run:    bench/instructions.sh [BINARY ...]     (default: target/dist/tollgate,
 #                                                built unless SKIP_BUILD=1)
 # Knobs:  BASE_PORT=18180 (uses BASE_PORT .. BASE_PORT+6)  TLS=1
+#         KEEP_DUMPS=DIR keeps each run's callgrind dump there, named
+#         BINARY-allow / BINARY-deny, for `callgrind_annotate` per function.
 # Needs valgrind, nginx and wrk (installed with apt-get when absent), and
 # openssl with TLS=1.
 set -euo pipefail
@@ -99,6 +101,19 @@ count() {
   fi
 }
 
+# The last run's measured dump (the one with the most instructions), copied
+# to $KEEP_DUMPS/NAME when it is set.
+keep_dump() {
+  [ -n "${KEEP_DUMPS:-}" ] || return 0
+  mkdir -p "$KEEP_DUMPS"
+  local f best="" most=0 n
+  for f in "$TMP"/cg.*; do
+    n=$(grep -m1 '^summary:' "$f" | awk '{print $2}' || true)
+    if [ "${n:-0}" -gt "$most" ]; then most=$n best=$f; fi
+  done
+  [ -n "$best" ] && cp "$best" "$KEEP_DUMPS/$1"
+}
+
 # The peer: nginx `limit_req` configured as in bench/load.sh, as one process
 # (`master_process off`) so callgrind sees the process that serves.
 nginx_count() {
@@ -117,7 +132,9 @@ printf 'server\tallow_instr/req\tdeny_instr/req\tallow_vs_nginx\tdeny_vs_nginx\n
 printf 'nginx limit_req\t%s\t%s\t1.00\t1.00\n' "$ng_allow" "$ng_deny"
 for binary in "$@"; do
   allow=$(PORT=$((BASE_PORT + 1)) count "$binary" run -c "$TMP/allow.toml")
+  keep_dump "$(basename "$binary")-allow"
   deny=$(PORT=$((BASE_PORT + 2)) count "$binary" run -c "$TMP/deny.toml")
+  keep_dump "$(basename "$binary")-deny"
   printf '%s\t%s\t%s\t%s\t%s\n' "$(basename "$binary")" "$allow" "$deny" \
     "$(awk -v a="$allow" -v b="$ng_allow" 'BEGIN {printf "%.2f", a / b}')" \
     "$(awk -v a="$deny" -v b="$ng_deny" 'BEGIN {printf "%.2f", a / b}')"
