@@ -195,21 +195,16 @@ fn decide_in_memory<'s>(
     candidate: &Candidate<'_, 's>,
     ticket: &mut Ticket<'s>,
 ) -> Admission {
-    // Extended in place: collected, the array was copied out (~60
-    // instructions).
+    // Pushed in place, one by one: collected, the array was copied out
+    // (~60 instructions); `extend` was an out-of-line call (~80).
     let mut entries: SmallVec<[StackEntry<'_>; INLINE]> = SmallVec::new();
-    entries.extend(
-        ticket
-            .limiters
-            .iter()
-            .zip(&ticket.keys)
-            .zip(&ticket.stack)
-            .map(|((limiter, key), limit)| StackEntry {
-                limiter,
-                key: *key,
-                shadow: limit.shadow,
-            }),
-    );
+    for ((&limiter, &key), limit) in ticket.limiters.iter().zip(&ticket.keys).zip(&ticket.stack) {
+        entries.push(StackEntry {
+            limiter,
+            key,
+            shadow: limit.shadow,
+        });
+    }
     check_stack_into(
         &entries,
         candidate.cost,
