@@ -1143,13 +1143,13 @@ async fn forward(
 ) -> Result<(Response<ResponseBody>, FieldLines), GatewayError> {
     let Forwarding {
         upstream,
-        request,
+        mut request,
         exceeded,
         client_upgrade,
     } = prepare_forward(snapshot, route, downstream, parts, body)?;
     let (mut response, fields) = upstream
         .send(
-            request,
+            &mut request,
             exceeded,
             route.max_body.unwrap_or(u64::MAX),
             interim,
@@ -1447,12 +1447,12 @@ fn prepare_forward<'s>(
     };
     let mut parts = parts;
     upgrade::allow_only(&mut parts.headers, &snapshot.config.server.upgrades);
-    let mut request = upstream.prepare(parts, body, downstream.peer, downstream.proto)?;
+    let mut request = upstream.prepare(parts, body, downstream.peer, downstream.proto);
     // hyper hands the client's connection over if we answer 101.
     let client_upgrade = if request.own.upgrade {
         request
-            .request
-            .extensions_mut()
+            .parts
+            .extensions
             .remove::<hyper::upgrade::OnUpgrade>()
     } else {
         None
