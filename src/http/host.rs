@@ -36,8 +36,11 @@
 //!
 //! Everything else — userinfo (`a@b`), `/`, `?`, `#`, spaces, control bytes,
 //! obs-text and UTF-8, a second colon, an unclosed bracket — is not in the
-//! grammar at all. The check is one pass over the value, no allocation:
-//! every request pays it.
+//! grammar at all. Every request pays the check, so the shapes nearly all
+//! hosts have (a name, an IPv4 address, a port) are read in one pass with
+//! no allocation; anything else — an IP literal, a trailing dot, a value
+//! refused — is read again by the rule as written above, which alone says
+//! why a value is refused.
 
 use std::net::Ipv6Addr;
 
@@ -97,9 +100,14 @@ pub enum HostError {
 const NAME: u8 = 1;
 const DIGIT: u8 = 2;
 const HEX: u8 = 4;
+const NOT_NUMBER: u8 = 8;
+const STOP: u8 = 16;
 
 /// [`NAME`]: unreserved and sub-delims (RFC 3986 §2.2, §2.3); [`DIGIT`];
-/// [`HEX`]: hex digits.
+/// [`HEX`]: hex digits; [`NOT_NUMBER`]: a name byte that is neither a
+/// digit nor the dot (a label with one is no decimal number); [`STOP`]:
+/// the dot and every byte no name holds, where the one pass of `common`
+/// has more to do than note the byte.
 static CLASS: [u8; 256] = {
     let mut table = [0u8; 256];
     let mut b = 0;
@@ -133,6 +141,12 @@ static CLASS: [u8; 256] = {
         if c.is_ascii_hexdigit() {
             class |= HEX;
         }
+        if class & NAME != 0 && !c.is_ascii_digit() && c != b'.' {
+            class |= NOT_NUMBER;
+        }
+        if class & NAME == 0 || c == b'.' {
+            class |= STOP;
+        }
         table[b] = class;
         b += 1;
     }
@@ -141,6 +155,113 @@ static CLASS: [u8; 256] = {
 
 /// Reads `value` as `uri-host [ ":" port ]` by the rule of the module doc.
 pub fn parse(value: &[u8]) -> Result<HostPort<'_>, HostError> {
+    match common(value) {
+        Some(host) => Ok(host),
+        None => by_rule(value),
+    }
+}
+
+/// The shapes nearly every host has, each read in one pass: a
+/// dotted-decimal IPv4 address, or a reg-name whose last label is no
+/// number, with an optional port. `None` for everything else (an IP
+/// literal, a trailing dot, a last label that may be hex, any value
+/// refused), which [`by_rule`] reads; what comes out is what `by_rule`
+/// makes of the value (a test compares them over every short value of the
+/// bytes that matter). The rule's several passes and iterator adapters
+/// cost ~550 instructions on `127.0.0.1:8080`, which every request sends.
+#[inline]
+fn common(value: &[u8]) -> Option<HostPort<'_>> {
+    let end = match value.first() {
+        Some(b'0'..=b'9') => ipv4_prefix(value).or_else(|| name_prefix(value))?,
+        _ => name_prefix(value)?,
+    };
+    let (host, rest) = value.split_at(end);
+    let port = match rest {
+        [] => None,
+        [b':', digits @ ..] => Some(short_port(digits)?),
+        _ => return None,
+    };
+    Some(HostPort { host, port })
+}
+
+/// The length of the dotted-decimal IPv4 address `value` starts with.
+fn ipv4_prefix(value: &[u8]) -> Option<usize> {
+    let mut end = dec_octet(value)?;
+    for _ in 0..3 {
+        if value.get(end) != Some(&b'.') {
+            return None;
+        }
+        end += 1 + dec_octet(&value[end + 1..])?;
+    }
+    Some(end)
+}
+
+/// The length of the `dec-octet` (RFC 3986 §3.2.2: 0–255, no leading
+/// zero) `bytes` starts with, the longest one.
+fn dec_octet(bytes: &[u8]) -> Option<usize> {
+    match *bytes {
+        [b'1', b'0'..=b'9', b'0'..=b'9', ..]
+        | [b'2', b'0'..=b'4', b'0'..=b'9', ..]
+        | [b'2', b'5', b'0'..=b'5', ..] => Some(3),
+        [b'1'..=b'9', b'0'..=b'9', ..] => Some(2),
+        [b'0'..=b'9', ..] => Some(1),
+        _ => None,
+    }
+}
+
+/// The length of the reg-name `value` starts with, if its labels are not
+/// empty, it has no trailing dot, and its last label is no number.
+fn name_prefix(value: &[u8]) -> Option<usize> {
+    // The current label: where it starts, and its bytes' classes or-ed.
+    let mut label = 0;
+    let mut classes = 0;
+    let mut end = 0;
+    while let Some(&b) = value.get(end) {
+        let class = CLASS[usize::from(b)];
+        if class & STOP == 0 {
+            classes |= class;
+        } else if b == b'.' && end != label {
+            label = end + 1;
+            classes = 0;
+        } else {
+            break;
+        }
+        end += 1;
+    }
+    // Empty, a trailing dot (or an empty label: the loop stopped at it),
+    // too long, or a last label that is (or may be) a number.
+    if label == end
+        || end > MAX_NAME
+        || classes & NOT_NUMBER == 0
+        || matches!(value[label..end], [b'0', b'x' | b'X', ..])
+    {
+        return None;
+    }
+    Some(end)
+}
+
+/// A port of one to five digits, at most 65535: [`parse_port`] without
+/// the saturating arithmetic a longer one needs.
+fn short_port(digits: &[u8]) -> Option<u16> {
+    if digits.is_empty() || digits.len() > 5 {
+        return None;
+    }
+    let mut value = 0u32;
+    for &b in digits {
+        let digit = b.wrapping_sub(b'0');
+        if digit > 9 {
+            return None;
+        }
+        value = value * 10 + u32::from(digit);
+    }
+    u16::try_from(value).ok()
+}
+
+/// [`parse`] by the rule as the module doc writes it, step by step. Out of
+/// line: [`parse`] stays small for the common shapes.
+#[cold]
+#[inline(never)]
+fn by_rule(value: &[u8]) -> Result<HostPort<'_>, HostError> {
     let (host, port) = if value.first() == Some(&b'[') {
         let end = value
             .iter()
@@ -447,6 +568,68 @@ mod tests {
                 "{:?} ({why})",
                 String::from_utf8_lossy(value)
             );
+        }
+    }
+
+    /// The one pass reads what the rule reads, for every value of up to
+    /// six bytes of those that decide a host's shape, and for IPv4-like
+    /// values of four labels with and without a port; and it does read
+    /// the common shapes (else it would be no faster).
+    #[test]
+    fn the_one_pass_agrees_with_the_rule() {
+        fn agrees(value: &[u8]) -> bool {
+            match common(value) {
+                Some(read) => {
+                    assert_eq!(
+                        by_rule(value),
+                        Ok(read),
+                        "{:?}",
+                        String::from_utf8_lossy(value)
+                    );
+                    true
+                }
+                None => false,
+            }
+        }
+        let bytes = b"a0125x.:%[]-";
+        let mut read = 0;
+        let mut value = Vec::new();
+        for len in 0..=6u32 {
+            for mut n in 0..bytes.len().pow(len) {
+                value.clear();
+                for _ in 0..len {
+                    value.push(bytes[n % bytes.len()]);
+                    n /= bytes.len();
+                }
+                read += usize::from(agrees(&value));
+            }
+        }
+        let labels = [
+            "0", "1", "9", "10", "25", "99", "100", "199", "200", "249", "250", "255", "256",
+            "260", "300", "01", "001", "1000", "a",
+        ];
+        for a in labels {
+            for b in labels {
+                for c in labels {
+                    for d in labels {
+                        for port in ["", ":80", ":65536", ":", ":00080", ":000080", ":8a"] {
+                            read +=
+                                usize::from(agrees(format!("{a}.{b}.{c}.{d}{port}").as_bytes()));
+                        }
+                    }
+                }
+            }
+        }
+        assert!(read > 100_000, "{read}");
+        for common_shape in [
+            &b"127.0.0.1:8080"[..],
+            b"10.0.0.1",
+            b"example.com",
+            b"api.example.com:443",
+            b"localhost:8080",
+            b"0x.example",
+        ] {
+            assert!(agrees(common_shape), "{common_shape:?}");
         }
     }
 

@@ -42,13 +42,13 @@ pub(crate) async fn forward(
 ) -> Result<(Response<ResponseBody>, FieldLines), GatewayError> {
     let Forwarding {
         upstream,
-        request,
+        mut request,
         exceeded,
         client_upgrade,
     } = prepare_forward(snapshot, route, downstream, parts, body)?;
     let (mut response, fields) = forward::send(
         upstream,
-        request,
+        &mut request,
         exceeded,
         route.max_body.unwrap_or(u64::MAX),
         interim,
@@ -154,12 +154,12 @@ fn prepare_forward<'s>(
     };
     let mut parts = parts;
     upgrade::allow_only(&mut parts.headers, &snapshot.config.server.upgrades);
-    let mut request = forward::prepare(upstream, parts, body, downstream.peer, downstream.proto)?;
+    let mut request = forward::prepare(upstream, parts, body, downstream.peer, downstream.proto);
     // hyper hands the client's connection over if we answer 101.
     let client_upgrade = if request.own.upgrade {
         request
-            .request
-            .extensions_mut()
+            .parts
+            .extensions
             .remove::<hyper::upgrade::OnUpgrade>()
     } else {
         None

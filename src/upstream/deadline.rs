@@ -105,17 +105,41 @@ impl Drop for Deadline {
     }
 }
 
-/// `future`, or `None` once `deadline` has passed (as `tokio::time::timeout`).
-pub async fn within<F: Future>(deadline: Instant, future: F) -> Option<F::Output> {
-    let mut timer = Deadline::at(deadline);
-    let mut future = std::pin::pin!(future);
-    std::future::poll_fn(|cx| {
-        if let Poll::Ready(output) = future.as_mut().poll(cx) {
+impl Deadline {
+    /// `future`, or `None` once the deadline has passed; the timer stays for
+    /// the next step of the same request. The future is polled where its
+    /// caller pinned it: a large one is not moved into this one (a request's
+    /// exchange would be copied once more). A plain future, not an `async
+    /// fn`: each layer of state machine around an exchange also moves its
+    /// answer (~230 bytes) once more.
+    pub fn guard<'a, F: Future>(&'a mut self, future: Pin<&'a mut F>) -> Guarded<'a, F> {
+        Guarded {
+            deadline: self,
+            future,
+        }
+    }
+}
+
+/// A future and the deadline it must meet ([`Deadline::guard`]).
+pub struct Guarded<'a, F> {
+    deadline: &'a mut Deadline,
+    future: Pin<&'a mut F>,
+}
+
+impl<F: Future> Future for Guarded<'_, F> {
+    type Output = Option<F::Output>;
+
+    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        if let Poll::Ready(output) = self.future.as_mut().poll(cx) {
             return Poll::Ready(Some(output));
         }
-        timer.poll_expired(cx).map(|()| None)
-    })
-    .await
+        self.deadline.poll_expired(cx).map(|()| None)
+    }
+}
+
+/// `future`, or `None` once `deadline` has passed (as `tokio::time::timeout`).
+pub async fn within<F: Future>(deadline: Instant, future: F) -> Option<F::Output> {
+    Deadline::at(deadline).guard(std::pin::pin!(future)).await
 }
 
 #[cfg(test)]
@@ -182,6 +206,25 @@ mod tests {
             // The runtime is gone; its timers stay in this thread's spares
             // until the next runtime replaces them (polling one would panic).
         }
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn one_deadline_guards_each_step_of_a_request() {
+        let start = Instant::now();
+        let mut deadline = Deadline::at(start + Duration::from_secs(10));
+        let first = deadline
+            .guard(std::pin::pin!(async {
+                tokio::time::sleep(Duration::from_secs(4)).await;
+                1
+            }))
+            .await;
+        assert_eq!(first, Some(1));
+        // The second step has what is left of the ten seconds, not ten more.
+        let second = deadline
+            .guard(std::pin::pin!(std::future::pending::<()>()))
+            .await;
+        assert_eq!(second, None);
+        assert_eq!(Instant::now() - start, Duration::from_secs(10));
     }
 
     #[tokio::test(start_paused = true)]

@@ -19,6 +19,7 @@ use std::time::Duration;
 
 use arc_swap::ArcSwapOption;
 use bytes::{Bytes, BytesMut};
+use http::request::Parts;
 use http::uri::{Authority, Scheme};
 use http::{HeaderName, HeaderValue, Request, Response, Uri};
 use http_body::{Body, Frame, SizeHint};
@@ -108,8 +109,9 @@ impl H2Client {
             + Send
             + 'static,
     {
+        let (parts, body) = request.into_parts();
         let sender = self.connection().await?;
-        self.send_on(sender, request, own).await
+        self.send_on(sender, &parts, body, &own).await
     }
 
     /// The open connection's handle, or one to a new connection. Nothing is
@@ -118,19 +120,21 @@ impl H2Client {
         self.sender().await
     }
 
-    /// [`H2Client::send`] on `sender`, from [`H2Client::connection`].
+    /// [`H2Client::send`] on `sender`, from [`H2Client::connection`]; the
+    /// request's head and `own` borrowed, as by the HTTP/1.1 pool's
+    /// `send_on`.
     pub async fn send_on<B>(
         &self,
         mut sender: H2Sender,
-        request: Request<B>,
-        own: OwnFields,
+        parts: &Parts,
+        body: B,
+        own: &OwnFields,
     ) -> Result<(Response<UpstreamBody>, FieldLines), PoolError>
     where
         B: Body<Data = Bytes, Error: Into<Box<dyn std::error::Error + Send + Sync>>>
             + Send
             + 'static,
     {
-        let (parts, body) = request.into_parts();
         let framing = if body.is_end_stream() {
             RequestFraming::Empty
         } else {
@@ -140,7 +144,7 @@ impl H2Client {
             }
         };
         let mut head = Vec::with_capacity(512);
-        encode_request(&parts, framing, &own, &mut head);
+        encode_request(parts, framing, own, &mut head);
         let body = body.map_err(Into::into).boxed_unsync();
         let request = self.h2_request(&head, body).map_err(PoolError::Request)?;
         let response = sender

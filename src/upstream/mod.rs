@@ -8,8 +8,9 @@
 //!
 //! # A request's way to a URL
 //!
-//! [`Upstream::connect`] picks a URL by `balance` among those that take
-//! requests and opens (or reuses) a connection to it. A connection that
+//! [`Upstream::start_connect`] picks a URL by `balance` among those that
+//! take requests and reuses an idle connection to it, or
+//! [`Upstream::connect_from`] opens one. A connection that
 //! could not be opened — refused, unreachable, timed out, a handshake
 //! refused: nothing was sent — is recorded against its URL and the next
 //! URL is tried at once, whatever the request's method and whether or not
@@ -31,7 +32,8 @@ pub mod retry;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 
-use http::{Request, Response, Uri};
+use http::request::Parts;
+use http::{Response, Uri};
 use parking_lot::Mutex;
 
 use crate::config::{Balance, UpstreamConfig};
@@ -43,6 +45,7 @@ use h2::{H2Client, H2Sender};
 use health::{Failure, LazyNow, Nanos, UrlHealth};
 use pool::{BodyErrors, ConnectionPool, PoolError, PoolTls};
 use rustls::pki_types::ServerName;
+use tokio_util::either::Either;
 
 /// One upstream of a snapshot: its settings, a connection pool per URL,
 /// and each URL's health (shared with the other snapshots that list it).
@@ -73,6 +76,14 @@ pub enum Connection {
     H1 { conn: UpstreamConn, reused: bool },
     /// The URL's HTTP/2 connection.
     H2(H2Sender),
+}
+
+/// How a connection starts ([`Upstream::start_connect`]).
+pub enum Start<'a> {
+    /// An idle connection of the URL chosen: nothing to wait for.
+    Ready(usize, Connection, InFlight<'a>),
+    /// The URL chosen has none at hand: [`Upstream::connect_from`].
+    Open(usize, InFlight<'a>),
 }
 
 /// Why no connection could be had.
@@ -223,30 +234,32 @@ impl Upstream {
         }
     }
 
-    /// A connection to a URL that takes requests, for the next try of
-    /// `attempt` (see the module doc: a URL that refuses is recorded and
-    /// the next one tried at once). The URL chosen is in `attempt.current`
-    /// and `attempt.avoid`.
-    pub async fn connect(
-        &self,
-        attempt: &mut Attempt,
-    ) -> Result<(usize, Connection, InFlight<'_>), NotConnected> {
+    /// The start of a connection to a URL that takes requests, for the
+    /// next try of `attempt`: the URL chosen (in `attempt.current` and
+    /// `attempt.avoid`), with its idle connection if it has one — then
+    /// nothing is left to wait for, which is the common case, and no
+    /// future is made or polled for it (~150 instructions of state
+    /// machines, and of moving the connection through them, per request).
+    /// Otherwise [`Upstream::connect_from`] opens one.
+    pub fn start_connect(&self, attempt: &mut Attempt) -> Result<Start<'_>, NotConnected> {
         attempt.exclude = UrlSet::default();
-        let mut refused = None;
+        let (url, in_flight) = self.choose(attempt, None)?;
+        Ok(match self.idle(url) {
+            Some(connection) => Start::Ready(url, connection, in_flight),
+            None => Start::Open(url, in_flight),
+        })
+    }
+
+    /// A new connection to `url`, chosen by [`Upstream::start_connect`];
+    /// when it cannot be opened, the failure is recorded and the next URL
+    /// tried at once (see the module doc), until none is left.
+    pub async fn connect_from<'a>(
+        &'a self,
+        mut url: usize,
+        mut in_flight: InFlight<'a>,
+        attempt: &mut Attempt,
+    ) -> Result<(usize, Connection, InFlight<'a>), NotConnected> {
         loop {
-            let Some(url) = self.pick(attempt.exclude, attempt.avoid, attempt.last) else {
-                return Err(match refused {
-                    Some(error) => NotConnected::Connect(error),
-                    None => {
-                        self.note_unavailable();
-                        NotConnected::NoHealthy
-                    }
-                });
-            };
-            attempt.current = Some(url);
-            attempt.last = Some(url);
-            attempt.avoid.insert(url);
-            let in_flight = self.begin(url);
             match self.open(url).await {
                 Ok(connection) => return Ok((url, connection, in_flight)),
                 Err(error) => {
@@ -257,10 +270,37 @@ impl Upstream {
                     if self.health.len() > 1 {
                         tracing::debug!(upstream = %self.config.name, url, "connection refused; trying the next URL");
                     }
-                    refused = Some(error);
+                    (url, in_flight) = self.choose(attempt, Some(error))?;
+                    if let Some(connection) = self.idle(url) {
+                        return Ok((url, connection, in_flight));
+                    }
                 }
             }
         }
+    }
+
+    /// The next URL of `attempt`, noted in it, with the request counted on
+    /// it; `refused`, the error of the URL tried before in this try, is
+    /// what the request fails with when no URL is left.
+    #[inline]
+    fn choose(
+        &self,
+        attempt: &mut Attempt,
+        refused: Option<PoolError>,
+    ) -> Result<(usize, InFlight<'_>), NotConnected> {
+        let Some(url) = self.pick(attempt.exclude, attempt.avoid, attempt.last) else {
+            return Err(match refused {
+                Some(error) => NotConnected::Connect(error),
+                None => {
+                    self.note_unavailable();
+                    NotConnected::NoHealthy
+                }
+            });
+        };
+        attempt.current = Some(url);
+        attempt.last = Some(url);
+        attempt.avoid.insert(url);
+        Ok((url, self.begin(url)))
     }
 
     fn begin(&self, url: usize) -> InFlight<'_> {
@@ -272,7 +312,18 @@ impl Upstream {
         InFlight(Some(health))
     }
 
-    /// A connection to `url`: its HTTP/2 connection, or one from its pool.
+    /// A connection to `url` at hand: an idle one of its HTTP/1.1 pool.
+    fn idle(&self, url: usize) -> Option<Connection> {
+        if !self.h2.is_empty() {
+            return None;
+        }
+        let conn = self.pools[url].take_idle()?;
+        Some(Connection::H1 { conn, reused: true })
+    }
+
+    /// A connection to `url` to wait for, when none is at hand
+    /// ([`Upstream::idle`]): its HTTP/2 connection, or a new one of its
+    /// pool.
     async fn open(&self, url: usize) -> Result<Connection, PoolError> {
         match self.h2.get(url) {
             // Boxed: an HTTP/2 connect (its TLS and h2 handshakes) inline
@@ -280,37 +331,46 @@ impl Upstream {
             // into its box per request (~9 KB, +11,500 instructions on
             // the HTTP/1.1 path too).
             Some(h2) => Ok(Connection::H2(Box::pin(h2.connection()).await?)),
-            None => {
-                let (conn, reused) = self.pools[url].checkout().await?;
-                Ok(Connection::H1 { conn, reused })
-            }
+            None => Ok(Connection::H1 {
+                conn: self.pools[url].connect_new().await?,
+                reused: false,
+            }),
         }
     }
 
-    /// Sends `request` on `connection` (to `url`) and waits for the
-    /// response head; the body is read as the response is polled.
-    pub async fn exchange<B>(
-        &self,
+    /// Sends the request (`parts`, `body`, and `own`'s fields) on
+    /// `connection` (to `url`) and waits for the response head; the body is
+    /// read as the response is polled. `parts`' header map goes back with
+    /// the response, emptied.
+    ///
+    /// Not an `async fn`: the HTTP/1.1 exchange is returned as it is, for
+    /// the caller to await where it pinned it, with no future of this one's
+    /// around it that would hold the arguments once more. The HTTP/2 one is
+    /// boxed on its own: inline, both would size the caller's future.
+    pub fn exchange<'a, B>(
+        &'a self,
         url: usize,
         connection: Connection,
-        request: Request<B>,
-        own: OwnFields,
-        interim: Option<&dyn InterimSink>,
-    ) -> Result<(Response<UpstreamBody>, FieldLines), PoolError>
+        parts: &'a mut Parts,
+        body: B,
+        own: &'a OwnFields,
+        interim: Option<&'a dyn InterimSink>,
+    ) -> impl Future<Output = Result<(Response<UpstreamBody>, FieldLines), PoolError>> + 'a
     where
         B: OutgoingBody + Send + 'static,
     {
-        // Each protocol's exchange boxed on its own: inline, both would sit
-        // in this future (and in the caller's box, copied whole for every
-        // request: ~9 KB, +11,500 instructions per proxied request).
-        match (connection, self.h2.get(url)) {
-            (Connection::H2(sender), Some(h2)) => Box::pin(h2.send_on(sender, request, own)).await,
-            (Connection::H1 { conn, reused }, _) => {
-                Box::pin(self.pools[url].send_on((conn, reused), request, own, interim)).await
+        match connection {
+            Connection::H1 { conn, reused } => {
+                Either::Left(self.pools[url].send_on((conn, reused), parts, body, own, interim))
             }
-            (Connection::H2(_), None) => Err(PoolError::Request(std::io::Error::other(
-                "an HTTP/2 connection for a URL without one",
-            ))),
+            Connection::H2(sender) => Either::Right(Box::pin(async move {
+                match self.h2.get(url) {
+                    Some(h2) => h2.send_on(sender, parts, body, own).await,
+                    None => Err(PoolError::Request(std::io::Error::other(
+                        "an HTTP/2 connection for a URL without one",
+                    ))),
+                }
+            })),
         }
     }
 
