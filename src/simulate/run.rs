@@ -1,7 +1,7 @@
 //! The run: every record through the configuration's routes and stacks on a
 //! virtual clock, counted per route and limit.
 //!
-//! [`identify`] and [`limit`] are the gateway's request path up to and
+//! [`identify()`] and [`limit`] are the gateway's request path up to and
 //! including the limit step, minus the network, and they run the gateway's
 //! own code ([`crate::admission`]): the [`Router`](crate::routing::Router),
 //! the caller's consumer, the client IP behind trusted proxies (the
