@@ -25,7 +25,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 /// The `tracing` target of access-log events.
-pub const TARGET: &str = "tollgate::access";
+pub(crate) const TARGET: &str = "tollgate::access";
 
 /// `server.log_denied`: which denied requests get an access-log line.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -94,7 +94,7 @@ impl DeniedSampler {
 
 /// What the access log records of one request.
 #[derive(Debug)]
-pub struct AccessEntry<'a> {
+pub(crate) struct AccessEntry<'a> {
     /// `"-"` for a request refused before it was parsed (`refused`).
     pub method: &'a str,
     /// The path only; the query string is never logged.
@@ -120,7 +120,7 @@ pub struct AccessEntry<'a> {
 
 /// The limit part of an access-log line.
 #[derive(Debug, Clone, Copy)]
-pub struct LimitField<'a> {
+pub(crate) struct LimitField<'a> {
     pub name: &'a str,
     pub remaining: u64,
     pub denied: bool,
@@ -130,7 +130,7 @@ pub struct LimitField<'a> {
 /// streaming from the upstream): an owned copy of its entry, logged when the
 /// body ends with the request's whole duration.
 #[derive(Debug)]
-pub struct PendingLine {
+pub(crate) struct PendingLine {
     method: Box<str>,
     path: Box<str>,
     route: Box<str>,
@@ -147,7 +147,7 @@ impl PendingLine {
     /// Out of line: rare, and it allocates.
     #[cold]
     #[inline(never)]
-    pub fn of(entry: &AccessEntry<'_>) -> PendingLine {
+    pub(crate) fn of(entry: &AccessEntry<'_>) -> PendingLine {
         PendingLine {
             method: entry.method.into(),
             path: entry.path.into(),
@@ -161,7 +161,7 @@ impl PendingLine {
     }
 
     /// Emits the line, the request having taken `elapsed` in all.
-    pub fn log(&self, elapsed: Duration) {
+    pub(crate) fn log(&self, elapsed: Duration) {
         log(&AccessEntry {
             method: &self.method,
             path: &self.path,
@@ -186,12 +186,12 @@ impl PendingLine {
 
 /// Whether access-log events are recorded at all (the log filter may turn
 /// them off): a request then need not keep what only its line would show.
-pub fn enabled() -> bool {
+pub(crate) fn enabled() -> bool {
     tracing::enabled!(target: TARGET, tracing::Level::INFO)
 }
 
 /// Emits the access-log event of one request.
-pub fn log(entry: &AccessEntry<'_>) {
+pub(crate) fn log(entry: &AccessEntry<'_>) {
     tracing::info!(
         target: TARGET,
         method = entry.method,

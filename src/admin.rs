@@ -39,7 +39,7 @@ use crate::proxy::response::problem;
 const MAX_CONNECTIONS: usize = 64;
 
 /// Binds the admin listener.
-pub async fn bind(address: SocketAddr) -> io::Result<TcpListener> {
+pub(crate) async fn bind(address: SocketAddr) -> io::Result<TcpListener> {
     TcpListener::bind(address).await.map_err(|e| {
         io::Error::new(
             e.kind(),
@@ -49,7 +49,7 @@ pub async fn bind(address: SocketAddr) -> io::Result<TcpListener> {
 }
 
 /// Serves the admin endpoints on `listener` until `shutdown` turns true.
-pub async fn serve(app: Arc<App>, listener: TcpListener, shutdown: watch::Receiver<bool>) {
+pub(crate) async fn serve(app: Arc<App>, listener: TcpListener, shutdown: watch::Receiver<bool>) {
     let permits = Arc::new(Semaphore::new(MAX_CONNECTIONS));
     let mut backoff = Duration::from_millis(5);
     if *shutdown.borrow() {

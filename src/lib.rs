@@ -95,6 +95,10 @@
 //! answered 400 and its connection closed, so nothing can be smuggled past
 //! the gateway.
 
+// What nothing outside the crate can reach is `pub(crate)`, so the compiler
+// finds what nothing uses (CI's clippy runs with `-D warnings`).
+#![warn(unreachable_pub)]
+
 pub(crate) mod access_log;
 pub(crate) mod admin;
 pub mod admission;

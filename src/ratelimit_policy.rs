@@ -29,7 +29,7 @@ pub(crate) fn is_concurrency(limit: &LimitConfig) -> bool {
 /// `RateLimit-Policy` for a route's stack: every non-shadow limit whose
 /// styles include `draft`. `None` when no limit qualifies (or a name cannot be
 /// an sf-string, which validation prevents in practice).
-pub fn policy_header(view: StackView<'_>) -> Option<Box<str>> {
+pub(crate) fn policy_header(view: StackView<'_>) -> Option<Box<str>> {
     let mut text = String::with_capacity(32 * view.limits.len());
     let mut list = ListWriter::new(&mut text);
     for (limit, algorithm) in view.limits.iter().zip(view.algorithms) {

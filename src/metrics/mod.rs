@@ -714,8 +714,10 @@ impl LabelNames {
     }
 }
 
+// The integration tests' parser, shared: its `pub` items are for them.
 #[cfg(test)]
 #[path = "../../tests/common/openmetrics.rs"]
+#[allow(unreachable_pub)]
 mod openmetrics;
 
 #[cfg(test)]

@@ -5,7 +5,7 @@ use std::net::SocketAddr;
 
 /// What the server knows about the connection a request came on.
 #[derive(Debug, Clone, Copy)]
-pub struct Downstream {
+pub(crate) struct Downstream {
     pub peer: SocketAddr,
     /// `"http"` or `"https"`, for `X-Forwarded-Proto` and `Forwarded`.
     pub proto: &'static str,

@@ -29,7 +29,7 @@ use http::{Request, Response, Version};
 
 /// A request ready to go upstream, to whichever URL takes it.
 #[derive(Debug)]
-pub struct Prepared {
+pub(crate) struct Prepared {
     /// The client's request; its target is the client's until a URL is
     /// chosen (then that URL's prefix goes in front), and its header map is
     /// left as the client sent it: `own` says what changes on the way.

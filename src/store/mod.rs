@@ -95,17 +95,17 @@ mod connect;
 use crate::limit::{Algorithm, LeakyMode, LimitKey, Nanos, Verdict, WindowAlign};
 
 /// Failed calls in a row that open the breaker.
-pub const FAILURES_TO_OPEN: u32 = 3;
+pub(crate) const FAILURES_TO_OPEN: u32 = 3;
 
 /// How often an open breaker tries Redis again.
-pub const PROBE_INTERVAL: Duration = Duration::from_millis(250);
+pub(crate) const PROBE_INTERVAL: Duration = Duration::from_millis(250);
 
 /// How long a concurrency slot outlives the last renewal of its holder.
-pub const LEASE: Duration = Duration::from_secs(30);
+pub(crate) const LEASE: Duration = Duration::from_secs(30);
 
 /// How long a node keeps the tokens it leased before giving back what it
 /// did not spend (`lease = N`).
-pub const LEASE_HOLD: Duration = Duration::from_secs(1);
+pub(crate) const LEASE_HOLD: Duration = Duration::from_secs(1);
 
 /// Shards of the lease pool: requests for different keys rarely meet.
 const POOL_SHARDS: usize = 16;
@@ -143,8 +143,8 @@ impl Drop for Fetching<'_> {
 
 /// How often a node renews its heartbeat (`local_fraction = "auto"`), and
 /// how long one counts.
-pub const HEARTBEAT_EVERY: Duration = Duration::from_secs(1);
-pub const HEARTBEAT_TTL: Duration = Duration::from_secs(3);
+pub(crate) const HEARTBEAT_EVERY: Duration = Duration::from_secs(1);
+pub(crate) const HEARTBEAT_TTL: Duration = Duration::from_secs(3);
 
 const STACK_LUA: &str = include_str!("stack.lua");
 const SETTLE_LUA: &str = include_str!("settle.lua");
@@ -204,13 +204,13 @@ thread_local! {
 
 /// Most decisions one script call carries: bounds the call's size and how
 /// long Redis runs it.
-pub const MAX_BATCH: usize = 64;
+pub(crate) const MAX_BATCH: usize = 64;
 
 /// Decision calls a worker keeps in flight at most. Two, not one: while
 /// one call's reply waits for the worker to be scheduled, the next batch
 /// is already on its way, so requests do not wait a whole round trip
 /// idle (measured: more req/s at a few more calls per request).
-pub const MAX_IN_FLIGHT: usize = 2;
+pub(crate) const MAX_IN_FLIGHT: usize = 2;
 
 /// One thread's connection (made on first use) and the decisions waiting
 /// for it.
@@ -1058,7 +1058,7 @@ async fn send_batches(store: Arc<RedisStore>, state: Arc<ThreadState>) {
 /// The Redis Cluster slot of `key`: CRC16 (XMODEM) of its hash tag (the
 /// part inside the first `{…}`, when not empty) or of the whole key, mod
 /// 16384.
-pub fn slot_of(key: &str) -> u16 {
+pub(crate) fn slot_of(key: &str) -> u16 {
     let bytes = key.as_bytes();
     let tagged = bytes.iter().position(|&b| b == b'{').and_then(|open| {
         let rest = &bytes[open + 1..];
