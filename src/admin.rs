@@ -287,20 +287,6 @@ mod tests {
         assert_eq!(post.headers()[ALLOW], "GET, HEAD");
     }
 
-    #[tokio::test]
-    async fn readyz_follows_the_store_flag() {
-        let app = app();
-        app.set_store_unavailable(true);
-        let response = answer(&app, &Method::GET, "/readyz");
-        assert_eq!(response.status(), StatusCode::SERVICE_UNAVAILABLE);
-        assert_eq!(response.headers()[CONTENT_TYPE], "application/problem+json");
-        app.set_store_unavailable(false);
-        assert_eq!(
-            answer(&app, &Method::GET, "/readyz").status(),
-            StatusCode::OK
-        );
-    }
-
     #[test]
     fn config_json_describes_the_running_config() {
         let app = app();

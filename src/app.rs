@@ -17,7 +17,7 @@ pub(crate) mod sweep;
 
 use std::collections::HashMap;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::SystemTime;
 
 use arc_swap::ArcSwap;
@@ -61,13 +61,11 @@ struct LimitState {
     shared: bool,
 }
 
-/// One limit as the request path sees it: its configuration, its limiters,
-/// where it is decided and its metric label.
+/// One limit as the sweeper and the key gauge see it: its limiters and its
+/// metric label.
 #[derive(Debug, Clone, Copy)]
 pub struct Limit<'s> {
-    pub config: &'s LimitConfig,
     pub limiters: &'s LimiterSet,
-    pub shared: bool,
     pub label: &'s Arc<str>,
 }
 
@@ -270,11 +268,8 @@ impl Snapshot {
     /// The limit `id` names.
     #[inline]
     pub fn limit(&self, id: LimitId) -> Limit<'_> {
-        let state = &self.limits[id.0];
         Limit {
-            config: &self.config.limits[id.0],
-            limiters: &state.limiters,
-            shared: state.shared,
+            limiters: &self.limits[id.0].limiters,
             label: &self.labels.limits[id.0],
         }
     }
@@ -445,8 +440,6 @@ pub struct App {
     /// The last reload's error, `None` after a successful one. A lock is fine:
     /// written on SIGHUP, read by `/config`, never on the request path.
     last_reload_error: parking_lot::Mutex<Option<ReloadError>>,
-    /// Set while the store is down with `on_failure = "deny"`: `/readyz` is 503.
-    store_unavailable: AtomicBool,
     /// The shared store (`backend = "redis"`), chosen at start.
     store: Option<Arc<RedisStore>>,
     /// With a store: `local_fraction` of the fallback limiters, as
@@ -524,7 +517,6 @@ impl App {
             generations: tokio::sync::watch::Sender::new(1),
             metrics,
             last_reload_error: parking_lot::Mutex::new(None),
-            store_unavailable: AtomicBool::new(false),
             store,
             fraction: Mutex::new(fraction),
             install_lock: Mutex::new(()),
@@ -600,12 +592,7 @@ impl App {
             .store
             .as_ref()
             .is_some_and(|s| s.on_failure() == OnFailure::Deny && s.is_down());
-        !store_down && !self.store_unavailable.load(Ordering::Relaxed)
-    }
-
-    /// Called by the store when it goes down / comes back under `on_failure = "deny"`.
-    pub fn set_store_unavailable(&self, unavailable: bool) {
-        self.store_unavailable.store(unavailable, Ordering::Relaxed);
+        !store_down
     }
 
     /// The current snapshot; hold the `Arc` for the whole request.

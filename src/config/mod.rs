@@ -25,7 +25,7 @@ use ipnet::IpNet;
 
 pub use error::{ConfigError, KeyPath, Problem};
 pub use store::{RedisServers, RedisTls, RedisUrl, Secret};
-pub use tls::{CertificateFile, ClientTls, ServerTls, TlsConfig};
+pub use tls::{CertificateFile, ClientTls, TlsConfig};
 
 use crate::access_log::LogDenied;
 pub use crate::http::path::EscapedSlashes;
@@ -346,10 +346,6 @@ impl Config {
     /// resolving relative paths).
     pub fn from_bytes(path: &Path, bytes: &[u8]) -> Result<Config, ConfigError> {
         validate::validate(path, bytes)
-    }
-
-    pub fn limit(&self, name: &str) -> Option<&LimitConfig> {
-        self.limits.iter().find(|l| l.name == name)
     }
 
     /// A problem found after validation (e.g. `server.listen` cannot be

@@ -154,6 +154,7 @@ impl FieldLines {
         }
     }
 
+    #[cfg(test)]
     pub fn is_empty(&self) -> bool {
         self.relayed.is_empty() && self.own.is_empty()
     }

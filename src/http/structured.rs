@@ -52,6 +52,7 @@ pub enum SfError {
     IntegerOutOfRange(i64),
     /// An sf-token starts with ALPHA or `*` and continues with tchar, `:`
     /// or `/`.
+    #[cfg(test)]
     #[error("not a structured-field token")]
     InvalidToken,
     /// A key starts with a lowercase letter or `*` and continues with
@@ -114,6 +115,7 @@ static TCHAR: [bool; 256] = {
 };
 
 /// Checks an sf-token (RFC 9651 §3.3.4).
+#[cfg(test)]
 fn check_token(value: &str) -> Result<(), SfError> {
     match value.as_bytes() {
         [first, rest @ ..]
@@ -211,6 +213,7 @@ impl<'b> ListWriter<'b> {
     }
 
     /// How many members have been written.
+    #[cfg(test)]
     pub fn len(&self) -> usize {
         self.members
     }
@@ -238,6 +241,7 @@ impl<'b> ListWriter<'b> {
     }
 
     /// Appends an Item whose bare item is an sf-integer.
+    #[cfg(test)]
     pub fn item_int(&mut self, value: i64) -> Result<Params<'_>, SfError> {
         check_integer(value)?;
         self.separator();
@@ -246,6 +250,7 @@ impl<'b> ListWriter<'b> {
     }
 
     /// Appends an Item whose bare item is an sf-token.
+    #[cfg(test)]
     pub fn item_token(&mut self, value: &str) -> Result<Params<'_>, SfError> {
         check_token(value)?;
         self.separator();
@@ -288,6 +293,7 @@ impl<'b> Params<'b> {
     }
 
     /// Appends `;key=value` with an sf-token value.
+    #[cfg(test)]
     pub fn param_token(mut self, key: &str, value: &str) -> Result<Self, SfError> {
         check_key(key)?;
         check_token(value)?;
@@ -299,6 +305,7 @@ impl<'b> Params<'b> {
 
     /// Appends a Boolean parameter: `;key` for true (RFC 9651 §4.1.1.2 omits
     /// the value) and `;key=?0` for false.
+    #[cfg(test)]
     pub fn param_bool(mut self, key: &str, value: bool) -> Result<Self, SfError> {
         check_key(key)?;
         self.key(key);

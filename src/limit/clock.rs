@@ -90,6 +90,7 @@ impl ManualClock {
         }
     }
 
+    #[cfg(test)]
     pub fn set(&self, now: Nanos) {
         self.now.store(now, Ordering::Relaxed);
     }

@@ -59,10 +59,6 @@ impl ConcurrencyPermit {
             units,
         }
     }
-
-    pub fn units(&self) -> u64 {
-        self.units
-    }
 }
 
 impl Drop for ConcurrencyPermit {

@@ -50,11 +50,6 @@ pub fn decide(
     (o.state, verdict)
 }
 
-/// The bucket is empty: the key can be forgotten.
-pub fn is_fresh(state: State, now: Nanos, rate: Rate) -> bool {
-    token_bucket::is_fresh(state, now, rate)
-}
-
 /// Post-response settlement, as for the token bucket with `capacity + 1`.
 pub fn adjust(state: State, now: Nanos, delta: i64, capacity: u64, rate: Rate) -> State {
     token_bucket::adjust(state, now, delta, capacity.saturating_add(1), rate)

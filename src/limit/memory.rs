@@ -199,7 +199,6 @@ pub struct Decision {
 /// One named limit's per-key state. Share it as `Arc<Limiter>`.
 #[derive(Debug)]
 pub struct Limiter {
-    name: Box<str>,
     algorithm: Algorithm,
     /// Fixed windows only: where each key's boundaries fall.
     align: WindowAlign,
@@ -211,9 +210,11 @@ pub struct Limiter {
 }
 
 impl Limiter {
-    pub fn new(name: &str, algorithm: Algorithm, max_keys: usize) -> Limiter {
+    /// A limiter of `algorithm` holding at most `max_keys` keys. `name`, the
+    /// limit's, is for the caller's reading only: the limiter keeps no copy
+    /// (its metrics and logs are labelled by the snapshot).
+    pub fn new(_name: &str, algorithm: Algorithm, max_keys: usize) -> Limiter {
         Limiter {
-            name: name.into(),
             algorithm,
             align: WindowAlign::default(),
             max_keys,
@@ -227,10 +228,6 @@ impl Limiter {
     pub fn with_align(mut self, align: WindowAlign) -> Limiter {
         self.align = align;
         self
-    }
-
-    pub fn name(&self) -> &str {
-        &self.name
     }
 
     /// The clock a key's fixed window runs on: with `reset_jitter`, `now`
@@ -249,10 +246,6 @@ impl Limiter {
 
     pub fn algorithm(&self) -> Algorithm {
         self.algorithm
-    }
-
-    pub fn max_keys(&self) -> usize {
-        self.max_keys
     }
 
     /// Keys holding their own state (the `tollgate_limiter_keys` gauge).

@@ -38,9 +38,8 @@ pub mod token_bucket;
 pub mod verdict;
 
 pub use clock::{Clock, ManualClock, SystemClock, TokioClock};
-pub use concurrency::ConcurrencyPermit;
 pub use key::LimitKey;
-pub use memory::{Decision, Limiter};
+pub use memory::Limiter;
 pub use params::{Algorithm, LeakyMode, NANOS_PER_SEC, Nanos, Rate, WindowAlign};
 pub use stack::{
     EntryVerdict, Outcome, Permits, StackDecision, StackEntry, check_stack, check_stack_into,

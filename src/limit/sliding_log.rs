@@ -59,6 +59,7 @@ impl State {
     }
 
     /// Runs held (memory use is proportional).
+    #[cfg(test)]
     pub fn runs(&self) -> usize {
         self.runs.len()
     }

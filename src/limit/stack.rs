@@ -185,6 +185,7 @@ impl Permits {
     }
 
     /// Memory permits plus held guards.
+    #[cfg(test)]
     pub fn len(&self) -> usize {
         self.slots.len()
     }
@@ -253,13 +254,6 @@ impl StackDecision {
     /// Whatever `into` held is released with the decision.
     pub fn move_permits_into(&mut self, into: &mut Permits) {
         std::mem::swap(&mut self.permits, into);
-    }
-
-    /// The denying entry's verdict.
-    pub fn denial(&self) -> Option<&Verdict> {
-        self.denied_by
-            .and_then(|i| self.entries.get(i))
-            .map(|e| &e.verdict)
     }
 }
 

@@ -37,10 +37,6 @@ impl UrlSet {
     pub fn contains(self, url: usize) -> bool {
         self.0 & (1 << (url % 64)) != 0
     }
-
-    pub fn is_empty(self) -> bool {
-        self.0 == 0
-    }
 }
 
 /// What a choice is made among.

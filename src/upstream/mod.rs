@@ -182,11 +182,6 @@ impl Upstream {
         }
     }
 
-    /// The health of base URL `url`.
-    pub fn health(&self, url: usize) -> &Arc<UrlHealth> {
-        &self.health[url]
-    }
-
     /// The next URL's index by `balance`, among those that take requests,
     /// never one in `exclude`, one in `avoid` only when no other is left;
     /// `None`: no URL is left. Round robin starts from the URL after

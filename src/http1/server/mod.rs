@@ -57,7 +57,7 @@ use crate::http::field_lines::FieldLines;
 pub(crate) use activity::ActivityAnswered;
 pub use activity::ConnActivity;
 pub use body::ClientBody;
-pub use framing::{BodyFraming, Refusal};
+pub use framing::Refusal;
 pub use gate::Gate;
 pub use request::{H2_PREFACE, Parsed, parse};
 pub(crate) use response::{BodyLength, Framing, encode_head};
