@@ -29,7 +29,7 @@
 //!    snapshot (swapped whole, `arc-swap`) and the limiter registry, which
 //!    lives outside the snapshot so a reload keeps its state, with the
 //!    idle sweeper that evicts its keys back at full quota (`app::sweep`,
-//!    started by `gateway`).
+//!    started by [`gateway`]).
 //! 5. [`admission`] — the limit decision, as a value: what is known of a
 //!    request (route, caller, cost, time) in, an `Admission` (allowed,
 //!    denied by which limit, a missing key, the store down) out, with the
@@ -51,7 +51,7 @@
 //!    under the same connection code: after the handshake a TLS stream is
 //!    served like a TCP one, or by hyper's HTTP/2 server (`conn::h2`) when
 //!    ALPN chose `h2` or a cleartext client opened with the h2 preface.
-//! 8. `admin`, [`reload`], `gateway` ([`run`]: the whole gateway as
+//! 8. [`admin`], [`reload`], [`gateway`] ([`run`]: the whole gateway as
 //!    one future over bound listeners, for the binary and for in-process
 //!    tests), [`simulate`] (a trace through the same routing, keys and
 //!    limiters on a virtual clock, offline), and the binary (`main.rs`:
@@ -63,7 +63,7 @@
 //! (client IP behind proxies, consumers, limit keys), [`routing`],
 //! [`metrics`], `access_log`, `ratelimit_policy` (a stack's
 //! `RateLimit-Policy`, built once per snapshot), [`summary`],
-//! [`fd_limit`] (the open-file limit raised at start), `store` (the
+//! [`fd_limit`] (the open-file limit raised at start), [`store`] (the
 //! Redis store: shared limits decided by one script call), and [`worker`]
 //! (which worker thread code runs on).
 //!
@@ -82,10 +82,10 @@
 //! own single-threaded runtime ([`conn`], [`worker`]); state that must be
 //! exact for the process (limiters, metrics, the snapshot) is shared.
 //! Operators read the metrics, health and running configuration on a
-//! separate listener, `admin`.
+//! separate listener, [`admin`].
 //!
 //! With `store.backend = "redis"` the limit step sends a stack's shared
-//! limits to `store` (one Lua script decision per request, all or
+//! limits to [`store`] (one Lua script decision per request, all or
 //! nothing; a worker's concurrent requests share one call); `local = true`
 //! limits stay in memory.
 //!
@@ -98,6 +98,10 @@
 // What nothing outside the crate can reach is `pub(crate)`, so the compiler
 // finds what nothing uses (CI's clippy runs with `-D warnings`).
 #![warn(unreachable_pub)]
+// Docs link to private items as well: rustdoc still resolves and checks
+// those links, writes them as plain text in the public docs and as links
+// with `--document-private-items`.
+#![allow(rustdoc::private_intra_doc_links)]
 
 pub(crate) mod access_log;
 pub(crate) mod admin;
