@@ -42,7 +42,7 @@ pub enum LogDenied {
 impl LogDenied {
     /// Parses `"all"`, `"none"` or `"sample:N"` (N ≥ 1); the error says what
     /// was expected.
-    pub fn parse(text: &str) -> Result<LogDenied, String> {
+    pub(crate) fn parse(text: &str) -> Result<LogDenied, String> {
         match text {
             "all" => Ok(LogDenied::All),
             "none" => Ok(LogDenied::None),
@@ -64,14 +64,14 @@ impl LogDenied {
 
 /// Decides, per denied request, whether it gets an access-log line.
 #[derive(Debug)]
-pub struct DeniedSampler {
+pub(crate) struct DeniedSampler {
     policy: LogDenied,
     /// Denied requests seen so far (only counted under `Sample`).
     seen: AtomicU64,
 }
 
 impl DeniedSampler {
-    pub fn new(policy: LogDenied) -> DeniedSampler {
+    pub(crate) fn new(policy: LogDenied) -> DeniedSampler {
         DeniedSampler {
             policy,
             seen: AtomicU64::new(0),
@@ -80,7 +80,7 @@ impl DeniedSampler {
 
     /// Whether to log this denied request. Under `sample:N` the first denied
     /// request is logged, then every N-th after it.
-    pub fn should_log_denied(&self) -> bool {
+    pub(crate) fn should_log_denied(&self) -> bool {
         match self.policy {
             LogDenied::All => true,
             LogDenied::None => false,
@@ -96,34 +96,34 @@ impl DeniedSampler {
 #[derive(Debug)]
 pub(crate) struct AccessEntry<'a> {
     /// `"-"` for a request refused before it was parsed (`refused`).
-    pub method: &'a str,
+    pub(crate) method: &'a str,
     /// The path only; the query string is never logged.
-    pub path: &'a str,
+    pub(crate) path: &'a str,
     /// The route's name, or `"none"`.
-    pub route: &'a str,
-    pub status: u16,
+    pub(crate) route: &'a str,
+    pub(crate) status: u16,
     /// `None` for a refused request: the codec times nothing.
-    pub elapsed: Option<Duration>,
+    pub(crate) elapsed: Option<Duration>,
     /// The upstream a forwarding route sent to; `None` for answers of the
     /// gateway itself.
-    pub upstream: Option<&'a str>,
-    pub client_ip: IpAddr,
+    pub(crate) upstream: Option<&'a str>,
+    pub(crate) client_ip: IpAddr,
     /// The limit decision: the limit that denied, or on an allowed request
     /// the limit with the least remaining quota.
-    pub limit: Option<LimitField<'a>>,
+    pub(crate) limit: Option<LimitField<'a>>,
     /// Upstream retries made for the request (`retry` on its route).
-    pub retries: u32,
+    pub(crate) retries: u32,
     /// Why the HTTP/1.1 codec refused the request (a fixed text, never a
     /// byte of the request); `None` for a request the pipeline answered.
-    pub refused: Option<&'a str>,
+    pub(crate) refused: Option<&'a str>,
 }
 
 /// The limit part of an access-log line.
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct LimitField<'a> {
-    pub name: &'a str,
-    pub remaining: u64,
-    pub denied: bool,
+    pub(crate) name: &'a str,
+    pub(crate) remaining: u64,
+    pub(crate) denied: bool,
 }
 
 /// The line of a request that is not over yet (its response body still

@@ -11,10 +11,10 @@ use crate::limit::{Algorithm, EntryVerdict, Outcome, quota, window_secs};
 /// A route's stack as the headers see it: each limit with the algorithm in
 /// force for this request (a consumer's plan may change the numbers).
 #[derive(Debug, Clone, Copy)]
-pub struct StackView<'a> {
-    pub limits: &'a [&'a LimitConfig],
-    pub algorithms: &'a [Algorithm],
-    pub server: HeaderStyles,
+pub(crate) struct StackView<'a> {
+    pub(crate) limits: &'a [&'a LimitConfig],
+    pub(crate) algorithms: &'a [Algorithm],
+    pub(crate) server: HeaderStyles,
 }
 
 /// The header styles in force for one limit.

@@ -31,7 +31,7 @@ use crate::metrics::DurationHistogram;
 #[derive(Debug, thiserror::Error)]
 #[error("request body larger than {limit} bytes")]
 pub(crate) struct BodyTooLarge {
-    pub limit: u64,
+    pub(crate) limit: u64,
 }
 
 /// The error a request body yields when reading the client's body failed:
@@ -125,9 +125,9 @@ impl OutgoingBody for RequestBody {
 /// handler can answer 413 instead of 502.
 #[derive(Debug)]
 pub(crate) struct BodyCap {
-    pub limit: u64,
-    pub seen: u64,
-    pub exceeded: Arc<AtomicBool>,
+    pub(crate) limit: u64,
+    pub(crate) seen: u64,
+    pub(crate) exceeded: Arc<AtomicBool>,
 }
 
 impl Body for RequestBody {
@@ -218,10 +218,10 @@ impl Body for RequestBody {
 #[derive(Debug, Default)]
 pub(crate) struct Completion {
     /// The connection the request came on, told that it is idle again.
-    pub connection: Option<Arc<ConnActivity>>,
+    pub(crate) connection: Option<Arc<ConnActivity>>,
     /// Concurrency slots of the request, released by being dropped.
     #[expect(dead_code, reason = "held, never read: dropping it is the release")]
-    pub permits: Permits,
+    pub(crate) permits: Permits,
 }
 
 impl Drop for Completion {

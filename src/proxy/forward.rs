@@ -33,8 +33,8 @@ pub(crate) struct Prepared {
     /// The client's request; its target is the client's until a URL is
     /// chosen (then that URL's prefix goes in front), and its header map is
     /// left as the client sent it: `own` says what changes on the way.
-    pub request: Request<RequestBody>,
-    pub own: OwnFields,
+    pub(crate) request: Request<RequestBody>,
+    pub(crate) own: OwnFields,
     /// Neither the upstream's `host` nor the client's: the chosen URL's
     /// authority is the `Host`.
     host_from_url: bool,
