@@ -48,13 +48,13 @@ thread_local! {
 
 /// A timer that fires at a deadline; back to the thread's spares when dropped.
 #[derive(Debug)]
-pub struct Deadline {
+pub(crate) struct Deadline {
     sleep: Option<Pin<Box<Sleep>>>,
 }
 
 impl Deadline {
     /// A timer firing at `at`. Call from within a runtime with time enabled.
-    pub fn at(at: Instant) -> Self {
+    pub(crate) fn at(at: Instant) -> Self {
         let runtime = Handle::try_current().ok().map(|handle| handle.id());
         let spare = SPARE.with(|spare| {
             let mut spare = spare.borrow_mut();
@@ -82,7 +82,7 @@ impl Deadline {
     /// would otherwise make every poll of the timer return `Pending`
     /// unregistered, and the deadline would never come
     /// (`tokio::time::timeout` takes the same care).
-    pub fn poll_expired(&mut self, cx: &mut Context<'_>) -> Poll<()> {
+    pub(crate) fn poll_expired(&mut self, cx: &mut Context<'_>) -> Poll<()> {
         match &mut self.sleep {
             Some(sleep) => std::pin::pin!(tokio::task::unconstrained(sleep.as_mut())).poll(cx),
             None => Poll::Ready(()),
@@ -106,7 +106,7 @@ impl Drop for Deadline {
 }
 
 /// `future`, or `None` once `deadline` has passed (as `tokio::time::timeout`).
-pub async fn within<F: Future>(deadline: Instant, future: F) -> Option<F::Output> {
+pub(crate) async fn within<F: Future>(deadline: Instant, future: F) -> Option<F::Output> {
     let mut timer = Deadline::at(deadline);
     let mut future = std::pin::pin!(future);
     std::future::poll_fn(|cx| {

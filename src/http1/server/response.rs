@@ -40,9 +40,9 @@ pub(crate) enum Framing {
 /// A written head.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) struct Head {
-    pub framing: Framing,
+    pub(crate) framing: Framing,
     /// The connection closes after this response.
-    pub last: bool,
+    pub(crate) last: bool,
 }
 
 /// A head hyper would not write either.
