@@ -29,7 +29,7 @@ pub(crate) const TARGET: &str = "tollgate::access";
 
 /// `server.log_denied`: which denied requests get an access-log line.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-pub enum LogDenied {
+pub(crate) enum LogDenied {
     /// Every denied request (the default).
     #[default]
     All,

@@ -31,7 +31,7 @@ use std::fmt;
 
 /// What an encoded `/` or `\` in a path means (`[server] escaped_slashes`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-pub enum EscapedSlashes {
+pub(crate) enum EscapedSlashes {
     /// Refuse the request (400): the default.
     #[default]
     Reject,

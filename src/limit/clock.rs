@@ -91,7 +91,7 @@ impl ManualClock {
     }
 
     #[cfg(test)]
-    pub fn set(&self, now: Nanos) {
+    pub(crate) fn set(&self, now: Nanos) {
         self.now.store(now, Ordering::Relaxed);
     }
 

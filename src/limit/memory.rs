@@ -83,7 +83,7 @@ use super::{fixed_window, leaky_bucket, sliding_log, sliding_window, token_bucke
 
 /// Shards per limiter: a power of two well above the core count, so two
 /// requests for different keys rarely meet on one lock.
-pub const SHARDS: usize = 64;
+pub(crate) const SHARDS: usize = 64;
 
 /// A full limiter sweeps a shard at most this often when a new key arrives.
 const CAP_SWEEP_INTERVAL: Nanos = NANOS_PER_SEC;
@@ -225,7 +225,7 @@ impl Limiter {
 
     /// Sets where a fixed window's boundaries fall per key (other
     /// algorithms ignore it). Set before the limiter is shared.
-    pub fn with_align(mut self, align: WindowAlign) -> Limiter {
+    pub(crate) fn with_align(mut self, align: WindowAlign) -> Limiter {
         self.align = align;
         self
     }
@@ -244,7 +244,7 @@ impl Limiter {
         }
     }
 
-    pub fn algorithm(&self) -> Algorithm {
+    pub(crate) fn algorithm(&self) -> Algorithm {
         self.algorithm
     }
 
@@ -274,7 +274,7 @@ impl Limiter {
     /// Post-response cost settlement: charge `delta` more units, or refund
     /// `-delta`; never below empty, never above full. No effect on
     /// concurrency (its permits settle themselves).
-    pub fn adjust(&self, key: LimitKey, delta: i64, now: Nanos) {
+    pub(crate) fn adjust(&self, key: LimitKey, delta: i64, now: Nanos) {
         if delta == 0 || matches!(self.algorithm, Algorithm::Concurrency { .. }) {
             return;
         }
@@ -309,7 +309,7 @@ impl Limiter {
     }
 
     /// Whether [`Limiter::carry_from`] keeps any state from `old` to `new`.
-    pub fn carries_state(old: &Algorithm, new: &Algorithm) -> bool {
+    pub(crate) fn carries_state(old: &Algorithm, new: &Algorithm) -> bool {
         use Algorithm::*;
         match (old, new) {
             (FixedWindow { window: a, .. }, FixedWindow { window: b, .. })
@@ -325,7 +325,7 @@ impl Limiter {
     /// A limiter for a reloaded definition, keeping `old`'s key states where
     /// the algorithm allows (rules in the module doc). Cold path: locks each
     /// of `old`'s shards once.
-    pub fn carry_from(
+    pub(crate) fn carry_from(
         old: &Limiter,
         name: &str,
         algorithm: Algorithm,
