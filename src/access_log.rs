@@ -25,11 +25,11 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 /// The `tracing` target of access-log events.
-pub const TARGET: &str = "tollgate::access";
+pub(crate) const TARGET: &str = "tollgate::access";
 
 /// `server.log_denied`: which denied requests get an access-log line.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-pub enum LogDenied {
+pub(crate) enum LogDenied {
     /// Every denied request (the default).
     #[default]
     All,
@@ -42,7 +42,7 @@ pub enum LogDenied {
 impl LogDenied {
     /// Parses `"all"`, `"none"` or `"sample:N"` (N ≥ 1); the error says what
     /// was expected.
-    pub fn parse(text: &str) -> Result<LogDenied, String> {
+    pub(crate) fn parse(text: &str) -> Result<LogDenied, String> {
         match text {
             "all" => Ok(LogDenied::All),
             "none" => Ok(LogDenied::None),
@@ -64,14 +64,14 @@ impl LogDenied {
 
 /// Decides, per denied request, whether it gets an access-log line.
 #[derive(Debug)]
-pub struct DeniedSampler {
+pub(crate) struct DeniedSampler {
     policy: LogDenied,
     /// Denied requests seen so far (only counted under `Sample`).
     seen: AtomicU64,
 }
 
 impl DeniedSampler {
-    pub fn new(policy: LogDenied) -> DeniedSampler {
+    pub(crate) fn new(policy: LogDenied) -> DeniedSampler {
         DeniedSampler {
             policy,
             seen: AtomicU64::new(0),
@@ -80,7 +80,7 @@ impl DeniedSampler {
 
     /// Whether to log this denied request. Under `sample:N` the first denied
     /// request is logged, then every N-th after it.
-    pub fn should_log_denied(&self) -> bool {
+    pub(crate) fn should_log_denied(&self) -> bool {
         match self.policy {
             LogDenied::All => true,
             LogDenied::None => false,
@@ -94,43 +94,43 @@ impl DeniedSampler {
 
 /// What the access log records of one request.
 #[derive(Debug)]
-pub struct AccessEntry<'a> {
+pub(crate) struct AccessEntry<'a> {
     /// `"-"` for a request refused before it was parsed (`refused`).
-    pub method: &'a str,
+    pub(crate) method: &'a str,
     /// The path only; the query string is never logged.
-    pub path: &'a str,
+    pub(crate) path: &'a str,
     /// The route's name, or `"none"`.
-    pub route: &'a str,
-    pub status: u16,
+    pub(crate) route: &'a str,
+    pub(crate) status: u16,
     /// `None` for a refused request: the codec times nothing.
-    pub elapsed: Option<Duration>,
+    pub(crate) elapsed: Option<Duration>,
     /// The upstream a forwarding route sent to; `None` for answers of the
     /// gateway itself.
-    pub upstream: Option<&'a str>,
-    pub client_ip: IpAddr,
+    pub(crate) upstream: Option<&'a str>,
+    pub(crate) client_ip: IpAddr,
     /// The limit decision: the limit that denied, or on an allowed request
     /// the limit with the least remaining quota.
-    pub limit: Option<LimitField<'a>>,
+    pub(crate) limit: Option<LimitField<'a>>,
     /// Upstream retries made for the request (`retry` on its route).
-    pub retries: u32,
+    pub(crate) retries: u32,
     /// Why the HTTP/1.1 codec refused the request (a fixed text, never a
     /// byte of the request); `None` for a request the pipeline answered.
-    pub refused: Option<&'a str>,
+    pub(crate) refused: Option<&'a str>,
 }
 
 /// The limit part of an access-log line.
 #[derive(Debug, Clone, Copy)]
-pub struct LimitField<'a> {
-    pub name: &'a str,
-    pub remaining: u64,
-    pub denied: bool,
+pub(crate) struct LimitField<'a> {
+    pub(crate) name: &'a str,
+    pub(crate) remaining: u64,
+    pub(crate) denied: bool,
 }
 
 /// The line of a request that is not over yet (its response body still
 /// streaming from the upstream): an owned copy of its entry, logged when the
 /// body ends with the request's whole duration.
 #[derive(Debug)]
-pub struct PendingLine {
+pub(crate) struct PendingLine {
     method: Box<str>,
     path: Box<str>,
     route: Box<str>,
@@ -147,7 +147,7 @@ impl PendingLine {
     /// Out of line: rare, and it allocates.
     #[cold]
     #[inline(never)]
-    pub fn of(entry: &AccessEntry<'_>) -> PendingLine {
+    pub(crate) fn of(entry: &AccessEntry<'_>) -> PendingLine {
         PendingLine {
             method: entry.method.into(),
             path: entry.path.into(),
@@ -161,7 +161,7 @@ impl PendingLine {
     }
 
     /// Emits the line, the request having taken `elapsed` in all.
-    pub fn log(&self, elapsed: Duration) {
+    pub(crate) fn log(&self, elapsed: Duration) {
         log(&AccessEntry {
             method: &self.method,
             path: &self.path,
@@ -186,12 +186,12 @@ impl PendingLine {
 
 /// Whether access-log events are recorded at all (the log filter may turn
 /// them off): a request then need not keep what only its line would show.
-pub fn enabled() -> bool {
+pub(crate) fn enabled() -> bool {
     tracing::enabled!(target: TARGET, tracing::Level::INFO)
 }
 
 /// Emits the access-log event of one request.
-pub fn log(entry: &AccessEntry<'_>) {
+pub(crate) fn log(entry: &AccessEntry<'_>) {
     tracing::info!(
         target: TARGET,
         method = entry.method,

@@ -39,7 +39,7 @@ use crate::proxy::response::problem;
 const MAX_CONNECTIONS: usize = 64;
 
 /// Binds the admin listener.
-pub async fn bind(address: SocketAddr) -> io::Result<TcpListener> {
+pub(crate) async fn bind(address: SocketAddr) -> io::Result<TcpListener> {
     TcpListener::bind(address).await.map_err(|e| {
         io::Error::new(
             e.kind(),
@@ -49,7 +49,7 @@ pub async fn bind(address: SocketAddr) -> io::Result<TcpListener> {
 }
 
 /// Serves the admin endpoints on `listener` until `shutdown` turns true.
-pub async fn serve(app: Arc<App>, listener: TcpListener, shutdown: watch::Receiver<bool>) {
+pub(crate) async fn serve(app: Arc<App>, listener: TcpListener, shutdown: watch::Receiver<bool>) {
     let permits = Arc::new(Semaphore::new(MAX_CONNECTIONS));
     let mut backoff = Duration::from_millis(5);
     if *shutdown.borrow() {
@@ -285,20 +285,6 @@ mod tests {
         let post = answer(&app, &Method::POST, "/metrics");
         assert_eq!(post.status(), StatusCode::METHOD_NOT_ALLOWED);
         assert_eq!(post.headers()[ALLOW], "GET, HEAD");
-    }
-
-    #[tokio::test]
-    async fn readyz_follows_the_store_flag() {
-        let app = app();
-        app.set_store_unavailable(true);
-        let response = answer(&app, &Method::GET, "/readyz");
-        assert_eq!(response.status(), StatusCode::SERVICE_UNAVAILABLE);
-        assert_eq!(response.headers()[CONTENT_TYPE], "application/problem+json");
-        app.set_store_unavailable(false);
-        assert_eq!(
-            answer(&app, &Method::GET, "/readyz").status(),
-            StatusCode::OK
-        );
     }
 
     #[test]

@@ -17,7 +17,7 @@ pub(crate) mod sweep;
 
 use std::collections::HashMap;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::SystemTime;
 
 use arc_swap::ArcSwap;
@@ -41,11 +41,11 @@ use crate::upstream::{Upstream, Upstreams};
 /// is. Typed, so that a limit is never confused with a route or a position
 /// in a route's stack; valid for the snapshot that made it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub struct LimitId(usize);
+pub(crate) struct LimitId(usize);
 
 impl LimitId {
     /// The limit's place in `config.limits` (and in `labels.limits`).
-    pub fn index(self) -> usize {
+    pub(crate) fn index(self) -> usize {
         self.0
     }
 }
@@ -61,40 +61,38 @@ struct LimitState {
     shared: bool,
 }
 
-/// One limit as the request path sees it: its configuration, its limiters,
-/// where it is decided and its metric label.
+/// One limit as the sweeper and the key gauge see it: its limiters and its
+/// metric label.
 #[derive(Debug, Clone, Copy)]
-pub struct Limit<'s> {
-    pub config: &'s LimitConfig,
-    pub limiters: &'s LimiterSet,
-    pub shared: bool,
-    pub label: &'s Arc<str>,
+pub(crate) struct Limit<'s> {
+    pub(crate) limiters: &'s LimiterSet,
+    pub(crate) label: &'s Arc<str>,
 }
 
 /// One named limit's state: the base limiter and one per plan that sets its
 /// own numbers (a plan's keys are counted against the plan's parameters).
 #[derive(Debug)]
-pub struct LimiterSet {
-    pub base: Arc<Limiter>,
-    pub plans: Vec<(Arc<str>, Arc<Limiter>)>,
+pub(crate) struct LimiterSet {
+    pub(crate) base: Arc<Limiter>,
+    pub(crate) plans: Vec<(Arc<str>, Arc<Limiter>)>,
 }
 
 impl LimiterSet {
     /// The limiter for a consumer on `plan` (the base one without a plan, or
     /// for a plan this limit does not name).
-    pub fn for_plan(&self, plan: Option<&str>) -> &Arc<Limiter> {
+    pub(crate) fn for_plan(&self, plan: Option<&str>) -> &Arc<Limiter> {
         plan.and_then(|p| self.plans.iter().find(|(name, _)| &**name == p))
             .map_or(&self.base, |(_, limiter)| limiter)
     }
 
-    pub fn all(&self) -> impl Iterator<Item = &Arc<Limiter>> {
+    pub(crate) fn all(&self) -> impl Iterator<Item = &Arc<Limiter>> {
         std::iter::once(&self.base).chain(self.plans.iter().map(|(_, l)| l))
     }
 }
 
 impl RoutePlan {
     /// `RateLimit-Policy` for a caller on `plan` (or on none).
-    pub fn policy_for(&self, plan: Option<&str>) -> Option<&str> {
+    pub(crate) fn policy_for(&self, plan: Option<&str>) -> Option<&str> {
         plan.and_then(|p| self.plan_policies.iter().find(|(name, _)| &**name == p))
             .map_or(&self.policy, |(_, policy)| policy)
             .as_deref()
@@ -105,24 +103,24 @@ impl RoutePlan {
 #[derive(Debug)]
 pub struct RoutePlan {
     /// The route's name, shared cheaply with metrics and logs.
-    pub name: Arc<str>,
+    pub(crate) name: Arc<str>,
     /// The route's limits, narrowest first.
-    pub stack: Vec<LimitId>,
+    pub(crate) stack: Vec<LimitId>,
     /// `RateLimit-Policy` for callers without a plan: serialized once here.
-    pub policy: Option<Box<str>>,
+    pub(crate) policy: Option<Box<str>>,
     /// `RateLimit-Policy` for callers on each plan that changes some limit's
     /// numbers on this route, serialized once here too.
-    pub plan_policies: Vec<(Arc<str>, Option<Box<str>>)>,
+    pub(crate) plan_policies: Vec<(Arc<str>, Option<Box<str>>)>,
     /// Some limit of the stack keys on a body field: the body is buffered
     /// (up to `max_key_body`) before the limit step.
-    pub needs_body: bool,
+    pub(crate) needs_body: bool,
     /// Some limit of the stack is decided in the shared store.
-    pub shared: bool,
+    pub(crate) shared: bool,
     /// The route's common metric series, resolved once.
-    pub metrics: RouteHandles,
+    pub(crate) metrics: RouteHandles,
     /// The route's retry budget, when it retries (`retry = {...}`); a reload
     /// starts it afresh.
-    pub retry_budget: Option<RetryBudget>,
+    pub(crate) retry_budget: Option<RetryBudget>,
 }
 
 /// Everything a request needs from one configuration generation.
@@ -130,20 +128,20 @@ pub struct RoutePlan {
 pub struct Snapshot {
     pub config: Config,
     pub router: Router,
-    pub upstreams: Upstreams,
+    pub(crate) upstreams: Upstreams,
     /// Each limit's state on the request path, reached by its [`LimitId`]
     /// ([`Snapshot::limit`]).
     limits: Vec<LimitState>,
     /// Aligned with `config.routes`.
     pub routes: Vec<RoutePlan>,
-    pub client_ip: ClientIpPolicy,
+    pub(crate) client_ip: ClientIpPolicy,
     /// 1 for the configuration loaded at start, +1 per successful reload.
     pub generation: u64,
-    pub loaded_at: SystemTime,
+    pub(crate) loaded_at: SystemTime,
     /// Route, limit and upstream names as metric labels (indexes as in `config`).
-    pub labels: LabelNames,
+    pub(crate) labels: LabelNames,
     /// `server.log_denied` of this configuration.
-    pub denied_log: DeniedSampler,
+    pub(crate) denied_log: DeniedSampler,
 }
 
 impl Snapshot {
@@ -269,12 +267,9 @@ impl Snapshot {
 
     /// The limit `id` names.
     #[inline]
-    pub fn limit(&self, id: LimitId) -> Limit<'_> {
-        let state = &self.limits[id.0];
+    pub(crate) fn limit(&self, id: LimitId) -> Limit<'_> {
         Limit {
-            config: &self.config.limits[id.0],
-            limiters: &state.limiters,
-            shared: state.shared,
+            limiters: &self.limits[id.0].limiters,
             label: &self.labels.limits[id.0],
         }
     }
@@ -282,30 +277,30 @@ impl Snapshot {
     /// The limit's configuration (of the hot path's accessors, each reads
     /// only what it names).
     #[inline]
-    pub fn limit_config(&self, id: LimitId) -> &LimitConfig {
+    pub(crate) fn limit_config(&self, id: LimitId) -> &LimitConfig {
         &self.config.limits[id.0]
     }
 
     /// The limit's limiters.
     #[inline]
-    pub fn limiters(&self, id: LimitId) -> &LimiterSet {
+    pub(crate) fn limiters(&self, id: LimitId) -> &LimiterSet {
         &self.limits[id.0].limiters
     }
 
     /// The limit is decided in the shared store.
     #[inline]
-    pub fn is_shared(&self, id: LimitId) -> bool {
+    pub(crate) fn is_shared(&self, id: LimitId) -> bool {
         self.limits[id.0].shared
     }
 
     /// The limit's metric label.
     #[inline]
-    pub fn limit_label(&self, id: LimitId) -> &Arc<str> {
+    pub(crate) fn limit_label(&self, id: LimitId) -> &Arc<str> {
         &self.labels.limits[id.0]
     }
 
     /// The limit named `name`, if the configuration has one.
-    pub fn limit_named(&self, name: &str) -> Option<LimitId> {
+    pub(crate) fn limit_named(&self, name: &str) -> Option<LimitId> {
         self.config
             .limits
             .iter()
@@ -314,12 +309,12 @@ impl Snapshot {
     }
 
     /// Every limit of the configuration, in file order.
-    pub fn limits(&self) -> impl Iterator<Item = Limit<'_>> {
+    pub(crate) fn limits(&self) -> impl Iterator<Item = Limit<'_>> {
         (0..self.limits.len()).map(|i| self.limit(LimitId(i)))
     }
 
     /// The upstream a forwarding route sends to.
-    pub fn upstream_of(&self, action: &RouteAction) -> Option<&Arc<Upstream>> {
+    pub(crate) fn upstream_of(&self, action: &RouteAction) -> Option<&Arc<Upstream>> {
         match action {
             RouteAction::Forward(index) => self.upstreams.get(*index),
             RouteAction::Respond { .. } => None,
@@ -445,8 +440,6 @@ pub struct App {
     /// The last reload's error, `None` after a successful one. A lock is fine:
     /// written on SIGHUP, read by `/config`, never on the request path.
     last_reload_error: parking_lot::Mutex<Option<ReloadError>>,
-    /// Set while the store is down with `on_failure = "deny"`: `/readyz` is 503.
-    store_unavailable: AtomicBool,
     /// The shared store (`backend = "redis"`), chosen at start.
     store: Option<Arc<RedisStore>>,
     /// With a store: `local_fraction` of the fallback limiters, as
@@ -460,8 +453,8 @@ pub struct App {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ReloadError {
     /// The error, naming the file, line and column.
-    pub message: String,
-    pub at: SystemTime,
+    pub(crate) message: String,
+    pub(crate) at: SystemTime,
 }
 
 impl std::fmt::Debug for App {
@@ -524,7 +517,6 @@ impl App {
             generations: tokio::sync::watch::Sender::new(1),
             metrics,
             last_reload_error: parking_lot::Mutex::new(None),
-            store_unavailable: AtomicBool::new(false),
             store,
             fraction: Mutex::new(fraction),
             install_lock: Mutex::new(()),
@@ -543,7 +535,7 @@ impl App {
     /// `local_fraction = "auto"`: rebuilds the node-local fallback limiters
     /// at 1/`nodes` of each shared limit (their state carried over as on a
     /// reload), keeping the configuration and its generation.
-    pub fn rescale_fallback(&self, nodes: u64) {
+    pub(crate) fn rescale_fallback(&self, nodes: u64) {
         let fraction = (1, nodes.max(1));
         let _installing = self.install_lock.lock();
         if std::mem::replace(&mut *self.fraction.lock(), fraction) == fraction {
@@ -589,7 +581,7 @@ impl App {
     }
 
     /// Records the outcome of a reload attempt for `/config`.
-    pub fn set_reload_error(&self, error: Option<ReloadError>) {
+    pub(crate) fn set_reload_error(&self, error: Option<ReloadError>) {
         *self.last_reload_error.lock() = error;
     }
 
@@ -600,12 +592,7 @@ impl App {
             .store
             .as_ref()
             .is_some_and(|s| s.on_failure() == OnFailure::Deny && s.is_down());
-        !store_down && !self.store_unavailable.load(Ordering::Relaxed)
-    }
-
-    /// Called by the store when it goes down / comes back under `on_failure = "deny"`.
-    pub fn set_store_unavailable(&self, unavailable: bool) {
-        self.store_unavailable.store(unavailable, Ordering::Relaxed);
+        !store_down
     }
 
     /// The current snapshot; hold the `Arc` for the whole request.
@@ -647,7 +634,7 @@ impl App {
     }
 
     /// Changes whenever a new configuration is installed.
-    pub fn subscribe_generations(&self) -> tokio::sync::watch::Receiver<u64> {
+    pub(crate) fn subscribe_generations(&self) -> tokio::sync::watch::Receiver<u64> {
         self.generations.subscribe()
     }
 
@@ -673,7 +660,7 @@ impl App {
 
     /// The upstreams none of whose URLs takes requests now (all ejected or
     /// down by their checks), by name, for `/readyz`.
-    pub fn unhealthy_upstreams(&self) -> Vec<String> {
+    pub(crate) fn unhealthy_upstreams(&self) -> Vec<String> {
         let now = health::now();
         self.snapshot()
             .upstreams
@@ -685,12 +672,12 @@ impl App {
 
     /// Ends the upstream ejections whose time is up, so that
     /// `tollgate_upstream_healthy` is current for a scrape.
-    pub fn refresh_upstream_health(&self) {
+    pub(crate) fn refresh_upstream_health(&self) {
         self.health.expire(health::now());
     }
 
     /// Sets `tollgate_limiter_keys{limit}` to the keys each limit holds now.
-    pub fn refresh_limiter_keys(&self) {
+    pub(crate) fn refresh_limiter_keys(&self) {
         let snapshot = self.snapshot();
         for limit in snapshot.limits() {
             let live: usize = limit.limiters.all().map(|l| l.live_keys()).sum();

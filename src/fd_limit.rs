@@ -12,7 +12,7 @@
 
 /// Descriptors needed for `max_connections` proxied connections: two each,
 /// plus room for listeners, the admin listener, logs and the pools' spares.
-pub fn needed(max_connections: usize) -> u64 {
+pub(crate) fn needed(max_connections: usize) -> u64 {
     (max_connections as u64)
         .saturating_mul(2)
         .saturating_add(64)

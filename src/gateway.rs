@@ -29,9 +29,9 @@ use crate::{admin, conn};
 pub struct Listeners {
     /// `[server] listen`, then `[server.tls] listen`, one socket per worker
     /// each ([`conn::bind`], [`conn::bind_tls`]).
-    pub traffic: Vec<conn::Listener>,
+    pub(crate) traffic: Vec<conn::Listener>,
     /// `[server] admin`, if configured.
-    pub admin: Option<TcpListener>,
+    pub(crate) admin: Option<TcpListener>,
 }
 
 impl Listeners {

@@ -11,10 +11,10 @@ use crate::limit::{Algorithm, EntryVerdict, Outcome, quota, window_secs};
 /// A route's stack as the headers see it: each limit with the algorithm in
 /// force for this request (a consumer's plan may change the numbers).
 #[derive(Debug, Clone, Copy)]
-pub struct StackView<'a> {
-    pub limits: &'a [&'a LimitConfig],
-    pub algorithms: &'a [Algorithm],
-    pub server: HeaderStyles,
+pub(crate) struct StackView<'a> {
+    pub(crate) limits: &'a [&'a LimitConfig],
+    pub(crate) algorithms: &'a [Algorithm],
+    pub(crate) server: HeaderStyles,
 }
 
 /// The header styles in force for one limit.
@@ -29,7 +29,7 @@ pub(crate) fn is_concurrency(limit: &LimitConfig) -> bool {
 /// `RateLimit-Policy` for a route's stack: every non-shadow limit whose
 /// styles include `draft`. `None` when no limit qualifies (or a name cannot be
 /// an sf-string, which validation prevents in practice).
-pub fn policy_header(view: StackView<'_>) -> Option<Box<str>> {
+pub(crate) fn policy_header(view: StackView<'_>) -> Option<Box<str>> {
     let mut text = String::with_capacity(32 * view.limits.len());
     let mut list = ListWriter::new(&mut text);
     for (limit, algorithm) in view.limits.iter().zip(view.algorithms) {

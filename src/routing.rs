@@ -43,7 +43,7 @@ impl Router {
 
 /// The request's host without port, from the URI (HTTP/2 `:authority`, absolute
 /// form) or the `Host` header.
-pub fn request_host(request: &Parts) -> Option<&str> {
+pub(crate) fn request_host(request: &Parts) -> Option<&str> {
     let host = match request.uri.authority() {
         Some(authority) => authority.as_str(),
         None => request.headers.get(http::header::HOST)?.to_str().ok()?,

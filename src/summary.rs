@@ -114,7 +114,7 @@ fn describe_match(route: &crate::config::RouteConfig) -> String {
 }
 
 /// A limit's key as the config spells it, parts joined by `+`.
-pub fn key_parts(parts: &[KeyPart]) -> String {
+pub(crate) fn key_parts(parts: &[KeyPart]) -> String {
     parts.iter().map(key_part).collect::<Vec<_>>().join("+")
 }
 
@@ -151,7 +151,7 @@ fn rate(rate: &Rate) -> String {
 }
 
 /// One line for a limit's algorithm and numbers: `token_bucket capacity 20, refill 10/s`.
-pub fn algorithm(algorithm: &Algorithm) -> String {
+pub(crate) fn algorithm(algorithm: &Algorithm) -> String {
     match algorithm {
         Algorithm::FixedWindow { limit, window } => {
             format!("fixed_window {limit}/{}", seconds(*window))

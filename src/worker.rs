@@ -30,12 +30,12 @@ static COUNT: OnceLock<usize> = OnceLock::new();
 
 /// The index of the worker thread running this code, in `0..worker_count()`;
 /// 0 off worker threads (see the module doc).
-pub fn worker_index() -> usize {
+pub(crate) fn worker_index() -> usize {
     INDEX.with(Cell::get)
 }
 
 /// How many worker threads serve traffic (at least 1).
-pub fn worker_count() -> usize {
+pub(crate) fn worker_count() -> usize {
     COUNT.get().copied().unwrap_or(1)
 }
 
@@ -48,7 +48,7 @@ pub fn init(configured: usize) -> usize {
 }
 
 /// `configured`, or the CPU cores available to the process when 0.
-pub fn resolve(configured: usize) -> usize {
+pub(crate) fn resolve(configured: usize) -> usize {
     match configured {
         0 => std::thread::available_parallelism().map_or(1, usize::from),
         n => n,

@@ -31,13 +31,13 @@ pub struct Identity<'r, 's> {
 impl<'s> Identity<'_, 's> {
     /// The client's network as its keys see it (the configured prefix).
     #[inline]
-    pub fn client_net(&self, snapshot: &Snapshot) -> IpNet {
+    pub(crate) fn client_net(&self, snapshot: &Snapshot) -> IpNet {
         client_net(self.client_ip, &snapshot.client_ip)
     }
 
     /// The caller's plan, if its consumer has one.
     #[inline]
-    pub fn plan(&self) -> Option<&'s str> {
+    pub(crate) fn plan(&self) -> Option<&'s str> {
         self.consumer.and_then(|c| c.plan.as_deref())
     }
 }
@@ -66,7 +66,7 @@ pub fn client_ip(snapshot: &Snapshot, headers: &HeaderMap, peer: IpAddr) -> IpAd
 }
 
 /// A body read whole, parsed by its `Content-Type` for `body:FIELD` keys.
-pub fn body_fields(headers: &HeaderMap, body: &[u8]) -> BodyFields {
+pub(crate) fn body_fields(headers: &HeaderMap, body: &[u8]) -> BodyFields {
     let content_type = headers.get(CONTENT_TYPE).and_then(|v| v.to_str().ok());
     BodyFields::parse(content_type, body)
 }

@@ -30,7 +30,7 @@ pub mod identify;
 mod record;
 mod settle;
 mod shared;
-pub mod ticket;
+pub(crate) mod ticket;
 
 use std::future::Future;
 use std::pin::Pin;

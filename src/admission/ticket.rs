@@ -35,15 +35,15 @@ pub struct Ticket<'s> {
 }
 
 /// A ticket's decision, keys and algorithms, owned.
-pub struct Decided {
-    pub decision: StackDecision,
-    pub keys: SmallVec<[Option<LimitKey>; INLINE]>,
-    pub algorithms: SmallVec<[Algorithm; INLINE]>,
+pub(crate) struct Decided {
+    pub(crate) decision: StackDecision,
+    pub(crate) keys: SmallVec<[Option<LimitKey>; INLINE]>,
+    pub(crate) algorithms: SmallVec<[Algorithm; INLINE]>,
 }
 
 impl<'s> Ticket<'s> {
     /// The stack as the rate-limit fields describe it.
-    pub fn view(&self, server: HeaderStyles) -> StackView<'_> {
+    pub(crate) fn view(&self, server: HeaderStyles) -> StackView<'_> {
         StackView {
             limits: &self.stack,
             algorithms: &self.algorithms,
@@ -67,19 +67,19 @@ impl<'s> Ticket<'s> {
     }
 
     /// How long a leaky bucket in delay mode holds the admitted request.
-    pub fn delay(&self) -> Nanos {
+    pub(crate) fn delay(&self) -> Nanos {
         self.decision.delay
     }
 
     /// An admitted request's concurrency permits, moved into `into` (which
     /// keeps them until the response ends).
-    pub fn move_permits_into(&mut self, into: &mut Permits) {
+    pub(crate) fn move_permits_into(&mut self, into: &mut Permits) {
         self.decision.move_permits_into(into);
     }
 
     /// The decision, the keys and the algorithms, taken out (`simulate`
     /// keeps them past the snapshot's borrow).
-    pub fn into_parts(self) -> Decided {
+    pub(crate) fn into_parts(self) -> Decided {
         Decided {
             decision: self.decision,
             keys: self.keys,

@@ -11,23 +11,23 @@ use toml::de::{DeTable, DeValue};
 /// One segment of a key path: `routes[1].match.path` is
 /// `[Key("routes"), Index(1), Key("match"), Key("path")]`.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub enum PathSegment {
+pub(crate) enum PathSegment {
     Key(String),
     Index(usize),
 }
 
 /// A key path inside `gateway.toml`.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct KeyPath(pub Vec<PathSegment>);
+pub(crate) struct KeyPath(pub(crate) Vec<PathSegment>);
 
 impl KeyPath {
-    pub fn key(&self, key: &str) -> KeyPath {
+    pub(crate) fn key(&self, key: &str) -> KeyPath {
         let mut segments = self.0.clone();
         segments.push(PathSegment::Key(key.to_owned()));
         KeyPath(segments)
     }
 
-    pub fn index(&self, index: usize) -> KeyPath {
+    pub(crate) fn index(&self, index: usize) -> KeyPath {
         let mut segments = self.0.clone();
         segments.push(PathSegment::Index(index));
         KeyPath(segments)
@@ -36,7 +36,7 @@ impl KeyPath {
     /// Element `index` of `key`, a value written as one item or a list of
     /// `count` (`listen = "a"` or `listen = ["a", "b"]`): the key itself when
     /// it holds one item, so a problem points where the user wrote it.
-    pub fn element(&self, key: &str, count: usize, index: usize) -> KeyPath {
+    pub(crate) fn element(&self, key: &str, count: usize, index: usize) -> KeyPath {
         if count == 1 {
             self.key(key)
         } else {
@@ -70,20 +70,20 @@ impl fmt::Display for KeyPath {
 
 /// A problem found in the configuration.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Problem {
+pub(crate) struct Problem {
     /// Where the problem is; empty for problems of the whole file.
-    pub path: KeyPath,
+    pub(crate) path: KeyPath,
     /// What is wrong, and what was expected.
-    pub message: String,
+    pub(crate) message: String,
     /// 1-based line and column, when known.
-    pub position: Option<(usize, usize)>,
+    pub(crate) position: Option<(usize, usize)>,
     /// The file the problem is in, when not the main configuration file
     /// (e.g. a consumers file).
-    pub file: Option<PathBuf>,
+    pub(crate) file: Option<PathBuf>,
 }
 
 impl Problem {
-    pub fn new(path: KeyPath, message: impl Into<String>) -> Self {
+    pub(crate) fn new(path: KeyPath, message: impl Into<String>) -> Self {
         Problem {
             path,
             message: message.into(),
@@ -96,12 +96,12 @@ impl Problem {
 /// Everything wrong with one configuration file.
 #[derive(Debug, Clone, thiserror::Error)]
 pub struct ConfigError {
-    pub file: PathBuf,
-    pub problems: Vec<Problem>,
+    pub(crate) file: PathBuf,
+    pub(crate) problems: Vec<Problem>,
 }
 
 impl ConfigError {
-    pub fn io(file: &Path, error: &std::io::Error) -> Self {
+    pub(crate) fn io(file: &Path, error: &std::io::Error) -> Self {
         ConfigError {
             file: file.to_owned(),
             problems: vec![Problem::new(
@@ -133,7 +133,7 @@ impl fmt::Display for ConfigError {
 }
 
 /// 1-based (line, column) of a byte offset; the column counts characters.
-pub fn line_column(text: &str, offset: usize) -> (usize, usize) {
+pub(crate) fn line_column(text: &str, offset: usize) -> (usize, usize) {
     let offset = offset.min(text.len());
     let before = &text[..text.floor_char_boundary(offset)];
     let line = before.matches('\n').count() + 1;
@@ -143,7 +143,7 @@ pub fn line_column(text: &str, offset: usize) -> (usize, usize) {
 
 /// The span of a key path's key (or, for an array element, of the element), so
 /// a validation error points at the line the user must edit.
-pub fn span_of(document: &DeTable<'_>, path: &KeyPath) -> Option<Range<usize>> {
+pub(crate) fn span_of(document: &DeTable<'_>, path: &KeyPath) -> Option<Range<usize>> {
     let mut table = document;
     let mut value: Option<&DeValue<'_>> = None;
     let mut span = None;
@@ -174,7 +174,7 @@ pub fn span_of(document: &DeTable<'_>, path: &KeyPath) -> Option<Range<usize>> {
 
 /// The key path whose key or value contains `offset`, as deep as possible: used
 /// to name the key of a serde error that only carries a span.
-pub fn path_at(document: &DeTable<'_>, offset: usize) -> KeyPath {
+pub(crate) fn path_at(document: &DeTable<'_>, offset: usize) -> KeyPath {
     // Spans of `[table]` and `[[array]]` headers do not cover their bodies, so
     // every container is searched, not only those whose span holds `offset`.
     fn walk_value(value: &DeValue<'_>, offset: usize, path: &mut KeyPath) -> bool {
@@ -212,7 +212,10 @@ pub fn path_at(document: &DeTable<'_>, offset: usize) -> KeyPath {
 
 /// The nearest of `candidates` to a misspelt `word`, if any is close enough to
 /// be a plausible typo.
-pub fn nearest<'a>(word: &str, candidates: impl IntoIterator<Item = &'a str>) -> Option<&'a str> {
+pub(crate) fn nearest<'a>(
+    word: &str,
+    candidates: impl IntoIterator<Item = &'a str>,
+) -> Option<&'a str> {
     candidates
         .into_iter()
         .map(|c| (strsim::damerau_levenshtein(word, c), c))
@@ -223,7 +226,7 @@ pub fn nearest<'a>(word: &str, candidates: impl IntoIterator<Item = &'a str>) ->
 
 /// Rewrites serde's "unknown field `x`, expected one of `a`, `b`" into a message
 /// with a suggestion; other messages pass through.
-pub fn explain_serde_message(message: &str) -> String {
+pub(crate) fn explain_serde_message(message: &str) -> String {
     let message = message.trim();
     for prefix in ["unknown field `", "unknown variant `"] {
         let Some(rest) = message.strip_prefix(prefix) else {
@@ -255,7 +258,7 @@ pub fn explain_serde_message(message: &str) -> String {
 /// trying the README as a new user: `[routes]` for `[[routes]]`, a string
 /// where a list or a number belongs, a bare number for a rate or duration).
 /// `None`: no better words than serde's.
-pub fn explain_type_error(path: &KeyPath, message: &str) -> Option<String> {
+pub(crate) fn explain_type_error(path: &KeyPath, message: &str) -> Option<String> {
     let rest = message.trim().strip_prefix("invalid type: ")?;
     let (found, _) = rest.split_once(", expected ")?;
     let PathSegment::Key(key) = path.0.last()? else {

@@ -6,12 +6,12 @@
 //! references by index). Every problem carries its key path and is located in
 //! the file by line and column ([`error`]).
 
-pub mod error;
-pub mod raw;
-pub mod store;
-pub mod tls;
-pub mod units;
-pub mod validate;
+pub(crate) mod error;
+pub(crate) mod raw;
+pub(crate) mod store;
+pub(crate) mod tls;
+pub(crate) mod units;
+pub(crate) mod validate;
 pub mod warnings;
 
 use std::collections::HashMap;
@@ -23,12 +23,12 @@ use std::time::Duration;
 use http::{HeaderName, HeaderValue, Method, StatusCode, Uri};
 use ipnet::IpNet;
 
-pub use error::{ConfigError, KeyPath, Problem};
-pub use store::{RedisServers, RedisTls, RedisUrl, Secret};
-pub use tls::{CertificateFile, ClientTls, ServerTls, TlsConfig};
+pub(crate) use error::{ConfigError, KeyPath, Problem};
+pub(crate) use store::{RedisServers, RedisTls, RedisUrl, Secret};
+pub(crate) use tls::{CertificateFile, ClientTls, TlsConfig};
 
 use crate::access_log::LogDenied;
-pub use crate::http::path::EscapedSlashes;
+pub(crate) use crate::http::path::EscapedSlashes;
 use crate::limit::{Algorithm, WindowAlign};
 
 /// A validated configuration, with the bytes it came from.
@@ -37,29 +37,29 @@ pub struct Config {
     /// The file it was loaded from.
     pub path: PathBuf,
     /// SHA-256 of the file's bytes, lowercase hex.
-    pub sha256: String,
+    pub(crate) sha256: String,
     pub server: ServerConfig,
-    pub client_ip: ClientIpConfig,
-    pub store: StoreConfig,
-    pub upstreams: Vec<UpstreamConfig>,
+    pub(crate) client_ip: ClientIpConfig,
+    pub(crate) store: StoreConfig,
+    pub(crate) upstreams: Vec<UpstreamConfig>,
     pub limits: Vec<LimitConfig>,
     pub routes: Vec<RouteConfig>,
-    pub api_keys: ApiKeyConfig,
+    pub(crate) api_keys: ApiKeyConfig,
     /// API key → consumer; shared, as it may hold many keys.
     pub consumers: Arc<HashMap<String, Consumer>>,
 }
 
 /// Where the API key is read and what an unknown one means.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct ApiKeyConfig {
-    pub source: ApiKeySource,
+pub(crate) struct ApiKeyConfig {
+    pub(crate) source: ApiKeySource,
     /// A presented key not in `[consumers]`: 401 everywhere (`true`), or
     /// anonymous except on routes with `require_consumer` (`false`, default).
-    pub reject_unknown: bool,
+    pub(crate) reject_unknown: bool,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub enum ApiKeySource {
+pub(crate) enum ApiKeySource {
     /// The whole value of this header (default `x-api-key`).
     Header(HeaderName),
     /// `Authorization: Bearer <key>`.
@@ -69,52 +69,52 @@ pub enum ApiKeySource {
 /// Who an API key belongs to.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Consumer {
-    pub consumer: Arc<str>,
-    pub tenant: Option<Arc<str>>,
-    pub plan: Option<Arc<str>>,
+    pub(crate) consumer: Arc<str>,
+    pub(crate) tenant: Option<Arc<str>>,
+    pub(crate) plan: Option<Arc<str>>,
 }
 
 #[derive(Debug, Clone, PartialEq)]
 pub struct ServerConfig {
     pub listen: Vec<SocketAddr>,
-    pub admin: Option<SocketAddr>,
-    pub shutdown_timeout: Duration,
+    pub(crate) admin: Option<SocketAddr>,
+    pub(crate) shutdown_timeout: Duration,
     /// Worker threads (thread-per-core, see `crate::worker`); 0 means one per
     /// CPU core.
     pub workers: usize,
-    pub header_read_timeout: Duration,
+    pub(crate) header_read_timeout: Duration,
     /// Longest wait for the next bytes of a request body (408 past it).
-    pub body_read_timeout: Duration,
-    pub idle_timeout: Duration,
-    pub max_header_bytes: usize,
+    pub(crate) body_read_timeout: Duration,
+    pub(crate) idle_timeout: Duration,
+    pub(crate) max_header_bytes: usize,
     pub max_connections: usize,
-    pub max_key_body: usize,
+    pub(crate) max_key_body: usize,
     /// Which rate-limit header families responses carry, unless a limit overrides.
-    pub headers: HeaderStyles,
+    pub(crate) headers: HeaderStyles,
     /// Which denied requests get an access-log line (`"all"`, `"sample:N"`, `"none"`).
-    pub log_denied: LogDenied,
+    pub(crate) log_denied: LogDenied,
     /// Route, key and forward on the normalised path (`crate::http::path`);
     /// `false` uses the raw path.
-    pub path_normalization: bool,
+    pub(crate) path_normalization: bool,
     /// What an encoded `/` or `\` in a path means.
-    pub escaped_slashes: EscapedSlashes,
+    pub(crate) escaped_slashes: EscapedSlashes,
     /// The `Upgrade` protocols that are tunnelled (lower case, e.g.
     /// `websocket`); any other `Upgrade` is dropped before forwarding.
-    pub upgrades: Vec<Box<str>>,
+    pub(crate) upgrades: Vec<Box<str>>,
     /// `[server.tls]`: TLS listeners and their certificates, read from their
     /// files when this configuration was loaded.
-    pub tls: Option<TlsConfig>,
+    pub(crate) tls: Option<TlsConfig>,
 }
 
 /// Which families of rate-limit headers to send.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub struct HeaderStyles {
+pub(crate) struct HeaderStyles {
     /// `RateLimit` / `RateLimit-Policy` (draft-ietf-httpapi-ratelimit-headers-10).
-    pub draft: bool,
+    pub(crate) draft: bool,
     /// `X-RateLimit-Limit` / `-Remaining` / `-Reset`.
-    pub legacy: bool,
+    pub(crate) legacy: bool,
     /// `RateLimit-Limit` / `-Remaining` / `-Reset` (the older draft).
-    pub trio: bool,
+    pub(crate) trio: bool,
 }
 
 impl Default for HeaderStyles {
@@ -128,30 +128,30 @@ impl Default for HeaderStyles {
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
-pub struct ClientIpConfig {
-    pub trusted_hops: u32,
-    pub trusted_cidrs: Vec<IpNet>,
+pub(crate) struct ClientIpConfig {
+    pub(crate) trusted_hops: u32,
+    pub(crate) trusted_cidrs: Vec<IpNet>,
     /// Read RFC 7239 `Forwarded` instead of `X-Forwarded-For`.
-    pub forwarded_header: bool,
-    pub ipv4_prefix: u8,
-    pub ipv6_prefix: u8,
+    pub(crate) forwarded_header: bool,
+    pub(crate) ipv4_prefix: u8,
+    pub(crate) ipv6_prefix: u8,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub enum StoreBackend {
+pub(crate) enum StoreBackend {
     Memory,
     /// Boxed: the Redis settings are large and read once at start.
     Redis(Box<RedisConfig>),
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct StoreConfig {
-    pub backend: StoreBackend,
+pub(crate) struct StoreConfig {
+    pub(crate) backend: StoreBackend,
 }
 
 impl StoreConfig {
     /// The Redis settings, when limits are shared through Redis.
-    pub fn redis(&self) -> Option<&RedisConfig> {
+    pub(crate) fn redis(&self) -> Option<&RedisConfig> {
         match &self.backend {
             StoreBackend::Redis(redis) => Some(redis),
             StoreBackend::Memory => None,
@@ -161,34 +161,34 @@ impl StoreConfig {
 
 /// `[store]` with `backend = "redis"`.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct RedisConfig {
+pub(crate) struct RedisConfig {
     /// One server, a Redis Cluster's seed nodes, or a Sentinel master.
-    pub servers: RedisServers,
+    pub(crate) servers: RedisServers,
     /// The ACL user of the data nodes (`username`, or the URL's).
-    pub username: Option<String>,
+    pub(crate) username: Option<String>,
     /// Their password (`password_file`, `password_env`, or the URL's).
-    pub password: Option<Secret>,
+    pub(crate) password: Option<Secret>,
     /// How `rediss://` connections are made; `None` over plain TCP.
-    pub tls: Option<RedisTls>,
+    pub(crate) tls: Option<RedisTls>,
     /// Prepended to every key the gateway writes.
-    pub prefix: String,
+    pub(crate) prefix: String,
     /// The most one store call may take before it counts as a failure.
-    pub timeout: Duration,
-    pub on_failure: OnFailure,
+    pub(crate) timeout: Duration,
+    pub(crate) on_failure: OnFailure,
     /// Node-local fallback limits are the shared ones times this.
-    pub local_fraction: LocalFraction,
+    pub(crate) local_fraction: LocalFraction,
 }
 
 impl RedisConfig {
     /// Redis Cluster: keys are grouped by slot.
-    pub fn is_cluster(&self) -> bool {
+    pub(crate) fn is_cluster(&self) -> bool {
         matches!(self.servers, RedisServers::Cluster(_))
     }
 }
 
 /// `store.local_fraction`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum LocalFraction {
+pub(crate) enum LocalFraction {
     /// In millionths (1.0 = 1_000_000).
     Fixed(u32),
     /// 1/N, N the live gateway nodes counted by heartbeats in Redis.
@@ -197,7 +197,7 @@ pub enum LocalFraction {
 
 /// What a limited request gets while the store is unavailable.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum OnFailure {
+pub(crate) enum OnFailure {
     /// The same limits in node memory, scaled by `local_fraction`.
     Local,
     /// Admitted, unlimited by the shared limits.
@@ -207,34 +207,34 @@ pub enum OnFailure {
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct UpstreamConfig {
-    pub name: String,
+pub(crate) struct UpstreamConfig {
+    pub(crate) name: String,
     /// Base URIs (scheme + authority + optional path prefix), tried round robin.
-    pub urls: Vec<Uri>,
-    pub connect_timeout: Duration,
+    pub(crate) urls: Vec<Uri>,
+    pub(crate) connect_timeout: Duration,
     /// Longest wait for the next bytes of a response body: a stalled
     /// upstream's body is cut and its connection dropped.
-    pub read_timeout: Duration,
+    pub(crate) read_timeout: Duration,
     /// Deadline for the whole upstream response head.
-    pub timeout: Duration,
+    pub(crate) timeout: Duration,
     /// Host header to send instead of the client's.
-    pub host: Option<HeaderValue>,
+    pub(crate) host: Option<HeaderValue>,
     /// How `https://` URLs are connected to (trust roots, SNI); `None` when
     /// every URL is `http://`.
-    pub tls: Option<ClientTls>,
+    pub(crate) tls: Option<ClientTls>,
     /// HTTP/2 to the upstream (`http2 = true`): hyper's client, one
     /// multiplexed connection per URL, instead of the HTTP/1.1 pool.
-    pub http2: bool,
+    pub(crate) http2: bool,
     /// How requests are spread over `urls` (`balance`).
-    pub balance: Balance,
+    pub(crate) balance: Balance,
     /// A URL that comes back (from an ejection or a failed health check)
     /// ramps up to its full share over this long (`slow_start`); `None`:
     /// at once.
-    pub slow_start: Option<Duration>,
+    pub(crate) slow_start: Option<Duration>,
     /// Passive health: when a failing URL is ejected (`eject = {...}`).
-    pub eject: EjectPolicy,
+    pub(crate) eject: EjectPolicy,
     /// Active health checks (`health = {...}`), off when `None`.
-    pub health: Option<HealthCheck>,
+    pub(crate) health: Option<HealthCheck>,
 }
 
 /// What a limit counts requests by.
@@ -252,7 +252,7 @@ pub enum KeyPart {
 
 /// What a limit does with a request that lacks its key.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub enum OnMissingKey {
+pub(crate) enum OnMissingKey {
     Skip,
     Deny,
     Shared,
@@ -264,67 +264,67 @@ pub struct LimitConfig {
     /// The parts of the key, joined into one composite key.
     pub key: Vec<KeyPart>,
     pub algorithm: Algorithm,
-    pub shadow: bool,
-    pub status: StatusCode,
-    pub on_missing_key: OnMissingKey,
-    pub local: bool,
-    pub headers: Option<HeaderStyles>,
+    pub(crate) shadow: bool,
+    pub(crate) status: StatusCode,
+    pub(crate) on_missing_key: OnMissingKey,
+    pub(crate) local: bool,
+    pub(crate) headers: Option<HeaderStyles>,
     /// Most keys held in memory for this limit.
-    pub max_keys: usize,
+    pub(crate) max_keys: usize,
     /// Per-plan parameters (same algorithm kind), chosen by the consumer's plan.
-    pub plans: Vec<(Arc<str>, Algorithm)>,
+    pub(crate) plans: Vec<(Arc<str>, Algorithm)>,
     /// Fixed windows of a day or longer: where each key's boundaries fall.
-    pub align: WindowAlign,
+    pub(crate) align: WindowAlign,
     /// A shared token bucket: tokens a node takes from Redis at a time and
     /// spends locally (`lease = N`); `None` without leasing.
-    pub lease: Option<u64>,
+    pub(crate) lease: Option<u64>,
 }
 
 #[derive(Debug, Clone)]
 pub struct RouteConfig {
-    pub name: String,
-    pub matcher: RouteMatch,
-    pub action: RouteAction,
+    pub(crate) name: String,
+    pub(crate) matcher: RouteMatch,
+    pub(crate) action: RouteAction,
     /// Indexes into [`Config::limits`], narrowest first.
     pub limits: Vec<usize>,
     pub cost: u64,
-    pub cost_header: Option<HeaderName>,
-    pub max_body: Option<u64>,
+    pub(crate) cost_header: Option<HeaderName>,
+    pub(crate) max_body: Option<u64>,
     /// Requests without a known API key get 401.
-    pub require_consumer: bool,
+    pub(crate) require_consumer: bool,
     /// Upstream retries (`retry = {...}`), off when `None`.
-    pub retry: Option<RetryPolicy>,
+    pub(crate) retry: Option<RetryPolicy>,
 }
 
 /// A route's `retry` table, validated (the upstream layer applies it).
 #[derive(Debug, Clone, PartialEq)]
-pub struct RetryPolicy {
+pub(crate) struct RetryPolicy {
     /// Retries after the first try.
-    pub attempts: u32,
+    pub(crate) attempts: u32,
     /// Retry when the upstream could not be reached or reset the connection
     /// before answering.
-    pub on_connect: bool,
+    pub(crate) on_connect: bool,
     /// Retry on these response statuses (e.g. 502, 503, 504, 429).
-    pub on_status: Vec<u16>,
-    pub base: Duration,
-    pub cap: Duration,
+    pub(crate) on_status: Vec<u16>,
+    pub(crate) base: Duration,
+    pub(crate) cap: Duration,
     /// Retries allowed per client request over the window, in thousandths
     /// (`"20%"` is 200).
-    pub budget_permille: u64,
+    pub(crate) budget_permille: u64,
 }
 
 #[derive(Debug, Clone, Default)]
-pub struct RouteMatch {
-    pub path: Option<String>,
-    pub path_prefix: Option<String>,
-    pub methods: Option<Vec<Method>>,
+pub(crate) struct RouteMatch {
+    pub(crate) path: Option<String>,
+    pub(crate) path_prefix: Option<String>,
+    pub(crate) methods: Option<Vec<Method>>,
     /// Lowercased, without port.
-    pub host: Option<String>,
-    pub headers: Vec<(HeaderName, HeaderValue)>,
+    pub(crate) host: Option<String>,
+    pub(crate) headers: Vec<(HeaderName, HeaderValue)>,
 }
 
 #[derive(Debug, Clone)]
-pub enum RouteAction {
+pub(crate) enum RouteAction {
     /// Forward to [`Config::upstreams`]`[index]`.
     Forward(usize),
     /// Answer from the gateway itself.
@@ -346,10 +346,6 @@ impl Config {
     /// resolving relative paths).
     pub fn from_bytes(path: &Path, bytes: &[u8]) -> Result<Config, ConfigError> {
         validate::validate(path, bytes)
-    }
-
-    pub fn limit(&self, name: &str) -> Option<&LimitConfig> {
-        self.limits.iter().find(|l| l.name == name)
     }
 
     /// A problem found after validation (e.g. `server.listen` cannot be
@@ -377,7 +373,7 @@ impl Config {
 
 /// How an upstream spreads requests over its URLs.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Balance {
+pub(crate) enum Balance {
     /// Each URL in turn.
     RoundRobin,
     /// The power of two choices: of two URLs drawn at random, the one with
@@ -389,32 +385,32 @@ pub enum Balance {
 /// `after` times in a row is ejected for `base × n` (n: its ejections so
 /// far), at most `max`, while no more than `max_ejected` of the list is out.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct EjectPolicy {
+pub(crate) struct EjectPolicy {
     /// Consecutive failures that eject a URL (at least 1).
-    pub after: u32,
+    pub(crate) after: u32,
     /// A connection that could not be opened, or that failed before an
     /// answer, is a failure (`"connect"`).
-    pub on_connect: bool,
+    pub(crate) on_connect: bool,
     /// Response statuses that are failures (5xx); `504` also counts a
     /// response head that did not come within `timeout`.
-    pub on_status: Vec<u16>,
-    pub base: Duration,
-    pub max: Duration,
+    pub(crate) on_status: Vec<u16>,
+    pub(crate) base: Duration,
+    pub(crate) max: Duration,
     /// The largest share of the list ejected at once, in thousandths
     /// (`"50%"` is 500; `"0%"` never ejects).
-    pub max_ejected_permille: u64,
+    pub(crate) max_ejected_permille: u64,
 }
 
 impl EjectPolicy {
     /// Whether a response of `status` counts as a failure.
-    pub fn fails_on(&self, status: u16) -> bool {
+    pub(crate) fn fails_on(&self, status: u16) -> bool {
         // `on_status` holds 5xx only (validation): every response below 500
         // is decided without a look at the list (~30 instructions each).
         status >= 500 && self.on_status.contains(&status)
     }
 
     /// Most URLs of a list of `urls` ejected at once: the share, rounded down.
-    pub fn max_ejected(&self, urls: usize) -> usize {
+    pub(crate) fn max_ejected(&self, urls: usize) -> usize {
         (urls as u64 * self.max_ejected_permille / 1000) as usize
     }
 }
@@ -437,26 +433,26 @@ impl Default for EjectPolicy {
 /// Active health checks, `health = {...}`: `GET path` on every URL each
 /// `interval`, spoken as the upstream is (HTTPS, HTTP/2).
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct HealthCheck {
+pub(crate) struct HealthCheck {
     /// Path and query of the check, after the URL's own path prefix.
-    pub path: http::uri::PathAndQuery,
-    pub interval: Duration,
+    pub(crate) path: http::uri::PathAndQuery,
+    pub(crate) interval: Duration,
     /// No response head within this is a failed check.
-    pub timeout: Duration,
+    pub(crate) timeout: Duration,
     /// Passed checks in a row that bring a URL that is down back.
-    pub healthy: u32,
+    pub(crate) healthy: u32,
     /// Failed checks in a row that take a URL down.
-    pub unhealthy: u32,
+    pub(crate) unhealthy: u32,
     /// The statuses that pass, as inclusive ranges.
-    pub expect: Vec<(u16, u16)>,
+    pub(crate) expect: Vec<(u16, u16)>,
     /// A URL is up before its first check (`start = "healthy"`, the
     /// default), or down until it has passed `healthy` checks.
-    pub start_healthy: bool,
+    pub(crate) start_healthy: bool,
 }
 
 impl HealthCheck {
     /// Whether a check answered `status` passed.
-    pub fn passes(&self, status: u16) -> bool {
+    pub(crate) fn passes(&self, status: u16) -> bool {
         self.expect
             .iter()
             .any(|&(low, high)| (low..=high).contains(&status))

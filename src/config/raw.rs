@@ -11,7 +11,7 @@ use serde::de::{self, Deserializer, SeqAccess, Visitor};
 
 /// One value or a list of them: `listen = "a"` or `listen = ["a", "b"]`.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct OneOrMany<T>(pub Vec<T>);
+pub(crate) struct OneOrMany<T>(pub(crate) Vec<T>);
 
 impl<T> Default for OneOrMany<T> {
     fn default() -> Self {
@@ -44,7 +44,7 @@ impl<'de, T: Deserialize<'de>> Deserialize<'de> for OneOrMany<T> {
 
 /// A size: an integer number of bytes or a string with a unit (`"64KiB"`).
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub enum RawSize {
+pub(crate) enum RawSize {
     Bytes(i64),
     Text(String),
 }
@@ -73,220 +73,220 @@ impl<'de> Deserialize<'de> for RawSize {
 
 #[derive(Debug, Default, Deserialize)]
 #[serde(deny_unknown_fields)]
-pub struct RawConfig {
+pub(crate) struct RawConfig {
     #[serde(default)]
-    pub server: RawServer,
+    pub(crate) server: RawServer,
     #[serde(default)]
-    pub client_ip: RawClientIp,
+    pub(crate) client_ip: RawClientIp,
     #[serde(default)]
-    pub store: RawStore,
+    pub(crate) store: RawStore,
     #[serde(default)]
-    pub upstreams: BTreeMap<String, RawUpstream>,
+    pub(crate) upstreams: BTreeMap<String, RawUpstream>,
     #[serde(default)]
-    pub limits: BTreeMap<String, RawLimit>,
+    pub(crate) limits: BTreeMap<String, RawLimit>,
     #[serde(default)]
-    pub routes: Vec<RawRoute>,
+    pub(crate) routes: Vec<RawRoute>,
     #[serde(default)]
-    pub consumers: BTreeMap<String, RawConsumer>,
+    pub(crate) consumers: BTreeMap<String, RawConsumer>,
     #[serde(default)]
-    pub api_keys: RawApiKeys,
+    pub(crate) api_keys: RawApiKeys,
 }
 
 /// How API keys are read and what an unknown one means.
 #[derive(Debug, Default, Deserialize)]
 #[serde(deny_unknown_fields)]
-pub struct RawApiKeys {
-    pub header: Option<String>,
-    pub unknown_key: Option<String>,
-    pub file: Option<String>,
+pub(crate) struct RawApiKeys {
+    pub(crate) header: Option<String>,
+    pub(crate) unknown_key: Option<String>,
+    pub(crate) file: Option<String>,
 }
 
 /// A separate consumers file: only `[consumers."KEY"]` tables.
 #[derive(Debug, Default, Deserialize)]
 #[serde(deny_unknown_fields)]
-pub struct RawConsumersFile {
+pub(crate) struct RawConsumersFile {
     #[serde(default)]
-    pub consumers: BTreeMap<String, RawConsumer>,
+    pub(crate) consumers: BTreeMap<String, RawConsumer>,
 }
 
 #[derive(Debug, Default, Deserialize)]
 #[serde(deny_unknown_fields)]
-pub struct RawServer {
-    pub listen: Option<OneOrMany<String>>,
-    pub admin: Option<String>,
-    pub shutdown_timeout: Option<String>,
-    pub workers: Option<u32>,
-    pub header_read_timeout: Option<String>,
-    pub body_read_timeout: Option<String>,
-    pub idle_timeout: Option<String>,
-    pub max_header_bytes: Option<RawSize>,
-    pub max_connections: Option<u32>,
-    pub max_key_body: Option<RawSize>,
-    pub headers: Option<Vec<String>>,
-    pub log_denied: Option<String>,
-    pub path_normalization: Option<bool>,
-    pub escaped_slashes: Option<String>,
-    pub upgrades: Option<Vec<String>>,
-    pub tls: Option<RawTls>,
+pub(crate) struct RawServer {
+    pub(crate) listen: Option<OneOrMany<String>>,
+    pub(crate) admin: Option<String>,
+    pub(crate) shutdown_timeout: Option<String>,
+    pub(crate) workers: Option<u32>,
+    pub(crate) header_read_timeout: Option<String>,
+    pub(crate) body_read_timeout: Option<String>,
+    pub(crate) idle_timeout: Option<String>,
+    pub(crate) max_header_bytes: Option<RawSize>,
+    pub(crate) max_connections: Option<u32>,
+    pub(crate) max_key_body: Option<RawSize>,
+    pub(crate) headers: Option<Vec<String>>,
+    pub(crate) log_denied: Option<String>,
+    pub(crate) path_normalization: Option<bool>,
+    pub(crate) escaped_slashes: Option<String>,
+    pub(crate) upgrades: Option<Vec<String>>,
+    pub(crate) tls: Option<RawTls>,
 }
 
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
-pub struct RawTls {
-    pub listen: OneOrMany<String>,
+pub(crate) struct RawTls {
+    pub(crate) listen: OneOrMany<String>,
     /// The default certificate chain and key: for clients whose SNI names
     /// none of `certs` (or send no SNI).
-    pub cert: Option<String>,
-    pub key: Option<String>,
+    pub(crate) cert: Option<String>,
+    pub(crate) key: Option<String>,
     #[serde(default)]
-    pub certs: Vec<RawTlsCert>,
+    pub(crate) certs: Vec<RawTlsCert>,
 }
 
 /// `[[server.tls.certs]]`: a certificate served to clients whose SNI is one
 /// of `names`.
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
-pub struct RawTlsCert {
-    pub names: Vec<String>,
-    pub cert: String,
-    pub key: String,
+pub(crate) struct RawTlsCert {
+    pub(crate) names: Vec<String>,
+    pub(crate) cert: String,
+    pub(crate) key: String,
 }
 
 #[derive(Debug, Default, Deserialize)]
 #[serde(deny_unknown_fields)]
-pub struct RawClientIp {
-    pub trusted_hops: Option<u32>,
-    pub trusted_cidrs: Option<Vec<String>>,
-    pub header: Option<String>,
-    pub ipv6_prefix: Option<u8>,
-    pub ipv4_prefix: Option<u8>,
+pub(crate) struct RawClientIp {
+    pub(crate) trusted_hops: Option<u32>,
+    pub(crate) trusted_cidrs: Option<Vec<String>>,
+    pub(crate) header: Option<String>,
+    pub(crate) ipv6_prefix: Option<u8>,
+    pub(crate) ipv4_prefix: Option<u8>,
 }
 
 #[derive(Debug, Default, Deserialize)]
 #[serde(deny_unknown_fields)]
-pub struct RawStore {
-    pub backend: Option<String>,
-    pub url: Option<OneOrMany<String>>,
-    pub cluster: Option<bool>,
-    pub prefix: Option<String>,
-    pub timeout: Option<String>,
-    pub on_failure: Option<String>,
-    pub local_fraction: Option<toml::Value>,
+pub(crate) struct RawStore {
+    pub(crate) backend: Option<String>,
+    pub(crate) url: Option<OneOrMany<String>>,
+    pub(crate) cluster: Option<bool>,
+    pub(crate) prefix: Option<String>,
+    pub(crate) timeout: Option<String>,
+    pub(crate) on_failure: Option<String>,
+    pub(crate) local_fraction: Option<toml::Value>,
     /// `rediss://` only: a PEM file of the CA certificates to trust instead
     /// of the built-in roots.
-    pub ca: Option<String>,
+    pub(crate) ca: Option<String>,
     /// `rediss://` only: the name to verify the certificate for, instead of
     /// the host connected to.
-    pub sni: Option<String>,
+    pub(crate) sni: Option<String>,
     /// The Redis ACL user.
-    pub username: Option<String>,
+    pub(crate) username: Option<String>,
     /// A file holding the password (one trailing newline ignored).
-    pub password_file: Option<String>,
+    pub(crate) password_file: Option<String>,
     /// The name of an environment variable holding the password.
-    pub password_env: Option<String>,
+    pub(crate) password_env: Option<String>,
     /// Sentinel instead of `url`: the sentinels' URLs, and the name of the
     /// master they monitor.
-    pub sentinels: Option<Vec<String>>,
-    pub master: Option<String>,
+    pub(crate) sentinels: Option<Vec<String>>,
+    pub(crate) master: Option<String>,
     /// The sentinels' own password (their `requirepass`), as for the data
     /// nodes' `password_file` / `password_env`.
-    pub sentinel_password_file: Option<String>,
-    pub sentinel_password_env: Option<String>,
+    pub(crate) sentinel_password_file: Option<String>,
+    pub(crate) sentinel_password_env: Option<String>,
 }
 
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
-pub struct RawUpstream {
-    pub url: OneOrMany<String>,
-    pub connect_timeout: Option<String>,
-    pub read_timeout: Option<String>,
-    pub timeout: Option<String>,
-    pub host: Option<String>,
+pub(crate) struct RawUpstream {
+    pub(crate) url: OneOrMany<String>,
+    pub(crate) connect_timeout: Option<String>,
+    pub(crate) read_timeout: Option<String>,
+    pub(crate) timeout: Option<String>,
+    pub(crate) host: Option<String>,
     /// HTTPS only: a PEM file of the CA certificates to trust instead of the
     /// built-in roots.
-    pub ca: Option<String>,
+    pub(crate) ca: Option<String>,
     /// HTTPS only: the name to send as SNI and verify the certificate for,
     /// instead of the URL's host.
-    pub sni: Option<String>,
+    pub(crate) sni: Option<String>,
     /// Speak HTTP/2 to this upstream (ALPN `h2` over TLS, prior knowledge
     /// over cleartext).
-    pub http2: Option<bool>,
+    pub(crate) http2: Option<bool>,
     /// `"round_robin"` or `"least_request"`.
-    pub balance: Option<String>,
+    pub(crate) balance: Option<String>,
     /// How long a URL that comes back takes to reach its full share.
-    pub slow_start: Option<String>,
+    pub(crate) slow_start: Option<String>,
     /// Passive health: when a failing URL is ejected.
-    pub eject: Option<RawEject>,
+    pub(crate) eject: Option<RawEject>,
     /// Active health checks.
-    pub health: Option<RawHealth>,
+    pub(crate) health: Option<RawHealth>,
 }
 
 /// `eject = { after = 3, on = [...], base = "10s", max = "5m", max_ejected = "50%" }`.
 #[derive(Debug, Default, Deserialize)]
 #[serde(deny_unknown_fields)]
-pub struct RawEject {
-    pub after: Option<u32>,
-    pub on: Option<Vec<String>>,
-    pub base: Option<String>,
-    pub max: Option<String>,
-    pub max_ejected: Option<String>,
+pub(crate) struct RawEject {
+    pub(crate) after: Option<u32>,
+    pub(crate) on: Option<Vec<String>>,
+    pub(crate) base: Option<String>,
+    pub(crate) max: Option<String>,
+    pub(crate) max_ejected: Option<String>,
 }
 
 /// `health = { path = "/healthz", interval = "5s", timeout = "1s", healthy = 2,
 /// unhealthy = 3, expect = ["2xx", "3xx"], start = "healthy" }`.
 #[derive(Debug, Default, Deserialize)]
 #[serde(deny_unknown_fields)]
-pub struct RawHealth {
-    pub path: Option<String>,
-    pub interval: Option<String>,
-    pub timeout: Option<String>,
-    pub healthy: Option<u32>,
-    pub unhealthy: Option<u32>,
+pub(crate) struct RawHealth {
+    pub(crate) path: Option<String>,
+    pub(crate) interval: Option<String>,
+    pub(crate) timeout: Option<String>,
+    pub(crate) healthy: Option<u32>,
+    pub(crate) unhealthy: Option<u32>,
     /// Statuses (`200`) or classes (`"2xx"`).
-    pub expect: Option<Vec<toml::Value>>,
-    pub start: Option<String>,
+    pub(crate) expect: Option<Vec<toml::Value>>,
+    pub(crate) start: Option<String>,
 }
 
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
-pub struct RawLimit {
-    pub key: OneOrMany<String>,
-    pub algorithm: String,
-    pub limit: Option<u64>,
-    pub window: Option<String>,
-    pub capacity: Option<u64>,
-    pub refill: Option<String>,
-    pub rate: Option<String>,
-    pub mode: Option<String>,
-    pub max: Option<u64>,
-    pub shadow: Option<bool>,
-    pub status: Option<u16>,
-    pub on_missing_key: Option<String>,
-    pub local: Option<bool>,
+pub(crate) struct RawLimit {
+    pub(crate) key: OneOrMany<String>,
+    pub(crate) algorithm: String,
+    pub(crate) limit: Option<u64>,
+    pub(crate) window: Option<String>,
+    pub(crate) capacity: Option<u64>,
+    pub(crate) refill: Option<String>,
+    pub(crate) rate: Option<String>,
+    pub(crate) mode: Option<String>,
+    pub(crate) max: Option<u64>,
+    pub(crate) shadow: Option<bool>,
+    pub(crate) status: Option<u16>,
+    pub(crate) on_missing_key: Option<String>,
+    pub(crate) local: Option<bool>,
     /// Token leasing from a shared (Redis) token bucket.
-    pub lease: Option<u64>,
-    pub headers: Option<Vec<String>>,
-    pub max_keys: Option<u64>,
-    pub plans: Option<BTreeMap<String, RawPlan>>,
-    pub align: Option<String>,
-    pub reset_jitter: Option<String>,
+    pub(crate) lease: Option<u64>,
+    pub(crate) headers: Option<Vec<String>>,
+    pub(crate) max_keys: Option<u64>,
+    pub(crate) plans: Option<BTreeMap<String, RawPlan>>,
+    pub(crate) align: Option<String>,
+    pub(crate) reset_jitter: Option<String>,
 }
 
 /// Per-plan values of a limit's algorithm parameters.
 #[derive(Debug, Default, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
-pub struct RawPlan {
-    pub limit: Option<u64>,
-    pub window: Option<String>,
-    pub capacity: Option<u64>,
-    pub refill: Option<String>,
-    pub rate: Option<String>,
-    pub max: Option<u64>,
+pub(crate) struct RawPlan {
+    pub(crate) limit: Option<u64>,
+    pub(crate) window: Option<String>,
+    pub(crate) capacity: Option<u64>,
+    pub(crate) refill: Option<String>,
+    pub(crate) rate: Option<String>,
+    pub(crate) max: Option<u64>,
 }
 
 impl RawPlan {
     /// Each algorithm parameter's key, and whether this plan sets it.
-    pub fn present(&self) -> [(&'static str, bool); 6] {
+    pub(crate) fn present(&self) -> [(&'static str, bool); 6] {
         [
             ("limit", self.limit.is_some()),
             ("window", self.window.is_some()),
@@ -298,7 +298,7 @@ impl RawPlan {
     }
 
     /// The parameter keys this plan sets.
-    pub fn keys(&self) -> Vec<&'static str> {
+    pub(crate) fn keys(&self) -> Vec<&'static str> {
         self.present()
             .into_iter()
             .filter_map(|(key, present)| present.then_some(key))
@@ -306,7 +306,7 @@ impl RawPlan {
     }
 
     /// `self` over `base`: the plan's values win.
-    pub fn over(&self, base: &RawPlan) -> RawPlan {
+    pub(crate) fn over(&self, base: &RawPlan) -> RawPlan {
         RawPlan {
             limit: self.limit.or(base.limit),
             window: self.window.clone().or_else(|| base.window.clone()),
@@ -320,7 +320,7 @@ impl RawPlan {
 
 impl RawLimit {
     /// The algorithm parameters of the limit itself.
-    pub fn params(&self) -> RawPlan {
+    pub(crate) fn params(&self) -> RawPlan {
         RawPlan {
             limit: self.limit,
             window: self.window.clone(),
@@ -334,54 +334,54 @@ impl RawLimit {
 
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
-pub struct RawRoute {
-    pub name: String,
+pub(crate) struct RawRoute {
+    pub(crate) name: String,
     #[serde(rename = "match", default)]
-    pub matcher: RawMatch,
-    pub upstream: Option<String>,
-    pub respond: Option<RawRespond>,
+    pub(crate) matcher: RawMatch,
+    pub(crate) upstream: Option<String>,
+    pub(crate) respond: Option<RawRespond>,
     #[serde(default)]
-    pub limits: Vec<String>,
-    pub cost: Option<u64>,
-    pub cost_header: Option<String>,
-    pub max_body: Option<RawSize>,
-    pub require_consumer: Option<bool>,
-    pub retry: Option<RawRetry>,
+    pub(crate) limits: Vec<String>,
+    pub(crate) cost: Option<u64>,
+    pub(crate) cost_header: Option<String>,
+    pub(crate) max_body: Option<RawSize>,
+    pub(crate) require_consumer: Option<bool>,
+    pub(crate) retry: Option<RawRetry>,
 }
 
 /// `retry = { attempts = 2, on = [...], base = "25ms", cap = "1s", budget = "20%" }`.
 #[derive(Debug, Default, Deserialize)]
 #[serde(deny_unknown_fields)]
-pub struct RawRetry {
-    pub attempts: Option<u32>,
-    pub on: Option<Vec<String>>,
-    pub base: Option<String>,
-    pub cap: Option<String>,
-    pub budget: Option<String>,
+pub(crate) struct RawRetry {
+    pub(crate) attempts: Option<u32>,
+    pub(crate) on: Option<Vec<String>>,
+    pub(crate) base: Option<String>,
+    pub(crate) cap: Option<String>,
+    pub(crate) budget: Option<String>,
 }
 
 #[derive(Debug, Default, Deserialize)]
 #[serde(deny_unknown_fields)]
-pub struct RawMatch {
-    pub path: Option<String>,
-    pub path_prefix: Option<String>,
-    pub methods: Option<Vec<String>>,
-    pub host: Option<String>,
-    pub header: Option<BTreeMap<String, String>>,
+pub(crate) struct RawMatch {
+    pub(crate) path: Option<String>,
+    pub(crate) path_prefix: Option<String>,
+    pub(crate) methods: Option<Vec<String>>,
+    pub(crate) host: Option<String>,
+    pub(crate) header: Option<BTreeMap<String, String>>,
 }
 
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
-pub struct RawRespond {
-    pub status: Option<u16>,
-    pub body: Option<String>,
-    pub content_type: Option<String>,
+pub(crate) struct RawRespond {
+    pub(crate) status: Option<u16>,
+    pub(crate) body: Option<String>,
+    pub(crate) content_type: Option<String>,
 }
 
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
-pub struct RawConsumer {
-    pub consumer: String,
-    pub tenant: Option<String>,
-    pub plan: Option<String>,
+pub(crate) struct RawConsumer {
+    pub(crate) consumer: String,
+    pub(crate) tenant: Option<String>,
+    pub(crate) plan: Option<String>,
 }

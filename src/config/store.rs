@@ -17,15 +17,15 @@ use rustls::pki_types::ServerName;
 
 /// A password, readable only through [`Secret::expose`].
 #[derive(Clone, PartialEq, Eq)]
-pub struct Secret(Arc<str>);
+pub(crate) struct Secret(Arc<str>);
 
 impl Secret {
-    pub fn new(text: &str) -> Secret {
+    pub(crate) fn new(text: &str) -> Secret {
         Secret(text.into())
     }
 
     /// The password itself, for the AUTH command and nothing else.
-    pub fn expose(&self) -> &str {
+    pub(crate) fn expose(&self) -> &str {
         &self.0
     }
 }
@@ -39,15 +39,15 @@ impl fmt::Debug for Secret {
 /// A `redis://` or `rediss://` URL, parsed; its password kept as a
 /// [`Secret`] and never printed.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct RedisUrl {
+pub(crate) struct RedisUrl {
     /// `rediss://`: the connection is TLS.
-    pub tls: bool,
+    pub(crate) tls: bool,
     /// A name or an IP address (without brackets).
-    pub host: String,
-    pub port: u16,
-    pub db: i64,
-    pub username: Option<String>,
-    pub password: Option<Secret>,
+    pub(crate) host: String,
+    pub(crate) port: u16,
+    pub(crate) db: i64,
+    pub(crate) username: Option<String>,
+    pub(crate) password: Option<Secret>,
 }
 
 impl fmt::Display for RedisUrl {
@@ -75,7 +75,7 @@ impl fmt::Display for RedisUrl {
 impl RedisUrl {
     /// `redis://HOST:PORT`, for the cluster client (credentials are given
     /// to it apart).
-    pub fn address(&self) -> String {
+    pub(crate) fn address(&self) -> String {
         if self.host.contains(':') {
             format!("redis://[{}]:{}", self.host, self.port)
         } else {
@@ -86,7 +86,7 @@ impl RedisUrl {
 
 /// Where the Redis that holds the shared limits is.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub enum RedisServers {
+pub(crate) enum RedisServers {
     /// `url = "..."`: one server.
     One(RedisUrl),
     /// `cluster = true`: the seed nodes of a Redis Cluster.
@@ -127,9 +127,9 @@ impl fmt::Display for RedisServers {
 /// not the host connected to. Equal when made from the same `ca` bytes and
 /// `sni`, so that a reload that re-reads an unchanged `ca` is no change.
 #[derive(Clone)]
-pub struct RedisTls {
-    pub config: Arc<rustls::ClientConfig>,
-    pub sni: Option<ServerName<'static>>,
+pub(crate) struct RedisTls {
+    pub(crate) config: Arc<rustls::ClientConfig>,
+    pub(crate) sni: Option<ServerName<'static>>,
     /// The `ca` file's bytes as read, for equality.
     ca: Option<Vec<u8>>,
 }
@@ -154,7 +154,10 @@ impl fmt::Debug for RedisTls {
 impl RedisTls {
     /// Trusts the CA certificates in `ca` (PEM), or the built-in roots
     /// without one; no ALPN (Redis speaks none). The error names the file.
-    pub fn new(ca: Option<&Path>, sni: Option<ServerName<'static>>) -> Result<RedisTls, String> {
+    pub(crate) fn new(
+        ca: Option<&Path>,
+        sni: Option<ServerName<'static>>,
+    ) -> Result<RedisTls, String> {
         let mut config = (*super::tls::client_config(ca)?).clone();
         config.alpn_protocols.clear();
         let ca = match ca {
@@ -175,7 +178,7 @@ const URL_FORM: &str = "expected redis://HOST:PORT[/DB] or rediss://HOST:PORT[/D
 
 /// Parses `redis://[user[:password]@]host:port[/db]` (or `rediss://`).
 /// The error shows the URL with its password redacted.
-pub fn parse_url(text: &str) -> Result<RedisUrl, String> {
+pub(crate) fn parse_url(text: &str) -> Result<RedisUrl, String> {
     let bad = || format!("`{}` is not a Redis URL; {URL_FORM}", redacted(text));
     let (tls, rest) = if let Some(rest) = text.strip_prefix("rediss://") {
         (true, rest)
@@ -244,7 +247,7 @@ pub fn parse_url(text: &str) -> Result<RedisUrl, String> {
 
 /// `text` with whatever sits between `user:` and `@` replaced by
 /// `<redacted>`: how a URL that may hold a password is shown in a message.
-pub fn redacted(text: &str) -> String {
+pub(crate) fn redacted(text: &str) -> String {
     let Some((scheme, rest)) = text.split_once("://") else {
         return text.to_owned();
     };
@@ -281,7 +284,7 @@ fn percent_decode(text: &str) -> Option<String> {
 /// The password in `file`: its content without one trailing newline
 /// (`\n` or `\r\n`, as `echo` and editors leave it). The error names the
 /// file, never what it holds.
-pub fn read_password_file(file: &Path) -> Result<Secret, String> {
+pub(crate) fn read_password_file(file: &Path) -> Result<Secret, String> {
     let bytes = std::fs::read(file).map_err(|e| format!("cannot read {}: {e}", file.display()))?;
     let text =
         String::from_utf8(bytes).map_err(|_| format!("{} is not UTF-8 text", file.display()))?;
@@ -298,7 +301,7 @@ pub fn read_password_file(file: &Path) -> Result<Secret, String> {
 
 /// The password in the environment variable `name`. The error names the
 /// variable, never its value.
-pub fn read_password_env(name: &str) -> Result<Secret, String> {
+pub(crate) fn read_password_env(name: &str) -> Result<Secret, String> {
     match std::env::var(name) {
         Ok(value) if !value.is_empty() => Ok(Secret::new(&value)),
         Ok(_) => Err(format!("the environment variable `{name}` is empty")),

@@ -28,34 +28,34 @@ use rustls::sign::CertifiedKey;
 use super::KeyPath;
 
 /// The ALPN protocols offered, in the server's order of preference.
-pub const ALPN: [&[u8]; 2] = [b"h2", b"http/1.1"];
+pub(crate) const ALPN: [&[u8]; 2] = [b"h2", b"http/1.1"];
 
 /// A validated `[server.tls]`.
 #[derive(Debug, Clone, PartialEq)]
-pub struct TlsConfig {
+pub(crate) struct TlsConfig {
     /// The TLS listeners.
-    pub listen: Vec<std::net::SocketAddr>,
+    pub(crate) listen: Vec<std::net::SocketAddr>,
     /// What handshakes use (shared by every connection of this snapshot).
-    pub server: ServerTls,
+    pub(crate) server: ServerTls,
     /// Each certificate read, for the expiry warnings.
-    pub certificates: Vec<CertificateFile>,
+    pub(crate) certificates: Vec<CertificateFile>,
 }
 
 /// A loaded certificate's file and when it expires.
 #[derive(Debug, Clone, PartialEq)]
-pub struct CertificateFile {
+pub(crate) struct CertificateFile {
     /// The key that named it, e.g. `server.tls.certs[0].cert`.
-    pub key: String,
-    pub file: PathBuf,
+    pub(crate) key: String,
+    pub(crate) file: PathBuf,
     /// The leaf certificate's `notAfter`; `None` when it could not be read
     /// (rustls still checks the certificate at the client).
-    pub not_after: Option<SystemTime>,
+    pub(crate) not_after: Option<SystemTime>,
 }
 
 /// The rustls server configuration of one snapshot. Equal only to itself:
 /// two loads of the same files are two configurations.
 #[derive(Clone)]
-pub struct ServerTls(pub Arc<rustls::ServerConfig>);
+pub(crate) struct ServerTls(pub(crate) Arc<rustls::ServerConfig>);
 
 impl PartialEq for ServerTls {
     fn eq(&self, other: &Self) -> bool {
@@ -71,21 +71,21 @@ impl fmt::Debug for ServerTls {
 
 /// The provider every TLS configuration of the gateway uses: ring (aws-lc-rs
 /// would need cmake and nasm to build).
-pub fn provider() -> Arc<CryptoProvider> {
+pub(crate) fn provider() -> Arc<CryptoProvider> {
     Arc::new(rustls::crypto::ring::default_provider())
 }
 
 /// One certificate pair as configured: its key path, and both files resolved
 /// against the configuration's directory.
-pub struct PairSpec {
-    pub key: KeyPath,
-    pub cert: PathBuf,
-    pub private_key: PathBuf,
+pub(crate) struct PairSpec {
+    pub(crate) key: KeyPath,
+    pub(crate) cert: PathBuf,
+    pub(crate) private_key: PathBuf,
 }
 
 /// Reads a certificate chain and its key, and checks that they belong
 /// together. Errors are `(key path, message)`: the message names the file.
-pub fn load_pair(
+pub(crate) fn load_pair(
     spec: &PairSpec,
     provider: &CryptoProvider,
 ) -> Result<(Arc<CertifiedKey>, Option<SystemTime>), (KeyPath, String)> {
@@ -163,9 +163,9 @@ fn not_pem(file: &Path, what: &str, error: &pem::Error) -> String {
 /// client configuration (trust roots) and the SNI name, if not the URL's
 /// host. Equal only to itself, like [`ServerTls`].
 #[derive(Clone)]
-pub struct ClientTls {
-    pub config: Arc<rustls::ClientConfig>,
-    pub sni: Option<ServerName<'static>>,
+pub(crate) struct ClientTls {
+    pub(crate) config: Arc<rustls::ClientConfig>,
+    pub(crate) sni: Option<ServerName<'static>>,
 }
 
 impl PartialEq for ClientTls {
@@ -188,7 +188,7 @@ impl fmt::Debug for ClientTls {
 /// the built-in roots (`webpki-roots`, Mozilla's) without one; TLS 1.3 and
 /// 1.2, ALPN `http/1.1` (the upstream client speaks HTTP/1.1). The error
 /// names the file.
-pub fn client_config(ca: Option<&Path>) -> Result<Arc<rustls::ClientConfig>, String> {
+pub(crate) fn client_config(ca: Option<&Path>) -> Result<Arc<rustls::ClientConfig>, String> {
     let mut roots = rustls::RootCertStore::empty();
     match ca {
         None => roots.extend(webpki_roots::TLS_SERVER_ROOTS.iter().cloned()),
@@ -215,14 +215,14 @@ pub fn client_config(ca: Option<&Path>) -> Result<Arc<rustls::ClientConfig>, Str
 /// Chooses the certificate of a handshake by its SNI: an exact name, then a
 /// wildcard for the first label, then the default.
 #[derive(Debug)]
-pub struct SniResolver {
+pub(crate) struct SniResolver {
     /// Lower-case names, and wildcards stored as their suffix (`.example.com`).
     by_name: HashMap<String, Arc<CertifiedKey>>,
     default: Arc<CertifiedKey>,
 }
 
 impl SniResolver {
-    pub fn new(default: Arc<CertifiedKey>) -> Self {
+    pub(crate) fn new(default: Arc<CertifiedKey>) -> Self {
         SniResolver {
             by_name: HashMap::new(),
             default,
@@ -231,7 +231,7 @@ impl SniResolver {
 
     /// Adds `name` (`host.example.com` or `*.example.com`); false when it was
     /// already taken.
-    pub fn add(&mut self, name: &str, certified: Arc<CertifiedKey>) -> bool {
+    pub(crate) fn add(&mut self, name: &str, certified: Arc<CertifiedKey>) -> bool {
         let name = name.to_ascii_lowercase();
         let name = match name.strip_prefix('*') {
             Some(suffix) => suffix.to_owned(),
@@ -264,7 +264,7 @@ impl ResolvesServerCert for SniResolver {
 
 /// Whether `name` is a DNS name a `names` entry may hold: letters, digits,
 /// `-` and dots, optionally behind one leading `*.`.
-pub fn valid_name(name: &str) -> bool {
+pub(crate) fn valid_name(name: &str) -> bool {
     let rest = name.strip_prefix("*.").unwrap_or(name);
     !rest.is_empty()
         && rest.split('.').all(|label| {
@@ -278,7 +278,7 @@ pub fn valid_name(name: &str) -> bool {
 
 /// The server configuration over `resolver`: TLS 1.3 and 1.2 only, ALPN
 /// `h2` then `http/1.1`, sessions resumed from stateless tickets.
-pub fn server_config(
+pub(crate) fn server_config(
     provider: Arc<CryptoProvider>,
     resolver: SniResolver,
 ) -> Result<ServerTls, rustls::Error> {
@@ -315,7 +315,7 @@ fn ticketer() -> Result<Arc<dyn rustls::server::ProducesTickets>, rustls::Error>
 /// elements in front of it (RFC 5280 §4.1: `Certificate` → `tbsCertificate`
 /// → optional `[0] version`, `serialNumber`, `signature`, `issuer`,
 /// `validity`). `None` for anything unexpected.
-pub fn not_after(der: &[u8]) -> Option<SystemTime> {
+pub(crate) fn not_after(der: &[u8]) -> Option<SystemTime> {
     let (tag, certificate, _) = element(der)?;
     if tag != 0x30 {
         return None;

@@ -10,13 +10,13 @@ use std::time::Duration;
 use crate::limit::{NANOS_PER_SEC, Nanos, Rate};
 
 /// What a duration looks like, for error messages.
-pub const DURATION_EXPECTED: &str =
+pub(crate) const DURATION_EXPECTED: &str =
     "a duration with a unit, like \"250ms\", \"10s\", \"1m\", \"1h\" or \"1d\"";
 /// What a rate looks like, for error messages.
-pub const RATE_EXPECTED: &str =
+pub(crate) const RATE_EXPECTED: &str =
     "a rate \"N/unit\", like \"10/s\", \"600/m\", \"1000/h\" or \"0.5/s\"";
 /// What a size looks like, for error messages.
-pub const SIZE_EXPECTED: &str =
+pub(crate) const SIZE_EXPECTED: &str =
     "a size in bytes, or a string with a binary unit like \"64KiB\" or \"10MiB\"";
 
 fn unit_nanos(unit: &str) -> Option<u64> {
@@ -65,7 +65,7 @@ fn parse_decimal(digits: &str) -> Option<(u64, u64)> {
 
 /// Parses `"250ms"`, `"10s"`, `"1.5h"`. A bare number is rejected: the unit is
 /// what makes `timeout = 30` unambiguous.
-pub fn parse_duration(text: &str) -> Result<Duration, String> {
+pub(crate) fn parse_duration(text: &str) -> Result<Duration, String> {
     let (digits, unit) = split_number(text.trim());
     let per = unit_nanos(unit).ok_or_else(|| format!("`{text}` is not {DURATION_EXPECTED}"))?;
     let (num, den) =
@@ -76,7 +76,7 @@ pub fn parse_duration(text: &str) -> Result<Duration, String> {
 }
 
 /// Parses `"N/unit"` (also `"N/10s"`) into an exact [`Rate`]; N may be a decimal.
-pub fn parse_rate(text: &str) -> Result<Rate, String> {
+pub(crate) fn parse_rate(text: &str) -> Result<Rate, String> {
     let bad = || format!("`{text}` is not {RATE_EXPECTED}");
     let (count, unit) = text.trim().split_once('/').ok_or_else(bad)?;
     let (num, den) = parse_decimal(count.trim()).ok_or_else(bad)?;
@@ -109,7 +109,7 @@ fn gcd(mut a: u64, mut b: u64) -> u64 {
 }
 
 /// Parses `"64KiB"`, `"10MiB"`, `"1GiB"`, `"512B"` or a plain `"4096"`.
-pub fn parse_size(text: &str) -> Result<u64, String> {
+pub(crate) fn parse_size(text: &str) -> Result<u64, String> {
     let (digits, unit) = split_number(text.trim());
     let multiplier: u64 = match unit {
         "" | "B" => 1,

@@ -23,7 +23,7 @@ use crate::limit::{Algorithm, LeakyMode, Nanos, WindowAlign};
 
 /// Default per-limit cap on live keys; see `limit::memory` for what happens
 /// when it is reached.
-pub const DEFAULT_MAX_KEYS: usize = 1_000_000;
+pub(crate) const DEFAULT_MAX_KEYS: usize = 1_000_000;
 
 const ALGORITHMS: [&str; 6] = [
     "fixed_window",
@@ -158,7 +158,7 @@ impl Checker {
 }
 
 /// Validates the bytes of a configuration file.
-pub fn validate(path: &Path, bytes: &[u8]) -> Result<Config, ConfigError> {
+pub(crate) fn validate(path: &Path, bytes: &[u8]) -> Result<Config, ConfigError> {
     let fail = |problems: Vec<Problem>| ConfigError {
         file: path.to_owned(),
         problems,
@@ -2018,7 +2018,7 @@ fn check_match(c: &mut Checker, path: &KeyPath, raw: &raw::RawMatch) -> RouteMat
 }
 
 /// `example.com:8080` → `example.com`; `[::1]:80` → `[::1]`.
-pub fn strip_port(host: &str) -> &str {
+pub(crate) fn strip_port(host: &str) -> &str {
     if host.starts_with('[') {
         return host.find(']').map_or(host, |end| &host[..=end]);
     }

@@ -16,7 +16,7 @@ use std::time::{Duration, SystemTime};
 use super::{Config, KeyPart, LimitConfig, OnMissingKey, RedisServers, RouteConfig};
 
 /// A certificate expiring sooner than this gets a warning.
-pub const EXPIRY_WARNING: Duration = Duration::from_secs(14 * 24 * 3600);
+pub(crate) const EXPIRY_WARNING: Duration = Duration::from_secs(14 * 24 * 3600);
 
 /// One warning per `[server.tls]` certificate that has expired or expires
 /// within [`EXPIRY_WARNING`] of `now` (the caller's clock: `check`, start

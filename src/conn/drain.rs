@@ -20,7 +20,7 @@ use parking_lot::Mutex;
 /// The drain flag and, per worker, the wakers of the connections waiting
 /// for it.
 #[derive(Debug)]
-pub struct Drain {
+pub(crate) struct Drain {
     draining: AtomicBool,
     /// One list per worker: a connection registers on its own worker's.
     waiting: Box<[Mutex<Wakers>]>,
@@ -58,7 +58,7 @@ impl Wakers {
 
 impl Drain {
     /// A drain signal for `workers` workers (at least one list).
-    pub fn new(workers: usize) -> Arc<Drain> {
+    pub(crate) fn new(workers: usize) -> Arc<Drain> {
         Arc::new(Drain {
             draining: AtomicBool::new(false),
             waiting: (0..workers.max(1))
@@ -69,7 +69,7 @@ impl Drain {
 
     /// Starts the drain: every watch, present and future, completes.
     /// Calling it again does nothing more.
-    pub fn start(&self) {
+    pub(crate) fn start(&self) {
         // Set before taking the locks: a watch registering concurrently
         // either is in a list when it is emptied here, or sees the flag
         // under the same lock (see `DrainWatch::poll`).
@@ -85,13 +85,13 @@ impl Drain {
     }
 
     /// Whether the drain has started.
-    pub fn is_draining(&self) -> bool {
+    pub(crate) fn is_draining(&self) -> bool {
         self.draining.load(Ordering::Acquire)
     }
 
     /// A future that completes when the drain starts, for a connection on
     /// worker `worker`.
-    pub fn watch(self: &Arc<Self>, worker: usize) -> DrainWatch {
+    pub(crate) fn watch(self: &Arc<Self>, worker: usize) -> DrainWatch {
         DrainWatch {
             drain: self.clone(),
             list: worker % self.waiting.len(),
@@ -102,7 +102,7 @@ impl Drain {
 
 /// Completes when the drain starts ([`Drain::watch`]).
 #[derive(Debug)]
-pub struct DrainWatch {
+pub(crate) struct DrainWatch {
     drain: Arc<Drain>,
     list: usize,
     /// The registered waker's slot, once registered.

@@ -128,7 +128,7 @@ impl Listener {
     }
 
     /// Whether this is a `[server.tls]` listener.
-    pub fn is_tls(&self) -> bool {
+    pub(crate) fn is_tls(&self) -> bool {
         self.tls
     }
 }
@@ -143,7 +143,7 @@ pub fn bind(addresses: &[SocketAddr]) -> io::Result<Vec<Listener>> {
 }
 
 /// Binds every `[server.tls]` listener, as [`bind`] does the plain ones.
-pub fn bind_tls(addresses: &[SocketAddr]) -> io::Result<Vec<Listener>> {
+pub(crate) fn bind_tls(addresses: &[SocketAddr]) -> io::Result<Vec<Listener>> {
     addresses
         .iter()
         .map(|address| bind_one(*address, true, worker_count()))

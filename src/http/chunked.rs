@@ -5,9 +5,9 @@
 //! reading side's own (`http1::client::chunked`).
 
 /// Hex digits for [`size_line_with`]: ours, as the upstream client writes them.
-pub const LOWER_HEX: &[u8; 16] = b"0123456789abcdef";
+pub(crate) const LOWER_HEX: &[u8; 16] = b"0123456789abcdef";
 /// Hex digits for [`size_line_with`]: hyper's, as the server side writes them.
-pub const UPPER_HEX: &[u8; 16] = b"0123456789ABCDEF";
+pub(crate) const UPPER_HEX: &[u8; 16] = b"0123456789ABCDEF";
 
 /// The chunk-size line for a chunk of `len` bytes (`"1a\r\n"`), written into
 /// a stack buffer; returns the used part.
@@ -16,7 +16,7 @@ pub fn size_line(len: usize, out: &mut [u8; 18]) -> &[u8] {
 }
 
 /// [`size_line`] with the given hex digits (their letter case).
-pub fn size_line_with<'o>(len: usize, hex: &[u8; 16], out: &'o mut [u8; 18]) -> &'o [u8] {
+pub(crate) fn size_line_with<'o>(len: usize, hex: &[u8; 16], out: &'o mut [u8; 18]) -> &'o [u8] {
     let mut digits = [0u8; 16];
     let mut n = len;
     let mut i = digits.len();

@@ -40,7 +40,7 @@ where
 
 /// Folds one more field line into the length seen so far (`None`: this is
 /// the first line).
-pub fn merge(seen: Option<u64>, value: &[u8]) -> Result<u64, ContentLengthError> {
+pub(crate) fn merge(seen: Option<u64>, value: &[u8]) -> Result<u64, ContentLengthError> {
     let length = digits(value)?;
     match seen {
         Some(earlier) if earlier != length => Err(ContentLengthError::Conflicting),

@@ -27,7 +27,7 @@ thread_local! {
 }
 
 /// Appends the current date, as `Date` wants it, to `out`.
-pub fn extend(out: &mut Vec<u8>) {
+pub(crate) fn extend(out: &mut Vec<u8>) {
     let now = SystemTime::now();
     let second = now.duration_since(UNIX_EPOCH).map_or(0, |d| d.as_secs());
     CACHED.with(|cached| {

@@ -39,7 +39,7 @@ pub struct FieldLines {
 /// as [`FieldLines`]). The HTTP/1.1 server reuses a response's map for the
 /// connection's next request, so the request's allocation is kept rather
 /// than freed here and made again for the next request (~300 instructions).
-pub fn recycle_map(request: &mut HeaderMap, response: &mut HeaderMap) {
+pub(crate) fn recycle_map(request: &mut HeaderMap, response: &mut HeaderMap) {
     if response.is_empty() {
         request.clear();
         std::mem::swap(request, response);
@@ -82,12 +82,12 @@ fn length_bit(name: &[u8]) -> u64 {
 
 impl FieldLines {
     /// No fields, and no allocation until one is added.
-    pub fn new() -> Self {
+    pub(crate) fn new() -> Self {
         FieldLines::default()
     }
 
     /// Room for `bytes` of relayed lines, allocated once.
-    pub fn with_relayed_capacity(bytes: usize) -> Self {
+    pub(crate) fn with_relayed_capacity(bytes: usize) -> Self {
         FieldLines {
             relayed: Vec::with_capacity(bytes),
             ..FieldLines::default()
@@ -96,7 +96,7 @@ impl FieldLines {
 
     /// Adds a field relayed from an upstream: the name lower-cased, the
     /// value as it came (httparse has checked both).
-    pub fn push_relayed(&mut self, name: &[u8], value: &[u8]) {
+    pub(crate) fn push_relayed(&mut self, name: &[u8], value: &[u8]) {
         extend_lowercase(&mut self.relayed, name);
         self.relayed.extend_from_slice(b": ");
         self.relayed.extend_from_slice(value);
@@ -109,7 +109,7 @@ impl FieldLines {
 
     /// Adds `name: value` of the gateway's own. `value` must be a valid field
     /// value (the gateway's own text).
-    pub fn push(&mut self, name: &HeaderName, value: &str) {
+    pub(crate) fn push(&mut self, name: &HeaderName, value: &str) {
         let name = name.as_str();
         self.reserve_own(name.len() + value.len() + 4);
         self.own_lengths |= length_bit(name.as_bytes());
@@ -132,13 +132,13 @@ impl FieldLines {
     }
 
     /// Adds `name: n`.
-    pub fn push_number(&mut self, name: &HeaderName, n: u64) {
+    pub(crate) fn push_number(&mut self, name: &HeaderName, n: u64) {
         self.push(name, itoa::Buffer::new().format(n));
     }
 
     /// Adds `name: ` followed by a structured-field List that `write` fills;
     /// a list left empty adds nothing (RFC 9651: omit the field).
-    pub fn push_list(&mut self, name: &HeaderName, write: impl FnOnce(&mut ListWriter<'_>)) {
+    pub(crate) fn push_list(&mut self, name: &HeaderName, write: impl FnOnce(&mut ListWriter<'_>)) {
         let name = name.as_str();
         self.reserve_own(name.len() + 64);
         let start = self.own.len();
@@ -154,7 +154,8 @@ impl FieldLines {
         }
     }
 
-    pub fn is_empty(&self) -> bool {
+    #[cfg(test)]
+    pub(crate) fn is_empty(&self) -> bool {
         self.relayed.is_empty() && self.own.is_empty()
     }
 
@@ -165,18 +166,18 @@ impl FieldLines {
     }
 
     /// Whether the lines carry a `Date` (a relayed one).
-    pub fn has_date(&self) -> bool {
+    pub(crate) fn has_date(&self) -> bool {
         self.relayed_date
     }
 
     /// The value of the first relayed field called `name` (lower case).
-    pub fn relayed_value(&self, name: &str) -> Option<&[u8]> {
+    pub(crate) fn relayed_value(&self, name: &str) -> Option<&[u8]> {
         lines(&self.relayed).find_map(|(n, v)| (n == name.as_bytes()).then_some(v))
     }
 
     /// Drops relayed fields of a name the gateway sets itself: the
     /// gateway's rate-limit fields replace an upstream's.
-    pub fn drop_replaced(&mut self) {
+    pub(crate) fn drop_replaced(&mut self) {
         if self.relayed_lengths & self.own_lengths == 0 {
             return;
         }
@@ -200,7 +201,7 @@ impl FieldLines {
     /// Puts the fields into `headers`: relayed ones appended (an upstream's
     /// repeated fields stay repeated), the gateway's own each replacing any
     /// field of its name.
-    pub fn apply(&self, headers: &mut HeaderMap) {
+    pub(crate) fn apply(&self, headers: &mut HeaderMap) {
         for (name, value) in lines(&self.relayed) {
             if let (Ok(name), Ok(value)) =
                 (HeaderName::from_bytes(name), HeaderValue::from_bytes(value))

@@ -17,13 +17,13 @@ const NAMES: [&[u8]; 7] = [
 ];
 
 /// Whether a field name (any case) is hop-by-hop.
-pub fn is_hop_by_hop(name: &[u8]) -> bool {
+pub(crate) fn is_hop_by_hop(name: &[u8]) -> bool {
     NAMES.iter().any(|hop| name.eq_ignore_ascii_case(hop))
 }
 
 /// One token of a `Connection` field value (RFC 9112 §9.3, RFC 9110 §7.8).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum ConnectionToken<'a> {
+pub(crate) enum ConnectionToken<'a> {
     Close,
     KeepAlive,
     Upgrade,
@@ -32,7 +32,7 @@ pub enum ConnectionToken<'a> {
 }
 
 /// The tokens of a `Connection` field value, empty list elements skipped.
-pub fn connection_tokens(value: &[u8]) -> impl Iterator<Item = ConnectionToken<'_>> {
+pub(crate) fn connection_tokens(value: &[u8]) -> impl Iterator<Item = ConnectionToken<'_>> {
     value
         .split(|&b| b == b',')
         .map(<[u8]>::trim_ascii)
@@ -52,7 +52,7 @@ pub fn connection_tokens(value: &[u8]) -> impl Iterator<Item = ConnectionToken<'
 
 /// Whether the last coding a `Transfer-Encoding` value lists is `chunked`
 /// (codings apply in order, so the last decides how the body is framed).
-pub fn ends_in_chunked(value: &[u8]) -> bool {
+pub(crate) fn ends_in_chunked(value: &[u8]) -> bool {
     value
         .rsplit(|&b| b == b',')
         .next()

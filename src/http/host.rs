@@ -46,7 +46,7 @@ use std::net::Ipv6Addr;
 
 /// The longest reg-name accepted: RFC 3986 §3.2.2 asks URI producers to
 /// keep names to 255 bytes, as DNS does.
-pub const MAX_NAME: usize = 255;
+pub(crate) const MAX_NAME: usize = 255;
 
 /// A host value the rule accepted.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -289,7 +289,7 @@ fn by_rule(value: &[u8]) -> Result<HostPort<'_>, HostError> {
 }
 
 /// Whether `value` is a host the rule accepts.
-pub fn is_valid(value: &[u8]) -> bool {
+pub(crate) fn is_valid(value: &[u8]) -> bool {
     parse(value).is_ok()
 }
 
@@ -298,7 +298,7 @@ impl HostPort<'_> {
     /// normalisation RFC 9113 §8.3.1 asks of a proxy (RFC 3986 §6.2.3): the
     /// host compared without letter case, a port equal to the scheme's
     /// `default_port` the same as none.
-    pub fn same_as(&self, other: &HostPort<'_>, default_port: Option<u16>) -> bool {
+    pub(crate) fn same_as(&self, other: &HostPort<'_>, default_port: Option<u16>) -> bool {
         self.host.eq_ignore_ascii_case(other.host)
             && self.port.or(default_port) == other.port.or(default_port)
     }
@@ -312,7 +312,10 @@ impl HostPort<'_> {
 /// `http::uri::Authority` cannot read (a stream error), so this sees only
 /// what that parser lets through: userinfo, a port that is no number.
 /// `Err` is the reason, for a 400.
-pub fn check_http2_request(uri: &http::Uri, headers: &http::HeaderMap) -> Result<(), &'static str> {
+pub(crate) fn check_http2_request(
+    uri: &http::Uri,
+    headers: &http::HeaderMap,
+) -> Result<(), &'static str> {
     let authority = match uri.authority() {
         Some(authority) => Some(
             parse(authority.as_str().as_bytes())

@@ -6,10 +6,10 @@
 
 pub mod chunked;
 pub mod content_length;
-pub mod date;
-pub mod field_lines;
-pub mod hop_by_hop;
+pub(crate) mod date;
+pub(crate) mod field_lines;
+pub(crate) mod hop_by_hop;
 pub mod host;
-pub mod path;
+pub(crate) mod path;
 pub(crate) mod problem;
-pub mod structured;
+pub(crate) mod structured;

@@ -31,7 +31,7 @@ use std::fmt;
 
 /// What an encoded `/` or `\` in a path means (`[server] escaped_slashes`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-pub enum EscapedSlashes {
+pub(crate) enum EscapedSlashes {
     /// Refuse the request (400): the default.
     #[default]
     Reject,
@@ -42,7 +42,7 @@ pub enum EscapedSlashes {
 
 /// Why a path cannot be normalised; the request is answered 400.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum PathError {
+pub(crate) enum PathError {
     /// `%` not followed by two hex digits.
     BadEscape,
     /// `%2F` or `%5C` under [`EscapedSlashes::Reject`].
@@ -57,7 +57,7 @@ pub enum PathError {
 
 impl PathError {
     /// The problem+json detail for the client.
-    pub fn reason(self) -> &'static str {
+    pub(crate) fn reason(self) -> &'static str {
         match self {
             PathError::BadEscape => "the request path has a malformed percent-encoding",
             PathError::EncodedSlash => "the request path contains an encoded slash (%2F or %5C)",
@@ -76,7 +76,7 @@ impl fmt::Display for PathError {
 
 /// The normal form of `path` (which starts with `/`; anything else, like
 /// `*`, is returned as normal), or `Ok(None)` when it already is.
-pub fn normalize(path: &str, slashes: EscapedSlashes) -> Result<Option<String>, PathError> {
+pub(crate) fn normalize(path: &str, slashes: EscapedSlashes) -> Result<Option<String>, PathError> {
     if !path.starts_with('/') || is_normal(path.as_bytes()) {
         return Ok(None);
     }
@@ -87,7 +87,7 @@ pub fn normalize(path: &str, slashes: EscapedSlashes) -> Result<Option<String>, 
 
 /// Normalises the path of `uri` in place (scheme, authority and query kept);
 /// leaves `uri` untouched, without allocating, when its path is normal.
-pub fn normalize_uri(uri: &mut http::Uri, slashes: EscapedSlashes) -> Result<(), PathError> {
+pub(crate) fn normalize_uri(uri: &mut http::Uri, slashes: EscapedSlashes) -> Result<(), PathError> {
     let Some(path) = normalize(uri.path(), slashes)? else {
         return Ok(());
     };

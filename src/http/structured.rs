@@ -36,11 +36,11 @@
 //! buffer as it was; earlier successful calls stay written.
 
 /// Largest magnitude of an sf-integer (RFC 9651 §3.3.1: at most 15 digits).
-pub const MAX_INTEGER: i64 = 999_999_999_999_999;
+pub(crate) const MAX_INTEGER: i64 = 999_999_999_999_999;
 
 /// Why a value cannot be serialized as a Structured Field.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
-pub enum SfError {
+pub(crate) enum SfError {
     /// An sf-string may only hold printable ASCII (%x20–7E).
     #[error("structured-field string has a non-printable or non-ASCII byte at offset {offset}")]
     StringNotPrintable {
@@ -52,6 +52,7 @@ pub enum SfError {
     IntegerOutOfRange(i64),
     /// An sf-token starts with ALPHA or `*` and continues with tchar, `:`
     /// or `/`.
+    #[cfg(test)]
     #[error("not a structured-field token")]
     InvalidToken,
     /// A key starts with a lowercase letter or `*` and continues with
@@ -114,6 +115,7 @@ static TCHAR: [bool; 256] = {
 };
 
 /// Checks an sf-token (RFC 9651 §3.3.4).
+#[cfg(test)]
 fn check_token(value: &str) -> Result<(), SfError> {
     match value.as_bytes() {
         [first, rest @ ..]
@@ -144,7 +146,7 @@ fn check_key(key: &str) -> Result<(), SfError> {
 
 /// Appends `value` as an sf-string: quoted, with `"` and `\` escaped.
 #[cfg(test)]
-pub fn write_string(buf: &mut String, value: &str) -> Result<(), SfError> {
+pub(crate) fn write_string(buf: &mut String, value: &str) -> Result<(), SfError> {
     check_string(value)?;
     push_string(buf, value);
     Ok(())
@@ -172,7 +174,7 @@ fn push_string(buf: &mut String, value: &str) {
 
 /// Appends `value` as an sf-integer.
 #[cfg(test)]
-pub fn write_integer(buf: &mut String, value: i64) -> Result<(), SfError> {
+pub(crate) fn write_integer(buf: &mut String, value: i64) -> Result<(), SfError> {
     check_integer(value)?;
     push_integer(buf, value);
     Ok(())
@@ -188,7 +190,7 @@ fn push_integer(buf: &mut String, value: i64) {
 
 /// Appends `value` as an sf-token (written as is, after checking it).
 #[cfg(test)]
-pub fn write_token(buf: &mut String, value: &str) -> Result<(), SfError> {
+pub(crate) fn write_token(buf: &mut String, value: &str) -> Result<(), SfError> {
     check_token(value)?;
     buf.push_str(value);
     Ok(())
@@ -199,25 +201,26 @@ pub fn write_token(buf: &mut String, value: &str) -> Result<(), SfError> {
 /// in the buffer is kept and treated as outside the list (the first member
 /// gets no separator).
 #[derive(Debug)]
-pub struct ListWriter<'b> {
+pub(crate) struct ListWriter<'b> {
     buf: &'b mut String,
     members: usize,
 }
 
 impl<'b> ListWriter<'b> {
     /// Starts an empty list at the end of `buf`.
-    pub fn new(buf: &'b mut String) -> Self {
+    pub(crate) fn new(buf: &'b mut String) -> Self {
         ListWriter { buf, members: 0 }
     }
 
     /// How many members have been written.
-    pub fn len(&self) -> usize {
+    #[cfg(test)]
+    pub(crate) fn len(&self) -> usize {
         self.members
     }
 
     /// Whether no member has been written (an empty List is serialized as
     /// nothing, and RFC 9651 says to omit the field then).
-    pub fn is_empty(&self) -> bool {
+    pub(crate) fn is_empty(&self) -> bool {
         self.members == 0
     }
 
@@ -230,7 +233,7 @@ impl<'b> ListWriter<'b> {
 
     /// Appends an Item whose bare item is an sf-string; chain parameters on
     /// the returned [`Params`].
-    pub fn item_string(&mut self, value: &str) -> Result<Params<'_>, SfError> {
+    pub(crate) fn item_string(&mut self, value: &str) -> Result<Params<'_>, SfError> {
         check_string(value)?;
         self.separator();
         push_string(self.buf, value);
@@ -238,7 +241,8 @@ impl<'b> ListWriter<'b> {
     }
 
     /// Appends an Item whose bare item is an sf-integer.
-    pub fn item_int(&mut self, value: i64) -> Result<Params<'_>, SfError> {
+    #[cfg(test)]
+    pub(crate) fn item_int(&mut self, value: i64) -> Result<Params<'_>, SfError> {
         check_integer(value)?;
         self.separator();
         push_integer(self.buf, value);
@@ -246,7 +250,8 @@ impl<'b> ListWriter<'b> {
     }
 
     /// Appends an Item whose bare item is an sf-token.
-    pub fn item_token(&mut self, value: &str) -> Result<Params<'_>, SfError> {
+    #[cfg(test)]
+    pub(crate) fn item_token(&mut self, value: &str) -> Result<Params<'_>, SfError> {
         check_token(value)?;
         self.separator();
         self.buf.push_str(value);
@@ -257,7 +262,7 @@ impl<'b> ListWriter<'b> {
 /// The Parameters of the member just written. Taken and returned by value so
 /// calls chain with `?`; parameters can only follow an item, by construction.
 #[derive(Debug)]
-pub struct Params<'b> {
+pub(crate) struct Params<'b> {
     buf: &'b mut String,
 }
 
@@ -268,7 +273,7 @@ impl<'b> Params<'b> {
     }
 
     /// Appends `;key=value` with an sf-integer value.
-    pub fn param_int(mut self, key: &str, value: i64) -> Result<Self, SfError> {
+    pub(crate) fn param_int(mut self, key: &str, value: i64) -> Result<Self, SfError> {
         check_key(key)?;
         check_integer(value)?;
         self.key(key);
@@ -278,7 +283,7 @@ impl<'b> Params<'b> {
     }
 
     /// Appends `;key="value"` with an sf-string value.
-    pub fn param_string(mut self, key: &str, value: &str) -> Result<Self, SfError> {
+    pub(crate) fn param_string(mut self, key: &str, value: &str) -> Result<Self, SfError> {
         check_key(key)?;
         check_string(value)?;
         self.key(key);
@@ -288,7 +293,8 @@ impl<'b> Params<'b> {
     }
 
     /// Appends `;key=value` with an sf-token value.
-    pub fn param_token(mut self, key: &str, value: &str) -> Result<Self, SfError> {
+    #[cfg(test)]
+    pub(crate) fn param_token(mut self, key: &str, value: &str) -> Result<Self, SfError> {
         check_key(key)?;
         check_token(value)?;
         self.key(key);
@@ -299,7 +305,8 @@ impl<'b> Params<'b> {
 
     /// Appends a Boolean parameter: `;key` for true (RFC 9651 §4.1.1.2 omits
     /// the value) and `;key=?0` for false.
-    pub fn param_bool(mut self, key: &str, value: bool) -> Result<Self, SfError> {
+    #[cfg(test)]
+    pub(crate) fn param_bool(mut self, key: &str, value: bool) -> Result<Self, SfError> {
         check_key(key)?;
         self.key(key);
         if !value {

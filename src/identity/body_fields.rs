@@ -15,7 +15,7 @@ pub struct BodyFields(Vec<(String, Vec<u8>)>);
 impl BodyFields {
     /// Parses `body` by its `Content-Type` (JSON when it says `json`, a form
     /// when it says `x-www-form-urlencoded`, otherwise whichever parses).
-    pub fn parse(content_type: Option<&str>, body: &[u8]) -> BodyFields {
+    pub(crate) fn parse(content_type: Option<&str>, body: &[u8]) -> BodyFields {
         let content_type = content_type.unwrap_or("").to_ascii_lowercase();
         if content_type.contains("json") {
             return BodyFields::json(body).unwrap_or_default();
@@ -27,7 +27,7 @@ impl BodyFields {
     }
 
     /// The value of field `name`, if present.
-    pub fn get(&self, name: &str) -> Option<&[u8]> {
+    pub(crate) fn get(&self, name: &str) -> Option<&[u8]> {
         self.0
             .iter()
             .find(|(key, _)| key == name)

@@ -90,7 +90,7 @@ pub enum ForwardHeader {
 
 impl ForwardHeader {
     /// The header's name, lowercase, as `http::HeaderName` accepts it.
-    pub const fn name(self) -> &'static str {
+    pub(crate) const fn name(self) -> &'static str {
         match self {
             ForwardHeader::XForwardedFor => "x-forwarded-for",
             ForwardHeader::Forwarded => "forwarded",
@@ -145,7 +145,7 @@ pub fn resolve<'a>(
 /// with `Hops(0)` or an untrusted peer the header is never looked up (for a
 /// request, a header-map lookup of a custom name costs more than the rest of
 /// the walk).
-pub fn resolve_with<'a, I: Iterator<Item = &'a [u8]>>(
+pub(crate) fn resolve_with<'a, I: Iterator<Item = &'a [u8]>>(
     peer: IpAddr,
     header_values: impl FnOnce() -> I,
     policy: &ClientIpPolicy,

@@ -12,7 +12,7 @@ use crate::config::{ApiKeyConfig, ApiKeySource, Config, Consumer};
 
 /// What the request's API key says about who is calling.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Caller<'c> {
+pub(crate) enum Caller<'c> {
     /// No API key.
     Anonymous,
     /// A key that no consumer has.
@@ -21,7 +21,7 @@ pub enum Caller<'c> {
 }
 
 /// The API key the request presents, if any.
-pub fn api_key<'h>(headers: &'h HeaderMap, config: &ApiKeyConfig) -> Option<&'h str> {
+pub(crate) fn api_key<'h>(headers: &'h HeaderMap, config: &ApiKeyConfig) -> Option<&'h str> {
     match &config.source {
         ApiKeySource::Header(name) => headers.get(name)?.to_str().ok().map(str::trim),
         ApiKeySource::Bearer => {
@@ -34,7 +34,7 @@ pub fn api_key<'h>(headers: &'h HeaderMap, config: &ApiKeyConfig) -> Option<&'h 
 }
 
 /// Looks the caller up.
-pub fn identify<'c>(
+pub(crate) fn identify<'c>(
     headers: &HeaderMap,
     config: &ApiKeyConfig,
     consumers: &'c std::collections::HashMap<String, Consumer>,
@@ -49,7 +49,7 @@ pub fn identify<'c>(
 /// no consumer has where unknown keys are refused (`unknown_key = "reject"`
 /// or the route's `require_consumer`), or no key on a `require_consumer`
 /// route. Shared by the gateway's identify step and `simulate`.
-pub fn admit<'c>(
+pub(crate) fn admit<'c>(
     headers: &HeaderMap,
     config: &'c Config,
     require_consumer: bool,

@@ -62,7 +62,7 @@ pub fn extract(parts: &[KeyPart], request: &Parts, facts: &RequestFacts<'_>) -> 
 /// query, cookie or body value otherwise. Used to explain a key's state
 /// (`/limits/NAME` on the admin listener) without the operator computing
 /// digests by hand; an `Err` says which value is wrong.
-pub fn digest_values(
+pub(crate) fn digest_values(
     parts: &[KeyPart],
     values: &[&str],
     client: impl Fn(IpAddr) -> IpNet,
@@ -102,13 +102,13 @@ pub fn digest_values(
 /// A request lacks the key of a limit with `on_missing_key = "deny"`: the
 /// gateway answers 400.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct MissingKey;
+pub(crate) struct MissingKey;
 
 /// The key `limit` counts this request under, with its `on_missing_key`
 /// applied: `Ok(None)` skips the limit. The one rule the gateway's limit step
 /// and `simulate` share. A shadow limit never denies, so `"deny"` skips it
 /// too (the gateway counts that `shadow_denied`).
-pub fn limit_key(
+pub(crate) fn limit_key(
     limit: &LimitConfig,
     request: &Parts,
     facts: &RequestFacts<'_>,
@@ -124,12 +124,12 @@ pub fn limit_key(
 
 /// The request lacked the key of a shadow limit that would have refused it
 /// for that (`on_missing_key = "deny"`): given the key `limit_key` returned.
-pub fn shadow_missing_key(limit: &LimitConfig, key: Option<LimitKey>) -> bool {
+pub(crate) fn shadow_missing_key(limit: &LimitConfig, key: Option<LimitKey>) -> bool {
     key.is_none() && limit.shadow && limit.on_missing_key == OnMissingKey::Deny
 }
 
 /// The key every request without its key shares (`on_missing_key = "shared"`).
-pub fn shared_key() -> LimitKey {
+pub(crate) fn shared_key() -> LimitKey {
     // A NUL byte cannot occur in a header, query or cookie value as received.
     LimitKey::digest(&[b"\0missing"])
 }

@@ -1,9 +1,9 @@
 //! Who the client is: the client IP behind trusted proxies, and the keys a limit
 //! is counted under.
 
-pub mod body_fields;
+pub(crate) mod body_fields;
 pub mod client_ip;
-pub mod consumer;
+pub(crate) mod consumer;
 mod forwarded;
 pub(crate) use forwarded::normalize;
 pub mod keys;

@@ -90,7 +90,8 @@ impl ManualClock {
         }
     }
 
-    pub fn set(&self, now: Nanos) {
+    #[cfg(test)]
+    pub(crate) fn set(&self, now: Nanos) {
         self.now.store(now, Ordering::Relaxed);
     }
 

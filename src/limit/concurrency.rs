@@ -27,10 +27,10 @@ use super::{NANOS_PER_SEC, Nanos};
 
 /// What a denied concurrency request is told to wait: the contract's
 /// `Retry-After: 1`.
-pub const RETRY_AFTER: Nanos = NANOS_PER_SEC;
+pub(crate) const RETRY_AFTER: Nanos = NANOS_PER_SEC;
 
 /// Decide a request of `cost` against `in_flight` (pure).
-pub fn decide(in_flight: u64, cost: u64, max: u64) -> Verdict {
+pub(crate) fn decide(in_flight: u64, cost: u64, max: u64) -> Verdict {
     let never = cost > max;
     let after = in_flight.saturating_add(cost);
     if !never && after <= max {
@@ -41,7 +41,7 @@ pub fn decide(in_flight: u64, cost: u64, max: u64) -> Verdict {
 }
 
 /// A key's in-flight count, shared by the map and the permits.
-pub type Slot = Arc<AtomicU64>;
+pub(crate) type Slot = Arc<AtomicU64>;
 
 /// Holds `units` of a key's concurrency until dropped.
 #[derive(Debug)]
@@ -59,10 +59,6 @@ impl ConcurrencyPermit {
             units,
         }
     }
-
-    pub fn units(&self) -> u64 {
-        self.units
-    }
 }
 
 impl Drop for ConcurrencyPermit {
@@ -72,12 +68,12 @@ impl Drop for ConcurrencyPermit {
 }
 
 /// No permit alive and nothing in flight: the key can be forgotten.
-pub fn is_fresh(slot: &Slot) -> bool {
+pub(crate) fn is_fresh(slot: &Slot) -> bool {
     Arc::strong_count(slot) == 1 && slot.load(Ordering::Acquire) == 0
 }
 
 /// Units in flight now.
-pub fn in_flight(slot: &Slot) -> u64 {
+pub(crate) fn in_flight(slot: &Slot) -> u64 {
     slot.load(Ordering::Acquire)
 }
 

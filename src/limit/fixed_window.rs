@@ -29,10 +29,10 @@ use super::verdict::{Verdict, sat_nanos, settle};
 
 /// A key's counter: `count` units charged in window number `window`.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub struct State {
+pub(crate) struct State {
     /// Index of the window the count belongs to: its start / window length.
-    pub window: u64,
-    pub count: u64,
+    pub(crate) window: u64,
+    pub(crate) count: u64,
 }
 
 /// The window index and the units already used in it at `now`. A `now` a
@@ -52,7 +52,13 @@ fn current(state: State, now: Nanos, window: Nanos) -> (u64, u64, Nanos) {
 
 /// Decide a request of `cost` at `now`; the returned state is to be stored
 /// only if the verdict admits.
-pub fn decide(state: State, now: Nanos, cost: u64, limit: u64, window: Nanos) -> (State, Verdict) {
+pub(crate) fn decide(
+    state: State,
+    now: Nanos,
+    cost: u64,
+    limit: u64,
+    window: Nanos,
+) -> (State, Verdict) {
     let (idx, used, reset_in) = current(state, now, window);
     charge(state, idx, used, reset_in, cost, limit)
 }
@@ -83,13 +89,13 @@ fn charge(
 }
 
 /// Nothing charged in the current window: the key can be forgotten.
-pub fn is_fresh(state: State, now: Nanos, window: Nanos) -> bool {
+pub(crate) fn is_fresh(state: State, now: Nanos, window: Nanos) -> bool {
     current(state, now, window).1 == 0
 }
 
 /// Post-response settlement: charge (`delta > 0`) or refund in the current
 /// window, keeping `0 <= count <= limit`.
-pub fn adjust(state: State, now: Nanos, delta: i64, limit: u64, window: Nanos) -> State {
+pub(crate) fn adjust(state: State, now: Nanos, delta: i64, limit: u64, window: Nanos) -> State {
     let (idx, used, _) = current(state, now, window);
     State {
         window: idx,
@@ -110,7 +116,7 @@ fn current_first(state: State, now: Nanos, window: Nanos) -> (Nanos, u64, Nanos)
 }
 
 /// [`decide`] for `align = "first_request"`; `State::window` is the start.
-pub fn decide_first(
+pub(crate) fn decide_first(
     state: State,
     now: Nanos,
     cost: u64,
@@ -122,12 +128,18 @@ pub fn decide_first(
 }
 
 /// [`is_fresh`] for `align = "first_request"`.
-pub fn is_fresh_first(state: State, now: Nanos, window: Nanos) -> bool {
+pub(crate) fn is_fresh_first(state: State, now: Nanos, window: Nanos) -> bool {
     current_first(state, now, window).1 == 0
 }
 
 /// [`adjust`] for `align = "first_request"`.
-pub fn adjust_first(state: State, now: Nanos, delta: i64, limit: u64, window: Nanos) -> State {
+pub(crate) fn adjust_first(
+    state: State,
+    now: Nanos,
+    delta: i64,
+    limit: u64,
+    window: Nanos,
+) -> State {
     let (start, used, _) = current_first(state, now, window);
     State {
         window: start,

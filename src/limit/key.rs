@@ -47,7 +47,7 @@ impl LimitKey {
         LimitKey::from_u128(hasher.digest128())
     }
 
-    pub fn from_u128(digest: u128) -> LimitKey {
+    pub(crate) fn from_u128(digest: u128) -> LimitKey {
         LimitKey([(digest >> 64) as u64, digest as u64])
     }
 

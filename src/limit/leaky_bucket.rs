@@ -29,7 +29,7 @@ use super::{LeakyMode, Nanos, Rate};
 
 /// Decide a request of `cost` at `now`; store the returned state only if the
 /// verdict admits. In `Delay` mode an admitted verdict carries the delay.
-pub fn decide(
+pub(crate) fn decide(
     state: State,
     now: Nanos,
     cost: u64,
@@ -50,13 +50,8 @@ pub fn decide(
     (o.state, verdict)
 }
 
-/// The bucket is empty: the key can be forgotten.
-pub fn is_fresh(state: State, now: Nanos, rate: Rate) -> bool {
-    token_bucket::is_fresh(state, now, rate)
-}
-
 /// Post-response settlement, as for the token bucket with `capacity + 1`.
-pub fn adjust(state: State, now: Nanos, delta: i64, capacity: u64, rate: Rate) -> State {
+pub(crate) fn adjust(state: State, now: Nanos, delta: i64, capacity: u64, rate: Rate) -> State {
     token_bucket::adjust(state, now, delta, capacity.saturating_add(1), rate)
 }
 

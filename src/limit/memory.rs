@@ -83,7 +83,7 @@ use super::{fixed_window, leaky_bucket, sliding_log, sliding_window, token_bucke
 
 /// Shards per limiter: a power of two well above the core count, so two
 /// requests for different keys rarely meet on one lock.
-pub const SHARDS: usize = 64;
+pub(crate) const SHARDS: usize = 64;
 
 /// A full limiter sweeps a shard at most this often when a new key arrives.
 const CAP_SWEEP_INTERVAL: Nanos = NANOS_PER_SEC;
@@ -199,7 +199,6 @@ pub struct Decision {
 /// One named limit's per-key state. Share it as `Arc<Limiter>`.
 #[derive(Debug)]
 pub struct Limiter {
-    name: Box<str>,
     algorithm: Algorithm,
     /// Fixed windows only: where each key's boundaries fall.
     align: WindowAlign,
@@ -211,9 +210,11 @@ pub struct Limiter {
 }
 
 impl Limiter {
-    pub fn new(name: &str, algorithm: Algorithm, max_keys: usize) -> Limiter {
+    /// A limiter of `algorithm` holding at most `max_keys` keys. `name`, the
+    /// limit's, is for the caller's reading only: the limiter keeps no copy
+    /// (its metrics and logs are labelled by the snapshot).
+    pub fn new(_name: &str, algorithm: Algorithm, max_keys: usize) -> Limiter {
         Limiter {
-            name: name.into(),
             algorithm,
             align: WindowAlign::default(),
             max_keys,
@@ -224,13 +225,9 @@ impl Limiter {
 
     /// Sets where a fixed window's boundaries fall per key (other
     /// algorithms ignore it). Set before the limiter is shared.
-    pub fn with_align(mut self, align: WindowAlign) -> Limiter {
+    pub(crate) fn with_align(mut self, align: WindowAlign) -> Limiter {
         self.align = align;
         self
-    }
-
-    pub fn name(&self) -> &str {
-        &self.name
     }
 
     /// The clock a key's fixed window runs on: with `reset_jitter`, `now`
@@ -247,12 +244,8 @@ impl Limiter {
         }
     }
 
-    pub fn algorithm(&self) -> Algorithm {
+    pub(crate) fn algorithm(&self) -> Algorithm {
         self.algorithm
-    }
-
-    pub fn max_keys(&self) -> usize {
-        self.max_keys
     }
 
     /// Keys holding their own state (the `tollgate_limiter_keys` gauge).
@@ -281,7 +274,7 @@ impl Limiter {
     /// Post-response cost settlement: charge `delta` more units, or refund
     /// `-delta`; never below empty, never above full. No effect on
     /// concurrency (its permits settle themselves).
-    pub fn adjust(&self, key: LimitKey, delta: i64, now: Nanos) {
+    pub(crate) fn adjust(&self, key: LimitKey, delta: i64, now: Nanos) {
         if delta == 0 || matches!(self.algorithm, Algorithm::Concurrency { .. }) {
             return;
         }
@@ -316,7 +309,7 @@ impl Limiter {
     }
 
     /// Whether [`Limiter::carry_from`] keeps any state from `old` to `new`.
-    pub fn carries_state(old: &Algorithm, new: &Algorithm) -> bool {
+    pub(crate) fn carries_state(old: &Algorithm, new: &Algorithm) -> bool {
         use Algorithm::*;
         match (old, new) {
             (FixedWindow { window: a, .. }, FixedWindow { window: b, .. })
@@ -332,7 +325,7 @@ impl Limiter {
     /// A limiter for a reloaded definition, keeping `old`'s key states where
     /// the algorithm allows (rules in the module doc). Cold path: locks each
     /// of `old`'s shards once.
-    pub fn carry_from(
+    pub(crate) fn carry_from(
         old: &Limiter,
         name: &str,
         algorithm: Algorithm,

@@ -24,25 +24,24 @@
 //! `retry_after = Some(100 ms)`, and nothing is charged anywhere in its
 //! stack. Each module doc works its own algorithm through.
 
-pub mod clock;
-pub mod concurrency;
-pub mod fixed_window;
-pub mod key;
-pub mod leaky_bucket;
-pub mod memory;
-pub mod params;
+pub(crate) mod clock;
+pub(crate) mod concurrency;
+pub(crate) mod fixed_window;
+pub(crate) mod key;
+pub(crate) mod leaky_bucket;
+pub(crate) mod memory;
+pub(crate) mod params;
 pub mod sliding_log;
 pub mod sliding_window;
-pub mod stack;
+pub(crate) mod stack;
 pub mod token_bucket;
-pub mod verdict;
+pub(crate) mod verdict;
 
 pub use clock::{Clock, ManualClock, SystemClock, TokioClock};
-pub use concurrency::ConcurrencyPermit;
 pub use key::LimitKey;
-pub use memory::{Decision, Limiter};
-pub use params::{Algorithm, LeakyMode, NANOS_PER_SEC, Nanos, Rate, WindowAlign};
-pub use stack::{
-    EntryVerdict, Outcome, Permits, StackDecision, StackEntry, check_stack, check_stack_into,
-};
-pub use verdict::{Verdict, quota, window_secs};
+pub use memory::Limiter;
+pub(crate) use params::WindowAlign;
+pub use params::{Algorithm, LeakyMode, NANOS_PER_SEC, Nanos, Rate};
+pub(crate) use stack::{EntryVerdict, Permits, StackDecision, check_stack_into};
+pub use stack::{Outcome, StackEntry, check_stack};
+pub(crate) use verdict::{Verdict, quota, window_secs};

@@ -60,7 +60,7 @@ impl Algorithm {
     /// The same algorithm with its quota (and rate) times `num / den`
     /// (at most 1), rounded down but at least 1: a node's share of a shared
     /// limit (`store.local_fraction`). Windows keep their length.
-    pub fn scaled(self, num: u64, den: u64) -> Algorithm {
+    pub(crate) fn scaled(self, num: u64, den: u64) -> Algorithm {
         let den = den.max(1);
         let num = num.min(den);
         let part = |n: u64| (u128::from(n) * u128::from(num) / u128::from(den)).max(1) as u64;
@@ -117,7 +117,7 @@ impl Algorithm {
 /// `reset_jitter`), so that long windows of many keys do not all reset in the
 /// same second.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub enum WindowAlign {
+pub(crate) enum WindowAlign {
     /// At multiples of the window since the Unix epoch, each key shifted by a
     /// fixed offset in `[0, jitter)` derived from its digest (0: no shift).
     Epoch { jitter: Nanos },

@@ -59,7 +59,8 @@ impl State {
     }
 
     /// Runs held (memory use is proportional).
-    pub fn runs(&self) -> usize {
+    #[cfg(test)]
+    pub(crate) fn runs(&self) -> usize {
         self.runs.len()
     }
 }
@@ -119,7 +120,7 @@ pub fn record(state: &mut State, now: Nanos, cost: u64, window: Nanos) {
 }
 
 /// Take back the newest `cost` units (a refund, or a stack roll-back).
-pub fn unrecord(state: &mut State, mut cost: u64) {
+pub(crate) fn unrecord(state: &mut State, mut cost: u64) {
     while cost > 0 {
         let Some((_, n)) = state.runs.back_mut() else {
             break;
@@ -135,13 +136,13 @@ pub fn unrecord(state: &mut State, mut cost: u64) {
 }
 
 /// Nothing logged inside the window: the key can be forgotten.
-pub fn is_fresh(state: &State, now: Nanos, window: Nanos) -> bool {
+pub(crate) fn is_fresh(state: &State, now: Nanos, window: Nanos) -> bool {
     state.used(now, window) == 0
 }
 
 /// Post-response settlement: log extra units at `now` (up to the limit) or
 /// refund the newest ones.
-pub fn adjust(state: &mut State, now: Nanos, delta: i64, limit: u64, window: Nanos) {
+pub(crate) fn adjust(state: &mut State, now: Nanos, delta: i64, limit: u64, window: Nanos) {
     if delta >= 0 {
         let room = limit.saturating_sub(state.used(now, window));
         record(state, now, delta.unsigned_abs().min(room), window);

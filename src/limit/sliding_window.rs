@@ -37,13 +37,13 @@ use super::verdict::{Verdict, div, sat_nanos, settle};
 /// A key's two counters, `current` belonging to window number `window`.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct State {
-    pub window: u64,
-    pub previous: u32,
-    pub current: u32,
+    pub(crate) window: u64,
+    pub(crate) previous: u32,
+    pub(crate) current: u32,
 }
 
 /// The largest `limit` a sliding window can hold (its counts are `u32`).
-pub const MAX_LIMIT: u64 = u32::MAX as u64;
+pub(crate) const MAX_LIMIT: u64 = u32::MAX as u64;
 
 /// A count that is at most `limit <= MAX_LIMIT`, as stored.
 fn count(v: u128) -> u32 {
@@ -135,13 +135,13 @@ pub fn decide(state: State, now: Nanos, cost: u64, limit: u64, window: Nanos) ->
 }
 
 /// Both counters are out of the sliding window: the key can be forgotten.
-pub fn is_fresh(state: State, now: Nanos, window: Nanos) -> bool {
+pub(crate) fn is_fresh(state: State, now: Nanos, window: Nanos) -> bool {
     let (_, _, p, c) = rolled(state, now, window.max(1));
     p == 0 && c == 0
 }
 
 /// Post-response settlement on the current counter, kept in `0..=limit`.
-pub fn adjust(state: State, now: Nanos, delta: i64, limit: u64, window: Nanos) -> State {
+pub(crate) fn adjust(state: State, now: Nanos, delta: i64, limit: u64, window: Nanos) -> State {
     let (idx, _, p, c) = rolled(state, now, window.max(1));
     State {
         window: idx,

@@ -49,7 +49,7 @@ use super::memory::{Decision, Limiter, ShardMap, Undo};
 use super::verdict::Verdict;
 
 /// Stacks up to this long are decided without touching the heap.
-pub const INLINE: usize = 8;
+pub(crate) const INLINE: usize = 8;
 
 /// One limit of a route's stack, with the request's key for it.
 #[derive(Clone, Copy, Debug)]
@@ -90,7 +90,7 @@ pub struct EntryVerdict {
 /// Concurrency permits of an admitted request; dropping them releases the
 /// slots. Hold them until the response body ends.
 #[derive(Debug, Default)]
-pub struct Permits {
+pub(crate) struct Permits {
     /// Memory slots and guards held elsewhere, in one list: a request makes
     /// several empty `Permits` on its way (moved into and out of the
     /// decision, the notes, the response body), and an empty list drops
@@ -138,7 +138,7 @@ impl Permits {
     }
 
     /// Keeps `guard` (e.g. a Redis concurrency lease) until these permits drop.
-    pub fn hold(&mut self, guard: Box<dyn std::fmt::Debug + Send + Sync>) {
+    pub(crate) fn hold(&mut self, guard: Box<dyn std::fmt::Debug + Send + Sync>) {
         self.add(Permit::Held(guard));
     }
 
@@ -172,7 +172,7 @@ impl Permits {
     }
 
     /// Takes over `other`'s permits and guards.
-    pub fn append(&mut self, mut other: Permits) {
+    pub(crate) fn append(&mut self, mut other: Permits) {
         if self.slots.capacity() == 0 {
             std::mem::swap(&mut self.slots, &mut other.slots);
         } else {
@@ -180,12 +180,13 @@ impl Permits {
         }
     }
 
-    pub fn is_empty(&self) -> bool {
+    pub(crate) fn is_empty(&self) -> bool {
         self.slots.is_empty()
     }
 
     /// Memory permits plus held guards.
-    pub fn len(&self) -> usize {
+    #[cfg(test)]
+    pub(crate) fn len(&self) -> usize {
         self.slots.len()
     }
 
@@ -200,12 +201,12 @@ pub struct StackDecision {
     /// Every non-shadow limit admitted, and all were charged.
     pub allowed: bool,
     /// Per entry, in stack order.
-    pub entries: SmallVec<[EntryVerdict; INLINE]>,
+    pub(crate) entries: SmallVec<[EntryVerdict; INLINE]>,
     /// The first non-shadow entry (stack order) that denied.
     pub denied_by: Option<usize>,
     /// Leaky buckets in `Delay` mode: hold the admitted request this long
     /// (the longest of the stack's delays) before forwarding. 0 if denied.
-    pub delay: Nanos,
+    pub(crate) delay: Nanos,
     /// Concurrency permits of an admitted request.
     permits: Permits,
 }
@@ -226,7 +227,7 @@ impl Default for StackDecision {
 impl StackDecision {
     /// A decision assembled from parts decided elsewhere (a stack split
     /// between node memory and a shared store).
-    pub fn from_parts(
+    pub(crate) fn from_parts(
         entries: SmallVec<[EntryVerdict; INLINE]>,
         denied_by: Option<usize>,
         delay: Nanos,
@@ -243,7 +244,7 @@ impl StackDecision {
 
     /// Take the concurrency permits, to hold until the response body ends.
     /// Dropping the decision without taking them releases them at once.
-    pub fn take_permits(&mut self) -> Permits {
+    pub(crate) fn take_permits(&mut self) -> Permits {
         std::mem::take(&mut self.permits)
     }
 
@@ -251,15 +252,8 @@ impl StackDecision {
     /// [`StackDecision::take_permits`] when `into` is empty: assigning the
     /// taken permits over it dropped an empty `Permits` for nothing.
     /// Whatever `into` held is released with the decision.
-    pub fn move_permits_into(&mut self, into: &mut Permits) {
+    pub(crate) fn move_permits_into(&mut self, into: &mut Permits) {
         std::mem::swap(&mut self.permits, into);
-    }
-
-    /// The denying entry's verdict.
-    pub fn denial(&self) -> Option<&Verdict> {
-        self.denied_by
-            .and_then(|i| self.entries.get(i))
-            .map(|e| &e.verdict)
     }
 }
 
@@ -277,7 +271,7 @@ pub fn check_stack(entries: &[StackEntry<'_>], cost: u64, now: Nanos) -> StackDe
 /// where it is used (~0.5 KiB with its inline arrays): returned by value, it
 /// was copied out even when inlined, ~90 instructions per request.
 #[inline]
-pub fn check_stack_into(
+pub(crate) fn check_stack_into(
     entries: &[StackEntry<'_>],
     cost: u64,
     now: Nanos,
@@ -375,7 +369,7 @@ fn check_many(entries: &[StackEntry<'_>], cost: u64, now: Nanos, decision: &mut 
 }
 
 /// The verdict of an entry without a key.
-pub const SKIPPED: EntryVerdict = EntryVerdict {
+pub(crate) const SKIPPED: EntryVerdict = EntryVerdict {
     outcome: Outcome::Skipped,
     verdict: Verdict {
         allowed: false,
@@ -388,7 +382,7 @@ pub const SKIPPED: EntryVerdict = EntryVerdict {
 };
 
 /// How a verdict counts for a (shadow or not) entry.
-pub fn outcome_of(verdict: &Verdict, shadow: bool) -> Outcome {
+pub(crate) fn outcome_of(verdict: &Verdict, shadow: bool) -> Outcome {
     match (verdict.allowed, shadow) {
         (true, _) => Outcome::Allowed,
         (false, true) => Outcome::ShadowDenied,

@@ -36,12 +36,12 @@ pub struct State {
 
 impl State {
     /// The theoretical arrival time (scaled nanoseconds).
-    pub fn tat(self) -> u128 {
+    pub(crate) fn tat(self) -> u128 {
         (u128::from(self.tat[1]) << 64) | u128::from(self.tat[0])
     }
 
     /// The state whose theoretical arrival time is `tat`.
-    pub fn at(tat: u128) -> State {
+    pub(crate) fn at(tat: u128) -> State {
         State {
             tat: [tat as u64, (tat >> 64) as u64],
         }
@@ -52,9 +52,9 @@ impl State {
 /// how far `tat` runs ahead of `now` afterwards (scaled ns; the leaky
 /// bucket's delay comes from it).
 pub(crate) struct Outcome {
-    pub state: State,
-    pub verdict: Verdict,
-    pub ahead: u128,
+    pub(crate) state: State,
+    pub(crate) verdict: Verdict,
+    pub(crate) ahead: u128,
 }
 
 /// `now` in scaled nanoseconds.
@@ -118,13 +118,13 @@ pub fn decide(
 }
 
 /// The bucket is full: the key can be forgotten.
-pub fn is_fresh(state: State, now: Nanos, refill: Rate) -> bool {
+pub(crate) fn is_fresh(state: State, now: Nanos, refill: Rate) -> bool {
     state.tat() <= scaled(now, refill)
 }
 
 /// Post-response settlement: take `delta` more tokens (not below empty) or
 /// give back `−delta` (not above full).
-pub fn adjust(state: State, now: Nanos, delta: i64, capacity: u64, refill: Rate) -> State {
+pub(crate) fn adjust(state: State, now: Nanos, delta: i64, capacity: u64, refill: Rate) -> State {
     let t = u128::from(refill.per.max(1));
     let now_s = scaled(now, refill);
     let tat = state.tat().max(now_s);
@@ -140,7 +140,7 @@ pub fn adjust(state: State, now: Nanos, delta: i64, capacity: u64, refill: Rate)
 /// Re-express a state under new numbers, keeping the tokens the key has
 /// *used* (so a full bucket stays full and a raised capacity adds its
 /// headroom; a lowered one keeps the debt, capped at the new capacity).
-pub fn rescale(state: State, now: Nanos, old: Rate, new_capacity: u64, new: Rate) -> State {
+pub(crate) fn rescale(state: State, now: Nanos, old: Rate, new_capacity: u64, new: Rate) -> State {
     let used_old = state.tat().saturating_sub(scaled(now, old));
     // used tokens = used_old / old.per; in new scaled time: × new.per.
     let used_new = ceil_div(

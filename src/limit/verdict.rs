@@ -24,7 +24,7 @@ pub struct Verdict {
     /// `t`: until more quota is available. Windows: until the window (or the
     /// weighted estimate) frees a unit; token/leaky bucket: until one more
     /// token, 0 when full; concurrency: 0 (frees when a response ends).
-    pub reset_after: Nanos,
+    pub(crate) reset_after: Nanos,
     /// When a denied request of this cost could pass; `None` when allowed or
     /// when it never can. Concurrency cannot know: it says 1 s.
     pub retry_after: Option<Nanos>,
@@ -32,12 +32,12 @@ pub struct Verdict {
     pub never: bool,
     /// Leaky bucket in `Delay` mode: hold the request this long before
     /// forwarding it, so that the excess leaves spaced at `rate`.
-    pub delay: Nanos,
+    pub(crate) delay: Nanos,
 }
 
 impl Verdict {
     /// An admitting verdict with the given `r` and `t`.
-    pub fn allow(remaining: u64, reset_after: Nanos) -> Verdict {
+    pub(crate) fn allow(remaining: u64, reset_after: Nanos) -> Verdict {
         Verdict {
             allowed: true,
             remaining,
@@ -47,7 +47,12 @@ impl Verdict {
     }
 
     /// A denying verdict; `retry_after` is ignored when `never`.
-    pub fn deny(remaining: u64, reset_after: Nanos, retry_after: Nanos, never: bool) -> Verdict {
+    pub(crate) fn deny(
+        remaining: u64,
+        reset_after: Nanos,
+        retry_after: Nanos,
+        never: bool,
+    ) -> Verdict {
         Verdict {
             allowed: false,
             remaining,
@@ -61,7 +66,7 @@ impl Verdict {
 
 /// `q`: the quota in cost units (window limit, token capacity, leaky
 /// `capacity + 1` as nginx admits that many at once, concurrency max).
-pub fn quota(algorithm: &Algorithm) -> u64 {
+pub(crate) fn quota(algorithm: &Algorithm) -> u64 {
     match *algorithm {
         Algorithm::FixedWindow { limit, .. }
         | Algorithm::SlidingWindow { limit, .. }
@@ -74,7 +79,7 @@ pub fn quota(algorithm: &Algorithm) -> u64 {
 
 /// `w`: the policy window in whole seconds (rounded up, at least 1); for a
 /// bucket, the time to refill from empty. `None` for concurrency.
-pub fn window_secs(algorithm: &Algorithm) -> Option<u64> {
+pub(crate) fn window_secs(algorithm: &Algorithm) -> Option<u64> {
     let secs = match *algorithm {
         Algorithm::FixedWindow { window, .. }
         | Algorithm::SlidingWindow { window, .. }

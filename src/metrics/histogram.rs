@@ -24,7 +24,7 @@ use prometheus_client::metrics::{MetricType, TypedMetric};
 /// A histogram of durations with fixed upper bounds (in seconds). Clones
 /// share their counts, like `prometheus-client`'s metrics.
 #[derive(Debug, Clone)]
-pub struct DurationHistogram {
+pub(crate) struct DurationHistogram {
     inner: Arc<Inner>,
 }
 
@@ -43,7 +43,7 @@ struct Inner {
 
 impl DurationHistogram {
     /// A histogram with these upper bounds in seconds (ascending).
-    pub fn new(bounds_secs: &[f64]) -> DurationHistogram {
+    pub(crate) fn new(bounds_secs: &[f64]) -> DurationHistogram {
         let bounds_nanos = bounds_secs
             .iter()
             .map(|&secs| Duration::from_secs_f64(secs).as_nanos() as u64)
@@ -59,7 +59,7 @@ impl DurationHistogram {
     }
 
     /// Records one observation.
-    pub fn observe(&self, elapsed: Duration) {
+    pub(crate) fn observe(&self, elapsed: Duration) {
         let nanos = u64::try_from(elapsed.as_nanos()).unwrap_or(u64::MAX);
         let inner = &*self.inner;
         let bucket = inner.bounds_nanos.partition_point(|&bound| bound < nanos);
@@ -76,7 +76,7 @@ impl DurationHistogram {
 
     /// `(sum in seconds, count, non-cumulative buckets with upper bounds)`,
     /// `f64::INFINITY` standing for `+Inf` as in `prometheus-client`.
-    pub fn snapshot(&self) -> (f64, u64, Vec<(f64, u64)>) {
+    pub(crate) fn snapshot(&self) -> (f64, u64, Vec<(f64, u64)>) {
         let inner = &*self.inner;
         let buckets: Vec<(f64, u64)> = inner
             .bounds_secs

@@ -42,18 +42,18 @@ use prometheus_client::registry::{Registry, Unit};
 use crate::config::Config;
 
 mod histogram;
-pub use histogram::DurationHistogram;
+pub(crate) use histogram::DurationHistogram;
 
 /// The `Content-Type` of [`Metrics::encode`]'s output.
-pub const CONTENT_TYPE: &str = "application/openmetrics-text; version=1.0.0; charset=utf-8";
+pub(crate) const CONTENT_TYPE: &str = "application/openmetrics-text; version=1.0.0; charset=utf-8";
 
 /// The route label of a request that matched no route.
-pub const NO_ROUTE: &str = "none";
+pub(crate) const NO_ROUTE: &str = "none";
 
 /// Upper bounds of the request-duration buckets, in seconds: 0.5 ms to 10 s,
 /// roughly ×2–2.5 apart, so both a local `respond` route and a slow upstream
 /// land in a bucket that tells them apart.
-pub const DURATION_BUCKETS: [f64; 15] = [
+pub(crate) const DURATION_BUCKETS: [f64; 15] = [
     0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 7.5, 10.0,
 ];
 
@@ -62,7 +62,7 @@ pub const DURATION_BUCKETS: [f64; 15] = [
 pub use crate::limit::Outcome;
 
 /// The `outcome` label's text.
-pub fn outcome_label(outcome: Outcome) -> &'static str {
+pub(crate) fn outcome_label(outcome: Outcome) -> &'static str {
     match outcome {
         Outcome::Allowed => "allowed",
         Outcome::Denied => "denied",
@@ -163,7 +163,7 @@ fn duration_histogram() -> DurationHistogram {
 /// A route's most frequent series, pre-resolved ([`Metrics::route_handles`]).
 /// Clones of prometheus-client metrics share their values.
 #[derive(Debug, Clone)]
-pub struct RouteHandles {
+pub(crate) struct RouteHandles {
     route: Arc<str>,
     /// `tollgate_requests_total{route, status="200"}`.
     ok: Counter,
@@ -180,7 +180,7 @@ pub struct RouteHandles {
 
 impl RouteHandles {
     /// `tollgate_request_duration_seconds{route}`.
-    pub fn duration(&self) -> &DurationHistogram {
+    pub(crate) fn duration(&self) -> &DurationHistogram {
         &self.duration
     }
 }
@@ -402,7 +402,7 @@ impl Metrics {
     /// A request the HTTP/1.1 codec refused before it reached the pipeline
     /// (no route, no duration measured): `tollgate_requests_total` only,
     /// with `route="none"`.
-    pub fn record_refused(&self, status: u16) {
+    pub(crate) fn record_refused(&self, status: u16) {
         self.count_request(&self.no_route, status);
     }
 
@@ -419,7 +419,7 @@ impl Metrics {
     /// Handles for a route's common series, resolved once per configuration
     /// snapshot so the request path skips the family lookup (a lock and a
     /// hash of the labels) for them.
-    pub fn route_handles(&self, route: &Arc<str>, limits: &[Arc<str>]) -> RouteHandles {
+    pub(crate) fn route_handles(&self, route: &Arc<str>, limits: &[Arc<str>]) -> RouteHandles {
         let ok = self
             .requests
             .get_or_create(&RequestLabels {
@@ -466,7 +466,12 @@ impl Metrics {
 
     /// [`Metrics::record_decision`] for the `position`-th limit of a route's
     /// stack, through its handles.
-    pub fn record_route_decision(&self, handles: &RouteHandles, position: usize, outcome: Outcome) {
+    pub(crate) fn record_route_decision(
+        &self,
+        handles: &RouteHandles,
+        position: usize,
+        outcome: Outcome,
+    ) {
         let Some(entry) = handles.decisions.get(position) else {
             debug_assert!(false, "no handles for stack position {position}");
             return;
@@ -477,7 +482,12 @@ impl Metrics {
     }
 
     /// [`Metrics::record_request`] through a route's handles.
-    pub fn record_route_request(&self, handles: &RouteHandles, status: u16, elapsed: Duration) {
+    pub(crate) fn record_route_request(
+        &self,
+        handles: &RouteHandles,
+        status: u16,
+        elapsed: Duration,
+    ) {
         self.count_route_request(handles, status);
         handles.duration.observe(elapsed);
     }
@@ -485,7 +495,7 @@ impl Metrics {
     /// A routed request's count alone: its duration is observed later, when
     /// its body ends ([`RouteHandles::duration`]).
     #[inline]
-    pub fn count_route_request(&self, handles: &RouteHandles, status: u16) {
+    pub(crate) fn count_route_request(&self, handles: &RouteHandles, status: u16) {
         if status == 200 {
             handles.ok.inc();
         } else if let Some(index) = COMMON_STATUSES.iter().position(|&common| common == status) {
@@ -538,7 +548,7 @@ impl Metrics {
 
     /// One retry of a request to `upstream`; `reason` is `"connect"` or the
     /// status retried (`"503"`).
-    pub fn record_upstream_retry(&self, upstream: &Arc<str>, reason: &'static str) {
+    pub(crate) fn record_upstream_retry(&self, upstream: &Arc<str>, reason: &'static str) {
         self.upstream_retries
             .get_or_create(&RetryLabels {
                 upstream: upstream.clone(),
@@ -550,7 +560,11 @@ impl Metrics {
     /// The counter of upstream failures of one `kind`, as a handle for code
     /// that counts without the metrics at hand (a response body failing
     /// after its head was relayed). Registers the series at 0.
-    pub fn upstream_error_counter(&self, upstream: &Arc<str>, kind: &'static str) -> Counter {
+    pub(crate) fn upstream_error_counter(
+        &self,
+        upstream: &Arc<str>,
+        kind: &'static str,
+    ) -> Counter {
         self.upstream_errors
             .get_or_create(&UpstreamErrorLabels {
                 upstream: upstream.clone(),
@@ -560,7 +574,7 @@ impl Metrics {
     }
 
     /// A failed store call; `backend` is `"memory"` or `"redis"`.
-    pub fn record_store_error(&self, backend: &'static str) {
+    pub(crate) fn record_store_error(&self, backend: &'static str) {
         self.store_errors
             .get_or_create(&BackendLabels { backend })
             .inc();
@@ -568,17 +582,17 @@ impl Metrics {
 
     /// Exports `tollgate_store_errors_total{backend}` at 0 before the first
     /// error, so a dashboard's `rate()` has a series from the first scrape.
-    pub fn expose_store_errors(&self, backend: &'static str) {
+    pub(crate) fn expose_store_errors(&self, backend: &'static str) {
         drop(self.store_errors.get_or_create(&BackendLabels { backend }));
     }
 
     /// Whether the store fallback (`on_failure`) is in force.
-    pub fn set_store_fallback(&self, active: bool) {
+    pub(crate) fn set_store_fallback(&self, active: bool) {
         self.store_fallback_active.set(i64::from(active));
     }
 
     /// A configuration reload attempt and its result.
-    pub fn record_reload(&self, ok: bool) {
+    pub(crate) fn record_reload(&self, ok: bool) {
         let result = if ok { "ok" } else { "error" };
         self.config_reloads
             .get_or_create(&ResultLabels { result })
@@ -586,7 +600,7 @@ impl Metrics {
     }
 
     /// A TLS handshake that failed (`"error"`) or stalled (`"timeout"`).
-    pub fn record_tls_handshake_failure(&self, reason: &'static str) {
+    pub(crate) fn record_tls_handshake_failure(&self, reason: &'static str) {
         self.tls_handshake_failures
             .get_or_create(&ReasonLabels { reason })
             .inc();
@@ -594,19 +608,19 @@ impl Metrics {
 
     /// An HTTP/2 client connection closed with a GOAWAY carrying the error
     /// code `reason` (lower case, as RFC 9113 names it).
-    pub fn record_http2_connection_error(&self, reason: &'static str) {
+    pub(crate) fn record_http2_connection_error(&self, reason: &'static str) {
         self.http2_connection_errors
             .get_or_create(&ReasonLabels { reason })
             .inc();
     }
 
     /// An idle connection closed to make room at `max_connections`.
-    pub fn record_connection_evicted(&self) {
+    pub(crate) fn record_connection_evicted(&self) {
         self.connections_evicted.inc();
     }
 
     /// The generation of the configuration now serving.
-    pub fn set_generation(&self, generation: u64) {
+    pub(crate) fn set_generation(&self, generation: u64) {
         self.config_generation
             .set(i64::try_from(generation).unwrap_or(i64::MAX));
     }
@@ -622,7 +636,7 @@ impl Metrics {
 
     /// `tollgate_upstream_healthy{upstream,url}`, as a handle the URL's
     /// health sets on each transition.
-    pub fn upstream_healthy_gauge(&self, upstream: &Arc<str>, url: &Arc<str>) -> Gauge {
+    pub(crate) fn upstream_healthy_gauge(&self, upstream: &Arc<str>, url: &Arc<str>) -> Gauge {
         self.upstream_health
             .healthy
             .get_or_create(&UrlLabels {
@@ -634,7 +648,7 @@ impl Metrics {
 
     /// An upstream URL taken out of service; `reason` is what did it
     /// (`connect`, `reset`, `timeout`, a status, `health_check`).
-    pub fn record_upstream_ejection(
+    pub(crate) fn record_upstream_ejection(
         &self,
         upstream: &Arc<str>,
         url: &Arc<str>,
@@ -651,7 +665,7 @@ impl Metrics {
     }
 
     /// One active health check of an upstream URL, by `result`.
-    pub fn record_upstream_health_check(
+    pub(crate) fn record_upstream_health_check(
         &self,
         upstream: &Arc<str>,
         url: &Arc<str>,
@@ -669,7 +683,7 @@ impl Metrics {
 
     /// A URL a reload removed: its `tollgate_upstream_healthy` series goes
     /// (its counters stay, as counters do).
-    pub fn retire_upstream_url(&self, upstream: &str, url: &str) {
+    pub(crate) fn retire_upstream_url(&self, upstream: &str, url: &str) {
         self.upstream_health.healthy.remove(&UrlLabels {
             upstream: Arc::from(upstream),
             url: Arc::from(url),
@@ -694,14 +708,14 @@ impl Metrics {
 /// per snapshot so the request path clones a pointer instead of a `String`.
 /// Indexes match [`Config::routes`], [`Config::limits`] and [`Config::upstreams`].
 #[derive(Debug, Clone, Default)]
-pub struct LabelNames {
-    pub routes: Vec<Arc<str>>,
-    pub limits: Vec<Arc<str>>,
-    pub upstreams: Vec<Arc<str>>,
+pub(crate) struct LabelNames {
+    pub(crate) routes: Vec<Arc<str>>,
+    pub(crate) limits: Vec<Arc<str>>,
+    pub(crate) upstreams: Vec<Arc<str>>,
 }
 
 impl LabelNames {
-    pub fn new(config: &Config) -> LabelNames {
+    pub(crate) fn new(config: &Config) -> LabelNames {
         LabelNames {
             routes: config.routes.iter().map(|r| Arc::from(&*r.name)).collect(),
             limits: config.limits.iter().map(|l| Arc::from(&*l.name)).collect(),
@@ -714,8 +728,10 @@ impl LabelNames {
     }
 }
 
+// The integration tests' parser, shared: its `pub` items are for them.
 #[cfg(test)]
 #[path = "../../tests/common/openmetrics.rs"]
+#[allow(unreachable_pub)]
 mod openmetrics;
 
 #[cfg(test)]

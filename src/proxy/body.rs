@@ -22,7 +22,7 @@ use crate::http1::client::UpstreamBody;
 use crate::http1::client::exchange::OutgoingBody;
 // The server side's request body, named here beside the bodies it becomes.
 use crate::access_log::PendingLine;
-pub use crate::http1::server::ClientBody;
+pub(crate) use crate::http1::server::ClientBody;
 use crate::http1::server::ConnActivity;
 use crate::limit::Permits;
 use crate::metrics::DurationHistogram;
@@ -30,8 +30,8 @@ use crate::metrics::DurationHistogram;
 /// The error a request body yields when it outgrows the route's `max_body`.
 #[derive(Debug, thiserror::Error)]
 #[error("request body larger than {limit} bytes")]
-pub struct BodyTooLarge {
-    pub limit: u64,
+pub(crate) struct BodyTooLarge {
+    pub(crate) limit: u64,
 }
 
 /// The error a request body yields when reading the client's body failed:
@@ -42,7 +42,7 @@ pub struct BodyTooLarge {
 /// A client that stops sending its body mid-way (`Stalled`) is answered
 /// 408 the same way.
 #[derive(Debug, thiserror::Error)]
-pub enum ClientBodyError {
+pub(crate) enum ClientBodyError {
     #[error("the client's request body could not be read")]
     Read(#[source] hyper::Error),
     #[error("the client sent no body bytes within body_read_timeout ({0:?})")]
@@ -52,7 +52,7 @@ pub enum ClientBodyError {
 impl ClientBodyError {
     /// The client-body failure behind `error` (as the upstream client
     /// reports a failed exchange), if that is what it was.
-    pub fn of(error: &std::io::Error) -> Option<&ClientBodyError> {
+    pub(crate) fn of(error: &std::io::Error) -> Option<&ClientBodyError> {
         // Directly inside (the HTTP/1.1 client), or a source of what is
         // (hyper's HTTP/2 client wraps it).
         let inner = error
@@ -68,14 +68,14 @@ impl ClientBodyError {
 /// made the first time the body has to wait (a body that is all there
 /// never needs one) and reset after each wait that brought bytes.
 #[derive(Debug)]
-pub struct Stall {
+pub(crate) struct Stall {
     timeout: Duration,
     timer: Option<Pin<Box<Sleep>>>,
     progressed: bool,
 }
 
 impl Stall {
-    pub fn new(timeout: Duration) -> Stall {
+    pub(crate) fn new(timeout: Duration) -> Stall {
         Stall {
             timeout,
             timer: None,
@@ -98,7 +98,7 @@ impl Stall {
 
 /// A request body on its way upstream.
 #[derive(Debug)]
-pub enum RequestBody {
+pub(crate) enum RequestBody {
     /// The client's body, streamed, optionally capped. `replay` holds bytes
     /// already read from it (for a `body:FIELD` key), sent first.
     Streaming {
@@ -124,10 +124,10 @@ impl OutgoingBody for RequestBody {
 /// Counts a streamed body against `max_body` and flags an overflow so the
 /// handler can answer 413 instead of 502.
 #[derive(Debug)]
-pub struct BodyCap {
-    pub limit: u64,
-    pub seen: u64,
-    pub exceeded: Arc<AtomicBool>,
+pub(crate) struct BodyCap {
+    pub(crate) limit: u64,
+    pub(crate) seen: u64,
+    pub(crate) exceeded: Arc<AtomicBool>,
 }
 
 impl Body for RequestBody {
@@ -216,12 +216,12 @@ impl Body for RequestBody {
 
 /// What happens when a request ends (its response body finished or dropped).
 #[derive(Debug, Default)]
-pub struct Completion {
+pub(crate) struct Completion {
     /// The connection the request came on, told that it is idle again.
-    pub connection: Option<Arc<ConnActivity>>,
+    pub(crate) connection: Option<Arc<ConnActivity>>,
     /// Concurrency slots of the request, released by being dropped.
     #[expect(dead_code, reason = "held, never read: dropping it is the release")]
-    pub permits: Permits,
+    pub(crate) permits: Permits,
 }
 
 impl Drop for Completion {
@@ -237,7 +237,7 @@ impl Drop for Completion {
 /// dropped (its last byte sent, or the client gone), so both hold the
 /// request's whole time, not just the time to its head.
 #[derive(Debug)]
-pub struct BodyTiming {
+pub(crate) struct BodyTiming {
     histogram: DurationHistogram,
     /// From the request's arrival to its response head.
     to_head: Duration,
@@ -248,7 +248,7 @@ pub struct BodyTiming {
 }
 
 impl BodyTiming {
-    pub fn new(histogram: DurationHistogram, to_head: Duration) -> BodyTiming {
+    pub(crate) fn new(histogram: DurationHistogram, to_head: Duration) -> BodyTiming {
         BodyTiming {
             histogram,
             to_head,
@@ -258,7 +258,7 @@ impl BodyTiming {
     }
 
     /// Writes `line` when the body ends, with the whole duration.
-    pub fn log_at_end(&mut self, line: PendingLine) {
+    pub(crate) fn log_at_end(&mut self, line: PendingLine) {
         self.line = Some(line);
     }
 }
@@ -275,7 +275,7 @@ impl Drop for BodyTiming {
 
 /// A response body on its way to the client.
 #[derive(Debug)]
-pub struct ResponseBody {
+pub(crate) struct ResponseBody {
     kind: ResponseKind,
     /// Dropped with the body: the end of the request.
     _completion: Completion,
@@ -289,7 +289,7 @@ enum ResponseKind {
 }
 
 impl ResponseBody {
-    pub fn full(bytes: impl Into<Bytes>) -> Self {
+    pub(crate) fn full(bytes: impl Into<Bytes>) -> Self {
         let bytes = bytes.into();
         ResponseBody {
             kind: ResponseKind::Full((!bytes.is_empty()).then_some(bytes)),
@@ -297,7 +297,7 @@ impl ResponseBody {
         }
     }
 
-    pub fn upstream(body: UpstreamBody) -> Self {
+    pub(crate) fn upstream(body: UpstreamBody) -> Self {
         ResponseBody {
             kind: ResponseKind::Upstream(body),
             _completion: Completion::default(),
@@ -305,13 +305,17 @@ impl ResponseBody {
     }
 
     /// Some of the body is still to come from the upstream.
-    pub fn still_arriving(&self) -> bool {
+    pub(crate) fn still_arriving(&self) -> bool {
         matches!(&self.kind, ResponseKind::Upstream(body) if body.still_arriving())
     }
 
     /// Attaches what must happen when the response ends: `completion`, and
     /// `timing`, observed when the body is dropped.
-    pub fn with_completion(mut self, completion: Completion, timing: Option<BodyTiming>) -> Self {
+    pub(crate) fn with_completion(
+        mut self,
+        completion: Completion,
+        timing: Option<BodyTiming>,
+    ) -> Self {
         if let Some(timing) = timing {
             self.time_until_end(timing);
         }

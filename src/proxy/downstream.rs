@@ -5,8 +5,8 @@ use std::net::SocketAddr;
 
 /// What the server knows about the connection a request came on.
 #[derive(Debug, Clone, Copy)]
-pub struct Downstream {
-    pub peer: SocketAddr,
+pub(crate) struct Downstream {
+    pub(crate) peer: SocketAddr,
     /// `"http"` or `"https"`, for `X-Forwarded-Proto` and `Forwarded`.
-    pub proto: &'static str,
+    pub(crate) proto: &'static str,
 }

@@ -8,7 +8,7 @@ use crate::proxy::response::{problem, problem_titled};
 
 /// Why the gateway answers a request itself with an error.
 #[derive(Debug, thiserror::Error)]
-pub enum GatewayError {
+pub(crate) enum GatewayError {
     #[error("no route matches {method} {path}")]
     NoRoute { method: http::Method, path: String },
     #[error("request headers are larger than {limit} bytes")]
@@ -50,12 +50,12 @@ pub enum GatewayError {
 }
 
 /// The `title` of [`GatewayError::NoHealthyUpstream`]'s problem.
-pub const NO_HEALTHY_TITLE: &str = "No Healthy Upstream Instance";
+pub(crate) const NO_HEALTHY_TITLE: &str = "No Healthy Upstream Instance";
 
 impl GatewayError {
     /// The HTTP status the client gets. Exhaustive on purpose: a new error
     /// kind must decide its status here.
-    pub fn status(&self) -> StatusCode {
+    pub(crate) fn status(&self) -> StatusCode {
         match self {
             GatewayError::NoRoute { .. } => StatusCode::NOT_FOUND,
             GatewayError::HeadersTooLarge { .. } => StatusCode::REQUEST_HEADER_FIELDS_TOO_LARGE,
@@ -74,7 +74,7 @@ impl GatewayError {
     }
 
     /// The `kind` label of `tollgate_upstream_errors_total`, for upstream errors.
-    pub fn upstream_kind(&self) -> Option<&'static str> {
+    pub(crate) fn upstream_kind(&self) -> Option<&'static str> {
         match self {
             GatewayError::UpstreamConnect { .. } => Some("connect"),
             GatewayError::UpstreamFailed { source, .. } if source.is_protocol() => Some("protocol"),
@@ -94,7 +94,7 @@ impl GatewayError {
 
     /// The problem+json response for this error. The detail is the error's own
     /// message; upstream error chains are logged, not shown to clients.
-    pub fn to_response(&self) -> Response<ResponseBody> {
+    pub(crate) fn to_response(&self) -> Response<ResponseBody> {
         match self {
             GatewayError::NoHealthyUpstream { .. } => {
                 problem_titled(self.status(), NO_HEALTHY_TITLE, &self.to_string())

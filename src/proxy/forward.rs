@@ -31,16 +31,16 @@ use http::{Response, Version};
 
 /// A request ready to go upstream, to whichever URL takes it.
 #[derive(Debug)]
-pub struct Prepared {
+pub(crate) struct Prepared {
     /// The client's request head; its target is the client's until a URL
     /// is chosen (then that URL's prefix goes in front), and its header map
     /// is left as the client sent it: `own` says what changes on the way.
     /// Head and body apart, so that the exchange borrows the head where
     /// it is instead of taking (and copying) a whole `Request`.
-    pub parts: Parts,
+    pub(crate) parts: Parts,
     /// Taken by the exchange (an empty body is left in its place).
-    pub body: RequestBody,
-    pub own: OwnFields,
+    pub(crate) body: RequestBody,
+    pub(crate) own: OwnFields,
     /// Neither the upstream's `host` nor the client's: the chosen URL's
     /// authority is the `Host`.
     host_from_url: bool,

@@ -40,7 +40,7 @@ use crate::http1::client::InterimSink;
 use crate::http1::server::ConnActivity;
 use crate::limit::{Nanos, Permits};
 use crate::proxy::body::{BodyTiming, ClientBody, Completion, ResponseBody};
-pub use crate::proxy::downstream::Downstream;
+pub(crate) use crate::proxy::downstream::Downstream;
 use crate::proxy::error::GatewayError;
 use crate::proxy::ratelimit;
 use crate::proxy::request_body::{PendingBody, buffer_for_key};
@@ -57,7 +57,7 @@ use crate::upstream::Attempt;
 ///
 /// One future from the server down: the connection awaits this one directly
 /// (a wrapper future around it was a 3.5 KB copy per request).
-pub async fn handle(
+pub(crate) async fn handle(
     app: &App,
     downstream: Downstream,
     request: Request<ClientBody>,

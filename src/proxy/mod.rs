@@ -7,14 +7,14 @@
 //! (`upstream`), the shared state (`app`); above it only the connection
 //! layer (`conn`), which it never names.
 
-pub mod body;
+pub(crate) mod body;
 pub(crate) mod downstream;
-pub mod error;
-pub mod forward;
-pub mod handler;
-pub mod ratelimit;
+pub(crate) mod error;
+pub(crate) mod forward;
+pub(crate) mod handler;
+pub(crate) mod ratelimit;
 pub(crate) mod request_body;
-pub mod response;
+pub(crate) mod response;
 pub(crate) mod retry;
 pub(crate) mod send;
-pub mod upgrade;
+pub(crate) mod upgrade;

@@ -35,7 +35,7 @@ static TRIO_REMAINING: HeaderName = HeaderName::from_static("ratelimit-remaining
 static TRIO_RESET: HeaderName = HeaderName::from_static("ratelimit-reset");
 
 /// Whole seconds, rounded up.
-pub fn ceil_secs(nanos: Nanos) -> u64 {
+pub(crate) fn ceil_secs(nanos: Nanos) -> u64 {
     nanos.div_ceil(NANOS_PER_SEC)
 }
 
@@ -44,7 +44,7 @@ pub fn ceil_secs(nanos: Nanos) -> u64 {
 ///
 /// `focus` is the entry the legacy and trio headers describe: the denying
 /// limit, or on an allowed response the one with the least remaining (`r / q`).
-pub fn limit_fields(
+pub(crate) fn limit_fields(
     lines: &mut FieldLines,
     view: StackView<'_>,
     verdicts: &[EntryVerdict],
@@ -114,7 +114,7 @@ const RETRY_AFTER_MEMBER: NumberMember = problem_member!(number "retry_after");
 /// The deny response: the limit's status and problem+json naming the limit;
 /// and its fields (content type, `Cache-Control: no-store`, `Retry-After`
 /// unless waiting cannot help, the rate-limit fields) as [`FieldLines`].
-pub fn deny_response(
+pub(crate) fn deny_response(
     view: StackView<'_>,
     verdicts: &[EntryVerdict],
     denied_by: usize,

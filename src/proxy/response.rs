@@ -14,13 +14,17 @@ const PROBLEM_JSON: HeaderValue = HeaderValue::from_static(problem_json::CONTENT
 
 /// A problem+json response of type `about:blank`, titled by the status's
 /// reason phrase: `{"detail":...,"status":...,"title":...,"type":"about:blank"}`.
-pub fn problem(status: StatusCode, detail: &str) -> Response<ResponseBody> {
+pub(crate) fn problem(status: StatusCode, detail: &str) -> Response<ResponseBody> {
     problem_titled(status, reason_title(status), detail)
 }
 
 /// [`problem`] with a title of its own, for a case the status's reason
 /// phrase does not name.
-pub fn problem_titled(status: StatusCode, title: &str, detail: &str) -> Response<ResponseBody> {
+pub(crate) fn problem_titled(
+    status: StatusCode,
+    title: &str,
+    detail: &str,
+) -> Response<ResponseBody> {
     let mut body = String::new();
     about_blank(&mut body, status, title, detail);
     let mut response = Response::new(ResponseBody::full(body));

@@ -29,7 +29,7 @@ use crate::limit::Permits;
 /// Joins the client's upgraded connection to the upstream's, holding
 /// `permits` until the tunnel closes. Bytes the upstream sent right after
 /// its `101` (already read with the head) go to the client first.
-pub fn spawn_tunnel(downstream: OnUpgrade, upstream: UpstreamConn, permits: Permits) {
+pub(crate) fn spawn_tunnel(downstream: OnUpgrade, upstream: UpstreamConn, permits: Permits) {
     tokio::spawn(async move {
         let _held = permits;
         let downstream = match downstream.await {
@@ -67,7 +67,7 @@ fn allowed(element: &str, protocols: &[Box<str>]) -> bool {
 
 /// Keeps only the allowed protocols in the request's `Upgrade` (removing the
 /// field when none is left, so the request is forwarded as a plain one).
-pub fn allow_only(headers: &mut HeaderMap, protocols: &[Box<str>]) {
+pub(crate) fn allow_only(headers: &mut HeaderMap, protocols: &[Box<str>]) {
     // A scan of the names first: most requests have no `Upgrade`, and a
     // hashed lookup of one cost more than comparing a few standard names.
     if !headers.keys().any(|name| name == UPGRADE) {
@@ -102,7 +102,7 @@ pub fn allow_only(headers: &mut HeaderMap, protocols: &[Box<str>]) {
 
 /// Whether an upstream's `101` switched to an allowed protocol (its
 /// `Upgrade` value, as relayed).
-pub fn switched_to_allowed(upgrade: Option<&[u8]>, protocols: &[Box<str>]) -> bool {
+pub(crate) fn switched_to_allowed(upgrade: Option<&[u8]>, protocols: &[Box<str>]) -> bool {
     let Some(value) = upgrade.and_then(|v| std::str::from_utf8(v).ok()) else {
         return false;
     };

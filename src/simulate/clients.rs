@@ -112,36 +112,36 @@ struct Kind {
 
 /// Which API keys a run's clients sent, for the report.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
-pub struct ApiKeyUse {
+pub(crate) struct ApiKeyUse {
     /// The kind, e.g. `header:x-api-key`.
-    pub kind: String,
+    pub(crate) kind: String,
     /// Consumers whose keys were sent.
-    pub consumers: u64,
+    pub(crate) consumers: u64,
     /// Distinct unknown keys sent.
-    pub unknown_keys: u64,
+    pub(crate) unknown_keys: u64,
     /// The gateway refuses unknown keys here: the consumers' keys were
     /// cycled (or, with none, no key was sent).
-    pub unknown_refused: bool,
+    pub(crate) unknown_refused: bool,
 }
 
 /// What the generated clients varied, for the report.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
-pub struct Variation {
+pub(crate) struct Variation {
     /// Kinds whose value differs per client, as limits spell them.
-    pub varied: Vec<String>,
+    pub(crate) varied: Vec<String>,
     /// Kinds the limits read that every client sends alike.
-    pub fixed: Vec<String>,
+    pub(crate) fixed: Vec<String>,
     #[serde(skip_serializing_if = "Option::is_none")]
-    pub api_key: Option<ApiKeyUse>,
+    pub(crate) api_key: Option<ApiKeyUse>,
     /// The words of the header line: `50 keys varying ip, header:x-api-key
     /// (1 consumer, then unknown keys)`.
     #[serde(skip)]
-    pub text: String,
+    pub(crate) text: String,
 }
 
 /// The requests of clients 0..`keys`, as the focus route and its limits
 /// want them.
-pub struct Clients {
+pub(crate) struct Clients {
     method: Method,
     path: String,
     host: Option<HeaderValue>,
@@ -157,7 +157,7 @@ const KINDS: &str = "ip, header:NAME, query:NAME, cookie:NAME, body:FIELD, consu
 impl Clients {
     /// `keys` clients of route `focus`, varying the kinds `vary` names (all
     /// the route's limits read when `None`).
-    pub fn new(
+    pub(crate) fn new(
         config: &Config,
         focus: Option<usize>,
         keys: u64,
@@ -251,7 +251,7 @@ impl Clients {
     }
 
     /// Client `client`'s request at `time`, record `line`.
-    pub fn record(&self, line: u64, time: Nanos, client: u64) -> Record {
+    pub(crate) fn record(&self, line: u64, time: Nanos, client: u64) -> Record {
         let mut target = self.path.clone();
         let mut cookies = Vec::new();
         let mut fields = serde_json::Map::new();
@@ -323,7 +323,7 @@ impl Clients {
     }
 
     /// What varied, in words and for the JSON.
-    pub fn variation(&self) -> Variation {
+    pub(crate) fn variation(&self) -> Variation {
         let name = |k: &Kind| {
             let mut name = k.part.name(&self.api_keys);
             if k.part == Part::ApiKey {

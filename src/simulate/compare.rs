@@ -32,7 +32,7 @@ use crate::limit::{Algorithm, LeakyMode, Nanos, Rate};
 
 /// An algorithm `--compare` can map a limit to.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub enum Kind {
+pub(crate) enum Kind {
     FixedWindow,
     SlidingWindow,
     SlidingLog,
@@ -41,7 +41,7 @@ pub enum Kind {
 }
 
 impl Kind {
-    pub const ALL: [Kind; 5] = [
+    pub(crate) const ALL: [Kind; 5] = [
         Kind::FixedWindow,
         Kind::SlidingWindow,
         Kind::SlidingLog,
@@ -49,7 +49,7 @@ impl Kind {
         Kind::LeakyBucket,
     ];
 
-    pub fn name(self) -> &'static str {
+    pub(crate) fn name(self) -> &'static str {
         match self {
             Kind::FixedWindow => "fixed_window",
             Kind::SlidingWindow => "sliding_window",
@@ -84,7 +84,7 @@ impl Kind {
 }
 
 /// The algorithm name as `gateway.toml` spells it.
-pub fn algorithm_name(algorithm: &Algorithm) -> &'static str {
+pub(crate) fn algorithm_name(algorithm: &Algorithm) -> &'static str {
     match algorithm {
         Algorithm::FixedWindow { .. } => "fixed_window",
         Algorithm::SlidingWindow { .. } => "sliding_window",
@@ -96,7 +96,7 @@ pub fn algorithm_name(algorithm: &Algorithm) -> &'static str {
 }
 
 /// `--compare a,b,c` (already split at commas), each once, in order.
-pub fn parse_list(names: &[String]) -> Result<Vec<Kind>, Error> {
+pub(crate) fn parse_list(names: &[String]) -> Result<Vec<Kind>, Error> {
     let mut kinds = Vec::new();
     for name in names.iter().map(|n| n.trim()).filter(|n| !n.is_empty()) {
         let kind = Kind::parse(name)?;
@@ -109,7 +109,7 @@ pub fn parse_list(names: &[String]) -> Result<Vec<Kind>, Error> {
 
 /// `(L, W)`: cost units per window (see the module doc). `None` for
 /// concurrency.
-pub fn window_form(algorithm: &Algorithm) -> Option<(u64, Nanos)> {
+pub(crate) fn window_form(algorithm: &Algorithm) -> Option<(u64, Nanos)> {
     match *algorithm {
         Algorithm::FixedWindow { limit, window }
         | Algorithm::SlidingWindow { limit, window }
@@ -126,7 +126,7 @@ pub fn window_form(algorithm: &Algorithm) -> Option<(u64, Nanos)> {
 /// `(capacity, rate)`: the burst and long-run rate a span is measured
 /// against (`capacity + rate × span`). Buckets as configured (a leaky
 /// bucket's burst is `capacity + 1`), windows as `(L, L per W)`.
-pub fn bucket_form(algorithm: &Algorithm) -> Option<(u64, Rate)> {
+pub(crate) fn bucket_form(algorithm: &Algorithm) -> Option<(u64, Rate)> {
     match *algorithm {
         Algorithm::TokenBucket { capacity, refill } => Some((capacity, refill)),
         Algorithm::LeakyBucket { capacity, rate, .. } => Some((capacity.saturating_add(1), rate)),
@@ -150,7 +150,7 @@ fn time_for(units: u64, rate: Rate) -> Nanos {
 }
 
 /// `algorithm` as `kind` at the same long-run rate.
-pub fn map_to(algorithm: &Algorithm, kind: Kind) -> Algorithm {
+pub(crate) fn map_to(algorithm: &Algorithm, kind: Kind) -> Algorithm {
     let Some((limit, window)) = window_form(algorithm) else {
         return *algorithm;
     };
@@ -180,7 +180,7 @@ pub fn map_to(algorithm: &Algorithm, kind: Kind) -> Algorithm {
 }
 
 /// `config` with every rate limit (and each of its plans) as `kind`.
-pub fn variant(config: &Config, kind: Kind) -> Config {
+pub(crate) fn variant(config: &Config, kind: Kind) -> Config {
     let mut config = config.clone();
     for limit in &mut config.limits {
         limit.algorithm = map_to(&limit.algorithm, kind);

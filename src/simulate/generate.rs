@@ -39,16 +39,16 @@ const MAX_COUNT: u64 = 100_000_000;
 
 /// A parsed `--generate` spec.
 #[derive(Debug, Clone, PartialEq)]
-pub struct Spec {
-    pub traffic: Traffic,
+pub(crate) struct Spec {
+    pub(crate) traffic: Traffic,
     /// `vary=`: the key kinds that differ per client, as limits spell them;
     /// `None`: every kind the route's limits read.
-    pub vary: Option<Vec<String>>,
+    pub(crate) vary: Option<Vec<String>>,
 }
 
 /// When requests arrive, and from which client.
 #[derive(Debug, Clone, PartialEq)]
-pub enum Traffic {
+pub(crate) enum Traffic {
     BoundaryBurst {
         n: Option<u64>,
         window: Option<Nanos>,
@@ -151,7 +151,7 @@ impl<'a> Params<'a> {
 
 impl Spec {
     /// Parses `name[:key=value,...]`.
-    pub fn parse(text: &str) -> Result<Spec, Error> {
+    pub(crate) fn parse(text: &str) -> Result<Spec, Error> {
         let (name, rest) = text.trim().split_once(':').unwrap_or((text.trim(), ""));
         let mut pairs = Vec::new();
         // `vary=` is a list: the items after it without `=` are its own.
@@ -277,20 +277,20 @@ fn per_second(text: &str) -> Option<f64> {
 
 /// What a spec generated, for the report's header line and its JSON.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
-pub struct Generated {
-    pub generator: &'static str,
+pub(crate) struct Generated {
+    pub(crate) generator: &'static str,
     /// `poisson 200/s for 1m, 50 keys varying ip, header:x-api-key (2
     /// consumers, then unknown keys)`.
-    pub summary: String,
+    pub(crate) summary: String,
     /// Clients (users for `page-loads`): the keys of each varied kind.
-    pub keys: u64,
+    pub(crate) keys: u64,
     #[serde(flatten)]
-    pub variation: Variation,
+    pub(crate) variation: Variation,
 }
 
 /// The records of `spec`, aimed at route `focus` of `config`, in time
 /// order, and what they are.
-pub fn records(
+pub(crate) fn records(
     spec: &Spec,
     config: &Config,
     focus: Option<usize>,

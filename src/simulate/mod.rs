@@ -28,15 +28,15 @@
 //! `simulate` sits at the top of the layer order, beside `main` and the admin
 //! listener: it imports the engine layers, nothing imports it.
 
-pub mod clients;
-pub mod compare;
-pub mod generate;
-pub mod report;
-pub mod run;
-pub mod svg;
-pub mod text;
-pub mod trace;
-pub mod tracker;
+pub(crate) mod clients;
+pub(crate) mod compare;
+pub(crate) mod generate;
+pub(crate) mod report;
+pub(crate) mod run;
+pub(crate) mod svg;
+pub(crate) mod text;
+pub(crate) mod trace;
+pub(crate) mod tracker;
 
 use std::io::Write;
 use std::path::PathBuf;

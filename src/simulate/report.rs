@@ -31,60 +31,60 @@ use crate::limit::{Algorithm, NANOS_PER_SEC, Nanos};
 
 /// One variant × route × limit.
 #[derive(Debug, Clone, Serialize)]
-pub struct Row {
+pub(crate) struct Row {
     /// The `--compare` algorithm (absent: as configured).
     #[serde(skip_serializing_if = "Option::is_none")]
-    pub variant: Option<String>,
-    pub route: String,
-    pub limit: String,
-    pub algorithm: &'static str,
-    pub shadow: bool,
-    pub requests: u64,
-    pub admitted: u64,
-    pub denied: u64,
+    pub(crate) variant: Option<String>,
+    pub(crate) route: String,
+    pub(crate) limit: String,
+    pub(crate) algorithm: &'static str,
+    pub(crate) shadow: bool,
+    pub(crate) requests: u64,
+    pub(crate) admitted: u64,
+    pub(crate) denied: u64,
     /// `None` for concurrency, which has no window.
-    pub peak: Option<u64>,
-    pub window_limit: Option<u64>,
-    pub window_seconds: Option<f64>,
-    pub excess: Option<u64>,
-    pub false_allows: Option<u64>,
-    pub false_denies: Option<u64>,
-    pub false_allow_share: Option<f64>,
-    pub false_deny_share: Option<f64>,
+    pub(crate) peak: Option<u64>,
+    pub(crate) window_limit: Option<u64>,
+    pub(crate) window_seconds: Option<f64>,
+    pub(crate) excess: Option<u64>,
+    pub(crate) false_allows: Option<u64>,
+    pub(crate) false_denies: Option<u64>,
+    pub(crate) false_allow_share: Option<f64>,
+    pub(crate) false_deny_share: Option<f64>,
     /// Distinct keys the limit saw, over every route that lists it
     /// (`None` for concurrency, which is not tracked).
-    pub keys: Option<u64>,
+    pub(crate) keys: Option<u64>,
 }
 
 /// One variant × route.
 #[derive(Debug, Clone, Serialize)]
-pub struct RouteRow {
+pub(crate) struct RouteRow {
     #[serde(skip_serializing_if = "Option::is_none")]
-    pub variant: Option<String>,
-    pub route: String,
-    pub requests: u64,
-    pub admitted: u64,
-    pub denied: u64,
-    pub unauthorized: u64,
-    pub missing_key: u64,
-    pub too_large: u64,
-    pub false_allows: u64,
-    pub false_denies: u64,
+    pub(crate) variant: Option<String>,
+    pub(crate) route: String,
+    pub(crate) requests: u64,
+    pub(crate) admitted: u64,
+    pub(crate) denied: u64,
+    pub(crate) unauthorized: u64,
+    pub(crate) missing_key: u64,
+    pub(crate) too_large: u64,
+    pub(crate) false_allows: u64,
+    pub(crate) false_denies: u64,
 }
 
 /// Everything a run found.
 #[derive(Debug, Clone, Serialize)]
-pub struct Report {
+pub(crate) struct Report {
     /// What `--generate` made (absent for a trace).
     #[serde(skip_serializing_if = "Option::is_none")]
-    pub generated: Option<Generated>,
-    pub records: u64,
-    pub bad_records: u64,
-    pub out_of_order: u64,
-    pub no_route: u64,
-    pub span_seconds: f64,
-    pub rows: Vec<Row>,
-    pub routes: Vec<RouteRow>,
+    pub(crate) generated: Option<Generated>,
+    pub(crate) records: u64,
+    pub(crate) bad_records: u64,
+    pub(crate) out_of_order: u64,
+    pub(crate) no_route: u64,
+    pub(crate) span_seconds: f64,
+    pub(crate) rows: Vec<Row>,
+    pub(crate) routes: Vec<RouteRow>,
 }
 
 fn share(part: u64, whole: u64) -> f64 {
@@ -101,7 +101,7 @@ fn seconds(nanos: Nanos) -> f64 {
 
 impl Report {
     /// The report of `simulation`, for route `only` (all routes when `None`).
-    pub fn new(
+    pub(crate) fn new(
         simulation: &Simulation,
         only: Option<&str>,
         generated: Option<Generated>,
@@ -178,12 +178,12 @@ impl Report {
         }
     }
 
-    pub fn write_json(&self, out: &mut dyn Write) -> std::io::Result<()> {
+    pub(crate) fn write_json(&self, out: &mut dyn Write) -> std::io::Result<()> {
         serde_json::to_writer_pretty(&mut *out, self)?;
         out.write_all(b"\n")
     }
 
-    pub fn write_table(&self, out: &mut dyn Write) -> std::io::Result<()> {
+    pub(crate) fn write_table(&self, out: &mut dyn Write) -> std::io::Result<()> {
         let generated = self
             .generated
             .as_ref()

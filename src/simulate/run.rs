@@ -1,7 +1,7 @@
 //! The run: every record through the configuration's routes and stacks on a
 //! virtual clock, counted per route and limit.
 //!
-//! [`identify`] and [`limit`] are the gateway's request path up to and
+//! [`identify()`] and [`limit`] are the gateway's request path up to and
 //! including the limit step, minus the network, and they run the gateway's
 //! own code ([`crate::admission`]): the [`Router`](crate::routing::Router),
 //! the caller's consumer, the client IP behind trusted proxies (the
@@ -46,7 +46,7 @@ const SHOWN_PROBLEMS: u64 = 20;
 // decision would be an allocation per record for nothing.
 #[allow(clippy::large_enum_variant)]
 #[derive(Debug)]
-pub enum Decided {
+pub(crate) enum Decided {
     /// No route matched: 404.
     NoRoute,
     /// Answered before the limits: 401 (unknown or missing API key), 400
@@ -65,7 +65,7 @@ pub enum Decided {
 
 /// Why a request was answered before its limits.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Rejection {
+pub(crate) enum Rejection {
     Unauthorized,
     /// The index in `config.limits` of the limit whose key was missing.
     MissingKey(usize),
@@ -75,7 +75,7 @@ pub enum Rejection {
 /// A request answered before its limits decide ([`Decided::NoRoute`],
 /// [`Decided::Rejected`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Early {
+pub(crate) enum Early {
     NoRoute,
     Rejected { route: usize, rejection: Rejection },
 }
@@ -93,18 +93,21 @@ impl From<Early> for Decided {
 /// Variants of one configuration differ only in their algorithms, so this
 /// is worked out once per record for all of them.
 #[derive(Debug)]
-pub struct Identified<'s> {
-    pub route: usize,
-    pub client_ip: IpAddr,
-    pub consumer: Option<&'s Consumer>,
+pub(crate) struct Identified<'s> {
+    pub(crate) route: usize,
+    pub(crate) client_ip: IpAddr,
+    pub(crate) consumer: Option<&'s Consumer>,
     /// The body's fields, when a limit keys on them and the body is within
     /// `max_key_body`.
-    pub body: Option<BodyFields>,
+    pub(crate) body: Option<BodyFields>,
 }
 
 /// The gateway's steps before the limits, as the gateway runs them
 /// ([`crate::admission::identify`]): route, caller, body fields, client IP.
-pub fn identify<'s>(snapshot: &'s Snapshot, record: &Record) -> Result<Identified<'s>, Early> {
+pub(crate) fn identify<'s>(
+    snapshot: &'s Snapshot,
+    record: &Record,
+) -> Result<Identified<'s>, Early> {
     let parts = &record.parts;
     let Some(index) = snapshot.router.find(parts) else {
         return Err(Early::NoRoute);
@@ -143,7 +146,7 @@ pub fn identify<'s>(snapshot: &'s Snapshot, record: &Record) -> Result<Identifie
 /// The limit step: the route's stack decided by admission on `app`'s
 /// limiters (the caller's plan's), all or nothing, at `now` — the
 /// gateway's own decision ([`admission::decide`]).
-pub fn limit(
+pub(crate) fn limit(
     app: &App,
     snapshot: &Snapshot,
     record: &Record,
@@ -187,52 +190,52 @@ pub fn limit(
 
 /// One limit of one route's stack, over the run.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub struct EntryStats {
+pub(crate) struct EntryStats {
     /// Requests of the route this limit applied to (it had a key).
-    pub applied: u64,
+    pub(crate) applied: u64,
     /// Of those, admitted by the whole stack (and so charged here).
-    pub admitted: u64,
+    pub(crate) admitted: u64,
     /// Denied by this limit (whatever the others said).
-    pub denied: u64,
+    pub(crate) denied: u64,
     /// A shadow limit's would-be denials.
-    pub shadow_denied: u64,
+    pub(crate) shadow_denied: u64,
     /// This limit admitted where an exact sliding log of its window form,
     /// holding the same admissions, would have denied; and the converse
     /// (each free unit counted once, see `LimitTracker::judge`).
-    pub false_allows: u64,
-    pub false_denies: u64,
+    pub(crate) false_allows: u64,
+    pub(crate) false_denies: u64,
 }
 
 /// One route over the run.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct RouteStats {
-    pub requests: u64,
-    pub admitted: u64,
+pub(crate) struct RouteStats {
+    pub(crate) requests: u64,
+    pub(crate) admitted: u64,
     /// Denied by a limit of the stack.
-    pub denied: u64,
-    pub unauthorized: u64,
-    pub missing_key: u64,
-    pub too_large: u64,
+    pub(crate) denied: u64,
+    pub(crate) unauthorized: u64,
+    pub(crate) missing_key: u64,
+    pub(crate) too_large: u64,
     /// The stack admitted where some limit's exact sliding log would have
     /// denied; the stack denied where every one would have admitted.
-    pub false_allows: u64,
-    pub false_denies: u64,
+    pub(crate) false_allows: u64,
+    pub(crate) false_denies: u64,
     /// Per limit of the stack, in stack order.
-    pub entries: Vec<EntryStats>,
+    pub(crate) entries: Vec<EntryStats>,
 }
 
 /// The configuration as run: as written, or with its limits mapped to one
 /// algorithm.
-pub struct Variant {
+pub(crate) struct Variant {
     /// `None`: as configured.
-    pub kind: Option<Kind>,
+    pub(crate) kind: Option<Kind>,
     /// What admission decides on (its limiters and metrics).
-    pub app: Arc<App>,
-    pub snapshot: Arc<Snapshot>,
-    pub routes: Vec<RouteStats>,
+    pub(crate) app: Arc<App>,
+    pub(crate) snapshot: Arc<Snapshot>,
+    pub(crate) routes: Vec<RouteStats>,
     /// Per limit of `config.limits`.
-    pub trackers: Vec<LimitTracker>,
-    pub no_route: u64,
+    pub(crate) trackers: Vec<LimitTracker>,
+    pub(crate) no_route: u64,
 }
 
 impl Variant {
@@ -262,7 +265,7 @@ impl Variant {
     }
 
     /// The name the chart and the JSON give this variant.
-    pub fn label(&self, chart_limit: Option<usize>) -> String {
+    pub(crate) fn label(&self, chart_limit: Option<usize>) -> String {
         match (self.kind, chart_limit) {
             (Some(kind), _) => kind.name().to_owned(),
             (None, Some(i)) => algorithm_name(&self.snapshot.config.limits[i].algorithm).to_owned(),
@@ -272,23 +275,23 @@ impl Variant {
 }
 
 /// A whole run: the variants, the totals and the chart's series.
-pub struct Simulation {
-    pub variants: Vec<Variant>,
+pub(crate) struct Simulation {
+    pub(crate) variants: Vec<Variant>,
     /// The route generated traffic goes to and the chart shows.
-    pub focus: Option<usize>,
+    pub(crate) focus: Option<usize>,
     /// The limit the chart shows: the focus route's first.
-    pub chart_limit: Option<usize>,
-    pub timeline: Timeline,
-    pub records: u64,
-    pub bad_records: u64,
-    pub out_of_order: u64,
+    pub(crate) chart_limit: Option<usize>,
+    pub(crate) timeline: Timeline,
+    pub(crate) records: u64,
+    pub(crate) bad_records: u64,
+    pub(crate) out_of_order: u64,
     /// First and last record time.
-    pub span: Option<(Nanos, Nanos)>,
+    pub(crate) span: Option<(Nanos, Nanos)>,
 }
 
 /// The route `name` (its index), or without a name the first route with
 /// limits.
-pub fn focus_route(config: &Config, name: Option<&str>) -> Result<Option<usize>, Error> {
+pub(crate) fn focus_route(config: &Config, name: Option<&str>) -> Result<Option<usize>, Error> {
     let Some(name) = name else {
         return Ok(config.routes.iter().position(|r| !r.limits.is_empty()));
     };
@@ -309,7 +312,7 @@ pub fn focus_route(config: &Config, name: Option<&str>) -> Result<Option<usize>,
 
 impl Simulation {
     /// The configuration as written (no `kinds`) or one variant per kind,
-    pub fn new(config: &Config, kinds: &[Kind], focus: Option<usize>) -> Simulation {
+    pub(crate) fn new(config: &Config, kinds: &[Kind], focus: Option<usize>) -> Simulation {
         let variants: Vec<Variant> = if kinds.is_empty() {
             vec![Variant::new(config.clone(), None)]
         } else {
@@ -334,7 +337,7 @@ impl Simulation {
     /// Runs `records` through every variant. Bad records are reported to
     /// `err` (the first few by line, then a count); with `decisions`, one
     /// JSON line per request and variant is written there.
-    pub fn run(
+    pub(crate) fn run(
         &mut self,
         records: impl Iterator<Item = Item>,
         err: &mut dyn Write,

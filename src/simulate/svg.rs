@@ -79,7 +79,7 @@ const BUSIEST_BUCKETS: (u64, u64) = (240, 480);
 /// `stored`, the widest that leaves `buckets.0` to `buckets.1` buckets,
 /// else the narrowest that leaves at most `buckets.1`. Beyond the widest
 /// round width (a run of years), a multiple of `stored`.
-pub fn bucket_width(extent: Nanos, stored: Nanos, buckets: (u64, u64)) -> Nanos {
+pub(crate) fn bucket_width(extent: Nanos, stored: Nanos, buckets: (u64, u64)) -> Nanos {
     let (least, most) = buckets;
     let stored = stored.max(1);
     let count = |width: Nanos| extent.div_ceil(width);
@@ -98,7 +98,7 @@ pub fn bucket_width(extent: Nanos, stored: Nanos, buckets: (u64, u64)) -> Nanos 
 }
 
 /// A bucket width for an axis label: `20 ms`, `1 s`, `15 min`, `1 h`, `7 d`.
-pub fn width_text(nanos: Nanos) -> String {
+pub(crate) fn width_text(nanos: Nanos) -> String {
     for (unit, name) in [
         (DAY, "d"),
         (HOUR, "h"),
@@ -154,7 +154,7 @@ fn failed<E: std::fmt::Display>(e: E) -> Error {
 }
 
 /// The chart as SVG text.
-pub fn render(simulation: &Simulation) -> Result<String, Error> {
+pub(crate) fn render(simulation: &Simulation) -> Result<String, Error> {
     let (Some(route), Some(limit)) = (simulation.focus, simulation.chart_limit) else {
         return Err(Error::Usage(
             "--svg: no route with limits to draw (name one with --route)".into(),

@@ -5,7 +5,7 @@ use crate::limit::{NANOS_PER_SEC, Nanos};
 
 /// `90ms`, `1.2s`, `60s`, `1h`: short, for a table cell or
 /// the header line.
-pub fn duration_text(seconds: f64) -> String {
+pub(crate) fn duration_text(seconds: f64) -> String {
     if seconds == 0.0 {
         "0s".to_owned()
     } else if seconds < 1.0 {
@@ -22,12 +22,12 @@ pub fn duration_text(seconds: f64) -> String {
 }
 
 /// [`duration_text`] of a span in nanoseconds.
-pub fn nanos_text(nanos: Nanos) -> String {
+pub(crate) fn nanos_text(nanos: Nanos) -> String {
     duration_text(nanos as f64 / NANOS_PER_SEC as f64)
 }
 
 /// `200`, `0.5`, `33.333`: a rate per second, short.
-pub fn rate_text(rate: f64) -> String {
+pub(crate) fn rate_text(rate: f64) -> String {
     let rounded = (rate * 1000.0).round() / 1000.0;
     format!("{rounded}")
 }

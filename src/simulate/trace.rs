@@ -38,28 +38,28 @@ use crate::limit::{NANOS_PER_SEC, Nanos};
 
 /// One request of a trace, ready for the gateway's functions.
 #[derive(Debug)]
-pub struct Record {
+pub(crate) struct Record {
     /// Line in the trace (1-based; generated records count from 1).
-    pub line: u64,
+    pub(crate) line: u64,
     /// When it arrived, in ns since the Unix epoch.
-    pub time: Nanos,
+    pub(crate) time: Nanos,
     /// Method, target, headers (with `Host` from `host`).
-    pub parts: Parts,
+    pub(crate) parts: Parts,
     /// The TCP peer.
-    pub peer: IpAddr,
-    pub body: Option<Bytes>,
+    pub(crate) peer: IpAddr,
+    pub(crate) body: Option<Bytes>,
 }
 
 /// A record that was skipped, or (`fatal`) why reading stopped.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Problem {
-    pub line: u64,
-    pub message: String,
-    pub fatal: bool,
+pub(crate) struct Problem {
+    pub(crate) line: u64,
+    pub(crate) message: String,
+    pub(crate) fatal: bool,
 }
 
 /// What a trace yields, record by record.
-pub type Item = Result<Record, Problem>;
+pub(crate) type Item = Result<Record, Problem>;
 
 /// The fields of a record, as text, before they are checked.
 #[derive(Debug, Default)]
@@ -80,7 +80,7 @@ enum TimeField<'a> {
 }
 
 /// Opens `source` (a path, or `-` for stdin) and reads its records lazily.
-pub fn open(source: &str) -> Result<TraceReader, Error> {
+pub(crate) fn open(source: &str) -> Result<TraceReader, Error> {
     let name = if source == "-" { "stdin" } else { source };
     let raw: Box<dyn Read> = if source == "-" {
         Box::new(std::io::stdin())
@@ -91,7 +91,7 @@ pub fn open(source: &str) -> Result<TraceReader, Error> {
 }
 
 /// Records of a trace, in file order.
-pub struct TraceReader {
+pub(crate) struct TraceReader {
     format: Format,
 }
 
@@ -127,7 +127,7 @@ const COLUMNS: &str = "time, method, path, host, ip, headers, body, header:NAME"
 
 impl TraceReader {
     /// Reads a trace from `raw`, named `name` in messages.
-    pub fn new(raw: Box<dyn Read>, name: &str) -> Result<TraceReader, Error> {
+    pub(crate) fn new(raw: Box<dyn Read>, name: &str) -> Result<TraceReader, Error> {
         let unreadable = |e: std::io::Error| Error::Failed(format!("cannot read {name}: {e}"));
         let mut input: Box<dyn BufRead> = Box::new(BufReader::with_capacity(1 << 16, raw));
         if input
@@ -587,7 +587,7 @@ fn number_time(n: &serde_json::Number) -> Result<Nanos, String> {
 
 /// RFC 3339 (`2026-03-01T10:00:00.25Z`, `...+01:00`) or decimal seconds
 /// since the epoch (`1772359200.25`), to ns since the epoch.
-pub fn parse_time(text: &str) -> Result<Nanos, String> {
+pub(crate) fn parse_time(text: &str) -> Result<Nanos, String> {
     let text = text.trim();
     if text.bytes().next().is_some_and(|b| b.is_ascii_digit()) && !text.contains('-') {
         return decimal_seconds(text)

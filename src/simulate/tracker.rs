@@ -30,19 +30,19 @@ use crate::limit::{Algorithm, LimitKey, NANOS_PER_SEC, Nanos};
 
 /// The worst a limit did over the whole trace.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub struct Worst {
+pub(crate) struct Worst {
     /// Most units admitted for one key in one window span.
-    pub peak: u64,
+    pub(crate) peak: u64,
     /// That key's `L` and `W`.
-    pub limit: u64,
-    pub window: Nanos,
+    pub(crate) limit: u64,
+    pub(crate) window: Nanos,
     /// Most units over `C + r × span` (0 if never over).
-    pub excess: u64,
+    pub(crate) excess: u64,
 }
 
 /// A decision next to the exact rule's.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Judgement {
+pub(crate) enum Judgement {
     Right,
     FalseAllow,
     FalseDeny,
@@ -95,17 +95,23 @@ impl KeyTrack {
 
 /// One limit's admissions, per key.
 #[derive(Debug, Default)]
-pub struct LimitTracker {
+pub(crate) struct LimitTracker {
     /// Keys are digests already: their bits are the hash (as in the store).
     keys: HashMap<LimitKey, KeyTrack, BuildHasherDefault<DigestHasher>>,
-    pub worst: Worst,
+    pub(crate) worst: Worst,
 }
 
 impl LimitTracker {
     /// Records `cost` units admitted for `key` at `now` under `algorithm`;
     /// returns the key's units in the window ending now (for the chart).
     /// Concurrency is not measured (0).
-    pub fn admit(&mut self, key: LimitKey, algorithm: &Algorithm, now: Nanos, cost: u64) -> u64 {
+    pub(crate) fn admit(
+        &mut self,
+        key: LimitKey,
+        algorithm: &Algorithm,
+        now: Nanos,
+        cost: u64,
+    ) -> u64 {
         let Some(track) = self.track(key, algorithm, now) else {
             return 0;
         };
@@ -147,7 +153,7 @@ impl LimitTracker {
     /// refuses units that fit (beside earlier false denials' units, so one
     /// free unit is counted once). Call before [`LimitTracker::admit`].
     /// `None` for concurrency.
-    pub fn judge(
+    pub(crate) fn judge(
         &mut self,
         key: LimitKey,
         algorithm: &Algorithm,
@@ -178,7 +184,7 @@ impl LimitTracker {
     }
 
     /// Distinct keys judged or admitted so far.
-    pub fn keys(&self) -> usize {
+    pub(crate) fn keys(&self) -> usize {
         self.keys.len()
     }
 
@@ -229,16 +235,16 @@ const WIDTHS: [Nanos; 9] = [
 /// bounded series, fine enough for the chart, which merges them into its
 /// own buckets ([`Timeline::merged`]).
 #[derive(Debug)]
-pub struct Timeline {
-    pub start: Option<Nanos>,
-    pub width: Nanos,
-    pub busiest: Vec<Vec<u64>>,
-    pub denied: Vec<Vec<u64>>,
+pub(crate) struct Timeline {
+    pub(crate) start: Option<Nanos>,
+    pub(crate) width: Nanos,
+    pub(crate) busiest: Vec<Vec<u64>>,
+    pub(crate) denied: Vec<Vec<u64>>,
 }
 
 impl Timeline {
     /// For `variants` series.
-    pub fn new(variants: usize) -> Timeline {
+    pub(crate) fn new(variants: usize) -> Timeline {
         Timeline {
             start: None,
             width: WIDTHS[0],
@@ -274,7 +280,7 @@ impl Timeline {
     /// The series in buckets `width` wide (a multiple of [`Timeline::width`];
     /// a width that is not is rounded up to one): for the busiest key the
     /// most of the merged buckets, for denials their sum.
-    pub fn merged(&self, width: Nanos) -> (Vec<Vec<u64>>, Vec<Vec<u64>>) {
+    pub(crate) fn merged(&self, width: Nanos) -> (Vec<Vec<u64>>, Vec<Vec<u64>>) {
         let group = usize::try_from(width.div_ceil(self.width))
             .unwrap_or(usize::MAX)
             .max(1);
@@ -301,19 +307,19 @@ impl Timeline {
         &mut series[index]
     }
 
-    pub fn admitted(&mut self, variant: usize, now: Nanos, in_window: u64) {
+    pub(crate) fn admitted(&mut self, variant: usize, now: Nanos, in_window: u64) {
         let index = self.bucket(now);
         let slot = Timeline::slot(&mut self.busiest[variant], index);
         *slot = (*slot).max(in_window);
     }
 
-    pub fn denied(&mut self, variant: usize, now: Nanos) {
+    pub(crate) fn denied(&mut self, variant: usize, now: Nanos) {
         let index = self.bucket(now);
         *Timeline::slot(&mut self.denied[variant], index) += 1;
     }
 
     /// Buckets used so far.
-    pub fn len(&self) -> usize {
+    pub(crate) fn len(&self) -> usize {
         self.busiest
             .iter()
             .chain(&self.denied)
@@ -322,12 +328,12 @@ impl Timeline {
             .unwrap_or(0)
     }
 
-    pub fn is_empty(&self) -> bool {
+    pub(crate) fn is_empty(&self) -> bool {
         self.len() == 0
     }
 
     /// The time the buckets used so far cover.
-    pub fn extent(&self) -> Nanos {
+    pub(crate) fn extent(&self) -> Nanos {
         (self.len() as Nanos).saturating_mul(self.width)
     }
 }

@@ -39,9 +39,9 @@ use crate::config::{RedisTls, RedisUrl, Secret};
 
 /// Who the gateway is to a node: its ACL user, password and database.
 pub(crate) struct Login<'a> {
-    pub username: Option<&'a str>,
-    pub password: Option<&'a Secret>,
-    pub db: i64,
+    pub(crate) username: Option<&'a str>,
+    pub(crate) password: Option<&'a Secret>,
+    pub(crate) db: i64,
 }
 
 impl Login<'_> {

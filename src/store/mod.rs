@@ -95,17 +95,17 @@ mod connect;
 use crate::limit::{Algorithm, LeakyMode, LimitKey, Nanos, Verdict, WindowAlign};
 
 /// Failed calls in a row that open the breaker.
-pub const FAILURES_TO_OPEN: u32 = 3;
+pub(crate) const FAILURES_TO_OPEN: u32 = 3;
 
 /// How often an open breaker tries Redis again.
-pub const PROBE_INTERVAL: Duration = Duration::from_millis(250);
+pub(crate) const PROBE_INTERVAL: Duration = Duration::from_millis(250);
 
 /// How long a concurrency slot outlives the last renewal of its holder.
-pub const LEASE: Duration = Duration::from_secs(30);
+pub(crate) const LEASE: Duration = Duration::from_secs(30);
 
 /// How long a node keeps the tokens it leased before giving back what it
 /// did not spend (`lease = N`).
-pub const LEASE_HOLD: Duration = Duration::from_secs(1);
+pub(crate) const LEASE_HOLD: Duration = Duration::from_secs(1);
 
 /// Shards of the lease pool: requests for different keys rarely meet.
 const POOL_SHARDS: usize = 16;
@@ -143,8 +143,8 @@ impl Drop for Fetching<'_> {
 
 /// How often a node renews its heartbeat (`local_fraction = "auto"`), and
 /// how long one counts.
-pub const HEARTBEAT_EVERY: Duration = Duration::from_secs(1);
-pub const HEARTBEAT_TTL: Duration = Duration::from_secs(3);
+pub(crate) const HEARTBEAT_EVERY: Duration = Duration::from_secs(1);
+pub(crate) const HEARTBEAT_TTL: Duration = Duration::from_secs(3);
 
 const STACK_LUA: &str = include_str!("stack.lua");
 const SETTLE_LUA: &str = include_str!("settle.lua");
@@ -156,44 +156,44 @@ type NodesListener = Box<dyn Fn(u64) + Send + Sync>;
 /// What the store tells the metrics (kept as callbacks so that the store
 /// depends on no module above the limiter): a failed call, and the breaker
 /// opening (`true`) or closing.
-pub struct Signals {
-    pub error: Box<dyn Fn() + Send + Sync>,
-    pub fallback: Box<dyn Fn(bool) + Send + Sync>,
+pub(crate) struct Signals {
+    pub(crate) error: Box<dyn Fn() + Send + Sync>,
+    pub(crate) fallback: Box<dyn Fn(bool) + Send + Sync>,
 }
 
 /// A call that failed (timeout, connection, Redis error) or was not made
 /// because the breaker is open: the caller applies `on_failure`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Unavailable;
+pub(crate) struct Unavailable;
 
 /// One shared limit of a request's stack.
 #[derive(Debug, Clone, Copy)]
-pub struct SharedEntry<'a> {
+pub(crate) struct SharedEntry<'a> {
     /// The limit's name (a key's second part).
-    pub limit: &'a str,
+    pub(crate) limit: &'a str,
     /// The caller's plan when it changes this limit's numbers (its state is
     /// its own, as in memory).
-    pub plan: Option<&'a str>,
+    pub(crate) plan: Option<&'a str>,
     /// The shared (unscaled) numbers.
-    pub algorithm: Algorithm,
-    pub align: WindowAlign,
-    pub key: LimitKey,
-    pub shadow: bool,
+    pub(crate) algorithm: Algorithm,
+    pub(crate) align: WindowAlign,
+    pub(crate) key: LimitKey,
+    pub(crate) shadow: bool,
     /// A token bucket's `lease`: units to take at a time (0: no leasing).
-    pub lease: u64,
+    pub(crate) lease: u64,
 }
 
 /// The store's answer for a request's shared entries.
 #[derive(Debug)]
-pub struct SharedDecision {
+pub(crate) struct SharedDecision {
     /// One per entry, in order; `None` for an entry not decided because an
     /// earlier Cluster slot denied (it is reported as skipped).
-    pub verdicts: SmallVec<[Option<Verdict>; 4]>,
+    pub(crate) verdicts: SmallVec<[Option<Verdict>; 4]>,
     /// The concurrency slots taken, when admitted; hold until the body ends.
-    pub leases: Vec<Lease>,
+    pub(crate) leases: Vec<Lease>,
     /// Per entry, the units taken (more than the cost for a leased token
     /// bucket: the rest is this node's to spend, see [`RedisStore::add_lease`]).
-    pub taken: SmallVec<[u64; 4]>,
+    pub(crate) taken: SmallVec<[u64; 4]>,
 }
 
 thread_local! {
@@ -204,13 +204,13 @@ thread_local! {
 
 /// Most decisions one script call carries: bounds the call's size and how
 /// long Redis runs it.
-pub const MAX_BATCH: usize = 64;
+pub(crate) const MAX_BATCH: usize = 64;
 
 /// Decision calls a worker keeps in flight at most. Two, not one: while
 /// one call's reply waits for the worker to be scheduled, the next batch
 /// is already on its way, so requests do not wait a whole round trip
 /// idle (measured: more req/s at a few more calls per request).
-pub const MAX_IN_FLIGHT: usize = 2;
+pub(crate) const MAX_IN_FLIGHT: usize = 2;
 
 /// One thread's connection (made on first use) and the decisions waiting
 /// for it.
@@ -367,7 +367,7 @@ impl RedisStore {
     /// Starts the store thread and connects (waiting at most about a second:
     /// a Redis that is down at start leaves the breaker open, and the store
     /// thread keeps probing). Fails only when the thread cannot start.
-    pub fn start(config: RedisConfig, signals: Signals) -> std::io::Result<Arc<RedisStore>> {
+    pub(crate) fn start(config: RedisConfig, signals: Signals) -> std::io::Result<Arc<RedisStore>> {
         let runtime = tokio::runtime::Builder::new_current_thread()
             .enable_all()
             .build()?;
@@ -407,7 +407,7 @@ impl RedisStore {
 
     /// With `local_fraction = "auto"`: `listener` is told the number of live
     /// gateway nodes whenever it changes (on the store thread). Set once.
-    pub fn on_live_nodes(&self, listener: impl Fn(u64) + Send + Sync + 'static) {
+    pub(crate) fn on_live_nodes(&self, listener: impl Fn(u64) + Send + Sync + 'static) {
         let _ = self.nodes_listener.set(Box::new(listener));
     }
 
@@ -432,7 +432,7 @@ impl RedisStore {
 
     /// Spends `cost` of this node's leased tokens for `e`, if it holds that
     /// many (and the lease has not lapsed); the tokens left.
-    pub fn spend_leased(&self, e: &SharedEntry<'_>, cost: u64) -> Option<u64> {
+    pub(crate) fn spend_leased(&self, e: &SharedEntry<'_>, cost: u64) -> Option<u64> {
         let key = self.key_of(e);
         let mut shard = self.pool_shard(&key).lock();
         let held = shard.get_mut(&key)?;
@@ -445,7 +445,7 @@ impl RedisStore {
 
     /// Puts back tokens [`RedisStore::spend_leased`] took for a request
     /// that the rest of its stack denied.
-    pub fn unspend(&self, e: &SharedEntry<'_>, cost: u64) {
+    pub(crate) fn unspend(&self, e: &SharedEntry<'_>, cost: u64) {
         let key = self.key_of(e);
         if let Some(held) = self.pool_shard(&key).lock().get_mut(&key) {
             held.tokens += cost;
@@ -454,7 +454,7 @@ impl RedisStore {
 
     /// Keeps `tokens` leased for `e` for [`LEASE_HOLD`]; what is not spent
     /// by then goes back to the shared bucket.
-    pub fn add_lease(&self, e: &SharedEntry<'_>, tokens: u64) {
+    pub(crate) fn add_lease(&self, e: &SharedEntry<'_>, tokens: u64) {
         if tokens == 0 {
             return;
         }
@@ -472,7 +472,7 @@ impl RedisStore {
     }
 
     /// Gives every unspent leased token back (a reload changes the limits).
-    pub fn return_leases(self: &Arc<Self>) {
+    pub(crate) fn return_leases(self: &Arc<Self>) {
         let store = self.clone();
         self.runtime
             .spawn(async move { store.return_expired(true).await });
@@ -503,7 +503,7 @@ impl RedisStore {
         }
     }
 
-    pub fn on_failure(&self) -> OnFailure {
+    pub(crate) fn on_failure(&self) -> OnFailure {
         self.config.on_failure
     }
 
@@ -519,7 +519,7 @@ impl RedisStore {
     ///
     /// A leased token bucket takes a lease only when no other call of this
     /// node is taking one for it; otherwise this request takes its cost.
-    pub async fn decide(
+    pub(crate) async fn decide(
         self: &Arc<Self>,
         entries: &[SharedEntry<'_>],
         cost: u64,
@@ -714,7 +714,7 @@ impl RedisStore {
 
     /// Post-response settlement: `delta` more units (or a refund) on every
     /// entry. Runs on the store thread; the response does not wait.
-    pub fn settle(self: &Arc<Self>, entries: &[SharedEntry<'_>], delta: i64) {
+    pub(crate) fn settle(self: &Arc<Self>, entries: &[SharedEntry<'_>], delta: i64) {
         if delta == 0 || self.is_down() {
             return;
         }
@@ -1058,7 +1058,7 @@ async fn send_batches(store: Arc<RedisStore>, state: Arc<ThreadState>) {
 /// The Redis Cluster slot of `key`: CRC16 (XMODEM) of its hash tag (the
 /// part inside the first `{…}`, when not empty) or of the whole key, mod
 /// 16384.
-pub fn slot_of(key: &str) -> u16 {
+pub(crate) fn slot_of(key: &str) -> u16 {
     let bytes = key.as_bytes();
     let tagged = bytes.iter().position(|&b| b == b'{').and_then(|open| {
         let rest = &bytes[open + 1..];
@@ -1295,7 +1295,7 @@ impl OwnedEntry {
 /// Concurrency slots held in Redis by one admitted request: renewed while
 /// held, removed when dropped (the response body ended).
 #[derive(Debug)]
-pub struct Lease {
+pub(crate) struct Lease {
     renew: tokio::task::JoinHandle<()>,
     release: Option<(Arc<RedisStore>, Cmd)>,
 }

@@ -27,39 +27,40 @@ use super::health::{LazyNow, UrlHealth};
 /// list longer than 64 URLs some share a bit, which only makes `avoid` and
 /// `exclude` cover a little more than asked.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub struct UrlSet(u64);
+pub(crate) struct UrlSet(u64);
 
 impl UrlSet {
-    pub fn insert(&mut self, url: usize) {
+    pub(crate) fn insert(&mut self, url: usize) {
         self.0 |= 1 << (url % 64);
     }
 
-    pub fn contains(self, url: usize) -> bool {
+    pub(crate) fn contains(self, url: usize) -> bool {
         self.0 & (1 << (url % 64)) != 0
-    }
-
-    pub fn is_empty(self) -> bool {
-        self.0 == 0
     }
 }
 
 /// What a choice is made among.
-pub struct Choice<'a> {
-    pub urls: &'a [Arc<UrlHealth>],
-    pub exclude: UrlSet,
-    pub avoid: UrlSet,
-    pub slow_start: Option<Duration>,
+pub(crate) struct Choice<'a> {
+    pub(crate) urls: &'a [Arc<UrlHealth>],
+    pub(crate) exclude: UrlSet,
+    pub(crate) avoid: UrlSet,
+    pub(crate) slow_start: Option<Duration>,
 }
 
 /// A uniform draw in `[0, n]` (injected, so tests can fix it).
-pub type Draw<'d> = &'d mut dyn FnMut(u64) -> u64;
+pub(crate) type Draw<'d> = &'d mut dyn FnMut(u64) -> u64;
 
 impl Choice<'_> {
     /// Round robin from `start`: the first URL that is available, not
     /// excluded, not avoided, and not skipped for its slow start; failing
     /// that, the first one skipped for its slow start, then the first
     /// avoided one.
-    pub fn round_robin(&self, start: usize, now: &mut LazyNow, draw: Draw<'_>) -> Option<usize> {
+    pub(crate) fn round_robin(
+        &self,
+        start: usize,
+        now: &mut LazyNow,
+        draw: Draw<'_>,
+    ) -> Option<usize> {
         let n = self.urls.len();
         let (mut ramping, mut avoided) = (None, None);
         for k in 0..n {
@@ -83,7 +84,7 @@ impl Choice<'_> {
 
     /// The power of two choices on requests in flight, each divided by its
     /// share; when neither draw is usable, round robin from the first.
-    pub fn least_request(&self, now: &mut LazyNow, draw: Draw<'_>) -> Option<usize> {
+    pub(crate) fn least_request(&self, now: &mut LazyNow, draw: Draw<'_>) -> Option<usize> {
         let n = self.urls.len();
         if n < 2 {
             return self.round_robin(0, now, draw);

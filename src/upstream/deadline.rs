@@ -48,13 +48,13 @@ thread_local! {
 
 /// A timer that fires at a deadline; back to the thread's spares when dropped.
 #[derive(Debug)]
-pub struct Deadline {
+pub(crate) struct Deadline {
     sleep: Option<Pin<Box<Sleep>>>,
 }
 
 impl Deadline {
     /// A timer firing at `at`. Call from within a runtime with time enabled.
-    pub fn at(at: Instant) -> Self {
+    pub(crate) fn at(at: Instant) -> Self {
         let runtime = Handle::try_current().ok().map(|handle| handle.id());
         let spare = SPARE.with(|spare| {
             let mut spare = spare.borrow_mut();
@@ -82,7 +82,7 @@ impl Deadline {
     /// would otherwise make every poll of the timer return `Pending`
     /// unregistered, and the deadline would never come
     /// (`tokio::time::timeout` takes the same care).
-    pub fn poll_expired(&mut self, cx: &mut Context<'_>) -> Poll<()> {
+    pub(crate) fn poll_expired(&mut self, cx: &mut Context<'_>) -> Poll<()> {
         match &mut self.sleep {
             Some(sleep) => std::pin::pin!(tokio::task::unconstrained(sleep.as_mut())).poll(cx),
             None => Poll::Ready(()),
@@ -112,7 +112,7 @@ impl Deadline {
     /// exchange would be copied once more). A plain future, not an `async
     /// fn`: each layer of state machine around an exchange also moves its
     /// answer (~230 bytes) once more.
-    pub fn guard<'a, F: Future>(&'a mut self, future: Pin<&'a mut F>) -> Guarded<'a, F> {
+    pub(crate) fn guard<'a, F: Future>(&'a mut self, future: Pin<&'a mut F>) -> Guarded<'a, F> {
         Guarded {
             deadline: self,
             future,
@@ -121,7 +121,7 @@ impl Deadline {
 }
 
 /// A future and the deadline it must meet ([`Deadline::guard`]).
-pub struct Guarded<'a, F> {
+pub(crate) struct Guarded<'a, F> {
     deadline: &'a mut Deadline,
     future: Pin<&'a mut F>,
 }
@@ -137,8 +137,10 @@ impl<F: Future> Future for Guarded<'_, F> {
     }
 }
 
-/// `future`, or `None` once `deadline` has passed (as `tokio::time::timeout`).
-pub async fn within<F: Future>(deadline: Instant, future: F) -> Option<F::Output> {
+/// `future`, or `None` once `deadline` has passed (as `tokio::time::timeout`):
+/// the timer's behaviour as the unit tests read it.
+#[cfg(test)]
+async fn within<F: Future>(deadline: Instant, future: F) -> Option<F::Output> {
     Deadline::at(deadline).guard(std::pin::pin!(future)).await
 }
 

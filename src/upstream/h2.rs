@@ -39,7 +39,7 @@ use crate::http1::client::head::{Parsed, RequestFraming, encode_request, parse_r
 type Outgoing = UnsyncBoxBody<Bytes, Box<dyn std::error::Error + Send + Sync>>;
 
 /// The handle of an open HTTP/2 connection ([`H2Client::connection`]).
-pub type H2Sender = SendRequest<Outgoing>;
+pub(crate) type H2Sender = SendRequest<Outgoing>;
 
 /// Request fields that are HTTP/1.1 connection business, never HTTP/2
 /// fields (RFC 9113 §8.2.2); `te` goes only as `trailers`.
@@ -52,7 +52,7 @@ const CONNECTION_SPECIFIC: [&str; 5] = [
 ];
 
 /// The HTTP/2 connection to one upstream URL.
-pub struct H2Client {
+pub(crate) struct H2Client {
     /// `host:port`.
     address: String,
     scheme: Scheme,
@@ -77,7 +77,7 @@ impl std::fmt::Debug for H2Client {
 }
 
 impl H2Client {
-    pub fn new(
+    pub(crate) fn new(
         address: String,
         scheme: Scheme,
         connect_timeout: Duration,
@@ -99,7 +99,7 @@ impl H2Client {
     /// them) and waits for the response head. The response's fields come as
     /// lines beside it, as from the HTTP/1.1 pool; its body streams from the
     /// HTTP/2 stream, cut after `read_timeout` without a frame.
-    pub async fn send<B>(
+    pub(crate) async fn send<B>(
         &self,
         request: Request<B>,
         own: OwnFields,
@@ -116,14 +116,14 @@ impl H2Client {
 
     /// The open connection's handle, or one to a new connection. Nothing is
     /// sent: a failure here is always a [`PoolError::Connect`].
-    pub async fn connection(&self) -> Result<H2Sender, PoolError> {
+    pub(crate) async fn connection(&self) -> Result<H2Sender, PoolError> {
         self.sender().await
     }
 
     /// [`H2Client::send`] on `sender`, from [`H2Client::connection`]; the
     /// request's head and `own` borrowed, as by the HTTP/1.1 pool's
     /// `send_on`.
-    pub async fn send_on<B>(
+    pub(crate) async fn send_on<B>(
         &self,
         mut sender: H2Sender,
         parts: &Parts,

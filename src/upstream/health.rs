@@ -51,13 +51,13 @@ use prometheus_client::metrics::gauge::Gauge;
 use crate::config::{EjectPolicy, HealthCheck};
 
 /// Nanoseconds on the health clock ([`now`]).
-pub type Nanos = u64;
+pub(crate) type Nanos = u64;
 
 /// The health clock: nanoseconds since its first reading in the process,
 /// on tokio's clock (so a test's paused time moves it, as it moves the
 /// upstream deadlines), never 0. The one place health reads the time;
 /// everything else is handed `now`.
-pub fn now() -> Nanos {
+pub(crate) fn now() -> Nanos {
     static EPOCH: OnceLock<tokio::time::Instant> = OnceLock::new();
     let epoch = *EPOCH.get_or_init(tokio::time::Instant::now);
     let elapsed = tokio::time::Instant::now().saturating_duration_since(epoch);
@@ -69,14 +69,14 @@ pub fn now() -> Nanos {
 /// `now`, read at most once and only if needed (a request to URLs that are
 /// all up never reads the clock).
 #[derive(Debug, Default)]
-pub struct LazyNow(Option<Nanos>);
+pub(crate) struct LazyNow(Option<Nanos>);
 
 impl LazyNow {
-    pub fn at(now: Nanos) -> LazyNow {
+    pub(crate) fn at(now: Nanos) -> LazyNow {
         LazyNow(Some(now))
     }
 
-    pub fn get(&mut self) -> Nanos {
+    pub(crate) fn get(&mut self) -> Nanos {
         *self.0.get_or_insert_with(now)
     }
 }
@@ -87,7 +87,7 @@ fn nanos(duration: Duration) -> Nanos {
 
 /// What went wrong with one request on a URL.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Failure {
+pub(crate) enum Failure {
     /// No connection could be opened (refused, unreachable, connect timeout,
     /// failed TLS handshake): nothing was sent.
     Connect,
@@ -102,7 +102,7 @@ pub enum Failure {
 
 impl Failure {
     /// Whether `policy` counts this failure towards an ejection.
-    pub fn counts(self, policy: &EjectPolicy) -> bool {
+    pub(crate) fn counts(self, policy: &EjectPolicy) -> bool {
         match self {
             Failure::Connect | Failure::Reset => policy.on_connect,
             Failure::Timeout => policy.fails_on(504),
@@ -121,7 +121,7 @@ impl Failure {
     }
 
     /// The `reason` label of an ejection, and the log's word for it.
-    pub fn reason(self) -> &'static str {
+    pub(crate) fn reason(self) -> &'static str {
         match self {
             Failure::Connect => "connect",
             Failure::Reset => "reset",
@@ -145,7 +145,7 @@ fn status_text(status: u16) -> &'static str {
 
 /// The result of one active check.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum CheckResult {
+pub(crate) enum CheckResult {
     Pass,
     /// Answered, with a status not in `expect`.
     Status(u16),
@@ -157,7 +157,7 @@ pub enum CheckResult {
 
 impl CheckResult {
     /// The `result` label of `tollgate_upstream_health_checks_total`.
-    pub fn label(self) -> &'static str {
+    pub(crate) fn label(self) -> &'static str {
         match self {
             CheckResult::Pass => "pass",
             CheckResult::Status(_) => "fail_status",
@@ -169,19 +169,19 @@ impl CheckResult {
 
 /// Where a URL's health shows outside the upstream layer: its metric
 /// series, made by the layer that owns the metrics.
-pub struct HealthSignals {
+pub(crate) struct HealthSignals {
     /// `tollgate_upstream_healthy{upstream,url}`: 1 while the URL takes
     /// requests.
-    pub healthy: Gauge,
+    pub(crate) healthy: Gauge,
     /// Counts an ejection (or a URL taken down by its checks) by reason.
-    pub ejected: Box<dyn Fn(&'static str) + Send + Sync>,
+    pub(crate) ejected: Box<dyn Fn(&'static str) + Send + Sync>,
     /// Counts a check's result by label ([`CheckResult::label`]).
-    pub checked: Box<dyn Fn(&'static str) + Send + Sync>,
+    pub(crate) checked: Box<dyn Fn(&'static str) + Send + Sync>,
 }
 
 impl HealthSignals {
     /// Signals that go nowhere (tools and unit tests without metrics).
-    pub fn none() -> HealthSignals {
+    pub(crate) fn none() -> HealthSignals {
         HealthSignals {
             healthy: Gauge::default(),
             ejected: Box::new(|_| {}),
@@ -199,10 +199,10 @@ impl std::fmt::Debug for HealthSignals {
 /// The state of one URL of one upstream, shared by every snapshot whose
 /// configuration lists it (so kept across reloads).
 #[derive(Debug)]
-pub struct UrlHealth {
+pub(crate) struct UrlHealth {
     /// The upstream's name and the URL, for the log.
-    pub upstream: Arc<str>,
-    pub url: Arc<str>,
+    pub(crate) upstream: Arc<str>,
+    pub(crate) url: Arc<str>,
     /// Failures in a row of the kinds `eject.on` names.
     consecutive: AtomicU32,
     /// Ejected until this time; 0 when not ejected.
@@ -232,7 +232,7 @@ pub struct UrlHealth {
 
 impl UrlHealth {
     /// A URL's state as configured: up, unless its checks start it down.
-    pub fn new(
+    pub(crate) fn new(
         upstream: Arc<str>,
         url: Arc<str>,
         health: Option<&HealthCheck>,
@@ -260,7 +260,7 @@ impl UrlHealth {
 
     /// Whether the URL takes new requests. An ejection whose time is up
     /// ends here (the URL comes back).
-    pub fn is_available(&self, now: &mut LazyNow) -> bool {
+    pub(crate) fn is_available(&self, now: &mut LazyNow) -> bool {
         if self.checked_down.load(Ordering::Relaxed) {
             return false;
         }
@@ -278,19 +278,19 @@ impl UrlHealth {
 
     /// Out of service now: down by its checks, or ejected (an ejection that
     /// is over is ended).
-    pub fn is_out(&self, now: Nanos) -> bool {
+    pub(crate) fn is_out(&self, now: Nanos) -> bool {
         !self.is_available(&mut LazyNow::at(now))
     }
 
     /// Whether the URL is ejected (passively) at `now`.
-    pub fn is_ejected(&self, now: Nanos) -> bool {
+    pub(crate) fn is_ejected(&self, now: Nanos) -> bool {
         let until = self.ejected_until.load(Ordering::Relaxed);
         until != 0 && now < until
     }
 
     /// The share of requests the URL takes now, in thousandths: 1000, or
     /// less during its slow start (linear from 10 %).
-    pub fn weight(&self, slow_start: Option<Duration>, now: &mut LazyNow) -> u64 {
+    pub(crate) fn weight(&self, slow_start: Option<Duration>, now: &mut LazyNow) -> u64 {
         let Some(window) = slow_start else {
             return 1000;
         };
@@ -310,7 +310,7 @@ impl UrlHealth {
     }
 
     /// Requests in flight (`least_request`).
-    pub fn in_flight(&self) -> u32 {
+    pub(crate) fn in_flight(&self) -> u32 {
         self.in_flight.load(Ordering::Relaxed)
     }
 
@@ -324,7 +324,7 @@ impl UrlHealth {
 
     /// A request that did not fail: the run of failures, if any, ends.
     /// Writes nothing in the common case (no run under way).
-    pub fn record_success(&self) {
+    pub(crate) fn record_success(&self) {
         if self.consecutive.load(Ordering::Relaxed) != 0 {
             self.consecutive.store(0, Ordering::Relaxed);
         }
@@ -333,7 +333,7 @@ impl UrlHealth {
     /// A failed request, with its error if there is one (for the log).
     /// Returns the run of failures that count towards an ejection under
     /// `policy` (0 if this one does not count).
-    pub fn record_failure(
+    pub(crate) fn record_failure(
         &self,
         failure: Failure,
         policy: &EjectPolicy,
@@ -370,7 +370,12 @@ impl UrlHealth {
     /// Ejects the URL at `now` under `policy` for `failure`; the caller has
     /// checked `max_ejected`. Returns how long, or `None` if it already was
     /// ejected (another request got there first).
-    pub fn eject(&self, failure: Failure, policy: &EjectPolicy, now: Nanos) -> Option<Duration> {
+    pub(crate) fn eject(
+        &self,
+        failure: Failure,
+        policy: &EjectPolicy,
+        now: Nanos,
+    ) -> Option<Duration> {
         let base = nanos(policy.base).max(1);
         let returned = self.returned_at.load(Ordering::Relaxed);
         let served = if returned == 0 {
@@ -440,7 +445,7 @@ impl UrlHealth {
     }
 
     /// Records one active check's result under `check`.
-    pub fn record_check(&self, result: CheckResult, check: &HealthCheck, now: Nanos) {
+    pub(crate) fn record_check(&self, result: CheckResult, check: &HealthCheck, now: Nanos) {
         (self.signals.checked)(result.label());
         if result == CheckResult::Pass {
             self.check_failures.store(0, Ordering::Relaxed);
@@ -487,7 +492,7 @@ impl UrlHealth {
 
     /// The URL is no longer checked (its `health` was removed by a
     /// reload): what the checks said no longer holds.
-    pub fn forget_checks(&self, now: Nanos) {
+    pub(crate) fn forget_checks(&self, now: Nanos) {
         self.check_passes.store(0, Ordering::Relaxed);
         self.check_failures.store(0, Ordering::Relaxed);
         if self.checked_down.swap(false, Ordering::Relaxed) {
@@ -499,7 +504,7 @@ impl UrlHealth {
     /// and the log do not wait for a request), and writes the spell's line
     /// — the count of failures since the last tick, or that there were none
     /// (which ends the spell).
-    pub fn summarise(&self, now: Nanos) {
+    pub(crate) fn summarise(&self, now: Nanos) {
         let _ = self.is_out(now);
         if !self.failing.load(Ordering::Relaxed) {
             return;
@@ -528,16 +533,16 @@ impl UrlHealth {
 
 /// Seconds between summary lines: the gateway's sweep interval, which runs
 /// the summary (the gateway's sweeper, `app::sweep`, calls `App::sweep`).
-pub const SUMMARY_SECONDS: u64 = 10;
+pub(crate) const SUMMARY_SECONDS: u64 = 10;
 
 /// How long the `n`-th ejection lasts: `base × n`, at most `max`.
-pub fn ejection_length(policy: &EjectPolicy, n: u64) -> Duration {
+pub(crate) fn ejection_length(policy: &EjectPolicy, n: u64) -> Duration {
     let factor = u32::try_from(n).unwrap_or(u32::MAX);
     policy.base.saturating_mul(factor).min(policy.max)
 }
 
 /// `error: cause: cause` for logs, keeping the whole source chain.
-pub fn error_chain(error: &(dyn std::error::Error + 'static)) -> String {
+pub(crate) fn error_chain(error: &(dyn std::error::Error + 'static)) -> String {
     let mut text = error.to_string();
     let mut source = error.source();
     while let Some(cause) = source {

@@ -20,14 +20,14 @@
 //! then records how the exchange went ([`Upstream::record_status`],
 //! [`Upstream::record_failure`]), which is what ejects a failing URL.
 
-pub mod balance;
-pub mod check;
-pub mod deadline;
-pub mod h2;
-pub mod health;
+pub(crate) mod balance;
+pub(crate) mod check;
+pub(crate) mod deadline;
+pub(crate) mod h2;
+pub(crate) mod health;
 pub mod pool;
-pub mod registry;
-pub mod retry;
+pub(crate) mod registry;
+pub(crate) mod retry;
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
@@ -50,8 +50,8 @@ use tokio_util::either::Either;
 /// One upstream of a snapshot: its settings, a connection pool per URL,
 /// and each URL's health (shared with the other snapshots that list it).
 #[derive(Debug)]
-pub struct Upstream {
-    pub config: UpstreamConfig,
+pub(crate) struct Upstream {
+    pub(crate) config: UpstreamConfig,
     /// Aligned with `config.urls`.
     pools: Vec<Arc<ConnectionPool>>,
     /// With `http2 = true`, the HTTP/2 connection of each URL (aligned with
@@ -71,7 +71,7 @@ pub struct Upstream {
 }
 
 /// A connection to one URL, ready for a request.
-pub enum Connection {
+pub(crate) enum Connection {
     /// From the URL's HTTP/1.1 pool; `reused`: it carried requests before.
     H1 { conn: UpstreamConn, reused: bool },
     /// The URL's HTTP/2 connection.
@@ -79,7 +79,7 @@ pub enum Connection {
 }
 
 /// How a connection starts ([`Upstream::start_connect`]).
-pub enum Start<'a> {
+pub(crate) enum Start<'a> {
     /// An idle connection of the URL chosen: nothing to wait for.
     Ready(usize, Connection, InFlight<'a>),
     /// The URL chosen has none at hand: [`Upstream::connect_from`].
@@ -88,7 +88,7 @@ pub enum Start<'a> {
 
 /// Why no connection could be had.
 #[derive(Debug)]
-pub enum NotConnected {
+pub(crate) enum NotConnected {
     /// No URL of the list takes requests (all ejected or down).
     NoHealthy,
     /// Every URL that takes requests refused; the last one's error.
@@ -98,14 +98,14 @@ pub enum NotConnected {
 /// One client request's way through an upstream's URLs, across its
 /// retries: where it went, where it could not go.
 #[derive(Debug, Default)]
-pub struct Attempt {
+pub(crate) struct Attempt {
     /// URLs the request was sent to: a retry prefers others.
-    pub avoid: UrlSet,
+    pub(crate) avoid: UrlSet,
     /// URLs that refused a connection in the current try: not tried again
     /// in it.
     exclude: UrlSet,
     /// The URL of the exchange under way (the one a timeout is charged to).
-    pub current: Option<usize>,
+    pub(crate) current: Option<usize>,
     /// The last URL tried: round robin goes on from the one after it, so
     /// a URL that refuses or fails does not hand its successor a second
     /// turn (the turn counter moves once per client request).
@@ -114,7 +114,7 @@ pub struct Attempt {
 
 /// A request in flight on a URL, counted for `least_request` while it
 /// lives (nothing is counted under `round_robin`).
-pub struct InFlight<'a>(Option<&'a UrlHealth>);
+pub(crate) struct InFlight<'a>(Option<&'a UrlHealth>);
 
 impl Drop for InFlight<'_> {
     fn drop(&mut self) {
@@ -128,7 +128,7 @@ impl Upstream {
     /// `body_errors` counts response bodies that fail after their head;
     /// `health` is each URL's state (from the registry; a URL without one
     /// gets a fresh state).
-    pub fn new(
+    pub(crate) fn new(
         config: UpstreamConfig,
         body_errors: BodyErrors,
         mut health: Vec<Arc<UrlHealth>>,
@@ -187,15 +187,10 @@ impl Upstream {
 
     /// Closes idle upstream connections that expired or were closed by the
     /// upstream.
-    pub fn prune_idle(&self) {
+    pub(crate) fn prune_idle(&self) {
         for pool in &self.pools {
             pool.prune();
         }
-    }
-
-    /// The health of base URL `url`.
-    pub fn health(&self, url: usize) -> &Arc<UrlHealth> {
-        &self.health[url]
     }
 
     /// The next URL's index by `balance`, among those that take requests,
@@ -241,7 +236,7 @@ impl Upstream {
     /// future is made or polled for it (~150 instructions of state
     /// machines, and of moving the connection through them, per request).
     /// Otherwise [`Upstream::connect_from`] opens one.
-    pub fn start_connect(&self, attempt: &mut Attempt) -> Result<Start<'_>, NotConnected> {
+    pub(crate) fn start_connect(&self, attempt: &mut Attempt) -> Result<Start<'_>, NotConnected> {
         attempt.exclude = UrlSet::default();
         let (url, in_flight) = self.choose(attempt, None)?;
         Ok(match self.idle(url) {
@@ -253,7 +248,7 @@ impl Upstream {
     /// A new connection to `url`, chosen by [`Upstream::start_connect`];
     /// when it cannot be opened, the failure is recorded and the next URL
     /// tried at once (see the module doc), until none is left.
-    pub async fn connect_from<'a>(
+    pub(crate) async fn connect_from<'a>(
         &'a self,
         mut url: usize,
         mut in_flight: InFlight<'a>,
@@ -347,7 +342,7 @@ impl Upstream {
     /// the caller to await where it pinned it, with no future of this one's
     /// around it that would hold the arguments once more. The HTTP/2 one is
     /// boxed on its own: inline, both would size the caller's future.
-    pub fn exchange<'a, B>(
+    pub(crate) fn exchange<'a, B>(
         &'a self,
         url: usize,
         connection: Connection,
@@ -376,7 +371,7 @@ impl Upstream {
 
     /// A response head from `url`: a failure if `eject.on` names its
     /// status, else a success.
-    pub fn record_status(&self, url: usize, status: u16) {
+    pub(crate) fn record_status(&self, url: usize, status: u16) {
         if self.config.eject.fails_on(status) {
             self.record_failure(url, Failure::Status(status), None);
         } else {
@@ -388,7 +383,7 @@ impl Upstream {
     /// that completes a run of `eject.after` ejects the URL, unless
     /// `max_ejected` of the list is out already (then every further
     /// `after` failures ask again).
-    pub fn record_failure(
+    pub(crate) fn record_failure(
         &self,
         url: usize,
         failure: Failure,
@@ -433,7 +428,7 @@ impl Upstream {
     }
 
     /// Whether some URL takes requests at `now`.
-    pub fn has_available(&self, now: Nanos) -> bool {
+    pub(crate) fn has_available(&self, now: Nanos) -> bool {
         self.health.iter().any(|health| !health.is_out(now))
     }
 
@@ -452,7 +447,7 @@ impl Upstream {
 
     /// The summary tick of the upstream's 503s (its URLs' ticks are the
     /// registry's).
-    pub fn summarise(&self) {
+    pub(crate) fn summarise(&self) {
         if !self.unavailable_logged.load(Ordering::Relaxed) {
             return;
         }
@@ -513,7 +508,7 @@ fn socket_address(url: &Uri) -> String {
 }
 
 /// Arc'd upstreams of a snapshot, by index in [`Config::upstreams`](crate::config::Config).
-pub type Upstreams = Vec<Arc<Upstream>>;
+pub(crate) type Upstreams = Vec<Arc<Upstream>>;
 
 #[cfg(test)]
 mod tests {

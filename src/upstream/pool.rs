@@ -72,12 +72,12 @@ pub enum PoolError {
 }
 
 impl PoolError {
-    pub fn is_connect(&self) -> bool {
+    pub(crate) fn is_connect(&self) -> bool {
         matches!(self, PoolError::Connect { .. })
     }
 
     /// The upstream's answer broke HTTP/1.1 (refused by the client's parser).
-    pub fn is_protocol(&self) -> bool {
+    pub(crate) fn is_protocol(&self) -> bool {
         matches!(self, PoolError::Request(error) if error.kind() == io::ErrorKind::InvalidData)
     }
 }
@@ -109,9 +109,9 @@ impl Idle {
 
 /// How a pool's connections shake hands: with what trust roots, as what
 /// name.
-pub struct PoolTls {
-    pub connector: tokio_rustls::TlsConnector,
-    pub name: rustls::pki_types::ServerName<'static>,
+pub(crate) struct PoolTls {
+    pub(crate) connector: tokio_rustls::TlsConnector,
+    pub(crate) name: rustls::pki_types::ServerName<'static>,
 }
 
 impl PoolTls {
@@ -203,7 +203,7 @@ impl ConnectionPool {
     }
 
     /// A pool whose connections are TLS when `tls` is given.
-    pub fn with_tls(
+    pub(crate) fn with_tls(
         address: String,
         connect_timeout: Duration,
         read_timeout: Duration,
@@ -230,7 +230,7 @@ impl ConnectionPool {
     }
 
     /// The most recently used open connection, if any (LIFO keeps few warm).
-    pub fn take_idle(&self) -> Option<UpstreamConn> {
+    pub(crate) fn take_idle(&self) -> Option<UpstreamConn> {
         loop {
             let mut idle = self.idle_list().lock().pop()?;
             if idle.usable(self) {
@@ -283,7 +283,7 @@ impl ConnectionPool {
     /// closed, on every worker's list. Checkout finds them too, but only
     /// from the top of a list: without this, the ones below would sit in
     /// `CLOSE_WAIT` for as long as traffic stays low. Run by the idle sweeper.
-    pub fn prune(&self) -> usize {
+    pub(crate) fn prune(&self) -> usize {
         let mut closed = 0;
         for list in self.idle.iter() {
             let mut idle = list.lock();
@@ -331,7 +331,7 @@ impl ConnectionPool {
     /// A connection for the next request: the most recently used idle one
     /// (`true`: reused), or a new one. Nothing is sent: a failure here is
     /// always a [`PoolError::Connect`], and the request can go elsewhere.
-    pub async fn checkout(&self) -> Result<(UpstreamConn, bool), PoolError> {
+    pub(crate) async fn checkout(&self) -> Result<(UpstreamConn, bool), PoolError> {
         match self.take_idle() {
             Some(conn) => Ok((conn, true)),
             None => Ok((self.connect_new().await?, false)),
@@ -339,7 +339,7 @@ impl ConnectionPool {
     }
 
     /// A new connection ([`ConnectionPool::take_idle`] found none).
-    pub async fn connect_new(&self) -> Result<UpstreamConn, PoolError> {
+    pub(crate) async fn connect_new(&self) -> Result<UpstreamConn, PoolError> {
         // Boxed: a connect (a TLS handshake's state with it) is rare on a
         // pooled upstream, and inline it made every request's future —
         // copied into its box — larger.
@@ -352,7 +352,7 @@ impl ConnectionPool {
     /// than being copied into this future (~650 bytes, ~130 instructions
     /// per request each time); `parts`' header map goes back with the
     /// response, emptied, for the connection to reuse.
-    pub async fn send_on<B: OutgoingBody>(
+    pub(crate) async fn send_on<B: OutgoingBody>(
         self: &Arc<Self>,
         first: (UpstreamConn, bool),
         parts: &mut Parts,
@@ -443,9 +443,9 @@ impl CheckIn for ConnectionPool {
 /// was cut short or the connection failed.
 #[derive(Debug, Clone, Default)]
 pub struct BodyErrors {
-    pub protocol: Counter,
-    pub timeout: Counter,
-    pub reset: Counter,
+    pub(crate) protocol: Counter,
+    pub(crate) timeout: Counter,
+    pub(crate) reset: Counter,
 }
 
 impl BodyErrors {

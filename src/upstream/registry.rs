@@ -25,7 +25,7 @@ use super::health::{self, HealthSignals, Nanos, UrlHealth};
 use crate::config::UpstreamConfig;
 
 /// Where the registry gets a URL's metric series, and retires them.
-pub trait HealthMetrics {
+pub(crate) trait HealthMetrics {
     /// The series of URL `url` of upstream `upstream`.
     fn signals(&self, upstream: &str, url: &str) -> HealthSignals;
     /// The URL left the configuration: its series go.
@@ -50,7 +50,7 @@ struct Entry {
 
 /// (upstream name, URL label) → its health.
 #[derive(Default)]
-pub struct HealthRegistry {
+pub(crate) struct HealthRegistry {
     entries: Mutex<HashMap<(String, String), Entry>>,
 }
 
@@ -64,7 +64,7 @@ impl HealthRegistry {
     /// The health of every URL of `upstreams` (aligned with each one's
     /// `urls`), kept where the running configuration had it (see the
     /// module doc); checkers started or stopped to match.
-    pub fn resolve(
+    pub(crate) fn resolve(
         &self,
         upstreams: &[UpstreamConfig],
         metrics: &dyn HealthMetrics,
@@ -134,14 +134,14 @@ impl HealthRegistry {
     /// Ends the ejections whose time is up, so that the gauges are
     /// current even for URLs no request has asked about since (before a
     /// scrape, a readiness answer).
-    pub fn expire(&self, now: Nanos) {
+    pub(crate) fn expire(&self, now: Nanos) {
         for entry in self.entries.lock().values() {
             let _ = entry.health.is_out(now);
         }
     }
 
     /// The summary tick of every URL ([`UrlHealth::summarise`]).
-    pub fn summarise(&self, now: Nanos) {
+    pub(crate) fn summarise(&self, now: Nanos) {
         for entry in self.entries.lock().values() {
             entry.health.summarise(now);
         }
@@ -160,7 +160,7 @@ impl Drop for HealthRegistry {
 
 /// A URL as logs and the `url` label show it: scheme, authority, and the
 /// path prefix if there is one (`http://10.0.0.1:8000`).
-pub fn url_label(url: &Uri) -> String {
+pub(crate) fn url_label(url: &Uri) -> String {
     let mut text = format!(
         "{}://{}",
         url.scheme_str().unwrap_or("http"),

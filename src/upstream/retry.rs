@@ -24,7 +24,7 @@
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
-pub use crate::config::RetryPolicy;
+pub(crate) use crate::config::RetryPolicy;
 /// Nanoseconds on the gateway's clock (the limiter clock's unit, which the
 /// pipeline passes in).
 type Nanos = u64;
@@ -32,32 +32,32 @@ const NANOS_PER_SEC: Nanos = 1_000_000_000;
 
 impl RetryPolicy {
     /// The bound of retry `n`'s delay: `min(cap, base × 2^n)`.
-    pub fn bound(&self, n: u32) -> Duration {
+    pub(crate) fn bound(&self, n: u32) -> Duration {
         let factor = 1u32.checked_shl(n).unwrap_or(u32::MAX);
         self.base.saturating_mul(factor).min(self.cap)
     }
 
     /// Whether a response of `status` is retried.
-    pub fn retries_status(&self, status: u16) -> bool {
+    pub(crate) fn retries_status(&self, status: u16) -> bool {
         self.on_status.contains(&status)
     }
 }
 
 /// A uniformly random delay in `[0, bound]`; `draw(n)` returns a uniform
 /// integer in `[0, n]` (injected, so tests can check the distribution).
-pub fn full_jitter(bound: Duration, draw: impl FnOnce(u64) -> u64) -> Duration {
+pub(crate) fn full_jitter(bound: Duration, draw: impl FnOnce(u64) -> u64) -> Duration {
     let nanos = u64::try_from(bound.as_nanos()).unwrap_or(u64::MAX);
     Duration::from_nanos(draw(nanos).min(nanos))
 }
 
 /// The process's uniform draw for [`full_jitter`].
-pub fn draw(n: u64) -> u64 {
+pub(crate) fn draw(n: u64) -> u64 {
     fastrand::u64(0..=n)
 }
 
 /// The wait before a retry: the upstream's `Retry-After` if it fits in
 /// `left`, else the jittered delay if that fits; `None`: do not retry.
-pub fn wait_before(
+pub(crate) fn wait_before(
     jittered: Duration,
     retry_after: Option<Duration>,
     left: Duration,
@@ -77,7 +77,7 @@ const FLOOR: u64 = WINDOW_SECS;
 
 /// A route's retry budget over the last ten seconds.
 #[derive(Debug)]
-pub struct RetryBudget {
+pub(crate) struct RetryBudget {
     permille: u64,
     slots: [Slot; WINDOW_SECS as usize],
 }
@@ -91,7 +91,7 @@ struct Slot {
 }
 
 impl RetryBudget {
-    pub fn new(permille: u64) -> RetryBudget {
+    pub(crate) fn new(permille: u64) -> RetryBudget {
         RetryBudget {
             permille,
             slots: Default::default(),
@@ -118,12 +118,12 @@ impl RetryBudget {
     }
 
     /// Counts one client request of the route.
-    pub fn record_request(&self, now: Nanos) {
+    pub(crate) fn record_request(&self, now: Nanos) {
         self.slot(now).requests.fetch_add(1, Ordering::Relaxed);
     }
 
     /// Takes one retry from the budget if it has room; `false`: over budget.
-    pub fn try_spend(&self, now: Nanos) -> bool {
+    pub(crate) fn try_spend(&self, now: Nanos) -> bool {
         let current = self.slot(now);
         let second = now / NANOS_PER_SEC;
         let (mut requests, mut retries) = (0, 0);
@@ -144,7 +144,7 @@ impl RetryBudget {
 }
 
 /// `Retry-After` as a wait: delay-seconds, or an HTTP date (from `now`).
-pub fn parse_retry_after(value: &[u8], now: std::time::SystemTime) -> Option<Duration> {
+pub(crate) fn parse_retry_after(value: &[u8], now: std::time::SystemTime) -> Option<Duration> {
     let text = std::str::from_utf8(value).ok()?.trim();
     if let Ok(seconds) = text.parse::<u64>() {
         return Some(Duration::from_secs(seconds));

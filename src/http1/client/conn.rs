@@ -26,7 +26,7 @@ use tokio_rustls::client::TlsStream;
 
 /// An upstream socket: plain TCP, or TLS over TCP.
 #[derive(Debug)]
-pub enum UpstreamStream {
+pub(crate) enum UpstreamStream {
     Plain(TcpStream),
     /// Boxed: a TLS session is large, and plaintext connections should not
     /// carry its size.
@@ -89,13 +89,13 @@ impl AsyncWrite for UpstreamStream {
 /// The read side of a split connection: a TCP half borrows the socket's
 /// direction, a TLS one goes through tokio's `split` (one session, two
 /// users).
-pub enum ReadHalf<'a> {
+pub(crate) enum ReadHalf<'a> {
     Plain(tcp::ReadHalf<'a>),
     Tls(tokio::io::ReadHalf<&'a mut TlsStream<TcpStream>>),
 }
 
 /// The write side of a split connection (see [`ReadHalf`]).
-pub enum WriteHalf<'a> {
+pub(crate) enum WriteHalf<'a> {
     Plain(tcp::WriteHalf<'a>),
     Tls(tokio::io::WriteHalf<&'a mut TlsStream<TcpStream>>),
 }
@@ -145,7 +145,7 @@ const READ_RESERVE: usize = 8 * 1024;
 
 /// Reads more from `reader` into `read`, making room first; `Ok(0)` is the
 /// upstream closing. For the whole connection and for its read half alike.
-pub fn poll_fill<R: AsyncRead>(
+pub(crate) fn poll_fill<R: AsyncRead>(
     reader: Pin<&mut R>,
     read: &mut BytesMut,
     cx: &mut Context<'_>,
@@ -158,7 +158,7 @@ pub fn poll_fill<R: AsyncRead>(
 
 /// What [`UpstreamConn::idle_state`] found on an idle connection.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum IdleState {
+pub(crate) enum IdleState {
     /// Nothing: it can carry a request.
     Open,
     /// The upstream closed it (or it failed).
@@ -204,21 +204,21 @@ fn tls_idle_state(stream: &mut TlsStream<TcpStream>) -> IdleState {
 
 /// A connection to an upstream with its buffers.
 #[derive(Debug)]
-pub struct UpstreamConn {
+pub(crate) struct UpstreamConn {
     stream: UpstreamStream,
     /// Received and not yet consumed.
-    pub read: BytesMut,
+    pub(crate) read: BytesMut,
     /// The request head being written.
-    pub write: Vec<u8>,
+    pub(crate) write: Vec<u8>,
 }
 
 impl UpstreamConn {
-    pub fn new(stream: TcpStream) -> UpstreamConn {
+    pub(crate) fn new(stream: TcpStream) -> UpstreamConn {
         UpstreamConn::over(UpstreamStream::Plain(stream))
     }
 
     /// A connection over a TCP or TLS stream.
-    pub fn over(stream: UpstreamStream) -> UpstreamConn {
+    pub(crate) fn over(stream: UpstreamStream) -> UpstreamConn {
         UpstreamConn {
             stream,
             read: BytesMut::new(),
@@ -235,7 +235,7 @@ impl UpstreamConn {
     /// `Content-Length` said, written just after the head) would be read as
     /// the next client's response. Anything read means the connection is
     /// not used again, so the byte taken is not missed.
-    pub fn idle_state(&mut self) -> IdleState {
+    pub(crate) fn idle_state(&mut self) -> IdleState {
         if !self.read.is_empty() {
             return IdleState::Stray;
         }
@@ -253,12 +253,12 @@ impl UpstreamConn {
     }
 
     /// Reads more into the read buffer; `Ok(0)` is the upstream closing.
-    pub fn poll_fill(&mut self, cx: &mut Context<'_>) -> Poll<io::Result<usize>> {
+    pub(crate) fn poll_fill(&mut self, cx: &mut Context<'_>) -> Poll<io::Result<usize>> {
         poll_fill(Pin::new(&mut self.stream), &mut self.read, cx)
     }
 
     /// Writes the request head buffer, and `then` after it.
-    pub async fn write_head(&mut self, then: &[u8]) -> io::Result<()> {
+    pub(crate) async fn write_head(&mut self, then: &[u8]) -> io::Result<()> {
         self.write_head_bytes(then).await?;
         // TLS may hold the last record back while the socket is full; a
         // flush sends it (on TCP there is nothing to flush).
@@ -299,7 +299,7 @@ impl UpstreamConn {
 
     /// The socket's two directions and the read buffer, to write a body
     /// while watching for an answer.
-    pub fn split(&mut self) -> (ReadHalf<'_>, WriteHalf<'_>, &mut BytesMut) {
+    pub(crate) fn split(&mut self) -> (ReadHalf<'_>, WriteHalf<'_>, &mut BytesMut) {
         match &mut self.stream {
             UpstreamStream::Plain(stream) => {
                 let (reader, writer) = stream.split();
@@ -322,7 +322,7 @@ impl UpstreamConn {
 
     /// The socket and whatever was received past the last response: what an
     /// upgraded connection starts with.
-    pub fn into_parts(self) -> (UpstreamStream, BytesMut) {
+    pub(crate) fn into_parts(self) -> (UpstreamStream, BytesMut) {
         (self.stream, self.read)
     }
 }

@@ -34,7 +34,7 @@ pub trait OutgoingBody:
 
 /// A request body as it will be written.
 #[derive(Debug)]
-pub enum Outgoing<B> {
+pub(crate) enum Outgoing<B> {
     Empty,
     /// In memory, so it can be sent again on another connection.
     Bytes(Bytes),
@@ -44,7 +44,7 @@ pub enum Outgoing<B> {
 
 impl<B: OutgoingBody> Outgoing<B> {
     /// Classifies a body: nothing to send, bytes in hand, or a stream.
-    pub fn new(mut body: B) -> Outgoing<B> {
+    pub(crate) fn new(mut body: B) -> Outgoing<B> {
         match body.take_buffered() {
             Some(None) => Outgoing::Empty,
             Some(Some(bytes)) => Outgoing::Bytes(bytes),
@@ -53,7 +53,7 @@ impl<B: OutgoingBody> Outgoing<B> {
         }
     }
 
-    pub fn framing(&self) -> RequestFraming {
+    pub(crate) fn framing(&self) -> RequestFraming {
         match self {
             Outgoing::Empty => RequestFraming::Empty,
             Outgoing::Bytes(bytes) => RequestFraming::Length(bytes.len() as u64),
@@ -65,18 +65,18 @@ impl<B: OutgoingBody> Outgoing<B> {
     }
 
     /// Whether the body could be written again after a failed attempt.
-    pub fn is_replayable(&self) -> bool {
+    pub(crate) fn is_replayable(&self) -> bool {
         !matches!(self, Outgoing::Stream(_))
     }
 }
 
 /// Why an exchange failed, and whether the upstream had sent anything.
 #[derive(Debug)]
-pub struct Failure {
-    pub error: io::Error,
+pub(crate) struct Failure {
+    pub(crate) error: io::Error,
     /// Nothing at all came back: on a reused connection, the sign that the
     /// upstream had closed it before the request arrived.
-    pub silent: bool,
+    pub(crate) silent: bool,
 }
 
 impl Failure {
@@ -91,7 +91,7 @@ impl Failure {
 /// Writes the request whose head is in `conn.write` and reads the final
 /// response head. `method` decides whether a body follows (HEAD). Interim
 /// responses go to `interim` as they arrive (dropped without one).
-pub async fn exchange<B: OutgoingBody>(
+pub(crate) async fn exchange<B: OutgoingBody>(
     conn: &mut UpstreamConn,
     method: &Method,
     body: &mut Outgoing<B>,

@@ -19,13 +19,13 @@ use crate::http::field_lines::FieldLines;
 use crate::http::hop_by_hop::{ConnectionToken, connection_tokens, ends_in_chunked, is_hop_by_hop};
 
 /// Largest response head accepted from an upstream.
-pub const MAX_HEAD: usize = 64 * 1024;
+pub(crate) const MAX_HEAD: usize = 64 * 1024;
 /// Most header fields in a response head (hyper's default too).
 const MAX_FIELDS: usize = 100;
 
 /// How a request body goes up, chosen from what is known of it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum RequestFraming {
+pub(crate) enum RequestFraming {
     /// No body: the client's own `Content-Length` (if it sent `0`) is kept.
     Empty,
     /// A body of this exact length.
@@ -86,16 +86,16 @@ pub(super) fn invalid(what: &'static str) -> io::Error {
 #[derive(Debug, Default, Clone)]
 pub struct OwnFields {
     /// `name: value\r\n` lines, written before the request's fields.
-    pub lines: Vec<u8>,
+    pub(crate) lines: Vec<u8>,
     /// The request's fields left out.
-    pub omit: SmallVec<[HeaderName; 8]>,
+    pub(crate) omit: SmallVec<[HeaderName; 8]>,
     /// The lines ask the upstream to switch protocols (`Upgrade`).
-    pub upgrade: bool,
+    pub(crate) upgrade: bool,
 }
 
 impl OwnFields {
     /// Adds a `name: value` line.
-    pub fn push(&mut self, name: &str, value: &[u8]) {
+    pub(crate) fn push(&mut self, name: &str, value: &[u8]) {
         self.lines.extend_from_slice(name.as_bytes());
         self.lines.extend_from_slice(b": ");
         self.lines.extend_from_slice(value);
@@ -107,7 +107,7 @@ impl OwnFields {
 /// target, HTTP/1.1, `own`'s lines, the headers of `parts` but those `own`
 /// omits (and with `Content-Length` or `Transfer-Encoding` as `framing`
 /// says).
-pub fn encode_request(
+pub(crate) fn encode_request(
     parts: &request::Parts,
     framing: RequestFraming,
     own: &OwnFields,

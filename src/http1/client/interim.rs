@@ -19,9 +19,9 @@ use http::StatusCode;
 use crate::http::hop_by_hop::{ConnectionToken, connection_tokens, is_hop_by_hop};
 
 /// Most interim responses accepted before a final one.
-pub const MAX_INTERIM: usize = 16;
+pub(crate) const MAX_INTERIM: usize = 16;
 /// Most bytes of interim heads accepted before a final response.
-pub const MAX_INTERIM_BYTES: usize = 64 * 1024;
+pub(crate) const MAX_INTERIM_BYTES: usize = 64 * 1024;
 
 /// Where the interim responses of a request go: the client's connection.
 /// Called from within the request's own task, as the head arrives.

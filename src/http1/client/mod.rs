@@ -17,13 +17,13 @@
 //! ([`OutgoingBody`](exchange::OutgoingBody)).
 
 pub mod chunked;
-pub mod conn;
+pub(crate) mod conn;
 pub mod exchange;
 pub mod head;
-pub mod interim;
-pub mod response_body;
+pub(crate) mod interim;
+pub(crate) mod response_body;
 
-pub use conn::UpstreamConn;
-pub use head::OwnFields;
-pub use interim::InterimSink;
-pub use response_body::UpstreamBody;
+pub(crate) use conn::UpstreamConn;
+pub(crate) use head::OwnFields;
+pub(crate) use interim::InterimSink;
+pub(crate) use response_body::UpstreamBody;

@@ -27,7 +27,7 @@ use super::conn::UpstreamConn;
 /// end: the pool it came from. The body never names the pool, as pingora's
 /// proxy gives a session back (`release_http_session`) and the session knows
 /// nothing of the connector.
-pub trait CheckIn: Send + Sync + Debug {
+pub(crate) trait CheckIn: Send + Sync + Debug {
     /// Takes `conn` back after a complete response; `keep_alive`: the
     /// response let it carry another request.
     fn check_in(&self, conn: UpstreamConn, keep_alive: bool);
@@ -44,7 +44,7 @@ pub trait CheckIn: Send + Sync + Debug {
 
 /// What [`UpstreamBody::keep_until_end`] holds: anything, dropped with the
 /// body.
-pub trait EndGuard: Send + Sync + Debug {}
+pub(crate) trait EndGuard: Send + Sync + Debug {}
 
 impl<T: Send + Sync + Debug> EndGuard for T {}
 
@@ -137,7 +137,7 @@ fn closed_early() -> io::Error {
 impl UpstreamBody {
     /// Some of it is still to come from the upstream (it did not all come
     /// with the head): the request ends when it has.
-    pub fn still_arriving(&self) -> bool {
+    pub(crate) fn still_arriving(&self) -> bool {
         match &self.kind {
             Kind::Streaming(streaming) => streaming.conn.is_some(),
             Kind::Boxed(body) => !body.is_end_stream(),
@@ -148,7 +148,7 @@ impl UpstreamBody {
     /// Keeps `guard` until the body is dropped (its last byte taken, or the
     /// client gone): what the end of a body still arriving must set off. A
     /// body already here drops it now.
-    pub fn keep_until_end(&mut self, guard: Box<dyn EndGuard>) {
+    pub(crate) fn keep_until_end(&mut self, guard: Box<dyn EndGuard>) {
         match &mut self.kind {
             Kind::Streaming(streaming) => streaming.until_end = Some(guard),
             Kind::Boxed(body) => {
@@ -163,13 +163,13 @@ impl UpstreamBody {
     }
 
     /// A body another client reads (`upstream::h2`), errors as `io::Error`s.
-    pub fn boxed(body: UnsyncBoxBody<Bytes, io::Error>) -> UpstreamBody {
+    pub(crate) fn boxed(body: UnsyncBoxBody<Bytes, io::Error>) -> UpstreamBody {
         UpstreamBody {
             kind: Kind::Boxed(body),
         }
     }
 
-    pub fn full(bytes: Option<Bytes>) -> UpstreamBody {
+    pub(crate) fn full(bytes: Option<Bytes>) -> UpstreamBody {
         UpstreamBody {
             kind: Kind::Full(bytes.filter(|b| !b.is_empty())),
         }
@@ -177,7 +177,7 @@ impl UpstreamBody {
 
     /// A body of `length` bytes still to come (at least one: a body already
     /// read whole is a full one). The connection goes back at the last byte.
-    pub fn length(
+    pub(crate) fn length(
         conn: UpstreamConn,
         pool: Arc<dyn CheckIn>,
         length: u64,
@@ -187,7 +187,11 @@ impl UpstreamBody {
         Self::streaming(conn, pool, Remaining::Length(length), keep_alive)
     }
 
-    pub fn chunked(conn: UpstreamConn, pool: Arc<dyn CheckIn>, keep_alive: bool) -> UpstreamBody {
+    pub(crate) fn chunked(
+        conn: UpstreamConn,
+        pool: Arc<dyn CheckIn>,
+        keep_alive: bool,
+    ) -> UpstreamBody {
         Self::streaming(
             conn,
             pool,
@@ -196,7 +200,7 @@ impl UpstreamBody {
         )
     }
 
-    pub fn until_close(conn: UpstreamConn, pool: Arc<dyn CheckIn>) -> UpstreamBody {
+    pub(crate) fn until_close(conn: UpstreamConn, pool: Arc<dyn CheckIn>) -> UpstreamBody {
         Self::streaming(conn, pool, Remaining::UntilClose, false)
     }
 
@@ -219,14 +223,14 @@ impl UpstreamBody {
         }
     }
 
-    pub fn upgrade(conn: UpstreamConn) -> UpstreamBody {
+    pub(crate) fn upgrade(conn: UpstreamConn) -> UpstreamBody {
         UpstreamBody {
             kind: Kind::Upgrade(Some(Box::new(conn))),
         }
     }
 
     /// The connection of a `101` response, taken out for the tunnel.
-    pub fn take_upgraded(&mut self) -> Option<UpstreamConn> {
+    pub(crate) fn take_upgraded(&mut self) -> Option<UpstreamConn> {
         match &mut self.kind {
             Kind::Upgrade(conn) => conn.take().map(|conn| *conn),
             _ => None,

@@ -21,7 +21,7 @@ use super::linger::LingerSwitch;
 /// any deadline could fall (see `watchdog`) and looks at these marks when
 /// it wakes. A request costs a few relaxed atomics, not a timer.
 #[derive(Debug)]
-pub struct ConnActivity {
+pub(crate) struct ConnActivity {
     pub(crate) started: Instant,
     /// Requests whose response has not ended yet.
     pub(crate) in_flight: AtomicU32,
@@ -206,7 +206,7 @@ impl ConnActivity {
 impl ConnActivity {
     /// The request the codec refused (the fast path or, after a hand-off,
     /// the gate), if it refused one.
-    pub fn refusal(&self) -> Option<&super::Refusal> {
+    pub(crate) fn refusal(&self) -> Option<&super::Refusal> {
         self.refused.get()
     }
 }

@@ -30,7 +30,7 @@ pub enum ClientBody {
 
 impl ClientBody {
     /// A request body hyper streams.
-    pub fn hyper(incoming: Incoming) -> ClientBody {
+    pub(crate) fn hyper(incoming: Incoming) -> ClientBody {
         ClientBody::Hyper(Box::new(incoming))
     }
 }

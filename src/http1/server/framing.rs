@@ -62,11 +62,11 @@ use crate::http::problem;
 pub(crate) const MAX_FIELDS: usize = 100;
 
 /// hyper's limit on a request target (`MAX_URI_LEN`): longer ones are 414.
-pub const MAX_TARGET: usize = (u16::MAX - 1) as usize;
+pub(crate) const MAX_TARGET: usize = (u16::MAX - 1) as usize;
 
 /// How a request's body is delimited (RFC 9112 §6.3).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum BodyFraming {
+pub(crate) enum BodyFraming {
     /// No body.
     Empty,
     /// Exactly this many bytes (at least 1).
@@ -79,8 +79,8 @@ pub enum BodyFraming {
 /// then closes the connection.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Refusal {
-    pub status: StatusCode,
-    pub detail: &'static str,
+    pub(crate) status: StatusCode,
+    pub(crate) detail: &'static str,
 }
 
 impl Refusal {
@@ -92,22 +92,23 @@ impl Refusal {
     }
 
     /// A head longer than `max_header_bytes`, or with more fields than allowed.
-    pub const TOO_LARGE: Refusal = Refusal {
+    pub(crate) const TOO_LARGE: Refusal = Refusal {
         status: StatusCode::REQUEST_HEADER_FIELDS_TOO_LARGE,
         detail: "request headers are too large",
     };
 
     /// A target longer than [`MAX_TARGET`].
-    pub const TARGET_TOO_LONG: Refusal = Refusal {
+    pub(crate) const TARGET_TOO_LONG: Refusal = Refusal {
         status: StatusCode::URI_TOO_LONG,
         detail: "the request target is too long",
     };
 
     /// httparse refused the head (or `Uri` refused the target).
-    pub const MALFORMED: Refusal = Refusal::bad("malformed request head");
+    pub(crate) const MALFORMED: Refusal = Refusal::bad("malformed request head");
 
     /// A bare LF where a line must end with CRLF.
-    pub const BARE_LF: Refusal = Refusal::bad("a line of the request head does not end with CRLF");
+    pub(crate) const BARE_LF: Refusal =
+        Refusal::bad("a line of the request head does not end with CRLF");
 }
 
 impl Refusal {
@@ -149,7 +150,10 @@ impl From<httparse::Error> for Refusal {
 /// The fast path applies the same pieces inside the one loop over the
 /// fields it already runs ([`check_head`], [`line_ends_before`],
 /// [`FramingFields`]).
-pub fn check(head: &[u8], request: &httparse::Request<'_, '_>) -> Result<BodyFraming, Refusal> {
+pub(crate) fn check(
+    head: &[u8],
+    request: &httparse::Request<'_, '_>,
+) -> Result<BodyFraming, Refusal> {
     check_head(head, request)?;
     let mut fields = FramingFields::default();
     for field in request.headers.iter() {
@@ -166,7 +170,7 @@ pub fn check(head: &[u8], request: &httparse::Request<'_, '_>) -> Result<BodyFra
 /// end of the request line (with no fields) and of the head, and of the
 /// empty lines before the request line (RFC 9112 §2.2 lets a server skip
 /// them). The line ends between fields are [`line_ends_before`]'s.
-pub fn check_head(head: &[u8], request: &httparse::Request<'_, '_>) -> Result<(), Refusal> {
+pub(crate) fn check_head(head: &[u8], request: &httparse::Request<'_, '_>) -> Result<(), Refusal> {
     let (Some(method), Some(target)) = (request.method, request.path) else {
         // httparse fills both for a complete head.
         return Err(Refusal::MALFORMED);
@@ -187,7 +191,7 @@ pub fn check_head(head: &[u8], request: &httparse::Request<'_, '_>) -> Result<()
 /// Whether the line before the field whose name is `name` (a slice of
 /// `head`) ends with CRLF: the two bytes before a name are CR LF.
 #[inline]
-pub fn line_ends_before(head: &[u8], name: &[u8]) -> bool {
+pub(crate) fn line_ends_before(head: &[u8], name: &[u8]) -> bool {
     let at = name.as_ptr() as usize - head.as_ptr() as usize;
     at >= 2 && head[at - 2] == b'\r'
 }
@@ -195,7 +199,7 @@ pub fn line_ends_before(head: &[u8], name: &[u8]) -> bool {
 /// The framing fields of one head, gathered a field at a time (§6.3 items
 /// 3 to 6 and `Host`), then judged by [`FramingFields::finish`].
 #[derive(Debug, Default)]
-pub struct FramingFields {
+pub(crate) struct FramingFields {
     hosts: u32,
     length: Option<u64>,
     length_error: Option<ContentLengthError>,
@@ -209,7 +213,7 @@ impl FramingFields {
     /// plain `#[inline]` was not taken, and the call cost more than the
     /// comparisons.
     #[inline(always)]
-    pub fn field(&mut self, name: &HeaderName, value: &[u8]) -> Result<(), Refusal> {
+    pub(crate) fn field(&mut self, name: &HeaderName, value: &[u8]) -> Result<(), Refusal> {
         if *name == HOST {
             self.hosts += 1;
             if !host::is_valid(value) {
@@ -229,7 +233,7 @@ impl FramingFields {
     }
 
     /// The body's framing once every field is seen, or the refusal.
-    pub fn finish(self, http_11: bool) -> Result<BodyFraming, Refusal> {
+    pub(crate) fn finish(self, http_11: bool) -> Result<BodyFraming, Refusal> {
         if self.hosts > 1 {
             return Err(Refusal::bad("the request has more than one Host header"));
         }
@@ -275,7 +279,7 @@ impl FramingFields {
 /// `Host` field itself must still be there and valid; RFC 9112 §3.2.2 has
 /// the target's authority win over it, which is what routing and
 /// forwarding use.
-pub fn check_target(target: &http::Uri) -> Result<(), Refusal> {
+pub(crate) fn check_target(target: &http::Uri) -> Result<(), Refusal> {
     match target.authority() {
         Some(authority) if !host::is_valid(authority.as_str().as_bytes()) => Err(Refusal::bad(
             "the request target's authority is not a valid host",

@@ -527,7 +527,7 @@ impl StatusWatch {
 /// Tells the gate when every request hyper has been given so far is
 /// answered (their responses are over), so that an upgrade's answer is
 /// known to be the next response written.
-pub trait Answered {
+pub(crate) trait Answered {
     /// Ready when nothing is in flight; otherwise wakes `cx` when that
     /// changes.
     fn poll_answered(&self, cx: &mut Context<'_>) -> Poll<()>;
@@ -538,7 +538,7 @@ pub trait Answered {
 }
 
 /// The I/O hyper reads through after a hand-off (see the module doc).
-pub struct Gate<T, A> {
+pub(crate) struct Gate<T, A> {
     inner: T,
     scanner: Scanner,
     /// Read from `inner`, not yet given to hyper.
@@ -559,7 +559,7 @@ pub struct Gate<T, A> {
 
 impl<T, A> Gate<T, A> {
     /// `inner` starts at a request head (the one the fast path handed off).
-    pub fn new(inner: T, max_head: usize, answered: A) -> Self {
+    pub(crate) fn new(inner: T, max_head: usize, answered: A) -> Self {
         Gate {
             inner,
             scanner: Scanner::new(max_head),

@@ -26,19 +26,19 @@ use tokio::time::{Instant, Sleep};
 
 /// How long a closing connection keeps reading what the client still sends,
 /// at most.
-pub const LINGER: Duration = Duration::from_secs(5);
+pub(crate) const LINGER: Duration = Duration::from_secs(5);
 
 /// The linger ends early when nothing arrives for this long.
-pub const LINGER_IDLE: Duration = Duration::from_millis(500);
+pub(crate) const LINGER_IDLE: Duration = Duration::from_millis(500);
 
 /// Turns the linger off for a connection handed to a tunnel (an upgrade):
 /// its shutdown is then the tunnel's, when one direction ends, and what the
 /// client still sends belongs to the other direction.
 #[derive(Debug, Default)]
-pub struct LingerSwitch(AtomicBool);
+pub(crate) struct LingerSwitch(AtomicBool);
 
 impl LingerSwitch {
-    pub fn turn_off(&self) {
+    pub(crate) fn turn_off(&self) {
         self.0.store(true, Ordering::Relaxed);
     }
 
@@ -51,7 +51,7 @@ impl LingerSwitch {
 /// and discards as [`close`] does, unless its [`LingerSwitch`] was turned
 /// off. (hyper shuts the I/O down before it drops it.)
 #[derive(Debug)]
-pub struct Lingering<T, S> {
+pub(crate) struct Lingering<T, S> {
     inner: T,
     state: State,
     switch: S,
@@ -84,7 +84,7 @@ impl Drain {
 }
 
 impl<T, S: Deref<Target = LingerSwitch>> Lingering<T, S> {
-    pub fn new(inner: T, switch: S) -> Self {
+    pub(crate) fn new(inner: T, switch: S) -> Self {
         Lingering {
             inner,
             state: State::Open,
@@ -120,7 +120,7 @@ fn poll_drain<T: AsyncRead + Unpin>(
 }
 
 /// Shuts `io`'s write side down, then lingers (see the module doc).
-pub async fn close<T: AsyncRead + AsyncWrite + Unpin>(io: &mut T) {
+pub(crate) async fn close<T: AsyncRead + AsyncWrite + Unpin>(io: &mut T) {
     use tokio::io::AsyncWriteExt;
     if io.shutdown().await.is_err() {
         return;

@@ -30,7 +30,7 @@
 mod activity;
 mod body;
 mod buffers;
-pub mod framing;
+pub(crate) mod framing;
 pub mod gate;
 pub(crate) mod linger;
 mod request;
@@ -55,11 +55,12 @@ use slot::Slot;
 use crate::http::chunked::LAST_CHUNK;
 use crate::http::field_lines::FieldLines;
 pub(crate) use activity::ActivityAnswered;
-pub use activity::ConnActivity;
+pub(crate) use activity::ConnActivity;
 pub use body::ClientBody;
-pub use framing::{BodyFraming, Refusal};
-pub use gate::Gate;
-pub use request::{H2_PREFACE, Parsed, parse};
+pub(crate) use framing::Refusal;
+pub(crate) use gate::Gate;
+pub(crate) use request::H2_PREFACE;
+pub use request::{Parsed, parse};
 pub(crate) use response::{BodyLength, Framing, encode_head};
 pub use rewind::Rewind;
 

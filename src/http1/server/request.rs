@@ -47,7 +47,7 @@ pub enum Parsed {
 
 /// The first line of the HTTP/2 connection preface (RFC 9113 §3.4):
 /// enough to tell h2c with prior knowledge from an HTTP/1.1 request.
-pub const H2_PREFACE: &[u8] = b"PRI * HTTP/2.0\r\n";
+pub(crate) const H2_PREFACE: &[u8] = b"PRI * HTTP/2.0\r\n";
 
 /// Parses the request at the start of `buffer`. `fields` is a map to reuse
 /// (cleared; its capacity is what is kept). A head longer than `max_head`

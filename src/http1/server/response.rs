@@ -21,7 +21,7 @@ use crate::http::hop_by_hop::{ConnectionToken, connection_tokens, ends_in_chunke
 
 /// What the body says about its length before the head is written.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum BodyLength {
+pub(crate) enum BodyLength {
     /// Exactly this many bytes.
     Known(u64),
     /// Not known until it ends.
@@ -30,7 +30,7 @@ pub enum BodyLength {
 
 /// How the body follows the head on the wire.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Framing {
+pub(crate) enum Framing {
     /// Exactly this many bytes; 0 also means the body is not sent at all.
     Length(u64),
     /// Chunked transfer coding.
@@ -39,15 +39,15 @@ pub enum Framing {
 
 /// A written head.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Head {
-    pub framing: Framing,
+pub(crate) struct Head {
+    pub(crate) framing: Framing,
     /// The connection closes after this response.
-    pub last: bool,
+    pub(crate) last: bool,
 }
 
 /// A head hyper would not write either.
 #[derive(Debug, thiserror::Error)]
-pub enum InvalidHead {
+pub(crate) enum InvalidHead {
     #[error("the response has a Content-Length that contradicts its body or another one")]
     ContentLength,
     #[error("the response has a length field after its framing was decided")]
@@ -62,7 +62,7 @@ pub enum InvalidHead {
 /// `keep_alive` is false. A 1xx status is answered with an empty 500 that
 /// closes the connection (hyper's answer: a response cannot be
 /// informational).
-pub fn encode_head<E: ExtraFields + ?Sized>(
+pub(crate) fn encode_head<E: ExtraFields + ?Sized>(
     out: &mut Vec<u8>,
     status: StatusCode,
     headers: &mut HeaderMap,
@@ -308,7 +308,7 @@ fn join_value(out: &mut Vec<u8>, value: &HeaderValue) {
 
 /// Appends the size line of a chunk of `len` bytes (upper-case hex, as
 /// hyper writes it).
-pub fn chunk_size_line(out: &mut Vec<u8>, len: usize) {
+pub(super) fn chunk_size_line(out: &mut Vec<u8>, len: usize) {
     let mut line = [0u8; 18];
     out.extend_from_slice(size_line_with(len, UPPER_HEX, &mut line));
 }
