@@ -31,8 +31,9 @@ use tokio::sync::{Semaphore, watch};
 
 use crate::admission::explain::{ExplainError, explain};
 use crate::app::App;
+use crate::http::problem;
 use crate::proxy::body::ResponseBody;
-use crate::proxy::response::problem;
+use crate::proxy::response::problem as problem_response;
 
 /// Admin connections served at once; more wait in the backlog. Scrapers and
 /// health checkers need a handful.
@@ -100,10 +101,10 @@ pub(crate) fn answer(app: &App, method: &Method, target: &str) -> Response<Respo
         .filter(|name| !name.is_empty());
     let known = matches!(path, "/metrics" | "/healthz" | "/readyz" | "/config") || limit.is_some();
     if !known {
-        return problem(StatusCode::NOT_FOUND, &format!("no admin endpoint {path}"));
+        return problem_response(StatusCode::NOT_FOUND, &format!("no admin endpoint {path}"));
     }
     if method != Method::GET && method != Method::HEAD {
-        let mut response = problem(
+        let mut response = problem_response(
             StatusCode::METHOD_NOT_ALLOWED,
             &format!("{path} answers GET and HEAD only"),
         );
@@ -124,7 +125,7 @@ pub(crate) fn answer(app: &App, method: &Method, target: &str) -> Response<Respo
             ok(app.metrics().encode(), crate::metrics::CONTENT_TYPE)
         }
         "/healthz" => ok("ok\n".to_owned(), "text/plain; charset=utf-8"),
-        "/readyz" if !app.is_ready() => problem(
+        "/readyz" if !app.is_ready() => problem_response(
             StatusCode::SERVICE_UNAVAILABLE,
             "the limiter store is down and store.on_failure is \"deny\"",
         ),
@@ -141,14 +142,27 @@ pub(crate) fn answer(app: &App, method: &Method, target: &str) -> Response<Respo
 /// `/readyz` while some upstream has no URL that takes requests: 503
 /// problem+json naming them (`upstreams`), as their routes answer 503.
 fn no_healthy_upstream(upstreams: &[String]) -> Response<ResponseBody> {
-    let body = serde_json::json!({
-        "type": "about:blank",
-        "title": "Service Unavailable",
-        "status": 503,
-        "detail": format!("upstreams with no healthy instance: {}", upstreams.join(", ")),
-        "upstreams": upstreams,
+    /// The upstreams with no healthy instance, by name.
+    const UPSTREAMS: problem::TextListMember = problem::problem_member!(text_list "upstreams");
+    let status = StatusCode::SERVICE_UNAVAILABLE;
+    let detail = format!(
+        "upstreams with no healthy instance: {}",
+        upstreams.join(", ")
+    );
+    // The members in the order the other about:blank bodies have.
+    let mut body = String::new();
+    let mut writer = problem::ProblemWriter::new(&mut body);
+    writer.text(&problem::DETAIL, &detail);
+    writer.number(&problem::STATUS, status.as_u16());
+    writer.literal(&problem::TITLE, problem::reason_title(status));
+    writer.literal(&problem::TYPE, problem::ABOUT_BLANK);
+    writer.text_list(&UPSTREAMS, |list| {
+        for upstream in upstreams {
+            list.item(|text| text.escaped(upstream));
+        }
     });
-    let mut response = ok(body.to_string(), "application/problem+json");
+    writer.finish();
+    let mut response = ok(body, problem::CONTENT_TYPE);
     *response.status_mut() = StatusCode::SERVICE_UNAVAILABLE;
     response
 }
@@ -161,8 +175,10 @@ fn explain_limit(app: &App, limit: &str, query: Option<&str>) -> Response<Respon
     .into_owned();
     match explain(&app.snapshot(), &limit, query, app.clock.now()) {
         Ok(state) => ok(state.to_string(), "application/json"),
-        Err(ExplainError::UnknownLimit(message)) => problem(StatusCode::NOT_FOUND, &message),
-        Err(ExplainError::BadKey(message)) => problem(StatusCode::BAD_REQUEST, &message),
+        Err(ExplainError::UnknownLimit(message)) => {
+            problem_response(StatusCode::NOT_FOUND, &message)
+        }
+        Err(ExplainError::BadKey(message)) => problem_response(StatusCode::BAD_REQUEST, &message),
     }
 }
 
@@ -259,6 +275,22 @@ mod tests {
             .map(|c| c.to_bytes())
             .unwrap_or_default();
         String::from_utf8_lossy(&bytes).into_owned()
+    }
+
+    #[tokio::test]
+    async fn the_unready_upstreams_body_is_the_json_it_always_was() {
+        let upstreams = ["api".to_owned(), "a \"quoted\" one".to_owned()];
+        let response = no_healthy_upstream(&upstreams);
+        assert_eq!(response.status(), StatusCode::SERVICE_UNAVAILABLE);
+        assert_eq!(response.headers()[CONTENT_TYPE], "application/problem+json");
+        let expected = serde_json::json!({
+            "type": "about:blank",
+            "title": "Service Unavailable",
+            "status": 503,
+            "detail": format!("upstreams with no healthy instance: {}", upstreams.join(", ")),
+            "upstreams": upstreams,
+        });
+        assert_eq!(body(response).await, expected.to_string());
     }
 
     #[tokio::test]
