@@ -61,14 +61,6 @@ struct LimitState {
     shared: bool,
 }
 
-/// One limit as the sweeper and the key gauge see it: its limiters and its
-/// metric label.
-#[derive(Debug, Clone, Copy)]
-pub(crate) struct Limit<'s> {
-    pub(crate) limiters: &'s LimiterSet,
-    pub(crate) label: &'s Arc<str>,
-}
-
 /// One named limit's state: the base limiter and one per plan that sets its
 /// own numbers (a plan's keys are counted against the plan's parameters).
 #[derive(Debug)]
@@ -265,15 +257,6 @@ impl Snapshot {
         }
     }
 
-    /// The limit `id` names.
-    #[inline]
-    pub(crate) fn limit(&self, id: LimitId) -> Limit<'_> {
-        Limit {
-            limiters: &self.limits[id.0].limiters,
-            label: &self.labels.limits[id.0],
-        }
-    }
-
     /// The limit's configuration (of the hot path's accessors, each reads
     /// only what it names).
     #[inline]
@@ -309,8 +292,8 @@ impl Snapshot {
     }
 
     /// Every limit of the configuration, in file order.
-    pub(crate) fn limits(&self) -> impl Iterator<Item = Limit<'_>> {
-        (0..self.limits.len()).map(|i| self.limit(LimitId(i)))
+    pub(crate) fn limit_ids(&self) -> impl Iterator<Item = LimitId> + use<> {
+        (0..self.limits.len()).map(LimitId)
     }
 
     /// The upstream a forwarding route sends to.
@@ -652,8 +635,8 @@ impl App {
         // The health log's interval: one line per failing URL.
         self.health.summarise(health::now());
         snapshot
-            .limits()
-            .flat_map(|limit| limit.limiters.all())
+            .limit_ids()
+            .flat_map(|id| snapshot.limiters(id).all())
             .map(|l| l.sweep(now))
             .sum()
     }
@@ -679,9 +662,10 @@ impl App {
     /// Sets `tollgate_limiter_keys{limit}` to the keys each limit holds now.
     pub(crate) fn refresh_limiter_keys(&self) {
         let snapshot = self.snapshot();
-        for limit in snapshot.limits() {
-            let live: usize = limit.limiters.all().map(|l| l.live_keys()).sum();
-            self.metrics.set_limiter_keys(limit.label, live as u64);
+        for id in snapshot.limit_ids() {
+            let live: usize = snapshot.limiters(id).all().map(|l| l.live_keys()).sum();
+            self.metrics
+                .set_limiter_keys(snapshot.limit_label(id), live as u64);
         }
     }
 }
