@@ -34,8 +34,8 @@ pub struct Ticket<'s> {
     pub(super) via_store: bool,
 }
 
-/// A ticket's decision, keys and algorithms, owned.
-pub(crate) struct Decided {
+/// A ticket's decision, keys and algorithms, owned ([`Ticket::into_parts`]).
+pub(crate) struct TicketParts {
     pub(crate) decision: StackDecision,
     pub(crate) keys: SmallVec<[Option<LimitKey>; INLINE]>,
     pub(crate) algorithms: SmallVec<[Algorithm; INLINE]>,
@@ -79,8 +79,8 @@ impl<'s> Ticket<'s> {
 
     /// The decision, the keys and the algorithms, taken out (`simulate`
     /// keeps them past the snapshot's borrow).
-    pub(crate) fn into_parts(self) -> Decided {
-        Decided {
+    pub(crate) fn into_parts(self) -> TicketParts {
+        TicketParts {
             decision: self.decision,
             keys: self.keys,
             algorithms: self.algorithms,

@@ -173,7 +173,7 @@ pub(crate) fn limit(
             rejection: Rejection::MissingKey(snapshot.routes[route].stack[position].index()),
         },
         Admission::Allowed | Admission::Denied { .. } | Admission::StoreDown => {
-            let admission::ticket::Decided {
+            let admission::ticket::TicketParts {
                 decision,
                 keys,
                 algorithms,
