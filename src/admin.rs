@@ -149,19 +149,20 @@ fn no_healthy_upstream(upstreams: &[String]) -> Response<ResponseBody> {
         "upstreams with no healthy instance: {}",
         upstreams.join(", ")
     );
-    // The members in the order the other about:blank bodies have.
     let mut body = String::new();
-    let mut writer = problem::ProblemWriter::new(&mut body);
-    writer.text(&problem::DETAIL, &detail);
-    writer.number(&problem::STATUS, status.as_u16());
-    writer.literal(&problem::TITLE, problem::reason_title(status));
-    writer.literal(&problem::TYPE, problem::ABOUT_BLANK);
-    writer.text_list(&UPSTREAMS, |list| {
-        for upstream in upstreams {
-            list.item(|text| text.escaped(upstream));
-        }
-    });
-    writer.finish();
+    problem::about_blank_with(
+        &mut body,
+        status,
+        problem::reason_title(status),
+        &detail,
+        |writer| {
+            writer.text_list(&UPSTREAMS, |list| {
+                for upstream in upstreams {
+                    list.item(|text| text.escaped(upstream));
+                }
+            })
+        },
+    );
     let mut response = ok(body, problem::CONTENT_TYPE);
     *response.status_mut() = StatusCode::SERVICE_UNAVAILABLE;
     response

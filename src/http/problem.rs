@@ -108,12 +108,25 @@ pub(crate) fn reason_title(status: StatusCode) -> &'static str {
 /// and `type`, in this order (the order the gateway's bodies have always
 /// had, `serde_json`'s sorted one).
 pub(crate) fn about_blank(out: &mut String, status: StatusCode, title: &str, detail: &str) {
+    about_blank_with(out, status, title, detail, |_| {});
+}
+
+/// [`about_blank`] with members of its own after `type` (each name sorting
+/// after `type`, so the order stays `serde_json`'s), written by `extend`.
+pub(crate) fn about_blank_with(
+    out: &mut String,
+    status: StatusCode,
+    title: &str,
+    detail: &str,
+    extend: impl FnOnce(&mut ProblemWriter<'_>),
+) {
     out.reserve(64 + title.len() + detail.len());
     let mut problem = ProblemWriter::new(out);
     problem.text(&DETAIL, detail);
     problem.number(&STATUS, status.as_u16());
     problem.text(&TITLE, title);
     problem.literal(&TYPE, ABOUT_BLANK);
+    extend(&mut problem);
     problem.finish();
 }
 
