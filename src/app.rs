@@ -13,6 +13,7 @@
 //! The idle sweeper that keeps the registry small runs beside it
 //! (`sweep`).
 
+pub(crate) mod descriptors;
 pub(crate) mod sweep;
 
 use std::collections::HashMap;
@@ -21,13 +22,16 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::SystemTime;
 
 use arc_swap::ArcSwap;
+use descriptors::DescriptorTable;
 use parking_lot::Mutex;
 
 use crate::access_log::DeniedSampler;
-use crate::config::{Config, KeyPart, LimitConfig, LocalFraction, OnFailure, RouteAction};
+use crate::config::{
+    Config, DescriptorRule, KeyPart, LimitConfig, LocalFraction, OnFailure, RouteAction,
+};
 use crate::identity::client_ip::{ClientIpPolicy, ForwardHeader, Trust};
 use crate::limit::{Algorithm, Clock, Limiter, Nanos, SystemClock, WindowAlign};
-use crate::metrics::{LabelNames, Metrics, RouteHandles};
+use crate::metrics::{Front, LabelNames, Metrics, RouteHandles};
 use crate::ratelimit_policy::{StackView, policy_header};
 use crate::routing::Router;
 use crate::store::{RedisStore, Signals};
@@ -110,6 +114,9 @@ pub struct RoutePlan {
     pub(crate) shared: bool,
     /// The route's common metric series, resolved once.
     pub(crate) metrics: RouteHandles,
+    /// The same for the decision service's `/auth` (`front = "auth"`),
+    /// when `[decision]` is configured.
+    pub(crate) auth_metrics: Option<RouteHandles>,
     /// The route's retry budget, when it retries (`retry = {...}`); a reload
     /// starts it afresh.
     pub(crate) retry_budget: Option<RetryBudget>,
@@ -134,6 +141,8 @@ pub struct Snapshot {
     pub(crate) labels: LabelNames,
     /// `server.log_denied` of this configuration.
     pub(crate) denied_log: DeniedSampler,
+    /// `[[decision.descriptors]]`, compiled.
+    pub(crate) descriptors: DescriptorTable,
 }
 
 impl Snapshot {
@@ -211,7 +220,11 @@ impl Snapshot {
                     .collect();
                 RoutePlan {
                     shared: route.limits.iter().any(|&i| shared[i]),
-                    metrics: metrics.route_handles(&name, &limit_labels),
+                    metrics: metrics.route_handles(&name, &limit_labels, Front::Proxy),
+                    auth_metrics: config
+                        .decision
+                        .as_ref()
+                        .map(|_| metrics.route_handles(&name, &limit_labels, Front::Auth)),
                     name,
                     stack: route.limits.iter().map(|&i| LimitId(i)).collect(),
                     policy: policy_header(view),
@@ -245,6 +258,7 @@ impl Snapshot {
         };
         Snapshot {
             labels,
+            descriptors: DescriptorTable::new(&config),
             denied_log: DeniedSampler::new(config.server.log_denied),
             config,
             router,
@@ -296,11 +310,19 @@ impl Snapshot {
         (0..self.limits.len()).map(LimitId)
     }
 
+    /// `[[decision.descriptors]]`, in file order.
+    pub(crate) fn descriptor_rules(&self) -> &[DescriptorRule] {
+        self.config
+            .decision
+            .as_ref()
+            .map_or(&[], |d| d.descriptors.as_slice())
+    }
+
     /// The upstream a forwarding route sends to.
     pub(crate) fn upstream_of(&self, action: &RouteAction) -> Option<&Arc<Upstream>> {
         match action {
             RouteAction::Forward(index) => self.upstreams.get(*index),
-            RouteAction::Respond { .. } => None,
+            RouteAction::Respond { .. } | RouteAction::DecideOnly => None,
         }
     }
 }
@@ -638,7 +660,8 @@ impl App {
             .limit_ids()
             .flat_map(|id| snapshot.limiters(id).all())
             .map(|l| l.sweep(now))
-            .sum()
+            .sum::<usize>()
+            + snapshot.descriptors.sweep(now)
     }
 
     /// The upstreams none of whose URLs takes requests now (all ejected or

@@ -65,6 +65,7 @@ pub fn render(config: &Config) -> String {
         let target = match &route.action {
             RouteAction::Forward(i) => format!("-> {}", config.upstreams[*i].name),
             RouteAction::Respond { status, .. } => format!("respond {}", status.as_u16()),
+            RouteAction::DecideOnly => "decided by /auth only".to_owned(),
         };
         let limits: Vec<&str> = route
             .limits

@@ -47,6 +47,62 @@ pub struct Config {
     pub(crate) api_keys: ApiKeyConfig,
     /// API key → consumer; shared, as it may hold many keys.
     pub consumers: Arc<HashMap<String, Consumer>>,
+    /// `[decision]`: the decision service, when configured.
+    pub decision: Option<DecisionConfig>,
+}
+
+/// `[decision]`: the listener of the decision service (Envoy's rate-limit
+/// service, its `/json` form and forward-auth) and the rules that map
+/// Envoy descriptors to limits.
+#[derive(Debug, Clone)]
+pub struct DecisionConfig {
+    pub listen: SocketAddr,
+    /// `/auth`'s status for a denied request (the limit's own status is
+    /// what the proxy answers; a forward-auth caller may need 403).
+    pub(crate) deny_status: StatusCode,
+    /// In file order: the first rule matching a descriptor decides it.
+    pub(crate) descriptors: Vec<DescriptorRule>,
+}
+
+/// One `[[decision.descriptors]]` rule.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct DescriptorRule {
+    pub(crate) domain: String,
+    /// A descriptor matches when it has exactly these entries, in order.
+    pub(crate) entries: Vec<EntryMatch>,
+    /// Indexes into [`Config::limits`]: the limits a matching descriptor is
+    /// charged on, keyed by its entries' values.
+    pub(crate) limits: Vec<usize>,
+    /// Indexes into [`Config::limits`]: limits of other descriptors of the
+    /// same call that this rule's limits replace (envoyproxy/ratelimit's
+    /// `replaces`).
+    pub(crate) replaces: Vec<usize>,
+}
+
+/// A descriptor entry as a rule matches it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct EntryMatch {
+    pub(crate) key: String,
+    pub(crate) value: ValueMatch,
+}
+
+/// What a rule asks of an entry's value.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum ValueMatch {
+    Any,
+    Exact(String),
+    /// `value = "api*"`: the value starts with `api`.
+    Prefix(String),
+}
+
+impl ValueMatch {
+    pub(crate) fn matches(&self, value: &str) -> bool {
+        match self {
+            ValueMatch::Any => true,
+            ValueMatch::Exact(exact) => value == exact,
+            ValueMatch::Prefix(prefix) => value.starts_with(prefix.as_str()),
+        }
+    }
 }
 
 /// Where the API key is read and what an unknown one means.
@@ -333,6 +389,9 @@ pub(crate) enum RouteAction {
         body: bytes::Bytes,
         content_type: HeaderValue,
     },
+    /// Neither: decided by the decision service's `/auth` only; the proxy
+    /// listener answers it 404.
+    DecideOnly,
 }
 
 impl Config {

@@ -90,6 +90,39 @@ pub(crate) struct RawConfig {
     pub(crate) consumers: BTreeMap<String, RawConsumer>,
     #[serde(default)]
     pub(crate) api_keys: RawApiKeys,
+    pub(crate) decision: Option<RawDecision>,
+}
+
+/// `[decision]`: the decision service's listener and Envoy descriptor rules.
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct RawDecision {
+    pub(crate) listen: Option<String>,
+    pub(crate) deny_status: Option<u16>,
+    #[serde(default)]
+    pub(crate) descriptors: Vec<RawDescriptorRule>,
+}
+
+/// `[[decision.descriptors]]`: a domain's descriptor entries mapped to limits.
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct RawDescriptorRule {
+    pub(crate) domain: String,
+    #[serde(rename = "match", default)]
+    pub(crate) entries: Vec<RawEntryMatch>,
+    #[serde(default)]
+    pub(crate) limits: Vec<String>,
+    #[serde(default)]
+    pub(crate) replaces: Vec<String>,
+}
+
+/// One entry of a descriptor rule's `match`: `{ key = "K" }`, `{ key = "K",
+/// value = "V" }` or `{ key = "K", value = "prefix*" }`.
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct RawEntryMatch {
+    pub(crate) key: String,
+    pub(crate) value: Option<String>,
 }
 
 /// How API keys are read and what an unknown one means.
@@ -250,6 +283,9 @@ pub(crate) struct RawHealth {
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub(crate) struct RawLimit {
+    /// Absent only for a limit that `[[decision.descriptors]]` rules alone
+    /// use: their entries' values are its key.
+    #[serde(default)]
     pub(crate) key: OneOrMany<String>,
     pub(crate) algorithm: String,
     pub(crate) limit: Option<u64>,

@@ -258,7 +258,7 @@ fn deserialize(text: &str, document: &DeTable<'_>) -> (Option<RawConfig>, Vec<Pr
 fn check(c: &mut Checker, path: &Path, bytes: &[u8], raw: &RawConfig) -> Config {
     let root = KeyPath::default();
     let directory = path.parent().unwrap_or(Path::new("."));
-    let mut server = check_server(c, &root.key("server"), &raw.server);
+    let mut server = check_server(c, &root.key("server"), &raw.server, raw.decision.is_some());
     server.tls = raw
         .server
         .tls
@@ -309,8 +309,13 @@ fn check(c: &mut Checker, path: &Path, bytes: &[u8], raw: &RawConfig) -> Config 
             route,
             &upstream_names,
             &limit_names,
+            raw.decision.is_some(),
         ));
     }
+    let decision = raw.decision.as_ref().map(|decision| {
+        check_decision(c, &root.key("decision"), decision, &limit_names)
+    });
+    check_keyless(c, &root, raw, &limits, &routes, decision.as_ref());
     let api_keys = check_api_keys(c, &root.key("api_keys"), &raw.api_keys);
     let mut consumers = HashMap::with_capacity(raw.consumers.len());
     for (key, consumer) in &raw.consumers {
@@ -338,6 +343,163 @@ fn check(c: &mut Checker, path: &Path, bytes: &[u8], raw: &RawConfig) -> Config 
         routes,
         api_keys,
         consumers: Arc::new(consumers),
+        decision,
+    }
+}
+
+/// `[decision]`: the listener, `/auth`'s deny status, the descriptor rules.
+fn check_decision(
+    c: &mut Checker,
+    path: &KeyPath,
+    raw: &raw::RawDecision,
+    limit_names: &[&str],
+) -> DecisionConfig {
+    let listen = raw
+        .listen
+        .as_ref()
+        .and_then(|text| c.socket_addr(path.key("listen"), text))
+        .unwrap_or(SocketAddr::from(([127, 0, 0, 1], 8081)));
+    let deny_status = match raw.deny_status {
+        None => StatusCode::TOO_MANY_REQUESTS,
+        Some(code) => match StatusCode::from_u16(code) {
+            Ok(status) if (400..600).contains(&code) => status,
+            _ => {
+                c.problem(
+                    path.key("deny_status"),
+                    format!("`{code}` is not an error status; expected 400-599 (nginx auth_request needs 401 or 403)"),
+                );
+                StatusCode::TOO_MANY_REQUESTS
+            }
+        },
+    };
+    let descriptors = raw
+        .descriptors
+        .iter()
+        .enumerate()
+        .map(|(i, rule)| {
+            check_descriptor_rule(c, &path.key("descriptors").index(i), rule, limit_names)
+        })
+        .collect();
+    DecisionConfig {
+        listen,
+        deny_status,
+        descriptors,
+    }
+}
+
+/// Most limits one descriptor rule charges, as a route's stack.
+const MAX_RULE_LIMITS: usize = 8;
+
+fn check_descriptor_rule(
+    c: &mut Checker,
+    path: &KeyPath,
+    raw: &raw::RawDescriptorRule,
+    limit_names: &[&str],
+) -> DescriptorRule {
+    if raw.domain.is_empty() {
+        c.problem(path.key("domain"), "must not be empty");
+    }
+    if raw.entries.is_empty() {
+        c.problem(
+            path.key("match"),
+            "needs at least one entry, like [{ key = \"remote_address\" }]",
+        );
+    }
+    let count = raw.entries.len();
+    let mut entries = Vec::with_capacity(count);
+    for (i, entry) in raw.entries.iter().enumerate() {
+        let at = path.element("match", count, i);
+        if entry.key.is_empty() {
+            c.problem(at.key("key"), "must not be empty");
+        }
+        let value = match entry.value.as_deref() {
+            None => ValueMatch::Any,
+            Some(text) => match text.find('*') {
+                None => ValueMatch::Exact(text.to_owned()),
+                Some(star) if star + 1 == text.len() => {
+                    ValueMatch::Prefix(text[..star].to_owned())
+                }
+                Some(_) => {
+                    c.problem(
+                        at.key("value"),
+                        "`*` may only end a value (`\"api*\"` matches values starting with `api`)",
+                    );
+                    ValueMatch::Any
+                }
+            },
+        };
+        entries.push(EntryMatch {
+            key: entry.key.clone(),
+            value,
+        });
+    }
+    let references = |c: &mut Checker, key: &str, names: &[String]| -> Vec<usize> {
+        let mut seen = HashSet::new();
+        let mut found = Vec::with_capacity(names.len());
+        for (i, name) in names.iter().enumerate() {
+            if !seen.insert(name.as_str()) {
+                c.problem(
+                    path.key(key).index(i),
+                    format!("limit `{name}` is listed twice"),
+                );
+            }
+            if let Some(index) = c.reference(path.key(key).index(i), "limit", name, limit_names) {
+                found.push(index);
+            }
+        }
+        found
+    };
+    let limits = references(c, "limits", &raw.limits);
+    if limits.len() > MAX_RULE_LIMITS {
+        c.problem(
+            path.key("limits"),
+            format!("a descriptor rule can charge at most {MAX_RULE_LIMITS} limits"),
+        );
+    }
+    let replaces = references(c, "replaces", &raw.replaces);
+    DescriptorRule {
+        domain: raw.domain.clone(),
+        entries,
+        limits,
+        replaces,
+    }
+}
+
+/// A limit without `key` takes its key from descriptor entries: a route
+/// cannot use it (it would have no key), and one no rule uses is a
+/// mistake.
+fn check_keyless(
+    c: &mut Checker,
+    root: &KeyPath,
+    raw: &RawConfig,
+    limits: &[LimitConfig],
+    routes: &[RouteConfig],
+    decision: Option<&DecisionConfig>,
+) {
+    for (index, limit) in limits.iter().enumerate() {
+        if !raw.limits[&limit.name].key.0.is_empty() {
+            continue;
+        }
+        let mut used = false;
+        for (i, route) in routes.iter().enumerate() {
+            if let Some(position) = route.limits.iter().position(|&l| l == index) {
+                used = true;
+                c.problem(
+                    root.key("routes").index(i).key("limits").index(position),
+                    format!(
+                        "limit `{}` has no `key`: only [[decision.descriptors]] rules can use it (their entries are its key); give it a `key` to use it on a route",
+                        limit.name
+                    ),
+                );
+            }
+        }
+        let by_rule = decision.is_some_and(|d| d.descriptors.iter().any(|r| r.limits.contains(&index)));
+        if !used && !by_rule {
+            c.problem(
+                root.key("limits").key(&limit.name).key("key"),
+                "needs at least one key part",
+            );
+        }
     }
 }
 
@@ -446,8 +608,16 @@ fn hex_digest(bytes: &[u8]) -> String {
     out
 }
 
-fn check_server(c: &mut Checker, path: &KeyPath, raw: &raw::RawServer) -> ServerConfig {
+fn check_server(
+    c: &mut Checker,
+    path: &KeyPath,
+    raw: &raw::RawServer,
+    decision_only: bool,
+) -> ServerConfig {
     let listen = match &raw.listen {
+        // A `[decision]` section without `[server] listen` is a decision
+        // service alone: no proxy listener.
+        None if decision_only => Vec::new(),
         None => vec![SocketAddr::from(([127, 0, 0, 1], 8080))],
         Some(list) => {
             if list.0.is_empty() {
@@ -1461,10 +1631,9 @@ fn check_limit(c: &mut Checker, path: &KeyPath, name: &str, raw: &raw::RawLimit)
             "a limit's name must be printable ASCII: it is sent in RateLimit headers",
         );
     }
+    // No key at all: a limit for `[[decision.descriptors]]` only, checked
+    // with the rules that use it (`check_keyless`).
     let count = raw.key.0.len();
-    if count == 0 {
-        c.problem(path.key("key"), "needs at least one key part");
-    }
     let key: Vec<KeyPart> = raw
         .key
         .0
@@ -1762,9 +1931,11 @@ fn check_route(
     raw: &raw::RawRoute,
     upstream_names: &[&str],
     limit_names: &[&str],
+    decision: bool,
 ) -> RouteConfig {
     let matcher = check_match(c, &path.key("match"), &raw.matcher);
     let action = match (&raw.upstream, &raw.respond) {
+        (None, None) if decision => RouteAction::DecideOnly,
         (Some(_), Some(_)) => {
             c.problem(
                 path.key("respond"),
@@ -1775,7 +1946,7 @@ fn check_route(
         (None, None) => {
             c.problem(
                 path.key("name"),
-                "the route needs `upstream = \"NAME\"` or `respond = { ... }`",
+                "the route needs `upstream = \"NAME\"` or `respond = { ... }` (or, decided by /auth only, a [decision] section)",
             );
             RouteAction::Forward(0)
         }

@@ -78,6 +78,33 @@ impl EncodeLabelValue for Outcome {
     }
 }
 
+/// The `front` label: which listener's request a decision was for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Front {
+    /// A request the proxy listener forwards or answers.
+    Proxy,
+    /// An Envoy rate-limit service call (gRPC or `/json`).
+    Rls,
+    /// A forward-auth check (`/auth`).
+    Auth,
+}
+
+impl Front {
+    pub(crate) fn label(self) -> &'static str {
+        match self {
+            Front::Proxy => "proxy",
+            Front::Rls => "rls",
+            Front::Auth => "auth",
+        }
+    }
+}
+
+impl EncodeLabelValue for Front {
+    fn encode(&self, encoder: &mut LabelValueEncoder) -> Result<(), std::fmt::Error> {
+        EncodeLabelValue::encode(&self.label(), encoder)
+    }
+}
+
 #[derive(Debug, Clone, PartialEq, Eq, Hash, EncodeLabelSet)]
 struct RequestLabels {
     route: Arc<str>,
@@ -94,6 +121,7 @@ struct DecisionLabels {
     route: Arc<str>,
     limit: Arc<str>,
     outcome: Outcome,
+    front: Front,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Hash, EncodeLabelSet)]
@@ -165,6 +193,8 @@ fn duration_histogram() -> DurationHistogram {
 #[derive(Debug, Clone)]
 pub(crate) struct RouteHandles {
     route: Arc<str>,
+    /// The listener these handles count for.
+    front: Front,
     /// `tollgate_requests_total{route, status="200"}`.
     ok: Counter,
     duration: DurationHistogram,
@@ -419,7 +449,12 @@ impl Metrics {
     /// Handles for a route's common series, resolved once per configuration
     /// snapshot so the request path skips the family lookup (a lock and a
     /// hash of the labels) for them.
-    pub(crate) fn route_handles(&self, route: &Arc<str>, limits: &[Arc<str>]) -> RouteHandles {
+    pub(crate) fn route_handles(
+        &self,
+        route: &Arc<str>,
+        limits: &[Arc<str>],
+        front: Front,
+    ) -> RouteHandles {
         let ok = self
             .requests
             .get_or_create(&RequestLabels {
@@ -440,13 +475,14 @@ impl Metrics {
                     limit: limit.clone(),
                     by_outcome: Default::default(),
                 };
-                let allowed = self.decision_counter(route, limit, Outcome::Allowed);
+                let allowed = self.decision_counter(route, limit, Outcome::Allowed, front);
                 let _ = handles.by_outcome[outcome_index(Outcome::Allowed)].set(allowed);
                 handles
             })
             .collect();
         RouteHandles {
             route: route.clone(),
+            front,
             ok,
             duration,
             statuses: Default::default(),
@@ -454,12 +490,19 @@ impl Metrics {
         }
     }
 
-    fn decision_counter(&self, route: &Arc<str>, limit: &Arc<str>, outcome: Outcome) -> Counter {
+    fn decision_counter(
+        &self,
+        route: &Arc<str>,
+        limit: &Arc<str>,
+        outcome: Outcome,
+        front: Front,
+    ) -> Counter {
         self.decisions
             .get_or_create(&DecisionLabels {
                 route: route.clone(),
                 limit: limit.clone(),
                 outcome,
+                front,
             })
             .clone()
     }
@@ -477,7 +520,9 @@ impl Metrics {
             return;
         };
         entry.by_outcome[outcome_index(outcome)]
-            .get_or_init(|| self.decision_counter(&handles.route, &entry.limit, outcome))
+            .get_or_init(|| {
+                self.decision_counter(&handles.route, &entry.limit, outcome, handles.front)
+            })
             .inc();
     }
 
@@ -514,13 +559,14 @@ impl Metrics {
         }
     }
 
-    /// One limit's decision for one request.
+    /// One limit's decision for one request of the proxy listener.
     pub fn record_decision(&self, route: &Arc<str>, limit: &Arc<str>, outcome: Outcome) {
         self.decisions
             .get_or_create(&DecisionLabels {
                 route: route.clone(),
                 limit: limit.clone(),
                 outcome,
+                front: Front::Proxy,
             })
             .inc();
     }

@@ -276,7 +276,7 @@ impl Observation {
 fn upstream_label(snapshot: &Snapshot, index: usize) -> Option<&Arc<str>> {
     match snapshot.config.routes.get(index)?.action {
         RouteAction::Forward(upstream) => snapshot.labels.upstreams.get(upstream),
-        RouteAction::Respond { .. } => None,
+        RouteAction::Respond { .. } | RouteAction::DecideOnly => None,
     }
 }
 
@@ -322,8 +322,15 @@ async fn route_and_act(
             path: parts.uri.path().to_owned(),
         });
     };
-    progress.seen.route_index = Some(index);
     let route = &snapshot.config.routes[index];
+    if matches!(route.action, RouteAction::DecideOnly) {
+        // For the decision service's `/auth` alone: nothing to forward to.
+        return Err(GatewayError::NoRoute {
+            method: parts.method,
+            path: parts.uri.path().to_owned(),
+        });
+    }
+    progress.seen.route_index = Some(index);
     let plan = &snapshot.routes[index];
 
     let consumer = identify::caller(snapshot, route, &parts.headers)
@@ -400,7 +407,8 @@ async fn route_and_act(
                 .insert(CONTENT_TYPE, content_type.clone());
             (response, FieldLines::new())
         }
-        RouteAction::Forward(_) => {
+        // `DecideOnly` was answered 404 at routing.
+        RouteAction::Forward(_) | RouteAction::DecideOnly => {
             let forwarded = match (&route.retry, &plan.retry_budget) {
                 (Some(policy), Some(budget)) => {
                     let retrying = Retrying {
