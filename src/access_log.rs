@@ -116,6 +116,9 @@ pub(crate) struct AccessEntry<'a> {
     /// Why the HTTP/1.1 codec refused the request (a fixed text, never a
     /// byte of the request); `None` for a request the pipeline answered.
     pub(crate) refused: Option<&'a str>,
+    /// The listener: `proxy`, or the decision service's `rls` / `auth`
+    /// ([`crate::metrics::Front`]).
+    pub(crate) front: &'static str,
 }
 
 /// The limit part of an access-log line.
@@ -180,6 +183,7 @@ impl PendingLine {
                 }),
             retries: self.retries,
             refused: None,
+            front: "proxy",
         });
     }
 }
@@ -207,6 +211,7 @@ pub(crate) fn log(entry: &AccessEntry<'_>) {
         limit_denied = entry.limit.map(|l| l.denied),
         retries = entry.retries,
         refused = entry.refused,
+        front = entry.front,
         "request"
     );
 }

@@ -28,6 +28,7 @@ use parking_lot::Mutex;
 use crate::access_log::DeniedSampler;
 use crate::config::{
     Config, DescriptorRule, KeyPart, LimitConfig, LocalFraction, OnFailure, RouteAction,
+    RouteConfig,
 };
 use crate::identity::client_ip::{ClientIpPolicy, ForwardHeader, Trust};
 use crate::limit::{Algorithm, Clock, Limiter, Nanos, SystemClock, WindowAlign};
@@ -114,9 +115,6 @@ pub struct RoutePlan {
     pub(crate) shared: bool,
     /// The route's common metric series, resolved once.
     pub(crate) metrics: RouteHandles,
-    /// The same for the decision service's `/auth` (`front = "auth"`),
-    /// when `[decision]` is configured.
-    pub(crate) auth_metrics: Option<RouteHandles>,
     /// The route's retry budget, when it retries (`retry = {...}`); a reload
     /// starts it afresh.
     pub(crate) retry_budget: Option<RetryBudget>,
@@ -133,6 +131,9 @@ pub struct Snapshot {
     limits: Vec<LimitState>,
     /// Aligned with `config.routes`.
     pub routes: Vec<RoutePlan>,
+    /// The same, counted as the decision service's `/auth`
+    /// (`front = "auth"`); empty without `[decision]`.
+    pub(crate) auth_routes: Vec<RoutePlan>,
     pub(crate) client_ip: ClientIpPolicy,
     /// 1 for the configuration loaded at start, +1 per successful reload.
     pub generation: u64,
@@ -176,71 +177,23 @@ impl Snapshot {
                 Arc::new(Upstream::new(u.clone(), body_errors, health))
             })
             .collect();
-        let routes = config
-            .routes
-            .iter()
-            .zip(&labels.routes)
-            .map(|(route, name)| {
-                let limits: Vec<&LimitConfig> =
-                    route.limits.iter().map(|&i| &config.limits[i]).collect();
-                let algorithms: Vec<_> = limits.iter().map(|l| l.algorithm).collect();
-                let view = StackView {
-                    limits: &limits,
-                    algorithms: &algorithms,
-                    server: config.server.headers,
-                };
-                let mut plan_policies: Vec<(Arc<str>, Option<Box<str>>)> = Vec::new();
-                for (plan, _) in limits.iter().flat_map(|l| &l.plans) {
-                    if plan_policies.iter().any(|(seen, _)| seen == plan) {
-                        continue;
-                    }
-                    let plan_algorithms: Vec<_> = limits
-                        .iter()
-                        .map(|l| {
-                            l.plans
-                                .iter()
-                                .find(|(name, _)| name == plan)
-                                .map_or(l.algorithm, |(_, algorithm)| *algorithm)
-                        })
-                        .collect();
-                    if plan_algorithms != algorithms {
-                        let plan_view = StackView {
-                            algorithms: &plan_algorithms,
-                            ..view
-                        };
-                        plan_policies.push((plan.clone(), policy_header(plan_view)));
-                    }
-                }
-                // The metric label's `Arc`, shared rather than allocated again.
-                let name = name.clone();
-                let limit_labels: Vec<Arc<str>> = route
-                    .limits
-                    .iter()
-                    .map(|&i| labels.limits[i].clone())
-                    .collect();
-                RoutePlan {
-                    shared: route.limits.iter().any(|&i| shared[i]),
-                    metrics: metrics.route_handles(&name, &limit_labels, Front::Proxy),
-                    auth_metrics: config
-                        .decision
-                        .as_ref()
-                        .map(|_| metrics.route_handles(&name, &limit_labels, Front::Auth)),
-                    name,
-                    stack: route.limits.iter().map(|&i| LimitId(i)).collect(),
-                    policy: policy_header(view),
-                    plan_policies,
-                    needs_body: limits.iter().any(|l| {
-                        l.key
-                            .iter()
-                            .any(|part| matches!(part, KeyPart::BodyField(_)))
-                    }),
-                    retry_budget: route
-                        .retry
-                        .as_ref()
-                        .map(|retry| RetryBudget::new(retry.budget_permille)),
-                }
-            })
-            .collect();
+        let route_plans = |front: Front| -> Vec<RoutePlan> {
+            config
+                .routes
+                .iter()
+                .zip(&labels.routes)
+                .map(|(route, name)| {
+                    route_plan(&config, &labels, &shared, metrics, route, name, front)
+                })
+                .collect()
+        };
+        let routes = route_plans(Front::Proxy);
+        // The same plans counted as the decision service's `/auth`.
+        let auth_routes = if config.decision.is_some() {
+            route_plans(Front::Auth)
+        } else {
+            Vec::new()
+        };
         let ip = &config.client_ip;
         let client_ip = ClientIpPolicy {
             trust: if ip.trusted_cidrs.is_empty() {
@@ -265,6 +218,7 @@ impl Snapshot {
             upstreams,
             limits,
             routes,
+            auth_routes,
             client_ip,
             generation,
             loaded_at: SystemTime::now(),
@@ -324,6 +278,71 @@ impl Snapshot {
             RouteAction::Forward(index) => self.upstreams.get(*index),
             RouteAction::Respond { .. } | RouteAction::DecideOnly => None,
         }
+    }
+}
+
+/// A route compiled for the request path, its decisions counted as `front`'s.
+fn route_plan(
+    config: &Config,
+    labels: &LabelNames,
+    shared: &[bool],
+    metrics: &Metrics,
+    route: &RouteConfig,
+    name: &Arc<str>,
+    front: Front,
+) -> RoutePlan {
+    let limits: Vec<&LimitConfig> = route.limits.iter().map(|&i| &config.limits[i]).collect();
+    let algorithms: Vec<_> = limits.iter().map(|l| l.algorithm).collect();
+    let view = StackView {
+        limits: &limits,
+        algorithms: &algorithms,
+        server: config.server.headers,
+    };
+    let mut plan_policies: Vec<(Arc<str>, Option<Box<str>>)> = Vec::new();
+    for (plan, _) in limits.iter().flat_map(|l| &l.plans) {
+        if plan_policies.iter().any(|(seen, _)| seen == plan) {
+            continue;
+        }
+        let plan_algorithms: Vec<_> = limits
+            .iter()
+            .map(|l| {
+                l.plans
+                    .iter()
+                    .find(|(name, _)| name == plan)
+                    .map_or(l.algorithm, |(_, algorithm)| *algorithm)
+            })
+            .collect();
+        if plan_algorithms != algorithms {
+            let plan_view = StackView {
+                algorithms: &plan_algorithms,
+                ..view
+            };
+            plan_policies.push((plan.clone(), policy_header(plan_view)));
+        }
+    }
+    // The metric label's `Arc`, shared rather than allocated again.
+    let name = name.clone();
+    let limit_labels: Vec<Arc<str>> = route
+        .limits
+        .iter()
+        .map(|&i| labels.limits[i].clone())
+        .collect();
+    RoutePlan {
+        shared: route.limits.iter().any(|&i| shared[i]),
+        metrics: metrics.route_handles(&name, &limit_labels, front),
+        name,
+        stack: route.limits.iter().map(|&i| LimitId(i)).collect(),
+        policy: policy_header(view),
+        plan_policies,
+        needs_body: limits.iter().any(|l| {
+            l.key
+                .iter()
+                .any(|part| matches!(part, KeyPart::BodyField(_)))
+        }),
+        retry_budget: route
+            .retry
+            .as_ref()
+            .map(|retry| RetryBudget::new(retry.budget_permille)),
     }
 }
 

@@ -7,7 +7,7 @@
 //! tests do.
 //!
 //! The gateway owns its background tasks: the connections' server
-//! ([`conn::start`]), the admin listener, and the idle sweeper of the
+//! ([`conn::start`]), the admin and decision listeners, and the idle sweeper of the
 //! limiter registry (`app::sweep`), which runs until the
 //! shutdown and not through the drain.
 
@@ -20,8 +20,8 @@ use tokio::net::TcpListener;
 use tokio::sync::watch;
 
 use crate::app::{App, sweep};
-use crate::config::ServerConfig;
-use crate::{admin, conn};
+use crate::config::Config;
+use crate::{admin, conn, decision};
 
 /// The sockets a gateway serves, bound before it runs (so a caller learns the
 /// ports chosen for port 0, and a bind error comes before anything starts).
@@ -32,14 +32,17 @@ pub struct Listeners {
     pub(crate) traffic: Vec<conn::Listener>,
     /// `[server] admin`, if configured.
     pub(crate) admin: Option<TcpListener>,
+    /// `[decision] listen`, if configured.
+    pub(crate) decision: Option<TcpListener>,
 }
 
 impl Listeners {
-    /// Binds `server.listen`, `server.tls.listen` and `server.admin`.
-    /// Errors name the address.
-    /// Call it from within a tokio runtime (the admin listener registers
-    /// with it).
-    pub async fn bind(server: &ServerConfig) -> io::Result<Listeners> {
+    /// Binds `server.listen`, `server.tls.listen`, `server.admin` and
+    /// `decision.listen`. Errors name the address.
+    /// Call it from within a tokio runtime (the admin and decision
+    /// listeners register with it).
+    pub async fn bind(config: &Config) -> io::Result<Listeners> {
+        let server = &config.server;
         let mut traffic = conn::bind(&server.listen)?;
         if let Some(tls) = &server.tls {
             traffic.extend(
@@ -51,7 +54,23 @@ impl Listeners {
             None => None,
             Some(address) => Some(admin::bind(address).await?),
         };
-        Ok(Listeners { traffic, admin })
+        let decision = match &config.decision {
+            None => None,
+            Some(decision) => Some(decision::bind(decision.listen).await?),
+        };
+        Ok(Listeners {
+            traffic,
+            admin,
+            decision,
+        })
+    }
+
+    /// The decision listener's address actually bound, if there is one.
+    pub fn decision_addr(&self) -> io::Result<Option<SocketAddr>> {
+        self.decision
+            .as_ref()
+            .map(TcpListener::local_addr)
+            .transpose()
     }
 
     /// The traffic addresses actually bound with their scheme (`http` or
@@ -94,6 +113,9 @@ pub async fn run(
     let (stop_tx, stop_rx) = watch::channel(false);
     let server = conn::start(app.clone(), listeners.traffic, stop_rx.clone())?;
     let sweeper = tokio::spawn(sweep::sweep_idle(app.clone()));
+    let decision = listeners
+        .decision
+        .map(|listener| tokio::spawn(decision::serve(app.clone(), listener, stop_rx.clone())));
     let admin = listeners
         .admin
         .map(|listener| tokio::spawn(admin::serve(app, listener, stop_rx)));
@@ -112,6 +134,9 @@ pub async fn run(
     sweeper.abort();
     if let Some(admin) = admin {
         let _ = admin.await;
+    }
+    if let Some(decision) = decision {
+        let _ = decision.await;
     }
     Ok(())
 }

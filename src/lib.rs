@@ -110,6 +110,7 @@ pub mod allocator;
 pub mod app;
 pub mod config;
 pub mod conn;
+pub(crate) mod decision;
 pub mod fd_limit;
 pub(crate) mod gateway;
 pub mod http;

@@ -171,7 +171,7 @@ fn run(config: Config, log_format: LogFormat) -> ExitCode {
                 return ExitCode::FAILURE;
             }
         };
-        let listeners = match Listeners::bind(&config.server).await {
+        let listeners = match Listeners::bind(&config).await {
             Ok(listeners) => listeners,
             Err(error) => {
                 // The admin listener's bind error names its key; any other
@@ -179,6 +179,8 @@ fn run(config: Config, log_format: LogFormat) -> ExitCode {
                 let message = error.to_string();
                 let key: &[&str] = if message.contains("(server.admin)") {
                     &["server", "admin"]
+                } else if message.contains("(decision.listen)") {
+                    &["decision", "listen"]
                 } else if message.contains("(server.tls.listen)") {
                     &["server", "tls", "listen"]
                 } else {
@@ -193,6 +195,9 @@ fn run(config: Config, log_format: LogFormat) -> ExitCode {
         }
         if let Ok(Some(address)) = listeners.admin_addr() {
             eprintln!("admin on http://{address}");
+        }
+        if let Ok(Some(address)) = listeners.decision_addr() {
+            eprintln!("decisions on http://{address}");
         }
         init_logging(log_format);
         let path = config.path.clone();

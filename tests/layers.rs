@@ -15,7 +15,7 @@ const LAYERS: &[&[&str]] = &[
     &["admission"],
     &["proxy"],
     &["conn"],
-    &["admin", "reload", "gateway", "simulate"],
+    &["admin", "decision", "reload", "gateway", "simulate"],
     &["", "main"],
 ];
 

@@ -111,6 +111,24 @@ pub fn admit<'a, 's: 'a>(
     }
 }
 
+/// [`admit`] for a stack whose keys the caller found itself — the decision
+/// service's descriptors, whose entries are the key — pushed into `ticket`
+/// with [`Ticket::push_keyed`]: the memory tier or, when some limit is
+/// shared and the gateway has a store, the store.
+pub fn admit_keyed<'a, 's: 'a>(
+    app: &'a App,
+    snapshot: &'s Snapshot,
+    candidate: Candidate<'a, 's>,
+    ticket: &'a mut Ticket<'s>,
+) -> Admitting<'a> {
+    match app.store().filter(|_| candidate.plan.shared) {
+        None => Admitting::Decided(decide_in_memory(app, snapshot, &candidate, ticket)),
+        Some(store) => Admitting::Asking(shared::decide_boxed(
+            store, app, snapshot, candidate, ticket,
+        )),
+    }
+}
+
 /// [`admit`]'s answer: decided already, or waiting for the store.
 pub enum Admitting<'a> {
     Decided(Admission),

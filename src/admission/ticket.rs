@@ -42,6 +42,37 @@ pub(crate) struct TicketParts {
 }
 
 impl<'s> Ticket<'s> {
+    /// One limit of a stack whose key the caller has ([`super::admit_keyed`]):
+    /// `limit` charged on `limiter` under `key`, with `shared` limits' numbers
+    /// the configuration's (their limiter holds the scaled fallback).
+    pub(crate) fn push_keyed(
+        &mut self,
+        limit: &'s LimitConfig,
+        limiter: &'s Limiter,
+        key: Option<LimitKey>,
+        shared: bool,
+    ) {
+        let algorithm = if shared {
+            limit.algorithm
+        } else {
+            limiter.algorithm()
+        };
+        self.stack.push(limit);
+        self.algorithms.push(algorithm);
+        self.limiters.push(limiter);
+        self.keys.push(key);
+    }
+
+    /// The stack's limits, in order.
+    pub(crate) fn limits(&self) -> &[&'s LimitConfig] {
+        &self.stack
+    }
+
+    /// Each limit's algorithm in force, in order.
+    pub(crate) fn algorithms(&self) -> &[Algorithm] {
+        &self.algorithms
+    }
+
     /// The stack as the rate-limit fields describe it.
     pub(crate) fn view(&self, server: HeaderStyles) -> StackView<'_> {
         StackView {

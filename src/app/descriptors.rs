@@ -84,7 +84,12 @@ pub(crate) struct TooManyOverrides;
 impl DescriptorTable {
     pub(crate) fn new(config: &Config) -> DescriptorTable {
         let mut table = DescriptorTable::default();
-        for (index, rule) in config.decision.iter().flat_map(|d| &d.descriptors).enumerate() {
+        for (index, rule) in config
+            .decision
+            .iter()
+            .flat_map(|d| &d.descriptors)
+            .enumerate()
+        {
             table
                 .by_domain
                 .entry(rule.domain.clone())
@@ -166,8 +171,8 @@ impl DescriptorTable {
             let Some(rule) = rule else { continue };
             for &limit in &rules[*rule as usize].limits {
                 // A rule's own limits are never replaced by itself.
-                let replaced_here = replaced.contains(&limit)
-                    && !rules[*rule as usize].replaces.contains(&limit);
+                let replaced_here =
+                    replaced.contains(&limit) && !rules[*rule as usize].replaces.contains(&limit);
                 if !replaced_here {
                     stack.push(LimitId(limit));
                     origin.push(descriptor);
@@ -186,7 +191,6 @@ impl DescriptorTable {
         let plan = RoutePlan {
             shared: stack.iter().any(|&id| snapshot.is_shared(id)),
             metrics: metrics.route_handles(&name, &limit_labels, Front::Rls),
-            auth_metrics: None,
             name,
             stack,
             // Rendered per call: an override changes the numbers.
@@ -221,7 +225,10 @@ impl DescriptorTable {
         config.algorithm = algorithm;
         // The override's numbers are the call's, whatever the caller's plan.
         config.plans.clear();
-        let limiter = Limiter::new(&config.name, algorithm, config.max_keys).with_align(config.align);
+        // A lease sized for the limit's own capacity may not fit the override's.
+        config.lease = None;
+        let limiter =
+            Limiter::new(&config.name, algorithm, config.max_keys).with_align(config.align);
         let made = Arc::new(OverrideLimit {
             config,
             limiters: LimiterSet {

@@ -312,9 +312,10 @@ fn check(c: &mut Checker, path: &Path, bytes: &[u8], raw: &RawConfig) -> Config 
             raw.decision.is_some(),
         ));
     }
-    let decision = raw.decision.as_ref().map(|decision| {
-        check_decision(c, &root.key("decision"), decision, &limit_names)
-    });
+    let decision = raw
+        .decision
+        .as_ref()
+        .map(|decision| check_decision(c, &root.key("decision"), decision, &limit_names));
     check_keyless(c, &root, raw, &limits, &routes, decision.as_ref());
     let api_keys = check_api_keys(c, &root.key("api_keys"), &raw.api_keys);
     let mut consumers = HashMap::with_capacity(raw.consumers.len());
@@ -416,9 +417,7 @@ fn check_descriptor_rule(
             None => ValueMatch::Any,
             Some(text) => match text.find('*') {
                 None => ValueMatch::Exact(text.to_owned()),
-                Some(star) if star + 1 == text.len() => {
-                    ValueMatch::Prefix(text[..star].to_owned())
-                }
+                Some(star) if star + 1 == text.len() => ValueMatch::Prefix(text[..star].to_owned()),
                 Some(_) => {
                     c.problem(
                         at.key("value"),
@@ -493,7 +492,8 @@ fn check_keyless(
                 );
             }
         }
-        let by_rule = decision.is_some_and(|d| d.descriptors.iter().any(|r| r.limits.contains(&index)));
+        let by_rule =
+            decision.is_some_and(|d| d.descriptors.iter().any(|r| r.limits.contains(&index)));
         if !used && !by_rule {
             c.problem(
                 root.key("limits").key(&limit.name).key("key"),

@@ -789,6 +789,7 @@ fn refused(app: &App, peer: SocketAddr, activity: &ConnActivity) {
         limit: None,
         retries: 0,
         refused: Some(refusal.detail),
+        front: "proxy",
     });
 }
 

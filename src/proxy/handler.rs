@@ -255,6 +255,7 @@ impl Observation {
             }),
             retries: seen.retries,
             refused: None,
+            front: "proxy",
         };
         match timing {
             // Written when the body ends, with the whole duration.

@@ -98,7 +98,7 @@ impl InProcess {
         let config_path = dir.path().join("gateway.toml");
         std::fs::write(&config_path, config).expect("write config");
         let config = Config::load(&config_path).unwrap_or_else(|error| panic!("{error}"));
-        let listeners = tollgate::Listeners::bind(&config.server)
+        let listeners = tollgate::Listeners::bind(&config)
             .await
             .expect("bind the listeners");
         let urls = listeners.traffic_urls().expect("addresses");

@@ -1,0 +1,368 @@
+//! Forward-auth (`/auth`): nginx `auth_request`, ingress-nginx `auth-url`
+//! and Traefik `ForwardAuth` ask whether a request they hold may pass.
+//!
+//! The request decided is the *original* one, described by the asking
+//! proxy's headers — `X-Forwarded-Method`, `X-Forwarded-Uri`,
+//! `X-Forwarded-Host` (Traefik) or `X-Original-Method`, `X-Original-URI`
+//! (nginx, ingress-nginx) — with the original's other headers (both send
+//! them along). It is normalised and routed by `[[routes]]` as the proxy
+//! would, and decided by the route's stack with `front = "auth"`. The
+//! client is the peer unless the peer is a trusted proxy (section 4 of the
+//! contract), and then `X-Forwarded-For` or, without one, `X-Real-IP`.
+//!
+//! Answers: `200` with the rate-limit fields (allowed, or no route: no
+//! limit applies); `deny_status` with the fields and the 429's
+//! problem+json (denied); `400` without the original method and URI, or
+//! for a key the request lacks under `on_missing_key = "deny"`; `401` for
+//! an unknown API key where the route requires one; `503` when the store is
+//! down under `on_failure = "deny"`. There is no body here, so `body:`
+//! keys are missing (`check` says so); a concurrency slot is released as
+//! soon as the answer is written, since the proxy never says when the
+//! request ends.
+
+use std::net::{IpAddr, SocketAddr};
+use std::time::Duration;
+
+use http::header::HOST;
+use http::request::Parts;
+use http::{HeaderMap, HeaderName, Method, Request, Response, StatusCode, Uri};
+
+use crate::access_log::{self, AccessEntry, LimitField};
+use crate::admission::{self, Admission, Candidate, Identity, Ticket, identify};
+use crate::app::{App, Snapshot};
+use crate::config::LimitConfig;
+use crate::http::path::normalize_uri;
+use crate::identity::client_ip::Trust;
+use crate::metrics::Front;
+use crate::proxy::body::ResponseBody;
+use crate::proxy::ratelimit;
+use crate::proxy::response::problem;
+
+static X_FORWARDED_METHOD: HeaderName = HeaderName::from_static("x-forwarded-method");
+static X_FORWARDED_URI: HeaderName = HeaderName::from_static("x-forwarded-uri");
+static X_FORWARDED_HOST: HeaderName = HeaderName::from_static("x-forwarded-host");
+static X_ORIGINAL_METHOD: HeaderName = HeaderName::from_static("x-original-method");
+static X_ORIGINAL_URI: HeaderName = HeaderName::from_static("x-original-uri");
+static X_REAL_IP: HeaderName = HeaderName::from_static("x-real-ip");
+
+/// The answer to one `/auth` request from `peer`.
+pub(crate) async fn answer<B>(
+    app: &App,
+    request: Request<B>,
+    peer: SocketAddr,
+) -> Response<ResponseBody> {
+    let started = app.clock.now();
+    let snapshot = app.snapshot();
+    let (head, _body) = request.into_parts();
+    let original = match original_request(&snapshot, &head) {
+        Ok(original) => original,
+        Err(detail) => return problem(StatusCode::BAD_REQUEST, detail),
+    };
+    let client_ip = client_ip(&snapshot, &head.headers, peer.ip());
+    let Some(index) = snapshot.router.find(&original) else {
+        // No route, no limit: the asking proxy decides what it forwards.
+        let elapsed = Duration::from_nanos(app.clock.now().saturating_sub(started));
+        log_entry(&original, "none", StatusCode::OK, None, client_ip, elapsed);
+        return Response::new(ResponseBody::full(""));
+    };
+    let route = &snapshot.config.routes[index];
+    let plan = &snapshot.auth_routes[index];
+    let consumer = match identify::caller(&snapshot, route, &original.headers) {
+        Ok(consumer) => consumer,
+        Err(reason) => {
+            let response = problem(StatusCode::UNAUTHORIZED, reason);
+            return finish(
+                app, &snapshot, index, &original, response, None, client_ip, started,
+            );
+        }
+    };
+    let mut ticket = Ticket::default();
+    let candidate = Candidate {
+        route: index,
+        plan,
+        parts: &original,
+        identity: Identity {
+            client_ip,
+            consumer,
+            body: None,
+        },
+        cost: route.cost,
+        now: started,
+    };
+    let admission = admission::admit(app, &snapshot, candidate, &mut ticket).await;
+    let headers = snapshot.config.server.headers;
+    let (response, limit) = match admission {
+        Admission::Allowed => {
+            let mut response = Response::new(ResponseBody::full(""));
+            let mut fields = crate::http::field_lines::FieldLines::new();
+            ratelimit::limit_fields(
+                &mut fields,
+                ticket.view(headers),
+                ticket.entries(),
+                plan.policy_for(ticket.plan()),
+                ticket.focus(),
+            );
+            fields.apply(response.headers_mut());
+            let limit = ticket.focus().map(|i| field(&ticket, i, false));
+            (response, limit)
+        }
+        Admission::Denied { by } => {
+            let (mut response, fields) = ratelimit::deny_response(
+                ticket.view(headers),
+                ticket.entries(),
+                by,
+                plan.policy_for(ticket.plan()),
+                route.cost,
+            );
+            fields.apply(response.headers_mut());
+            *response.status_mut() = deny_status(&snapshot);
+            (response, Some(field(&ticket, by, true)))
+        }
+        Admission::MissingKey { position } => {
+            let limit = snapshot.limit_config(plan.stack[position]);
+            (problem(StatusCode::BAD_REQUEST, &missing_key(limit)), None)
+        }
+        Admission::StoreDown => (
+            problem(
+                StatusCode::SERVICE_UNAVAILABLE,
+                "the limiter store is unavailable",
+            ),
+            None,
+        ),
+    };
+    // The decision is the answer: concurrency slots are not held past it.
+    drop(ticket);
+    let limit = limit.as_ref().map(|(name, remaining, denied)| LimitField {
+        name,
+        remaining: *remaining,
+        denied: *denied,
+    });
+    finish(
+        app, &snapshot, index, &original, response, limit, client_ip, started,
+    )
+}
+
+/// The original request's head, from the asking proxy's headers: method,
+/// normalised path and query, `Host`, and the headers it sent along.
+fn original_request(snapshot: &Snapshot, head: &Parts) -> Result<Parts, &'static str> {
+    let headers = &head.headers;
+    let text = |name: &HeaderName| headers.get(name).and_then(|v| v.to_str().ok());
+    let method = text(&X_FORWARDED_METHOD).or_else(|| text(&X_ORIGINAL_METHOD));
+    let uri = text(&X_FORWARDED_URI).or_else(|| text(&X_ORIGINAL_URI));
+    let (Some(method), Some(uri)) = (method, uri) else {
+        return Err(
+            "/auth decides the original request: send its method and URI in X-Forwarded-Method and X-Forwarded-Uri, or X-Original-Method and X-Original-URI",
+        );
+    };
+    let method = Method::from_bytes(method.as_bytes())
+        .map_err(|_| "the original method is not an HTTP method")?;
+    let mut uri: Uri = uri
+        .parse()
+        .map_err(|_| "the original URI is not a request target")?;
+    if uri.scheme().is_some() || uri.authority().is_some() {
+        // ingress-nginx may send the absolute URL: only its path and query route.
+        uri = uri
+            .path_and_query()
+            .map(|pq| Uri::from(pq.clone()))
+            .ok_or("the original URI has no path")?;
+    }
+    if !uri.path().starts_with('/') {
+        return Err("the original URI's path must start with /");
+    }
+    let server = &snapshot.config.server;
+    if server.path_normalization {
+        normalize_uri(&mut uri, server.escaped_slashes).map_err(|e| e.reason())?;
+    }
+    let mut request = Request::new(());
+    *request.method_mut() = method;
+    *request.uri_mut() = uri;
+    let (mut parts, ()) = request.into_parts();
+    parts.headers = headers.clone();
+    if let Some(host) = headers.get(&X_FORWARDED_HOST).cloned() {
+        parts.headers.insert(HOST, host);
+    }
+    Ok(parts)
+}
+
+/// The client: the peer, or behind a trusted peer the forwarding header's
+/// client, or `X-Real-IP` when the trusted peer sent no forwarding header.
+fn client_ip(snapshot: &Snapshot, headers: &HeaderMap, peer: IpAddr) -> IpAddr {
+    let policy = &snapshot.client_ip;
+    let trusted = match &policy.trust {
+        Trust::Hops(n) => *n > 0,
+        Trust::Cidrs(nets) => nets.iter().any(|net| net.contains(&peer)),
+    };
+    if trusted && !headers.contains_key(policy.header.name()) {
+        let real = headers
+            .get(&X_REAL_IP)
+            .and_then(|v| v.to_str().ok())
+            .and_then(|v| v.trim().parse().ok());
+        if let Some(real) = real {
+            return real;
+        }
+    }
+    identify::client_ip(snapshot, headers, peer)
+}
+
+/// `[decision] deny_status`.
+fn deny_status(snapshot: &Snapshot) -> StatusCode {
+    snapshot
+        .config
+        .decision
+        .as_ref()
+        .map_or(StatusCode::TOO_MANY_REQUESTS, |d| d.deny_status)
+}
+
+fn missing_key(limit: &LimitConfig) -> String {
+    format!(
+        "limit {} needs the request key {}, which is missing",
+        limit.name,
+        crate::summary::key_parts(&limit.key)
+    )
+}
+
+/// The access log's limit field of the entry at `index`, owned.
+fn field(ticket: &Ticket<'_>, index: usize, denied: bool) -> (String, u64, bool) {
+    (
+        ticket.limits()[index].name.clone(),
+        ticket.entries()[index].verdict.remaining,
+        denied,
+    )
+}
+
+/// Counts and logs the answer of a routed `/auth` request.
+#[allow(clippy::too_many_arguments)]
+fn finish(
+    app: &App,
+    snapshot: &Snapshot,
+    index: usize,
+    original: &Parts,
+    response: Response<ResponseBody>,
+    limit: Option<LimitField<'_>>,
+    client_ip: IpAddr,
+    started: u64,
+) -> Response<ResponseBody> {
+    let plan = &snapshot.auth_routes[index];
+    let elapsed = Duration::from_nanos(app.clock.now().saturating_sub(started));
+    app.metrics()
+        .record_route_request(&plan.metrics, response.status().as_u16(), elapsed);
+    log_entry(
+        original,
+        &plan.name,
+        response.status(),
+        limit,
+        client_ip,
+        elapsed,
+    );
+    response
+}
+
+fn log_entry(
+    original: &Parts,
+    route: &str,
+    status: StatusCode,
+    limit: Option<LimitField<'_>>,
+    client_ip: IpAddr,
+    elapsed: Duration,
+) {
+    if !access_log::enabled() {
+        return;
+    }
+    access_log::log(&AccessEntry {
+        method: original.method.as_str(),
+        path: original.uri.path(),
+        route,
+        status: status.as_u16(),
+        elapsed: Some(elapsed),
+        upstream: None,
+        client_ip,
+        limit,
+        retries: 0,
+        refused: None,
+        front: Front::Auth.label(),
+    });
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::Config;
+    use http::HeaderValue;
+    use std::path::Path;
+
+    fn snapshot(extra: &str) -> std::sync::Arc<Snapshot> {
+        let text = format!(
+            "[decision]\nlisten = \"127.0.0.1:0\"\n[limits.per_ip]\nkey = \"ip\"\nalgorithm = \"fixed_window\"\nlimit = 1\nwindow = \"1m\"\n[[routes]]\nname = \"api\"\nmatch = {{ path_prefix = \"/api\" }}\nlimits = [\"per_ip\"]\n{extra}"
+        );
+        let config = Config::from_bytes(Path::new("gateway.toml"), text.as_bytes()).unwrap();
+        App::new(config).snapshot()
+    }
+
+    fn head(headers: &[(&'static str, &'static str)]) -> Parts {
+        let mut request = Request::new(());
+        for (name, v) in headers {
+            request
+                .headers_mut()
+                .insert(HeaderName::from_static(name), HeaderValue::from_static(v));
+        }
+        request.into_parts().0
+    }
+
+    #[test]
+    fn traefik_and_nginx_headers_both_describe_the_original() {
+        let snapshot = snapshot("");
+        let traefik = head(&[
+            ("x-forwarded-method", "POST"),
+            ("x-forwarded-uri", "/api/./v1//items?x=1"),
+            ("x-forwarded-host", "api.example"),
+        ]);
+        let original = original_request(&snapshot, &traefik).unwrap();
+        assert_eq!(original.method, Method::POST);
+        assert_eq!(original.uri.to_string(), "/api/v1/items?x=1");
+        assert_eq!(original.headers[HOST], "api.example");
+        let nginx = head(&[
+            ("x-original-method", "GET"),
+            ("x-original-uri", "/api/%7Ea"),
+        ]);
+        let original = original_request(&snapshot, &nginx).unwrap();
+        assert_eq!(original.uri.path(), "/api/~a");
+    }
+
+    #[test]
+    fn without_the_original_method_and_uri_there_is_nothing_to_decide() {
+        let snapshot = snapshot("");
+        for headers in [
+            &[][..],
+            &[("x-original-uri", "/api")][..],
+            &[("x-forwarded-method", "GET")][..],
+        ] {
+            assert!(original_request(&snapshot, &head(headers)).is_err());
+        }
+        let escaping = head(&[("x-original-method", "GET"), ("x-original-uri", "/../etc")]);
+        assert!(original_request(&snapshot, &escaping).is_err());
+        let bad_method = head(&[("x-original-method", "G T"), ("x-original-uri", "/api")]);
+        assert!(original_request(&snapshot, &bad_method).is_err());
+    }
+
+    #[test]
+    fn x_real_ip_counts_only_from_a_trusted_peer() {
+        let peer: IpAddr = "10.0.0.2".parse().unwrap();
+        let headers = head(&[("x-real-ip", "203.0.113.9")]).headers;
+        let untrusted = snapshot("");
+        assert_eq!(client_ip(&untrusted, &headers, peer), peer);
+        let trusted = snapshot("[client_ip]\ntrusted_cidrs = [\"10.0.0.0/8\"]\n");
+        assert_eq!(
+            client_ip(&trusted, &headers, peer),
+            "203.0.113.9".parse::<IpAddr>().unwrap()
+        );
+        let forwarded = head(&[
+            ("x-real-ip", "203.0.113.9"),
+            ("x-forwarded-for", "198.51.100.7"),
+        ])
+        .headers;
+        assert_eq!(
+            client_ip(&trusted, &forwarded, peer),
+            "198.51.100.7".parse::<IpAddr>().unwrap()
+        );
+    }
+}

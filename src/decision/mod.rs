@@ -1,0 +1,106 @@
+//! The decision service (`[decision] listen`): tollgate's limits for a
+//! proxy that is already deployed, on a listener of its own beside the
+//! proxy listener (or alone: a configuration with `[decision]` and no
+//! `[server] listen` serves decisions only).
+//!
+//! | request | answer |
+//! | --- | --- |
+//! | gRPC `envoy.service.ratelimit.v3.RateLimitService/ShouldRateLimit` | Envoy's rate-limit service ([`rls`], [`grpc`]) |
+//! | `POST /json` | the same call as proto3 JSON, envoyproxy/ratelimit's HTTP form ([`json`]) |
+//! | `/auth` (any method) | forward-auth for nginx, ingress-nginx and Traefik ([`auth`]) |
+//!
+//! HTTP/1.1 and HTTP/2 (h2c with prior knowledge, as gRPC clients speak)
+//! on one port. The decisions use the proxy's limits, stores, metrics
+//! (`front = "rls"` or `"auth"`), access log and reloads: each request reads
+//! the snapshot serving at the time. The listener is bound at start; like
+//! the admin listener, a reload does not move it. It closes when the
+//! traffic drain starts; open connections finish their request.
+
+pub(crate) mod auth;
+
+use std::convert::Infallible;
+use std::io;
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use http::{Method, Request, Response, StatusCode};
+use hyper::body::Incoming;
+use hyper::service::service_fn;
+use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
+use hyper_util::server::conn::auto;
+use tokio::net::TcpListener;
+use tokio::sync::{Semaphore, watch};
+
+use crate::app::App;
+use crate::proxy::body::ResponseBody;
+use crate::proxy::response::problem;
+
+/// Binds the decision listener.
+pub(crate) async fn bind(address: SocketAddr) -> io::Result<TcpListener> {
+    TcpListener::bind(address).await.map_err(|e| {
+        io::Error::new(
+            e.kind(),
+            format!("cannot listen on {address} (decision.listen): {e}"),
+        )
+    })
+}
+
+/// Serves decisions on `listener` until `shutdown` turns true.
+pub(crate) async fn serve(app: Arc<App>, listener: TcpListener, shutdown: watch::Receiver<bool>) {
+    let server = app.snapshot().config.server.clone();
+    let permits = Arc::new(Semaphore::new(server.max_connections));
+    let mut backoff = Duration::from_millis(5);
+    if *shutdown.borrow() {
+        return;
+    }
+    let mut stop = shutdown.clone();
+    while let Some((stream, peer, permit)) =
+        crate::conn::accept_next(&listener, &permits, None, &mut stop, &mut backoff).await
+    {
+        let _ = stream.set_nodelay(true);
+        let app = app.clone();
+        let mut shutdown = shutdown.clone();
+        let header_read_timeout = server.header_read_timeout;
+        tokio::spawn(async move {
+            let service = service_fn(move |request: Request<Incoming>| {
+                let app = app.clone();
+                async move { Ok::<_, Infallible>(answer(&app, request, peer).await) }
+            });
+            let mut builder = auto::Builder::new(TokioExecutor::new());
+            builder
+                .http1()
+                .timer(TokioTimer::new())
+                .header_read_timeout(header_read_timeout);
+            builder.http2().timer(TokioTimer::new());
+            let connection = builder.serve_connection(TokioIo::new(stream), service);
+            tokio::pin!(connection);
+            tokio::select! {
+                result = connection.as_mut() => {
+                    if let Err(error) = result {
+                        tracing::debug!(%error, "decision connection ended with an error");
+                    }
+                }
+                _ = shutdown.changed() => {
+                    connection.as_mut().graceful_shutdown();
+                    let _ = connection.await;
+                }
+            }
+            drop(permit);
+        });
+    }
+}
+
+/// The answer to one request of the decision listener.
+async fn answer(app: &App, request: Request<Incoming>, peer: SocketAddr) -> Response<ResponseBody> {
+    match request.uri().path() {
+        "/auth" => auth::answer(app, request, peer).await,
+        path => {
+            let detail = format!(
+                "no decision endpoint {path}: /auth, POST /json or gRPC envoy.service.ratelimit.v3.RateLimitService"
+            );
+            let _ = Method::GET;
+            problem(StatusCode::NOT_FOUND, &detail)
+        }
+    }
+}
