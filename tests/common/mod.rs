@@ -59,6 +59,8 @@ pub struct InProcess {
     /// The first `[server.tls]` listener, if the config has one.
     pub tls_addr: Option<SocketAddr>,
     pub admin: Option<SocketAddr>,
+    /// The `[decision]` listener, if the config has one.
+    pub decision: Option<SocketAddr>,
     pub app: Arc<App>,
     pub dir: tempfile::TempDir,
     pub config_path: PathBuf,
@@ -107,9 +109,13 @@ impl InProcess {
                 .find_map(|url| url.strip_prefix(scheme))
                 .map(|addr| addr.parse::<SocketAddr>().expect("listen address"))
         };
-        let addr = first("http://").expect("a plain listener");
         let tls_addr = first("https://");
         let admin = listeners.admin_addr().expect("admin address");
+        let decision = listeners.decision_addr().expect("decision address");
+        // A decision service alone has no proxy listener: `addr` is its.
+        let addr = first("http://")
+            .or(decision)
+            .expect("a plain or decision listener");
         let app = App::with_clock(config, clock);
         let (stop, stopped) = oneshot::channel::<()>();
         let shutdown = async {
@@ -123,6 +129,7 @@ impl InProcess {
             addr,
             tls_addr,
             admin,
+            decision,
             app,
             dir,
             config_path,
