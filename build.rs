@@ -12,8 +12,14 @@
 //! program is missing, so CI never skips one.
 //!
 //! The production code reads none of these cfgs.
+//!
+//! It also generates the Rust code of Envoy's rate-limit service protos
+//! (`proto/`) that `src/envoy_proto.rs` includes: `build/protos.rs`.
 
 use std::path::{Path, PathBuf};
+
+#[path = "build/protos.rs"]
+mod protos;
 
 /// A cfg, the programs it needs, and how to install them on Debian.
 const SERVERS: &[(&str, &[&str], &str)] = &[
@@ -28,6 +34,11 @@ const SERVERS: &[(&str, &[&str], &str)] = &[
 
 fn main() {
     println!("cargo::rerun-if-changed=build.rs");
+    println!("cargo::rerun-if-changed=build/protos.rs");
+    if let Err(error) = protos::generate() {
+        eprintln!("generating the code of proto/: {error}");
+        std::process::exit(1);
+    }
     println!("cargo::rerun-if-env-changed=PATH");
     println!("cargo::rerun-if-env-changed=TOLLGATE_TEST_REQUIRE_SERVERS");
     let require = std::env::var_os("TOLLGATE_TEST_REQUIRE_SERVERS").is_some_and(|v| v == "1");

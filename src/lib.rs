@@ -11,7 +11,9 @@
 //!    rule for `Host`, a target's authority and `:authority` (`http::host`),
 //!    and the one RFC 9457 problem+json writer (`http::problem`) of every
 //!    body the gateway answers with itself: the codec's refusals, the
-//!    pipeline's errors and its 429s.
+//!    pipeline's errors and its 429s. Beside it, [`envoy_proto`]: Envoy's
+//!    rate-limit service messages (protobuf and proto3 JSON) and its gRPC
+//!    server and client, generated from `proto/` by `build.rs`.
 //! 2. [`http1`] — the HTTP/1.1 codec, bytes ↔ `http` types: the server side
 //!    ([`http1::server`]: the fast path, lingering close, the bytes handed
 //!    to hyper) and the upstream client (`http1::client`: head codec,
@@ -111,6 +113,7 @@ pub mod app;
 pub mod config;
 pub mod conn;
 pub(crate) mod decision;
+pub mod envoy_proto;
 pub mod fd_limit;
 pub(crate) mod gateway;
 pub mod http;

@@ -8,7 +8,7 @@ use std::path::Path;
 
 /// The layers, lowest first, by top-level module.
 const LAYERS: &[&[&str]] = &[
-    &["http"],
+    &["http", "envoy_proto"],
     &["http1"],
     &["upstream"],
     &["app"],
@@ -20,7 +20,8 @@ const LAYERS: &[&[&str]] = &[
 ];
 
 /// Beside the layers and below the pipeline: they may use the wire
-/// vocabulary (`http`) and each other, nothing else of the layers.
+/// vocabulary (`http`, `envoy_proto`) and each other, nothing else of the
+/// layers.
 const BESIDE: &[&str] = &[
     "access_log",
     "allocator",
@@ -36,9 +37,11 @@ const BESIDE: &[&str] = &[
     "worker",
 ];
 
-/// What the codec and the upstream layer may use from beside the layers.
+/// What the wire vocabulary, the codec and the upstream layer may use from
+/// beside the layers.
 const BELOW_APP_MAY_USE: &[(&str, &[&str])] = &[
     ("http", &[]),
+    ("envoy_proto", &[]),
     ("http1", &[]),
     ("upstream", &["config", "worker"]),
 ];
