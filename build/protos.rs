@@ -55,6 +55,8 @@ pub(crate) fn generate() -> Result<(), Box<dyn Error>> {
         // The client is generic over any gRPC service; `connect` (tonic's
         // transport `Channel`) would need tonic's transport in the library.
         .build_transport(false)
+        // prost's codec with malformed requests answered INVALID_ARGUMENT.
+        .codec_path("crate::envoy_proto::RlsCodec")
         // Not prost-types' well-known types (prost's default extern path for
         // them) but pbjson-types': with the extern path below, none is
         // generated.

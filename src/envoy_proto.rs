@@ -95,6 +95,63 @@ pub use envoy::service::ratelimit::v3::rate_limit_service_server::{
 pub use envoy::service::ratelimit::v3::{RateLimitRequest, RateLimitResponse, rate_limit_response};
 pub use envoy::r#type::v3::RateLimitUnit;
 
+/// The service's protobuf codec: prost's, except that a request that is
+/// not a valid message is `INVALID_ARGUMENT` (the caller sent something
+/// wrong), where tonic-prost says `INTERNAL`. Named by `build/protos.rs`
+/// (`codec_path`) for the generated server and client.
+#[derive(Debug)]
+pub struct RlsCodec<T, U>(tonic_prost::ProstCodec<T, U>);
+
+impl<T, U> Default for RlsCodec<T, U> {
+    fn default() -> Self {
+        RlsCodec(tonic_prost::ProstCodec::default())
+    }
+}
+
+impl<T, U> tonic::codec::Codec for RlsCodec<T, U>
+where
+    T: prost::Message + Send + 'static,
+    U: prost::Message + Default + Send + 'static,
+{
+    type Encode = T;
+    type Decode = U;
+    type Encoder = <tonic_prost::ProstCodec<T, U> as tonic::codec::Codec>::Encoder;
+    type Decoder = InvalidArgument<<tonic_prost::ProstCodec<T, U> as tonic::codec::Codec>::Decoder>;
+
+    fn encoder(&mut self) -> Self::Encoder {
+        self.0.encoder()
+    }
+
+    fn decoder(&mut self) -> Self::Decoder {
+        InvalidArgument(self.0.decoder())
+    }
+}
+
+/// A decoder whose failures are the sender's: `INVALID_ARGUMENT`.
+#[derive(Debug)]
+pub struct InvalidArgument<D>(D);
+
+impl<D> tonic::codec::Decoder for InvalidArgument<D>
+where
+    D: tonic::codec::Decoder<Error = tonic::Status>,
+{
+    type Item = D::Item;
+    type Error = tonic::Status;
+
+    fn decode(
+        &mut self,
+        src: &mut tonic::codec::DecodeBuf<'_>,
+    ) -> Result<Option<Self::Item>, Self::Error> {
+        self.0.decode(src).map_err(|status| {
+            tonic::Status::invalid_argument(format!("not a valid message: {}", status.message()))
+        })
+    }
+
+    fn buffer_settings(&self) -> tonic::codec::BufferSettings {
+        self.0.buffer_settings()
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::rate_limit_descriptor::{Entry, RateLimitOverride};

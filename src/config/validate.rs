@@ -401,15 +401,16 @@ fn check_descriptor_rule(
         c.problem(path.key("domain"), "must not be empty");
     }
     if raw.entries.is_empty() {
+        // Absent more often than empty: the rule's first key has a line.
         c.problem(
-            path.key("match"),
-            "needs at least one entry, like [{ key = \"remote_address\" }]",
+            path.key("domain"),
+            "the rule needs `match` with at least one entry, like [{ key = \"remote_address\" }]",
         );
     }
     let count = raw.entries.len();
     let mut entries = Vec::with_capacity(count);
     for (i, entry) in raw.entries.iter().enumerate() {
-        let at = path.element("match", count, i);
+        let at = path.key("match").index(i);
         if entry.key.is_empty() {
             c.problem(at.key("key"), "must not be empty");
         }
@@ -2208,6 +2209,77 @@ mod tests {
             Ok(_) => String::new(),
             Err(e) => e.to_string(),
         }
+    }
+
+    const DESCRIPTOR_LIMIT: &str =
+        "[limits.per_user]\nalgorithm = \"fixed_window\"\nlimit = 5\nwindow = \"1s\"\n";
+
+    #[test]
+    fn a_decision_section_alone_is_a_rate_limit_service() {
+        let text = format!(
+            "{DESCRIPTOR_LIMIT}[decision]\n\n[[decision.descriptors]]\ndomain = \"edge\"\nmatch = [{{ key = \"user\" }}, {{ key = \"path\", value = \"/api*\" }}]\nlimits = [\"per_user\"]\n"
+        );
+        let config = Config::from_bytes(Path::new("g.toml"), text.as_bytes()).unwrap();
+        assert!(config.server.listen.is_empty(), "no proxy listener");
+        let decision = config.decision.unwrap();
+        assert_eq!(decision.listen, "127.0.0.1:8081".parse().unwrap());
+        assert_eq!(decision.deny_status, StatusCode::TOO_MANY_REQUESTS);
+        let rule = &decision.descriptors[0];
+        assert_eq!(rule.entries[1].value, ValueMatch::Prefix("/api".into()));
+        assert!(rule.entries[1].value.matches("/api/v1"));
+        assert!(!rule.entries[1].value.matches("/ap"));
+        assert_eq!(rule.limits, vec![0]);
+    }
+
+    #[test]
+    fn descriptor_rules_are_checked_with_their_lines() {
+        let text = format!(
+            "{DESCRIPTOR_LIMIT}[decision]\ndeny_status = 200\n\n[[decision.descriptors]]\ndomain = \"\"\nmatch = [{{ key = \"a\", value = \"x*y\" }}]\nlimits = [\"per_usr\"]\nreplaces = [\"nope\"]\n\n[[decision.descriptors]]\ndomain = \"d\"\nlimits = [\"per_user\"]\n"
+        );
+        let message = errors(&text);
+        for expected in [
+            "`decision.deny_status`: `200` is not an error status",
+            "`decision.descriptors[0].domain`: must not be empty",
+            "`decision.descriptors[0].match[0].value`: `*` may only end a value",
+            "`decision.descriptors[0].limits[0]`: unknown limit `per_usr`",
+            "(did you mean `per_user`?)",
+            "`decision.descriptors[0].replaces[0]`: unknown limit `nope`",
+            "gateway.toml:15:1: `decision.descriptors[1].domain`: the rule needs `match`",
+            "gateway.toml:10:",
+            "gateway.toml:11:",
+        ] {
+            assert!(message.contains(expected), "{expected}\n{message}");
+        }
+    }
+
+    #[test]
+    fn a_limit_without_a_key_is_for_descriptor_rules_only() {
+        let on_route = format!(
+            "{DESCRIPTOR_LIMIT}[upstreams.api]\nurl = \"http://127.0.0.1:9\"\n[[routes]]\nname = \"r\"\nupstream = \"api\"\nlimits = [\"per_user\"]\n"
+        );
+        let message = errors(&on_route);
+        assert!(
+            message.contains("`routes[0].limits[0]`: limit `per_user` has no `key`"),
+            "{message}"
+        );
+        let unused = errors(DESCRIPTOR_LIMIT);
+        assert!(
+            unused.contains("`limits.per_user.key`: needs at least one key part"),
+            "{unused}"
+        );
+    }
+
+    #[test]
+    fn a_route_without_upstream_is_for_auth_when_there_is_a_decision_section() {
+        let route = "[[routes]]\nname = \"r\"\nmatch = { path_prefix = \"/\" }\n";
+        assert!(
+            errors(route).contains("the route needs `upstream"),
+            "{}",
+            errors(route)
+        );
+        let text = format!("[decision]\nlisten = \"127.0.0.1:0\"\n{route}");
+        let config = Config::from_bytes(Path::new("g.toml"), text.as_bytes()).unwrap();
+        assert!(matches!(config.routes[0].action, RouteAction::DecideOnly));
     }
 
     #[test]

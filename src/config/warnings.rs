@@ -14,6 +14,7 @@
 use std::time::{Duration, SystemTime};
 
 use super::{Config, KeyPart, LimitConfig, OnMissingKey, RedisServers, RouteConfig};
+use crate::limit::Algorithm;
 
 /// A certificate expiring sooner than this gets a warning.
 pub(crate) const EXPIRY_WARNING: Duration = Duration::from_secs(14 * 24 * 3600);
@@ -73,11 +74,60 @@ pub fn store_warnings(config: &Config) -> Vec<String> {
 /// One warning per route where some request can pass every limit of its
 /// stack unlimited, in file order.
 pub fn bypass_warnings(config: &Config) -> Vec<String> {
-    config
+    let mut warnings: Vec<String> = config
         .routes
         .iter()
         .filter_map(|route| route_warning(config, route))
-        .collect()
+        .collect();
+    warnings.extend(decision_warnings(config));
+    warnings
+}
+
+/// What the decision service cannot do with a route or rule: `/auth`
+/// sees no body, so a `body:` key is always missing there; and neither
+/// `/auth` nor Envoy says when the request ends, so a concurrency slot is
+/// given back as soon as the decision is answered.
+fn decision_warnings(config: &Config) -> Vec<String> {
+    let Some(decision) = &config.decision else {
+        return Vec::new();
+    };
+    let mut warnings = Vec::new();
+    for route in &config.routes {
+        for limit in route.limits.iter().map(|&i| &config.limits[i]) {
+            if let Some(KeyPart::BodyField(field)) = limit
+                .key
+                .iter()
+                .find(|p| matches!(p, KeyPart::BodyField(_)))
+            {
+                warnings.push(format!(
+                    "route `{}`: limit `{}` keys on the body field `{field}`, which /auth never sees \
+                     (forward-auth sends no body): decided by /auth, every request lacks the key \
+                     (on_missing_key applies); key it on a header, query parameter or cookie",
+                    route.name, limit.name
+                ));
+            }
+            if matches!(limit.algorithm, Algorithm::Concurrency { .. }) {
+                warnings.push(format!(
+                    "route `{}`: concurrency limit `{}` holds a slot only while /auth answers \
+                     (forward-auth does not say when the request ends): it limits nothing there",
+                    route.name, limit.name
+                ));
+            }
+        }
+    }
+    for rule in &decision.descriptors {
+        for limit in rule.limits.iter().map(|&i| &config.limits[i]) {
+            if matches!(limit.algorithm, Algorithm::Concurrency { .. }) {
+                warnings.push(format!(
+                    "decision.descriptors (domain `{}`): concurrency limit `{}` holds a slot only \
+                     while the call is answered (Envoy does not say when the request ends): it \
+                     limits nothing there",
+                    rule.domain, limit.name
+                ));
+            }
+        }
+    }
+    warnings
 }
 
 fn route_warning(config: &Config, route: &RouteConfig) -> Option<String> {

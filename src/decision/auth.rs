@@ -66,7 +66,13 @@ pub(crate) async fn answer<B>(
         return Response::new(ResponseBody::full(""));
     };
     let route = &snapshot.config.routes[index];
-    let plan = &snapshot.auth_routes[index];
+    let Some(plan) = snapshot.auth_routes.get(index) else {
+        // A reload removed `[decision]`; the listener stays until a restart.
+        return problem(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "the configuration serving has no [decision] section",
+        );
+    };
     let consumer = match identify::caller(&snapshot, route, &original.headers) {
         Ok(consumer) => consumer,
         Err(reason) => {
@@ -242,7 +248,9 @@ fn finish(
     client_ip: IpAddr,
     started: u64,
 ) -> Response<ResponseBody> {
-    let plan = &snapshot.auth_routes[index];
+    let Some(plan) = snapshot.auth_routes.get(index) else {
+        return response;
+    };
     let elapsed = Duration::from_nanos(app.clock.now().saturating_sub(started));
     app.metrics()
         .record_route_request(&plan.metrics, response.status().as_u16(), elapsed);

@@ -17,6 +17,9 @@
 //! traffic drain starts; open connections finish their request.
 
 pub(crate) mod auth;
+pub(crate) mod grpc;
+pub(crate) mod json;
+pub(crate) mod rls;
 
 use std::convert::Infallible;
 use std::io;
@@ -24,13 +27,16 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
-use http::{Method, Request, Response, StatusCode};
+use http::header::CONTENT_TYPE;
+use http::{Request, Response, StatusCode};
+use http_body_util::Either;
 use hyper::body::Incoming;
 use hyper::service::service_fn;
 use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use hyper_util::server::conn::auto;
 use tokio::net::TcpListener;
 use tokio::sync::{Semaphore, watch};
+use tonic::codegen::Service;
 
 use crate::app::App;
 use crate::proxy::body::ResponseBody;
@@ -63,9 +69,26 @@ pub(crate) async fn serve(app: Arc<App>, listener: TcpListener, shutdown: watch:
         let mut shutdown = shutdown.clone();
         let header_read_timeout = server.header_read_timeout;
         tokio::spawn(async move {
+            let rls = grpc::server(app.clone());
             let service = service_fn(move |request: Request<Incoming>| {
                 let app = app.clone();
-                async move { Ok::<_, Infallible>(answer(&app, request, peer).await) }
+                // gRPC by its content type (any path: tonic answers an
+                // unknown method `UNIMPLEMENTED`).
+                let grpc = if is_grpc(&request) {
+                    Ok(rls.clone().call(request))
+                } else {
+                    Err(request)
+                };
+                async move {
+                    let response = match grpc {
+                        Ok(call) => match call.await {
+                            Ok(response) => response.map(Either::Right),
+                            Err(never) => match never {},
+                        },
+                        Err(request) => answer(&app, request, peer).await.map(Either::Left),
+                    };
+                    Ok::<_, Infallible>(response)
+                }
             });
             let mut builder = auto::Builder::new(TokioExecutor::new());
             builder
@@ -91,15 +114,24 @@ pub(crate) async fn serve(app: Arc<App>, listener: TcpListener, shutdown: watch:
     }
 }
 
-/// The answer to one request of the decision listener.
+/// A gRPC call: `content-type: application/grpc` (or `application/grpc+proto`).
+fn is_grpc<B>(request: &Request<B>) -> bool {
+    request
+        .headers()
+        .get(CONTENT_TYPE)
+        .is_some_and(|v| v.as_bytes().starts_with(b"application/grpc"))
+}
+
+/// The answer to one HTTP request of the decision listener.
 async fn answer(app: &App, request: Request<Incoming>, peer: SocketAddr) -> Response<ResponseBody> {
     match request.uri().path() {
         "/auth" => auth::answer(app, request, peer).await,
+        "/json" => json::answer(app, request).await,
         path => {
             let detail = format!(
-                "no decision endpoint {path}: /auth, POST /json or gRPC envoy.service.ratelimit.v3.RateLimitService"
+                "no decision endpoint {path}: /auth, POST /json or gRPC {}",
+                grpc::PATH
             );
-            let _ = Method::GET;
             problem(StatusCode::NOT_FOUND, &detail)
         }
     }

@@ -255,6 +255,7 @@ pub struct Metrics {
     tls_handshake_failures: Family<ReasonLabels, Counter>,
     http2_connection_errors: Family<ReasonLabels, Counter>,
     connections_evicted: Counter,
+    rls_unknown_domains: Counter,
     /// The shared `"none"` route label.
     no_route: Arc<str>,
     upstream_health: UpstreamHealthFamilies,
@@ -382,6 +383,12 @@ impl Metrics {
             "HTTP/2 client connections the gateway closed with a GOAWAY error code, by code (enhance_your_calm: the rapid-reset bound; protocol_error, frame_size_error, ...)",
             http2_connection_errors.clone(),
         );
+        let rls_unknown_domains = Counter::default();
+        registry.register(
+            "tollgate_rls_unknown_domain",
+            "Envoy rate-limit calls for a domain no [[decision.descriptors]] rule names (answered OK)",
+            rls_unknown_domains.clone(),
+        );
         let connections_evicted = Counter::default();
         registry.register(
             "tollgate_connections_evicted",
@@ -409,6 +416,7 @@ impl Metrics {
             tls_handshake_failures,
             http2_connection_errors,
             connections_evicted,
+            rls_unknown_domains,
             no_route: Arc::from(NO_ROUTE),
             upstream_health,
         }
@@ -663,6 +671,11 @@ impl Metrics {
     /// An idle connection closed to make room at `max_connections`.
     pub(crate) fn record_connection_evicted(&self) {
         self.connections_evicted.inc();
+    }
+
+    /// An Envoy rate-limit call for a domain no rule names.
+    pub(crate) fn record_rls_unknown_domain(&self) {
+        self.rls_unknown_domains.inc();
     }
 
     /// The generation of the configuration now serving.

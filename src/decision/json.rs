@@ -1,0 +1,74 @@
+//! `POST /json`: envoyproxy/ratelimit's HTTP form of `ShouldRateLimit` —
+//! the request as proto3 JSON in, `200` (`OK`) or `429` (`OVER_LIMIT`)
+//! with the response as proto3 JSON out. A body that is not such a
+//! request is `400`, a store down under `on_failure = "deny"` `503`, both
+//! problem+json.
+
+use http::header::{ALLOW, CACHE_CONTROL, CONTENT_TYPE};
+use http::{HeaderValue, Method, Request, Response, StatusCode};
+use http_body_util::{BodyExt, Limited};
+
+use super::rls::{RlsError, should_rate_limit};
+use crate::app::App;
+use crate::envoy_proto::envoy::service::ratelimit::v3::RateLimitRequest;
+use crate::envoy_proto::envoy::service::ratelimit::v3::rate_limit_response::Code;
+use crate::proxy::body::ResponseBody;
+use crate::proxy::response::problem;
+
+/// Largest request body read: a call is a few descriptors.
+const MAX_BODY: usize = 1 << 20;
+
+/// The answer to one `/json` request.
+pub(crate) async fn answer<B>(app: &App, request: Request<B>) -> Response<ResponseBody>
+where
+    B: hyper::body::Body,
+    B::Error: std::error::Error + Send + Sync + 'static,
+{
+    if request.method() != Method::POST {
+        let mut response = problem(StatusCode::METHOD_NOT_ALLOWED, "/json answers POST only");
+        response
+            .headers_mut()
+            .insert(ALLOW, HeaderValue::from_static("POST"));
+        return response;
+    }
+    let body = match Limited::new(request.into_body(), MAX_BODY).collect().await {
+        Ok(body) => body.to_bytes(),
+        Err(error) if error.is::<http_body_util::LengthLimitError>() => {
+            return problem(
+                StatusCode::PAYLOAD_TOO_LARGE,
+                "a rate-limit request body is at most 1 MiB",
+            );
+        }
+        Err(_) => return problem(StatusCode::BAD_REQUEST, "the request body was cut short"),
+    };
+    let call: RateLimitRequest = match serde_json::from_slice(&body) {
+        Ok(call) => call,
+        Err(error) => {
+            return problem(
+                StatusCode::BAD_REQUEST,
+                &format!("not a RateLimitRequest in proto3 JSON: {error}"),
+            );
+        }
+    };
+    match should_rate_limit(app, &call).await {
+        Ok(decided) => {
+            let status = if decided.overall_code == Code::OverLimit as i32 {
+                StatusCode::TOO_MANY_REQUESTS
+            } else {
+                StatusCode::OK
+            };
+            let text = serde_json::to_vec(&decided).unwrap_or_default();
+            let mut response = Response::new(ResponseBody::full(text));
+            *response.status_mut() = status;
+            let headers = response.headers_mut();
+            headers.insert(CONTENT_TYPE, HeaderValue::from_static("application/json"));
+            headers.insert(CACHE_CONTROL, HeaderValue::from_static("no-store"));
+            response
+        }
+        Err(RlsError::Invalid(message)) => problem(StatusCode::BAD_REQUEST, &message),
+        Err(RlsError::StoreDown) => problem(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "the limiter store is unavailable and store.on_failure is \"deny\"",
+        ),
+    }
+}
