@@ -28,6 +28,14 @@ pub fn render(config: &Config) -> String {
         Some(admin) => _ = writeln!(out, "admin:     http://{admin}"),
         None => _ = writeln!(out, "admin:     off"),
     }
+    if let Some(decision) = &config.decision {
+        let _ = writeln!(
+            out,
+            "decisions: http://{} (gRPC ShouldRateLimit, POST /json, /auth denying {})",
+            decision.listen,
+            decision.deny_status.as_u16()
+        );
+    }
     if config.server.path_normalization {
         let slashes = match config.server.escaped_slashes {
             crate::config::EscapedSlashes::Reject => "rejected",
@@ -49,7 +57,11 @@ pub fn render(config: &Config) -> String {
     }
     let _ = writeln!(out, "limits:    {}", config.limits.len());
     for limit in &config.limits {
-        let key = key_parts(&limit.key);
+        let key = if limit.key.is_empty() {
+            "descriptor entries".to_owned()
+        } else {
+            key_parts(&limit.key)
+        };
         let shadow = if limit.shadow { " (shadow)" } else { "" };
         let _ = writeln!(
             out,
@@ -82,6 +94,34 @@ pub fn render(config: &Config) -> String {
             "  {:<16} {}{target}{limits}",
             route.name,
             describe_match(route)
+        );
+    }
+    let rules = config.decision.iter().flat_map(|d| &d.descriptors);
+    let count = rules.clone().count();
+    if count > 0 {
+        let _ = writeln!(out, "descriptor rules: {count}");
+    }
+    for rule in rules {
+        let entries: Vec<String> = rule
+            .entries
+            .iter()
+            .map(|entry| match &entry.value {
+                crate::config::ValueMatch::Any => entry.key.clone(),
+                crate::config::ValueMatch::Exact(value) => format!("{}={value}", entry.key),
+                crate::config::ValueMatch::Prefix(prefix) => format!("{}={prefix}*", entry.key),
+            })
+            .collect();
+        let limits: Vec<&str> = rule
+            .limits
+            .iter()
+            .map(|i| config.limits[*i].name.as_str())
+            .collect();
+        let _ = writeln!(
+            out,
+            "  {:<16} [{}] -> [{}]",
+            rule.domain,
+            entries.join(", "),
+            limits.join(", ")
         );
     }
     out

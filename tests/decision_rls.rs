@@ -434,3 +434,100 @@ async fn json_answers_envoyproxy_ratelimits_examples() {
     assert_eq!(get.status, 405);
     gateway.stop().await;
 }
+
+#[tokio::test]
+#[cfg_attr(
+    not(has_redis),
+    ignore = "needs redis-server and redis-cli: apt-get install -y redis-server redis-tools"
+)]
+async fn two_gateways_on_redis_decide_one_limit_and_one_stack() {
+    let redis = common::redis::Redis::start();
+    let config = CONFIG.replace(
+        "[decision]",
+        &format!(
+            "[store]\nbackend = \"redis\"\nurl = \"{}\"\n\n[decision]",
+            redis.url()
+        ),
+    );
+    let a = InProcess::start_on_wall_time(&config).await;
+    let b = InProcess::start_on_wall_time(&config).await;
+    let (mut ra, mut rb) = (client(&a).await, client(&b).await);
+    let by_address = || call("edge", vec![descriptor(&[("remote_address", "10.9.0.1")])]);
+    let mut admitted = 0;
+    for i in 0..12 {
+        let rls = if i % 2 == 0 { &mut ra } else { &mut rb };
+        if ask(rls, by_address()).await.overall_code == Code::Ok as i32 {
+            admitted += 1;
+        }
+    }
+    assert_eq!(
+        admitted, 5,
+        "the fixed window's limit, across both gateways"
+    );
+
+    // All or nothing in the store too: the user's refusal charges the address nothing.
+    let both = |user: &str| {
+        call(
+            "edge",
+            vec![
+                descriptor(&[("remote_address", "10.9.0.2")]),
+                descriptor(&[("user", user)]),
+            ],
+        )
+    };
+    assert_eq!(
+        ask(&mut ra, both("dave")).await.overall_code,
+        Code::Ok as i32
+    );
+    for _ in 0..3 {
+        assert_eq!(
+            ask(&mut rb, both("dave")).await.overall_code,
+            Code::OverLimit as i32
+        );
+    }
+    let erin = ask(&mut ra, both("erin")).await;
+    assert_eq!(erin.overall_code, Code::Ok as i32);
+    assert_eq!(erin.statuses[0].limit_remaining, 3);
+    a.stop().await;
+    b.stop().await;
+}
+
+#[tokio::test]
+async fn decisions_are_logged_explained_and_reloaded() {
+    let log = common::log::capture_json();
+    let gateway = InProcess::start(CONFIG).await;
+    let mut rls = client(&gateway).await;
+    let by_address = || call("edge", vec![descriptor(&[("remote_address", "10.5.0.1")])]);
+    ask(&mut rls, by_address()).await;
+    let text = log.when(|text| text.contains(r#""front":"rls""#)).await;
+    let line = text
+        .lines()
+        .find(|l| l.contains(r#""front":"rls""#))
+        .expect("an access-log line for the call");
+    assert!(line.contains(r#""route":"edge""#), "{line}");
+    assert!(line.contains(r#""limit":"per_address""#), "{line}");
+    assert!(
+        !line.contains("10.5.0.1"),
+        "no raw descriptor value in the log: {line}"
+    );
+
+    // The explain endpoint names a descriptor limit's key by its entries.
+    let admin = gateway.admin.unwrap();
+    let explained = get(
+        admin,
+        "/limits/per_address?entry=remote_address:10.5.0.1",
+        &[],
+    )
+    .await;
+    assert_eq!(explained.status, 200, "{:?}", explained.body);
+    assert_eq!(explained.json()["remaining"], 4);
+    let hint = get(admin, "/limits/per_address?key=10.5.0.1", &[]).await;
+    assert_eq!(hint.status, 400);
+
+    // A reload changes the rules; the address's count carries over.
+    let reloaded = CONFIG.replace("limit = 5", "limit = 6");
+    assert_eq!(gateway.reload_with(&reloaded), 2);
+    let after = ask(&mut rls, by_address()).await;
+    assert_eq!(after.statuses[0].limit_remaining, 4, "6 - the two calls");
+    gateway.stop().await;
+}

@@ -7,14 +7,19 @@
 //! remaining, when more quota comes back, and the digest the key is stored
 //! under (the same digest names it in Redis). The raw value is neither
 //! stored nor logged nor echoed: only its digest appears in the answer.
-//! `plan=NAME` reads the state a consumer on that plan is counted in.
+//! `plan=NAME` reads the state a consumer on that plan is counted in. A
+//! limit without `key` (the decision service's descriptor rules) is named
+//! by the descriptor's entries instead: `entry=KEY:VALUE`, one per entry,
+//! in order.
 
 use serde_json::{Value, json};
 
+use crate::app::LimitId;
 use crate::app::Snapshot;
 use crate::identity::body_fields::percent_decode;
 use crate::identity::client_ip::client_net;
-use crate::identity::keys::digest_values;
+use crate::identity::keys::{descriptor_digest, digest_values};
+use crate::limit::LimitKey;
 use crate::limit::{Nanos, quota, window_secs};
 use crate::summary::key_parts;
 
@@ -43,6 +48,7 @@ pub fn explain(
     };
     let config = snapshot.limit_config(id);
     let mut values = Vec::new();
+    let mut entries: Vec<(String, String)> = Vec::new();
     let mut plan = None;
     for pair in query.unwrap_or("").split('&').filter(|p| !p.is_empty()) {
         let (name, value) = pair.split_once('=').unwrap_or((pair, ""));
@@ -51,6 +57,14 @@ pub fn explain(
         match name {
             "key" => values.push(value),
             "plan" => plan = Some(value),
+            "entry" => match value.split_once(':') {
+                Some((key, value)) => entries.push((key.to_owned(), value.to_owned())),
+                None => {
+                    return Err(ExplainError::BadKey(
+                        "an `entry` is KEY:VALUE, one per descriptor entry".to_owned(),
+                    ));
+                }
+            },
             other => {
                 return Err(ExplainError::BadKey(format!(
                     "unknown parameter `{other}`; give key=VALUE (one per key part) and optionally plan=NAME"
@@ -59,6 +73,23 @@ pub fn explain(
         }
     }
     let parts = key_parts(&config.key);
+    if config.key.is_empty() {
+        // Keyed by Envoy descriptors: the entries are the key.
+        if entries.is_empty() {
+            return Err(ExplainError::BadKey(format!(
+                "this limit is keyed by Envoy descriptors: /limits/{limit}?entry=KEY:VALUE (one per entry, in order)"
+            )));
+        }
+        let digest = descriptor_digest(entries.iter().map(|(k, v)| (k.as_str(), v.as_str())), &[]);
+        return Ok(state(
+            snapshot,
+            id,
+            digest,
+            None,
+            "descriptor entries".to_owned(),
+            now,
+        ));
+    }
     if values.is_empty() {
         return Err(ExplainError::BadKey(format!(
             "give the key's value: /limits/{limit}?key=VALUE (this limit is keyed by {parts})"
@@ -67,11 +98,24 @@ pub fn explain(
     let refs: Vec<&str> = values.iter().map(String::as_str).collect();
     let digest = digest_values(&config.key, &refs, |ip| client_net(ip, &snapshot.client_ip))
         .map_err(|message| ExplainError::BadKey(format!("{message} (keyed by {parts})")))?;
+    Ok(state(snapshot, id, digest, plan, parts, now))
+}
+
+/// The JSON of the state of `digest` in `id`'s limiter for `plan`.
+fn state(
+    snapshot: &Snapshot,
+    id: LimitId,
+    digest: LimitKey,
+    plan: Option<String>,
+    parts: String,
+    now: Nanos,
+) -> Value {
+    let config = snapshot.limit_config(id);
     let limiter = snapshot.limiters(id).for_plan(plan.as_deref());
     let algorithm = limiter.algorithm();
     let verdict = limiter.peek(digest, now);
     let secs = |nanos: Nanos| nanos.div_ceil(crate::limit::NANOS_PER_SEC);
-    Ok(json!({
+    json!({
         "limit": config.name,
         "key": parts,
         "digest": format!("{:032x}", digest.as_u128()),
@@ -82,5 +126,5 @@ pub fn explain(
         "remaining": verdict.remaining,
         "reset_seconds": secs(verdict.reset_after),
         "shadow": config.shadow,
-    }))
+    })
 }

@@ -42,6 +42,7 @@ use crate::envoy_proto::envoy::service::ratelimit::v3::rate_limit_response::{
 };
 use crate::envoy_proto::envoy::service::ratelimit::v3::{RateLimitRequest, RateLimitResponse};
 use crate::envoy_proto::envoy::r#type::v3::RateLimitUnit;
+use crate::identity::keys::descriptor_digest;
 use crate::limit::{Algorithm, EntryVerdict, LimitKey, NANOS_PER_SEC, Nanos, Outcome, quota};
 use crate::metrics::Front;
 use crate::proxy::ratelimit;
@@ -251,31 +252,26 @@ fn call_cost(request: &RateLimitRequest, matched: &[Option<u32>]) -> Result<u64,
     Ok(cost.unwrap_or(request_cost))
 }
 
-/// A descriptor's key: its entries, keys and values, length-prefixed; an
-/// override's numbers besides, so its state is apart in the store too.
+/// A descriptor's key: its entries, keys and values; an override's
+/// numbers besides, so its state is apart in the store too.
 fn descriptor_key(
     descriptor: &RateLimitDescriptor,
     overridden: Option<&Arc<OverrideLimit>>,
 ) -> LimitKey {
-    let numbers = overridden.map(|o| {
-        let mut text = String::from("\0override:");
-        text.push_str(&quota(&o.config.algorithm).to_string());
-        text
-    });
-    let window = overridden.and_then(|o| crate::limit::window_secs(&o.config.algorithm));
-    let window = window.map(|w| w.to_string());
-    let mut parts: SmallVec<[&[u8]; 8]> = SmallVec::new();
-    for entry in &descriptor.entries {
-        parts.push(entry.key.as_bytes());
-        parts.push(entry.value.as_bytes());
-    }
-    if let Some(numbers) = &numbers {
-        parts.push(numbers.as_bytes());
-    }
-    if let Some(window) = &window {
-        parts.push(window.as_bytes());
-    }
-    LimitKey::digest(&parts)
+    let entries = descriptor
+        .entries
+        .iter()
+        .map(|e| (e.key.as_str(), e.value.as_str()));
+    let Some(overridden) = overridden else {
+        return descriptor_digest(entries, &[]);
+    };
+    let algorithm = &overridden.config.algorithm;
+    let numbers = format!(
+        "\0override:{}/{}",
+        quota(algorithm),
+        crate::limit::window_secs(algorithm).unwrap_or(0)
+    );
+    descriptor_digest(entries, &[numbers.as_bytes()])
 }
 
 /// A `RateLimitOverride.unit` in nanoseconds (envoyproxy/ratelimit's

@@ -55,6 +55,23 @@ pub fn extract(parts: &[KeyPart], request: &Parts, facts: &RequestFacts<'_>) -> 
     Some(LimitKey::digest(&values[..parts.len()]))
 }
 
+/// The key of an Envoy descriptor's limits: its entries' keys and values,
+/// in order, each length-prefixed, then `extra` (an override's numbers,
+/// so that its state is apart). The decision service charges under it and
+/// the explain endpoint reads it.
+pub(crate) fn descriptor_digest<'e>(
+    entries: impl Iterator<Item = (&'e str, &'e str)>,
+    extra: &[&[u8]],
+) -> LimitKey {
+    let mut parts: smallvec::SmallVec<[&[u8]; 8]> = smallvec::SmallVec::new();
+    for (key, value) in entries {
+        parts.push(key.as_bytes());
+        parts.push(value.as_bytes());
+    }
+    parts.extend_from_slice(extra);
+    LimitKey::digest(&parts)
+}
+
 /// The digest a request would be counted under, from the values an operator
 /// gives for each part of `parts` (in order): an address for `ip` (masked as
 /// the client's would be, by `client`), the consumer or tenant name for
