@@ -117,7 +117,7 @@ pub(crate) struct AccessEntry<'a> {
     /// byte of the request); `None` for a request the pipeline answered.
     pub(crate) refused: Option<&'a str>,
     /// The listener: `proxy`, or the decision service's `rls` / `auth`
-    /// ([`crate::metrics::Front`]).
+    /// (the `front` label of the decision metrics).
     pub(crate) front: &'static str,
 }
 

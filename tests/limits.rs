@@ -259,16 +259,15 @@ limits = ["trial", "audit"]
     let metrics = get(gw.admin.unwrap(), "/metrics", &[]).await;
     let text = String::from_utf8_lossy(&metrics.body);
     assert!(
-        text.contains(r#"tollgate_ratelimit_decisions_total{route="api",limit="trial",outcome="shadow_denied"} 2"#),
+        text.contains(r#"tollgate_ratelimit_decisions_total{route="api",limit="trial",outcome="shadow_denied",front="proxy"} 2"#),
         "{text}"
     );
     // The missing key: the 400 it would have been, counted, not answered.
     assert!(
-        text.contains(r#"tollgate_ratelimit_decisions_total{route="api",limit="audit",outcome="shadow_denied"} 3"#),
+        text.contains(r#"tollgate_ratelimit_decisions_total{route="api",limit="audit",outcome="shadow_denied",front="proxy"} 3"#),
         "{text}"
     );
-    let skipped =
-        r#"tollgate_ratelimit_decisions_total{route="api",limit="audit",outcome="skipped"}"#;
+    let skipped = r#"tollgate_ratelimit_decisions_total{route="api",limit="audit",outcome="skipped",front="proxy"}"#;
     assert!(
         text.lines()
             .filter(|l| l.starts_with(skipped))
@@ -323,7 +322,7 @@ limits = ["pooled"]
     let text = String::from_utf8_lossy(&metrics.body);
     assert!(
         text.contains(
-            r#"tollgate_ratelimit_decisions_total{route="must",limit="must",outcome="denied"} 1"#
+            r#"tollgate_ratelimit_decisions_total{route="must",limit="must",outcome="denied",front="proxy"} 1"#
         ),
         "{text}"
     );

@@ -103,6 +103,11 @@ impl DescriptorTable {
         table
     }
 
+    /// The metric label of `domain`, if some rule names it.
+    pub(crate) fn domain_label(&self, domain: &str) -> Option<&Arc<str>> {
+        self.labels.get(domain)
+    }
+
     /// Some rule names `domain`.
     pub(crate) fn knows(&self, domain: &str) -> bool {
         self.by_domain.contains_key(domain)

@@ -15,9 +15,6 @@ use crate::envoy_proto::envoy::service::ratelimit::v3::rate_limit_service_server
 };
 use crate::envoy_proto::envoy::service::ratelimit::v3::{RateLimitRequest, RateLimitResponse};
 
-/// The method's path, as gRPC clients send it.
-pub(crate) const PATH: &str = "/envoy.service.ratelimit.v3.RateLimitService/ShouldRateLimit";
-
 /// The service over the gateway's state.
 pub(crate) struct Rls {
     app: Arc<App>,

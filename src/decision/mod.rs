@@ -130,7 +130,7 @@ async fn answer(app: &App, request: Request<Incoming>, peer: SocketAddr) -> Resp
         path => {
             let detail = format!(
                 "no decision endpoint {path}: /auth, POST /json or gRPC {}",
-                grpc::PATH
+                rls::PATH
             );
             problem(StatusCode::NOT_FOUND, &detail)
         }

@@ -1,7 +1,7 @@
 //! Envoy's `ShouldRateLimit`, decided by tollgate's limits: the one place
 //! a `RateLimitRequest` becomes a stack and the stack's outcome a
-//! `RateLimitResponse`, for the gRPC service ([`super::grpc`]) and its
-//! JSON form ([`super::json`]) alike.
+//! `RateLimitResponse`, for the gRPC service (`grpc.rs`) and its JSON form
+//! (`json.rs`) alike.
 //!
 //! - Each descriptor is matched against its domain's
 //!   `[[decision.descriptors]]` rules (the first that fits decides it);
@@ -47,6 +47,9 @@ use crate::limit::{Algorithm, EntryVerdict, LimitKey, NANOS_PER_SEC, Nanos, Outc
 use crate::metrics::Front;
 use crate::proxy::ratelimit;
 use crate::ratelimit_policy::{is_concurrency, policy_header};
+
+/// The method's path, as gRPC clients send it.
+pub(crate) const PATH: &str = "/envoy.service.ratelimit.v3.RateLimitService/ShouldRateLimit";
 
 /// Why a call cannot be decided.
 #[derive(Debug, PartialEq, Eq)]
@@ -471,7 +474,7 @@ fn log(
     };
     access_log::log(&AccessEntry {
         method: "POST",
-        path: super::grpc::PATH,
+        path: PATH,
         route: &request.domain,
         status,
         elapsed: Some(elapsed),

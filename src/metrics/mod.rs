@@ -202,7 +202,7 @@ pub(crate) struct RouteHandles {
     /// [`COMMON_STATUSES`], resolved on first use (a series exists once it
     /// has counted something, as with an unresolved call).
     statuses: [OnceLock<Counter>; COMMON_STATUSES.len()],
-    /// `tollgate_ratelimit_decisions_total{route, limit, outcome}` per entry
+    /// `tollgate_ratelimit_decisions_total{route, limit, outcome, front}` per entry
     /// of the route's stack: `allowed` resolved up front, the other outcomes
     /// on first use.
     decisions: Vec<DecisionHandles>,
@@ -891,7 +891,12 @@ mod tests {
             assert_eq!(
                 v(
                     "tollgate_ratelimit_decisions_total",
-                    &[("route", "api"), ("limit", "per_ip"), ("outcome", outcome)]
+                    &[
+                        ("route", "api"),
+                        ("limit", "per_ip"),
+                        ("outcome", outcome),
+                        ("front", "proxy")
+                    ]
                 ),
                 Some(1.0),
                 "{outcome}"
