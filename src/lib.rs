@@ -56,8 +56,9 @@
 //! 8. [`admin`], [`reload`], [`gateway`] ([`run`]: the whole gateway as
 //!    one future over bound listeners, for the binary and for in-process
 //!    tests), [`simulate`] (a trace through the same routing, keys and
-//!    limiters on a virtual clock, offline), and the binary (`main.rs`:
-//!    command line, logging, signals).
+//!    limiters on a virtual clock, offline), [`import`] (other rate
+//!    limiters' configuration files as `gateway.toml`: envoyproxy/ratelimit's
+//!    YAML), and the binary (`main.rs`: command line, logging, signals).
 //!
 //! Beside the layers, below the pipeline and never importing it: [`config`]
 //! (raw serde mirror → validated types), [`limit`] (the algorithms, pure
@@ -119,6 +120,7 @@ pub(crate) mod gateway;
 pub mod http;
 pub mod http1;
 pub mod identity;
+pub mod import;
 pub mod limit;
 pub mod metrics;
 pub(crate) mod proxy;

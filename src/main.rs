@@ -1,6 +1,6 @@
 //! The `tollgate` binary: the command line, logging and signals around the
 //! library. `run` serves, `check` validates, `simulate` replays traffic
-//! offline.
+//! offline, `import` converts another rate limiter's configuration.
 
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -42,6 +42,20 @@ enum Command {
     /// Replay a trace (or generated traffic) through the configuration on a
     /// virtual clock and report what its limits would have done.
     Simulate(SimulateArgs),
+    /// Convert another rate limiter's configuration into gateway.toml (printed
+    /// on stdout, to add to the configuration).
+    #[command(subcommand)]
+    Import(ImportFrom),
+}
+
+#[derive(Debug, Subcommand)]
+enum ImportFrom {
+    /// envoyproxy/ratelimit's YAML files: their domains as `[limits.*]` and
+    /// `[[decision.descriptors]]`, in the order given.
+    EnvoyRatelimit {
+        #[arg(required = true, value_name = "FILE")]
+        files: Vec<PathBuf>,
+    },
 }
 
 #[derive(Debug, clap::Args)]
@@ -81,30 +95,52 @@ enum LogFormat {
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
-    let config = match Config::load(&cli.config) {
-        Ok(config) => config,
-        Err(error) => {
+    // `import` reads another program's files, not gateway.toml.
+    let config = || {
+        Config::load(&cli.config).map_err(|error| {
             eprintln!("{error}");
-            return ExitCode::FAILURE;
-        }
+            ExitCode::FAILURE
+        })
     };
-    match cli.command.unwrap_or(Command::Run) {
-        Command::Check => {
-            print!("{}", tollgate::summary::render(&config));
-            for warning in tollgate::config::warnings::bypass_warnings(&config) {
-                eprintln!("warning: {warning}");
-            }
-            for warning in tollgate::config::warnings::store_warnings(&config) {
-                eprintln!("warning: {warning}");
-            }
-            let now = std::time::SystemTime::now();
-            for warning in tollgate::config::warnings::expiry_warnings(&config, now) {
-                eprintln!("warning: {warning}");
-            }
+    let outcome = match cli.command.unwrap_or(Command::Run) {
+        Command::Check => config().map(|config| check(&config)),
+        Command::Run => config().map(|config| run(config, cli.log_format)),
+        Command::Simulate(args) => config().map(|config| simulate(&config, args)),
+        Command::Import(from) => Ok(import(from)),
+    };
+    outcome.unwrap_or_else(|failed| failed)
+}
+
+fn check(config: &Config) -> ExitCode {
+    print!("{}", tollgate::summary::render(config));
+    for warning in tollgate::config::warnings::bypass_warnings(config) {
+        eprintln!("warning: {warning}");
+    }
+    for warning in tollgate::config::warnings::store_warnings(config) {
+        eprintln!("warning: {warning}");
+    }
+    let now = std::time::SystemTime::now();
+    for warning in tollgate::config::warnings::expiry_warnings(config, now) {
+        eprintln!("warning: {warning}");
+    }
+    ExitCode::SUCCESS
+}
+
+/// The converted configuration on stdout; or every problem on stderr, each
+/// naming its file and line, and nothing on stdout.
+fn import(from: ImportFrom) -> ExitCode {
+    let ImportFrom::EnvoyRatelimit { files } = from;
+    match tollgate::import::envoy_ratelimit::convert(&files) {
+        Ok(text) => {
+            print!("{text}");
             ExitCode::SUCCESS
         }
-        Command::Run => run(config, cli.log_format),
-        Command::Simulate(args) => simulate(&config, args),
+        Err(problems) => {
+            for problem in problems {
+                eprintln!("{problem}");
+            }
+            ExitCode::FAILURE
+        }
     }
 }
 

@@ -15,7 +15,9 @@ const LAYERS: &[&[&str]] = &[
     &["admission"],
     &["proxy"],
     &["conn"],
-    &["admin", "decision", "reload", "gateway", "simulate"],
+    &[
+        "admin", "decision", "reload", "gateway", "simulate", "import",
+    ],
     &["", "main"],
 ];
 
