@@ -103,12 +103,7 @@ pub fn admit<'a, 's: 'a>(
     if let Err(missing) = key_stack(app, snapshot, &candidate, store.is_some(), ticket) {
         return Admitting::Decided(missing);
     }
-    match store {
-        None => Admitting::Decided(decide_in_memory(app, snapshot, &candidate, ticket)),
-        Some(store) => Admitting::Asking(shared::decide_boxed(
-            store, app, snapshot, candidate, ticket,
-        )),
-    }
+    decide_keyed(store, app, snapshot, candidate, ticket)
 }
 
 /// [`admit`] for a stack whose keys the caller found itself — the decision
@@ -121,7 +116,20 @@ pub fn admit_keyed<'a, 's: 'a>(
     candidate: Candidate<'a, 's>,
     ticket: &'a mut Ticket<'s>,
 ) -> Admitting<'a> {
-    match app.store().filter(|_| candidate.plan.shared) {
+    let store = app.store().filter(|_| candidate.plan.shared);
+    decide_keyed(store, app, snapshot, candidate, ticket)
+}
+
+/// A keyed stack decided in memory, or with `store` when given.
+#[inline(always)]
+fn decide_keyed<'a, 's: 'a>(
+    store: Option<&'a Store>,
+    app: &'a App,
+    snapshot: &'s Snapshot,
+    candidate: Candidate<'a, 's>,
+    ticket: &'a mut Ticket<'s>,
+) -> Admitting<'a> {
+    match store {
         None => Admitting::Decided(decide_in_memory(app, snapshot, &candidate, ticket)),
         Some(store) => Admitting::Asking(shared::decide_boxed(
             store, app, snapshot, candidate, ticket,
@@ -197,10 +205,7 @@ fn key_stack<'s>(
         } else {
             limiter.algorithm()
         };
-        ticket.stack.push(limit);
-        ticket.algorithms.push(algorithm);
-        ticket.limiters.push(limiter);
-        ticket.keys.push(key);
+        ticket.push(limit, algorithm, limiter, key);
     }
     Ok(())
 }

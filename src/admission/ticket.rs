@@ -57,6 +57,19 @@ impl<'s> Ticket<'s> {
         } else {
             limiter.algorithm()
         };
+        self.push(limit, algorithm, limiter, key);
+    }
+
+    /// One limit of the stack, in order: its config, algorithm in force,
+    /// limiter and key.
+    #[inline(always)]
+    pub(super) fn push(
+        &mut self,
+        limit: &'s LimitConfig,
+        algorithm: Algorithm,
+        limiter: &'s Limiter,
+        key: Option<LimitKey>,
+    ) {
         self.stack.push(limit);
         self.algorithms.push(algorithm);
         self.limiters.push(limiter);
