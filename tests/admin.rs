@@ -400,7 +400,12 @@ limits = ["per_key", "trial"]
     let decision = |limit: &str, outcome: &str| {
         m.value(
             "tollgate_ratelimit_decisions_total",
-            &[("route", "api"), ("limit", limit), ("outcome", outcome)],
+            &[
+                ("route", "api"),
+                ("limit", limit),
+                ("outcome", outcome),
+                ("front", "proxy"),
+            ],
         )
     };
     // k1: 5 allowed, 1 denied; k2: 1 allowed; no key: skipped by both.

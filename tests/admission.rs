@@ -209,7 +209,12 @@ fn explain_field(app: &App, limit: &str, query: &str, field: &str) -> serde_json
 fn decisions(app: &App, route: &str, limit: &str, outcome: &str) -> f64 {
     metrics(app).count(
         "tollgate_ratelimit_decisions_total",
-        &[("route", route), ("limit", limit), ("outcome", outcome)],
+        &[
+            ("route", route),
+            ("limit", limit),
+            ("outcome", outcome),
+            ("front", "proxy"),
+        ],
     )
 }
 

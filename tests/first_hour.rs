@@ -229,7 +229,12 @@ async fn decisions_count_what_happened_to_the_request() {
     let decision = |limit: &str, outcome: &str| {
         m.count(
             "tollgate_ratelimit_decisions_total",
-            &[("route", "api"), ("limit", limit), ("outcome", outcome)],
+            &[
+                ("route", "api"),
+                ("limit", limit),
+                ("outcome", outcome),
+                ("front", "proxy"),
+            ],
         )
     };
     // per_key would have admitted all ten, but only three got through.
