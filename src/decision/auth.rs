@@ -4,8 +4,9 @@
 //! The request decided is the *original* one, described by the asking
 //! proxy's headers — `X-Forwarded-Method`, `X-Forwarded-Uri`,
 //! `X-Forwarded-Host` (Traefik) or `X-Original-Method`, `X-Original-URI`
-//! (nginx, ingress-nginx) — with the original's other headers (both send
-//! them along). It is normalised and routed by `[[routes]]` as the proxy
+//! or `X-Original-URL` (nginx, ingress-nginx) — with the original's other
+//! headers (both send them along). Both families present and disagreeing
+//! is a client's forgery: 400. It is normalised and routed by `[[routes]]` as the proxy
 //! would, and decided by the route's stack with `front = "auth"`. The
 //! client is the peer unless the peer is a trusted proxy (section 4 of the
 //! contract), and then `X-Forwarded-For` or, without one, `X-Real-IP`.
@@ -43,6 +44,7 @@ static X_FORWARDED_URI: HeaderName = HeaderName::from_static("x-forwarded-uri");
 static X_FORWARDED_HOST: HeaderName = HeaderName::from_static("x-forwarded-host");
 static X_ORIGINAL_METHOD: HeaderName = HeaderName::from_static("x-original-method");
 static X_ORIGINAL_URI: HeaderName = HeaderName::from_static("x-original-uri");
+static X_ORIGINAL_URL: HeaderName = HeaderName::from_static("x-original-url");
 static X_REAL_IP: HeaderName = HeaderName::from_static("x-real-ip");
 
 /// The answer to one `/auth` request from `peer`.
@@ -150,11 +152,27 @@ pub(crate) async fn answer<B>(
 
 /// The original request's head, from the asking proxy's headers: method,
 /// normalised path and query, `Host`, and the headers it sent along.
+///
+/// Two families describe it: Traefik's `X-Forwarded-*` and nginx's
+/// `X-Original-*` (`X-Original-URL`, the whole URL, from ingress-nginx).
+/// An asking proxy sets its own family and passes the client's other
+/// headers on, so a client can add the other family: where both are
+/// present and disagree, the request is refused rather than decided as the
+/// client says.
 fn original_request(snapshot: &Snapshot, head: &Parts) -> Result<Parts, &'static str> {
     let headers = &head.headers;
     let text = |name: &HeaderName| headers.get(name).and_then(|v| v.to_str().ok());
-    let method = text(&X_FORWARDED_METHOD).or_else(|| text(&X_ORIGINAL_METHOD));
-    let uri = text(&X_FORWARDED_URI).or_else(|| text(&X_ORIGINAL_URI));
+    let traefik = (text(&X_FORWARDED_METHOD), text(&X_FORWARDED_URI));
+    let nginx = (
+        text(&X_ORIGINAL_METHOD),
+        text(&X_ORIGINAL_URI).or_else(|| text(&X_ORIGINAL_URL)),
+    );
+    let method = agree(traefik.0, nginx.0, |m| m.to_owned())
+        .map_err(|()| "X-Forwarded-Method and X-Original-Method name different methods")?;
+    let uri = agree(traefik.1, nginx.1, |u| {
+        target_of(u).map(|t| t.to_string()).unwrap_or_default()
+    })
+    .map_err(|()| "X-Forwarded-Uri and X-Original-URI name different requests")?;
     let (Some(method), Some(uri)) = (method, uri) else {
         return Err(
             "/auth decides the original request: send its method and URI in X-Forwarded-Method and X-Forwarded-Uri, or X-Original-Method and X-Original-URI",
@@ -162,19 +180,7 @@ fn original_request(snapshot: &Snapshot, head: &Parts) -> Result<Parts, &'static
     };
     let method = Method::from_bytes(method.as_bytes())
         .map_err(|_| "the original method is not an HTTP method")?;
-    let mut uri: Uri = uri
-        .parse()
-        .map_err(|_| "the original URI is not a request target")?;
-    if uri.scheme().is_some() || uri.authority().is_some() {
-        // ingress-nginx may send the absolute URL: only its path and query route.
-        uri = uri
-            .path_and_query()
-            .map(|pq| Uri::from(pq.clone()))
-            .ok_or("the original URI has no path")?;
-    }
-    if !uri.path().starts_with('/') {
-        return Err("the original URI's path must start with /");
-    }
+    let mut uri = target_of(uri)?;
     let server = &snapshot.config.server;
     if server.path_normalization {
         normalize_uri(&mut uri, server.escaped_slashes).map_err(|e| e.reason())?;
@@ -188,6 +194,37 @@ fn original_request(snapshot: &Snapshot, head: &Parts) -> Result<Parts, &'static
         parts.headers.insert(HOST, host);
     }
     Ok(parts)
+}
+
+/// One value from two families: either one, or both when they say the
+/// same (compared as `key` makes them); `Err` when they differ.
+fn agree<'a>(
+    one: Option<&'a str>,
+    other: Option<&'a str>,
+    key: impl Fn(&str) -> String,
+) -> Result<Option<&'a str>, ()> {
+    match (one, other) {
+        (Some(a), Some(b)) if key(a) != key(b) => Err(()),
+        (a, b) => Ok(a.or(b)),
+    }
+}
+
+/// The request target of an original URI: a path and query, or the path
+/// and query of an absolute URL (ingress-nginx's `X-Original-URL`).
+fn target_of(text: &str) -> Result<Uri, &'static str> {
+    let mut uri: Uri = text
+        .parse()
+        .map_err(|_| "the original URI is not a request target")?;
+    if uri.scheme().is_some() || uri.authority().is_some() {
+        uri = uri
+            .path_and_query()
+            .map(|pq| Uri::from(pq.clone()))
+            .ok_or("the original URI has no path")?;
+    }
+    if !uri.path().starts_with('/') {
+        return Err("the original URI's path must start with /");
+    }
+    Ok(uri)
 }
 
 /// The client: the peer, or behind a trusted peer the forwarding header's
@@ -350,6 +387,42 @@ mod tests {
         assert!(original_request(&snapshot, &escaping).is_err());
         let bad_method = head(&[("x-original-method", "G T"), ("x-original-uri", "/api")]);
         assert!(original_request(&snapshot, &bad_method).is_err());
+    }
+
+    #[test]
+    fn a_second_family_that_disagrees_is_a_forgery() {
+        let snapshot = snapshot("");
+        // nginx sets X-Original-*; the client added X-Forwarded-Uri.
+        let forged = head(&[
+            ("x-original-method", "GET"),
+            ("x-original-uri", "/api/items"),
+            ("x-forwarded-uri", "/public"),
+        ]);
+        assert!(original_request(&snapshot, &forged).is_err());
+        let forged_method = head(&[
+            ("x-original-method", "GET"),
+            ("x-original-uri", "/api/items"),
+            ("x-forwarded-method", "POST"),
+        ]);
+        assert!(original_request(&snapshot, &forged_method).is_err());
+        // Both families saying the same is no conflict.
+        let both = head(&[
+            ("x-original-method", "GET"),
+            ("x-original-uri", "/api/items"),
+            ("x-forwarded-method", "GET"),
+            ("x-forwarded-uri", "/api/items"),
+        ]);
+        assert_eq!(
+            original_request(&snapshot, &both).unwrap().uri.path(),
+            "/api/items"
+        );
+        // ingress-nginx's X-Original-URL: the whole URL.
+        let ingress = head(&[
+            ("x-original-method", "GET"),
+            ("x-original-url", "https://api.example/api/v2?x=1"),
+        ]);
+        let original = original_request(&snapshot, &ingress).unwrap();
+        assert_eq!(original.uri.to_string(), "/api/v2?x=1");
     }
 
     #[test]
