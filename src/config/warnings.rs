@@ -237,6 +237,36 @@ window = "1m"
     }
 
     #[test]
+    fn auth_cannot_read_a_body_or_see_a_request_end() {
+        let text = format!(
+            "{BASE}[limits.login]\nkey = \"body:username\"\nalgorithm = \"fixed_window\"\nlimit = 5\nwindow = \"1m\"\n[limits.slots]\nkey = \"ip\"\nalgorithm = \"concurrency\"\nmax = 4\n[decision]\nlisten = \"127.0.0.1:0\"\n[[routes]]\nname = \"login\"\nmatch = {{ path = \"/login\" }}\nlimits = [\"login\", \"slots\", \"per_ip\"]\n"
+        );
+        let found = warnings(&text);
+        assert!(
+            found
+                .iter()
+                .any(|w| w
+                    .contains("`login` keys on the body field `username`, which /auth never sees")),
+            "{found:?}"
+        );
+        assert!(
+            found
+                .iter()
+                .any(|w| w
+                    .contains("concurrency limit `slots` holds a slot only while /auth answers")),
+            "{found:?}"
+        );
+        // Without a decision service, neither applies.
+        let proxy_only = text
+            .replace("[decision]\nlisten = \"127.0.0.1:0\"\n", "")
+            .replace(
+                "name = \"login\"\n",
+                "name = \"login\"\nupstream = \"api\"\n",
+            );
+        assert!(!warnings(&proxy_only).iter().any(|w| w.contains("/auth")));
+    }
+
+    #[test]
     fn a_per_key_limit_alone_is_walked_around_without_the_key() {
         let found = warnings(&route(r#"["per_key"]"#, ""));
         assert_eq!(found.len(), 1, "{found:?}");
