@@ -457,7 +457,9 @@ awk -F'\t' -v rounds="$ROUNDS" -v order="$ALL_TARGETS" '
         M["ng_auth"] / M["ng_limit"], M["ng_auth"], M["ng_limit"], rounds_of(R, "ng_auth", "ng_limit")
       # With the servers core the bottleneck, req/s is its CPU over the CPU
       # per request: the same ratio from CPU time, which noise moves less.
-      printf "the same from CPU per request on the servers core: limit_req nginx %.2f / (auth_request nginx %.2f + tollgate /auth %.2f) = %.2f (rounds%s)\n", \
+      # When the client core (or a neighbour) sets the pace instead, the
+      # req/s ratio drifts towards 1 and only this one holds.
+      printf "the same from CPU per request on the servers core (req/s when that core is the bottleneck): limit_req nginx %.2f / (auth_request nginx %.2f + tollgate /auth %.2f) = %.2f (rounds%s)\n", \
         N["ng_limit"], N["ng_auth"], C["ng_auth"], N["ng_limit"] / (N["ng_auth"] + C["ng_auth"]), rounds_of(F, "ng_limit", "ng_auth")
     }
     if (("ng_auth_null" in ran) && ("ng_limit" in ran))
