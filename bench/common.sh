@@ -1,9 +1,10 @@
-# Shared by the bench/ scripts (load, instructions, redis, tls; sourced, not run): the
-# tools they need, the scratch directory and the children to stop, waiting
-# for a port, starting nginx and tollgate, CPU ticks and wrk latencies, and
-# the configurations they measure — the nginx upstream, nginx `limit_req` as
-# the peer, and tollgate's token-bucket limit — so the scripts always
-# measure the same thing.
+# Shared by the bench/ scripts (load, instructions, redis, tls, decision;
+# sourced, not run): the tools they need, the scratch directory and the
+# children to stop, waiting for a port, starting nginx and tollgate (capped
+# or pinned to CPUs), CPU ticks and wrk latencies, and the configurations
+# they measure — the nginx upstream, nginx `limit_req` as the peer, and
+# tollgate's token-bucket limit — so the scripts always measure the same
+# thing.
 
 # Installs the commands named (package = command) that are missing, and sets
 # $NGINX to nginx's path (it may be outside $PATH, in /usr/sbin).
@@ -93,11 +94,22 @@ cpu_cap_dir() { # the directory of a new capped cgroup, in $CPU_GROUP
   CPU_GROUP=$base
 }
 
+# SERVER_CPUSET (e.g. 0, a `taskset -c` list): each server started by
+# start_nginx/start_upstream/start_tollgate runs on those CPUs only, its
+# threads and nginx's workers included, so that a script can keep the
+# servers and the load generator on cores of their own. Unset: not pinned.
+pinned() { # the command prefix that pins, or nothing
+  if [ -n "${SERVER_CPUSET:-}" ]; then echo taskset -c "$SERVER_CPUSET"; fi
+}
+
 # Becomes "$@" (exec: called as `capped … &`, the background child is the
 # server itself, so $! is the server's pid) in cgroup $CPU_GROUP when
 # it is set (cpu_cap_dir, called before in this shell: a `&` child could not
-# record the group for cleanup), else as it is.
+# record the group for cleanup), else as it is; on SERVER_CPUSET's CPUs
+# when that is set.
 capped() {
+  # shellcheck disable=SC2046 # pinned's words are the prefix, or none
+  set -- $(pinned) "$@"
   if [ -n "$CPU_GROUP" ]; then
     exec sh -c 'echo $$ >"$0/cgroup.procs" && exec "$@"' "$CPU_GROUP" "$@"
   else
