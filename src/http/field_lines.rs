@@ -218,6 +218,13 @@ impl FieldLines {
         }
     }
 
+    /// The gateway's own fields as (name, value) pairs, in order, without a
+    /// header map: for an answer that is not HTTP fields (the decision
+    /// service's `response_headers_to_add`). Names are lowercase, as pushed.
+    pub(crate) fn own_fields(&self) -> impl Iterator<Item = (&[u8], &[u8])> {
+        lines(self.own.as_bytes())
+    }
+
     /// The fields as a header map, for tests.
     #[cfg(test)]
     pub(crate) fn to_map(&self) -> HeaderMap {
