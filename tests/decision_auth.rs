@@ -35,12 +35,20 @@ fn config(deny_status: &str) -> String {
     CONFIG.replace("DENY_STATUS", deny_status)
 }
 
+/// Exactly what Traefik's ForwardAuth middleware sends (its
+/// `pkg/middlewares/auth/forward.go`, with `trustForwardHeader`): the method,
+/// proto, host, URI and port, the client in `X-Forwarded-For`, and the
+/// `X-Real-Ip` and `X-Forwarded-Server` its forwarding headers add.
 fn traefik<'a>(uri: &'a str, client: &'a str) -> Vec<(&'a str, &'a str)> {
     vec![
         ("x-forwarded-method", "GET"),
-        ("x-forwarded-uri", uri),
+        ("x-forwarded-proto", "https"),
         ("x-forwarded-host", "api.example"),
+        ("x-forwarded-uri", uri),
+        ("x-forwarded-port", "443"),
         ("x-forwarded-for", client),
+        ("x-forwarded-server", "traefik-7d9f"),
+        ("x-real-ip", client),
     ]
 }
 
