@@ -20,7 +20,7 @@ use bytes::Bytes;
 use common::nginx::Nginx;
 use common::redis::free_port;
 use common::{InProcess, Reply, TestUpstream};
-use http_body_util::{BodyExt, Full};
+use http_body_util::Full;
 use hyper::Request;
 use hyper_util::rt::TokioIo;
 
@@ -198,20 +198,7 @@ async fn request(
         .await
         .expect("handshake");
     tokio::spawn(connection);
-    let response = sender.send_request(request).await.expect("response");
-    let status = response.status().as_u16();
-    let headers = response.headers().clone();
-    let body = response
-        .into_body()
-        .collect()
-        .await
-        .expect("body")
-        .to_bytes();
-    Reply {
-        status,
-        headers,
-        body,
-    }
+    common::read_reply(sender.send_request(request).await.expect("response")).await
 }
 
 /// The `r` (remaining) parameter of a `RateLimit` field.

@@ -678,7 +678,11 @@ pub async fn send_streaming(
 
 /// Sends one request on a new connection and reads the whole response.
 pub async fn send(addr: SocketAddr, request: Request<Full<Bytes>>) -> Reply {
-    let response = send_streaming(addr, request).await;
+    read_reply(send_streaming(addr, request).await).await
+}
+
+/// A response read whole.
+pub async fn read_reply(response: hyper::Response<hyper::body::Incoming>) -> Reply {
     let status = response.status().as_u16();
     let headers = response.headers().clone();
     let body = response
