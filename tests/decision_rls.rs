@@ -532,3 +532,53 @@ async fn decisions_are_logged_explained_and_reloaded() {
     assert_eq!(after.statuses[0].limit_remaining, 4, "6 - the two calls");
     gateway.stop().await;
 }
+
+#[tokio::test]
+#[cfg_attr(
+    not(has_redis),
+    ignore = "needs redis-server and redis-cli: apt-get install -y redis-server redis-tools"
+)]
+async fn on_redis_cluster_a_call_across_slots_is_still_one_stack() {
+    let cluster = common::redis::Cluster::start(3, 0);
+    let urls: Vec<String> = cluster.urls().iter().map(|u| format!("\"{u}\"")).collect();
+    let config = CONFIG.replace(
+        "[decision]",
+        &format!(
+            "[store]\nbackend = \"redis\"\ncluster = true\nurl = [{}]\ntimeout = \"500ms\"\n\n[decision]",
+            urls.join(", ")
+        ),
+    );
+    let a = InProcess::start_on_wall_time(&config).await;
+    let b = InProcess::start_on_wall_time(&config).await;
+    let (mut ra, mut rb) = (client(&a).await, client(&b).await);
+    // Many users, one address: the users' keys fall in other slots than
+    // the address's, and each user's single token refuses its second call.
+    let call_for = |user: &str| {
+        call(
+            "edge",
+            vec![
+                descriptor(&[("remote_address", "10.8.0.1")]),
+                descriptor(&[("user", user)]),
+            ],
+        )
+    };
+    let mut allowed = 0;
+    for user in ["u1", "u2"] {
+        for i in 0..3 {
+            let rls = if i % 2 == 0 { &mut ra } else { &mut rb };
+            if ask(rls, call_for(user)).await.overall_code == Code::Ok as i32 {
+                allowed += 1;
+            }
+        }
+    }
+    assert_eq!(allowed, 2, "one call per user");
+    // The four refused calls gave back what the address's slot charged.
+    let next = ask(&mut ra, call_for("u3")).await;
+    assert_eq!(next.overall_code, Code::Ok as i32);
+    assert_eq!(
+        next.statuses[0].limit_remaining, 2,
+        "5 - three admitted calls"
+    );
+    a.stop().await;
+    b.stop().await;
+}
