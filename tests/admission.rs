@@ -96,7 +96,6 @@ fn candidate<'r, 's>(app: &App, snapshot: &'s Snapshot, parts: &'r Parts) -> Can
     let consumer =
         identify::caller(snapshot, config, &parts.headers).expect("the caller is admitted");
     Candidate {
-        route,
         plan: &snapshot.routes[route],
         parts,
         identity: Identity {
@@ -183,7 +182,8 @@ async fn admit_and_settle(
     let parts = head(path, headers);
     let mut ticket = Ticket::default();
     let candidate = candidate(app, &snapshot, &parts);
-    let (route, cost) = (candidate.route, candidate.cost);
+    let route = snapshot.router.find(&parts).expect("a route");
+    let cost = candidate.cost;
     let admission = admission::admit(app, &snapshot, candidate, &mut ticket).await;
     assert_eq!(admission, Admission::Allowed, "{path}");
     admission::settle(app, &snapshot, route, cost, &ticket, reported);

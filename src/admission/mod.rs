@@ -70,10 +70,8 @@ pub enum Admission {
 /// A request as admission sees it.
 #[derive(Clone, Copy)]
 pub struct Candidate<'r, 's> {
-    /// The matched route, an index into the snapshot's routes.
-    pub route: usize,
-    /// That route's plan (`snapshot.routes[route]`), looked up once by the
-    /// caller.
+    /// The matched route's plan (`snapshot.routes[index]`, or a stack the
+    /// decision service compiled), looked up once by the caller.
     pub plan: &'s RoutePlan,
     /// The request's head, for header, query and path keys.
     pub parts: &'r Parts,

@@ -86,7 +86,6 @@ pub(crate) async fn answer<B>(
     };
     let mut ticket = Ticket::default();
     let candidate = Candidate {
-        route: index,
         plan,
         parts: &original,
         identity: Identity {

@@ -171,7 +171,6 @@ async fn decide(
         );
     }
     let candidate = Candidate {
-        route: 0,
         plan,
         parts: &NO_HEAD,
         identity: Identity {

@@ -349,7 +349,6 @@ async fn route_and_act(
         let client_ip = identify::client_ip(snapshot, &parts.headers, downstream.peer.ip());
         progress.seen.client_ip = Some(client_ip);
         let candidate = Candidate {
-            route: index,
             plan,
             parts: &parts,
             identity: Identity {

@@ -155,7 +155,6 @@ pub(crate) fn limit(
 ) -> Decided {
     let route = identified.route;
     let candidate = Candidate {
-        route,
         plan: &snapshot.routes[route],
         parts: &record.parts,
         identity: Identity {
