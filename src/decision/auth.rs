@@ -31,11 +31,12 @@ use http::{HeaderMap, HeaderName, Method, Request, Response, StatusCode, Uri};
 use crate::access_log::{self, AccessEntry, LimitField};
 use crate::admission::{self, Admission, Candidate, Identity, Ticket, identify};
 use crate::app::{App, Snapshot};
-use crate::config::LimitConfig;
+use crate::http::field_lines::FieldLines;
 use crate::http::path::normalize_uri;
-use crate::identity::client_ip::Trust;
+use crate::identity::client_ip::{parse_address, peer_is_trusted};
 use crate::metrics::Front;
 use crate::proxy::body::ResponseBody;
+use crate::proxy::error::GatewayError;
 use crate::proxy::ratelimit;
 use crate::proxy::response::problem;
 
@@ -78,7 +79,7 @@ pub(crate) async fn answer<B>(
     let consumer = match identify::caller(&snapshot, route, &original.headers) {
         Ok(consumer) => consumer,
         Err(reason) => {
-            let response = problem(StatusCode::UNAUTHORIZED, reason);
+            let response = GatewayError::Unauthorized { reason }.to_response();
             return finish(
                 app, &snapshot, index, &original, response, None, client_ip, started,
             );
@@ -97,25 +98,17 @@ pub(crate) async fn answer<B>(
         now: started,
     };
     let admission = admission::admit(app, &snapshot, candidate, &mut ticket).await;
-    let headers = snapshot.config.server.headers;
     let (response, limit) = match admission {
         Admission::Allowed => {
             let mut response = Response::new(ResponseBody::full(""));
-            let mut fields = crate::http::field_lines::FieldLines::new();
-            ratelimit::limit_fields(
-                &mut fields,
-                ticket.view(headers),
-                ticket.entries(),
-                plan.policy_for(ticket.plan()),
-                ticket.focus(),
-            );
+            let mut fields = FieldLines::new();
+            ratelimit::admitted_fields(&mut fields, &snapshot, plan, &ticket);
             fields.apply(response.headers_mut());
-            let limit = ticket.focus().map(|i| field(&ticket, i, false));
-            (response, limit)
+            (response, ticket.focus().map(|i| field(&ticket, i, false)))
         }
         Admission::Denied { by } => {
             let (mut response, fields) = ratelimit::deny_response(
-                ticket.view(headers),
+                ticket.view(snapshot.config.server.headers),
                 ticket.entries(),
                 by,
                 plan.policy_for(ticket.plan()),
@@ -127,23 +120,12 @@ pub(crate) async fn answer<B>(
         }
         Admission::MissingKey { position } => {
             let limit = snapshot.limit_config(plan.stack[position]);
-            (problem(StatusCode::BAD_REQUEST, &missing_key(limit)), None)
+            (GatewayError::missing_key(limit).to_response(), None)
         }
-        Admission::StoreDown => (
-            problem(
-                StatusCode::SERVICE_UNAVAILABLE,
-                "the limiter store is unavailable",
-            ),
-            None,
-        ),
+        Admission::StoreDown => (GatewayError::StoreUnavailable.to_response(), None),
     };
     // The decision is the answer: concurrency slots are not held past it.
     drop(ticket);
-    let limit = limit.as_ref().map(|(name, remaining, denied)| LimitField {
-        name,
-        remaining: *remaining,
-        denied: *denied,
-    });
     finish(
         app, &snapshot, index, &original, response, limit, client_ip, started,
     )
@@ -230,15 +212,11 @@ fn target_of(text: &str) -> Result<Uri, &'static str> {
 /// client, or `X-Real-IP` when the trusted peer sent no forwarding header.
 fn client_ip(snapshot: &Snapshot, headers: &HeaderMap, peer: IpAddr) -> IpAddr {
     let policy = &snapshot.client_ip;
-    let trusted = match &policy.trust {
-        Trust::Hops(n) => *n > 0,
-        Trust::Cidrs(nets) => nets.iter().any(|net| net.contains(&peer)),
-    };
-    if trusted && !headers.contains_key(policy.header.name()) {
+    if peer_is_trusted(peer, policy) && !headers.contains_key(policy.header.name()) {
+        // One address, read as one `X-Forwarded-For` entry is.
         let real = headers
             .get(&X_REAL_IP)
-            .and_then(|v| v.to_str().ok())
-            .and_then(|v| v.trim().parse().ok());
+            .and_then(|v| parse_address(v.as_bytes()));
         if let Some(real) = real {
             return real;
         }
@@ -255,21 +233,15 @@ fn deny_status(snapshot: &Snapshot) -> StatusCode {
         .map_or(StatusCode::TOO_MANY_REQUESTS, |d| d.deny_status)
 }
 
-fn missing_key(limit: &LimitConfig) -> String {
-    format!(
-        "limit {} needs the request key {}, which is missing",
-        limit.name,
-        crate::summary::key_parts(&limit.key)
-    )
-}
-
-/// The access log's limit field of the entry at `index`, owned.
-fn field(ticket: &Ticket<'_>, index: usize, denied: bool) -> (String, u64, bool) {
-    (
-        ticket.limits()[index].name.clone(),
-        ticket.entries()[index].verdict.remaining,
+/// The access log's limit field of the entry at `index`, naming the
+/// snapshot's limit (so it outlives the ticket).
+fn field<'s>(ticket: &Ticket<'s>, index: usize, denied: bool) -> LimitField<'s> {
+    let limit: &'s crate::config::LimitConfig = ticket.limits()[index];
+    LimitField {
+        name: &limit.name,
+        remaining: ticket.entries()[index].verdict.remaining,
         denied,
-    )
+    }
 }
 
 /// Counts and logs the answer of a routed `/auth` request.
@@ -433,6 +405,12 @@ mod tests {
         let trusted = snapshot("[client_ip]\ntrusted_cidrs = [\"10.0.0.0/8\"]\n");
         assert_eq!(
             client_ip(&trusted, &headers, peer),
+            "203.0.113.9".parse::<IpAddr>().unwrap()
+        );
+        // An IPv4-mapped peer is the IPv4 address, as for the proxy.
+        let mapped: IpAddr = "::ffff:10.0.0.2".parse().unwrap();
+        assert_eq!(
+            client_ip(&trusted, &headers, mapped),
             "203.0.113.9".parse::<IpAddr>().unwrap()
         );
         let forwarded = head(&[

@@ -239,6 +239,21 @@ fn for_each_entry<'a>(
     }
 }
 
+/// Whether the TCP peer itself is a proxy `policy` trusts: `trusted_hops`
+/// of at least 1, or an address inside `trusted_cidrs`.
+pub(crate) fn peer_is_trusted(peer: IpAddr, policy: &ClientIpPolicy) -> bool {
+    match &policy.trust {
+        Trust::Hops(n) => *n > 0,
+        Trust::Cidrs(nets) => is_trusted(nets, normalize(peer)),
+    }
+}
+
+/// One address written alone (`X-Real-IP`), read as one
+/// `X-Forwarded-For` entry is: spaces, a port and IPv6 brackets allowed.
+pub(crate) fn parse_address(value: &[u8]) -> Option<IpAddr> {
+    parse_xff_entry(value)
+}
+
 /// Whether `ip` (already normalised) is inside a trusted network. An
 /// IPv4-mapped network written in the config (`::ffff:10.0.0.0/104`) still
 /// matches, by also testing the mapped form.

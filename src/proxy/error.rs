@@ -53,6 +53,17 @@ pub(crate) enum GatewayError {
 pub(crate) const NO_HEALTHY_TITLE: &str = "No Healthy Upstream Instance";
 
 impl GatewayError {
+    /// The 400 for a request without the key `limit` needs. Out of line:
+    /// rare.
+    #[cold]
+    #[inline(never)]
+    pub(crate) fn missing_key(limit: &crate::config::LimitConfig) -> GatewayError {
+        GatewayError::MissingKey {
+            limit: limit.name.clone(),
+            key: crate::summary::key_parts(&limit.key),
+        }
+    }
+
     /// The HTTP status the client gets. Exhaustive on purpose: a new error
     /// kind must decide its status here.
     pub(crate) fn status(&self) -> StatusCode {

@@ -32,7 +32,7 @@ use http::{Method, Request, Response, StatusCode, Uri, Version};
 use crate::access_log::{self, AccessEntry, PendingLine};
 use crate::admission::{self, Admission, Candidate, Identity, Ticket, identify};
 use crate::app::{App, LimitId, RoutePlan, Snapshot};
-use crate::config::{LimitConfig, RouteAction};
+use crate::config::RouteAction;
 use crate::http::field_lines::{FieldLines, recycle_map};
 use crate::http::host;
 use crate::http::path::normalize_uri;
@@ -379,7 +379,9 @@ async fn route_and_act(
                 return Ok(response);
             }
             Admission::MissingKey { position } => {
-                return Err(missing_key(snapshot.limit_config(plan.stack[position])));
+                return Err(GatewayError::missing_key(
+                    snapshot.limit_config(plan.stack[position]),
+                ));
             }
             Admission::StoreDown => return Err(GatewayError::StoreUnavailable),
         }
@@ -463,7 +465,7 @@ async fn route_and_act(
         }
     };
     if let Some(admitted) = admitted {
-        push_limit_fields(&mut fields, snapshot, plan, admitted);
+        ratelimit::admitted_fields(&mut fields, snapshot, plan, admitted);
         // Ours replace an upstream's fields of the same names.
         fields.drop_replaced();
     }
@@ -481,40 +483,13 @@ fn note(plan: &RoutePlan, ticket: &Ticket<'_>, position: usize, denied: bool) ->
     }
 }
 
-/// The 400 for a request without the key `limit` needs. Out of line: rare.
-#[cold]
-#[inline(never)]
-fn missing_key(limit: &LimitConfig) -> GatewayError {
-    GatewayError::MissingKey {
-        limit: limit.name.clone(),
-        key: crate::summary::key_parts(&limit.key),
-    }
-}
-
-/// The rate-limit fields of an admitted request, added to `fields`.
-#[inline]
-fn push_limit_fields(
-    fields: &mut FieldLines,
-    snapshot: &Snapshot,
-    plan: &RoutePlan,
-    ticket: &Ticket<'_>,
-) {
-    ratelimit::limit_fields(
-        fields,
-        ticket.view(snapshot.config.server.headers),
-        ticket.entries(),
-        plan.policy_for(ticket.plan()),
-        ticket.focus(),
-    );
-}
-
 /// The rate-limit fields of an admitted request whose forwarding failed
 /// (the 502, 504 or 4xx the gateway answers instead). Out of line: rare.
 #[cold]
 #[inline(never)]
 fn failed_request_fields(snapshot: &Snapshot, plan: &RoutePlan, ticket: &Ticket<'_>) -> FieldLines {
     let mut fields = FieldLines::new();
-    push_limit_fields(&mut fields, snapshot, plan, ticket);
+    ratelimit::admitted_fields(&mut fields, snapshot, plan, ticket);
     fields
 }
 

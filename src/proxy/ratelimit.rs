@@ -18,6 +18,8 @@ use http::header::{CACHE_CONTROL, CONTENT_TYPE, RETRY_AFTER};
 use http::{HeaderName, Response};
 
 use super::body::ResponseBody;
+use crate::admission::Ticket;
+use crate::app::{RoutePlan, Snapshot};
 use crate::http::field_lines::FieldLines;
 use crate::http::problem::{
     self, DETAIL, NumberMember, ProblemWriter, STATUS, TITLE, TYPE, TextListMember, problem_member,
@@ -102,6 +104,24 @@ pub(crate) fn limit_fields(
             lines.push(reset_name, reset);
         }
     }
+}
+
+/// [`limit_fields`] of an admitted request: its ticket's stack, the
+/// route's `RateLimit-Policy` for the caller's plan, the ticket's focus.
+#[inline]
+pub(crate) fn admitted_fields(
+    lines: &mut FieldLines,
+    snapshot: &Snapshot,
+    plan: &RoutePlan,
+    ticket: &Ticket<'_>,
+) {
+    limit_fields(
+        lines,
+        ticket.view(snapshot.config.server.headers),
+        ticket.entries(),
+        plan.policy_for(ticket.plan()),
+        ticket.focus(),
+    );
 }
 
 /// The problem type of a denial, from IANA's HTTP Problem Types registry.
