@@ -56,13 +56,24 @@ pub(crate) fn policy_header(view: StackView<'_>) -> Option<Box<str>> {
 
 /// The client-visible entry with the least remaining quota (`r / q`), for the
 /// legacy headers of an allowed response.
+#[inline]
 pub(crate) fn least_remaining(view: StackView<'_>, verdicts: &[EntryVerdict]) -> Option<usize> {
+    let visible = (0..verdicts.len())
+        .filter(|&i| !view.limits[i].shadow && verdicts[i].outcome != Outcome::Skipped);
+    least_remaining_of(view.algorithms, verdicts, visible)
+}
+
+/// Of the entries at `candidates`, the one with the least remaining quota
+/// (`r / q`, compared exactly); the first of equals.
+#[inline]
+pub(crate) fn least_remaining_of(
+    algorithms: &[Algorithm],
+    verdicts: &[EntryVerdict],
+    candidates: impl Iterator<Item = usize>,
+) -> Option<usize> {
     let mut best: Option<(usize, u64, u64)> = None;
-    for (i, (limit, entry)) in view.limits.iter().zip(verdicts).enumerate() {
-        if limit.shadow || entry.outcome == Outcome::Skipped {
-            continue;
-        }
-        let (r, q) = (entry.verdict.remaining, quota(&view.algorithms[i]).max(1));
+    for i in candidates {
+        let (r, q) = (verdicts[i].verdict.remaining, quota(&algorithms[i]).max(1));
         // r/q < r'/q'  ⇔  r·q' < r'·q, exact in u128.
         let better = match best {
             None => true,

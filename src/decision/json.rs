@@ -11,7 +11,7 @@ use http::{HeaderValue, Method, Request, Response, StatusCode};
 use http_body_util::{BodyExt, Limited};
 
 use super::rls::{RlsError, should_rate_limit};
-use crate::app::App;
+use crate::app::{App, Snapshot};
 use crate::envoy_proto::envoy::service::ratelimit::v3::RateLimitRequest;
 use crate::envoy_proto::envoy::service::ratelimit::v3::rate_limit_response::Code;
 use crate::proxy::body::ResponseBody;
@@ -29,8 +29,8 @@ where
     B::Error: std::error::Error + Send + Sync + 'static,
 {
     let started = app.clock.now();
-    let (response, domain) = decide(app, request).await;
     let snapshot = app.snapshot();
+    let (response, domain) = decide(app, &snapshot, request).await;
     let metrics = app.metrics();
     let label = domain
         .as_deref()
@@ -42,7 +42,11 @@ where
 }
 
 /// The answer, and the call's domain once it parsed.
-async fn decide<B>(app: &App, request: Request<B>) -> (Response<ResponseBody>, Option<String>)
+async fn decide<B>(
+    app: &App,
+    snapshot: &Snapshot,
+    request: Request<B>,
+) -> (Response<ResponseBody>, Option<String>)
 where
     B: hyper::body::Body,
     B::Error: std::error::Error + Send + Sync + 'static,
@@ -84,7 +88,7 @@ where
             );
         }
     };
-    let response = match should_rate_limit(app, &call).await {
+    let response = match should_rate_limit(app, snapshot, &call).await {
         Ok(decided) => {
             let status = if decided.overall_code == Code::OverLimit as i32 {
                 StatusCode::TOO_MANY_REQUESTS

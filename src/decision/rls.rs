@@ -46,7 +46,7 @@ use crate::identity::keys::descriptor_digest;
 use crate::limit::{Algorithm, EntryVerdict, LimitKey, NANOS_PER_SEC, Nanos, Outcome, quota};
 use crate::metrics::Front;
 use crate::proxy::ratelimit;
-use crate::ratelimit_policy::{is_concurrency, policy_header};
+use crate::ratelimit_policy::{is_concurrency, least_remaining_of, policy_header};
 
 /// The method's path, as gRPC clients send it.
 pub(crate) const PATH: &str = "/envoy.service.ratelimit.v3.RateLimitService/ShouldRateLimit";
@@ -69,28 +69,29 @@ static NO_HEAD: LazyLock<Parts> = LazyLock::new(|| http::Request::new(()).into_p
 /// Most descriptors in one call: Envoy sends a handful per route.
 const MAX_DESCRIPTORS: usize = 64;
 
-/// Decides `request` on the snapshot serving now.
+/// Decides `request` on `snapshot` (the one serving, loaded once by the
+/// caller).
 pub(crate) async fn should_rate_limit(
     app: &App,
+    snapshot: &Snapshot,
     request: &RateLimitRequest,
 ) -> Result<RateLimitResponse, RlsError> {
     let started = app.clock.now();
-    let snapshot = app.snapshot();
-    let answer = decide(app, &snapshot, request, started).await;
+    let answer = decide(app, snapshot, request, started).await;
     log(app, request, &answer, started);
     answer.map(|(response, _)| response)
 }
 
-/// The access log's limit field of a decided call: the limit that denied,
-/// or the one with the least remaining.
-type Focus = Option<(String, u64, bool)>;
+/// The decided call and its access-log limit field: the limit that
+/// denied, or the one with the least remaining.
+type Decided<'s> = (RateLimitResponse, Option<LimitField<'s>>);
 
-async fn decide(
+async fn decide<'s>(
     app: &App,
-    snapshot: &Snapshot,
+    snapshot: &'s Snapshot,
     request: &RateLimitRequest,
     now: Nanos,
-) -> Result<(RateLimitResponse, Focus), RlsError> {
+) -> Result<Decided<'s>, RlsError> {
     if request.domain.is_empty() {
         return Err(RlsError::Invalid("domain must not be empty".into()));
     }
@@ -200,12 +201,12 @@ async fn decide(
         denied_by,
         cost,
     );
-    let focus = denied_by.or(ticket.focus()).map(|i| {
-        (
-            ticket.limits()[i].name.clone(),
-            ticket.entries()[i].verdict.remaining,
-            denied_by.is_some(),
-        )
+    // Named from the snapshot (an override's copy shares the name and
+    // lives only as long as this call).
+    let focus = denied_by.or(ticket.focus()).map(|i| LimitField {
+        name: &snapshot.limit_config(plan.stack[i]).name,
+        remaining: ticket.entries()[i].verdict.remaining,
+        denied: denied_by.is_some(),
     });
     Ok((response, focus))
 }
@@ -366,27 +367,22 @@ fn descriptor_status(
     positions: impl Iterator<Item = usize>,
     entries: &[EntryVerdict],
 ) -> DescriptorStatus {
-    let limits = ticket.limits();
-    let algorithms = ticket.algorithms();
-    let mut chosen: Option<(usize, (bool, bool, u128, u128))> = None;
-    for p in positions {
-        let denied = entries[p].outcome == Outcome::Denied;
-        let q = u128::from(quota(&algorithms[p]).max(1));
-        let r = u128::from(entries[p].verdict.remaining);
-        // Denied first, then visible, then least r / q.
-        let rank = (!denied, limits[p].shadow, r, q);
-        let better = match chosen {
-            None => true,
-            Some((_, (nd, shadow, br, bq))) => {
-                (rank.0, rank.1) < (nd, shadow)
-                    || ((rank.0, rank.1) == (nd, shadow) && r * bq < br * q)
-            }
-        };
-        if better {
-            chosen = Some((p, rank));
-        }
-    }
-    let Some((p, (not_denied, _, _, _))) = chosen else {
+    let (limits, algorithms) = (ticket.limits(), ticket.algorithms());
+    let positions: SmallVec<[usize; 4]> = positions.collect();
+    let denied = positions
+        .iter()
+        .copied()
+        .find(|&p| entries[p].outcome == Outcome::Denied);
+    let among = |shadow: bool| {
+        let candidates = positions
+            .iter()
+            .copied()
+            .filter(|&p| limits[p].shadow == shadow);
+        least_remaining_of(algorithms, entries, candidates)
+    };
+    // The limit that denied, else the visible one with the least left,
+    // else (a descriptor of shadow limits only) the shadow one.
+    let Some(p) = denied.or_else(|| among(false)).or_else(|| among(true)) else {
         return ok_status();
     };
     let verdict = &entries[p].verdict;
@@ -399,10 +395,10 @@ fn descriptor_status(
         }
     });
     DescriptorStatus {
-        code: if not_denied {
-            Code::Ok
-        } else {
+        code: if denied.is_some() {
             Code::OverLimit
+        } else {
+            Code::Ok
         } as i32,
         current_limit: Some(RateLimit {
             name: limits[p].name.clone(),
@@ -456,7 +452,7 @@ fn per_unit(algorithm: &Algorithm) -> (u32, Unit) {
 fn log(
     app: &App,
     request: &RateLimitRequest,
-    answer: &Result<(RateLimitResponse, Focus), RlsError>,
+    answer: &Result<Decided<'_>, RlsError>,
     started: Nanos,
 ) {
     if !access_log::enabled() {
@@ -464,10 +460,8 @@ fn log(
     }
     let elapsed = Duration::from_nanos(app.clock.now().saturating_sub(started));
     let (status, focus) = match answer {
-        Ok((response, focus)) if response.overall_code == Code::OverLimit as i32 => {
-            (429, focus.as_ref())
-        }
-        Ok((_, focus)) => (200, focus.as_ref()),
+        Ok((response, focus)) if response.overall_code == Code::OverLimit as i32 => (429, *focus),
+        Ok((_, focus)) => (200, *focus),
         Err(RlsError::Invalid(_)) => (400, None),
         Err(RlsError::StoreDown) => (503, None),
     };
@@ -479,11 +473,7 @@ fn log(
         elapsed: Some(elapsed),
         upstream: None,
         client_ip: IpAddr::V4(Ipv4Addr::UNSPECIFIED),
-        limit: focus.map(|(name, remaining, denied)| LimitField {
-            name,
-            remaining: *remaining,
-            denied: *denied,
-        }),
+        limit: focus,
         retries: 0,
         refused: None,
         front: Front::Rls.label(),
