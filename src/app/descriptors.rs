@@ -40,14 +40,21 @@ const NO_RULE: u32 = u32::MAX;
 /// The rules of one snapshot and what calls have compiled from them.
 #[derive(Debug, Default)]
 pub(crate) struct DescriptorTable {
-    /// Rule indexes by domain, in file order.
-    by_domain: HashMap<String, Vec<u32>>,
-    /// Each domain's metric label, shared by its stacks.
-    labels: HashMap<String, Arc<str>>,
+    /// The domains the rules name.
+    domains: HashMap<String, Domain>,
     stacks: ArcSwap<HashMap<Box<[u32]>, Arc<DescriptorStack>>>,
     overrides: ArcSwap<HashMap<OverrideId, Arc<OverrideLimit>>>,
     /// Serialises the copy-on-write inserts (reads never take it).
     writing: Mutex<()>,
+}
+
+/// One domain's rules.
+#[derive(Debug)]
+struct Domain {
+    /// The metric label, shared by the domain's stacks.
+    label: Arc<str>,
+    /// Rule indexes, in file order.
+    rules: Vec<u32>,
 }
 
 /// The stack of one combination of matched rules.
@@ -91,26 +98,26 @@ impl DescriptorTable {
             .enumerate()
         {
             table
-                .by_domain
+                .domains
                 .entry(rule.domain.clone())
-                .or_default()
+                .or_insert_with(|| Domain {
+                    label: Arc::from(rule.domain.as_str()),
+                    rules: Vec::new(),
+                })
+                .rules
                 .push(index as u32);
-            table
-                .labels
-                .entry(rule.domain.clone())
-                .or_insert_with(|| Arc::from(rule.domain.as_str()));
         }
         table
     }
 
     /// The metric label of `domain`, if some rule names it.
     pub(crate) fn domain_label(&self, domain: &str) -> Option<&Arc<str>> {
-        self.labels.get(domain)
+        self.domains.get(domain).map(|d| &d.label)
     }
 
     /// Some rule names `domain`.
     pub(crate) fn knows(&self, domain: &str) -> bool {
-        self.by_domain.contains_key(domain)
+        self.domains.contains_key(domain)
     }
 
     /// The first rule of `domain` that `entries` (key, value pairs in
@@ -121,7 +128,7 @@ impl DescriptorTable {
         domain: &str,
         entries: impl Iterator<Item = (&'e str, &'e str)> + Clone,
     ) -> Option<u32> {
-        let candidates = self.by_domain.get(domain)?;
+        let candidates = &self.domains.get(domain)?.rules;
         candidates.iter().copied().find(|&index| {
             let rule = &rules[index as usize];
             let mut given = entries.clone();
@@ -185,8 +192,7 @@ impl DescriptorTable {
             }
         }
         let name = self
-            .labels
-            .get(domain)
+            .domain_label(domain)
             .cloned()
             .unwrap_or_else(|| Arc::from(domain));
         let limit_labels: Vec<Arc<str>> = stack
