@@ -388,6 +388,28 @@ fn check_decision(
     }
 }
 
+/// The limits a list at `path` names (a route's or a descriptor rule's
+/// `limits`, a rule's `replaces`), as indexes into `limit_names`; each
+/// unknown or repeated name a problem at its element.
+fn limit_references(
+    c: &mut Checker,
+    path: &KeyPath,
+    names: &[String],
+    limit_names: &[&str],
+) -> Vec<usize> {
+    let mut seen = HashSet::new();
+    let mut found = Vec::with_capacity(names.len());
+    for (i, name) in names.iter().enumerate() {
+        if !seen.insert(name.as_str()) {
+            c.problem(path.index(i), format!("limit `{name}` is listed twice"));
+        }
+        if let Some(index) = c.reference(path.index(i), "limit", name, limit_names) {
+            found.push(index);
+        }
+    }
+    found
+}
+
 /// Most limits one descriptor rule charges, as a route's stack.
 const MAX_RULE_LIMITS: usize = 8;
 
@@ -433,30 +455,14 @@ fn check_descriptor_rule(
             value,
         });
     }
-    let references = |c: &mut Checker, key: &str, names: &[String]| -> Vec<usize> {
-        let mut seen = HashSet::new();
-        let mut found = Vec::with_capacity(names.len());
-        for (i, name) in names.iter().enumerate() {
-            if !seen.insert(name.as_str()) {
-                c.problem(
-                    path.key(key).index(i),
-                    format!("limit `{name}` is listed twice"),
-                );
-            }
-            if let Some(index) = c.reference(path.key(key).index(i), "limit", name, limit_names) {
-                found.push(index);
-            }
-        }
-        found
-    };
-    let limits = references(c, "limits", &raw.limits);
+    let limits = limit_references(c, &path.key("limits"), &raw.limits, limit_names);
     if limits.len() > MAX_RULE_LIMITS {
         c.problem(
             path.key("limits"),
             format!("a descriptor rule can charge at most {MAX_RULE_LIMITS} limits"),
         );
     }
-    let replaces = references(c, "replaces", &raw.replaces);
+    let replaces = limit_references(c, &path.key("replaces"), &raw.replaces, limit_names);
     DescriptorRule {
         domain: raw.domain.clone(),
         entries,
@@ -1984,19 +1990,7 @@ fn check_route(
             }
         }
     };
-    let mut route_limits = Vec::with_capacity(raw.limits.len());
-    let mut seen = HashSet::new();
-    for (i, name) in raw.limits.iter().enumerate() {
-        if !seen.insert(name.as_str()) {
-            c.problem(
-                path.key("limits").index(i),
-                format!("limit `{name}` is listed twice"),
-            );
-        }
-        if let Some(index) = c.reference(path.key("limits").index(i), "limit", name, limit_names) {
-            route_limits.push(index);
-        }
-    }
+    let route_limits = limit_references(c, &path.key("limits"), &raw.limits, limit_names);
     const MAX_STACK: usize = 8;
     if raw.limits.len() > MAX_STACK {
         c.problem(
