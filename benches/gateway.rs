@@ -99,6 +99,7 @@ fn identify(c: &mut Criterion) {
         route: "api",
         consumer: None,
         body: None,
+        token: None,
     };
     let header_key = [KeyPart::Header(HeaderName::from_static("x-api-key"))];
     let ip_key = [KeyPart::Ip];
@@ -117,6 +118,7 @@ fn identify(c: &mut Criterion) {
                 route: "api",
                 consumer: None,
                 body: None,
+                token: None,
             };
             extract(black_box(&ip_key), &parts, &facts)
         })

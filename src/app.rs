@@ -14,6 +14,7 @@
 //! (`sweep`).
 
 pub(crate) mod descriptors;
+mod jwks;
 pub(crate) mod sweep;
 
 use std::collections::HashMap;
@@ -31,6 +32,7 @@ use crate::config::{
     RouteConfig,
 };
 use crate::identity::client_ip::{ClientIpPolicy, ForwardHeader, Trust};
+use crate::identity::jwt::Verifier;
 use crate::limit::{Algorithm, Clock, Limiter, Nanos, SystemClock, WindowAlign};
 use crate::metrics::{Front, LabelNames, Metrics, RouteHandles};
 use crate::ratelimit_policy::{StackView, policy_header};
@@ -144,6 +146,8 @@ pub struct Snapshot {
     pub(crate) denied_log: DeniedSampler,
     /// `[[decision.descriptors]]`, compiled.
     pub(crate) descriptors: DescriptorTable,
+    /// `[jwt]`: the issuers' keys and the verified-token cache.
+    pub(crate) jwt: Option<Verifier>,
 }
 
 impl Snapshot {
@@ -154,6 +158,7 @@ impl Snapshot {
         health: Vec<Vec<Arc<UrlHealth>>>,
         metrics: &Metrics,
         store: bool,
+        jwt: Option<Verifier>,
     ) -> Snapshot {
         let shared: Vec<bool> = config.limits.iter().map(|l| store && !l.local).collect();
         let limits: Vec<LimitState> = limiters
@@ -222,6 +227,7 @@ impl Snapshot {
             client_ip,
             generation,
             loaded_at: SystemTime::now(),
+            jwt,
         }
     }
 
@@ -456,6 +462,8 @@ pub struct App {
     registry: LimiterRegistry,
     /// Every upstream URL's health, kept across reloads.
     health: HealthRegistry,
+    /// Every `jwks_url`'s keys and fetcher, kept across reloads.
+    jwks: jwks::JwksRegistry,
     /// The one time source of the limiters.
     pub clock: Arc<dyn Clock>,
     /// Tells the server (listener changes) that a new generation is installed.
@@ -530,13 +538,16 @@ impl App {
         let shared = store.is_some();
         let health = HealthRegistry::default();
         let urls = health.resolve(&config.upstreams, &UpstreamHealthMetrics(&metrics));
+        let jwks = jwks::JwksRegistry::default();
+        let jwt = jwks.verifier(&config, &metrics);
         let app = Arc::new(App {
             snapshot: ArcSwap::from_pointee(Snapshot::new(
-                config, 1, limiters, urls, &metrics, shared,
+                config, 1, limiters, urls, &metrics, shared, jwt,
             )),
             generation: AtomicU64::new(1),
             registry,
             health,
+            jwks,
             clock,
             generations: tokio::sync::watch::Sender::new(1),
             metrics,
@@ -573,6 +584,7 @@ impl App {
             &current.config.upstreams,
             &UpstreamHealthMetrics(&self.metrics),
         );
+        let jwt = self.jwks.verifier(&current.config, &self.metrics);
         let mut next = Snapshot::new(
             current.config.clone(),
             current.generation,
@@ -580,6 +592,7 @@ impl App {
             urls,
             &self.metrics,
             self.store.is_some(),
+            jwt,
         );
         next.loaded_at = current.loaded_at;
         self.snapshot.store(Arc::new(next));
@@ -642,6 +655,7 @@ impl App {
         let urls = self
             .health
             .resolve(&config.upstreams, &UpstreamHealthMetrics(&self.metrics));
+        let jwt = self.jwks.verifier(&config, &self.metrics);
         let generation = self.generation.fetch_add(1, Ordering::Relaxed) + 1;
         // Before the swap: the gauge never lags the `/config` generation.
         self.metrics.set_generation(generation);
@@ -652,6 +666,7 @@ impl App {
             urls,
             &self.metrics,
             self.store.is_some(),
+            jwt,
         )));
         self.generations.send_replace(generation);
         generation

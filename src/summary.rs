@@ -169,6 +169,7 @@ fn key_part(part: &KeyPart) -> String {
         KeyPart::Consumer => "consumer".into(),
         KeyPart::Tenant => "tenant".into(),
         KeyPart::Route => "route".into(),
+        KeyPart::Claim { path, .. } => format!("jwt:{path}"),
     }
 }
 

@@ -90,19 +90,20 @@ fn head(path: &str, headers: &[(&str, &str)]) -> Parts {
 
 /// The candidate for `parts`, as the proxy builds it: its route, its
 /// consumer, the client behind [`PEER`], the route's cost, the clock's now.
-fn candidate<'r, 's>(app: &App, snapshot: &'s Snapshot, parts: &'r Parts) -> Candidate<'r, 's> {
+fn candidate<'s>(app: &App, snapshot: &'s Snapshot, parts: &'s Parts) -> Candidate<'s, 's> {
     let route = snapshot.router.find(parts).expect("a route matches");
     let config = &snapshot.config.routes[route];
-    let consumer =
-        identify::caller(snapshot, config, &parts.headers).expect("the caller is admitted");
+    // Without `[jwt]` the caller is its API key's consumer.
+    let caller = identify::caller(app, snapshot, config, &parts.headers, app.clock.now())
+        .expect("the caller is admitted");
     Candidate {
         plan: &snapshot.routes[route],
         parts,
-        identity: Identity {
-            client_ip: identify::client_ip(snapshot, &parts.headers, PEER),
-            consumer,
-            body: None,
-        },
+        identity: Identity::of_consumer(
+            identify::client_ip(snapshot, &parts.headers, PEER),
+            caller.api_consumer(),
+            None,
+        ),
         cost: config.cost,
         now: app.clock.now(),
     }

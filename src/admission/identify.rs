@@ -1,7 +1,8 @@
 //! Who is calling: the steps before the limits that every caller of
 //! admission runs the same way (the proxy on a live request, `simulate` on
 //! a trace record, the decision service on a described one) — the
-//! caller's consumer from its API key, the client IP behind trusted
+//! caller's verified token and consumer (its claims' or its API
+//! key's), the client IP behind trusted
 //! proxies, and the body's fields for `body:FIELD` keys.
 
 use std::net::IpAddr;
@@ -10,46 +11,194 @@ use http::HeaderMap;
 use http::header::CONTENT_TYPE;
 use ipnet::IpNet;
 
-use crate::app::Snapshot;
+use std::sync::Arc;
+
+use crate::app::{App, Snapshot};
 use crate::config::{Consumer, RouteConfig};
 use crate::identity::body_fields::BodyFields;
 use crate::identity::client_ip::{client_net, resolve_with};
 use crate::identity::consumer;
+use crate::identity::jwt::{Failure, Verified};
+use crate::limit::Nanos;
 
 /// What is known of the caller when its limits decide.
 #[derive(Debug, Clone, Copy)]
 pub struct Identity<'r, 's> {
     /// The client after trusted-proxy resolution ([`client_ip`]).
     pub client_ip: IpAddr,
-    /// The consumer its API key maps to ([`caller`]).
-    pub consumer: Option<&'s Consumer>,
+    /// The consumer its token's claims or API key map to ([`caller`]).
+    pub consumer: Option<&'r Consumer>,
+    /// The caller's plan, as a plan name of the configuration.
+    pub plan: Option<&'s str>,
+    /// Its verified token, for `jwt:CLAIM` keys.
+    pub token: Option<&'r Verified>,
     /// The body's top-level fields, when a limit keys on them and the body
     /// was read whole within `max_key_body` ([`body_fields`]).
     pub body: Option<&'r BodyFields>,
 }
 
-impl<'s> Identity<'_, 's> {
+impl<'r, 's> Identity<'r, 's> {
+    /// The identity of a caller known by its API key alone (or by nothing).
+    pub fn of_consumer(
+        client_ip: IpAddr,
+        consumer: Option<&'s Consumer>,
+        body: Option<&'r BodyFields>,
+    ) -> Identity<'r, 's>
+    where
+        's: 'r,
+    {
+        Identity {
+            client_ip,
+            consumer,
+            plan: consumer.and_then(|c| c.plan.as_deref()),
+            token: None,
+            body,
+        }
+    }
+
     /// The client's network as its keys see it (the configured prefix).
     #[inline]
     pub(crate) fn client_net(&self, snapshot: &Snapshot) -> IpNet {
         client_net(self.client_ip, &snapshot.client_ip)
     }
+}
 
-    /// The caller's plan, if its consumer has one.
-    #[inline]
-    pub(crate) fn plan(&self) -> Option<&'s str> {
-        self.consumer.and_then(|c| c.plan.as_deref())
+/// Who the request says is calling: the consumer of its API key and its
+/// verified token.
+#[derive(Debug, Default)]
+pub struct Caller<'s> {
+    api_consumer: Option<&'s Consumer>,
+    token: Option<Arc<Verified>>,
+}
+
+impl<'s> Caller<'s> {
+    /// The caller as its limits see it. A verified token with a consumer
+    /// claim names the consumer (it is the stronger proof); else the API
+    /// key's. The plan follows the consumer chosen.
+    pub fn identity<'r>(
+        &'r self,
+        snapshot: &'s Snapshot,
+        client_ip: IpAddr,
+        body: Option<&'r BodyFields>,
+    ) -> Identity<'r, 's>
+    where
+        's: 'r,
+    {
+        let token = self.token.as_deref();
+        match (token, &snapshot.jwt) {
+            (Some(verified), Some(verifier)) if verified.consumer.is_some() => Identity {
+                client_ip,
+                consumer: verified.consumer.as_ref(),
+                plan: verifier.plan(verified),
+                token,
+                body,
+            },
+            _ => Identity {
+                token,
+                ..Identity::of_consumer(client_ip, self.api_consumer, body)
+            },
+        }
+    }
+
+    /// The consumer its API key maps to.
+    pub fn api_consumer(&self) -> Option<&'s Consumer> {
+        self.api_consumer
     }
 }
 
-/// The caller's consumer; `Err` (with the reason, for a 401) where the route
-/// or the configuration demands one the request does not name.
+/// Why a request is answered 401 before its limits.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Unidentified {
+    /// Its API key: none on a `require_consumer` route, or an unknown one
+    /// where unknown keys are refused.
+    ApiKey(&'static str),
+    /// Its token, on a `require_jwt` route: `None` when it has none.
+    Token(Option<Failure>),
+    /// Its token names a key its `jwks_url` issuer may just have published:
+    /// wait for `keys` to refresh, then identify again ([`caller_refreshed`]).
+    Refresh,
+}
+
+/// The caller: the token verified (at `now`, ns since the epoch), the API
+/// key looked up; `Err` where the route or the configuration demands what
+/// the request does not carry. An invalid token on a route without
+/// `require_jwt` is no token.
 pub fn caller<'s>(
+    app: &App,
     snapshot: &'s Snapshot,
     route: &RouteConfig,
     headers: &HeaderMap,
-) -> Result<Option<&'s Consumer>, &'static str> {
-    consumer::admit(headers, &snapshot.config, route.require_consumer)
+    now: Nanos,
+) -> Result<Caller<'s>, Unidentified> {
+    caller_with(app, snapshot, route, headers, now, true)
+}
+
+/// [`caller`] after an [`Unidentified::Refresh`]: waits for the issuer's
+/// keys (at most a couple of seconds), then identifies again, without
+/// asking for another refresh.
+pub async fn caller_refreshed<'s>(
+    app: &App,
+    snapshot: &'s Snapshot,
+    route: &RouteConfig,
+    headers: &HeaderMap,
+    now: Nanos,
+) -> Result<Caller<'s>, Unidentified> {
+    if let Some(verifier) = &snapshot.jwt
+        && let Some(token) = verifier.token(headers)
+        && let Err(refusal) = verifier.verify(token, now, |_, _| {})
+        && let Some(remote) = refusal.issuer.and_then(|i| verifier.remote(i))
+    {
+        remote.wait_for_fetch().await;
+    }
+    caller_with(app, snapshot, route, headers, now, false)
+}
+
+fn caller_with<'s>(
+    app: &App,
+    snapshot: &'s Snapshot,
+    route: &RouteConfig,
+    headers: &HeaderMap,
+    now: Nanos,
+    may_refresh: bool,
+) -> Result<Caller<'s>, Unidentified> {
+    let token = match &snapshot.jwt {
+        None => None,
+        Some(verifier) => match verifier.token(headers) {
+            None if route.require_jwt => return Err(Unidentified::Token(None)),
+            None => None,
+            Some(token) => {
+                let metrics = app.metrics();
+                let checked = verifier.verify(token, now, |issuer, result| {
+                    let label = result.map_or_else(|failure| failure.label(), |()| "valid");
+                    metrics.record_jwt_verification(verifier.issuer_label(issuer), label);
+                });
+                match checked {
+                    Ok(verified) => Some(verified),
+                    Err(refusal)
+                        if may_refresh && verifier.refresh_for(&refusal, now).is_some() =>
+                    {
+                        return Err(Unidentified::Refresh);
+                    }
+                    Err(refusal) if route.require_jwt => {
+                        return Err(Unidentified::Token(Some(refusal.failure)));
+                    }
+                    Err(_) => None,
+                }
+            }
+        },
+    };
+    // A route that requires a consumer is served by a token's consumer too.
+    let token_consumer = token.as_ref().is_some_and(|t| t.consumer.is_some());
+    let api_consumer = consumer::admit(
+        headers,
+        &snapshot.config,
+        route.require_consumer && !token_consumer,
+    )
+    .map_err(Unidentified::ApiKey)?;
+    Ok(Caller {
+        api_consumer,
+        token,
+    })
 }
 
 /// The client behind the trusted proxies in front of `peer`, from the

@@ -189,8 +189,9 @@ fn key_stack<'s>(
         route: &plan.name,
         consumer: identity.consumer,
         body: identity.body,
+        token: identity.token,
     };
-    let caller_plan = identity.plan();
+    let caller_plan = identity.plan;
     ticket.plan = caller_plan;
     for (position, &id) in plan.stack.iter().enumerate() {
         let limit = snapshot.limit_config(id);

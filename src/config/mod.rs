@@ -7,6 +7,7 @@
 //! the file by line and column ([`error`]).
 
 pub(crate) mod error;
+pub(crate) mod jwt;
 pub(crate) mod raw;
 pub(crate) mod store;
 pub(crate) mod tls;
@@ -49,6 +50,8 @@ pub struct Config {
     pub consumers: Arc<HashMap<String, Consumer>>,
     /// `[decision]`: the decision service, when configured.
     pub decision: Option<DecisionConfig>,
+    /// `[jwt]`: the issuers whose tokens identify callers, when configured.
+    pub jwt: Option<jwt::JwtConfig>,
 }
 
 /// `[decision]`: the listener of the decision service (Envoy's rate-limit
@@ -304,6 +307,12 @@ pub enum KeyPart {
     Consumer,
     Tenant,
     Route,
+    /// `jwt:CLAIM`: a claim of the caller's verified token, by its slot in
+    /// [`jwt::JwtConfig::claim_paths`] (the path is kept for messages).
+    Claim {
+        slot: usize,
+        path: Arc<str>,
+    },
 }
 
 /// What a limit does with a request that lacks its key.
@@ -348,6 +357,8 @@ pub struct RouteConfig {
     pub(crate) max_body: Option<u64>,
     /// Requests without a known API key get 401.
     pub(crate) require_consumer: bool,
+    /// Requests without a valid token (`[jwt]`) get 401.
+    pub(crate) require_jwt: bool,
     /// Upstream retries (`retry = {...}`), off when `None`.
     pub(crate) retry: Option<RetryPolicy>,
 }

@@ -91,6 +91,7 @@ pub(crate) struct RawConfig {
     #[serde(default)]
     pub(crate) api_keys: RawApiKeys,
     pub(crate) decision: Option<RawDecision>,
+    pub(crate) jwt: Option<super::jwt::RawJwt>,
 }
 
 /// `[decision]`: the decision service's listener and Envoy descriptor rules.
@@ -382,6 +383,7 @@ pub(crate) struct RawRoute {
     pub(crate) cost_header: Option<String>,
     pub(crate) max_body: Option<RawSize>,
     pub(crate) require_consumer: Option<bool>,
+    pub(crate) require_jwt: Option<bool>,
     pub(crate) retry: Option<RawRetry>,
 }
 

@@ -35,18 +35,25 @@ const ALGORITHMS: [&str; 6] = [
 ];
 
 /// Collects problems while walking the raw config.
-struct Checker {
+pub(super) struct Checker {
     problems: Vec<Problem>,
     /// Keys serde refused for their type (blanked before the retry).
     mistyped: Vec<KeyPath>,
+    /// The `jwt:CLAIM` paths limits key on, each once, by slot.
+    claim_paths: Vec<Arc<str>>,
 }
 
 impl Checker {
-    fn problem(&mut self, path: KeyPath, message: impl Into<String>) {
+    pub(super) fn problem(&mut self, path: KeyPath, message: impl Into<String>) {
         self.problems.push(Problem::new(path, message));
     }
 
-    fn duration(&mut self, path: KeyPath, value: &Option<String>, default: Duration) -> Duration {
+    pub(super) fn duration(
+        &mut self,
+        path: KeyPath,
+        value: &Option<String>,
+        default: Duration,
+    ) -> Duration {
         match value {
             None => default,
             Some(text) => match parse_duration(text) {
@@ -91,7 +98,7 @@ impl Checker {
         }
     }
 
-    fn header_name(&mut self, path: KeyPath, text: &str) -> Option<HeaderName> {
+    pub(super) fn header_name(&mut self, path: KeyPath, text: &str) -> Option<HeaderName> {
         match HeaderName::from_bytes(text.as_bytes()) {
             Ok(name) => Some(name),
             Err(_) => {
@@ -101,7 +108,12 @@ impl Checker {
         }
     }
 
-    fn one_of<'a>(&mut self, path: KeyPath, value: &str, allowed: &[&'a str]) -> Option<&'a str> {
+    pub(super) fn one_of<'a>(
+        &mut self,
+        path: KeyPath,
+        value: &str,
+        allowed: &[&'a str],
+    ) -> Option<&'a str> {
         if let Some(found) = allowed.iter().find(|a| **a == value) {
             return Some(found);
         }
@@ -190,6 +202,7 @@ pub(crate) fn validate(path: &Path, bytes: &[u8]) -> Result<Config, ConfigError>
         // retry: it is there, only mistyped, so "needs `capacity`" would
         // mislead. Its own problem already says what to write.
         mistyped: problems.iter().map(|p| p.path.clone()).collect(),
+        claim_paths: Vec::new(),
     };
     let config = check(&mut checker, path, bytes, &raw);
     for problem in &mut checker.problems {
@@ -333,6 +346,8 @@ fn check(c: &mut Checker, path: &Path, bytes: &[u8], raw: &RawConfig) -> Config 
         );
     }
 
+    let jwt = check_jwt_use(c, &root, raw, directory, &limits, &routes);
+
     Config {
         path: path.to_owned(),
         sha256: hex_digest(bytes),
@@ -345,7 +360,50 @@ fn check(c: &mut Checker, path: &Path, bytes: &[u8], raw: &RawConfig) -> Config 
         api_keys,
         consumers: Arc::new(consumers),
         decision,
+        jwt,
     }
+}
+
+/// `[jwt]`, and every use of it (`jwt:` keys, `require_jwt`) only with it.
+fn check_jwt_use(
+    c: &mut Checker,
+    root: &KeyPath,
+    raw: &RawConfig,
+    directory: &Path,
+    limits: &[LimitConfig],
+    routes: &[RouteConfig],
+) -> Option<super::jwt::JwtConfig> {
+    let claim_paths = std::mem::take(&mut c.claim_paths);
+    if let Some(jwt) = &raw.jwt {
+        return Some(super::jwt::check_jwt(
+            c,
+            &root.key("jwt"),
+            jwt,
+            directory,
+            claim_paths,
+        ));
+    }
+    for limit in limits {
+        if let Some(KeyPart::Claim { path, .. }) = limit
+            .key
+            .iter()
+            .find(|p| matches!(p, KeyPart::Claim { .. }))
+        {
+            c.problem(
+                root.key("limits").key(&limit.name).key("key"),
+                format!("`jwt:{path}` reads a verified token's claim: configure its issuer in [[jwt.issuers]]"),
+            );
+        }
+    }
+    for (i, route) in routes.iter().enumerate() {
+        if route.require_jwt {
+            c.problem(
+                root.key("routes").index(i).key("require_jwt"),
+                "`require_jwt` needs the issuers of [[jwt.issuers]] to verify tokens with",
+            );
+        }
+    }
+    None
 }
 
 /// `[decision]`: the listener, `/auth`'s deny status, the descriptor rules.
@@ -1289,7 +1347,7 @@ fn check_redis_tls(
     }
 }
 
-fn check_upstream(
+pub(super) fn check_upstream(
     c: &mut Checker,
     path: &KeyPath,
     name: &str,
@@ -1594,6 +1652,27 @@ fn check_key_part(c: &mut Checker, path: KeyPath, text: &str) -> Option<KeyPart>
         }
     };
     match kind {
+        "jwt" => {
+            let name = named(c, name)?;
+            if !super::jwt::claim_path_is_valid(&name) {
+                c.problem(
+                    path,
+                    format!("`{name}` is not a claim name or dotted path like \"org.id\""),
+                );
+                return None;
+            }
+            let slot = match c.claim_paths.iter().position(|p| **p == *name) {
+                Some(slot) => slot,
+                None => {
+                    c.claim_paths.push(Arc::from(name.as_str()));
+                    c.claim_paths.len() - 1
+                }
+            };
+            Some(KeyPart::Claim {
+                slot,
+                path: c.claim_paths[slot].clone(),
+            })
+        }
         "ip" | "consumer" | "tenant" | "route" if name.is_some() => {
             c.problem(path, format!("`{kind}` takes no name; write \"{kind}\""));
             None
@@ -1611,10 +1690,10 @@ fn check_key_part(c: &mut Checker, path: KeyPath, text: &str) -> Option<KeyPart>
         "body" => named(c, name).map(KeyPart::BodyField),
         _ => {
             let kinds = [
-                "ip", "header", "query", "cookie", "body", "consumer", "tenant", "route",
+                "ip", "header", "query", "cookie", "body", "consumer", "tenant", "route", "jwt",
             ];
             let mut message = format!(
-                "unknown key kind `{kind}`, expected one of ip, header:NAME, query:NAME, cookie:NAME, body:FIELD, consumer, tenant, route"
+                "unknown key kind `{kind}`, expected one of ip, header:NAME, query:NAME, cookie:NAME, body:FIELD, jwt:CLAIM, consumer, tenant, route"
             );
             if let Some(best) = nearest(kind, kinds) {
                 message.push_str(&format!(" (did you mean `{best}`?)"));
@@ -2023,6 +2102,7 @@ fn check_route(
         cost_header,
         max_body,
         require_consumer: raw.require_consumer.unwrap_or(false),
+        require_jwt: raw.require_jwt.unwrap_or(false),
         retry: raw.retry.as_ref().map(|retry| {
             if raw.respond.is_some() {
                 c.problem(

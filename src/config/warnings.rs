@@ -196,6 +196,12 @@ fn missing_part(config: &Config, route: &RouteConfig, limit: &LimitConfig) -> Op
         } else {
             anonymous.clone()
         }),
+        KeyPart::Claim { path, .. } if route.require_jwt => {
+            Some(format!("a `{path}` claim in its token"))
+        }
+        KeyPart::Claim { path, .. } => Some(format!(
+            "a valid token with a `{path}` claim (an invalid token counts as none)"
+        )),
     })
 }
 

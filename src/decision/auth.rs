@@ -29,7 +29,8 @@ use http::request::Parts;
 use http::{HeaderMap, HeaderName, Method, Request, Response, StatusCode, Uri};
 
 use crate::access_log::{self, AccessEntry, LimitField};
-use crate::admission::{self, Admission, Candidate, Identity, Ticket, identify};
+use crate::admission::identify::Unidentified;
+use crate::admission::{self, Admission, Candidate, Ticket, identify};
 use crate::app::{App, Snapshot};
 use crate::http::field_lines::FieldLines;
 use crate::http::path::normalize_uri;
@@ -76,10 +77,16 @@ pub(crate) async fn answer<B>(
             "the configuration serving has no [decision] section",
         );
     };
-    let consumer = match identify::caller(&snapshot, route, &original.headers) {
-        Ok(consumer) => consumer,
-        Err(reason) => {
-            let response = GatewayError::Unauthorized { reason }.to_response();
+    let identified = match identify::caller(app, &snapshot, route, &original.headers, started) {
+        Err(Unidentified::Refresh) => {
+            identify::caller_refreshed(app, &snapshot, route, &original.headers, started).await
+        }
+        identified => identified,
+    };
+    let caller = match identified {
+        Ok(caller) => caller,
+        Err(refused) => {
+            let response = GatewayError::unidentified(refused).to_response();
             return finish(
                 app, &snapshot, index, &original, response, None, client_ip, started,
             );
@@ -89,11 +96,7 @@ pub(crate) async fn answer<B>(
     let candidate = Candidate {
         plan,
         parts: &original,
-        identity: Identity {
-            client_ip,
-            consumer,
-            body: None,
-        },
+        identity: caller.identity(&snapshot, client_ip, None),
         cost: route.cost,
         now: started,
     };

@@ -174,11 +174,7 @@ async fn decide<'s>(
     let candidate = Candidate {
         plan,
         parts: &NO_HEAD,
-        identity: Identity {
-            client_ip: IpAddr::V4(Ipv4Addr::UNSPECIFIED),
-            consumer: None,
-            body: None,
-        },
+        identity: Identity::of_consumer(IpAddr::V4(Ipv4Addr::UNSPECIFIED), None, None),
         cost,
         now,
     };

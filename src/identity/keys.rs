@@ -13,6 +13,7 @@ use http::request::Parts;
 use ipnet::IpNet;
 
 use super::body_fields::BodyFields;
+use super::jwt::Verified;
 use crate::config::{Consumer, KeyPart, LimitConfig, OnMissingKey};
 use crate::limit::LimitKey;
 
@@ -27,6 +28,8 @@ pub struct RequestFacts<'a> {
     pub consumer: Option<&'a Consumer>,
     /// The body's top-level fields, when a limit keys on them.
     pub body: Option<&'a BodyFields>,
+    /// The caller's verified token, when `[jwt]` found one.
+    pub token: Option<&'a Verified>,
 }
 
 /// The digest of `parts` for this request, or `None` when a part is absent.
@@ -50,6 +53,7 @@ pub fn extract(parts: &[KeyPart], request: &Parts, facts: &RequestFacts<'_>) -> 
             KeyPart::BodyField(name) => facts.body?.get(name)?,
             KeyPart::Consumer => facts.consumer?.consumer.as_bytes(),
             KeyPart::Tenant => facts.consumer?.tenant.as_deref()?.as_bytes(),
+            KeyPart::Claim { slot, .. } => facts.token?.claim(*slot)?,
         };
     }
     Some(LimitKey::digest(&values[..parts.len()]))
@@ -209,6 +213,7 @@ mod tests {
             route: "r",
             consumer: None,
             body: None,
+            token: None,
         }
     }
 

@@ -5,5 +5,6 @@ pub(crate) mod body_fields;
 pub mod client_ip;
 pub(crate) mod consumer;
 mod forwarded;
+pub mod jwt;
 pub(crate) use forwarded::normalize;
 pub mod keys;

@@ -172,6 +172,14 @@ struct ResultLabels {
     result: &'static str,
 }
 
+/// A `[jwt]` issuer (its configured `issuer`, or `none` when the token
+/// named no configured one) and an outcome.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, EncodeLabelSet)]
+struct IssuerResultLabels {
+    issuer: Arc<str>,
+    result: &'static str,
+}
+
 #[derive(Debug, Clone, PartialEq, Eq, Hash, EncodeLabelSet)]
 struct ReasonLabels {
     reason: &'static str,
@@ -256,6 +264,8 @@ pub struct Metrics {
     http2_connection_errors: Family<ReasonLabels, Counter>,
     connections_evicted: Counter,
     rls_unknown_domains: Counter,
+    jwt_verifications: Family<IssuerResultLabels, Counter>,
+    jwks_refreshes: Family<IssuerResultLabels, Counter>,
     /// The shared `"none"` route label.
     no_route: Arc<str>,
     upstream_health: UpstreamHealthFamilies,
@@ -389,6 +399,18 @@ impl Metrics {
             "Envoy rate-limit calls for a domain no [[decision.descriptors]] rule names (answered OK)",
             rls_unknown_domains.clone(),
         );
+        let jwt_verifications = Family::<IssuerResultLabels, Counter>::default();
+        registry.register(
+            "tollgate_jwt_verifications",
+            "Bearer tokens verified (a cached token is not verified again), by issuer (`none`: the token named no configured issuer) and result (valid, malformed, expired, not_yet_valid, wrong_issuer, wrong_audience, unknown_key, bad_signature)",
+            jwt_verifications.clone(),
+        );
+        let jwks_refreshes = Family::<IssuerResultLabels, Counter>::default();
+        registry.register(
+            "tollgate_jwks_refreshes",
+            "Fetches of an issuer's jwks_url, by issuer and result (ok; error: unreachable, a bad status or a bad document, the last keys kept)",
+            jwks_refreshes.clone(),
+        );
         let connections_evicted = Counter::default();
         registry.register(
             "tollgate_connections_evicted",
@@ -417,6 +439,8 @@ impl Metrics {
             http2_connection_errors,
             connections_evicted,
             rls_unknown_domains,
+            jwt_verifications,
+            jwks_refreshes,
             no_route: Arc::from(NO_ROUTE),
             upstream_health,
         }
@@ -671,6 +695,26 @@ impl Metrics {
     /// An idle connection closed to make room at `max_connections`.
     pub(crate) fn record_connection_evicted(&self) {
         self.connections_evicted.inc();
+    }
+
+    /// A bearer token verified (not from the cache), with its result.
+    pub(crate) fn record_jwt_verification(&self, issuer: &Arc<str>, result: &'static str) {
+        self.jwt_verifications
+            .get_or_create(&IssuerResultLabels {
+                issuer: issuer.clone(),
+                result,
+            })
+            .inc();
+    }
+
+    /// A fetch of an issuer's `jwks_url`, `ok` or `error`.
+    pub(crate) fn record_jwks_refresh(&self, issuer: &Arc<str>, result: &'static str) {
+        self.jwks_refreshes
+            .get_or_create(&IssuerResultLabels {
+                issuer: issuer.clone(),
+                result,
+            })
+            .inc();
     }
 
     /// An Envoy rate-limit call for a domain no rule names.

@@ -1,8 +1,11 @@
 //! Errors of the request path, each knowing its source (the client, the
 //! upstream, the gateway) and mapped to an HTTP status in one exhaustive `match`.
 
-use http::{Response, StatusCode};
+use http::header::WWW_AUTHENTICATE;
+use http::{HeaderValue, Response, StatusCode};
 
+use crate::admission::identify::Unidentified;
+use crate::identity::jwt::Failure;
 use crate::proxy::body::ResponseBody;
 use crate::proxy::response::{problem, problem_titled};
 
@@ -19,6 +22,10 @@ pub(crate) enum GatewayError {
     RequestTimeout { timeout: std::time::Duration },
     #[error("unauthorized: {reason}")]
     Unauthorized { reason: &'static str },
+    /// A `require_jwt` route's request without a valid token (`None`: no
+    /// token at all).
+    #[error("unauthorized: {}", .failure.map_or("this route needs a bearer token", Failure::description))]
+    InvalidToken { failure: Option<Failure> },
     #[error("malformed request: {reason}")]
     BadRequest { reason: &'static str },
     /// A limit with `on_missing_key = "deny"` found no key in the request.
@@ -74,7 +81,9 @@ impl GatewayError {
             GatewayError::BadRequest { .. } | GatewayError::MissingKey { .. } => {
                 StatusCode::BAD_REQUEST
             }
-            GatewayError::Unauthorized { .. } => StatusCode::UNAUTHORIZED,
+            GatewayError::Unauthorized { .. } | GatewayError::InvalidToken { .. } => {
+                StatusCode::UNAUTHORIZED
+            }
             GatewayError::RequestTimeout { .. } => StatusCode::REQUEST_TIMEOUT,
             GatewayError::UpstreamConnect { .. } => StatusCode::BAD_GATEWAY,
             GatewayError::UpstreamFailed { .. } => StatusCode::BAD_GATEWAY,
@@ -98,6 +107,7 @@ impl GatewayError {
             | GatewayError::BadRequest { .. }
             | GatewayError::MissingKey { .. }
             | GatewayError::Unauthorized { .. }
+            | GatewayError::InvalidToken { .. }
             | GatewayError::RequestTimeout { .. }
             | GatewayError::StoreUnavailable => None,
         }
@@ -110,7 +120,44 @@ impl GatewayError {
             GatewayError::NoHealthyUpstream { .. } => {
                 problem_titled(self.status(), NO_HEALTHY_TITLE, &self.to_string())
             }
+            GatewayError::InvalidToken { failure } => {
+                let mut response = problem(self.status(), &self.to_string());
+                response
+                    .headers_mut()
+                    .insert(WWW_AUTHENTICATE, www_authenticate(*failure));
+                response
+            }
             _ => problem(self.status(), &self.to_string()),
+        }
+    }
+
+    /// The 401 of a request that its caller's identification refused.
+    pub(crate) fn unidentified(refused: Unidentified) -> GatewayError {
+        match refused {
+            Unidentified::ApiKey(reason) => GatewayError::Unauthorized { reason },
+            Unidentified::Token(failure) => GatewayError::InvalidToken { failure },
+            // Answered only after the refresh; never reaches a response.
+            Unidentified::Refresh => GatewayError::InvalidToken {
+                failure: Some(Failure::UnknownKey),
+            },
+        }
+    }
+}
+
+/// RFC 6750 §3: the challenge, with `error="invalid_token"` and what
+/// failed when a token was presented, bare when none was. The
+/// descriptions are the gateway's own words (no quote or backslash), never
+/// the token.
+fn www_authenticate(failure: Option<Failure>) -> HeaderValue {
+    match failure {
+        None => HeaderValue::from_static("Bearer"),
+        Some(failure) => {
+            let value = format!(
+                "Bearer error=\"invalid_token\", error_description=\"{}\"",
+                failure.description()
+            );
+            HeaderValue::from_str(&value)
+                .unwrap_or(HeaderValue::from_static("Bearer error=\"invalid_token\""))
         }
     }
 }

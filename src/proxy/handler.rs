@@ -30,7 +30,8 @@ use http::request::Parts;
 use http::{Method, Request, Response, StatusCode, Uri, Version};
 
 use crate::access_log::{self, AccessEntry, PendingLine};
-use crate::admission::{self, Admission, Candidate, Identity, Ticket, identify};
+use crate::admission::identify::Unidentified;
+use crate::admission::{self, Admission, Candidate, Ticket, identify};
 use crate::app::{App, LimitId, RoutePlan, Snapshot};
 use crate::config::RouteAction;
 use crate::http::field_lines::{FieldLines, recycle_map};
@@ -334,8 +335,22 @@ async fn route_and_act(
     progress.seen.route_index = Some(index);
     let plan = &snapshot.routes[index];
 
-    let consumer = identify::caller(snapshot, route, &parts.headers)
-        .map_err(|reason| GatewayError::Unauthorized { reason })?;
+    let caller = match identify::caller(app, snapshot, route, &parts.headers, now) {
+        // An unknown `kid` of a `jwks_url` issuer: its keys are refreshed
+        // first (boxed: the rare path stays out of the request future).
+        Err(Unidentified::Refresh) => {
+            Box::pin(identify::caller_refreshed(
+                app,
+                snapshot,
+                route,
+                &parts.headers,
+                now,
+            ))
+            .await
+        }
+        identified => identified,
+    }
+    .map_err(GatewayError::unidentified)?;
     let (body, fields) = if plan.needs_body {
         buffer_for_key(body, &parts, &snapshot.config, route).await?
     } else {
@@ -351,11 +366,7 @@ async fn route_and_act(
         let candidate = Candidate {
             plan,
             parts: &parts,
-            identity: Identity {
-                client_ip,
-                consumer,
-                body: fields.as_ref(),
-            },
+            identity: caller.identity(snapshot, client_ip, fields.as_ref()),
             cost: route.cost,
             now,
         };

@@ -218,7 +218,9 @@ impl Clients {
                     add(Part::Matched(api_header.clone()));
                 }
                 KeyPart::Consumer | KeyPart::Tenant => add(Part::ApiKey),
-                KeyPart::Route => {}
+                // A simulated client carries no signed token: its `jwt:`
+                // keys are missing, as for a client without one.
+                KeyPart::Route | KeyPart::Claim { .. } => {}
             }
         }
         let mut kinds: Vec<Kind> = parts

@@ -30,9 +30,10 @@ use super::Error;
 use super::compare::{self, Kind, algorithm_name};
 use super::trace::{Item, Record};
 use super::tracker::{Judgement, LimitTracker, Timeline};
-use crate::admission::{self, Admission, Candidate, Identity, Ticket, identify};
+use crate::admission::identify::Caller;
+use crate::admission::{self, Admission, Candidate, Ticket, identify};
 use crate::app::{App, Snapshot};
-use crate::config::{Config, Consumer};
+use crate::config::Config;
 use crate::identity::body_fields::BodyFields;
 use crate::identity::keys::shadow_missing_key;
 use crate::limit::stack::INLINE;
@@ -96,7 +97,8 @@ impl From<Early> for Decided {
 pub(crate) struct Identified<'s> {
     pub(crate) route: usize,
     pub(crate) client_ip: IpAddr,
-    pub(crate) consumer: Option<&'s Consumer>,
+    /// Its API key's consumer and its token (verified at the record's time).
+    pub(crate) caller: Caller<'s>,
     /// The body's fields, when a limit keys on them and the body is within
     /// `max_key_body`.
     pub(crate) body: Option<BodyFields>,
@@ -105,6 +107,7 @@ pub(crate) struct Identified<'s> {
 /// The gateway's steps before the limits, as the gateway runs them
 /// ([`crate::admission::identify`]): route, caller, body fields, client IP.
 pub(crate) fn identify<'s>(
+    app: &App,
     snapshot: &'s Snapshot,
     record: &Record,
 ) -> Result<Identified<'s>, Early> {
@@ -118,7 +121,7 @@ pub(crate) fn identify<'s>(
         route: index,
         rejection,
     };
-    let Ok(consumer) = identify::caller(snapshot, route, &parts.headers) else {
+    let Ok(caller) = identify::caller(app, snapshot, route, &parts.headers, record.time) else {
         return Err(rejected(Rejection::Unauthorized));
     };
     let body = record.body.as_deref().unwrap_or_default();
@@ -138,7 +141,7 @@ pub(crate) fn identify<'s>(
     Ok(Identified {
         route: index,
         client_ip: identify::client_ip(snapshot, &parts.headers, record.peer),
-        consumer,
+        caller,
         body,
     })
 }
@@ -157,11 +160,11 @@ pub(crate) fn limit(
     let candidate = Candidate {
         plan: &snapshot.routes[route],
         parts: &record.parts,
-        identity: Identity {
-            client_ip: identified.client_ip,
-            consumer: identified.consumer,
-            body: identified.body.as_ref(),
-        },
+        identity: identified.caller.identity(
+            snapshot,
+            identified.client_ip,
+            identified.body.as_ref(),
+        ),
         cost: snapshot.config.routes[route].cost,
         now,
     };
@@ -375,7 +378,8 @@ impl Simulation {
             // Routing and keys do not depend on the algorithms: once for all.
             // Held apart from `self`, which the accounting below borrows.
             let first = self.variants[0].snapshot.clone();
-            let identified = identify(&first, &record);
+            let first_app = self.variants[0].app.clone();
+            let identified = identify(&first_app, &first, &record);
             for v in 0..self.variants.len() {
                 let variant = &self.variants[v];
                 let decided = match &identified {

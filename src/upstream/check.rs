@@ -138,7 +138,7 @@ impl Prober {
 
 /// A check's request body: none.
 #[derive(Debug)]
-struct NoBody;
+pub(crate) struct NoBody;
 
 impl Body for NoBody {
     type Data = Bytes;

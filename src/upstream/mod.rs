@@ -23,6 +23,7 @@
 pub(crate) mod balance;
 pub(crate) mod check;
 pub(crate) mod deadline;
+pub(crate) mod fetch;
 pub(crate) mod h2;
 pub(crate) mod health;
 pub mod pool;

@@ -1,0 +1,406 @@
+//! `[jwt]`: the issuers whose bearer tokens identify callers, checked into
+//! [`JwtConfig`].
+//!
+//! Keys are read here, so a reload re-reads every `jwks` file and a bad
+//! one fails the reload like any other config error (the old keys stay).
+//! A `jwks_url` is only checked here; its keys are fetched by the app
+//! layer (`app::jwks`) and survive reloads.
+
+use std::path::Path;
+use std::sync::Arc;
+use std::time::Duration;
+
+use http::{HeaderName, Uri};
+use serde::Deserialize;
+
+use super::UpstreamConfig;
+use super::error::KeyPath;
+use super::raw::{OneOrMany, RawUpstream};
+use super::units::parse_duration;
+use super::validate::Checker;
+use crate::identity::jwt::jwks::KeySet;
+use crate::identity::jwt::token::Algorithm;
+
+/// `[jwt]` as written.
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct RawJwt {
+    /// Where tokens are read for every issuer without its own source.
+    pub(crate) header: Option<String>,
+    pub(crate) cookie: Option<String>,
+    /// Verified tokens kept (0: verify every request).
+    pub(crate) cache_size: Option<u64>,
+    #[serde(default)]
+    pub(crate) issuers: Vec<RawIssuer>,
+}
+
+/// `[[jwt.issuers]]` as written.
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct RawIssuer {
+    pub(crate) issuer: String,
+    pub(crate) jwks: Option<String>,
+    pub(crate) jwks_url: Option<String>,
+    pub(crate) secret_file: Option<String>,
+    pub(crate) secret_env: Option<String>,
+    /// `jwks_url` over HTTPS: CA certificates to trust instead of the built-in roots.
+    pub(crate) ca: Option<String>,
+    pub(crate) audiences: Option<Vec<String>>,
+    pub(crate) algorithms: Option<Vec<String>>,
+    pub(crate) leeway: Option<String>,
+    pub(crate) refresh: Option<String>,
+    pub(crate) header: Option<String>,
+    pub(crate) cookie: Option<String>,
+    pub(crate) consumer_claim: Option<String>,
+    pub(crate) tenant_claim: Option<String>,
+    pub(crate) plan_claim: Option<String>,
+}
+
+/// The default cache size: tokens of this many clients verified once each.
+pub(crate) const DEFAULT_CACHE_SIZE: usize = 100_000;
+
+/// `[jwt]`, checked.
+#[derive(Debug, Clone)]
+pub struct JwtConfig {
+    pub(crate) issuers: Vec<IssuerConfig>,
+    pub(crate) cache_size: usize,
+    /// Every claim path a limit keys on (`jwt:CLAIM`), in the order of
+    /// their slots ([`crate::config::KeyPart::Claim`]).
+    pub(crate) claim_paths: Vec<Arc<str>>,
+}
+
+/// One trusted issuer.
+#[derive(Debug, Clone)]
+pub(crate) struct IssuerConfig {
+    /// The `iss` its tokens carry, exactly.
+    pub(crate) issuer: Arc<str>,
+    pub(crate) keys: KeySource,
+    /// Accepted `aud` values; empty: `aud` is not checked.
+    pub(crate) audiences: Vec<String>,
+    pub(crate) algorithms: Vec<Algorithm>,
+    /// Tolerance on `exp`, `nbf` and `iat`, in seconds.
+    pub(crate) leeway: u64,
+    pub(crate) source: TokenSource,
+    pub(crate) consumer_claim: Option<Arc<str>>,
+    pub(crate) tenant_claim: Option<Arc<str>>,
+    pub(crate) plan_claim: Option<Arc<str>>,
+}
+
+/// Where an issuer's keys come from.
+#[derive(Debug, Clone)]
+pub(crate) enum KeySource {
+    /// Read with the configuration: a `jwks` file or an HMAC secret.
+    Static(Arc<KeySet>),
+    /// Fetched and refreshed by the gateway.
+    Url {
+        url: Arc<str>,
+        /// Between background refreshes (unless `Cache-Control` says
+        /// otherwise), and the least time between two early ones.
+        refresh: Duration,
+        /// How to reach it: the URL as a one-URL upstream (timeouts, TLS).
+        upstream: Box<UpstreamConfig>,
+    },
+}
+
+/// Where a request carries its token.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub(crate) enum TokenSource {
+    /// `Authorization: Bearer TOKEN`.
+    Bearer,
+    Header(HeaderName),
+    Cookie(String),
+}
+
+/// Checks `[jwt]`; `claim_paths` are the `jwt:` paths the limits key on.
+pub(super) fn check_jwt(
+    c: &mut Checker,
+    path: &KeyPath,
+    raw: &RawJwt,
+    directory: &Path,
+    claim_paths: Vec<Arc<str>>,
+) -> JwtConfig {
+    if raw.issuers.is_empty() {
+        c.problem(
+            path.key("issuers"),
+            "needs at least one [[jwt.issuers]] table",
+        );
+    }
+    let default_source =
+        token_source(c, path, &raw.header, &raw.cookie).unwrap_or(TokenSource::Bearer);
+    let mut issuers: Vec<IssuerConfig> = Vec::with_capacity(raw.issuers.len());
+    for (i, issuer) in raw.issuers.iter().enumerate() {
+        let at = path.key("issuers").index(i);
+        if issuers.iter().any(|known| *known.issuer == *issuer.issuer) {
+            c.problem(
+                at.key("issuer"),
+                format!("issuer `{}` is listed twice", issuer.issuer),
+            );
+        }
+        let source = token_source(c, &at, &issuer.header, &issuer.cookie)
+            .unwrap_or_else(|| default_source.clone());
+        issuers.push(check_issuer(c, &at, issuer, directory, source));
+    }
+    let cache_size = raw.cache_size.map_or(DEFAULT_CACHE_SIZE, |n| {
+        usize::try_from(n).unwrap_or(usize::MAX)
+    });
+    JwtConfig {
+        issuers,
+        cache_size,
+        claim_paths,
+    }
+}
+
+fn token_source(
+    c: &mut Checker,
+    path: &KeyPath,
+    header: &Option<String>,
+    cookie: &Option<String>,
+) -> Option<TokenSource> {
+    match (header, cookie) {
+        (Some(_), Some(_)) => {
+            c.problem(
+                path.key("cookie"),
+                "`header` and `cookie` are two places for one token: give one",
+            );
+            None
+        }
+        (Some(name), None) if name.eq_ignore_ascii_case("authorization") => {
+            Some(TokenSource::Bearer)
+        }
+        (Some(name), None) => c
+            .header_name(path.key("header"), name)
+            .map(TokenSource::Header),
+        (None, Some(name)) if name.is_empty() => {
+            c.problem(path.key("cookie"), "must not be empty");
+            None
+        }
+        (None, Some(name)) => Some(TokenSource::Cookie(name.clone())),
+        (None, None) => None,
+    }
+}
+
+fn check_issuer(
+    c: &mut Checker,
+    path: &KeyPath,
+    raw: &RawIssuer,
+    directory: &Path,
+    source: TokenSource,
+) -> IssuerConfig {
+    if raw.issuer.is_empty() {
+        c.problem(
+            path.key("issuer"),
+            "must not be empty: it is matched against the token's `iss`",
+        );
+    }
+    let given: Vec<&str> = [
+        ("jwks", raw.jwks.is_some()),
+        ("jwks_url", raw.jwks_url.is_some()),
+        ("secret_file", raw.secret_file.is_some()),
+        ("secret_env", raw.secret_env.is_some()),
+    ]
+    .into_iter()
+    .filter_map(|(name, set)| set.then_some(name))
+    .collect();
+    let algorithms = check_algorithms(c, path, raw);
+    let keys = match given.as_slice() {
+        [] => {
+            c.problem(
+                path.clone(),
+                "an issuer needs its keys: `jwks` (a file), `jwks_url`, or `secret_file`/`secret_env` for HS256",
+            );
+            None
+        }
+        [_, second, ..] => {
+            c.problem(
+                path.key(second),
+                format!(
+                    "`{}` and `{second}` are two sources of one issuer's keys: give one",
+                    given[0]
+                ),
+            );
+            None
+        }
+        ["jwks"] => {
+            let file = directory.join(raw.jwks.as_deref().unwrap_or_default());
+            let read = std::fs::read(&file)
+                .map_err(|e| format!("cannot read JWKS file {}: {e}", file.display()))
+                .and_then(|bytes| {
+                    KeySet::from_jwks(&bytes).map_err(|e| format!("{}: {e}", file.display()))
+                });
+            match read {
+                Ok(keys) => Some(KeySource::Static(Arc::new(keys))),
+                Err(message) => {
+                    c.problem(path.key("jwks"), message);
+                    None
+                }
+            }
+        }
+        ["jwks_url"] => check_jwks_url(c, path, raw, directory),
+        [key] => match read_secret(raw, directory).and_then(|s| KeySet::from_secret(&s)) {
+            Ok(keys) => {
+                if let Some(alg) = algorithms.iter().find(|a| !a.is_hmac()) {
+                    c.problem(
+                        path.key("algorithms"),
+                        format!("a secret verifies HS256/HS384/HS512 only, not {alg}"),
+                    );
+                }
+                Some(KeySource::Static(Arc::new(keys)))
+            }
+            Err(message) => {
+                c.problem(path.key(key), message);
+                None
+            }
+        },
+    };
+    if raw.ca.is_some() && raw.jwks_url.is_none() {
+        c.problem(path.key("ca"), "`ca` applies to `jwks_url` only");
+    }
+    if raw.refresh.is_some() && raw.jwks_url.is_none() {
+        c.problem(path.key("refresh"), "`refresh` applies to `jwks_url` only");
+    }
+    let leeway = match raw.leeway.as_deref() {
+        None => 30,
+        Some(text) => match parse_duration(text) {
+            Ok(d) => d.as_secs(),
+            Err(message) => {
+                c.problem(path.key("leeway"), message);
+                30
+            }
+        },
+    };
+    let claim = |c: &mut Checker, key: &str, value: &Option<String>| -> Option<Arc<str>> {
+        let name = value.as_deref()?;
+        if claim_path_is_valid(name) {
+            Some(Arc::from(name))
+        } else {
+            c.problem(
+                path.key(key),
+                format!("`{name}` is not a claim name or dotted path like \"org.id\""),
+            );
+            None
+        }
+    };
+    IssuerConfig {
+        issuer: Arc::from(raw.issuer.as_str()),
+        keys: keys.unwrap_or_else(|| KeySource::Static(Arc::new(KeySet::default()))),
+        audiences: raw.audiences.clone().unwrap_or_default(),
+        algorithms,
+        leeway,
+        source,
+        consumer_claim: claim(c, "consumer_claim", &raw.consumer_claim),
+        tenant_claim: claim(c, "tenant_claim", &raw.tenant_claim),
+        plan_claim: claim(c, "plan_claim", &raw.plan_claim),
+    }
+}
+
+/// `algorithms`, default: every asymmetric one, or HS256 for a secret.
+fn check_algorithms(c: &mut Checker, path: &KeyPath, raw: &RawIssuer) -> Vec<Algorithm> {
+    let secret = raw.secret_file.is_some() || raw.secret_env.is_some();
+    let Some(names) = &raw.algorithms else {
+        return if secret {
+            vec![Algorithm::HS256]
+        } else {
+            Algorithm::ALL
+                .into_iter()
+                .filter(|a| !a.is_hmac())
+                .collect()
+        };
+    };
+    if names.is_empty() {
+        c.problem(path.key("algorithms"), "needs at least one algorithm");
+    }
+    let mut algorithms = Vec::with_capacity(names.len());
+    for (i, name) in names.iter().enumerate() {
+        if name.eq_ignore_ascii_case("none") {
+            c.problem(
+                path.key("algorithms").index(i),
+                "`none` is never accepted: an unsigned token is one anybody can write",
+            );
+            continue;
+        }
+        let all: Vec<&str> = Algorithm::ALL.iter().map(|a| a.name()).collect();
+        if let Some(name) = c.one_of(path.key("algorithms").index(i), name, &all) {
+            algorithms.extend(Algorithm::from_name(name));
+        }
+    }
+    algorithms
+}
+
+fn check_jwks_url(
+    c: &mut Checker,
+    path: &KeyPath,
+    raw: &RawIssuer,
+    directory: &Path,
+) -> Option<KeySource> {
+    let text = raw.jwks_url.as_deref().unwrap_or_default();
+    let url: Option<Uri> = text.parse().ok().filter(|url: &Uri| {
+        matches!(url.scheme_str(), Some("http" | "https"))
+            && url.host().is_some_and(|h| !h.is_empty())
+    });
+    let Some(url) = url else {
+        c.problem(
+            path.key("jwks_url"),
+            format!("`{text}` is not an http:// or https:// URL"),
+        );
+        return None;
+    };
+    let refresh = c.duration(path.key("refresh"), &raw.refresh, Duration::from_secs(300));
+    let origin = format!(
+        "{}://{}",
+        url.scheme_str().unwrap_or("http"),
+        url.authority().map_or("", |a| a.as_str())
+    );
+    // The URL's origin as a one-URL upstream: the fetcher connects as the
+    // proxy does (timeouts, TLS with `ca`), its path goes on the request.
+    let upstream = RawUpstream {
+        url: OneOrMany(vec![origin.clone()]),
+        connect_timeout: None,
+        read_timeout: None,
+        timeout: Some("10s".to_owned()),
+        host: None,
+        ca: raw.ca.clone(),
+        sni: None,
+        http2: None,
+        balance: None,
+        slow_start: None,
+        eject: None,
+        health: None,
+    };
+    let upstream =
+        super::validate::check_upstream(c, path, &format!("jwks {origin}"), &upstream, directory);
+    Some(KeySource::Url {
+        url: Arc::from(text),
+        refresh,
+        upstream: Box::new(upstream),
+    })
+}
+
+/// The HMAC secret of `secret_file` (its bytes, without one final newline)
+/// or `secret_env`. Errors name the file or variable, never the secret.
+fn read_secret(raw: &RawIssuer, directory: &Path) -> Result<Vec<u8>, String> {
+    if let Some(file) = &raw.secret_file {
+        let file = directory.join(file);
+        let mut bytes =
+            std::fs::read(&file).map_err(|e| format!("cannot read {}: {e}", file.display()))?;
+        if bytes.last() == Some(&b'\n') {
+            bytes.pop();
+            if bytes.last() == Some(&b'\r') {
+                bytes.pop();
+            }
+        }
+        return Ok(bytes);
+    }
+    let name = raw.secret_env.as_deref().unwrap_or_default();
+    match std::env::var(name) {
+        Ok(value) if !value.is_empty() => Ok(value.into_bytes()),
+        Ok(_) => Err(format!("the environment variable `{name}` is empty")),
+        Err(_) => Err(format!(
+            "the environment variable `{name}` is not set (or not UTF-8)"
+        )),
+    }
+}
+
+/// A claim name or a dotted path of them: non-empty segments.
+pub(crate) fn claim_path_is_valid(path: &str) -> bool {
+    !path.is_empty() && path.split('.').all(|segment| !segment.is_empty())
+}
