@@ -2,6 +2,7 @@
 
 use std::fmt::Write as _;
 
+use crate::config::jwt::{IssuerConfig, KeySource};
 use crate::config::{Config, KeyPart, RouteAction};
 use crate::limit::{Algorithm, LeakyMode, NANOS_PER_SEC, Rate};
 
@@ -72,6 +73,12 @@ pub fn render(config: &Config) -> String {
         );
     }
     let _ = writeln!(out, "consumers: {} API keys", config.consumers.len());
+    if let Some(jwt) = &config.jwt {
+        let _ = writeln!(out, "jwt:       {} issuer(s)", jwt.issuers.len());
+        for issuer in &jwt.issuers {
+            let _ = writeln!(out, "  {}", jwt_issuer(issuer));
+        }
+    }
     let _ = writeln!(out, "routes:    {}", config.routes.len());
     for route in &config.routes {
         let target = match &route.action {
@@ -84,11 +91,14 @@ pub fn render(config: &Config) -> String {
             .iter()
             .map(|i| config.limits[*i].name.as_str())
             .collect();
-        let limits = if limits.is_empty() {
+        let mut limits = if limits.is_empty() {
             String::new()
         } else {
             format!(" [{}]", limits.join(", "))
         };
+        if route.require_jwt {
+            limits.push_str(" (require_jwt)");
+        }
         let _ = writeln!(
             out,
             "  {:<16} {}{target}{limits}",
@@ -125,6 +135,23 @@ pub fn render(config: &Config) -> String {
         );
     }
     out
+}
+
+/// An issuer in one line: `iss`, where its keys come from (a file's key
+/// count, never a secret), its algorithms and audiences.
+fn jwt_issuer(issuer: &IssuerConfig) -> String {
+    let keys = match &issuer.keys {
+        KeySource::Static(keys) => format!("{} key(s)", keys.keys.len()),
+        KeySource::Url { url, refresh, .. } => {
+            format!("keys from {url} every {}", seconds(refresh.as_nanos() as u64))
+        }
+    };
+    let algorithms: Vec<&str> = issuer.algorithms.iter().map(|a| a.name()).collect();
+    let mut line = format!("{} ({keys}; {})", issuer.issuer, algorithms.join(", "));
+    if !issuer.audiences.is_empty() {
+        line.push_str(&format!(" aud {}", issuer.audiences.join(", ")));
+    }
+    line
 }
 
 fn describe_match(route: &crate::config::RouteConfig) -> String {

@@ -1645,7 +1645,10 @@ fn check_key_part(c: &mut Checker, path: KeyPath, text: &str) -> Option<KeyPart>
             _ => {
                 c.problem(
                     path.clone(),
-                    format!("`{text}` needs a name after the colon, like \"{kind}:x-api-key\""),
+                    format!(
+                        "`{text}` needs a name after the colon, like \"{kind}:{}\"",
+                        if kind == "jwt" { "sub" } else { "x-api-key" }
+                    ),
                 );
                 None
             }
