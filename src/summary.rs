@@ -143,7 +143,10 @@ fn jwt_issuer(issuer: &IssuerConfig) -> String {
     let keys = match &issuer.keys {
         KeySource::Static(keys) => format!("{} key(s)", keys.keys.len()),
         KeySource::Url { url, refresh, .. } => {
-            format!("keys from {url} every {}", seconds(refresh.as_nanos() as u64))
+            format!(
+                "keys from {url} every {}",
+                seconds(refresh.as_nanos() as u64)
+            )
         }
     };
     let algorithms: Vec<&str> = issuer.algorithms.iter().map(|a| a.name()).collect();
