@@ -404,3 +404,87 @@ fn read_secret(raw: &RawIssuer, directory: &Path) -> Result<Vec<u8>, String> {
 pub(crate) fn claim_path_is_valid(path: &str) -> bool {
     !path.is_empty() && path.split('.').all(|segment| !segment.is_empty())
 }
+
+#[cfg(test)]
+mod tests {
+    use std::path::Path;
+
+    use crate::config::{Config, KeyPart};
+
+    const LIMIT: &str = "[limits.per_user]\nkey = [\"jwt:sub\", \"jwt:org.id\", \"jwt:sub\"]\nalgorithm = \"fixed_window\"\nlimit = 5\nwindow = \"1s\"\n\n[[routes]]\nname = \"r\"\nrespond = { status = 200 }\nlimits = [\"per_user\"]\nrequire_jwt = true\n";
+
+    fn load(dir: &Path, text: &str) -> Result<Config, String> {
+        let path = dir.join("gateway.toml");
+        std::fs::write(&path, text).unwrap();
+        Config::from_bytes(&path, text.as_bytes()).map_err(|e| e.to_string())
+    }
+
+    #[test]
+    fn issuers_keys_and_claim_slots() {
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::write(dir.path().join("secret"), format!("{}\n", "s".repeat(32))).unwrap();
+        let text = format!(
+            "[jwt]\ncookie = \"session\"\n\n[[jwt.issuers]]\nissuer = \"https://a/\"\nsecret_file = \"secret\"\nconsumer_claim = \"sub\"\n\n[[jwt.issuers]]\nissuer = \"https://b/\"\njwks_url = \"https://b.example/jwks\"\nheader = \"authorization\"\nleeway = \"0s\"\n\n{LIMIT}"
+        );
+        let config = load(dir.path(), &text).unwrap();
+        let jwt = config.jwt.as_ref().unwrap();
+        // One slot per distinct path, in the order first met.
+        let paths: Vec<&str> = jwt.claim_paths.iter().map(|p| &**p).collect();
+        assert_eq!(paths, ["sub", "org.id"]);
+        let slots: Vec<usize> = config.limits[0]
+            .key
+            .iter()
+            .map(|part| match part {
+                KeyPart::Claim { slot, .. } => *slot,
+                other => panic!("{other:?}"),
+            })
+            .collect();
+        assert_eq!(slots, [0, 1, 0]);
+        let [a, b] = &jwt.issuers[..] else { panic!() };
+        assert_eq!(a.source, super::TokenSource::Cookie("session".to_owned()));
+        assert_eq!(a.algorithms, [super::Algorithm::HS256]);
+        assert!(matches!(&a.keys, super::KeySource::Static(keys) if keys.keys.len() == 1));
+        assert_eq!(b.source, super::TokenSource::Bearer);
+        assert_eq!(b.leeway, 0);
+        assert!(!b.algorithms.iter().any(|alg| alg.is_hmac()));
+        assert!(config.routes[0].require_jwt);
+    }
+
+    #[test]
+    fn every_mistake_is_named_with_its_key() {
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::write(
+            dir.path().join("bad.json"),
+            r#"{"keys": [{"kty": "RSA", "n": "AQAB", "e": "AQAB"}]}"#,
+        )
+        .unwrap();
+        std::fs::write(dir.path().join("short"), "short").unwrap();
+        let text = format!(
+            "[jwt]\nheader = \"x-token\"\ncookie = \"c\"\n\n[[jwt.issuers]]\nissuer = \"a\"\njwks = \"bad.json\"\nalgorithms = [\"none\", \"RS257\"]\nrefresh = \"1m\"\n\n[[jwt.issuers]]\nissuer = \"a\"\nsecret_file = \"short\"\nalgorithms = [\"RS256\"]\n\n[[jwt.issuers]]\nissuer = \"c\"\njwks_url = \"ftp://x\"\n\n[[jwt.issuers]]\nissuer = \"d\"\n\n[[jwt.issuers]]\nissuer = \"e\"\njwks = \"bad.json\"\njwks_url = \"https://e/\"\nconsumer_claim = \"a..b\"\n\n{LIMIT}"
+        );
+        let message = load(dir.path(), &text).unwrap_err();
+        for expected in [
+            "`jwt.cookie`: `header` and `cookie` are two places for one token",
+            "`jwt.issuers[0].jwks`: ",
+            "an RSA key of 17 bits (at least 2048)",
+            "`jwt.issuers[0].algorithms[0]`: `none` is never accepted",
+            "`jwt.issuers[0].algorithms[1]`: unknown value `RS257`",
+            "(did you mean `RS256`?)",
+            "`jwt.issuers[0].refresh`: `refresh` applies to `jwks_url` only",
+            "`jwt.issuers[1].issuer`: issuer `a` is listed twice",
+            "`jwt.issuers[1].secret_file`: an HMAC secret needs at least 32 bytes, this one has 5",
+            "`jwt.issuers[2].jwks_url`: `ftp://x` is not an http:// or https:// URL",
+            "`jwt.issuers[3]`: an issuer needs its keys",
+            "`jwt.issuers[4].jwks_url`: `jwks` and `jwks_url` are two sources",
+            "`jwt.issuers[4].consumer_claim`: `a..b` is not a claim name",
+        ] {
+            assert!(message.contains(expected), "{expected}\n{message}");
+        }
+        let message = load(dir.path(), LIMIT).unwrap_err();
+        assert!(message.contains("`limits.per_user.key`: `jwt:sub` reads a verified token's claim: configure its issuer in [[jwt.issuers]]"), "{message}");
+        assert!(
+            message.contains("`routes[0].require_jwt`: `require_jwt` needs the issuers"),
+            "{message}"
+        );
+    }
+}

@@ -398,3 +398,193 @@ fn value_bytes(value: &Value) -> Option<Box<[u8]>> {
         _ => None,
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use std::path::Path;
+
+    use base64::Engine;
+    use base64::engine::general_purpose::URL_SAFE_NO_PAD;
+    use ring::hmac;
+
+    use super::*;
+
+    const SECRET: &[u8] = b"0123456789abcdef0123456789abcdef";
+    const NS: u64 = 1_000_000_000;
+
+    fn verifier(issuer_lines: &str) -> (Config, Verifier) {
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::write(dir.path().join("secret"), SECRET).unwrap();
+        let text = format!(
+            "[jwt]\n[[jwt.issuers]]\nissuer = \"iss-a\"\nsecret_file = \"secret\"\n{issuer_lines}\n\n[limits.l]\nkey = [\"jwt:sub\", \"jwt:org.id\", \"jwt:n\"]\nalgorithm = \"fixed_window\"\nlimit = 1\nwindow = \"1s\"\nplans = {{ pro = {{ limit = 2 }} }}\n"
+        );
+        let path = dir.path().join("gateway.toml");
+        let config = Config::from_bytes(Path::new(&path), text.as_bytes()).unwrap();
+        let jwt = config.jwt.clone().unwrap();
+        let verifier = Verifier::new(&config, &jwt, |_| unreachable!("no jwks_url"));
+        (config, verifier)
+    }
+
+    fn sign(header: &str, claims: &str) -> String {
+        let signing = format!(
+            "{}.{}",
+            URL_SAFE_NO_PAD.encode(header),
+            URL_SAFE_NO_PAD.encode(claims)
+        );
+        let tag = hmac::sign(
+            &hmac::Key::new(hmac::HMAC_SHA256, SECRET),
+            signing.as_bytes(),
+        );
+        format!("{signing}.{}", URL_SAFE_NO_PAD.encode(tag))
+    }
+
+    fn check(verifier: &Verifier, claims: &str, now: u64) -> Result<Arc<Verified>, Failure> {
+        let token = sign(r#"{"alg":"HS256"}"#, claims);
+        verifier
+            .verify(&token, now * NS, |_, _| {})
+            .map_err(|r| r.failure)
+    }
+
+    #[test]
+    fn times_are_exact_within_the_leeway() {
+        let (_, v) = verifier("leeway = \"10s\"");
+        let claims = r#"{"iss":"iss-a","exp":1000,"nbf":500,"iat":400}"#;
+        assert!(check(&v, claims, 1009).is_ok());
+        // A fresh verifier each time: the cache would answer otherwise.
+        let (_, v) = verifier("leeway = \"10s\"");
+        assert_eq!(check(&v, claims, 1010).unwrap_err(), Failure::Expired);
+        assert!(check(&v, claims, 490).is_ok());
+        let (_, v) = verifier("leeway = \"10s\"");
+        assert!(matches!(
+            check(&v, claims, 489),
+            Err(Failure::NotYetValid(_))
+        ));
+        let iat_ahead = r#"{"iss":"iss-a","exp":1000,"iat":700}"#;
+        assert_eq!(
+            check(&v, iat_ahead, 600).unwrap_err(),
+            Failure::NotYetValid("the token was issued in the future")
+        );
+        for bad in [
+            r#"{"iss":"iss-a"}"#,
+            r#"{"iss":"iss-a","exp":"1000"}"#,
+            r#"{"iss":"iss-a","exp":-5}"#,
+        ] {
+            assert!(
+                matches!(check(&v, bad, 1), Err(Failure::Malformed(_))),
+                "{bad}"
+            );
+        }
+    }
+
+    #[test]
+    fn a_cached_token_expires_with_its_exp() {
+        let (_, v) = verifier("leeway = \"0s\"");
+        let token = sign(r#"{"alg":"HS256"}"#, r#"{"iss":"iss-a","exp":100}"#);
+        let mut verified = 0;
+        let mut count = |_: Option<usize>, _: Result<(), Failure>| verified += 1;
+        assert!(v.verify(&token, 10 * NS, &mut count).is_ok());
+        assert!(v.verify(&token, 99 * NS, &mut count).is_ok());
+        assert_eq!(
+            v.verify(&token, 100 * NS, &mut count).unwrap_err().failure,
+            Failure::Expired
+        );
+        assert_eq!(verified, 2, "the second request was a cache hit");
+    }
+
+    #[test]
+    fn issuer_audience_and_algorithm() {
+        let (_, v) = verifier("audiences = [\"api\", \"web\"]");
+        let with = |claims: &str| check(&v, claims, 1);
+        assert!(with(r#"{"iss":"iss-a","exp":99,"aud":"web"}"#).is_ok());
+        assert!(with(r#"{"iss":"iss-a","exp":99,"aud":["x","api"]}"#).is_ok());
+        for (claims, failure) in [
+            (
+                r#"{"iss":"iss-a","exp":99,"aud":"x"}"#,
+                Failure::WrongAudience,
+            ),
+            (r#"{"iss":"iss-a","exp":99}"#, Failure::WrongAudience),
+            (
+                r#"{"iss":"iss-b","exp":99,"aud":"api"}"#,
+                Failure::WrongIssuer,
+            ),
+            (r#"{"exp":99,"aud":"api"}"#, Failure::WrongIssuer),
+        ] {
+            assert_eq!(with(claims).unwrap_err(), failure, "{claims}");
+        }
+        let hs384 = sign(
+            r#"{"alg":"HS384"}"#,
+            r#"{"iss":"iss-a","exp":99,"aud":"api"}"#,
+        );
+        assert!(matches!(
+            v.verify(&hs384, NS, |_, _| {}).unwrap_err().failure,
+            Failure::BadSignature("the token's algorithm is not accepted")
+        ));
+        let forged = format!(
+            "{}x",
+            &sign(
+                r#"{"alg":"HS256"}"#,
+                r#"{"iss":"iss-a","exp":99,"aud":"api"}"#
+            )[..]
+        );
+        assert!(matches!(
+            v.verify(&forged, NS, |_, _| {}).unwrap_err().failure,
+            Failure::BadSignature(_) | Failure::Malformed(_)
+        ));
+    }
+
+    #[test]
+    fn claims_become_key_values_consumer_and_plan() {
+        let (_, v) =
+            verifier("consumer_claim = \"sub\"\ntenant_claim = \"org.id\"\nplan_claim = \"tier\"");
+        let verified = check(
+            &v,
+            r#"{"iss":"iss-a","exp":99,"sub":"alice","org":{"id":42},"n":true,"tier":"pro"}"#,
+            1,
+        )
+        .unwrap();
+        assert_eq!(verified.claim(0), Some(&b"alice"[..]));
+        assert_eq!(verified.claim(1), Some(&b"42"[..]));
+        assert_eq!(verified.claim(2), Some(&b"true"[..]));
+        let consumer = verified.consumer.as_ref().unwrap();
+        assert_eq!(&*consumer.consumer, "alice");
+        assert_eq!(consumer.tenant.as_deref(), Some("42"));
+        assert_eq!(v.plan(&verified), Some("pro"));
+        // A plan no limit defines, objects and empty strings: nothing.
+        let other = check(
+            &v,
+            r#"{"iss":"iss-a","exp":99,"sub":"","org":{"id":{}},"tier":"gold"}"#,
+            1,
+        )
+        .unwrap();
+        assert_eq!(other.claim(0), None);
+        assert_eq!(other.claim(1), None);
+        assert!(other.consumer.is_none());
+        assert_eq!(v.plan(&other), None);
+        // A top-level claim named with a dot wins over the nested path.
+        let dotted = check(
+            &v,
+            r#"{"iss":"iss-a","exp":99,"org.id":"flat","org":{"id":"nested"}}"#,
+            1,
+        )
+        .unwrap();
+        assert_eq!(dotted.claim(1), Some(&b"flat"[..]));
+    }
+
+    #[test]
+    fn tokens_are_found_where_configured() {
+        let mut headers = HeaderMap::new();
+        headers.insert(AUTHORIZATION, "bearer  abc ".parse().unwrap());
+        assert_eq!(token_in(&headers, &TokenSource::Bearer), Some("abc"));
+        headers.insert(AUTHORIZATION, "Basic abc".parse().unwrap());
+        assert_eq!(token_in(&headers, &TokenSource::Bearer), None);
+        headers.insert(COOKIE, "a=1; sid=tok; b=2".parse().unwrap());
+        assert_eq!(
+            token_in(&headers, &TokenSource::Cookie("sid".into())),
+            Some("tok")
+        );
+        assert_eq!(token_in(&headers, &TokenSource::Cookie("si".into())), None);
+        headers.insert("x-token", " t ".parse().unwrap());
+        let header = TokenSource::Header(http::HeaderName::from_static("x-token"));
+        assert_eq!(token_in(&headers, &header), Some("t"));
+    }
+}
