@@ -74,7 +74,8 @@ pub struct Caller<'s> {
 impl<'s> Caller<'s> {
     /// The caller as its limits see it. A verified token with a consumer
     /// claim names the consumer (it is the stronger proof); else the API
-    /// key's. The plan follows the consumer chosen.
+    /// key's. The plan is the token's plan claim where it names one of the
+    /// configuration's plans, else the chosen consumer's.
     pub fn identity<'r>(
         &'r self,
         snapshot: &'s Snapshot,
@@ -85,17 +86,23 @@ impl<'s> Caller<'s> {
         's: 'r,
     {
         let token = self.token.as_deref();
-        match (token, &snapshot.jwt) {
-            (Some(verified), Some(verifier)) if verified.consumer.is_some() => Identity {
-                client_ip,
-                consumer: verified.consumer.as_ref(),
-                plan: verifier.plan(verified),
-                token,
-                body,
+        let api = Identity {
+            token,
+            ..Identity::of_consumer(client_ip, self.api_consumer, body)
+        };
+        let (Some(verified), Some(verifier)) = (token, &snapshot.jwt) else {
+            return api;
+        };
+        let plan = verifier.plan(verified);
+        match &verified.consumer {
+            Some(consumer) => Identity {
+                consumer: Some(consumer),
+                plan,
+                ..api
             },
-            _ => Identity {
-                token,
-                ..Identity::of_consumer(client_ip, self.api_consumer, body)
+            None => Identity {
+                plan: plan.or(api.plan),
+                ..api
             },
         }
     }

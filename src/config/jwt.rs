@@ -280,6 +280,12 @@ fn check_issuer(
             None
         }
     };
+    if raw.tenant_claim.is_some() && raw.consumer_claim.is_none() {
+        c.problem(
+            path.key("tenant_claim"),
+            "a tenant is a consumer's: set `consumer_claim` too (e.g. \"sub\")",
+        );
+    }
     IssuerConfig {
         issuer: Arc::from(raw.issuer.as_str()),
         keys: keys.unwrap_or_else(|| KeySource::Static(Arc::new(KeySet::default()))),
