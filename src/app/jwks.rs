@@ -16,8 +16,8 @@ use std::time::Duration;
 use http::Uri;
 use parking_lot::Mutex;
 
-use crate::config::Config;
 use crate::config::jwt::{IssuerConfig, KeySource};
+use crate::config::{Config, UpstreamConfig};
 use crate::identity::jwt::Verifier;
 use crate::identity::jwt::jwks::KeySet;
 use crate::identity::jwt::remote::RemoteKeys;
@@ -77,7 +77,13 @@ impl JwksRegistry {
                 task.abort();
             }
             let keys = Arc::new(RemoteKeys::new(url.clone(), *refresh));
-            let task = spawn(issuer, keys.clone(), metrics.clone());
+            let task = spawn(
+                issuer.issuer.clone(),
+                upstream,
+                *refresh,
+                keys.clone(),
+                metrics.clone(),
+            );
             urls.insert(
                 url.clone(),
                 Fetching {
@@ -112,25 +118,18 @@ impl Drop for JwksRegistry {
 /// Starts fetching on the current runtime; `None` outside one (offline
 /// tools such as `check` and `simulate` fetch nothing).
 fn spawn(
-    issuer: &IssuerConfig,
+    issuer: Arc<str>,
+    origin: &UpstreamConfig,
+    refresh: Duration,
     keys: Arc<RemoteKeys>,
     metrics: Arc<Metrics>,
 ) -> Option<tokio::task::AbortHandle> {
     let runtime = tokio::runtime::Handle::try_current().ok()?;
-    let KeySource::Url {
-        url,
-        refresh,
-        upstream,
-    } = &issuer.keys
-    else {
-        return None;
-    };
-    let uri: Uri = url.parse().ok()?;
-    let fetcher = DocumentFetcher::new(upstream, &uri)?;
-    let label = issuer.issuer.clone();
+    let uri: Uri = keys.url.parse().ok()?;
+    let fetcher = DocumentFetcher::new(origin, &uri)?;
     Some(
         runtime
-            .spawn(keep_fresh(fetcher, keys, *refresh, label, metrics))
+            .spawn(keep_fresh(fetcher, keys, refresh, issuer, metrics))
             .abort_handle(),
     )
 }

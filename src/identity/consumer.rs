@@ -24,13 +24,17 @@ pub(crate) enum Caller<'c> {
 pub(crate) fn api_key<'h>(headers: &'h HeaderMap, config: &ApiKeyConfig) -> Option<&'h str> {
     match &config.source {
         ApiKeySource::Header(name) => headers.get(name)?.to_str().ok().map(str::trim),
-        ApiKeySource::Bearer => {
-            let value = headers.get(AUTHORIZATION)?.to_str().ok()?.trim();
-            let (scheme, token) = value.split_once(' ')?;
-            scheme.eq_ignore_ascii_case("bearer").then(|| token.trim())
-        }
+        ApiKeySource::Bearer => bearer(headers),
     }
     .filter(|key| !key.is_empty())
+}
+
+/// The credentials of `Authorization: Bearer CREDENTIALS` (the scheme
+/// case-insensitive, RFC 9110 §11.1), trimmed.
+pub(crate) fn bearer(headers: &HeaderMap) -> Option<&str> {
+    let value = headers.get(AUTHORIZATION)?.to_str().ok()?.trim();
+    let (scheme, token) = value.split_once(' ')?;
+    scheme.eq_ignore_ascii_case("bearer").then(|| token.trim())
 }
 
 /// Looks the caller up.

@@ -15,7 +15,7 @@
 use std::sync::Arc;
 
 use http::HeaderMap;
-use http::header::{AUTHORIZATION, COOKIE};
+use http::header::COOKIE;
 use serde_json::{Map, Value};
 
 use super::Failure;
@@ -25,6 +25,7 @@ use super::remote::{Early, RemoteKeys};
 use super::token::{self, Token};
 use crate::config::jwt::{IssuerConfig, JwtConfig, KeySource, TokenSource};
 use crate::config::{Config, Consumer};
+use crate::identity::consumer::bearer;
 
 /// Without a `kid`, at most this many keys are tried: a token cannot make
 /// the gateway check every key of a large set.
@@ -262,13 +263,7 @@ impl Verifier {
 /// The token in `source`, if the request has one there.
 fn token_in<'h>(headers: &'h HeaderMap, source: &TokenSource) -> Option<&'h str> {
     let token = match source {
-        TokenSource::Bearer => {
-            let value = headers.get(AUTHORIZATION)?.to_str().ok()?.trim();
-            let (scheme, token) = value.split_once(' ')?;
-            scheme
-                .eq_ignore_ascii_case("bearer")
-                .then(|| token.trim())?
-        }
+        TokenSource::Bearer => bearer(headers)?,
         TokenSource::Header(name) => headers.get(name)?.to_str().ok()?.trim(),
         TokenSource::Cookie(name) => headers
             .get_all(COOKIE)
@@ -408,6 +403,7 @@ mod tests {
     use ring::hmac;
 
     use super::*;
+    use http::header::AUTHORIZATION;
 
     const SECRET: &[u8] = b"0123456789abcdef0123456789abcdef";
     const NS: u64 = 1_000_000_000;
