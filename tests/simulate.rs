@@ -924,3 +924,92 @@ limits = ["audit"]
     assert_eq!(limit["requests"], 3, "{report}");
     assert_eq!(limit["denied"], 3, "{report}");
 }
+
+/// An HS256 token with `claims`, signed with `secret` (ring's HMAC, the
+/// JOSE compact form written out by hand).
+fn hs256(secret: &[u8], claims: &serde_json::Value) -> String {
+    use base64::Engine;
+    use base64::engine::general_purpose::URL_SAFE_NO_PAD;
+    let signing = format!(
+        "{}.{}",
+        URL_SAFE_NO_PAD.encode(r#"{"alg":"HS256","typ":"JWT"}"#),
+        URL_SAFE_NO_PAD.encode(claims.to_string())
+    );
+    let key = ring::hmac::Key::new(ring::hmac::HMAC_SHA256, secret);
+    let tag = ring::hmac::sign(&key, signing.as_bytes());
+    format!("{signing}.{}", URL_SAFE_NO_PAD.encode(tag))
+}
+
+#[test]
+fn tokens_are_verified_at_each_records_time() {
+    let secret = b"simulate-secret-of-thirty-two-bytes!";
+    let (dir, config) = config_file(
+        r#"
+[[jwt.issuers]]
+issuer = "https://sso.example/"
+secret_file = "secret"
+
+[limits.per_user]
+key = "jwt:sub"
+algorithm = "fixed_window"
+limit = 2
+window = "1h"
+on_missing_key = "deny"
+
+[[routes]]
+name = "api"
+match = { path_prefix = "/" }
+respond = { status = 200 }
+limits = ["per_user"]
+"#,
+    );
+    std::fs::write(dir.path().join("secret"), secret).unwrap();
+    let start = 1_772_359_200u64;
+    let token = |sub: &str, exp: u64| {
+        hs256(
+            secret,
+            &serde_json::json!({"iss": "https://sso.example/", "sub": sub, "exp": exp}),
+        )
+    };
+    // Alice thrice (one over her 2), Bob once, Carol with a token that
+    // expired (beyond the 30 s leeway) before her request: no key,
+    // refused for it (400).
+    let sent = [
+        ("alice", start + 600),
+        ("alice", start + 600),
+        ("bob", start + 600),
+        ("alice", start + 600),
+        ("carol", start - 60),
+    ];
+    let lines: String = sent
+        .iter()
+        .enumerate()
+        .map(|(i, (sub, exp))| {
+            serde_json::json!({
+                "time": start as f64 + i as f64,
+                "method": "GET",
+                "path": "/x",
+                "ip": "192.0.2.1",
+                "headers": {"authorization": format!("Bearer {}", token(sub, *exp))},
+            })
+            .to_string()
+                + "\n"
+        })
+        .collect();
+    let trace = dir.path().join("trace.jsonl");
+    std::fs::write(&trace, lines).unwrap();
+    let (code, stdout, stderr) = tollgate(&[
+        "simulate",
+        "-c",
+        &config,
+        "--trace",
+        trace.to_str().unwrap(),
+        "--json",
+    ]);
+    assert_eq!(code, 0, "{stderr}");
+    let report = json(&stdout);
+    let route = &report["routes"][0];
+    assert_eq!(route["admitted"], 3, "{report}");
+    assert_eq!(route["missing_key"], 1, "{report}");
+    assert_eq!(report["rows"][0]["denied"], 1, "{report}");
+}
