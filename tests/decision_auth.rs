@@ -178,3 +178,89 @@ async fn a_route_for_auth_alone_is_404_on_the_proxy_and_decides_on_auth() {
     assert_eq!(proxied.status, 404, "nothing to forward to");
     both.stop().await;
 }
+
+/// An HS256 token for `sub` valid around the in-process clock's start.
+fn token(secret: &[u8], sub: &str) -> String {
+    use base64::Engine;
+    use base64::engine::general_purpose::URL_SAFE_NO_PAD;
+    let now = common::IN_PROCESS_EPOCH / tollgate::limit::NANOS_PER_SEC;
+    let claims = serde_json::json!({"iss": "https://sso.example/", "sub": sub, "exp": now + 3600});
+    let signing = format!(
+        "{}.{}",
+        URL_SAFE_NO_PAD.encode(r#"{"alg":"HS256"}"#),
+        URL_SAFE_NO_PAD.encode(claims.to_string())
+    );
+    let key = ring::hmac::Key::new(ring::hmac::HMAC_SHA256, secret);
+    let tag = ring::hmac::sign(&key, signing.as_bytes());
+    format!("{signing}.{}", URL_SAFE_NO_PAD.encode(tag))
+}
+
+/// nginx `auth_request` passes the client's `Authorization` on to `/auth`:
+/// the token is verified there, its user is the key, and a request without
+/// a valid one gets the 401 and challenge nginx relays to the client.
+#[tokio::test]
+async fn auth_verifies_the_bearer_token_and_keys_on_its_claim() {
+    let secret = b"forward-auth-secret-32-bytes-long";
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(dir.path().join("secret"), secret).unwrap();
+    let config = r#"
+[server]
+admin = "127.0.0.1:0"
+
+[decision]
+listen = "127.0.0.1:0"
+
+[[jwt.issuers]]
+issuer = "https://sso.example/"
+secret_file = "secret"
+
+[limits.per_user]
+key = "jwt:sub"
+algorithm = "fixed_window"
+limit = 1
+window = "1m"
+
+[[routes]]
+name = "api"
+match = { path_prefix = "/api" }
+limits = ["per_user"]
+require_jwt = true
+"#;
+    let gateway = InProcess::start_in(dir, config).await;
+    let auth = gateway.decision.expect("a decision listener");
+    let nginx = |authorization: &str| {
+        vec![
+            ("x-original-method", "GET".to_owned()),
+            ("x-original-uri", "/api/items".to_owned()),
+            ("authorization", authorization.to_owned()),
+        ]
+    };
+    let ask = |headers: Vec<(&'static str, String)>| async move {
+        let headers: Vec<(&str, &str)> = headers.iter().map(|(n, v)| (*n, v.as_str())).collect();
+        get(auth, "/auth", &headers).await
+    };
+    let alice = format!("Bearer {}", token(secret, "alice"));
+    let bob = format!("Bearer {}", token(secret, "bob"));
+    assert_eq!(ask(nginx(&alice)).await.status, 200);
+    assert_eq!(
+        ask(nginx(&alice)).await.status,
+        429,
+        "alice's one request a minute"
+    );
+    assert_eq!(ask(nginx(&bob)).await.status, 200, "bob has his own budget");
+    let forged = format!(
+        "Bearer {}",
+        token(b"not-the-secret-not-the-secret-!!", "bob")
+    );
+    let refused = ask(nginx(&forged)).await;
+    assert_eq!(refused.status, 401);
+    assert_eq!(
+        refused.header("www-authenticate"),
+        Some(
+            "Bearer error=\"invalid_token\", error_description=\"the token's signature does not verify\""
+        )
+    );
+    let none = ask(nginx("Basic YTpi")).await;
+    assert_eq!(none.status, 401);
+    assert_eq!(none.header("www-authenticate"), Some("Bearer"));
+}
