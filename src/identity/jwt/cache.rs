@@ -9,6 +9,12 @@
 //! `cache_size` entries, and a full shard first drops its expired entries,
 //! then an arbitrary one. The cache belongs to one configuration: a
 //! reload starts an empty one (its issuers and claims may have changed).
+//!
+//! A token that its issuer did sign but that is refused for claims that
+//! will not change (expired, another audience) is kept too, for
+//! [`REFUSAL_SECONDS`]: a client retrying with an expired token costs no
+//! signature check per retry. Nothing else that is refused is kept — a
+//! forged token would only push real ones out.
 
 use std::collections::HashMap;
 use std::hash::BuildHasherDefault;
@@ -17,15 +23,32 @@ use std::sync::Arc;
 use parking_lot::Mutex;
 use xxhash_rust::xxh3::xxh3_64_with_seed;
 
+use super::Failure;
 use super::verify::Verified;
 use crate::limit::memory::DigestHasher;
 
 const SHARDS: usize = 16;
 
+/// How long a signed but refused token's answer is kept.
+pub(crate) const REFUSAL_SECONDS: u64 = 60;
+
+/// What is known of a token.
+#[derive(Debug, Clone)]
+pub(crate) enum Known {
+    Valid(Arc<Verified>),
+    /// Signed by its issuer (at `issuer`), refused for its claims.
+    Refused {
+        issuer: usize,
+        failure: Failure,
+    },
+}
+
 #[derive(Debug)]
 struct Entry {
     token: Box<str>,
-    verified: Arc<Verified>,
+    known: Known,
+    /// Unix second from which the entry is stale.
+    until: u64,
 }
 
 type Shard = HashMap<u64, Entry, BuildHasherDefault<DigestHasher>>;
@@ -52,9 +75,9 @@ impl Cache {
         (&self.shards[(digest >> 60) as usize % SHARDS], digest)
     }
 
-    /// The verified identity of `token`, unless it expired by `now`
-    /// (Unix seconds).
-    pub(crate) fn get(&self, token: &str, now: u64) -> Option<Arc<Verified>> {
+    /// What is known of `token`, unless it went stale by `now` (Unix
+    /// seconds).
+    pub(crate) fn get(&self, token: &str, now: u64) -> Option<Known> {
         if self.per_shard == 0 {
             return None;
         }
@@ -64,21 +87,33 @@ impl Cache {
         if &*entry.token != token {
             return None;
         }
-        if entry.verified.expires <= now {
+        if entry.until <= now {
             shard.remove(&digest);
             return None;
         }
-        Some(entry.verified.clone())
+        Some(entry.known.clone())
     }
 
+    /// Keeps a valid token until it expires.
     pub(crate) fn insert(&self, token: &str, verified: Arc<Verified>, now: u64) {
+        let until = verified.expires;
+        self.keep(token, Known::Valid(verified), until, now);
+    }
+
+    /// Keeps a signed token's refusal for [`REFUSAL_SECONDS`].
+    pub(crate) fn insert_refusal(&self, token: &str, issuer: usize, failure: Failure, now: u64) {
+        let until = now.saturating_add(REFUSAL_SECONDS);
+        self.keep(token, Known::Refused { issuer, failure }, until, now);
+    }
+
+    fn keep(&self, token: &str, known: Known, until: u64, now: u64) {
         if self.per_shard == 0 {
             return;
         }
         let (shard, digest) = self.slot(token);
         let mut shard = shard.lock();
         if shard.len() >= self.per_shard && !shard.contains_key(&digest) {
-            shard.retain(|_, entry| entry.verified.expires > now);
+            shard.retain(|_, entry| entry.until > now);
             if shard.len() >= self.per_shard
                 && let Some(&victim) = shard.keys().next()
             {
@@ -89,7 +124,8 @@ impl Cache {
             digest,
             Entry {
                 token: token.into(),
-                verified,
+                known,
+                until,
             },
         );
     }
@@ -113,7 +149,16 @@ mod tests {
     fn hits_until_expiry_and_stays_bounded() {
         let cache = Cache::new(32);
         cache.insert("a.b.c", verified(100), 10);
-        assert!(cache.get("a.b.c", 99).is_some());
+        assert!(matches!(cache.get("a.b.c", 99), Some(Known::Valid(_))));
+        cache.insert_refusal("x.y.z", 0, Failure::Expired, 10);
+        assert!(matches!(
+            cache.get("x.y.z", 10 + REFUSAL_SECONDS - 1),
+            Some(Known::Refused {
+                failure: Failure::Expired,
+                ..
+            })
+        ));
+        assert!(cache.get("x.y.z", 10 + REFUSAL_SECONDS).is_none());
         assert!(cache.get("a.b.d", 99).is_none());
         assert!(cache.get("a.b.c", 100).is_none());
         assert_eq!(cache.len(), 0);

@@ -19,7 +19,7 @@ use http::header::COOKIE;
 use serde_json::{Map, Value};
 
 use super::Failure;
-use super::cache::Cache;
+use super::cache::{Cache, Known};
 use super::jwks::KeySet;
 use super::remote::{Early, RemoteKeys};
 use super::token::{self, Token};
@@ -180,8 +180,15 @@ impl Verifier {
         mut verified: impl FnMut(Option<usize>, Result<(), Failure>),
     ) -> Result<Arc<Verified>, Refusal> {
         let secs = now / 1_000_000_000;
-        if let Some(hit) = self.cache.get(token, secs) {
-            return Ok(hit);
+        match self.cache.get(token, secs) {
+            Some(Known::Valid(identity)) => return Ok(identity),
+            Some(Known::Refused { issuer, failure }) => {
+                return Err(Refusal {
+                    issuer: Some(issuer),
+                    failure,
+                });
+            }
+            None => {}
         }
         let result = self.check(token, secs);
         match &result {
@@ -189,7 +196,17 @@ impl Verifier {
                 verified(Some(identity.issuer), Ok(()));
                 self.cache.insert(token, identity.clone(), secs);
             }
-            Err(refusal) => verified(refusal.issuer, Err(refusal.failure)),
+            Err(refusal) => {
+                verified(refusal.issuer, Err(refusal.failure));
+                if let (Some(issuer), Failure::Expired | Failure::WrongAudience) =
+                    (refusal.issuer, refusal.failure)
+                {
+                    // Signed by the issuer, refused for claims that will
+                    // not change (not `nbf`: that one comes true).
+                    self.cache
+                        .insert_refusal(token, issuer, refusal.failure, secs);
+                }
+            }
         }
         result
     }
@@ -449,6 +466,7 @@ mod tests {
         // A fresh verifier each time: the cache would answer otherwise.
         let (_, v) = verifier("leeway = \"10s\"");
         assert_eq!(check(&v, claims, 1010).unwrap_err(), Failure::Expired);
+        let (_, v) = verifier("leeway = \"10s\"");
         assert!(check(&v, claims, 490).is_ok());
         let (_, v) = verifier("leeway = \"10s\"");
         assert!(matches!(
@@ -476,15 +494,20 @@ mod tests {
     fn a_cached_token_expires_with_its_exp() {
         let (_, v) = verifier("leeway = \"0s\"");
         let token = sign(r#"{"alg":"HS256"}"#, r#"{"iss":"iss-a","exp":100}"#);
-        let mut verified = 0;
-        let mut count = |_: Option<usize>, _: Result<(), Failure>| verified += 1;
-        assert!(v.verify(&token, 10 * NS, &mut count).is_ok());
-        assert!(v.verify(&token, 99 * NS, &mut count).is_ok());
+        let verified = std::cell::Cell::new(0);
+        let count = |_: Option<usize>, _: Result<(), Failure>| verified.set(verified.get() + 1);
+        let at = |secs: u64| v.verify(&token, secs * NS, count).map_err(|r| r.failure);
+        assert!(at(10).is_ok());
+        assert!(at(99).is_ok());
+        assert_eq!(verified.get(), 1, "the second request was a cache hit");
+        assert_eq!(at(100).unwrap_err(), Failure::Expired);
+        // Signed, refused for its claims: the refusal is kept too.
+        assert_eq!(at(101).unwrap_err(), Failure::Expired);
         assert_eq!(
-            v.verify(&token, 100 * NS, &mut count).unwrap_err().failure,
-            Failure::Expired
+            verified.get(),
+            2,
+            "the expired token was not verified again"
         );
-        assert_eq!(verified, 2, "the second request was a cache hit");
     }
 
     #[test]
