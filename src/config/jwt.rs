@@ -11,50 +11,14 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use http::{HeaderName, Uri};
-use serde::Deserialize;
 
-use super::UpstreamConfig;
+use super::checker::Checker;
 use super::error::KeyPath;
-use super::raw::{OneOrMany, RawUpstream};
+use super::raw::{RawIssuer, RawJwt};
 use super::units::parse_duration;
-use super::validate::Checker;
+use super::{Balance, ClientTls, EjectPolicy, UpstreamConfig};
 use crate::identity::jwt::jwks::KeySet;
 use crate::identity::jwt::token::Algorithm;
-
-/// `[jwt]` as written.
-#[derive(Debug, Default, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub(crate) struct RawJwt {
-    /// Where tokens are read for every issuer without its own source.
-    pub(crate) header: Option<String>,
-    pub(crate) cookie: Option<String>,
-    /// Verified tokens kept (0: verify every request).
-    pub(crate) cache_size: Option<u64>,
-    #[serde(default)]
-    pub(crate) issuers: Vec<RawIssuer>,
-}
-
-/// `[[jwt.issuers]]` as written.
-#[derive(Debug, Default, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub(crate) struct RawIssuer {
-    pub(crate) issuer: String,
-    pub(crate) jwks: Option<String>,
-    pub(crate) jwks_url: Option<String>,
-    pub(crate) secret_file: Option<String>,
-    pub(crate) secret_env: Option<String>,
-    /// `jwks_url` over HTTPS: CA certificates to trust instead of the built-in roots.
-    pub(crate) ca: Option<String>,
-    pub(crate) audiences: Option<Vec<String>>,
-    pub(crate) algorithms: Option<Vec<String>>,
-    pub(crate) leeway: Option<String>,
-    pub(crate) refresh: Option<String>,
-    pub(crate) header: Option<String>,
-    pub(crate) cookie: Option<String>,
-    pub(crate) consumer_claim: Option<String>,
-    pub(crate) tenant_claim: Option<String>,
-    pub(crate) plan_claim: Option<String>,
-}
 
 /// The default cache size: tokens of this many clients verified once each.
 pub(crate) const DEFAULT_CACHE_SIZE: usize = 100_000;
@@ -357,23 +321,35 @@ fn check_jwks_url(
         url.authority().map_or("", |a| a.as_str())
     );
     // The URL's origin as a one-URL upstream: the fetcher connects as the
-    // proxy does (timeouts, TLS with `ca`), its path goes on the request.
-    let upstream = RawUpstream {
-        url: OneOrMany(vec![origin.clone()]),
-        connect_timeout: None,
-        read_timeout: None,
-        timeout: Some("10s".to_owned()),
+    // proxy does (TLS with `ca`, the certificate checked for the URL's
+    // host), its path goes on the request.
+    let tls = match url.scheme_str() {
+        Some("https") => {
+            let ca = raw.ca.as_ref().map(|file| directory.join(file));
+            match super::tls::client_config(ca.as_deref()) {
+                Ok(config) => Some(ClientTls { config, sni: None }),
+                Err(message) => {
+                    c.problem(path.key("ca"), message);
+                    return None;
+                }
+            }
+        }
+        _ => None,
+    };
+    let upstream = UpstreamConfig {
+        name: format!("jwks {origin}"),
+        urls: vec![origin.parse().ok()?],
+        connect_timeout: Duration::from_secs(2),
+        read_timeout: Duration::from_secs(10),
+        timeout: Duration::from_secs(10),
         host: None,
-        ca: raw.ca.clone(),
-        sni: None,
-        http2: None,
-        balance: None,
+        tls,
+        http2: false,
+        balance: Balance::RoundRobin,
         slow_start: None,
-        eject: None,
+        eject: EjectPolicy::default(),
         health: None,
     };
-    let upstream =
-        super::validate::check_upstream(c, path, &format!("jwks {origin}"), &upstream, directory);
     Some(KeySource::Url {
         url: Arc::from(text),
         refresh,

@@ -6,6 +6,7 @@
 //! references by index). Every problem carries its key path and is located in
 //! the file by line and column ([`error`]).
 
+pub(crate) mod checker;
 pub(crate) mod error;
 pub(crate) mod jwt;
 pub(crate) mod raw;

@@ -91,7 +91,42 @@ pub(crate) struct RawConfig {
     #[serde(default)]
     pub(crate) api_keys: RawApiKeys,
     pub(crate) decision: Option<RawDecision>,
-    pub(crate) jwt: Option<super::jwt::RawJwt>,
+    pub(crate) jwt: Option<RawJwt>,
+}
+
+/// `[jwt]` as written.
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct RawJwt {
+    /// Where tokens are read for every issuer without its own source.
+    pub(crate) header: Option<String>,
+    pub(crate) cookie: Option<String>,
+    /// Verified tokens kept (0: verify every request).
+    pub(crate) cache_size: Option<u64>,
+    #[serde(default)]
+    pub(crate) issuers: Vec<RawIssuer>,
+}
+
+/// `[[jwt.issuers]]` as written.
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct RawIssuer {
+    pub(crate) issuer: String,
+    pub(crate) jwks: Option<String>,
+    pub(crate) jwks_url: Option<String>,
+    pub(crate) secret_file: Option<String>,
+    pub(crate) secret_env: Option<String>,
+    /// `jwks_url` over HTTPS: CA certificates to trust instead of the built-in roots.
+    pub(crate) ca: Option<String>,
+    pub(crate) audiences: Option<Vec<String>>,
+    pub(crate) algorithms: Option<Vec<String>>,
+    pub(crate) leeway: Option<String>,
+    pub(crate) refresh: Option<String>,
+    pub(crate) header: Option<String>,
+    pub(crate) cookie: Option<String>,
+    pub(crate) consumer_claim: Option<String>,
+    pub(crate) tenant_claim: Option<String>,
+    pub(crate) plan_claim: Option<String>,
 }
 
 /// `[decision]`: the decision service's listener and Envoy descriptor rules.

@@ -24,7 +24,7 @@ use parking_lot::Mutex;
 use xxhash_rust::xxh3::xxh3_64_with_seed;
 
 use super::Failure;
-use super::verify::Verified;
+use super::verified::Verified;
 use crate::limit::memory::DigestHasher;
 
 const SHARDS: usize = 16;

@@ -18,9 +18,10 @@ pub(crate) mod cache;
 pub mod jwks;
 pub mod remote;
 pub mod token;
+pub mod verified;
 pub mod verify;
 
-pub use verify::Verified;
+pub use verified::Verified;
 pub(crate) use verify::Verifier;
 
 /// Why a token is not a valid identity. The text is safe to send to the

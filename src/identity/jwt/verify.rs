@@ -23,6 +23,7 @@ use super::cache::{Cache, Known};
 use super::jwks::KeySet;
 use super::remote::{Early, RemoteKeys};
 use super::token::{self, Token};
+use super::verified::Verified;
 use crate::config::jwt::{IssuerConfig, JwtConfig, KeySource, TokenSource};
 use crate::config::{Config, Consumer};
 use crate::identity::consumer::bearer;
@@ -30,41 +31,6 @@ use crate::identity::consumer::bearer;
 /// Without a `kid`, at most this many keys are tried: a token cannot make
 /// the gateway check every key of a large set.
 const MAX_KEYS_TRIED: usize = 4;
-
-/// A token that verified: what the request's limits need from it.
-#[derive(Debug)]
-pub struct Verified {
-    /// Index of its issuer in the configuration.
-    pub(crate) issuer: usize,
-    /// Unix second from which it is no longer valid (`exp` + leeway).
-    pub(crate) expires: u64,
-    /// The value of each configured claim path, by slot; `None` where the
-    /// token lacks it (or it is an object, an array or null).
-    values: Box<[Option<Box<[u8]>>]>,
-    /// From `consumer_claim` / `tenant_claim` / `plan_claim`.
-    pub(crate) consumer: Option<Consumer>,
-    /// The plan claim's value, as one of the configuration's plan names.
-    plan: Option<usize>,
-}
-
-impl Verified {
-    /// The value of claim slot `slot` (a `jwt:CLAIM` key part).
-    #[inline]
-    pub(crate) fn claim(&self, slot: usize) -> Option<&[u8]> {
-        self.values.get(slot)?.as_deref()
-    }
-
-    #[cfg(test)]
-    pub(crate) fn for_test(expires: u64) -> Verified {
-        Verified {
-            issuer: 0,
-            expires,
-            values: Box::new([]),
-            consumer: None,
-            plan: None,
-        }
-    }
-}
 
 /// An issuer with its keys at hand.
 #[derive(Debug)]
