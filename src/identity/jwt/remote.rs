@@ -81,7 +81,12 @@ impl RemoteKeys {
 
     /// A token named a `kid` these keys lack, at `now` (ns).
     pub fn ask_early(&self, now: u64) -> Early {
-        if self.pending.load(Ordering::Acquire) {
+        // The fetch at start is not finished: wait for it, granting
+        // nothing. Requests that reach a starting gateway before its first
+        // JWKS would otherwise spend the interval's one early refresh (and
+        // cause a second fetch at once), leaving a key rotated in the
+        // first interval unknown until the background refresh.
+        if self.pending.load(Ordering::Acquire) || *self.fetched.borrow() == 0 {
             return Early::Wait;
         }
         let granted = self.granted_at.load(Ordering::Acquire);
@@ -101,10 +106,10 @@ impl RemoteKeys {
     }
 
     /// Waits (at most [`EARLY_REFRESH_WAIT`]) for the fetch under way to
-    /// finish.
+    /// finish: a granted early refresh, or the fetch at start.
     pub async fn wait_for_fetch(&self) {
         let mut fetched = self.fetched.subscribe();
-        if !self.pending.load(Ordering::Acquire) {
+        if !self.pending.load(Ordering::Acquire) && *fetched.borrow() > 0 {
             return;
         }
         let _ = tokio::time::timeout(EARLY_REFRESH_WAIT, fetched.changed()).await;
@@ -125,6 +130,12 @@ mod tests {
     fn early_refreshes_are_granted_once_per_interval() {
         let remote = RemoteKeys::new(Arc::from("http://x/jwks"), Duration::from_secs(60));
         let second = 1_000_000_000;
+        // Before the fetch at start has finished, askers wait for it and
+        // no early refresh is granted.
+        assert_eq!(remote.ask_early(second), Early::Wait);
+        assert_eq!(remote.granted_at.load(Ordering::Acquire), u64::MAX);
+        assert!(!remote.pending.load(Ordering::Acquire));
+        remote.fetch_done();
         assert_eq!(remote.ask_early(10 * second), Early::Wait);
         // Under way: later askers wait for the same refresh.
         assert_eq!(remote.ask_early(11 * second), Early::Wait);
