@@ -77,11 +77,16 @@ impl InProcess {
     /// clock's time instead of [`IN_PROCESS_EPOCH`]: for a test that
     /// compares with a clock outside the process (Redis `TIME`).
     pub async fn start_on_wall_time(config: &str) -> InProcess {
+        InProcess::start_on_wall_time_in(tempfile::tempdir().expect("tempdir"), config).await
+    }
+
+    /// As [`InProcess::start_on_wall_time`], with the config written into
+    /// `dir` (where the test put the files it names).
+    pub async fn start_on_wall_time_in(dir: tempfile::TempDir, config: &str) -> InProcess {
         let now = std::time::SystemTime::now()
             .duration_since(std::time::UNIX_EPOCH)
             .expect("a clock after 1970");
         let anchor = u64::try_from(now.as_nanos()).expect("before 2554");
-        let dir = tempfile::tempdir().expect("tempdir");
         InProcess::start_with(dir, config, Arc::new(TokioClock::starting_at(anchor))).await
     }
 
