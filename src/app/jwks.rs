@@ -1,5 +1,6 @@
 //! The keys of every `jwks_url`, kept across reloads: one [`RemoteKeys`] per
-//! URL and one task that fetches it — at once, then every `refresh` (or
+//! URL and fetch settings (issuers that share both share them) and one
+//! task that fetches it — at once, then every `refresh` (or
 //! sooner when the document's `Cache-Control: max-age` says so), and early
 //! when a token names a `kid` the keys lack (at most once per interval,
 //! [`RemoteKeys::ask_early`]).
@@ -34,15 +35,20 @@ const MIN_INTERVAL: Duration = Duration::from_secs(10);
 /// One URL's keys and the task that keeps them.
 struct Fetching {
     keys: Arc<RemoteKeys>,
-    /// What the task was started with: a change restarts it.
-    started_with: (Duration, String),
     task: Option<tokio::task::AbortHandle>,
 }
 
-/// Every configured `jwks_url`, by URL.
+/// A URL and what its task is started with (`refresh`, the origin's
+/// settings): a reload that changes them starts another task. Part of the
+/// key, not only compared, so that two issuers of one URL with different
+/// settings each keep a task (one entry per URL had the second replace
+/// and stop the first's, whose issuer then never had keys).
+type FetchId = (Arc<str>, Duration, String);
+
+/// Every configured `jwks_url`, by URL and settings.
 #[derive(Default)]
 pub(crate) struct JwksRegistry {
-    urls: Mutex<HashMap<Arc<str>, Fetching>>,
+    urls: Mutex<HashMap<FetchId, Fetching>>,
 }
 
 impl JwksRegistry {
@@ -52,7 +58,7 @@ impl JwksRegistry {
     pub(crate) fn verifier(&self, config: &Config, metrics: &Arc<Metrics>) -> Option<Verifier> {
         let jwt = config.jwt.as_ref()?;
         let mut urls = self.urls.lock();
-        let mut wanted: Vec<Arc<str>> = Vec::new();
+        let mut wanted: Vec<FetchId> = Vec::new();
         let verifier = Verifier::new(config, jwt, |issuer: &IssuerConfig| {
             let KeySource::Url {
                 url,
@@ -64,17 +70,10 @@ impl JwksRegistry {
                 // that could never verify a token.
                 return Arc::new(RemoteKeys::new(issuer.issuer.clone(), Duration::MAX));
             };
-            wanted.push(url.clone());
-            let started_with = (*refresh, format!("{upstream:?}"));
-            if let Some(known) = urls.get(url)
-                && known.started_with == started_with
-            {
+            let id: FetchId = (url.clone(), *refresh, format!("{upstream:?}"));
+            wanted.push(id.clone());
+            if let Some(known) = urls.get(&id) {
                 return known.keys.clone();
-            }
-            if let Some(old) = urls.remove(url)
-                && let Some(task) = old.task
-            {
-                task.abort();
             }
             let keys = Arc::new(RemoteKeys::new(url.clone(), *refresh));
             let task = spawn(
@@ -85,17 +84,17 @@ impl JwksRegistry {
                 metrics.clone(),
             );
             urls.insert(
-                url.clone(),
+                id,
                 Fetching {
                     keys: keys.clone(),
-                    started_with,
                     task,
                 },
             );
             keys
         });
-        urls.retain(|url, fetching| {
-            let keep = wanted.contains(url);
+        // Settings no longer configured: their tasks stop.
+        urls.retain(|id, fetching| {
+            let keep = wanted.contains(id);
             if !keep && let Some(task) = &fetching.task {
                 task.abort();
             }
