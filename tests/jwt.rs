@@ -1368,6 +1368,20 @@ async fn a_key_published_at_the_jwks_url_is_fetched_for_its_first_token() {
         200
     );
     assert_eq!(server.hits(), 2, "the reload fetched nothing");
+    // Another `refresh`: a new fetcher (its first fetch), the old one stopped.
+    std::fs::write(
+        &gateway.config_path,
+        url_config(&server).replace("refresh = \"1m\"", "refresh = \"2m\""),
+    )
+    .unwrap();
+    assert_eq!(gateway.reload(), 3);
+    let reply = with_token(&gateway, "/private", &new.sign(&claims("w"))).await;
+    assert_eq!(reply.status, 200, "{:?}", reply.body);
+    assert_eq!(server.hits(), 3);
+    tokio::time::sleep(Duration::from_secs(90)).await;
+    assert_eq!(server.hits(), 3, "the 1m fetcher was stopped");
+    tokio::time::sleep(Duration::from_secs(35)).await;
+    assert!(eventually(async || server.hits() == 4).await);
     gateway.stop().await;
 }
 
@@ -1436,6 +1450,32 @@ async fn tokens_that_arrive_before_the_first_fetch_wait_for_it_and_spend_no_earl
 }
 
 #[tokio::test(start_paused = true)]
+async fn two_issuers_of_one_jwks_url_with_different_refreshes_both_verify() {
+    let key = Signer::ec("ec-1", Algorithm::ES256);
+    let server = JwksServer::start(jwks(&[&key])).await;
+    let other = "https://other.example.test/";
+    let config = url_config(&server).replace(
+        "[[routes]]",
+        &format!(
+            "[[jwt.issuers]]\nissuer = \"{other}\"\njwks_url = \"{}\"\nrefresh = \"2m\"\n\n[[routes]]",
+            server.url()
+        ),
+    );
+    let gateway = start(&[], &config).await;
+    let first = key.sign(&claims("u"));
+    let second = key.sign(&with(claims("u"), json!({"iss": other, "aud": null})));
+    for round in 0..2 {
+        for token in [&first, &second] {
+            let reply = with_token(&gateway, "/private", token).await;
+            assert_eq!(reply.status, 200, "round {round}: {:?}", reply.body);
+        }
+        // A reload changes nothing: each issuer keeps its keys.
+        assert_eq!(gateway.reload(), 2 + round);
+    }
+    gateway.stop().await;
+}
+
+#[tokio::test(start_paused = true)]
 async fn cache_control_max_age_shortens_the_refresh_interval() {
     let key = Signer::ec("ec-1", Algorithm::ES256);
     let server = JwksServer::start(jwks(&[&key])).await;
@@ -1491,7 +1531,7 @@ async fn forward_auth_answers_a_require_jwt_route_as_the_proxy_does() {
     gateway.stop().await;
 }
 
-#[tokio::test]
+#[tokio::test(start_paused = true)]
 async fn verifications_are_counted_once_per_token_and_by_result() {
     let key = Signer::rsa(0, "rsa-1", Algorithm::RS256);
     let gateway = start(&[("jwks.json", &jwks(&[&key]))], &private_route("")).await;
@@ -1521,7 +1561,9 @@ async fn verifications_are_counted_once_per_token_and_by_result() {
         (tamper_signature(&valid), "bad_signature"),
         ("a.b.c".to_owned(), "malformed"),
     ];
-    // Refusals are not cached: each request is verified, and counted.
+    // Each request with these is verified, and counted, except that a
+    // signed token refused for claims that will not change (expired,
+    // another audience) is kept refused for a minute.
     for (token, _) in &refused {
         for _ in 0..2 {
             assert_eq!(with_token(&gateway, "/private", token).await.status, 401);
@@ -1533,9 +1575,9 @@ async fn verifications_are_counted_once_per_token_and_by_result() {
     ));
     assert_eq!(with_token(&gateway, "/private", &foreign).await.status, 401);
     assert_eq!(verifications(&gateway, ISSUER, "valid"), 2.0);
-    assert_eq!(verifications(&gateway, ISSUER, "expired"), 2.0);
+    assert_eq!(verifications(&gateway, ISSUER, "expired"), 1.0);
     assert_eq!(verifications(&gateway, ISSUER, "not_yet_valid"), 2.0);
-    assert_eq!(verifications(&gateway, ISSUER, "wrong_audience"), 2.0);
+    assert_eq!(verifications(&gateway, ISSUER, "wrong_audience"), 1.0);
     assert_eq!(verifications(&gateway, ISSUER, "unknown_key"), 2.0);
     assert_eq!(verifications(&gateway, ISSUER, "bad_signature"), 2.0);
     assert_eq!(verifications(&gateway, "none", "malformed"), 2.0);
@@ -1550,6 +1592,17 @@ async fn verifications_are_counted_once_per_token_and_by_result() {
         "{text}"
     );
     assert!(!text.contains(&valid[..20]));
+    // A minute on, the kept refusals are verified again; the valid token
+    // is still cached.
+    tokio::time::sleep(Duration::from_secs(61)).await;
+    for (token, _) in &refused[..3] {
+        assert_eq!(with_token(&gateway, "/private", token).await.status, 401);
+    }
+    assert_eq!(with_token(&gateway, "/private", &valid).await.status, 200);
+    assert_eq!(verifications(&gateway, ISSUER, "expired"), 2.0);
+    assert_eq!(verifications(&gateway, ISSUER, "not_yet_valid"), 3.0);
+    assert_eq!(verifications(&gateway, ISSUER, "wrong_audience"), 2.0);
+    assert_eq!(verifications(&gateway, ISSUER, "valid"), 2.0);
     gateway.stop().await;
 }
 
