@@ -89,11 +89,21 @@ impl KeySet {
     /// The keys of a JWKS document. `Err` when it is no JWKS or holds no
     /// key this gateway can use.
     pub fn from_jwks(bytes: &[u8]) -> Result<KeySet, String> {
-        let raw: RawJwks = serde_json::from_slice(bytes)
-            .map_err(|e| format!("not a JWKS document (a JSON object with `keys`): {e}"))?;
+        // serde reads a struct from an array too (its fields in order):
+        // `[[{"kty": ...}]]` is no JWKS, nor `["oct", ...]` a JWK (RFC 7517
+        // §4, §5: JSON objects).
+        let not_jwks = "not a JWKS document (a JSON object with `keys`)";
+        if bytes.trim_ascii_start().first() != Some(&b'{') {
+            return Err(not_jwks.to_owned());
+        }
+        let raw: RawJwks = serde_json::from_slice(bytes).map_err(|e| format!("{not_jwks}: {e}"))?;
         let mut set = KeySet::default();
         for (index, value) in raw.keys.into_iter().enumerate() {
             let described = |why: String| format!("key {index}: {why}");
+            if !value.is_object() {
+                set.skipped.push(described("not a JSON object".to_owned()));
+                continue;
+            }
             match serde_json::from_value::<RawJwk>(value)
                 .map_err(|e| e.to_string())
                 .and_then(Key::from_jwk)
@@ -131,6 +141,23 @@ impl KeySet {
             }],
             skipped: Vec::new(),
         })
+    }
+
+    /// How many usable keys it holds. With [`KeySet::skipped`], `pub` for
+    /// the fuzz target's accounting: every JWK of a document is one or the
+    /// other.
+    pub fn len(&self) -> usize {
+        self.keys.len()
+    }
+
+    /// Whether it holds no key (never, once built).
+    pub fn is_empty(&self) -> bool {
+        self.keys.is_empty()
+    }
+
+    /// Why each unusable key of the document was skipped.
+    pub fn skipped(&self) -> &[String] {
+        &self.skipped
     }
 
     /// The keys that may verify a token with `alg` and `kid`: the one with
@@ -308,6 +335,27 @@ mod tests {
         assert_eq!(set.skipped.len(), 4, "{:?}", set.skipped);
         assert!(KeySet::from_jwks(br#"{"keys": []}"#).is_err());
         assert!(KeySet::from_jwks(b"[]").is_err());
+    }
+
+    /// Found by the `jwt_token` fuzz target: serde reads a struct from a
+    /// JSON array, so an array of keys was a JWKS and an array of members
+    /// a JWK.
+    #[test]
+    fn a_jwks_and_its_keys_are_json_objects() {
+        let read = |doc: serde_json::Value| KeySet::from_jwks(doc.to_string().as_bytes());
+        let k = b64(&[5; 32]);
+        let keys = serde_json::json!([{"kty": "oct", "k": k}]);
+        assert!(read(serde_json::json!({ "keys": keys })).is_ok());
+        assert!(read(serde_json::json!([keys])).is_err());
+        let spaced = format!(" \n{{\"keys\": {keys}}}");
+        assert!(KeySet::from_jwks(spaced.as_bytes()).is_ok());
+        // kty, kid, use, alg, n, e, crv, x, y, k.
+        let positional =
+            serde_json::json!(["oct", null, null, null, null, null, null, null, null, k]);
+        let ed = serde_json::json!({"kty": "OKP", "crv": "Ed25519", "x": b64(&[7; 32])});
+        let set = read(serde_json::json!({ "keys": [positional, ed] })).unwrap();
+        assert_eq!(set.len(), 1);
+        assert_eq!(set.skipped(), ["key 0: not a JSON object"]);
     }
 
     #[test]
