@@ -6,18 +6,18 @@
 //! proxies, and the body's fields for `body:FIELD` keys.
 
 use std::net::IpAddr;
+use std::sync::Arc;
 
 use http::HeaderMap;
 use http::header::CONTENT_TYPE;
 use ipnet::IpNet;
-
-use std::sync::Arc;
 
 use crate::app::{App, Snapshot};
 use crate::config::{Consumer, RouteConfig};
 use crate::identity::body_fields::BodyFields;
 use crate::identity::client_ip::{client_net, resolve_with};
 use crate::identity::consumer;
+use crate::identity::jwt::verify::Refusal;
 use crate::identity::jwt::{Failure, Verified};
 use crate::limit::Nanos;
 
@@ -121,9 +121,10 @@ pub enum Unidentified {
     ApiKey(&'static str),
     /// Its token, on a `require_jwt` route: `None` when it has none.
     Token(Option<Failure>),
-    /// Its token names a key its `jwks_url` issuer may just have published:
-    /// wait for `keys` to refresh, then identify again ([`caller_refreshed`]).
-    Refresh,
+    /// Its token names a key its `jwks_url` issuer (at `issuer`) may just
+    /// have published: wait for that issuer's keys to refresh, then
+    /// identify again ([`caller_refreshed`]).
+    Refresh { issuer: usize },
 }
 
 /// The caller: the token verified (at `now`, ns since the epoch), the API
@@ -149,12 +150,9 @@ pub async fn caller_refreshed<'s>(
     route: &RouteConfig,
     headers: &HeaderMap,
     now: Nanos,
+    issuer: usize,
 ) -> Result<Caller<'s>, Unidentified> {
-    if let Some(verifier) = &snapshot.jwt
-        && let Some(token) = verifier.token(headers)
-        && let Err(refusal) = verifier.verify(token, now, |_, _| {})
-        && let Some(remote) = refusal.issuer.and_then(|i| verifier.remote(i))
-    {
+    if let Some(remote) = snapshot.jwt.as_ref().and_then(|v| v.remote(issuer)) {
         remote.wait_for_fetch().await;
     }
     caller_with(app, snapshot, route, headers, now, false)
@@ -181,10 +179,13 @@ fn caller_with<'s>(
                 });
                 match checked {
                     Ok(verified) => Some(verified),
-                    Err(refusal)
-                        if may_refresh && verifier.refresh_for(&refusal, now).is_some() =>
-                    {
-                        return Err(Unidentified::Refresh);
+                    Err(
+                        refusal @ Refusal {
+                            issuer: Some(issuer),
+                            ..
+                        },
+                    ) if may_refresh && verifier.may_refresh(&refusal, now) => {
+                        return Err(Unidentified::Refresh { issuer });
                     }
                     Err(refusal) if route.require_jwt => {
                         return Err(Unidentified::Token(Some(refusal.failure)));

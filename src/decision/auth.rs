@@ -78,8 +78,9 @@ pub(crate) async fn answer<B>(
         );
     };
     let identified = match identify::caller(app, &snapshot, route, &original.headers, started) {
-        Err(Unidentified::Refresh) => {
-            identify::caller_refreshed(app, &snapshot, route, &original.headers, started).await
+        Err(Unidentified::Refresh { issuer }) => {
+            let headers = &original.headers;
+            identify::caller_refreshed(app, &snapshot, route, headers, started, issuer).await
         }
         identified => identified,
     };

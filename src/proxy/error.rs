@@ -137,7 +137,7 @@ impl GatewayError {
             Unidentified::ApiKey(reason) => GatewayError::Unauthorized { reason },
             Unidentified::Token(failure) => GatewayError::InvalidToken { failure },
             // Answered only after the refresh; never reaches a response.
-            Unidentified::Refresh => GatewayError::InvalidToken {
+            Unidentified::Refresh { .. } => GatewayError::InvalidToken {
                 failure: Some(Failure::UnknownKey),
             },
         }

@@ -338,13 +338,14 @@ async fn route_and_act(
     let caller = match identify::caller(app, snapshot, route, &parts.headers, now) {
         // An unknown `kid` of a `jwks_url` issuer: its keys are refreshed
         // first (boxed: the rare path stays out of the request future).
-        Err(Unidentified::Refresh) => {
+        Err(Unidentified::Refresh { issuer }) => {
             Box::pin(identify::caller_refreshed(
                 app,
                 snapshot,
                 route,
                 &parts.headers,
                 now,
+                issuer,
             ))
             .await
         }

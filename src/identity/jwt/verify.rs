@@ -177,17 +177,17 @@ impl Verifier {
         result
     }
 
-    /// For a token refused for an unknown `kid` of a `jwks_url` issuer:
-    /// the keys to wait for before verifying again (an early refresh
-    /// granted now, or the one under way); `None` when no refresh may help
-    /// (another kind of refusal, static keys, or one was had within the
-    /// issuer's `refresh` interval).
-    pub(crate) fn refresh_for(&self, refusal: &Refusal, now: u64) -> Option<Arc<RemoteKeys>> {
-        if refusal.failure != Failure::UnknownKey {
-            return None;
-        }
-        let remote = self.remote(refusal.issuer?)?;
-        (remote.ask_early(now) == Early::Wait).then(|| remote.clone())
+    /// Whether a token refused for an unknown `kid` of a `jwks_url` issuer
+    /// should wait for that issuer's keys and be verified again (an early
+    /// refresh granted now, or the one under way); `false` where no refresh
+    /// may help (another kind of refusal, static keys, or one was had
+    /// within the issuer's `refresh` interval).
+    pub(crate) fn may_refresh(&self, refusal: &Refusal, now: u64) -> bool {
+        refusal.failure == Failure::UnknownKey
+            && refusal
+                .issuer
+                .and_then(|issuer| self.remote(issuer))
+                .is_some_and(|remote| remote.ask_early(now) == Early::Wait)
     }
 
     fn check(&self, text: &str, now: u64) -> Result<Arc<Verified>, Refusal> {
@@ -215,9 +215,8 @@ impl Verifier {
         .ok_or(refuse(Failure::UnknownKey))?;
         signature(&keys, &token).map_err(refuse)?;
         let config = &issuer.config;
-        times(&token.claims, now, config.leeway).map_err(refuse)?;
+        let exp = times(&token.claims, now, config.leeway).map_err(refuse)?;
         audience(&token.claims, &config.audiences).map_err(refuse)?;
-        let exp = numeric(&token.claims, "exp").ok().flatten().unwrap_or(0);
         let claims = &token.claims;
         let text_of = |path: &Option<Arc<str>>| {
             let value = value_bytes(lookup(claims, path.as_deref()?)?)?;
@@ -293,8 +292,9 @@ pub fn signature(keys: &KeySet, token: &Token<'_>) -> Result<(), Failure> {
     }
 }
 
-/// `exp` (required), `nbf`, `iat` against `now` with `leeway`, in seconds.
-fn times(claims: &Map<String, Value>, now: u64, leeway: u64) -> Result<(), Failure> {
+/// `exp` (required), `nbf`, `iat` against `now` with `leeway`, in seconds;
+/// `Ok` is the token's `exp`.
+fn times(claims: &Map<String, Value>, now: u64, leeway: u64) -> Result<u64, Failure> {
     let malformed = |_| Failure::Malformed("a time claim of the token is not a number");
     let exp = numeric(claims, "exp")
         .map_err(malformed)?
@@ -314,7 +314,7 @@ fn times(claims: &Map<String, Value>, now: u64, leeway: u64) -> Result<(), Failu
     {
         return Err(Failure::NotYetValid("the token was issued in the future"));
     }
-    Ok(())
+    Ok(exp)
 }
 
 /// A NumericDate claim, in whole seconds; `Err` when present and not a
