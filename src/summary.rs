@@ -2,7 +2,7 @@
 
 use std::fmt::Write as _;
 
-use crate::config::jwt::{IssuerConfig, KeySource};
+use crate::config::jwt::{IssuerConfig, JwksUrl, KeySource};
 use crate::config::{Config, KeyPart, RouteAction};
 use crate::limit::{Algorithm, LeakyMode, NANOS_PER_SEC, Rate};
 
@@ -142,7 +142,7 @@ pub fn render(config: &Config) -> String {
 fn jwt_issuer(issuer: &IssuerConfig) -> String {
     let keys = match &issuer.keys {
         KeySource::Static(keys) => format!("{} key(s)", keys.keys.len()),
-        KeySource::Url { url, refresh, .. } => {
+        KeySource::Url(JwksUrl { url, refresh, .. }) => {
             format!(
                 "keys from {url} every {}",
                 seconds(refresh.as_nanos() as u64)

@@ -11,13 +11,14 @@
 //! retried sooner: after 1 s, doubling up to `refresh`.
 
 use std::collections::HashMap;
+use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
 use http::Uri;
 use parking_lot::Mutex;
 
-use crate::config::jwt::{IssuerConfig, KeySource};
+use crate::config::jwt::{IssuerConfig, JwksUrl};
 use crate::config::{Config, UpstreamConfig};
 use crate::identity::jwt::Verifier;
 use crate::identity::jwt::jwks::KeySet;
@@ -39,11 +40,12 @@ struct Fetching {
 }
 
 /// A URL and what its task is started with (`refresh`, the origin's
-/// settings): a reload that changes them starts another task. Part of the
-/// key, not only compared, so that two issuers of one URL with different
-/// settings each keep a task (one entry per URL had the second replace
-/// and stop the first's, whose issuer then never had keys).
-type FetchId = (Arc<str>, Duration, String);
+/// `ca`; the rest of the origin follows from the URL): a reload that
+/// changes them starts another task. Part of the key, not only compared,
+/// so that two issuers of one URL with different settings each keep a
+/// task (one entry per URL had the second replace and stop the first's,
+/// whose issuer then never had keys).
+type FetchId = (Arc<str>, Duration, Option<PathBuf>);
 
 /// Every configured `jwks_url`, by URL and settings.
 #[derive(Default)]
@@ -59,18 +61,14 @@ impl JwksRegistry {
         let jwt = config.jwt.as_ref()?;
         let mut urls = self.urls.lock();
         let mut wanted: Vec<FetchId> = Vec::new();
-        let verifier = Verifier::new(config, jwt, |issuer: &IssuerConfig| {
-            let KeySource::Url {
+        let verifier = Verifier::new(config, jwt, |issuer: &IssuerConfig, jwks: &JwksUrl| {
+            let JwksUrl {
                 url,
                 refresh,
+                ca,
                 upstream,
-            } = &issuer.keys
-            else {
-                // Only `jwks_url` issuers ask; an empty set is the answer
-                // that could never verify a token.
-                return Arc::new(RemoteKeys::new(issuer.issuer.clone(), Duration::MAX));
-            };
-            let id: FetchId = (url.clone(), *refresh, format!("{upstream:?}"));
+            } = jwks;
+            let id: FetchId = (url.clone(), *refresh, ca.clone());
             wanted.push(id.clone());
             if let Some(known) = urls.get(&id) {
                 return known.keys.clone();

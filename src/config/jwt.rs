@@ -6,7 +6,7 @@
 //! A `jwks_url` is only checked here; its keys are fetched by the app
 //! layer (`app::jwks`) and survive reloads.
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -56,14 +56,22 @@ pub(crate) enum KeySource {
     /// Read with the configuration: a `jwks` file or an HMAC secret.
     Static(Arc<KeySet>),
     /// Fetched and refreshed by the gateway.
-    Url {
-        url: Arc<str>,
-        /// Between background refreshes (unless `Cache-Control` says
-        /// otherwise), and the least time between two early ones.
-        refresh: Duration,
-        /// How to reach it: the URL as a one-URL upstream (timeouts, TLS).
-        upstream: Box<UpstreamConfig>,
-    },
+    Url(JwksUrl),
+}
+
+/// A `jwks_url` and how it is fetched.
+#[derive(Debug, Clone)]
+pub(crate) struct JwksUrl {
+    pub(crate) url: Arc<str>,
+    /// Between background refreshes (unless `Cache-Control` says
+    /// otherwise), and the least time between two early ones.
+    pub(crate) refresh: Duration,
+    /// `ca`, resolved against the configuration's directory: with `url`
+    /// and `refresh`, all that makes two fetchers differ.
+    pub(crate) ca: Option<PathBuf>,
+    /// How to reach it: the URL's origin as a one-URL upstream (timeouts,
+    /// TLS from `ca`).
+    pub(crate) upstream: Box<UpstreamConfig>,
 }
 
 /// Where a request carries its token.
@@ -323,17 +331,15 @@ fn check_jwks_url(
     // The URL's origin as a one-URL upstream: the fetcher connects as the
     // proxy does (TLS with `ca`, the certificate checked for the URL's
     // host), its path goes on the request.
+    let ca = raw.ca.as_ref().map(|file| directory.join(file));
     let tls = match url.scheme_str() {
-        Some("https") => {
-            let ca = raw.ca.as_ref().map(|file| directory.join(file));
-            match super::tls::client_config(ca.as_deref()) {
-                Ok(config) => Some(ClientTls { config, sni: None }),
-                Err(message) => {
-                    c.problem(path.key("ca"), message);
-                    return None;
-                }
+        Some("https") => match super::tls::client_config(ca.as_deref()) {
+            Ok(config) => Some(ClientTls { config, sni: None }),
+            Err(message) => {
+                c.problem(path.key("ca"), message);
+                return None;
             }
-        }
+        },
         _ => None,
     };
     let upstream = UpstreamConfig {
@@ -350,11 +356,12 @@ fn check_jwks_url(
         eject: EjectPolicy::default(),
         health: None,
     };
-    Some(KeySource::Url {
+    Some(KeySource::Url(JwksUrl {
         url: Arc::from(text),
         refresh,
+        ca,
         upstream: Box::new(upstream),
-    })
+    }))
 }
 
 /// The HMAC secret of `secret_file` (its bytes, without one final newline)

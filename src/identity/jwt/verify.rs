@@ -24,7 +24,7 @@ use super::jwks::KeySet;
 use super::remote::{Early, RemoteKeys};
 use super::token::{self, Token};
 use super::verified::Verified;
-use crate::config::jwt::{IssuerConfig, JwtConfig, KeySource, TokenSource};
+use crate::config::jwt::{IssuerConfig, JwksUrl, JwtConfig, KeySource, TokenSource};
 use crate::config::{Config, Consumer};
 use crate::identity::consumer::bearer;
 
@@ -73,7 +73,7 @@ impl Verifier {
     pub(crate) fn new(
         config: &Config,
         jwt: &JwtConfig,
-        mut remote: impl FnMut(&IssuerConfig) -> Arc<RemoteKeys>,
+        mut remote: impl FnMut(&IssuerConfig, &JwksUrl) -> Arc<RemoteKeys>,
     ) -> Verifier {
         let issuers: Vec<Issuer> = jwt
             .issuers
@@ -81,7 +81,7 @@ impl Verifier {
             .map(|issuer| Issuer {
                 keys: match &issuer.keys {
                     KeySource::Static(keys) => Keys::Static(keys.clone()),
-                    KeySource::Url { .. } => Keys::Remote(remote(issuer)),
+                    KeySource::Url(jwks) => Keys::Remote(remote(issuer, jwks)),
                 },
                 config: issuer.clone(),
             })
@@ -402,7 +402,7 @@ mod tests {
         let path = dir.path().join("gateway.toml");
         let config = Config::from_bytes(Path::new(&path), text.as_bytes()).unwrap();
         let jwt = config.jwt.clone().unwrap();
-        let verifier = Verifier::new(&config, &jwt, |_| unreachable!("no jwks_url"));
+        let verifier = Verifier::new(&config, &jwt, |_, _| unreachable!("no jwks_url"));
         (config, verifier)
     }
 
