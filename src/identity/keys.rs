@@ -48,7 +48,7 @@ pub fn extract(parts: &[KeyPart], request: &Parts, facts: &RequestFacts<'_>) -> 
             KeyPart::Ip => ip,
             KeyPart::Header(name) => request.headers.get(name)?.as_bytes(),
             KeyPart::Query(name) => query_value(request.uri.query()?, name)?,
-            KeyPart::Cookie(name) => cookie_value(request, name)?,
+            KeyPart::Cookie(name) => cookie_value(&request.headers, name)?,
             KeyPart::Route => facts.route.as_bytes(),
             KeyPart::BodyField(name) => facts.body?.get(name)?,
             KeyPart::Consumer => facts.consumer?.consumer.as_bytes(),
@@ -180,9 +180,8 @@ fn query_value<'q>(query: &'q str, name: &str) -> Option<&'q [u8]> {
 }
 
 /// The value of cookie `name` in any `Cookie` header.
-fn cookie_value<'r>(request: &'r Parts, name: &str) -> Option<&'r [u8]> {
-    request
-        .headers
+pub(crate) fn cookie_value<'h>(headers: &'h http::HeaderMap, name: &str) -> Option<&'h [u8]> {
+    headers
         .get_all(http::header::COOKIE)
         .iter()
         .flat_map(|header| header.as_bytes().split(|b| *b == b';'))

@@ -15,7 +15,6 @@
 use std::sync::Arc;
 
 use http::HeaderMap;
-use http::header::COOKIE;
 use serde_json::{Map, Value};
 
 use super::Failure;
@@ -27,6 +26,7 @@ use super::verified::Verified;
 use crate::config::jwt::{IssuerConfig, JwksUrl, JwtConfig, KeySource, TokenSource};
 use crate::config::{Config, Consumer};
 use crate::identity::consumer::bearer;
+use crate::identity::keys::cookie_value;
 
 /// Without a `kid`, at most this many keys are tried: a token cannot make
 /// the gateway check every key of a large set.
@@ -247,15 +247,7 @@ fn token_in<'h>(headers: &'h HeaderMap, source: &TokenSource) -> Option<&'h str>
     let token = match source {
         TokenSource::Bearer => bearer(headers)?,
         TokenSource::Header(name) => headers.get(name)?.to_str().ok()?.trim(),
-        TokenSource::Cookie(name) => headers
-            .get_all(COOKIE)
-            .iter()
-            .filter_map(|v| v.to_str().ok())
-            .flat_map(|v| v.split(';'))
-            .find_map(|pair| {
-                let (key, value) = pair.trim().split_once('=')?;
-                (key == name).then_some(value)
-            })?,
+        TokenSource::Cookie(name) => std::str::from_utf8(cookie_value(headers, name)?).ok()?,
     };
     (!token.is_empty()).then_some(token)
 }
@@ -388,7 +380,7 @@ mod tests {
     use ring::hmac;
 
     use super::*;
-    use http::header::AUTHORIZATION;
+    use http::header::{AUTHORIZATION, COOKIE};
 
     const SECRET: &[u8] = b"0123456789abcdef0123456789abcdef";
     const NS: u64 = 1_000_000_000;
