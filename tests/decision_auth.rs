@@ -181,18 +181,9 @@ async fn a_route_for_auth_alone_is_404_on_the_proxy_and_decides_on_auth() {
 
 /// An HS256 token for `sub` valid around the in-process clock's start.
 fn token(secret: &[u8], sub: &str) -> String {
-    use base64::Engine;
-    use base64::engine::general_purpose::URL_SAFE_NO_PAD;
     let now = common::IN_PROCESS_EPOCH / tollgate::limit::NANOS_PER_SEC;
     let claims = serde_json::json!({"iss": "https://sso.example/", "sub": sub, "exp": now + 3600});
-    let signing = format!(
-        "{}.{}",
-        URL_SAFE_NO_PAD.encode(r#"{"alg":"HS256"}"#),
-        URL_SAFE_NO_PAD.encode(claims.to_string())
-    );
-    let key = ring::hmac::Key::new(ring::hmac::HMAC_SHA256, secret);
-    let tag = ring::hmac::sign(&key, signing.as_bytes());
-    format!("{signing}.{}", URL_SAFE_NO_PAD.encode(tag))
+    common::jwt::hs256(secret, &claims)
 }
 
 /// nginx `auth_request` passes the client's `Authorization` on to `/auth`:

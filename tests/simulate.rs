@@ -925,21 +925,6 @@ limits = ["audit"]
     assert_eq!(limit["denied"], 3, "{report}");
 }
 
-/// An HS256 token with `claims`, signed with `secret` (ring's HMAC, the
-/// JOSE compact form written out by hand).
-fn hs256(secret: &[u8], claims: &serde_json::Value) -> String {
-    use base64::Engine;
-    use base64::engine::general_purpose::URL_SAFE_NO_PAD;
-    let signing = format!(
-        "{}.{}",
-        URL_SAFE_NO_PAD.encode(r#"{"alg":"HS256","typ":"JWT"}"#),
-        URL_SAFE_NO_PAD.encode(claims.to_string())
-    );
-    let key = ring::hmac::Key::new(ring::hmac::HMAC_SHA256, secret);
-    let tag = ring::hmac::sign(&key, signing.as_bytes());
-    format!("{signing}.{}", URL_SAFE_NO_PAD.encode(tag))
-}
-
 #[test]
 fn tokens_are_verified_at_each_records_time() {
     let secret = b"simulate-secret-of-thirty-two-bytes!";
@@ -966,7 +951,7 @@ limits = ["per_user"]
     std::fs::write(dir.path().join("secret"), secret).unwrap();
     let start = 1_772_359_200u64;
     let token = |sub: &str, exp: u64| {
-        hs256(
+        common::jwt::hs256(
             secret,
             &serde_json::json!({"iss": "https://sso.example/", "sub": sub, "exp": exp}),
         )

@@ -8,6 +8,7 @@
 #![allow(dead_code)]
 
 pub mod certs;
+pub mod jwt;
 pub mod log;
 
 use std::collections::HashMap;
