@@ -32,9 +32,17 @@ pub(crate) fn api_key<'h>(headers: &'h HeaderMap, config: &ApiKeyConfig) -> Opti
 /// The credentials of `Authorization: Bearer CREDENTIALS` (the scheme
 /// case-insensitive, RFC 9110 §11.1), trimmed.
 pub(crate) fn bearer(headers: &HeaderMap) -> Option<&str> {
-    let value = headers.get(AUTHORIZATION)?.to_str().ok()?.trim();
-    let (scheme, token) = value.split_once(' ')?;
-    scheme.eq_ignore_ascii_case("bearer").then(|| token.trim())
+    // Bytes, not `HeaderValue::to_str`, which checks a byte at a time: for
+    // a JWT that was half of what identifying a caller cost. `from_utf8`
+    // checks the token a word at a time; a key or token with a byte no
+    // credential has is refused where it is read.
+    let value = headers.get(AUTHORIZATION)?.as_bytes().trim_ascii();
+    let space = value.iter().position(|byte| *byte == b' ')?;
+    let (scheme, token) = value.split_at(space);
+    if !scheme.eq_ignore_ascii_case(b"bearer") {
+        return None;
+    }
+    std::str::from_utf8(token.trim_ascii()).ok()
 }
 
 /// Looks the caller up.
@@ -120,5 +128,29 @@ mod tests {
         ));
         headers.insert(AUTHORIZATION, HeaderValue::from_static("Basic k-1"));
         assert_eq!(identify(&headers, &bearer, &consumers), Caller::Anonymous);
+    }
+
+    #[test]
+    fn bearer_reads_the_credentials_after_the_scheme() {
+        let read = |value: &'static [u8]| {
+            let mut headers = HeaderMap::new();
+            headers.insert(AUTHORIZATION, HeaderValue::from_bytes(value).unwrap());
+            bearer(&headers).map(str::to_owned)
+        };
+        assert_eq!(read(b"Bearer a.b.c").as_deref(), Some("a.b.c"));
+        assert_eq!(read(b"bEaReR   a.b.c \t").as_deref(), Some("a.b.c"));
+        assert_eq!(read(b"\tBearer a.b.c").as_deref(), Some("a.b.c"));
+        assert_eq!(read(b"Bearer").as_deref(), None);
+        assert_eq!(read(b"Bearer ").as_deref(), None);
+        assert_eq!(read(b"Bearerx a.b.c").as_deref(), None);
+        assert_eq!(read(b"Basic a.b.c").as_deref(), None);
+        // obs-text: UTF-8 is read (and refused by whoever reads the
+        // credential: no key or token has such a byte), anything else is
+        // no credential.
+        assert_eq!(
+            read("Bearer k\u{e9}".as_bytes()).as_deref(),
+            Some("k\u{e9}")
+        );
+        assert_eq!(read(b"Bearer k\xff").as_deref(), None);
     }
 }

@@ -1,10 +1,13 @@
 //! Verified tokens, kept until they expire so that a client's next request
 //! costs a hash and a comparison instead of a signature check.
 //!
-//! Keyed by a digest of the token (xxh3 with a seed drawn at start, so
-//! nobody can choose tokens that land on one slot ahead of time); the
-//! entry keeps the token's bytes and a hit compares them whole, so two
-//! tokens with one digest can never share an identity. Sharded like the
+//! Keyed by a digest of the token's last [`DIGESTED_BYTES`] bytes — its
+//! signature, which no two tokens an issuer signed share — with xxh3 and a
+//! seed drawn at start, so nobody can choose tokens that land on one slot
+//! ahead of time. Hashing a whole RS256 token cost more than the rest of
+//! the lookup. The entry keeps the token's bytes and a hit compares them
+//! whole, so two tokens with one digest can never share an identity (they
+//! only take each other's slot). Sharded like the
 //! limiters (no global lock); each shard holds at most its share of
 //! `cache_size` entries, and a full shard first drops its expired entries,
 //! then an arbitrary one. The cache belongs to one configuration: a
@@ -28,6 +31,10 @@ use super::verified::Verified;
 use crate::limit::memory::DigestHasher;
 
 const SHARDS: usize = 16;
+
+/// How much of a token's end the digest covers: 384 bits of a signature
+/// (base64url), or of an HS256 tag and the claims before it.
+const DIGESTED_BYTES: usize = 64;
 
 /// How long a signed but refused token's answer is kept.
 pub(crate) const REFUSAL_SECONDS: u64 = 60;
@@ -71,7 +78,9 @@ impl Cache {
     }
 
     fn slot(&self, token: &str) -> (&Mutex<Shard>, u64) {
-        let digest = xxh3_64_with_seed(token.as_bytes(), self.seed);
+        let bytes = token.as_bytes();
+        let tail = &bytes[bytes.len().saturating_sub(DIGESTED_BYTES)..];
+        let digest = xxh3_64_with_seed(tail, self.seed);
         (&self.shards[(digest >> 60) as usize % SHARDS], digest)
     }
 
@@ -166,6 +175,16 @@ mod tests {
             cache.insert(&format!("t{i}"), verified(100), 10);
         }
         assert!(cache.len() <= 32, "{}", cache.len());
+        // Two tokens ending alike share a slot but never an identity.
+        let end = "s".repeat(DIGESTED_BYTES);
+        let (first, second) = (format!("a.{end}"), format!("b.{end}"));
+        assert_eq!(cache.slot(&first).1, cache.slot(&second).1);
+        cache.insert(&first, verified(100), 10);
+        assert!(cache.get(&second, 11).is_none());
+        cache.insert(&second, verified(200), 10);
+        assert!(cache.get(&first, 11).is_none());
+        assert!(matches!(cache.get(&second, 11), Some(Known::Valid(v)) if v.expires == 200));
+        assert_ne!(cache.slot("a.b.c").1, cache.slot("a.b.d").1);
         let off = Cache::new(0);
         off.insert("a.b.c", verified(100), 10);
         assert!(off.get("a.b.c", 11).is_none());

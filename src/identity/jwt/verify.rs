@@ -246,7 +246,10 @@ impl Verifier {
 fn token_in<'h>(headers: &'h HeaderMap, source: &TokenSource) -> Option<&'h str> {
     let token = match source {
         TokenSource::Bearer => bearer(headers)?,
-        TokenSource::Header(name) => headers.get(name)?.to_str().ok()?.trim(),
+        // Bytes and `from_utf8`, as `bearer` reads them (a word at a time).
+        TokenSource::Header(name) => {
+            std::str::from_utf8(headers.get(name)?.as_bytes().trim_ascii()).ok()?
+        }
         TokenSource::Cookie(name) => std::str::from_utf8(cookie_value(headers, name)?).ok()?,
     };
     (!token.is_empty()).then_some(token)
