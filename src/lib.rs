@@ -63,7 +63,9 @@
 //! Beside the layers, below the pipeline and never importing it: [`config`]
 //! (raw serde mirror → validated types), [`limit`] (the algorithms, pure
 //! functions of an injected clock, and the in-memory store), [`identity`]
-//! (client IP behind proxies, consumers, limit keys), [`routing`],
+//! (client IP behind proxies, consumers, limit keys), [`llm`] (what an
+//! LLM API request reserves of a token quota, and the usage its response
+//! reports), [`routing`],
 //! [`metrics`], `access_log`, `ratelimit_policy` (a stack's
 //! `RateLimit-Policy`, built once per snapshot), [`summary`],
 //! [`fd_limit`] (the open-file limit raised at start), [`store`] (the
@@ -122,6 +124,7 @@ pub mod http1;
 pub mod identity;
 pub mod import;
 pub mod limit;
+pub mod llm;
 pub mod metrics;
 pub(crate) mod proxy;
 pub(crate) mod ratelimit_policy;

@@ -31,6 +31,7 @@ const BESIDE: &[&str] = &[
     "fd_limit",
     "identity",
     "limit",
+    "llm",
     "metrics",
     "ratelimit_policy",
     "routing",
