@@ -340,11 +340,13 @@ fn route_plan(
         stack: route.limits.iter().map(|&i| LimitId(i)).collect(),
         policy: policy_header(view),
         plan_policies,
-        needs_body: limits.iter().any(|l| {
-            l.key
-                .iter()
-                .any(|part| matches!(part, KeyPart::BodyField(_)))
-        }),
+        // A token route reads its body for the reservation too.
+        needs_body: route.tokens.is_some()
+            || limits.iter().any(|l| {
+                l.key
+                    .iter()
+                    .any(|part| matches!(part, KeyPart::BodyField(_)))
+            }),
         retry_budget: route
             .retry
             .as_ref()

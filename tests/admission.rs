@@ -105,6 +105,7 @@ fn candidate<'s>(app: &App, snapshot: &'s Snapshot, parts: &'s Parts) -> Candida
             None,
         ),
         cost: config.cost,
+        tokens: None,
         now: app.clock.now(),
     }
 }

@@ -19,7 +19,9 @@
 //!   the store is down;
 //! - `record`: each limit's outcome counted, near-limit keys;
 //! - `settle`: after the response, `cost_header`'s difference charged or
-//!   refunded where the request was charged.
+//!   refunded where the request was charged;
+//! - [`tokens`]: a token limit's reservation, settled from the response's
+//!   usage when its body ends.
 //!
 //! Below the pipeline: it names no HTTP response, no connection and no
 //! upstream; the proxy turns an [`Admission`] into a response
@@ -31,6 +33,7 @@ mod record;
 mod settle;
 mod shared;
 pub(crate) mod ticket;
+pub mod tokens;
 
 use std::future::Future;
 use std::pin::Pin;
@@ -41,6 +44,7 @@ use http::request::Parts;
 use smallvec::SmallVec;
 
 use crate::app::{App, RoutePlan, Snapshot};
+use crate::config::tokens::Unit;
 use crate::identity::keys::{RequestFacts, limit_key};
 use crate::limit::{Nanos, StackEntry, check_stack_into, stack::INLINE};
 use crate::store::RedisStore;
@@ -76,8 +80,11 @@ pub struct Candidate<'r, 's> {
     /// The request's head, for header, query and path keys.
     pub parts: &'r Parts,
     pub identity: Identity<'r, 's>,
-    /// What the request charges each limit of its stack.
+    /// What the request charges each request limit of its stack.
     pub cost: u64,
+    /// What it reserves on each token limit (`unit = "tokens"`), when its
+    /// route has a `tokens` rule; `None` charges token limits `cost`.
+    pub tokens: Option<u64>,
     /// The request's time on the limiters' clock.
     pub now: Nanos,
 }
@@ -209,7 +216,23 @@ fn key_stack<'s>(
         };
         ticket.push(limit, algorithm, limiter, key);
     }
+    if let Some(tokens) = candidate.tokens {
+        charge_in_units(candidate.cost, tokens, ticket);
+    }
     Ok(())
+}
+
+/// Each entry's charge in its limit's unit: `tokens` for a token limit,
+/// `cost` for the others. Out of line: only token routes pay for it.
+#[inline(never)]
+fn charge_in_units(cost: u64, tokens: u64, ticket: &mut Ticket<'_>) {
+    ticket.costs.clear();
+    for limit in &ticket.stack {
+        ticket.costs.push(match limit.unit {
+            Unit::Tokens => tokens,
+            Unit::Requests => cost,
+        });
+    }
 }
 
 /// The memory tier: the whole stack decided here, all or nothing.
@@ -230,12 +253,8 @@ fn decide_in_memory<'s>(
             shadow: limit.shadow,
         });
     }
-    check_stack_into(
-        &entries,
-        candidate.cost,
-        candidate.now,
-        &mut ticket.decision,
-    );
+    let costs = ticket::costs_of(&ticket.costs, candidate.cost);
+    check_stack_into(&entries, costs, candidate.now, &mut ticket.decision);
     answer(app, snapshot, candidate, ticket)
 }
 

@@ -7,6 +7,7 @@ use smallvec::SmallVec;
 
 use super::{Ticket, shared};
 use crate::app::{App, Snapshot};
+use crate::config::tokens::Unit;
 use crate::limit::stack::INLINE;
 use crate::limit::{Algorithm, Outcome};
 use crate::store::SharedEntry;
@@ -50,6 +51,10 @@ pub fn settle(
             continue;
         };
         let limit = ticket.stack[j];
+        // A token limit is settled from the response's usage (`tokens`).
+        if limit.unit == Unit::Tokens {
+            continue;
+        }
         if ticket.via_store && stack.get(j).is_some_and(|&id| snapshot.is_shared(id)) {
             let (algorithm, plan) = shared::algorithm(limit, ticket.plan);
             if !matches!(algorithm, Algorithm::Concurrency { .. }) {
@@ -61,6 +66,7 @@ pub fn settle(
                     key: *key,
                     shadow: limit.shadow,
                     lease: 0,
+                    cost: 0,
                 });
             }
         } else {

@@ -13,10 +13,10 @@ use smallvec::SmallVec;
 use super::{Admission, Candidate, Store, Ticket, answer};
 use crate::app::{App, Snapshot};
 use crate::config::{LimitConfig, OnFailure};
+use crate::limit::stack::{Costs, check_stack_costed};
 use crate::limit::stack::{INLINE, SKIPPED, outcome_of};
 use crate::limit::{
     Algorithm, EntryVerdict, Nanos, Outcome, Permits, StackDecision, StackEntry, Verdict,
-    check_stack,
 };
 use crate::store::{SharedEntry, Unavailable};
 
@@ -56,6 +56,8 @@ async fn decide<'s>(
     let plan = candidate.plan;
     let n = ticket.stack.len();
     let (cost, now) = (candidate.cost, candidate.now);
+    // Each entry's charge, in its limit's unit.
+    let cost_of = |j: usize| ticket.cost_of(j, cost);
     let entry = |j: usize| StackEntry {
         limiter: ticket.limiters[j],
         key: ticket.keys[j],
@@ -67,7 +69,8 @@ async fn decide<'s>(
         .filter(|&j| is_shared(j) && ticket.keys[j].is_some())
         .collect();
     let local: SmallVec<[StackEntry<'_>; INLINE]> = local_at.iter().map(|&j| entry(j)).collect();
-    let mut local_decision = check_stack(&local, cost, now);
+    let local_costs: SmallVec<[u64; INLINE]> = local_at.iter().map(|&j| cost_of(j)).collect();
+    let mut local_decision = check_stack_costed(&local, Costs::PerEntry(&local_costs), now);
     let mut entries: SmallVec<[EntryVerdict; INLINE]> = smallvec::smallvec![SKIPPED; n];
     for (&j, verdict) in local_at.iter().zip(&local_decision.entries) {
         entries[j] = *verdict;
@@ -89,6 +92,7 @@ async fn decide<'s>(
                     key: ticket.keys[j]?,
                     shadow: limit.shadow,
                     lease: limit.lease.unwrap_or(0),
+                    cost: cost_of(j),
                 })
             })
             .collect();
@@ -96,7 +100,7 @@ async fn decide<'s>(
         let mut spent: SmallVec<[usize; INLINE]> = SmallVec::new();
         for (k, (&j, e)) in shared_at.iter().zip(&shared).enumerate() {
             if e.lease > 0
-                && let Some(left) = store.spend_leased(e, cost)
+                && let Some(left) = store.spend_leased(e, e.cost)
             {
                 spent.push(k);
                 entries[j] = EntryVerdict {
@@ -112,7 +116,7 @@ async fn decide<'s>(
         let answer = if remote.is_empty() {
             Ok(None)
         } else {
-            store.decide(&remote, cost).await.map(Some)
+            store.decide(&remote).await.map(Some)
         };
         match answer {
             Ok(None) => via_store = true,
@@ -132,8 +136,8 @@ async fn decide<'s>(
                 if all_admitted {
                     // A lease took more than the cost: the rest is ours.
                     for (&k, taken) in remote_at.iter().zip(&decision.taken) {
-                        if shared[k].lease > 0 && *taken > cost {
-                            store.add_lease(&shared[k], taken - cost);
+                        if shared[k].lease > 0 && *taken > shared[k].cost {
+                            store.add_lease(&shared[k], taken - shared[k].cost);
                         }
                     }
                 }
@@ -144,14 +148,17 @@ async fn decide<'s>(
             Err(Unavailable) => {
                 // The fallback decides every shared limit, leased or not.
                 for &k in &spent {
-                    store.unspend(&shared[k], cost);
+                    store.unspend(&shared[k], shared[k].cost);
                 }
                 spent.clear();
                 match store.on_failure() {
                     OnFailure::Local => {
                         let fallback: SmallVec<[StackEntry<'_>; INLINE]> =
                             shared_at.iter().map(|&j| entry(j)).collect();
-                        let mut decision = check_stack(&fallback, cost, now);
+                        let fallback_costs: SmallVec<[u64; INLINE]> =
+                            shared_at.iter().map(|&j| cost_of(j)).collect();
+                        let mut decision =
+                            check_stack_costed(&fallback, Costs::PerEntry(&fallback_costs), now);
                         for (&j, verdict) in shared_at.iter().zip(&decision.entries) {
                             entries[j] = *verdict;
                         }
@@ -172,7 +179,7 @@ async fn decide<'s>(
         }
         if (0..n).any(|j| entries[j].outcome == Outcome::Denied) {
             for &k in &spent {
-                store.unspend(&shared[k], cost);
+                store.unspend(&shared[k], shared[k].cost);
             }
         }
         denied_by = (0..n).find(|&j| entries[j].outcome == Outcome::Denied);
@@ -190,7 +197,7 @@ async fn decide<'s>(
             }
             for &k in &spent {
                 let remaining = &mut entries[shared_at[k]].verdict.remaining;
-                *remaining = remaining.saturating_add(cost);
+                *remaining = remaining.saturating_add(shared[k].cost);
             }
             for entry in entries.iter_mut().filter(|e| e.outcome == Outcome::Allowed) {
                 entry.outcome = Outcome::DeniedByOther;
@@ -219,8 +226,8 @@ fn refund_local(
     cost: u64,
     now: Nanos,
 ) {
-    let refund = -i64::try_from(cost).unwrap_or(i64::MAX);
     for &j in local_at {
+        let refund = -i64::try_from(ticket.cost_of(j, cost)).unwrap_or(i64::MAX);
         if let (Some(key), Outcome::Allowed) = (ticket.keys[j], entries[j].outcome) {
             // Concurrency: dropping the permits is the refund.
             ticket.limiters[j].adjust(key, refund, now);

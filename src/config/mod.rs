@@ -12,6 +12,7 @@ pub(crate) mod jwt;
 pub(crate) mod raw;
 pub(crate) mod store;
 pub(crate) mod tls;
+pub(crate) mod tokens;
 pub(crate) mod units;
 pub(crate) mod validate;
 pub mod warnings;
@@ -344,6 +345,8 @@ pub struct LimitConfig {
     /// A shared token bucket: tokens a node takes from Redis at a time and
     /// spends locally (`lease = N`); `None` without leasing.
     pub(crate) lease: Option<u64>,
+    /// What it counts: requests (charged `cost`) or tokens.
+    pub(crate) unit: tokens::Unit,
 }
 
 #[derive(Debug, Clone)]
@@ -362,6 +365,9 @@ pub struct RouteConfig {
     pub(crate) require_jwt: bool,
     /// Upstream retries (`retry = {...}`), off when `None`.
     pub(crate) retry: Option<RetryPolicy>,
+    /// How a request reserves tokens and its response settles them
+    /// (`tokens = {...}`), for the stack's token limits.
+    pub(crate) tokens: Option<tokens::TokensRule>,
 }
 
 /// A route's `retry` table, validated (the upstream layer applies it).

@@ -342,6 +342,8 @@ pub(crate) struct RawLimit {
     pub(crate) plans: Option<BTreeMap<String, RawPlan>>,
     pub(crate) align: Option<String>,
     pub(crate) reset_jitter: Option<String>,
+    /// `"requests"` (the default) or `"tokens"`.
+    pub(crate) unit: Option<String>,
 }
 
 /// Per-plan values of a limit's algorithm parameters.
@@ -420,6 +422,17 @@ pub(crate) struct RawRoute {
     pub(crate) require_consumer: Option<bool>,
     pub(crate) require_jwt: Option<bool>,
     pub(crate) retry: Option<RawRetry>,
+    pub(crate) tokens: Option<RawTokens>,
+}
+
+/// `tokens = { max_tokens_default = 1024, prompt = "bytes/4", usage = "auto" }`.
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct RawTokens {
+    pub(crate) max_tokens_default: Option<u64>,
+    pub(crate) prompt: Option<String>,
+    pub(crate) usage: Option<String>,
+    pub(crate) include_usage: Option<bool>,
 }
 
 /// `retry = { attempts = 2, on = [...], base = "25ms", cap = "1s", budget = "20%" }`.

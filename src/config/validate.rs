@@ -196,6 +196,7 @@ fn check(c: &mut Checker, path: &Path, bytes: &[u8], raw: &RawConfig) -> Config 
         .as_ref()
         .map(|decision| check_decision(c, &root.key("decision"), decision, &limit_names));
     check_keyless(c, &root, raw, &limits, &routes, decision.as_ref());
+    super::tokens::check_token_routes(c, &root, &limits, &routes);
     let api_keys = check_api_keys(c, &root.key("api_keys"), &raw.api_keys);
     let mut consumers = HashMap::with_capacity(raw.consumers.len());
     for (key, consumer) in &raw.consumers {
@@ -1663,6 +1664,7 @@ fn check_limit(c: &mut Checker, path: &KeyPath, name: &str, raw: &raw::RawLimit)
         on_missing_key,
         local: raw.local.unwrap_or(false),
         lease: check_lease(c, path, raw, &algorithm),
+        unit: super::tokens::check_unit(c, path, raw, &algorithm),
         headers,
         max_keys,
         plans,
@@ -1981,6 +1983,10 @@ fn check_route(
             }
             check_retry(c, &path.key("retry"), retry)
         }),
+        tokens: raw
+            .tokens
+            .as_ref()
+            .map(|tokens| super::tokens::check_tokens_rule(c, &path.key("tokens"), tokens)),
     }
 }
 

@@ -99,6 +99,7 @@ pub(crate) async fn answer<B>(
         parts: &original,
         identity: caller.identity(&snapshot, client_ip, None),
         cost: route.cost,
+        tokens: None,
         now: started,
     };
     let admission = admission::admit(app, &snapshot, candidate, &mut ticket).await;

@@ -176,6 +176,7 @@ async fn decide<'s>(
         parts: &NO_HEAD,
         identity: Identity::of_consumer(IpAddr::V4(Ipv4Addr::UNSPECIFIED), None, None),
         cost,
+        tokens: None,
         now,
     };
     let admission = admission::admit_keyed(app, snapshot, candidate, &mut ticket).await;

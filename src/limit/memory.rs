@@ -275,6 +275,17 @@ impl Limiter {
     /// `-delta`; never below empty, never above full. No effect on
     /// concurrency (its permits settle themselves).
     pub(crate) fn adjust(&self, key: LimitKey, delta: i64, now: Nanos) {
+        self.adjust_within(key, delta, now, self.algorithm);
+    }
+
+    /// [`Limiter::adjust`] where a charge may take the key below empty, by
+    /// at most its quota (a token limit's settlement).
+    pub(crate) fn adjust_with_debt(&self, key: LimitKey, delta: i64, now: Nanos) {
+        self.adjust_within(key, delta, now, self.algorithm.with_debt());
+    }
+
+    /// [`Limiter::adjust`] with `ceiling`'s numbers bounding a charge.
+    fn adjust_within(&self, key: LimitKey, delta: i64, now: Nanos, ceiling: Algorithm) {
         if delta == 0 || matches!(self.algorithm, Algorithm::Concurrency { .. }) {
             return;
         }
@@ -283,7 +294,7 @@ impl Limiter {
         let mut shard = self.lock_shard(self.shard_of(key));
         let shard = &mut *shard;
         if let Some(state) = shard.map.get_mut(&k) {
-            self.adjust_state(state, delta, now);
+            self.adjust_state(state, delta, now, ceiling);
             return;
         }
         if delta < 0 {
@@ -295,7 +306,7 @@ impl Limiter {
         } else {
             shard.overflow.get_or_insert_with(|| self.fresh_state())
         };
-        self.adjust_state(state, delta, now);
+        self.adjust_state(state, delta, now, ceiling);
     }
 
     /// Forget every key whose state is fresh again; returns how many.
@@ -580,9 +591,9 @@ impl Limiter {
         }
     }
 
-    fn adjust_state(&self, state: &mut KeyState, delta: i64, now: Nanos) {
+    fn adjust_state(&self, state: &mut KeyState, delta: i64, now: Nanos, ceiling: Algorithm) {
         use Algorithm::*;
-        match (self.algorithm, state) {
+        match (ceiling, state) {
             (FixedWindow { limit, window }, KeyState::Window(s)) => {
                 *s = match self.align {
                     WindowAlign::FirstRequest => {

@@ -57,6 +57,43 @@ pub enum Algorithm {
 }
 
 impl Algorithm {
+    /// The numbers a settlement may charge up to when a balance may go
+    /// below zero by at most the quota (token limits: a response that used
+    /// more than it reserved): the quota doubled, the rate kept. Only the
+    /// ceiling of a charge reads them.
+    pub(crate) fn with_debt(self) -> Algorithm {
+        use Algorithm::*;
+        match self {
+            FixedWindow { limit, window } => FixedWindow {
+                limit: limit.saturating_mul(2),
+                window,
+            },
+            SlidingWindow { limit, window } => SlidingWindow {
+                limit: limit.saturating_mul(2),
+                window,
+            },
+            SlidingLog { limit, window } => SlidingLog {
+                limit: limit.saturating_mul(2),
+                window,
+            },
+            TokenBucket { capacity, refill } => TokenBucket {
+                capacity: capacity.saturating_mul(2),
+                refill,
+            },
+            // Its burst is capacity + 1: doubled, 2 * capacity + 1.
+            LeakyBucket {
+                capacity,
+                rate,
+                mode,
+            } => LeakyBucket {
+                capacity: capacity.saturating_mul(2).saturating_add(1),
+                rate,
+                mode,
+            },
+            Concurrency { max } => Concurrency { max },
+        }
+    }
+
     /// The same algorithm with its quota (and rate) times `num / den`
     /// (at most 1), rounded down but at least 1: a node's share of a shared
     /// limit (`store.local_fraction`). Windows keep their length.

@@ -257,12 +257,42 @@ impl StackDecision {
     }
 }
 
+/// What each entry of a stack is charged: one cost for all, or its own
+/// (a stack of request and token limits charges each in its unit).
+#[derive(Debug, Clone, Copy)]
+pub(crate) enum Costs<'c> {
+    Uniform(u64),
+    /// One per entry, in stack order.
+    PerEntry(&'c [u64]),
+}
+
+impl Costs<'_> {
+    #[inline(always)]
+    fn of(self, entry: usize) -> u64 {
+        match self {
+            Costs::Uniform(cost) => cost,
+            Costs::PerEntry(costs) => costs.get(entry).copied().unwrap_or(0),
+        }
+    }
+}
+
 /// Decide `cost` against every entry of the stack, all or nothing (see the
 /// module doc).
 #[inline]
 pub fn check_stack(entries: &[StackEntry<'_>], cost: u64, now: Nanos) -> StackDecision {
     let mut decision = StackDecision::default();
-    check_stack_into(entries, cost, now, &mut decision);
+    check_stack_into(entries, Costs::Uniform(cost), now, &mut decision);
+    decision
+}
+
+/// [`check_stack`] with each entry's own cost.
+pub(crate) fn check_stack_costed(
+    entries: &[StackEntry<'_>],
+    costs: Costs<'_>,
+    now: Nanos,
+) -> StackDecision {
+    let mut decision = StackDecision::default();
+    check_stack_into(entries, costs, now, &mut decision);
     decision
 }
 
@@ -273,20 +303,25 @@ pub fn check_stack(entries: &[StackEntry<'_>], cost: u64, now: Nanos) -> StackDe
 #[inline]
 pub(crate) fn check_stack_into(
     entries: &[StackEntry<'_>],
-    cost: u64,
+    costs: Costs<'_>,
     now: Nanos,
     decision: &mut StackDecision,
 ) {
     debug_assert!(decision.entries.is_empty() && decision.permits.is_empty());
     if let [only] = entries {
-        check_one(only, cost, now, decision);
+        check_one(only, costs.of(0), now, decision);
     } else {
-        check_many(entries, cost, now, decision);
+        check_many(entries, costs, now, decision);
     }
 }
 
 /// The general case: lock in order, decide, commit or roll back.
-fn check_many(entries: &[StackEntry<'_>], cost: u64, now: Nanos, decision: &mut StackDecision) {
+fn check_many(
+    entries: &[StackEntry<'_>],
+    costs: Costs<'_>,
+    now: Nanos,
+    decision: &mut StackDecision,
+) {
     // 1. Lock plan: (limiter address, shard, entry) sorted, so every thread
     //    locks in the same order. Insertion sort: at most a handful of items.
     let mut plan: SmallVec<[(usize, usize, usize); INLINE]> = SmallVec::new();
@@ -324,7 +359,7 @@ fn check_many(entries: &[StackEntry<'_>], cost: u64, now: Nanos, decision: &mut 
             continue;
         };
         let mut permit = None;
-        let (verdict, undo) = e.limiter.apply(shard, key, cost, now, &mut permit);
+        let (verdict, undo) = e.limiter.apply(shard, key, costs.of(i), now, &mut permit);
         decision.permits.push(permit);
         let outcome = outcome_of(&verdict, e.shadow);
         if outcome == Outcome::Denied && decision.denied_by.is_none() {

@@ -81,11 +81,12 @@ pub(crate) fn gcra(state: State, now: Nanos, cost: u64, capacity: u64, rate: Rat
     let ahead = if allowed { new_tat } else { tat } - now_s;
     let room = tau.saturating_sub(ahead);
     let remaining = div(room, t);
-    // Until one more whole token: the level must reach (remaining + 1)·T.
+    // Until one more whole token: the level must reach (remaining + 1)·T,
+    // after paying back any debt a settlement left (`ahead` beyond `tau`).
     let reset_after = if remaining >= u128::from(capacity) {
         0
     } else {
-        unscale((remaining + 1) * t - room, rate)
+        unscale((remaining + 1) * t - room + ahead.saturating_sub(tau), rate)
     };
     let remaining = sat_nanos(remaining);
     if allowed {

@@ -180,6 +180,14 @@ struct IssuerResultLabels {
     result: &'static str,
 }
 
+/// A token limit of a route, and what happened to tokens there.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, EncodeLabelSet)]
+struct TokenLabels {
+    route: Arc<str>,
+    limit: Arc<str>,
+    kind: &'static str,
+}
+
 #[derive(Debug, Clone, PartialEq, Eq, Hash, EncodeLabelSet)]
 struct ReasonLabels {
     reason: &'static str,
@@ -266,6 +274,7 @@ pub struct Metrics {
     rls_unknown_domains: Counter,
     jwt_verifications: Family<IssuerResultLabels, Counter>,
     jwks_refreshes: Family<IssuerResultLabels, Counter>,
+    tokens: Family<TokenLabels, Counter>,
     /// The shared `"none"` route label.
     no_route: Arc<str>,
     upstream_health: UpstreamHealthFamilies,
@@ -411,6 +420,12 @@ impl Metrics {
             "Fetches of an issuer's jwks_url, by issuer and result (ok; error: unreachable, a bad status or a bad document, the last keys kept)",
             jwks_refreshes.clone(),
         );
+        let tokens = Family::<TokenLabels, Counter>::default();
+        registry.register(
+            "tollgate_tokens",
+            "LLM tokens on token limits (unit = \"tokens\"), by route, limit and kind: reserved at admission; refunded (the response used fewer) or charged (more) when it ends; unsettled (no usage by its end: the reservation stands)",
+            tokens.clone(),
+        );
         let connections_evicted = Counter::default();
         registry.register(
             "tollgate_connections_evicted",
@@ -441,6 +456,7 @@ impl Metrics {
             rls_unknown_domains,
             jwt_verifications,
             jwks_refreshes,
+            tokens,
             no_route: Arc::from(NO_ROUTE),
             upstream_health,
         }
@@ -705,6 +721,24 @@ impl Metrics {
                 result,
             })
             .inc();
+    }
+
+    /// `n` tokens of `kind` (`reserved`, `refunded`, `charged`,
+    /// `unsettled`) on a route's token limit.
+    pub(crate) fn record_tokens(
+        &self,
+        route: &Arc<str>,
+        limit: &Arc<str>,
+        kind: &'static str,
+        n: u64,
+    ) {
+        self.tokens
+            .get_or_create(&TokenLabels {
+                route: route.clone(),
+                limit: limit.clone(),
+                kind,
+            })
+            .inc_by(n);
     }
 
     /// A fetch of an issuer's `jwks_url`, `ok` or `error`.

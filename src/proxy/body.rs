@@ -22,9 +22,11 @@ use crate::http1::client::UpstreamBody;
 use crate::http1::client::exchange::OutgoingBody;
 // The server side's request body, named here beside the bodies it becomes.
 use crate::access_log::PendingLine;
+use crate::admission::tokens::TokenBill;
 pub(crate) use crate::http1::server::ClientBody;
 use crate::http1::server::ConnActivity;
 use crate::limit::Permits;
+use crate::llm::usage::UsageScanner;
 use crate::metrics::DurationHistogram;
 
 /// The error a request body yields when it outgrows the route's `max_body`.
@@ -286,6 +288,27 @@ enum ResponseKind {
     Full(Option<Bytes>),
     /// The upstream's body, read from its connection as it is polled.
     Upstream(UpstreamBody),
+    /// The upstream's body, its bytes scanned for the tokens it reports
+    /// as they go by (a token route's response), settled when it ends.
+    Metered(UpstreamBody, Box<UsageMeter>),
+}
+
+/// A token route's response being relayed: the scanner of its usage and
+/// the bill to settle when the body ends or is dropped (the client gone:
+/// whatever usage had arrived by then counts).
+#[derive(Debug)]
+pub(crate) struct UsageMeter {
+    scanner: Option<UsageScanner>,
+    bill: Option<TokenBill>,
+}
+
+impl Drop for UsageMeter {
+    fn drop(&mut self) {
+        if let Some(bill) = self.bill.take() {
+            let usage = self.scanner.take().and_then(UsageScanner::finish);
+            bill.settle(usage.map(|usage| usage.total));
+        }
+    }
 }
 
 impl ResponseBody {
@@ -306,7 +329,28 @@ impl ResponseBody {
 
     /// Some of the body is still to come from the upstream.
     pub(crate) fn still_arriving(&self) -> bool {
-        matches!(&self.kind, ResponseKind::Upstream(body) if body.still_arriving())
+        match &self.kind {
+            ResponseKind::Upstream(body) | ResponseKind::Metered(body, _) => body.still_arriving(),
+            ResponseKind::Full(_) => false,
+        }
+    }
+
+    /// The body with its bytes fed to `scanner` as they go by, and `bill`
+    /// settled on the usage found when it ends. A body the gateway made
+    /// itself reports no usage: `bill` stands as reserved.
+    pub(crate) fn metered(self, scanner: UsageScanner, bill: TokenBill) -> Self {
+        let ResponseBody { kind, _completion } = self;
+        let kind = match kind {
+            ResponseKind::Upstream(body) => ResponseKind::Metered(
+                body,
+                Box::new(UsageMeter {
+                    scanner: Some(scanner),
+                    bill: Some(bill),
+                }),
+            ),
+            other => other,
+        };
+        ResponseBody { kind, _completion }
     }
 
     /// Attaches what must happen when the response ends: `completion`, and
@@ -327,7 +371,9 @@ impl ResponseBody {
     #[inline(never)]
     fn time_until_end(&mut self, timing: BodyTiming) {
         match &mut self.kind {
-            ResponseKind::Upstream(body) => body.keep_until_end(Box::new(timing)),
+            ResponseKind::Upstream(body) | ResponseKind::Metered(body, _) => {
+                body.keep_until_end(Box::new(timing))
+            }
             // Not an upstream body: its end is now (`timing` dropped here).
             ResponseKind::Full(_) => {}
         }
@@ -345,13 +391,22 @@ impl Body for ResponseBody {
         match &mut self.get_mut().kind {
             ResponseKind::Full(bytes) => Poll::Ready(bytes.take().map(|b| Ok(Frame::data(b)))),
             ResponseKind::Upstream(body) => Pin::new(body).poll_frame(cx),
+            ResponseKind::Metered(body, meter) => {
+                let polled = Pin::new(body).poll_frame(cx);
+                if let (Poll::Ready(Some(Ok(frame))), Some(scanner)) = (&polled, &mut meter.scanner)
+                    && let Some(data) = frame.data_ref()
+                {
+                    scanner.feed(data);
+                }
+                polled
+            }
         }
     }
 
     fn is_end_stream(&self) -> bool {
         match &self.kind {
             ResponseKind::Full(bytes) => bytes.is_none(),
-            ResponseKind::Upstream(body) => body.is_end_stream(),
+            ResponseKind::Upstream(body) | ResponseKind::Metered(body, _) => body.is_end_stream(),
         }
     }
 
@@ -359,7 +414,7 @@ impl Body for ResponseBody {
         match &self.kind {
             ResponseKind::Full(Some(bytes)) => SizeHint::with_exact(bytes.len() as u64),
             ResponseKind::Full(None) => SizeHint::with_exact(0),
-            ResponseKind::Upstream(body) => body.size_hint(),
+            ResponseKind::Upstream(body) | ResponseKind::Metered(body, _) => body.size_hint(),
         }
     }
 }

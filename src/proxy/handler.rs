@@ -47,6 +47,7 @@ use crate::proxy::ratelimit;
 use crate::proxy::request_body::{PendingBody, buffer_for_key};
 use crate::proxy::retry::{Retrying, Sender};
 use crate::proxy::send::forward;
+use crate::proxy::tokens;
 use crate::upstream::Attempt;
 
 /// Handles one request from a downstream client. The response's body ends
@@ -352,14 +353,24 @@ async fn route_and_act(
         identified => identified,
     }
     .map_err(GatewayError::unidentified)?;
-    let (body, fields) = if plan.needs_body {
+    let (mut body, fields) = if plan.needs_body {
         buffer_for_key(body, &parts, &snapshot.config, route).await?
     } else {
         (PendingBody::Fresh(body), None)
     };
+    let reserved = route.tokens.as_ref().map(|rule| {
+        tokens::reserve(
+            rule,
+            &mut body,
+            &mut parts,
+            snapshot.config.server.max_key_body,
+        )
+    });
 
     // Filled in place: returned by value it was copied twice (1.1 KB).
     let mut ticket = Ticket::default();
+    // A token route's reservation, settled from its response.
+    let mut bill = None;
     let limited = !plan.stack.is_empty();
     if limited {
         let client_ip = identify::client_ip(snapshot, &parts.headers, downstream.peer.ip());
@@ -369,12 +380,16 @@ async fn route_and_act(
             parts: &parts,
             identity: caller.identity(snapshot, client_ip, fields.as_ref()),
             cost: route.cost,
+            tokens: reserved,
             now,
         };
         match admission::admit(app, snapshot, candidate, &mut ticket).await {
             Admission::Allowed => {
                 // Noted now, so the log line has it even if forwarding fails.
                 progress.seen.limit = ticket.focus().map(|i| note(plan, &ticket, i, false));
+                if route.tokens.is_some() {
+                    bill = admission::tokens::bill(app, snapshot, plan, &ticket);
+                }
                 ticket.move_permits_into(&mut progress.answer.permits);
             }
             Admission::Denied { by } => {
@@ -384,7 +399,7 @@ async fn route_and_act(
                     ticket.entries(),
                     by,
                     plan.policy_for(ticket.plan()),
-                    route.cost,
+                    ticket.cost_of(by, route.cost),
                 );
                 progress.answer.fields = lines;
                 recycle_map(&mut parts.headers, response.headers_mut());
@@ -473,7 +488,12 @@ async fn route_and_act(
                 let reported = fields.relayed_value(cost_header.as_str());
                 admission::settle(app, snapshot, index, route.cost, admitted, reported);
             }
-            (response, fields)
+            match (bill, &route.tokens) {
+                (Some(bill), Some(rule)) => {
+                    (tokens::settle_from(rule, bill, response, &fields), fields)
+                }
+                _ => (response, fields),
+            }
         }
     };
     if let Some(admitted) = admitted {

@@ -20,6 +20,7 @@ use http::{HeaderName, Response};
 use super::body::ResponseBody;
 use crate::admission::Ticket;
 use crate::app::{RoutePlan, Snapshot};
+use crate::config::tokens::Unit;
 use crate::http::field_lines::FieldLines;
 use crate::http::problem::{
     self, DETAIL, NumberMember, ProblemWriter, STATUS, TITLE, TYPE, TextListMember, problem_member,
@@ -176,6 +177,12 @@ pub(crate) fn deny_response(
                 detail.literal("limit ");
                 let name = detail.escaped(&limit.name);
                 detail.literal(" exceeded");
+                if limit.unit == Unit::Tokens {
+                    // What did not fit: the request's reservation.
+                    detail.literal(": the request reserves ");
+                    detail.number(cost);
+                    detail.literal(" tokens");
+                }
                 name
             }
         });
@@ -307,6 +314,7 @@ mod tests {
             plans: Vec::new(),
             align: Default::default(),
             lease: None,
+            unit: Default::default(),
         }
     }
 

@@ -166,6 +166,7 @@ pub(crate) fn limit(
             identified.body.as_ref(),
         ),
         cost: snapshot.config.routes[route].cost,
+        tokens: None,
         now,
     };
     let mut ticket = Ticket::default();

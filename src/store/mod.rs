@@ -181,6 +181,9 @@ pub(crate) struct SharedEntry<'a> {
     pub(crate) shadow: bool,
     /// A token bucket's `lease`: units to take at a time (0: no leasing).
     pub(crate) lease: u64,
+    /// What the request charges it, in its unit (a settlement's entries:
+    /// unused).
+    pub(crate) cost: u64,
 }
 
 /// The store's answer for a request's shared entries.
@@ -522,10 +525,9 @@ impl RedisStore {
     pub(crate) async fn decide(
         self: &Arc<Self>,
         entries: &[SharedEntry<'_>],
-        cost: u64,
     ) -> Result<SharedDecision, Unavailable> {
         if entries.iter().all(|e| e.lease == 0) {
-            return self.decide_stack(entries, cost).await;
+            return self.decide_stack(entries).await;
         }
         let mut entries: SmallVec<[SharedEntry<'_>; 4]> = entries.iter().copied().collect();
         let mut fetching = Fetching {
@@ -548,7 +550,7 @@ impl RedisStore {
                 fetching.keys.push(key);
             }
         }
-        let decision = self.decide_stack(&entries, cost).await;
+        let decision = self.decide_stack(&entries).await;
         drop(fetching);
         decision
     }
@@ -557,7 +559,6 @@ impl RedisStore {
     async fn decide_stack(
         self: &Arc<Self>,
         entries: &[SharedEntry<'_>],
-        cost: u64,
     ) -> Result<SharedDecision, Unavailable> {
         let mut decision = SharedDecision {
             verdicts: smallvec::smallvec![None; entries.len()],
@@ -565,7 +566,7 @@ impl RedisStore {
             taken: smallvec::smallvec![0; entries.len()],
         };
         if !self.config.is_cluster() {
-            let (verdicts, lease) = self.decide_group(entries, cost).await?;
+            let (verdicts, lease) = self.decide_group(entries).await?;
             for (i, (verdict, taken)) in verdicts.into_iter().enumerate() {
                 decision.verdicts[i] = Some(verdict);
                 decision.taken[i] = taken;
@@ -585,7 +586,7 @@ impl RedisStore {
         for slot in order {
             let at: Vec<usize> = (0..entries.len()).filter(|&i| slots[i] == slot).collect();
             let group: Vec<SharedEntry<'_>> = at.iter().map(|&i| entries[i]).collect();
-            let (verdicts, lease) = match self.decide_group(&group, cost).await {
+            let (verdicts, lease) = match self.decide_group(&group).await {
                 Ok(answer) => answer,
                 Err(error) => {
                     drop(decision.leases);
@@ -668,7 +669,6 @@ impl RedisStore {
     async fn decide_group(
         self: &Arc<Self>,
         entries: &[SharedEntry<'_>],
-        cost: u64,
     ) -> Result<(Verdicts, Option<Lease>), Unavailable> {
         let member = entries
             .iter()
@@ -677,7 +677,11 @@ impl RedisStore {
                 let n = self.sequence.fetch_add(1, Ordering::Relaxed);
                 format!("{}:{n}", self.node)
             });
-        let args = self.args(entries, |_| cost as i64, member.as_deref());
+        let args = self.args(
+            entries,
+            |i| i64::try_from(entries[i].cost).unwrap_or(i64::MAX),
+            member.as_deref(),
+        );
         let answer = if self.config.is_cluster() {
             // Unbatched: requests on one connection rarely share a slot.
             let cmd = batch_cmd(self.stack.get_hash(), std::iter::once(&args));
@@ -705,6 +709,12 @@ impl RedisStore {
                     })
                     .map(|(e, _)| OwnedEntry::from(e))
                     .collect();
+                // A concurrency slot is charged in requests: each entry's
+                // cost is the request's.
+                let cost = entries
+                    .iter()
+                    .find(|e| matches!(e.algorithm, Algorithm::Concurrency { .. }))
+                    .map_or(1, |e| e.cost);
                 (!held.is_empty()).then(|| Lease::hold(self.clone(), held, member, cost))
             }
             _ => None,
@@ -729,6 +739,13 @@ impl RedisStore {
                 let _ = store.call(&store.settle, cmd).await;
             }
         });
+    }
+
+    /// [`RedisStore::settle`] for entries kept past their request (a token
+    /// limit's settlement when its response ends).
+    pub(crate) fn settle_owned(self: &Arc<Self>, entries: &[OwnedEntry], delta: i64) {
+        let views: SmallVec<[SharedEntry<'_>; 4]> = entries.iter().map(OwnedEntry::view).collect();
+        self.settle(&views, delta);
     }
 
     /// `EVALSHA <script> n keys… argv…` for `entries` (`settle.lua`).
@@ -1258,7 +1275,7 @@ fn node_id() -> String {
 
 /// An entry without borrows, for a lease that outlives the request's view.
 #[derive(Debug, Clone)]
-struct OwnedEntry {
+pub(crate) struct OwnedEntry {
     limit: Box<str>,
     plan: Option<Box<str>>,
     algorithm: Algorithm,
@@ -1279,6 +1296,15 @@ impl From<&SharedEntry<'_>> for OwnedEntry {
 }
 
 impl OwnedEntry {
+    /// `e` kept, with `ceiling`'s numbers (the limit's own, or
+    /// [`Algorithm::with_debt`]'s) bounding what a settlement charges.
+    pub(crate) fn with_ceiling(e: &SharedEntry<'_>, ceiling: Algorithm) -> OwnedEntry {
+        OwnedEntry {
+            algorithm: ceiling,
+            ..OwnedEntry::from(e)
+        }
+    }
+
     fn view(&self) -> SharedEntry<'_> {
         SharedEntry {
             limit: &self.limit,
@@ -1288,6 +1314,7 @@ impl OwnedEntry {
             key: self.key,
             shadow: false,
             lease: 0,
+            cost: 0,
         }
     }
 }
@@ -1395,6 +1422,7 @@ mod tests {
             key: LimitKey::from_u128(7),
             shadow: false,
             lease: 100,
+            cost: 1,
         };
         // T = 1 s / 3; a lease is capped at the capacity.
         assert_eq!(params(&e), ["4", "20", "333333.333333", "0", "20"]);

@@ -209,7 +209,8 @@ local function gcra(s, cost, units, T, delay_mode, lease)
   local room = math.max(tau - ahead, 0)
   local remaining = floor(room / T)
   local reset_after = 0
-  if remaining < units then reset_after = ceil((remaining + 1) * T - room) end
+  -- After paying back any debt a settlement left (ahead beyond tau).
+  if remaining < units then reset_after = ceil((remaining + 1) * T - room + math.max(ahead - tau, 0)) end
   if allowed then
     local delay = 0
     if delay_mode == 1 then delay = math.max(ceil(ahead - T), 0) end

@@ -9,6 +9,7 @@
 
 pub mod certs;
 pub mod jwt;
+pub mod llm;
 pub mod log;
 
 use std::collections::HashMap;

@@ -1,0 +1,96 @@
+//! Token quotas on the request path: what a request reserves (from its
+//! body, read within `max_key_body`), and how its response settles (a
+//! usage header at once, or the body's `usage` scanned as it is relayed,
+//! settled when the body ends).
+
+use bytes::Bytes;
+use http::Response;
+use http::header::{CONTENT_LENGTH, CONTENT_TYPE, HeaderValue};
+use http::request::Parts;
+
+use crate::admission::tokens::TokenBill;
+use crate::config::tokens::{PromptEstimate, TokensRule, UsageSource};
+use crate::http::field_lines::FieldLines;
+use crate::llm::reserve::{self, ReserveRule};
+use crate::llm::usage::{Format, UsageScanner};
+use crate::proxy::body::ResponseBody;
+use crate::proxy::request_body::{PendingBody, declared_length};
+
+/// The tokens the request reserves on its stack's token limits. A body read
+/// whole is read for its `max_tokens` and prompt; a body over
+/// `max_key_body` reserves the default completion plus a quarter of its
+/// declared length (of `max_key_body` when it declared none). With
+/// `include_usage`, a streamed OpenAI request without
+/// `stream_options.include_usage` gets it (and its `Content-Length` is
+/// made to fit), so that its stream ends with the usage.
+pub(crate) fn reserve(
+    rule: &TokensRule,
+    body: &mut PendingBody,
+    parts: &mut Parts,
+    max_key_body: usize,
+) -> u64 {
+    let estimate = ReserveRule {
+        max_tokens_default: rule.max_tokens_default,
+        prompt: match rule.prompt {
+            PromptEstimate::BytesOver4 => reserve::PromptEstimate::BytesOver4,
+        },
+    };
+    let PendingBody::Complete(bytes) = body else {
+        let length = declared_length(parts).unwrap_or(max_key_body as u64);
+        return rule.max_tokens_default.saturating_add(length.div_ceil(4));
+    };
+    let reservation = reserve::reservation(bytes, &estimate).total();
+    if rule.include_usage
+        && let Some(rewritten) = reserve::with_include_usage(bytes)
+    {
+        // Only a body framed by its length is rewritten: its new length is
+        // then the one field to change.
+        if declared_length(parts).is_some() {
+            parts
+                .headers
+                .insert(CONTENT_LENGTH, HeaderValue::from(rewritten.len()));
+            *bytes = Bytes::from(rewritten);
+        }
+    }
+    reservation
+}
+
+/// Settles `bill` from the response: at once from a usage header, or
+/// when its body ends from the usage the body reports (a JSON body or a
+/// server-sent-event stream); a body of another type reports none.
+pub(crate) fn settle_from(
+    rule: &TokensRule,
+    bill: TokenBill,
+    response: Response<ResponseBody>,
+    fields: &FieldLines,
+) -> Response<ResponseBody> {
+    match &rule.usage {
+        UsageSource::Header(name) => {
+            let used = fields
+                .relayed_value(name.as_str())
+                .or_else(|| response.headers().get(name).map(HeaderValue::as_bytes))
+                .and_then(|value| std::str::from_utf8(value).ok())
+                .and_then(|value| value.trim().parse::<u64>().ok());
+            bill.settle(used);
+            response
+        }
+        UsageSource::Auto => {
+            let format = fields
+                .relayed_value(CONTENT_TYPE.as_str())
+                .or_else(|| {
+                    response
+                        .headers()
+                        .get(CONTENT_TYPE)
+                        .map(HeaderValue::as_bytes)
+                })
+                .and_then(Format::of_content_type);
+            match format {
+                Some(format) => response.map(|body| body.metered(UsageScanner::new(format), bill)),
+                None => {
+                    bill.settle(None);
+                    response
+                }
+            }
+        }
+    }
+}

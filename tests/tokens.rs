@@ -1,0 +1,405 @@
+//! Token quotas (`unit = "tokens"`, a route's `tokens = {...}`) end to end
+//! through real sockets, in front of a scripted OpenAI- and
+//! Anthropic-compatible upstream (`common::llm`): a request reserves its
+//! `max_tokens` plus a quarter of its prompt's bytes, all or nothing with
+//! the request limits of its stack; when the response ends, the usage it
+//! reported (a JSON body, an OpenAI or Anthropic stream, a header) settles
+//! the difference — refunded, or charged as debt that later requests wait
+//! out; a response without usage (absent, malformed, cut) keeps the
+//! reservation and is counted `unsettled`. On memory and on Redis across
+//! two gateways, on the wall clock with buckets refilled 1,000 tokens a
+//! day (a token per 86 s), so the counts are exact on a slow machine.
+
+mod common;
+
+use bytes::Bytes;
+use http_body_util::Full;
+use hyper::Request;
+use serde_json::{Value, json};
+
+use common::llm::LlmUpstream;
+use common::openmetrics::{self, Exposition};
+use common::redis::Redis;
+use common::{InProcess, Reply, get, send, tollgate};
+
+/// A gateway in front of `upstream` with an RPM and a TPM limit per API
+/// key; `tokens` is the route's rule, `extra` more config.
+fn config(upstream: &LlmUpstream, tokens: &str, extra: &str) -> String {
+    format!(
+        r#"[server]
+listen = "127.0.0.1:0"
+admin = "127.0.0.1:0"
+workers = 1
+
+[upstreams.llm]
+url = "{url}"
+
+[limits.rpm]
+key = "header:x-api-key"
+algorithm = "fixed_window"
+limit = 100
+window = "1h"
+
+[limits.tpm]
+key = "header:x-api-key"
+algorithm = "token_bucket"
+capacity = 1000
+refill = "1000/d"
+unit = "tokens"
+
+[[routes]]
+name = "chat"
+match = {{ path = "/v1/chat/completions", methods = ["POST"] }}
+upstream = "llm"
+limits = ["rpm", "tpm"]
+tokens = {tokens}
+
+{extra}
+"#,
+        url = upstream.url()
+    )
+}
+
+const RULE: &str = r#"{ max_tokens_default = 200, prompt = "bytes/4", usage = "auto" }"#;
+
+/// A chat completion request of `key` asking for `max_tokens`, answered as
+/// `script` with `used` tokens. Its prompt, "hi", is one token.
+async fn chat(gateway: &InProcess, key: &str, max_tokens: u64, script: &str, used: u64) -> Reply {
+    let body = json!({
+        "model": "gpt-test",
+        "max_tokens": max_tokens,
+        "messages": [{"role": "user", "content": "hi"}],
+    });
+    post(gateway, key, &body, script, used).await
+}
+
+async fn post(gateway: &InProcess, key: &str, body: &Value, script: &str, used: u64) -> Reply {
+    let request = Request::post("/v1/chat/completions")
+        .header("host", "gateway.test")
+        .header("content-type", "application/json")
+        .header("x-api-key", key)
+        .header("x-script", script)
+        .header("x-used", used.to_string())
+        .body(Full::new(Bytes::from(body.to_string())))
+        .unwrap();
+    send(gateway.addr, request).await
+}
+
+fn metrics(gateway: &InProcess) -> Exposition {
+    openmetrics::parse(&gateway.app.metrics().encode()).expect("a valid exposition")
+}
+
+fn tokens(gateway: &InProcess, kind: &str) -> f64 {
+    metrics(gateway).count(
+        "tollgate_tokens_total",
+        &[("route", "chat"), ("limit", "tpm"), ("kind", kind)],
+    )
+}
+
+/// The tokens `key` has left on `tpm`, from the explain endpoint.
+async fn left(gateway: &InProcess, key: &str) -> i64 {
+    let admin = gateway.admin.expect("an admin listener");
+    let explained = get(admin, &format!("/limits/tpm?key={key}"), &[]).await;
+    assert_eq!(explained.status, 200, "{:?}", explained.body);
+    explained.json()["remaining"]
+        .as_i64()
+        .unwrap_or_else(|| panic!("no remaining in {}", explained.json()))
+}
+
+/// The settlement runs when the response body is dropped, just after the
+/// client has read it: wait for the metric that says it ran.
+async fn settled(gateway: &InProcess, kind: &str, expected: f64) {
+    let done = common::eventually(async || tokens(gateway, kind) == expected).await;
+    assert!(
+        done,
+        "{kind}: {} (expected {expected})",
+        tokens(gateway, kind)
+    );
+}
+
+#[tokio::test]
+async fn a_json_usage_refunds_what_the_reservation_did_not_use() {
+    let upstream = LlmUpstream::start().await;
+    let gateway = InProcess::start(&config(&upstream, RULE, "")).await;
+    // Reserves 300 + 1 (the prompt "hi": 2 bytes, a quarter rounded up).
+    let reply = chat(&gateway, "k1", 300, "json", 120).await;
+    assert_eq!(reply.status, 200, "{:?}", reply.body);
+    assert_eq!(
+        reply.json()["usage"]["total_tokens"],
+        120,
+        "the body unchanged"
+    );
+    assert_eq!(tokens(&gateway, "reserved"), 301.0);
+    settled(&gateway, "refunded", 181.0).await;
+    assert_eq!(left(&gateway, "k1").await, 1000 - 120);
+    // The next request's RateLimit field counts in tokens.
+    let reply = chat(&gateway, "k1", 300, "json", 301).await;
+    assert_eq!(reply.status, 200);
+    let ratelimit = reply.header("ratelimit").expect("a RateLimit field");
+    assert!(
+        ratelimit.contains("\"tpm\";r=579"),
+        "880 - 301 left in tokens: {ratelimit}"
+    );
+    assert_eq!(left(&gateway, "k1").await, 579, "used what it reserved");
+    gateway.stop().await;
+}
+
+#[tokio::test]
+async fn an_openai_stream_settles_from_its_last_usage_chunk_and_may_leave_debt() {
+    let upstream = LlmUpstream::start().await;
+    let gateway = InProcess::start(&config(&upstream, RULE, "")).await;
+    let reply = chat(&gateway, "k2", 100, "sse", 1500).await;
+    assert_eq!(reply.status, 200);
+    assert_eq!(reply.header("content-type"), Some("text/event-stream"));
+    let text = String::from_utf8(reply.body.to_vec()).unwrap();
+    assert!(text.ends_with("data: [DONE]\n\n"), "relayed whole: {text}");
+    // Used 1500 of a 101-token reservation: 1399 charged, the balance at
+    // -500 (a debt of at most the capacity).
+    settled(&gateway, "charged", 1399.0).await;
+    assert_eq!(left(&gateway, "k2").await, 0);
+    // The next request waits out the debt and its own reservation.
+    let reply = chat(&gateway, "k2", 100, "json", 10).await;
+    assert_eq!(reply.status, 429, "{:?}", reply.body);
+    let detail = reply.json()["detail"].as_str().unwrap().to_owned();
+    assert!(detail.contains("tpm"), "{detail}");
+    assert!(
+        detail.contains("101 tokens"),
+        "names the reservation: {detail}"
+    );
+    // 500 of debt + 101 tokens at 1000/d: 51,927 s, not one token's 87.
+    let retry: u64 = reply.header("retry-after").unwrap().parse().unwrap();
+    assert!((51_900..=51_930).contains(&retry), "Retry-After {retry}");
+    // A request limit that denied nothing was not charged either.
+    gateway.stop().await;
+}
+
+#[tokio::test]
+async fn an_anthropic_stream_settles_input_plus_output_tokens() {
+    let upstream = LlmUpstream::start().await;
+    let gateway = InProcess::start(&config(&upstream, RULE, "")).await;
+    // message_start: 30 input; the last message_delta: 60 output.
+    let reply = chat(&gateway, "k3", 500, "anthropic", 90).await;
+    assert_eq!(reply.status, 200);
+    settled(&gateway, "refunded", 411.0).await;
+    assert_eq!(left(&gateway, "k3").await, 1000 - 90);
+    gateway.stop().await;
+}
+
+#[tokio::test]
+async fn without_usage_the_reservation_stands_and_is_counted() {
+    let upstream = LlmUpstream::start().await;
+    let gateway = InProcess::start(&config(&upstream, RULE, "")).await;
+    for (script, key) in [("none", "k4"), ("malformed", "k5")] {
+        let reply = chat(&gateway, key, 99, script, 10).await;
+        assert_eq!(reply.status, 200);
+    }
+    settled(&gateway, "unsettled", 200.0).await;
+    assert_eq!(left(&gateway, "k4").await, 900);
+    assert_eq!(left(&gateway, "k5").await, 900);
+    // A stream cut before its usage: the client sees the cut, the
+    // reservation stands.
+    let body = json!({"max_tokens": 99, "messages": [{"role": "user", "content": "hi"}]});
+    let request = Request::post("/v1/chat/completions")
+        .header("host", "gateway.test")
+        .header("x-api-key", "k6")
+        .header("x-script", "cut")
+        .body(Full::new(Bytes::from(body.to_string())))
+        .unwrap();
+    let response = common::send_streaming(gateway.addr, request).await;
+    assert_eq!(response.status(), 200);
+    let read = http_body_util::BodyExt::collect(response.into_body()).await;
+    assert!(read.is_err(), "the cut reaches the client");
+    settled(&gateway, "unsettled", 300.0).await;
+    assert_eq!(left(&gateway, "k6").await, 900);
+    assert_eq!(tokens(&gateway, "refunded"), 0.0);
+    gateway.stop().await;
+}
+
+#[tokio::test]
+async fn a_reservation_that_does_not_fit_is_denied_and_charges_nothing() {
+    let upstream = LlmUpstream::start().await;
+    let gateway = InProcess::start(&config(&upstream, RULE, "")).await;
+    // More than the bucket ever holds: never.
+    let reply = chat(&gateway, "k7", 5000, "json", 1).await;
+    assert_eq!(reply.status, 429);
+    assert!(reply.header("retry-after").is_none(), "it can never fit");
+    let detail = reply.json()["detail"].as_str().unwrap().to_owned();
+    assert!(detail.contains("5001"), "{detail}");
+    // Fits now, then the next one does not until refilled; the RPM limit
+    // stays charged only for what was admitted.
+    assert_eq!(chat(&gateway, "k7", 700, "json", 701).await.status, 200);
+    let denied = chat(&gateway, "k7", 700, "json", 701).await;
+    assert_eq!(denied.status, 429);
+    assert_eq!(denied.json()["violated-policies"], json!(["tpm"]));
+    let admin = gateway.admin.unwrap();
+    let rpm = get(admin, "/limits/rpm?key=k7", &[]).await.json();
+    assert_eq!(rpm["remaining"], 99, "one admitted request: {rpm}");
+    assert_eq!(
+        tokens(&gateway, "reserved"),
+        701.0,
+        "denials reserve nothing"
+    );
+    gateway.stop().await;
+}
+
+#[tokio::test]
+async fn the_request_limits_of_the_stack_stay_all_or_nothing() {
+    let upstream = LlmUpstream::start().await;
+    let extra = "";
+    let config = config(&upstream, RULE, extra).replace("limit = 100\n", "limit = 2\n");
+    let gateway = InProcess::start(&config).await;
+    assert_eq!(chat(&gateway, "k8", 10, "json", 11).await.status, 200);
+    assert_eq!(chat(&gateway, "k8", 10, "json", 11).await.status, 200);
+    let denied = chat(&gateway, "k8", 10, "json", 11).await;
+    assert_eq!(denied.status, 429);
+    assert_eq!(denied.json()["violated-policies"], json!(["rpm"]));
+    assert_eq!(
+        left(&gateway, "k8").await,
+        1000 - 22,
+        "the denial reserved nothing"
+    );
+    gateway.stop().await;
+}
+
+#[tokio::test]
+async fn usage_from_a_header_and_the_body_forwarded_unchanged() {
+    let upstream = LlmUpstream::start().await;
+    let rule = r#"{ max_tokens_default = 50, usage = "header:x-tokens" }"#;
+    let gateway = InProcess::start(&config(&upstream, rule, "")).await;
+    // No max_tokens: the default; the prompt's text is 40 bytes, 10 tokens.
+    let body = json!({"messages": [{"role": "user", "content": "a".repeat(40)}]});
+    let reply = post(&gateway, "k9", &body, "header", 25).await;
+    assert_eq!(reply.status, 200);
+    assert_eq!(upstream.last_body(), body, "forwarded unchanged");
+    assert_eq!(tokens(&gateway, "reserved"), 60.0);
+    settled(&gateway, "refunded", 35.0).await;
+    assert_eq!(left(&gateway, "k9").await, 975);
+    gateway.stop().await;
+}
+
+#[tokio::test]
+async fn include_usage_asks_a_streamed_openai_request_for_its_usage() {
+    let upstream = LlmUpstream::start().await;
+    let rule = r#"{ max_tokens_default = 50, include_usage = true }"#;
+    let gateway = InProcess::start(&config(&upstream, rule, "")).await;
+    let body = json!({"model": "m", "stream": true, "max_tokens": 20,
+                      "messages": [{"role": "user", "content": "hi"}]});
+    let reply = post(&gateway, "k10", &body, "sse", 15).await;
+    assert_eq!(reply.status, 200);
+    let seen = upstream.last_body();
+    assert_eq!(seen["stream_options"]["include_usage"], true, "{seen}");
+    assert_eq!(seen["messages"], body["messages"]);
+    settled(&gateway, "refunded", 6.0).await;
+    // A request that is not streamed is forwarded as it is.
+    let plain = json!({"max_tokens": 20, "messages": []});
+    assert_eq!(post(&gateway, "k10", &plain, "json", 20).await.status, 200);
+    assert_eq!(upstream.last_body(), plain);
+    gateway.stop().await;
+}
+
+#[test]
+fn token_limits_need_a_rule_and_an_algorithm_that_counts_them() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("gateway.toml");
+    std::fs::write(
+        &path,
+        r#"[server]
+listen = "127.0.0.1:0"
+
+[upstreams.llm]
+url = "http://127.0.0.1:9"
+
+[limits.tpm]
+key = "ip"
+algorithm = "token_bucket"
+capacity = 10
+refill = "10/m"
+unit = "tokens"
+
+[limits.log]
+key = "ip"
+algorithm = "sliding_log"
+limit = 10
+window = "1m"
+unit = "token"
+
+[limits.log_tokens]
+key = "ip"
+algorithm = "sliding_log"
+limit = 10
+window = "1m"
+unit = "tokens"
+
+[[routes]]
+name = "chat"
+match = { path_prefix = "/" }
+upstream = "llm"
+limits = ["tpm"]
+"#,
+    )
+    .unwrap();
+    let (code, _, stderr) = tollgate(&["check", "-c", path.to_str().unwrap()]);
+    assert_ne!(code, 0);
+    assert!(
+        stderr.contains("`tpm` counts tokens") && stderr.contains("tokens = {"),
+        "{stderr}"
+    );
+    assert!(stderr.contains("limits.log.unit"), "{stderr}");
+    assert!(stderr.contains("sliding_log keeps every unit"), "{stderr}");
+}
+
+#[tokio::test]
+#[cfg_attr(
+    not(has_redis),
+    ignore = "needs redis-server and redis-cli: apt-get install -y redis-server redis-tools"
+)]
+async fn two_gateways_on_redis_settle_into_one_budget() {
+    let redis = Redis::start();
+    let upstream = LlmUpstream::start().await;
+    let store = format!(
+        "[store]\nbackend = \"redis\"\nurl = \"{}\"\nprefix = \"tk:\"\n",
+        redis.url()
+    );
+    let config = config(&upstream, RULE, &store);
+    let a = InProcess::start_on_wall_time(&config).await;
+    let b = InProcess::start_on_wall_time(&config).await;
+    // a reserves 401 and uses 100: 300 refunded in Redis.
+    assert_eq!(chat(&a, "r1", 400, "json", 100).await.status, 200);
+    settled(&a, "refunded", 301.0).await;
+    // The settlement is its own script call, sent after the response.
+    script_calls_reach(&redis, 2).await;
+    // b sees the settled balance: 900 left; it takes 899 of them.
+    let reply = chat(&b, "r1", 898, "sse", 898 + 1).await;
+    assert_eq!(reply.status, 200, "{:?}", reply.body);
+    assert_eq!(tokens(&b, "reserved"), 899.0);
+    assert_eq!(
+        chat(&a, "r1", 1, "json", 1).await.status,
+        429,
+        "the budget is one"
+    );
+    // A charge beyond the reservation reaches Redis too.
+    assert_eq!(chat(&a, "r2", 10, "sse", 811).await.status, 200);
+    settled(&a, "charged", 800.0).await;
+    script_calls_reach(&redis, 6).await;
+    let reply = chat(&b, "r2", 200, "json", 1).await;
+    assert_eq!(reply.status, 429, "811 used, 200 more do not fit");
+    assert_eq!(chat(&b, "r2", 180, "json", 181).await.status, 200);
+    a.stop().await;
+    b.stop().await;
+}
+
+/// Waits until Redis has run `n` script calls (`EVALSHA`: decisions and
+/// settlements).
+async fn script_calls_reach(redis: &Redis, n: u64) {
+    let calls = || {
+        redis
+            .cli(&["INFO", "commandstats"])
+            .lines()
+            .find_map(|line| line.strip_prefix("cmdstat_evalsha:calls="))
+            .and_then(|rest| rest.split(',').next())
+            .and_then(|calls| calls.parse::<u64>().ok())
+            .unwrap_or(0)
+    };
+    let reached = common::eventually(async || calls() >= n).await;
+    assert!(reached, "{} script calls, expected {n}", calls());
+}
