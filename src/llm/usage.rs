@@ -34,7 +34,7 @@ use super::json::{Mark, TopLevel};
 
 /// The most bytes of a JSON body's `usage` value captured: a longer one
 /// (no API sends one) is ignored, so the usage is absent.
-pub const USAGE_MAX: usize = 4 * 1024;
+pub(crate) const USAGE_MAX: usize = 4 * 1024;
 
 /// The tokens a response reports.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -260,6 +260,8 @@ impl Events {
 
 /// One event's part in the usage: only events whose data is a JSON object
 /// that names `usage` take part (`[DONE]`, text deltas and pings do not).
+/// What kind of event it is comes from the data's `type`, else the event's
+/// name (Anthropic and the Responses API send both, the same).
 fn on_event(event: &Event<'_>, usage: &mut Option<Usage>, anthropic: &mut Anthropic) {
     if !may_name_usage(event.data) {
         return;

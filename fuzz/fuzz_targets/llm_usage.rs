@@ -1,0 +1,74 @@
+//! Fuzz target for the token-quota vocabulary: the usage scanner
+//! (`llm::usage::UsageScanner`) and a request's reservation and rewrite
+//! (`llm::reserve::reservation`, `llm::reserve::with_include_usage`).
+//!
+//! The first byte picks the piece sizes; the rest is a response body, read
+//! as JSON and as an event stream. Beyond "never panics", for each format:
+//! the body fed in pieces reads the same usage (so far and at the end) as
+//! fed whole. The same bytes as a request body: `reservation` never panics,
+//! and when `with_include_usage` rewrites them, the rewrite is JSON whose
+//! `stream` is true and `stream_options.include_usage` true, it is not
+//! rewritten again, and it reserves what the original did.
+
+#![no_main]
+
+use libfuzzer_sys::fuzz_target;
+use serde_json::Value;
+use tollgate::llm::reserve::{PromptEstimate, ReserveRule, reservation, with_include_usage};
+use tollgate::llm::usage::{Format, Usage, UsageScanner};
+
+/// The usage known after the last piece and at the end, `body` fed in
+/// pieces whose sizes cycle through `steps`.
+fn scan(format: Format, body: &[u8], steps: &[usize]) -> (Option<Usage>, Option<Usage>) {
+    let mut scanner = UsageScanner::new(format);
+    let mut fed = 0;
+    let mut step = steps.iter().cycle();
+    while fed < body.len() {
+        let next = (fed + step.next().copied().unwrap_or(1).max(1)).min(body.len());
+        scanner.feed(&body[fed..next]);
+        fed = next;
+    }
+    (scanner.usage(), scanner.finish())
+}
+
+fuzz_target!(|data: &[u8]| {
+    let Some((&control, body)) = data.split_first() else {
+        return;
+    };
+    let steps = [
+        usize::from(control & 0x7) + 1,
+        usize::from(control >> 3) + 1,
+        1,
+        usize::from(control) * 3 + 1,
+    ];
+    for format in [Format::Json, Format::EventStream] {
+        let whole = scan(format, body, &[body.len().max(1)]);
+        let split = scan(format, body, &steps);
+        assert_eq!(whole, split, "{format:?} usage differs by split");
+    }
+
+    let rule = ReserveRule {
+        max_tokens_default: u64::from(control),
+        prompt: PromptEstimate::BytesOver4,
+    };
+    let reserved = reservation(body, &rule);
+    if let Some(rewritten) = with_include_usage(body) {
+        let value: Value = serde_json::from_slice(&rewritten).expect("the rewrite is JSON");
+        assert_eq!(
+            value.get("stream"),
+            Some(&Value::Bool(true)),
+            "rewrite of an unstreamed body"
+        );
+        assert_eq!(
+            value.pointer("/stream_options/include_usage"),
+            Some(&Value::Bool(true)),
+            "the rewrite does not ask for usage"
+        );
+        assert!(with_include_usage(&rewritten).is_none(), "rewritten twice");
+        assert_eq!(
+            reservation(&rewritten, &rule),
+            reserved,
+            "the rewrite reserves differently"
+        );
+    }
+});
