@@ -21,6 +21,7 @@
 
 use std::net::IpAddr;
 use std::num::NonZeroU64;
+use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
@@ -119,6 +120,35 @@ pub(crate) struct AccessEntry<'a> {
     /// The listener: `proxy`, or the decision service's `rls` / `auth`
     /// (the `front` label of the decision metrics).
     pub(crate) front: &'static str,
+    /// A token route's reserved and used tokens.
+    pub(crate) tokens: Option<&'a TokenTally>,
+}
+
+/// A token route's tokens, for its log line: what the request reserved,
+/// and what its response reported using (set when the response ends,
+/// before the line is written).
+#[derive(Debug)]
+pub(crate) struct TokenTally {
+    pub(crate) reserved: u64,
+    /// `u64::MAX` until known.
+    used: AtomicU64,
+}
+
+impl TokenTally {
+    pub(crate) fn new(reserved: u64) -> TokenTally {
+        TokenTally {
+            reserved,
+            used: AtomicU64::new(u64::MAX),
+        }
+    }
+
+    pub(crate) fn set_used(&self, used: u64) {
+        self.used.store(used, Ordering::Relaxed);
+    }
+
+    pub(crate) fn used(&self) -> Option<u64> {
+        Some(self.used.load(Ordering::Relaxed)).filter(|&used| used != u64::MAX)
+    }
 }
 
 /// The limit part of an access-log line.
@@ -143,6 +173,8 @@ pub(crate) struct PendingLine {
     /// The limit's name, remaining and whether it denied.
     limit: Option<(Box<str>, u64, bool)>,
     retries: u32,
+    /// Read when the line is written: the response's usage is known then.
+    tokens: Option<Arc<TokenTally>>,
 }
 
 impl PendingLine {
@@ -150,7 +182,7 @@ impl PendingLine {
     /// Out of line: rare, and it allocates.
     #[cold]
     #[inline(never)]
-    pub(crate) fn of(entry: &AccessEntry<'_>) -> PendingLine {
+    pub(crate) fn of(entry: &AccessEntry<'_>, tokens: Option<Arc<TokenTally>>) -> PendingLine {
         PendingLine {
             method: entry.method.into(),
             path: entry.path.into(),
@@ -160,6 +192,7 @@ impl PendingLine {
             client_ip: entry.client_ip,
             limit: entry.limit.map(|l| (l.name.into(), l.remaining, l.denied)),
             retries: entry.retries,
+            tokens,
         }
     }
 
@@ -184,6 +217,7 @@ impl PendingLine {
             retries: self.retries,
             refused: None,
             front: "proxy",
+            tokens: self.tokens.as_deref(),
         });
     }
 }
@@ -212,6 +246,8 @@ pub(crate) fn log(entry: &AccessEntry<'_>) {
         retries = entry.retries,
         refused = entry.refused,
         front = entry.front,
+        tokens_reserved = entry.tokens.map(|t| t.reserved),
+        tokens_used = entry.tokens.and_then(TokenTally::used),
         "request"
     );
 }

@@ -119,6 +119,7 @@ async fn settled(gateway: &InProcess, kind: &str, expected: f64) {
 
 #[tokio::test]
 async fn a_json_usage_refunds_what_the_reservation_did_not_use() {
+    let log = common::log::capture_json();
     let upstream = LlmUpstream::start().await;
     let gateway = InProcess::start(&config(&upstream, RULE, "")).await;
     // Reserves 300 + 1 (the prompt "hi": 2 bytes, a quarter rounded up).
@@ -141,6 +142,25 @@ async fn a_json_usage_refunds_what_the_reservation_did_not_use() {
         "880 - 301 left in tokens: {ratelimit}"
     );
     assert_eq!(left(&gateway, "k1").await, 579, "used what it reserved");
+    // The access log has each request's reserved and used tokens.
+    // Written when each body ends, just after the client read it.
+    let text = log
+        .when(|text| text.matches("\"tokens_used\"").count() >= 2)
+        .await;
+    let lines: Vec<Value> = text
+        .lines()
+        .filter(|line| line.contains("tollgate::access"))
+        .filter_map(|line| serde_json::from_str::<Value>(line).ok())
+        .collect();
+    let tokens: Vec<(Value, Value)> = lines
+        .iter()
+        .map(|line| (line["tokens_reserved"].clone(), line["tokens_used"].clone()))
+        .collect();
+    assert_eq!(
+        tokens,
+        [(json!(301), json!(120)), (json!(301), json!(301))],
+        "{lines:?}"
+    );
     gateway.stop().await;
 }
 

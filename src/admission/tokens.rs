@@ -17,6 +17,7 @@ use std::sync::Arc;
 use smallvec::SmallVec;
 
 use super::{Ticket, shared};
+use crate::access_log::TokenTally;
 use crate::app::{App, RoutePlan, Snapshot};
 use crate::config::tokens::Unit;
 use crate::limit::{Clock, LimitKey, Limiter, Outcome};
@@ -32,6 +33,8 @@ pub struct TokenBill {
 
 struct Bill {
     reserved: u64,
+    /// The request's tokens for its log line.
+    tally: Arc<TokenTally>,
     route: Arc<str>,
     /// Token limits charged in node memory.
     local: SmallVec<[LocalEntry; 2]>,
@@ -77,6 +80,7 @@ pub fn bill(
         .and_then(|j| ticket.costs.get(j).copied())?;
     let mut bill = Bill {
         reserved,
+        tally: Arc::new(TokenTally::new(reserved)),
         route: plan.name.clone(),
         local: SmallVec::new(),
         shared: Vec::new(),
@@ -135,6 +139,12 @@ impl TokenBill {
         self.inner.reserved
     }
 
+    /// The request's reserved and (once settled) used tokens, shared with
+    /// its access-log line.
+    pub(crate) fn tally(&self) -> Arc<TokenTally> {
+        self.inner.tally.clone()
+    }
+
     /// Settles on `used` tokens, the response's usage (`None`: it reported
     /// none, and the reservation stands).
     pub fn settle(mut self, used: Option<u64>) {
@@ -152,6 +162,9 @@ impl Bill {
             .iter()
             .map(|(_, _, label)| label)
             .chain(&self.shared_labels);
+        if let Some(used) = used {
+            self.tally.set_used(used);
+        }
         let Some(used) = used else {
             for label in labels {
                 self.metrics

@@ -790,6 +790,7 @@ fn refused(app: &App, peer: SocketAddr, activity: &ConnActivity) {
         retries: 0,
         refused: Some(refusal.detail),
         front: "proxy",
+        tokens: None,
     });
 }
 

@@ -301,6 +301,7 @@ fn log_entry(
         retries: 0,
         refused: None,
         front: Front::Auth.label(),
+        tokens: None,
     });
 }
 

@@ -474,6 +474,7 @@ fn log(
         retries: 0,
         refused: None,
         front: Front::Rls.label(),
+        tokens: None,
     });
 }
 

@@ -290,7 +290,9 @@ enum ResponseKind {
     Upstream(UpstreamBody),
     /// The upstream's body, its bytes scanned for the tokens it reports
     /// as they go by (a token route's response), settled when it ends.
-    Metered(UpstreamBody, Box<UsageMeter>),
+    /// The meter first: fields drop in order, and the settlement must be
+    /// in before the body's timing writes the log line that shows it.
+    Metered(Box<UsageMeter>, UpstreamBody),
 }
 
 /// A token route's response being relayed: the scanner of its usage and
@@ -330,7 +332,7 @@ impl ResponseBody {
     /// Some of the body is still to come from the upstream.
     pub(crate) fn still_arriving(&self) -> bool {
         match &self.kind {
-            ResponseKind::Upstream(body) | ResponseKind::Metered(body, _) => body.still_arriving(),
+            ResponseKind::Upstream(body) | ResponseKind::Metered(_, body) => body.still_arriving(),
             ResponseKind::Full(_) => false,
         }
     }
@@ -342,11 +344,11 @@ impl ResponseBody {
         let ResponseBody { kind, _completion } = self;
         let kind = match kind {
             ResponseKind::Upstream(body) => ResponseKind::Metered(
-                body,
                 Box::new(UsageMeter {
                     scanner: Some(scanner),
                     bill: Some(bill),
                 }),
+                body,
             ),
             other => other,
         };
@@ -371,7 +373,7 @@ impl ResponseBody {
     #[inline(never)]
     fn time_until_end(&mut self, timing: BodyTiming) {
         match &mut self.kind {
-            ResponseKind::Upstream(body) | ResponseKind::Metered(body, _) => {
+            ResponseKind::Upstream(body) | ResponseKind::Metered(_, body) => {
                 body.keep_until_end(Box::new(timing))
             }
             // Not an upstream body: its end is now (`timing` dropped here).
@@ -391,7 +393,7 @@ impl Body for ResponseBody {
         match &mut self.get_mut().kind {
             ResponseKind::Full(bytes) => Poll::Ready(bytes.take().map(|b| Ok(Frame::data(b)))),
             ResponseKind::Upstream(body) => Pin::new(body).poll_frame(cx),
-            ResponseKind::Metered(body, meter) => {
+            ResponseKind::Metered(meter, body) => {
                 let polled = Pin::new(body).poll_frame(cx);
                 if let (Poll::Ready(Some(Ok(frame))), Some(scanner)) = (&polled, &mut meter.scanner)
                     && let Some(data) = frame.data_ref()
@@ -406,7 +408,7 @@ impl Body for ResponseBody {
     fn is_end_stream(&self) -> bool {
         match &self.kind {
             ResponseKind::Full(bytes) => bytes.is_none(),
-            ResponseKind::Upstream(body) | ResponseKind::Metered(body, _) => body.is_end_stream(),
+            ResponseKind::Upstream(body) | ResponseKind::Metered(_, body) => body.is_end_stream(),
         }
     }
 
@@ -414,7 +416,7 @@ impl Body for ResponseBody {
         match &self.kind {
             ResponseKind::Full(Some(bytes)) => SizeHint::with_exact(bytes.len() as u64),
             ResponseKind::Full(None) => SizeHint::with_exact(0),
-            ResponseKind::Upstream(body) | ResponseKind::Metered(body, _) => body.size_hint(),
+            ResponseKind::Upstream(body) | ResponseKind::Metered(_, body) => body.size_hint(),
         }
     }
 }

@@ -29,8 +29,9 @@ use http::header::CONTENT_TYPE;
 use http::request::Parts;
 use http::{Method, Request, Response, StatusCode, Uri, Version};
 
-use crate::access_log::{self, AccessEntry, PendingLine};
+use crate::access_log::{self, AccessEntry, PendingLine, TokenTally};
 use crate::admission::identify::Unidentified;
+use crate::admission::tokens::TokenBill;
 use crate::admission::{self, Admission, Candidate, Ticket, identify};
 use crate::app::{App, LimitId, RoutePlan, Snapshot};
 use crate::config::RouteAction;
@@ -158,6 +159,8 @@ struct Seen {
     limit: Option<LimitNote>,
     /// Upstream retries made.
     retries: u32,
+    /// A token route's reservation and, once its response ends, usage.
+    tokens: Option<Arc<TokenTally>>,
 }
 
 /// What goes with the response, beyond it.
@@ -219,7 +222,8 @@ impl Observation {
         let plan = seen.route_index.and_then(|i| snapshot.routes.get(i));
         let mut timing = None;
         let route = match plan {
-            Some(plan) if response.body().still_arriving() => {
+            // A token route's line waits for its usage, the end of its body.
+            Some(plan) if response.body().still_arriving() || seen.tokens.is_some() => {
                 timing = Some(time_until_end(app, plan, status, elapsed));
                 &plan.name
             }
@@ -258,12 +262,13 @@ impl Observation {
             retries: seen.retries,
             refused: None,
             front: "proxy",
+            tokens: seen.tokens.as_deref(),
         };
         match timing {
             // Written when the body ends, with the whole duration.
             Some(mut timing) => {
                 if access_log::enabled() {
-                    timing.log_at_end(PendingLine::of(&entry));
+                    timing.log_at_end(PendingLine::of(&entry, seen.tokens.clone()));
                 }
                 Some(timing)
             }
@@ -389,6 +394,7 @@ async fn route_and_act(
                 progress.seen.limit = ticket.focus().map(|i| note(plan, &ticket, i, false));
                 if route.tokens.is_some() {
                     bill = admission::tokens::bill(app, snapshot, plan, &ticket);
+                    progress.seen.tokens = bill.as_ref().map(TokenBill::tally);
                 }
                 ticket.move_permits_into(&mut progress.answer.permits);
             }
@@ -563,6 +569,8 @@ mod tests {
         let future = handle(&app, downstream, request, None);
         let size = std::mem::size_of_val(&future);
         println!("request future: {size} bytes");
-        assert!(size <= 4216, "the request future is {size} bytes");
+        // 4216 until token quotas: +8, a token route's reservation tally
+        // for its log line (`Seen::tokens`).
+        assert!(size <= 4224, "the request future is {size} bytes");
     }
 }
