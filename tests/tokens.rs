@@ -236,6 +236,43 @@ async fn without_usage_the_reservation_stands_and_is_counted() {
 }
 
 #[tokio::test]
+async fn the_explain_endpoint_shows_a_streaming_requests_open_reservation() {
+    let upstream = LlmUpstream::start().await;
+    let gateway = InProcess::start(&config(&upstream, RULE, "")).await;
+    let admin = gateway.admin.unwrap();
+    let body =
+        json!({"max_tokens": 99, "stream": true, "messages": [{"role": "user", "content": "hi"}]});
+    let request = Request::post("/v1/chat/completions")
+        .header("host", "gateway.test")
+        .header("x-api-key", "k11")
+        .header("x-script", "slow")
+        .header("x-used", "40")
+        .body(Full::new(Bytes::from(body.to_string())))
+        .unwrap();
+    // The head arrives at once; the stream takes two seconds.
+    let response = common::send_streaming(gateway.addr, request).await;
+    assert_eq!(response.status(), 200);
+    let explained = get(admin, "/limits/tpm?key=k11", &[]).await.json();
+    assert_eq!(explained["unit"], "tokens");
+    assert_eq!(
+        explained["open_reservations"],
+        json!({"requests": 1, "tokens": 100}),
+        "{explained}"
+    );
+    assert_eq!(explained["remaining"], 900, "charged while open");
+    let read = http_body_util::BodyExt::collect(response.into_body()).await;
+    assert!(read.is_ok());
+    settled(&gateway, "refunded", 60.0).await;
+    let explained = get(admin, "/limits/tpm?key=k11", &[]).await.json();
+    assert_eq!(
+        explained["open_reservations"],
+        json!({"requests": 0, "tokens": 0})
+    );
+    assert_eq!(explained["remaining"], 960);
+    gateway.stop().await;
+}
+
+#[tokio::test]
 async fn a_reservation_that_does_not_fit_is_denied_and_charges_nothing() {
     let upstream = LlmUpstream::start().await;
     let gateway = InProcess::start(&config(&upstream, RULE, "")).await;

@@ -16,6 +16,7 @@ use serde_json::{Value, json};
 
 use crate::app::LimitId;
 use crate::app::Snapshot;
+use crate::config::tokens::Unit;
 use crate::identity::body_fields::percent_decode;
 use crate::identity::client_ip::client_net;
 use crate::identity::keys::{descriptor_digest, digest_values};
@@ -115,7 +116,7 @@ fn state(
     let algorithm = limiter.algorithm();
     let verdict = limiter.peek(digest, now);
     let secs = |nanos: Nanos| nanos.div_ceil(crate::limit::NANOS_PER_SEC);
-    json!({
+    let mut explained = json!({
         "limit": config.name,
         "key": parts,
         "digest": format!("{:032x}", digest.as_u128()),
@@ -126,5 +127,12 @@ fn state(
         "remaining": verdict.remaining,
         "reset_seconds": secs(verdict.reset_after),
         "shadow": config.shadow,
-    })
+    });
+    if config.unit == Unit::Tokens {
+        // Charged already, settled when their responses end (this node's).
+        let (requests, tokens) = limiter.open.of(digest);
+        explained["unit"] = json!("tokens");
+        explained["open_reservations"] = json!({"requests": requests, "tokens": tokens});
+    }
+    explained
 }

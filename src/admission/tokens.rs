@@ -42,6 +42,9 @@ struct Bill {
     /// settlement's charge, and their labels.
     shared: Vec<OwnedEntry>,
     shared_labels: SmallVec<[Arc<str>; 2]>,
+    /// Where the reservation shows as open until settled (each entry's
+    /// node-local limiter: explain reads it there).
+    open: SmallVec<[(Arc<Limiter>, LimitKey); 2]>,
     store: Option<Arc<RedisStore>>,
     clock: Arc<dyn Clock>,
     metrics: Arc<Metrics>,
@@ -85,6 +88,7 @@ pub fn bill(
         local: SmallVec::new(),
         shared: Vec::new(),
         shared_labels: SmallVec::new(),
+        open: SmallVec::new(),
         store: app.store().cloned(),
         clock: app.clock.clone(),
         metrics: app.metrics().clone(),
@@ -108,6 +112,9 @@ pub fn bill(
         let label = snapshot.limit_label(id).clone();
         bill.metrics
             .record_tokens(&bill.route, &label, "reserved", reserved);
+        let limiter = snapshot.limiters(id).for_plan(ticket.plan).clone();
+        limiter.open.open(key, reserved);
+        bill.open.push((limiter.clone(), key));
         if ticket.via_store && snapshot.is_shared(id) {
             let (algorithm, caller_plan) = shared::algorithm(limit, ticket.plan);
             let entry = SharedEntry {
@@ -124,7 +131,6 @@ pub fn bill(
                 .push(OwnedEntry::with_ceiling(&entry, algorithm.with_debt()));
             bill.shared_labels.push(label);
         } else {
-            let limiter = snapshot.limiters(id).for_plan(ticket.plan).clone();
             bill.local.push((limiter, key, label));
         }
     }
@@ -156,6 +162,9 @@ impl Bill {
     fn settle(&mut self, used: Option<u64>) {
         if std::mem::replace(&mut self.settled, true) {
             return;
+        }
+        for (limiter, key) in &self.open {
+            limiter.open.close(*key, self.reserved);
         }
         let labels = self
             .local

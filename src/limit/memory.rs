@@ -77,6 +77,7 @@ use parking_lot::{Mutex, MutexGuard};
 
 use super::concurrency::{self, ConcurrencyPermit, Slot};
 use super::key::LimitKey;
+use super::reservations::OpenReservations;
 use super::verdict::Verdict;
 use super::{Algorithm, NANOS_PER_SEC, Nanos, WindowAlign};
 use super::{fixed_window, leaky_bucket, sliding_log, sliding_window, token_bucket};
@@ -207,6 +208,8 @@ pub struct Limiter {
     /// `max_keys`).
     live: AtomicUsize,
     shards: Box<[Shard]>,
+    /// A token limit's reservations not settled yet (explain).
+    pub(crate) open: OpenReservations,
 }
 
 impl Limiter {
@@ -220,6 +223,7 @@ impl Limiter {
             max_keys,
             live: AtomicUsize::new(0),
             shards: (0..SHARDS).map(|_| Shard::default()).collect(),
+            open: OpenReservations::default(),
         }
     }
 

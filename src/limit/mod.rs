@@ -31,6 +31,7 @@ pub(crate) mod key;
 pub(crate) mod leaky_bucket;
 pub(crate) mod memory;
 pub(crate) mod params;
+pub(crate) mod reservations;
 pub mod sliding_log;
 pub mod sliding_window;
 pub(crate) mod stack;

@@ -76,6 +76,8 @@ impl LlmUpstream {
 struct Pieces {
     pieces: std::collections::VecDeque<Bytes>,
     pause: Option<std::pin::Pin<Box<tokio::time::Sleep>>>,
+    /// Before each piece.
+    every: Duration,
     cut: bool,
 }
 
@@ -89,9 +91,10 @@ impl hyper::body::Body for Pieces {
     ) -> std::task::Poll<Option<Result<Frame<Bytes>, Self::Error>>> {
         use std::task::Poll;
         let this = self.get_mut();
+        let every = this.every;
         let pause = this
             .pause
-            .get_or_insert_with(|| Box::pin(tokio::time::sleep(Duration::from_millis(5))));
+            .get_or_insert_with(|| Box::pin(tokio::time::sleep(every)));
         if pause.as_mut().poll(cx).is_pending() {
             return Poll::Pending;
         }
@@ -191,13 +194,28 @@ async fn answer(request: Request<Incoming>, seen: &Mutex<Option<Bytes>>) -> Resp
                 true,
                 false,
             ),
+            // The OpenAI stream, each piece a second apart: a response
+            // still streaming while the test looks.
+            "slow" => (
+                "text/event-stream",
+                vec![
+                    chunk("Hel"),
+                    format!(
+                        "data: {{\"id\":\"c1\",\"object\":\"chat.completion.chunk\",\"choices\":[],\"usage\":{openai_usage}}}\n\n"
+                    ),
+                ],
+                false,
+                false,
+            ),
             // The count in a header, the body plain.
             "header" => ("text/plain", vec!["ok".into()], false, true),
             other => panic!("unknown script {other}"),
         };
+    let every = Duration::from_millis(if script == "slow" { 1000 } else { 5 });
     let mut response = Response::new(Pieces {
         pieces: pieces.into_iter().map(Bytes::from).collect(),
         pause: None,
+        every,
         cut,
     });
     response
