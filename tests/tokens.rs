@@ -133,6 +133,16 @@ async fn a_json_usage_refunds_what_the_reservation_did_not_use() {
     assert_eq!(tokens(&gateway, "reserved"), 301.0);
     settled(&gateway, "refunded", 181.0).await;
     assert_eq!(left(&gateway, "k1").await, 1000 - 120);
+    // The estimate's error: 120 / 301 is in the 0.5 bucket.
+    let ratio = metrics(&gateway);
+    let bucket = |le: &str| {
+        ratio.value(
+            "tollgate_tokens_usage_ratio_bucket",
+            &[("route", "chat"), ("le", le)],
+        )
+    };
+    assert_eq!(bucket("0.25"), Some(0.0));
+    assert_eq!(bucket("0.5"), Some(1.0));
     // The next request's RateLimit field counts in tokens.
     let reply = chat(&gateway, "k1", 300, "json", 301).await;
     assert_eq!(reply.status, 200);

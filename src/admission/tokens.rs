@@ -173,6 +173,8 @@ impl Bill {
             .chain(&self.shared_labels);
         if let Some(used) = used {
             self.tally.set_used(used);
+            self.metrics
+                .record_usage_ratio(&self.route, used, self.reserved);
         }
         let Some(used) = used else {
             for label in labels {

@@ -53,6 +53,16 @@ pub(crate) const NO_ROUTE: &str = "none";
 /// Upper bounds of the request-duration buckets, in seconds: 0.5 ms to 10 s,
 /// roughly ×2–2.5 apart, so both a local `respond` route and a slow upstream
 /// land in a bucket that tells them apart.
+/// Buckets of `tollgate_tokens_usage_ratio`: a response's tokens over its
+/// reservation (below 1: over-reserved; above: the debt side).
+const USAGE_RATIO_BUCKETS: [f64; 10] = [0.1, 0.25, 0.5, 0.75, 0.9, 1.0, 1.1, 1.5, 2.0, 4.0];
+
+fn usage_ratio_histogram() -> DurationHistogram {
+    // The duration histogram's lock-free buckets, counting ratios (a ratio
+    // of r is observed as r seconds; the exposition writes the bounds).
+    DurationHistogram::new(&USAGE_RATIO_BUCKETS)
+}
+
 pub(crate) const DURATION_BUCKETS: [f64; 15] = [
     0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 7.5, 10.0,
 ];
@@ -275,6 +285,7 @@ pub struct Metrics {
     jwt_verifications: Family<IssuerResultLabels, Counter>,
     jwks_refreshes: Family<IssuerResultLabels, Counter>,
     tokens: Family<TokenLabels, Counter>,
+    token_usage_ratio: HistogramFamily<RouteLabels>,
     /// The shared `"none"` route label.
     no_route: Arc<str>,
     upstream_health: UpstreamHealthFamilies,
@@ -426,6 +437,13 @@ impl Metrics {
             "LLM tokens on token limits (unit = \"tokens\"), by route, limit and kind: reserved at admission; refunded (the response used fewer) or charged (more) when it ends; unsettled (no usage by its end: the reservation stands)",
             tokens.clone(),
         );
+        let token_usage_ratio =
+            HistogramFamily::<RouteLabels>::new_with_constructor(usage_ratio_histogram);
+        registry.register(
+            "tollgate_tokens_usage_ratio",
+            "A token route's settled responses by the tokens they used over the tokens they reserved (the reservation's estimate error: 1 is exact)",
+            token_usage_ratio.clone(),
+        );
         let connections_evicted = Counter::default();
         registry.register(
             "tollgate_connections_evicted",
@@ -457,6 +475,7 @@ impl Metrics {
             jwt_verifications,
             jwks_refreshes,
             tokens,
+            token_usage_ratio,
             no_route: Arc::from(NO_ROUTE),
             upstream_health,
         }
@@ -739,6 +758,16 @@ impl Metrics {
                 kind,
             })
             .inc_by(n);
+    }
+
+    /// A token route's response used `used` of its `reserved` tokens.
+    pub(crate) fn record_usage_ratio(&self, route: &Arc<str>, used: u64, reserved: u64) {
+        let ratio = used as f64 / reserved.max(1) as f64;
+        self.token_usage_ratio
+            .get_or_create(&RouteLabels {
+                route: route.clone(),
+            })
+            .observe(Duration::from_secs_f64(ratio.min(1e9)));
     }
 
     /// A fetch of an issuer's `jwks_url`, `ok` or `error`.
