@@ -1,6 +1,9 @@
 //! Finds the external programs that some integration tests talk to
 //! (`redis-server` and `redis-cli`, `curl`, `nginx`) and sets one cfg for
-//! each that is installed: `has_redis`, `has_curl`, `has_nginx`.
+//! each that is installed: `has_redis`, `has_curl`, `has_nginx`; and
+//! `has_openai` where a Python interpreter (`TOLLGATE_TEST_PYTHON`, else
+//! `python3`) can `import openai`, the official SDK `tests/openai_sdk.rs`
+//! drives, passing the interpreter to the tests as `TOLLGATE_TEST_PYTHON`.
 //!
 //! A test that needs one is marked
 //! `#[cfg_attr(not(has_redis), ignore = "needs … : apt-get install …")]`,
@@ -77,6 +80,7 @@ fn main() {
             );
         }
     }
+    watch_dirs |= !openai_sdk(require);
     if watch_dirs {
         // Installing a missing program later changes its directory: the
         // next build finds it without a `cargo clean`.
@@ -84,6 +88,60 @@ fn main() {
             println!("cargo::rerun-if-changed={}", dir.display());
         }
     }
+}
+
+/// How the `openai` package is installed where `has_openai` is missing.
+const OPENAI_INSTALL: &str = "python3 -m venv DIR && DIR/bin/pip install openai, \
+     then TOLLGATE_TEST_PYTHON=DIR/bin/python";
+
+/// Prints where `openai` is (exit 0), else where it would be installed.
+const OPENAI_PROBE: &str = r"
+import site, sys
+try:
+    import openai
+except ImportError:
+    print(*site.getsitepackages(), site.getusersitepackages(), sep='\n')
+    sys.exit(3)
+print(openai.__file__)
+";
+
+/// Sets `has_openai` when the tests' interpreter imports `openai` (or
+/// `require`), and names that interpreter to them; whether it was found.
+fn openai_sdk(require: bool) -> bool {
+    println!("cargo::rerun-if-env-changed=TOLLGATE_TEST_PYTHON");
+    println!("cargo::rustc-check-cfg=cfg(has_openai)");
+    let python = std::env::var("TOLLGATE_TEST_PYTHON").unwrap_or_else(|_| "python3".into());
+    println!("cargo::rustc-env=TOLLGATE_TEST_PYTHON={python}");
+    let answer = std::process::Command::new(&python)
+        .args(["-c", OPENAI_PROBE])
+        .stderr(std::process::Stdio::null())
+        .output();
+    let (found, watched) = match &answer {
+        Ok(output) => (
+            output.status.success(),
+            String::from_utf8_lossy(&output.stdout).into_owned(),
+        ),
+        Err(_) => (false, String::new()),
+    };
+    // Where the package is, or would be installed: a `pip install` or
+    // uninstall there runs this again.
+    for path in watched.lines().filter(|path| Path::new(path).exists()) {
+        println!("cargo::rerun-if-changed={path}");
+    }
+    if found || require {
+        println!("cargo::rustc-cfg=has_openai");
+    }
+    if !found {
+        let verdict = if require {
+            "run and fail (TOLLGATE_TEST_REQUIRE_SERVERS=1)"
+        } else {
+            "are ignored"
+        };
+        println!(
+            "cargo::warning={python} cannot import openai: the tests that need it {verdict}; install: {OPENAI_INSTALL}"
+        );
+    }
+    found
 }
 
 /// `program`'s path in the first directory of `PATH` that has it.

@@ -2,7 +2,11 @@
 //! tests: each request says, in headers, how the answer reports its usage
 //! (`x-script`) and how many tokens it used (`x-used`); the answer is a
 //! JSON body or a server-sent-event stream sent in pieces, with the usage
-//! early, late, absent, malformed or cut off before it arrives.
+//! early, late, absent, malformed or cut off before it arrives. The
+//! `openai` script answers as OpenAI's chat completions do, every field
+//! the official SDK's types require: JSON or a stream as the request's
+//! `stream` says, the stream's usage chunk only when the request asks for
+//! it (`stream_options.include_usage`), as tests/openai_sdk.rs needs.
 
 use std::convert::Infallible;
 use std::net::SocketAddr;
@@ -21,6 +25,8 @@ pub struct LlmUpstream {
     pub addr: SocketAddr,
     /// The body of the last request it received.
     last_body: Arc<Mutex<Option<Bytes>>>,
+    /// The whole body of the last answer it sent.
+    last_answer: Arc<Mutex<Option<Bytes>>>,
     task: tokio::task::JoinHandle<()>,
 }
 
@@ -35,17 +41,18 @@ impl LlmUpstream {
         let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
         let addr = listener.local_addr().expect("address");
         let last_body = Arc::new(Mutex::new(None));
-        let seen = last_body.clone();
+        let last_answer = Arc::new(Mutex::new(None));
+        let (seen, sent) = (last_body.clone(), last_answer.clone());
         let task = tokio::spawn(async move {
             loop {
                 let Ok((stream, _)) = listener.accept().await else {
                     continue;
                 };
-                let seen = seen.clone();
+                let (seen, sent) = (seen.clone(), sent.clone());
                 tokio::spawn(async move {
                     let service = hyper::service::service_fn(move |request| {
-                        let seen = seen.clone();
-                        async move { Ok::<_, Infallible>(answer(request, &seen).await) }
+                        let (seen, sent) = (seen.clone(), sent.clone());
+                        async move { Ok::<_, Infallible>(answer(request, &seen, &sent).await) }
                     });
                     let _ = hyper::server::conn::http1::Builder::new()
                         .serve_connection(TokioIo::new(stream), service)
@@ -56,6 +63,7 @@ impl LlmUpstream {
         LlmUpstream {
             addr,
             last_body,
+            last_answer,
             task,
         }
     }
@@ -68,6 +76,12 @@ impl LlmUpstream {
     pub fn last_body(&self) -> serde_json::Value {
         let body = self.last_body.lock().unwrap().clone().expect("a request");
         serde_json::from_slice(&body).expect("a JSON request body")
+    }
+
+    /// The last answer's body, whole, as it left the upstream.
+    pub fn last_answer(&self) -> String {
+        let body = self.last_answer.lock().unwrap().clone().expect("an answer");
+        String::from_utf8(body.to_vec()).expect("a UTF-8 answer")
     }
 }
 
@@ -108,7 +122,11 @@ impl hyper::body::Body for Pieces {
 }
 
 /// The answer `x-script` asks for, reporting `x-used` tokens.
-async fn answer(request: Request<Incoming>, seen: &Mutex<Option<Bytes>>) -> Response<Pieces> {
+async fn answer(
+    request: Request<Incoming>,
+    seen: &Mutex<Option<Bytes>>,
+    sent: &Mutex<Option<Bytes>>,
+) -> Response<Pieces> {
     let header = |name: &str| {
         request
             .headers()
@@ -124,6 +142,7 @@ async fn answer(request: Request<Incoming>, seen: &Mutex<Option<Bytes>>) -> Resp
         .await
         .map(|b| b.to_bytes())
         .unwrap_or_default();
+    let asked: serde_json::Value = serde_json::from_slice(&body).unwrap_or_default();
     *seen.lock().unwrap() = Some(body);
     let (prompt, completion) = (used / 3, used - used / 3);
     let chunk = |text: &str| {
@@ -173,6 +192,7 @@ async fn answer(request: Request<Incoming>, seen: &Mutex<Option<Bytes>>) -> Resp
                 false,
                 false,
             ),
+            "openai" => openai(&asked, prompt, completion),
             // No usage anywhere.
             "none" => (
                 "application/json",
@@ -212,6 +232,7 @@ async fn answer(request: Request<Incoming>, seen: &Mutex<Option<Bytes>>) -> Resp
             other => panic!("unknown script {other}"),
         };
     let every = Duration::from_millis(if script == "slow" { 1000 } else { 5 });
+    *sent.lock().unwrap() = Some(Bytes::from(pieces.concat()));
     let mut response = Response::new(Pieces {
         pieces: pieces.into_iter().map(Bytes::from).collect(),
         pause: None,
@@ -227,4 +248,71 @@ async fn answer(request: Request<Incoming>, seen: &Mutex<Option<Bytes>>) -> Resp
             .insert("x-tokens", used.to_string().parse().unwrap());
     }
     response
+}
+
+/// What OpenAI answers the chat completion request `asked`: a
+/// `chat.completion` ("Hello"), or, streamed, a role chunk, two content
+/// chunks and a `finish_reason` chunk, then, when `include_usage` asked for
+/// it, the usage chunk (`choices: []`; the others then carry
+/// `"usage": null`, as OpenAI's do), then `[DONE]`.
+fn openai(
+    asked: &serde_json::Value,
+    prompt: u64,
+    completion: u64,
+) -> (&'static str, Vec<String>, bool, bool) {
+    use serde_json::{Value, json};
+    let model = asked["model"].as_str().unwrap_or("gpt-test");
+    let usage = json!({
+        "prompt_tokens": prompt,
+        "completion_tokens": completion,
+        "total_tokens": prompt + completion,
+    });
+    let head = |object: &str| {
+        json!({
+            "id": "chatcmpl-1",
+            "object": object,
+            "created": 1_767_225_600,
+            "model": model,
+            "system_fingerprint": "fp_test",
+        })
+    };
+    if asked["stream"] != true {
+        let mut body = head("chat.completion");
+        body["choices"] = json!([{
+            "index": 0,
+            "message": {"role": "assistant", "content": "Hello", "refusal": null},
+            "logprobs": null,
+            "finish_reason": "stop",
+        }]);
+        body["usage"] = usage;
+        return ("application/json", vec![body.to_string()], false, false);
+    }
+    let include_usage = asked["stream_options"]["include_usage"] == true;
+    let chunk = |delta: Value, finish_reason: Value| {
+        let mut chunk = head("chat.completion.chunk");
+        chunk["choices"] =
+            json!([{"index": 0, "delta": delta, "logprobs": null, "finish_reason": finish_reason}]);
+        if include_usage {
+            chunk["usage"] = Value::Null;
+        }
+        chunk
+    };
+    let mut events = vec![
+        chunk(json!({"role": "assistant", "content": ""}), Value::Null),
+        chunk(json!({"content": "Hel"}), Value::Null),
+        chunk(json!({"content": "lo"}), Value::Null),
+        chunk(json!({}), json!("stop")),
+    ];
+    if include_usage {
+        let mut last = head("chat.completion.chunk");
+        last["choices"] = json!([]);
+        last["usage"] = usage;
+        events.push(last);
+    }
+    let mut pieces: Vec<String> = events
+        .iter()
+        .map(|event| format!("data: {event}\n\n"))
+        .collect();
+    pieces.push("data: [DONE]\n\n".into());
+    ("text/event-stream", pieces, false, false)
 }
