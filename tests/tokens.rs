@@ -283,6 +283,82 @@ async fn the_explain_endpoint_shows_a_streaming_requests_open_reservation() {
 }
 
 #[tokio::test]
+async fn a_reload_while_a_stream_is_open_keeps_its_settlement() {
+    let upstream = LlmUpstream::start().await;
+    let config = config(&upstream, RULE, "");
+    let gateway = InProcess::start(&config).await;
+    let body = json!({"max_tokens": 199, "stream": true, "messages": []});
+    let request = Request::post("/v1/chat/completions")
+        .header("host", "gateway.test")
+        .header("x-api-key", "k12")
+        .header("x-script", "slow")
+        .header("x-used", "50")
+        .body(Full::new(Bytes::from(body.to_string())))
+        .unwrap();
+    let response = common::send_streaming(gateway.addr, request).await;
+    assert_eq!(response.status(), 200);
+    // A new configuration (another route added) while the stream runs.
+    let before = gateway.app.snapshot().generation;
+    let reloaded = config.clone()
+        + "\n[[routes]]\nname = \"other\"\nmatch = { path = \"/other\" }\nupstream = \"llm\"\n";
+    assert!(gateway.reload_with(&reloaded) > before, "the reload took");
+    let read = http_body_util::BodyExt::collect(response.into_body()).await;
+    assert!(read.is_ok());
+    // 199 reserved (no prompt text), 50 used.
+    settled(&gateway, "refunded", 149.0).await;
+    assert_eq!(
+        left(&gateway, "k12").await,
+        950,
+        "settled on the state the reload kept"
+    );
+    gateway.stop().await;
+}
+
+#[tokio::test]
+#[cfg_attr(
+    not(has_redis),
+    ignore = "needs redis-server and redis-cli: apt-get install -y redis-server redis-tools"
+)]
+async fn a_settlement_while_redis_is_down_follows_on_failure() {
+    let mut redis = Redis::start();
+    let upstream = LlmUpstream::start().await;
+    let store = format!(
+        "[store]\nbackend = \"redis\"\nurl = \"{}\"\nprefix = \"tf:\"\ntimeout = \"100ms\"\non_failure = \"local\"\n",
+        redis.url()
+    );
+    let gateway = InProcess::start_on_wall_time(&config(&upstream, RULE, &store)).await;
+    let body = json!({"max_tokens": 299, "stream": true, "messages": []});
+    let request = Request::post("/v1/chat/completions")
+        .header("host", "gateway.test")
+        .header("x-api-key", "k13")
+        .header("x-script", "slow")
+        .header("x-used", "500")
+        .body(Full::new(Bytes::from(body.to_string())))
+        .unwrap();
+    // Reserved in Redis; Redis goes away before the stream ends.
+    let response = common::send_streaming(gateway.addr, request).await;
+    assert_eq!(response.status(), 200);
+    redis.kill();
+    // The breaker opens on the first failed call.
+    let down = common::eventually(async || {
+        chat(&gateway, "probe", 1, "json", 2).await;
+        gateway.app.store().is_some_and(|store| store.is_down())
+    })
+    .await;
+    assert!(down, "the store never went down");
+    let read = http_body_util::BodyExt::collect(response.into_body()).await;
+    assert!(read.is_ok());
+    // 299 reserved (no prompt text), 500 used.
+    settled(&gateway, "charged", 201.0).await;
+    // The node's own tpm took the 201 tokens over the reservation (Redis
+    // had the reservation, unreachable now): decided locally from here.
+    assert_eq!(left(&gateway, "k13").await, 799);
+    assert_eq!(chat(&gateway, "k13", 900, "json", 901).await.status, 429);
+    assert_eq!(chat(&gateway, "k13", 700, "json", 701).await.status, 200);
+    gateway.stop().await;
+}
+
+#[tokio::test]
 async fn a_reservation_that_does_not_fit_is_denied_and_charges_nothing() {
     let upstream = LlmUpstream::start().await;
     let gateway = InProcess::start(&config(&upstream, RULE, "")).await;

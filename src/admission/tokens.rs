@@ -19,6 +19,7 @@ use smallvec::SmallVec;
 use super::{Ticket, shared};
 use crate::access_log::TokenTally;
 use crate::app::{App, RoutePlan, Snapshot};
+use crate::config::OnFailure;
 use crate::config::tokens::Unit;
 use crate::limit::{Clock, LimitKey, Limiter, Outcome};
 use crate::metrics::Metrics;
@@ -42,6 +43,9 @@ struct Bill {
     /// settlement's charge, and their labels.
     shared: Vec<OwnedEntry>,
     shared_labels: SmallVec<[Arc<str>; 2]>,
+    /// The node-local fallback of each shared entry: where the settlement
+    /// goes when the store is down and `on_failure = "local"`.
+    shared_fallback: SmallVec<[(Arc<Limiter>, LimitKey); 2]>,
     /// Where the reservation shows as open until settled (each entry's
     /// node-local limiter: explain reads it there).
     open: SmallVec<[(Arc<Limiter>, LimitKey); 2]>,
@@ -88,6 +92,7 @@ pub fn bill(
         local: SmallVec::new(),
         shared: Vec::new(),
         shared_labels: SmallVec::new(),
+        shared_fallback: SmallVec::new(),
         open: SmallVec::new(),
         store: app.store().cloned(),
         clock: app.clock.clone(),
@@ -130,6 +135,7 @@ pub fn bill(
             bill.shared
                 .push(OwnedEntry::with_ceiling(&entry, algorithm.with_debt()));
             bill.shared_labels.push(label);
+            bill.shared_fallback.push((limiter, key));
         } else {
             bill.local.push((limiter, key, label));
         }
@@ -204,8 +210,19 @@ impl Bill {
         for (limiter, key, _) in &self.local {
             limiter.adjust_with_debt(*key, delta, now);
         }
-        if let (false, Some(store)) = (self.shared.is_empty(), &self.store) {
-            store.settle_owned(&self.shared, delta);
+        match &self.store {
+            _ if self.shared.is_empty() => {}
+            Some(store) if !store.is_down() => store.settle_owned(&self.shared, delta),
+            // The store is down: as its decisions would, the settlement
+            // goes to the node's own limits under `on_failure = "local"`,
+            // and is dropped under "allow" and "deny" (nothing is counted
+            // there while the store is away).
+            Some(store) if store.on_failure() == OnFailure::Local => {
+                for (limiter, key) in &self.shared_fallback {
+                    limiter.adjust_with_debt(*key, delta, now);
+                }
+            }
+            _ => {}
         }
     }
 }
