@@ -998,3 +998,346 @@ limits = ["per_user"]
     assert_eq!(route["missing_key"], 1, "{report}");
     assert_eq!(report["rows"][0]["denied"], 1, "{report}");
 }
+
+/// A chat route with a request limit and a token limit per `x-user`: 1000
+/// tokens a minute in one fixed window, so every count is exact.
+const TPM: &str = r#"
+[limits.rpm]
+key = "header:x-user"
+algorithm = "fixed_window"
+limit = 100
+window = "1m"
+
+[limits.tpm]
+key = "header:x-user"
+algorithm = "fixed_window"
+limit = 1000
+window = "1m"
+unit = "tokens"
+
+[[routes]]
+name = "chat"
+match = { path = "/v1/chat/completions", methods = ["POST"] }
+respond = { status = 200 }
+limits = ["rpm", "tpm"]
+tokens = { max_tokens_default = 100, prompt = "bytes/4", usage = "auto" }
+"#;
+
+/// A chat body asking for `max_tokens` with an 8-byte prompt (2 tokens).
+fn chat_body(max_tokens: u64) -> String {
+    serde_json::json!({
+        "model": "m",
+        "max_tokens": max_tokens,
+        "messages": [{"role": "user", "content": "abcdefgh"}],
+    })
+    .to_string()
+}
+
+/// Runs `records` (time, max_tokens, tokens used) of user u1 through `TPM`:
+/// the JSON report and the decisions.
+fn run_tpm(records: &[(f64, u64, Option<u64>)]) -> (serde_json::Value, Vec<serde_json::Value>) {
+    let (dir, config) = config_file(TPM);
+    let trace_path = dir.path().join("trace.jsonl");
+    let mut trace = String::new();
+    for &(time, max_tokens, used) in records {
+        let mut record = serde_json::json!({
+            "time": time,
+            "method": "POST",
+            "path": "/v1/chat/completions",
+            "headers": {"x-user": "u1", "content-type": "application/json"},
+            "body": chat_body(max_tokens),
+        });
+        if let Some(used) = used {
+            record["tokens"] = used.into();
+        }
+        trace.push_str(&record.to_string());
+        trace.push('\n');
+    }
+    std::fs::write(&trace_path, trace).unwrap();
+    let decisions_path = dir.path().join("decisions.jsonl");
+    let (code, stdout, stderr) = tollgate(&[
+        "simulate",
+        "-c",
+        &config,
+        "--trace",
+        trace_path.to_str().unwrap(),
+        "--decisions",
+        decisions_path.to_str().unwrap(),
+        "--json",
+    ]);
+    assert_eq!(code, 0, "{stderr}\n{stdout}");
+    let decisions = std::fs::read_to_string(&decisions_path)
+        .unwrap()
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    (json(&stdout), decisions)
+}
+
+fn outcomes(decisions: &[serde_json::Value]) -> Vec<&str> {
+    decisions
+        .iter()
+        .map(|d| d["outcome"].as_str().unwrap())
+        .collect()
+}
+
+#[test]
+fn token_limits_are_charged_the_reservation_and_settled_on_the_traces_tokens() {
+    // In the window [0 s, 60 s): A reserves 400 + 2 and used 100 (a refund
+    // of 302); B reserves 802, which fits only thanks to that refund (100 +
+    // 802), and used 1500 (a debt of 698: the window holds 1600); C's 12
+    // then does not fit, which it would without the debt (902 + 12). D, in
+    // a later window, says nothing of its usage: its reservation stands.
+    let records = [
+        (1.0, 400, Some(100)),
+        (2.0, 800, Some(1500)),
+        (3.0, 10, Some(5)),
+        (125.0, 10, None),
+    ];
+    let (report, decisions) = run_tpm(&records);
+    assert_eq!(
+        outcomes(&decisions),
+        ["admitted", "admitted", "denied", "admitted"]
+    );
+    assert_eq!(decisions[2]["limit"], "tpm");
+    assert_eq!(decisions[2]["status"], 429);
+    // The reservations, computed by hand as the gateway computes them
+    // (max_tokens plus ceil(8 bytes / 4)); the usage of the admitted.
+    let reserved: Vec<u64> = decisions
+        .iter()
+        .map(|d| d["tokens_reserved"].as_u64().unwrap())
+        .collect();
+    assert_eq!(reserved, [402, 802, 12, 12]);
+    let used: Vec<Option<u64>> = decisions
+        .iter()
+        .map(|d| d["tokens_used"].as_u64())
+        .collect();
+    assert_eq!(used, [Some(100), Some(1500), None, None]);
+
+    let tpm = limit_row(&report, "tpm");
+    assert_eq!(
+        (tpm["requests"].as_u64(), tpm["admitted"].as_u64()),
+        (Some(4), Some(3))
+    );
+    assert_eq!(tpm["denied"], 1);
+    assert_eq!(
+        tpm["tokens"],
+        serde_json::json!({"reserved": 402 + 802 + 12, "used": 1600, "settled": 2, "unsettled": 1})
+    );
+    // Its window's peak is in tokens, as used: 100 + 1500.
+    assert_eq!(tpm["peak"], 1600);
+    assert_eq!(tpm["window_limit"], 1000);
+    // The request limit is charged 1 a request, and has no tokens.
+    let rpm = limit_row(&report, "rpm");
+    assert_eq!(rpm["peak"], 2);
+    assert_eq!(rpm["admitted"], 3);
+    assert!(rpm.get("tokens").is_none(), "{rpm}");
+
+    // Without the usage every reservation stands: B no longer fits (402 +
+    // 802), and C does (402 + 12).
+    let unsettled: Vec<_> = records.iter().map(|&(t, m, _)| (t, m, None)).collect();
+    let (report, decisions) = run_tpm(&unsettled);
+    assert_eq!(
+        outcomes(&decisions),
+        ["admitted", "denied", "admitted", "admitted"]
+    );
+    assert_eq!(
+        limit_row(&report, "tpm")["tokens"],
+        serde_json::json!({"reserved": 402 + 12 + 12, "used": 0, "settled": 0, "unsettled": 3})
+    );
+}
+
+#[test]
+fn the_table_reports_a_token_limits_tokens() {
+    let (dir, config) = config_file(TPM);
+    let trace = dir.path().join("trace.csv");
+    std::fs::write(
+        &trace,
+        format!(
+            "time,method,path,header:x-user,body,tokens\n1,POST,/v1/chat/completions,u1,\"{}\",90\n",
+            chat_body(400).replace('"', "\"\"")
+        ),
+    )
+    .unwrap();
+    let (code, stdout, stderr) = tollgate(&[
+        "simulate",
+        "-c",
+        &config,
+        "--trace",
+        trace.to_str().unwrap(),
+    ]);
+    assert_eq!(code, 0, "{stderr}");
+    assert!(
+        stdout.contains(
+            "route chat, limit tpm: tokens reserved 402, used 90; requests settled 1, unsettled 0 (kept their reservation); peak, limit and excess in tokens"
+        ),
+        "{stdout}"
+    );
+}
+
+/// One chat request of the live comparison: its API key, `max_tokens`, how
+/// the scripted upstream reports its usage and how much.
+struct Chat {
+    key: &'static str,
+    max_tokens: u64,
+    script: &'static str,
+    used: u64,
+}
+
+#[tokio::test]
+async fn token_decisions_and_tokens_equal_the_live_gateways() {
+    let upstream = common::llm::LlmUpstream::start().await;
+    let config = format!(
+        r#"[server]
+listen = "127.0.0.1:0"
+workers = 1
+
+[upstreams.llm]
+url = "{}"
+
+[limits.tpm]
+key = "header:x-api-key"
+algorithm = "token_bucket"
+capacity = 1000
+refill = "1000/d"
+unit = "tokens"
+
+[[routes]]
+name = "chat"
+match = {{ path = "/v1/chat/completions", methods = ["POST"] }}
+upstream = "llm"
+limits = ["tpm"]
+tokens = {{ max_tokens_default = 100, prompt = "bytes/4", usage = "auto" }}
+"#,
+        upstream.url()
+    );
+    // Each reserves max_tokens + 2. k1: a refund, then a debt that denies
+    // the next; k2: a reservation that stands, a denial by 4 tokens, a
+    // request that used nothing.
+    let chats = [
+        Chat {
+            key: "k1",
+            max_tokens: 400,
+            script: "json",
+            used: 100,
+        },
+        Chat {
+            key: "k1",
+            max_tokens: 800,
+            script: "json",
+            used: 1500,
+        },
+        Chat {
+            key: "k1",
+            max_tokens: 10,
+            script: "json",
+            used: 5,
+        },
+        Chat {
+            key: "k2",
+            max_tokens: 300,
+            script: "none",
+            used: 0,
+        },
+        Chat {
+            key: "k2",
+            max_tokens: 700,
+            script: "json",
+            used: 1,
+        },
+        Chat {
+            key: "k2",
+            max_tokens: 690,
+            script: "json",
+            used: 0,
+        },
+    ];
+    let gateway = InProcess::start(&config).await;
+    let tokens = |kind: &str| {
+        let text = gateway.app.metrics().encode();
+        let exposition = common::openmetrics::parse(&text).expect("a valid exposition");
+        exposition.count(
+            "tollgate_tokens_total",
+            &[("route", "chat"), ("limit", "tpm"), ("kind", kind)],
+        ) as u64
+    };
+    let settlements = || tokens("refunded") + tokens("charged") + tokens("unsettled");
+    let mut statuses = Vec::new();
+    for chat in &chats {
+        let before = if statuses.is_empty() {
+            0
+        } else {
+            settlements()
+        };
+        let request = Request::post("/v1/chat/completions")
+            .header("host", "gateway.test")
+            .header("content-type", "application/json")
+            .header("x-api-key", chat.key)
+            .header("x-script", chat.script)
+            .header("x-used", chat.used.to_string())
+            .body(Full::new(Bytes::from(chat_body(chat.max_tokens))))
+            .unwrap();
+        let reply = send(gateway.addr, request).await;
+        if reply.status == 200 {
+            // Settled when the body is dropped, after the client read it:
+            // the next request must meet its refund or debt.
+            let settled = common::eventually(async || settlements() > before).await;
+            assert!(settled, "request {} never settled", statuses.len() + 1);
+        }
+        statuses.push(reply.status);
+    }
+    assert_eq!(statuses, [200, 200, 429, 200, 429, 200]);
+    let live = serde_json::json!({
+        "reserved": tokens("reserved"),
+        "used": tokens("reserved") + tokens("charged") - tokens("refunded") - tokens("unsettled"),
+        "unsettled": tokens("unsettled"),
+    });
+    gateway.stop().await;
+
+    // The same requests as a trace, with what each response used.
+    let (dir, config_path) = config_file(&config);
+    let trace_path = dir.path().join("trace.jsonl");
+    let mut trace = String::new();
+    for (i, chat) in chats.iter().enumerate() {
+        let mut record = serde_json::json!({
+            "time": 1_772_359_200.0 + i as f64 * 0.01,
+            "method": "POST",
+            "path": "/v1/chat/completions",
+            "headers": {"host": "gateway.test", "content-type": "application/json", "x-api-key": chat.key},
+            "body": chat_body(chat.max_tokens),
+        });
+        if chat.script != "none" {
+            record["tokens"] = chat.used.into();
+        }
+        trace.push_str(&record.to_string());
+        trace.push('\n');
+    }
+    std::fs::write(&trace_path, trace).unwrap();
+    let decisions_path = dir.path().join("decisions.jsonl");
+    let (code, stdout, stderr) = tollgate(&[
+        "simulate",
+        "-c",
+        &config_path,
+        "--trace",
+        trace_path.to_str().unwrap(),
+        "--decisions",
+        decisions_path.to_str().unwrap(),
+        "--json",
+    ]);
+    assert_eq!(code, 0, "{stderr}\n{stdout}");
+    let simulated: Vec<u16> = std::fs::read_to_string(&decisions_path)
+        .unwrap()
+        .lines()
+        .map(|l| serde_json::from_str::<serde_json::Value>(l).unwrap())
+        .map(|d| d["status"].as_u64().map_or(200, |s| s as u16))
+        .collect();
+    assert_eq!(simulated, statuses);
+    let report = json(&stdout);
+    let row = &limit_row(&report, "tpm")["tokens"];
+    // The live gateway counts the unsettled in tokens, the report in
+    // requests: k2's first, which reserved 302.
+    assert_eq!(row["unsettled"], 1);
+    assert_eq!(live["unsettled"], 302);
+    assert_eq!(row["reserved"], live["reserved"], "{report}");
+    assert_eq!(row["used"], live["used"], "{report}");
+}

@@ -20,6 +20,8 @@
 //! - `record`: each limit's outcome counted, near-limit keys;
 //! - `settle`: after the response, `cost_header`'s difference charged or
 //!   refunded where the request was charged;
+//! - `reserve`: what a request reserves on its token limits, from its
+//!   body (the proxy's and `simulate`'s one computation);
 //! - [`tokens`]: a token limit's reservation, settled from the response's
 //!   usage when its body ends.
 //!
@@ -30,6 +32,7 @@
 pub mod explain;
 pub mod identify;
 mod record;
+pub(crate) mod reserve;
 mod settle;
 mod shared;
 pub(crate) mod ticket;

@@ -8,10 +8,10 @@ use http::Response;
 use http::header::{CONTENT_LENGTH, CONTENT_TYPE, HeaderValue};
 use http::request::Parts;
 
-use crate::admission::tokens::TokenBill;
-use crate::config::tokens::{PromptEstimate, TokensRule, UsageSource};
+use crate::admission::{self, tokens::TokenBill};
+use crate::config::tokens::{TokensRule, UsageSource};
 use crate::http::field_lines::FieldLines;
-use crate::llm::reserve::{self, ReserveRule};
+use crate::llm::reserve;
 use crate::llm::usage::{Format, UsageScanner};
 use crate::proxy::body::ResponseBody;
 use crate::proxy::request_body::{PendingBody, declared_length};
@@ -29,17 +29,10 @@ pub(crate) fn reserve(
     parts: &mut Parts,
     max_key_body: usize,
 ) -> u64 {
-    let estimate = ReserveRule {
-        max_tokens_default: rule.max_tokens_default,
-        prompt: match rule.prompt {
-            PromptEstimate::BytesOver4 => reserve::PromptEstimate::BytesOver4,
-        },
-    };
     let PendingBody::Complete(bytes) = body else {
-        let length = declared_length(parts).unwrap_or(max_key_body as u64);
-        return rule.max_tokens_default.saturating_add(length.div_ceil(4));
+        return admission::reserve::reservation(rule, None, declared_length(parts), max_key_body);
     };
-    let reservation = reserve::reservation(bytes, &estimate).total();
+    let reservation = admission::reserve::reservation(rule, Some(bytes), None, max_key_body);
     if rule.include_usage
         && let Some(rewritten) = reserve::with_include_usage(bytes)
     {

@@ -321,6 +321,9 @@ impl Clients {
             parts: request.into_parts().0,
             peer: client_address(ip_client, self.ipv4_prefix),
             body,
+            // Generated traffic reports no usage: a token limit keeps each
+            // reservation.
+            tokens: None,
         }
     }
 

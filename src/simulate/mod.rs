@@ -9,7 +9,9 @@
 //! gateway's identity functions, and its route's stack decided by the
 //! gateway's [`check_stack`](crate::limit::check_stack) on limiters built by
 //! the gateway's [`App`](crate::app::App) — the same code as `tollgate run`,
-//! with the record's time as `now`. Nothing sleeps, nothing is sent.
+//! with the record's time as `now`. Nothing sleeps, nothing is sent. A
+//! token limit is charged the reservation the gateway computes for the
+//! record's body and settled at once on the record's `tokens` (see [`run`]).
 //!
 //! Each decision is also judged against the exact rule: an exact sliding log
 //! of the limit's window form (`L` per `W`, [`compare`]) holding the same

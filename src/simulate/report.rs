@@ -14,6 +14,12 @@
 //!
 //! | `keys` | distinct keys the limit saw (the limit's, whichever route sent them) |
 //!
+//! A token limit (`unit = "tokens"`) counts tokens where the others count
+//! cost units: its `peak`, `limit` and `excess` are tokens (what admitted
+//! requests used once settled, their reservation when the trace did not
+//! say), and its row adds `tokens` ([`TokenRow`]), also written below the
+//! table.
+//!
 //! Above it, the header line: the requests, their span and, for generated
 //! traffic, what was generated and which key kinds varied
 //! ([`Generated`]). Below the table: what was not decided by a limit (no route, refused
@@ -25,8 +31,9 @@ use serde::Serialize;
 
 use super::compare::{algorithm_name, window_form};
 use super::generate::Generated;
-use super::run::Simulation;
+use super::run::{Simulation, TokenStats};
 use super::text::duration_text;
+use crate::config::tokens::Unit;
 use crate::limit::{Algorithm, NANOS_PER_SEC, Nanos};
 
 /// One variant × route × limit.
@@ -54,6 +61,32 @@ pub(crate) struct Row {
     /// Distinct keys the limit saw, over every route that lists it
     /// (`None` for concurrency, which is not tracked).
     pub(crate) keys: Option<u64>,
+    /// A token limit's tokens (absent for a request limit).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub(crate) tokens: Option<TokenRow>,
+}
+
+/// A token limit's tokens, over the requests of the route it admitted.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+pub(crate) struct TokenRow {
+    /// Reserved at admission.
+    pub(crate) reserved: u64,
+    /// Used, as the trace's `tokens` said, by the `settled` requests.
+    pub(crate) used: u64,
+    pub(crate) settled: u64,
+    /// Requests without `tokens`: their reservation stood.
+    pub(crate) unsettled: u64,
+}
+
+impl From<TokenStats> for TokenRow {
+    fn from(stats: TokenStats) -> TokenRow {
+        TokenRow {
+            reserved: stats.reserved,
+            used: stats.used,
+            settled: stats.settled,
+            unsettled: stats.unsettled,
+        }
+    }
 }
 
 /// One variant × route.
@@ -162,6 +195,7 @@ impl Report {
                         false_allow_share: rated.then(|| share(entry.false_allows, entry.applied)),
                         false_deny_share: rated.then(|| share(entry.false_denies, entry.applied)),
                         keys: some(tracker.keys() as u64),
+                        tokens: (limit.unit == Unit::Tokens).then(|| entry.tokens.into()),
                     });
                 }
             }
@@ -260,6 +294,7 @@ impl Report {
             writeln!(out, "{}", line.trim_end())?;
         }
         writeln!(out)?;
+        self.write_tokens(out)?;
         for route in &self.routes {
             let refused = [
                 (route.unauthorized, "unauthorized (401)"),
@@ -291,6 +326,37 @@ impl Report {
         }
         if self.bad_records > 0 {
             writeln!(out, "skipped {} bad records", self.bad_records)?;
+        }
+        Ok(())
+    }
+
+    /// A line per token limit's row: what its admitted requests reserved
+    /// and used.
+    fn write_tokens(&self, out: &mut dyn Write) -> std::io::Result<()> {
+        let mut any = false;
+        for row in &self.rows {
+            let Some(tokens) = row.tokens else {
+                continue;
+            };
+            any = true;
+            let variant = row
+                .variant
+                .as_ref()
+                .map(|v| format!(" ({v})"))
+                .unwrap_or_default();
+            writeln!(
+                out,
+                "route {}, limit {}{variant}: tokens reserved {}, used {}; requests settled {}, unsettled {} (kept their reservation); peak, limit and excess in tokens",
+                row.route,
+                row.limit,
+                tokens.reserved,
+                tokens.used,
+                tokens.settled,
+                tokens.unsettled
+            )?;
+        }
+        if any {
+            writeln!(out)?;
         }
         Ok(())
     }

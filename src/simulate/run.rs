@@ -11,6 +11,16 @@
 //! nothing on the limiters of an [`App`] built from the configuration —
 //! with the record's time as `now`.
 //!
+//! A token route's request reserves what the gateway reserves
+//! ([`admission::reserve::reservation`], the proxy's own computation): read
+//! whole within `max_key_body`, the body's budget and prompt; over it, the
+//! default plus a quarter of its length (the record's `Content-Length`, else
+//! its body's length: a trace's body is taken as sent with its length). An
+//! admitted request is then settled at once, as its response's end would
+//! settle it ([`admission::tokens::bill`]), on the record's `tokens` — a
+//! refund or a debt that later records meet — or, without `tokens`, its
+//! reservation stands.
+//!
 //! Not modelled: a request head over `max_header_bytes` (431), an upstream's
 //! `cost_header` settlement (there is no upstream), and concurrency slots,
 //! which every simulated request gives back at once (a trace has no
@@ -34,10 +44,12 @@ use crate::admission::identify::Caller;
 use crate::admission::{self, Admission, Candidate, Ticket, identify};
 use crate::app::{App, Snapshot};
 use crate::config::Config;
+use crate::config::tokens::Unit;
+use crate::http::content_length;
 use crate::identity::body_fields::BodyFields;
 use crate::identity::keys::shadow_missing_key;
 use crate::limit::stack::INLINE;
-use crate::limit::{Algorithm, LimitKey, ManualClock, Nanos, Outcome, StackDecision};
+use crate::limit::{Algorithm, Clock, LimitKey, ManualClock, Nanos, Outcome, StackDecision};
 
 /// Bad records printed one by one; beyond this they are only counted.
 const SHOWN_PROBLEMS: u64 = 20;
@@ -61,7 +73,18 @@ pub(crate) enum Decided {
         keys: SmallVec<[Option<LimitKey>; INLINE]>,
         /// The algorithm of each limiter charged (the caller's plan's).
         algorithms: SmallVec<[Algorithm; INLINE]>,
+        /// A token route's reservation and usage.
+        tokens: Option<TokenUse>,
     },
+}
+
+/// What a request of a token route reserved and, admitted with a record's
+/// `tokens`, settled on.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct TokenUse {
+    pub(crate) reserved: u64,
+    /// `None`: denied, or no `tokens` in the record (the reservation stood).
+    pub(crate) used: Option<u64>,
 }
 
 /// Why a request was answered before its limits.
@@ -102,6 +125,8 @@ pub(crate) struct Identified<'s> {
     /// The body's fields, when a limit keys on them and the body is within
     /// `max_key_body`.
     pub(crate) body: Option<BodyFields>,
+    /// What it reserves on token limits, when its route has a `tokens` rule.
+    pub(crate) reserved: Option<u64>,
 }
 
 /// The gateway's steps before the limits, as the gateway runs them
@@ -143,7 +168,34 @@ pub(crate) fn identify<'s>(
         client_ip: identify::client_ip(snapshot, &parts.headers, record.peer),
         caller,
         body,
+        reserved: reservation(snapshot, index, record),
     })
+}
+
+/// What `record` reserves on route `route`'s token limits, as the gateway
+/// reserves it: its body when it is within `max_key_body` (and declares no
+/// more), else its declared length; `None` without a `tokens` rule.
+fn reservation(snapshot: &Snapshot, route: usize, record: &Record) -> Option<u64> {
+    let rule = snapshot.config.routes[route].tokens.as_ref()?;
+    let cap = snapshot.config.server.max_key_body;
+    let body = record.body.as_deref().unwrap_or_default();
+    let declared = content_length::parse(
+        record
+            .parts
+            .headers
+            .get_all(http::header::CONTENT_LENGTH)
+            .iter()
+            .map(|value| value.as_bytes()),
+    )
+    .ok()
+    .flatten();
+    let read_whole = body.len() <= cap && declared.is_none_or(|length| length <= cap as u64);
+    Some(admission::reserve::reservation(
+        rule,
+        read_whole.then_some(body),
+        declared.or(Some(body.len() as u64)),
+        cap,
+    ))
 }
 
 /// The limit step: the route's stack decided by admission on `app`'s
@@ -166,16 +218,32 @@ pub(crate) fn limit(
             identified.body.as_ref(),
         ),
         cost: snapshot.config.routes[route].cost,
-        tokens: None,
+        tokens: identified.reserved,
         now,
     };
     let mut ticket = Ticket::default();
-    match admission::decide(app, snapshot, &candidate, &mut ticket) {
+    let admission = admission::decide(app, snapshot, &candidate, &mut ticket);
+    match admission {
         Admission::MissingKey { position } => Decided::Rejected {
             route,
             rejection: Rejection::MissingKey(snapshot.routes[route].stack[position].index()),
         },
         Admission::Allowed | Admission::Denied { .. } | Admission::StoreDown => {
+            let admitted = admission == Admission::Allowed;
+            let tokens = identified.reserved.map(|reserved| TokenUse {
+                reserved,
+                used: record.tokens.filter(|_| admitted),
+            });
+            if admitted && tokens.is_some() {
+                // Before the ticket is taken apart: the bill reads it.
+                settle_now(
+                    app,
+                    snapshot,
+                    &snapshot.routes[route],
+                    &ticket,
+                    record.tokens,
+                );
+            }
             let admission::ticket::TicketParts {
                 decision,
                 keys,
@@ -186,8 +254,24 @@ pub(crate) fn limit(
                 decision,
                 keys,
                 algorithms,
+                tokens,
             }
         }
+    }
+}
+
+/// An admitted token request settled as its response's end settles it on
+/// the gateway: on `used`, or with `None` its reservation standing. `app`'s
+/// clock is at the record's time ([`Variant::at`]).
+fn settle_now(
+    app: &App,
+    snapshot: &Snapshot,
+    plan: &crate::app::RoutePlan,
+    ticket: &Ticket<'_>,
+    used: Option<u64>,
+) {
+    if let Some(bill) = admission::tokens::bill(app, snapshot, plan, ticket) {
+        bill.settle(used);
     }
 }
 
@@ -207,6 +291,37 @@ pub(crate) struct EntryStats {
     /// (each free unit counted once, see `LimitTracker::judge`).
     pub(crate) false_allows: u64,
     pub(crate) false_denies: u64,
+    /// A token limit's tokens: see [`TokenStats`].
+    pub(crate) tokens: TokenStats,
+}
+
+/// A token limit's tokens over the requests it admitted (all zero for a
+/// request limit).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub(crate) struct TokenStats {
+    /// Reserved (charged at admission).
+    pub(crate) reserved: u64,
+    /// Used, by the requests whose record said (`tokens`): what they were
+    /// settled on.
+    pub(crate) used: u64,
+    /// Requests settled on their `tokens`.
+    pub(crate) settled: u64,
+    /// Requests without `tokens`, whose reservation stood.
+    pub(crate) unsettled: u64,
+}
+
+impl TokenStats {
+    /// One admitted request's reservation and usage.
+    fn count(&mut self, tokens: TokenUse) {
+        self.reserved = self.reserved.saturating_add(tokens.reserved);
+        match tokens.used {
+            Some(used) => {
+                self.used = self.used.saturating_add(used);
+                self.settled += 1;
+            }
+            None => self.unsettled += 1,
+        }
+    }
 }
 
 /// One route over the run.
@@ -234,6 +349,8 @@ pub(crate) struct Variant {
     pub(crate) kind: Option<Kind>,
     /// What admission decides on (its limiters and metrics).
     pub(crate) app: Arc<App>,
+    /// `app`'s clock, moved to each record's time (a settlement reads it).
+    clock: Arc<ManualClock>,
     pub(crate) snapshot: Arc<Snapshot>,
     pub(crate) routes: Vec<RouteStats>,
     /// Per limit of `config.limits`.
@@ -256,15 +373,22 @@ impl Variant {
             .iter()
             .map(|_| LimitTracker::default())
             .collect();
-        let app = App::with_clock(config, Arc::new(ManualClock::new(0)));
+        let clock = Arc::new(ManualClock::new(0));
+        let app = App::with_clock(config, clock.clone());
         Variant {
             kind,
             snapshot: app.snapshot(),
             app,
+            clock,
             routes,
             trackers,
             no_route: 0,
         }
+    }
+
+    /// Moves the variant's clock to `now` (it never goes back).
+    fn at(&self, now: Nanos) {
+        self.clock.advance(now.saturating_sub(self.clock.now()));
     }
 
     /// The name the chart and the JSON give this variant.
@@ -383,6 +507,7 @@ impl Simulation {
             let identified = identify(&first_app, &first, &record);
             for v in 0..self.variants.len() {
                 let variant = &self.variants[v];
+                variant.at(now);
                 let decided = match &identified {
                     Ok(identified) => {
                         limit(&variant.app, &variant.snapshot, &record, identified, now)
@@ -424,7 +549,7 @@ impl Simulation {
     fn account(&mut self, v: usize, decided: &Decided, now: Nanos) {
         let chart = (self.focus, self.chart_limit);
         let variant = &mut self.variants[v];
-        let (route, decision, keys, algorithms) = match decided {
+        let (route, decision, keys, algorithms, tokens) = match decided {
             Decided::NoRoute => {
                 variant.no_route += 1;
                 return;
@@ -444,7 +569,8 @@ impl Simulation {
                 decision,
                 keys,
                 algorithms,
-            } => (*route, decision, keys, algorithms),
+                tokens,
+            } => (*route, decision, keys, algorithms, *tokens),
         };
         let plan = &variant.snapshot.config.routes[route];
         let cost = plan.cost;
@@ -482,11 +608,19 @@ impl Simulation {
             let (Some(key), algorithm) = (keys[position], &algorithms[position]) else {
                 continue;
             };
+            // A token limit is charged the reservation and, once settled,
+            // holds what the request used (debt included).
+            let token_use =
+                tokens.filter(|_| variant.snapshot.config.limits[limit].unit == Unit::Tokens);
+            let (asked, held) = match token_use {
+                Some(t) => (t.reserved, t.used.unwrap_or(t.reserved)),
+                None => (cost, cost),
+            };
             let tracker = &mut variant.trackers[limit];
             // What this limit itself said: one that would have admitted a
             // request another limit denied said yes.
             let says_yes = matches!(entry.outcome, Outcome::Allowed | Outcome::DeniedByOther);
-            if let Some(judgement) = tracker.judge(key, algorithm, now, cost, says_yes) {
+            if let Some(judgement) = tracker.judge(key, algorithm, now, asked, says_yes) {
                 let exact = match judgement {
                     Judgement::Right => says_yes,
                     Judgement::FalseAllow => {
@@ -504,7 +638,10 @@ impl Simulation {
             }
             if decision.allowed && says_yes {
                 counts.admitted += 1;
-                let in_window = tracker.admit(key, algorithm, now, cost);
+                if let Some(t) = token_use {
+                    counts.tokens.count(t);
+                }
+                let in_window = tracker.admit(key, algorithm, now, held);
                 if charted && position == 0 {
                     self.timeline.admitted(v, now, in_window);
                 }
@@ -563,6 +700,17 @@ fn write_decision(
     }
     if let Some(limit) = limit {
         line.insert("limit".into(), config.limits[limit].name.clone().into());
+    }
+    if let Decided::Limited {
+        tokens: Some(tokens),
+        ..
+    } = decided
+    {
+        // The names contract section 9 gives the access log's fields.
+        line.insert("tokens_reserved".into(), tokens.reserved.into());
+        if let Some(used) = tokens.used {
+            line.insert("tokens_used".into(), used.into());
+        }
     }
     serde_json::to_writer(&mut *out, &serde_json::Value::Object(line))?;
     out.write_all(b"\n")
@@ -673,6 +821,104 @@ respond = { status = 200 }
         assert_eq!(admitted[2], 2);
         assert!(simulation.variants[2].routes[0].entries[1].false_allows == 0);
         assert_eq!(simulation.variants[0].label(None), "fixed_window");
+    }
+
+    const CHAT: &str = r#"
+[server]
+max_key_body = "1KiB"
+
+[limits.tpm]
+key = "header:x-user"
+algorithm = "token_bucket"
+capacity = 10000
+refill = "10000/m"
+unit = "tokens"
+
+[[routes]]
+name = "chat"
+match = { path = "/v1/chat/completions" }
+respond = { status = 200 }
+limits = ["tpm"]
+tokens = { max_tokens_default = 50, prompt = "bytes/4", usage = "auto" }
+"#;
+
+    /// The record of `line` in a JSON-lines trace.
+    fn record(line: &serde_json::Value) -> Record {
+        let text = format!("{line}\n");
+        TraceReader::new(Box::new(std::io::Cursor::new(text.into_bytes())), "t")
+            .unwrap()
+            .next()
+            .unwrap()
+            .unwrap()
+    }
+
+    #[test]
+    fn a_record_reserves_what_the_proxy_reserves_for_its_body() {
+        let config = config(CHAT);
+        let app = App::with_clock(config, Arc::new(ManualClock::new(0)));
+        let snapshot = app.snapshot();
+        let rule = snapshot.config.routes[0].tokens.clone().unwrap();
+        let cap = snapshot.config.server.max_key_body;
+        for body in [
+            serde_json::json!({"max_tokens": 64, "messages": [{"role": "user", "content": "hello there"}]}),
+            serde_json::json!({"max_completion_tokens": 7, "system": "be brief", "messages": []}),
+            serde_json::json!({"prompt": ["one", "two"]}),
+        ] {
+            let text = body.to_string();
+            let record = record(&serde_json::json!({
+                "time": 1, "method": "POST", "path": "/v1/chat/completions", "body": text,
+            }));
+            let simulated = identify(&app, &snapshot, &record).unwrap().reserved;
+            let mut parts = record.parts;
+            let mut pending = crate::proxy::request_body::PendingBody::Complete(text.into());
+            let gateway = crate::proxy::tokens::reserve(&rule, &mut pending, &mut parts, cap);
+            assert_eq!(simulated, Some(gateway), "{body}");
+        }
+        // Over max_key_body: the default plus a quarter of the length, the
+        // declared one first.
+        let long = format!("{{\"max_tokens\":1,\"prompt\":\"{}\"}}", "x".repeat(2000));
+        let length = long.len() as u64;
+        let over = record(&serde_json::json!({
+            "time": 1, "method": "POST", "path": "/v1/chat/completions", "body": long,
+        }));
+        let reserved = identify(&app, &snapshot, &over).unwrap().reserved;
+        assert_eq!(reserved, Some(50 + length.div_ceil(4)));
+        let declared = record(&serde_json::json!({
+            "time": 1, "method": "POST", "path": "/v1/chat/completions",
+            "headers": {"content-length": "4000"},
+        }));
+        let reserved = identify(&app, &snapshot, &declared).unwrap().reserved;
+        assert_eq!(reserved, Some(50 + 1000));
+    }
+
+    #[test]
+    fn a_settlement_runs_on_the_records_clock() {
+        // 10,000 a minute. At 100 s: 9,000 reserved, 19,000 used, so the
+        // key owes 9,000. At 160 s a minute's refill leaves it 1,000: the
+        // second is denied; at 214 s it has 10,000, and the third fits.
+        // Settled at another time than the record's, the refill would not
+        // be a minute's.
+        let config = config(CHAT);
+        let body = serde_json::json!({"max_tokens": 9000, "messages": []}).to_string();
+        let body = body.replace('"', "\"\"");
+        let trace = format!(
+            "time,method,path,header:x-user,body,tokens\n\
+             100,POST,/v1/chat/completions,u,\"{body}\",19000\n\
+             160,POST,/v1/chat/completions,u,\"{body}\",\n\
+             214,POST,/v1/chat/completions,u,\"{body}\",\n"
+        );
+        let simulation = simulate(&config, &[], &trace);
+        let chat = &simulation.variants[0].routes[0];
+        assert_eq!((chat.admitted, chat.denied), (2, 1));
+        assert_eq!(
+            chat.entries[0].tokens,
+            TokenStats {
+                reserved: 18_000,
+                used: 19_000,
+                settled: 1,
+                unsettled: 1
+            }
+        );
     }
 
     #[test]

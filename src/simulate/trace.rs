@@ -8,10 +8,15 @@
 //! A record has `time` (RFC 3339, `2026-03-01T10:00:00.250Z`, or seconds
 //! since the Unix epoch, `1772359200.25`), `method`, `path` (with its query),
 //! and optionally `host`, `ip` (the TCP peer the gateway would see; absent:
-//! `0.0.0.0`), `headers` and `body`. In JSON lines `headers` is an object of
-//! name to value (or list of values); in CSV it is a column holding that
-//! object as JSON, and a column `header:NAME` holds one header's value. An
-//! empty CSV cell is an absent field.
+//! `0.0.0.0`), `headers`, `body` and `tokens`. In JSON lines `headers` is an
+//! object of name to value (or list of values); in CSV it is a column
+//! holding that object as JSON, and a column `header:NAME` holds one
+//! header's value. An empty CSV cell is an absent field.
+//!
+//! `tokens` is what the request's response used (its usage, a non-negative
+//! integer; in JSON lines a number or a string of digits), which settles a
+//! token limit's reservation as the response's usage does on the gateway;
+//! absent, the reservation stands, as for a response without usage.
 //!
 //! A record that does not parse is reported with its line number and
 //! skipped; a header row that names an unknown column, or a stream that
@@ -48,6 +53,8 @@ pub(crate) struct Record {
     /// The TCP peer.
     pub(crate) peer: IpAddr,
     pub(crate) body: Option<Bytes>,
+    /// The tokens its response used (`tokens`), for token limits.
+    pub(crate) tokens: Option<u64>,
 }
 
 /// A record that was skipped, or (`fatal`) why reading stopped.
@@ -71,6 +78,14 @@ struct Fields<'a> {
     ip: Option<&'a str>,
     headers: Vec<(&'a str, &'a str)>,
     body: Option<&'a str>,
+    tokens: Option<TokensField<'a>>,
+}
+
+/// `tokens` as written: CSV text, or a JSON number or string.
+#[derive(Debug, Clone, Copy)]
+enum TokensField<'a> {
+    Text(&'a str),
+    Number(&'a serde_json::Number),
 }
 
 #[derive(Debug, Clone, Copy)]
@@ -117,13 +132,15 @@ enum Column {
     Host,
     Ip,
     Body,
+    /// The tokens the response used.
+    Tokens,
     /// A JSON object of headers.
     Headers,
     /// One header, `header:NAME`.
     Header(String),
 }
 
-const COLUMNS: &str = "time, method, path, host, ip, headers, body, header:NAME";
+const COLUMNS: &str = "time, method, path, host, ip, headers, body, tokens, header:NAME";
 
 impl TraceReader {
     /// Reads a trace from `raw`, named `name` in messages.
@@ -187,6 +204,7 @@ fn csv_columns(header: &[String]) -> Result<Vec<Column>, String> {
             "host" => Column::Host,
             "ip" => Column::Ip,
             "body" => Column::Body,
+            "tokens" => Column::Tokens,
             "headers" => Column::Headers,
             other => match other.strip_prefix("header:") {
                 Some(header) if !header.is_empty() => Column::Header(header.to_owned()),
@@ -445,11 +463,19 @@ fn json_record(line: u64, text: &str) -> Item {
                 }
             }
             "headers" => json_headers(line, value, &mut fields.headers)?,
+            "tokens" => {
+                fields.tokens = match value {
+                    serde_json::Value::Null => None,
+                    serde_json::Value::Number(n) => Some(TokensField::Number(n)),
+                    serde_json::Value::String(s) => Some(TokensField::Text(s)),
+                    _ => return Err(bad(line, TOKENS_WANTED)),
+                }
+            }
             other => {
                 return Err(bad(
                     line,
                     format!(
-                        "unknown field `{other}`, expected one of time, method, path, host, ip, headers, body"
+                        "unknown field `{other}`, expected one of time, method, path, host, ip, headers, body, tokens"
                     ),
                 ));
             }
@@ -506,6 +532,7 @@ fn csv_record(line: u64, columns: &[Column], cells: &[String]) -> Item {
             Column::Host => fields.host = Some(cell),
             Column::Ip => fields.ip = Some(cell),
             Column::Body => fields.body = Some(cell),
+            Column::Tokens => fields.tokens = Some(TokensField::Text(cell)),
             Column::Header(name) => fields.headers.push((name, cell)),
             Column::Headers => header_json = Some(cell),
         }
@@ -559,13 +586,34 @@ fn build(line: u64, fields: &Fields<'_>) -> Item {
         headers.append(header, value);
     }
     let body = fields.body.map(|b| Bytes::copy_from_slice(b.as_bytes()));
+    let tokens = fields
+        .tokens
+        .map(|field| tokens_used(field).ok_or_else(|| bad(line, TOKENS_WANTED)))
+        .transpose()?;
     Ok(Record {
         line,
         time,
         parts: request.into_parts().0,
         peer,
         body,
+        tokens,
     })
+}
+
+const TOKENS_WANTED: &str = "`tokens` must be a non-negative integer, the tokens the response used";
+
+/// `tokens` as a count: digits only (no sign, no fraction, no exponent).
+fn tokens_used(field: TokensField<'_>) -> Option<u64> {
+    match field {
+        TokensField::Number(n) => n.as_u64(),
+        TokensField::Text(text) => {
+            let text = text.trim();
+            if text.is_empty() || !text.bytes().all(|b| b.is_ascii_digit()) {
+                return None;
+            }
+            text.parse().ok()
+        }
+    }
 }
 
 /// `time` as a JSON number: seconds since the epoch.
@@ -831,6 +879,59 @@ not json
         assert_eq!(lines, [3, 4, 5]);
         assert!(items[1].as_ref().unwrap_err().message.contains("extra"));
         assert!(items[2].as_ref().unwrap_err().message.contains("path"));
+    }
+
+    #[test]
+    fn tokens_column_holds_the_usage_or_is_a_bad_record() {
+        let text = b"time,method,path,tokens\n\
+            1,POST,/v1,250\n\
+            2,POST,/v1,\n\
+            3,POST,/v1, 0 \n\
+            4,POST,/v1,-5\n\
+            5,POST,/v1,1.5\n\
+            6,POST,/v1,many\n\
+            7,POST,/v1,99999999999999999999999\n";
+        let items = read(text);
+        let tokens: Vec<Option<u64>> = items[..3]
+            .iter()
+            .map(|i| i.as_ref().unwrap().tokens)
+            .collect();
+        assert_eq!(tokens, [Some(250), None, Some(0)]);
+        for item in &items[3..] {
+            let problem = item.as_ref().unwrap_err();
+            assert!(
+                problem
+                    .message
+                    .contains("`tokens` must be a non-negative integer"),
+                "{}",
+                problem.message
+            );
+            assert!(!problem.fatal);
+        }
+        assert_eq!(items.len(), 7);
+    }
+
+    #[test]
+    fn tokens_field_in_json_lines() {
+        let text = br#"{"time":1,"method":"POST","path":"/v1","tokens":1200}
+{"time":2,"method":"POST","path":"/v1","tokens":"30"}
+{"time":3,"method":"POST","path":"/v1","tokens":null}
+{"time":4,"method":"POST","path":"/v1"}
+{"time":5,"method":"POST","path":"/v1","tokens":-1}
+{"time":6,"method":"POST","path":"/v1","tokens":2.5}
+{"time":7,"method":"POST","path":"/v1","tokens":true}
+"#;
+        let items = read(text);
+        let tokens: Vec<Option<u64>> = items[..4]
+            .iter()
+            .map(|i| i.as_ref().unwrap().tokens)
+            .collect();
+        assert_eq!(tokens, [Some(1200), Some(30), None, None]);
+        let lines: Vec<u64> = items[4..]
+            .iter()
+            .map(|i| i.as_ref().unwrap_err().line)
+            .collect();
+        assert_eq!(lines, [5, 6, 7]);
     }
 
     #[test]
