@@ -546,3 +546,42 @@ async fn script_calls_reach(redis: &Redis, n: u64) {
     let reached = common::eventually(async || calls() >= n).await;
     assert!(reached, "{} script calls, expected {n}", calls());
 }
+
+#[tokio::test]
+#[cfg_attr(
+    not(has_redis),
+    ignore = "needs redis-server and redis-cli: apt-get install -y redis-server redis-tools"
+)]
+async fn on_redis_cluster_reservations_and_settlements_cross_slots() {
+    let cluster = common::redis::Cluster::start(3, 0);
+    let upstream = LlmUpstream::start().await;
+    let urls: Vec<String> = cluster.urls().iter().map(|u| format!("\"{u}\"")).collect();
+    let store = format!(
+        "[store]\nbackend = \"redis\"\ncluster = true\nurl = [{}]\ntimeout = \"500ms\"\n",
+        urls.join(", ")
+    );
+    // tpm keyed with the route too: its key's digest, and so its slot,
+    // differs from rpm's, and a stack spans two slots.
+    let config = config(&upstream, RULE, &store).replacen(
+        "key = \"header:x-api-key\"\nalgorithm = \"token_bucket\"",
+        "key = [\"header:x-api-key\", \"route\"]\nalgorithm = \"token_bucket\"",
+        1,
+    );
+    assert!(config.contains("[\"header:x-api-key\", \"route\"]"));
+    let a = InProcess::start_on_wall_time(&config).await;
+    let b = InProcess::start_on_wall_time(&config).await;
+    assert_eq!(chat(&a, "c1", 500, "json", 100).await.status, 200);
+    settled(&a, "refunded", 401.0).await;
+    // b sees the refund once the settlement's call has landed.
+    let fits = common::eventually(async || {
+        let reply = chat(&b, "c1", 899, "json", 900).await;
+        reply.status == 200
+    })
+    .await;
+    assert!(fits, "the refund never reached the cluster");
+    assert_eq!(chat(&a, "c1", 1, "json", 2).await.status, 429, "one budget");
+    let keys = cluster.keys();
+    assert!(keys.iter().any(|k| k.contains(":tpm:")), "{keys:?}");
+    a.stop().await;
+    b.stop().await;
+}
