@@ -88,12 +88,18 @@ impl EventStream {
     pub(crate) fn feed(&mut self, chunk: &[u8], on_event: &mut impl FnMut(Event<'_>)) {
         let mut rest = self.skip_bom(chunk, on_event);
         while let Some((&byte, after)) = rest.split_first() {
+            // The line nearly every line of a stream is: `data: ` read at
+            // once, as the bytes one by one would read it.
+            if self.line == Line::Start && rest.starts_with(b"data: ") {
+                self.after_cr = false;
+                self.begin_value(Field::Data);
+                self.line = Line::Value(Field::Data);
+                rest = &rest[6..];
+                continue;
+            }
             if matches!(self.line, Line::Comment | Line::Value(_)) && !is_line_end(byte) {
                 // A run of the line at once: to its end, or the chunk's.
-                let run = rest
-                    .iter()
-                    .position(|&b| is_line_end(b))
-                    .unwrap_or(rest.len());
+                let run = memchr::memchr2(b'\n', b'\r', rest).unwrap_or(rest.len());
                 self.value_run(&rest[..run]);
                 self.after_cr = false;
                 rest = &rest[run..];

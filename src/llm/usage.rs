@@ -26,6 +26,9 @@
 //! fractional, overflowing, a string) makes that usage absent, as does
 //! malformed JSON: the gateway's reservation then stands.
 
+use std::sync::LazyLock;
+
+use memchr::memmem;
 use serde::de::{self, Deserialize, Deserializer, IgnoredAny, MapAccess, SeqAccess, Visitor};
 use serde_json::Value;
 
@@ -300,7 +303,12 @@ fn on_event(event: &Event<'_>, usage: &mut Option<Usage>, anthropic: &mut Anthro
 /// `\u` escape that could spell it. Most events of a stream are text
 /// deltas that do neither, and skip the parse.
 fn may_name_usage(data: &[u8]) -> bool {
-    data.windows(5).any(|w| w == b"usage") || data.windows(2).any(|w| w == b"\\u")
+    // SIMD searches: every event's data passes here, and the byte windows
+    // this replaced cost more than relaying the stream.
+    static USAGE: LazyLock<memmem::Finder<'static>> =
+        LazyLock::new(|| memmem::Finder::new("usage"));
+    static ESCAPE: LazyLock<memmem::Finder<'static>> = LazyLock::new(|| memmem::Finder::new("\\u"));
+    USAGE.find(data).is_some() || ESCAPE.find(data).is_some()
 }
 
 /// An Anthropic stream's counts so far: `message_start` sets them all, each
