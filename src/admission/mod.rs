@@ -47,9 +47,9 @@ use http::request::Parts;
 use smallvec::SmallVec;
 
 use crate::app::{App, RoutePlan, Snapshot};
-use crate::config::tokens::Unit;
 use crate::identity::keys::{RequestFacts, limit_key};
-use crate::limit::{Nanos, StackEntry, check_stack_into, stack::INLINE};
+use crate::limit::stack::{Costs, INLINE};
+use crate::limit::{Nanos, StackEntry, check_stack_into};
 use crate::store::RedisStore;
 
 pub use identify::Identity;
@@ -219,23 +219,28 @@ fn key_stack<'s>(
         };
         ticket.push(limit, algorithm, limiter, key);
     }
-    if let Some(tokens) = candidate.tokens {
-        charge_in_units(candidate.cost, tokens, ticket);
-    }
+    ticket.tokens = candidate.tokens;
     Ok(())
 }
 
-/// Each entry's charge in its limit's unit: `tokens` for a token limit,
-/// `cost` for the others. Out of line: only token routes pay for it.
+/// The stack decided with each entry charged in its limit's unit: the
+/// reservation on a token limit, the cost on the others. Out of line: only
+/// token routes come here.
 #[inline(never)]
-fn charge_in_units(cost: u64, tokens: u64, ticket: &mut Ticket<'_>) {
-    ticket.costs.clear();
-    for limit in &ticket.stack {
-        ticket.costs.push(match limit.unit {
-            Unit::Tokens => tokens,
-            Unit::Requests => cost,
-        });
-    }
+fn check_in_units(
+    entries: &[StackEntry<'_>],
+    candidate: &Candidate<'_, '_>,
+    ticket: &mut Ticket<'_>,
+) {
+    let charges: SmallVec<[u64; INLINE]> = (0..entries.len())
+        .map(|j| ticket.cost_of(j, candidate.cost))
+        .collect();
+    check_stack_into(
+        entries,
+        Costs::PerEntry(&charges),
+        candidate.now,
+        &mut ticket.decision,
+    );
 }
 
 /// The memory tier: the whole stack decided here, all or nothing.
@@ -256,8 +261,16 @@ fn decide_in_memory<'s>(
             shadow: limit.shadow,
         });
     }
-    let costs = ticket::costs_of(&ticket.costs, candidate.cost);
-    check_stack_into(&entries, costs, candidate.now, &mut ticket.decision);
+    if ticket.tokens.is_some() {
+        check_in_units(&entries, candidate, ticket);
+    } else {
+        check_stack_into(
+            &entries,
+            Costs::Uniform(candidate.cost),
+            candidate.now,
+            &mut ticket.decision,
+        );
+    }
     answer(app, snapshot, candidate, ticket)
 }
 

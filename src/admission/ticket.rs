@@ -5,8 +5,9 @@
 
 use smallvec::SmallVec;
 
+use crate::config::tokens::Unit;
 use crate::config::{HeaderStyles, LimitConfig};
-use crate::limit::stack::{Costs, INLINE};
+use crate::limit::stack::INLINE;
 use crate::limit::{Algorithm, EntryVerdict, LimitKey, Limiter, Nanos, Permits, StackDecision};
 use crate::ratelimit_policy::{StackView, least_remaining};
 
@@ -32,22 +33,11 @@ pub struct Ticket<'s> {
     /// The shared entries were decided by the store (not a fallback):
     /// their settlement goes there too.
     pub(super) via_store: bool,
-    /// Each entry's charge, when they differ (a stack with token limits:
-    /// see [`Candidate::tokens`](super::Candidate::tokens)); empty when
-    /// every entry is charged the request's cost.
-    pub(super) costs: SmallVec<[u64; INLINE]>,
-}
-
-/// What each entry of a ticket with `charges` ([`Ticket`]'s `costs`) is
-/// charged, given the request's `cost`. A function of the field, not of the
-/// ticket, so that the ticket's decision can be filled meanwhile.
-#[inline(always)]
-pub(super) fn costs_of(charges: &[u64], cost: u64) -> Costs<'_> {
-    if charges.is_empty() {
-        Costs::Uniform(cost)
-    } else {
-        Costs::PerEntry(charges)
-    }
+    /// What the request reserved on the stack's token limits
+    /// ([`Candidate::tokens`](super::Candidate::tokens)); `None`: every
+    /// entry is charged the request's cost. A number, not a cost per
+    /// entry: the ticket is moved with every request's future.
+    pub(super) tokens: Option<u64>,
 }
 
 /// A ticket's decision, keys and algorithms, owned ([`Ticket::into_parts`]).
@@ -95,7 +85,10 @@ impl<'s> Ticket<'s> {
     /// What entry `j` was charged, given the request's `cost`.
     #[inline(always)]
     pub(crate) fn cost_of(&self, j: usize, cost: u64) -> u64 {
-        self.costs.get(j).copied().unwrap_or(cost)
+        match self.tokens {
+            Some(tokens) if self.stack.get(j).is_some_and(|l| l.unit == Unit::Tokens) => tokens,
+            _ => cost,
+        }
     }
 
     /// The stack's limits, in order.

@@ -80,11 +80,7 @@ pub fn bill(
     plan: &RoutePlan,
     ticket: &Ticket<'_>,
 ) -> Option<TokenBill> {
-    let reserved = ticket
-        .stack
-        .iter()
-        .position(|limit| limit.unit == Unit::Tokens)
-        .and_then(|j| ticket.costs.get(j).copied())?;
+    let reserved = ticket.tokens?;
     let mut bill = Bill {
         reserved,
         tally: Arc::new(TokenTally::new(reserved)),

@@ -382,6 +382,24 @@ impl ResponseBody {
     }
 }
 
+/// A token route's body: polled as any upstream body, its data fed to the
+/// usage scanner. Out of line: the other bodies' poll stays as small as it
+/// was (callgrind: +52 instructions a request with this arm inline).
+#[inline(never)]
+fn poll_metered(
+    meter: &mut UsageMeter,
+    body: &mut UpstreamBody,
+    cx: &mut Context<'_>,
+) -> Poll<Option<Result<Frame<Bytes>, std::io::Error>>> {
+    let polled = Pin::new(body).poll_frame(cx);
+    if let (Poll::Ready(Some(Ok(frame))), Some(scanner)) = (&polled, &mut meter.scanner)
+        && let Some(data) = frame.data_ref()
+    {
+        scanner.feed(data);
+    }
+    polled
+}
+
 impl Body for ResponseBody {
     type Data = Bytes;
     type Error = std::io::Error;
@@ -393,15 +411,7 @@ impl Body for ResponseBody {
         match &mut self.get_mut().kind {
             ResponseKind::Full(bytes) => Poll::Ready(bytes.take().map(|b| Ok(Frame::data(b)))),
             ResponseKind::Upstream(body) => Pin::new(body).poll_frame(cx),
-            ResponseKind::Metered(meter, body) => {
-                let polled = Pin::new(body).poll_frame(cx);
-                if let (Poll::Ready(Some(Ok(frame))), Some(scanner)) = (&polled, &mut meter.scanner)
-                    && let Some(data) = frame.data_ref()
-                {
-                    scanner.feed(data);
-                }
-                polled
-            }
+            ResponseKind::Metered(meter, body) => poll_metered(meter, body, cx),
         }
     }
 
