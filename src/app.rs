@@ -168,6 +168,10 @@ impl Snapshot {
             .collect();
         let labels = LabelNames::new(&config);
         let router = Router::new(&config);
+        // Off the request path: the first such request need not build it.
+        if crate::config::tokens::uses_tokenizer(&config.routes) {
+            crate::llm::tokenizer::warm();
+        }
         let upstreams = config
             .upstreams
             .iter()

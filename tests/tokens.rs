@@ -1,7 +1,8 @@
 //! Token quotas (`unit = "tokens"`, a route's `tokens = {...}`) end to end
 //! through real sockets, in front of a scripted OpenAI- and
 //! Anthropic-compatible upstream (`common::llm`): a request reserves its
-//! `max_tokens` plus a quarter of its prompt's bytes, all or nothing with
+//! `max_tokens` plus a quarter of its prompt's bytes (or, with
+//! `prompt = "tokenizer"`, its prompt's tokens), all or nothing with
 //! the request limits of its stack; when the response ends, the usage it
 //! reported (a JSON body, an OpenAI or Anthropic stream, a header) settles
 //! the difference — refunded, or charged as debt that later requests wait
@@ -171,6 +172,25 @@ async fn a_json_usage_refunds_what_the_reservation_did_not_use() {
         [(json!(301), json!(120)), (json!(301), json!(301))],
         "{lines:?}"
     );
+    gateway.stop().await;
+}
+
+#[tokio::test]
+async fn the_tokenizer_reserves_the_prompts_exact_count_in_its_models_encoding() {
+    let upstream = LlmUpstream::start().await;
+    let rule = r#"{ max_tokens_default = 200, prompt = "tokenizer", usage = "auto" }"#;
+    let gateway = InProcess::start(&config(&upstream, rule, "")).await;
+    // gpt-4o counts in o200k_base: the sentence is 13 tokens; OpenAI's chat
+    // formatting adds 3 for the message, 1 for its role and 3 for the reply.
+    let body = json!({
+        "model": "gpt-4o",
+        "max_tokens": 300,
+        "messages": [{"role": "user", "content": "Say hello to tollgate, the rate-limiting proxy."}],
+    });
+    let reply = post(&gateway, "k9", &body, "json", 120).await;
+    assert_eq!(reply.status, 200, "{:?}", reply.body);
+    assert_eq!(tokens(&gateway, "reserved"), (300 + 3 + 1 + 13 + 3) as f64);
+    settled(&gateway, "refunded", 200.0).await;
     gateway.stop().await;
 }
 

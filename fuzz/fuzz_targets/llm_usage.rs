@@ -2,7 +2,8 @@
 //! (`llm::usage::UsageScanner`) and a request's reservation and rewrite
 //! (`llm::reserve::reservation`, `llm::reserve::with_include_usage`).
 //!
-//! The first byte picks the piece sizes; the rest is a response body, read
+//! The first byte picks the piece sizes (and its bit 6 the prompt
+//! estimate: `bytes/4` or the tokenizer); the rest is a response body, read
 //! as JSON and as an event stream. Beyond "never panics", for each format:
 //! the body fed in pieces reads the same usage (so far and at the end) as
 //! fed whole. The same bytes as a request body: `reservation` never panics,
@@ -47,9 +48,15 @@ fuzz_target!(|data: &[u8]| {
         assert_eq!(whole, split, "{format:?} usage differs by split");
     }
 
+    // Half the inputs count their prompt with the tokenizer.
+    let prompt = if control & 0x40 == 0 {
+        PromptEstimate::BytesOver4
+    } else {
+        PromptEstimate::Tokenizer
+    };
     let rule = ReserveRule {
         max_tokens_default: u64::from(control),
-        prompt: PromptEstimate::BytesOver4,
+        prompt,
     };
     let reserved = reservation(body, &rule);
     if let Some(rewritten) = with_include_usage(body) {

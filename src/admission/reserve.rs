@@ -32,6 +32,7 @@ fn reserve_rule(rule: &TokensRule) -> ReserveRule {
         max_tokens_default: rule.max_tokens_default,
         prompt: match rule.prompt {
             PromptEstimate::BytesOver4 => reserve::PromptEstimate::BytesOver4,
+            PromptEstimate::Tokenizer => reserve::PromptEstimate::Tokenizer,
         },
     }
 }

@@ -31,6 +31,9 @@ pub(crate) enum Unit {
 pub(crate) enum PromptEstimate {
     /// A token per four bytes of the prompt's text.
     BytesOver4,
+    /// The prompt's tokens in its model's BPE encoding, plus the chat
+    /// formatting (`llm::tokenizer`).
+    Tokenizer,
 }
 
 /// Where a response reports the tokens it used.
@@ -97,17 +100,11 @@ pub(super) fn check_tokens_rule(c: &mut Checker, path: &KeyPath, raw: &RawTokens
     };
     let prompt = match raw.prompt.as_deref() {
         None | Some("bytes/4") => PromptEstimate::BytesOver4,
-        Some("tokenizer") => {
-            c.problem(
-                path.key("prompt"),
-                "`tokenizer` is not available in this build; use \"bytes/4\"",
-            );
-            PromptEstimate::BytesOver4
-        }
+        Some("tokenizer") => PromptEstimate::Tokenizer,
         Some(other) => {
             c.problem(
                 path.key("prompt"),
-                format!("unknown prompt estimate `{other}`, expected \"bytes/4\""),
+                format!("unknown prompt estimate `{other}`, expected \"bytes/4\" or \"tokenizer\""),
             );
             PromptEstimate::BytesOver4
         }
@@ -135,6 +132,17 @@ pub(super) fn check_tokens_rule(c: &mut Checker, path: &KeyPath, raw: &RawTokens
     }
 }
 
+/// Some route counts its prompts with the tokenizer (whose tables are
+/// then worth building before the first request).
+pub(crate) fn uses_tokenizer(routes: &[RouteConfig]) -> bool {
+    routes.iter().any(|route| {
+        route
+            .tokens
+            .as_ref()
+            .is_some_and(|rule| rule.prompt == PromptEstimate::Tokenizer)
+    })
+}
+
 /// Every route that stacks a token limit says how a request reserves.
 pub(super) fn check_token_routes(
     c: &mut Checker,
@@ -160,5 +168,58 @@ pub(super) fn check_token_routes(
                 ),
             );
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::path::Path;
+
+    use super::*;
+    use crate::config::Config;
+
+    fn config(prompt: &str) -> Result<Config, String> {
+        let text = format!(
+            r#"[upstreams.llm]
+url = "http://127.0.0.1:9"
+
+[limits.tpm]
+key = "ip"
+algorithm = "token_bucket"
+capacity = 1000
+refill = "1000/m"
+unit = "tokens"
+
+[[routes]]
+name = "chat"
+match = {{ path_prefix = "/" }}
+upstream = "llm"
+limits = ["tpm"]
+tokens = {{ max_tokens_default = 10{prompt} }}
+"#
+        );
+        Config::from_bytes(Path::new("gateway.toml"), text.as_bytes()).map_err(|e| e.to_string())
+    }
+
+    fn prompt(config: &Config) -> Option<PromptEstimate> {
+        config.routes[0].tokens.as_ref().map(|rule| rule.prompt)
+    }
+
+    #[test]
+    fn the_prompt_estimate_is_bytes_over_4_or_the_tokenizer() {
+        let default = config("").unwrap();
+        assert_eq!(prompt(&default), Some(PromptEstimate::BytesOver4));
+        assert!(!uses_tokenizer(&default.routes));
+        let bytes = config(r#", prompt = "bytes/4""#).unwrap();
+        assert_eq!(prompt(&bytes), Some(PromptEstimate::BytesOver4));
+        let tokenizer = config(r#", prompt = "tokenizer""#).unwrap();
+        assert_eq!(prompt(&tokenizer), Some(PromptEstimate::Tokenizer));
+        assert!(uses_tokenizer(&tokenizer.routes));
+        let error = config(r#", prompt = "words""#).unwrap_err();
+        assert!(
+            error.contains("`routes[0].tokens.prompt`")
+                && error.contains("expected \"bytes/4\" or \"tokenizer\""),
+            "{error}"
+        );
     }
 }

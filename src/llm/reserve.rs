@@ -5,13 +5,16 @@
 //! the rewrite that makes an OpenAI stream report its usage.
 //!
 //! Pure functions of the body's bytes: whatever they are, a reservation
-//! comes out (never a panic), the sums saturating.
+//! comes out (never a panic), the sums saturating. The prompt is measured
+//! in bytes (`"bytes/4"`) or in its model's tokens (`"tokenizer"`,
+//! [`super::tokenizer`]) over the same text.
 
 use std::io;
 
 use serde_json::{Map, Value};
 
 use super::json::members_named;
+use super::tokenizer::{self, Encoding};
 
 /// How the prompt's tokens are estimated. `pub` for the fuzz target
 /// (`fuzz/fuzz_targets/llm_usage.rs`).
@@ -19,6 +22,10 @@ use super::json::members_named;
 pub enum PromptEstimate {
     /// `"bytes/4"`: a token per 4 bytes of prompt text, rounded up.
     BytesOver4,
+    /// `"tokenizer"`: the prompt text's tokens in the encoding of the
+    /// body's `model` (as tiktoken maps it; `o200k_base` for a model it
+    /// does not know), plus OpenAI's chat formatting of `messages`.
+    Tokenizer,
 }
 
 /// A route's reservation rule (its `tokens` table). `pub` for the fuzz
@@ -55,14 +62,14 @@ impl Reservation {
 /// What a request body reserves: the completion budget
 /// (`max_completion_tokens`, else `max_tokens`, else the rule's default; a
 /// value that is not a non-negative integer counts as absent) plus the
-/// prompt estimate of its text ([`prompt_bytes`]). A body that is not a
+/// prompt estimate of its text ([`prompt_size`]). A body that is not a
 /// JSON object reserves the default plus the estimate of the whole body.
 /// `pub` for the fuzz target (`fuzz/fuzz_targets/llm_usage.rs`).
 pub fn reservation(body: &[u8], rule: &ReserveRule) -> Reservation {
     let Ok(Value::Object(request)) = serde_json::from_slice::<Value>(body) else {
         return Reservation {
             completion: rule.max_tokens_default,
-            prompt: estimate(rule.prompt, len_u64(body.len())),
+            prompt: whole_body_estimate(rule.prompt, body),
             streamed: false,
             model: None,
         };
@@ -71,28 +78,97 @@ pub fn reservation(body: &[u8], rule: &ReserveRule) -> Reservation {
         .iter()
         .find_map(|name| request.get(*name).and_then(Value::as_u64))
         .unwrap_or(rule.max_tokens_default);
+    let model = request.get("model").and_then(Value::as_str);
     Reservation {
         completion,
-        prompt: estimate(rule.prompt, prompt_bytes(&request)),
+        prompt: prompt_estimate(rule.prompt, &request, model),
         streamed: is_streamed(&request),
-        model: request
-            .get("model")
-            .and_then(Value::as_str)
-            .map(str::to_owned),
+        model: model.map(str::to_owned),
     }
 }
 
-fn estimate(rule: PromptEstimate, bytes: u64) -> u64 {
+/// The estimate of a body that is not a JSON object: all of it, as text
+/// (invalid UTF-8 replaced) for the tokenizer.
+fn whole_body_estimate(rule: PromptEstimate, body: &[u8]) -> u64 {
     match rule {
-        PromptEstimate::BytesOver4 => bytes.div_ceil(4),
+        PromptEstimate::BytesOver4 => len_u64(body.len()).div_ceil(4),
+        PromptEstimate::Tokenizer => tokenizer::FALLBACK.count(&String::from_utf8_lossy(body)),
     }
+}
+
+fn prompt_estimate(rule: PromptEstimate, request: &Map<String, Value>, model: Option<&str>) -> u64 {
+    match rule {
+        PromptEstimate::BytesOver4 => prompt_size(request, &|piece| piece.bytes()).div_ceil(4),
+        PromptEstimate::Tokenizer => {
+            let encoding = Encoding::of_model(model);
+            prompt_size(request, &|piece| piece.tokens(encoding))
+                .saturating_add(chat_format_tokens(request, encoding))
+        }
+    }
+}
+
+/// What OpenAI adds around a chat's messages, as its cookbook counts a
+/// prompt (`num_tokens_from_messages`, gpt-3.5-turbo-0613 onward, gpt-4,
+/// gpt-4o): per message 3 tokens plus its `role`'s, 1 more for a `name`,
+/// and 3 priming the reply. Nothing for a body without `messages`; an
+/// Anthropic body's `messages` are counted the same, an estimate there.
+fn chat_format_tokens(request: &Map<String, Value>, encoding: Encoding) -> u64 {
+    const TOKENS_PER_MESSAGE: u64 = 3;
+    const TOKENS_PER_NAME: u64 = 1;
+    const REPLY_PRIMING: u64 = 3;
+    let Some(Value::Array(messages)) = request.get("messages") else {
+        return 0;
+    };
+    messages
+        .iter()
+        .map(|message| {
+            let role = message
+                .get("role")
+                .and_then(Value::as_str)
+                .map_or(0, |role| encoding.count(role));
+            let name = match message.get("name") {
+                Some(Value::String(_)) => TOKENS_PER_NAME,
+                _ => 0,
+            };
+            TOKENS_PER_MESSAGE.saturating_add(role).saturating_add(name)
+        })
+        .fold(REPLY_PRIMING, u64::saturating_add)
 }
 
 fn is_streamed(request: &Map<String, Value>) -> bool {
     request.get("stream") == Some(&Value::Bool(true))
 }
 
-/// The bytes of the text the model reads, as UTF-8:
+/// One piece of the prompt's text: a string the model reads, or a value
+/// it reads as JSON (`tools`).
+enum Piece<'a> {
+    Text(&'a str),
+    Json(&'a Value),
+}
+
+impl Piece<'_> {
+    /// Its bytes as UTF-8 (a value's compact JSON).
+    fn bytes(&self) -> u64 {
+        match self {
+            Piece::Text(text) => len_u64(text.len()),
+            Piece::Json(value) => serialized_bytes(value),
+        }
+    }
+
+    /// Its tokens in `encoding` (a value's compact JSON).
+    fn tokens(&self, encoding: Encoding) -> u64 {
+        match self {
+            Piece::Text(text) => encoding.count(text),
+            // Serializing a `Value` cannot fail.
+            Piece::Json(value) => encoding.count(&serde_json::to_string(value).unwrap_or_default()),
+        }
+    }
+}
+
+/// How a [`Piece`] is measured (bytes or tokens).
+type Measure<'m> = &'m dyn Fn(Piece<'_>) -> u64;
+
+/// The size, as `measure` counts it, of the text the model reads:
 /// - OpenAI chat `messages[]`: `content` (a string, or parts whose `text`
 ///   counts) and `name`; Anthropic `messages[].content` the same (blocks
 ///   with `text`, and a `tool_result` block's own `content`);
@@ -102,83 +178,86 @@ fn is_streamed(request: &Map<String, Value>) -> bool {
 ///   have a `content` as above; embeddings' `input` is strings too) and
 ///   `instructions`;
 /// - Anthropic `system` (a string or `text` blocks).
-fn prompt_bytes(request: &Map<String, Value>) -> u64 {
-    let mut bytes = 0u64;
-    let mut add = |n: u64| bytes = bytes.saturating_add(n);
+fn prompt_size(request: &Map<String, Value>, measure: Measure) -> u64 {
+    let mut size = 0u64;
+    let mut add = |n: u64| size = size.saturating_add(n);
     if let Some(Value::Array(messages)) = request.get("messages") {
         for message in messages {
-            add(content_bytes(message.get("content")));
-            add(string_bytes(message.get("name")));
+            add(content_size(message.get("content"), measure));
+            add(string_size(message.get("name"), measure));
         }
     }
     for tools in ["tools", "functions"] {
         if let Some(value) = request.get(tools) {
-            add(serialized_bytes(value));
+            add(measure(Piece::Json(value)));
         }
     }
-    add(strings_bytes(request.get("prompt")));
+    add(strings_size(request.get("prompt"), measure));
     add(match request.get("input") {
         Some(Value::Array(items)) => items
             .iter()
-            .map(input_item_bytes)
+            .map(|item| input_item_size(item, measure))
             .fold(0, u64::saturating_add),
-        other => string_bytes(other),
+        other => string_size(other, measure),
     });
-    add(string_bytes(request.get("instructions")));
-    add(content_bytes(request.get("system")));
-    bytes
+    add(string_size(request.get("instructions"), measure));
+    add(content_size(request.get("system"), measure));
+    size
 }
 
 /// A Responses API (or embeddings) `input` item: a string, or a message
 /// with a `content`.
-fn input_item_bytes(item: &Value) -> u64 {
+fn input_item_size(item: &Value, measure: Measure) -> u64 {
     match item {
-        Value::String(text) => len_u64(text.len()),
-        _ => content_bytes(item.get("content")),
+        Value::String(text) => measure(Piece::Text(text)),
+        _ => content_size(item.get("content"), measure),
     }
 }
 
 /// A `content` (or Anthropic `system`): a string, or blocks whose `text`
 /// counts, a `tool_result` block's nested `content` too.
-fn content_bytes(content: Option<&Value>) -> u64 {
+fn content_size(content: Option<&Value>, measure: Measure) -> u64 {
     match content {
-        Some(Value::String(text)) => len_u64(text.len()),
-        Some(Value::Array(blocks)) => blocks.iter().map(block_bytes).fold(0, u64::saturating_add),
+        Some(Value::String(text)) => measure(Piece::Text(text)),
+        Some(Value::Array(blocks)) => blocks
+            .iter()
+            .map(|block| block_size(block, measure))
+            .fold(0, u64::saturating_add),
         _ => 0,
     }
 }
 
-fn block_bytes(block: &Value) -> u64 {
-    let text = string_bytes(block.get("text"));
+fn block_size(block: &Value, measure: Measure) -> u64 {
+    let text = string_size(block.get("text"), measure);
     // A tool result's content is blocks (or a string) itself; one level
     // deep, as the API nests it.
     let nested = match block.get("content") {
-        Some(Value::String(text)) => len_u64(text.len()),
+        Some(Value::String(text)) => measure(Piece::Text(text)),
         Some(Value::Array(inner)) => inner
             .iter()
-            .map(|inner| string_bytes(inner.get("text")))
+            .map(|inner| string_size(inner.get("text"), measure))
             .fold(0, u64::saturating_add),
         _ => 0,
     };
     text.saturating_add(nested)
 }
 
-fn string_bytes(value: Option<&Value>) -> u64 {
+fn string_size(value: Option<&Value>, measure: Measure) -> u64 {
     match value {
-        Some(Value::String(text)) => len_u64(text.len()),
+        Some(Value::String(text)) => measure(Piece::Text(text)),
         _ => 0,
     }
 }
 
 /// A string, or the strings of an array (the legacy `prompt`; token-id
 /// arrays count nothing).
-fn strings_bytes(value: Option<&Value>) -> u64 {
+fn strings_size(value: Option<&Value>, measure: Measure) -> u64 {
     match value {
         Some(Value::Array(items)) => items
             .iter()
-            .map(|item| string_bytes(Some(item)))
+            .map(|item| string_size(Some(item), measure))
             .fold(0, u64::saturating_add),
-        other => string_bytes(other),
+        other => string_size(other, measure),
     }
 }
 
@@ -451,6 +530,110 @@ mod tests {
         assert_eq!(reserved.total(), u64::MAX);
     }
 
+    const TOKENIZER: ReserveRule = ReserveRule {
+        max_tokens_default: 1024,
+        prompt: PromptEstimate::Tokenizer,
+    };
+
+    /// A chat body for `model` with one user message, `text`.
+    fn chat(model: Option<&str>, text: &str) -> Vec<u8> {
+        let mut body = serde_json::json!({
+            "max_tokens": 50,
+            "messages": [{"role": "user", "content": text}],
+        });
+        if let (Some(model), Some(object)) = (model, body.as_object_mut()) {
+            object.insert("model".to_owned(), Value::from(model));
+        }
+        body.to_string().into_bytes()
+    }
+
+    // 13 tokens in o200k_base, 12 in cl100k_base.
+    const SENTENCE: &str = "Say hello to tollgate, the rate-limiting proxy.";
+
+    #[test]
+    fn the_tokenizer_counts_in_the_models_encoding_with_chat_formatting() {
+        // 3 for the message, 1 for its role `user`, its text, 3 for the reply.
+        for (model, text_tokens) in [
+            (Some("gpt-4o"), 13),
+            (Some("gpt-4o-mini-2024-07-18"), 13),
+            (Some("gpt-4"), 12),
+            (Some("gpt-3.5-turbo"), 12),
+            (Some("my-local-llama"), 13),
+            (None, 13),
+        ] {
+            let reserved = reservation(&chat(model, SENTENCE), &TOKENIZER);
+            assert_eq!(reserved.prompt, 3 + 1 + text_tokens + 3, "{model:?}");
+            assert_eq!(reserved.total(), 50 + reserved.prompt, "{model:?}");
+        }
+    }
+
+    #[test]
+    fn the_tokenizer_counts_names_and_every_message() {
+        let body = serde_json::json!({
+            "model": "gpt-4o",
+            "messages": [
+                {"role": "system", "content": "hello world"},
+                {"role": "user", "name": "ann", "content": [{"type": "text", "text": "hello world"}]},
+                {"role": "assistant", "content": null},
+                "not a message",
+            ],
+        });
+        let o200k = Encoding::O200kBase;
+        let expected = (3 + 1 + 2) // system: role, "hello world"
+            + (3 + 1 + 2 + o200k.count("ann") + 1) // user, its name and the name's 1
+            + (3 + 1) // assistant, no content
+            + 3 // a message that is not an object: its 3 alone
+            + 3; // the reply
+        assert_eq!(
+            reservation(body.to_string().as_bytes(), &TOKENIZER).prompt,
+            expected
+        );
+    }
+
+    #[test]
+    fn the_tokenizer_counts_the_same_text_as_bytes_over_4() {
+        // No `messages`: no chat formatting, just the text's tokens.
+        let tokens = |body: &str| reservation(body.as_bytes(), &TOKENIZER).prompt;
+        assert_eq!(tokens(r#"{"model":"gpt-4","prompt":"hello world"}"#), 2);
+        assert_eq!(
+            tokens(r#"{"model":"gpt-4","prompt":["hello world","hello world",[1,2]]}"#),
+            4
+        );
+        assert_eq!(
+            tokens(r#"{"input":"hello world","instructions":"hello world"}"#),
+            4
+        );
+        assert_eq!(
+            tokens(r#"{"system":[{"type":"text","text":"hello world"}]}"#),
+            2
+        );
+        let tools = r#"[{"function":{"name":"f","parameters":{}},"type":"function"}]"#;
+        assert_eq!(
+            tokens(r#"{"tools":[{"type":"function","function":{"name":"f","parameters":{}}}]}"#),
+            Encoding::O200kBase.count(tools)
+        );
+    }
+
+    #[test]
+    fn special_tokens_in_user_text_are_counted_as_text() {
+        // `<|endoftext|>` as text: 7 tokens, not the special token's 1.
+        let reserved = reservation(&chat(Some("gpt-4o"), "<|endoftext|>"), &TOKENIZER);
+        assert_eq!(reserved.prompt, 3 + 1 + 7 + 3);
+        let reserved = reservation(&chat(Some("gpt-4"), "<|endoftext|>"), &TOKENIZER);
+        assert_eq!(reserved.prompt, 3 + 1 + 7 + 3);
+    }
+
+    #[test]
+    fn a_body_that_is_not_an_object_is_tokenized_whole() {
+        for (body, tokens) in [(&b""[..], 0), (b"hello world", 2), (b"[1,2,3]", 7)] {
+            let reserved = reservation(body, &TOKENIZER);
+            assert_eq!(reserved.completion, 1024, "{body:?}");
+            assert_eq!(reserved.prompt, tokens, "{body:?}");
+        }
+        // Invalid UTF-8 is replaced, not refused.
+        assert!(reservation(b"\xff\xfe hello", &TOKENIZER).prompt >= 2);
+    }
+
     fn rewritten(body: &str) -> Option<String> {
         with_include_usage(body.as_bytes()).map(|out| String::from_utf8_lossy(&out).into_owned())
     }
@@ -597,6 +780,26 @@ mod tests {
                     prop_assert_eq!(got, &old);
                 }
             }
+        }
+    }
+
+    proptest! {
+        // Few cases: encoding is slow unoptimised.
+        #![proptest_config(ProptestConfig::with_cases(24))]
+
+        #[test]
+        fn the_tokenizer_never_panics(body in prop::collection::vec(any::<u8>(), 0..512)) {
+            let reserved = reservation(&body, &TOKENIZER);
+            prop_assert!(reserved.total() >= reserved.completion);
+        }
+
+        #[test]
+        fn the_tokenizer_never_panics_on_any_text(
+            text in any::<String>(),
+            model in prop::sample::select(vec!["gpt-4o", "gpt-4", "other"]),
+        ) {
+            let reserved = reservation(&chat(Some(model), &text), &TOKENIZER);
+            prop_assert!(reserved.prompt >= 3 + 3);
         }
     }
 }
