@@ -21,8 +21,7 @@ use std::time::Duration;
 use serde_json::{Value, json};
 
 use common::InProcess;
-use common::llm::LlmUpstream;
-use common::openmetrics::{self, Exposition};
+use common::llm::{LlmUpstream, metrics, settled, tokens};
 
 /// The interpreter that imports `openai` (build.rs checked it, or was told
 /// to require it).
@@ -132,28 +131,6 @@ async fn sdk(gateway: &InProcess, key: &str, calls: Vec<Value>) -> Vec<Value> {
     let reports: Value = serde_json::from_str(&printed)
         .unwrap_or_else(|error| panic!("the client printed no JSON ({error}): {printed}{errors}"));
     reports.as_array().expect("a list of reports").clone()
-}
-
-fn metrics(gateway: &InProcess) -> Exposition {
-    openmetrics::parse(&gateway.app.metrics().encode()).expect("a valid exposition")
-}
-
-fn tokens(gateway: &InProcess, kind: &str) -> f64 {
-    metrics(gateway).count(
-        "tollgate_tokens_total",
-        &[("route", "chat"), ("limit", "tpm"), ("kind", kind)],
-    )
-}
-
-/// The settlement runs when the response body is dropped, just after the
-/// client has read it: wait for the metric that says it ran.
-async fn settled(gateway: &InProcess, kind: &str, expected: f64) {
-    let done = common::eventually(async || tokens(gateway, kind) == expected).await;
-    assert!(
-        done,
-        "{kind}: {} (expected {expected})",
-        tokens(gateway, kind)
-    );
 }
 
 /// A decision counter of the `tpm` limit: `allowed` or `denied`.

@@ -18,8 +18,7 @@ use http_body_util::Full;
 use hyper::Request;
 use serde_json::{Value, json};
 
-use common::llm::LlmUpstream;
-use common::openmetrics::{self, Exposition};
+use common::llm::{LlmUpstream, metrics, settled, tokens};
 use common::redis::Redis;
 use common::{InProcess, Reply, get, send, tollgate};
 
@@ -86,17 +85,6 @@ async fn post(gateway: &InProcess, key: &str, body: &Value, script: &str, used: 
     send(gateway.addr, request).await
 }
 
-fn metrics(gateway: &InProcess) -> Exposition {
-    openmetrics::parse(&gateway.app.metrics().encode()).expect("a valid exposition")
-}
-
-fn tokens(gateway: &InProcess, kind: &str) -> f64 {
-    metrics(gateway).count(
-        "tollgate_tokens_total",
-        &[("route", "chat"), ("limit", "tpm"), ("kind", kind)],
-    )
-}
-
 /// The tokens `key` has left on `tpm`, from the explain endpoint.
 async fn left(gateway: &InProcess, key: &str) -> i64 {
     let admin = gateway.admin.expect("an admin listener");
@@ -105,17 +93,6 @@ async fn left(gateway: &InProcess, key: &str) -> i64 {
     explained.json()["remaining"]
         .as_i64()
         .unwrap_or_else(|| panic!("no remaining in {}", explained.json()))
-}
-
-/// The settlement runs when the response body is dropped, just after the
-/// client has read it: wait for the metric that says it ran.
-async fn settled(gateway: &InProcess, kind: &str, expected: f64) {
-    let done = common::eventually(async || tokens(gateway, kind) == expected).await;
-    assert!(
-        done,
-        "{kind}: {} (expected {expected})",
-        tokens(gateway, kind)
-    );
 }
 
 #[tokio::test]

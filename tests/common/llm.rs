@@ -316,3 +316,27 @@ fn openai(
     pieces.push("data: [DONE]\n\n".into());
     ("text/event-stream", pieces, false, false)
 }
+
+/// The gateway's metrics, parsed.
+pub fn metrics(gateway: &super::InProcess) -> super::openmetrics::Exposition {
+    super::openmetrics::parse(&gateway.app.metrics().encode()).expect("a valid exposition")
+}
+
+/// `tollgate_tokens_total` of route `chat`'s limit `tpm`, of `kind`.
+pub fn tokens(gateway: &super::InProcess, kind: &str) -> f64 {
+    metrics(gateway).count(
+        "tollgate_tokens_total",
+        &[("route", "chat"), ("limit", "tpm"), ("kind", kind)],
+    )
+}
+
+/// Waits until `tokens(kind)` is `expected`: a settlement runs when the
+/// response body is dropped, just after the client has read it.
+pub async fn settled(gateway: &super::InProcess, kind: &str, expected: f64) {
+    let done = super::eventually(async || tokens(gateway, kind) == expected).await;
+    assert!(
+        done,
+        "{kind}: {} (expected {expected})",
+        tokens(gateway, kind)
+    );
+}
