@@ -6,6 +6,8 @@
 //! split of the bytes, it keeps at most [`DATA_MAX`] bytes of an event's
 //! data: a longer event is skipped whole, never held.
 
+use memchr::memmem;
+
 /// The most data bytes of one event kept (the `\n`s joining its `data`
 /// lines included). The events usage is read from are small; a longer one
 /// (a big chunk of text) is skipped.
@@ -16,6 +18,21 @@ pub(crate) const DATA_MAX: usize = 64 * 1024;
 const NAME_MAX: usize = 32;
 
 const BOM: [u8; 3] = [0xEF, 0xBB, 0xBF];
+
+/// The end of a blank line, by the patterns that always end one (a line
+/// end right after another: `\n\n`, `\r\r`, `\r\n\r\n`; rarer mixes
+/// such as `\n\r\n` are simply not found, and read the slow way): the
+/// position after it, the first or last (`find` / `pick`) in `bytes`.
+fn boundary(
+    bytes: &[u8],
+    find: fn(&[u8], &[u8]) -> Option<usize>,
+    pick: fn(usize, usize) -> usize,
+) -> Option<usize> {
+    [&b"\n\n"[..], b"\r\r", b"\r\n\r\n"]
+        .into_iter()
+        .filter_map(|pattern| find(bytes, pattern).map(|at| at + pattern.len()))
+        .reduce(pick)
+}
 
 /// One dispatched event: its name (empty when none was given or it was
 /// longer than [`NAME_MAX`]) and its data.
@@ -84,9 +101,65 @@ impl EventStream {
         }
     }
 
-    /// Reads `chunk`, calling `on_event` for each event it completes.
+    /// Reads `chunk`, calling `on_event` for each event it completes (the
+    /// tests' reference for [`EventStream::feed_skipping`]).
+    #[cfg(test)]
     pub(crate) fn feed(&mut self, chunk: &[u8], on_event: &mut impl FnMut(Event<'_>)) {
+        let rest = self.skip_bom(chunk, on_event);
+        self.read(rest, on_event);
+    }
+
+    /// [`EventStream::feed`] that skips, unread, the whole events of
+    /// `chunk` whose bytes `may_matter` says nothing of interest can be in:
+    /// the event the chunk starts inside is read to its end, then if the
+    /// rest up to its last blank line may not matter, that part is passed
+    /// over (its events are dispatched to no one) and the stream resumes
+    /// after it as a blank line leaves it; the event the chunk ends inside
+    /// is read, so it is whole when it ends in a later chunk. The events
+    /// `on_event` sees are those [`EventStream::feed`] would give it for
+    /// which `may_matter` holds; in a stream of small events, nearly every
+    /// byte is then looked at once by a SIMD search instead of the framing.
+    pub(crate) fn feed_skipping(
+        &mut self,
+        chunk: &[u8],
+        on_event: &mut impl FnMut(Event<'_>),
+        may_matter: impl Fn(&[u8]) -> bool,
+    ) {
         let mut rest = self.skip_bom(chunk, on_event);
+        if !self.bom_done {
+            return self.read(rest, on_event);
+        }
+        // The event in progress, to its end.
+        let Some(first) = boundary(rest, memmem::find, usize::min) else {
+            return self.read(rest, on_event);
+        };
+        self.read(&rest[..first], on_event);
+        rest = &rest[first..];
+        match boundary(rest, memmem::rfind, usize::max) {
+            Some(last) if !may_matter(&rest[..last]) => {
+                // Whole events, none of interest: as if read, the stream
+                // stands after a blank line.
+                self.fresh_event(rest[last - 1] == b'\r');
+                self.read(&rest[last..], on_event);
+            }
+            _ => self.read(rest, on_event),
+        }
+    }
+
+    /// The stream's state after a blank line (whose last byte was a CR, or
+    /// not): a new event, nothing of it read.
+    fn fresh_event(&mut self, after_cr: bool) {
+        self.line = Line::Start;
+        self.after_cr = after_cr;
+        self.field_len = 0;
+        self.data.clear();
+        self.has_data = false;
+        self.oversized = false;
+        self.name_len = 0;
+    }
+
+    fn read(&mut self, chunk: &[u8], on_event: &mut impl FnMut(Event<'_>)) {
+        let mut rest = chunk;
         while let Some((&byte, after)) = rest.split_first() {
             // The line nearly every line of a stream is: `data: ` read at
             // once, as the bytes one by one would read it.
@@ -315,6 +388,62 @@ mod tests {
         assert_eq!(events(b"\xef\xbbdata: 1\n\n"), vec![]);
         assert_eq!(events(b"\xef\xbb"), vec![]);
         assert_eq!(events(b"\xef\xbb\xbfdata: 1"), vec![event("", "1")]);
+    }
+
+    /// The events of `input` split at `cuts`, read skipping what does not
+    /// name `x`.
+    fn skipping(input: &[u8], cuts: &[usize]) -> Vec<(String, String)> {
+        let mut stream = EventStream::new();
+        let mut found = Vec::new();
+        let mut on_event = |event: Event<'_>| {
+            found.push((
+                String::from_utf8_lossy(event.name).into_owned(),
+                String::from_utf8_lossy(event.data).into_owned(),
+            ));
+        };
+        let mut at = 0;
+        let mut points: Vec<usize> = cuts.iter().map(|c| c % (input.len() + 1)).collect();
+        points.sort_unstable();
+        for point in points.into_iter().chain([input.len()]) {
+            stream.feed_skipping(&input[at..point.max(at)], &mut on_event, |b| {
+                b.contains(&b'x')
+            });
+            at = point.max(at);
+        }
+        stream.finish(&mut on_event);
+        found
+    }
+
+    proptest::proptest! {
+        #[test]
+        fn skipping_gives_the_events_that_matter_in_any_split(
+            parts in proptest::collection::vec(
+                proptest::prop_oneof![
+                    proptest::strategy::Just("data: a\n".to_owned()),
+                    proptest::strategy::Just("data: x\n".to_owned()),
+                    proptest::strategy::Just("event: x\r\n".to_owned()),
+                    proptest::strategy::Just("\n".to_owned()),
+                    proptest::strategy::Just("\r".to_owned()),
+                    proptest::strategy::Just("\r\n".to_owned()),
+                    proptest::strategy::Just(": c\n".to_owned()),
+                    proptest::strategy::Just("data:yx".to_owned()),
+                    proptest::strategy::Just("\u{feff}".to_owned()),
+                ],
+                0..40,
+            ),
+            cuts in proptest::collection::vec(0usize..400, 0..6),
+        ) {
+            let input = parts.concat();
+            let mattering: Vec<(String, String)> = events(input.as_bytes())
+                .into_iter()
+                .filter(|(name, data)| name.contains('x') || data.contains('x'))
+                .collect();
+            let skipped: Vec<(String, String)> = skipping(input.as_bytes(), &cuts)
+                .into_iter()
+                .filter(|(name, data)| name.contains('x') || data.contains('x'))
+                .collect();
+            proptest::prop_assert_eq!(skipped, mattering);
+        }
     }
 
     #[test]

@@ -247,7 +247,13 @@ impl Events {
             usage,
             anthropic,
         } = self;
-        stream.feed(chunk, &mut |event| on_event(&event, usage, anthropic));
+        // Only events that name `usage` take part: the others are passed
+        // over by a search, not framed byte by byte.
+        stream.feed_skipping(
+            chunk,
+            &mut |event| on_event(&event, usage, anthropic),
+            may_name_usage,
+        );
     }
 
     fn finish(&mut self) -> Option<Usage> {
