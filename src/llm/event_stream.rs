@@ -19,19 +19,12 @@ const NAME_MAX: usize = 32;
 
 const BOM: [u8; 3] = [0xEF, 0xBB, 0xBF];
 
-/// The end of a blank line, by the patterns that always end one (a line
-/// end right after another: `\n\n`, `\r\r`, `\r\n\r\n`; rarer mixes
-/// such as `\n\r\n` are simply not found, and read the slow way): the
-/// position after it, the first or last (`find` / `pick`) in `bytes`.
-fn boundary(
-    bytes: &[u8],
-    find: fn(&[u8], &[u8]) -> Option<usize>,
-    pick: fn(usize, usize) -> usize,
-) -> Option<usize> {
-    [&b"\n\n"[..], b"\r\r", b"\r\n\r\n"]
-        .into_iter()
-        .filter_map(|pattern| find(bytes, pattern).map(|at| at + pattern.len()))
-        .reduce(pick)
+/// The end of a blank line written `\n\n` (always one: a line end right
+/// after another), the first or the last (`find`) in `bytes`. The other
+/// spellings (`\r\r`, `\r\n\r\n`) are not looked for: a stream written
+/// so is read the slow way, whole.
+fn boundary(bytes: &[u8], find: fn(&[u8], &[u8]) -> Option<usize>) -> Option<usize> {
+    find(bytes, b"\n\n").map(|at| at + 2)
 }
 
 /// One dispatched event: its name (empty when none was given or it was
@@ -130,16 +123,16 @@ impl EventStream {
             return self.read(rest, on_event);
         }
         // The event in progress, to its end.
-        let Some(first) = boundary(rest, memmem::find, usize::min) else {
+        let Some(first) = boundary(rest, memmem::find) else {
             return self.read(rest, on_event);
         };
         self.read(&rest[..first], on_event);
         rest = &rest[first..];
-        match boundary(rest, memmem::rfind, usize::max) {
+        match boundary(rest, memmem::rfind) {
             Some(last) if !may_matter(&rest[..last]) => {
                 // Whole events, none of interest: as if read, the stream
                 // stands after a blank line.
-                self.fresh_event(rest[last - 1] == b'\r');
+                self.fresh_event(false);
                 self.read(&rest[last..], on_event);
             }
             _ => self.read(rest, on_event),
