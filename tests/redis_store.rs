@@ -403,6 +403,13 @@ limits = ["cc"]
     let ttl: i64 = redis.cli(&["PTTL", &key]).parse().expect("PTTL");
     assert!(ttl > 0 && ttl <= 30_001, "lease expiry {ttl} ms");
     assert_eq!(held.await.expect("held"), 200);
+    // Its release is a store call made when the body ends, just after the
+    // client has it: the waves start once it has landed (a burst sent
+    // before could find the slot still held, and admit 2).
+    assert!(
+        eventually(async || !redis.keys().iter().any(|k| k.ends_with(":cc"))).await,
+        "the held lease was not released"
+    );
     for _wave in 0..2 {
         let statuses = burst(&[&a, &b], "/slow/1500", 8, &[("x-user", "u")]).await;
         assert_eq!(count(&statuses, 200), 3, "{statuses:?}");
