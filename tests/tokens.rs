@@ -280,6 +280,40 @@ async fn the_explain_endpoint_shows_a_streaming_requests_open_reservation() {
 }
 
 #[tokio::test]
+async fn a_client_that_leaves_mid_stream_is_settled_from_what_the_upstream_sent() {
+    let upstream = LlmUpstream::start().await;
+    let gateway = InProcess::start(&config(&upstream, RULE, "")).await;
+    let admin = gateway.admin.unwrap();
+    let body = json!({"max_tokens": 249, "stream": true, "messages": []});
+    let request = Request::post("/v1/chat/completions")
+        .header("host", "gateway.test")
+        .header("x-api-key", "k14")
+        .header("x-script", "slow")
+        .header("x-used", "10")
+        .body(Full::new(Bytes::from(body.to_string())))
+        .unwrap();
+    // The head, then the client goes away before the usage chunk (a second
+    // later). The rest of this short stream still fits the socket's
+    // buffer, so the gateway relays it to its end, and the scanner reads
+    // the usage the upstream reported: the tokens it generated are
+    // counted, whoever read them. (A stream whose writes fail first is
+    // dropped there: its reservation stands, as for a cut stream.)
+    let response = common::send_streaming(gateway.addr, request).await;
+    assert_eq!(response.status(), 200);
+    drop(response);
+    settled(&gateway, "refunded", 239.0).await;
+    let explained = get(admin, "/limits/tpm?key=k14", &[]).await.json();
+    assert_eq!(explained["remaining"], 990, "{explained}");
+    assert_eq!(
+        explained["open_reservations"],
+        json!({"requests": 0, "tokens": 0}),
+        "{explained}"
+    );
+    assert_eq!(tokens(&gateway, "unsettled"), 0.0);
+    gateway.stop().await;
+}
+
+#[tokio::test]
 async fn a_reload_while_a_stream_is_open_keeps_its_settlement() {
     let upstream = LlmUpstream::start().await;
     let config = config(&upstream, RULE, "");
