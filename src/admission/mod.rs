@@ -53,6 +53,7 @@ use crate::limit::{Nanos, StackEntry, check_stack_into};
 use crate::store::RedisStore;
 
 pub use identify::Identity;
+pub(crate) use settle::reported_count;
 pub use settle::settle;
 pub use ticket::Ticket;
 

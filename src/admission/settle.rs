@@ -24,10 +24,7 @@ pub fn settle(
     ticket: &Ticket<'_>,
     reported: Option<&[u8]>,
 ) {
-    let Some(reported) = reported
-        .and_then(|v| std::str::from_utf8(v).ok())
-        .and_then(|v| v.trim().parse::<u64>().ok())
-    else {
+    let Some(reported) = reported.and_then(reported_count) else {
         return;
     };
     let delta = i64::try_from(reported)
@@ -56,18 +53,9 @@ pub fn settle(
             continue;
         }
         if ticket.via_store && stack.get(j).is_some_and(|&id| snapshot.is_shared(id)) {
-            let (algorithm, plan) = shared::algorithm(limit, ticket.plan);
-            if !matches!(algorithm, Algorithm::Concurrency { .. }) {
-                in_store.push(SharedEntry {
-                    limit: &limit.name,
-                    plan,
-                    algorithm,
-                    align: limit.align,
-                    key: *key,
-                    shadow: limit.shadow,
-                    lease: 0,
-                    cost: 0,
-                });
+            let entry = shared::store_entry(limit, ticket.plan, *key);
+            if !matches!(entry.algorithm, Algorithm::Concurrency { .. }) {
+                in_store.push(entry);
             }
         } else {
             limiter.adjust(*key, delta, now);
@@ -76,4 +64,11 @@ pub fn settle(
     if let (false, Some(store)) = (in_store.is_empty(), app.store()) {
         store.settle(&in_store, delta);
     }
+}
+
+/// The whole number an upstream reports in a header (`cost_header`, a
+/// token route's `usage = "header:NAME"`), surrounding spaces allowed;
+/// anything else reports nothing.
+pub(crate) fn reported_count(value: &[u8]) -> Option<u64> {
+    std::str::from_utf8(value).ok()?.trim().parse().ok()
 }

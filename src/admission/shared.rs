@@ -16,7 +16,7 @@ use crate::config::{LimitConfig, OnFailure};
 use crate::limit::stack::{Costs, check_stack_costed};
 use crate::limit::stack::{INLINE, SKIPPED, outcome_of};
 use crate::limit::{
-    Algorithm, EntryVerdict, Nanos, Outcome, Permits, StackDecision, StackEntry, Verdict,
+    Algorithm, EntryVerdict, LimitKey, Nanos, Outcome, Permits, StackDecision, StackEntry, Verdict,
 };
 use crate::store::{SharedEntry, Unavailable};
 
@@ -43,6 +43,26 @@ pub(super) fn algorithm<'l>(
         .map_or((limit.algorithm, None), |(name, algorithm)| {
             (*algorithm, Some(&**name))
         })
+}
+
+/// The store's entry of `limit` for a caller on `plan` under `key`, with
+/// its shared numbers: no lease, no cost (a decision sets both).
+pub(super) fn store_entry<'l>(
+    limit: &'l LimitConfig,
+    plan: Option<&'l str>,
+    key: LimitKey,
+) -> SharedEntry<'l> {
+    let (algorithm, plan) = algorithm(limit, plan);
+    SharedEntry {
+        limit: &limit.name,
+        plan,
+        algorithm,
+        align: limit.align,
+        key,
+        shadow: limit.shadow,
+        lease: 0,
+        cost: 0,
+    }
 }
 
 /// The stack decided across the local tier and the store, into `ticket`.
@@ -83,16 +103,10 @@ async fn decide<'s>(
             .iter()
             .filter_map(|&j| {
                 let limit = ticket.stack[j];
-                let (algorithm, plan) = algorithm(limit, ticket.plan);
                 Some(SharedEntry {
-                    limit: &limit.name,
-                    plan,
-                    algorithm,
-                    align: limit.align,
-                    key: ticket.keys[j]?,
-                    shadow: limit.shadow,
                     lease: limit.lease.unwrap_or(0),
                     cost: cost_of(j),
+                    ..store_entry(limit, ticket.plan, ticket.keys[j]?)
                 })
             })
             .collect();

@@ -23,7 +23,7 @@ use crate::config::OnFailure;
 use crate::config::tokens::Unit;
 use crate::limit::{Clock, LimitKey, Limiter, Outcome};
 use crate::metrics::Metrics;
-use crate::store::{OwnedEntry, RedisStore, SharedEntry};
+use crate::store::{OwnedEntry, RedisStore};
 
 /// A request's reservation on its stack's token limits, to settle when its
 /// response ends. Dropped unsettled, the reservation stands (and is counted).
@@ -37,33 +37,35 @@ struct Bill {
     /// The request's tokens for its log line.
     tally: Arc<TokenTally>,
     route: Arc<str>,
-    /// Token limits charged in node memory.
-    local: SmallVec<[LocalEntry; 2]>,
-    /// Token limits charged in the store, with the numbers bounding a
-    /// settlement's charge, and their labels.
+    /// Every token limit that charged the request.
+    entries: SmallVec<[BillEntry; 2]>,
+    /// Of those decided in the store, the store's entries (with the
+    /// numbers bounding a settlement's charge), for its one call.
     shared: Vec<OwnedEntry>,
-    shared_labels: SmallVec<[Arc<str>; 2]>,
-    /// The node-local fallback of each shared entry: where the settlement
-    /// goes when the store is down and `on_failure = "local"`.
-    shared_fallback: SmallVec<[(Arc<Limiter>, LimitKey); 2]>,
-    /// Where the reservation shows as open until settled (each entry's
-    /// node-local limiter: explain reads it there).
-    open: SmallVec<[(Arc<Limiter>, LimitKey); 2]>,
     store: Option<Arc<RedisStore>>,
     clock: Arc<dyn Clock>,
     metrics: Arc<Metrics>,
     settled: bool,
 }
 
-/// A token limit charged in memory: its limiter, the key, its label.
-type LocalEntry = (Arc<Limiter>, LimitKey, Arc<str>);
+/// A token limit that charged the request.
+struct BillEntry {
+    /// The node's limiter of it: the charge itself when decided in
+    /// memory, the fallback when in the store; its open reservations
+    /// (explain) either way.
+    limiter: Arc<Limiter>,
+    key: LimitKey,
+    label: Arc<str>,
+    /// Decided in the store (its entry is in [`Bill::shared`]).
+    in_store: bool,
+}
 
 impl std::fmt::Debug for Bill {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Bill")
             .field("reserved", &self.reserved)
             .field("route", &self.route)
-            .field("local", &self.local.len())
+            .field("entries", &self.entries.len())
             .field("shared", &self.shared.len())
             .field("settled", &self.settled)
             .finish()
@@ -85,11 +87,8 @@ pub fn bill(
         reserved,
         tally: Arc::new(TokenTally::new(reserved)),
         route: plan.name.clone(),
-        local: SmallVec::new(),
+        entries: SmallVec::new(),
         shared: Vec::new(),
-        shared_labels: SmallVec::new(),
-        shared_fallback: SmallVec::new(),
-        open: SmallVec::new(),
         store: app.store().cloned(),
         clock: app.clock.clone(),
         metrics: app.metrics().clone(),
@@ -115,38 +114,25 @@ pub fn bill(
             .record_tokens(&bill.route, &label, "reserved", reserved);
         let limiter = snapshot.limiters(id).for_plan(ticket.plan).clone();
         limiter.open.open(key, reserved);
-        bill.open.push((limiter.clone(), key));
-        if ticket.via_store && snapshot.is_shared(id) {
-            let (algorithm, caller_plan) = shared::algorithm(limit, ticket.plan);
-            let entry = SharedEntry {
-                limit: &limit.name,
-                plan: caller_plan,
-                algorithm,
-                align: limit.align,
-                key,
-                shadow: limit.shadow,
-                lease: 0,
-                cost: 0,
-            };
-            bill.shared
-                .push(OwnedEntry::with_ceiling(&entry, algorithm.with_debt()));
-            bill.shared_labels.push(label);
-            bill.shared_fallback.push((limiter, key));
-        } else {
-            bill.local.push((limiter, key, label));
+        let in_store = ticket.via_store && snapshot.is_shared(id);
+        if in_store {
+            let entry = shared::store_entry(limit, ticket.plan, key);
+            let ceiling = entry.algorithm.with_debt();
+            bill.shared.push(OwnedEntry::with_ceiling(&entry, ceiling));
         }
+        bill.entries.push(BillEntry {
+            limiter,
+            key,
+            label,
+            in_store,
+        });
     }
-    (!bill.local.is_empty() || !bill.shared.is_empty()).then(|| TokenBill {
+    (!bill.entries.is_empty()).then(|| TokenBill {
         inner: Box::new(bill),
     })
 }
 
 impl TokenBill {
-    /// What the request reserved.
-    pub fn reserved(&self) -> u64 {
-        self.inner.reserved
-    }
-
     /// The request's reserved and (once settled) used tokens, shared with
     /// its access-log line.
     pub(crate) fn tally(&self) -> Arc<TokenTally> {
@@ -165,60 +151,49 @@ impl Bill {
         if std::mem::replace(&mut self.settled, true) {
             return;
         }
-        for (limiter, key) in &self.open {
-            limiter.open.close(*key, self.reserved);
-        }
-        let labels = self
-            .local
-            .iter()
-            .map(|(_, _, label)| label)
-            .chain(&self.shared_labels);
-        if let Some(used) = used {
-            self.tally.set_used(used);
-            self.metrics
-                .record_usage_ratio(&self.route, used, self.reserved);
+        for entry in &self.entries {
+            entry.limiter.open.close(entry.key, self.reserved);
         }
         let Some(used) = used else {
-            for label in labels {
+            for entry in &self.entries {
                 self.metrics
-                    .record_tokens(&self.route, label, "unsettled", self.reserved);
+                    .record_tokens(&self.route, &entry.label, "unsettled", self.reserved);
             }
             return;
         };
-        let (kind, amount) = if used >= self.reserved {
-            ("charged", used - self.reserved)
+        self.tally.set_used(used);
+        self.metrics
+            .record_usage_ratio(&self.route, used, self.reserved);
+        let (kind, amount, sign) = if used >= self.reserved {
+            ("charged", used - self.reserved, 1)
         } else {
-            ("refunded", self.reserved - used)
+            ("refunded", self.reserved - used, -1)
         };
         if amount == 0 {
             return;
         }
-        for label in labels {
-            self.metrics.record_tokens(&self.route, label, kind, amount);
+        for entry in &self.entries {
+            self.metrics
+                .record_tokens(&self.route, &entry.label, kind, amount);
         }
-        let magnitude = i64::try_from(amount).unwrap_or(i64::MAX);
-        let delta = if kind == "charged" {
-            magnitude
-        } else {
-            -magnitude
-        };
+        let delta = sign * i64::try_from(amount).unwrap_or(i64::MAX);
         let now = self.clock.now();
-        for (limiter, key, _) in &self.local {
-            limiter.adjust_with_debt(*key, delta, now);
-        }
-        match &self.store {
-            _ if self.shared.is_empty() => {}
-            Some(store) if !store.is_down() => store.settle_owned(&self.shared, delta),
-            // The store is down: as its decisions would, the settlement
-            // goes to the node's own limits under `on_failure = "local"`,
-            // and is dropped under "allow" and "deny" (nothing is counted
-            // there while the store is away).
-            Some(store) if store.on_failure() == OnFailure::Local => {
-                for (limiter, key) in &self.shared_fallback {
-                    limiter.adjust_with_debt(*key, delta, now);
-                }
+        // The store's entries in one call while it is up. Down, as its
+        // decisions would, the settlement goes to the node's own limits
+        // under `on_failure = "local"`, and is dropped under "allow" and
+        // "deny" (nothing is counted there while the store is away).
+        let store_takes_shared = match &self.store {
+            Some(store) if !self.shared.is_empty() && !store.is_down() => {
+                store.settle_owned(&self.shared, delta);
+                true
             }
-            _ => {}
+            Some(store) => store.on_failure() != OnFailure::Local,
+            None => false,
+        };
+        for entry in &self.entries {
+            if !entry.in_store || !store_takes_shared {
+                entry.limiter.adjust_with_debt(entry.key, delta, now);
+            }
         }
     }
 }

@@ -5,7 +5,7 @@
 
 use bytes::Bytes;
 use http::Response;
-use http::header::{CONTENT_LENGTH, CONTENT_TYPE, HeaderValue};
+use http::header::{CONTENT_LENGTH, CONTENT_TYPE, HeaderName, HeaderValue};
 use http::request::Parts;
 
 use crate::admission::{self, tokens::TokenBill};
@@ -57,26 +57,20 @@ pub(crate) fn settle_from(
     response: Response<ResponseBody>,
     fields: &FieldLines,
 ) -> Response<ResponseBody> {
+    // A field the upstream sent: relayed as a line, or (hyper's path) in
+    // the response's map.
+    let field = |name: &HeaderName| {
+        fields
+            .relayed_value(name.as_str())
+            .or_else(|| response.headers().get(name).map(HeaderValue::as_bytes))
+    };
     match &rule.usage {
         UsageSource::Header(name) => {
-            let used = fields
-                .relayed_value(name.as_str())
-                .or_else(|| response.headers().get(name).map(HeaderValue::as_bytes))
-                .and_then(|value| std::str::from_utf8(value).ok())
-                .and_then(|value| value.trim().parse::<u64>().ok());
-            bill.settle(used);
+            bill.settle(field(name).and_then(admission::reported_count));
             response
         }
         UsageSource::Auto => {
-            let format = fields
-                .relayed_value(CONTENT_TYPE.as_str())
-                .or_else(|| {
-                    response
-                        .headers()
-                        .get(CONTENT_TYPE)
-                        .map(HeaderValue::as_bytes)
-                })
-                .and_then(Format::of_content_type);
+            let format = field(&CONTENT_TYPE).and_then(Format::of_content_type);
             match format {
                 Some(format) => response.map(|body| body.metered(UsageScanner::new(format), bill)),
                 None => {
