@@ -110,6 +110,8 @@ print(openai.__file__)
 fn openai_sdk(require: bool) -> bool {
     println!("cargo::rerun-if-env-changed=TOLLGATE_TEST_PYTHON");
     println!("cargo::rustc-check-cfg=cfg(has_openai)");
+    // Set by `cargo fuzz`: llm::event_stream shrinks a bound for it.
+    println!("cargo::rustc-check-cfg=cfg(fuzzing)");
     let python = std::env::var("TOLLGATE_TEST_PYTHON").unwrap_or_else(|_| "python3".into());
     println!("cargo::rustc-env=TOLLGATE_TEST_PYTHON={python}");
     let answer = std::process::Command::new(&python)

@@ -616,3 +616,215 @@ async fn on_redis_cluster_reservations_and_settlements_cross_slots() {
     a.stop().await;
     b.stop().await;
 }
+
+/// A request of `key` for the `long` script (`mib` MiB of text chunks,
+/// then the usage chunk reporting `used`), written raw: the client reads
+/// the answer itself, as slowly as it likes, or leaves.
+fn long_request(key: &str, mib: u64, used: u64) -> Vec<u8> {
+    let body = json!({"max_tokens": 249, "stream": true, "messages": []}).to_string();
+    format!(
+        "POST /v1/chat/completions HTTP/1.1\r\nhost: gateway.test\r\ncontent-type: application/json\r\nx-api-key: {key}\r\nx-script: long\r\nx-mib: {mib}\r\nx-used: {used}\r\nconnection: close\r\ncontent-length: {}\r\n\r\n{body}",
+        body.len()
+    )
+    .into_bytes()
+}
+
+/// The resident memory of process `pid`, in bytes (Linux's `VmRSS`).
+fn resident(pid: u32) -> u64 {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).expect("/proc status");
+    let kib: u64 = status
+        .lines()
+        .find_map(|line| line.strip_prefix("VmRSS:"))
+        .and_then(|rest| rest.trim().trim_end_matches("kB").trim().parse().ok())
+        .expect("VmRSS");
+    kib * 1024
+}
+
+#[tokio::test]
+#[cfg_attr(not(target_os = "linux"), ignore = "reads /proc")]
+async fn a_long_stream_is_relayed_in_constant_memory_and_settled_at_its_end() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    const MIB: u64 = 32;
+    let upstream = LlmUpstream::start().await;
+    let gateway = common::Gateway::start(&config(&upstream, RULE, ""));
+    let admin = gateway.admin.expect("admin");
+    // Warm: a first stream, so the baseline has the pools and buffers a
+    // stream needs.
+    let read_all = async |key: &str, mib: u64, pause_after: Option<u64>| {
+        let mut stream = tokio::net::TcpStream::connect(gateway.addr).await.unwrap();
+        stream
+            .write_all(&long_request(key, mib, 100))
+            .await
+            .unwrap();
+        let (mut received, mut peak) = (0u64, 0u64);
+        let mut buffer = vec![0u8; 64 * 1024];
+        let mut paused = false;
+        loop {
+            let n = stream.read(&mut buffer).await.expect("read");
+            if n == 0 {
+                break;
+            }
+            received += n as u64;
+            if received % (1 << 20) < n as u64 {
+                peak = peak.max(resident(gateway.pid()));
+            }
+            if let Some(after) = pause_after
+                && !paused
+                && received > after
+            {
+                // The client stops reading for a while: the upstream goes
+                // on writing, and the gateway must wait, not buffer.
+                paused = true;
+                tokio::time::sleep(std::time::Duration::from_secs(1)).await;
+                peak = peak.max(resident(gateway.pid()));
+            }
+        }
+        (received, peak)
+    };
+    let (received, _) = read_all("warm", 1, None).await;
+    assert!(received > 1 << 20, "{received}");
+    let baseline = resident(gateway.pid());
+    let (received, peak) = read_all("k40", MIB, Some(4 << 20)).await;
+    assert!(received > MIB << 20, "the whole stream: {received} bytes");
+    let grew = peak.saturating_sub(baseline);
+    assert!(
+        grew < 8 << 20,
+        "resident memory grew {grew} bytes while relaying {MIB} MiB (from {baseline})"
+    );
+    // Its usage, at the end of the stream, settled it: 249 reserved, 100
+    // used.
+    let done = common::eventually(async || {
+        get(admin, "/limits/tpm?key=k40", &[]).await.json()["remaining"] == 900
+    })
+    .await;
+    assert!(
+        done,
+        "{}",
+        get(admin, "/limits/tpm?key=k40", &[]).await.json()
+    );
+}
+
+#[tokio::test]
+async fn a_long_stream_whose_client_leaves_keeps_its_reservation() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let upstream = LlmUpstream::start().await;
+    let gateway = InProcess::start(&config(&upstream, RULE, "")).await;
+    let mut stream = tokio::net::TcpStream::connect(gateway.addr).await.unwrap();
+    stream
+        .write_all(&long_request("k41", 64, 100))
+        .await
+        .unwrap();
+    let mut buffer = vec![0u8; 64 * 1024];
+    let mut received = 0;
+    while received < 256 * 1024 {
+        let n = stream.read(&mut buffer).await.expect("read");
+        assert!(n > 0, "the stream ended after {received} bytes");
+        received += n;
+    }
+    // The client goes with most of the 64 MiB unread: the gateway's writes
+    // fail, the body is dropped before any usage arrived, and the
+    // reservation stands, counted.
+    drop(stream);
+    // (249: max_tokens, and no prompt.)
+    settled(&gateway, "unsettled", 249.0).await;
+    assert_eq!(tokens(&gateway, "refunded"), 0.0);
+    assert_eq!(left(&gateway, "k41").await, 751);
+    let admin = gateway.admin.unwrap();
+    let explained = get(admin, "/limits/tpm?key=k41", &[]).await.json();
+    assert_eq!(
+        explained["open_reservations"],
+        json!({"requests": 0, "tokens": 0}),
+        "{explained}"
+    );
+    // The gateway and its upstream pool go on.
+    assert_eq!(chat(&gateway, "k41", 99, "json", 50).await.status, 200);
+    settled(&gateway, "refunded", 50.0).await;
+    assert_eq!(left(&gateway, "k41").await, 701);
+    gateway.stop().await;
+}
+
+/// The run-long bound of token limits: three clients, one after another
+/// each (the next request once the last one has ended), ask for 99
+/// tokens (a reservation of 100) and use 150, for `run`, through
+/// `gateways` in turn, on a bucket of 300 refilled 200 a second. The
+/// tokens each key's admitted requests used stay within what the bucket
+/// gave (300 + 200 a second of the run) plus one reservation's
+/// overshoot (50); without the debt, 1.5 times that would pass.
+async fn admitted_tokens_follow_the_limit(gateways: &[&InProcess]) {
+    let run = std::time::Duration::from_secs(3);
+    let started = std::time::Instant::now();
+    let client = async |k: usize| {
+        let key = format!("run{k}");
+        let (mut used, mut denied) = (0u64, 0u64);
+        let mut turn = k;
+        while started.elapsed() < run {
+            let gateway = gateways[turn % gateways.len()];
+            turn += 1;
+            let reply = chat(gateway, &key, 99, "sse", 150).await;
+            match reply.status {
+                200 => used += 150,
+                429 => {
+                    denied += 1;
+                    tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+                }
+                other => panic!("{other}: {:?}", reply.body),
+            }
+        }
+        (key, used, denied)
+    };
+    let results = tokio::join!(client(0), client(1), client(2));
+    let results = [results.0, results.1, results.2];
+    let elapsed = started.elapsed().as_secs_f64();
+    let given = 300.0 + 200.0 * elapsed;
+    for (key, used, denied) in results {
+        let used = used as f64;
+        assert!(
+            used <= given + 50.0,
+            "{key}: {used} tokens admitted in {elapsed:.2} s, the bucket gave {given:.0} (+50)"
+        );
+        assert!(
+            used >= given / 2.0,
+            "{key}: only {used} tokens admitted in {elapsed:.2} s of {given:.0}"
+        );
+        assert!(denied > 0, "{key}: the limit never bound");
+    }
+}
+
+/// The tpm bucket of [`config`], at 300 refilled 200 a second.
+fn refilling(config: String) -> String {
+    let refilling = config.replacen(
+        "capacity = 1000\nrefill = \"1000/d\"",
+        "capacity = 300\nrefill = \"200/s\"",
+        1,
+    );
+    assert_ne!(refilling, config);
+    refilling
+}
+
+#[tokio::test]
+async fn over_a_run_admitted_tokens_stay_within_the_limit_plus_one_overshoot() {
+    let upstream = LlmUpstream::start().await;
+    let gateway = InProcess::start(&refilling(config(&upstream, RULE, ""))).await;
+    admitted_tokens_follow_the_limit(&[&gateway]).await;
+    gateway.stop().await;
+}
+
+#[tokio::test]
+#[cfg_attr(
+    not(has_redis),
+    ignore = "needs redis-server and redis-cli: apt-get install -y redis-server redis-tools"
+)]
+async fn over_a_run_two_gateways_on_redis_stay_within_the_same_bound() {
+    let redis = Redis::start();
+    let upstream = LlmUpstream::start().await;
+    let store = format!(
+        "[store]\nbackend = \"redis\"\nurl = \"{}\"\nprefix = \"run:\"\n",
+        redis.url()
+    );
+    let config = refilling(config(&upstream, RULE, &store));
+    let a = InProcess::start_on_wall_time(&config).await;
+    let b = InProcess::start_on_wall_time(&config).await;
+    admitted_tokens_follow_the_limit(&[&a, &b]).await;
+    a.stop().await;
+    b.stop().await;
+}

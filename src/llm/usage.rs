@@ -252,7 +252,7 @@ impl Events {
         stream.feed_skipping(
             chunk,
             &mut |event| on_event(&event, usage, anthropic),
-            may_name_usage,
+            &USAGE,
         );
     }
 
@@ -305,16 +305,16 @@ fn on_event(event: &Event<'_>, usage: &mut Option<Usage>, anthropic: &mut Anthro
     }
 }
 
-/// Whether `data` may hold a member named `usage`: it says so, or has a
-/// `\u` escape that could spell it. Most events of a stream are text
-/// deltas that do neither, and skip the parse.
+/// Finds `usage`: in a stream, only events whose data says it take part.
+/// A SIMD search: every byte of a stream passes it.
+static USAGE: LazyLock<memmem::Finder<'static>> = LazyLock::new(|| memmem::Finder::new("usage"));
+
+/// Whether `data` may hold a member named `usage`: it says so. Most events
+/// of a stream are text deltas that do not, and skip the parse. (A member
+/// name spelled with `\u` escapes is not looked for: no API writes one,
+/// and its response would settle as one without usage.)
 fn may_name_usage(data: &[u8]) -> bool {
-    // SIMD searches: every event's data passes here, and the byte windows
-    // this replaced cost more than relaying the stream.
-    static USAGE: LazyLock<memmem::Finder<'static>> =
-        LazyLock::new(|| memmem::Finder::new("usage"));
-    static ESCAPE: LazyLock<memmem::Finder<'static>> = LazyLock::new(|| memmem::Finder::new("\\u"));
-    USAGE.find(data).is_some() || ESCAPE.find(data).is_some()
+    USAGE.find(data).is_some()
 }
 
 /// An Anthropic stream's counts so far: `message_start` sets them all, each

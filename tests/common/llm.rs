@@ -86,8 +86,11 @@ impl LlmUpstream {
 }
 
 /// A response body sent in pieces, a pause before each; `cut` ends it
-/// with an error, so the connection is closed mid-body.
+/// with an error, so the connection is closed mid-body. A long body sends
+/// `repeat`'s block its count of times first, with no pause, made as it
+/// goes (the upstream holds one block, whatever the length).
 struct Pieces {
+    repeat: Option<(Bytes, u64)>,
     pieces: std::collections::VecDeque<Bytes>,
     pause: Option<std::pin::Pin<Box<tokio::time::Sleep>>>,
     /// Before each piece.
@@ -105,6 +108,13 @@ impl hyper::body::Body for Pieces {
     ) -> std::task::Poll<Option<Result<Frame<Bytes>, Self::Error>>> {
         use std::task::Poll;
         let this = self.get_mut();
+        if let Some((block, left)) = &mut this.repeat {
+            if *left > 0 {
+                *left -= 1;
+                return Poll::Ready(Some(Ok(Frame::data(block.clone()))));
+            }
+            this.repeat = None;
+        }
         let every = this.every;
         let pause = this
             .pause
@@ -136,6 +146,7 @@ async fn answer(
     };
     let script = header("x-script").unwrap_or_else(|| "json".into());
     let used: u64 = header("x-used").and_then(|v| v.parse().ok()).unwrap_or(0);
+    let mib: u64 = header("x-mib").and_then(|v| v.parse().ok()).unwrap_or(1);
     let body = request
         .into_body()
         .collect()
@@ -229,11 +240,26 @@ async fn answer(
             ),
             // The count in a header, the body plain.
             "header" => ("text/plain", vec!["ok".into()], false, true),
+            // `x-mib` MiB of text chunks (sent first, see below), then the
+            // usage chunk.
+            "long" => (
+                "text/event-stream",
+                vec![
+                    format!(
+                        "data: {{\"id\":\"c1\",\"object\":\"chat.completion.chunk\",\"choices\":[],\"usage\":{openai_usage}}}\n\n"
+                    ),
+                    "data: [DONE]\n\n".into(),
+                ],
+                false,
+                false,
+            ),
             other => panic!("unknown script {other}"),
         };
     let every = Duration::from_millis(if script == "slow" { 1000 } else { 5 });
     *sent.lock().unwrap() = Some(Bytes::from(pieces.concat()));
+    let repeat = (script == "long").then(|| (long_block(), mib * 16));
     let mut response = Response::new(Pieces {
+        repeat,
         pieces: pieces.into_iter().map(Bytes::from).collect(),
         pause: None,
         every,
@@ -248,6 +274,26 @@ async fn answer(
             .insert("x-tokens", used.to_string().parse().unwrap());
     }
     response
+}
+
+/// The bytes of a long stream, 64 KiB of text chunks at a time (the
+/// length of each chunk's text pads the block to exactly that).
+pub const LONG_BLOCK: usize = 64 * 1024;
+
+fn long_block() -> Bytes {
+    let event = |text: &str| {
+        format!(
+            "data: {{\"id\":\"c1\",\"object\":\"chat.completion.chunk\",\"choices\":[{{\"index\":0,\"delta\":{{\"content\":\"{text}\"}}}}]}}\n\n"
+        )
+    };
+    let mut block = String::with_capacity(LONG_BLOCK);
+    while LONG_BLOCK - block.len() >= 2 * event("").len() + 64 {
+        block.push_str(&event(" a few words"));
+    }
+    let pad = LONG_BLOCK - block.len() - event("").len();
+    block.push_str(&event(&"z".repeat(pad)));
+    assert_eq!(block.len(), LONG_BLOCK);
+    Bytes::from(block)
 }
 
 /// What OpenAI answers the chat completion request `asked`: a
