@@ -65,6 +65,23 @@ pub(super) fn store_entry<'l>(
     }
 }
 
+/// `entries` (the stack's entries at `at`) checked on this node, each
+/// charged in its limit's unit: `cost` for all when the request reserves
+/// no tokens, with no per-entry list to build.
+fn check_charged(
+    entries: &[StackEntry<'_>],
+    at: &[usize],
+    ticket: &Ticket<'_>,
+    cost: u64,
+    now: Nanos,
+) -> StackDecision {
+    if ticket.tokens.is_none() {
+        return check_stack_costed(entries, Costs::Uniform(cost), now);
+    }
+    let costs: SmallVec<[u64; INLINE]> = at.iter().map(|&j| ticket.cost_of(j, cost)).collect();
+    check_stack_costed(entries, Costs::PerEntry(&costs), now)
+}
+
 /// The stack decided across the local tier and the store, into `ticket`.
 async fn decide<'s>(
     store: &Store,
@@ -89,8 +106,7 @@ async fn decide<'s>(
         .filter(|&j| is_shared(j) && ticket.keys[j].is_some())
         .collect();
     let local: SmallVec<[StackEntry<'_>; INLINE]> = local_at.iter().map(|&j| entry(j)).collect();
-    let local_costs: SmallVec<[u64; INLINE]> = local_at.iter().map(|&j| cost_of(j)).collect();
-    let mut local_decision = check_stack_costed(&local, Costs::PerEntry(&local_costs), now);
+    let mut local_decision = check_charged(&local, &local_at, ticket, cost, now);
     let mut entries: SmallVec<[EntryVerdict; INLINE]> = smallvec::smallvec![SKIPPED; n];
     for (&j, verdict) in local_at.iter().zip(&local_decision.entries) {
         entries[j] = *verdict;
@@ -169,10 +185,7 @@ async fn decide<'s>(
                     OnFailure::Local => {
                         let fallback: SmallVec<[StackEntry<'_>; INLINE]> =
                             shared_at.iter().map(|&j| entry(j)).collect();
-                        let fallback_costs: SmallVec<[u64; INLINE]> =
-                            shared_at.iter().map(|&j| cost_of(j)).collect();
-                        let mut decision =
-                            check_stack_costed(&fallback, Costs::PerEntry(&fallback_costs), now);
+                        let mut decision = check_charged(&fallback, &shared_at, ticket, cost, now);
                         for (&j, verdict) in shared_at.iter().zip(&decision.entries) {
                             entries[j] = *verdict;
                         }

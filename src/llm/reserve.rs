@@ -41,7 +41,8 @@ pub struct ReserveRule {
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Reservation {
     /// The completion budget: `max_completion_tokens`, else `max_tokens`,
-    /// else the rule's default.
+    /// else `max_output_tokens` (the Responses API's), else the rule's
+    /// default.
     pub(crate) completion: u64,
     /// The prompt's estimated tokens.
     pub(crate) prompt: u64,
@@ -60,7 +61,8 @@ impl Reservation {
 }
 
 /// What a request body reserves: the completion budget
-/// (`max_completion_tokens`, else `max_tokens`, else the rule's default; a
+/// (`max_completion_tokens`, else `max_tokens`, else `max_output_tokens`,
+/// else the rule's default; a
 /// value that is not a non-negative integer counts as absent) plus the
 /// prompt estimate of its text ([`prompt_size`]). A body that is not a
 /// JSON object reserves the default plus the estimate of the whole body.
@@ -74,7 +76,7 @@ pub fn reservation(body: &[u8], rule: &ReserveRule) -> Reservation {
             model: None,
         };
     };
-    let completion = ["max_completion_tokens", "max_tokens"]
+    let completion = ["max_completion_tokens", "max_tokens", "max_output_tokens"]
         .iter()
         .find_map(|name| request.get(*name).and_then(Value::as_u64))
         .unwrap_or(rule.max_tokens_default);
@@ -414,6 +416,12 @@ mod tests {
             0
         );
         assert_eq!(reserve(r#"{}"#).completion, 1024);
+        // The Responses API's name, after the other two.
+        assert_eq!(reserve(r#"{"max_output_tokens":9}"#).completion, 9);
+        assert_eq!(
+            reserve(r#"{"max_output_tokens":9,"max_tokens":7}"#).completion,
+            7
+        );
         for invalid in [
             "-1",
             "1.5",
