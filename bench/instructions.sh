@@ -65,8 +65,30 @@ else
   tollgate_conf 1 $((BASE_PORT + 2)) 1 "1/m" "$PORT_UP" >"$TMP/deny.toml"
 fi
 
+# Fails the run unless wrk's output $2 shows the statuses expected of it:
+# $1 = allow (every response 2xx/3xx) or deny (every one refused, but the
+# one a fresh quota may still admit). wrk counts any status as a request:
+# unchecked, 502s or 429s would pass for allowed requests.
+check_statuses() {
+  local total refused
+  total=$(awk '/requests in/ {print $1}' "$2")
+  refused=$(awk '/Non-2xx or 3xx responses:/ {print $NF}' "$2")
+  refused=${refused:-0}
+  case $1 in
+    allow) [ "$refused" = 0 ] || {
+      echo "$2: $refused of $total responses were not 2xx/3xx on the allowed path" >&2
+      exit 1
+    } ;;
+    deny) [ "$refused" -ge $((total - 1)) ] || {
+      echo "$2: only $refused of $total responses were refused on the denied path" >&2
+      exit 1
+    } ;;
+  esac
+}
+
 # Instructions per request of the server started by the command "$@"
-# (under callgrind), listening on port $PORT.
+# (under callgrind), listening on port $PORT; $EXPECT (allow or deny) is
+# what its responses must be.
 count() {
   local out="$TMP/cg" pid requests total
   rm -f "$out".*
@@ -87,8 +109,10 @@ count() {
   sleep 0.5
   kill "$pid"
   wait "$pid" 2>/dev/null || true
+  check_statuses "$EXPECT" "$TMP/wrk.out"
   requests=$(awk '/requests in/ {print $1}' "$TMP/wrk.out")
   if [ "$TLS" = 1 ]; then
+    check_statuses "$EXPECT" "$TMP/wrk.short"
     # Dumps number from 1 in order: .1 is the short run, .2 the long one.
     local short long
     short=$(grep -h -m1 '^summary:' "$out".*.1 | awk '{print $2}')
@@ -125,15 +149,15 @@ nginx_count() {
   fi
   count "$NGINX" -p "$TMP/" -e "$TMP/ng-$1.err" -c "$TMP/ng-$1.conf"
 }
-ng_allow=$(nginx_count $((BASE_PORT + 3)) "burst=1000000 nodelay" "1000000r/s")
-ng_deny=$(nginx_count $((BASE_PORT + 4)) "" "1r/m")
+ng_allow=$(EXPECT=allow nginx_count $((BASE_PORT + 3)) "burst=1000000 nodelay" "1000000r/s")
+ng_deny=$(EXPECT=deny nginx_count $((BASE_PORT + 4)) "" "1r/m")
 
 printf 'server\tallow_instr/req\tdeny_instr/req\tallow_vs_nginx\tdeny_vs_nginx\n'
 printf 'nginx limit_req\t%s\t%s\t1.00\t1.00\n' "$ng_allow" "$ng_deny"
 for binary in "$@"; do
-  allow=$(PORT=$((BASE_PORT + 1)) count "$binary" run -c "$TMP/allow.toml")
+  allow=$(EXPECT=allow PORT=$((BASE_PORT + 1)) count "$binary" run -c "$TMP/allow.toml")
   keep_dump "$(basename "$binary")-allow"
-  deny=$(PORT=$((BASE_PORT + 2)) count "$binary" run -c "$TMP/deny.toml")
+  deny=$(EXPECT=deny PORT=$((BASE_PORT + 2)) count "$binary" run -c "$TMP/deny.toml")
   keep_dump "$(basename "$binary")-deny"
   printf '%s\t%s\t%s\t%s\t%s\n' "$(basename "$binary")" "$allow" "$deny" \
     "$(awk -v a="$allow" -v b="$ng_allow" 'BEGIN {printf "%.2f", a / b}')" \
