@@ -287,3 +287,25 @@ to_us() {
     printf "%.1f", v * m
   }'
 }
+
+# Fails the run unless wrk's output $2 shows the statuses expected of it:
+# $1 = allow (every response 2xx/3xx) or deny (every one refused, but the
+# two a fresh quota and one refill of a 1/m limit may still admit). wrk
+# counts any status as a request: unchecked, 502s or 429s would pass for
+# allowed requests (bench/instructions.sh, bench/load.sh).
+check_statuses() {
+  local total refused
+  total=$(awk '/requests in/ {print $1}' "$2")
+  refused=$(awk '/Non-2xx or 3xx responses:/ {print $NF}' "$2")
+  refused=${refused:-0}
+  case $1 in
+    allow) [ "$refused" = 0 ] || {
+      echo "$2: $refused of $total responses were not 2xx/3xx on the allowed path" >&2
+      exit 1
+    } ;;
+    deny) [ "$refused" -ge $((total - 2)) ] || {
+      echo "$2: only $refused of $total responses were refused on the denied path" >&2
+      exit 1
+    } ;;
+  esac
+}

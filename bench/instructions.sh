@@ -65,27 +65,6 @@ else
   tollgate_conf 1 $((BASE_PORT + 2)) 1 "1/m" "$PORT_UP" >"$TMP/deny.toml"
 fi
 
-# Fails the run unless wrk's output $2 shows the statuses expected of it:
-# $1 = allow (every response 2xx/3xx) or deny (every one refused, but the
-# one a fresh quota may still admit). wrk counts any status as a request:
-# unchecked, 502s or 429s would pass for allowed requests.
-check_statuses() {
-  local total refused
-  total=$(awk '/requests in/ {print $1}' "$2")
-  refused=$(awk '/Non-2xx or 3xx responses:/ {print $NF}' "$2")
-  refused=${refused:-0}
-  case $1 in
-    allow) [ "$refused" = 0 ] || {
-      echo "$2: $refused of $total responses were not 2xx/3xx on the allowed path" >&2
-      exit 1
-    } ;;
-    deny) [ "$refused" -ge $((total - 1)) ] || {
-      echo "$2: only $refused of $total responses were refused on the denied path" >&2
-      exit 1
-    } ;;
-  esac
-}
-
 # Instructions per request of the server started by the command "$@"
 # (under callgrind), listening on port $PORT; $EXPECT (allow or deny) is
 # what its responses must be.

@@ -74,6 +74,10 @@ measure() {
   before=$(cpu_ticks "$pid")
   wrk -t"$THREADS" -c"$CONNS" -d"$DURATION" --latency "http://127.0.0.1:$port/" >"$out"
   after=$(cpu_ticks "$pid")
+  case $target in
+    *_deny) check_statuses deny "$out" ;;
+    *) check_statuses allow "$out" ;;
+  esac
   local rps p50 p99 requests non2xx cpu_us
   rps=$(awk '/^Requests\/sec:/ {print $2}' "$out")
   p50=$(to_us "$(awk '$1 == "50%" {print $2}' "$out")")
