@@ -310,21 +310,21 @@ async fn the_sdk_waits_out_a_token_429_by_its_retry_after_or_raises_rate_limit_e
     assert_eq!(error["class"], "RateLimitError", "{:#}", reports[2]);
     assert_eq!(error["status_code"], 429);
     println!("max_retries=0 raised: {error}");
-    // The SDK words its message from OpenAI's `error.message` (or a
-    // top-level `message`); a problem+json 429 has neither, so the
-    // message is the bare "Error code: 429" and tollgate's detail is in
-    // the parsed body, `error.body`.
-    assert_eq!(error["message"], "Error code: 429");
-    assert_eq!(
-        error["body"]["violated-policies"],
-        json!(["tpm"]),
-        "{error:#}"
-    );
-    let detail = error["body"]["detail"].as_str().expect("a detail");
+    // The SDK words its message from OpenAI's `error.message`, which a
+    // token stack's 429 carries beside its problem details: tollgate's
+    // detail, naming the limit and the reservation; the error's `body` is
+    // that `error` object.
+    let message = error["message"].as_str().expect("a message");
     assert!(
-        detail.contains("91 tokens"),
-        "names the reservation: {detail}"
+        message.starts_with("Error code: 429 - limit tpm exceeded"),
+        "{message}"
     );
+    assert!(
+        message.contains("91 tokens"),
+        "names the reservation: {message}"
+    );
+    assert_eq!(error["body"]["type"], "tokens", "{error:#}");
+    assert_eq!(error["body"]["code"], "rate_limit_exceeded", "{error:#}");
     assert_eq!(decisions(&gateway, "denied"), 2.0);
     assert_eq!(decisions(&gateway, "allowed"), 2.0);
     settled(&gateway, "charged", 9.0).await;

@@ -193,6 +193,12 @@ async fn an_openai_stream_settles_from_its_last_usage_chunk_and_may_leave_debt()
         detail.contains("101 tokens"),
         "names the reservation: {detail}"
     );
+    // And as OpenAI words its own 429s, for the SDKs that show
+    // `error.message`.
+    let error = &reply.json()["error"];
+    assert_eq!(error["message"], detail.as_str(), "{error}");
+    assert_eq!(error["type"], "tokens", "{error}");
+    assert_eq!(error["code"], "rate_limit_exceeded", "{error}");
     // 500 of debt + 101 tokens at 1000/d: 51,927 s, not one token's 87.
     let retry: u64 = reply.header("retry-after").unwrap().parse().unwrap();
     assert!((51_900..=51_930).contains(&retry), "Retry-After {retry}");
@@ -427,6 +433,12 @@ async fn the_request_limits_of_the_stack_stay_all_or_nothing() {
     let denied = chat(&gateway, "k8", 10, "json", 11).await;
     assert_eq!(denied.status, 429);
     assert_eq!(denied.json()["violated-policies"], json!(["rpm"]));
+    assert_eq!(
+        denied.json()["error"]["type"],
+        "requests",
+        "{:?}",
+        denied.body
+    );
     assert_eq!(
         left(&gateway, "k8").await,
         1000 - 22,

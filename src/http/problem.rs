@@ -40,8 +40,9 @@ pub(crate) const CONTENT_TYPE: &str = "application/problem+json";
 pub(crate) const ABOUT_BLANK: &str = "about:blank";
 
 /// Declares a problem member: `text "name"` (a string value), `number
-/// "name"` (an integer), or `text_list "name"` (a non-empty list of
-/// strings). The name must need no JSON escaping.
+/// "name"` (an integer), `text_list "name"` (a non-empty list of
+/// strings), or `object "name"` (an object of members). The name must need
+/// no JSON escaping.
 macro_rules! problem_member {
     (text $name:literal) => {
         $crate::http::problem::TextMember {
@@ -56,6 +57,12 @@ macro_rules! problem_member {
     (text_list $name:literal) => {
         $crate::http::problem::TextListMember {
             heads: $crate::http::problem::problem_member!(@heads $name, "[\""),
+        }
+    };
+    // The object's `{` is its first member's head.
+    (object $name:literal) => {
+        $crate::http::problem::ObjectMember {
+            heads: $crate::http::problem::problem_member!(@heads $name, ""),
         }
     };
     // One per `After`, in its order.
@@ -86,6 +93,12 @@ pub(crate) struct NumberMember {
 /// ([`problem_member!`]).
 #[derive(Debug)]
 pub(crate) struct TextListMember {
+    pub(crate) heads: [&'static str; 4],
+}
+
+/// A member whose value is an object ([`problem_member!`]).
+#[derive(Debug)]
+pub(crate) struct ObjectMember {
     pub(crate) heads: [&'static str; 4],
 }
 
@@ -215,6 +228,21 @@ impl<'a> ProblemWriter<'a> {
         } else {
             self.after = After::TextList;
         }
+    }
+
+    /// An object member, its members written by `write` (an empty one is
+    /// `{}`).
+    #[inline]
+    pub(crate) fn object(
+        &mut self,
+        member: &ObjectMember,
+        write: impl FnOnce(&mut ProblemWriter<'_>),
+    ) {
+        self.head(&member.heads);
+        let mut inner = ProblemWriter::new(self.out);
+        write(&mut inner);
+        inner.finish();
+        self.after = After::Value;
     }
 
     /// Closes the object.
@@ -415,6 +443,29 @@ mod tests {
         let expected = r#"{"type":"https://example.com/p","detail":"limit a\"b of 3","tags":["a\"b","two"],"count":7,"tags":[]}"#;
         assert_eq!(body, expected);
         serde_json::from_str::<serde_json::Value>(&body).unwrap();
+    }
+
+    #[test]
+    fn an_object_member_holds_members_and_is_followed_by_others() {
+        const ERROR: ObjectMember = problem_member!(object "error");
+        const TAGS: TextListMember = problem_member!(text_list "tags");
+        let body = written(|p| {
+            p.text(&TITLE, "t");
+            p.object(&ERROR, |error| {
+                error.text(&DETAIL, "d\"");
+                error.text_list(&TAGS, |list| {
+                    list.item(|text| text.escaped("x"));
+                });
+            });
+            p.number(&STATUS, 429u16);
+            p.object(&ERROR, |_| {});
+        });
+        assert_eq!(
+            body,
+            r#"{"title":"t","error":{"detail":"d\"","tags":["x"]},"status":429,"error":{}}"#
+        );
+        serde_json::from_str::<serde_json::Value>(&body).unwrap();
+        assert_eq!(written(|p| p.object(&ERROR, |_| {})), r#"{"error":{}}"#);
     }
 
     /// The object `write` writes.

@@ -23,7 +23,8 @@ use crate::app::{RoutePlan, Snapshot};
 use crate::config::tokens::Unit;
 use crate::http::field_lines::FieldLines;
 use crate::http::problem::{
-    self, DETAIL, NumberMember, ProblemWriter, STATUS, TITLE, TYPE, TextListMember, problem_member,
+    self, DETAIL, NumberMember, ObjectMember, ProblemWriter, STATUS, TITLE, TYPE, TextListMember,
+    TextMember, TextWriter, Written, problem_member,
 };
 use crate::limit::{EntryVerdict, NANOS_PER_SEC, Nanos, Outcome, quota};
 use crate::ratelimit_policy::{StackView, is_concurrency, styles};
@@ -131,6 +132,14 @@ const QUOTA_EXCEEDED: &str = "https://iana.org/assignments/http-problem-types#qu
 const VIOLATED_POLICIES_MEMBER: TextListMember = problem_member!(text_list "violated-policies");
 /// The seconds `Retry-After` says, for clients that read only the body.
 const RETRY_AFTER_MEMBER: NumberMember = problem_member!(number "retry_after");
+/// On a stack with a token limit (an LLM API), the error as OpenAI writes
+/// its own 429s, which the OpenAI-compatible SDKs show their users
+/// (`error.message`): `{"message", "type": "tokens" | "requests", "code":
+/// "rate_limit_exceeded"}`.
+const OPENAI_ERROR_MEMBER: ObjectMember = problem_member!(object "error");
+const OPENAI_MESSAGE: TextMember = problem_member!(text "message");
+const OPENAI_TYPE: TextMember = problem_member!(text "type");
+const OPENAI_CODE: TextMember = problem_member!(text "code");
 
 /// The deny response: the limit's status and problem+json naming the limit;
 /// and its fields (content type, `Cache-Control: no-store`, `Retry-After`
@@ -163,7 +172,7 @@ pub(crate) fn deny_response(
             status.canonical_reason().unwrap_or("Too Many Requests"),
         );
         problem.number(&STATUS, status.as_u16());
-        let name = problem.text_with(&DETAIL, |detail| {
+        let detail = |detail: &mut TextWriter<'_>| -> Written {
             if verdict.never {
                 detail.literal("request cost ");
                 detail.number(cost);
@@ -185,13 +194,17 @@ pub(crate) fn deny_response(
                 }
                 name
             }
-        });
+        };
+        let name = problem.text_with(&DETAIL, detail);
         // The name as escaped above: copied, not checked and escaped again.
         problem.text_list(&VIOLATED_POLICIES_MEMBER, |names| {
             names.item(|text| text.copy(&name))
         });
         if let Some(seconds) = retry_after {
             problem.number(&RETRY_AFTER_MEMBER, seconds);
+        }
+        if view.limits.iter().any(|l| l.unit == Unit::Tokens) {
+            openai_error(&mut problem, limit.unit, detail);
         }
         problem.finish();
     });
@@ -207,6 +220,27 @@ pub(crate) fn deny_response(
     }
     limit_fields(&mut lines, view, verdicts, policy, Some(denied_by));
     (response, lines)
+}
+
+/// The OpenAI-shaped `error` member of a token stack's denial, its
+/// message the problem's `detail` written again by `detail`. Out of line:
+/// the other denials do not carry it.
+#[cold]
+#[inline(never)]
+fn openai_error(
+    problem: &mut ProblemWriter<'_>,
+    unit: Unit,
+    detail: impl FnOnce(&mut TextWriter<'_>) -> Written,
+) {
+    problem.object(&OPENAI_ERROR_MEMBER, |error| {
+        error.text_with(&OPENAI_MESSAGE, detail);
+        let kind = match unit {
+            Unit::Tokens => "tokens",
+            Unit::Requests => "requests",
+        };
+        error.literal(&OPENAI_TYPE, kind);
+        error.literal(&OPENAI_CODE, "rate_limit_exceeded");
+    });
 }
 
 /// Room the denial bodies of a thread are cut from: a 429 is written out
