@@ -10,11 +10,13 @@
 # all open and idle, checks that every one is still open, and prints the
 # difference per connection. TLS=1 measures the same over TLS (a
 # self-signed certificate made with openssl), where rustls keeps buffers of
-# its own per connection.
+# its own per connection. The peer, nginx `limit_req` (one worker), is
+# measured the same way in the same run. A run fails unless every
+# connection opened and stayed open.
 #
 # Run:    bench/idle_rss.sh [BINARY]    (default: target/dist/tollgate,
 #                                        built unless SKIP_BUILD=1)
-# Knobs:  BASE_PORT=18190 (uses BASE_PORT .. BASE_PORT+4), CONNECTIONS=10000,
+# Knobs:  BASE_PORT=18190 (uses BASE_PORT .. BASE_PORT+5), CONNECTIONS=10000,
 #         TLS=1 (also measure TLS connections)
 # Needs nginx, python3 (and openssl for TLS=1); raises `ulimit -n` to the
 # hard limit (it must allow CONNECTIONS + a few hundred descriptors).
@@ -133,6 +135,32 @@ CONF
   TOLLGATE_LOG=warn "$BINARY" run -c "$TMP/gateway-$port.toml" >"$TMP/gateway-$port.log" 2>&1 &
   pid=$!
   PIDS+=("$pid")
+  hold "$label" "$port" "$pid" "$tls"
+}
+
+# The peer in the same run: nginx `limit_req` in front of the same upstream
+# (bench/load.sh's allowing configuration, one worker, as one process with
+# `master_process off` so its RSS is the serving process's), room made for
+# CONNECTIONS connections. $1 = label, $2 = port.
+measure_nginx() {
+  local label=$1 port=$2 pid room=$((CONNECTIONS + 1000))
+  {
+    echo "master_process off;"
+    echo "worker_rlimit_nofile $room;"
+    nginx_proxy_conf 1 "$port" "burst=1000000 nodelay" "1000000r/s" "$PORT_UP" "$TMP" |
+      sed "s/worker_connections 4096;/worker_connections $room;/"
+  } >"$TMP/ng-idle.conf"
+  "$NGINX" -p "$TMP/" -c "$TMP/ng-idle.conf" >/dev/null 2>&1 &
+  pid=$!
+  PIDS+=("$pid")
+  hold "$label" "$port" "$pid" 0
+}
+
+# The server $3 listening on port $2: warmed up, its RSS read, CONNECTIONS
+# idle keep-alive connections opened and held, its RSS read again, and one
+# line printed. $1 = label, $4 = 1 for TLS.
+hold() {
+  local label=$1 port=$2 pid=$3 tls=$4 before after opened alive
   wait_port "$port"
   # Warm-up: 300 requests on 300 short connections.
   python3 "$TMP/client.py" "$port" 300 "$tls" <<<"" >/dev/null
@@ -147,6 +175,10 @@ CONF
   wait "$CLIENT_PID" || true
   kill "$pid"
   wait "$pid" 2>/dev/null || true
+  if [ "$alive" != "$CONNECTIONS" ] || [ "$opened" != "$CONNECTIONS" ]; then
+    echo "$label: $opened opened, $alive still open, of $CONNECTIONS" >&2
+    exit 1
+  fi
   printf '%s\t%s\t%s\t%s\t%s\t%s\t%s\n' "$label" "$opened" "$alive" "$before" "$after" \
     "$(awk -v a="$after" -v b="$before" 'BEGIN {printf "%.1f", (a - b) / 1024}')" \
     "$(awk -v a="$after" -v b="$before" -v n="$opened" 'BEGIN {printf "%.0f", (a - b) * 1024 / n}')"
@@ -155,6 +187,7 @@ CONF
 printf 'gateway\topened\tstill_open\trss_before_KiB\trss_after_KiB\tabove_idle_MiB\tbytes_per_conn\n'
 measure "http, workers = 1" $((BASE_PORT + 1)) "workers = 1" 0
 measure "http, workers default" $((BASE_PORT + 2)) "" 0
+measure_nginx "nginx limit_req, 1 worker" $((BASE_PORT + 5))
 if [ "${TLS:-0}" = 1 ]; then
   measure "https, workers = 1" $((BASE_PORT + 3)) "workers = 1" 1
 fi
