@@ -178,6 +178,26 @@ measure() {
   esac
   }; } 2>"$TMP/client.time"
   after=$(cpu_ticks "$pid")
+  # The statuses the run measured must be the target's (s_time's
+  # handshakes fetch a page but report none).
+  local expect=allow
+  case $target in *_deny) expect=deny ;; esac
+  case $test in
+    keepalive) check_statuses "$expect" "$out" ;;
+    h2)
+      local ok bad
+      ok=$(awk '/^status codes:/ {print $3}' "$out")
+      bad=$(awk '/^status codes:/ {print $7 + $9}' "$out")
+      if [ "$expect" = allow ] && [ "${bad:-1}" != 0 ]; then
+        echo "$target: h2load saw ${bad:-no} 4xx/5xx responses on the allowed path" >&2
+        exit 1
+      fi
+      if [ "$expect" = deny ] && [ "${ok:-3}" -gt 2 ]; then
+        echo "$target: h2load saw ${ok:-no} 2xx responses on the denied path" >&2
+        exit 1
+      fi
+      ;;
+  esac
   up_after=$(cpu_ticks "$UPSTREAM")
   if [ "$test" = h2 ]; then
     rps=$(awk '/^finished in/ {print $4}' "$out")
