@@ -59,6 +59,7 @@ run() {
   before=$(cpu_ticks "$1")
   wrk -t1 -c"$CONNS" -d"$DURATION" "http://127.0.0.1:$2/" >"$TMP/wrk.out"
   after=$(cpu_ticks "$1")
+  check_statuses "$MODE" "$TMP/wrk.out"
   awk -v d=$((after - before)) -v hz="$CLK_TCK" '
     /^Requests\/sec:/ {rps = $2} /requests in/ {n = $1}
     END {printf "%.0f\t%.2f", rps, (n > 0 ? d * 1e6 / hz / n : 0)}' "$TMP/wrk.out"

@@ -73,6 +73,7 @@ round() {
   before=$(sed 's/^.*) //' "/proc/$2/stat" | awk '{print $12, $13}')
   wrk -t1 -c"$CONNS" -d"$DURATION" "http://127.0.0.1:$1/" >"$TMP/wrk.out"
   after=$(sed 's/^.*) //' "/proc/$2/stat" | awk '{print $12, $13}')
+  check_statuses "$MODE" "$TMP/wrk.out"
   requests=$(awk '/requests in/ {print $1}' "$TMP/wrk.out")
   seconds=$(awk '/requests in/ {gsub("s,", "", $4); print $4}' "$TMP/wrk.out")
   echo "$before $after $requests $seconds" | awk -v t="$3" -v hz="$CLK_TCK" \
