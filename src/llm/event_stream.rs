@@ -220,16 +220,9 @@ impl EventStream {
         at += end.unwrap_or_default();
         rest = &rest[end.unwrap_or_default()..];
         // Whole units, then the one the chunk ends inside.
-        let last = style
-            .last_end(preceding(tail, chunk, at), rest)
-            .unwrap_or_default();
-        self.read_wanted(
-            style,
-            &rest[..last],
-            preceding(tail, chunk, at),
-            on_event,
-            wanted,
-        );
+        let before = preceding(tail, chunk, at);
+        let last = style.last_end(before, rest).unwrap_or_default();
+        self.read_wanted(style, &rest[..last], before, on_event, wanted);
         self.carry_on(&rest[last..], on_event);
     }
 
