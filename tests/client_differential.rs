@@ -187,6 +187,15 @@ fn cases() -> Vec<Case> {
         get(chunked("A\r\n0123456789\r\n00a\r\n0123456789\r\n0\r\n\r\n"), Same),
         get(chunked("3 \t\r\nabc\r\n3 ;x\r\nabc\r\n0\r\n\r\n"), Same),
         get(chunked("3\r\nabc\r\n0\r\nExpires: never\r\nX-T:\tv \r\n\r\n"), Same),
+        // The kept trailer: whitespace around the value, the name's case,
+        // repeats, an empty value, names that only start alike.
+        get(chunked("3\r\nabc\r\n0\r\nX-Usage: \t 42 \t\r\n\r\n"), Same),
+        get(chunked("3\r\nabc\r\n0\r\nx-usage:7\r\nX-USAGE: 8\r\nx-usage-more: 1\r\nx-usag: 2\r\n\r\n"), Same),
+        get(chunked("0\r\nx-usage:\r\nExpires: never\r\n\r\n"), Same),
+        get(&b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n0\r\nx-usage: 1 \xff2\r\n\r\n"[..], Same),
+        get(chunked("1\r\nx\r\n0\r\nx-usage: 5\nx-usage: 6\r\n\r\n"), Same),
+        get(chunked("0\r\nx-usage : 5\r\n\r\n"), Same),
+        get(chunked("0\r\nx-usage: 5\r\n folded\r\n\r\n"), Same),
         get(chunked("3;ext\r\nabc\r\n0;last\r\n\r\n"), Same),
         get(
             "HTTP/1.1 200 OK\r\nTransfer-Encoding: gzip, chunked\r\n\r\n3\r\nabc\r\n0\r\n\r\n",
@@ -282,6 +291,10 @@ enum Outcome {
         /// (but in a HEAD answer, where it is a field like any other).
         fields: Vec<(String, Vec<u8>)>,
         body: Bytes,
+        /// The values of trailer field `x-usage`, in order: the one
+        /// trailer the gateway's client keeps when told to (a token
+        /// route's usage count), compared with hyper's trailers.
+        usage_trailer: Vec<Vec<u8>>,
     },
     Refused(String),
 }
@@ -379,8 +392,10 @@ async fn ours(addr: std::net::SocketAddr, method: &Method, path: &str) -> Outcom
         }
     };
     let status = response.status();
-    let body = match response.into_body().collect().await {
-        Ok(collected) => collected.to_bytes(),
+    let mut body = response.into_body();
+    body.keep_trailer(http::HeaderName::from_static("x-usage"));
+    let (body, usage_trailer) = match body.collect().await {
+        Ok(collected) => usage_values(collected),
         Err(error) => return Outcome::Refused(format!("body: {error}")),
     };
     let mut text = Vec::new();
@@ -399,7 +414,23 @@ async fn ours(addr: std::net::SocketAddr, method: &Method, path: &str) -> Outcom
         status,
         fields: end_to_end(fields, method == Method::HEAD),
         body,
+        usage_trailer,
     }
+}
+
+/// A body's bytes, and the values of its trailer field `x-usage`.
+fn usage_values(collected: http_body_util::Collected<Bytes>) -> (Bytes, Vec<Vec<u8>>) {
+    let values = collected
+        .trailers()
+        .map(|trailers| {
+            trailers
+                .get_all("x-usage")
+                .iter()
+                .map(|value| value.as_bytes().to_vec())
+                .collect()
+        })
+        .unwrap_or_default();
+    (collected.to_bytes(), values)
 }
 
 /// hyper's client, on a connection of its own.
@@ -425,14 +456,15 @@ async fn hypers(addr: std::net::SocketAddr, method: &Method, path: &str) -> Outc
         .iter()
         .map(|(name, value)| (name.as_str().to_owned(), value.as_bytes().to_vec()))
         .collect();
-    let body = match response.into_body().collect().await {
-        Ok(collected) => collected.to_bytes(),
+    let (body, usage_trailer) = match response.into_body().collect().await {
+        Ok(collected) => usage_values(collected),
         Err(error) => return Outcome::Refused(format!("body: {error}")),
     };
     Outcome::Accepted {
         status,
         fields: end_to_end(fields, method == Method::HEAD),
         body,
+        usage_trailer,
     }
 }
 

@@ -25,6 +25,11 @@ use common::{InProcess, Reply, get, send, tollgate};
 /// A gateway in front of `upstream` with an RPM and a TPM limit per API
 /// key; `tokens` is the route's rule, `extra` more config.
 fn config(upstream: &LlmUpstream, tokens: &str, extra: &str) -> String {
+    config_at(&upstream.url(), tokens, extra)
+}
+
+/// [`config`] in front of the upstream at `url`.
+fn config_at(url: &str, tokens: &str, extra: &str) -> String {
     format!(
         r#"[server]
 listen = "127.0.0.1:0"
@@ -55,8 +60,7 @@ limits = ["rpm", "tpm"]
 tokens = {tokens}
 
 {extra}
-"#,
-        url = upstream.url()
+"#
     )
 }
 
@@ -460,6 +464,171 @@ async fn usage_from_a_header_and_the_body_forwarded_unchanged() {
     assert_eq!(tokens(&gateway, "reserved"), 60.0);
     settled(&gateway, "refunded", 35.0).await;
     assert_eq!(left(&gateway, "k9").await, 975);
+    gateway.stop().await;
+}
+
+/// `POST` of a chat completion request (20 tokens and a one-token
+/// prompt: 21 reserved) on a connection of its own, asking for trailers
+/// (`TE: trailers`): the answer's raw bytes, read until the gateway
+/// closes (`Connection: close`).
+async fn chat_raw(gateway: &InProcess, key: &str, script: &str, used: u64) -> String {
+    let body = r#"{"max_tokens":20,"messages":[{"role":"user","content":"hi"}]}"#;
+    let request = format!(
+        "POST /v1/chat/completions HTTP/1.1\r\nhost: gateway.test\r\nx-api-key: {key}\r\n\
+         x-script: {script}\r\nx-used: {used}\r\nte: trailers\r\nconnection: close, te\r\n\
+         content-type: application/json\r\ncontent-length: {}\r\n\r\n{body}",
+        body.len()
+    );
+    common::raw(
+        gateway.addr,
+        request.as_bytes(),
+        std::time::Duration::from_secs(10),
+    )
+    .await
+}
+
+#[tokio::test]
+async fn usage_from_a_trailer_settles_when_the_body_ends() {
+    // hyper's server sends trailers only to a request with `TE: trailers`,
+    // which the gateway sends on a route whose usage is a field; over
+    // HTTP/2 the stream's trailers frame carries it.
+    for http2 in [false, true] {
+        let upstream = LlmUpstream::start().await;
+        let rule = r#"{ max_tokens_default = 50, usage = "header:x-tokens" }"#;
+        let mut text = config(&upstream, rule, "");
+        if http2 {
+            text = text.replace("[upstreams.llm]\n", "[upstreams.llm]\nhttp2 = true\n");
+        }
+        let gateway = InProcess::start(&text).await;
+        let answer = chat_raw(&gateway, "k1", "trailer", 5).await;
+        assert!(
+            answer.starts_with("HTTP/1.1 200"),
+            "http2 {http2}: {answer}"
+        );
+        // The body as sent, and no trailer section after it: the count is
+        // the gateway's, never relayed as a field or trailer.
+        assert!(
+            answer.ends_with("\r\n\r\n1\r\no\r\n1\r\nk\r\n0\r\n\r\n"),
+            "{answer}"
+        );
+        assert!(
+            !answer.to_ascii_lowercase().contains("x-tokens"),
+            "{answer}"
+        );
+        assert_eq!(tokens(&gateway, "reserved"), 21.0);
+        settled(&gateway, "refunded", 16.0).await;
+        assert_eq!(tokens(&gateway, "unsettled"), 0.0);
+        assert_eq!(left(&gateway, "k1").await, 1000 - 5, "http2 {http2}");
+        // A header in the head still settles at once, and a body with
+        // neither header nor trailer stands unsettled.
+        assert_eq!(chat(&gateway, "k1", 20, "header", 9).await.status, 200);
+        settled(&gateway, "refunded", 16.0 + 12.0).await;
+        assert_eq!(chat(&gateway, "k1", 20, "none", 9).await.status, 200);
+        settled(&gateway, "unsettled", 21.0).await;
+        assert_eq!(left(&gateway, "k1").await, 1000 - 5 - 9 - 21);
+        gateway.stop().await;
+    }
+}
+
+/// An HTTP/1.1 upstream that answers its `n`th request (all connections)
+/// with `answers[n]`'s bytes exactly, and closes a connection after an
+/// answer that ends with `close`.
+async fn scripted_raw_upstream(
+    answers: Vec<Vec<u8>>,
+) -> (std::net::SocketAddr, tokio::task::JoinHandle<()>) {
+    use std::sync::Arc;
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let (answers, next) = (Arc::new(answers), Arc::new(AtomicUsize::new(0)));
+    let task = tokio::spawn(async move {
+        while let Ok((mut stream, _)) = listener.accept().await {
+            let (answers, next) = (answers.clone(), next.clone());
+            tokio::spawn(async move {
+                let (mut unparsed, mut buf) = (Vec::new(), vec![0u8; 16 * 1024]);
+                loop {
+                    let n = stream.read(&mut buf).await.unwrap_or(0);
+                    if n == 0 {
+                        return;
+                    }
+                    unparsed.extend_from_slice(&buf[..n]);
+                    while let Some(len) = common::raw_request_len(&unparsed) {
+                        unparsed.drain(..len);
+                        let n = next.fetch_add(1, Ordering::SeqCst);
+                        let answer = &answers[n.min(answers.len() - 1)];
+                        if stream.write_all(answer).await.is_err() || answer.ends_with(b"close") {
+                            return;
+                        }
+                    }
+                }
+            });
+        }
+    });
+    (addr, task)
+}
+
+#[tokio::test]
+async fn a_usage_trailer_is_read_exactly_and_a_hostile_one_settles_nothing() {
+    let head = "HTTP/1.1 200 OK\r\ncontent-type: text/plain\r\ntransfer-encoding: chunked\r\n\r\n2\r\nok\r\n0\r\n";
+    let answer = |trailers: &str| format!("{head}{trailers}").into_bytes();
+    let (addr, _task) = scripted_raw_upstream(vec![
+        // Read: whitespace around the count, any case of the name, other
+        // fields beside it.
+        answer("X-Other: 1\r\nX-TOKENS: \t 7 \r\n\r\n"),
+        // Two counts: nothing certain, the reservation stands.
+        answer("x-tokens: 7\r\nx-tokens: 7\r\n\r\n"),
+        // Not a whole number.
+        answer("x-tokens: 7 tokens\r\n\r\n"),
+        // An obs-folded line: refused, the stream is cut.
+        answer("x-tokens: 7\r\n 8\r\n\r\n"),
+        // A bare LF in the trailer section: refused.
+        answer("x-tokens: 7\n\r\n"),
+        // A name with a space before the colon: refused.
+        answer("x-tokens : 7\r\n\r\n"),
+        // Glued bytes after the body: the count is read, the connection
+        // not reused.
+        [
+            answer("x-tokens: 3\r\n\r\n"),
+            b"HTTP/1.1 200 OK\r\ncontent-length: 0\r\n\r\n".to_vec(),
+        ]
+        .concat(),
+        answer("x-tokens: 4\r\n\r\n"),
+    ])
+    .await;
+    let rule = r#"{ max_tokens_default = 50, usage = "header:x-tokens" }"#;
+    let gateway = InProcess::start(&config_at(&format!("http://{addr}"), rule, "")).await;
+    let mut used = 0;
+    let mut unsettled = 0.0;
+    // The case, what it settles, and whether the client's stream is
+    // whole (a refused trailer section cuts it).
+    for (case, settles, whole) in [
+        ("read", Some(7), true),
+        ("two counts", None, true),
+        ("not a count", None, true),
+        ("folded", None, false),
+        ("bare LF", None, false),
+        ("space before colon", None, false),
+        ("glued bytes", Some(3), true),
+        ("the next connection", Some(4), true),
+    ] {
+        let answer = chat_raw(&gateway, "k2", "any", 0).await;
+        let ended = answer.starts_with("HTTP/1.1 200") && answer.ends_with("ok\r\n0\r\n\r\n");
+        assert_eq!(ended, whole, "{case}: {answer:?}");
+        assert!(
+            !answer.to_ascii_lowercase().contains("x-tokens"),
+            "{case}: {answer}"
+        );
+        match settles {
+            Some(count) => used += count,
+            None => {
+                used += 21;
+                unsettled += 21.0;
+            }
+        }
+        settled(&gateway, "unsettled", unsettled).await;
+        assert_eq!(left(&gateway, "k2").await, 1000 - used, "{case}");
+    }
     gateway.stop().await;
 }
 

@@ -16,6 +16,7 @@ use std::time::{Duration, Instant};
 use tokio::time::Sleep;
 
 use bytes::Bytes;
+use http::{HeaderMap, HeaderName};
 use http_body::{Body, Frame, SizeHint};
 
 use crate::http1::client::UpstreamBody;
@@ -295,20 +296,39 @@ enum ResponseKind {
     Metered(Box<UsageMeter>, UpstreamBody),
 }
 
-/// A token route's response being relayed: the scanner of its usage and
-/// the bill to settle when the body ends or is dropped (the client gone:
+/// A token route's response being relayed: what reads its usage and the
+/// bill to settle when the body ends or is dropped (the client gone:
 /// whatever usage had arrived by then counts).
 #[derive(Debug)]
 pub(crate) struct UsageMeter {
-    scanner: Option<UsageScanner>,
+    reader: UsageReader,
     bill: Option<TokenBill>,
+}
+
+/// Where a metered body's usage comes from.
+#[derive(Debug)]
+enum UsageReader {
+    /// Its bytes, scanned as they go by (`None` once finished).
+    Scanner(Option<UsageScanner>),
+    /// A trailer field (`usage = "header:NAME"` when the head had none),
+    /// taken out of the trailers as they go by; `count` is what it said.
+    Trailer {
+        name: HeaderName,
+        count: Option<u64>,
+    },
 }
 
 impl Drop for UsageMeter {
     fn drop(&mut self) {
         if let Some(bill) = self.bill.take() {
-            let usage = self.scanner.take().and_then(UsageScanner::finish);
-            bill.settle(usage.map(|usage| usage.total));
+            let used = match &mut self.reader {
+                UsageReader::Scanner(scanner) => scanner
+                    .take()
+                    .and_then(UsageScanner::finish)
+                    .map(|usage| usage.total),
+                UsageReader::Trailer { count, .. } => *count,
+            };
+            bill.settle(used);
         }
     }
 }
@@ -341,15 +361,32 @@ impl ResponseBody {
     /// settled on the usage found when it ends. A body the gateway made
     /// itself reports no usage: `bill` stands as reserved.
     pub(crate) fn metered(self, scanner: UsageScanner, bill: TokenBill) -> Self {
+        self.metered_by(UsageReader::Scanner(Some(scanner)), bill)
+    }
+
+    /// The body with `bill` settled, when it ends, on the count its
+    /// trailer field `name` reports. The field is the gateway's: it is
+    /// taken out of the trailers relayed (an HTTP/1.1 upstream's are never
+    /// relayed; an HTTP/2 one's other fields go on as before).
+    pub(crate) fn metered_by_trailer(self, name: HeaderName, bill: TokenBill) -> Self {
+        self.metered_by(UsageReader::Trailer { name, count: None }, bill)
+    }
+
+    fn metered_by(self, reader: UsageReader, bill: TokenBill) -> Self {
         let ResponseBody { kind, _completion } = self;
         let kind = match kind {
-            ResponseKind::Upstream(body) => ResponseKind::Metered(
-                Box::new(UsageMeter {
-                    scanner: Some(scanner),
-                    bill: Some(bill),
-                }),
-                body,
-            ),
+            ResponseKind::Upstream(mut body) => {
+                if let UsageReader::Trailer { name, .. } = &reader {
+                    body.keep_trailer(name.clone());
+                }
+                ResponseKind::Metered(
+                    Box::new(UsageMeter {
+                        reader,
+                        bill: Some(bill),
+                    }),
+                    body,
+                )
+            }
             other => other,
         };
         ResponseBody { kind, _completion }
@@ -391,13 +428,42 @@ fn poll_metered(
     body: &mut UpstreamBody,
     cx: &mut Context<'_>,
 ) -> Poll<Option<Result<Frame<Bytes>, std::io::Error>>> {
-    let polled = Pin::new(body).poll_frame(cx);
-    if let (Poll::Ready(Some(Ok(frame))), Some(scanner)) = (&polled, &mut meter.scanner)
-        && let Some(data) = frame.data_ref()
-    {
-        scanner.feed(data);
+    loop {
+        let polled = Pin::new(&mut *body).poll_frame(cx);
+        let Poll::Ready(Some(Ok(frame))) = polled else {
+            return polled;
+        };
+        match &mut meter.reader {
+            UsageReader::Scanner(scanner) => {
+                if let (Some(scanner), Some(data)) = (scanner, frame.data_ref()) {
+                    scanner.feed(data);
+                }
+                return Poll::Ready(Some(Ok(frame)));
+            }
+            UsageReader::Trailer { name, count } => {
+                let mut trailers = match frame.into_trailers() {
+                    Ok(trailers) => trailers,
+                    Err(frame) => return Poll::Ready(Some(Ok(frame))),
+                };
+                *count = trailer_count(&trailers, name);
+                trailers.remove(&*name);
+                if !trailers.is_empty() {
+                    return Poll::Ready(Some(Ok(Frame::trailers(trailers))));
+                }
+                // Nothing else in them: on to the body's end.
+            }
+        }
     }
-    polled
+}
+
+/// The count trailer field `name` reports: one field holding a whole
+/// number. Two of them disagree or repeat, and say nothing certain.
+fn trailer_count(trailers: &HeaderMap, name: &HeaderName) -> Option<u64> {
+    let mut values = trailers.get_all(name).iter();
+    match (values.next(), values.next()) {
+        (Some(value), None) => crate::admission::reported_count(value.as_bytes()),
+        _ => None,
+    }
 }
 
 impl Body for ResponseBody {

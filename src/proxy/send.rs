@@ -19,6 +19,7 @@ use crate::proxy::downstream::Downstream;
 use crate::proxy::error::GatewayError;
 use crate::proxy::forward::{self, Prepared};
 use crate::proxy::request_body::{PendingBody, declared_length};
+use crate::proxy::tokens;
 use crate::proxy::upgrade;
 use crate::upstream::pool::PoolError;
 use crate::upstream::{Attempt, Upstream};
@@ -155,6 +156,9 @@ fn prepare_forward<'s>(
     let mut parts = parts;
     upgrade::allow_only(&mut parts.headers, &snapshot.config.server.upgrades);
     let mut request = forward::prepare(upstream, parts, body, downstream.peer, downstream.proto);
+    if let Some(rule) = &route.tokens {
+        tokens::accept_usage_trailer(rule, &mut request.own);
+    }
     // hyper hands the client's connection over if we answer 101.
     let client_upgrade = if request.own.upgrade {
         request

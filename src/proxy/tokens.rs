@@ -1,7 +1,7 @@
 //! Token quotas on the request path: what a request reserves (from its
 //! body, read within `max_key_body`), and how its response settles (a
-//! usage header at once, or the body's `usage` scanned as it is relayed,
-//! settled when the body ends).
+//! usage header at once, or a usage trailer or the body's `usage` scanned
+//! as it is relayed, settled when the body ends).
 
 use bytes::Bytes;
 use http::Response;
@@ -11,6 +11,7 @@ use http::request::Parts;
 use crate::admission::{self, tokens::TokenBill};
 use crate::config::tokens::{TokensRule, UsageSource};
 use crate::http::field_lines::FieldLines;
+use crate::http1::client::OwnFields;
 use crate::llm::reserve;
 use crate::llm::usage::{Format, UsageScanner};
 use crate::proxy::body::ResponseBody;
@@ -48,8 +49,22 @@ pub(crate) fn reserve(
     reservation
 }
 
+/// A route that reads its usage from a field (`usage = "header:NAME"`)
+/// takes it as a trailer too, and says so upstream: `TE: trailers`, which
+/// the `TE` connection option must accompany (RFC 9110 §10.1.4); some
+/// servers (hyper's) send trailer fields only then. The client's own `TE`
+/// never goes on (hop-by-hop); HTTP/2 keeps `te: trailers` and drops
+/// `Connection`.
+pub(crate) fn accept_usage_trailer(rule: &TokensRule, own: &mut OwnFields) {
+    if let UsageSource::Header(_) = rule.usage {
+        own.push("te", b"trailers");
+        own.push("connection", b"te");
+    }
+}
+
 /// Settles `bill` from the response: at once from a usage header, or
-/// when its body ends from the usage the body reports (a JSON body or a
+/// when its body ends from a trailer field of that name (a head without
+/// the header), or from the usage the body reports (a JSON body or a
 /// server-sent-event stream); a body of another type reports none.
 pub(crate) fn settle_from(
     rule: &TokensRule,
@@ -65,10 +80,14 @@ pub(crate) fn settle_from(
             .or_else(|| response.headers().get(name).map(HeaderValue::as_bytes))
     };
     match &rule.usage {
-        UsageSource::Header(name) => {
-            bill.settle(field(name).and_then(admission::reported_count));
-            response
-        }
+        UsageSource::Header(name) => match field(name) {
+            Some(value) => {
+                bill.settle(admission::reported_count(value));
+                response
+            }
+            // Not in the head: the count may come as a trailer field.
+            None => response.map(|body| body.metered_by_trailer(name.clone(), bill)),
+        },
         UsageSource::Auto => {
             let format = field(&CONTENT_TYPE).and_then(Format::of_content_type);
             match format {

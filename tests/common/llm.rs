@@ -54,9 +54,13 @@ impl LlmUpstream {
                         let (seen, sent) = (seen.clone(), sent.clone());
                         async move { Ok::<_, Infallible>(answer(request, &seen, &sent).await) }
                     });
-                    let _ = hyper::server::conn::http1::Builder::new()
-                        .serve_connection(TokioIo::new(stream), service)
-                        .await;
+                    // HTTP/1.1, or HTTP/2 with prior knowledge (an
+                    // upstream with `http2 = true`).
+                    let _ = hyper_util::server::conn::auto::Builder::new(
+                        hyper_util::rt::TokioExecutor::new(),
+                    )
+                    .serve_connection(TokioIo::new(stream), service)
+                    .await;
                 });
             }
         });
@@ -96,6 +100,9 @@ struct Pieces {
     /// Before each piece.
     every: Duration,
     cut: bool,
+    /// Sent after the last piece (hyper's HTTP/1.1 server sends them only
+    /// to a request with `TE: trailers`).
+    trailers: Option<hyper::HeaderMap>,
 }
 
 impl hyper::body::Body for Pieces {
@@ -126,7 +133,7 @@ impl hyper::body::Body for Pieces {
         match this.pieces.pop_front() {
             Some(piece) => Poll::Ready(Some(Ok(Frame::data(piece)))),
             None if this.cut => Poll::Ready(Some(Err("cut".into()))),
-            None => Poll::Ready(None),
+            None => Poll::Ready(this.trailers.take().map(|t| Ok(Frame::trailers(t)))),
         }
     }
 }
@@ -240,6 +247,9 @@ async fn answer(
             ),
             // The count in a header, the body plain.
             "header" => ("text/plain", vec!["ok".into()], false, true),
+            // The count in a trailer field (and another field beside it),
+            // the body plain; the head declares them (`Trailer`).
+            "trailer" => ("text/plain", vec!["o".into(), "k".into()], false, false),
             // `x-mib` MiB of text chunks (sent first, see below), then the
             // usage chunk.
             "long" => (
@@ -258,13 +268,25 @@ async fn answer(
     let every = Duration::from_millis(if script == "slow" { 1000 } else { 5 });
     *sent.lock().unwrap() = Some(Bytes::from(pieces.concat()));
     let repeat = (script == "long").then(|| (long_block(), mib * 16));
+    let trailers = (script == "trailer").then(|| {
+        let mut trailers = hyper::HeaderMap::new();
+        trailers.insert("x-tokens", used.to_string().parse().unwrap());
+        trailers.insert("x-checksum", "abc".parse().unwrap());
+        trailers
+    });
     let mut response = Response::new(Pieces {
         repeat,
         pieces: pieces.into_iter().map(Bytes::from).collect(),
         pause: None,
         every,
         cut,
+        trailers,
     });
+    if script == "trailer" {
+        response
+            .headers_mut()
+            .insert("trailer", "x-tokens, x-checksum".parse().unwrap());
+    }
     response
         .headers_mut()
         .insert("content-type", content_type.parse().unwrap());

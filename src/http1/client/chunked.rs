@@ -6,11 +6,15 @@
 //! split off as shared [`Bytes`] (no copy), and everything else — sizes,
 //! extensions, line ends, trailers — is consumed and dropped. Trailer fields
 //! are not forwarded (the response head has gone by then; RFC 9110 §6.5.1
-//! lets a recipient discard them).
+//! lets a recipient discard them), except one the gateway itself reads: a
+//! decoder told to [`keep_trailer`](ChunkedDecoder::keep_trailer) a name
+//! hands that field's values over once the body has ended (a token route's
+//! usage count, `usage = "header:NAME"`).
 
 use std::io;
 
 use bytes::{Buf, Bytes, BytesMut};
+use http::{HeaderMap, HeaderName, HeaderValue};
 
 use super::head::invalid;
 use crate::http::structured::is_tchar;
@@ -53,7 +57,8 @@ pub enum Decoded {
 //    `name:value` (name tchar, value HTAB / SP / VCHAR / obs-text) each
 //    ending in CRLF (no obs-fold, no bare LF or CR), then an empty line,
 //    CRLF. At most 100 fields and 16 KiB (hyper's limits). The fields are
-//    dropped.
+//    dropped, but those of the one name a decoder was told to keep (their
+//    values without the OWS around them, as hyper's trailers give them).
 // 9. Nothing past the final CRLF is consumed: what follows belongs to the
 //    connection (and, being unasked-for, keeps it from the pool).
 
@@ -94,6 +99,20 @@ pub struct ChunkedDecoder {
     /// Bytes and fields of the trailer section so far (rule 8).
     trailer_bytes: usize,
     trailer_fields: usize,
+    /// The trailer field to keep, if any: boxed, as it is rare and the
+    /// decoder travels in every chunked body.
+    kept: Option<Box<KeptTrailer>>,
+}
+
+/// What a decoder keeps of the trailer section: the fields of one name.
+#[derive(Debug)]
+struct KeptTrailer {
+    name: HeaderName,
+    /// The trailer line being read, CRLF excluded (at most the section's
+    /// 16 KiB, by rule 8).
+    line: Vec<u8>,
+    /// The values of `name` so far, in order.
+    fields: HeaderMap,
 }
 
 impl Default for ChunkedDecoder {
@@ -103,7 +122,40 @@ impl Default for ChunkedDecoder {
             extensions: 0,
             trailer_bytes: 0,
             trailer_fields: 0,
+            kept: None,
         }
+    }
+}
+
+/// SP or HTAB: optional whitespace around a field value (RFC 9110 §5.5).
+fn is_ows(b: u8) -> bool {
+    b == b' ' || b == b'\t'
+}
+
+impl KeptTrailer {
+    /// The line just read, `name:value`, kept when it is of `name`.
+    fn end_line(&mut self) {
+        let line = std::mem::take(&mut self.line);
+        // Rule 8 let through only `tchar+ ':' field-bytes`.
+        if let Some(colon) = line.iter().position(|&b| b == b':')
+            && line[..colon].eq_ignore_ascii_case(self.name.as_str().as_bytes())
+        {
+            let value = &line[colon + 1..];
+            let start = value
+                .iter()
+                .position(|&b| !is_ows(b))
+                .unwrap_or(value.len());
+            let end = value
+                .iter()
+                .rposition(|&b| !is_ows(b))
+                .map_or(start, |last| last + 1);
+            if let Ok(value) = HeaderValue::from_bytes(&value[start..end]) {
+                self.fields.append(self.name.clone(), value);
+            }
+        }
+        // The buffer is reused for the next line.
+        self.line = line;
+        self.line.clear();
     }
 }
 
@@ -123,6 +175,29 @@ fn is_field_byte(b: u8) -> bool {
 }
 
 impl ChunkedDecoder {
+    /// Keeps the trailer fields named `name` (their values are then taken
+    /// with [`take_trailers`](Self::take_trailers)); the rest of the
+    /// section is still checked and dropped. Set before the trailer
+    /// section is read: fields already read are gone.
+    pub fn keep_trailer(&mut self, name: HeaderName) {
+        self.kept = Some(Box::new(KeptTrailer {
+            name,
+            line: Vec::new(),
+            fields: HeaderMap::new(),
+        }));
+    }
+
+    /// The kept trailer fields, once the body has ended ([`Decoded::Done`])
+    /// with at least one: `None` before, without any, or when none was
+    /// asked for. Taken once.
+    pub fn take_trailers(&mut self) -> Option<HeaderMap> {
+        if self.state != State::Done {
+            return None;
+        }
+        let kept = self.kept.as_mut()?;
+        (!kept.fields.is_empty()).then(|| std::mem::take(&mut kept.fields))
+    }
+
     /// Takes the next piece of the body out of `buf`.
     pub fn decode(&mut self, buf: &mut BytesMut) -> io::Result<Decoded> {
         loop {
@@ -211,22 +286,37 @@ impl ChunkedDecoder {
                     if self.trailer_fields > MAX_TRAILER_FIELDS {
                         return Err(invalid("too many trailer fields"));
                     }
+                    self.keep_byte(b);
                     self.trailer_byte(State::TrailerName)?
                 }
                 _ => return Err(invalid("invalid trailer field line")),
             },
             State::TrailerName => match b {
-                b':' => self.trailer_byte(State::TrailerValue)?,
-                b if is_tchar(b) => self.trailer_byte(State::TrailerName)?,
+                b':' => {
+                    self.keep_byte(b);
+                    self.trailer_byte(State::TrailerValue)?
+                }
+                b if is_tchar(b) => {
+                    self.keep_byte(b);
+                    self.trailer_byte(State::TrailerName)?
+                }
                 _ => return Err(invalid("invalid trailer field name")),
             },
             State::TrailerValue => match b {
                 b'\r' => self.trailer_byte(State::TrailerLf)?,
-                b if is_field_byte(b) => self.trailer_byte(State::TrailerValue)?,
+                b if is_field_byte(b) => {
+                    self.keep_byte(b);
+                    self.trailer_byte(State::TrailerValue)?
+                }
                 _ => return Err(invalid("invalid byte in a trailer field value")),
             },
             State::TrailerLf => match b {
-                b'\n' => self.trailer_byte(State::TrailerStart)?,
+                b'\n' => {
+                    if let Some(kept) = &mut self.kept {
+                        kept.end_line();
+                    }
+                    self.trailer_byte(State::TrailerStart)?
+                }
                 _ => return Err(invalid("trailer line not ended by CRLF")),
             },
             State::EndLf => match b {
@@ -236,6 +326,13 @@ impl ChunkedDecoder {
             // Never fed a byte: `decode` takes data and stops at the end.
             State::Data(_) | State::Done => self.state,
         })
+    }
+
+    /// Adds `b` to the trailer line being read, when a field is kept.
+    fn keep_byte(&mut self, b: u8) {
+        if let Some(kept) = &mut self.kept {
+            kept.line.push(b);
+        }
     }
 
     /// Counts one byte of extensions or size-line whitespace (rule 5).
@@ -481,6 +578,87 @@ mod tests {
         assert_eq!(refusal(&many), "too many trailer fields");
         let long = [&b"0\r\nX: "[..], &[b'a'; MAX_TRAILERS], b"\r\n\r\n"].concat();
         assert_eq!(refusal(&long), "trailer section too long");
+    }
+
+    /// The values of `name` kept from `input` fed in pieces of `step`.
+    fn kept_in_steps(input: &[u8], step: usize, name: &'static str) -> Option<Vec<Vec<u8>>> {
+        let mut decoder = ChunkedDecoder::default();
+        decoder.keep_trailer(HeaderName::from_static(name));
+        let (mut buf, mut fed) = (BytesMut::new(), 0);
+        loop {
+            match decoder.decode(&mut buf).unwrap() {
+                Decoded::Done => break,
+                Decoded::Data(_) => assert_eq!(decoder.take_trailers(), None),
+                Decoded::NeedMore => {
+                    assert_eq!(decoder.take_trailers(), None, "before the end");
+                    assert!(fed < input.len(), "unfinished: {input:?}");
+                    let next = (fed + step).min(input.len());
+                    buf.extend_from_slice(&input[fed..next]);
+                    fed = next;
+                }
+            }
+        }
+        let kept = decoder.take_trailers()?;
+        assert_eq!(decoder.take_trailers(), None, "taken once");
+        assert!(kept.keys().all(|key| key == name));
+        Some(
+            kept.get_all(name)
+                .iter()
+                .map(|v| v.as_bytes().to_vec())
+                .collect(),
+        )
+    }
+
+    #[test]
+    fn a_kept_trailer_is_handed_over_at_the_end() {
+        let body = b"3\r\nabc\r\n0\r\nX-Other: 7\r\nX-Usage: \t 42 \t\r\nx-usage:9\r\nX-Usage-More: 1\r\nX-USAGE:\r\n\r\n";
+        for step in [1, 2, 5, body.len()] {
+            assert_eq!(
+                kept_in_steps(body, step, "x-usage"),
+                Some(vec![b"42".to_vec(), b"9".to_vec(), b"".to_vec()]),
+                "step {step}"
+            );
+        }
+        // Inner whitespace and obs-text stay; only the OWS around goes.
+        assert_eq!(
+            kept_in_steps(b"0\r\nx-usage: 1 2\xff \r\n\r\n", 1, "x-usage"),
+            Some(vec![b"1 2\xff".to_vec()])
+        );
+        // No field of that name, or no trailer section: nothing.
+        assert_eq!(
+            kept_in_steps(b"0\r\nX-Other: 1\r\n\r\n", 1, "x-usage"),
+            None
+        );
+        assert_eq!(kept_in_steps(b"1\r\nx\r\n0\r\n\r\n", 1, "x-usage"), None);
+        // A decoder told nothing keeps nothing.
+        let mut decoder = ChunkedDecoder::default();
+        let mut buf = BytesMut::from(&b"0\r\nx-usage: 1\r\n\r\n"[..]);
+        assert_eq!(decoder.decode(&mut buf).unwrap(), Decoded::Done);
+        assert_eq!(decoder.take_trailers(), None);
+    }
+
+    #[test]
+    fn keeping_a_trailer_refuses_what_dropping_it_refuses() {
+        for bad in [
+            &b"0\r\nx-usage: 1\n\r\n"[..],
+            b"0\r\nx-usage : 1\r\n\r\n",
+            b"0\r\nx-usage: 1\r\n folded\r\n\r\n",
+            b"0\r\nx-usage: \x00\r\n\r\n",
+        ] {
+            let expected = refusal(bad);
+            let mut decoder = ChunkedDecoder::default();
+            decoder.keep_trailer(HeaderName::from_static("x-usage"));
+            let mut buf = BytesMut::from(bad);
+            let error = loop {
+                match decoder.decode(&mut buf) {
+                    Err(error) => break error,
+                    Ok(Decoded::Done) => panic!("{bad:?} accepted"),
+                    Ok(_) => assert!(!buf.is_empty(), "{bad:?} not refused"),
+                }
+            };
+            assert_eq!(error.to_string(), expected, "{bad:?}");
+            assert_eq!(decoder.take_trailers(), None);
+        }
     }
 
     #[test]

@@ -17,6 +17,7 @@ use std::time::Duration;
 use tokio::time::Sleep;
 
 use bytes::Bytes;
+use http::HeaderName;
 use http_body::{Body, Frame, SizeHint};
 use http_body_util::combinators::UnsyncBoxBody;
 
@@ -162,6 +163,18 @@ impl UpstreamBody {
         }
     }
 
+    /// Hands the trailer fields named `name` on as the body's last frame
+    /// (a trailers frame, after the data), for whoever reads it; other
+    /// trailer fields stay dropped. Only a chunked body has trailers; an
+    /// HTTP/2 stream's come as its frames anyway.
+    pub fn keep_trailer(&mut self, name: HeaderName) {
+        if let Kind::Streaming(streaming) = &mut self.kind
+            && let Remaining::Chunked(decoder) = &mut streaming.remaining
+        {
+            decoder.keep_trailer(name);
+        }
+    }
+
     /// A body another client reads (`upstream::h2`), errors as `io::Error`s.
     pub(crate) fn boxed(body: UnsyncBoxBody<Bytes, io::Error>) -> UpstreamBody {
         UpstreamBody {
@@ -290,7 +303,11 @@ impl Body for UpstreamBody {
                     Ok(Decoded::Data(data)) => return Poll::Ready(Some(Ok(Frame::data(data)))),
                     Ok(Decoded::Done) => {
                         release(conn_slot, pool, keep_alive);
-                        return Poll::Ready(None);
+                        // Kept trailer fields are the last frame; the next
+                        // poll finds no connection and ends the body.
+                        return Poll::Ready(
+                            decoder.take_trailers().map(|t| Ok(Frame::trailers(t))),
+                        );
                     }
                     Ok(Decoded::NeedMore) => {}
                     Err(error) => {
