@@ -1,0 +1,240 @@
+#!/usr/bin/env bash
+# What a flood costs the clients who behave (issue 29): a legitimate client
+# sends RATE requests/s on its own key, open loop (examples/open_loop.rs:
+# each request starts on schedule and its latency counts from then, so a
+# stall cannot hide behind a waiting client), first alone, then while an
+# abusive client floods another key as fast as it can (wrk -t1 -cCONNS,
+# every request denied). Reported per server: the legitimate p50 / p99 /
+# p99.9 / max without and with the flood, and the flood's rate.
+#
+# Servers, each in front of the same nginx `return 200` upstream, both
+# routes limited per `x-api-key`:
+#   nginx1, nginx2   nginx `limit_req`, 1 or 2 workers (the peer)
+#   tg1, tg2         tollgate, `workers` = 1 or 2, memory store
+#   tg1_redis        tollgate, 1 worker, counters on a local redis-server
+# The legitimate route's limit never binds (1,000,000/s); the flood's
+# admits one request a minute. A server of one worker runs on CPU
+# SERVER_CPUSET and the clients, the upstream and Redis on CLIENT_CPUSET,
+# so the flood's client does not take the server's core; a server of two
+# workers shares both cores with them, as it would on a 2-core host.
+# Rounds alternate the servers; the figures are medians, with the range.
+#
+# Run:    bench/flood.sh            (builds the dist binary; SKIP_BUILD=1 not to)
+#         bench/flood.sh BINARY
+# Knobs:  SERVERS="nginx1 tg1 nginx2 tg2 tg1_redis"  ROUNDS=3  DURATION=10
+#         RATE=1000  CONNS=64  SERVER_CPUSET=0  CLIENT_CPUSET=1
+#         BASE_PORT=18480 (uses BASE_PORT .. BASE_PORT+7)
+# Needs nginx, wrk and redis-server (installed with apt-get when absent).
+set -euo pipefail
+
+SERVERS=${SERVERS:-nginx1 tg1 nginx2 tg2 tg1_redis}
+ROUNDS=${ROUNDS:-3}
+DURATION=${DURATION:-10}
+RATE=${RATE:-1000}
+CONNS=${CONNS:-64}
+SERVER_CPUSET_ONE=${SERVER_CPUSET:-0}
+CLIENT_CPUSET=${CLIENT_CPUSET:-1}
+BASE_PORT=${BASE_PORT:-18480}
+unset SERVER_CPUSET # set per server below (bench/common.sh reads it)
+cd "$(dirname "$0")/.."
+
+# shellcheck source=bench/common.sh
+. bench/common.sh
+need_tools nginx wrk redis-server taskset
+if [ $# -ge 1 ]; then
+  TOLLGATE=$(realpath "$1")
+else
+  build_release
+  TOLLGATE=target/dist/tollgate
+fi
+cargo build --release --example open_loop
+OPEN_LOOP=target/release/examples/open_loop
+start_scratch
+
+client() { taskset -c "$CLIENT_CPUSET" "$@"; }
+# The legitimate client runs before the flood's on their shared core
+# (nice -10): what it measures is the server's delay, not its own wait for
+# a CPU that wrk keeps busy.
+legit_client() { taskset -c "$CLIENT_CPUSET" nice -n -10 "$@"; }
+
+PORT_UP=$BASE_PORT
+PORT_REDIS=$((BASE_PORT + 1))
+upstream_conf "$PORT_UP" "$TMP" >"$TMP/upstream.conf"
+SERVER_CPUSET=$CLIENT_CPUSET start_upstream "$TMP/upstream.conf"
+wait_port "$PORT_UP"
+client redis-server --port "$PORT_REDIS" --bind 127.0.0.1 --save "" --appendonly no \
+  --dir "$TMP" >"$TMP/redis.log" 2>&1 &
+PIDS+=("$!")
+wait_port "$PORT_REDIS"
+
+# nginx `limit_req` on both routes: $1 = workers, $2 = port.
+flood_nginx_conf() {
+  cat <<CONF
+daemon off;
+worker_processes $1;
+pid $TMP/ng-$2.pid;
+# crit: limit_req logs every denial at "error"; tollgate logs none.
+error_log $TMP/ng-$2.err crit;
+events { worker_connections 4096; }
+http {
+  access_log off;
+  keepalive_requests 10000000;
+  limit_req_zone \$http_x_api_key zone=legit$2:10m rate=1000000r/s;
+  limit_req_zone \$http_x_api_key zone=flood$2:10m rate=1r/m;
+  limit_req_status 429;
+  upstream up {
+    server 127.0.0.1:$PORT_UP;
+    keepalive 64;
+    keepalive_requests 10000000;
+  }
+  server {
+    listen 127.0.0.1:$2;
+    proxy_http_version 1.1;
+    proxy_set_header Connection "";
+    location /legit {
+      limit_req zone=legit$2 burst=1000 nodelay;
+      proxy_pass http://up;
+    }
+    location /flood {
+      limit_req zone=flood$2;
+      proxy_pass http://up;
+    }
+  }
+}
+CONF
+}
+
+# tollgate's routes: $1 = workers, $2 = port, $3 = extra config.
+flood_tollgate_conf() {
+  cat <<CONF
+[server]
+listen = "127.0.0.1:$2"
+workers = $1
+
+[upstreams.up]
+url = "http://127.0.0.1:$PORT_UP"
+
+[limits.legit]
+key = "header:x-api-key"
+algorithm = "token_bucket"
+capacity = 1000000
+refill = "1000000/s"
+
+[limits.flood]
+key = "header:x-api-key"
+algorithm = "token_bucket"
+capacity = 1
+refill = "1/m"
+
+[[routes]]
+name = "legit"
+match = { path_prefix = "/legit" }
+upstream = "up"
+limits = ["legit"]
+
+[[routes]]
+name = "flood"
+match = { path_prefix = "/flood" }
+upstream = "up"
+limits = ["flood"]
+$3
+CONF
+}
+
+REDIS_STORE="
+[store]
+backend = \"redis\"
+url = \"redis://127.0.0.1:$PORT_REDIS\""
+
+# Starts server $1 on port $2.
+start_server() {
+  local workers cpuset
+  case $1 in
+    nginx1 | tg1 | tg1_redis) workers=1 cpuset=$SERVER_CPUSET_ONE ;;
+    nginx2 | tg2) workers=2 cpuset= ;;
+    *) echo "unknown server $1" >&2; exit 2 ;;
+  esac
+  case $1 in
+    nginx*)
+      flood_nginx_conf "$workers" "$2" >"$TMP/$1.conf"
+      SERVER_CPUSET=$cpuset start_nginx "$TMP/$1.conf"
+      ;;
+    tg1_redis)
+      flood_tollgate_conf 1 "$2" "$REDIS_STORE" >"$TMP/$1.toml"
+      SERVER_CPUSET=$cpuset start_tollgate "$TMP/$1.toml"
+      ;;
+    tg*)
+      flood_tollgate_conf "$workers" "$2" "" >"$TMP/$1.toml"
+      SERVER_CPUSET=$cpuset start_tollgate "$TMP/$1.toml"
+      ;;
+  esac
+}
+
+declare -A PORT
+port=$((BASE_PORT + 2))
+for server in $SERVERS; do
+  PORT[$server]=$port
+  start_server "$server" "$port"
+  port=$((port + 1))
+done
+for server in $SERVERS; do
+  wait_port "${PORT[$server]}"
+  # Warm-up: connections, allocator caches, the flood key's first grant.
+  client "$OPEN_LOOP" "http://127.0.0.1:${PORT[$server]}/legit" "$RATE" 1 "x-api-key: good" >/dev/null
+  client wrk -t1 -c"$CONNS" -d1s -H "x-api-key: abuser" "http://127.0.0.1:${PORT[$server]}/flood" >/dev/null
+done
+
+# The legitimate client alone on $1's port: its result line.
+legit() {
+  legit_client "$OPEN_LOOP" "http://127.0.0.1:$1/legit" "$RATE" "$DURATION" "x-api-key: good"
+}
+
+# Fails the run unless every legitimate request of line $1 was answered 2xx.
+check_legit() {
+  local requests ok
+  requests=$(sed 's/.*requests=\([0-9]*\).*/\1/' <<<"$1")
+  ok=$(sed 's/.* ok=\([0-9]*\).*/\1/' <<<"$1")
+  [ "$requests" = "$ok" ] || { echo "$2: $ok of $requests legitimate requests were answered 2xx: $1" >&2; exit 1; }
+}
+
+field() { sed "s/.* $1=\\([0-9]*\\).*/\\1/" <<<"$2"; }
+
+echo "# tollgate: $TOLLGATE"
+echo "# legitimate: $RATE req/s open loop for ${DURATION}s; flood: wrk -t1 -c$CONNS, all denied; $ROUNDS rounds"
+printf 'round\tserver\tquiet_p50\tquiet_p99\tquiet_p999\tquiet_max\tflood_p50\tflood_p99\tflood_p999\tflood_max\tflood_req/s\n'
+: >"$TMP/rounds"
+for round in $(seq 1 "$ROUNDS"); do
+  for server in $SERVERS; do
+    p=${PORT[$server]}
+    quiet=$(legit "$p")
+    check_legit "$quiet" "$server quiet"
+    client wrk -t1 -c"$CONNS" -d$((DURATION + 2))s -H "x-api-key: abuser" \
+      "http://127.0.0.1:$p/flood" >"$TMP/flood.out" &
+    flood_pid=$!
+    sleep 1
+    flooded=$(legit "$p")
+    wait "$flood_pid"
+    check_legit "$flooded" "$server flood"
+    check_statuses deny "$TMP/flood.out"
+    rps=$(awk '/^Requests\/sec:/ {printf "%.0f", $2}' "$TMP/flood.out")
+    line="$round	$server"
+    for us in p50_us p99_us p999_us max_us; do line="$line	$(field "$us" "$quiet")"; done
+    for us in p50_us p99_us p999_us max_us; do line="$line	$(field "$us" "$flooded")"; done
+    echo "$line	$rps" | tee -a "$TMP/rounds"
+  done
+done
+
+echo "# medians (min-max) over $ROUNDS rounds, microseconds"
+printf 'server\tquiet_p50\tquiet_p99\tquiet_p999\tflood_p50\tflood_p99\tflood_p999\tflood_max\tflood_req/s\n'
+for server in $SERVERS; do
+  awk -F'\t' -v s="$server" '
+    function stat(list,   n, a, i, j, t, m) {
+      n = split(list, a, " ")
+      for (i = 1; i <= n; i++) for (j = i + 1; j <= n; j++) if (a[j] + 0 < a[i] + 0) { t = a[i]; a[i] = a[j]; a[j] = t }
+      m = n % 2 ? a[(n + 1) / 2] : (a[n / 2] + a[n / 2 + 1]) / 2
+      return sprintf("%d (%d-%d)", m, a[1], a[n])
+    }
+    $2 == s {for (c = 3; c <= 11; c++) col[c] = col[c] " " $c}
+    END {printf "%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n", s, stat(col[3]), stat(col[4]), stat(col[5]),
+         stat(col[7]), stat(col[8]), stat(col[9]), stat(col[10]), stat(col[11])}' "$TMP/rounds"
+done
