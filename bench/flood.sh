@@ -52,7 +52,7 @@ OPEN_LOOP=target/release/examples/open_loop
 start_scratch
 
 client() { taskset -c "$CLIENT_CPUSET" "$@"; }
-# The legitimate client runs before the flood's on their shared core
+# The legitimate client runs ahead of the flood's on their shared core
 # (nice -10): what it measures is the server's delay, not its own wait for
 # a CPU that wrk keeps busy.
 legit_client() { taskset -c "$CLIENT_CPUSET" nice -n -10 "$@"; }
@@ -61,11 +61,18 @@ PORT_UP=$BASE_PORT
 PORT_REDIS=$((BASE_PORT + 1))
 upstream_conf "$PORT_UP" "$TMP" >"$TMP/upstream.conf"
 SERVER_CPUSET=$CLIENT_CPUSET start_upstream "$TMP/upstream.conf"
+UPSTREAM_PID=$STARTED
 wait_port "$PORT_UP"
 client redis-server --port "$PORT_REDIS" --bind 127.0.0.1 --save "" --appendonly no \
   --dir "$TMP" >"$TMP/redis.log" 2>&1 &
-PIDS+=("$!")
+REDIS_PID=$!
+PIDS+=("$REDIS_PID")
 wait_port "$PORT_REDIS"
+# The upstream and Redis serve the server under test, and share the
+# clients' core with wrk: ahead of it (nice -10) as well, or the
+# legitimate requests would wait for wrk's time slices at the upstream.
+# shellcheck disable=SC2046 # the pids, one word each
+renice -n -10 -p "$UPSTREAM_PID" $(pgrep -P "$UPSTREAM_PID") "$REDIS_PID" >/dev/null
 
 # nginx `limit_req` on both routes: $1 = workers, $2 = port.
 flood_nginx_conf() {
