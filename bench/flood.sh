@@ -72,7 +72,7 @@ wait_port "$PORT_REDIS"
 # clients' core with wrk: ahead of it (nice -10) as well, or the
 # legitimate requests would wait for wrk's time slices at the upstream.
 # shellcheck disable=SC2046 # the pids, one word each
-renice -n -10 -p "$UPSTREAM_PID" $(pgrep -P "$UPSTREAM_PID") "$REDIS_PID" >/dev/null
+renice -n -10 -p "$UPSTREAM_PID" $(pgrep -P "$UPSTREAM_PID") "$REDIS_PID" >/dev/null 2>&1 || true
 
 # nginx `limit_req` on both routes: $1 = workers, $2 = port.
 flood_nginx_conf() {
