@@ -23,6 +23,10 @@
 #         bench/flood.sh BINARY
 # Knobs:  SERVERS="nginx1 tg1 nginx2 tg2 tg1_redis"  ROUNDS=3  DURATION=10
 #         RATE=1000  CONNS=64  SERVER_CPUSET=0  CLIENT_CPUSET=1
+#         CLIENT_PRIO=rt (the legitimate client, the upstream and Redis run
+#         SCHED_FIFO, ahead of wrk at once; `nice` puts them at nice -10,
+#         which CFS only weighs: they then wait up to a few ms for wrk's
+#         time slice on their shared core, the same for every server)
 #         BASE_PORT=18480 (uses BASE_PORT .. BASE_PORT+7)
 # Needs nginx, wrk and redis-server (installed with apt-get when absent).
 set -euo pipefail
@@ -32,6 +36,7 @@ ROUNDS=${ROUNDS:-3}
 DURATION=${DURATION:-10}
 RATE=${RATE:-1000}
 CONNS=${CONNS:-64}
+CLIENT_PRIO=${CLIENT_PRIO:-rt}
 SERVER_CPUSET_ONE=${SERVER_CPUSET:-0}
 CLIENT_CPUSET=${CLIENT_CPUSET:-1}
 BASE_PORT=${BASE_PORT:-18480}
@@ -40,7 +45,7 @@ cd "$(dirname "$0")/.."
 
 # shellcheck source=bench/common.sh
 . bench/common.sh
-need_tools nginx wrk redis-server taskset
+need_tools nginx wrk redis-server taskset chrt
 if [ $# -ge 1 ]; then
   TOLLGATE=$(realpath "$1")
 else
@@ -52,10 +57,25 @@ OPEN_LOOP=target/release/examples/open_loop
 start_scratch
 
 client() { taskset -c "$CLIENT_CPUSET" "$@"; }
-# The legitimate client runs ahead of the flood's on their shared core
-# (nice -10): what it measures is the server's delay, not its own wait for
-# a CPU that wrk keeps busy.
-legit_client() { taskset -c "$CLIENT_CPUSET" nice -n -10 "$@"; }
+# The legitimate client runs ahead of the flood's on their shared core:
+# what it measures is the server's delay, not its own wait for a CPU that
+# wrk keeps busy. With CLIENT_PRIO=rt it preempts wrk as soon as it wakes
+# (SCHED_FIFO; it sleeps between requests, so it cannot starve wrk).
+case $CLIENT_PRIO in
+  rt) ahead() { chrt -f 10 "$@"; } ;;
+  nice) ahead() { nice -n -10 "$@"; } ;;
+  *) echo "CLIENT_PRIO is rt or nice, not $CLIENT_PRIO" >&2; exit 2 ;;
+esac
+legit_client() { ahead taskset -c "$CLIENT_CPUSET" "$@"; }
+# Moves running processes ahead of wrk in the same way.
+put_ahead() {
+  if [ "$CLIENT_PRIO" = rt ]; then
+    local pid
+    for pid in "$@"; do chrt -a -f -p 10 "$pid" >/dev/null 2>&1 || true; done
+  else
+    renice -n -10 -p "$@" >/dev/null 2>&1 || true
+  fi
+}
 
 PORT_UP=$BASE_PORT
 PORT_REDIS=$((BASE_PORT + 1))
@@ -72,7 +92,7 @@ wait_port "$PORT_REDIS"
 # clients' core with wrk: ahead of it (nice -10) as well, or the
 # legitimate requests would wait for wrk's time slices at the upstream.
 # shellcheck disable=SC2046 # the pids, one word each
-renice -n -10 -p "$UPSTREAM_PID" $(pgrep -P "$UPSTREAM_PID") "$REDIS_PID" >/dev/null 2>&1 || true
+put_ahead "$UPSTREAM_PID" $(pgrep -P "$UPSTREAM_PID") "$REDIS_PID"
 
 # nginx `limit_req` on both routes: $1 = workers, $2 = port.
 flood_nginx_conf() {
@@ -207,7 +227,7 @@ check_legit() {
 field() { sed "s/.* $1=\\([0-9]*\\).*/\\1/" <<<"$2"; }
 
 echo "# tollgate: $TOLLGATE"
-echo "# legitimate: $RATE req/s open loop for ${DURATION}s; flood: wrk -t1 -c$CONNS, all denied; $ROUNDS rounds"
+echo "# legitimate: $RATE req/s open loop for ${DURATION}s; flood: wrk -t1 -c$CONNS, all denied; $ROUNDS rounds; clients ahead of wrk: $CLIENT_PRIO"
 printf 'round\tserver\tquiet_p50\tquiet_p99\tquiet_p999\tquiet_max\tflood_p50\tflood_p99\tflood_p999\tflood_max\tflood_req/s\n'
 : >"$TMP/rounds"
 for round in $(seq 1 "$ROUNDS"); do
