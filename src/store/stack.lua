@@ -81,13 +81,22 @@ local function floor(x) return mfloor(x + 1e-6) end
 -- first use. A bucket's state is its TAT, a number (0: none); a window's,
 -- its numbers; a log's and a concurrency set's, tables.
 local state, raw = {}, {}
+local function mget(first, last)
+  local values = redis.pcall('MGET', unpack(KEYS, first, last))
+  if values.err then
+    -- An ACL user without +mget (the README's before MGET): a GET each.
+    values = {}
+    for i = first, last do values[i - first + 1] = call('GET', KEYS[i]) end
+  end
+  return values
+end
 if ns > 0 and ns <= 1000 then
-  raw = call('MGET', unpack(KEYS, 1, ns))
+  raw = mget(1, ns)
 else
   -- In chunks: unpack puts every key on the Lua stack.
   for first = 1, ns, 1000 do
     local last = math.min(first + 999, ns)
-    local values = call('MGET', unpack(KEYS, first, last))
+    local values = mget(first, last)
     for i = first, last do raw[i] = values[i - first + 1] end
   end
 end
