@@ -39,6 +39,8 @@
 # Knobs: THREADS=1 CONNS=64 DURATION=5s ROUNDS=3 WORKERS=1 BASE_PORT=18280
 #        KEYS=1 (distinct x-api-key values cycled; 1 = per-IP, one hot key)
 #        SKIP_BUILD=1 (use the existing target/dist/tollgate)
+#        TOLLGATE_BIN=PATH (measure that build instead, e.g. a copy of an
+#        earlier commit's dist binary, for a before/after pair)
 #        SERVER_CPU=0.5 (cap each compared server, bench/common.sh)
 # Needs nginx, libnginx-mod-http-lua, lua-nginx-redis, redis-server and wrk
 # (installed with apt-get when absent). Everything it starts is stopped at
@@ -65,7 +67,7 @@ if [ ! -e /usr/lib/nginx/modules/ngx_http_lua_module.so ] || [ ! -e /usr/share/l
   apt-get install -y -qq libnginx-mod-http-lua lua-nginx-redis >/dev/null
 fi
 build_release
-TOLLGATE=$PWD/target/dist/tollgate
+TOLLGATE=${TOLLGATE_BIN:-$PWD/target/dist/tollgate}
 start_scratch
 
 PORT_UP=$BASE_PORT
