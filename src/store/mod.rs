@@ -895,8 +895,9 @@ impl RedisStore {
         eval_cmd(script.get_hash(), &self.args(entries, amount, member))
     }
 
-    /// The keys of `entries`, then their number and 7 values each (see
-    /// `stack.lua`): one decision, or one settlement.
+    /// The keys of `entries`, then their number and 7 values each: a
+    /// settlement as `settle.lua` takes it, or one decision, which
+    /// [`batch_cmd`] lays out for `stack.lua`.
     fn args(
         &self,
         entries: &[SharedEntry<'_>],
