@@ -284,7 +284,7 @@ async fn an_acl_user_with_only_the_commands_the_scripts_use_decides_over_tls() {
     // The README's ACL: the keys under the prefix, the script commands and
     // what the scripts call, nothing else.
     let acl = "on >user-pw-31b7 resetkeys ~tg:* resetchannels -@all \
-               +ping +evalsha +script|load +time +get +set +del +pexpire +pexpireat \
+               +ping +evalsha +script|load +time +get +mget +set +del +pexpire +pexpireat \
                +zadd +zcard +zrange +zrangebyscore +zrevrange +zrem +zremrangebyscore";
     let mut args = vec!["ACL", "SETUSER", "tollgate"];
     args.extend(acl.split_whitespace());
@@ -312,6 +312,14 @@ async fn an_acl_user_with_only_the_commands_the_scripts_use_decides_over_tls() {
         keys.len() == 1 && keys[0].starts_with("tg:shared:"),
         "{keys:?}"
     );
+    assert_eq!(
+        metric(gateway.admin.expect("admin"), "tollgate_store_errors_total").await,
+        Some(0.0)
+    );
+    // A user set up before the script read keys with MGET (the README's
+    // ACL without +mget) still decides: the script reads a key at a time.
+    assert_eq!(redis.cli(&["ACL", "SETUSER", "tollgate", "-mget"]), "OK");
+    assert_eq!(statuses(gateway.addr, "w", 4).await, [200, 200, 200, 429]);
     assert_eq!(
         metric(gateway.admin.expect("admin"), "tollgate_store_errors_total").await,
         Some(0.0)

@@ -1466,6 +1466,103 @@ limits = ["fw", "tb"]
     assert_keys_expire_and_hide(&redis, &["\"u\"", "warm"]);
 }
 
+/// One response's numbers: status, `r`, `t` and Retry-After.
+type Answer = (u16, u64, u64, Option<u64>);
+
+fn answer_of(reply: &common::Reply) -> Answer {
+    let field = reply.header("ratelimit").expect("RateLimit field");
+    let (r, t) = remaining_and_reset(field);
+    let retry = reply
+        .header("retry-after")
+        .map(|v| v.parse().expect("Retry-After"));
+    (reply.status, r, t, retry)
+}
+
+/// Many keys of one limit decided in a few batches (the script shares the
+/// limit's parameters among them, reads every key with one MGET, and
+/// answers plain admissions in short form) answer exactly as single
+/// decisions in memory: per key the same statuses and `r`, `t` and
+/// Retry-After within the second that can pass between the two. Some keys
+/// come several times in one batch, past their limit.
+#[tokio::test]
+#[cfg_attr(
+    not(has_redis),
+    ignore = "needs redis-server and redis-cli: apt-get install -y redis-server redis-tools"
+)]
+async fn a_batch_of_many_keys_of_one_limit_decides_as_single_decisions() {
+    let mut redis = Redis::start();
+    let upstream = TestUpstream::start().await;
+    let on_redis = one_worker_gateway(&redis, &upstream, ALGORITHMS).await;
+    let in_memory = memory_gateway(&upstream, ALGORITHMS).await;
+    // User j sends j % 10 requests: 0 to 9 against a limit of 7.
+    let users: Vec<String> = (0..20)
+        .flat_map(|j| std::iter::repeat_n(format!("user-{j}"), j % 10))
+        .collect();
+    for route in ["fw", "sw", "sl", "tb", "lb"] {
+        let path = format!("/{route}");
+        redis.cli(&["CONFIG", "RESETSTAT"]);
+        let n = users.len();
+        redis.pause();
+        let mut set = tokio::task::JoinSet::new();
+        for (i, user) in users.iter().enumerate() {
+            let (addr, path, user) = (on_redis.addr, path.clone(), user.clone());
+            set.spawn(async move { (i, get(addr, &path, &[("x-user", &user)]).await) });
+        }
+        tokio::time::sleep(Duration::from_millis(400)).await;
+        redis.resume();
+        let mut shared: Vec<Option<Answer>> = vec![None; n];
+        while let Some(result) = set.join_next().await {
+            let (i, reply) = result.expect("request task");
+            shared[i] = Some(answer_of(&reply));
+        }
+        let calls = evalsha_calls(&redis);
+        assert!(
+            calls < 20,
+            "/{route}: {calls} script calls for {n} decisions"
+        );
+        for j in 0..20 {
+            let user = format!("user-{j}");
+            let mut memory: Vec<Answer> = Vec::new();
+            for _ in 0..j % 10 {
+                memory.push(answer_of(
+                    &get(in_memory.addr, &path, &[("x-user", &user)]).await,
+                ));
+            }
+            // The order of a user's requests within a batch is the order
+            // they arrived in: compare them sorted.
+            let mut redis_answers: Vec<Answer> = users
+                .iter()
+                .zip(&shared)
+                .filter(|(u, _)| **u == user)
+                .map(|(_, a)| a.expect("answered"))
+                .collect();
+            memory.sort_unstable();
+            redis_answers.sort_unstable();
+            let what = format!("/{route} {user}");
+            assert_eq!(memory.len(), redis_answers.len(), "{what}");
+            for (m, r) in memory.iter().zip(&redis_answers) {
+                assert_eq!(
+                    (m.0, m.1),
+                    (r.0, r.1),
+                    "{what}: status and r, {memory:?} / {redis_answers:?}"
+                );
+                assert!(
+                    m.2.abs_diff(r.2) <= 1,
+                    "{what}: t {memory:?} / {redis_answers:?}"
+                );
+                match (m.3, r.3) {
+                    (None, None) => {}
+                    (Some(a), Some(b)) => {
+                        assert!(a.abs_diff(b) <= 1, "{what}: Retry-After {a} / {b}")
+                    }
+                    other => panic!("{what}: Retry-After in memory / on redis: {other:?}"),
+                }
+            }
+        }
+    }
+    assert_keys_expire_and_hide(&redis, &["user-"]);
+}
+
 #[tokio::test]
 #[cfg_attr(
     not(has_redis),

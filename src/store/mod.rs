@@ -233,8 +233,9 @@ struct Queue {
     senders: usize,
 }
 
-/// The numbers of one decision's entries (6 per entry, see `stack.lua`).
-type Answer = SmallVec<[i64; 24]>;
+/// The numbers of one decision's entries (2 or 4 per entry, see
+/// `stack.lua`).
+type Answer = SmallVec<[i64; 16]>;
 
 /// Per entry of a decision, its verdict and the units it took.
 type Verdicts = SmallVec<[(Verdict, u64); 4]>;
@@ -268,6 +269,12 @@ impl Args {
             .push(u32::try_from(self.buf.len()).unwrap_or(u32::MAX));
     }
 
+    /// Value `i` (keys first).
+    fn value(&self, i: usize) -> &str {
+        let start = if i == 0 { 0 } else { self.ends[i - 1] as usize };
+        &self.buf[start..self.ends[i] as usize]
+    }
+
     fn values(&self) -> impl Iterator<Item = &str> {
         let starts = std::iter::once(0).chain(self.ends.iter().copied());
         starts
@@ -287,24 +294,144 @@ fn eval_cmd(hash: &str, args: &Args) -> Cmd {
     cmd
 }
 
-/// One `stack.lua` call deciding `batch` in order: every decision's keys,
-/// then the number of decisions, then every decision's values.
+/// Values per entry of a decision's [`Args`] after its keys and entry
+/// count: algorithm, p1–p4, shadow (a parameter set of `stack.lua`), cost.
+const ENTRY_VALUES: usize = 7;
+
+/// One `stack.lua` call deciding `batch` in order (the script's header has
+/// the layout): the batch's distinct keys, those of windows and buckets
+/// first (the script reads them with one `MGET`); its distinct parameter
+/// sets, each sent once; the number of window and bucket keys; and the
+/// decisions as one msgpack array of key-and-set numbers and costs. Each
+/// argument costs Redis about what a `GET` does, so a batch of one limit's
+/// decisions sends one key per distinct key, one set, and one array.
 fn batch_cmd<'a>(hash: &str, batch: impl Iterator<Item = &'a Args> + Clone) -> Cmd {
-    let mut cmd = redis::cmd("EVALSHA");
-    let keys: usize = batch.clone().map(|a| a.keys).sum();
-    cmd.arg(hash).arg(keys);
+    let entries: usize = batch.clone().map(|a| a.keys).sum();
+    // Distinct keys in first-seen order, with whether their state is a
+    // string (window or bucket: algorithms 1, 2 and 4).
+    let mut keys: Vec<(&str, bool)> = Vec::with_capacity(entries);
+    let mut seen: std::collections::HashMap<&str, usize> =
+        std::collections::HashMap::with_capacity(entries);
+    let mut sets: SmallVec<[[&str; ENTRY_VALUES - 1]; 4]> = SmallVec::new();
+    // Per entry: its key's and its set's indexes, and its cost.
+    let mut list: Vec<(usize, usize, i64)> = Vec::with_capacity(entries);
     for args in batch.clone() {
-        for key in args.values().take(args.keys) {
-            cmd.arg(key);
+        for j in 0..args.keys {
+            let base = args.keys + 1 + j * ENTRY_VALUES;
+            let set: [&str; ENTRY_VALUES - 1] = std::array::from_fn(|v| args.value(base + v));
+            let key = args.value(j);
+            let k = *seen.entry(key).or_insert_with(|| {
+                keys.push((key, matches!(set[0], "1" | "2" | "4")));
+                keys.len() - 1
+            });
+            let s = sets.iter().position(|s| *s == set).unwrap_or_else(|| {
+                sets.push(set);
+                sets.len() - 1
+            });
+            let cost = args
+                .value(base + ENTRY_VALUES - 1)
+                .parse()
+                .unwrap_or(i64::MAX);
+            list.push((k, s, cost));
         }
     }
-    cmd.arg(batch.clone().count());
+    // Key numbers (from 0): string-state keys first, each group in order.
+    let mut number = vec![0_i64; keys.len()];
+    let mut next = 0;
+    for string_state in [true, false] {
+        for (k, _) in keys
+            .iter()
+            .enumerate()
+            .filter(|(_, (_, s))| *s == string_state)
+        {
+            number[k] = next;
+            next += 1;
+        }
+    }
+    let mut cmd = redis::cmd("EVALSHA");
+    cmd.arg(hash).arg(keys.len());
+    for string_state in [true, false] {
+        for (key, _) in keys.iter().filter(|(_, s)| *s == string_state) {
+            cmd.arg(*key);
+        }
+    }
+    cmd.arg(sets.len());
+    for set in &sets {
+        for value in set {
+            cmd.arg(*value);
+        }
+    }
+    cmd.arg(keys.iter().filter(|(_, s)| *s).count());
+    // A decision of one entry is that entry; of n others, -n and them.
+    let np = sets.len() as i64;
+    let values = batch
+        .clone()
+        .map(|a| if a.keys == 1 { 2 } else { 1 + 2 * a.keys })
+        .sum();
+    let mut packed = Vec::with_capacity(5 + values * 5);
+    msgpack::array(&mut packed, values);
+    let mut list = list.iter();
     for args in batch {
-        for value in args.values().skip(args.keys) {
-            cmd.arg(value);
+        if args.keys != 1 {
+            msgpack::int(&mut packed, -(args.keys as i64));
+        }
+        for &(k, s, cost) in list.by_ref().take(args.keys) {
+            msgpack::int(&mut packed, number[k] * np + s as i64 + 1);
+            msgpack::int(&mut packed, cost);
         }
     }
+    cmd.arg(packed);
     cmd
+}
+
+/// The msgpack a batch's decisions are sent in (`stack.lua` reads them
+/// with `cmsgpack.unpack`, no `tonumber` per value): arrays and integers.
+mod msgpack {
+    /// An array header for `n` items.
+    pub(super) fn array(out: &mut Vec<u8>, n: usize) {
+        if n < 16 {
+            out.push(0x90 | n as u8);
+        } else if let Ok(n) = u16::try_from(n) {
+            out.push(0xdc);
+            out.extend_from_slice(&n.to_be_bytes());
+        } else {
+            out.push(0xdd);
+            out.extend_from_slice(&u32::try_from(n).unwrap_or(u32::MAX).to_be_bytes());
+        }
+    }
+
+    /// An integer, in its shortest form.
+    pub(super) fn int(out: &mut Vec<u8>, v: i64) {
+        if (0..128).contains(&v) {
+            out.push(v as u8);
+        } else if (-32..0).contains(&v) {
+            out.push(v as i8 as u8);
+        } else if v >= 0 {
+            if let Ok(v) = u8::try_from(v) {
+                out.extend_from_slice(&[0xcc, v]);
+            } else if let Ok(v) = u16::try_from(v) {
+                out.push(0xcd);
+                out.extend_from_slice(&v.to_be_bytes());
+            } else if let Ok(v) = u32::try_from(v) {
+                out.push(0xce);
+                out.extend_from_slice(&v.to_be_bytes());
+            } else {
+                out.push(0xcf);
+                out.extend_from_slice(&(v as u64).to_be_bytes());
+            }
+        } else if let Ok(v) = i8::try_from(v) {
+            out.extend_from_slice(&[0xd0, v as u8]);
+        } else if let Ok(v) = i16::try_from(v) {
+            out.push(0xd1);
+            out.extend_from_slice(&v.to_be_bytes());
+        } else if let Ok(v) = i32::try_from(v) {
+            out.push(0xd2);
+            out.extend_from_slice(&v.to_be_bytes());
+        } else {
+            out.push(0xd3);
+            out.extend_from_slice(&v.to_be_bytes());
+        }
+    }
 }
 
 /// One Redis or a Redis Cluster; clones share the connection.
@@ -686,15 +813,24 @@ impl RedisStore {
             // Unbatched: requests on one connection rarely share a slot.
             let cmd = batch_cmd(self.stack.get_hash(), std::iter::once(&args));
             let value = self.call(&self.stack, &cmd).await?;
-            ints(&value, entries.len() * 6)
+            match &value {
+                Value::Array(items) => {
+                    let mut items = items.iter();
+                    take_answer(&mut items, entries.len())
+                        .filter(|_| items.next().is_none())
+                        .unwrap_or_default()
+                }
+                _ => Answer::new(),
+            }
         } else {
             self.batched(args).await?
         };
-        let verdicts = parse_verdicts(&answer, entries.len()).ok_or_else(|| {
-            tracing::warn!("unexpected answer from the redis stack script");
-            self.failed();
-            Unavailable
-        })?;
+        let verdicts =
+            parse_verdicts(&answer, entries.iter().map(|e| e.cost)).ok_or_else(|| {
+                tracing::warn!("unexpected answer from the redis stack script");
+                self.failed();
+                Unavailable
+            })?;
         let admitted = entries
             .iter()
             .zip(&verdicts)
@@ -759,8 +895,9 @@ impl RedisStore {
         eval_cmd(script.get_hash(), &self.args(entries, amount, member))
     }
 
-    /// The keys of `entries`, then their number and 7 values each (see
-    /// `stack.lua`): one decision, or one settlement.
+    /// The keys of `entries`, then their number and 7 values each: a
+    /// settlement as `settle.lua` takes it, or one decision, which
+    /// [`batch_cmd`] lays out for `stack.lua`.
     fn args(
         &self,
         entries: &[SharedEntry<'_>],
@@ -922,27 +1059,29 @@ impl RedisStore {
             let cmd = batch_cmd(self.stack.get_hash(), batch.iter().map(|p| &p.args));
             self.query(state, &self.stack, &cmd).await
         };
-        let expected: usize = batch.iter().map(|p| p.args.keys * 6).sum();
-        match answer {
-            Ok(Value::Array(items)) if items.len() == expected => {
-                self.failures.store(0, Ordering::Relaxed);
+        // Each decision's entries, 2 or 4 integers each (see `stack.lua`);
+        // an answer that does not split exactly fails the batch.
+        let answers: Option<Vec<Answer>> = match &answer {
+            Ok(Value::Array(items)) => {
                 let mut items = items.iter();
-                for pending in batch.drain(..) {
-                    let n = pending.args.keys * 6;
-                    let answer: Option<Answer> = items
-                        .by_ref()
-                        .take(n)
-                        .map(|v| match v {
-                            Value::Int(i) => Some(*i),
-                            _ => None,
-                        })
-                        .collect();
+                let answers: Option<Vec<Answer>> = batch
+                    .iter()
+                    .map(|p| take_answer(&mut items, p.args.keys))
+                    .collect();
+                answers.filter(|_| items.next().is_none())
+            }
+            _ => None,
+        };
+        match answers {
+            Some(answers) => {
+                self.failures.store(0, Ordering::Relaxed);
+                for (pending, answer) in batch.drain(..).zip(answers) {
                     // A caller that gave up (timeout, client gone) is not told.
-                    let _ = pending.reply.send(answer.ok_or(Unavailable));
+                    let _ = pending.reply.send(Ok(answer));
                 }
             }
-            other => {
-                if other.is_ok() {
+            None => {
+                if answer.is_ok() {
                     tracing::warn!("unexpected answer from the redis stack script");
                 }
                 for pending in batch.drain(..) {
@@ -1224,44 +1363,55 @@ fn push_params(e: &SharedEntry<'_>, member: &str, args: &mut Args) {
     }
 }
 
-/// The integers of a script's answer, when it is `n` of them.
-fn ints(value: &Value, n: usize) -> Answer {
-    match value {
-        Value::Array(items) if items.len() == n => items
-            .iter()
-            .map_while(|v| match v {
-                Value::Int(i) => Some(*i),
-                _ => None,
-            })
-            .collect(),
-        _ => Answer::new(),
+/// One decision's answer from `items`: per entry of its `entries`, 2
+/// integers, or 4 when the first has its `more` bit (see `stack.lua`);
+/// `None` when they are not integers or run out.
+fn take_answer<'v>(items: &mut impl Iterator<Item = &'v Value>, entries: usize) -> Option<Answer> {
+    let mut next = || match items.next() {
+        Some(Value::Int(i)) => Some(*i),
+        _ => None,
+    };
+    let mut answer = Answer::new();
+    for _ in 0..entries {
+        let head = next()?;
+        answer.push(head);
+        answer.push(next()?);
+        if head & 2 != 0 {
+            answer.push(next()?);
+            answer.push(next()?);
+        }
     }
+    Some(answer)
 }
 
-/// Six integers per entry (see `stack.lua`) into verdicts and the units taken.
-fn parse_verdicts(answer: &[i64], n: usize) -> Option<Verdicts> {
-    if answer.len() != n * 6 {
-        return None;
-    }
+/// An answer (see `stack.lua`) into verdicts and the units taken, one per
+/// entry of the given costs; `None` unless it is exactly that.
+fn parse_verdicts(answer: &[i64], costs: impl Iterator<Item = u64>) -> Option<Verdicts> {
     let ns = |us: i64| u64::try_from(us).unwrap_or(0).saturating_mul(1_000);
-    let verdicts = answer
-        .chunks(6)
-        .map(|c| {
-            let [allowed, remaining, reset, retry, delay, taken] =
-                [c[0], c[1], c[2], c[3], c[4], c[5]];
-            let remaining = u64::try_from(remaining).unwrap_or(0);
-            let verdict = if allowed == 1 {
-                Verdict {
-                    delay: ns(delay),
-                    ..Verdict::allow(remaining, ns(reset))
-                }
-            } else {
-                Verdict::deny(remaining, ns(reset), ns(retry), retry < 0)
-            };
-            (verdict, u64::try_from(taken).unwrap_or(0))
-        })
-        .collect();
-    Some(verdicts)
+    let mut at = answer.iter().copied();
+    let mut verdicts = Verdicts::new();
+    for cost in costs {
+        let head = at.next()?;
+        let reset = at.next()?;
+        let allowed = head & 1 == 1;
+        // Without `more`: no retry or delay, and the cost taken if admitted.
+        let (third, taken) = if head & 2 != 0 {
+            (at.next()?, u64::try_from(at.next()?).unwrap_or(0))
+        } else {
+            (0, if allowed { cost } else { 0 })
+        };
+        let remaining = u64::try_from(head >> 2).unwrap_or(0);
+        let verdict = if allowed {
+            Verdict {
+                delay: ns(third),
+                ..Verdict::allow(remaining, ns(reset))
+            }
+        } else {
+            Verdict::deny(remaining, ns(reset), ns(third), third < 0)
+        };
+        verdicts.push((verdict, taken));
+    }
+    at.next().is_none().then_some(verdicts)
 }
 
 /// A unique id for this process's lease members: pid and start time.
@@ -1379,25 +1529,50 @@ mod tests {
     }
 
     #[test]
-    fn verdicts_parse_six_integers_per_entry() {
+    fn verdicts_parse_two_or_four_integers_per_entry() {
+        // Admitted, 4 left, cost taken; denied with a retry (more); admitted
+        // with a lease of 7 (more).
         let answer = Value::Array(
-            [1, 4, 2_000, 0, 0, 5, 0, 0, 9_000, 3_000, 0, 0]
+            [4 * 4 + 1, 2_000, 2, 9_000, 3_000, 0, 3 * 4 + 3, 1_000, 0, 7]
                 .into_iter()
                 .map(Value::Int)
                 .collect(),
         );
-        let parsed = parse_verdicts(&ints(&answer, 12), 2).expect("parses");
-        assert_eq!(parsed[0].0, Verdict::allow(4, 2_000_000));
-        assert_eq!(parsed[0].1, 5);
-        assert_eq!(parsed[1].0, Verdict::deny(0, 9_000_000, 3_000_000, false));
+        let Value::Array(items) = &answer else {
+            unreachable!()
+        };
+        let taken = take_answer(&mut items.iter(), 3).expect("three entries");
+        assert_eq!(taken.len(), 10);
+        let parsed = parse_verdicts(&taken, [5, 2, 1].into_iter()).expect("parses");
+        assert_eq!(parsed[0], (Verdict::allow(4, 2_000_000), 5));
+        assert_eq!(
+            parsed[1],
+            (Verdict::deny(0, 9_000_000, 3_000_000, false), 0)
+        );
+        assert_eq!(parsed[2], (Verdict::allow(3, 1_000_000), 7));
         assert!(
-            parse_verdicts(&ints(&answer, 18), 3).is_none(),
+            parse_verdicts(&taken, [1, 1].into_iter()).is_none(),
+            "an answer longer than its entries is refused"
+        );
+        assert!(
+            parse_verdicts(&taken, [1, 1, 1, 1].into_iter()).is_none(),
             "a short answer is refused"
         );
-        let odd = Value::Array(vec![Value::Int(1), Value::Nil]);
-        assert!(ints(&odd, 2).len() < 2, "a non-integer is refused");
-        let never = [0, 0, 0, -1, 0, 0];
-        assert!(parse_verdicts(&never, 1).expect("parses")[0].0.never);
+        assert!(
+            take_answer(&mut items.iter(), 4).is_none(),
+            "an answer that runs out is refused"
+        );
+        let odd = [Value::Int(1), Value::Nil];
+        assert!(
+            take_answer(&mut odd.iter(), 1).is_none(),
+            "a non-integer is refused"
+        );
+        let never = [2, 0, -1, 0];
+        assert!(
+            parse_verdicts(&never, [1].into_iter()).expect("parses")[0]
+                .0
+                .never
+        );
     }
 
     fn params(e: &SharedEntry<'_>) -> Vec<String> {
@@ -1449,31 +1624,81 @@ mod tests {
         assert_eq!(params(&e), ["1", "5", "60000000", "0", "1"]);
     }
 
-    #[test]
-    fn a_batch_lists_every_key_then_the_count_then_every_decision() {
-        let mut a = Args::default();
-        for v in ["k1", "k2", "2", "x", "y"] {
-            a.push(v);
+    /// A decision's [`Args`]: its keys, then its entries' sets and costs.
+    fn decision(entries: &[(&str, [&str; 6], i64)]) -> Args {
+        let mut args = Args::default();
+        for (key, _, _) in entries {
+            args.push(key);
         }
-        a.keys = 2;
-        let mut b = Args::default();
-        for v in ["k3", "1", "z"] {
-            b.push(v);
+        args.keys = entries.len();
+        args.push(entries.len());
+        for (_, set, cost) in entries {
+            for value in set {
+                args.push(value);
+            }
+            args.push(cost);
         }
-        b.keys = 1;
-        let cmd = batch_cmd("sha", [&a, &b].into_iter());
-        let args: Vec<String> = cmd
-            .args_iter()
+        args
+    }
+
+    fn words(cmd: &Cmd) -> Vec<Vec<u8>> {
+        cmd.args_iter()
             .map(|arg| match arg {
-                redis::Arg::Simple(bytes) => String::from_utf8_lossy(bytes).into_owned(),
-                _ => String::new(),
+                redis::Arg::Simple(bytes) => bytes.to_vec(),
+                _ => Vec::new(),
             })
+            .collect()
+    }
+
+    #[test]
+    fn a_batch_sends_distinct_keys_sets_once_and_packed_decisions() {
+        let bucket = ["4", "10", "1000.000000", "0", "0", "0"];
+        let window = ["1", "5", "60000000", "0", "0", "0"];
+        let lease = ["5", "3", "30000", "m1", "0", "0"];
+        let a = decision(&[("kc", lease, 1), ("kb", bucket, 1)]);
+        let b = decision(&[("kw", window, 300)]);
+        let c = decision(&[("kb", bucket, 2)]);
+        let cmd = batch_cmd("sha", [&a, &b, &c].into_iter());
+        let mut expected: Vec<Vec<u8>> = ["EVALSHA", "sha", "3", "kb", "kw", "kc", "3"]
+            .iter()
+            .map(|w| w.as_bytes().to_vec())
             .collect();
-        assert_eq!(
-            args,
-            [
-                "EVALSHA", "sha", "3", "k1", "k2", "k3", "2", "2", "x", "y", "1", "z"
-            ]
-        );
+        for set in [lease, bucket, window] {
+            expected.extend(set.iter().map(|w| w.as_bytes().to_vec()));
+        }
+        // Two string keys (kb, kw). Key numbers: kb 0, kw 1, kc 2; sets:
+        // lease 0, bucket 1, window 2; e = key * 3 + set + 1.
+        expected.push(b"2".to_vec());
+        expected.push(vec![
+            0x99, // 9 values:
+            0xfe, // -2 entries,
+            7,    // kc, lease
+            1, 2, // kb, bucket
+            1, 6, // one entry: kw, window, cost 300 as uint16
+            0xcd, 1, 44, 2, // one entry: kb, bucket
+            2,
+        ]);
+        assert_eq!(words(&cmd), expected);
+    }
+
+    #[test]
+    fn msgpack_integers_take_their_shortest_form() {
+        let packed = |v: i64| {
+            let mut out = Vec::new();
+            msgpack::int(&mut out, v);
+            out
+        };
+        assert_eq!(packed(0), [0]);
+        assert_eq!(packed(127), [0x7f]);
+        assert_eq!(packed(128), [0xcc, 0x80]);
+        assert_eq!(packed(-1), [0xff]);
+        assert_eq!(packed(-32), [0xe0]);
+        assert_eq!(packed(-33), [0xd0, 0xdf]);
+        assert_eq!(packed(65_536), [0xce, 0, 1, 0, 0]);
+        assert_eq!(packed(i64::MAX)[0], 0xcf);
+        assert_eq!(packed(i64::MIN)[0], 0xd3);
+        let mut out = Vec::new();
+        msgpack::array(&mut out, 16);
+        assert_eq!(out, [0xdc, 0, 16]);
     }
 }

@@ -3,11 +3,12 @@
 -- Used for `cost_header` and, on Redis Cluster, to refund the slots a later
 -- slot's denial made void.
 --
--- KEYS and ARGV as one decision of stack.lua (ARGV[1] is its number of
--- entries n, no decision count before it), with the entry's signed delta
--- in place of its cost (the shadow flag is ignored). For concurrency the
--- delta is the lease's units: negative removes the lease member, positive
--- renews it.
+-- KEYS: the entries' keys. ARGV[1]: the number of entries n, then 7
+-- values per entry: its parameter set as in stack.lua (algorithm, p1, p2,
+-- p3, p4, shadow; the shadow flag is ignored) and its signed delta. For
+-- concurrency the delta is the lease's units: negative removes the lease
+-- member, positive renews it. (Settlements are rare: this layout stays the
+-- plain one, one set per entry.)
 -- Returns 0.
 
 local t = redis.call('TIME')

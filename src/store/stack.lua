@@ -2,10 +2,16 @@
 -- (src/store/mod.rs). A batch is the requests that reached one worker's
 -- connection while its previous call was in flight.
 --
--- ARGV[1]: the number of decisions m. Then per decision: its number of
--- entries n and 7 values per entry: algorithm, p1, p2, p3, p4, shadow (0/1),
--- cost. KEYS: every decision's keys, in order (entry j of a decision is the
--- next key).
+-- KEYS: the batch's distinct keys, those whose state is a string (windows
+-- and buckets) first, all read with one MGET.
+--
+-- ARGV[1]: the number of parameter sets p, then 6 values per set:
+-- algorithm, p1, p2, p3, p4, shadow (0/1). A batch's entries of one limit
+-- share a set, parsed once per call. Then the number of string keys, then
+-- the decisions, one msgpack array: a decision of one entry is that entry,
+-- one of n others is -n and its n entries; an entry is two integers,
+-- (key - 1) * p + set (its key's and its set's numbers, from 1), and its
+-- cost.
 --
 --   1 fixed window    p1 limit, p2 window (us), p3 jitter offset (us), p4 first_request (0/1)
 --   2 sliding window  p1 limit, p2 window (us)
@@ -23,47 +29,107 @@
 -- at the end in its final state with its expiry: a batch of decisions on one
 -- hot key costs one read and one write.
 --
--- Returns 6 integers per entry, decisions in order: allowed (0/1),
--- remaining, reset_after (us), retry_after (us, -1 = never), delay (us),
--- units taken (the cost, or with a lease up to the lease).
+-- Returns per entry, decisions in order, 2 or 4 integers: h = remaining * 4
+-- + 2 * more + allowed (0/1), reset_after (us), and when `more` is set,
+-- retry_after (us, -1 = never; when denied) or delay (us; when admitted),
+-- then the units taken. Without `more`, retry_after and delay are 0 and
+-- the units taken are the cost when admitted, else 0.
+--
+-- Cost: in Redis each script argument, each integer answered and each
+-- redis.call costs about what a whole GET does (argument objects, Lua
+-- strings, reply conversion), and Lua's tonumber is strtod. So the batch
+-- sends each key and each parameter set once and the decisions as msgpack
+-- numbers, reads all string keys with one MGET, answers 2 integers for a
+-- plain admission, and keeps a bucket's state a plain number (BENCHMARKS.md,
+-- "The Redis store").
 
-local t = redis.call('TIME')
+local call, tonumber, format = redis.call, tonumber, string.format
+local mfloor, mceil = math.floor, math.ceil
+local KEYS, ARGV = KEYS, ARGV
+local t = call('TIME')
 local now = tonumber(t[1]) * 1000000 + tonumber(t[2])
-local m = tonumber(ARGV[1])
+local now_ms = mfloor(now / 1000)
 
-local function ceil(x) return math.ceil(x - 1e-6) end
-local function floor(x) return math.floor(x + 1e-6) end
+-- Texts formatted once per distinct number (a batch's fresh buckets of
+-- one limit share their TAT and expiry). Whole numbers print with '%d'
+-- (the same text as '%.17g', cheaper), others with '%.17g' (exact).
+local str = setmetatable({}, { __index = function(cache, v)
+  local text = (v % 1 == 0) and format('%d', v) or format('%.17g', v)
+  cache[v] = text
+  return text
+end })
 
--- By key: the state after the admitted decisions so far (read from Redis
--- on first use).
-local committed = {}
+-- The parameter sets, by number.
+local np = tonumber(ARGV[1])
+local A, P1, P2, P3, P4, SHADOW = {}, {}, {}, {}, {}, {}
+for i = 1, np do
+  local b = 1 + (i - 1) * 6
+  local algo = tonumber(ARGV[b + 1])
+  A[i], P1[i], P2[i] = algo, tonumber(ARGV[b + 2]), tonumber(ARGV[b + 3])
+  -- A concurrency set's p3 is its lease member, a string.
+  P3[i] = (algo == 5) and ARGV[b + 4] or tonumber(ARGV[b + 4])
+  P4[i] = tonumber(ARGV[b + 5])
+  SHADOW[i] = ARGV[b + 6] == '1'
+end
+local ns = tonumber(ARGV[2 + np * 6])
+local D = cmsgpack.unpack(ARGV[3 + np * 6])
 
-local function load(key, algo)
-  if committed[key] ~= nil then return committed[key] end
-  local s
-  if algo == 1 or algo == 2 or algo == 4 then
-    local v = redis.call('GET', key)
-    s = {}
-    if v then
-      for x in string.gmatch(v, '[^ ]+') do s[#s + 1] = tonumber(x) end
+local function ceil(x) return mceil(x - 1e-6) end
+local function floor(x) return mfloor(x + 1e-6) end
+
+-- By key number: the state after the admitted decisions so far, made on
+-- first use. A bucket's state is its TAT, a number (0: none); a window's,
+-- its numbers; a log's and a concurrency set's, tables.
+local state, raw = {}, {}
+local function mget(first, last)
+  local values = redis.pcall('MGET', unpack(KEYS, first, last))
+  if values.err then
+    -- An ACL user without +mget (the README's before MGET): a GET each.
+    values = {}
+    for i = first, last do values[i - first + 1] = call('GET', KEYS[i]) end
+  end
+  return values
+end
+if ns > 0 and ns <= 1000 then
+  raw = mget(1, ns)
+else
+  -- In chunks: unpack puts every key on the Lua stack.
+  for first = 1, ns, 1000 do
+    local last = math.min(first + 999, ns)
+    local values = mget(first, last)
+    for i = first, last do raw[i] = values[i - first + 1] end
+  end
+end
+
+local function load(i, algo)
+  local s = state[i]
+  if s ~= nil then return s end
+  if i <= ns then
+    local v = raw[i]
+    if algo == 4 then
+      s = tonumber(v) or 0
+    else
+      s = {}
+      if v then
+        for x in string.gmatch(v, '[^ ]+') do s[#s + 1] = tonumber(x) end
+      end
     end
   elseif algo == 3 then
     local runs = {}
-    for _, m in ipairs(redis.call('ZRANGE', key, 0, -1)) do
+    for _, m in ipairs(call('ZRANGE', KEYS[i], 0, -1)) do
       local units, ts = string.match(m, '^(%d+):(%d+):')
       runs[#runs + 1] = { tonumber(ts), tonumber(units), m }
     end
     s = { runs = runs, added = {}, card = #runs }
   else
     local leases = {}
-    local ms = math.floor(now / 1000)
-    for _, m in ipairs(redis.call('ZRANGEBYSCORE', key, '(' .. ms, '+inf')) do
+    for _, m in ipairs(call('ZRANGEBYSCORE', KEYS[i], '(' .. now_ms, '+inf')) do
       leases[#leases + 1] = tonumber(string.match(m, '^(%d+):'))
     end
     s = { used = 0, added = {} }
     for _, u in ipairs(leases) do s.used = s.used + u end
   end
-  committed[key] = s
+  state[i] = s
   return s
 end
 
@@ -189,34 +255,46 @@ local function log(s, cost, limit, w)
   end
   return false, math.max(limit - used, 0), reset_after, retry, 0, nil, 0
 end
-
+-- `s` is the TAT (0: none); the state after is the new TAT. The hot
+-- path of the benchmarks: comparisons instead of math.max, one C call per
+-- rounding.
 local function gcra(s, cost, units, T, delay_mode, lease)
   local tau = units * T
-  local tat = math.max(s[1] or 0, now)
+  local tat = s
+  if tat < now then tat = now end
   local new_tat = tat + cost * T
   local never = cost > units
   local allowed = not never and new_tat - now <= tau + 1e-6
   local taken = cost
   if allowed and cost > 0 and lease > cost then
     -- A lease: the rest of it too, as far as the bucket holds it.
-    local extra = math.min(lease - cost, floor((tau - (new_tat - now)) / T))
+    local extra = mfloor((tau - (new_tat - now)) / T + 1e-6)
+    if extra > lease - cost then extra = lease - cost end
     if extra > 0 then
       new_tat = new_tat + extra * T
       taken = cost + extra
     end
   end
   local ahead = (allowed and new_tat or tat) - now
-  local room = math.max(tau - ahead, 0)
-  local remaining = floor(room / T)
+  local room = tau - ahead
+  if room < 0 then room = 0 end
+  local remaining = mfloor(room / T + 1e-6)
   local reset_after = 0
   -- After paying back any debt a settlement left (ahead beyond tau).
-  if remaining < units then reset_after = ceil((remaining + 1) * T - room + math.max(ahead - tau, 0)) end
+  if remaining < units then
+    local debt = ahead - tau
+    if debt < 0 then debt = 0 end
+    reset_after = mceil((remaining + 1) * T - room + debt - 1e-6)
+  end
   if allowed then
     local delay = 0
-    if delay_mode == 1 then delay = math.max(ceil(ahead - T), 0) end
-    return true, remaining, reset_after, 0, delay, { new_tat }, taken
+    if delay_mode == 1 then
+      delay = mceil(ahead - T - 1e-6)
+      if delay < 0 then delay = 0 end
+    end
+    return true, remaining, reset_after, 0, delay, new_tat, taken
   end
-  return false, remaining, reset_after, never and -1 or ceil(new_tat - now - tau), 0, nil, 0
+  return false, remaining, reset_after, never and -1 or mceil(new_tat - now - tau - 1e-6), 0, nil, 0
 end
 
 local function concurrency(s, cost, max, member)
@@ -231,117 +309,180 @@ local function concurrency(s, cost, max, member)
   return false, math.max(max - s.used, 0), 0, never and -1 or 1000000, 0, nil, 0
 end
 
--- Entry at ARGV base b (its algorithm is ARGV[b + 1]) against `state`.
-local function decide(b, key, cost, state)
-  local algo = tonumber(ARGV[b + 1])
-  local p1, p2 = tonumber(ARGV[b + 2]), tonumber(ARGV[b + 3])
-  local s = state
-  if algo == 1 then
-    return algo, fixed(s, cost, p1, p2, tonumber(ARGV[b + 4]), tonumber(ARGV[b + 5]))
+-- An entry of parameter set p against state `s`: allowed, remaining,
+-- reset_after, retry_after, delay, the state after the charge (nil when
+-- nothing is charged) and the units taken.
+local function decide(p, s, cost)
+  local algo = A[p]
+  if algo == 4 then
+    return gcra(s, cost, P1[p], P2[p], P3[p], P4[p])
+  elseif algo == 1 then
+    return fixed(s, cost, P1[p], P2[p], P3[p], P4[p])
   elseif algo == 2 then
-    return algo, sliding(s, cost, p1, p2)
+    return sliding(s, cost, P1[p], P2[p])
   elseif algo == 3 then
-    return algo, log(s, cost, p1, p2)
-  elseif algo == 4 then
-    return algo, gcra(s, cost, p1, p2, tonumber(ARGV[b + 4]), tonumber(ARGV[b + 5]))
+    return log(s, cost, P1[p], P2[p])
   end
-  return algo, concurrency(s, cost, p1, ARGV[b + 4])
+  return concurrency(s, cost, P1[p], P3[p])
 end
 
-local out = {}
--- Keys to write, in the order first charged, with the ARGV base and
--- algorithm of that first charge (its parameters give the expiry).
-local dirty = {}
-local writes = {}
-local a = 2 -- ARGV base of the current decision
-local k = 0 -- KEYS before the current decision
-for _ = 1, m do
-  local n = tonumber(ARGV[a])
-  local first = #out
-  -- State after this decision's earlier charges, by key.
-  local cur = {}
-  local charged = {}
-  local denied = false
-  for i = 1, n do
-    local b = a + (i - 1) * 7
-    local shadow = ARGV[b + 6] == '1'
-    local cost = tonumber(ARGV[b + 7])
-    local key = KEYS[k + i]
-    local s = cur[key]
-    if s == nil then s = load(key, tonumber(ARGV[b + 1])) end
-    local algo, allowed, remaining, reset_after, retry, delay, next, taken = decide(b, key, cost, s)
-    if allowed and next ~= nil and cost > 0 then
-      cur[key] = next
-      charged[#charged + 1] = { b, key, algo }
-    end
-    if not allowed and not shadow then denied = true end
-    out[#out + 1] = allowed and 1 or 0
-    out[#out + 1] = remaining
-    out[#out + 1] = reset_after
-    out[#out + 1] = retry
-    out[#out + 1] = delay
-    out[#out + 1] = taken
-  end
-  if denied then
-    -- Nothing is charged; entries that admitted report the state uncharged.
-    for i = 1, n do
-      local o = first + (i - 1) * 6
-      if out[o + 1] == 1 then
-        local key = KEYS[k + i]
-        local _, _, remaining, reset_after = decide(a + (i - 1) * 7, key, 0, committed[key])
-        out[o + 2] = remaining
-        out[o + 3] = reset_after
-        out[o + 5] = 0
-        out[o + 6] = 0
-      end
-    end
+local out, o = {}, 0
+-- An entry's answer (see the top).
+local function emit(allowed, remaining, reset_after, retry, delay, taken, cost)
+  local third = allowed and delay or retry
+  if third == 0 and taken == (allowed and cost or 0) then
+    out[o + 1], out[o + 2] = allowed and remaining * 4 + 1 or remaining * 4, reset_after
+    o = o + 2
   else
-    for _, c in ipairs(charged) do
-      local key = c[2]
-      committed[key] = cur[key]
-      if not dirty[key] then
-        dirty[key] = true
-        writes[#writes + 1] = c
-      end
-    end
+    out[o + 1], out[o + 2] = allowed and remaining * 4 + 3 or remaining * 4 + 2, reset_after
+    out[o + 3], out[o + 4] = third, taken
+    o = o + 4
   end
-  a = a + 1 + n * 7
-  k = k + n
 end
 
--- Write each charged key once, in its final state, with its expiry.
-for _, c in ipairs(writes) do
-  local b, key, algo = c[1], c[2], c[3]
-  local s = committed[key]
-  local p2 = tonumber(ARGV[b + 3])
-  if algo == 1 then
-    local jitter, first = tonumber(ARGV[b + 4]), tonumber(ARGV[b + 5])
-    local kn = now - jitter
-    local ends = (first == 1) and (s[1] + p2) or ((s[1] + 1) * p2)
-    local ttl = math.max(math.ceil((ends - kn) / 1000), 1)
-    redis.call('SET', key, string.format('%.0f %.0f', s[1], s[2]), 'PX', ttl)
+-- Keys to write (by number), in the order first charged, with the
+-- parameter set of that first charge (its parameters give the expiry).
+local wset, written, nw = {}, {}, 0
+local function charge(i, p, next)
+  state[i] = next
+  if not wset[i] then
+    wset[i] = p
+    nw = nw + 1
+    written[nw] = i
+  end
+end
+
+-- Per entry of a decision of several: its set, key, cost, and answer.
+local ep, ek, ec, ea = {}, {}, {}, {}
+
+-- The set of the entry before (consecutive entries mostly share one).
+local lp, la, l1, l2, l3, l4 = 0
+
+local a = 1 -- index in D of the current decision
+local nd = #D
+while a <= nd do
+  local e = D[a]
+  if e > 0 then
+    -- One entry (the common case): all or nothing is the entry's verdict.
+    local cost = D[a + 1]
+    local p = (e - 1) % np + 1
+    local i = (e - p) / np + 1
+    if p ~= lp then lp, la, l1, l2, l3, l4 = p, A[p], P1[p], P2[p], P3[p], P4[p] end
+    local s = state[i]
+    local allowed, remaining, reset_after, retry, delay, next, taken
+    if la == 4 then
+      if s == nil then
+        s = raw[i]
+        s = s and tonumber(s) or 0
+      end
+      local tat = s
+      if tat < now then tat = now end
+      local new_tat = tat + cost * l2
+      local ahead = new_tat - now
+      local tau = l1 * l2
+      if l3 == 0 and l4 <= cost and cost <= l1 and ahead <= tau + 1e-6 then
+        -- gcra() admitting, without lease or delay, inline: the hot path.
+        local room = tau - ahead
+        if room < 0 then room = 0 end
+        remaining = mfloor(room / l2 + 1e-6)
+        reset_after = 0
+        if remaining < l1 then
+          local debt = ahead - tau
+          if debt < 0 then debt = 0 end
+          reset_after = mceil((remaining + 1) * l2 - room + debt - 1e-6)
+        end
+        allowed, retry, delay, next, taken = true, 0, 0, new_tat, cost
+      else
+        allowed, remaining, reset_after, retry, delay, next, taken = gcra(s, cost, l1, l2, l3, l4)
+      end
+    else
+      if s == nil then s = load(i, la) end
+      allowed, remaining, reset_after, retry, delay, next, taken = decide(p, s, cost)
+    end
+    if allowed and next ~= nil and cost > 0 then
+      -- charge(), inline.
+      state[i] = next
+      if not wset[i] then
+        wset[i] = p
+        nw = nw + 1
+        written[nw] = i
+      end
+    end
+    -- emit(), inline for the common admitted answer.
+    if allowed and delay == 0 and taken == cost then
+      out[o + 1], out[o + 2] = remaining * 4 + 1, reset_after
+      o = o + 2
+    else
+      emit(allowed, remaining, reset_after, retry, delay, taken, cost)
+    end
+    a = a + 2
+  else
+    local n = -e
+    -- State after this decision's earlier charges, by key number.
+    local cur = {}
+    local denied = false
+    for j = 1, n do
+      local e, cost = D[a + j * 2 - 1], D[a + j * 2]
+      local p = (e - 1) % np + 1
+      local i = (e - p) / np + 1
+      local s = cur[i]
+      if s == nil then s = load(i, A[p]) end
+      local allowed, remaining, reset_after, retry, delay, next, taken = decide(p, s, cost)
+      if allowed and next ~= nil and cost > 0 then cur[i] = next else next = nil end
+      if not allowed and not SHADOW[p] then denied = true end
+      ep[j], ek[j], ec[j] = p, i, cost
+      ea[j] = { allowed, remaining, reset_after, retry, delay, next, taken }
+    end
+    for j = 1, n do
+      local r, p, i, cost = ea[j], ep[j], ek[j], ec[j]
+      if denied and r[1] then
+        -- Nothing is charged; entries that admitted report the state
+        -- uncharged.
+        local _, remaining, reset_after = decide(p, state[i], 0)
+        emit(true, remaining, reset_after, 0, 0, 0, cost)
+      else
+        emit(r[1], r[2], r[3], r[4], r[5], r[7], cost)
+        if not denied and r[6] ~= nil then charge(i, p, cur[i]) end
+      end
+    end
+    a = a + 1 + n * 2
+  end
+end
+
+-- Write each charged key once, in its final state, with its expiry (PXAT:
+-- an absolute time in ms, at least 1 ms ahead).
+local function at(us)
+  local ms = mceil(us / 1000)
+  if ms <= now_ms then ms = now_ms + 1 end
+  return str[ms]
+end
+for w = 1, nw do
+  local i = written[w]
+  local p = wset[i]
+  local key, algo, s, p2 = KEYS[i], A[p], state[i], P2[p]
+  if algo == 4 then
+    -- Until the bucket is full again.
+    call('SET', key, str[s], 'PXAT', at(s))
+  elseif algo == 1 then
+    local ends = (P4[p] == 1) and (s[1] + p2) or ((s[1] + 1) * p2)
+    call('SET', key, format('%.0f %.0f', s[1], s[2]), 'PXAT', at(ends + P3[p]))
   elseif algo == 2 then
-    local ttl = math.max(math.ceil(((s[1] + 2) * p2 - now) / 1000), 1)
-    redis.call('SET', key, string.format('%.0f %.0f %.0f', s[1], s[2], s[3]), 'PX', ttl)
-  elseif algo == 4 then
-    local ttl = math.max(math.ceil((s[1] - now) / 1000), 1)
-    redis.call('SET', key, string.format('%.17g', s[1]), 'PX', ttl)
+    call('SET', key, format('%.0f %.0f %.0f', s[1], s[2], s[3]), 'PXAT', at((s[1] + 2) * p2))
   elseif algo == 3 then
-    redis.call('ZREMRANGEBYSCORE', key, '-inf', now - p2)
-    local seq = redis.call('ZCARD', key)
+    call('ZREMRANGEBYSCORE', key, '-inf', now - p2)
+    local seq = call('ZCARD', key)
     for _, r in ipairs(s.added) do
       seq = seq + 1
-      redis.call('ZADD', key, r[1], string.format('%d:%.0f:%d', r[2], r[1], seq))
+      call('ZADD', key, r[1], format('%d:%.0f:%d', r[2], r[1], seq))
     end
-    redis.call('PEXPIRE', key, math.max(math.ceil(p2 / 1000), 1))
+    call('PEXPIRE', key, math.max(mceil(p2 / 1000), 1))
   else
-    local ms = math.floor(now / 1000)
-    redis.call('ZREMRANGEBYSCORE', key, '-inf', ms)
+    call('ZREMRANGEBYSCORE', key, '-inf', now_ms)
     for _, x in ipairs(s.added) do
-      redis.call('ZADD', key, ms + p2, string.format('%d:%s', x[1], x[2]))
+      call('ZADD', key, now_ms + p2, format('%d:%s', x[1], x[2]))
     end
-    local top = redis.call('ZRANGE', key, -1, -1, 'WITHSCORES')
-    redis.call('PEXPIREAT', key, tonumber(top[2]) + 1)
+    local top = call('ZRANGE', key, -1, -1, 'WITHSCORES')
+    call('PEXPIREAT', key, tonumber(top[2]) + 1)
   end
 end
 return out
