@@ -13,6 +13,10 @@
 #   tg_redis    tollgate, store.backend = "redis" (a worker's concurrent
 #               decisions share one EVALSHA)
 #   tg_lease    the same with `lease = LEASE` on both limits
+#   tg_cluster  tollgate on a one-shard Redis Cluster (a second
+#               redis-server, cluster-enabled, holding all 16,384 slots;
+#               `cluster = true`): what one shard costs per decision, where
+#               decisions are not batched (one call per slot group)
 #   ng_lua      nginx (1 worker each), access_by_lua_block + lua-resty-redis:
 #               one EVALSHA per request of bench/lua/peer_gcra.lua (GCRA on
 #               one key, the key an md5 of the API key), 429 when denied
@@ -58,10 +62,11 @@
 #
 # Run (as root, or with the tools installed):   bench/fleet.sh
 # Knobs: NODES="1 2 4" KEYSETS="hot zipf" VARIANTS="tg_memory tg_redis
-#        tg_lease ng_lua" DURATION=6 LIGHT_DURATION=3 (0: no light phase)
+#        tg_lease tg_cluster ng_lua" DURATION=5 LIGHT_DURATION=3 (0: no
+#        light phase)
 #        ROUNDS=3 CONNS=64 LEASE=100 ZIPF_KEYS=10000 ZIPF_S=1.0
 #        HOT_CAPACITY=500 HOT_RATE=5000 ZIPF_CAPACITY=100 ZIPF_RATE=100
-#        BASE_PORT=18680 (uses BASE_PORT .. BASE_PORT+49)
+#        BASE_PORT=18680 (uses BASE_PORT .. BASE_PORT+59)
 #        SKIP_BUILD=1 (use target/dist/tollgate), TOLLGATE=/path/to/binary
 # Needs nginx, libnginx-mod-http-lua, lua-nginx-redis, redis-server, wrk,
 # curl (installed with apt-get when absent). Everything it starts is stopped
@@ -70,8 +75,8 @@ set -euo pipefail
 
 NODES=${NODES:-1 2 4}
 KEYSETS=${KEYSETS:-hot zipf}
-VARIANTS=${VARIANTS:-tg_memory tg_redis tg_lease ng_lua}
-DURATION=${DURATION:-6}
+VARIANTS=${VARIANTS:-tg_memory tg_redis tg_lease tg_cluster ng_lua}
+DURATION=${DURATION:-5}
 LIGHT_DURATION=${LIGHT_DURATION:-3}
 ROUNDS=${ROUNDS:-3}
 CONNS=${CONNS:-64}
@@ -117,6 +122,7 @@ PORT_REDIS=$((BASE_PORT + 1))
 # admin listener on that + 4.
 variant_index() {
   case $1 in tg_memory) echo 1 ;; tg_redis) echo 2 ;; tg_lease) echo 3 ;; ng_lua) echo 4 ;;
+    tg_cluster) echo 5 ;;
     *) echo "unknown variant $1" >&2; exit 1 ;; esac
 }
 node_port() { echo $((BASE_PORT + 10 * $(variant_index "$1") + $2)); }
@@ -151,6 +157,26 @@ REDIS_PID=$!
 PIDS+=("$REDIS_PID")
 wait_port "$PORT_REDIS"
 PEER_SHA=$(redis-cli -p "$PORT_REDIS" SCRIPT LOAD "$(cat bench/lua/peer_gcra.lua)")
+
+# The one-shard cluster: its own redis-server, so that its CPU and calls
+# are counted apart.
+PORT_CLUSTER=$((BASE_PORT + 2))
+redis-server --port "$PORT_CLUSTER" --bind 127.0.0.1 --save "" --appendonly no \
+  --cluster-enabled yes --cluster-config-file "$TMP/cluster-nodes.conf" \
+  --dir "$TMP" >"$TMP/cluster.log" 2>&1 &
+CLUSTER_PID=$!
+PIDS+=("$CLUSTER_PID")
+wait_port "$PORT_CLUSTER"
+redis-cli -p "$PORT_CLUSTER" CLUSTER ADDSLOTSRANGE 0 16383 >/dev/null
+for _ in $(seq 1 100); do
+  redis-cli -p "$PORT_CLUSTER" CLUSTER INFO | grep -q '^cluster_state:ok' && break
+  sleep 0.1
+done
+redis-cli -p "$PORT_CLUSTER" CLUSTER INFO | grep -q '^cluster_state:ok' ||
+  { echo "the one-shard cluster did not come up" >&2; exit 1; }
+# The Redis a variant's decisions land on: its pid and port.
+redis_pid() { if [ "$1" = tg_cluster ]; then echo "$CLUSTER_PID"; else echo "$REDIS_PID"; fi; }
+redis_port() { if [ "$1" = tg_cluster ]; then echo "$PORT_CLUSTER"; else echo "$PORT_REDIS"; fi; }
 
 # ---- the gateways --------------------------------------------------------------
 # tollgate: $1 = variant, $2 = node, $3 = N.
@@ -193,14 +219,15 @@ match = { path_prefix = "/zipf" }
 upstream = "up"
 limits = ["zipf"]
 CONF
+  if [ "$v" = tg_cluster ]; then
+    printf '\n[store]\nbackend = "redis"\ncluster = true\nurl = ["redis://127.0.0.1:%s"]\n' "$PORT_CLUSTER"
+  elif [ "$v" != tg_memory ]; then
+    printf '\n[store]\nbackend = "redis"\nurl = "redis://127.0.0.1:%s"\n' "$PORT_REDIS"
+  fi
   if [ "$v" != tg_memory ]; then
     # A prefix per variant: tg_redis and tg_lease never share a bucket.
     # on_failure = "deny": a failed store call is a 503, which fails the run.
     cat <<CONF
-
-[store]
-backend = "redis"
-url = "redis://127.0.0.1:$PORT_REDIS"
 prefix = "$v:"
 timeout = "500ms"
 on_failure = "deny"
@@ -304,9 +331,11 @@ stop_fleet() {
 
 # ---- measuring -----------------------------------------------------------------
 # The calls clients have made so far (INFO commandstats; see the header).
+# $1 = the Redis's port. On the cluster, the client's topology queries
+# (CLUSTER SLOTS and the like) count too.
 redis_calls() {
-  redis-cli -p "$PORT_REDIS" INFO commandstats |
-    awk -F'[=,]' '/^cmdstat_(evalsha|evalsha_ro|eval|eval_ro|fcall|fcall_ro|ping|script|script[|][a-z]+):/ {n += $2} END {print n + 0}'
+  redis-cli -p "$1" INFO commandstats |
+    awk -F'[=,]' '/^cmdstat_(evalsha|evalsha_ro|eval|eval_ro|fcall|fcall_ro|ping|script|script[|][a-z]+|cluster[|][a-z]+|readonly|asking):/ {n += $2} END {print n + 0}'
 }
 
 # Responses so far that are not 200/429, and store errors, over a
@@ -361,7 +390,7 @@ measure() {
 
   local st0 g0 r0 c0 t0 t1 st1 g1 r1 c1
   st0=$(status_counts "$v" "$n"); g0=$(gateway_ticks "$v")
-  r0=$(cpu_ticks "$REDIS_PID"); c0=$(redis_calls)
+  r0=$(cpu_ticks "$(redis_pid "$v")"); c0=$(redis_calls "$(redis_port "$v")")
   t0=$(date +%s.%N)
   for j in $(seq 0 $((n - 1))); do
     wrk -t1 -c"$conns" -d"${dur}s" -s bench/lua/fleet_wrk.lua \
@@ -372,7 +401,7 @@ measure() {
   for j in "${pids[@]}"; do wait "$j"; done
   t1=$(date +%s.%N)
   st1=$(status_counts "$v" "$n"); g1=$(gateway_ticks "$v")
-  r1=$(cpu_ticks "$REDIS_PID"); c1=$(redis_calls)
+  r1=$(cpu_ticks "$(redis_pid "$v")"); c1=$(redis_calls "$(redis_port "$v")")
   rotate_admitted "$TMP/admitted.run"
 
   # wrk: requests, non-2xx, socket errors; latency distributions merged.
@@ -476,6 +505,7 @@ awk -F'\t' '
     rd[id] = rd[id] " " $9; c[id] = c[id] " " $10; p50[id] = p50[id] " " $11
     p99[id] = p99[id] " " $12; w[id] = w[id] " " $13
     lat50[id, $5] = $11; lat99[id, $5] = $12; rounds[$5] = 1
+    R[id, $5] = $6; CPU[id, $5] = $9
   }
   END {
     printf "%-5s %-9s %1s %-4s %-24s %6s %7s %-20s %-20s %9s %9s %11s %11s %6s\n", "phase", "variant", "N", "keys",
@@ -495,6 +525,21 @@ awk -F'\t' '
         median(p50[id]), median(p99[id]),
         d50 == "" ? "-" : sprintf("%.0f", median(d50)), d99 == "" ? "-" : sprintf("%.0f", median(d99)),
         median(w[id])
+    }
+    print ""
+    print "# tollgate / ng_lua, same N, key set and round (the median of the per-round ratios [min-max]):"
+    for (i = 1; i <= count; i++) {
+      id = order[i]; split(id, f, SUBSEP)
+      if (f[2] !~ /^tg_(redis|lease|cluster)$/) continue
+      ref = f[1] SUBSEP "ng_lua" SUBSEP f[3] SUBSEP f[4]
+      if (!(ref in seen)) continue
+      qr = ""; qc = ""
+      for (r in rounds) if ((id, r) in R && (ref, r) in R) {
+        qr = qr " " R[id, r] / R[ref, r]
+        if (CPU[ref, r] > 0) qc = qc " " CPU[id, r] / CPU[ref, r]
+      }
+      printf "%-5s %-10s N=%s %-4s: decisions/s %s, Redis CPU per decision %s\n", f[1], f[2], f[3], f[4],
+        range(qr, "%.2f"), qc == "" ? "-" : range(qc, "%.2f")
     }
     print ""
     print "# one Redis core: decisions/s = 1e6 / Redis CPU us per decision; nodes = that / (dec/s / N)"
