@@ -391,6 +391,7 @@ measure() {
   local st0 g0 r0 c0 t0 t1 st1 g1 r1 c1
   st0=$(status_counts "$v" "$n"); g0=$(gateway_ticks "$v")
   r0=$(cpu_ticks "$(redis_pid "$v")"); c0=$(redis_calls "$(redis_port "$v")")
+  rm -f "$out".* # a run of more nodes left more files
   t0=$(date +%s.%N)
   for j in $(seq 0 $((n - 1))); do
     wrk -t1 -c"$conns" -d"${dur}s" -s bench/lua/fleet_wrk.lua \
@@ -461,7 +462,7 @@ measure() {
 
 echo "# machine: nproc=$(nproc), CPU: $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2- | sed 's/^ *//'), load average $(cut -d' ' -f1-3 /proc/loadavg)"
 echo "# $("$NGINX" -v 2>&1), $(redis-server --version | cut -d' ' -f1-3), $(wrk -v 2>&1 | head -1 | cut -d' ' -f1-2)"
-echo "# tollgate: $TOLLGATE"
+echo "# tollgate: ${TOLLGATE#"$PWD"/}"
 echo "# nodes: $NODES; key sets: $KEYSETS; variants: $VARIANTS; rounds=$ROUNDS"
 echo "# load: one wrk -t1 -c\$((CONNS/N)) -d${DURATION}s per node, CONNS=$CONNS; light: -c1 -d${LIGHT_DURATION}s per node, zipf keys"
 echo "# limits per key: /hot capacity $HOT_CAPACITY, $HOT_RATE/s; /zipf ($ZIPF_KEYS keys, s=$ZIPF_S) capacity $ZIPF_CAPACITY, $ZIPF_RATE/s; lease=$LEASE"
