@@ -292,6 +292,35 @@ http {
 CONF
 }
 
+# Starts node $2 of variant $1 in a fleet of $3 and waits until it
+# answers; its pid in $STARTED. Up to three attempts: the ports here may lie
+# in the kernel's ephemeral range, where an outgoing connection of another
+# process can hold a node's port for a moment.
+start_node() {
+  local v=$1 j=$2 attempt port code
+  port=$(node_port "$v" "$j")
+  for attempt in 1 2 3; do
+    if [ "$v" = ng_lua ]; then
+      ng_lua_conf "$j" >"$TMP/ng-lua-$j.conf"
+      : >"$TMP/ng-lua-$j.unexpected"
+      start_nginx "$TMP/ng-lua-$j.conf"
+    else
+      tollgate_fleet_conf "$v" "$j" "$3" >"$TMP/$v-$j.toml"
+      start_tollgate "$TMP/$v-$j.toml"
+    fi
+    if (wait_port "$port") 2>/dev/null; then
+      code=$(curl -s -o /dev/null -w '%{http_code}' -H 'x-api-key: probe' "http://127.0.0.1:$port/zipf")
+      [ "$code" = 200 ] || { echo "$v node $j answers $code" >&2; exit 1; }
+      return 0
+    fi
+    echo "$v node $j did not start (attempt $attempt):" >&2
+    cat "$TMP/$v-$j.toml.err" "$TMP/ng-lua-$j.conf.err" "$TMP/ng-lua-$j.err" 2>/dev/null | tail -5 >&2
+    stop "$STARTED"
+    sleep 1
+  done
+  exit 1
+}
+
 # Starts the N nodes of every variant; their pids in NODE_PIDS[variant].
 declare -A NODE_PIDS
 start_fleet() { # $1 = N
@@ -299,24 +328,8 @@ start_fleet() { # $1 = N
   for v in $VARIANTS; do
     NODE_PIDS[$v]=
     for j in $(seq 0 $(($1 - 1))); do
-      if [ "$v" = ng_lua ]; then
-        ng_lua_conf "$j" >"$TMP/ng-lua-$j.conf"
-        : >"$TMP/ng-lua-$j.unexpected"
-        start_nginx "$TMP/ng-lua-$j.conf"
-      else
-        tollgate_fleet_conf "$v" "$j" "$1" >"$TMP/$v-$j.toml"
-        start_tollgate "$TMP/$v-$j.toml"
-      fi
+      start_node "$v" "$j" "$1"
       NODE_PIDS[$v]="${NODE_PIDS[$v]} $STARTED"
-    done
-  done
-  for v in $VARIANTS; do
-    for j in $(seq 0 $(($1 - 1))); do
-      wait_port "$(node_port "$v" "$j")"
-      local code
-      code=$(curl -s -o /dev/null -w '%{http_code}' -H 'x-api-key: probe' \
-        "http://127.0.0.1:$(node_port "$v" "$j")/zipf")
-      [ "$code" = 200 ] || { echo "$v node $j answers $code" >&2; exit 1; }
     done
   done
   rotate_admitted "$TMP/probes.log" # the probes are no run's admissions
