@@ -66,7 +66,8 @@
 #        light phase)
 #        ROUNDS=3 CONNS=64 LEASE=100 ZIPF_KEYS=10000 ZIPF_S=1.0
 #        HOT_CAPACITY=500 HOT_RATE=5000 ZIPF_CAPACITY=100 ZIPF_RATE=100
-#        BASE_PORT=18680 (uses BASE_PORT .. BASE_PORT+59)
+#        BASE_PORT=18680 (uses BASE_PORT .. BASE_PORT+179: a server whose
+#        port is taken starts again 60 ports up)
 #        SKIP_BUILD=1 (use target/dist/tollgate), TOLLGATE=/path/to/binary
 # Needs nginx, libnginx-mod-http-lua, lua-nginx-redis, redis-server, wrk,
 # curl (installed with apt-get when absent). Everything it starts is stopped
@@ -118,20 +119,44 @@ start_scratch
 
 PORT_UP=$BASE_PORT
 PORT_REDIS=$((BASE_PORT + 1))
-# Variant v's node j (0..3) listens on BASE_PORT + 10 * (v + 1) + j, its
-# admin listener on that + 4.
+PORT_CLUSTER=$((BASE_PORT + 2)) # and its cluster bus, BASE_PORT + 5
+# Variant v's node j (0..3) listens on BASE_PORT + 10 * v + j (v = 1..5),
+# its admin listener on that + 4; a node started again after a port was
+# taken (see start_node) moves 60 or 120 ports up.
+declare -A PORT_SHIFT
 variant_index() {
   case $1 in tg_memory) echo 1 ;; tg_redis) echo 2 ;; tg_lease) echo 3 ;; ng_lua) echo 4 ;;
     tg_cluster) echo 5 ;;
     *) echo "unknown variant $1" >&2; exit 1 ;; esac
 }
-node_port() { echo $((BASE_PORT + 10 * $(variant_index "$1") + $2)); }
-admin_port() { echo $((BASE_PORT + 10 * $(variant_index "$1") + 4 + $2)); }
+node_port() { echo $((BASE_PORT + 10 * $(variant_index "$1") + $2 + ${PORT_SHIFT[$1-$2]:-0})); }
+admin_port() { echo $(($(node_port "$1" "$2") + 4)); }
 
 # ---- upstream and Redis --------------------------------------------------------
+# Each is started up to three times, 60 ports up each time (see start_node).
+# $1 = what, $2 = port, $3 = the log; the command follows (it gets the
+# port). Sets STARTED and STARTED_PORT.
+start_retrying() {
+  local what=$1 port=$2 log=$3 attempt
+  shift 3
+  for attempt in 1 2 3; do
+    "$@" "$port" &
+    STARTED=$!
+    PIDS+=("$STARTED")
+    STARTED_PORT=$port
+    if (wait_port "$port") 2>/dev/null; then return 0; fi
+    echo "$what did not start on port $port (attempt $attempt):" >&2
+    tail -3 "$log" >&2 2>/dev/null || true
+    stop "$STARTED"
+    port=$((port + 60))
+  done
+  exit 1
+}
+
 # The upstream logs each request's route and key (buffered; flushed by the
 # USR1 that rotates the log after each run).
-cat >"$TMP/upstream.conf" <<CONF
+upstream() { # $1 = port
+  cat >"$TMP/upstream.conf" <<CONF
 daemon off;
 worker_processes 1;
 pid $TMP/upstream.pid;
@@ -142,31 +167,37 @@ http {
   access_log $TMP/admitted.log keys buffer=256k;
   keepalive_requests 10000000;
   server {
-    listen 127.0.0.1:$PORT_UP;
+    listen 127.0.0.1:$1;
     location / { return 200 "ok\n"; }
   }
 }
 CONF
-start_upstream "$TMP/upstream.conf"
+  exec "$NGINX" -p "$TMP/" -e "$TMP/upstream.err" -c "$TMP/upstream.conf" >/dev/null 2>&1
+}
+start_retrying upstream "$PORT_UP" "$TMP/upstream.err" upstream
 UPSTREAM_PID=$STARTED
-wait_port "$PORT_UP"
+PORT_UP=$STARTED_PORT
 
-redis-server --port "$PORT_REDIS" --bind 127.0.0.1 --save "" --appendonly no \
-  --dir "$TMP" >"$TMP/redis.log" 2>&1 &
-REDIS_PID=$!
-PIDS+=("$REDIS_PID")
-wait_port "$PORT_REDIS"
+redis() { # $1 = port
+  exec redis-server --port "$1" --bind 127.0.0.1 --save "" --appendonly no \
+    --dir "$TMP" >"$TMP/redis.log" 2>&1
+}
+start_retrying redis-server "$PORT_REDIS" "$TMP/redis.log" redis
+REDIS_PID=$STARTED
+PORT_REDIS=$STARTED_PORT
 PEER_SHA=$(redis-cli -p "$PORT_REDIS" SCRIPT LOAD "$(cat bench/lua/peer_gcra.lua)")
 
 # The one-shard cluster: its own redis-server, so that its CPU and calls
-# are counted apart.
-PORT_CLUSTER=$((BASE_PORT + 2))
-redis-server --port "$PORT_CLUSTER" --bind 127.0.0.1 --save "" --appendonly no \
-  --cluster-enabled yes --cluster-config-file "$TMP/cluster-nodes.conf" \
-  --dir "$TMP" >"$TMP/cluster.log" 2>&1 &
-CLUSTER_PID=$!
-PIDS+=("$CLUSTER_PID")
-wait_port "$PORT_CLUSTER"
+# are counted apart; its cluster bus on port + 3 (Redis's default, + 10000,
+# would leave the bench's range).
+cluster() { # $1 = port
+  exec redis-server --port "$1" --bind 127.0.0.1 --save "" --appendonly no \
+    --cluster-enabled yes --cluster-port "$(($1 + 3))" \
+    --cluster-config-file "$TMP/cluster-nodes-$1.conf" --dir "$TMP" >"$TMP/cluster.log" 2>&1
+}
+start_retrying "the cluster's redis-server" "$PORT_CLUSTER" "$TMP/cluster.log" cluster
+CLUSTER_PID=$STARTED
+PORT_CLUSTER=$STARTED_PORT
 redis-cli -p "$PORT_CLUSTER" CLUSTER ADDSLOTSRANGE 0 16383 >/dev/null
 for _ in $(seq 1 100); do
   redis-cli -p "$PORT_CLUSTER" CLUSTER INFO | grep -q '^cluster_state:ok' && break
@@ -293,13 +324,14 @@ CONF
 }
 
 # Starts node $2 of variant $1 in a fleet of $3 and waits until it
-# answers; its pid in $STARTED. Up to three attempts: the ports here may lie
-# in the kernel's ephemeral range, where an outgoing connection of another
-# process can hold a node's port for a moment.
+# answers; its pid in $STARTED. Up to three attempts, on other ports: the
+# ports may lie in the kernel's ephemeral range, where an outgoing
+# connection (of this bench or another process) can hold one.
 start_node() {
   local v=$1 j=$2 attempt port code
-  port=$(node_port "$v" "$j")
   for attempt in 1 2 3; do
+    PORT_SHIFT[$v-$j]=$((60 * (attempt - 1)))
+    port=$(node_port "$v" "$j")
     if [ "$v" = ng_lua ]; then
       ng_lua_conf "$j" >"$TMP/ng-lua-$j.conf"
       : >"$TMP/ng-lua-$j.unexpected"
@@ -308,15 +340,15 @@ start_node() {
       tollgate_fleet_conf "$v" "$j" "$3" >"$TMP/$v-$j.toml"
       start_tollgate "$TMP/$v-$j.toml"
     fi
-    if (wait_port "$port") 2>/dev/null; then
+    if (wait_port "$port") 2>/dev/null &&
+      { [ "$v" = ng_lua ] || (wait_port "$(admin_port "$v" "$j")") 2>/dev/null; }; then
       code=$(curl -s -o /dev/null -w '%{http_code}' -H 'x-api-key: probe' "http://127.0.0.1:$port/zipf")
       [ "$code" = 200 ] || { echo "$v node $j answers $code" >&2; exit 1; }
       return 0
     fi
     echo "$v node $j did not start (attempt $attempt):" >&2
-    cat "$TMP/$v-$j.toml.err" "$TMP/ng-lua-$j.conf.err" "$TMP/ng-lua-$j.err" 2>/dev/null | tail -5 >&2
+    { cat "$TMP/$v-$j.toml.err" "$TMP/ng-lua-$j.conf.err" "$TMP/ng-lua-$j.err" 2>/dev/null || true; } | tail -3 >&2
     stop "$STARTED"
-    sleep 1
   done
   exit 1
 }
@@ -351,19 +383,23 @@ redis_calls() {
     awk -F'[=,]' '/^cmdstat_(evalsha|evalsha_ro|eval|eval_ro|fcall|fcall_ro|ping|script|script[|][a-z]+|cluster[|][a-z]+|readonly|asking):/ {n += $2} END {print n + 0}'
 }
 
-# Responses so far that are not 200/429, and store errors, over a
-# variant's N nodes: "unexpected store_errors".
+# Responses so far that are not 200/429, store errors, and the admin
+# listeners that did not answer, over a variant's N nodes: "unexpected
+# store_errors unanswered".
 status_counts() { # $1 = variant, $2 = N
   local j
   for j in $(seq 0 $(($2 - 1))); do
     if [ "$1" = ng_lua ]; then
       echo "unexpected $(wc -l <"$TMP/ng-lua-$j.unexpected")"
     else
-      curl -sf "http://127.0.0.1:$(admin_port "$1" "$j")/metrics" | awk '
-        /^tollgate_requests_total\{/ && !/status="(200|429)"/ { print "unexpected", $NF }
-        /^tollgate_store_errors_total\{/ { print "store_errors", $NF }'
+      if curl -sf "http://127.0.0.1:$(admin_port "$1" "$j")/metrics" >"$TMP/metrics"; then
+        awk '/^tollgate_requests_total\{/ && !/status="(200|429)"/ { print "unexpected", $NF }
+          /^tollgate_store_errors_total\{/ { print "store_errors", $NF }' "$TMP/metrics"
+      else
+        echo "unanswered 1"
+      fi
     fi
-  done | awk '{ s[$1] += $2 } END { printf "%d %d\n", s["unexpected"], s["store_errors"] }'
+  done | awk '{ s[$1] += $2 } END { printf "%d %d %d\n", s["unexpected"], s["store_errors"], s["unanswered"] }'
 }
 
 gateway_ticks() { # $1 = variant
@@ -431,9 +467,10 @@ measure() {
             print a + 0, b + 0 }')
 
   # Checks: statuses, store errors, the upstream's count, each key's bound.
-  local unexpected store_errors served allowed worst over
+  local unexpected store_errors unanswered served allowed worst over
   unexpected=$(($(echo "$st1" | cut -d' ' -f1) - $(echo "$st0" | cut -d' ' -f1)))
   store_errors=$(($(echo "$st1" | cut -d' ' -f2) - $(echo "$st0" | cut -d' ' -f2)))
+  unanswered=$(($(echo "$st0" | cut -d' ' -f3) + $(echo "$st1" | cut -d' ' -f3)))
   served=$(wc -l <"$TMP/admitted.run")
   allowed=$((total - non2xx))
   read -r worst over < <(awk -v cap="$capacity" -v rate="$rate" -v slack="$lease_slack" \
@@ -447,6 +484,7 @@ measure() {
   local why=
   [ "$unexpected" = 0 ] || why="$why $unexpected responses neither 200 nor 429;"
   [ "$store_errors" = 0 ] || why="$why $store_errors store errors;"
+  [ "$unanswered" = 0 ] || why="$why $unanswered scrapes of /metrics failed;"
   [ "$errors" = 0 ] || why="$why $errors socket errors;"
   [ "$total" -gt 0 ] || why="$why no responses;"
   if [ "$served" -lt "$allowed" ] || [ "$served" -gt $((allowed + CONNS)) ]; then
