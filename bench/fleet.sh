@@ -6,7 +6,7 @@
 #   zipf   10,000 keys, Zipf-distributed (s = 1.0: the first key draws about
 #          10 % of the requests, the 100th 0.1 %): the head binds, the tail
 #          does not
-# and four variants, N processes of each, in front of one nginx `return
+# and five variants, N processes of each, in front of one nginx `return
 # 200` upstream:
 #   tg_memory   tollgate, memory store, each node limited to 1/N of the
 #               limit (the latency reference: no store call)
@@ -34,7 +34,8 @@
 # gateways), the denied share, gateway CPU µs per decision (all N
 # processes), Redis CPU µs per decision (utime + stime of redis-server over
 # responses), Redis calls per decision (`INFO commandstats`: the client
-# commands EVALSHA, EVAL, FCALL, SCRIPT, PING), p50/p99 latency (the N wrk
+# commands EVALSHA, EVAL, FCALL, SCRIPT, PING, and on the cluster its
+# topology queries, CLUSTER …), p50/p99 latency (the N wrk
 # distributions merged, weighted by their requests). The latency the store
 # adds is the difference from tg_memory at the same N and key set (tollgate
 # exposes no store-call histogram), under load and in the light phase.
@@ -61,6 +62,7 @@
 # calls per decision are the figures that carry over to a real fleet.
 #
 # Run (as root, or with the tools installed):   bench/fleet.sh
+# (about 12 minutes with the defaults)
 # Knobs: NODES="1 2 4" KEYSETS="hot zipf" VARIANTS="tg_memory tg_redis
 #        tg_lease tg_cluster ng_lua" DURATION=5 LIGHT_DURATION=3 (0: no
 #        light phase)
