@@ -29,7 +29,7 @@
 //! # The 64-bit key
 //!
 //! A shard holds the digest's low half only: its high half's top bits chose
-//! the shard ([`SHARDS`](super::memory::SHARDS) = 64: 6 bits), so a key is
+//! the shard (`memory.rs`: 64 shards, 6 bits), so a key is
 //! told apart from the others by 70 of the digest's 128 bits. Two clients
 //! whose digests agree on those 70 bits share one state: the chance of any
 //! such pair among `n` live keys of a limit is about `n² / 2^71`, 4 × 10⁻¹⁰
