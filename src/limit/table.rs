@@ -480,21 +480,25 @@ impl Table {
         key: StoreKey,
         f: impl FnOnce(StateMut<'_>) -> R,
     ) -> Option<R> {
-        match self {
-            Table::Gcra(t) => {
-                let base = t.base_scaled();
-                let rel = t.slots.get_mut(key)?;
-                let mut state = Compact::load(*rel, base);
-                let r = f(StateMut::Gcra(&mut state));
-                *rel = Compact::store(state, base);
-                Some(r)
-            }
-            Table::GcraWide(t) => t.get_mut(key).map(|s| f(StateMut::Gcra(s))),
-            Table::Window(t) => t.get_mut(key).map(|s| f(StateMut::Window(s))),
-            Table::Sliding(t) => t.get_mut(key).map(|s| f(StateMut::Sliding(s))),
-            Table::Log(t) => t.get_mut(key).map(|s| f(StateMut::Log(s))),
-            Table::Inflight(t) => t.get_mut(key).map(|s| f(StateMut::Inflight(s))),
+        // `f` (the whole decision, inlined) appears twice here, not once
+        // per layout: a compact tat is a copy written back after.
+        if let Table::Gcra(t) = self {
+            let base = t.base_scaled();
+            let rel = t.slots.get_mut(key)?;
+            let mut state = Compact::load(*rel, base);
+            let r = f(StateMut::Gcra(&mut state));
+            *rel = Compact::store(state, base);
+            return Some(r);
         }
+        let state = match self {
+            Table::Gcra(_) => return None,
+            Table::GcraWide(t) => StateMut::Gcra(t.get_mut(key)?),
+            Table::Window(t) => StateMut::Window(t.get_mut(key)?),
+            Table::Sliding(t) => StateMut::Sliding(t.get_mut(key)?),
+            Table::Log(t) => StateMut::Log(t.get_mut(key)?),
+            Table::Inflight(t) => StateMut::Inflight(t.get_mut(key)?),
+        };
+        Some(f(state))
     }
 
     /// Stores `state` for `key`, which the caller found absent; `now` as
