@@ -4,8 +4,9 @@
 //!
 //! Keys are spread over [`SHARDS`] shards by the high bits of their digest;
 //! each shard is a `parking_lot::Mutex` around a hash table keyed by the
-//! digest's two halves (the low half is used as the table's hash directly: it
-//! is already uniformly random, so no second hash is computed). There is no
+//! digest's low half (used as the table's hash directly: it is already
+//! uniformly random, so no second hash is computed; `table.rs` says why 64
+//! bits within a shard are enough). There is no
 //! global lock: a decision locks only the shard(s) it touches, and the shards
 //! are cache-line aligned so that neighbours do not contend through false
 //! sharing. A shard lock (rather than one atomic word per key, as governor
@@ -18,14 +19,15 @@
 //!
 //! # Memory per key
 //!
-//! A table slot is the 16-byte key plus a 24-byte state (`KeyState`: the
-//! fixed and sliding windows' 16 bytes and the token bucket's `tat`, kept as
-//! two `u64` halves so no variant forces 16-byte alignment) plus 1 control
-//! byte: 41 bytes. The table (std's hashbrown) keeps at most 7/8 of its slots
-//! full and doubles when it fills, so a key costs 47 bytes at full load and
-//! ~94 right after a doubling. A sliding log adds a
-//! heap-allocated deque of `(timestamp, units)` runs (16 bytes per run), and
-//! a concurrency key an `Arc<AtomicU64>` (24 bytes).
+//! Each shard's keys live in a [`Table`] laid out for the limiter's
+//! algorithm (`table.rs` has the figures): a token or leaky bucket's slot is
+//! the digest's low half (8 bytes; the shard took the high half's top bits)
+//! and its `tat` as an 8-byte offset from the shard's base, 16 bytes plus
+//! one control byte. hashbrown keeps at most 7/8 of the slots full and
+//! doubles when it fills, so a token-bucket key costs 19 bytes at full load
+//! and 39 right after a doubling. A sliding log adds a heap-allocated deque
+//! of `(timestamp, units)` runs (16 bytes per run), and a concurrency key an
+//! `Arc<AtomicU64>` (24 bytes).
 //!
 //! # Bounding the number of keys
 //!
@@ -68,16 +70,16 @@
 //! `Arc<Limiter>`. Requests decided by the old limiter after the copy are not
 //! carried (the window between `carry_from` and the swap is microseconds).
 
-use std::collections::HashMap;
-use std::hash::{BuildHasherDefault, Hasher};
+use std::hash::Hasher;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 
 use parking_lot::{Mutex, MutexGuard};
 
-use super::concurrency::{self, ConcurrencyPermit, Slot};
+use super::concurrency::{self, ConcurrencyPermit};
 use super::key::LimitKey;
 use super::reservations::OpenReservations;
+use super::table::{KeyState, StateMut, StateRef, StoreKey, Table};
 use super::verdict::Verdict;
 use super::{Algorithm, NANOS_PER_SEC, Nanos, WindowAlign};
 use super::{fixed_window, leaky_bucket, sliding_log, sliding_window, token_bucket};
@@ -89,22 +91,8 @@ pub(crate) const SHARDS: usize = 64;
 /// A full limiter sweeps a shard at most this often when a new key arrives.
 const CAP_SWEEP_INTERVAL: Nanos = NANOS_PER_SEC;
 
-/// The digest as a table key. 8-byte aligned (a `u128` would force 16-byte
-/// alignment on the whole slot).
-#[derive(Clone, Copy, PartialEq, Eq, Debug)]
-pub(crate) struct StoreKey {
-    hi: u64,
-    lo: u64,
-}
-
-impl std::hash::Hash for StoreKey {
-    fn hash<H: Hasher>(&self, state: &mut H) {
-        // The digest is already uniform: its low half is the hash.
-        state.write_u64(self.lo);
-    }
-}
-
-/// Passes the digest's low half through as the hash.
+/// Passes a digest's half through as the hash (for other maps keyed by
+/// digests: the JWT cache, `simulate`'s tracker).
 #[derive(Default)]
 pub(crate) struct DigestHasher(u64);
 
@@ -113,7 +101,7 @@ impl Hasher for DigestHasher {
         self.0
     }
     fn write(&mut self, bytes: &[u8]) {
-        // Only `write_u64` is used by `StoreKey`; fold anything else in.
+        // Only `write_u64` is expected; fold anything else in.
         for &b in bytes {
             self.0 = self.0.rotate_left(8) ^ u64::from(b);
         }
@@ -123,22 +111,10 @@ impl Hasher for DigestHasher {
     }
 }
 
-/// One key's state; the variant is fixed by the limiter's algorithm.
-#[derive(Debug)]
-pub(crate) enum KeyState {
-    Window(fixed_window::State),
-    Sliding(sliding_window::State),
-    /// Boxed: a deque would double every other variant's size.
-    Log(Box<sliding_log::State>),
-    /// Token and leaky bucket.
-    Gcra(token_bucket::State),
-    Inflight(Slot),
-}
-
 /// One shard's keys.
-#[derive(Debug, Default)]
+#[derive(Debug)]
 pub(crate) struct ShardMap {
-    map: HashMap<StoreKey, KeyState, BuildHasherDefault<DigestHasher>>,
+    table: Table,
     /// Shared by the keys of this shard that arrived while the limiter was
     /// at `max_keys` (see the module doc).
     overflow: Option<KeyState>,
@@ -148,7 +124,7 @@ pub(crate) struct ShardMap {
 
 /// Cache-line aligned so neighbouring shards' locks do not share a line.
 #[repr(align(128))]
-#[derive(Debug, Default)]
+#[derive(Debug)]
 struct Shard(Mutex<ShardMap>);
 
 /// Where a charge went, to undo it.
@@ -217,12 +193,19 @@ impl Limiter {
     /// limit's, is for the caller's reading only: the limiter keeps no copy
     /// (its metrics and logs are labelled by the snapshot).
     pub fn new(_name: &str, algorithm: Algorithm, max_keys: usize) -> Limiter {
+        let shard = || {
+            Shard(Mutex::new(ShardMap {
+                table: Table::new(&algorithm),
+                overflow: None,
+                swept_at: 0,
+            }))
+        };
         Limiter {
             algorithm,
             align: WindowAlign::default(),
             max_keys,
             live: AtomicUsize::new(0),
-            shards: (0..SHARDS).map(|_| Shard::default()).collect(),
+            shards: (0..SHARDS).map(|_| shard()).collect(),
             open: OpenReservations::default(),
         }
     }
@@ -236,7 +219,8 @@ impl Limiter {
 
     /// The clock a key's fixed window runs on: with `reset_jitter`, `now`
     /// moved back by the key's offset in `[0, jitter)`, so the key's
-    /// boundaries fall that much later than the epoch-aligned ones.
+    /// boundaries fall that much later than the epoch-aligned ones. Only a
+    /// fixed window reads the key, and its table keeps the whole digest.
     #[inline]
     fn key_now(&self, key: StoreKey, now: Nanos) -> Nanos {
         match (self.algorithm, self.align) {
@@ -297,20 +281,22 @@ impl Limiter {
         let now = self.key_now(k, now);
         let mut shard = self.lock_shard(self.shard_of(key));
         let shard = &mut *shard;
-        if let Some(state) = shard.map.get_mut(&k) {
-            self.adjust_state(state, delta, now, ceiling);
+        let adjust = |state: StateMut<'_>| self.adjust_state(state, delta, now, ceiling);
+        if shard.table.with(k, now, adjust).is_some() {
             return;
         }
         if delta < 0 {
             // Nothing to refund on a fresh key.
             return;
         }
-        let state = if self.reserve(shard, now) {
-            shard.map.entry(k).or_insert_with(|| self.fresh_state())
+        if self.reserve(shard, now) {
+            let mut state = self.fresh_state();
+            adjust(state.write());
+            shard.table.insert(k, state, now);
         } else {
-            shard.overflow.get_or_insert_with(|| self.fresh_state())
-        };
-        self.adjust_state(state, delta, now, ceiling);
+            let state = shard.overflow.get_or_insert_with(|| self.fresh_state());
+            adjust(state.write());
+        }
     }
 
     /// Forget every key whose state is fresh again; returns how many.
@@ -355,16 +341,18 @@ impl Limiter {
             let from = from.0.lock();
             // `new` is not shared yet: this lock is never contended.
             let mut to = to.0.lock();
-            for (k, state) in &from.map {
-                if old.is_fresh(state, old.key_now(*k, now)) || !new.reserve(&mut to, now) {
-                    continue;
+            let to = &mut *to;
+            from.table.for_each(|k, state| {
+                if old.is_fresh(state, old.key_now(k, now)) || !new.reserve(to, now) {
+                    return;
                 }
-                to.map.insert(*k, old.carry_state(state, &algorithm, now));
-            }
+                let carried = old.carry_state(state, &algorithm, now);
+                to.table.insert(k, carried, now);
+            });
             to.overflow = from
                 .overflow
                 .as_ref()
-                .map(|s| old.carry_state(s, &algorithm, now));
+                .map(|s| old.carry_state(s.read(), &algorithm, now));
         }
         new
     }
@@ -396,16 +384,19 @@ impl Limiter {
         }
         let k = StoreKey::from(key);
         let now = self.key_now(k, now);
-        if let Some(state) = shard.map.get_mut(&k) {
-            let (v, next) = self.decide(Some(state), now, cost);
-            return match next {
+        let held = shard.table.with(k, now, |state| {
+            let (v, next) = self.decide(Some(state.read()), now, cost);
+            match next {
                 Some(next) => {
                     let action = self.commit(state, next, now, cost, permit);
                     let target = Target::Key(k);
                     (v, Some(Undo { target, action }))
                 }
                 None => (v, None),
-            };
+            }
+        });
+        if let Some(decided) = held {
+            return decided;
         }
         if self.reserve(shard, now) {
             let (v, next) = self.decide(None, now, cost);
@@ -414,16 +405,16 @@ impl Limiter {
                 return (v, None);
             };
             let mut state = self.fresh_state();
-            let action = self.commit(&mut state, next, now, cost, permit);
-            shard.map.insert(k, state);
+            let action = self.commit(state.write(), next, now, cost, permit);
+            shard.table.insert(k, state, now);
             let target = Target::New(k);
             return (v, Some(Undo { target, action }));
         }
         let state = shard.overflow.get_or_insert_with(|| self.fresh_state());
-        let (v, next) = self.decide(Some(state), now, cost);
+        let (v, next) = self.decide(Some(state.read()), now, cost);
         match next {
             Some(next) => {
-                let action = self.commit(state, next, now, cost, permit);
+                let action = self.commit(state.write(), next, now, cost, permit);
                 let target = Target::Overflow;
                 (v, Some(Undo { target, action }))
             }
@@ -433,33 +424,40 @@ impl Limiter {
 
     /// Reverse a charge made by [`Limiter::apply`] under the same lock.
     pub(crate) fn undo(&self, shard: &mut ShardMap, undo: Undo) {
-        let state = match undo.target {
+        let restore = |state: StateMut<'_>| match (undo.action, state) {
+            (UndoAction::Window(old), StateMut::Window(s)) => *s = old,
+            (UndoAction::Sliding(old), StateMut::Sliding(s)) => *s = old,
+            (UndoAction::Gcra(old), StateMut::Gcra(s)) => *s = old,
+            (UndoAction::LogPop(n), StateMut::Log(s)) => sliding_log::unrecord(s, n),
+            _ => {}
+        };
+        match undo.target {
             Target::New(k) => {
-                if shard.map.remove(&k).is_some() {
+                if shard.table.remove(k) {
                     self.live.fetch_sub(1, Ordering::Relaxed);
                 }
-                return;
             }
-            Target::Key(k) => shard.map.get_mut(&k),
-            Target::Overflow => shard.overflow.as_mut(),
-        };
-        let Some(state) = state else { return };
-        match (undo.action, state) {
-            (UndoAction::Window(old), KeyState::Window(s)) => *s = old,
-            (UndoAction::Sliding(old), KeyState::Sliding(s)) => *s = old,
-            (UndoAction::Gcra(old), KeyState::Gcra(s)) => *s = old,
-            (UndoAction::LogPop(n), KeyState::Log(s)) => sliding_log::unrecord(s, n),
-            _ => {}
+            Target::Key(k) => {
+                shard.table.with_held(k, restore);
+            }
+            Target::Overflow => {
+                if let Some(state) = shard.overflow.as_mut() {
+                    restore(state.write());
+                }
+            }
         }
     }
 
     /// The state of `key` as it stands (cost 0), the way [`Limiter::apply`]
     /// would find it (including the overflow state when at the cap).
     pub(crate) fn peek_in(&self, shard: &ShardMap, key: LimitKey, now: Nanos) -> Verdict {
-        let now = self.key_now(StoreKey::from(key), now);
-        let state = match shard.map.get(&StoreKey::from(key)) {
+        let k = StoreKey::from(key);
+        let now = self.key_now(k, now);
+        let state = match shard.table.get(k) {
             Some(s) => Some(s),
-            None if self.live_keys() >= self.max_keys => shard.overflow.as_ref(),
+            None if self.live_keys() >= self.max_keys => {
+                shard.overflow.as_ref().map(KeyState::read)
+            }
             None => None,
         };
         self.decide(state, now, 0).0
@@ -470,13 +468,18 @@ impl Limiter {
     /// The pure decision on `state` (`None` = fresh). The `Next` is present
     /// iff the verdict admits a non-zero cost.
     #[inline(always)]
-    fn decide(&self, state: Option<&KeyState>, now: Nanos, cost: u64) -> (Verdict, Option<Next>) {
+    fn decide(
+        &self,
+        state: Option<StateRef<'_>>,
+        now: Nanos,
+        cost: u64,
+    ) -> (Verdict, Option<Next>) {
         use Algorithm::*;
         let admitted = |v: &Verdict, next: Next| (v.allowed && cost > 0).then_some(next);
         match self.algorithm {
             FixedWindow { limit, window } => {
                 let s = match state {
-                    Some(KeyState::Window(s)) => *s,
+                    Some(StateRef::Window(s)) => s,
                     _ => Default::default(),
                 };
                 let (n, v) = match self.align {
@@ -489,7 +492,7 @@ impl Limiter {
             }
             SlidingWindow { limit, window } => {
                 let s = match state {
-                    Some(KeyState::Sliding(s)) => *s,
+                    Some(StateRef::Sliding(s)) => s,
                     _ => Default::default(),
                 };
                 let (n, v) = sliding_window::decide(s, now, cost, limit, window);
@@ -497,7 +500,7 @@ impl Limiter {
             }
             SlidingLog { limit, window } => {
                 let v = match state {
-                    Some(KeyState::Log(s)) => sliding_log::check(s, now, cost, limit, window),
+                    Some(StateRef::Log(s)) => sliding_log::check(s, now, cost, limit, window),
                     _ => sliding_log::check(&Default::default(), now, cost, limit, window),
                 };
                 (v, admitted(&v, Next::LogRecord))
@@ -517,7 +520,7 @@ impl Limiter {
             }
             Concurrency { max } => {
                 let in_flight = match state {
-                    Some(KeyState::Inflight(slot)) => concurrency::in_flight(slot),
+                    Some(StateRef::Inflight(slot)) => concurrency::in_flight(slot),
                     _ => 0,
                 };
                 let v = concurrency::decide(in_flight, cost, max);
@@ -530,7 +533,7 @@ impl Limiter {
     #[inline(always)]
     fn commit(
         &self,
-        state: &mut KeyState,
+        state: StateMut<'_>,
         next: Next,
         now: Nanos,
         cost: u64,
@@ -541,26 +544,24 @@ impl Limiter {
             _ => 0,
         };
         match (next, state) {
-            (Next::Window(n), KeyState::Window(s)) => UndoAction::Window(std::mem::replace(s, n)),
-            (Next::Sliding(n), KeyState::Sliding(s)) => {
+            (Next::Window(n), StateMut::Window(s)) => UndoAction::Window(std::mem::replace(s, n)),
+            (Next::Sliding(n), StateMut::Sliding(s)) => {
                 UndoAction::Sliding(std::mem::replace(s, n))
             }
-            (Next::Gcra(n), KeyState::Gcra(s)) => UndoAction::Gcra(std::mem::replace(s, n)),
-            (Next::LogRecord, KeyState::Log(s)) => {
+            (Next::Gcra(n), StateMut::Gcra(s)) => UndoAction::Gcra(std::mem::replace(s, n)),
+            (Next::LogRecord, StateMut::Log(s)) => {
                 sliding_log::record(s, now, cost, window);
                 UndoAction::LogPop(cost)
             }
-            (Next::Acquire, KeyState::Inflight(slot)) => {
+            (Next::Acquire, StateMut::Inflight(slot)) => {
                 *permit = Some(ConcurrencyPermit::acquire(slot, cost));
                 UndoAction::Nothing
             }
-            (next, state) => {
-                // A state of another algorithm's shape cannot be stored
-                // (one limiter, one algorithm); if it ever were, the decision
-                // above treated it as fresh, so restart it fresh.
+            _ => {
+                // Each table holds its algorithm's layout only, and the
+                // overflow state is built by `fresh_state`: unreachable.
                 debug_assert!(false, "key state does not match the algorithm");
-                *state = self.fresh_state();
-                self.commit(state, next, now, cost, permit)
+                UndoAction::Nothing
             }
         }
     }
@@ -576,29 +577,29 @@ impl Limiter {
         }
     }
 
-    fn is_fresh(&self, state: &KeyState, now: Nanos) -> bool {
+    fn is_fresh(&self, state: StateRef<'_>, now: Nanos) -> bool {
         use Algorithm::*;
         match (self.algorithm, state) {
-            (FixedWindow { window, .. }, KeyState::Window(s)) => match self.align {
-                WindowAlign::FirstRequest => fixed_window::is_fresh_first(*s, now, window),
-                WindowAlign::Epoch { .. } => fixed_window::is_fresh(*s, now, window),
+            (FixedWindow { window, .. }, StateRef::Window(s)) => match self.align {
+                WindowAlign::FirstRequest => fixed_window::is_fresh_first(s, now, window),
+                WindowAlign::Epoch { .. } => fixed_window::is_fresh(s, now, window),
             },
-            (SlidingWindow { window, .. }, KeyState::Sliding(s)) => {
-                sliding_window::is_fresh(*s, now, window)
+            (SlidingWindow { window, .. }, StateRef::Sliding(s)) => {
+                sliding_window::is_fresh(s, now, window)
             }
-            (SlidingLog { window, .. }, KeyState::Log(s)) => sliding_log::is_fresh(s, now, window),
-            (TokenBucket { refill: rate, .. } | LeakyBucket { rate, .. }, KeyState::Gcra(s)) => {
-                token_bucket::is_fresh(*s, now, rate)
+            (SlidingLog { window, .. }, StateRef::Log(s)) => sliding_log::is_fresh(s, now, window),
+            (TokenBucket { refill: rate, .. } | LeakyBucket { rate, .. }, StateRef::Gcra(s)) => {
+                token_bucket::is_fresh(s, now, rate)
             }
-            (Concurrency { .. }, KeyState::Inflight(slot)) => concurrency::is_fresh(slot),
+            (Concurrency { .. }, StateRef::Inflight(slot)) => concurrency::is_fresh(slot),
             _ => true,
         }
     }
 
-    fn adjust_state(&self, state: &mut KeyState, delta: i64, now: Nanos, ceiling: Algorithm) {
+    fn adjust_state(&self, state: StateMut<'_>, delta: i64, now: Nanos, ceiling: Algorithm) {
         use Algorithm::*;
         match (ceiling, state) {
-            (FixedWindow { limit, window }, KeyState::Window(s)) => {
+            (FixedWindow { limit, window }, StateMut::Window(s)) => {
                 *s = match self.align {
                     WindowAlign::FirstRequest => {
                         fixed_window::adjust_first(*s, now, delta, limit, window)
@@ -608,16 +609,16 @@ impl Limiter {
                     }
                 }
             }
-            (SlidingWindow { limit, window }, KeyState::Sliding(s)) => {
+            (SlidingWindow { limit, window }, StateMut::Sliding(s)) => {
                 *s = sliding_window::adjust(*s, now, delta, limit, window)
             }
-            (SlidingLog { limit, window }, KeyState::Log(s)) => {
+            (SlidingLog { limit, window }, StateMut::Log(s)) => {
                 sliding_log::adjust(s, now, delta, limit, window)
             }
-            (TokenBucket { capacity, refill }, KeyState::Gcra(s)) => {
+            (TokenBucket { capacity, refill }, StateMut::Gcra(s)) => {
                 *s = token_bucket::adjust(*s, now, delta, capacity, refill)
             }
-            (LeakyBucket { capacity, rate, .. }, KeyState::Gcra(s)) => {
+            (LeakyBucket { capacity, rate, .. }, StateMut::Gcra(s)) => {
                 *s = leaky_bucket::adjust(*s, now, delta, capacity, rate)
             }
             _ => {}
@@ -626,27 +627,27 @@ impl Limiter {
 
     /// `state` (of `self`'s algorithm) re-expressed for `new`; the caller has
     /// checked [`Limiter::carries_state`].
-    fn carry_state(&self, state: &KeyState, new: &Algorithm, now: Nanos) -> KeyState {
+    fn carry_state(&self, state: StateRef<'_>, new: &Algorithm, now: Nanos) -> KeyState {
         use Algorithm::*;
         match (self.algorithm, new, state) {
             (
                 TokenBucket { refill: old, .. },
                 TokenBucket { capacity, refill },
-                KeyState::Gcra(s),
-            ) => KeyState::Gcra(token_bucket::rescale(*s, now, old, *capacity, *refill)),
+                StateRef::Gcra(s),
+            ) => KeyState::Gcra(token_bucket::rescale(s, now, old, *capacity, *refill)),
             (
                 LeakyBucket { rate: old, .. },
                 LeakyBucket { capacity, rate, .. },
-                KeyState::Gcra(s),
+                StateRef::Gcra(s),
             ) => {
                 let slots = capacity.saturating_add(1);
-                KeyState::Gcra(token_bucket::rescale(*s, now, old, slots, *rate))
+                KeyState::Gcra(token_bucket::rescale(s, now, old, slots, *rate))
             }
-            (_, _, KeyState::Window(s)) => KeyState::Window(*s),
-            (_, _, KeyState::Sliding(s)) => KeyState::Sliding(*s),
-            (_, _, KeyState::Log(s)) => KeyState::Log(s.clone()),
-            (_, _, KeyState::Gcra(s)) => KeyState::Gcra(*s),
-            (_, _, KeyState::Inflight(slot)) => KeyState::Inflight(Arc::clone(slot)),
+            (_, _, StateRef::Window(s)) => KeyState::Window(s),
+            (_, _, StateRef::Sliding(s)) => KeyState::Sliding(s),
+            (_, _, StateRef::Log(s)) => KeyState::Log(Box::new(s.clone())),
+            (_, _, StateRef::Gcra(s)) => KeyState::Gcra(s),
+            (_, _, StateRef::Inflight(slot)) => KeyState::Inflight(Arc::clone(slot)),
         }
     }
 
@@ -672,16 +673,16 @@ impl Limiter {
     }
 
     fn sweep_shard(&self, shard: &mut ShardMap, now: Nanos) -> usize {
-        let before = shard.map.len();
+        let before = shard.table.len();
         shard
-            .map
-            .retain(|k, s| !self.is_fresh(s, self.key_now(*k, now)));
-        let removed = before - shard.map.len();
+            .table
+            .retain(|k, s| !self.is_fresh(s, self.key_now(k, now)));
+        let removed = before - shard.table.len();
         self.live.fetch_sub(removed, Ordering::Relaxed);
         if shard
             .overflow
             .as_ref()
-            .is_some_and(|s| self.is_fresh(s, now))
+            .is_some_and(|s| self.is_fresh(s.read(), now))
         {
             shard.overflow = None;
         }
@@ -689,9 +690,9 @@ impl Limiter {
     }
 }
 
-fn gcra_state(state: Option<&KeyState>) -> token_bucket::State {
+fn gcra_state(state: Option<StateRef<'_>>) -> token_bucket::State {
     match state {
-        Some(KeyState::Gcra(s)) => *s,
+        Some(StateRef::Gcra(s)) => s,
         _ => Default::default(),
     }
 }
@@ -726,9 +727,27 @@ mod tests {
     }
 
     #[test]
-    fn slot_is_40_bytes() {
-        // The figure in the module doc: 16-byte key + 24-byte state (+1 ctrl).
-        assert_eq!(std::mem::size_of::<(StoreKey, KeyState)>(), 40);
+    fn token_bucket_slot_is_16_bytes() {
+        // The module doc's figure: an 8-byte key and an 8-byte tat (+1 ctrl).
+        let limiter = Limiter::new("t", bucket(10, 10), 10);
+        assert_eq!(limiter.shards[0].0.lock().table.slot_bytes(), 16);
+    }
+
+    #[test]
+    fn a_key_is_its_shard_and_low_half() {
+        // table.rs: within a shard only the digest's low half is kept. Two
+        // digests that agree on the shard bits and the low half share one
+        // state (stricter, never looser); another shard is another key.
+        let l = Limiter::new("t", bucket(1, 1), 100);
+        let a = LimitKey::from_u128((0xA5u128 << 120) | (1 << 64) | 42);
+        let b = LimitKey::from_u128((0xA5u128 << 120) | (2 << 64) | 42);
+        let c = LimitKey::from_u128((0x15u128 << 120) | (1 << 64) | 42);
+        assert_eq!(l.shard_of(a), l.shard_of(b));
+        assert_ne!(l.shard_of(a), l.shard_of(c));
+        assert!(l.check(a, 1, T0).verdict.allowed);
+        assert!(!l.check(b, 1, T0).verdict.allowed, "one state for a and b");
+        assert!(l.check(c, 1, T0).verdict.allowed);
+        assert_eq!(l.live_keys(), 2);
     }
 
     #[test]

@@ -35,6 +35,7 @@ pub(crate) mod reservations;
 pub mod sliding_log;
 pub mod sliding_window;
 pub(crate) mod stack;
+pub(crate) mod table;
 pub mod token_bucket;
 pub(crate) mod verdict;
 

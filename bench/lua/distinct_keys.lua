@@ -1,0 +1,62 @@
+-- wrk script for bench/key_memory.sh: one new `x-api-key` per request.
+--
+-- Args: FIRST COUNT PREFIX MARKER. Request n (n = 1 .. COUNT) is `GET /` with
+-- `x-api-key: PREFIX(FIRST + n)`; once COUNT have been sent, the connections
+-- still running send `GET /free`, a path without a limit, so no key beyond
+-- the COUNT is created while the last answers come in. The upstream marks
+-- its answers to `/` with `x-bench-key`, so the script counts the keyed
+-- answers exactly and stops the thread at the COUNT-th (or at the first
+-- answer that is not a 200), writing the file MARKER for the caller to end
+-- the run (wrk waits for its -d otherwise). `done` prints `keyed=K bad=B` for the caller to
+-- check. Run with one thread (-t1): the counters are that thread's. (A wrk
+-- that did not make its extra request() call would reuse the previous step's
+-- last key: bench/key_memory.sh's count of tollgate's live keys catches that.)
+local threads = {}
+
+function setup(thread)
+  table.insert(threads, thread)
+end
+
+function init(args)
+  first = tonumber(args[1])
+  count = tonumber(args[2])
+  prefix = args[3]
+  marker_path = args[4]
+  -- wrk 4 calls request() once more before the run, in this state, to see
+  -- whether it pipelines (script_verify_request): that call takes number 0.
+  sent, keyed, bad = -1, 0, 0
+end
+
+function request()
+  sent = sent + 1
+  if sent <= count then
+    return wrk.format("GET", "/", { ["x-api-key"] = prefix .. (first + sent) })
+  end
+  return wrk.format("GET", "/free")
+end
+
+function response(status, headers)
+  if status ~= 200 then
+    bad = bad + 1
+  elseif headers["x-bench-key"] or headers["X-Bench-Key"] then
+    keyed = keyed + 1
+  end
+  if (keyed >= count or bad > 0) and not stopping then
+    stopping = true
+    wrk.thread:stop()
+    -- wrk's main thread sleeps for the whole -d whatever its threads do:
+    -- the caller waits for this file, then ends the run with SIGINT.
+    local marker = io.open(marker_path, "w")
+    marker:write("stopped\n")
+    marker:close()
+  end
+end
+
+function done()
+  local k, b = 0, 0
+  for _, thread in ipairs(threads) do
+    k = k + thread:get("keyed")
+    b = b + thread:get("bad")
+  end
+  io.write(string.format("keyed=%d bad=%d\n", k, b))
+end
