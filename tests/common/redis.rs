@@ -47,6 +47,21 @@ pub fn free_port() -> u16 {
     listener.local_addr().expect("addr").port()
 }
 
+/// A free port for a Cluster node: its cluster bus listens 10,000 above
+/// it, so the port must be at most 55,535 (redis-server refuses to start
+/// otherwise) and the bus port free as well. The kernel's ephemeral range
+/// (32,768–60,999 by default) reaches past 55,535, so a plain
+/// [`free_port`] fails about one node in five.
+pub fn free_cluster_port() -> u16 {
+    for _ in 0..1000 {
+        let port = free_port();
+        if port <= 55_535 && std::net::TcpListener::bind(("127.0.0.1", port + 10_000)).is_ok() {
+            return port;
+        }
+    }
+    panic!("no free port with a free cluster bus port 10,000 above it");
+}
+
 impl Redis {
     pub fn start() -> Redis {
         Redis::on_port(free_port())
@@ -364,7 +379,7 @@ impl Cluster {
             "1000",
         ];
         let nodes: Vec<Redis> = (0..masters * (1 + replicas))
-            .map(|_| Redis::with_args(free_port(), &args))
+            .map(|_| Redis::with_args(free_cluster_port(), &args))
             .collect();
         let addrs: Vec<String> = nodes
             .iter()
