@@ -27,7 +27,17 @@
 #         SCHED_FIFO, ahead of wrk at once; `nice` puts them at nice -10,
 #         which CFS only weighs: they then wait up to a few ms for wrk's
 #         time slice on their shared core, the same for every server)
-#         BASE_PORT=18480 (uses BASE_PORT .. BASE_PORT+7)
+#         FLOOD_PRIO=normal (wrk as any process; `idle`: SCHED_IDLE, so it
+#         runs only on what the servers leave, as a flood from another
+#         machine would: the servers of two workers then have both cores)
+#         STALL_MAX=2000 (us; see below)  BASE_PORT=18480 (uses BASE_PORT ..
+#         BASE_PORT+7)
+# The machine's own stalls: during every phase a probe per CPU
+# (bench/stall_probe.py, SCHED_FIFO above everything else) records how late
+# its 1 ms wake-ups are. Its worst lateness is in the round's line (`stall`
+# columns); a round where it reached STALL_MAX in either phase measured the
+# machine, not the server, and is left out of the medians (the summary
+# says how many rounds each median has; with none left, all are used).
 # Needs nginx, wrk and redis-server (installed with apt-get when absent).
 set -euo pipefail
 
@@ -37,6 +47,8 @@ DURATION=${DURATION:-10}
 RATE=${RATE:-1000}
 CONNS=${CONNS:-64}
 CLIENT_PRIO=${CLIENT_PRIO:-rt}
+FLOOD_PRIO=${FLOOD_PRIO:-normal}
+STALL_MAX=${STALL_MAX:-2000}
 SERVER_CPUSET_ONE=${SERVER_CPUSET:-0}
 CLIENT_CPUSET=${CLIENT_CPUSET:-1}
 BASE_PORT=${BASE_PORT:-18480}
@@ -45,7 +57,7 @@ cd "$(dirname "$0")/.."
 
 # shellcheck source=bench/common.sh
 . bench/common.sh
-need_tools nginx wrk redis-server taskset chrt
+need_tools nginx wrk redis-server taskset chrt python3
 if [ $# -ge 1 ]; then
   TOLLGATE=$(realpath "$1")
 else
@@ -67,6 +79,11 @@ case $CLIENT_PRIO in
   *) echo "CLIENT_PRIO is rt or nice, not $CLIENT_PRIO" >&2; exit 2 ;;
 esac
 legit_client() { ahead taskset -c "$CLIENT_CPUSET" "$@"; }
+case $FLOOD_PRIO in
+  normal) flooder() { client "$@"; } ;;
+  idle) flooder() { chrt -i 0 taskset -c "$CLIENT_CPUSET" "$@"; } ;;
+  *) echo "FLOOD_PRIO is normal or idle, not $FLOOD_PRIO" >&2; exit 2 ;;
+esac
 # Moves running processes ahead of wrk in the same way.
 put_ahead() {
   if [ "$CLIENT_PRIO" = rt ]; then
@@ -211,9 +228,22 @@ for server in $SERVERS; do
   client wrk -t1 -c"$CONNS" -d1s -H "x-api-key: abuser" "http://127.0.0.1:${PORT[$server]}/flood" >/dev/null
 done
 
-# The legitimate client alone on $1's port: its result line.
+# The legitimate client on $1's port, a stall probe on every CPU beside it:
+# the client's result line, with " stall_us=" the probes' worst lateness.
+CPUS=$(seq 0 $(($(nproc) - 1)))
 legit() {
-  legit_client "$OPEN_LOOP" "http://127.0.0.1:$1/legit" "$RATE" "$DURATION" "x-api-key: good"
+  local cpu worst=0 max result
+  for cpu in $CPUS; do
+    chrt -f 20 taskset -c "$cpu" python3 bench/stall_probe.py "$DURATION" >"$TMP/probe.$cpu" &
+  done
+  result=$(legit_client "$OPEN_LOOP" "http://127.0.0.1:$1/legit" "$RATE" "$DURATION" "x-api-key: good")
+  wait # the probes (this runs in a command substitution: its own jobs only)
+  for cpu in $CPUS; do
+    max=$(sed -n 's/.*max_us=\([0-9]*\).*/\1/p' "$TMP/probe.$cpu")
+    [ -n "$max" ] || { echo "the stall probe on CPU $cpu printed nothing" >&2; exit 1; }
+    [ "$max" -gt "$worst" ] && worst=$max
+  done
+  echo "$result stall_us=$worst"
 }
 
 # Fails the run unless every legitimate request of line $1 was answered 2xx.
@@ -227,15 +257,15 @@ check_legit() {
 field() { sed "s/.* $1=\\([0-9]*\\).*/\\1/" <<<"$2"; }
 
 echo "# tollgate: $TOLLGATE"
-echo "# legitimate: $RATE req/s open loop for ${DURATION}s; flood: wrk -t1 -c$CONNS, all denied; $ROUNDS rounds; clients ahead of wrk: $CLIENT_PRIO"
-printf 'round\tserver\tquiet_p50\tquiet_p99\tquiet_p999\tquiet_max\tflood_p50\tflood_p99\tflood_p999\tflood_max\tflood_req/s\n'
+echo "# legitimate: $RATE req/s open loop for ${DURATION}s; flood: wrk -t1 -c$CONNS, all denied, priority $FLOOD_PRIO; $ROUNDS rounds; clients ahead of wrk: $CLIENT_PRIO"
+printf 'round\tserver\tquiet_p50\tquiet_p99\tquiet_p999\tquiet_max\tflood_p50\tflood_p99\tflood_p999\tflood_max\tflood_req/s\tquiet_stall\tflood_stall\n'
 : >"$TMP/rounds"
 for round in $(seq 1 "$ROUNDS"); do
   for server in $SERVERS; do
     p=${PORT[$server]}
     quiet=$(legit "$p")
     check_legit "$quiet" "$server quiet"
-    client wrk -t1 -c"$CONNS" -d$((DURATION + 2))s -H "x-api-key: abuser" \
+    flooder wrk -t1 -c"$CONNS" -d$((DURATION + 2))s -H "x-api-key: abuser" \
       "http://127.0.0.1:$p/flood" >"$TMP/flood.out" &
     flood_pid=$!
     sleep 1
@@ -247,13 +277,18 @@ for round in $(seq 1 "$ROUNDS"); do
     line="$round	$server"
     for us in p50_us p99_us p999_us max_us; do line="$line	$(field "$us" "$quiet")"; done
     for us in p50_us p99_us p999_us max_us; do line="$line	$(field "$us" "$flooded")"; done
-    echo "$line	$rps" | tee -a "$TMP/rounds"
+    echo "$line	$rps	$(field stall_us "$quiet")	$(field stall_us "$flooded")" | tee -a "$TMP/rounds"
   done
 done
 
-echo "# medians (min-max) over $ROUNDS rounds, microseconds"
-printf 'server\tquiet_p50\tquiet_p99\tquiet_p999\tflood_p50\tflood_p99\tflood_p999\tflood_max\tflood_req/s\n'
+echo "# medians (min-max) over the rounds whose stall probes stayed below ${STALL_MAX} us (rounds: how many), microseconds"
+printf 'server\trounds\tquiet_p50\tquiet_p99\tquiet_p999\tflood_p50\tflood_p99\tflood_p999\tflood_max\tflood_req/s\n'
 for server in $SERVERS; do
+  kept=$(awk -F'\t' -v s="$server" -v m="$STALL_MAX" '$2 == s && $12 < m && $13 < m' "$TMP/rounds")
+  if [ -z "$kept" ]; then
+    echo "# $server: every round saw a machine stall of ${STALL_MAX} us or more; its medians are over all rounds" >&2
+    kept=$(awk -F'\t' -v s="$server" '$2 == s' "$TMP/rounds")
+  fi
   awk -F'\t' -v s="$server" '
     function stat(list,   n, a, i, j, t, m) {
       n = split(list, a, " ")
@@ -261,7 +296,7 @@ for server in $SERVERS; do
       m = n % 2 ? a[(n + 1) / 2] : (a[n / 2] + a[n / 2 + 1]) / 2
       return sprintf("%d (%d-%d)", m, a[1], a[n])
     }
-    $2 == s {for (c = 3; c <= 11; c++) col[c] = col[c] " " $c}
-    END {printf "%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n", s, stat(col[3]), stat(col[4]), stat(col[5]),
-         stat(col[7]), stat(col[8]), stat(col[9]), stat(col[10]), stat(col[11])}' "$TMP/rounds"
+    {n++; for (c = 3; c <= 11; c++) col[c] = col[c] " " $c}
+    END {printf "%s\t%d\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n", s, n, stat(col[3]), stat(col[4]), stat(col[5]),
+         stat(col[7]), stat(col[8]), stat(col[9]), stat(col[10]), stat(col[11])}' <<<"$kept"
 done

@@ -1,0 +1,37 @@
+#!/usr/bin/env python3
+"""How long this CPU stalls, measured from inside: a loop that asks to wake
+every PERIOD_US and records how late each wake-up is. Run it SCHED_FIFO and
+pinned (bench/flood.sh does: `chrt -f 20 taskset -c N`), so that no process
+of the benchmark can delay it; what it still sees late is the machine's own
+(a virtual CPU the hypervisor did not run, an interrupt storm), and a
+server's latency measured at the same time carries the same stall.
+
+usage: stall_probe.py SECONDS [PERIOD_US]
+prints one line: "p99_us=N max_us=N wakeups=N"
+"""
+
+import sys
+import time
+
+seconds = float(sys.argv[1])
+period = (int(sys.argv[2]) if len(sys.argv) > 2 else 1000) / 1e6
+
+late = []
+clock, sleep = time.monotonic, time.sleep
+start = clock()
+due = start
+while due - start < seconds:
+    due += period
+    now = clock()
+    if due > now:
+        sleep(due - now)
+    now = clock()
+    late.append(now - due)
+    if now - due > period:
+        # After a stall, the next wake-up is a period from now, not a burst
+        # of catch-up wake-ups that would each count the same stall again.
+        due = now
+
+late.sort()
+n = len(late)
+print("p99_us=%d max_us=%d wakeups=%d" % (late[n * 99 // 100] * 1e6, late[-1] * 1e6, n))
