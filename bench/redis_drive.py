@@ -4,10 +4,12 @@ src/store/stack.lua in batches of token-bucket decisions (the layout
 src/store/mod.rs's batch_cmd sends), or the peer's bench/lua/peer_gcra.lua
 one call per decision, over KEYS keys cycling. Checks every answer admits.
 
-usage: redis_drive.py PORT SCRIPT {stack|stack-f735849|peer} BATCH KEYS CALLS
+usage: redis_drive.py PORT SCRIPT {stack|stack-fcb6666|stack-f735849|peer} BATCH KEYS CALLS
 
 `stack-f735849` is the layout of the script before issue 29 (7 values per
-entry, 6 integers answered per entry), to measure that commit's script.
+entry, 6 integers answered per entry), `stack-fcb6666` the one before the
+parameter sets travelled in the msgpack array (each of their values an
+argument), to measure those commits' scripts.
 """
 
 import hashlib
@@ -51,6 +53,8 @@ def reply():
 
 
 def msgpack_int(v):
+    if isinstance(v, float):
+        return b"\xcb" + struct.pack(">d", v)
     if 0 <= v < 128:
         return bytes([v])
     if -32 <= v < 0:
@@ -98,10 +102,19 @@ def call():
     decisions = []
     for k in batch_keys:
         decisions += [number[k] + 1, 1]
+    if layout == "stack-fcb6666":
+        return command(
+            "EVALSHA", sha, len(distinct), *distinct,
+            1, 4, CAPACITY, INTERVAL, 0, 0, 0, len(distinct),
+            msgpack_array(decisions),
+        )
+    # msgpack values one after the other: 1 set (algorithm 4, capacity,
+    # the interval as a float64, 0, 0, 0), the number of string keys, the
+    # decisions.
+    values = [1, 4, int(CAPACITY), float(INTERVAL), 0, 0, 0, len(distinct)] + decisions
     return command(
         "EVALSHA", sha, len(distinct), *distinct,
-        1, 4, CAPACITY, INTERVAL, 0, 0, 0, len(distinct),
-        msgpack_array(decisions),
+        b"".join(msgpack_int(v) for v in values),
     )
 
 

@@ -298,13 +298,18 @@ fn eval_cmd(hash: &str, args: &Args) -> Cmd {
 /// count: algorithm, p1–p4, shadow (a parameter set of `stack.lua`), cost.
 const ENTRY_VALUES: usize = 7;
 
+/// The most values a batch sends as a stream of msgpack values rather than
+/// as one array: Lua lets a C function return at most 8,000 (`LUAI_MAXCSTACK`).
+const STREAM_MAX: usize = 4_000;
+
 /// One `stack.lua` call deciding `batch` in order (the script's header has
 /// the layout): the batch's distinct keys, those of windows and buckets
-/// first (the script reads them with one `MGET`); its distinct parameter
-/// sets, each sent once; the number of window and bucket keys; and the
-/// decisions as one msgpack array of key-and-set numbers and costs. Each
-/// argument costs Redis about what a `GET` does, so a batch of one limit's
-/// decisions sends one key per distinct key, one set, and one array.
+/// first (the script reads them with one `MGET`), then in msgpack its
+/// distinct parameter sets (each sent once), the number of window
+/// and bucket keys, and the decisions as key-and-set numbers and costs.
+/// Each argument costs Redis about what a `GET` does and each `tonumber`
+/// a `strtod`, so a batch of one limit's decisions sends one key per
+/// distinct key and one array, its numbers as msgpack numbers.
 fn batch_cmd<'a>(hash: &str, batch: impl Iterator<Item = &'a Args> + Clone) -> Cmd {
     let entries: usize = batch.clone().map(|a| a.keys).sum();
     // Distinct keys in first-seen order, with whether their state is a
@@ -355,21 +360,30 @@ fn batch_cmd<'a>(hash: &str, batch: impl Iterator<Item = &'a Args> + Clone) -> C
             cmd.arg(*key);
         }
     }
-    cmd.arg(sets.len());
-    for set in &sets {
-        for value in set {
-            cmd.arg(*value);
-        }
-    }
-    cmd.arg(keys.iter().filter(|(_, s)| *s).count());
     // A decision of one entry is that entry; of n others, -n and them.
     let np = sets.len() as i64;
-    let values = batch
+    let decisions: usize = batch
         .clone()
         .map(|a| if a.keys == 1 { 2 } else { 1 + 2 * a.keys })
         .sum();
+    let values = 2 + sets.len() * (ENTRY_VALUES - 1) + decisions;
     let mut packed = Vec::with_capacity(5 + values * 5);
-    msgpack::array(&mut packed, values);
+    // The values one after the other, which `cmsgpack.unpack` returns as
+    // they are and the script gathers with one `{ … }`: building the table
+    // element by element, as for an array, cost Redis as much as the rest
+    // of a one-decision call's parsing. Past what a Lua C call may return,
+    // one array.
+    if values > STREAM_MAX {
+        msgpack::array(&mut packed, values);
+    }
+    msgpack::int(&mut packed, np);
+    for set in &sets {
+        for value in set {
+            msgpack::value(&mut packed, value);
+        }
+    }
+    let string_keys = keys.iter().filter(|(_, s)| *s).count();
+    msgpack::int(&mut packed, string_keys as i64);
     let mut list = list.iter();
     for args in batch {
         if args.keys != 1 {
@@ -384,9 +398,46 @@ fn batch_cmd<'a>(hash: &str, batch: impl Iterator<Item = &'a Args> + Clone) -> C
     cmd
 }
 
-/// The msgpack a batch's decisions are sent in (`stack.lua` reads them
-/// with `cmsgpack.unpack`, no `tonumber` per value): arrays and integers.
+/// The msgpack a batch is sent in (`stack.lua` reads it with
+/// `cmsgpack.unpack`, no `tonumber` per value): an array of integers,
+/// floats and strings.
 mod msgpack {
+    /// A parameter as [`Args`] holds it, as the number it spells (an
+    /// integer, or a float64 parsed as Lua's `tonumber` would, so that
+    /// the script sees the same number), or else as a string (a lease
+    /// member).
+    pub(super) fn value(out: &mut Vec<u8>, text: &str) {
+        if let Ok(v) = text.parse::<i64>() {
+            int(out, v);
+        } else if let Some(v) = text
+            .parse::<f64>()
+            .ok()
+            .filter(|v| v.is_finite() && text.bytes().all(|b| b.is_ascii_digit() || b == b'.'))
+        {
+            out.push(0xcb);
+            out.extend_from_slice(&v.to_bits().to_be_bytes());
+        } else {
+            string(out, text);
+        }
+    }
+
+    /// A string (raw bytes).
+    fn string(out: &mut Vec<u8>, text: &str) {
+        let n = text.len();
+        if n < 32 {
+            out.push(0xa0 | n as u8);
+        } else if let Ok(n) = u8::try_from(n) {
+            out.extend_from_slice(&[0xd9, n]);
+        } else if let Ok(n) = u16::try_from(n) {
+            out.push(0xda);
+            out.extend_from_slice(&n.to_be_bytes());
+        } else {
+            out.push(0xdb);
+            out.extend_from_slice(&u32::try_from(n).unwrap_or(u32::MAX).to_be_bytes());
+        }
+        out.extend_from_slice(text.as_bytes());
+    }
+
     /// An array header for `n` items.
     pub(super) fn array(out: &mut Vec<u8>, n: usize) {
         if n < 16 {
@@ -1659,18 +1710,24 @@ mod tests {
         let b = decision(&[("kw", window, 300)]);
         let c = decision(&[("kb", bucket, 2)]);
         let cmd = batch_cmd("sha", [&a, &b, &c].into_iter());
-        let mut expected: Vec<Vec<u8>> = ["EVALSHA", "sha", "3", "kb", "kw", "kc", "3"]
+        let mut expected: Vec<Vec<u8>> = ["EVALSHA", "sha", "3", "kb", "kw", "kc"]
             .iter()
             .map(|w| w.as_bytes().to_vec())
             .collect();
-        for set in [lease, bucket, window] {
-            expected.extend(set.iter().map(|w| w.as_bytes().to_vec()));
-        }
-        // Two string keys (kb, kw). Key numbers: kb 0, kw 1, kc 2; sets:
-        // lease 0, bucket 1, window 2; e = key * 3 + set + 1.
-        expected.push(b"2".to_vec());
-        expected.push(vec![
-            0x99, // 9 values:
+        // 2 + 3 sets * 6 + 9 = 29 msgpack values: 3 sets, each set's
+        // values as numbers (the interval a float64, the member a string),
+        // two string keys (kb, kw), then the decisions. Key numbers: kb 0,
+        // kw 1, kc 2; sets: lease 0, bucket 1, window 2; e = key * 3 + set + 1.
+        let mut packed = vec![3];
+        packed.extend([5, 3, 0xcd, 0x75, 0x30, 0xa2, b'm', b'1', 0, 0]);
+        packed.extend([4, 10, 0xcb]);
+        packed.extend(1000.0_f64.to_bits().to_be_bytes());
+        packed.extend([0, 0, 0]);
+        packed.extend([1, 5, 0xce]);
+        packed.extend(60_000_000_u32.to_be_bytes());
+        packed.extend([0, 0, 0]);
+        packed.extend([
+            2,    // string keys
             0xfe, // -2 entries,
             7,    // kc, lease
             1, 2, // kb, bucket
@@ -1678,7 +1735,53 @@ mod tests {
             0xcd, 1, 44, 2, // one entry: kb, bucket
             2,
         ]);
+        expected.push(packed);
         assert_eq!(words(&cmd), expected);
+    }
+
+    #[test]
+    fn a_batch_too_long_for_a_lua_stack_is_one_array() {
+        let bucket = ["4", "10", "1000.000000", "0", "0", "0"];
+        let keys: Vec<String> = (0..2_000).map(|i| format!("k{i}")).collect();
+        let entries: Vec<(&str, [&str; 6], i64)> =
+            keys.iter().map(|k| (k.as_str(), bucket, 1)).collect();
+        let big = decision(&entries);
+        let cmd = batch_cmd("sha", std::iter::once(&big));
+        let packed = words(&cmd).pop().unwrap_or_default();
+        // 2 + 6 + 1 + 2 * 2,000 values: an array16 of 4,009.
+        assert_eq!(packed[..3], [0xdc, 0x0f, 0xa9]);
+        let small = decision(&entries[..10]);
+        let packed = words(&batch_cmd("sha", std::iter::once(&small)))
+            .pop()
+            .unwrap_or_default();
+        assert_eq!(packed[0], 1, "a stream, its first value the set count");
+    }
+
+    #[test]
+    fn parameters_travel_as_the_numbers_they_spell() {
+        let packed = |text: &str| {
+            let mut out = Vec::new();
+            msgpack::value(&mut out, text);
+            out
+        };
+        assert_eq!(packed("12"), [12]);
+        assert_eq!(packed("-1"), [0xff]);
+        let mut half = vec![0xcb];
+        half.extend(0.5_f64.to_bits().to_be_bytes());
+        assert_eq!(packed("0.500000"), half);
+        // Past i64: the double Lua's tonumber would make of it.
+        let mut big = vec![0xcb];
+        big.extend((u64::MAX as f64).to_bits().to_be_bytes());
+        assert_eq!(packed(&u64::MAX.to_string()), big);
+        assert_eq!(
+            packed("node-1:7"),
+            [0xa8, b'n', b'o', b'd', b'e', b'-', b'1', b':', b'7']
+        );
+        // Not a number Lua would read the same way: a string.
+        assert_eq!(packed("inf")[0], 0xa3);
+        assert_eq!(packed("1e3")[0], 0xa3);
+        let long = "m".repeat(40);
+        assert_eq!(&packed(&long)[..2], [0xd9, 40]);
     }
 
     #[test]
