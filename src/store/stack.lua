@@ -90,9 +90,10 @@ end
 
 -- The answer; sized for a batch of one plain decision, which fills it.
 local out, o = { 0, 0 }, 0
--- Keys to write (by number), in the order first charged, with the
--- parameter set of that first charge (its parameters give the expiry).
-local wset, written, nw = {}, {}, 0
+-- Keys to write (by number), with the parameter set of their first
+-- charge (its parameters give the expiry). Keys are independent: the
+-- order they are written in does not matter.
+local wset = {}
 
 -- The set of the entry before (consecutive entries mostly share one).
 local lp, la, l1, l2, l3, l4 = 0
@@ -140,8 +141,6 @@ while a <= nd do
     state[i] = new_tat
     if not wset[i] then
       wset[i] = p
-      nw = nw + 1
-      written[nw] = i
     end
   end
   out[o + 1], out[o + 2] = remaining * 4 + 1, reset_after
@@ -409,8 +408,6 @@ if a <= nd then
     state[i] = next
     if not wset[i] then
       wset[i] = p
-      nw = nw + 1
-      written[nw] = i
     end
   end
 
@@ -464,8 +461,6 @@ if a <= nd then
         state[i] = next
         if not wset[i] then
           wset[i] = p
-          nw = nw + 1
-          written[nw] = i
         end
       end
       -- emit(), inline for the common admitted answer.
@@ -517,9 +512,7 @@ end
 -- of one limit share their TAT and expiry): whole numbers with '%d' (the
 -- text of '%.17g', cheaper), others with '%.17g' (exact).
 local last_ms, last_at, last_s, last_value
-for w = 1, nw do
-  local i = written[w]
-  local p = wset[i]
+for i, p in pairs(wset) do
   local key, s, b = KEYS[i], state[i], 6 * p
   local algo, p2 = M[b - 4], M[b - 2]
   -- Until when the key is needed, in us.
