@@ -47,8 +47,9 @@
 -- it captures is an allocation, each table one more, and the garbage is
 -- collected on Redis's time. So the common case (buckets admitting, one
 -- entry per decision) makes no closure and few tables; the rest of the
--- machinery is made by `slow()` the first time a call needs it
--- (BENCHMARKS.md, "The Redis store").
+-- machinery is made only by a call that needs it (the general loop's
+-- block below), and the parameters travel as msgpack numbers, which no
+-- tonumber parses (BENCHMARKS.md, "The Redis store").
 
 local call, tonumber, format = redis.call, tonumber, string.format
 local mfloor, mceil = math.floor, math.ceil
@@ -150,8 +151,7 @@ end
 
 if a <= nd then
   -- Everything else: the machinery is made here, by the calls that need
-  -- it (see the top).
-  -- The parameter sets, by number.
+  -- it (see the top). The parameter sets, by number.
   local A, P1, P2, P3, P4, SHADOW = {}, {}, {}, {}, {}, {}
   for i = 1, np do
     local b = 1 + (i - 1) * 6
