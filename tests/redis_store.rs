@@ -994,6 +994,15 @@ async fn cluster_gateway(
     upstream: &TestUpstream,
     body: &str,
 ) -> InProcess {
+    cluster_gateway_timing_out(cluster, upstream, body, "500ms").await
+}
+
+async fn cluster_gateway_timing_out(
+    cluster: &common::redis::Cluster,
+    upstream: &TestUpstream,
+    body: &str,
+    timeout: &str,
+) -> InProcess {
     let urls: Vec<String> = cluster.urls().iter().map(|u| format!("\"{u}\"")).collect();
     InProcess::start(&format!(
         r#"
@@ -1006,7 +1015,7 @@ backend = "redis"
 cluster = true
 url = [{urls}]
 prefix = "tg:"
-timeout = "500ms"
+timeout = "{timeout}"
 
 [upstreams.api]
 url = "{upstream}"
@@ -1098,6 +1107,70 @@ async fn cluster_stacks_across_slots_are_all_or_nothing() {
         let ttl: i64 = node.cli(&["PTTL", key]).parse().expect("PTTL");
         assert!(ttl > 0, "{key}: PTTL {ttl}");
     }
+}
+
+/// On Cluster, decisions of one slot that meet in a worker's queue share
+/// script calls, as on one Redis, and admit exactly the limit.
+#[tokio::test]
+#[cfg_attr(
+    not(has_redis),
+    ignore = "needs redis-server and redis-cli: apt-get install -y redis-server redis-tools"
+)]
+async fn cluster_decisions_of_one_slot_share_script_calls() {
+    let mut cluster = common::redis::Cluster::start(3, 0);
+    let upstream = TestUpstream::start().await;
+    let body = r#"
+[limits.per_route]
+key = "route"
+algorithm = "fixed_window"
+limit = 150
+window = "1h"
+
+[[routes]]
+name = "r"
+match = { path = "/r" }
+respond = { status = 200, body = "ok" }
+limits = ["per_route"]
+"#;
+    let gateway = cluster_gateway_timing_out(&cluster, &upstream, body, "5s").await;
+    assert_eq!(get(gateway.addr, "/r", &[]).await.status, 200);
+    let key = cluster
+        .keys()
+        .into_iter()
+        .find(|k| k.starts_with("tg:per_route:"))
+        .expect("route key");
+    let node = cluster.primary_of(&key);
+    node.cli(&["CONFIG", "RESETSTAT"]);
+    // The requests meet in the workers' queues while the key's shard
+    // does not answer.
+    node.pause();
+    let mut set = tokio::task::JoinSet::new();
+    for i in 0..300 {
+        let addr = gateway.addr;
+        set.spawn(async move { (i, get(addr, "/r", &[]).await.status) });
+    }
+    tokio::time::sleep(Duration::from_millis(400)).await;
+    node.resume();
+    let mut statuses = vec![0; 300];
+    while let Some(result) = set.join_next().await {
+        let (i, status) = result.expect("request task");
+        statuses[i] = status;
+    }
+    assert_eq!(count(&statuses, 200), 149, "{statuses:?}");
+    assert_eq!(count(&statuses, 429), 151, "{statuses:?}");
+    let calls = evalsha_calls(node);
+    // Unbatched, this was 300 calls.
+    assert!(
+        (2..=60).contains(&calls),
+        "{calls} script calls for 300 decisions"
+    );
+    assert_eq!(window_count(node, &key), 150);
+    assert_eq!(
+        metric(&gateway, "tollgate_store_errors_total")
+            .await
+            .unwrap_or(0.0),
+        0.0
+    );
 }
 
 #[tokio::test]

@@ -33,7 +33,8 @@
 //! # Redis Cluster
 //!
 //! A stack's entries are grouped by slot ([`slot_of`]); each group is one
-//! script call, in stack order, not batched with other requests. A group
+//! decision, in stack order, batched with the thread's other decisions of
+//! that slot (a batcher per slot, each as on one Redis). A group
 //! that denies ends the decision and the groups before it are refunded with
 //! `settle.lua` before the answer (the README states the exactness this
 //! gives).
@@ -209,7 +210,7 @@ thread_local! {
 /// long Redis runs it.
 pub(crate) const MAX_BATCH: usize = 64;
 
-/// Decision calls a worker keeps in flight at most. Two, not one: while
+/// Decision calls a worker keeps in flight at most (per Cluster slot). Two, not one: while
 /// one call's reply waits for the worker to be scheduled, the next batch
 /// is already on its way, so requests do not wait a whole round trip
 /// idle (measured: more req/s at a few more calls per request).
@@ -221,7 +222,34 @@ pub(crate) const MAX_IN_FLIGHT: usize = 2;
 struct ThreadState {
     connection: tokio::sync::OnceCell<Connection>,
     /// Per thread, so never contended by another worker.
-    queue: parking_lot::Mutex<Queue>,
+    queues: parking_lot::Mutex<Queues>,
+}
+
+/// A thread's decisions waiting, one queue per Redis Cluster slot with
+/// decisions waiting or in flight (a call's keys must share a slot); on
+/// one Redis, one queue. Few at a time: a linear search.
+#[derive(Default)]
+struct Queues(SmallVec<[(u16, Queue); 1]>);
+
+impl Queues {
+    /// The queue of `slot`, made when there is none.
+    fn of(&mut self, slot: u16) -> &mut Queue {
+        let at = match self.0.iter().position(|(s, _)| *s == slot) {
+            Some(at) => at,
+            None => {
+                self.0.push((slot, Queue::default()));
+                self.0.len() - 1
+            }
+        };
+        &mut self.0[at].1
+    }
+
+    /// Forgets the queue of `slot`: nothing waits and nothing is in flight.
+    fn remove(&mut self, slot: u16) {
+        if let Some(at) = self.0.iter().position(|(s, _)| *s == slot) {
+            self.0.swap_remove(at);
+        }
+    }
 }
 
 #[derive(Default)]
@@ -860,22 +888,13 @@ impl RedisStore {
             |i| i64::try_from(entries[i].cost).unwrap_or(i64::MAX),
             member.as_deref(),
         );
-        let answer = if self.config.is_cluster() {
-            // Unbatched: requests on one connection rarely share a slot.
-            let cmd = batch_cmd(self.stack.get_hash(), std::iter::once(&args));
-            let value = self.call(&self.stack, &cmd).await?;
-            match &value {
-                Value::Array(items) => {
-                    let mut items = items.iter();
-                    take_answer(&mut items, entries.len())
-                        .filter(|_| items.next().is_none())
-                        .unwrap_or_default()
-                }
-                _ => Answer::new(),
-            }
-        } else {
-            self.batched(args).await?
+        // On Cluster, batched with the thread's other decisions of the
+        // group's slot (a group's keys share one).
+        let slot = match self.config.is_cluster() {
+            true if args.keys > 0 => slot_of(args.value(0)),
+            _ => 0,
         };
+        let answer = self.batched(args, slot).await?;
         let verdicts =
             parse_verdicts(&answer, entries.iter().map(|e| e.cost)).ok_or_else(|| {
                 tracing::warn!("unexpected answer from the redis stack script");
@@ -1067,26 +1086,27 @@ impl RedisStore {
     }
 
     /// One decision through this thread's batcher: sent at once when
-    /// fewer than [`MAX_IN_FLIGHT`] calls are in flight on the thread's
-    /// connection, else with every other
-    /// decision that arrives meanwhile in the next call. Waits at most
+    /// fewer than [`MAX_IN_FLIGHT`] calls for its `slot` are in flight on
+    /// the thread's connection, else with every other decision of that
+    /// slot that arrives meanwhile in the next call. Waits at most
     /// `timeout` in all; a failed batch fails each of its decisions, and
     /// each counts for the breaker as its own call would have.
-    async fn batched(self: &Arc<Self>, args: Args) -> Result<Answer, Unavailable> {
+    async fn batched(self: &Arc<Self>, args: Args, slot: u16) -> Result<Answer, Unavailable> {
         if self.is_down() {
             return Err(Unavailable);
         }
         let state = self.thread_state();
         let (reply, answer) = tokio::sync::oneshot::channel();
         let start = {
-            let mut queue = state.queue.lock();
+            let mut queues = state.queues.lock();
+            let queue = queues.of(slot);
             queue.waiting.push(Pending { args, reply });
             let start = queue.senders < MAX_IN_FLIGHT;
             queue.senders += usize::from(start);
             start
         };
         if start {
-            tokio::spawn(send_batches(self.clone(), state));
+            tokio::spawn(send_batches(self.clone(), state, slot));
         }
         match tokio::time::timeout(self.config.timeout, answer).await {
             Ok(Ok(Ok(answer))) => Ok(answer),
@@ -1238,19 +1258,23 @@ impl RedisStore {
     }
 }
 
-/// Sends the decisions queued on `state`, [`MAX_BATCH`] at a time, one
-/// call in flight per sender, until none is left; the next decision then
-/// starts a new sender.
-async fn send_batches(store: Arc<RedisStore>, state: Arc<ThreadState>) {
+/// Sends the decisions queued on `state` for `slot`, [`MAX_BATCH`] at a
+/// time, one call in flight per sender, until none is left; the next
+/// decision then starts a new sender.
+async fn send_batches(store: Arc<RedisStore>, state: Arc<ThreadState>, slot: u16) {
     let mut batch: Vec<Pending> = Vec::new();
     loop {
         {
-            let mut queue = state.queue.lock();
+            let mut queues = state.queues.lock();
+            let queue = queues.of(slot);
             // Callers that gave up are not decided: they were told
             // `Unavailable`, and a charge for them would be lost.
             queue.waiting.retain(|p| !p.reply.is_closed());
             if queue.waiting.is_empty() {
                 queue.senders -= 1;
+                if queue.senders == 0 {
+                    queues.remove(slot);
+                }
                 return;
             }
             std::mem::swap(&mut queue.waiting, &mut batch);
