@@ -1143,19 +1143,7 @@ limits = ["per_route"]
     node.cli(&["CONFIG", "RESETSTAT"]);
     // The requests meet in the workers' queues while the key's shard
     // does not answer.
-    node.pause();
-    let mut set = tokio::task::JoinSet::new();
-    for i in 0..300 {
-        let addr = gateway.addr;
-        set.spawn(async move { (i, get(addr, "/r", &[]).await.status) });
-    }
-    tokio::time::sleep(Duration::from_millis(400)).await;
-    node.resume();
-    let mut statuses = vec![0; 300];
-    while let Some(result) = set.join_next().await {
-        let (i, status) = result.expect("request task");
-        statuses[i] = status;
-    }
+    let statuses = burst_while_paused(node, &gateway, "/r", 300, |i| format!("user-{i}")).await;
     assert_eq!(count(&statuses, 200), 149, "{statuses:?}");
     assert_eq!(count(&statuses, 429), 151, "{statuses:?}");
     let calls = evalsha_calls(node);

@@ -417,59 +417,15 @@ if a <= nd then
   while a <= nd do
     local e = M[a]
     if e > 0 then
-      -- One entry (the common case): all or nothing is the entry's verdict.
+      -- One entry: all or nothing is the entry's verdict.
       local cost = M[a + 1]
       local p = (e - 1) % np + 1
       local i = (e - p) / np + 1
-      if p ~= lp then
-        local b = 6 * p
-        lp, la, l1, l2, l3, l4 = p, M[b - 4], M[b - 3], M[b - 2], M[b - 1], M[b]
-      end
       local s = state[i]
-      local allowed, remaining, reset_after, retry, delay, next, taken
-      if la == 4 then
-        if s == nil then
-          s = raw[i]
-          s = s and tonumber(s) or 0
-        end
-        local tat = s
-        if tat < now then tat = now end
-        local new_tat = tat + cost * l2
-        local ahead = new_tat - now
-        local tau = l1 * l2
-        if l3 == 0 and l4 <= cost and cost <= l1 and ahead <= tau + 1e-6 then
-          -- gcra() admitting, without lease or delay, inline: the hot path.
-          local room = tau - ahead
-          if room < 0 then room = 0 end
-          remaining = mfloor(room / l2 + 1e-6)
-          reset_after = 0
-          if remaining < l1 then
-            local debt = ahead - tau
-            if debt < 0 then debt = 0 end
-            reset_after = mceil((remaining + 1) * l2 - room + debt - 1e-6)
-          end
-          allowed, retry, delay, next, taken = true, 0, 0, new_tat, cost
-        else
-          allowed, remaining, reset_after, retry, delay, next, taken = gcra(s, cost, l1, l2, l3, l4)
-        end
-      else
-        if s == nil then s = load(i, la) end
-        allowed, remaining, reset_after, retry, delay, next, taken = decide(p, s, cost)
-      end
-      if allowed and next ~= nil and cost > 0 then
-        -- charge(), inline.
-        state[i] = next
-        if not wset[i] then
-          wset[i] = p
-        end
-      end
-      -- emit(), inline for the common admitted answer.
-      if allowed and delay == 0 and taken == cost then
-        out[o + 1], out[o + 2] = remaining * 4 + 1, reset_after
-        o = o + 2
-      else
-        emit(allowed, remaining, reset_after, retry, delay, taken, cost)
-      end
+      if s == nil then s = load(i, A[p]) end
+      local allowed, remaining, reset_after, retry, delay, next, taken = decide(p, s, cost)
+      if allowed and next ~= nil and cost > 0 then charge(i, p, next) end
+      emit(allowed, remaining, reset_after, retry, delay, taken, cost)
       a = a + 2
     else
       local n = -e
