@@ -5,7 +5,8 @@
 # bench/cpu_split.sh compares a binary with nginx; comparing two of our own
 # builds with it means two runs, minutes apart, and a shared VM's slow
 # minutes land on one of them. Here both binaries are up for the whole run
-# (one worker each, configured as bench/load.sh configures tollgate, in
+# (one worker each unless WORKERS says otherwise, configured as
+# bench/load.sh configures tollgate, in
 # front of the same nginx `return 200` upstream), and `wrk -t1 -cCONNS
 # -dDURATION` drives A, then B, then A again, ROUNDS times. Per run it
 # prints requests/s and the server's CPU time per request (utime + stime
@@ -13,6 +14,7 @@
 #
 # Run:    bench/ab.sh BINARY_A BINARY_B
 # Knobs:  MODE=allow|deny  ROUNDS=6  DURATION=5s  CONNS=64  BASE_PORT=18380
+#         WORKERS=1 (each build's `workers`; 2 shares both cores with wrk)
 #         SERVER_CPU=0.5 (cap each build alike, bench/common.sh)
 #         (uses BASE_PORT .. BASE_PORT+2)
 # Needs nginx and wrk (installed with apt-get when absent).
@@ -22,6 +24,7 @@ MODE=${MODE:-allow}
 ROUNDS=${ROUNDS:-6}
 DURATION=${DURATION:-5s}
 CONNS=${CONNS:-64}
+WORKERS=${WORKERS:-1}
 BASE_PORT=${BASE_PORT:-18380}
 [ $# -eq 2 ] || { echo "usage: bench/ab.sh BINARY_A BINARY_B" >&2; exit 2; }
 A=$(realpath "$1")
@@ -44,8 +47,8 @@ case $MODE in
   deny) CAPACITY=1 RATE="1/m" ;;
   *) echo "MODE is allow or deny" >&2; exit 2 ;;
 esac
-tollgate_conf 1 $((BASE_PORT + 1)) "$CAPACITY" "$RATE" "$PORT_UP" >"$TMP/a.toml"
-tollgate_conf 1 $((BASE_PORT + 2)) "$CAPACITY" "$RATE" "$PORT_UP" >"$TMP/b.toml"
+tollgate_conf "$WORKERS" $((BASE_PORT + 1)) "$CAPACITY" "$RATE" "$PORT_UP" >"$TMP/a.toml"
+tollgate_conf "$WORKERS" $((BASE_PORT + 2)) "$CAPACITY" "$RATE" "$PORT_UP" >"$TMP/b.toml"
 TOLLGATE=$A start_tollgate "$TMP/a.toml"
 PID_A=$STARTED
 TOLLGATE=$B start_tollgate "$TMP/b.toml"
@@ -71,7 +74,7 @@ wrk -t1 -c"$CONNS" -d2s "http://127.0.0.1:$((BASE_PORT + 2))/" >/dev/null
 
 echo "# A: $A"
 echo "# B: $B"
-echo "# MODE=$MODE, wrk -t1 -c$CONNS -d$DURATION, alternating, $ROUNDS rounds"
+echo "# MODE=$MODE, workers=$WORKERS, wrk -t1 -c$CONNS -d$DURATION, alternating, $ROUNDS rounds"
 printf 'round\tA_req/s\tA_cpu_us/req\tB_req/s\tB_cpu_us/req\n'
 : >"$TMP/rounds"
 for round in $(seq 1 "$ROUNDS"); do
