@@ -41,17 +41,52 @@ pub struct TlsFiles {
     pub ca: PathBuf,
 }
 
-/// A port nobody listens on right now.
+/// A port nobody listens on right now, for a server that must be given
+/// its port. Taken below the kernel's ephemeral range
+/// (`ip_local_port_range`, 32,768–60,999 by default) when there is room:
+/// a port from that range can be taken, between this check and the
+/// server's bind, by another test's socket bound to port 0 or by an
+/// outgoing connection's local end (seen in CI: nginx "Address already in
+/// use" on a port this returned). Successive calls walk the range from a
+/// start of this process's own, so two calls never return one port.
 pub fn free_port() -> u16 {
+    use std::sync::atomic::{AtomicU32, Ordering};
+    const LOWEST: u32 = 10_000;
+    static NEXT: AtomicU32 = AtomicU32::new(u32::MAX);
+    let below = std::fs::read_to_string("/proc/sys/net/ipv4/ip_local_port_range")
+        .ok()
+        .and_then(|range| range.split_whitespace().next()?.parse::<u32>().ok())
+        .filter(|&low| low > LOWEST + 1_000 && low <= 65_536);
+    if let Some(low) = below {
+        let span = low - LOWEST;
+        if NEXT.load(Ordering::Relaxed) == u32::MAX {
+            let nanos = std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map_or(0, |d| d.subsec_nanos());
+            let _ = NEXT.compare_exchange(
+                u32::MAX,
+                (std::process::id() ^ nanos) % span,
+                Ordering::Relaxed,
+                Ordering::Relaxed,
+            );
+        }
+        for _ in 0..span {
+            let port = LOWEST + NEXT.fetch_add(1, Ordering::Relaxed) % span;
+            let port = u16::try_from(port).expect("below 65,536");
+            if std::net::TcpListener::bind(("127.0.0.1", port)).is_ok() {
+                return port;
+            }
+        }
+    }
     let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
     listener.local_addr().expect("addr").port()
 }
 
 /// A free port for a Cluster node: its cluster bus listens 10,000 above
 /// it, so the port must be at most 55,535 (redis-server refuses to start
-/// otherwise) and the bus port free as well. The kernel's ephemeral range
-/// (32,768–60,999 by default) reaches past 55,535, so a plain
-/// [`free_port`] fails about one node in five.
+/// otherwise) and the bus port free as well. (Where [`free_port`] falls
+/// back to the kernel's ephemeral range, 32,768–60,999 by default, that
+/// reaches past 55,535.)
 pub fn free_cluster_port() -> u16 {
     for _ in 0..1000 {
         let port = free_port();
