@@ -210,10 +210,11 @@ thread_local! {
 /// long Redis runs it.
 pub(crate) const MAX_BATCH: usize = 64;
 
-/// Decision calls a worker keeps in flight at most (per Cluster slot). Two, not one: while
-/// one call's reply waits for the worker to be scheduled, the next batch
-/// is already on its way, so requests do not wait a whole round trip
-/// idle (measured: more req/s at a few more calls per request).
+/// Decision calls a worker keeps in flight at most, per Cluster slot (on
+/// one Redis, in all). Two, not one: while one call's reply waits for the
+/// worker to be scheduled, the next batch is already on its way, so
+/// requests do not wait a whole round trip idle (measured: more req/s at
+/// a few more calls per request).
 pub(crate) const MAX_IN_FLIGHT: usize = 2;
 
 /// One thread's connection (made on first use) and the decisions waiting
@@ -336,8 +337,8 @@ const STREAM_MAX: usize = 4_000;
 /// distinct parameter sets (each sent once), the number of window
 /// and bucket keys, and the decisions as key-and-set numbers and costs.
 /// Each argument costs Redis about what a `GET` does and each `tonumber`
-/// a `strtod`, so a batch of one limit's decisions sends one key per
-/// distinct key and one array, its numbers as msgpack numbers.
+/// a `strtod`, so a batch sends one argument per distinct key and one
+/// msgpack argument for everything else, its numbers as msgpack numbers.
 fn batch_cmd<'a>(hash: &str, batch: impl Iterator<Item = &'a Args> + Clone) -> Cmd {
     let entries: usize = batch.clone().map(|a| a.keys).sum();
     // Distinct keys in first-seen order, with whether their state is a
@@ -427,8 +428,9 @@ fn batch_cmd<'a>(hash: &str, batch: impl Iterator<Item = &'a Args> + Clone) -> C
 }
 
 /// The msgpack a batch is sent in (`stack.lua` reads it with
-/// `cmsgpack.unpack`, no `tonumber` per value): an array of integers,
-/// floats and strings.
+/// `cmsgpack.unpack`, no `tonumber` per value): integers, floats and
+/// strings one after the other, behind an array header past
+/// [`STREAM_MAX`](super::STREAM_MAX) values.
 mod msgpack {
     /// A parameter as [`Args`] holds it, as the number it spells (an
     /// integer, or a float64 parsed as Lua's `tonumber` would, so that
