@@ -276,55 +276,120 @@ struct Pending {
 }
 
 /// The script arguments of one decision or settlement: its keys, then its
-/// ARGV values, all in one buffer (a request builds no `String` per value).
+/// ARGV values. Keys and text values share one buffer (a request builds no
+/// `String` per value); numbers stay numbers until the command is written:
+/// as text for `settle.lua` ([`eval_cmd`]), as msgpack numbers for a batch
+/// of `stack.lua` ([`batch_cmd`]), never formatted and parsed back.
 #[derive(Debug, Default)]
 struct Args {
-    buf: String,
-    /// Where each value ends in `buf`.
-    ends: SmallVec<[u32; 40]>,
-    /// How many of the values are keys (one per entry).
-    keys: usize,
+    /// The keys, then the text values, one after the other.
+    text: String,
+    /// Where each key ends in `text`.
+    key_ends: SmallVec<[u32; 4]>,
+    values: SmallVec<[Param; 32]>,
+}
+
+/// An ARGV value of [`Args`].
+#[derive(Debug, Clone, Copy)]
+enum Param {
+    Int(i64),
+    /// An emission interval in picoseconds, which the scripts take in µs
+    /// (see [`Param::interval_micros`]).
+    Interval(u128),
+    /// Text: this range of [`Args::text`] (a lease member).
+    Text(u32, u32),
+}
+
+/// A [`Param`] with its text resolved: what two decisions' parameter sets
+/// are compared by.
+#[derive(Debug, Clone, Copy, PartialEq)]
+enum ParamValue<'a> {
+    Int(i64),
+    Interval(u128),
+    Text(&'a str),
+}
+
+impl ParamValue<'_> {
+    /// An interval of `ps` picoseconds as µs: the double Lua's `tonumber`
+    /// (`strtod`, correctly rounded) makes of its six-decimal text. Below
+    /// 2^53 `ps` is an exact double and one IEEE division is correctly
+    /// rounded too, so the two agree; above, through the text.
+    fn interval_micros(ps: u128) -> f64 {
+        if ps < 1 << 53 {
+            ps as f64 / 1e6
+        } else {
+            interval_text(ps).parse().unwrap_or(f64::MAX)
+        }
+    }
+}
+
+/// An interval of `ps` picoseconds as the scripts read it in text: µs with
+/// six decimals.
+fn interval_text(ps: u128) -> String {
+    format!("{}.{:06}", ps / 1_000_000, ps % 1_000_000)
 }
 
 impl Args {
-    fn push(&mut self, value: impl std::fmt::Display) {
-        let _ = write!(self.buf, "{value}");
-        self.end();
+    /// Ends the key written at the end of [`Args::text`] since the last.
+    fn end_key(&mut self) {
+        self.key_ends
+            .push(u32::try_from(self.text.len()).unwrap_or(u32::MAX));
     }
 
-    /// Ends the value written into `buf` since the last one.
-    fn end(&mut self) {
-        self.ends
-            .push(u32::try_from(self.buf.len()).unwrap_or(u32::MAX));
+    fn keys(&self) -> usize {
+        self.key_ends.len()
     }
 
-    /// Value `i` (keys first).
-    fn value(&self, i: usize) -> &str {
-        let start = if i == 0 { 0 } else { self.ends[i - 1] as usize };
-        &self.buf[start..self.ends[i] as usize]
+    /// Key `i`.
+    fn key(&self, i: usize) -> &str {
+        let start = if i == 0 { 0 } else { self.key_ends[i - 1] };
+        &self.text[start as usize..self.key_ends[i] as usize]
     }
 
-    fn values(&self) -> impl Iterator<Item = &str> {
-        let starts = std::iter::once(0).chain(self.ends.iter().copied());
-        starts
-            .zip(self.ends.iter().copied())
-            .map(|(a, b)| &self.buf[a as usize..b as usize])
+    /// An integer value; one past `i64` as `i64::MAX` (a limit no count
+    /// reaches either way).
+    fn int<E>(&mut self, value: impl TryInto<i64, Error = E>) {
+        self.values
+            .push(Param::Int(value.try_into().unwrap_or(i64::MAX)));
+    }
+
+    fn text_value(&mut self, value: &str) {
+        let start = u32::try_from(self.text.len()).unwrap_or(u32::MAX);
+        self.text.push_str(value);
+        let end = u32::try_from(self.text.len()).unwrap_or(u32::MAX);
+        self.values.push(Param::Text(start, end));
+    }
+
+    /// ARGV value `i`.
+    fn value(&self, i: usize) -> ParamValue<'_> {
+        match self.values[i] {
+            Param::Int(v) => ParamValue::Int(v),
+            Param::Interval(ps) => ParamValue::Interval(ps),
+            Param::Text(a, b) => ParamValue::Text(&self.text[a as usize..b as usize]),
+        }
     }
 }
 
-/// `EVALSHA <hash> <keys> <keys…> <argv…>` of `args` as they are
+/// `EVALSHA <hash> <keys> <keys…> <argv…>` of `args`, each value in text
 /// (`settle.lua`).
 fn eval_cmd(hash: &str, args: &Args) -> Cmd {
     let mut cmd = redis::cmd("EVALSHA");
-    cmd.arg(hash).arg(args.keys);
-    for value in args.values() {
-        cmd.arg(value);
+    cmd.arg(hash).arg(args.keys());
+    for i in 0..args.keys() {
+        cmd.arg(args.key(i));
+    }
+    for i in 0..args.values.len() {
+        match args.value(i) {
+            ParamValue::Int(v) => cmd.arg(v),
+            ParamValue::Interval(ps) => cmd.arg(interval_text(ps)),
+            ParamValue::Text(text) => cmd.arg(text),
+        };
     }
     cmd
 }
 
-/// Values per entry of a decision's [`Args`] after its keys and entry
-/// count: algorithm, p1–p4, shadow (a parameter set of `stack.lua`), cost.
+/// Values per entry of a decision's [`Args`] after its entry count:
+/// algorithm, p1–p4, shadow (a parameter set of `stack.lua`), cost.
 const ENTRY_VALUES: usize = 7;
 
 /// The most values a batch sends as a stream of msgpack values rather than
@@ -340,32 +405,34 @@ const STREAM_MAX: usize = 4_000;
 /// a `strtod`, so a batch sends one argument per distinct key and one
 /// msgpack argument for everything else, its numbers as msgpack numbers.
 fn batch_cmd<'a>(hash: &str, batch: impl Iterator<Item = &'a Args> + Clone) -> Cmd {
-    let entries: usize = batch.clone().map(|a| a.keys).sum();
+    let entries: usize = batch.clone().map(Args::keys).sum();
     // Distinct keys in first-seen order, with whether their state is a
     // string (window or bucket: algorithms 1, 2 and 4).
     let mut keys: Vec<(&str, bool)> = Vec::with_capacity(entries);
     let mut seen: std::collections::HashMap<&str, usize> =
         std::collections::HashMap::with_capacity(entries);
-    let mut sets: SmallVec<[[&str; ENTRY_VALUES - 1]; 4]> = SmallVec::new();
+    let mut sets: SmallVec<[[ParamValue<'_>; ENTRY_VALUES - 1]; 4]> = SmallVec::new();
     // Per entry: its key's and its set's indexes, and its cost.
     let mut list: Vec<(usize, usize, i64)> = Vec::with_capacity(entries);
     for args in batch.clone() {
-        for j in 0..args.keys {
-            let base = args.keys + 1 + j * ENTRY_VALUES;
-            let set: [&str; ENTRY_VALUES - 1] = std::array::from_fn(|v| args.value(base + v));
-            let key = args.value(j);
+        for j in 0..args.keys() {
+            let base = 1 + j * ENTRY_VALUES;
+            let set: [ParamValue<'_>; ENTRY_VALUES - 1] =
+                std::array::from_fn(|v| args.value(base + v));
+            let key = args.key(j);
             let k = *seen.entry(key).or_insert_with(|| {
-                keys.push((key, matches!(set[0], "1" | "2" | "4")));
+                let string_state = matches!(set[0], ParamValue::Int(1 | 2 | 4));
+                keys.push((key, string_state));
                 keys.len() - 1
             });
             let s = sets.iter().position(|s| *s == set).unwrap_or_else(|| {
                 sets.push(set);
                 sets.len() - 1
             });
-            let cost = args
-                .value(base + ENTRY_VALUES - 1)
-                .parse()
-                .unwrap_or(i64::MAX);
+            let cost = match args.value(base + ENTRY_VALUES - 1) {
+                ParamValue::Int(cost) => cost,
+                _ => i64::MAX,
+            };
             list.push((k, s, cost));
         }
     }
@@ -393,7 +460,7 @@ fn batch_cmd<'a>(hash: &str, batch: impl Iterator<Item = &'a Args> + Clone) -> C
     let np = sets.len() as i64;
     let decisions: usize = batch
         .clone()
-        .map(|a| if a.keys == 1 { 2 } else { 1 + 2 * a.keys })
+        .map(|a| if a.keys() == 1 { 2 } else { 1 + 2 * a.keys() })
         .sum();
     let values = 2 + sets.len() * (ENTRY_VALUES - 1) + decisions;
     let mut packed = Vec::with_capacity(5 + values * 5);
@@ -408,17 +475,17 @@ fn batch_cmd<'a>(hash: &str, batch: impl Iterator<Item = &'a Args> + Clone) -> C
     msgpack::int(&mut packed, np);
     for set in &sets {
         for value in set {
-            msgpack::value(&mut packed, value);
+            msgpack::param(&mut packed, *value);
         }
     }
     let string_keys = keys.iter().filter(|(_, s)| *s).count();
     msgpack::int(&mut packed, string_keys as i64);
     let mut list = list.iter();
     for args in batch {
-        if args.keys != 1 {
-            msgpack::int(&mut packed, -(args.keys as i64));
+        if args.keys() != 1 {
+            msgpack::int(&mut packed, -(args.keys() as i64));
         }
-        for &(k, s, cost) in list.by_ref().take(args.keys) {
+        for &(k, s, cost) in list.by_ref().take(args.keys()) {
             msgpack::int(&mut packed, number[k] * np + s as i64 + 1);
             msgpack::int(&mut packed, cost);
         }
@@ -432,22 +499,19 @@ fn batch_cmd<'a>(hash: &str, batch: impl Iterator<Item = &'a Args> + Clone) -> C
 /// strings one after the other, behind an array header past
 /// [`STREAM_MAX`](super::STREAM_MAX) values.
 mod msgpack {
-    /// A parameter as [`Args`] holds it, as the number it spells (an
-    /// integer, or a float64 parsed as Lua's `tonumber` would, so that
-    /// the script sees the same number), or else as a string (a lease
-    /// member).
-    pub(super) fn value(out: &mut Vec<u8>, text: &str) {
-        if let Ok(v) = text.parse::<i64>() {
-            int(out, v);
-        } else if let Some(v) = text
-            .parse::<f64>()
-            .ok()
-            .filter(|v| v.is_finite() && text.bytes().all(|b| b.is_ascii_digit() || b == b'.'))
-        {
-            out.push(0xcb);
-            out.extend_from_slice(&v.to_bits().to_be_bytes());
-        } else {
-            string(out, text);
+    use super::ParamValue;
+
+    /// A parameter: an integer, an interval as the float64 of its µs (the
+    /// number `settle.lua` reads from its text), a string (a lease member).
+    pub(super) fn param(out: &mut Vec<u8>, value: ParamValue<'_>) {
+        match value {
+            ParamValue::Int(v) => int(out, v),
+            ParamValue::Interval(ps) => {
+                out.push(0xcb);
+                let micros = ParamValue::interval_micros(ps);
+                out.extend_from_slice(&micros.to_bits().to_be_bytes());
+            }
+            ParamValue::Text(text) => string(out, text),
         }
     }
 
@@ -893,7 +957,7 @@ impl RedisStore {
         // On Cluster, batched with the thread's other decisions of the
         // group's slot (a group's keys share one).
         let slot = match self.config.is_cluster() {
-            true if args.keys > 0 => slot_of(args.value(0)),
+            true if args.keys() > 0 => slot_of(args.key(0)),
             _ => 0,
         };
         let answer = self.batched(args, slot).await?;
@@ -977,19 +1041,18 @@ impl RedisStore {
         member: Option<&str>,
     ) -> Args {
         let mut args = Args {
-            buf: String::with_capacity(entries.len() * 96),
+            text: String::with_capacity(entries.len() * 96),
             ..Args::default()
         };
         for e in entries {
-            self.write_key(e, &mut args.buf);
-            args.end();
+            self.write_key(e, &mut args.text);
+            args.end_key();
         }
-        args.keys = entries.len();
-        args.push(entries.len());
+        args.int(entries.len());
         for (i, e) in entries.iter().enumerate() {
             push_params(e, member.unwrap_or(""), &mut args);
-            args.push(if e.shadow { 1 } else { 0 });
-            args.push(amount(i));
+            args.int(i64::from(e.shadow));
+            args.int(amount(i));
         }
         args
     }
@@ -1139,7 +1202,7 @@ impl RedisStore {
                 let mut items = items.iter();
                 let answers: Option<Vec<Answer>> = batch
                     .iter()
-                    .map(|p| take_answer(&mut items, p.args.keys))
+                    .map(|p| take_answer(&mut items, p.args.keys()))
                     .collect();
                 answers.filter(|_| items.next().is_none())
             }
@@ -1375,13 +1438,12 @@ async fn supervise(store: std::sync::Weak<RedisStore>, ready: std::sync::mpsc::S
 /// pushed onto `args`.
 fn push_params(e: &SharedEntry<'_>, member: &str, args: &mut Args) {
     let us = |n: Nanos| (n / 1_000).max(1);
-    // The emission interval T = per / tokens, in µs with six decimals:
-    // counted in ps and rounded, in integers (float formatting is slow).
+    // The emission interval T = per / tokens, counted in ps and rounded,
+    // in integers: the scripts take it in µs with six decimals.
     let interval = |args: &mut Args, per: Nanos, tokens: u64| {
         let tokens = u128::from(tokens.max(1));
         let ps = (u128::from(per) * 1_000 + tokens / 2) / tokens;
-        let _ = write!(args.buf, "{}.{:06}", ps / 1_000_000, ps % 1_000_000);
-        args.end();
+        args.values.push(Param::Interval(ps));
     };
     match e.algorithm {
         Algorithm::FixedWindow { limit, window } => {
@@ -1394,11 +1456,11 @@ fn push_params(e: &SharedEntry<'_>, member: &str, args: &mut Args) {
                 WindowAlign::Epoch { .. } => (0, 0),
                 WindowAlign::FirstRequest => (0, 1),
             };
-            args.push(1);
-            args.push(limit);
-            args.push(us(window));
-            args.push(jitter);
-            args.push(first);
+            args.int(1);
+            args.int(limit);
+            args.int(us(window));
+            args.int(jitter);
+            args.int(first);
         }
         Algorithm::SlidingWindow { limit, window } | Algorithm::SlidingLog { limit, window } => {
             let code = if matches!(e.algorithm, Algorithm::SlidingWindow { .. }) {
@@ -1406,36 +1468,36 @@ fn push_params(e: &SharedEntry<'_>, member: &str, args: &mut Args) {
             } else {
                 3
             };
-            args.push(code);
-            args.push(limit);
-            args.push(us(window));
-            args.push(0);
-            args.push(0);
+            args.int(code);
+            args.int(limit);
+            args.int(us(window));
+            args.int(0);
+            args.int(0);
         }
         Algorithm::TokenBucket { capacity, refill } => {
-            args.push(4);
-            args.push(capacity);
+            args.int(4);
+            args.int(capacity);
             interval(args, refill.per, refill.tokens);
-            args.push(0);
-            args.push(e.lease.min(capacity));
+            args.int(0);
+            args.int(e.lease.min(capacity));
         }
         Algorithm::LeakyBucket {
             capacity,
             rate,
             mode,
         } => {
-            args.push(4);
-            args.push(capacity.saturating_add(1));
+            args.int(4);
+            args.int(capacity.saturating_add(1));
             interval(args, rate.per, rate.tokens);
-            args.push(u8::from(mode == LeakyMode::Delay));
-            args.push(0);
+            args.int(u8::from(mode == LeakyMode::Delay));
+            args.int(0);
         }
         Algorithm::Concurrency { max } => {
-            args.push(5);
-            args.push(max);
-            args.push(LEASE.as_millis());
-            args.push(member);
-            args.push(0);
+            args.int(5);
+            args.int(max);
+            args.int(LEASE.as_millis());
+            args.text_value(member);
+            args.int(0);
         }
     }
 }
@@ -1652,10 +1714,17 @@ mod tests {
         );
     }
 
+    /// The values `push_params` gives `e`, in the text `settle.lua` gets.
     fn params(e: &SharedEntry<'_>) -> Vec<String> {
         let mut args = Args::default();
         push_params(e, "", &mut args);
-        args.values().map(str::to_owned).collect()
+        (0..args.values.len())
+            .map(|i| match args.value(i) {
+                ParamValue::Int(v) => v.to_string(),
+                ParamValue::Interval(ps) => interval_text(ps),
+                ParamValue::Text(text) => text.to_owned(),
+            })
+            .collect()
     }
 
     #[test]
@@ -1701,19 +1770,28 @@ mod tests {
         assert_eq!(params(&e), ["1", "5", "60000000", "0", "1"]);
     }
 
-    /// A decision's [`Args`]: its keys, then its entries' sets and costs.
+    /// A decision's [`Args`]: its keys, then its entries' sets and costs,
+    /// each value as its text spells it (an interval has a decimal point).
     fn decision(entries: &[(&str, [&str; 6], i64)]) -> Args {
         let mut args = Args::default();
         for (key, _, _) in entries {
-            args.push(key);
+            args.text.push_str(key);
+            args.end_key();
         }
-        args.keys = entries.len();
-        args.push(entries.len());
+        args.int(entries.len());
         for (_, set, cost) in entries {
             for value in set {
-                args.push(value);
+                if let Some((us, frac)) = value.split_once('.') {
+                    let ps = us.parse::<u128>().unwrap_or(0) * 1_000_000
+                        + frac.parse::<u128>().unwrap_or(0);
+                    args.values.push(Param::Interval(ps));
+                } else if let Ok(v) = value.parse::<i64>() {
+                    args.int(v);
+                } else {
+                    args.text_value(value);
+                }
             }
-            args.push(cost);
+            args.int(*cost);
         }
         args
     }
@@ -1784,30 +1862,47 @@ mod tests {
     }
 
     #[test]
-    fn parameters_travel_as_the_numbers_they_spell() {
-        let packed = |text: &str| {
+    fn parameters_travel_as_the_numbers_the_scripts_read() {
+        let packed = |value: ParamValue<'_>| {
             let mut out = Vec::new();
-            msgpack::value(&mut out, text);
+            msgpack::param(&mut out, value);
             out
         };
-        assert_eq!(packed("12"), [12]);
-        assert_eq!(packed("-1"), [0xff]);
+        assert_eq!(packed(ParamValue::Int(12)), [12]);
+        assert_eq!(packed(ParamValue::Int(-1)), [0xff]);
         let mut half = vec![0xcb];
         half.extend(0.5_f64.to_bits().to_be_bytes());
-        assert_eq!(packed("0.500000"), half);
-        // Past i64: the double Lua's tonumber would make of it.
-        let mut big = vec![0xcb];
-        big.extend((u64::MAX as f64).to_bits().to_be_bytes());
-        assert_eq!(packed(&u64::MAX.to_string()), big);
+        assert_eq!(packed(ParamValue::Interval(500_000)), half);
         assert_eq!(
-            packed("node-1:7"),
+            packed(ParamValue::Text("node-1:7")),
             [0xa8, b'n', b'o', b'd', b'e', b'-', b'1', b':', b'7']
         );
-        // Not a number Lua would read the same way: a string.
-        assert_eq!(packed("inf")[0], 0xa3);
-        assert_eq!(packed("1e3")[0], 0xa3);
         let long = "m".repeat(40);
-        assert_eq!(&packed(&long)[..2], [0xd9, 40]);
+        assert_eq!(&packed(ParamValue::Text(&long))[..2], [0xd9, 40]);
+        // An interval is the double strtod makes of its text, which
+        // settle.lua reads: the same bucket in both scripts. Thirds,
+        // sevenths and a day per token (past 2^53 ps) included.
+        let day = 86_400 * 1_000_000_000_000_u128;
+        for ps in [
+            1,
+            333_333_333,
+            666_666_667,
+            142_857_143,
+            1 << 53,
+            day,
+            day / 7 + 1,
+        ]
+        .into_iter()
+        .chain((0..2_000).map(|i| 1_000_003 * i * i + 7 * i))
+        .chain((0..200).map(|i| (1 << 53) - 100 + i * 999_999_937))
+        {
+            let text: f64 = interval_text(ps).parse().expect("a number");
+            assert_eq!(
+                ParamValue::interval_micros(ps).to_bits(),
+                text.to_bits(),
+                "{ps} ps"
+            );
+        }
     }
 
     #[test]
