@@ -279,6 +279,28 @@ cpu_ticks() {
   echo "$total"
 }
 
+# CPU ticks of a process and its direct children, user and kernel apart:
+# "UTIME STIME".
+cpu_user_sys() {
+  local user=0 sys=0 pid fields
+  for pid in "$1" $(pgrep -P "$1" || true); do
+    [ -r "/proc/$pid/stat" ] || continue
+    fields=$(sed 's/^.*) //' "/proc/$pid/stat")
+    user=$((user + $(echo "$fields" | awk '{print $12}')))
+    sys=$((sys + $(echo "$fields" | awk '{print $13}')))
+  done
+  echo "$user $sys"
+}
+
+# Context switches (voluntary and not) of every thread of a process and of
+# its direct children: how often a server went to sleep or was preempted.
+ctx_switches() {
+  local pid
+  for pid in "$1" $(pgrep -P "$1" || true); do
+    cat /proc/"$pid"/task/*/status 2>/dev/null || true
+  done | awk '/^(non)?voluntary_ctxt_switches:/ {n += $2} END {print n + 0}'
+}
+
 # Latency text from wrk ("812.00us", "1.20ms", "1.01s") in microseconds.
 to_us() {
   awk -v t="$1" 'BEGIN {

@@ -7,16 +7,20 @@
 # between runs. Here both servers are up for the whole run and `wrk` drives
 # them in strict alternation (tollgate, nginx, tollgate, ...), so slow
 # minutes hit both. It reads each server's `utime` and `stime` from
-# /proc/PID/stat around every round and prints every round, then the means:
-# user µs/request (the server's own code), sys µs/request (the kernel on its
-# behalf), their sum, and requests/s.
+# /proc/PID/stat (nginx's: its workers') around every round and prints
+# every round, then the means: user µs/request (the server's own code), sys
+# µs/request (the kernel on its behalf), their sum, requests/s, and context
+# switches per request (how often the server's threads went to sleep or
+# were preempted: each costs a wake-up, which is where a second worker's
+# CPU goes when the load leaves it idle between requests).
 #
-# Both run one worker, configured as in bench/load.sh (bench/common.sh), in
-# front of the same nginx `return 200` upstream.
+# Both run WORKERS workers (one by default), configured as in bench/load.sh
+# (bench/common.sh), in front of the same nginx `return 200` upstream.
 #
 # Run:    bench/cpu_split.sh [BINARY]   (default: target/dist/tollgate,
 #                                        built unless SKIP_BUILD=1)
-# Knobs:  MODE=allow|deny  ROUNDS=8  DURATION=4s  CONNS=64  BASE_PORT=18280
+# Knobs:  MODE=allow|deny  ROUNDS=8  DURATION=4s  CONNS=64  WORKERS=1
+#         BASE_PORT=18280
 #         (uses BASE_PORT .. BASE_PORT+2)
 # Needs nginx and wrk (installed with apt-get when absent).
 set -euo pipefail
@@ -25,6 +29,7 @@ MODE=${MODE:-allow}
 ROUNDS=${ROUNDS:-8}
 DURATION=${DURATION:-4s}
 CONNS=${CONNS:-64}
+WORKERS=${WORKERS:-1}
 BASE_PORT=${BASE_PORT:-18280}
 cd "$(dirname "$0")/.."
 
@@ -49,11 +54,11 @@ PIDS+=($!)
 wait_port "$PORT_UP"
 
 if [ "$MODE" = deny ]; then
-  tollgate_conf 1 "$PORT_TG" 1 "1/m" "$PORT_UP" >"$TMP/tollgate.toml"
-  nginx_proxy_conf 1 "$PORT_NG" "" "1r/m" "$PORT_UP" "$TMP" >"$TMP/nginx.conf"
+  tollgate_conf "$WORKERS" "$PORT_TG" 1 "1/m" "$PORT_UP" >"$TMP/tollgate.toml"
+  nginx_proxy_conf "$WORKERS" "$PORT_NG" "" "1r/m" "$PORT_UP" "$TMP" >"$TMP/nginx.conf"
 else
-  tollgate_conf 1 "$PORT_TG" 1000000 "1000000/s" "$PORT_UP" >"$TMP/tollgate.toml"
-  nginx_proxy_conf 1 "$PORT_NG" "burst=1000000 nodelay" "1000000r/s" "$PORT_UP" "$TMP" >"$TMP/nginx.conf"
+  tollgate_conf "$WORKERS" "$PORT_TG" 1000000 "1000000/s" "$PORT_UP" >"$TMP/tollgate.toml"
+  nginx_proxy_conf "$WORKERS" "$PORT_NG" "burst=1000000 nodelay" "1000000r/s" "$PORT_UP" "$TMP" >"$TMP/nginx.conf"
 fi
 TOLLGATE_LOG=error "$BINARY" run -c "$TMP/tollgate.toml" >/dev/null 2>&1 &
 TG_PID=$!
@@ -62,39 +67,42 @@ PIDS+=("$TG_PID")
 PIDS+=($!)
 wait_port "$PORT_TG"
 wait_port "$PORT_NG"
-# nginx serves in its worker process, the master's only child.
-NG_PID=$(pgrep -P "$(cat "$TMP/ng-$PORT_NG.pid")" | head -1)
+# nginx serves in its workers, the master's children (counted with it).
+NG_PID=$(cat "$TMP/ng-$PORT_NG.pid")
 
 CLK_TCK=$(getconf CLK_TCK)
 
 # One round against 127.0.0.1:$1, served by process $2, labelled $3.
 round() {
-  local before after requests seconds
-  before=$(sed 's/^.*) //' "/proc/$2/stat" | awk '{print $12, $13}')
+  local before after switched requests seconds
+  before=$(cpu_user_sys "$2")
+  switched=$(ctx_switches "$2")
   wrk -t1 -c"$CONNS" -d"$DURATION" "http://127.0.0.1:$1/" >"$TMP/wrk.out"
-  after=$(sed 's/^.*) //' "/proc/$2/stat" | awk '{print $12, $13}')
+  after=$(cpu_user_sys "$2")
+  switched=$(($(ctx_switches "$2") - switched))
   check_statuses "$MODE" "$TMP/wrk.out"
   requests=$(awk '/requests in/ {print $1}' "$TMP/wrk.out")
   seconds=$(awk '/requests in/ {gsub("s,", "", $4); print $4}' "$TMP/wrk.out")
-  echo "$before $after $requests $seconds" | awk -v t="$3" -v hz="$CLK_TCK" \
-    '{ printf "%s\t%.2f\t%.2f\t%.2f\t%.0f\n", t, ($3 - $1) * 1e6 / hz / $5, ($4 - $2) * 1e6 / hz / $5, ($3 - $1 + $4 - $2) * 1e6 / hz / $5, $5 / $6 }'
+  echo "$before $after $requests $seconds $switched" | awk -v t="$3" -v hz="$CLK_TCK" \
+    '{ printf "%s\t%.2f\t%.2f\t%.2f\t%.0f\t%.3f\n", t, ($3 - $1) * 1e6 / hz / $5, ($4 - $2) * 1e6 / hz / $5, ($3 - $1 + $4 - $2) * 1e6 / hz / $5, $5 / $6, $7 / $5 }'
 }
 
 echo "# machine: nproc=$(nproc), CPU: $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2- | sed 's/^ *//')"
-echo "# mode=$MODE, wrk -t1 -c$CONNS -d$DURATION, $ROUNDS rounds each, alternating; 1 worker each"
-printf 'server\tuser_us/req\tsys_us/req\tcpu_us/req\treq/s\n'
+echo "# mode=$MODE, wrk -t1 -c$CONNS -d$DURATION, $ROUNDS rounds each, alternating; $WORKERS worker(s) each"
+printf 'server\tuser_us/req\tsys_us/req\tcpu_us/req\treq/s\tswitches/req\n'
 for _ in $(seq 1 "$ROUNDS"); do
   round "$PORT_TG" "$TG_PID" tollgate
   round "$PORT_NG" "$NG_PID" nginx
 done | tee "$TMP/rounds"
-awk -F'\t' '{ u[$1] += $2; s[$1] += $3; c[$1] += $4; r[$1] += $5; n[$1]++ }
+awk -F'\t' '{ u[$1] += $2; s[$1] += $3; c[$1] += $4; r[$1] += $5; w[$1] += $6; n[$1]++ }
   END {
     printf "\nmean over %d rounds\n", n["tollgate"]
-    printf "%-9s %12s %11s %11s %9s\n", "server", "user_us/req", "sys_us/req", "cpu_us/req", "req/s"
-    for (k in n) printf "%-9s %12.2f %11.2f %11.2f %9.0f\n", k, u[k] / n[k], s[k] / n[k], c[k] / n[k], r[k] / n[k]
-    printf "ratios tollgate/nginx: user %.2f, sys %.2f, cpu %.2f, req/s %.2f\n",
+    printf "%-9s %12s %11s %11s %9s %13s\n", "server", "user_us/req", "sys_us/req", "cpu_us/req", "req/s", "switches/req"
+    for (k in n) printf "%-9s %12.2f %11.2f %11.2f %9.0f %13.3f\n", k, u[k] / n[k], s[k] / n[k], c[k] / n[k], r[k] / n[k], w[k] / n[k]
+    printf "ratios tollgate/nginx: user %.2f, sys %.2f, cpu %.2f, req/s %.2f, switches %.2f\n",
       (u["tollgate"] / n["tollgate"]) / (u["nginx"] / n["nginx"]),
       (s["tollgate"] / n["tollgate"]) / (s["nginx"] / n["nginx"]),
       (c["tollgate"] / n["tollgate"]) / (c["nginx"] / n["nginx"]),
-      (r["tollgate"] / n["tollgate"]) / (r["nginx"] / n["nginx"])
+      (r["tollgate"] / n["tollgate"]) / (r["nginx"] / n["nginx"]),
+      w["nginx"] > 0 ? w["tollgate"] / w["nginx"] : 0
   }' "$TMP/rounds"
