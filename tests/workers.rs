@@ -26,6 +26,7 @@ fn config(upstream: &TestUpstream, listen: &str, version: &str, capacity: u32) -
         r#"
 [server]
 listen = {listen}
+admin = "127.0.0.1:0"
 workers = 2
 shutdown_timeout = "5s"
 
@@ -155,6 +156,40 @@ async fn two_workers_answer_every_request_and_share_limits() {
     let denied = statuses.iter().filter(|&&s| s == 429).count();
     assert_eq!(allowed, 50, "{statuses:?}");
     assert_eq!(allowed + denied, statuses.len(), "{statuses:?}");
+
+    // Each worker counts on cells of its own: a scrape sums both, exactly.
+    let metrics = get(gw.admin.expect("an admin listener"), "/metrics", &[]).await;
+    let text = String::from_utf8_lossy(&metrics.body);
+    for (series, count) in [
+        (r#"tollgate_requests_total{route="api",status="200"}"#, 800),
+        (
+            r#"tollgate_requests_total{route="limited",status="200"}"#,
+            50,
+        ),
+        (
+            r#"tollgate_requests_total{route="limited",status="429"}"#,
+            denied,
+        ),
+        (
+            r#"tollgate_ratelimit_decisions_total{route="limited",limit="per_key",outcome="allowed",front="proxy"}"#,
+            50,
+        ),
+        (
+            r#"tollgate_ratelimit_decisions_total{route="limited",limit="per_key",outcome="denied",front="proxy"}"#,
+            denied,
+        ),
+        (
+            r#"tollgate_request_duration_seconds_count{route="limited"}"#,
+            320,
+        ),
+        (
+            r#"tollgate_request_duration_seconds_bucket{le="+Inf",route="limited"}"#,
+            320,
+        ),
+    ] {
+        let line = format!("{series} {count}");
+        assert!(text.lines().any(|l| l == line), "no `{line}` in\n{text}");
+    }
 }
 
 #[tokio::test]
