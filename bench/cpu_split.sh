@@ -104,5 +104,5 @@ awk -F'\t' '{ u[$1] += $2; s[$1] += $3; c[$1] += $4; r[$1] += $5; w[$1] += $6; n
       (s["tollgate"] / n["tollgate"]) / (s["nginx"] / n["nginx"]),
       (c["tollgate"] / n["tollgate"]) / (c["nginx"] / n["nginx"]),
       (r["tollgate"] / n["tollgate"]) / (r["nginx"] / n["nginx"]),
-      w["nginx"] > 0 ? w["tollgate"] / w["nginx"] : 0
+      (w["nginx"] > 0 ? w["tollgate"] / w["nginx"] : 0)
   }' "$TMP/rounds"
