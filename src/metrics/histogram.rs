@@ -4,10 +4,9 @@
 //! `prometheus-client`'s histogram takes a mutex on every observation. One
 //! series per route is shared by every worker, so that mutex was a lock
 //! every request took — the one the hot path must not have. Here each bucket
-//! is its own counter, per worker ([`WorkerCells`]), and the sum an `f64`'s
-//! bits per worker, updated by compare-and-swap (as `prometheus-client`'s
-//! float counters do; an integer sum of nanoseconds would wrap within months
-//! at a busy gateway's rates).
+//! is its own atomic counter, and the sum an `f64`'s bits updated by
+//! compare-and-swap (as `prometheus-client`'s float counters do; an integer
+//! sum of nanoseconds would wrap within months at a busy gateway's rates).
 //!
 //! A scrape reads the buckets one by one while requests keep landing, so it
 //! derives `_count` from the buckets it read: `_count` always equals the
@@ -16,12 +15,11 @@
 //! scraped under load.
 
 use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use prometheus_client::encoding::{EncodeMetric, MetricEncoder, NoLabelSet};
 use prometheus_client::metrics::{MetricType, TypedMetric};
-
-use super::cells::WorkerCells;
 
 /// A histogram of durations with fixed upper bounds (in seconds). Clones
 /// share their counts, like `prometheus-client`'s metrics.
@@ -36,10 +34,11 @@ struct Inner {
     bounds_nanos: Box<[u64]>,
     /// The same bounds in seconds, as the exposition writes them.
     bounds_secs: Box<[f64]>,
-    /// Per worker: observations per bucket, not cumulative, one more than
-    /// the bounds (the last is `+Inf`); then the sum of its observations in
-    /// seconds, as `f64` bits.
-    cells: WorkerCells,
+    /// Observations per bucket, not cumulative; one more than the bounds
+    /// (the last is `+Inf`).
+    counts: Box<[AtomicU64]>,
+    /// The sum of observations in seconds, as `f64` bits.
+    sum_bits: AtomicU64,
 }
 
 impl DurationHistogram {
@@ -53,8 +52,8 @@ impl DurationHistogram {
             inner: Arc::new(Inner {
                 bounds_nanos,
                 bounds_secs: bounds_secs.into(),
-                // 0 is also 0.0's bits: the sum starts at 0 seconds.
-                cells: WorkerCells::new(bounds_secs.len() + 2),
+                counts: (0..=bounds_secs.len()).map(|_| AtomicU64::new(0)).collect(),
+                sum_bits: AtomicU64::new(0f64.to_bits()),
             }),
         }
     }
@@ -64,11 +63,15 @@ impl DurationHistogram {
         let nanos = u64::try_from(elapsed.as_nanos()).unwrap_or(u64::MAX);
         let inner = &*self.inner;
         let bucket = inner.bounds_nanos.partition_point(|&bound| bound < nanos);
-        inner.cells.add(bucket, 1);
+        // Relaxed: the counts are independent tallies; a scrape needs no
+        // ordering between them (see the module doc).
+        inner.counts[bucket].fetch_add(1, Ordering::Relaxed);
         let seconds = elapsed.as_secs_f64();
-        inner.cells.update(inner.bounds_secs.len() + 1, |bits| {
-            (f64::from_bits(bits) + seconds).to_bits()
-        });
+        let _ = inner
+            .sum_bits
+            .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |bits| {
+                Some((f64::from_bits(bits) + seconds).to_bits())
+            });
     }
 
     /// `(sum in seconds, count, non-cumulative buckets with upper bounds)`,
@@ -80,15 +83,11 @@ impl DurationHistogram {
             .iter()
             .copied()
             .chain(std::iter::once(f64::INFINITY))
-            .enumerate()
-            .map(|(i, bound)| (bound, inner.cells.sum(i)))
+            .zip(inner.counts.iter())
+            .map(|(bound, count)| (bound, count.load(Ordering::Relaxed)))
             .collect();
         let count = buckets.iter().map(|&(_, n)| n).sum();
-        let sum = inner
-            .cells
-            .each(inner.bounds_secs.len() + 1)
-            .map(f64::from_bits)
-            .sum();
+        let sum = f64::from_bits(inner.sum_bits.load(Ordering::Relaxed));
         (sum, count, buckets)
     }
 }

@@ -27,9 +27,7 @@
 //! so a request skips `prometheus-client`'s `Family` (a read lock and a hash
 //! of the labels); rarer series go through the family. The duration
 //! histogram is our own [`DurationHistogram`]: `prometheus-client`'s takes a
-//! mutex per observation, which every worker would share. Those series (and
-//! their families' other series) count per worker thread, on cache lines of
-//! the worker's own ([`WorkerCounter`], `cells.rs`), summed at a scrape.
+//! mutex per observation, which every worker would share.
 
 use std::fmt::Write as _;
 use std::sync::{Arc, OnceLock};
@@ -43,9 +41,7 @@ use prometheus_client::registry::{Registry, Unit};
 
 use crate::config::Config;
 
-mod cells;
 mod histogram;
-pub(crate) use cells::WorkerCounter;
 pub(crate) use histogram::DurationHistogram;
 
 /// The `Content-Type` of [`Metrics::encode`]'s output.
@@ -226,12 +222,12 @@ pub(crate) struct RouteHandles {
     /// The listener these handles count for.
     front: Front,
     /// `tollgate_requests_total{route, status="200"}`.
-    ok: WorkerCounter,
+    ok: Counter,
     duration: DurationHistogram,
     /// `tollgate_requests_total{route, status}` for the other statuses of
     /// [`COMMON_STATUSES`], resolved on first use (a series exists once it
     /// has counted something, as with an unresolved call).
-    statuses: [OnceLock<WorkerCounter>; COMMON_STATUSES.len()],
+    statuses: [OnceLock<Counter>; COMMON_STATUSES.len()],
     /// `tollgate_ratelimit_decisions_total{route, limit, outcome, front}` per entry
     /// of the route's stack: `allowed` resolved up front, the other outcomes
     /// on first use.
@@ -253,7 +249,7 @@ const COMMON_STATUSES: [u16; 12] = [201, 204, 304, 400, 401, 403, 404, 429, 500,
 #[derive(Debug, Clone)]
 struct DecisionHandles {
     limit: Arc<str>,
-    by_outcome: [OnceLock<WorkerCounter>; 5],
+    by_outcome: [OnceLock<Counter>; 5],
 }
 
 fn outcome_index(outcome: Outcome) -> usize {
@@ -271,9 +267,9 @@ fn outcome_index(outcome: Outcome) -> usize {
 #[derive(Debug)]
 pub struct Metrics {
     registry: Registry,
-    requests: Family<RequestLabels, WorkerCounter>,
+    requests: Family<RequestLabels, Counter>,
     request_duration: HistogramFamily<RouteLabels>,
-    decisions: Family<DecisionLabels, WorkerCounter>,
+    decisions: Family<DecisionLabels, Counter>,
     near_limit: Family<RouteLimitLabels, Counter>,
     upstream_errors: Family<UpstreamErrorLabels, Counter>,
     upstream_retries: Family<RetryLabels, Counter>,
@@ -337,7 +333,7 @@ impl Metrics {
     /// see them before the first reload.
     pub fn new() -> Metrics {
         let mut registry = Registry::default();
-        let requests = Family::<RequestLabels, WorkerCounter>::default();
+        let requests = Family::<RequestLabels, Counter>::default();
         registry.register(
             "tollgate_requests",
             "Requests answered, by route and response status",
@@ -351,7 +347,7 @@ impl Metrics {
             Unit::Seconds,
             request_duration.clone(),
         );
-        let decisions = Family::<DecisionLabels, WorkerCounter>::default();
+        let decisions = Family::<DecisionLabels, Counter>::default();
         registry.register(
             "tollgate_ratelimit_decisions",
             "Rate-limit decisions per limit of a route's stack, by outcome",
@@ -567,7 +563,7 @@ impl Metrics {
         limit: &Arc<str>,
         outcome: Outcome,
         front: Front,
-    ) -> WorkerCounter {
+    ) -> Counter {
         self.decisions
             .get_or_create(&DecisionLabels {
                 route: route.clone(),
