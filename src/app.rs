@@ -129,7 +129,7 @@ pub struct Snapshot {
     pub router: Router,
     pub(crate) upstreams: Upstreams,
     /// Each limit's state on the request path, reached by its [`LimitId`]
-    /// ([`Snapshot::limit`]).
+    /// ([`Snapshot::limiters`]).
     limits: Vec<LimitState>,
     /// Aligned with `config.routes`.
     pub routes: Vec<RoutePlan>,

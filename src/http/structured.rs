@@ -152,7 +152,7 @@ pub(crate) fn write_string(buf: &mut String, value: &str) -> Result<(), SfError>
     Ok(())
 }
 
-/// The escaping half of [`write_string`], for callers that already checked.
+/// The escaping half of `write_string`, for callers that already checked.
 fn push_string(buf: &mut String, value: &str) {
     debug_assert_eq!(check_string(value), Ok(()));
     buf.reserve(value.len() + 2);
@@ -180,7 +180,7 @@ pub(crate) fn write_integer(buf: &mut String, value: i64) -> Result<(), SfError>
     Ok(())
 }
 
-/// The formatting half of [`write_integer`], for callers that already checked.
+/// The formatting half of `write_integer`, for callers that already checked.
 fn push_integer(buf: &mut String, value: i64) {
     debug_assert_eq!(check_integer(value), Ok(()));
     // itoa: this runs for every limit of every response, and `fmt` costs

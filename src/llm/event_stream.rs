@@ -180,9 +180,9 @@ impl EventStream {
         self.read(rest, on_event);
     }
 
-    /// [`EventStream::feed`] that frames only the units (the bytes between
-    /// two sync points) in which `wanted` occurs: the events `on_event`
-    /// sees include every one [`EventStream::feed`] would give whose data
+    /// `EventStream::feed` (the tests' reference) that frames only the
+    /// units (the bytes between two sync points) in which `wanted` occurs: the events `on_event`
+    /// sees include every one `EventStream::feed` would give whose data
     /// contains `wanted`, in order, each by the end of the call that read
     /// its unit's end (in a unit longer than [`CARRY_MAX`], by the end of
     /// the call that read the event's end). What is seen by the end of a

@@ -100,7 +100,7 @@ struct Forwarding<'s> {
     client_upgrade: Option<hyper::upgrade::OnUpgrade>,
 }
 
-/// The synchronous half of [`forward`]: the upstream, the body (capped at
+/// The synchronous half of [`forward()`]: the upstream, the body (capped at
 /// `max_body`), and the upstream request.
 fn prepare_forward<'s>(
     snapshot: &'s Snapshot,

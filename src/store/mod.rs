@@ -294,7 +294,7 @@ struct Args {
 enum Param {
     Int(i64),
     /// An emission interval in picoseconds, which the scripts take in µs
-    /// (see [`Param::interval_micros`]).
+    /// (see [`ParamValue::interval_micros`]).
     Interval(u128),
     /// Text: this range of [`Args::text`] (a lease member).
     Text(u32, u32),
@@ -497,7 +497,7 @@ fn batch_cmd<'a>(hash: &str, batch: impl Iterator<Item = &'a Args> + Clone) -> C
 /// The msgpack a batch is sent in (`stack.lua` reads it with
 /// `cmsgpack.unpack`, no `tonumber` per value): integers, floats and
 /// strings one after the other, behind an array header past
-/// [`STREAM_MAX`](super::STREAM_MAX) values.
+/// [`STREAM_MAX`] values.
 mod msgpack {
     use super::ParamValue;
 
