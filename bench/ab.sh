@@ -81,12 +81,7 @@ for round in $(seq 1 "$ROUNDS"); do
   line="$round	$(run "$PID_A" $((BASE_PORT + 1)))	$(run "$PID_B" $((BASE_PORT + 2)))"
   echo "$line" | tee -a "$TMP/rounds"
 done
-awk -F'\t' '
-  function median(list,   n, a, i, j, t) {
-    n = split(list, a, " ")
-    for (i = 1; i <= n; i++) for (j = i + 1; j <= n; j++) if (a[j] + 0 < a[i] + 0) { t = a[i]; a[i] = a[j]; a[j] = t }
-    return n % 2 ? a[(n + 1) / 2] : (a[n / 2] + a[n / 2 + 1]) / 2
-  }
+awk -F'\t' "$AWK_STATS"'
   {ra = ra " " $2; ca = ca " " $3; rb = rb " " $4; cb = cb " " $5}
   END {
     printf "median\t%.0f\t%.2f\t%.0f\t%.2f\n", median(ra), median(ca), median(rb), median(cb)

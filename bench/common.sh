@@ -279,6 +279,31 @@ cpu_ticks() {
   echo "$total"
 }
 
+# awk functions for a bench's summary, put before its program (`awk -F'\t'
+# "$AWK_STATS"'{ ... }'`); a list is numbers separated by spaces.
+# sorted(list, a): sorts them into a[1..n], returns n; median(list);
+# range(list, fmt): "min-max", each in fmt; median_range(list, fmt):
+# "median [min-max]". Headline figures are medians with their range.
+# shellcheck disable=SC2034 # used by the scripts that source this file
+AWK_STATS='
+  function sorted(list, a,   n, i, j, t) {
+    n = split(list, a, " ")
+    for (i = 1; i <= n; i++) for (j = i + 1; j <= n; j++) if (a[j] + 0 < a[i] + 0) { t = a[i]; a[i] = a[j]; a[j] = t }
+    return n
+  }
+  function median(list,   a, n) {
+    n = sorted(list, a)
+    return n % 2 ? a[(n + 1) / 2] : (a[n / 2] + a[n / 2 + 1]) / 2
+  }
+  function range(list, fmt,   a, n) {
+    n = sorted(list, a)
+    return sprintf(fmt "-" fmt, a[1], a[n])
+  }
+  function median_range(list, fmt) {
+    return sprintf(fmt " [%s]", median(list), range(list, fmt))
+  }
+'
+
 # CPU ticks of a process and its direct children, user and kernel apart:
 # "UTIME STIME".
 cpu_user_sys() {

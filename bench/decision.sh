@@ -418,12 +418,7 @@ done
 # ratio whose targets were not run is left out.
 echo
 echo "# median over $ROUNDS rounds"
-awk -F'\t' -v rounds="$ROUNDS" -v order="$ALL_TARGETS" '
-  function median(list,   n, a, i, j, t) {
-    n = split(list, a, " ")
-    for (i = 1; i <= n; i++) for (j = i + 1; j <= n; j++) if (a[j] + 0 < a[i] + 0) { t = a[i]; a[i] = a[j]; a[j] = t }
-    return n % 2 ? a[(n + 1) / 2] : (a[n / 2] + a[n / 2 + 1]) / 2
-  }
+awk -F'\t' -v rounds="$ROUNDS" -v order="$ALL_TARGETS" "$AWK_STATS"'
   {
     rps[$1] = rps[$1] " " $3; dec[$1] = dec[$1] " " $4; ng[$1] = ng[$1] " " $5
     up[$1] = up[$1] " " $6; bad[$1] = bad[$1] " " $7

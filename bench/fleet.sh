@@ -538,20 +538,7 @@ done
 echo
 echo "# medians over $ROUNDS rounds [min-max]; +store p50/p99: the variant's latency minus tg_memory's"
 echo "# (same N, key set, round), medians of those differences"
-awk -F'\t' '
-  function sortlist(list, a,   n, i, j, t) {
-    n = split(list, a, " ")
-    for (i = 1; i <= n; i++) for (j = i + 1; j <= n; j++) if (a[j] + 0 < a[i] + 0) { t = a[i]; a[i] = a[j]; a[j] = t }
-    return n
-  }
-  function median(list,   a, n) {
-    n = sortlist(list, a)
-    return n % 2 ? a[(n + 1) / 2] : (a[n / 2] + a[n / 2 + 1]) / 2
-  }
-  function range(list, fmt,   a, n) {
-    n = sortlist(list, a)
-    return sprintf(fmt " [" fmt "-" fmt "]", median(list), a[1], a[n])
-  }
+awk -F'\t' "$AWK_STATS"'
   {
     id = $1 SUBSEP $2 SUBSEP $3 SUBSEP $4
     if (!(id in seen)) { seen[id] = 1; order[++count] = id }
@@ -575,7 +562,7 @@ awk -F'\t' '
         }
       }
       printf "%-5s %-9s %1s %-4s %-24s %6.3f %7.2f %-20s %-20s %9.0f %9.0f %11s %11s %6.3f\n", f[1], f[2], f[3], f[4],
-        range(rps[id], "%.0f"), median(den[id]), median(g[id]), range(rd[id], "%.2f"), range(c[id], "%.4f"),
+        median_range(rps[id], "%.0f"), median(den[id]), median(g[id]), median_range(rd[id], "%.2f"), median_range(c[id], "%.4f"),
         median(p50[id]), median(p99[id]),
         d50 == "" ? "-" : sprintf("%.0f", median(d50)), d99 == "" ? "-" : sprintf("%.0f", median(d99)),
         median(w[id])
@@ -593,7 +580,7 @@ awk -F'\t' '
         if (CPU[ref, r] > 0) qc = qc " " CPU[id, r] / CPU[ref, r]
       }
       printf "%-5s %-10s N=%s %-4s: decisions/s %s, Redis CPU per decision %s\n", f[1], f[2], f[3], f[4],
-        range(qr, "%.2f"), qc == "" ? "-" : range(qc, "%.2f")
+        median_range(qr, "%.2f"), qc == "" ? "-" : median_range(qc, "%.2f")
     }
     print ""
     print "# one Redis core: decisions/s = 1e6 / Redis CPU us per decision; nodes = that / (dec/s / N)"

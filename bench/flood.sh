@@ -289,13 +289,8 @@ for server in $SERVERS; do
     echo "# $server: every round saw a machine stall of ${STALL_MAX} us or more; its medians are over all rounds" >&2
     kept=$(awk -F'\t' -v s="$server" '$2 == s' "$TMP/rounds")
   fi
-  awk -F'\t' -v s="$server" '
-    function stat(list,   n, a, i, j, t, m) {
-      n = split(list, a, " ")
-      for (i = 1; i <= n; i++) for (j = i + 1; j <= n; j++) if (a[j] + 0 < a[i] + 0) { t = a[i]; a[i] = a[j]; a[j] = t }
-      m = n % 2 ? a[(n + 1) / 2] : (a[n / 2] + a[n / 2 + 1]) / 2
-      return sprintf("%d (%d-%d)", m, a[1], a[n])
-    }
+  awk -F'\t' -v s="$server" "$AWK_STATS"'
+    function stat(list) { return sprintf("%d (%s)", median(list), range(list, "%d")) }
     {n++; for (c = 3; c <= 11; c++) col[c] = col[c] " " $c}
     END {printf "%s\t%d\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n", s, n, stat(col[3]), stat(col[4]), stat(col[5]),
          stat(col[7]), stat(col[8]), stat(col[9]), stat(col[10]), stat(col[11])}' <<<"$kept"

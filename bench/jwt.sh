@@ -270,20 +270,7 @@ fi
 # ---- summary -------------------------------------------------------------------------
 echo
 echo "# median (min-max) over $ROUNDS rounds"
-awk -F'\t' -v rounds="$ROUNDS" -v order="$ALL_TARGETS" -v instr="$INSTR" '
-  function sorted(list, a,   n, i, j, t) {
-    n = split(list, a, " ")
-    for (i = 1; i <= n; i++) for (j = i + 1; j <= n; j++) if (a[j] + 0 < a[i] + 0) { t = a[i]; a[i] = a[j]; a[j] = t }
-    return n
-  }
-  function median(list,   a, n) {
-    n = sorted(list, a)
-    return n % 2 ? a[(n + 1) / 2] : (a[n / 2] + a[n / 2 + 1]) / 2
-  }
-  function range(list, fmt,   a, n) {
-    n = sorted(list, a)
-    return sprintf(fmt "-" fmt, a[1], a[n])
-  }
+awk -F'\t' -v rounds="$ROUNDS" -v order="$ALL_TARGETS" -v instr="$INSTR" "$AWK_STATS"'
   { rps[$1] = rps[$1] " " $3; cpu[$1] = cpu[$1] " " $4; C[$1, $2] = $4; ran[$1] = 1 }
   function rounds_of(a, b,   r, s) {
     s = ""

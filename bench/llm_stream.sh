@@ -234,14 +234,7 @@ done
 
 echo
 echo "# median (min-max) over $ROUNDS rounds"
-awk -F'\t' -v rounds="$ROUNDS" -v order="$TARGETS" '
-  function sorted(list, a,   n, i, j, t) {
-    n = split(list, a, " ")
-    for (i = 1; i <= n; i++) for (j = i + 1; j <= n; j++) if (a[j] + 0 < a[i] + 0) { t = a[i]; a[i] = a[j]; a[j] = t }
-    return n
-  }
-  function median(list,   a, n) { n = sorted(list, a); return n % 2 ? a[(n + 1) / 2] : (a[n / 2] + a[n / 2 + 1]) / 2 }
-  function range(list, fmt,   a, n) { n = sorted(list, a); return sprintf(fmt "-" fmt, a[1], a[n]) }
+awk -F'\t' -v rounds="$ROUNDS" -v order="$TARGETS" "$AWK_STATS"'
   { mbs[$1] = mbs[$1] " " $3; cpu[$1] = cpu[$1] " " $4; ttfb[$1] = ttfb[$1] " " $5; C[$1, $2] = $4 }
   END {
     n = split(order, targets, " ")

@@ -236,20 +236,7 @@ done
 
 echo
 echo "# median over $ROUNDS rounds (Redis CPU: median, min-max)"
-awk -F'\t' '
-  function sorted(list, a,   n, i, j, t) {
-    n = split(list, a, " ")
-    for (i = 1; i <= n; i++) for (j = i + 1; j <= n; j++) if (a[j] + 0 < a[i] + 0) { t = a[i]; a[i] = a[j]; a[j] = t }
-    return n
-  }
-  function median(list,   n, a) {
-    n = sorted(list, a)
-    return n % 2 ? a[(n + 1) / 2] : (a[n / 2] + a[n / 2 + 1]) / 2
-  }
-  function span(list,   n, a) {
-    n = sorted(list, a)
-    return sprintf("%.2f-%.2f", a[1], a[n])
-  }
+awk -F'\t' "$AWK_STATS"'
   {
     rps[$1] = rps[$1] " " $3; p50[$1] = p50[$1] " " $4; p99[$1] = p99[$1] " " $5
     g[$1] = g[$1] " " $6; r[$1] = r[$1] " " $7; kv[$1] = kv[$1] " " $8; c[$1] = c[$1] " " $9; bad[$1] = bad[$1] " " $10
@@ -259,7 +246,7 @@ awk -F'\t' '
     split("tg_memory tg_redis tg_lease ng_lua", ts, " ")
     for (i = 1; i <= 4; i++) {
       t = ts[i]; R[t] = median(rps[t]); C[t] = median(r[t])
-      printf "%-10s %9.0f %8.0f %8.0f %13.2f %11.2f (%11s) %14.2f %15.3f %7.3f\n", t, R[t], median(p50[t]), median(p99[t]), median(g[t]), C[t], span(r[t]), median(kv[t]), median(c[t]), median(bad[t])
+      printf "%-10s %9.0f %8.0f %8.0f %13.2f %11.2f (%11s) %14.2f %15.3f %7.3f\n", t, R[t], median(p50[t]), median(p99[t]), median(g[t]), C[t], range(r[t], "%.2f"), median(kv[t]), median(c[t]), median(bad[t])
     }
     printf "ratios: tg_redis/ng_lua req/s %.2f; tg_redis/tg_memory req/s %.2f; tg_lease/ng_lua req/s %.2f\n", R["tg_redis"] / R["ng_lua"], R["tg_redis"] / R["tg_memory"], R["tg_lease"] / R["ng_lua"]
     printf "Redis CPU per decision: tg_redis/ng_lua %.2f, tg_lease/ng_lua %.2f\n", C["tg_redis"] / C["ng_lua"], C["tg_lease"] / C["ng_lua"]

@@ -242,12 +242,7 @@ done
 
 echo
 echo "# median over $ROUNDS rounds"
-awk -F'\t' '
-  function median(list,   n, a, i, j, t) {
-    n = split(list, a, " ")
-    for (i = 1; i <= n; i++) for (j = i + 1; j <= n; j++) if (a[j] + 0 < a[i] + 0) { t = a[i]; a[i] = a[j]; a[j] = t }
-    return n % 2 ? a[(n + 1) / 2] : (a[n / 2] + a[n / 2 + 1]) / 2
-  }
+awk -F'\t' "$AWK_STATS"'
   {
     k = $1 SUBSEP $2
     rps[k] = rps[k] " " $4; p99[k] = p99[k] " " $5; cpu[k] = cpu[k] " " $6; bad[k] = bad[k] " " $7; cli[k] = cli[k] " " $8; up[k] = up[k] " " $9
