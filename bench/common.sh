@@ -148,8 +148,15 @@ CONF
 
 # nginx as the peer proxy, with `limit_req`: $1 = workers, $2 = port, $3 =
 # extra `limit_req` parameters, $4 = the zone's rate, $5 = the upstream's
-# port, $6 = the directory for its pid and error files.
+# port, $6 = the directory for its pid and error files. With more than one
+# worker it listens with `reuseport`, as tollgate's workers do: the kernel
+# then spreads wrk's connections over the workers by hash. Without it the
+# worker that wakes first accepts them, and in two of four 64-connection
+# runs one nginx worker took all 64 (BENCHMARKS.md, *A flood*), so "two
+# workers" measured one.
 nginx_proxy_conf() {
+  local reuseport=""
+  [ "$1" -gt 1 ] && reuseport=" reuseport"
   cat <<CONF
 daemon off;
 worker_processes $1;
@@ -168,7 +175,7 @@ http {
     keepalive_requests 10000000;
   }
   server {
-    listen 127.0.0.1:$2;
+    listen 127.0.0.1:$2$reuseport;
     location / {
       limit_req zone=z$2 $3;
       proxy_pass http://up;
