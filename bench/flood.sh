@@ -38,6 +38,14 @@
 # columns); a round where it reached STALL_MAX in either phase measured the
 # machine, not the server, and is left out of the medians (the summary
 # says how many rounds each median has; with none left, all are used).
+#
+# Then a pipelined flood, PIPELINED requests (20000; 0: none) sent on one
+# connection without waiting (bench/pipelined_flood.py), while the
+# legitimate client sends one request on its own connection: reported per
+# server, its latency and how many flood responses the server sent before
+# answering it (`between`). A count of requests, not a time: the machine's
+# stalls delay both connections alike and leave it as it is. It says how
+# long one connection may hold a worker while another waits.
 # Needs nginx, wrk and redis-server (installed with apt-get when absent).
 set -euo pipefail
 
@@ -49,6 +57,7 @@ CONNS=${CONNS:-64}
 CLIENT_PRIO=${CLIENT_PRIO:-rt}
 FLOOD_PRIO=${FLOOD_PRIO:-normal}
 STALL_MAX=${STALL_MAX:-2000}
+PIPELINED=${PIPELINED:-20000}
 SERVER_CPUSET_ONE=${SERVER_CPUSET:-0}
 CLIENT_CPUSET=${CLIENT_CPUSET:-1}
 BASE_PORT=${BASE_PORT:-18480}
@@ -294,4 +303,27 @@ for server in $SERVERS; do
     {n++; for (c = 3; c <= 11; c++) col[c] = col[c] " " $c}
     END {printf "%s\t%d\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n", s, n, stat(col[3]), stat(col[4]), stat(col[5]),
          stat(col[7]), stat(col[8]), stat(col[9]), stat(col[10]), stat(col[11])}' <<<"$kept"
+done
+
+[ "$PIPELINED" -gt 0 ] || exit 0
+echo
+echo "# pipelined flood: $PIPELINED requests on one connection, one legitimate request on another; $ROUNDS rounds"
+printf 'round\tserver\tlegit_us\tbetween\tflood_ms\n'
+: >"$TMP/pipelined"
+for round in $(seq 1 "$ROUNDS"); do
+  for server in $SERVERS; do
+    result=$(client python3 bench/pipelined_flood.py "${PORT[$server]}" "$PIPELINED") ||
+      { echo "$server: $result" >&2; exit 1; }
+    result=" $result" # field() reads " name=value"
+    echo "$round	$server	$(field legit_us "$result")	$(field between "$result")	$(field flood_ms "$result")" |
+      tee -a "$TMP/pipelined"
+  done
+done
+echo "# medians (min-max)"
+printf 'server\tlegit_us\tbetween\tflood_ms\n'
+for server in $SERVERS; do
+  awk -F'\t' -v s="$server" "$AWK_STATS"'
+    $2 == s {l = l " " $3; b = b " " $4; f = f " " $5}
+    END {printf "%s\t%d (%s)\t%d (%s)\t%d (%s)\n", s, median(l), range(l, "%d"), median(b), range(b, "%d"),
+         median(f), range(f, "%d")}' "$TMP/pipelined"
 done
