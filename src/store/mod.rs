@@ -286,7 +286,9 @@ struct Args {
     text: String,
     /// Where each key ends in `text`.
     key_ends: SmallVec<[u32; 4]>,
-    values: SmallVec<[Param; 32]>,
+    /// The ARGV values; inline room for a decision of two entries (8 and
+    /// 15 values for one and two).
+    values: SmallVec<[Param; 16]>,
 }
 
 /// An ARGV value of [`Args`].
