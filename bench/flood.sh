@@ -88,9 +88,12 @@ case $CLIENT_PRIO in
   *) echo "CLIENT_PRIO is rt or nice, not $CLIENT_PRIO" >&2; exit 2 ;;
 esac
 legit_client() { ahead taskset -c "$CLIENT_CPUSET" "$@"; }
+# Started in the background only: `exec`, so that `$!` is wrk itself (a
+# function run with `&` is a subshell whose command is its child, which a
+# kill of `$!` would leave running).
 case $FLOOD_PRIO in
-  normal) flooder() { client "$@"; } ;;
-  idle) flooder() { chrt -i 0 taskset -c "$CLIENT_CPUSET" "$@"; } ;;
+  normal) flooder() { exec taskset -c "$CLIENT_CPUSET" "$@"; } ;;
+  idle) flooder() { exec chrt -i 0 taskset -c "$CLIENT_CPUSET" "$@"; } ;;
   *) echo "FLOOD_PRIO is normal or idle, not $FLOOD_PRIO" >&2; exit 2 ;;
 esac
 # Moves running processes ahead of wrk in the same way.
@@ -109,8 +112,10 @@ upstream_conf "$PORT_UP" "$TMP" >"$TMP/upstream.conf"
 SERVER_CPUSET=$CLIENT_CPUSET start_upstream "$TMP/upstream.conf"
 UPSTREAM_PID=$STARTED
 wait_port "$PORT_UP"
-client redis-server --port "$PORT_REDIS" --bind 127.0.0.1 --save "" --appendonly no \
-  --dir "$TMP" >"$TMP/redis.log" 2>&1 &
+# taskset execs redis-server, so `$!` is Redis's pid: the one put ahead of
+# wrk below and stopped at the end.
+taskset -c "$CLIENT_CPUSET" redis-server --port "$PORT_REDIS" --bind 127.0.0.1 --save "" \
+  --appendonly no --dir "$TMP" >"$TMP/redis.log" 2>&1 &
 REDIS_PID=$!
 PIDS+=("$REDIS_PID")
 wait_port "$PORT_REDIS"
