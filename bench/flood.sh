@@ -247,9 +247,22 @@ done
 CPUS=$(seq 0 $(($(nproc) - 1)))
 legit() {
   local cpu worst=0 max result
+  # The probes run a second longer than the client, and the client starts
+  # once every probe is up: a probe's start-up (tens of ms of CPU, SCHED_FIFO
+  # ahead of the server and the client) is then not inside the measurement.
   for cpu in $CPUS; do
-    chrt -f 20 taskset -c "$cpu" python3 bench/stall_probe.py "$DURATION" >"$TMP/probe.$cpu" &
+    : >"$TMP/probe.$cpu.started"
+    chrt -f 20 taskset -c "$cpu" python3 bench/stall_probe.py $((DURATION + 1)) \
+      >"$TMP/probe.$cpu" 2>"$TMP/probe.$cpu.started" &
   done
+  for cpu in $CPUS; do
+    for _ in $(seq 1 200); do
+      [ -s "$TMP/probe.$cpu.started" ] && break
+      sleep 0.01
+    done
+    [ -s "$TMP/probe.$cpu.started" ] || { echo "the stall probe on CPU $cpu did not start" >&2; exit 1; }
+  done
+  sleep 0.1
   result=$(legit_client "$OPEN_LOOP" "http://127.0.0.1:$1/legit" "$RATE" "$DURATION" "x-api-key: good")
   wait # the probes (this runs in a command substitution: its own jobs only)
   for cpu in $CPUS; do

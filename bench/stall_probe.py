@@ -7,7 +7,13 @@ of the benchmark can delay it; what it still sees late is the machine's own
 server's latency measured at the same time carries the same stall.
 
 usage: stall_probe.py SECONDS [PERIOD_US]
-prints one line: "p99_us=N max_us=N wakeups=N"
+prints "started" on stderr once the interpreter is up, then, SECONDS later,
+one line on stdout: "p99_us=N max_us=N wakeups=N"
+
+Start it and wait for "started" before what it watches: the interpreter's
+start-up is tens of ms of CPU, run SCHED_FIFO ahead of everything on its
+CPU, and is itself a stall of whatever runs there (one the probe cannot
+see, since it is not yet measuring).
 """
 
 import sys
@@ -16,6 +22,7 @@ import time
 seconds = float(sys.argv[1])
 period = (int(sys.argv[2]) if len(sys.argv) > 2 else 1000) / 1e6
 
+print("started", file=sys.stderr, flush=True)
 late = []
 clock, sleep = time.monotonic, time.sleep
 start = clock()
