@@ -157,7 +157,8 @@ async fn two_workers_answer_every_request_and_share_limits() {
     assert_eq!(allowed, 50, "{statuses:?}");
     assert_eq!(allowed + denied, statuses.len(), "{statuses:?}");
 
-    // Each worker counts on cells of its own: a scrape sums both, exactly.
+    // Both workers count into the same series: a scrape finds every
+    // request of both, exactly.
     let metrics = get(gw.admin.expect("an admin listener"), "/metrics", &[]).await;
     let text = String::from_utf8_lossy(&metrics.body);
     for (series, count) in [

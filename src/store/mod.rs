@@ -296,7 +296,7 @@ struct Args {
 enum Param {
     Int(i64),
     /// An emission interval in picoseconds, which the scripts take in µs
-    /// (see [`ParamValue::interval_micros`]).
+    /// (see [`interval_micros`]).
     Interval(u128),
     /// Text: this range of [`Args::text`] (a lease member).
     Text(u32, u32),
@@ -311,24 +311,22 @@ enum ParamValue<'a> {
     Text(&'a str),
 }
 
-impl ParamValue<'_> {
-    /// An interval of `ps` picoseconds as µs: the double Lua's `tonumber`
-    /// (`strtod`, correctly rounded) makes of its six-decimal text. Below
-    /// 2^53 `ps` is an exact double and one IEEE division is correctly
-    /// rounded too, so the two agree; above, through the text.
-    fn interval_micros(ps: u128) -> f64 {
-        if ps < 1 << 53 {
-            ps as f64 / 1e6
-        } else {
-            interval_text(ps).parse().unwrap_or(f64::MAX)
-        }
-    }
-}
-
 /// An interval of `ps` picoseconds as the scripts read it in text: µs with
 /// six decimals.
 fn interval_text(ps: u128) -> String {
     format!("{}.{:06}", ps / 1_000_000, ps % 1_000_000)
+}
+
+/// An interval of `ps` picoseconds as µs: the double Lua's `tonumber`
+/// (`strtod`, correctly rounded) makes of [`interval_text`]. Below 2^53
+/// `ps` is an exact double and one IEEE division is correctly rounded too,
+/// so the two agree; above, through the text.
+fn interval_micros(ps: u128) -> f64 {
+    if ps < 1 << 53 {
+        ps as f64 / 1e6
+    } else {
+        interval_text(ps).parse().unwrap_or(f64::MAX)
+    }
 }
 
 impl Args {
@@ -510,7 +508,7 @@ mod msgpack {
             ParamValue::Int(v) => int(out, v),
             ParamValue::Interval(ps) => {
                 out.push(0xcb);
-                let micros = ParamValue::interval_micros(ps);
+                let micros = super::interval_micros(ps);
                 out.extend_from_slice(&micros.to_bits().to_be_bytes());
             }
             ParamValue::Text(text) => string(out, text),
@@ -1899,11 +1897,7 @@ mod tests {
         .chain((0..200).map(|i| (1 << 53) - 100 + i * 999_999_937))
         {
             let text: f64 = interval_text(ps).parse().expect("a number");
-            assert_eq!(
-                ParamValue::interval_micros(ps).to_bits(),
-                text.to_bits(),
-                "{ps} ps"
-            );
+            assert_eq!(interval_micros(ps).to_bits(), text.to_bits(), "{ps} ps");
         }
     }
 
