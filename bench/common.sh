@@ -276,14 +276,9 @@ start_tollgate() {
 
 # CPU ticks (utime + stime) of a process and its direct children.
 cpu_ticks() {
-  local total=0 pid fields
-  for pid in "$1" $(pgrep -P "$1" || true); do
-    [ -r "/proc/$pid/stat" ] || continue
-    # Fields after the ")" of the command name: state is $1, utime $12, stime $13.
-    fields=$(sed 's/^.*) //' "/proc/$pid/stat")
-    total=$((total + $(echo "$fields" | awk '{print $12 + $13}')))
-  done
-  echo "$total"
+  local user sys
+  read -r user sys <<<"$(cpu_user_sys "$1")"
+  echo $((user + sys))
 }
 
 # awk functions for a bench's summary, put before its program (`awk -F'\t'
@@ -314,12 +309,13 @@ AWK_STATS='
 # CPU ticks of a process and its direct children, user and kernel apart:
 # "UTIME STIME".
 cpu_user_sys() {
-  local user=0 sys=0 pid fields
+  local user=0 sys=0 pid u s
   for pid in "$1" $(pgrep -P "$1" || true); do
     [ -r "/proc/$pid/stat" ] || continue
-    fields=$(sed 's/^.*) //' "/proc/$pid/stat")
-    user=$((user + $(echo "$fields" | awk '{print $12}')))
-    sys=$((sys + $(echo "$fields" | awk '{print $13}')))
+    # Fields after the ")" of the command name: state is $1, utime $12, stime $13.
+    read -r u s < <(sed 's/^.*) //' "/proc/$pid/stat" | awk '{print $12, $13}')
+    user=$((user + u))
+    sys=$((sys + s))
   done
   echo "$user $sys"
 }

@@ -308,6 +308,10 @@ for round in $(seq 1 "$ROUNDS"); do
   done
 done
 
+# The summaries' figure: "median (min-max)", whole numbers.
+FLOOD_STATS="$AWK_STATS"'
+  function stat(list) { return sprintf("%d (%s)", median(list), range(list, "%d")) }
+'
 echo "# medians (min-max) over the rounds whose stall probes stayed below ${STALL_MAX} us (rounds: how many), microseconds"
 printf 'server\trounds\tquiet_p50\tquiet_p99\tquiet_p999\tflood_p50\tflood_p99\tflood_p999\tflood_max\tflood_req/s\n'
 for server in $SERVERS; do
@@ -316,8 +320,7 @@ for server in $SERVERS; do
     echo "# $server: every round saw a machine stall of ${STALL_MAX} us or more; its medians are over all rounds" >&2
     kept=$(awk -F'\t' -v s="$server" '$2 == s' "$TMP/rounds")
   fi
-  awk -F'\t' -v s="$server" "$AWK_STATS"'
-    function stat(list) { return sprintf("%d (%s)", median(list), range(list, "%d")) }
+  awk -F'\t' -v s="$server" "$FLOOD_STATS"'
     {n++; for (c = 3; c <= 11; c++) col[c] = col[c] " " $c}
     END {printf "%s\t%d\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n", s, n, stat(col[3]), stat(col[4]), stat(col[5]),
          stat(col[7]), stat(col[8]), stat(col[9]), stat(col[10]), stat(col[11])}' <<<"$kept"
@@ -340,8 +343,7 @@ done
 echo "# medians (min-max)"
 printf 'server\tlegit_us\tbetween\tflood_ms\n'
 for server in $SERVERS; do
-  awk -F'\t' -v s="$server" "$AWK_STATS"'
+  awk -F'\t' -v s="$server" "$FLOOD_STATS"'
     $2 == s {l = l " " $3; b = b " " $4; f = f " " $5}
-    END {printf "%s\t%d (%s)\t%d (%s)\t%d (%s)\n", s, median(l), range(l, "%d"), median(b), range(b, "%d"),
-         median(f), range(f, "%d")}' "$TMP/pipelined"
+    END {printf "%s\t%s\t%s\t%s\n", s, stat(l), stat(b), stat(f)}' "$TMP/pipelined"
 done
