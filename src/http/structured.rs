@@ -128,7 +128,9 @@ fn check_token(value: &str) -> Result<(), SfError> {
     }
 }
 
-/// Checks a key (RFC 9651 §3.1.2).
+/// Checks a key (RFC 9651 §3.1.2). Inlined: keys are literals, so the
+/// check folds away.
+#[inline(always)]
 fn check_key(key: &str) -> Result<(), SfError> {
     let ok_rest = |b: u8| {
         b.is_ascii_lowercase() || b.is_ascii_digit() || matches!(b, b'_' | b'-' | b'.' | b'*')
@@ -267,12 +269,15 @@ pub(crate) struct Params<'b> {
 }
 
 impl<'b> Params<'b> {
+    #[inline(always)]
     fn key(&mut self, key: &str) {
         self.buf.push(';');
         self.buf.push_str(key);
     }
 
-    /// Appends `;key=value` with an sf-integer value.
+    /// Appends `;key=value` with an sf-integer value. Inlined, with the
+    /// key's check: keys are literals, so `;r=` is a fixed-size copy.
+    #[inline(always)]
     pub(crate) fn param_int(mut self, key: &str, value: i64) -> Result<Self, SfError> {
         check_key(key)?;
         check_integer(value)?;

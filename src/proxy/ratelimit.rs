@@ -14,29 +14,47 @@ use std::cell::RefCell;
 
 use bytes::{Bytes, BytesMut};
 
-use http::header::{CACHE_CONTROL, CONTENT_TYPE, RETRY_AFTER};
-use http::{HeaderName, Response};
+use http::Response;
 
 use super::body::ResponseBody;
 use crate::admission::Ticket;
 use crate::app::{RoutePlan, Snapshot};
 use crate::config::tokens::Unit;
-use crate::http::field_lines::FieldLines;
+use crate::http::field_lines::{FieldLines, OwnLines, OwnName, own_name};
 use crate::http::problem::{
-    self, DETAIL, NumberMember, ObjectMember, ProblemWriter, STATUS, TITLE, TYPE, TextListMember,
+    DETAIL, NumberMember, ObjectMember, ProblemWriter, STATUS, TITLE, TYPE, TextListMember,
     TextMember, TextWriter, Written, problem_member,
 };
 use crate::limit::{EntryVerdict, NANOS_PER_SEC, Nanos, Outcome, quota};
 use crate::ratelimit_policy::{StackView, is_concurrency, styles};
 
-static RATELIMIT: HeaderName = HeaderName::from_static("ratelimit");
-static RATELIMIT_POLICY: HeaderName = HeaderName::from_static("ratelimit-policy");
-static X_LIMIT: HeaderName = HeaderName::from_static("x-ratelimit-limit");
-static X_REMAINING: HeaderName = HeaderName::from_static("x-ratelimit-remaining");
-static X_RESET: HeaderName = HeaderName::from_static("x-ratelimit-reset");
-static TRIO_LIMIT: HeaderName = HeaderName::from_static("ratelimit-limit");
-static TRIO_REMAINING: HeaderName = HeaderName::from_static("ratelimit-remaining");
-static TRIO_RESET: HeaderName = HeaderName::from_static("ratelimit-reset");
+const RATELIMIT: OwnName = own_name!("ratelimit");
+const RATELIMIT_POLICY: OwnName = own_name!("ratelimit-policy");
+const RETRY_AFTER: OwnName = own_name!("retry-after");
+/// A denial's fields that never change, as one copy.
+const PROBLEM_NOT_STORED: OwnLines =
+    OwnLines::new("content-type: application/problem+json\r\ncache-control: no-store\r\n");
+/// Room for a denial's own lines in one allocation: the fixed ones, the
+/// numbers, and a `RateLimit` item per limit beside its policy.
+const DENY_LINES: usize = 384;
+
+/// One family of the three focus fields (limit, remaining, reset).
+struct FocusNames {
+    limit: OwnName,
+    remaining: OwnName,
+    reset: OwnName,
+}
+
+const LEGACY: FocusNames = FocusNames {
+    limit: own_name!("x-ratelimit-limit"),
+    remaining: own_name!("x-ratelimit-remaining"),
+    reset: own_name!("x-ratelimit-reset"),
+};
+const TRIO: FocusNames = FocusNames {
+    limit: own_name!("ratelimit-limit"),
+    remaining: own_name!("ratelimit-remaining"),
+    reset: own_name!("ratelimit-reset"),
+};
 
 /// Whole seconds, rounded up.
 pub(crate) fn ceil_secs(nanos: Nanos) -> u64 {
@@ -57,8 +75,8 @@ pub(crate) fn limit_fields(
 ) {
     let server = view.server;
     if let Some(policy) = policy {
-        lines.push(&RATELIMIT_POLICY, policy);
-        lines.push_list(&RATELIMIT, |list| {
+        lines.push(RATELIMIT_POLICY, policy);
+        lines.push_list(RATELIMIT, |list| {
             for (limit, entry) in view.limits.iter().zip(verdicts) {
                 if limit.shadow || entry.outcome == Outcome::Skipped || !styles(limit, server).draft
                 {
@@ -84,10 +102,6 @@ pub(crate) fn limit_fields(
     let q = quota(&view.algorithms[index]);
     let r = entry.verdict.remaining;
     let reset = (!is_concurrency(limit)).then(|| ceil_secs(entry.verdict.reset_after));
-    let families = [
-        (style.legacy, &X_LIMIT, &X_REMAINING, &X_RESET),
-        (style.trio, &TRIO_LIMIT, &TRIO_REMAINING, &TRIO_RESET),
-    ];
     // Both families say the same three numbers: formatted once.
     let (mut q_digits, mut r_digits, mut reset_digits) = (
         itoa::Buffer::new(),
@@ -96,15 +110,23 @@ pub(crate) fn limit_fields(
     );
     let (q, r) = (q_digits.format(q), r_digits.format(r));
     let reset = reset.map(|reset| reset_digits.format(reset));
-    for (enabled, limit_name, remaining_name, reset_name) in families {
-        if !enabled {
-            continue;
-        }
-        lines.push(limit_name, q);
-        lines.push(remaining_name, r);
-        if let Some(reset) = reset {
-            lines.push(reset_name, reset);
-        }
+    // Spelled out per family, not a loop over a table of names: each
+    // push then copies a constant name.
+    if style.legacy {
+        push_focus(lines, &LEGACY, q, r, reset);
+    }
+    if style.trio {
+        push_focus(lines, &TRIO, q, r, reset);
+    }
+}
+
+/// One family's focus fields: inlined, so the names are constants.
+#[inline(always)]
+fn push_focus(lines: &mut FieldLines, names: &FocusNames, q: &str, r: &str, reset: Option<&str>) {
+    lines.push(names.limit, q);
+    lines.push(names.remaining, r);
+    if let Some(reset) = reset {
+        lines.push(names.reset, reset);
     }
 }
 
@@ -211,12 +233,10 @@ pub(crate) fn deny_response(
     let mut response = Response::new(ResponseBody::full(body));
     *response.status_mut() = status;
     let mut lines = FieldLines::new();
-    // The text itself: `push_value` checked the constant's 24 bytes again
-    // on every denial.
-    lines.push(&CONTENT_TYPE, problem::CONTENT_TYPE);
-    lines.push(&CACHE_CONTROL, "no-store");
+    lines.reserve_own(DENY_LINES + policy.map_or(0, str::len));
+    lines.push_lines(PROBLEM_NOT_STORED);
     if let Some(seconds) = retry_after {
-        lines.push_number(&RETRY_AFTER, seconds);
+        lines.push_number(RETRY_AFTER, seconds);
     }
     limit_fields(&mut lines, view, verdicts, policy, Some(denied_by));
     (response, lines)
