@@ -12,6 +12,8 @@
 #   nginx1, nginx2   nginx `limit_req`, 1 or 2 workers (the peer)
 #   tg1, tg2         tollgate, `workers` = 1 or 2, memory store
 #   tg1_redis        tollgate, 1 worker, counters on a local redis-server
+#   tg1_base         tollgate, 1 worker, memory store, the binary BASELINE
+#                    (a build to compare against, in the same run)
 # The legitimate route's limit never binds (1,000,000/s); the flood's
 # admits one request a minute. A server of one worker runs on CPU
 # SERVER_CPUSET and the clients, the upstream and Redis on CLIENT_CPUSET,
@@ -30,8 +32,8 @@
 #         FLOOD_PRIO=normal (wrk as any process; `idle`: SCHED_IDLE, so it
 #         runs only on what the servers leave, as a flood from another
 #         machine would: the servers of two workers then have both cores)
-#         STALL_MAX=2000 (us; see below)  BASE_PORT=18480 (uses BASE_PORT ..
-#         BASE_PORT+7)
+#         BASELINE=BINARY (for tg1_base)  STALL_MAX=2000 (us; see below)
+#         BASE_PORT=18480 (uses BASE_PORT .. BASE_PORT+7)
 # The machine's own stalls: during every phase a probe per CPU
 # (bench/stall_probe.py, SCHED_FIFO above everything else) records how late
 # its 1 ms wake-ups are. Its worst lateness is in the round's line (`stall`
@@ -73,6 +75,12 @@ else
   build_release
   TOLLGATE=target/dist/tollgate
 fi
+case " $SERVERS " in
+  *" tg1_base "*)
+    [ -x "${BASELINE:-}" ] || { echo "tg1_base needs BASELINE=BINARY" >&2; exit 2; }
+    BASELINE=$(realpath "$BASELINE")
+    ;;
+esac
 cargo build --release --example open_loop
 OPEN_LOOP=target/release/examples/open_loop
 start_scratch
@@ -208,7 +216,7 @@ url = \"redis://127.0.0.1:$PORT_REDIS\""
 start_server() {
   local workers cpuset
   case $1 in
-    nginx1 | tg1 | tg1_redis) workers=1 cpuset=$SERVER_CPUSET_ONE ;;
+    nginx1 | tg1 | tg1_redis | tg1_base) workers=1 cpuset=$SERVER_CPUSET_ONE ;;
     nginx2 | tg2) workers=2 cpuset= ;;
     *) echo "unknown server $1" >&2; exit 2 ;;
   esac
@@ -220,6 +228,10 @@ start_server() {
     tg1_redis)
       flood_tollgate_conf 1 "$2" "$REDIS_STORE" >"$TMP/$1.toml"
       SERVER_CPUSET=$cpuset start_tollgate "$TMP/$1.toml"
+      ;;
+    tg1_base)
+      flood_tollgate_conf 1 "$2" "" >"$TMP/$1.toml"
+      TOLLGATE=$BASELINE SERVER_CPUSET=$cpuset start_tollgate "$TMP/$1.toml"
       ;;
     tg*)
       flood_tollgate_conf "$workers" "$2" "" >"$TMP/$1.toml"
@@ -324,6 +336,36 @@ for server in $SERVERS; do
     {n++; for (c = 3; c <= 11; c++) col[c] = col[c] " " $c}
     END {printf "%s\t%d\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n", s, n, stat(col[3]), stat(col[4]), stat(col[5]),
          stat(col[7]), stat(col[8]), stat(col[9]), stat(col[10]), stat(col[11])}' <<<"$kept"
+done
+
+# Each tollgate server against the nginx of its worker count, round by
+# round (the two phases of a round run minutes apart at most, so a slow
+# minute of the machine lands on both): the median ratio of the flooded
+# p99 and p99.9, its range, and in how many rounds tollgate's was the
+# lower. The rounds spread widely on a shared VM; a count near half says
+# the servers are not told apart, whatever the medians say.
+echo "# per round, tollgate / nginx of the same worker count, all rounds: median ratio [min-max], rounds where tollgate's is lower"
+printf 'server	peer	flood_p99	lower	flood_p999	lower
+'
+for server in $SERVERS; do
+  case $server in
+    tg1 | tg1_redis | tg1_base) peer=nginx1 ;;
+    tg2) peer=nginx2 ;;
+    *) continue ;;
+  esac
+  case " $SERVERS " in *" $peer "*) ;; *) continue ;; esac
+  awk -F'\t' -v s="$server" -v p="$peer" "$AWK_STATS"'
+    $2 == p {p99[$1] = $8; p999[$1] = $9}
+    $2 == s {t99[$1] = $8; t999[$1] = $9}
+    END {
+      for (r in t99) if (r in p99 && p99[r] > 0 && p999[r] > 0) {
+        n++
+        r99 = r99 " " t99[r] / p99[r]; r999 = r999 " " t999[r] / p999[r]
+        w99 += t99[r] < p99[r]; w999 += t999[r] < p999[r]
+      }
+      if (n) printf "%s\t%s\t%s\t%d of %d\t%s\t%d of %d\n", s, p,
+        median_range(r99, "%.2f"), w99, n, median_range(r999, "%.2f"), w999, n
+    }' "$TMP/rounds"
 done
 
 [ "$PIPELINED" -gt 0 ] || exit 0

@@ -1503,3 +1503,62 @@ async fn a_burst_of_pipelined_requests_does_not_escape_the_head_timeout() {
         "slow head never cut"
     );
 }
+
+/// A flood of denied requests pipelined on one connection does not hold up
+/// another connection: after a rate-limit denial the flooding connection
+/// steps aside before each next request (`h1::serve`), so the other client's
+/// answer comes after a few of the flood's answers, not after as many as one
+/// poll of the flooding connection can write (about a hundred before).
+#[tokio::test]
+async fn a_connection_being_denied_steps_aside_for_the_others() {
+    const FLOOD: usize = 400;
+    let upstream = TestUpstream::start().await;
+    let config = format!(
+        "{}\n[limits.per_key]\nkey = \"header:x-api-key\"\nalgorithm = \"token_bucket\"\n\
+         capacity = 1\nrefill = \"1/m\"\n",
+        gateway_config(&upstream).replace(
+            "upstream = \"api\"\n",
+            "upstream = \"api\"\nlimits = [\"per_key\"]\n"
+        )
+    );
+    let gateway = InProcess::start(&config).await;
+    let flooding = b"GET /flood HTTP/1.1\r\nhost: t\r\nx-api-key: abuser\r\n\r\n";
+    let mut flood = Client::connect(gateway.addr).await;
+    // The abuser's one token, then its first denial.
+    assert_eq!(exchange(&mut flood, flooding, false).await.status, 200);
+    assert_eq!(exchange(&mut flood, flooding, false).await.status, 429);
+    let mut legit = Client::connect(gateway.addr).await;
+    // Both arrive before the gateway next runs: the flood first.
+    flood.send(&flooding.repeat(FLOOD)).await;
+    legit
+        .send(b"GET /legit HTTP/1.1\r\nhost: t\r\nx-api-key: good\r\n\r\n")
+        .await;
+    let answer = tokio::time::timeout(EXCHANGE_LIMIT, legit.read_answer(false))
+        .await
+        .expect("an answer in time");
+    assert_eq!(answer.status, 200, "{}", answer.text());
+    // The flood's answers written by then (the gateway runs on this thread:
+    // nothing more is written until the next await).
+    let mut chunk = vec![0u8; 256 * 1024];
+    while let Ok(n @ 1..) = flood.stream.try_read(&mut chunk) {
+        flood.buffer.extend_from_slice(&chunk[..n]);
+    }
+    let answered = |buffer: &[u8]| {
+        buffer
+            .windows(b"HTTP/1.1 ".len())
+            .filter(|w| *w == b"HTTP/1.1 ")
+            .count()
+    };
+    let before = answered(&flood.buffer);
+    assert!(
+        before < FLOOD / 8,
+        "{before} of the flood's {FLOOD} denials were written before the other client's answer"
+    );
+    // The flood is answered all the same, every request denied.
+    for _ in 0..FLOOD {
+        let denied = tokio::time::timeout(EXCHANGE_LIMIT, flood.read_answer(false))
+            .await
+            .expect("an answer in time");
+        assert_eq!(denied.status, 429, "{}", denied.text());
+    }
+}

@@ -32,6 +32,8 @@ pub struct FieldLines {
     own_lengths: u64,
     /// A relayed `Date`: the head needs none of its own.
     relayed_date: bool,
+    /// The response refuses the request for its rate ([`FieldLines::mark_rate_denial`]).
+    rate_denial: bool,
 }
 
 /// Hands a request's header map, emptied, to its response when the
@@ -255,6 +257,19 @@ impl FieldLines {
             self.own.push_str("\r\n");
             self.own_lengths |= name.length_bit;
         }
+    }
+
+    /// Marks the lines as those of a rate-limit denial: the HTTP/1.1
+    /// server then lets the connection's next request wait its turn behind
+    /// the other connections' (`http1::server::serve`), so a flood of
+    /// denied requests does not hold up the clients who behave.
+    pub(crate) fn mark_rate_denial(&mut self) {
+        self.rate_denial = true;
+    }
+
+    /// Whether the lines are those of a rate-limit denial.
+    pub(crate) fn is_rate_denial(&self) -> bool {
+        self.rate_denial
     }
 
     #[cfg(test)]

@@ -233,6 +233,7 @@ pub(crate) fn deny_response(
     let mut response = Response::new(ResponseBody::full(body));
     *response.status_mut() = status;
     let mut lines = FieldLines::new();
+    lines.mark_rate_denial();
     lines.reserve_own(DENY_LINES + policy.map_or(0, str::len));
     lines.push_lines(PROBLEM_NOT_STORED);
     if let Some(seconds) = retry_after {

@@ -84,6 +84,12 @@ pub trait ExtraFields {
     fn write_to(&self, out: &mut Vec<u8>);
     /// Whether the lines include a `Date` (the head then adds none).
     fn has_date(&self) -> bool;
+
+    /// Whether the response denied its request for the client's rate: the
+    /// connection's next request then waits its turn (see [`serve`]).
+    fn steps_aside(&self) -> bool {
+        false
+    }
 }
 
 /// No extra fields.
@@ -104,6 +110,10 @@ impl ExtraFields for FieldLines {
 
     fn has_date(&self) -> bool {
         FieldLines::has_date(self)
+    }
+
+    fn steps_aside(&self) -> bool {
+        self.is_rate_denial()
     }
 }
 
@@ -133,6 +143,14 @@ pub trait Closing {
 /// answered here ([`Refusal`]) and ends the connection: nothing after it is
 /// read, let alone served. I/O errors end the connection (returned for the
 /// log); nothing here panics on what a client sends.
+///
+/// A connection whose last response denied its request for the client's
+/// rate ([`ExtraFields::steps_aside`]) steps aside once its next request
+/// has arrived: the task yields before it parses and answers it, so the
+/// other connections that became ready meanwhile (a legitimate client among
+/// an abusive one's denials) are served first. A flood of denied requests
+/// then costs the others a read per flooding connection ahead of them, not
+/// a whole answer each; a pipelined flood yields between its requests.
 pub async fn serve<T, C, F, Fut, B, L>(
     io: &mut T,
     closing: &C,
@@ -153,6 +171,8 @@ where
     let mut busy: Option<Box<Buffers>> = None;
     // ...unless it is among the few of its thread that keep theirs.
     let mut kept: Option<Kept> = None;
+    // The last response was a rate-limit denial (see above).
+    let mut step_aside = false;
     loop {
         let mut buffers = match (busy.take(), kept.take()) {
             (Some(buffers), _) => buffers,
@@ -166,6 +186,9 @@ where
                 None => return Ok(Ended::Closed),
             },
         };
+        if std::mem::take(&mut step_aside) {
+            tokio::task::yield_now().await;
+        }
         let Buffers {
             read: buffer,
             out,
@@ -237,6 +260,7 @@ where
         // Done: its block waits, with the buffers, for the next request.
         handling.finish(block);
         let (response, extra_fields) = response;
+        step_aside = extra_fields.steps_aside();
         let (mut parts, body) = response.into_parts();
         let length = if body.is_end_stream() {
             None
