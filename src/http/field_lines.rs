@@ -13,7 +13,13 @@
 //! Relayed names are lower-cased as they are copied (as a header map would
 //! have written them); relayed values are the upstream's bytes, already
 //! checked by the parser. The gateway's own lines are its constants, numbers
-//! and structured fields it serialized, so nothing here needs escaping.
+//! and structured fields it serialized, so nothing here needs escaping. Their
+//! names are [`OwnName`]s and fixed lines [`OwnLines`], both checked at
+//! compile time, so a push copies constants.
+//!
+//! The lines also say whether the response is a rate-limit denial
+//! ([`FieldLines::mark_rate_denial`]): they are what the HTTP/1.1 server
+//! gets beside the response, and it lets a denied connection step aside.
 
 use http::{HeaderMap, HeaderName, HeaderValue};
 
