@@ -212,14 +212,20 @@ REDIS_STORE="
 backend = \"redis\"
 url = \"redis://127.0.0.1:$PORT_REDIS\""
 
-# Starts server $1 on port $2.
-start_server() {
-  local workers cpuset
+# The workers of server $1.
+workers_of() {
   case $1 in
-    nginx1 | tg1 | tg1_redis | tg1_base) workers=1 cpuset=$SERVER_CPUSET_ONE ;;
-    nginx2 | tg2) workers=2 cpuset= ;;
+    nginx1 | tg1 | tg1_redis | tg1_base) echo 1 ;;
+    nginx2 | tg2) echo 2 ;;
     *) echo "unknown server $1" >&2; exit 2 ;;
   esac
+}
+
+# Starts server $1 on port $2: one worker on SERVER_CPUSET, two on all CPUs.
+start_server() {
+  local workers cpuset=
+  workers=$(workers_of "$1")
+  [ "$workers" = 1 ] && cpuset=$SERVER_CPUSET_ONE
   case $1 in
     nginx*)
       flood_nginx_conf "$workers" "$2" >"$TMP/$1.conf"
@@ -345,14 +351,10 @@ done
 # lower. The rounds spread widely on a shared VM; a count near half says
 # the servers are not told apart, whatever the medians say.
 echo "# per round, tollgate / nginx of the same worker count, all rounds: median ratio [min-max], rounds where tollgate's is lower"
-printf 'server	peer	flood_p99	lower	flood_p999	lower
-'
+printf 'server\tpeer\tflood_p99\tlower\tflood_p999\tlower\n'
 for server in $SERVERS; do
-  case $server in
-    tg1 | tg1_redis | tg1_base) peer=nginx1 ;;
-    tg2) peer=nginx2 ;;
-    *) continue ;;
-  esac
+  [ "${server#tg}" != "$server" ] || continue
+  peer=nginx$(workers_of "$server")
   case " $SERVERS " in *" $peer "*) ;; *) continue ;; esac
   awk -F'\t' -v s="$server" -v p="$peer" "$AWK_STATS"'
     $2 == p {p99[$1] = $8; p999[$1] = $9}
