@@ -88,6 +88,17 @@ const fn length_bit(name: &[u8]) -> u64 {
     1 << (name.len() % 64)
 }
 
+/// A byte of an own field name: lowercase letters, digits and `-` (the
+/// names the gateway sets; a header map would have lower-cased them).
+const fn is_own_name_byte(b: u8) -> bool {
+    b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-'
+}
+
+/// Room for own lines taken at the first reservation: a denial's whole set
+/// (its fixed lines, its numbers and a `RateLimit` item per limit), so the
+/// buffer is allocated once.
+pub(crate) const OWN_ROOM: usize = 384;
+
 /// A field name of the gateway's own, lowercase, as the start of its line
 /// (`name: `), with its [`length_bit`]: made at compile time
 /// ([`OwnName::new`]), so a push copies a constant.
@@ -118,7 +129,7 @@ impl OwnName {
             let b = name_bytes[i];
             assert!(b == start_bytes[i], "start is not name followed by ': '");
             assert!(
-                b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-',
+                is_own_name_byte(b),
                 "an own field name is a lowercase token"
             );
             i += 1;
@@ -158,7 +169,7 @@ impl OwnLines {
             while bytes[i] != b':' {
                 let b = bytes[i];
                 assert!(
-                    b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-',
+                    is_own_name_byte(b),
                     "an own field name is a lowercase token"
                 );
                 i += 1;
@@ -230,14 +241,14 @@ impl FieldLines {
         self.own.push_str(lines.text);
     }
 
-    /// Room for `more` bytes of own lines; the first reservation is sized
-    /// for a denial's whole set, so the buffer is allocated once.
+    /// Room for `more` bytes of own lines; the first reservation takes at
+    /// least [`OWN_ROOM`].
     #[inline]
     pub(crate) fn reserve_own(&mut self, more: usize) {
         if self.own.capacity() == 0 {
             // Allocated outright: `reserve` on an empty string went through
             // the vector's general growth path first.
-            self.own = String::with_capacity(more.max(384));
+            self.own = String::with_capacity(more.max(OWN_ROOM));
         } else {
             self.own.reserve(more);
         }

@@ -20,7 +20,7 @@ use super::body::ResponseBody;
 use crate::admission::Ticket;
 use crate::app::{RoutePlan, Snapshot};
 use crate::config::tokens::Unit;
-use crate::http::field_lines::{FieldLines, OwnLines, OwnName, own_name};
+use crate::http::field_lines::{FieldLines, OWN_ROOM, OwnLines, OwnName, own_name};
 use crate::http::problem::{
     DETAIL, NumberMember, ObjectMember, ProblemWriter, STATUS, TITLE, TYPE, TextListMember,
     TextMember, TextWriter, Written, problem_member,
@@ -34,9 +34,6 @@ const RETRY_AFTER: OwnName = own_name!("retry-after");
 /// A denial's fields that never change, as one copy.
 const PROBLEM_NOT_STORED: OwnLines =
     OwnLines::new("content-type: application/problem+json\r\ncache-control: no-store\r\n");
-/// Room for a denial's own lines in one allocation: the fixed ones, the
-/// numbers, and a `RateLimit` item per limit beside its policy.
-const DENY_LINES: usize = 384;
 
 /// One family of the three focus fields (limit, remaining, reset).
 struct FocusNames {
@@ -234,7 +231,8 @@ pub(crate) fn deny_response(
     *response.status_mut() = status;
     let mut lines = FieldLines::new();
     lines.mark_rate_denial();
-    lines.reserve_own(DENY_LINES + policy.map_or(0, str::len));
+    // Room for the policy beside the rest: one allocation.
+    lines.reserve_own(OWN_ROOM + policy.map_or(0, str::len));
     lines.push_lines(PROBLEM_NOT_STORED);
     if let Some(seconds) = retry_after {
         lines.push_number(RETRY_AFTER, seconds);
