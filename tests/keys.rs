@@ -521,12 +521,12 @@ async fn a_slow_body_for_a_body_key_times_out_with_408() {
         .await
         .unwrap();
     let mut answer = Vec::new();
-    let read = tokio::time::timeout(
+    let read = common::within_wall_clock(
         std::time::Duration::from_secs(10),
         stream.read_to_end(&mut answer),
     )
     .await;
-    assert!(read.is_ok(), "the gateway waited for the body forever");
+    assert!(read.is_some(), "the gateway waited for the body forever");
     let answer = String::from_utf8_lossy(&answer);
     assert!(answer.starts_with("HTTP/1.1 408"), "{answer}");
     assert!(answer.contains("application/problem+json"), "{answer}");

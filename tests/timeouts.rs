@@ -33,7 +33,7 @@ async fn a_stalled_upstream_body_is_cut_after_read_timeout() {
             .unwrap();
         let mut rest = [0u8; 64];
         // Wait (up to a minute) for the gateway to close its end.
-        let _ = tokio::time::timeout(Duration::from_secs(60), stream.read(&mut rest)).await;
+        let _ = common::within_wall_clock(Duration::from_secs(60), stream.read(&mut rest)).await;
         let _ = dropped_tx.send(());
     });
     let gateway = InProcess::start(&format!(
@@ -61,7 +61,7 @@ upstream = "api"
     let mut received = Vec::new();
     // The gateway cuts the stream: the read ends (EOF or reset) long before
     // this generous bound.
-    tokio::time::timeout(Duration::from_secs(20), async {
+    common::within_wall_clock(Duration::from_secs(20), async {
         let mut buf = [0u8; 1024];
         loop {
             match client.read(&mut buf).await {
@@ -78,7 +78,7 @@ upstream = "api"
         text.ends_with("0123456789"),
         "the body stops where the upstream stopped: {text}"
     );
-    tokio::time::timeout(Duration::from_secs(20), dropped_rx)
+    common::within_wall_clock(Duration::from_secs(20), dropped_rx)
         .await
         .expect("the upstream connection is dropped")
         .unwrap();
@@ -124,7 +124,8 @@ upstream = "api"
         client.write_all(head.as_bytes()).await.unwrap();
         let mut received = Vec::new();
         let _ =
-            tokio::time::timeout(Duration::from_secs(20), client.read_to_end(&mut received)).await;
+            common::within_wall_clock(Duration::from_secs(20), client.read_to_end(&mut received))
+                .await;
         let text = String::from_utf8_lossy(&received);
         assert!(text.starts_with("HTTP/1.1 408"), "{head:?}: {text}");
         assert!(text.contains("application/problem+json"), "{text}");

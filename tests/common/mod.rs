@@ -715,10 +715,16 @@ pub async fn get(addr: SocketAddr, path: &str, headers: &[(&str, &str)]) -> Repl
 }
 
 /// Writes raw bytes and reads until the server closes the connection,
-/// which it must do within `timeout`: a gateway that hangs instead of
-/// closing fails the test (with what it had sent).
+/// which it must do within `timeout` of the wall clock: a gateway that
+/// hangs instead of closing fails the test (with what it had sent).
 pub async fn raw(addr: SocketAddr, bytes: &[u8], timeout: Duration) -> String {
-    let (out, closed) = exchange_raw(addr, bytes, timeout).await;
+    let mut stream = TcpStream::connect(addr).await.expect("connect");
+    stream.write_all(bytes).await.expect("write");
+    let mut out = Vec::new();
+    let closed = within_wall_clock(timeout, stream.read_to_end(&mut out))
+        .await
+        .is_some();
+    let out = String::from_utf8_lossy(&out).into_owned();
     assert!(
         closed,
         "the connection was still open after {timeout:?}; read so far: {out:?}"
@@ -726,21 +732,41 @@ pub async fn raw(addr: SocketAddr, bytes: &[u8], timeout: Duration) -> String {
     out
 }
 
-/// Writes raw bytes and reads what arrives for `wait`, whether or not the
-/// server closes: for answers on a connection that stays open.
-pub async fn raw_for(addr: SocketAddr, bytes: &[u8], wait: Duration) -> String {
-    exchange_raw(addr, bytes, wait).await.0
+/// `future`'s output, or `None` once `limit` has passed on the wall clock:
+/// the bound of a guard against a hang, which must hold under paused time
+/// too. A paused clock jumps to the next timer whenever the runtime is
+/// idle — also while the kernel has yet to hand over a connection or bytes
+/// already sent on loopback (a busy machine defers that work) — so a guard
+/// on tokio's clock can fire before the gateway has seen the client, let
+/// alone run the timer the test is about. Waits whose length is the test's
+/// subject stay on tokio's clock.
+pub async fn within_wall_clock<F: std::future::Future>(
+    limit: Duration,
+    future: F,
+) -> Option<F::Output> {
+    let (expired, expiry) = oneshot::channel::<()>();
+    // A thread, not a tokio timer: its sleep is the wall clock's. It outlives
+    // a future that finishes first, asleep, and sends to no one.
+    std::thread::spawn(move || {
+        std::thread::sleep(limit);
+        let _ = expired.send(());
+    });
+    tokio::select! {
+        biased;
+        output = future => Some(output),
+        _ = expiry => None,
+    }
 }
 
-/// What the server sent within `wait`, and whether it closed by then.
-async fn exchange_raw(addr: SocketAddr, bytes: &[u8], wait: Duration) -> (String, bool) {
+/// Writes raw bytes and reads what arrives for `wait` (tokio's clock),
+/// whether or not the server closes: for answers on a connection that
+/// stays open.
+pub async fn raw_for(addr: SocketAddr, bytes: &[u8], wait: Duration) -> String {
     let mut stream = TcpStream::connect(addr).await.expect("connect");
     stream.write_all(bytes).await.expect("write");
     let mut out = Vec::new();
-    let closed = tokio::time::timeout(wait, stream.read_to_end(&mut out))
-        .await
-        .is_ok();
-    (String::from_utf8_lossy(&out).into_owned(), closed)
+    let _ = tokio::time::timeout(wait, stream.read_to_end(&mut out)).await;
+    String::from_utf8_lossy(&out).into_owned()
 }
 
 /// Replaces `{upstream}` in a config template.
