@@ -66,6 +66,10 @@ struct LimitState {
     /// Decided in the shared store (the store is Redis and the limit is not
     /// `local = true`).
     shared: bool,
+    /// Shared, and Redis's denial of a key stands until its retry-after
+    /// whatever other nodes do: a node may remember it
+    /// (`store.remember_denials`, see [`crate::store`]).
+    remembers_denials: bool,
 }
 
 /// One named limit's state: the base limiter and one per plan that sets its
@@ -164,7 +168,12 @@ impl Snapshot {
         let limits: Vec<LimitState> = limiters
             .into_iter()
             .zip(&shared)
-            .map(|(limiters, &shared)| LimitState { limiters, shared })
+            .enumerate()
+            .map(|(i, (limiters, &shared))| LimitState {
+                limiters,
+                shared,
+                remembers_denials: shared && denial_stands(&config, i),
+            })
             .collect();
         let labels = LabelNames::new(&config);
         let router = Router::new(&config);
@@ -254,6 +263,13 @@ impl Snapshot {
         self.limits[id.0].shared
     }
 
+    /// A denial of the shared limit may be remembered by the node
+    /// (`store.remember_denials`).
+    #[inline]
+    pub(crate) fn remembers_denials(&self, id: LimitId) -> bool {
+        self.limits[id.0].remembers_denials
+    }
+
     /// The limit's metric label.
     #[inline]
     pub(crate) fn limit_label(&self, id: LimitId) -> &Arc<str> {
@@ -292,6 +308,23 @@ impl Snapshot {
 }
 
 /// A route compiled for the request path, its decisions counted as `front`'s.
+/// Whether Redis's denial of limit `i` holds until its retry-after whatever
+/// any node does meanwhile (other nodes' requests only spend), so that a node
+/// may answer the key's next requests from memory. Not for a concurrency
+/// limit (a response ending anywhere frees a slot), a leased bucket (nodes
+/// give back tokens they did not spend), or a limit a response can refund (a
+/// token quota, settled when its response ends; a route's `cost_header`).
+fn denial_stands(config: &Config, i: usize) -> bool {
+    let limit = &config.limits[i];
+    !matches!(limit.algorithm, Algorithm::Concurrency { .. })
+        && limit.lease.is_none()
+        && matches!(limit.unit, crate::config::tokens::Unit::Requests)
+        && !config
+            .routes
+            .iter()
+            .any(|route| route.cost_header.is_some() && route.limits.contains(&i))
+}
+
 fn route_plan(
     config: &Config,
     labels: &LabelNames,
@@ -515,10 +548,12 @@ impl App {
             crate::config::StoreBackend::Redis(_) => "redis",
         });
         let store = config.store.redis().and_then(|redis| {
-            let (errors, fallback) = (metrics.clone(), metrics.clone());
+            let (errors, fallback, remembered) =
+                (metrics.clone(), metrics.clone(), metrics.clone());
             let signals = Signals {
                 error: Box::new(move || errors.record_store_error("redis")),
                 fallback: Box::new(move |active| fallback.set_store_fallback(active)),
+                remembered: Box::new(move || remembered.record_remembered_denial()),
             };
             RedisStore::start(redis.clone(), signals)
                 .inspect_err(|error| {
@@ -647,8 +682,10 @@ impl App {
     pub fn install(&self, config: Config) -> u64 {
         let _installing = self.install_lock.lock();
         if let Some(store) = &self.store {
-            // Leased tokens go back: the new limits may differ.
+            // Leased tokens go back and remembered denials are forgotten:
+            // the new limits may differ.
             store.return_leases();
+            store.forget_denials();
         }
         // The store is the one chosen at start (a reload that changes
         // `[store]` is told a restart is needed), and so is its fraction.

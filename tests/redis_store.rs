@@ -914,6 +914,7 @@ prefix = "edge:"
 timeout = "20ms"
 on_failure = "deny"
 local_fraction = 0.5
+remember_denials = "1s"
 
 [limits.guard]
 key = "route"
@@ -932,6 +933,7 @@ prefix = "a {b}"
 timeout = "20 parsecs"
 on_failure = "denny"
 local_fraction = 1.5
+remember_denials = "soon"
 
 [limits.tb]
 key = "ip"
@@ -953,7 +955,8 @@ lease = 50
         (6, "store.timeout", ""),
         (7, "store.on_failure", "did you mean `deny`?"),
         (8, "store.local_fraction", "expected a number in (0, 1]"),
-        (15, "limits.tb.lease", "expected 1 to the capacity (10)"),
+        (9, "store.remember_denials", ""),
+        (16, "limits.tb.lease", "expected 1 to the capacity (10)"),
     ] {
         let found = stderr.lines().any(|l| {
             l.contains(&format!("gateway.toml:{line}:"))
@@ -1727,5 +1730,172 @@ limits = ["tb"]
     assert!(
         (100..=149).contains(&used),
         "the node took {used} tokens for 50 requests: one lease of 100 and the rest's cost"
+    );
+}
+
+/// `remember_denials`: a node answers a key's repeated denials from Redis's
+/// last answer, without a call, until the retry-after Redis gave or
+/// `remember_denials`, whichever is first; the answer is the one Redis gave
+/// (same fields, the retry-after counted down). Never for a limit a
+/// response can refund (`cost_header`); forgotten on reload; off unless set.
+#[tokio::test]
+#[cfg_attr(
+    not(has_redis),
+    ignore = "needs redis-server and redis-cli: apt-get install -y redis-server redis-tools"
+)]
+async fn remembered_denials_spare_redis_calls_until_their_retry_after() {
+    let redis = Redis::start();
+    let upstream = TestUpstream::start().await;
+    let body = |window_limit: u64| {
+        format!(
+            r#"
+[limits.bucket]
+key = "header:x-user"
+algorithm = "token_bucket"
+capacity = 3
+refill = "2/s"
+
+[limits.window]
+key = "header:x-user"
+algorithm = "fixed_window"
+limit = {window_limit}
+window = "60s"
+
+[limits.settled]
+key = "header:x-user"
+algorithm = "fixed_window"
+limit = 2
+window = "60s"
+
+[[routes]]
+name = "bucket"
+match = {{ path = "/bucket" }}
+respond = {{ status = 200, body = "ok" }}
+limits = ["bucket"]
+
+[[routes]]
+name = "window"
+match = {{ path = "/window" }}
+respond = {{ status = 200, body = "ok" }}
+limits = ["window"]
+
+[[routes]]
+name = "settled"
+match = {{ path = "/settled" }}
+upstream = "api"
+cost_header = "x-cost"
+limits = ["settled"]
+"#
+        )
+    };
+    let store = "remember_denials = \"1s\"";
+    let gw = gateway(&redis, store, &upstream, &body(2)).await;
+    let user = [("x-user", "u")];
+    let remembered = async || {
+        metric(&gw, "tollgate_store_remembered_denials_total")
+            .await
+            .unwrap_or(0.0)
+    };
+
+    // Three tokens, then the first denial asks Redis; the next 30 do not.
+    for _ in 0..3 {
+        assert_eq!(get(gw.addr, "/bucket", &user).await.status, 200);
+    }
+    let asked = get(gw.addr, "/bucket", &user).await;
+    assert_eq!(asked.status, 429);
+    let calls = evalsha_calls(&redis);
+    let mut answers = Vec::new();
+    for _ in 0..30 {
+        answers.push(get(gw.addr, "/bucket", &user).await);
+    }
+    assert_eq!(
+        evalsha_calls(&redis),
+        calls,
+        "a remembered denial made a call"
+    );
+    assert_eq!(remembered().await, 30.0);
+    // Redis's answer, fields and all; its retry-after (500 ms at most, a
+    // token at 2/s) rounds up to the same second.
+    let fields = |reply: &common::Reply| -> Vec<String> {
+        let mut names: Vec<String> = reply.headers.keys().map(|k| k.to_string()).collect();
+        names.retain(|n| n != "date" && n != "content-length");
+        names.sort();
+        names
+    };
+    for reply in &answers {
+        assert_eq!(reply.status, 429);
+        assert_eq!(fields(reply), fields(&asked));
+        assert_eq!(reply.header("retry-after"), Some("1"));
+        assert_eq!(reply.body, asked.body);
+        let (r, t) = remaining_and_reset(reply.header("ratelimit").expect("RateLimit"));
+        assert_eq!(
+            (r, t),
+            remaining_and_reset(asked.header("ratelimit").unwrap())
+        );
+    }
+    // No longer than the retry-after: the next token is there within 500 ms
+    // of the first denial, and this node admits it (`remember_denials` is 1 s).
+    tokio::time::sleep(Duration::from_millis(600)).await;
+    assert_eq!(get(gw.addr, "/bucket", &user).await.status, 200);
+
+    // No longer than `remember_denials`: a 60 s window's denial is asked
+    // again after 1 s.
+    for _ in 0..2 {
+        assert_eq!(get(gw.addr, "/window", &user).await.status, 200);
+    }
+    assert_eq!(get(gw.addr, "/window", &user).await.status, 429);
+    let calls = evalsha_calls(&redis);
+    assert_eq!(get(gw.addr, "/window", &user).await.status, 429);
+    assert_eq!(evalsha_calls(&redis), calls);
+    tokio::time::sleep(Duration::from_millis(1100)).await;
+    assert_eq!(get(gw.addr, "/window", &user).await.status, 429);
+    assert_eq!(evalsha_calls(&redis), calls + 1, "asked again after 1 s");
+    // A reload forgets (an operator who deleted a key in Redis can make
+    // every node ask again), even one that changes nothing...
+    let calls = evalsha_calls(&redis);
+    assert_eq!(get(gw.addr, "/window", &user).await.status, 429);
+    assert_eq!(evalsha_calls(&redis), calls);
+    gw.reload();
+    assert_eq!(get(gw.addr, "/window", &user).await.status, 429);
+    assert_eq!(
+        evalsha_calls(&redis),
+        calls + 1,
+        "asked again after a reload"
+    );
+    // ...and new numbers apply at once.
+    let config = std::fs::read_to_string(&gw.config_path).expect("config");
+    let raised = config.replace(
+        "limit = 2\nwindow = \"60s\"\n\n[limits.settled]",
+        "limit = 5\nwindow = \"60s\"\n\n[limits.settled]",
+    );
+    assert_ne!(raised, config);
+    gw.reload_with(&raised);
+    assert_eq!(get(gw.addr, "/window", &user).await.status, 200);
+
+    // A limit a response can refund is never remembered: each denial asks.
+    for _ in 0..2 {
+        assert_eq!(get(gw.addr, "/settled", &user).await.status, 200);
+    }
+    let (calls, before) = (evalsha_calls(&redis), remembered().await);
+    for _ in 0..5 {
+        assert_eq!(get(gw.addr, "/settled", &user).await.status, 429);
+    }
+    assert_eq!(evalsha_calls(&redis), calls + 5);
+    assert_eq!(remembered().await, before);
+
+    // Off unless set: every denial asks.
+    let plain = gateway(&redis, "", &upstream, &body(2)).await;
+    let other = [("x-user", "v")];
+    for _ in 0..2 {
+        assert_eq!(get(plain.addr, "/window", &other).await.status, 200);
+    }
+    let calls = evalsha_calls(&redis);
+    for _ in 0..5 {
+        assert_eq!(get(plain.addr, "/window", &other).await.status, 429);
+    }
+    assert_eq!(evalsha_calls(&redis), calls + 5);
+    assert_eq!(
+        metric(&plain, "tollgate_store_remembered_denials_total").await,
+        Some(0.0)
     );
 }

@@ -62,6 +62,7 @@ pub(super) fn store_entry<'l>(
         shadow: limit.shadow,
         lease: 0,
         cost: 0,
+        remember: false,
     }
 }
 
@@ -122,6 +123,7 @@ async fn decide<'s>(
                 Some(SharedEntry {
                     lease: limit.lease.unwrap_or(0),
                     cost: cost_of(j),
+                    remember: snapshot.remembers_denials(plan.stack[j]),
                     ..store_entry(limit, ticket.plan, ticket.keys[j]?)
                 })
             })

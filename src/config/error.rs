@@ -309,6 +309,7 @@ pub(crate) fn explain_type_error(path: &KeyPath, message: &str) -> Option<String
         | "body_read_timeout"
         | "idle_timeout"
         | "reset_jitter"
+        | "remember_denials"
             if is("integer") || is("float") =>
         {
             format!(

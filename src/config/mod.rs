@@ -238,6 +238,9 @@ pub(crate) struct RedisConfig {
     pub(crate) on_failure: OnFailure,
     /// Node-local fallback limits are the shared ones times this.
     pub(crate) local_fraction: LocalFraction,
+    /// The longest a node answers a key's repeated denials from memory
+    /// (`remember_denials`; zero: every decision asks Redis).
+    pub(crate) remember_denials: Duration,
 }
 
 impl RedisConfig {

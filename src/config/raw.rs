@@ -241,6 +241,7 @@ pub(crate) struct RawStore {
     pub(crate) timeout: Option<String>,
     pub(crate) on_failure: Option<String>,
     pub(crate) local_fraction: Option<toml::Value>,
+    pub(crate) remember_denials: Option<String>,
     /// `rediss://` only: a PEM file of the CA certificates to trust instead
     /// of the built-in roots.
     pub(crate) ca: Option<String>,

@@ -18,7 +18,7 @@ use super::error::{
     explain_serde_message, explain_type_error, line_column, nearest, path_at, span_of,
 };
 use super::raw::{self, RawConfig};
-use super::units::parse_rate;
+use super::units::{parse_duration, parse_rate};
 use super::*;
 use crate::limit::{Algorithm, LeakyMode, Nanos, WindowAlign};
 
@@ -899,6 +899,15 @@ fn check_store(
             LocalFraction::Fixed(1_000_000)
         }
     };
+    let remember_denials = match raw.remember_denials.as_deref().map(parse_duration) {
+        // "0s" says off, as leaving it out does.
+        Some(Ok(zero)) if zero.is_zero() => Duration::ZERO,
+        _ => c.duration(
+            path.key("remember_denials"),
+            &raw.remember_denials,
+            Duration::ZERO,
+        ),
+    };
     let (username, password) = check_redis_auth(c, path, raw, &servers, directory);
     let tls = check_redis_tls(c, path, raw, &servers, directory);
     StoreConfig {
@@ -911,6 +920,7 @@ fn check_store(
             timeout,
             on_failure,
             local_fraction,
+            remember_denials,
         })),
     }
 }

@@ -275,6 +275,7 @@ pub struct Metrics {
     upstream_retries: Family<RetryLabels, Counter>,
     store_errors: Family<BackendLabels, Counter>,
     store_fallback_active: Gauge,
+    store_remembered_denials: Counter,
     config_reloads: Family<ResultLabels, Counter>,
     config_generation: Gauge,
     limiter_keys: Family<LimitLabels, Gauge>,
@@ -383,6 +384,12 @@ impl Metrics {
             "1 while the store is unavailable and on_failure applies, else 0",
             store_fallback_active.clone(),
         );
+        let store_remembered_denials = Counter::default();
+        registry.register(
+            "tollgate_store_remembered_denials",
+            "Denials of shared limits answered from the node's memory of a recent Redis denial, without a call (store.remember_denials)",
+            store_remembered_denials.clone(),
+        );
         let config_reloads = Family::<ResultLabels, Counter>::default();
         registry.register(
             "tollgate_config_reloads",
@@ -465,6 +472,7 @@ impl Metrics {
             upstream_retries,
             store_errors,
             store_fallback_active,
+            store_remembered_denials,
             config_reloads,
             config_generation,
             limiter_keys,
@@ -702,6 +710,12 @@ impl Metrics {
     /// Whether the store fallback (`on_failure`) is in force.
     pub(crate) fn set_store_fallback(&self, active: bool) {
         self.store_fallback_active.set(i64::from(active));
+    }
+
+    /// A denial answered from a remembered Redis denial
+    /// (`store.remember_denials`).
+    pub(crate) fn record_remembered_denial(&self) {
+        self.store_remembered_denials.inc();
     }
 
     /// A configuration reload attempt and its result.

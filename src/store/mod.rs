@@ -93,6 +93,7 @@ use tokio::sync::Notify;
 use crate::config::{OnFailure, RedisConfig, RedisServers};
 
 mod connect;
+mod remembered;
 use crate::limit::{Algorithm, LeakyMode, LimitKey, Nanos, Verdict, WindowAlign};
 
 /// Failed calls in a row that open the breaker.
@@ -160,6 +161,8 @@ type NodesListener = Box<dyn Fn(u64) + Send + Sync>;
 pub(crate) struct Signals {
     pub(crate) error: Box<dyn Fn() + Send + Sync>,
     pub(crate) fallback: Box<dyn Fn(bool) + Send + Sync>,
+    /// A denial answered from the node's memory, without a call.
+    pub(crate) remembered: Box<dyn Fn() + Send + Sync>,
 }
 
 /// A call that failed (timeout, connection, Redis error) or was not made
@@ -185,6 +188,9 @@ pub(crate) struct SharedEntry<'a> {
     /// What the request charges it, in its unit (a settlement's entries:
     /// unused).
     pub(crate) cost: u64,
+    /// Redis's denial of it may be answered from this node's memory for a
+    /// while (`store.remember_denials`; see `remembered`).
+    pub(crate) remember: bool,
 }
 
 /// The store's answer for a request's shared entries.
@@ -627,6 +633,9 @@ pub struct RedisStore {
     /// With Sentinel: the sentinel that answered last, asked first.
     sentinel: std::sync::atomic::AtomicUsize,
     runtime: tokio::runtime::Handle,
+    /// Whose denials the threads remember (`remembered`): a new one forgets
+    /// them all.
+    epoch: AtomicU64,
 }
 
 impl std::fmt::Debug for RedisStore {
@@ -663,6 +672,7 @@ impl RedisStore {
             sequence: AtomicU64::new(0),
             sentinel: std::sync::atomic::AtomicUsize::new(0),
             runtime: runtime.handle().clone(),
+            epoch: AtomicU64::new(remembered::new_epoch()),
         });
         let (ready, first) = std::sync::mpsc::channel();
         let weak = Arc::downgrade(&store);
@@ -792,9 +802,44 @@ impl RedisStore {
     /// that denies ends the decision and the slots before it are refunded
     /// (see the README's "Distributed limits" for what that can cost).
     ///
-    /// A leased token bucket takes a lease only when no other call of this
-    /// node is taking one for it; otherwise this request takes its cost.
+    /// With `remember_denials`, an entry this thread remembers as denied
+    /// denies without a call (the others are not decided: `None`, as after
+    /// an earlier slot's denial), and the call's denials are remembered.
     pub(crate) async fn decide(
+        self: &Arc<Self>,
+        entries: &[SharedEntry<'_>],
+    ) -> Result<SharedDecision, Unavailable> {
+        let most = self.config.remember_denials;
+        if most.is_zero() || !entries.iter().any(|e| e.remember) {
+            return self.decide_leased(entries).await;
+        }
+        let epoch = self.epoch.load(Ordering::Relaxed);
+        if let Some((i, verdict)) = remembered::recall(epoch, entries) {
+            (self.signals.remembered)();
+            let mut verdicts = smallvec::smallvec![None; entries.len()];
+            verdicts[i] = Some(verdict);
+            return Ok(SharedDecision {
+                verdicts,
+                leases: Vec::new(),
+                taken: smallvec::smallvec![0; entries.len()],
+            });
+        }
+        let asked = std::time::Instant::now();
+        let decision = self.decide_leased(entries).await?;
+        remembered::remember(epoch, entries, &decision.verdicts, asked, most);
+        Ok(decision)
+    }
+
+    /// Every thread forgets the denials it remembers (a reload changes the
+    /// limits).
+    pub(crate) fn forget_denials(&self) {
+        self.epoch.store(remembered::new_epoch(), Ordering::Relaxed);
+    }
+
+    /// [`RedisStore::decide`] without remembered denials. A leased token
+    /// bucket takes a lease only when no other call of this node is taking
+    /// one for it; otherwise this request takes its cost.
+    async fn decide_leased(
         self: &Arc<Self>,
         entries: &[SharedEntry<'_>],
     ) -> Result<SharedDecision, Unavailable> {
@@ -1604,7 +1649,17 @@ impl OwnedEntry {
             shadow: false,
             lease: 0,
             cost: 0,
+            remember: false,
         }
+    }
+
+    /// The same limit, plan, numbers and key as `e`.
+    fn is(&self, e: &SharedEntry<'_>) -> bool {
+        self.key == e.key
+            && *self.limit == *e.limit
+            && self.plan.as_deref() == e.plan
+            && self.algorithm == e.algorithm
+            && self.align == e.align
     }
 }
 
@@ -1744,6 +1799,7 @@ mod tests {
             shadow: false,
             lease: 100,
             cost: 1,
+            remember: false,
         };
         // T = 1 s / 3; a lease is capped at the capacity.
         assert_eq!(params(&e), ["4", "20", "333333.333333", "0", "20"]);
