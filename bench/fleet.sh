@@ -13,6 +13,8 @@
 #   tg_redis    tollgate, store.backend = "redis" (a worker's concurrent
 #               decisions share one EVALSHA)
 #   tg_lease    the same with `lease = LEASE` on both limits
+#   tg_remember tg_redis with `remember_denials = REMEMBER`: a node answers
+#               a key's repeated denials from Redis's last one, no call
 #   tg_cluster  tollgate on a one-shard Redis Cluster (a second
 #               redis-server, cluster-enabled, holding all 16,384 slots;
 #               `cluster = true`): what one shard costs per decision, where
@@ -64,11 +66,11 @@
 # Run (as root, or with the tools installed):   bench/fleet.sh
 # (about 12 minutes with the defaults)
 # Knobs: NODES="1 2 4" KEYSETS="hot zipf" VARIANTS="tg_memory tg_redis
-#        tg_lease tg_cluster ng_lua" DURATION=5 LIGHT_DURATION=3 (0: no
+#        tg_lease tg_remember tg_cluster ng_lua" DURATION=5 LIGHT_DURATION=3 (0: no
 #        light phase)
-#        ROUNDS=3 CONNS=64 LEASE=100 ZIPF_KEYS=10000 ZIPF_S=1.0
+#        ROUNDS=3 CONNS=64 LEASE=100 REMEMBER=1s ZIPF_KEYS=10000 ZIPF_S=1.0
 #        HOT_CAPACITY=500 HOT_RATE=5000 ZIPF_CAPACITY=100 ZIPF_RATE=100
-#        BASE_PORT=18680 (uses BASE_PORT .. BASE_PORT+179: a server whose
+#        BASE_PORT=18680 (uses BASE_PORT .. BASE_PORT+191: a server whose
 #        port is taken starts again 60 ports up)
 #        SKIP_BUILD=1 (use target/dist/tollgate), TOLLGATE=/path/to/binary
 # Needs nginx, libnginx-mod-http-lua, lua-nginx-redis, redis-server, wrk,
@@ -78,12 +80,13 @@ set -euo pipefail
 
 NODES=${NODES:-1 2 4}
 KEYSETS=${KEYSETS:-hot zipf}
-VARIANTS=${VARIANTS:-tg_memory tg_redis tg_lease tg_cluster ng_lua}
+VARIANTS=${VARIANTS:-tg_memory tg_redis tg_lease tg_remember tg_cluster ng_lua}
 DURATION=${DURATION:-5}
 LIGHT_DURATION=${LIGHT_DURATION:-3}
 ROUNDS=${ROUNDS:-3}
 CONNS=${CONNS:-64}
 LEASE=${LEASE:-100}
+REMEMBER=${REMEMBER:-1s}
 ZIPF_KEYS=${ZIPF_KEYS:-10000}
 ZIPF_S=${ZIPF_S:-1.0}
 HOT_CAPACITY=${HOT_CAPACITY:-500}
@@ -122,13 +125,13 @@ start_scratch
 PORT_UP=$BASE_PORT
 PORT_REDIS=$((BASE_PORT + 1))
 PORT_CLUSTER=$((BASE_PORT + 2)) # and its cluster bus, BASE_PORT + 5
-# Variant v's node j (0..3) listens on BASE_PORT + 10 * v + j (v = 1..5),
+# Variant v's node j (0..3) listens on BASE_PORT + 10 * v + j (v = 1..6),
 # its admin listener on that + 4; a node started again after a port was
 # taken (see start_node) moves 60 or 120 ports up.
 declare -A PORT_SHIFT
 variant_index() {
   case $1 in tg_memory) echo 1 ;; tg_redis) echo 2 ;; tg_lease) echo 3 ;; ng_lua) echo 4 ;;
-    tg_cluster) echo 5 ;;
+    tg_cluster) echo 5 ;; tg_remember) echo 6 ;;
     *) echo "unknown variant $1" >&2; exit 1 ;; esac
 }
 node_port() { echo $((BASE_PORT + 10 * $(variant_index "$1") + $2 + ${PORT_SHIFT[$1-$2]:-0})); }
@@ -265,6 +268,7 @@ prefix = "$v:"
 timeout = "500ms"
 on_failure = "deny"
 CONF
+    if [ "$v" = tg_remember ]; then echo "remember_denials = \"$REMEMBER\""; fi
   fi
 }
 
@@ -571,7 +575,7 @@ awk -F'\t' "$AWK_STATS"'
     print "# tollgate / ng_lua, same N, key set and round (the median of the per-round ratios [min-max]):"
     for (i = 1; i <= count; i++) {
       id = order[i]; split(id, f, SUBSEP)
-      if (f[2] !~ /^tg_(redis|lease|cluster)$/) continue
+      if (f[2] !~ /^tg_(redis|lease|remember|cluster)$/) continue
       ref = f[1] SUBSEP "ng_lua" SUBSEP f[3] SUBSEP f[4]
       if (!(ref in seen)) continue
       qr = ""; qc = ""

@@ -12,6 +12,8 @@
 #   nginx1, nginx2   nginx `limit_req`, 1 or 2 workers (the peer)
 #   tg1, tg2         tollgate, `workers` = 1 or 2, memory store
 #   tg1_redis        tollgate, 1 worker, counters on a local redis-server
+#   tg1_remember     tg1_redis with `remember_denials = "1s"`: the flood's
+#                    repeated denials answered from the node's memory
 #   tg1_base         tollgate, 1 worker, memory store, the binary BASELINE
 #                    (a build to compare against, in the same run)
 # The legitimate route's limit never binds (1,000,000/s); the flood's
@@ -23,7 +25,7 @@
 #
 # Run:    bench/flood.sh            (builds the dist binary; SKIP_BUILD=1 not to)
 #         bench/flood.sh BINARY
-# Knobs:  SERVERS="nginx1 tg1 nginx2 tg2 tg1_redis"  ROUNDS=3  DURATION=10
+# Knobs:  SERVERS="nginx1 tg1 nginx2 tg2 tg1_redis tg1_remember"  ROUNDS=3  DURATION=10
 #         RATE=1000  CONNS=64  SERVER_CPUSET=0  CLIENT_CPUSET=1
 #         CLIENT_PRIO=rt (the legitimate client, the upstream and Redis run
 #         SCHED_FIFO, ahead of wrk at once; `nice` puts them at nice -10,
@@ -51,7 +53,7 @@
 # Needs nginx, wrk and redis-server (installed with apt-get when absent).
 set -euo pipefail
 
-SERVERS=${SERVERS:-nginx1 tg1 nginx2 tg2 tg1_redis}
+SERVERS=${SERVERS:-nginx1 tg1 nginx2 tg2 tg1_redis tg1_remember}
 ROUNDS=${ROUNDS:-3}
 DURATION=${DURATION:-10}
 RATE=${RATE:-1000}
@@ -215,7 +217,7 @@ url = \"redis://127.0.0.1:$PORT_REDIS\""
 # The workers of server $1.
 workers_of() {
   case $1 in
-    nginx1 | tg1 | tg1_redis | tg1_base) echo 1 ;;
+    nginx1 | tg1 | tg1_redis | tg1_remember | tg1_base) echo 1 ;;
     nginx2 | tg2) echo 2 ;;
     *) echo "unknown server $1" >&2; exit 2 ;;
   esac
@@ -233,6 +235,11 @@ start_server() {
       ;;
     tg1_redis)
       flood_tollgate_conf 1 "$2" "$REDIS_STORE" >"$TMP/$1.toml"
+      SERVER_CPUSET=$cpuset start_tollgate "$TMP/$1.toml"
+      ;;
+    tg1_remember)
+      flood_tollgate_conf 1 "$2" "$REDIS_STORE
+remember_denials = \"1s\"" >"$TMP/$1.toml"
       SERVER_CPUSET=$cpuset start_tollgate "$TMP/$1.toml"
       ;;
     tg1_base)

@@ -1899,3 +1899,63 @@ limits = ["settled"]
         Some(0.0)
     );
 }
+
+/// A decision sent from its request's own task (nothing else waiting) whose
+/// request goes away mid-call — an HTTP/2 stream reset while Redis is
+/// paused — gives the worker's call back. After three of them (more than
+/// the calls a worker keeps in flight), a decision is still sent and
+/// answered at once when Redis resumes, not left queued until `timeout`.
+#[tokio::test]
+#[cfg_attr(
+    not(has_redis),
+    ignore = "needs redis-server and redis-cli: apt-get install -y redis-server redis-tools"
+)]
+async fn a_request_gone_mid_call_gives_its_call_back() {
+    let mut redis = Redis::start();
+    let upstream = TestUpstream::start().await;
+    let body = r#"
+[limits.per_user]
+key = "header:x-user"
+algorithm = "token_bucket"
+capacity = 10
+refill = "1/s"
+
+[[routes]]
+name = "r"
+match = { path = "/r" }
+respond = { status = 200, body = "ok" }
+limits = ["per_user"]
+"#;
+    let gw = one_worker_gateway(&redis, &upstream, body).await;
+    assert_eq!(get(gw.addr, "/r", &[("x-user", "warm")]).await.status, 200);
+    // h2c with prior knowledge: dropping a response future resets its stream.
+    let stream = tokio::net::TcpStream::connect(gw.addr).await.unwrap();
+    let (mut sender, connection) = hyper::client::conn::http2::handshake(
+        hyper_util::rt::TokioExecutor::new(),
+        hyper_util::rt::TokioIo::new(stream),
+    )
+    .await
+    .unwrap();
+    tokio::spawn(connection);
+    redis.pause();
+    for i in 0..3 {
+        let request = hyper::Request::get(format!("http://{}/r", gw.addr))
+            .header("x-user", format!("gone-{i}"))
+            .body(http_body_util::Empty::<bytes::Bytes>::new())
+            .unwrap();
+        let response = sender.send_request(request);
+        let waited = tokio::time::timeout(Duration::from_millis(300), response).await;
+        assert!(waited.is_err(), "answered while Redis was paused");
+    }
+    // The resets reach the gateway, which drops the three requests.
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    redis.resume();
+    let reply = tokio::time::timeout(
+        Duration::from_secs(3),
+        get(gw.addr, "/r", &[("x-user", "after")]),
+    )
+    .await
+    .expect("a decision waited for a call that no longer exists");
+    assert_eq!(reply.status, 200);
+    assert_eq!(metric(&gw, "tollgate_store_errors_total").await, Some(0.0));
+}

@@ -19,9 +19,10 @@
 //! cluster client's, one per node), made lazily on the worker's own runtime
 //! so that its driver runs beside the requests that use it, and no other
 //! thread is woken for a call. A worker keeps at most [`MAX_IN_FLIGHT`]
-//! decision calls in flight: a decision that finds fewer is sent at once,
-//! alone; decisions that arrive meanwhile queue (`ThreadState`) and go
-//! together, up to [`MAX_BATCH`], as one `EVALSHA` when one returns (`stack.lua` decides
+//! decision calls in flight: a decision that finds fewer (and none waiting)
+//! is sent at once, alone, from its own task; decisions that arrive
+//! meanwhile queue (`ThreadState`) and go together, up to [`MAX_BATCH`], as
+//! one `EVALSHA` from a sender task when a call returns (`stack.lua` decides
 //! them one after the other, each all or nothing). Under load one script
 //! run and one reply serve many requests; idle, nothing waits. Other calls
 //! (settlements, lease renewals) are pipelined on the same connection. The
@@ -1201,11 +1202,37 @@ impl RedisStore {
     /// slot that arrives meanwhile in the next call. Waits at most
     /// `timeout` in all; a failed batch fails each of its decisions, and
     /// each counts for the breaker as its own call would have.
+    ///
+    /// A decision that finds nothing waiting and a call free is sent from
+    /// its own task: no sender task to start and no answer to pass on, two
+    /// trips fewer through the worker's run queue, which a busy worker
+    /// (a flood) makes long.
     async fn batched(self: &Arc<Self>, args: Args, slot: u16) -> Result<Answer, Unavailable> {
         if self.is_down() {
             return Err(Unavailable);
         }
         let state = self.thread_state();
+        let alone = {
+            let mut queues = state.queues.lock();
+            let queue = queues.of(slot);
+            let alone = queue.waiting.is_empty() && queue.senders < MAX_IN_FLIGHT;
+            queue.senders += usize::from(alone);
+            alone
+        };
+        if alone {
+            let _sending = Sending {
+                store: self,
+                state: &state,
+                slot,
+            };
+            return match self.call_batch(&state, std::iter::once(&args)).await {
+                Some(mut answers) => Ok(answers.swap_remove(0)),
+                None => {
+                    self.failed();
+                    Err(Unavailable)
+                }
+            };
+        }
         let (reply, answer) = tokio::sync::oneshot::channel();
         let start = {
             let mut queues = state.queues.lock();
@@ -1234,42 +1261,49 @@ impl RedisStore {
 
     /// `batch` as one `stack.lua` call, each decision's answer sent back.
     async fn send_batch(&self, state: &ThreadState, batch: &mut Vec<Pending>) {
-        let answer = if self.is_down() {
-            Err(Unavailable)
-        } else {
-            let cmd = batch_cmd(self.stack.get_hash(), batch.iter().map(|p| &p.args));
-            self.query(state, &self.stack, &cmd).await
-        };
-        // Each decision's entries, 2 or 4 integers each (see `stack.lua`);
-        // an answer that does not split exactly fails the batch.
-        let answers: Option<Vec<Answer>> = match &answer {
-            Ok(Value::Array(items)) => {
-                let mut items = items.iter();
-                let answers: Option<Vec<Answer>> = batch
-                    .iter()
-                    .map(|p| take_answer(&mut items, p.args.keys()))
-                    .collect();
-                answers.filter(|_| items.next().is_none())
-            }
-            _ => None,
-        };
-        match answers {
+        match self.call_batch(state, batch.iter().map(|p| &p.args)).await {
             Some(answers) => {
-                self.failures.store(0, Ordering::Relaxed);
                 for (pending, answer) in batch.drain(..).zip(answers) {
                     // A caller that gave up (timeout, client gone) is not told.
                     let _ = pending.reply.send(Ok(answer));
                 }
             }
             None => {
-                if answer.is_ok() {
-                    tracing::warn!("unexpected answer from the redis stack script");
-                }
                 for pending in batch.drain(..) {
                     let _ = pending.reply.send(Err(Unavailable));
                 }
             }
         }
+    }
+
+    /// One `stack.lua` call for `batch`, each decision's answer in order;
+    /// `None` when the call failed or its answer does not split exactly
+    /// into the decisions' entries (2 or 4 integers each, see `stack.lua`).
+    async fn call_batch<'a>(
+        &self,
+        state: &ThreadState,
+        batch: impl Iterator<Item = &'a Args> + Clone,
+    ) -> Option<Vec<Answer>> {
+        if self.is_down() {
+            return None;
+        }
+        let cmd = batch_cmd(self.stack.get_hash(), batch.clone());
+        let answer = self.query(state, &self.stack, &cmd).await.ok()?;
+        let answers: Option<Vec<Answer>> = match &answer {
+            Value::Array(items) => {
+                let mut items = items.iter();
+                let answers: Option<Vec<Answer>> = batch
+                    .map(|args| take_answer(&mut items, args.keys()))
+                    .collect();
+                answers.filter(|_| items.next().is_none())
+            }
+            _ => None,
+        };
+        match answers {
+            Some(_) => self.failures.store(0, Ordering::Relaxed),
+            None => tracing::warn!("unexpected answer from the redis stack script"),
+        }
+        answers
     }
 
     fn failed(&self) {
@@ -1393,6 +1427,42 @@ async fn send_batches(store: Arc<RedisStore>, state: Arc<ThreadState>, slot: u16
             }
         }
         store.send_batch(&state, &mut batch).await;
+    }
+}
+
+/// A call sent from a decision's own task ([`RedisStore::batched`]) holds
+/// one of its slot's [`MAX_IN_FLIGHT`] calls; when it ends — answered, or
+/// the request gone mid-call — the decisions that queued behind it go on in
+/// a sender task, as behind any other call.
+struct Sending<'a> {
+    store: &'a Arc<RedisStore>,
+    state: &'a Arc<ThreadState>,
+    slot: u16,
+}
+
+impl Drop for Sending<'_> {
+    fn drop(&mut self) {
+        let mut queues = self.state.queues.lock();
+        let queue = queues.of(self.slot);
+        let runtime = tokio::runtime::Handle::try_current();
+        match runtime {
+            // The sender takes this call's place among those in flight.
+            Ok(runtime) if !queue.waiting.is_empty() => {
+                drop(queues);
+                runtime.spawn(send_batches(
+                    self.store.clone(),
+                    self.state.clone(),
+                    self.slot,
+                ));
+            }
+            // Nothing waits, or the runtime is gone (nothing will run).
+            _ => {
+                queue.senders -= 1;
+                if queue.senders == 0 && queue.waiting.is_empty() {
+                    queues.remove(self.slot);
+                }
+            }
+        }
     }
 }
 
