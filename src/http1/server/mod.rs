@@ -37,6 +37,7 @@ mod request;
 mod response;
 mod rewind;
 mod slot;
+mod step_aside;
 
 use std::future::{Future, poll_fn};
 use std::io;
@@ -151,6 +152,11 @@ pub trait Closing {
 /// an abusive one's denials) are served first. A flood of denied requests
 /// then costs the others a read per flooding connection ahead of them, not
 /// a whole answer each; a pipelined flood yields between its requests.
+/// While the worker is busy (a pass through its ready tasks took
+/// `BUSY_PASS` or more), it steps aside again, up to `STEP_ASIDE_PASSES`
+/// passes: a flooding connection then answers once per few passes, so a
+/// pass holds fewer answers and a legitimate request, which may need
+/// several passes (its store call, its upstream), waits less for each.
 pub async fn serve<T, C, F, Fut, B, L>(
     io: &mut T,
     closing: &C,
@@ -187,7 +193,7 @@ where
             },
         };
         if std::mem::take(&mut step_aside) {
-            tokio::task::yield_now().await;
+            step_aside::while_busy().await;
         }
         let Buffers {
             read: buffer,
