@@ -358,7 +358,7 @@ fn respond(
 /// One descriptor's status from its limits' entries (`positions` in the
 /// stack): over the limit when one of them denied (a shadow limit never
 /// does); the limit shown is that one, or the one with the least
-/// remaining, client-visible limits before shadow ones.
+/// remaining, client-visible limits before shadow ones, of those decided.
 fn descriptor_status(
     ticket: &Ticket<'_>,
     positions: impl Iterator<Item = usize>,
@@ -370,11 +370,13 @@ fn descriptor_status(
         .iter()
         .copied()
         .find(|&p| entries[p].outcome == Outcome::Denied);
+    // A limit not decided (skipped: a local or remembered denial ended the
+    // stack first) has no numbers to show.
     let among = |shadow: bool| {
         let candidates = positions
             .iter()
             .copied()
-            .filter(|&p| limits[p].shadow == shadow);
+            .filter(|&p| limits[p].shadow == shadow && entries[p].outcome != Outcome::Skipped);
         least_remaining_of(algorithms, entries, candidates)
     };
     // The limit that denied, else the visible one with the least left,
