@@ -489,8 +489,34 @@ async fn two_gateways_on_redis_decide_one_limit_and_one_stack() {
     let erin = ask(&mut ra, both("erin")).await;
     assert_eq!(erin.overall_code, Code::Ok as i32);
     assert_eq!(erin.statuses[0].limit_remaining, 3);
+
+    // A gateway that remembers denials: Redis's denial of dave shows both
+    // descriptors' limits; the remembered one decides only dave's, and the
+    // address's descriptor, not asked, shows no limit rather than numbers
+    // it does not have.
+    let c = InProcess::start_on_wall_time(
+        &config.replace("[decision]", "remember_denials = \"1s\"\n\n[decision]"),
+    )
+    .await;
+    let mut rc = client(&c).await;
+    let asked = ask(&mut rc, both("dave")).await;
+    assert_eq!(asked.overall_code, Code::OverLimit as i32);
+    let address = asked.statuses[0].current_limit.as_ref().expect("decided");
+    assert_eq!(address.name, "per_address");
+    assert_eq!(asked.statuses[0].limit_remaining, 3);
+    let remembered = ask(&mut rc, both("dave")).await;
+    assert_eq!(remembered.overall_code, Code::OverLimit as i32);
+    assert_eq!(remembered.statuses[0].code, Code::Ok as i32);
+    assert_eq!(remembered.statuses[0].current_limit, None);
+    assert_eq!(remembered.statuses[1].code, Code::OverLimit as i32);
+    let user = remembered.statuses[1]
+        .current_limit
+        .as_ref()
+        .expect("dave's");
+    assert_eq!(user.name, "per_user");
     a.stop().await;
     b.stop().await;
+    c.stop().await;
 }
 
 #[tokio::test]
