@@ -310,33 +310,23 @@ mod tests {
     fn a_denial_is_remembered_no_longer_than_asked_nor_than_its_retry_after() {
         let epoch = new_epoch();
         let long_ago = Instant::now() - Duration::from_millis(50);
+        // Key `key` denied 50 ms ago with `retry` ms, remembered for `most`.
+        let remember_one = |key: u128, retry: Nanos, most: Duration| {
+            remember(
+                epoch,
+                &[entry(key, 1)],
+                &[denied(retry * MS)],
+                long_ago,
+                most,
+            );
+            recall(epoch, &[entry(key, 1)])
+        };
         // Retry-after 10 s, remembered for 20 ms: lapsed.
-        remember(
-            epoch,
-            &[entry(7, 1)],
-            &[denied(10_000 * MS)],
-            long_ago,
-            Duration::from_millis(20),
-        );
-        assert!(recall(epoch, &[entry(7, 1)]).is_none());
+        assert!(remember_one(7, 10_000, Duration::from_millis(20)).is_none());
         // Retry-after 20 ms, remembered for up to 10 s: lapsed too.
-        remember(
-            epoch,
-            &[entry(8, 1)],
-            &[denied(20 * MS)],
-            long_ago,
-            Duration::from_secs(10),
-        );
-        assert!(recall(epoch, &[entry(8, 1)]).is_none());
+        assert!(remember_one(8, 20, Duration::from_secs(10)).is_none());
         // Retry-after 10 s, remembered for 10 s: 50 ms of it counted down.
-        remember(
-            epoch,
-            &[entry(9, 1)],
-            &[denied(10_000 * MS)],
-            long_ago,
-            Duration::from_secs(10),
-        );
-        let (_, verdict) = recall(epoch, &[entry(9, 1)]).expect("remembered");
+        let (_, verdict) = remember_one(9, 10_000, Duration::from_secs(10)).expect("remembered");
         let retry = verdict.retry_after.unwrap();
         assert!(retry <= 9_950 * MS && retry > 9_000 * MS, "{retry}");
     }
