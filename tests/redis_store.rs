@@ -1744,7 +1744,7 @@ limits = ["tb"]
     ignore = "needs redis-server and redis-cli: apt-get install -y redis-server redis-tools"
 )]
 async fn remembered_denials_spare_redis_calls_until_their_retry_after() {
-    let redis = Redis::start();
+    let mut redis = Redis::start();
     let upstream = TestUpstream::start().await;
     let body = |window_limit: u64| {
         format!(
@@ -1897,6 +1897,25 @@ limits = ["settled"]
     assert_eq!(
         metric(&plain, "tollgate_store_remembered_denials_total").await,
         Some(0.0)
+    );
+
+    // Redis gone: a remembered denial still answers for its time (the
+    // fallback, `on_failure = "local"` from an empty state, would admit).
+    let long = gateway(&redis, "remember_denials = \"30s\"", &upstream, &body(2)).await;
+    let third = [("x-user", "w")];
+    for _ in 0..2 {
+        assert_eq!(get(long.addr, "/window", &third).await.status, 200);
+    }
+    assert_eq!(get(long.addr, "/window", &third).await.status, 429);
+    redis.kill();
+    assert_eq!(get(long.addr, "/window", &third).await.status, 429);
+    assert_eq!(
+        metric(&long, "tollgate_store_remembered_denials_total").await,
+        Some(1.0)
+    );
+    assert_eq!(
+        get(long.addr, "/window", &[("x-user", "z")]).await.status,
+        200
     );
 }
 
