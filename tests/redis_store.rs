@@ -1753,7 +1753,7 @@ async fn remembered_denials_spare_redis_calls_until_their_retry_after() {
 key = "header:x-user"
 algorithm = "token_bucket"
 capacity = 3
-refill = "2/s"
+refill = "1/s"
 
 [limits.window]
 key = "header:x-user"
@@ -1788,7 +1788,7 @@ limits = ["settled"]
 "#
         )
     };
-    let store = "remember_denials = \"1s\"";
+    let store = "remember_denials = \"2s\"";
     let gw = gateway(&redis, store, &upstream, &body(2)).await;
     let user = [("x-user", "u")];
     let remembered = async || {
@@ -1797,7 +1797,8 @@ limits = ["settled"]
             .unwrap_or(0.0)
     };
 
-    // Three tokens, then the first denial asks Redis; the next 30 do not.
+    // Three tokens, then the first denial asks Redis; the next 10 do not
+    // (well within the second its retry-after lasts).
     for _ in 0..3 {
         assert_eq!(get(gw.addr, "/bucket", &user).await.status, 200);
     }
@@ -1805,7 +1806,7 @@ limits = ["settled"]
     assert_eq!(asked.status, 429);
     let calls = evalsha_calls(&redis);
     let mut answers = Vec::new();
-    for _ in 0..30 {
+    for _ in 0..10 {
         answers.push(get(gw.addr, "/bucket", &user).await);
     }
     assert_eq!(
@@ -1813,9 +1814,9 @@ limits = ["settled"]
         calls,
         "a remembered denial made a call"
     );
-    assert_eq!(remembered().await, 30.0);
-    // Redis's answer, fields and all; its retry-after (500 ms at most, a
-    // token at 2/s) rounds up to the same second.
+    assert_eq!(remembered().await, 10.0);
+    // Redis's answer, fields and all; its retry-after (1 s at most, a token
+    // at 1/s) rounds up to the same second.
     let fields = |reply: &common::Reply| -> Vec<String> {
         let mut names: Vec<String> = reply.headers.keys().map(|k| k.to_string()).collect();
         names.retain(|n| n != "date" && n != "content-length");
@@ -1833,13 +1834,13 @@ limits = ["settled"]
             remaining_and_reset(asked.header("ratelimit").unwrap())
         );
     }
-    // No longer than the retry-after: the next token is there within 500 ms
-    // of the first denial, and this node admits it (`remember_denials` is 1 s).
-    tokio::time::sleep(Duration::from_millis(600)).await;
+    // No longer than the retry-after: the next token is there within 1 s of
+    // the first denial, and this node admits it (`remember_denials` is 2 s).
+    tokio::time::sleep(Duration::from_millis(1200)).await;
     assert_eq!(get(gw.addr, "/bucket", &user).await.status, 200);
 
     // No longer than `remember_denials`: a 60 s window's denial is asked
-    // again after 1 s.
+    // again after 2 s.
     for _ in 0..2 {
         assert_eq!(get(gw.addr, "/window", &user).await.status, 200);
     }
@@ -1847,9 +1848,9 @@ limits = ["settled"]
     let calls = evalsha_calls(&redis);
     assert_eq!(get(gw.addr, "/window", &user).await.status, 429);
     assert_eq!(evalsha_calls(&redis), calls);
-    tokio::time::sleep(Duration::from_millis(1100)).await;
+    tokio::time::sleep(Duration::from_millis(2200)).await;
     assert_eq!(get(gw.addr, "/window", &user).await.status, 429);
-    assert_eq!(evalsha_calls(&redis), calls + 1, "asked again after 1 s");
+    assert_eq!(evalsha_calls(&redis), calls + 1, "asked again after 2 s");
     // A reload forgets (an operator who deleted a key in Redis can make
     // every node ask again), even one that changes nothing...
     let calls = evalsha_calls(&redis);
