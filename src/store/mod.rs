@@ -8,6 +8,8 @@
 //! charges or refunds afterwards (`cost_header`). Both scripts are loaded
 //! once with `SCRIPT LOAD` when a connection is made, and again when a call
 //! finds them gone (`NOSCRIPT`, after a `SCRIPT FLUSH` or a restart).
+//! With `remember_denials`, a key's denial that this thread remembers
+//! answers without a call (`remembered`).
 //!
 //! Keys are `<prefix><limit>:{<digest>}:<algorithm>[:<plan>]`: the
 //! 128-bit [`LimitKey`] in hex, never the identity it came from. The braces
