@@ -1746,7 +1746,9 @@ limits = ["tb"]
 async fn remembered_denials_spare_redis_calls_until_their_retry_after() {
     let mut redis = Redis::start();
     let upstream = TestUpstream::start().await;
-    let body = |window_limit: u64| {
+    // Buckets, not fixed windows: a window's boundary passing during the
+    // test would admit what the test expects denied.
+    let body = |slow_capacity: u64| {
         format!(
             r#"
 [limits.bucket]
@@ -1755,17 +1757,17 @@ algorithm = "token_bucket"
 capacity = 3
 refill = "1/s"
 
-[limits.window]
+[limits.slow]
 key = "header:x-user"
-algorithm = "fixed_window"
-limit = {window_limit}
-window = "60s"
+algorithm = "token_bucket"
+capacity = {slow_capacity}
+refill = "1/h"
 
 [limits.settled]
 key = "header:x-user"
-algorithm = "fixed_window"
-limit = 2
-window = "60s"
+algorithm = "token_bucket"
+capacity = 2
+refill = "1/h"
 
 [[routes]]
 name = "bucket"
@@ -1774,10 +1776,10 @@ respond = {{ status = 200, body = "ok" }}
 limits = ["bucket"]
 
 [[routes]]
-name = "window"
-match = {{ path = "/window" }}
+name = "slow"
+match = {{ path = "/slow" }}
 respond = {{ status = 200, body = "ok" }}
-limits = ["window"]
+limits = ["slow"]
 
 [[routes]]
 name = "settled"
@@ -1839,25 +1841,25 @@ limits = ["settled"]
     tokio::time::sleep(Duration::from_millis(1200)).await;
     assert_eq!(get(gw.addr, "/bucket", &user).await.status, 200);
 
-    // No longer than `remember_denials`: a 60 s window's denial is asked
-    // again after 2 s.
+    // No longer than `remember_denials`: a denial whose retry-after is an
+    // hour is asked again after 2 s.
     for _ in 0..2 {
-        assert_eq!(get(gw.addr, "/window", &user).await.status, 200);
+        assert_eq!(get(gw.addr, "/slow", &user).await.status, 200);
     }
-    assert_eq!(get(gw.addr, "/window", &user).await.status, 429);
+    assert_eq!(get(gw.addr, "/slow", &user).await.status, 429);
     let calls = evalsha_calls(&redis);
-    assert_eq!(get(gw.addr, "/window", &user).await.status, 429);
+    assert_eq!(get(gw.addr, "/slow", &user).await.status, 429);
     assert_eq!(evalsha_calls(&redis), calls);
     tokio::time::sleep(Duration::from_millis(2200)).await;
-    assert_eq!(get(gw.addr, "/window", &user).await.status, 429);
+    assert_eq!(get(gw.addr, "/slow", &user).await.status, 429);
     assert_eq!(evalsha_calls(&redis), calls + 1, "asked again after 2 s");
     // A reload forgets (an operator who deleted a key in Redis can make
     // every node ask again), even one that changes nothing...
     let calls = evalsha_calls(&redis);
-    assert_eq!(get(gw.addr, "/window", &user).await.status, 429);
+    assert_eq!(get(gw.addr, "/slow", &user).await.status, 429);
     assert_eq!(evalsha_calls(&redis), calls);
     gw.reload();
-    assert_eq!(get(gw.addr, "/window", &user).await.status, 429);
+    assert_eq!(get(gw.addr, "/slow", &user).await.status, 429);
     assert_eq!(
         evalsha_calls(&redis),
         calls + 1,
@@ -1866,12 +1868,12 @@ limits = ["settled"]
     // ...and new numbers apply at once.
     let config = std::fs::read_to_string(&gw.config_path).expect("config");
     let raised = config.replace(
-        "limit = 2\nwindow = \"60s\"\n\n[limits.settled]",
-        "limit = 5\nwindow = \"60s\"\n\n[limits.settled]",
+        "capacity = 2\nrefill = \"1/h\"\n\n[limits.settled]",
+        "capacity = 5\nrefill = \"1/h\"\n\n[limits.settled]",
     );
     assert_ne!(raised, config);
     gw.reload_with(&raised);
-    assert_eq!(get(gw.addr, "/window", &user).await.status, 200);
+    assert_eq!(get(gw.addr, "/slow", &user).await.status, 200);
 
     // A limit a response can refund is never remembered: each denial asks.
     for _ in 0..2 {
@@ -1888,11 +1890,11 @@ limits = ["settled"]
     let plain = gateway(&redis, "", &upstream, &body(2)).await;
     let other = [("x-user", "v")];
     for _ in 0..2 {
-        assert_eq!(get(plain.addr, "/window", &other).await.status, 200);
+        assert_eq!(get(plain.addr, "/slow", &other).await.status, 200);
     }
     let calls = evalsha_calls(&redis);
     for _ in 0..5 {
-        assert_eq!(get(plain.addr, "/window", &other).await.status, 429);
+        assert_eq!(get(plain.addr, "/slow", &other).await.status, 429);
     }
     assert_eq!(evalsha_calls(&redis), calls + 5);
     assert_eq!(
@@ -1905,17 +1907,17 @@ limits = ["settled"]
     let long = gateway(&redis, "remember_denials = \"30s\"", &upstream, &body(2)).await;
     let third = [("x-user", "w")];
     for _ in 0..2 {
-        assert_eq!(get(long.addr, "/window", &third).await.status, 200);
+        assert_eq!(get(long.addr, "/slow", &third).await.status, 200);
     }
-    assert_eq!(get(long.addr, "/window", &third).await.status, 429);
+    assert_eq!(get(long.addr, "/slow", &third).await.status, 429);
     redis.kill();
-    assert_eq!(get(long.addr, "/window", &third).await.status, 429);
+    assert_eq!(get(long.addr, "/slow", &third).await.status, 429);
     assert_eq!(
         metric(&long, "tollgate_store_remembered_denials_total").await,
         Some(1.0)
     );
     assert_eq!(
-        get(long.addr, "/window", &[("x-user", "z")]).await.status,
+        get(long.addr, "/slow", &[("x-user", "z")]).await.status,
         200
     );
 }
