@@ -307,7 +307,6 @@ impl Snapshot {
     }
 }
 
-/// A route compiled for the request path, its decisions counted as `front`'s.
 /// Whether Redis's denial of limit `i` holds until its retry-after whatever
 /// any node does meanwhile (other nodes' requests only spend), so that a node
 /// may answer the key's next requests from memory. Not for a concurrency
@@ -325,6 +324,7 @@ fn denial_stands(config: &Config, i: usize) -> bool {
             .any(|route| route.cost_header.is_some() && route.limits.contains(&i))
 }
 
+/// A route compiled for the request path, its decisions counted as `front`'s.
 fn route_plan(
     config: &Config,
     labels: &LabelNames,

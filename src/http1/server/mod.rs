@@ -153,8 +153,8 @@ pub trait Closing {
 /// then costs the others a read per flooding connection ahead of them, not
 /// a whole answer each; a pipelined flood yields between its requests.
 /// While the worker is busy (a pass through its ready tasks took
-/// `BUSY_PASS` or more), it steps aside again, up to `STEP_ASIDE_PASSES`
-/// passes: a flooding connection then answers once per few passes, so a
+/// `step_aside::BUSY_PASS` or more), it steps aside again, up to
+/// `step_aside::PASSES` passes: a flooding connection then answers once per few passes, so a
 /// pass holds fewer answers and a legitimate request, which may need
 /// several passes (its store call, its upstream), waits less for each.
 pub async fn serve<T, C, F, Fut, B, L>(
