@@ -26,7 +26,7 @@ use std::time::{Duration, Instant};
 use hashbrown::HashTable;
 
 use super::{OwnedEntry, SharedEntry};
-use crate::limit::{Nanos, Verdict};
+use crate::limit::{LimitKey, Nanos, Verdict};
 
 /// Most denials one thread remembers: a flood over many keys cannot grow the
 /// table without bound. When full, lapsed denials go; if none has lapsed, a
@@ -97,10 +97,10 @@ thread_local! {
     };
 }
 
-/// The table's hash of an entry: its key digest's half, already uniform
-/// (the limits that share a digest only share a bucket).
-fn hash_of(e: &SharedEntry<'_>) -> u64 {
-    e.key.halves().1
+/// The table's hash of a key: its digest's half, already uniform (the
+/// limits that share a digest only share a bucket).
+fn hash_of(key: LimitKey) -> u64 {
+    key.halves().1
 }
 
 /// The first of `entries`, in stack order, that this thread remembers as
@@ -116,7 +116,7 @@ pub(super) fn recall(epoch: u64, entries: &[SharedEntry<'_>]) -> Option<(usize, 
             if !e.remember {
                 return None;
             }
-            let found = denials.find_entry(hash_of(e), |d| d.entry.is(e)).ok()?;
+            let found = denials.find_entry(hash_of(e.key), |d| d.entry.is(e)).ok()?;
             if found.get().until <= now {
                 found.remove();
                 return None;
@@ -136,47 +136,53 @@ pub(super) fn remember(
     asked: Instant,
     most: Duration,
 ) {
-    for (e, verdict) in entries.iter().zip(verdicts) {
-        let Some(verdict) = verdict else { continue };
-        // A shadow limit denies nothing; `never` has no retry-after.
-        let Some(retry) = verdict.retry_after.filter(|_| !verdict.allowed) else {
-            continue;
-        };
-        if !e.remember || e.shadow || retry == 0 {
-            continue;
-        }
-        let until = asked + Duration::from_nanos(retry).min(most);
-        MEMORY.with_borrow_mut(|memory| {
-            let denials = memory.of(epoch);
-            let denial = Denial {
-                entry: OwnedEntry::from(e),
-                cost: e.cost,
-                verdict: *verdict,
-                asked,
-                until,
+    MEMORY.with_borrow_mut(|memory| {
+        let denials = memory.of(epoch);
+        for (e, verdict) in entries.iter().zip(verdicts) {
+            let Some(verdict) = verdict else { continue };
+            // A shadow limit denies nothing; `never` has no retry-after.
+            let Some(retry) = verdict.retry_after.filter(|_| !verdict.allowed) else {
+                continue;
             };
-            match denials.find_entry(hash_of(e), |d| d.entry.is(e)) {
+            if !e.remember || e.shadow || retry == 0 {
+                continue;
+            }
+            let until = asked + Duration::from_nanos(retry).min(most);
+            match denials.find_entry(hash_of(e.key), |d| d.entry.is(e)) {
                 // The latest denial holds: it was decided no earlier.
-                Ok(mut found) => *found.get_mut() = denial,
+                Ok(mut found) => {
+                    let denial = found.get_mut();
+                    denial.cost = e.cost;
+                    denial.verdict = *verdict;
+                    denial.asked = asked;
+                    denial.until = until;
+                }
                 Err(_) => {
                     if denials.len() >= MOST {
                         let now = Instant::now();
                         denials.retain(|d| d.until > now);
                         if denials.len() >= MOST {
-                            return;
+                            continue;
                         }
                     }
-                    denials.insert_unique(hash_of(e), denial, |d| d.entry.key.halves().1);
+                    let denial = Denial {
+                        entry: OwnedEntry::from(e),
+                        cost: e.cost,
+                        verdict: *verdict,
+                        asked,
+                        until,
+                    };
+                    denials.insert_unique(hash_of(e.key), denial, |d| hash_of(d.entry.key));
                 }
             }
-        });
-    }
+        }
+    });
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::limit::{Algorithm, LimitKey, NANOS_PER_SEC, Rate, WindowAlign};
+    use crate::limit::{Algorithm, NANOS_PER_SEC, Rate, WindowAlign};
 
     const MS: Nanos = 1_000_000;
 
