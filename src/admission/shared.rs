@@ -1,9 +1,12 @@
 //! The shared tier: a stack with limits in the store. Its `local = true`
 //! limits are decided in node memory first (a local denial costs no store
 //! call), then the shared ones in one store call, all or nothing together:
-//! a shared denial refunds the local charges. Leased token buckets spend
-//! this node's tokens first, without a call. When the store is unavailable,
-//! `on_failure` decides (see the README's "Distributed limits").
+//! a shared denial refunds the local charges. What the store spends and
+//! gives back (leased tokens, a Cluster slot's charges) is its own
+//! business: its verdicts come back as they stand. When the store is
+//! unavailable, `on_failure` decides (see the README's "Distributed
+//! limits"); under `"local"` the fallback's scaled numbers, which decided,
+//! are the ones the answer gives.
 
 use std::future::Future;
 use std::pin::Pin;
@@ -16,7 +19,7 @@ use crate::config::{LimitConfig, OnFailure};
 use crate::limit::stack::{Costs, check_stack_costed};
 use crate::limit::stack::{INLINE, SKIPPED, outcome_of};
 use crate::limit::{
-    Algorithm, EntryVerdict, LimitKey, Nanos, Outcome, Permits, StackDecision, StackEntry, Verdict,
+    Algorithm, EntryVerdict, LimitKey, Nanos, Outcome, Permits, StackDecision, StackEntry,
 };
 use crate::store::{SharedEntry, Unavailable};
 
@@ -83,7 +86,10 @@ fn check_charged(
     check_stack_costed(entries, Costs::PerEntry(&costs), now)
 }
 
-/// The stack decided across the local tier and the store, into `ticket`.
+/// The stack decided across the local tier and the store, into `ticket`:
+/// the `local = true` limits in memory; when they admit, the shared ones
+/// in the store (or, when it is unavailable, as `on_failure` says); a
+/// shared denial refunds the local tier.
 async fn decide<'s>(
     store: &Store,
     app: &App,
@@ -94,13 +100,13 @@ async fn decide<'s>(
     let plan = candidate.plan;
     let n = ticket.stack.len();
     let (cost, now) = (candidate.cost, candidate.now);
-    // Each entry's charge, in its limit's unit.
-    let cost_of = |j: usize| ticket.cost_of(j, cost);
     let entry = |j: usize| StackEntry {
         limiter: ticket.limiters[j],
         key: ticket.keys[j],
         shadow: ticket.stack[j].shadow,
     };
+    // The two tiers, by position in the stack (a shared limit without a
+    // key is skipped).
     let is_shared = |j: usize| snapshot.is_shared(plan.stack[j]);
     let local_at: SmallVec<[usize; INLINE]> = (0..n).filter(|&j| !is_shared(j)).collect();
     let shared_at: SmallVec<[usize; INLINE]> = (0..n)
@@ -122,94 +128,47 @@ async fn decide<'s>(
                 let limit = ticket.stack[j];
                 Some(SharedEntry {
                     lease: limit.lease.unwrap_or(0),
-                    cost: cost_of(j),
+                    cost: ticket.cost_of(j, cost),
                     remember: snapshot.remembers_denials(plan.stack[j]),
                     ..store_entry(limit, ticket.plan, ticket.keys[j]?)
                 })
             })
             .collect();
-        // Leased token buckets spend this node's tokens first: no call.
-        let mut spent: SmallVec<[usize; INLINE]> = SmallVec::new();
-        for (k, (&j, e)) in shared_at.iter().zip(&shared).enumerate() {
-            if e.lease > 0
-                && let Some(left) = store.spend_leased(e, e.cost)
-            {
-                spent.push(k);
-                entries[j] = EntryVerdict {
-                    outcome: Outcome::Allowed,
-                    verdict: Verdict::allow(left, 0),
-                };
-            }
-        }
-        let remote_at: SmallVec<[usize; INLINE]> =
-            (0..shared.len()).filter(|k| !spent.contains(k)).collect();
-        let remote: SmallVec<[SharedEntry<'_>; INLINE]> =
-            remote_at.iter().map(|&k| shared[k]).collect();
-        let answer = if remote.is_empty() {
-            Ok(None)
-        } else {
-            store.decide(&remote).await.map(Some)
-        };
-        match answer {
-            Ok(None) => via_store = true,
-            Ok(Some(decision)) => {
+        match store.decide(&shared).await {
+            Ok(decision) => {
                 via_store = true;
-                let mut all_admitted = true;
-                for (&k, verdict) in remote_at.iter().zip(&decision.verdicts) {
-                    let (j, e) = (shared_at[k], &shared[k]);
+                for ((&j, e), verdict) in shared_at.iter().zip(&shared).zip(&decision.verdicts) {
                     if let Some(verdict) = verdict {
                         entries[j] = EntryVerdict {
                             outcome: outcome_of(verdict, e.shadow),
                             verdict: *verdict,
                         };
-                        all_admitted &= verdict.allowed || e.shadow;
-                    }
-                }
-                if all_admitted {
-                    // A lease took more than the cost: the rest is ours.
-                    for (&k, taken) in remote_at.iter().zip(&decision.taken) {
-                        if shared[k].lease > 0 && *taken > shared[k].cost {
-                            store.add_lease(&shared[k], taken - shared[k].cost);
-                        }
                     }
                 }
                 for lease in decision.leases {
                     permits.hold(Box::new(lease));
                 }
             }
-            Err(Unavailable) => {
-                // The fallback decides every shared limit, leased or not.
-                for &k in &spent {
-                    store.unspend(&shared[k], shared[k].cost);
+            Err(Unavailable) => match store.on_failure() {
+                OnFailure::Local => {
+                    let fallback: SmallVec<[StackEntry<'_>; INLINE]> =
+                        shared_at.iter().map(|&j| entry(j)).collect();
+                    let mut decision = check_charged(&fallback, &shared_at, ticket, cost, now);
+                    for (&j, verdict) in shared_at.iter().zip(&decision.entries) {
+                        entries[j] = *verdict;
+                        // The fallback's numbers decided: its quota goes
+                        // with its remaining in the answer.
+                        ticket.algorithms[j] = ticket.limiters[j].algorithm();
+                    }
+                    permits.append(decision.take_permits());
                 }
-                spent.clear();
-                match store.on_failure() {
-                    OnFailure::Local => {
-                        let fallback: SmallVec<[StackEntry<'_>; INLINE]> =
-                            shared_at.iter().map(|&j| entry(j)).collect();
-                        let mut decision = check_charged(&fallback, &shared_at, ticket, cost, now);
-                        for (&j, verdict) in shared_at.iter().zip(&decision.entries) {
-                            entries[j] = *verdict;
-                        }
-                        permits.append(decision.take_permits());
-                    }
-                    // Not limited by the shared limits (they show as skipped).
-                    OnFailure::Allow => {
-                        for &j in &shared_at {
-                            entries[j] = SKIPPED;
-                        }
-                    }
-                    OnFailure::Deny => {
-                        refund_local(ticket, &local_at, &entries, cost, now);
-                        return Admission::StoreDown;
-                    }
+                // Not limited by the shared limits (they show as skipped).
+                OnFailure::Allow => {}
+                OnFailure::Deny => {
+                    refund_local(ticket, &local_at, &entries, cost, now);
+                    return Admission::StoreDown;
                 }
-            }
-        }
-        if (0..n).any(|j| entries[j].outcome == Outcome::Denied) {
-            for &k in &spent {
-                store.unspend(&shared[k], shared[k].cost);
-            }
+            },
         }
         denied_by = (0..n).find(|&j| entries[j].outcome == Outcome::Denied);
         if denied_by.is_some() {
@@ -218,15 +177,11 @@ async fn decide<'s>(
             // As in the memory stack: a limit that would have admitted a
             // request the stack denied was not charged, and shows its state
             // as it stands (its `r` in the 429): the local tier's after the
-            // refund, a lease's with the tokens put back.
+            // refund (the store's verdicts are so already).
             for &j in &local_at {
                 if let (Some(key), Outcome::Allowed) = (ticket.keys[j], entries[j].outcome) {
                     entries[j].verdict = ticket.limiters[j].peek(key, now);
                 }
-            }
-            for &k in &spent {
-                let remaining = &mut entries[shared_at[k]].verdict.remaining;
-                *remaining = remaining.saturating_add(shared[k].cost);
             }
             for entry in entries.iter_mut().filter(|e| e.outcome == Outcome::Allowed) {
                 entry.outcome = Outcome::DeniedByOther;
