@@ -1175,10 +1175,18 @@ async fn a_later_slots_denial_shows_the_earlier_slots_as_refunded() {
     };
     let (user_key, route_key) = (key("tg:per_user:"), key("tg:per_route:"));
     let slot = |k: &str| node.cli(&["CLUSTER", "KEYSLOT", k]);
-    assert_ne!(slot(user_key), slot(route_key), "the limits' keys share a slot");
+    assert_ne!(
+        slot(user_key),
+        slot(route_key),
+        "the limits' keys share a slot"
+    );
     let denied = get(gateway.addr, "/r", &u).await;
     assert_eq!(denied.status, 429);
-    assert_eq!(denied.header("x-ratelimit-limit"), Some("2"), "per_route denied");
+    assert_eq!(
+        denied.header("x-ratelimit-limit"),
+        Some("2"),
+        "per_route denied"
+    );
     let field = denied.header("ratelimit").expect("RateLimit");
     assert_eq!(
         remaining_and_reset(policy(field, "per_user")).0,
