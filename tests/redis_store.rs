@@ -1128,7 +1128,7 @@ const REFUNDED_ON_ANOTHER_SLOT: &str = r#"
 key = "header:x-user"
 algorithm = "fixed_window"
 limit = 5
-window = "1h"
+window = "1d"
 # No window boundary inside the test.
 align = "first_request"
 
@@ -1136,7 +1136,7 @@ align = "first_request"
 key = "route"
 algorithm = "fixed_window"
 limit = 2
-window = "1h"
+window = "1d"
 align = "first_request"
 
 [[routes]]
@@ -1227,7 +1227,7 @@ url = "{upstream}"
 key = "header:x-user"
 algorithm = "fixed_window"
 limit = 10
-window = "1h"
+window = "1d"
 align = "first_request"
 
 [limits.guard]

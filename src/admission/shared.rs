@@ -161,6 +161,7 @@ async fn decide<'s>(
                         ticket.algorithms[j] = ticket.limiters[j].algorithm();
                     }
                     permits.append(decision.take_permits());
+                    ticket.fallback = true;
                 }
                 // Not limited by the shared limits (they show as skipped).
                 OnFailure::Allow => {}
