@@ -69,27 +69,30 @@ pub(super) fn store_entry<'l>(
     }
 }
 
-/// `entries` (the stack's entries at `at`) checked on this node, each
-/// charged in its limit's unit: `cost` for all when the request reserves
-/// no tokens, with no per-entry list to build.
-fn check_charged(
-    entries: &[StackEntry<'_>],
-    at: &[usize],
-    ticket: &Ticket<'_>,
-    cost: u64,
-    now: Nanos,
-) -> StackDecision {
+/// The stack's entries at `at` checked on this node, each charged in its
+/// limit's unit: `cost` for all when the request reserves no tokens, with
+/// no per-entry list to build.
+fn check_tier(ticket: &Ticket<'_>, at: &[usize], cost: u64, now: Nanos) -> StackDecision {
+    let entries: SmallVec<[StackEntry<'_>; INLINE]> = at
+        .iter()
+        .map(|&j| StackEntry {
+            limiter: ticket.limiters[j],
+            key: ticket.keys[j],
+            shadow: ticket.stack[j].shadow,
+        })
+        .collect();
     if ticket.tokens.is_none() {
-        return check_stack_costed(entries, Costs::Uniform(cost), now);
+        return check_stack_costed(&entries, Costs::Uniform(cost), now);
     }
     let costs: SmallVec<[u64; INLINE]> = at.iter().map(|&j| ticket.cost_of(j, cost)).collect();
-    check_stack_costed(entries, Costs::PerEntry(&costs), now)
+    check_stack_costed(&entries, Costs::PerEntry(&costs), now)
 }
 
 /// The stack decided across the local tier and the store, into `ticket`:
 /// the `local = true` limits in memory; when they admit, the shared ones
 /// in the store (or, when it is unavailable, as `on_failure` says); a
-/// shared denial refunds the local tier.
+/// shared denial refunds the local tier. `j` is a position in the stack
+/// throughout.
 async fn decide<'s>(
     store: &Store,
     app: &App,
@@ -100,40 +103,22 @@ async fn decide<'s>(
     let plan = candidate.plan;
     let n = ticket.stack.len();
     let (cost, now) = (candidate.cost, candidate.now);
-    let entry = |j: usize| StackEntry {
-        limiter: ticket.limiters[j],
-        key: ticket.keys[j],
-        shadow: ticket.stack[j].shadow,
-    };
-    // The two tiers, by position in the stack (a shared limit without a
-    // key is skipped).
+    // The two tiers' positions (a shared limit without a key is skipped).
     let is_shared = |j: usize| snapshot.is_shared(plan.stack[j]);
     let local_at: SmallVec<[usize; INLINE]> = (0..n).filter(|&j| !is_shared(j)).collect();
     let shared_at: SmallVec<[usize; INLINE]> = (0..n)
         .filter(|&j| is_shared(j) && ticket.keys[j].is_some())
         .collect();
-    let local: SmallVec<[StackEntry<'_>; INLINE]> = local_at.iter().map(|&j| entry(j)).collect();
-    let mut local_decision = check_charged(&local, &local_at, ticket, cost, now);
     let mut entries: SmallVec<[EntryVerdict; INLINE]> = smallvec::smallvec![SKIPPED; n];
-    for (&j, verdict) in local_at.iter().zip(&local_decision.entries) {
+    let mut local = check_tier(ticket, &local_at, cost, now);
+    for (&j, verdict) in local_at.iter().zip(&local.entries) {
         entries[j] = *verdict;
     }
-    let mut permits = local_decision.take_permits();
-    let mut denied_by = local_decision.denied_by.map(|d| local_at[d]);
+    let mut permits = local.take_permits();
+    let mut denied_by = local.denied_by.map(|d| local_at[d]);
     let mut via_store = false;
     if denied_by.is_none() && !shared_at.is_empty() {
-        let shared: SmallVec<[SharedEntry<'_>; INLINE]> = shared_at
-            .iter()
-            .filter_map(|&j| {
-                let limit = ticket.stack[j];
-                Some(SharedEntry {
-                    lease: limit.lease.unwrap_or(0),
-                    cost: ticket.cost_of(j, cost),
-                    remember: snapshot.remembers_denials(plan.stack[j]),
-                    ..store_entry(limit, ticket.plan, ticket.keys[j]?)
-                })
-            })
-            .collect();
+        let shared = shared_entries(snapshot, candidate, ticket, &shared_at);
         match store.decide(&shared).await {
             Ok(decision) => {
                 via_store = true;
@@ -151,17 +136,11 @@ async fn decide<'s>(
             }
             Err(Unavailable) => match store.on_failure() {
                 OnFailure::Local => {
-                    let fallback: SmallVec<[StackEntry<'_>; INLINE]> =
-                        shared_at.iter().map(|&j| entry(j)).collect();
-                    let mut decision = check_charged(&fallback, &shared_at, ticket, cost, now);
-                    for (&j, verdict) in shared_at.iter().zip(&decision.entries) {
+                    let mut fallback = fall_back(ticket, &shared_at, cost, now);
+                    for (&j, verdict) in shared_at.iter().zip(&fallback.entries) {
                         entries[j] = *verdict;
-                        // The fallback's numbers decided: its quota goes
-                        // with its remaining in the answer.
-                        ticket.algorithms[j] = ticket.limiters[j].algorithm();
                     }
-                    permits.append(decision.take_permits());
-                    ticket.fallback = true;
+                    permits.append(fallback.take_permits());
                 }
                 // Not limited by the shared limits (they show as skipped).
                 OnFailure::Allow => {}
@@ -175,18 +154,7 @@ async fn decide<'s>(
         if denied_by.is_some() {
             refund_local(ticket, &local_at, &entries, cost, now);
             permits = Permits::default();
-            // As in the memory stack: a limit that would have admitted a
-            // request the stack denied was not charged, and shows its state
-            // as it stands (its `r` in the 429): the local tier's after the
-            // refund (the store's verdicts are so already).
-            for &j in &local_at {
-                if let (Some(key), Outcome::Allowed) = (ticket.keys[j], entries[j].outcome) {
-                    entries[j].verdict = ticket.limiters[j].peek(key, now);
-                }
-            }
-            for entry in entries.iter_mut().filter(|e| e.outcome == Outcome::Allowed) {
-                entry.outcome = Outcome::DeniedByOther;
-            }
+            uncharged(ticket, &local_at, &mut entries, now);
         }
     }
     let delay = if denied_by.is_some() {
@@ -203,6 +171,40 @@ async fn decide<'s>(
     answer(app, snapshot, &candidate, ticket)
 }
 
+/// The store's entries of the stack's shared limits at `at` (each with a
+/// key), with what this request charges them.
+fn shared_entries<'s>(
+    snapshot: &Snapshot,
+    candidate: Candidate<'_, '_>,
+    ticket: &Ticket<'s>,
+    at: &[usize],
+) -> SmallVec<[SharedEntry<'s>; INLINE]> {
+    at.iter()
+        .filter_map(|&j| {
+            let limit = ticket.stack[j];
+            Some(SharedEntry {
+                lease: limit.lease.unwrap_or(0),
+                cost: ticket.cost_of(j, candidate.cost),
+                remember: snapshot.remembers_denials(candidate.plan.stack[j]),
+                ..store_entry(limit, ticket.plan, ticket.keys[j]?)
+            })
+        })
+        .collect()
+}
+
+/// The shared limits at `at` decided by their node-local fallback
+/// (`on_failure = "local"`), whose numbers (scaled by `local_fraction`)
+/// then replace the shared ones in `ticket`: the answer gives the quota
+/// that decided with its remaining.
+fn fall_back(ticket: &mut Ticket<'_>, at: &[usize], cost: u64, now: Nanos) -> StackDecision {
+    let decision = check_tier(ticket, at, cost, now);
+    for &j in at {
+        ticket.algorithms[j] = ticket.limiters[j].algorithm();
+    }
+    ticket.fallback = true;
+    decision
+}
+
 /// Gives back what the local tier charged when the shared tier refused.
 fn refund_local(
     ticket: &Ticket<'_>,
@@ -217,5 +219,20 @@ fn refund_local(
             // Concurrency: dropping the permits is the refund.
             ticket.limiters[j].adjust(key, refund, now);
         }
+    }
+}
+
+/// A denied stack's admitting entries, which were not charged after all:
+/// as in the memory stack, each shows its state as it stands (its `r` in
+/// the 429) — the local tier's after its refund, the store's as the store
+/// gave it (after its own refunds) — and is denied by another.
+fn uncharged(ticket: &Ticket<'_>, local_at: &[usize], entries: &mut [EntryVerdict], now: Nanos) {
+    for &j in local_at {
+        if let (Some(key), Outcome::Allowed) = (ticket.keys[j], entries[j].outcome) {
+            entries[j].verdict = ticket.limiters[j].peek(key, now);
+        }
+    }
+    for entry in entries.iter_mut().filter(|e| e.outcome == Outcome::Allowed) {
+        entry.outcome = Outcome::DeniedByOther;
     }
 }
