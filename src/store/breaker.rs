@@ -39,7 +39,6 @@ pub(crate) const PROBE_INTERVAL: Duration = Duration::from_millis(250);
 /// How often a node renews its heartbeat (`local_fraction = "auto"`), and
 /// how long one counts.
 pub(crate) const HEARTBEAT_EVERY: Duration = Duration::from_secs(1);
-
 pub(crate) const HEARTBEAT_TTL: Duration = Duration::from_secs(3);
 
 impl RedisStore {
@@ -65,6 +64,8 @@ impl RedisStore {
         }
     }
 
+    /// Counts a failed call; the [`FAILURES_TO_OPEN`]th in a row opens the
+    /// breaker and wakes the store thread to probe.
     pub(super) fn failed(&self) {
         (self.signals.error)();
         let failures = self.failures.fetch_add(1, Ordering::Relaxed) + 1;
@@ -79,7 +80,7 @@ impl RedisStore {
     }
 
     /// Renews this node's heartbeat; the live node count.
-    pub(super) async fn beat(&self) -> Result<u64, Unavailable> {
+    async fn beat(&self) -> Result<u64, Unavailable> {
         let mut cmd = redis::cmd("EVALSHA");
         cmd.arg(self.heartbeat.get_hash())
             .arg(1)

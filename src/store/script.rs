@@ -305,7 +305,7 @@ impl RedisStore {
     }
 
     /// [`RedisStore::key_of`], written at the end of `key`.
-    pub(super) fn write_key(&self, e: &SharedEntry<'_>, key: &mut String) {
+    fn write_key(&self, e: &SharedEntry<'_>, key: &mut String) {
         let tag = match e.algorithm {
             Algorithm::FixedWindow { .. } => "fw",
             Algorithm::SlidingWindow { .. } => "sw",

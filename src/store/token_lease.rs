@@ -195,7 +195,7 @@ impl RedisStore {
 
     /// Puts back the tokens spent for `entries` (`spent`: what was left,
     /// for those spent) when their request is not admitted after all.
-    pub(super) fn unspend(&self, entries: &[SharedEntry<'_>], spent: &[Option<u64>]) {
+    fn unspend(&self, entries: &[SharedEntry<'_>], spent: &[Option<u64>]) {
         for (e, _) in entries.iter().zip(spent).filter(|(_, s)| s.is_some()) {
             let key = self.key_of(e);
             if let Some(held) = self.pool_shard(&key).lock().get_mut(&key) {
@@ -206,7 +206,7 @@ impl RedisStore {
 
     /// Keeps `tokens` leased for `e` for [`LEASE_HOLD`]; what is not spent
     /// by then goes back to the shared bucket.
-    pub(super) fn add_lease(&self, e: &SharedEntry<'_>, tokens: u64) {
+    fn add_lease(&self, e: &SharedEntry<'_>, tokens: u64) {
         let key = self.key_of(e);
         let expires = Instant::now() + LEASE_HOLD;
         let mut shard = self.pool_shard(&key).lock();
