@@ -11,9 +11,17 @@
 
 use std::sync::Arc;
 
-use super::decide::Charged;
+use smallvec::SmallVec;
+
 use super::{RedisStore, SharedDecision, SharedEntry, Unavailable};
 use crate::limit::{Algorithm, Verdict};
+
+/// A decision made in Redis, with the units each entry took: more than its
+/// cost for a bucket that took a lease (the rest is the node's to spend).
+pub(super) struct Charged {
+    pub(super) decision: SharedDecision,
+    pub(super) taken: SmallVec<[u64; 4]>,
+}
 
 /// The Redis Cluster slot of `key`: CRC16 (XMODEM) of its hash tag (the
 /// part inside the first `{…}`, when not empty) or of the whole key, mod

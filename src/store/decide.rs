@@ -18,20 +18,12 @@
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
 
-use smallvec::SmallVec;
-
+use super::cluster::Charged;
 use super::script::{Verdicts, parse_verdicts};
 use super::{
     Lease, OwnedEntry, RedisStore, SharedDecision, SharedEntry, Unavailable, remembered, slot_of,
 };
 use crate::limit::Algorithm;
-
-/// A decision made in Redis, with the units each entry took: more than its
-/// cost for a bucket that took a lease (the rest is the node's to spend).
-pub(super) struct Charged {
-    pub(super) decision: SharedDecision,
-    pub(super) taken: SmallVec<[u64; 4]>,
-}
 
 impl RedisStore {
     /// Decides `entries`, a request's shared limits in stack order, all or
