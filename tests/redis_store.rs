@@ -1112,6 +1112,165 @@ async fn cluster_stacks_across_slots_are_all_or_nothing() {
     }
 }
 
+/// The policy item of `name` in a `RateLimit` or `RateLimit-Policy` field.
+fn policy<'f>(field: &'f str, name: &str) -> &'f str {
+    let quoted = format!("\"{name}\"");
+    field
+        .split(", ")
+        .find(|item| item.starts_with(&quoted))
+        .unwrap_or_else(|| panic!("no {name} in {field}"))
+}
+
+/// A stack whose first limit admits on one Cluster slot and whose second
+/// denies on another.
+const REFUNDED_ON_ANOTHER_SLOT: &str = r#"
+[limits.per_user]
+key = "header:x-user"
+algorithm = "fixed_window"
+limit = 5
+window = "1d"
+# No window boundary inside the test.
+align = "first_request"
+
+[limits.per_route]
+key = "route"
+algorithm = "fixed_window"
+limit = 2
+window = "1d"
+align = "first_request"
+
+[[routes]]
+name = "r"
+match = { path = "/r" }
+respond = { status = 200, body = "ok" }
+limits = ["per_user", "per_route"]
+"#;
+
+/// Regression: on Cluster, when a later slot denied, the earlier slots were
+/// refunded but the 429 gave their `r` as charged (`per_user`'s 2 here,
+/// with 3 left in Redis). It gives them as refunded, as one Redis does.
+#[tokio::test]
+#[cfg_attr(
+    not(has_redis),
+    ignore = "needs redis-server and redis-cli: apt-get install -y redis-server redis-tools"
+)]
+async fn a_later_slots_denial_shows_the_earlier_slots_as_refunded() {
+    let cluster = common::redis::Cluster::start(3, 0);
+    let upstream = TestUpstream::start().await;
+    let gateway = cluster_gateway(&cluster, &upstream, REFUNDED_ON_ANOTHER_SLOT).await;
+    let u = [("x-user", "u")];
+    for (user_r, route_r) in [(4, 1), (3, 0)] {
+        let reply = get(gateway.addr, "/r", &u).await;
+        assert_eq!(reply.status, 200);
+        let field = reply.header("ratelimit").expect("RateLimit");
+        assert_eq!(remaining_and_reset(policy(field, "per_user")).0, user_r);
+        assert_eq!(remaining_and_reset(policy(field, "per_route")).0, route_r);
+    }
+    let keys = cluster.keys();
+    let node = cluster.any();
+    let key = |prefix: &str| {
+        keys.iter()
+            .find(|k| k.starts_with(prefix))
+            .unwrap_or_else(|| panic!("no {prefix} key in {keys:?}"))
+    };
+    let (user_key, route_key) = (key("tg:per_user:"), key("tg:per_route:"));
+    let slot = |k: &str| node.cli(&["CLUSTER", "KEYSLOT", k]);
+    assert_ne!(
+        slot(user_key),
+        slot(route_key),
+        "the limits' keys share a slot"
+    );
+    let denied = get(gateway.addr, "/r", &u).await;
+    assert_eq!(denied.status, 429);
+    assert_eq!(
+        denied.header("x-ratelimit-limit"),
+        Some("2"),
+        "per_route denied"
+    );
+    let field = denied.header("ratelimit").expect("RateLimit");
+    assert_eq!(
+        remaining_and_reset(policy(field, "per_user")).0,
+        3,
+        "per_user's r after the refund: {field}"
+    );
+    assert_eq!(remaining_and_reset(policy(field, "per_route")).0, 0);
+    // And Redis holds what the answer says.
+    assert_eq!(window_count(node, user_key), 2);
+    assert_eq!(window_count(node, route_key), 2);
+}
+
+/// Regression: under `on_failure = "local"`, a shared limit decided by its
+/// scaled fallback gave the shared `q` (10) beside the fallback's `r` (out
+/// of 5). `q`, `r` and the legacy trio are the fallback's, the limit that
+/// decided.
+#[tokio::test]
+async fn the_local_fallback_answers_with_its_own_quota() {
+    let upstream = TestUpstream::start().await;
+    // Nothing listens there: the breaker is open from the start.
+    let dead = format!("redis://127.0.0.1:{}", common::redis::free_port());
+    let gateway = InProcess::start(&format!(
+        r#"
+[server]
+listen = "127.0.0.1:0"
+admin = "127.0.0.1:0"
+
+[store]
+backend = "redis"
+url = "{dead}"
+on_failure = "local"
+local_fraction = 0.5
+
+[upstreams.api]
+url = "{upstream}"
+
+[limits.per_user]
+key = "header:x-user"
+algorithm = "fixed_window"
+limit = 10
+window = "1d"
+align = "first_request"
+
+[limits.guard]
+key = "ip"
+algorithm = "fixed_window"
+limit = 100
+window = "1h"
+local = true
+
+[[routes]]
+name = "r"
+match = {{ path = "/r" }}
+respond = {{ status = 200, body = "ok" }}
+limits = ["per_user", "guard"]
+"#,
+        upstream = upstream.url(),
+    ))
+    .await;
+    let u = [("x-user", "u")];
+    for left in (0..5).rev() {
+        let reply = get(gateway.addr, "/r", &u).await;
+        assert_eq!(reply.status, 200);
+        let quota = reply.header("ratelimit-policy").expect("RateLimit-Policy");
+        let field = reply.header("ratelimit").expect("RateLimit");
+        assert!(
+            policy(quota, "per_user").contains(";q=5;"),
+            "the fallback's quota: {quota}"
+        );
+        assert!(policy(quota, "guard").contains(";q=100;"), "{quota}");
+        assert_eq!(remaining_and_reset(policy(field, "per_user")).0, left);
+        assert_eq!(reply.header("x-ratelimit-limit"), Some("5"));
+        assert_eq!(
+            reply.header("x-ratelimit-remaining"),
+            Some(left.to_string().as_str())
+        );
+    }
+    let denied = get(gateway.addr, "/r", &u).await;
+    assert_eq!(denied.status, 429);
+    let quota = denied.header("ratelimit-policy").expect("RateLimit-Policy");
+    assert!(policy(quota, "per_user").contains(";q=5;"), "{quota}");
+    assert_eq!(denied.header("x-ratelimit-limit"), Some("5"));
+}
+
 /// On Cluster, decisions of one slot that meet in a worker's queue share
 /// script calls, as on one Redis, and admit exactly the limit.
 #[tokio::test]

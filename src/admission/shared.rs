@@ -1,9 +1,12 @@
 //! The shared tier: a stack with limits in the store. Its `local = true`
 //! limits are decided in node memory first (a local denial costs no store
 //! call), then the shared ones in one store call, all or nothing together:
-//! a shared denial refunds the local charges. Leased token buckets spend
-//! this node's tokens first, without a call. When the store is unavailable,
-//! `on_failure` decides (see the README's "Distributed limits").
+//! a shared denial refunds the local charges. What the store spends and
+//! gives back (leased tokens, a Cluster slot's charges) is its own
+//! business: its verdicts come back as they stand. When the store is
+//! unavailable, `on_failure` decides (see the README's "Distributed
+//! limits"); under `"local"` the fallback's scaled numbers, which decided,
+//! are the ones the answer gives.
 
 use std::future::Future;
 use std::pin::Pin;
@@ -16,7 +19,7 @@ use crate::config::{LimitConfig, OnFailure};
 use crate::limit::stack::{Costs, check_stack_costed};
 use crate::limit::stack::{INLINE, SKIPPED, outcome_of};
 use crate::limit::{
-    Algorithm, EntryVerdict, LimitKey, Nanos, Outcome, Permits, StackDecision, StackEntry, Verdict,
+    Algorithm, EntryVerdict, LimitKey, Nanos, Outcome, Permits, StackDecision, StackEntry,
 };
 use crate::store::{SharedEntry, Unavailable};
 
@@ -66,24 +69,30 @@ pub(super) fn store_entry<'l>(
     }
 }
 
-/// `entries` (the stack's entries at `at`) checked on this node, each
-/// charged in its limit's unit: `cost` for all when the request reserves
-/// no tokens, with no per-entry list to build.
-fn check_charged(
-    entries: &[StackEntry<'_>],
-    at: &[usize],
-    ticket: &Ticket<'_>,
-    cost: u64,
-    now: Nanos,
-) -> StackDecision {
+/// The stack's entries at `at` checked on this node, each charged in its
+/// limit's unit: `cost` for all when the request reserves no tokens, with
+/// no per-entry list to build.
+fn check_tier(ticket: &Ticket<'_>, at: &[usize], cost: u64, now: Nanos) -> StackDecision {
+    let entries: SmallVec<[StackEntry<'_>; INLINE]> = at
+        .iter()
+        .map(|&j| StackEntry {
+            limiter: ticket.limiters[j],
+            key: ticket.keys[j],
+            shadow: ticket.stack[j].shadow,
+        })
+        .collect();
     if ticket.tokens.is_none() {
-        return check_stack_costed(entries, Costs::Uniform(cost), now);
+        return check_stack_costed(&entries, Costs::Uniform(cost), now);
     }
     let costs: SmallVec<[u64; INLINE]> = at.iter().map(|&j| ticket.cost_of(j, cost)).collect();
-    check_stack_costed(entries, Costs::PerEntry(&costs), now)
+    check_stack_costed(&entries, Costs::PerEntry(&costs), now)
 }
 
-/// The stack decided across the local tier and the store, into `ticket`.
+/// The stack decided across the local tier and the store, into `ticket`:
+/// the `local = true` limits in memory; when they admit, the shared ones
+/// in the store (or, when it is unavailable, as `on_failure` says); a
+/// shared denial refunds the local tier. `j` is a position in the stack
+/// throughout.
 async fn decide<'s>(
     store: &Store,
     app: &App,
@@ -94,143 +103,58 @@ async fn decide<'s>(
     let plan = candidate.plan;
     let n = ticket.stack.len();
     let (cost, now) = (candidate.cost, candidate.now);
-    // Each entry's charge, in its limit's unit.
-    let cost_of = |j: usize| ticket.cost_of(j, cost);
-    let entry = |j: usize| StackEntry {
-        limiter: ticket.limiters[j],
-        key: ticket.keys[j],
-        shadow: ticket.stack[j].shadow,
-    };
+    // The two tiers' positions (a shared limit without a key is skipped).
     let is_shared = |j: usize| snapshot.is_shared(plan.stack[j]);
     let local_at: SmallVec<[usize; INLINE]> = (0..n).filter(|&j| !is_shared(j)).collect();
     let shared_at: SmallVec<[usize; INLINE]> = (0..n)
         .filter(|&j| is_shared(j) && ticket.keys[j].is_some())
         .collect();
-    let local: SmallVec<[StackEntry<'_>; INLINE]> = local_at.iter().map(|&j| entry(j)).collect();
-    let mut local_decision = check_charged(&local, &local_at, ticket, cost, now);
     let mut entries: SmallVec<[EntryVerdict; INLINE]> = smallvec::smallvec![SKIPPED; n];
-    for (&j, verdict) in local_at.iter().zip(&local_decision.entries) {
+    let mut local = check_tier(ticket, &local_at, cost, now);
+    for (&j, verdict) in local_at.iter().zip(&local.entries) {
         entries[j] = *verdict;
     }
-    let mut permits = local_decision.take_permits();
-    let mut denied_by = local_decision.denied_by.map(|d| local_at[d]);
+    let mut permits = local.take_permits();
+    let mut denied_by = local.denied_by.map(|d| local_at[d]);
     let mut via_store = false;
     if denied_by.is_none() && !shared_at.is_empty() {
-        let shared: SmallVec<[SharedEntry<'_>; INLINE]> = shared_at
-            .iter()
-            .filter_map(|&j| {
-                let limit = ticket.stack[j];
-                Some(SharedEntry {
-                    lease: limit.lease.unwrap_or(0),
-                    cost: cost_of(j),
-                    remember: snapshot.remembers_denials(plan.stack[j]),
-                    ..store_entry(limit, ticket.plan, ticket.keys[j]?)
-                })
-            })
-            .collect();
-        // Leased token buckets spend this node's tokens first: no call.
-        let mut spent: SmallVec<[usize; INLINE]> = SmallVec::new();
-        for (k, (&j, e)) in shared_at.iter().zip(&shared).enumerate() {
-            if e.lease > 0
-                && let Some(left) = store.spend_leased(e, e.cost)
-            {
-                spent.push(k);
-                entries[j] = EntryVerdict {
-                    outcome: Outcome::Allowed,
-                    verdict: Verdict::allow(left, 0),
-                };
-            }
-        }
-        let remote_at: SmallVec<[usize; INLINE]> =
-            (0..shared.len()).filter(|k| !spent.contains(k)).collect();
-        let remote: SmallVec<[SharedEntry<'_>; INLINE]> =
-            remote_at.iter().map(|&k| shared[k]).collect();
-        let answer = if remote.is_empty() {
-            Ok(None)
-        } else {
-            store.decide(&remote).await.map(Some)
-        };
-        match answer {
-            Ok(None) => via_store = true,
-            Ok(Some(decision)) => {
+        let shared = shared_entries(snapshot, candidate, ticket, &shared_at);
+        match store.decide(&shared).await {
+            Ok(decision) => {
                 via_store = true;
-                let mut all_admitted = true;
-                for (&k, verdict) in remote_at.iter().zip(&decision.verdicts) {
-                    let (j, e) = (shared_at[k], &shared[k]);
+                for ((&j, e), verdict) in shared_at.iter().zip(&shared).zip(&decision.verdicts) {
                     if let Some(verdict) = verdict {
                         entries[j] = EntryVerdict {
                             outcome: outcome_of(verdict, e.shadow),
                             verdict: *verdict,
                         };
-                        all_admitted &= verdict.allowed || e.shadow;
-                    }
-                }
-                if all_admitted {
-                    // A lease took more than the cost: the rest is ours.
-                    for (&k, taken) in remote_at.iter().zip(&decision.taken) {
-                        if shared[k].lease > 0 && *taken > shared[k].cost {
-                            store.add_lease(&shared[k], taken - shared[k].cost);
-                        }
                     }
                 }
                 for lease in decision.leases {
                     permits.hold(Box::new(lease));
                 }
             }
-            Err(Unavailable) => {
-                // The fallback decides every shared limit, leased or not.
-                for &k in &spent {
-                    store.unspend(&shared[k], shared[k].cost);
+            Err(Unavailable) => match store.on_failure() {
+                OnFailure::Local => {
+                    let mut fallback = fall_back(ticket, &shared_at, cost, now);
+                    for (&j, verdict) in shared_at.iter().zip(&fallback.entries) {
+                        entries[j] = *verdict;
+                    }
+                    permits.append(fallback.take_permits());
                 }
-                spent.clear();
-                match store.on_failure() {
-                    OnFailure::Local => {
-                        let fallback: SmallVec<[StackEntry<'_>; INLINE]> =
-                            shared_at.iter().map(|&j| entry(j)).collect();
-                        let mut decision = check_charged(&fallback, &shared_at, ticket, cost, now);
-                        for (&j, verdict) in shared_at.iter().zip(&decision.entries) {
-                            entries[j] = *verdict;
-                        }
-                        permits.append(decision.take_permits());
-                    }
-                    // Not limited by the shared limits (they show as skipped).
-                    OnFailure::Allow => {
-                        for &j in &shared_at {
-                            entries[j] = SKIPPED;
-                        }
-                    }
-                    OnFailure::Deny => {
-                        refund_local(ticket, &local_at, &entries, cost, now);
-                        return Admission::StoreDown;
-                    }
+                // Not limited by the shared limits (they show as skipped).
+                OnFailure::Allow => {}
+                OnFailure::Deny => {
+                    refund_local(ticket, &local_at, &entries, cost, now);
+                    return Admission::StoreDown;
                 }
-            }
-        }
-        if (0..n).any(|j| entries[j].outcome == Outcome::Denied) {
-            for &k in &spent {
-                store.unspend(&shared[k], shared[k].cost);
-            }
+            },
         }
         denied_by = (0..n).find(|&j| entries[j].outcome == Outcome::Denied);
         if denied_by.is_some() {
             refund_local(ticket, &local_at, &entries, cost, now);
             permits = Permits::default();
-            // As in the memory stack: a limit that would have admitted a
-            // request the stack denied was not charged, and shows its state
-            // as it stands (its `r` in the 429): the local tier's after the
-            // refund, a lease's with the tokens put back.
-            for &j in &local_at {
-                if let (Some(key), Outcome::Allowed) = (ticket.keys[j], entries[j].outcome) {
-                    entries[j].verdict = ticket.limiters[j].peek(key, now);
-                }
-            }
-            for &k in &spent {
-                let remaining = &mut entries[shared_at[k]].verdict.remaining;
-                *remaining = remaining.saturating_add(shared[k].cost);
-            }
-            for entry in entries.iter_mut().filter(|e| e.outcome == Outcome::Allowed) {
-                entry.outcome = Outcome::DeniedByOther;
-            }
+            uncharged(ticket, &local_at, &mut entries, now);
         }
     }
     let delay = if denied_by.is_some() {
@@ -247,6 +171,40 @@ async fn decide<'s>(
     answer(app, snapshot, &candidate, ticket)
 }
 
+/// The store's entries of the stack's shared limits at `at` (each with a
+/// key), with what this request charges them.
+fn shared_entries<'s>(
+    snapshot: &Snapshot,
+    candidate: Candidate<'_, '_>,
+    ticket: &Ticket<'s>,
+    at: &[usize],
+) -> SmallVec<[SharedEntry<'s>; INLINE]> {
+    at.iter()
+        .filter_map(|&j| {
+            let limit = ticket.stack[j];
+            Some(SharedEntry {
+                lease: limit.lease.unwrap_or(0),
+                cost: ticket.cost_of(j, candidate.cost),
+                remember: snapshot.remembers_denials(candidate.plan.stack[j]),
+                ..store_entry(limit, ticket.plan, ticket.keys[j]?)
+            })
+        })
+        .collect()
+}
+
+/// The shared limits at `at` decided by their node-local fallback
+/// (`on_failure = "local"`), whose numbers (scaled by `local_fraction`)
+/// then replace the shared ones in `ticket`: the answer gives the quota
+/// that decided with its remaining.
+fn fall_back(ticket: &mut Ticket<'_>, at: &[usize], cost: u64, now: Nanos) -> StackDecision {
+    let decision = check_tier(ticket, at, cost, now);
+    for &j in at {
+        ticket.algorithms[j] = ticket.limiters[j].algorithm();
+    }
+    ticket.fallback = true;
+    decision
+}
+
 /// Gives back what the local tier charged when the shared tier refused.
 fn refund_local(
     ticket: &Ticket<'_>,
@@ -261,5 +219,20 @@ fn refund_local(
             // Concurrency: dropping the permits is the refund.
             ticket.limiters[j].adjust(key, refund, now);
         }
+    }
+}
+
+/// A denied stack's admitting entries, which were not charged after all:
+/// as in the memory stack, each shows its state as it stands (its `r` in
+/// the 429) — the local tier's after its refund, the store's as the store
+/// gave it (after its own refunds) — and is denied by another.
+fn uncharged(ticket: &Ticket<'_>, local_at: &[usize], entries: &mut [EntryVerdict], now: Nanos) {
+    for &j in local_at {
+        if let (Some(key), Outcome::Allowed) = (ticket.keys[j], entries[j].outcome) {
+            entries[j].verdict = ticket.limiters[j].peek(key, now);
+        }
+    }
+    for entry in entries.iter_mut().filter(|e| e.outcome == Outcome::Allowed) {
+        entry.outcome = Outcome::DeniedByOther;
     }
 }

@@ -3,13 +3,16 @@
 //! kept until the response: the stack, each limit's key, limiter and
 //! algorithm, the verdicts, the permits, the caller's plan.
 
+use std::borrow::Cow;
+
 use smallvec::SmallVec;
 
+use crate::app::RoutePlan;
 use crate::config::tokens::Unit;
 use crate::config::{HeaderStyles, LimitConfig};
 use crate::limit::stack::INLINE;
 use crate::limit::{Algorithm, EntryVerdict, LimitKey, Limiter, Nanos, Permits, StackDecision};
-use crate::ratelimit_policy::{StackView, least_remaining};
+use crate::ratelimit_policy::{StackView, least_remaining, policy_header};
 
 /// One request's admission record, in stack order.
 #[derive(Default)]
@@ -33,6 +36,10 @@ pub struct Ticket<'s> {
     /// The shared entries were decided by the store (not a fallback):
     /// their settlement goes there too.
     pub(super) via_store: bool,
+    /// The `on_failure = "local"` fallback decided the shared entries:
+    /// `algorithms` holds its scaled numbers for them (what their `r` is
+    /// of), not the route's policy's.
+    pub(super) fallback: bool,
     /// What the request reserved on the stack's token limits
     /// ([`Candidate::tokens`](super::Candidate::tokens)); `None`: every
     /// entry is charged the request's cost. A number, not a cost per
@@ -108,6 +115,20 @@ impl<'s> Ticket<'s> {
             algorithms: &self.algorithms,
             server,
         }
+    }
+
+    /// The stack's `RateLimit-Policy`: the route's for the caller's plan,
+    /// serialized once per snapshot; when the fallback decided the shared
+    /// limits, serialized for this answer from the numbers that decided.
+    pub(crate) fn policy<'p>(
+        &self,
+        plan: &'p RoutePlan,
+        server: HeaderStyles,
+    ) -> Option<Cow<'p, str>> {
+        if self.fallback {
+            return policy_header(self.view(server)).map(|p| Cow::Owned(p.into()));
+        }
+        plan.policy_for(self.plan).map(Cow::Borrowed)
     }
 
     /// Each limit's verdict, in stack order.

@@ -116,7 +116,9 @@ pub(crate) async fn answer<B>(
                 ticket.view(snapshot.config.server.headers),
                 ticket.entries(),
                 by,
-                plan.policy_for(ticket.plan()),
+                ticket
+                    .policy(plan, snapshot.config.server.headers)
+                    .as_deref(),
                 route.cost,
             );
             fields.apply(response.headers_mut());

@@ -404,7 +404,9 @@ async fn route_and_act(
                     ticket.view(snapshot.config.server.headers),
                     ticket.entries(),
                     by,
-                    plan.policy_for(ticket.plan()),
+                    ticket
+                        .policy(plan, snapshot.config.server.headers)
+                        .as_deref(),
                     ticket.cost_of(by, route.cost),
                 );
                 progress.answer.fields = lines;

@@ -140,7 +140,9 @@ pub(crate) fn admitted_fields(
         lines,
         ticket.view(snapshot.config.server.headers),
         ticket.entries(),
-        plan.policy_for(ticket.plan()),
+        ticket
+            .policy(plan, snapshot.config.server.headers)
+            .as_deref(),
         ticket.focus(),
     );
 }

@@ -1,3 +1,8 @@
+//! How the store connects: [`RedisStore::open`] to the one server, the
+//! cluster (the redis crate's cluster client, one connection per node) or
+//! the master the sentinels name; [`RedisStore::connect`] with the scripts
+//! loaded as well (the breaker's probe).
+//!
 //! How the store reaches one Redis node: TCP, then TLS for `rediss://`
 //! (rustls with the ring provider, the `ca` roots or Mozilla's, `sni`),
 //! then the redis crate's handshake on that stream (`AUTH` with the ACL
@@ -29,13 +34,15 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
 use redis::aio::MultiplexedConnection;
+use redis::cluster_async::ClusterConnection;
 use redis::{
-    AsyncConnectionConfig, ErrorKind, RedisConnectionInfo, RedisError, RedisResult, Value,
+    AsyncConnectionConfig, Cmd, ErrorKind, RedisConnectionInfo, RedisError, RedisResult, Value,
 };
 use rustls::pki_types::ServerName;
 use tokio::net::TcpStream;
 
-use crate::config::{RedisTls, RedisUrl, Secret};
+use super::RedisStore;
+use crate::config::{RedisServers, RedisTls, RedisUrl, Secret};
 
 /// Who the gateway is to a node: its ACL user, password and database.
 pub(crate) struct Login<'a> {
@@ -230,4 +237,88 @@ fn failure(doing: String, cause: impl std::fmt::Display) -> RedisError {
         "connection failed",
         format!("{doing}: {cause}"),
     ))
+}
+
+/// One Redis or a Redis Cluster; clones share the connection.
+#[derive(Clone)]
+pub(super) enum Connection {
+    Single(MultiplexedConnection),
+    Cluster(ClusterConnection),
+}
+
+impl Connection {
+    pub(super) async fn query(&mut self, cmd: &Cmd) -> RedisResult<Value> {
+        match self {
+            Connection::Single(c) => cmd.query_async(c).await,
+            Connection::Cluster(c) => cmd.query_async(c).await,
+        }
+    }
+
+    /// `SCRIPT LOAD` (on a cluster, on every primary).
+    pub(super) async fn load(&mut self, script: &redis::Script) -> RedisResult<()> {
+        match self {
+            Connection::Single(c) => script.load_async(c).await.map(drop),
+            Connection::Cluster(c) => script.load_async(c).await.map(drop),
+        }
+    }
+}
+
+impl RedisStore {
+    /// A fresh connection with the scripts loaded, or why not.
+    pub(super) async fn connect(&self) -> RedisResult<Connection> {
+        let mut connection = self.open().await?;
+        connection.query(&redis::cmd("PING")).await?;
+        connection.load(&self.stack).await?;
+        connection.load(&self.settle).await?;
+        connection.load(&self.heartbeat).await?;
+        Ok(connection)
+    }
+
+    /// A fresh connection: to the one server, the cluster, or the master
+    /// the sentinels name now (asked again each time, see `connect`).
+    pub(super) async fn open(&self) -> RedisResult<Connection> {
+        let bound = self.config.timeout.max(Duration::from_millis(500));
+        let config = &self.config;
+        let login = |db| Login {
+            username: config.username.as_deref(),
+            password: config.password.as_ref(),
+            db,
+        };
+        let tls = config.tls.as_ref();
+        let connection = match &config.servers {
+            RedisServers::Cluster(urls) => {
+                let mut builder =
+                    redis::cluster::ClusterClient::builder(urls.iter().map(|u| u.address()))
+                        .connection_timeout(bound)
+                        .response_timeout(bound);
+                if let Some(user) = &config.username {
+                    builder = builder.username(user);
+                }
+                if let Some(password) = &config.password {
+                    builder = builder.password(password.expose());
+                }
+                Connection::Cluster(builder.build()?.get_async_connection().await?)
+            }
+            RedisServers::One(url) => Connection::Single(
+                node(&url.host, url.port, tls, &login(url.db), bound, bound).await?,
+            ),
+            RedisServers::Sentinel {
+                sentinels,
+                master,
+                password,
+            } => Connection::Single(
+                self::master(
+                    (sentinels, password.as_ref()),
+                    master,
+                    &self.sentinel,
+                    tls,
+                    &login(0),
+                    bound,
+                    bound,
+                )
+                .await?,
+            ),
+        };
+        Ok(connection)
+    }
 }
