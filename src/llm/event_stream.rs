@@ -719,7 +719,11 @@ mod tests {
             // Framed past the bound only (a unit that passes it in the
             // piece that ends it is framed and done within one call).
             if unit <= CARRY_MAX || unit > CARRY_MAX + 1024 {
-                assert_eq!(framed, unit > CARRY_MAX, "{unit}: framed past the bound only");
+                assert_eq!(
+                    framed,
+                    unit > CARRY_MAX,
+                    "{unit}: framed past the bound only"
+                );
             }
             stream.feed_skipping(b"data: x\n\n", &mut on_event, &X);
             assert_eq!(seen, vec![b"x".to_vec()], "{unit}");
