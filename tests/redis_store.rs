@@ -2026,6 +2026,12 @@ limits = ["alive", "per_user"]
         let gone = common::eventually(async || slots_left(&gw, &user).await == 1).await;
         assert!(gone, "{user}'s request was not dropped on its reset");
     }
+    // Freed by the resets, not answered by the store's `timeout` (an error).
+    assert_eq!(
+        metric(&gw, "tollgate_store_errors_total").await,
+        Some(0.0),
+        "the requests ended by timing out, not by their resets"
+    );
     redis.resume();
     let reply = tokio::time::timeout(
         Duration::from_secs(3),
