@@ -33,7 +33,7 @@ pub(crate) const CARRY_MAX: usize = 16 * 1024;
 #[cfg(not(fuzzing))]
 const NEW_CARRY_MAX: usize = CARRY_MAX;
 #[cfg(fuzzing)]
-const NEW_CARRY_MAX: usize = 64;
+const NEW_CARRY_MAX: usize = CARRY_MAX / 256; // 64 bytes
 
 /// The longest event name kept: longer names read as none (no event the
 /// gateway looks for has such a name).
