@@ -62,7 +62,7 @@ run() {
   before=$(cpu_ticks "$1")
   wrk -t1 -c"$CONNS" -d"$DURATION" "http://127.0.0.1:$2/" >"$TMP/wrk.out"
   after=$(cpu_ticks "$1")
-  check_statuses "$MODE" "$TMP/wrk.out"
+  check_statuses "$MODE" "$TMP/wrk.out" "http://127.0.0.1:$2/"
   awk -v d=$((after - before)) -v hz="$CLK_TCK" '
     /^Requests\/sec:/ {rps = $2} /requests in/ {n = $1}
     END {printf "%.0f\t%.2f", rps, (n > 0 ? d * 1e6 / hz / n : 0)}' "$TMP/wrk.out"
@@ -78,8 +78,11 @@ echo "# MODE=$MODE, workers=$WORKERS, wrk -t1 -c$CONNS -d$DURATION, alternating,
 printf 'round\tA_req/s\tA_cpu_us/req\tB_req/s\tB_cpu_us/req\n'
 : >"$TMP/rounds"
 for round in $(seq 1 "$ROUNDS"); do
-  line="$round	$(run "$PID_A" $((BASE_PORT + 1)))	$(run "$PID_B" $((BASE_PORT + 2)))"
-  echo "$line" | tee -a "$TMP/rounds"
+  # One substitution per assignment: the status of an assignment is its
+  # last substitution's, so A's failed check would pass unseen beside B's.
+  a=$(run "$PID_A" $((BASE_PORT + 1)))
+  b=$(run "$PID_B" $((BASE_PORT + 2)))
+  echo "$round	$a	$b" | tee -a "$TMP/rounds"
 done
 awk -F'\t' "$AWK_STATS"'
   {ra = ra " " $2; ca = ca " " $3; rb = rb " " $4; cb = cb " " $5}

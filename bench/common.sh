@@ -340,22 +340,71 @@ to_us() {
 
 # Fails the run unless wrk's output $2 shows the statuses expected of it:
 # $1 = allow (every response 2xx/3xx) or deny (every one refused, but the
-# two a fresh quota and one refill of a 1/m limit may still admit). wrk
-# counts any status as a request: unchecked, 502s or 429s would pass for
-# allowed requests (bench/instructions.sh, bench/load.sh).
+# two a fresh quota and one refill of a 1/m limit may still admit), and no
+# socket error (a reset, a refused connection or a timeout has no status,
+# and would pass for nothing at all). wrk counts any status as a request,
+# and its summary lumps every non-2xx/3xx together: unchecked, 502s would
+# pass for allowed requests and 503s for denials. So a deny check also
+# needs the URL the run was against ($3, then any more wrk arguments, such
+# as -H, in $4...): probe_statuses asks it again and requires 429s.
+# (STATUSES_PROBED=1: the caller probed the same server itself.)
 check_statuses() {
-  local total refused
+  local total refused socket
   total=$(awk '/requests in/ {print $1}' "$2")
+  [ -n "$total" ] || { echo "$2: not wrk's output" >&2; exit 1; }
   refused=$(awk '/Non-2xx or 3xx responses:/ {print $NF}' "$2")
   refused=${refused:-0}
+  socket=$(awk '/Socket errors:/ {gsub(",", ""); print $4 + $6 + $8 + $10}' "$2")
+  [ "${socket:-0}" = 0 ] || {
+    echo "$2: $socket socket errors (connect, read, write, timeout) in $total requests: $(grep 'Socket errors:' "$2")" >&2
+    exit 1
+  }
   case $1 in
     allow) [ "$refused" = 0 ] || {
       echo "$2: $refused of $total responses were not 2xx/3xx on the allowed path" >&2
       exit 1
     } ;;
-    deny) [ "$refused" -ge $((total - 2)) ] || {
-      echo "$2: only $refused of $total responses were refused on the denied path" >&2
-      exit 1
-    } ;;
+    deny)
+      [ "$refused" -ge $((total - 2)) ] || {
+        echo "$2: only $refused of $total responses were refused on the denied path" >&2
+        exit 1
+      }
+      if [ $# -ge 3 ]; then
+        shift 2
+        probe_statuses deny "$@"
+      elif [ "${STATUSES_PROBED:-0}" != 1 ]; then
+        echo "check_statuses deny $2: give the URL, to probe which statuses the refusals were" >&2
+        exit 1
+      fi
+      ;;
+    *) echo "check_statuses: allow or deny, not $1" >&2; exit 2 ;;
   esac
+}
+
+# A short wrk run (1 s, 4 connections; $PROBE_SECONDS) against URL $2 (more
+# wrk arguments after it) with bench/lua/statuses.lua, failing the bench
+# unless every response was what $1 expects: allow, 2xx; deny, 429 (but
+# for two 2xx, as check_statuses), and no socket error. What a measured
+# run's summary cannot tell: a 502 or 503 from a 429.
+probe_statuses() {
+  local expect=$1 url=$2 out
+  shift 2
+  out=$(mktemp "${TMP:-/tmp}/probe.XXXXXX")
+  wrk -t1 -c4 -d"${PROBE_SECONDS:-1}s" -s "$(dirname "${BASH_SOURCE[0]}")/lua/statuses.lua" "$@" "$url" >"$out"
+  awk -v expect="$expect" -v url="$url" '
+    $1 == "status" { n[$2] += $3; counted += $3 }
+    $1 == "socket_errors" { socket = $2 }
+    $1 == "requests" { requests = $2 }
+    END {
+      if (requests == 0) { print url ": the probe got no response" > "/dev/stderr"; exit 1 }
+      if (socket > 0) { printf "%s: %d socket errors in the probe of %d requests\n", url, socket, requests > "/dev/stderr"; exit 1 }
+      other = ""; admitted = 0
+      for (s in n) {
+        if (s >= 200 && s < 300) admitted += n[s]
+        else if (!(expect == "deny" && s == 429)) other = other " " s ":" n[s]
+      }
+      if (other != "") { printf "%s: statuses%s in the probe (%s path)\n", url, other, expect > "/dev/stderr"; exit 1 }
+      if (expect == "deny" && admitted > 2) { printf "%s: %d of %d admitted in the probe of the denied path\n", url, admitted, counted > "/dev/stderr"; exit 1 }
+    }' "$out" || { sed 's/^/  probe: /' "$out" >&2; exit 1; }
+  rm -f "$out"
 }

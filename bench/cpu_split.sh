@@ -80,7 +80,7 @@ round() {
   wrk -t1 -c"$CONNS" -d"$DURATION" "http://127.0.0.1:$1/" >"$TMP/wrk.out"
   after=$(cpu_user_sys "$2")
   switched=$(($(ctx_switches "$2") - switched))
-  check_statuses "$MODE" "$TMP/wrk.out"
+  check_statuses "$MODE" "$TMP/wrk.out" "http://127.0.0.1:$1/"
   requests=$(awk '/requests in/ {print $1}' "$TMP/wrk.out")
   seconds=$(awk '/requests in/ {gsub("s,", "", $4); print $4}' "$TMP/wrk.out")
   echo "$before $after $requests $seconds $switched" | awk -v t="$3" -v hz="$CLK_TCK" \

@@ -47,6 +47,13 @@
 # (from /proc/stat): a server core near 1.00 means the servers, not the
 # client, set the pace. (Other processes on the machine count there too.)
 #
+# Each run fails the bench (exit 1, with what was wrong) when an answer is
+# not what its target measures (bench/common.sh's check_statuses: any
+# non-2xx where all are admitted, anything but 429 where all are refused,
+# probed; for h2load, a stream error, a timeout or a non-2xx answer) or
+# when the client saw a socket error: ng_limit, whose req/s the headline
+# ratio divides by, included.
+#
 # Per run: req/s (the client's), the decider's CPU time per request
 # (tollgate's; in ng_auth_null the stand-in nginx's; none in ng_limit,
 # whose nginx decides itself) and the front nginx's (utime+stime from
@@ -338,6 +345,35 @@ drive() {
   esac
 }
 
+# Fails the bench unless the client's output $2 of target $1 shows the
+# answers the target measures, and no error without one: every HTTP answer
+# 200 (gRPC answers OVER_LIMIT with a 200 too; tollgate's counters tell OK
+# from OVER_LIMIT) and no stream or socket error; proxy_deny's 429s
+# (probed: wrk's summary lumps them with 5xx). ng_limit, the denominator of
+# the auth_request ratio, is held to the same as the others.
+check_answers() {
+  local target=$1 out=$2
+  case $target in
+    grpc_*)
+      local slack=$((H2_CLIENTS * H2_STREAMS))
+      awk -v t="$target" -v slack="$slack" '
+        /^requests:/ { seen = 1; succeeded = $8; failed = $10; errored = $12; timeout = $14 }
+        /^status codes:/ { other = $5 + $7 + $9 }
+        END {
+          if (!seen) { print t ": no h2load summary" > "/dev/stderr"; exit 1 }
+          # With -D, the streams still open at the end count as failed.
+          if (errored + timeout > 0 || failed - errored > slack || other > 0 || succeeded == 0) {
+            printf "%s: %d succeeded, %d failed (%d errored, %d timed out), %d answers not 2xx\n", \
+              t, succeeded, failed, errored, timeout, other > "/dev/stderr"
+            exit 1
+          }
+        }' "$out" || exit 1
+      ;;
+    proxy_deny) check_statuses deny "$out" "http://127.0.0.1:$PORT_TG/deny/" ;;
+    *) check_statuses allow "$out" ;;
+  esac
+}
+
 # One measured run of target $1 in round $2.
 measure() {
   local target=$1 round=$2 out=$TMP/run.out front=0 decider=$TG dec_before=0 dec_after=0
@@ -376,6 +412,7 @@ measure() {
       ;;
   esac
   requests=${requests:-0}
+  check_answers "$target" "$out"
   # tollgate decided every completed request as expected (ng_limit never
   # reaches it); the difference is the requests still in flight at the end.
   if [ "$labels" != none ]; then

@@ -324,7 +324,7 @@ for round in $(seq 1 "$ROUNDS"); do
     flooded=$(legit "$p")
     wait "$flood_pid"
     check_legit "$flooded" "$server flood"
-    check_statuses deny "$TMP/flood.out"
+    check_statuses deny "$TMP/flood.out" "http://127.0.0.1:$p/flood" -H "x-api-key: abuser"
     rps=$(awk '/^Requests\/sec:/ {printf "%.0f", $2}' "$TMP/flood.out")
     line="$round	$server"
     for us in p50_us p99_us p999_us max_us; do line="$line	$(field "$us" "$quiet")"; done

@@ -76,6 +76,9 @@ count() {
   pid=$!
   wait_port "$PORT"
   wrk -t1 -c16 -d2s "$SCHEME://127.0.0.1:$PORT/" >/dev/null
+  # Which statuses the refusals are (a 502 is refused too, for wrk's
+  # summary), asked before the instructions are counted.
+  PROBE_SECONDS=2 probe_statuses "$EXPECT" "$SCHEME://127.0.0.1:$PORT/"
   callgrind_control -i on "$pid" >/dev/null 2>&1
   if [ "$TLS" = 1 ]; then
     wrk -t1 -c16 -d2s "$SCHEME://127.0.0.1:$PORT/" >"$TMP/wrk.short"
@@ -88,10 +91,10 @@ count() {
   sleep 0.5
   kill "$pid"
   wait "$pid" 2>/dev/null || true
-  check_statuses "$EXPECT" "$TMP/wrk.out"
+  STATUSES_PROBED=1 check_statuses "$EXPECT" "$TMP/wrk.out"
   requests=$(awk '/requests in/ {print $1}' "$TMP/wrk.out")
   if [ "$TLS" = 1 ]; then
-    check_statuses "$EXPECT" "$TMP/wrk.short"
+    STATUSES_PROBED=1 check_statuses "$EXPECT" "$TMP/wrk.short"
     # Dumps number from 1 in order: .1 is the short run, .2 the long one.
     local short long
     short=$(grep -h -m1 '^summary:' "$out".*.1 | awk '{print $2}')

@@ -75,7 +75,7 @@ measure() {
   wrk -t"$THREADS" -c"$CONNS" -d"$DURATION" --latency "http://127.0.0.1:$port/" >"$out"
   after=$(cpu_ticks "$pid")
   case $target in
-    *_deny) check_statuses deny "$out" ;;
+    *_deny) check_statuses deny "$out" "http://127.0.0.1:$port/" ;;
     *) check_statuses allow "$out" ;;
   esac
   local rps p50 p99 requests non2xx cpu_us

@@ -183,7 +183,7 @@ measure() {
   local expect=allow
   case $target in *_deny) expect=deny ;; esac
   case $test in
-    keepalive) check_statuses "$expect" "$out" ;;
+    keepalive) check_statuses "$expect" "$out" "https://127.0.0.1:$port/" ;;
     h2)
       local ok bad
       ok=$(awk '/^status codes:/ {print $3}' "$out")

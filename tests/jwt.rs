@@ -361,6 +361,11 @@ struct Served {
     held: bool,
     /// What each fetch asked for: path and `Host`.
     asked: Vec<(String, String)>,
+    /// When each fetch arrived, on the test's (paused) clock: what did not
+    /// happen is read from this timeline after what did, never from a
+    /// count after a paused sleep (which ends while the gateway may still
+    /// be at work).
+    at: Vec<tokio::time::Instant>,
 }
 
 impl JwksServer {
@@ -373,6 +378,7 @@ impl JwksServer {
             cache_control: None,
             held: false,
             asked: Vec::new(),
+            at: Vec::new(),
         }));
         let hits = Arc::new(AtomicUsize::new(0));
         let release = Arc::new(tokio::sync::Notify::new());
@@ -394,6 +400,7 @@ impl JwksServer {
                         let held = {
                             let mut served = state.lock().unwrap();
                             served.asked.push((request.uri().to_string(), host));
+                            served.at.push(tokio::time::Instant::now());
                             served.held
                         };
                         async move {
@@ -457,6 +464,11 @@ impl JwksServer {
 
     fn hits(&self) -> usize {
         self.hits.load(Ordering::SeqCst)
+    }
+
+    /// When fetch `n` (from 0) arrived.
+    fn hit_at(&self, n: usize) -> tokio::time::Instant {
+        self.state.lock().unwrap().at[n]
     }
 }
 
@@ -1378,10 +1390,15 @@ async fn a_key_published_at_the_jwks_url_is_fetched_for_its_first_token() {
     let reply = with_token(&gateway, "/private", &new.sign(&claims("w"))).await;
     assert_eq!(reply.status, 200, "{:?}", reply.body);
     assert_eq!(server.hits(), 3);
-    tokio::time::sleep(Duration::from_secs(90)).await;
-    assert_eq!(server.hits(), 3, "the 1m fetcher was stopped");
-    tokio::time::sleep(Duration::from_secs(35)).await;
-    assert!(eventually(async || server.hits() == 4).await);
+    // The next fetch is the new fetcher's, 2 minutes on: the 1m fetcher,
+    // stopped, made none a minute on.
+    tokio::time::sleep(Duration::from_secs(125)).await;
+    assert!(eventually(async || server.hits() >= 4).await);
+    let interval = server.hit_at(3) - server.hit_at(2);
+    assert!(
+        interval >= Duration::from_secs(120),
+        "a fetch {interval:?} after the reload: the 1m fetcher was not stopped"
+    );
     gateway.stop().await;
 }
 
@@ -1438,14 +1455,19 @@ async fn tokens_that_arrive_before_the_first_fetch_wait_for_it_and_spend_no_earl
         "it waited for the keys: {:?}",
         reply.body
     );
-    // The first fetch served it: no second fetch at once ...
-    tokio::time::sleep(Duration::from_secs(5)).await;
-    assert_eq!(server.hits(), 1, "one fetch at start");
-    // ... and this interval's early refresh is still there for a rotation.
+    // The first fetch served it, and this interval's early refresh is
+    // still there for a rotation: the second fetch is the rotation's (no
+    // fetch came between the first one and the rotated token).
     server.publish(jwks(&[&key, &rotated]));
+    let asked = tokio::time::Instant::now();
     let reply = with_token(&gateway, "/private", &rotated.sign(&claims("v"))).await;
     assert_eq!(reply.status, 200, "{:?}", reply.body);
     assert_eq!(server.hits(), 2);
+    assert!(
+        server.hit_at(1) >= asked,
+        "a second fetch before the rotated token, {:?} after the first",
+        server.hit_at(1) - server.hit_at(0)
+    );
     gateway.stop().await;
 }
 
@@ -1482,21 +1504,32 @@ async fn cache_control_max_age_shortens_the_refresh_interval() {
     server.cache_control("public, max-age=20");
     let gateway = start(&[], &url_config(&server)).await;
     first_fetch(&gateway, &server).await;
-    tokio::time::sleep(Duration::from_secs(15)).await;
-    assert_eq!(server.hits(), 1);
-    tokio::time::sleep(Duration::from_secs(6)).await;
+    // The intervals are read from when the fetches arrived: the next one
+    // after max-age (20 s), well before `refresh` (1 m).
+    tokio::time::sleep(Duration::from_secs(21)).await;
     assert!(
-        eventually(async || server.hits() == 2).await,
+        eventually(async || server.hits() >= 2).await,
         "refreshed after max-age, before `refresh`"
     );
-    // Never more often than every 10 s, whatever the issuer says.
+    let interval = |n: usize| server.hit_at(n) - server.hit_at(n - 1);
+    assert!(
+        (Duration::from_secs(20)..Duration::from_secs(60)).contains(&interval(1)),
+        "{:?}",
+        interval(1)
+    );
+    // Never more often than every 10 s, whatever the issuer says: the
+    // second answer still said 20 s, the third says 0.
     server.cache_control("max-age=0");
     tokio::time::sleep(Duration::from_secs(21)).await;
-    assert!(eventually(async || server.hits() == 3).await);
-    tokio::time::sleep(Duration::from_secs(5)).await;
-    assert_eq!(server.hits(), 3);
-    tokio::time::sleep(Duration::from_secs(6)).await;
-    assert!(eventually(async || server.hits() == 4).await);
+    assert!(eventually(async || server.hits() >= 3).await);
+    tokio::time::sleep(Duration::from_secs(11)).await;
+    assert!(eventually(async || server.hits() >= 4).await);
+    assert!(interval(2) >= Duration::from_secs(20), "{:?}", interval(2));
+    assert!(
+        (Duration::from_secs(10)..Duration::from_secs(20)).contains(&interval(3)),
+        "max-age=0 is 10 s: {:?}",
+        interval(3)
+    );
     gateway.stop().await;
 }
 

@@ -1913,8 +1913,8 @@ async fn remembered_denials_spare_redis_calls_until_their_retry_after() {
 [limits.bucket]
 key = "header:x-user"
 algorithm = "token_bucket"
-capacity = 3
-refill = "1/s"
+capacity = 1
+refill = "12/m"
 
 [limits.slow]
 key = "header:x-user"
@@ -1958,47 +1958,68 @@ limits = ["settled"]
             .unwrap_or(0.0)
     };
 
-    // Three tokens, then the first denial asks Redis; the next 10 do not
-    // (well within the second its retry-after lasts).
-    for _ in 0..3 {
-        assert_eq!(get(gw.addr, "/bucket", &user).await.status, 200);
-    }
-    let asked = get(gw.addr, "/bucket", &user).await;
+    // The bucket's token, then the first denial asks Redis; the next 10 do
+    // not. They are sent within its retry-after, which is the 5 s of the
+    // next token less one request (a gateway remembering for 10 s: the
+    // retry-after is the shorter), a margin a loaded machine keeps.
+    let bucket_gw = gateway(&redis, "remember_denials = \"10s\"", &upstream, &body(2)).await;
+    let bucket_remembered = async || {
+        metric(&bucket_gw, "tollgate_store_remembered_denials_total")
+            .await
+            .unwrap_or(0.0)
+    };
+    assert_eq!(get(bucket_gw.addr, "/bucket", &user).await.status, 200);
+    let asked = get(bucket_gw.addr, "/bucket", &user).await;
+    let asked_at = std::time::Instant::now();
     assert_eq!(asked.status, 429);
+    let retry_after = |reply: &common::Reply| -> u64 {
+        reply
+            .header("retry-after")
+            .and_then(|value| value.parse().ok())
+            .expect("a Retry-After")
+    };
+    let waited = retry_after(&asked);
+    assert!((1..=5).contains(&waited), "Retry-After {waited}");
     let calls = evalsha_calls(&redis);
     let mut answers = Vec::new();
     for _ in 0..10 {
-        answers.push(get(gw.addr, "/bucket", &user).await);
+        answers.push(get(bucket_gw.addr, "/bucket", &user).await);
     }
+    assert!(
+        asked_at.elapsed() < Duration::from_secs(waited - 1).max(Duration::from_millis(900)),
+        "too slow to show anything: ten requests took {:?}",
+        asked_at.elapsed()
+    );
     assert_eq!(
         evalsha_calls(&redis),
         calls,
         "a remembered denial made a call"
     );
-    assert_eq!(remembered().await, 10.0);
-    // Redis's answer, fields and all; its retry-after (1 s at most, a token
-    // at 1/s) rounds up to the same second.
+    assert_eq!(bucket_remembered().await, 10.0);
+    // Redis's answer, fields and all, its retry-after counted down.
     let fields = |reply: &common::Reply| -> Vec<String> {
         let mut names: Vec<String> = reply.headers.keys().map(|k| k.to_string()).collect();
         names.retain(|n| n != "date" && n != "content-length");
         names.sort();
         names
     };
+    let (asked_r, asked_t) = remaining_and_reset(asked.header("ratelimit").unwrap());
     for reply in &answers {
         assert_eq!(reply.status, 429);
         assert_eq!(fields(reply), fields(&asked));
-        assert_eq!(reply.header("retry-after"), Some("1"));
+        assert!((1..=waited).contains(&retry_after(reply)));
         assert_eq!(reply.body, asked.body);
         let (r, t) = remaining_and_reset(reply.header("ratelimit").expect("RateLimit"));
-        assert_eq!(
-            (r, t),
-            remaining_and_reset(asked.header("ratelimit").unwrap())
-        );
+        assert_eq!(r, asked_r);
+        assert!(t <= asked_t, "{t} > {asked_t}");
     }
-    // No longer than the retry-after: the next token is there within 1 s of
-    // the first denial, and this node admits it (`remember_denials` is 2 s).
-    tokio::time::sleep(Duration::from_millis(1200)).await;
-    assert_eq!(get(gw.addr, "/bucket", &user).await.status, 200);
+    // No longer than the retry-after: the next token is there once it has
+    // gone by, and this node admits it (`remember_denials` is 10 s).
+    tokio::time::sleep(
+        Duration::from_millis(waited * 1000 + 200).saturating_sub(asked_at.elapsed()),
+    )
+    .await;
+    assert_eq!(get(bucket_gw.addr, "/bucket", &user).await.status, 200);
 
     // No longer than `remember_denials`: a denial whose retry-after is an
     // hour is asked again after 2 s.
@@ -2081,11 +2102,27 @@ limits = ["settled"]
     );
 }
 
+/// The slots of `alive` (a `concurrency` limit of 1) `user` has free on
+/// `gateway`, by its admin.
+async fn slots_left(gateway: &InProcess, user: &str) -> u64 {
+    let path = format!("/limits/alive?key={user}");
+    let reply = get(gateway.admin.expect("admin"), &path, &[]).await;
+    reply.json()["remaining"]
+        .as_u64()
+        .unwrap_or_else(|| panic!("{path}: {:?}", reply.body))
+}
+
 /// A decision sent from its request's own task (nothing else waiting) whose
 /// request goes away mid-call — an HTTP/2 stream reset while Redis is
 /// paused — gives the worker's call back. After three of them (more than
 /// the calls a worker keeps in flight), a decision is still sent and
 /// answered at once when Redis resumes, not left queued until `timeout`.
+///
+/// Each request also holds its user's slot of a node-local `concurrency`
+/// limit while its call is out, and the admin's `/limits/alive?key=USER`
+/// shows it (`remaining` 0) until the gateway drops the request (1): the
+/// test sees each request reach its call, then go, and only then resumes
+/// Redis, so what it shows is the give-back.
 #[tokio::test]
 #[cfg_attr(
     not(has_redis),
@@ -2101,11 +2138,17 @@ algorithm = "token_bucket"
 capacity = 10
 refill = "1/s"
 
+[limits.alive]
+key = "header:x-user"
+algorithm = "concurrency"
+max = 1
+local = true
+
 [[routes]]
 name = "r"
 match = { path = "/r" }
 respond = { status = 200, body = "ok" }
-limits = ["per_user"]
+limits = ["alive", "per_user"]
 "#;
     let gw = one_worker_gateway(&redis, &upstream, body).await;
     assert_eq!(get(gw.addr, "/r", &[("x-user", "warm")]).await.status, 200);
@@ -2125,11 +2168,29 @@ limits = ["per_user"]
             .body(http_body_util::Empty::<bytes::Bytes>::new())
             .unwrap();
         let response = sender.send_request(request);
-        let waited = tokio::time::timeout(Duration::from_millis(300), response).await;
-        assert!(waited.is_err(), "answered while Redis was paused");
+        // In the gateway, its call out (its slot taken); dropped here, so
+        // its stream reset.
+        let user = format!("gone-{i}");
+        let response = std::pin::pin!(response);
+        let sent = tokio::select! {
+            answered = response => panic!("answered while Redis was paused: {answered:?}"),
+            held = common::eventually(async || slots_left(&gw, &user).await == 0) => held,
+        };
+        assert!(sent, "{user}'s request never reached the decision");
     }
-    // The resets reach the gateway, which drops the three requests.
-    tokio::time::sleep(Duration::from_millis(200)).await;
+    // The resets reach the gateway, which drops the three requests (and
+    // their slots), Redis still paused.
+    for i in 0..3 {
+        let user = format!("gone-{i}");
+        let gone = common::eventually(async || slots_left(&gw, &user).await == 1).await;
+        assert!(gone, "{user}'s request was not dropped on its reset");
+    }
+    // Freed by the resets, not answered by the store's `timeout` (an error).
+    assert_eq!(
+        metric(&gw, "tollgate_store_errors_total").await,
+        Some(0.0),
+        "the requests ended by timing out, not by their resets"
+    );
     redis.resume();
     let reply = tokio::time::timeout(
         Duration::from_secs(3),

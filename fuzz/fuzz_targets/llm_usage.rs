@@ -6,7 +6,10 @@
 //! estimate: `bytes/4` or the tokenizer); the rest is a response body, read
 //! as JSON and as an event stream. Beyond "never panics", for each format:
 //! the body fed in pieces reads the same usage (so far and at the end) as
-//! fed whole. The same bytes as a request body: `reservation` never panics,
+//! fed whole; and a JSON body that `serde_json` reads as one object reads
+//! the usage an independent reading of its `usage` member gives (so a
+//! scanner that finds nothing fails as soon as an input has a usage). The
+//! same bytes as a request body: `reservation` never panics,
 //! and when `with_include_usage` rewrites them, the rewrite is JSON whose
 //! `stream` is true and `stream_options.include_usage` true, it is not
 //! rewritten again, and it reserves what the original did.
@@ -32,6 +35,62 @@ fn scan(format: Format, body: &[u8], steps: &[usize]) -> (Option<Usage>, Option<
     (scanner.usage(), scanner.finish())
 }
 
+/// The usage of a JSON body by the contract's rule (section 9), read with
+/// `serde_json` alone, as `Some(Usage { .. })` would print: `None` (the
+/// outer one) when the body is not one JSON object whose `usage` the
+/// scanner holds (its raw text at most `USAGE_MAX`, 4 KiB: the body is
+/// shorter than that); `Some(None)` when it has no usable `usage`.
+fn reference(body: &[u8]) -> Option<Option<String>> {
+    if body.len() > 4096 {
+        return None;
+    }
+    let Ok(Value::Object(object)) = serde_json::from_slice::<Value>(body) else {
+        return None;
+    };
+    let Some(usage) = object.get("usage").filter(|usage| !usage.is_null()) else {
+        return Some(None);
+    };
+    let Value::Object(usage) = usage else {
+        return Some(None);
+    };
+    // A count: absent (or null), or a non-negative integer within a u64;
+    // anything else makes the whole usage absent.
+    let count = |name: &str| -> Result<Option<u64>, ()> {
+        match usage.get(name) {
+            None | Some(Value::Null) => Ok(None),
+            Some(value) => value.as_u64().map(Some).ok_or(()),
+        }
+    };
+    let counts = (|| -> Result<_, ()> {
+        let input = match count("prompt_tokens")? {
+            Some(input) => Some(input),
+            None => count("input_tokens")?,
+        };
+        let output = match count("completion_tokens")? {
+            Some(output) => Some(output),
+            None => count("output_tokens")?,
+        };
+        let total = count("total_tokens")?;
+        let cache_creation = count("cache_creation_input_tokens")?.unwrap_or(0);
+        let cache_read = count("cache_read_input_tokens")?.unwrap_or(0);
+        Ok((input, output, total, cache_creation.saturating_add(cache_read)))
+    })();
+    let Ok((input, output, total, cache)) = counts else {
+        return Some(None);
+    };
+    let input = input.map(|input| input.saturating_add(cache));
+    let total = match (total, input, output) {
+        (Some(total), _, _) => total,
+        (None, Some(input), Some(output)) => input.saturating_add(output),
+        _ => return Some(None),
+    };
+    Some(Some(format!(
+        "Usage {{ input: {}, output: {}, total: {total} }}",
+        input.unwrap_or(0),
+        output.unwrap_or(0)
+    )))
+}
+
 fuzz_target!(|data: &[u8]| {
     let Some((&control, body)) = data.split_first() else {
         return;
@@ -46,6 +105,14 @@ fuzz_target!(|data: &[u8]| {
         let whole = scan(format, body, &[body.len().max(1)]);
         let split = scan(format, body, &steps);
         assert_eq!(whole, split, "{format:?} usage differs by split");
+    }
+    if let Some(expected) = reference(body) {
+        let found = scan(Format::Json, body, &[body.len().max(1)]).1;
+        assert_eq!(
+            found.map(|usage| format!("{usage:?}")),
+            expected,
+            "the JSON body's usage, read by serde_json"
+        );
     }
 
     // Half the inputs count their prompt with the tokenizer.

@@ -24,11 +24,16 @@ pub(crate) const DATA_MAX: usize = 64 * 1024;
 
 /// The most raw bytes of the unit in progress kept unread while it may
 /// not matter: a longer one is framed from there on (in constant memory).
-/// Small in tests and fuzzing, so that their inputs reach it.
-#[cfg(not(any(test, fuzzing)))]
+/// The bound of every stream outside fuzzing, tests included.
 pub(crate) const CARRY_MAX: usize = 16 * 1024;
-#[cfg(any(test, fuzzing))]
-pub(crate) const CARRY_MAX: usize = 64;
+
+/// The carry bound of [`EventStream::new`]: small under fuzzing, so that
+/// its short inputs reach it (the code past the bound is the same for any
+/// bound; the unit tests run both this one and [`CARRY_MAX`]).
+#[cfg(not(fuzzing))]
+const NEW_CARRY_MAX: usize = CARRY_MAX;
+#[cfg(fuzzing)]
+const NEW_CARRY_MAX: usize = CARRY_MAX / 256; // 64 bytes
 
 /// The longest event name kept: longer names read as none (no event the
 /// gateway looks for has such a name).
@@ -147,12 +152,21 @@ pub(crate) struct EventStream {
     /// event and the unit's bytes so far are in `carry`, unread.
     framing: bool,
     carry: Vec<u8>,
+    /// The most bytes `carry` holds: [`CARRY_MAX`], or a small bound for
+    /// tests whose inputs must pass it.
+    carry_max: usize,
     /// The stream's last two bytes so far: a sync point may span chunks.
     tail: [u8; 2],
 }
 
 impl EventStream {
     pub(crate) fn new() -> EventStream {
+        EventStream::carrying_at_most(NEW_CARRY_MAX)
+    }
+
+    /// A stream whose unit in progress is carried unread up to `carry_max`
+    /// bytes.
+    fn carrying_at_most(carry_max: usize) -> EventStream {
         EventStream {
             bom_matched: 0,
             bom_done: false,
@@ -168,6 +182,7 @@ impl EventStream {
             style: None,
             framing: true,
             carry: Vec::new(),
+            carry_max,
             tail: [0; 2],
         }
     }
@@ -252,7 +267,7 @@ impl EventStream {
         if self.framing {
             return self.read(bytes, on_event);
         }
-        let room = CARRY_MAX - self.carry.len();
+        let room = self.carry_max - self.carry.len();
         if bytes.len() <= room {
             self.carry.extend_from_slice(bytes);
             return;
@@ -279,8 +294,8 @@ impl EventStream {
         on_event: &mut impl FnMut(Event<'_>),
         wanted: &memmem::Finder<'_>,
     ) {
-        if self.carry.len() + bytes.len() > CARRY_MAX {
-            // Framed from CARRY_MAX on, to its end.
+        if self.carry.len() + bytes.len() > self.carry_max {
+            // Framed from the bound on, to its end.
             self.carry_on(bytes, on_event);
             self.framing = false;
             return;
@@ -534,6 +549,8 @@ fn is_line_end(byte: u8) -> bool {
 mod tests {
     use std::sync::LazyLock;
 
+    use proptest::strategy::Strategy;
+
     use super::*;
 
     fn events(input: &[u8]) -> Vec<(String, String)> {
@@ -575,11 +592,15 @@ mod tests {
 
     type Seen = Vec<(String, String)>;
 
+    /// The carry bound of the tests whose inputs are short: 64 bytes.
+    const SHORT: usize = 64;
+
     /// The events whose data has an `x`, of `input` split at `cuts` and
-    /// read skipping what has none: those seen by the end of the last
-    /// feed, and by the end of the stream.
-    fn skipping(input: &[u8], cuts: &[usize]) -> (Seen, Seen) {
-        let mut stream = EventStream::new();
+    /// read skipping what has none (carrying at most `carry_max` bytes):
+    /// those seen by the end of the last feed, and by the end of the
+    /// stream.
+    fn skipping(input: &[u8], cuts: &[usize], carry_max: usize) -> (Seen, Seen) {
+        let mut stream = EventStream::carrying_at_most(carry_max);
         let found = std::cell::RefCell::new(Vec::new());
         let mut on_event = |event: Event<'_>| {
             if event.data.contains(&b'x') {
@@ -594,6 +615,7 @@ mod tests {
         points.sort_unstable();
         for point in points.into_iter().chain([input.len()]) {
             stream.feed_skipping(&input[at..point.max(at)], &mut on_event, &X);
+            assert!(stream.carry.len() <= carry_max, "carried past the bound");
             at = point.max(at);
         }
         let fed = found.borrow().clone();
@@ -616,7 +638,7 @@ mod tests {
                     proptest::strategy::Just("\r\n\r\n".to_owned()),
                     proptest::strategy::Just(": c\n".to_owned()),
                     proptest::strategy::Just("data:yx".to_owned()),
-                    // Longer than the tests' CARRY_MAX with its neighbours.
+                    // Longer than SHORT with its neighbours.
                     proptest::strategy::Just(format!("data: {}\n", "a".repeat(40))),
                     proptest::strategy::Just(format!(": {}x\r\n", "c".repeat(40))),
                     proptest::strategy::Just("\u{feff}".to_owned()),
@@ -630,11 +652,81 @@ mod tests {
                 .into_iter()
                 .filter(|(_, data)| data.contains('x'))
                 .collect();
-            let (whole_fed, whole) = skipping(input.as_bytes(), &[]);
-            let (split_fed, split) = skipping(input.as_bytes(), &cuts);
+            let (whole_fed, whole) = skipping(input.as_bytes(), &[], SHORT);
+            let (split_fed, split) = skipping(input.as_bytes(), &cuts, SHORT);
             proptest::prop_assert_eq!(&whole, &mattering);
             proptest::prop_assert_eq!(&split, &mattering);
             proptest::prop_assert_eq!(split_fed, whole_fed);
+        }
+
+        /// The same at the production bound, [`CARRY_MAX`]: units of a few
+        /// KiB, some past it, some not.
+        #[test]
+        fn skipping_at_the_production_bound_gives_the_events_that_matter(
+            parts in proptest::collection::vec(
+                proptest::prop_oneof![
+                    proptest::strategy::Just("data: x\n".to_owned()),
+                    proptest::strategy::Just("\n\n".to_owned()),
+                    proptest::strategy::Just("\r\n\r\n".to_owned()),
+                    (1usize..9000).prop_map(|n| format!("data: {}\n", "a".repeat(n))),
+                    (1usize..9000).prop_map(|n| format!(": {}x\r\n", "c".repeat(n))),
+                ],
+                0..24,
+            ),
+            cuts in proptest::collection::vec(0usize..120_000, 0..12),
+        ) {
+            let input = parts.concat();
+            let mattering: Seen = events(input.as_bytes())
+                .into_iter()
+                .filter(|(_, data)| data.contains('x'))
+                .collect();
+            let (whole_fed, whole) = skipping(input.as_bytes(), &[], CARRY_MAX);
+            let (split_fed, split) = skipping(input.as_bytes(), &cuts, CARRY_MAX);
+            proptest::prop_assert_eq!(&whole, &mattering);
+            proptest::prop_assert_eq!(&split, &mattering);
+            proptest::prop_assert_eq!(split_fed, whole_fed);
+        }
+    }
+
+    /// The gateway's streams ([`EventStream::new`]) carry at most
+    /// [`CARRY_MAX`] bytes unread: a unit without the wanted string, fed in
+    /// 1 KiB pieces past the bound, is framed from there on; one that
+    /// ends just within it is carried whole and passed over; both ways
+    /// the event after it with the wanted string is seen.
+    #[test]
+    fn the_gateways_streams_carry_at_most_the_production_bound() {
+        for unit in [CARRY_MAX - 16, CARRY_MAX, CARRY_MAX + 1, 4 * CARRY_MAX] {
+            let mut stream = EventStream::new();
+            let mut seen = Vec::new();
+            let mut on_event = |event: Event<'_>| {
+                if event.data.contains(&b'x') {
+                    seen.push(event.data.to_vec());
+                }
+            };
+            // Framed up to the first sync point after the first blank line.
+            stream.feed_skipping(b"data: 1\n\ndata: 2\n\n", &mut on_event, &X);
+            assert!(!stream.framing);
+            // A comment line `unit` bytes long with its blank line.
+            let mut input = vec![b':'; unit - 2];
+            input.extend_from_slice(b"\n\n");
+            let (mut most, mut framed) = (0, false);
+            for piece in input.chunks(1024) {
+                stream.feed_skipping(piece, &mut on_event, &X);
+                most = most.max(stream.carry.len());
+                framed |= stream.framing;
+            }
+            assert!(most <= CARRY_MAX, "{unit}: carried {most} bytes");
+            // Framed past the bound only (a unit that passes it in the
+            // piece that ends it is framed and done within one call).
+            if unit <= CARRY_MAX || unit > CARRY_MAX + 1024 {
+                assert_eq!(
+                    framed,
+                    unit > CARRY_MAX,
+                    "{unit}: framed past the bound only"
+                );
+            }
+            stream.feed_skipping(b"data: x\n\n", &mut on_event, &X);
+            assert_eq!(seen, vec![b"x".to_vec()], "{unit}");
         }
     }
 

@@ -1,0 +1,35 @@
+-- The wrk script of bench/common.sh's probe_statuses: every response
+-- counted by status, printed at the end as lines "status CODE N", then
+-- "socket_errors N" (connect, read, write and timeout errors: a reset or a
+-- refused connection is one, with no status) and "requests N". The
+-- `response` callback costs the client time, so the measured runs go
+-- without it and a short run with it checks what they were answered.
+
+local threads = {}
+
+function setup(thread)
+  table.insert(threads, thread)
+end
+
+function init(args)
+  statuses = {}
+end
+
+function response(status, headers, body)
+  statuses[status] = (statuses[status] or 0) + 1
+end
+
+function done(summary, latency, requests)
+  local merged = {}
+  for _, thread in ipairs(threads) do
+    for status, n in pairs(thread:get("statuses")) do
+      merged[status] = (merged[status] or 0) + n
+    end
+  end
+  for status, n in pairs(merged) do
+    io.write(string.format("status %d %d\n", status, n))
+  end
+  local e = summary.errors
+  io.write(string.format("socket_errors %d\n", e.connect + e.read + e.write + e.timeout))
+  io.write(string.format("requests %d\n", summary.requests))
+end
