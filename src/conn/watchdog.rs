@@ -20,8 +20,8 @@ use std::time::Duration;
 
 use tokio::time::{Instant, Sleep};
 
-use crate::conn::ConnLimits;
 use crate::conn::drain::DrainWatch;
+use crate::conn::serve::ConnLimits;
 use crate::http1::server::ConnActivity;
 use crate::metrics::Metrics;
 
