@@ -4,11 +4,12 @@
 //!
 //! | file | its job |
 //! | --- | --- |
-//! | [`bind`] | binding the traffic addresses: one socket per worker (`SO_REUSEPORT`) |
+//! | [`listener`] | binding the traffic addresses: one socket per worker (`SO_REUSEPORT`) |
 //! | [`workers`] | the worker threads and the [`Server`]: which worker serves which socket, reloads, the drain |
 //! | [`reconcile`] | what a reload's `listen` list keeps, binds and closes (a pure plan) |
 //! | [`accept`] | the accept loop every listener runs (traffic, admin, decision): slots, back-off on accept errors, a task per connection |
 //! | [`serve`] | one HTTP/1.1 connection: the fast path, then the hand-off to hyper |
+//! | [`service`] | the request handler as the service hyper's servers call |
 //! | [`tls`] | the TLS handshake, then the same connection code |
 //! | [`h2`] | hyper's HTTP/2 server (ALPN `h2`, or h2c with prior knowledge) |
 //! | [`watchdog`] | one connection's deadlines: slow heads, idle time, eviction, polite close |
@@ -40,16 +41,17 @@
 //!   each protocol gives only its own way to close.
 
 pub(crate) mod accept;
-pub(crate) mod bind;
 pub(crate) mod drain;
 pub(crate) mod evict;
 pub(crate) mod h2;
+pub(crate) mod listener;
 pub(crate) mod reconcile;
 pub(crate) mod serve;
+pub(crate) mod service;
 pub(crate) mod tls;
 pub(crate) mod watchdog;
 pub(crate) mod workers;
 
-pub(crate) use bind::bind_tls;
-pub use bind::{Listener, bind};
+pub(crate) use listener::bind_tls;
+pub use listener::{Listener, bind};
 pub use workers::{Server, start};

@@ -1,6 +1,6 @@
 //! What a reload does to the traffic listeners: from the endpoints served
 //! and the endpoints the new configuration lists, which are kept, which are
-//! bound and which are closed. A pure plan; [`super::workers`] applies it
+//! bound and which are closed. A pure plan; the `Server` (`workers`) applies it
 //! (binding on every worker, closing on every worker).
 //!
 //! Kept endpoints are not touched: their sockets and open connections carry

@@ -19,24 +19,21 @@ use std::net::SocketAddr;
 use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{Context, Poll};
-use std::time::Duration;
 
 use hyper::server::conn::http1;
-use hyper::service::service_fn;
 use hyper_util::rt::{TokioIo, TokioTimer};
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 
 use crate::app::App;
-use crate::config::ServerConfig;
 use crate::conn::drain::DrainWatch;
 use crate::conn::evict::Registry;
 use crate::conn::h2;
-use crate::conn::watchdog::{Closing, Shutdown, Watchdog, register_task};
+use crate::conn::service::hyper_service;
+use crate::conn::watchdog::{Closing, ConnLimits, Shutdown, Watchdog, register_task};
 use crate::http1::server::ActivityAnswered;
 use crate::http1::server::ConnActivity;
 use crate::http1::server::linger::{LingerSwitch, Lingering};
 use crate::http1::server::{self as h1, Gate, Rewind};
-use crate::proxy::body::ClientBody;
 use crate::proxy::handler::{Downstream, handle};
 
 /// Serves one HTTP/1.1 connection (the fast path, then hyper) over a TCP
@@ -208,62 +205,6 @@ async fn serve_handed_off<S>(
     });
     if let Some(Err(error)) = served.await {
         tracing::debug!(peer = %downstream.peer, %error, "connection ended with an error");
-    }
-}
-
-/// The service hyper's servers (HTTP/1.1 after the hand-off, HTTP/2) call
-/// for each request: the same handler as the fast path's.
-pub(crate) fn hyper_service(
-    app: Arc<App>,
-    activity: Arc<ConnActivity>,
-    downstream: Downstream,
-) -> impl hyper::service::Service<
-    http::Request<hyper::body::Incoming>,
-    Response = http::Response<crate::proxy::body::ResponseBody>,
-    Error = std::convert::Infallible,
-    Future = impl Future<
-        Output = Result<http::Response<crate::proxy::body::ResponseBody>, std::convert::Infallible>,
-    > + Send,
-> + Clone {
-    service_fn(move |request: http::Request<hyper::body::Incoming>| {
-        let app = app.clone();
-        let activity = activity.clone();
-        activity.request_started();
-        async move {
-            // Not boxed: the handler's future is kept small (the
-            // upstream exchange is boxed where it starts), so hyper's one
-            // move of it into its dispatcher costs less than a per-request
-            // allocation of it did (user time 5.4 -> 4.8 us/request; see
-            // BENCHMARKS.md).
-            let (mut response, fields) = handle(
-                &app,
-                downstream,
-                request.map(ClientBody::hyper),
-                Some(activity),
-            )
-            .await;
-            fields.apply(response.headers_mut());
-            Ok::<_, std::convert::Infallible>(response)
-        }
-    })
-}
-
-/// The settings a connection reads, copied at accept (a reload applies to
-/// connections accepted after it).
-#[derive(Debug, Clone, Copy)]
-pub(crate) struct ConnLimits {
-    pub(crate) header_read_timeout: Duration,
-    pub(crate) idle_timeout: Duration,
-    pub(crate) max_header_bytes: usize,
-}
-
-impl ConnLimits {
-    pub(crate) fn of(server: &ServerConfig) -> ConnLimits {
-        ConnLimits {
-            header_read_timeout: server.header_read_timeout,
-            idle_timeout: server.idle_timeout,
-            max_header_bytes: server.max_header_bytes,
-        }
     }
 }
 

@@ -38,9 +38,9 @@ use tokio::sync::{Semaphore, mpsc, oneshot, watch};
 
 use crate::app::App;
 use crate::conn::accept::accept_and_serve;
-use crate::conn::bind::{Listener, bind_one};
 use crate::conn::drain::{Drain, DrainWatch};
 use crate::conn::evict::Registry;
+use crate::conn::listener::{Listener, bind_one};
 use crate::conn::reconcile::{self, Endpoint, Plan};
 use crate::conn::serve::serve_connection;
 use crate::conn::tls;
@@ -117,7 +117,7 @@ pub struct Server {
     generations: watch::Receiver<u64>,
 }
 
-/// Starts [`worker_count`] workers serving `listeners` (from [`bind`]) until
+/// Starts [`worker_count`] workers serving `listeners` (from [`super::bind`]) until
 /// `shutdown` turns true. With one worker it runs on the calling runtime, so
 /// call it from within one. Fails when a worker thread or its runtime cannot
 /// be created.
