@@ -56,22 +56,20 @@ pub(crate) async fn serve(app: Arc<App>, listener: TcpListener, shutdown: watch:
     let stop = shutdown.clone();
     accept_and_serve(listener, permits, None, stop, |stream, _peer| {
         let app = app.clone();
-        let service = service_fn(move |request: Request<hyper::body::Incoming>| {
-            let target = request.uri().path_and_query().map_or("/", |pq| pq.as_str());
-            let response = answer(&app, request.method(), target);
-            async move { Ok::<_, std::convert::Infallible>(response) }
-        });
-        let mut builder = http1::Builder::new();
-        builder
-            .timer(TokioTimer::new())
-            .header_read_timeout(Duration::from_secs(10));
-        let connection = builder.serve_connection(TokioIo::new(stream), service);
-        until_shutdown(
-            connection,
-            shutdown.clone(),
-            |connection| connection.graceful_shutdown(),
-            "admin",
-        )
+        let shutdown = shutdown.clone();
+        async move {
+            let service = service_fn(move |request: Request<hyper::body::Incoming>| {
+                let target = request.uri().path_and_query().map_or("/", |pq| pq.as_str());
+                let response = answer(&app, request.method(), target);
+                async move { Ok::<_, std::convert::Infallible>(response) }
+            });
+            let mut builder = http1::Builder::new();
+            builder
+                .timer(TokioTimer::new())
+                .header_read_timeout(Duration::from_secs(10));
+            let connection = builder.serve_connection(TokioIo::new(stream), service);
+            until_shutdown(connection, shutdown, |c| c.graceful_shutdown(), "admin").await;
+        }
     })
     .await;
 }

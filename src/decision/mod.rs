@@ -59,45 +59,39 @@ pub(crate) async fn serve(app: Arc<App>, listener: TcpListener, shutdown: watch:
     let stop = shutdown.clone();
     accept_and_serve(listener, permits, None, stop, |stream, peer| {
         let _ = stream.set_nodelay(true);
-        let rls = grpc::server(app.clone());
         let app = app.clone();
-        let service = service_fn(move |request: Request<Incoming>| {
-            let app = app.clone();
-            // gRPC by its content type (any path: tonic answers an
-            // unknown method `UNIMPLEMENTED`).
-            let grpc = if is_grpc(&request) {
-                Ok(rls.clone().call(request))
-            } else {
-                Err(request)
-            };
-            async move {
-                let response = match grpc {
-                    Ok(call) => match call.await {
-                        Ok(response) => response.map(Either::Right),
-                        Err(never) => match never {},
-                    },
-                    Err(request) => answer(&app, request, peer).await.map(Either::Left),
-                };
-                Ok::<_, Infallible>(response)
-            }
-        });
-        let mut builder = auto::Builder::new(TokioExecutor::new());
-        builder
-            .http1()
-            .timer(TokioTimer::new())
-            .header_read_timeout(server.header_read_timeout);
-        builder.http2().timer(TokioTimer::new());
         let shutdown = shutdown.clone();
-        // The connection borrows its builder: both move into the task.
+        let header_read_timeout = server.header_read_timeout;
         async move {
+            let rls = grpc::server(app.clone());
+            let service = service_fn(move |request: Request<Incoming>| {
+                let app = app.clone();
+                // gRPC by its content type (any path: tonic answers an
+                // unknown method `UNIMPLEMENTED`).
+                let grpc = if is_grpc(&request) {
+                    Ok(rls.clone().call(request))
+                } else {
+                    Err(request)
+                };
+                async move {
+                    let response = match grpc {
+                        Ok(call) => match call.await {
+                            Ok(response) => response.map(Either::Right),
+                            Err(never) => match never {},
+                        },
+                        Err(request) => answer(&app, request, peer).await.map(Either::Left),
+                    };
+                    Ok::<_, Infallible>(response)
+                }
+            });
+            let mut builder = auto::Builder::new(TokioExecutor::new());
+            builder
+                .http1()
+                .timer(TokioTimer::new())
+                .header_read_timeout(header_read_timeout);
+            builder.http2().timer(TokioTimer::new());
             let connection = builder.serve_connection(TokioIo::new(stream), service);
-            until_shutdown(
-                connection,
-                shutdown,
-                |connection| connection.graceful_shutdown(),
-                "decision",
-            )
-            .await;
+            until_shutdown(connection, shutdown, |c| c.graceful_shutdown(), "decision").await;
         }
     })
     .await;
