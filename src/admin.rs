@@ -31,6 +31,7 @@ use tokio::sync::{Semaphore, watch};
 
 use crate::admission::explain::{ExplainError, explain};
 use crate::app::App;
+use crate::conn::accept::{accept_and_serve, until_shutdown};
 use crate::http::problem;
 use crate::proxy::body::ResponseBody;
 use crate::proxy::response::problem as problem_response;
@@ -52,17 +53,11 @@ pub(crate) async fn bind(address: SocketAddr) -> io::Result<TcpListener> {
 /// Serves the admin endpoints on `listener` until `shutdown` turns true.
 pub(crate) async fn serve(app: Arc<App>, listener: TcpListener, shutdown: watch::Receiver<bool>) {
     let permits = Arc::new(Semaphore::new(MAX_CONNECTIONS));
-    let mut backoff = Duration::from_millis(5);
-    if *shutdown.borrow() {
-        return;
-    }
-    let mut stop = shutdown.clone();
-    while let Some((stream, _, permit)) =
-        crate::conn::accept_next(&listener, &permits, None, &mut stop, &mut backoff).await
-    {
+    let stop = shutdown.clone();
+    accept_and_serve(listener, permits, None, stop, |stream, _peer| {
         let app = app.clone();
-        let mut shutdown = shutdown.clone();
-        tokio::spawn(async move {
+        let shutdown = shutdown.clone();
+        async move {
             let service = service_fn(move |request: Request<hyper::body::Incoming>| {
                 let target = request.uri().path_and_query().map_or("/", |pq| pq.as_str());
                 let response = answer(&app, request.method(), target);
@@ -73,21 +68,10 @@ pub(crate) async fn serve(app: Arc<App>, listener: TcpListener, shutdown: watch:
                 .timer(TokioTimer::new())
                 .header_read_timeout(Duration::from_secs(10));
             let connection = builder.serve_connection(TokioIo::new(stream), service);
-            tokio::pin!(connection);
-            tokio::select! {
-                result = connection.as_mut() => {
-                    if let Err(error) = result {
-                        tracing::debug!(%error, "admin connection ended with an error");
-                    }
-                }
-                _ = shutdown.changed() => {
-                    connection.as_mut().graceful_shutdown();
-                    let _ = connection.await;
-                }
-            }
-            drop(permit);
-        });
-    }
+            until_shutdown(connection, shutdown, |c| c.graceful_shutdown(), "admin").await;
+        }
+    })
+    .await;
 }
 
 /// The answer to one admin request for `target` (path and query).

@@ -23,8 +23,8 @@ use tokio::io::{AsyncRead, AsyncWrite};
 
 use crate::app::App;
 use crate::conn::drain::DrainWatch;
-use crate::conn::watchdog::{Shutdown, Watchdog, register_task};
-use crate::conn::{ConnLimits, hyper_service};
+use crate::conn::service::hyper_service;
+use crate::conn::watchdog::{ConnLimits, Shutdown, Watchdog, register_task};
 use crate::http1::server::ConnActivity;
 use crate::proxy::handler::Downstream;
 

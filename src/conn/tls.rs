@@ -20,7 +20,8 @@ use tokio_rustls::TlsAcceptor;
 use crate::app::App;
 use crate::conn::drain::DrainWatch;
 use crate::conn::evict::Registry;
-use crate::conn::{ActivityIo, h2, serve_connection};
+use crate::conn::h2;
+use crate::conn::serve::{ActivityIo, serve_connection};
 use crate::http1::server::ConnActivity;
 use crate::proxy::handler::Downstream;
 

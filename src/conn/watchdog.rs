@@ -20,10 +20,29 @@ use std::time::Duration;
 
 use tokio::time::{Instant, Sleep};
 
-use crate::conn::ConnLimits;
+use crate::config::ServerConfig;
 use crate::conn::drain::DrainWatch;
 use crate::http1::server::ConnActivity;
 use crate::metrics::Metrics;
+
+/// The settings a connection reads, copied at accept (a reload applies to
+/// connections accepted after it).
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct ConnLimits {
+    pub(crate) header_read_timeout: Duration,
+    pub(crate) idle_timeout: Duration,
+    pub(crate) max_header_bytes: usize,
+}
+
+impl ConnLimits {
+    pub(crate) fn of(server: &ServerConfig) -> ConnLimits {
+        ConnLimits {
+            header_read_timeout: server.header_read_timeout,
+            idle_timeout: server.idle_timeout,
+            max_header_bytes: server.max_header_bytes,
+        }
+    }
+}
 
 /// Why the watchdog asks the protocol to close its connection.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

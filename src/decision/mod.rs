@@ -25,7 +25,6 @@ use std::convert::Infallible;
 use std::io;
 use std::net::SocketAddr;
 use std::sync::Arc;
-use std::time::Duration;
 
 use http::header::CONTENT_TYPE;
 use http::{Request, Response, StatusCode};
@@ -39,6 +38,7 @@ use tokio::sync::{Semaphore, watch};
 use tonic::codegen::Service;
 
 use crate::app::App;
+use crate::conn::accept::{accept_and_serve, until_shutdown};
 use crate::proxy::body::ResponseBody;
 use crate::proxy::response::problem;
 
@@ -56,19 +56,13 @@ pub(crate) async fn bind(address: SocketAddr) -> io::Result<TcpListener> {
 pub(crate) async fn serve(app: Arc<App>, listener: TcpListener, shutdown: watch::Receiver<bool>) {
     let server = app.snapshot().config.server.clone();
     let permits = Arc::new(Semaphore::new(server.max_connections));
-    let mut backoff = Duration::from_millis(5);
-    if *shutdown.borrow() {
-        return;
-    }
-    let mut stop = shutdown.clone();
-    while let Some((stream, peer, permit)) =
-        crate::conn::accept_next(&listener, &permits, None, &mut stop, &mut backoff).await
-    {
+    let stop = shutdown.clone();
+    accept_and_serve(listener, permits, None, stop, |stream, peer| {
         let _ = stream.set_nodelay(true);
         let app = app.clone();
-        let mut shutdown = shutdown.clone();
+        let shutdown = shutdown.clone();
         let header_read_timeout = server.header_read_timeout;
-        tokio::spawn(async move {
+        async move {
             let rls = grpc::server(app.clone());
             let service = service_fn(move |request: Request<Incoming>| {
                 let app = app.clone();
@@ -97,21 +91,10 @@ pub(crate) async fn serve(app: Arc<App>, listener: TcpListener, shutdown: watch:
                 .header_read_timeout(header_read_timeout);
             builder.http2().timer(TokioTimer::new());
             let connection = builder.serve_connection(TokioIo::new(stream), service);
-            tokio::pin!(connection);
-            tokio::select! {
-                result = connection.as_mut() => {
-                    if let Err(error) = result {
-                        tracing::debug!(%error, "decision connection ended with an error");
-                    }
-                }
-                _ = shutdown.changed() => {
-                    connection.as_mut().graceful_shutdown();
-                    let _ = connection.await;
-                }
-            }
-            drop(permit);
-        });
-    }
+            until_shutdown(connection, shutdown, |c| c.graceful_shutdown(), "decision").await;
+        }
+    })
+    .await;
 }
 
 /// A gRPC call: `content-type: application/grpc` (or `application/grpc+proto`).

@@ -1,0 +1,273 @@
+//! Serving one traffic connection over HTTP/1.1, from its first byte to its
+//! close: the gateway's own fast path ([`crate::http1::server`]) for plain
+//! requests, then — from the first request that needs it — the hand-off to
+//! hyper's HTTP/1.1 server, or to hyper's HTTP/2 server ([`super::h2`])
+//! when the connection opens with the HTTP/2 preface (h2c with prior
+//! knowledge).
+//!
+//! At the hand-off hyper starts from the bytes the fast path had read
+//! ([`h1::Rewind`]), through [`h1::Gate`], which checks every later request
+//! by the same framing rule before hyper reads it. The connection's
+//! watchdog ([`super::watchdog`]: slow heads, idle time, eviction, the
+//! drain's polite close) watches both halves. hyper's connection is boxed
+//! at the hand-off, so the task of every connection does not carry its
+//! size, idle or not. A request the codec refused is counted and logged
+//! here ([`refused`]), as every other answer is.
+
+use std::io;
+use std::net::SocketAddr;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::{Context, Poll};
+
+use hyper::server::conn::http1;
+use hyper_util::rt::{TokioIo, TokioTimer};
+use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
+
+use crate::app::App;
+use crate::conn::drain::DrainWatch;
+use crate::conn::evict::Registry;
+use crate::conn::h2;
+use crate::conn::service::hyper_service;
+use crate::conn::watchdog::{Closing, ConnLimits, Shutdown, Watchdog, register_task};
+use crate::http1::server::ActivityAnswered;
+use crate::http1::server::ConnActivity;
+use crate::http1::server::linger::{LingerSwitch, Lingering};
+use crate::http1::server::{self as h1, Gate, Rewind};
+use crate::proxy::handler::{Downstream, handle};
+
+/// Serves one HTTP/1.1 connection (the fast path, then hyper) over a TCP
+/// stream or, after its handshake, a TLS one, from `downstream` (its proto
+/// is `"http"` or `"https"`, for the forwarding fields).
+pub(crate) async fn serve_connection<S>(
+    app: Arc<App>,
+    stream: S,
+    downstream: Downstream,
+    mut drain: DrainWatch,
+    connections: Arc<Registry>,
+) where
+    S: AsyncRead + AsyncWrite + Unpin + Send + 'static,
+{
+    let activity = Arc::new(ConnActivity::new());
+    let _registered = connections.register(crate::worker::worker_index(), activity.clone());
+    register_task(&activity).await;
+    // Only what the connection reads of its settings: a copy of the whole
+    // server section would be kept (with its allocations) as long as the
+    // connection, idle or not.
+    let limits = ConnLimits::of(&app.snapshot().config.server);
+    let mut io = ActivityIo {
+        inner: stream,
+        activity: activity.clone(),
+    };
+    let check = tokio::time::sleep(limits.header_read_timeout.min(limits.idle_timeout));
+    tokio::pin!(check);
+    let mut watchdog = Watchdog::new(
+        &activity,
+        app.metrics(),
+        limits,
+        &downstream.peer,
+        &mut drain,
+        false,
+        check.as_mut(),
+    );
+
+    // Plain requests first, served by our own HTTP/1.1 path (`crate::http1::server`).
+    let handed_over = {
+        let respond = |request| {
+            activity.request_started();
+            // The handler's future itself, not wrapped: it attaches the
+            // request's completion to the body, and its field lines go into
+            // the head as they are (`h1` writes them).
+            handle(&app, downstream, request, Some(activity.clone()))
+        };
+        // The fast path relays interim (1xx) responses; hyper's servers,
+        // which take over at a hand-off, have no way to send them.
+        activity.relay_interim(true);
+        let fast = h1::serve(&mut io, &*activity, limits.max_header_bytes, respond);
+        tokio::pin!(fast);
+        // The fast path closes by itself once the request in flight is
+        // answered, or at once when there is none.
+        let served = watchdog.serve(fast.as_mut(), |_, why| match why {
+            Closing::SlowHead => Shutdown::Now,
+            Closing::Politely if activity.begin_closing() => Shutdown::Now,
+            Closing::Politely => Shutdown::Begun,
+        });
+        match served.await {
+            Some(ended) => ended,
+            None => return,
+        }
+    };
+    activity.relay_interim(false);
+    let prefix = match handed_over {
+        // h2c with prior knowledge: the connection preface is no HTTP/1.1
+        // request, so the fast path handed it over; hyper's HTTP/2 server
+        // takes it from the bytes read so far.
+        Ok(h1::Ended::HandOff(prefix)) if prefix.starts_with(h2::PREFACE) => {
+            let io = Rewind::new(prefix, io);
+            let closing = watchdog.is_closing();
+            // Boxed, as hyper's HTTP/1.1 connection below.
+            Box::pin(h2::serve(app, io, activity, downstream, drain, closing)).await;
+            return;
+        }
+        Ok(h1::Ended::HandOff(prefix)) => prefix,
+        Ok(h1::Ended::Closed) => {
+            refused(&app, downstream.peer, &activity);
+            return;
+        }
+        Err(error) => {
+            tracing::debug!(peer = %downstream.peer, %error, "connection ended with an error");
+            // A refusal whose answer could not be written still counts.
+            refused(&app, downstream.peer, &activity);
+            return;
+        }
+    };
+
+    // Everything else, from the first request that is not plain: hyper.
+    // Boxed, once per handed-off connection: hyper's connection (with the
+    // handler's future in it) is larger than the fast path's state, and the
+    // task of every connection would otherwise carry its size, idle or not.
+    let io = Rewind::new(prefix, io);
+    Box::pin(serve_handed_off(
+        app.clone(),
+        io,
+        activity.clone(),
+        downstream,
+        watchdog,
+    ))
+    .await;
+    refused(&app, downstream.peer, &activity);
+}
+
+/// The request the codec refused on `activity`'s connection, if it refused
+/// one (malformed, framed ambiguously, a head too large): counted as
+/// `tollgate_requests_total{route="none"}` with its status, and given an
+/// access-log line, so a flood of them (a smuggling scan, a broken client)
+/// shows where every other answer does.
+fn refused(app: &App, peer: SocketAddr, activity: &ConnActivity) {
+    let Some(refusal) = activity.refusal() else {
+        return;
+    };
+    let status = refusal.status.as_u16();
+    app.metrics().record_refused(status);
+    crate::access_log::log(&crate::access_log::AccessEntry {
+        method: "-",
+        path: "-",
+        route: crate::metrics::NO_ROUTE,
+        status,
+        elapsed: None,
+        upstream: None,
+        client_ip: peer.ip(),
+        limit: None,
+        retries: 0,
+        refused: Some(refusal.detail),
+        front: "proxy",
+        tokens: None,
+    });
+}
+
+/// Serves a connection with hyper's HTTP/1.1 server from the first request
+/// the fast path handed over (its bytes replayed by `io`), under the watch
+/// the fast path was served under.
+async fn serve_handed_off<S>(
+    app: Arc<App>,
+    io: Rewind<ActivityIo<S>>,
+    activity: Arc<ConnActivity>,
+    downstream: Downstream,
+    mut watchdog: Watchdog<'_>,
+) where
+    S: AsyncRead + AsyncWrite + Unpin + Send + 'static,
+{
+    let max_header_bytes = watchdog.limits().max_header_bytes;
+    let service = hyper_service(app, activity.clone(), downstream);
+    let mut builder = http1::Builder::new();
+    builder
+        .timer(TokioTimer::new())
+        .header_read_timeout(None)
+        .keep_alive(true)
+        // Room for the largest allowed head: the gate refuses longer ones
+        // (431 problem+json) before hyper could.
+        .max_buf_size((max_header_bytes + 16 * 1024).max(8 * 1024));
+    // Lingering: hyper answers some requests before reading their bodies
+    // (denied, too large, an upstream's early answer); see `crate::http1::server::linger`.
+    // The gate checks every later request before hyper reads it (`h1::gate`).
+    let io = TokioIo::new(Lingering::new(
+        Gate::new(io, max_header_bytes, ActivityAnswered(activity.clone())),
+        ActivityLinger(activity),
+    ));
+    let connection = builder.serve_connection(io, service).with_upgrades();
+    tokio::pin!(connection);
+    let served = watchdog.serve(connection.as_mut(), |connection, why| match why {
+        Closing::SlowHead => Shutdown::Now,
+        Closing::Politely => {
+            connection.graceful_shutdown();
+            Shutdown::Begun
+        }
+    });
+    if let Some(Err(error)) = served.await {
+        tracing::debug!(peer = %downstream.peer, %error, "connection ended with an error");
+    }
+}
+
+/// A connection's linger switch, reached through its activity.
+struct ActivityLinger(Arc<ConnActivity>);
+
+impl std::ops::Deref for ActivityLinger {
+    type Target = LingerSwitch;
+
+    fn deref(&self) -> &LingerSwitch {
+        &self.0.linger
+    }
+}
+
+/// A stream (TCP, or TLS over TCP) that tells its [`ConnActivity`] when
+/// bytes arrive.
+pub(crate) struct ActivityIo<S> {
+    pub(crate) inner: S,
+    pub(crate) activity: Arc<ConnActivity>,
+}
+
+impl<S: AsyncRead + Unpin> AsyncRead for ActivityIo<S> {
+    fn poll_read(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<io::Result<()>> {
+        let this = self.get_mut();
+        let before = buf.filled().len();
+        let result = Pin::new(&mut this.inner).poll_read(cx, buf);
+        if matches!(result, Poll::Ready(Ok(()))) && buf.filled().len() > before {
+            this.activity.bytes_read();
+        }
+        result
+    }
+}
+
+impl<S: AsyncWrite + Unpin> AsyncWrite for ActivityIo<S> {
+    fn poll_write(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<io::Result<usize>> {
+        Pin::new(&mut self.get_mut().inner).poll_write(cx, buf)
+    }
+
+    fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.get_mut().inner).poll_flush(cx)
+    }
+
+    fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.get_mut().inner).poll_shutdown(cx)
+    }
+
+    fn poll_write_vectored(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        bufs: &[io::IoSlice<'_>],
+    ) -> Poll<io::Result<usize>> {
+        Pin::new(&mut self.get_mut().inner).poll_write_vectored(cx, bufs)
+    }
+
+    fn is_write_vectored(&self) -> bool {
+        self.inner.is_write_vectored()
+    }
+}
