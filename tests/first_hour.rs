@@ -313,7 +313,7 @@ async fn limits_endpoint_explains_a_key_without_charging_it() {
 #[tokio::test]
 async fn the_grafana_dashboard_queries_only_metrics_that_exist() {
     let dashboard: serde_json::Value =
-        serde_json::from_str(include_str!("../docs/grafana/tollgate.json"))
+        serde_json::from_str(include_str!("../docs/src/grafana/tollgate.json"))
             .expect("the dashboard is JSON");
     let mut queried = Vec::new();
     let mut exprs = Vec::new();

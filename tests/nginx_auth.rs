@@ -449,25 +449,25 @@ async fn the_fail_open_variant_forwards_while_tollgate_is_down_or_hangs_and_limi
     drop(hung);
 }
 
-/// The README's nginx snippets are the ones these tests run (with the
-/// README's addresses), so the documentation cannot drift from what works.
+/// The nginx snippets of the decision service guide are the ones these
+/// tests run (with the guide's addresses), so the documentation cannot drift from what works.
 #[test]
 fn the_readme_gives_the_snippets_these_tests_run() {
-    let readme = include_str!("../README.md");
+    let readme = include_str!("../docs/src/guides/decision-service.md");
     let snippet = SNIPPET
         .replace("{tollgate}", "127.0.0.1:8081")
         .replace("{listen}", "80")
         .replace("{app}", "http://app");
     assert!(
         readme.contains(&snippet),
-        "README lacks the nginx snippet:\n{snippet}"
+        "the decision service guide lacks the nginx snippet:\n{snippet}"
     );
     assert!(
         readme.contains(FAIL_OPEN_LINES),
-        "README lacks the fail-open lines"
+        "the decision service guide lacks the fail-open lines"
     );
     assert!(
         readme.contains(FAIL_OPEN_LOCATION.trim_start_matches('\n')),
-        "README lacks the fail-open location"
+        "the decision service guide lacks the fail-open location"
     );
 }
