@@ -17,8 +17,7 @@ use super::error::KeyPath;
 use super::raw::{RawIssuer, RawJwt};
 use super::units::parse_duration;
 use super::{Balance, ClientTls, EjectPolicy, UpstreamConfig};
-use crate::identity::jwt::jwks::KeySet;
-use crate::identity::jwt::token::Algorithm;
+use crate::jose::{Algorithm, KeySet};
 
 /// The default cache size: tokens of this many clients verified once each.
 pub(crate) const DEFAULT_CACHE_SIZE: usize = 100_000;
