@@ -66,12 +66,12 @@ pub(crate) struct DescriptorRule {
     pub(crate) domain: String,
     /// A descriptor matches when it has exactly these entries, in order.
     pub(crate) entries: Vec<EntryMatch>,
-    /// Indexes into [`Config::limits`]: the limits a matching descriptor is
-    /// charged on, keyed by its entries' values.
+    /// Indexes into [`Config::limits`](super::Config::limits): the limits a
+    /// matching descriptor is charged on, keyed by its entries' values.
     pub(crate) limits: Vec<usize>,
-    /// Indexes into [`Config::limits`]: limits of other descriptors of the
-    /// same call that this rule's limits replace (envoyproxy/ratelimit's
-    /// `replaces`).
+    /// Indexes into [`Config::limits`](super::Config::limits): limits of
+    /// other descriptors of the same call that this rule's limits replace
+    /// (envoyproxy/ratelimit's `replaces`).
     pub(crate) replaces: Vec<usize>,
 }
 

@@ -73,7 +73,7 @@ pub struct RouteConfig {
     pub(crate) name: String,
     pub(crate) matcher: RouteMatch,
     pub(crate) action: RouteAction,
-    /// Indexes into [`Config::limits`], narrowest first.
+    /// Indexes into [`Config::limits`](super::Config::limits), narrowest first.
     pub limits: Vec<usize>,
     pub cost: u64,
     pub(crate) cost_header: Option<HeaderName>,
@@ -120,7 +120,7 @@ pub(crate) struct RouteMatch {
 /// What a route does with a request it takes.
 #[derive(Debug, Clone)]
 pub(crate) enum RouteAction {
-    /// Forward to [`Config::upstreams`]`[index]`.
+    /// Forward to [`Config::upstreams`](super::Config::upstreams)`[index]`.
     Forward(usize),
     /// Answer from the gateway itself.
     Respond {
