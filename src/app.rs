@@ -178,7 +178,7 @@ impl Snapshot {
         let labels = LabelNames::new(&config);
         let router = Router::new(&config);
         // Off the request path: the first such request need not build it.
-        if crate::config::tokens::uses_tokenizer(&config.routes) {
+        if crate::config::routes::uses_tokenizer(&config.routes) {
             crate::llm::tokenizer::warm();
         }
         let upstreams = config

@@ -63,7 +63,9 @@
 //! Beside the layers, below the pipeline and never importing it: [`config`]
 //! (raw serde mirror → validated types), [`limit`] (the algorithms, pure
 //! functions of an injected clock, and the in-memory store), [`identity`]
-//! (client IP behind proxies, consumers, limit keys), [`llm`] (what an
+//! (client IP behind proxies, consumers, limit keys; it reads `config`,
+//! never the other way), [`jose`] (JWT signature algorithms and key sets,
+//! below both `config` and `identity`), [`llm`] (what an
 //! LLM API request reserves of a token quota, and the usage its response
 //! reports), [`routing`],
 //! [`metrics`], `access_log`, `ratelimit_policy` (a stack's
@@ -123,6 +125,7 @@ pub mod http;
 pub mod http1;
 pub mod identity;
 pub mod import;
+pub mod jose;
 pub mod limit;
 pub mod llm;
 pub mod metrics;

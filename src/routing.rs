@@ -8,7 +8,7 @@
 use http::HeaderMap;
 use http::request::Parts;
 
-use crate::config::validate::strip_port;
+use crate::config::routes::strip_port;
 use crate::config::{Config, RouteMatch};
 
 /// Matches requests to route indexes of the snapshot's [`Config::routes`].

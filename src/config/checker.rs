@@ -8,7 +8,6 @@ use std::time::Duration;
 
 use http::HeaderName;
 
-use super::HeaderStyles;
 use super::error::{KeyPath, Problem, nearest};
 use super::raw::RawSize;
 use super::units::{parse_duration, parse_size};
@@ -105,23 +104,6 @@ impl Checker {
         }
         self.problem(path, message);
         None
-    }
-
-    pub(super) fn header_styles(&mut self, path: KeyPath, names: &[String]) -> HeaderStyles {
-        let mut styles = HeaderStyles {
-            draft: false,
-            legacy: false,
-            trio: false,
-        };
-        for (i, name) in names.iter().enumerate() {
-            match self.one_of(path.index(i), name, &["draft", "legacy", "trio"]) {
-                Some("draft") => styles.draft = true,
-                Some("legacy") => styles.legacy = true,
-                Some("trio") => styles.trio = true,
-                _ => {}
-            }
-        }
-        styles
     }
 
     pub(super) fn reference(

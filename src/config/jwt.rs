@@ -12,13 +12,50 @@ use std::time::Duration;
 
 use http::{HeaderName, Uri};
 
+use serde::Deserialize;
+
 use super::checker::Checker;
 use super::error::KeyPath;
-use super::raw::{RawIssuer, RawJwt};
+use super::limits::{KeyPart, LimitConfig, claim_path_is_valid};
+use super::routes::RouteConfig;
 use super::units::parse_duration;
 use super::{Balance, ClientTls, EjectPolicy, UpstreamConfig};
-use crate::identity::jwt::jwks::KeySet;
-use crate::identity::jwt::token::Algorithm;
+use crate::jose::{Algorithm, KeySet};
+
+/// `[jwt]` as written.
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct RawJwt {
+    /// Where tokens are read for every issuer without its own source.
+    pub(crate) header: Option<String>,
+    pub(crate) cookie: Option<String>,
+    /// Verified tokens kept (0: verify every request).
+    pub(crate) cache_size: Option<u64>,
+    #[serde(default)]
+    pub(crate) issuers: Vec<RawIssuer>,
+}
+
+/// `[[jwt.issuers]]` as written.
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct RawIssuer {
+    pub(crate) issuer: String,
+    pub(crate) jwks: Option<String>,
+    pub(crate) jwks_url: Option<String>,
+    pub(crate) secret_file: Option<String>,
+    pub(crate) secret_env: Option<String>,
+    /// `jwks_url` over HTTPS: CA certificates to trust instead of the built-in roots.
+    pub(crate) ca: Option<String>,
+    pub(crate) audiences: Option<Vec<String>>,
+    pub(crate) algorithms: Option<Vec<String>>,
+    pub(crate) leeway: Option<String>,
+    pub(crate) refresh: Option<String>,
+    pub(crate) header: Option<String>,
+    pub(crate) cookie: Option<String>,
+    pub(crate) consumer_claim: Option<String>,
+    pub(crate) tenant_claim: Option<String>,
+    pub(crate) plan_claim: Option<String>,
+}
 
 /// The default cache size: tokens of this many clients verified once each.
 pub(crate) const DEFAULT_CACHE_SIZE: usize = 100_000;
@@ -389,9 +426,40 @@ fn read_secret(raw: &RawIssuer, directory: &Path) -> Result<Vec<u8>, String> {
     }
 }
 
-/// A claim name or a dotted path of them: non-empty segments.
-pub(crate) fn claim_path_is_valid(path: &str) -> bool {
-    !path.is_empty() && path.split('.').all(|segment| !segment.is_empty())
+/// `[jwt]`, and every use of it (`jwt:` keys, `require_jwt`) only with it.
+pub(super) fn check_jwt_use(
+    c: &mut Checker,
+    root: &KeyPath,
+    raw: Option<&RawJwt>,
+    directory: &Path,
+    limits: &[LimitConfig],
+    routes: &[RouteConfig],
+) -> Option<JwtConfig> {
+    let claim_paths = std::mem::take(&mut c.claim_paths);
+    if let Some(jwt) = raw {
+        return Some(check_jwt(c, &root.key("jwt"), jwt, directory, claim_paths));
+    }
+    for limit in limits {
+        if let Some(KeyPart::Claim { path, .. }) = limit
+            .key
+            .iter()
+            .find(|p| matches!(p, KeyPart::Claim { .. }))
+        {
+            c.problem(
+                root.key("limits").key(&limit.name).key("key"),
+                format!("`jwt:{path}` reads a verified token's claim: configure its issuer in [[jwt.issuers]]"),
+            );
+        }
+    }
+    for (i, route) in routes.iter().enumerate() {
+        if route.require_jwt {
+            c.problem(
+                root.key("routes").index(i).key("require_jwt"),
+                "`require_jwt` needs the issuers of [[jwt.issuers]] to verify tokens with",
+            );
+        }
+    }
+    None
 }
 
 #[cfg(test)]

@@ -1,5 +1,7 @@
 //! `[server.tls]`: certificate chains and keys read from PEM files into one
-//! rustls server configuration, validated like every other value.
+//! rustls server configuration, validated like every other value (the
+//! table's serde mirror and its check are here too); and the client side
+//! of HTTPS upstreams and `jwks_url`s ([`ClientTls`]).
 //!
 //! The files are read when the configuration is validated — at start and on
 //! every reload — so a `SIGHUP` after a certificate rotation re-reads them:
@@ -15,6 +17,7 @@
 
 use std::collections::HashMap;
 use std::fmt;
+use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};
@@ -24,8 +27,11 @@ use rustls::pki_types::pem::{self, PemObject};
 use rustls::pki_types::{CertificateDer, PrivateKeyDer, ServerName};
 use rustls::server::{ClientHello, ResolvesServerCert};
 use rustls::sign::CertifiedKey;
+use serde::Deserialize;
 
-use super::KeyPath;
+use super::checker::Checker;
+use super::error::KeyPath;
+use super::raw::OneOrMany;
 
 /// The ALPN protocols offered, in the server's order of preference.
 pub(crate) const ALPN: [&[u8]; 2] = [b"h2", b"http/1.1"];
@@ -393,6 +399,133 @@ fn days_from_civil(year: i64, month: i64, day: i64) -> i64 {
     let day_of_year = (153 * month_index + 2) / 5 + day - 1;
     let day_of_era = year_of_era * 365 + year_of_era / 4 - year_of_era / 100 + day_of_year;
     era * 146_097 + day_of_era - 719_468
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct RawTls {
+    pub(crate) listen: OneOrMany<String>,
+    /// The default certificate chain and key: for clients whose SNI names
+    /// none of `certs` (or send no SNI).
+    pub(crate) cert: Option<String>,
+    pub(crate) key: Option<String>,
+    #[serde(default)]
+    pub(crate) certs: Vec<RawTlsCert>,
+}
+
+/// `[[server.tls.certs]]`: a certificate served to clients whose SNI is one
+/// of `names`.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct RawTlsCert {
+    pub(crate) names: Vec<String>,
+    pub(crate) cert: String,
+    pub(crate) key: String,
+}
+
+/// `[server.tls]`: the listeners, and every certificate pair read and
+/// checked now (see [`super::tls`]). `None` when any problem was found.
+pub(super) fn check_tls(
+    c: &mut Checker,
+    path: &KeyPath,
+    directory: &Path,
+    raw: &RawTls,
+) -> Option<TlsConfig> {
+    use super::tls::{self, PairSpec, SniResolver};
+    let count = raw.listen.0.len();
+    if count == 0 {
+        c.problem(path.key("listen"), "needs at least one address");
+    }
+    let listen: Vec<SocketAddr> = raw
+        .listen
+        .0
+        .iter()
+        .enumerate()
+        .filter_map(|(i, text)| c.socket_addr(path.element("listen", count, i), text))
+        .collect();
+    let (Some(cert), Some(key)) = (&raw.cert, &raw.key) else {
+        let missing = if raw.cert.is_none() { "cert" } else { "key" };
+        c.problem(
+            path.key(missing),
+            format!(
+                "`{missing}` is required: the default certificate chain and key, for clients whose SNI names none of [[server.tls.certs]]; write `cert = \"certs/gateway.crt\"` and `key = \"certs/gateway.key\"`"
+            ),
+        );
+        return None;
+    };
+    let provider = tls::provider();
+    let mut specs = vec![PairSpec {
+        key: path.clone(),
+        cert: directory.join(cert),
+        private_key: directory.join(key),
+    }];
+    for (i, entry) in raw.certs.iter().enumerate() {
+        specs.push(PairSpec {
+            key: path.key("certs").index(i),
+            cert: directory.join(&entry.cert),
+            private_key: directory.join(&entry.key),
+        });
+    }
+    let mut loaded = Vec::with_capacity(specs.len());
+    let mut certificates = Vec::with_capacity(specs.len());
+    for spec in &specs {
+        match tls::load_pair(spec, &provider) {
+            Ok((certified, not_after)) => {
+                certificates.push(CertificateFile {
+                    key: spec.key.key("cert").to_string(),
+                    file: spec.cert.clone(),
+                    not_after,
+                });
+                loaded.push(Some(certified));
+            }
+            Err((key, message)) => {
+                c.problem(key, message);
+                loaded.push(None);
+            }
+        }
+    }
+    let mut resolver = SniResolver::new(loaded[0].clone()?);
+    for (i, entry) in raw.certs.iter().enumerate() {
+        let names = path.key("certs").index(i).key("names");
+        if entry.names.is_empty() {
+            c.problem(
+                names.clone(),
+                "needs at least one name, e.g. names = [\"api.example.com\"]",
+            );
+        }
+        for (j, name) in entry.names.iter().enumerate() {
+            if !tls::valid_name(name) {
+                c.problem(
+                    names.index(j),
+                    format!("`{name}` is not a DNS name; expected e.g. \"api.example.com\" or \"*.example.com\""),
+                );
+            } else if let Some(certified) = &loaded[i + 1]
+                && !resolver.add(name, certified.clone())
+            {
+                c.problem(
+                    names.index(j),
+                    format!("`{name}` is already named by another certificate"),
+                );
+            }
+        }
+    }
+    if loaded.iter().any(Option::is_none) || listen.len() != raw.listen.0.len() {
+        return None;
+    }
+    match tls::server_config(provider, resolver) {
+        Ok(server) => Some(TlsConfig {
+            listen,
+            server,
+            certificates,
+        }),
+        Err(error) => {
+            c.problem(
+                path.clone(),
+                format!("cannot build the TLS configuration: {error}"),
+            );
+            None
+        }
+    }
 }
 
 #[cfg(test)]

@@ -9,12 +9,21 @@
 //! (`concurrency`).
 
 use http::HeaderName;
+use serde::Deserialize;
 
 use super::checker::Checker;
 use super::error::KeyPath;
-use super::raw::{RawLimit, RawTokens};
-use super::{LimitConfig, RouteConfig};
 use crate::limit::Algorithm;
+
+/// `tokens = { max_tokens_default = 1024, prompt = "bytes/4", usage = "auto" }`.
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct RawTokens {
+    pub(crate) max_tokens_default: Option<u64>,
+    pub(crate) prompt: Option<String>,
+    pub(crate) usage: Option<String>,
+    pub(crate) include_usage: Option<bool>,
+}
 
 /// What a limit counts.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -65,10 +74,10 @@ pub(crate) const DEFAULT_MAX_TOKENS: u64 = 1024;
 pub(super) fn check_unit(
     c: &mut Checker,
     path: &KeyPath,
-    raw: &RawLimit,
+    unit: Option<&str>,
     algorithm: &Algorithm,
 ) -> Unit {
-    let unit = match raw.unit.as_deref() {
+    let unit = match unit {
         None => return Unit::Requests,
         Some(text) => match c.one_of(path.key("unit"), text, &["requests", "tokens"]) {
             Some("tokens") => Unit::Tokens,
@@ -132,51 +141,13 @@ pub(super) fn check_tokens_rule(c: &mut Checker, path: &KeyPath, raw: &RawTokens
     }
 }
 
-/// Some route counts its prompts with the tokenizer (whose tables are
-/// then worth building before the first request).
-pub(crate) fn uses_tokenizer(routes: &[RouteConfig]) -> bool {
-    routes.iter().any(|route| {
-        route
-            .tokens
-            .as_ref()
-            .is_some_and(|rule| rule.prompt == PromptEstimate::Tokenizer)
-    })
-}
-
-/// Every route that stacks a token limit says how a request reserves.
-pub(super) fn check_token_routes(
-    c: &mut Checker,
-    root: &KeyPath,
-    limits: &[LimitConfig],
-    routes: &[RouteConfig],
-) {
-    for (i, route) in routes.iter().enumerate() {
-        if route.tokens.is_some() {
-            continue;
-        }
-        if let Some(limit) = route
-            .limits
-            .iter()
-            .filter_map(|&id| limits.get(id))
-            .find(|limit| limit.unit == Unit::Tokens)
-        {
-            c.problem(
-                root.key("routes").index(i).key("limits"),
-                format!(
-                    "`{}` counts tokens (unit = \"tokens\"): the route needs `tokens = {{ max_tokens_default = 1024, prompt = \"bytes/4\", usage = \"auto\" }}` to say what a request reserves",
-                    limit.name
-                ),
-            );
-        }
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use std::path::Path;
 
     use super::*;
     use crate::config::Config;
+    use crate::config::routes::uses_tokenizer;
 
     fn config(prompt: &str) -> Result<Config, String> {
         let text = format!(

@@ -126,6 +126,21 @@ pub(crate) fn parse_size(text: &str) -> Result<u64, String> {
         .ok_or_else(|| format!("`{text}` is too large"))
 }
 
+/// `"20%"` → 200 (thousandths); one decimal at most (`"12.5%"`); 0–100 %.
+pub(crate) fn parse_percent(text: &str) -> Option<u64> {
+    let number = text.trim().strip_suffix('%')?.trim();
+    let (whole, tenths) = match number.split_once('.') {
+        Some((whole, tenth)) if tenth.len() == 1 => (whole, tenth.parse::<u64>().ok()?),
+        Some(_) => return None,
+        None => (number, 0),
+    };
+    if whole.is_empty() || !whole.bytes().all(|b| b.is_ascii_digit()) {
+        return None;
+    }
+    let permille = whole.parse::<u64>().ok()?.checked_mul(10)? + tenths;
+    (permille <= 1000).then_some(permille)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -3,7 +3,8 @@
 //! consumer, tenant and plan.
 //!
 //! - [`token`]: the compact serialisation parsed strictly, untrusted;
-//! - [`jwks`]: an issuer's keys and the signature check (ring);
+//! - [`jwks`]: an issuer's keys and the signature check (ring), defined
+//!   below the configuration in [`crate::jose`], which reads them;
 //! - [`remote`]: the keys of a `jwks_url`, swapped in by the fetcher
 //!   (`app::jwks`) and refreshed early on an unknown `kid`;
 //! - [`verify`]: the issuer's rules (algorithms, `iss`, `aud`, `exp`,
@@ -15,12 +16,13 @@
 //! failed in words of its own.
 
 pub(crate) mod cache;
-pub mod jwks;
 pub mod remote;
 pub mod token;
 pub mod verified;
 pub mod verify;
 
+/// The keys of [`crate::jose`], under the name they have always had here.
+pub use crate::jose::jwks;
 pub use verified::Verified;
 pub(crate) use verify::Verifier;
 

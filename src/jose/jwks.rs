@@ -17,7 +17,7 @@ use base64::engine::general_purpose::URL_SAFE_NO_PAD;
 use ring::{hmac, signature};
 use serde::Deserialize;
 
-use super::token::Algorithm;
+use super::Algorithm;
 
 /// The smallest RSA modulus accepted, in bits (ring's own floor).
 const MIN_RSA_BITS: usize = 2048;

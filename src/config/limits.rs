@@ -1,0 +1,664 @@
+//! `[limits.NAME]`: what a limit counts requests by (its key parts), its
+//! algorithm and parameters (per plan too), and what it does when denied,
+//! keyless, leased from the shared store or aligned to the calendar. The
+//! section's serde mirror, validated types and checks; [`references`]
+//! resolves the lists of limit names that routes and descriptor rules
+//! hold.
+
+use std::collections::{BTreeMap, HashSet};
+use std::sync::Arc;
+use std::time::Duration;
+
+use http::{HeaderName, StatusCode};
+use serde::Deserialize;
+
+use super::checker::Checker;
+use super::error::{KeyPath, nearest};
+use super::raw::OneOrMany;
+use super::server::{HeaderStyles, header_styles};
+use super::tokens;
+use super::units::parse_rate;
+use crate::limit::{Algorithm, LeakyMode, Nanos, WindowAlign};
+
+/// A `[limits.NAME]` table as written.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct RawLimit {
+    /// Absent only for a limit that `[[decision.descriptors]]` rules alone
+    /// use: their entries' values are its key.
+    #[serde(default)]
+    pub(crate) key: OneOrMany<String>,
+    pub(crate) algorithm: String,
+    pub(crate) limit: Option<u64>,
+    pub(crate) window: Option<String>,
+    pub(crate) capacity: Option<u64>,
+    pub(crate) refill: Option<String>,
+    pub(crate) rate: Option<String>,
+    pub(crate) mode: Option<String>,
+    pub(crate) max: Option<u64>,
+    pub(crate) shadow: Option<bool>,
+    pub(crate) status: Option<u16>,
+    pub(crate) on_missing_key: Option<String>,
+    pub(crate) local: Option<bool>,
+    /// Token leasing from a shared (Redis) token bucket.
+    pub(crate) lease: Option<u64>,
+    pub(crate) headers: Option<Vec<String>>,
+    pub(crate) max_keys: Option<u64>,
+    pub(crate) plans: Option<BTreeMap<String, RawPlan>>,
+    pub(crate) align: Option<String>,
+    pub(crate) reset_jitter: Option<String>,
+    /// `"requests"` (the default) or `"tokens"`.
+    pub(crate) unit: Option<String>,
+}
+
+/// Per-plan values of a limit's algorithm parameters.
+#[derive(Debug, Default, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct RawPlan {
+    pub(crate) limit: Option<u64>,
+    pub(crate) window: Option<String>,
+    pub(crate) capacity: Option<u64>,
+    pub(crate) refill: Option<String>,
+    pub(crate) rate: Option<String>,
+    pub(crate) max: Option<u64>,
+}
+
+impl RawPlan {
+    /// Each algorithm parameter's key, and whether this plan sets it.
+    pub(crate) fn present(&self) -> [(&'static str, bool); 6] {
+        [
+            ("limit", self.limit.is_some()),
+            ("window", self.window.is_some()),
+            ("capacity", self.capacity.is_some()),
+            ("refill", self.refill.is_some()),
+            ("rate", self.rate.is_some()),
+            ("max", self.max.is_some()),
+        ]
+    }
+
+    /// The parameter keys this plan sets.
+    pub(crate) fn keys(&self) -> Vec<&'static str> {
+        self.present()
+            .into_iter()
+            .filter_map(|(key, present)| present.then_some(key))
+            .collect()
+    }
+
+    /// `self` over `base`: the plan's values win.
+    pub(crate) fn over(&self, base: &RawPlan) -> RawPlan {
+        RawPlan {
+            limit: self.limit.or(base.limit),
+            window: self.window.clone().or_else(|| base.window.clone()),
+            capacity: self.capacity.or(base.capacity),
+            refill: self.refill.clone().or_else(|| base.refill.clone()),
+            rate: self.rate.clone().or_else(|| base.rate.clone()),
+            max: self.max.or(base.max),
+        }
+    }
+}
+
+impl RawLimit {
+    /// The algorithm parameters of the limit itself.
+    pub(crate) fn params(&self) -> RawPlan {
+        RawPlan {
+            limit: self.limit,
+            window: self.window.clone(),
+            capacity: self.capacity,
+            refill: self.refill.clone(),
+            rate: self.rate.clone(),
+            max: self.max,
+        }
+    }
+}
+
+/// What a limit counts requests by.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub enum KeyPart {
+    Ip,
+    Header(HeaderName),
+    Query(String),
+    Cookie(String),
+    BodyField(String),
+    Consumer,
+    Tenant,
+    Route,
+    /// `jwt:CLAIM`: a claim of the caller's verified token, by its slot in
+    /// `JwtConfig::claim_paths` (`config::jwt`) (the path is kept for messages).
+    Claim {
+        slot: usize,
+        path: Arc<str>,
+    },
+}
+
+/// What a limit does with a request that lacks its key.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub(crate) enum OnMissingKey {
+    Skip,
+    Deny,
+    Shared,
+}
+
+/// A `[limits.NAME]`, checked.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LimitConfig {
+    pub name: String,
+    /// The parts of the key, joined into one composite key.
+    pub key: Vec<KeyPart>,
+    pub algorithm: Algorithm,
+    pub(crate) shadow: bool,
+    pub(crate) status: StatusCode,
+    pub(crate) on_missing_key: OnMissingKey,
+    pub(crate) local: bool,
+    pub(crate) headers: Option<HeaderStyles>,
+    /// Most keys held in memory for this limit.
+    pub(crate) max_keys: usize,
+    /// Per-plan parameters (same algorithm kind), chosen by the consumer's plan.
+    pub(crate) plans: Vec<(Arc<str>, Algorithm)>,
+    /// Fixed windows of a day or longer: where each key's boundaries fall.
+    pub(crate) align: WindowAlign,
+    /// A shared token bucket: tokens a node takes from Redis at a time and
+    /// spends locally (`lease = N`); `None` without leasing.
+    pub(crate) lease: Option<u64>,
+    /// What it counts: requests (charged `cost`) or tokens.
+    pub(crate) unit: tokens::Unit,
+}
+
+/// Default per-limit cap on live keys; see `limit::memory` for what happens
+/// when it is reached.
+pub(crate) const DEFAULT_MAX_KEYS: usize = 1_000_000;
+
+const ALGORITHMS: [&str; 6] = [
+    "fixed_window",
+    "sliding_window",
+    "sliding_log",
+    "token_bucket",
+    "leaky_bucket",
+    "concurrency",
+];
+
+/// Every `[limits.NAME]`, in name order (routes and rules refer to them by
+/// index). `shared`: whether a shared store is configured, which leases
+/// are taken from.
+pub(super) fn check_limits(
+    c: &mut Checker,
+    path: &KeyPath,
+    raw: &BTreeMap<String, RawLimit>,
+    shared: bool,
+) -> Vec<LimitConfig> {
+    let limits: Vec<LimitConfig> = raw
+        .iter()
+        .map(|(name, l)| check_limit(c, &path.key(name), name, l))
+        .collect();
+    if !shared {
+        // Leases are taken from the shared store: without one, say so
+        // rather than ignore the setting.
+        for limit in limits.iter().filter(|l| l.lease.is_some()) {
+            c.problem(
+                path.key(&limit.name).key("lease"),
+                "leases are taken from a shared store: set store.backend = \"redis\", or remove `lease`",
+            );
+        }
+    }
+    limits
+}
+
+fn check_key_part(c: &mut Checker, path: KeyPath, text: &str) -> Option<KeyPart> {
+    let (kind, name) = match text.split_once(':') {
+        Some((kind, name)) => (kind, Some(name)),
+        None => (text, None),
+    };
+    let named = |c: &mut Checker, name: Option<&str>| -> Option<String> {
+        match name {
+            Some(n) if !n.is_empty() => Some(n.to_owned()),
+            _ => {
+                c.problem(
+                    path.clone(),
+                    format!(
+                        "`{text}` needs a name after the colon, like \"{kind}:{}\"",
+                        if kind == "jwt" { "sub" } else { "x-api-key" }
+                    ),
+                );
+                None
+            }
+        }
+    };
+    match kind {
+        "jwt" => {
+            let name = named(c, name)?;
+            if !claim_path_is_valid(&name) {
+                c.problem(
+                    path,
+                    format!("`{name}` is not a claim name or dotted path like \"org.id\""),
+                );
+                return None;
+            }
+            let slot = match c.claim_paths.iter().position(|p| **p == *name) {
+                Some(slot) => slot,
+                None => {
+                    c.claim_paths.push(Arc::from(name.as_str()));
+                    c.claim_paths.len() - 1
+                }
+            };
+            Some(KeyPart::Claim {
+                slot,
+                path: c.claim_paths[slot].clone(),
+            })
+        }
+        "ip" | "consumer" | "tenant" | "route" if name.is_some() => {
+            c.problem(path, format!("`{kind}` takes no name; write \"{kind}\""));
+            None
+        }
+        "ip" => Some(KeyPart::Ip),
+        "consumer" => Some(KeyPart::Consumer),
+        "tenant" => Some(KeyPart::Tenant),
+        "route" => Some(KeyPart::Route),
+        "header" => {
+            let name = named(c, name)?;
+            c.header_name(path, &name).map(KeyPart::Header)
+        }
+        "query" => named(c, name).map(KeyPart::Query),
+        "cookie" => named(c, name).map(KeyPart::Cookie),
+        "body" => named(c, name).map(KeyPart::BodyField),
+        _ => {
+            let kinds = [
+                "ip", "header", "query", "cookie", "body", "consumer", "tenant", "route", "jwt",
+            ];
+            let mut message = format!(
+                "unknown key kind `{kind}`, expected one of ip, header:NAME, query:NAME, cookie:NAME, body:FIELD, jwt:CLAIM, consumer, tenant, route"
+            );
+            if let Some(best) = nearest(kind, kinds) {
+                message.push_str(&format!(" (did you mean `{best}`?)"));
+            } else if name.is_none() && HeaderName::from_bytes(text.as_bytes()).is_ok() {
+                // `key = "x-api-key"`: a header name without its kind.
+                message.push_str(&format!(
+                    "; to key on a request header, write \"header:{}\"",
+                    text.to_ascii_lowercase()
+                ));
+            }
+            c.problem(path, message);
+            None
+        }
+    }
+}
+
+fn check_limit(c: &mut Checker, path: &KeyPath, name: &str, raw: &RawLimit) -> LimitConfig {
+    if name.is_empty() || crate::http::structured::check_string(name).is_err() {
+        c.problem(
+            path.clone(),
+            "a limit's name must be printable ASCII: it is sent in RateLimit headers",
+        );
+    }
+    // No key at all: a limit for `[[decision.descriptors]]` only, checked
+    // with the rules that use it (`check_keyless`).
+    let count = raw.key.0.len();
+    let key: Vec<KeyPart> = raw
+        .key
+        .0
+        .iter()
+        .enumerate()
+        .filter_map(|(i, text)| check_key_part(c, path.element("key", count, i), text))
+        .collect();
+
+    let base = raw.params();
+    let mode = mode_of(c, path, raw);
+    let algorithm = check_algorithm(c, &raw.algorithm, &base, mode, &|key| path.key(key));
+    let mut plans = Vec::new();
+    for (plan, values) in raw.plans.iter().flatten() {
+        let plan_path = path.key("plans").key(plan);
+        let merged = values.over(&base);
+        let set = values.keys();
+        let at = |key: &str| {
+            if set.contains(&key) {
+                plan_path.key(key)
+            } else {
+                path.key(key)
+            }
+        };
+        plans.push((
+            Arc::from(plan.as_str()),
+            check_algorithm(c, &raw.algorithm, &merged, mode, &at),
+        ));
+    }
+    let status = match raw.status {
+        None => StatusCode::TOO_MANY_REQUESTS,
+        Some(code) => match StatusCode::from_u16(code) {
+            Ok(s) if (400..600).contains(&code) => s,
+            _ => {
+                c.problem(
+                    path.key("status"),
+                    format!("`{code}` is not an error status; expected 400-599"),
+                );
+                StatusCode::TOO_MANY_REQUESTS
+            }
+        },
+    };
+    let on_missing_key = match raw.on_missing_key.as_deref() {
+        None => OnMissingKey::Skip,
+        Some(text) => match c.one_of(
+            path.key("on_missing_key"),
+            text,
+            &["skip", "deny", "shared"],
+        ) {
+            Some("deny") => OnMissingKey::Deny,
+            Some("shared") => OnMissingKey::Shared,
+            _ => OnMissingKey::Skip,
+        },
+    };
+    let headers = raw
+        .headers
+        .as_ref()
+        .map(|names| header_styles(c, path.key("headers"), names));
+    let max_keys = match raw.max_keys {
+        Some(0) => {
+            c.problem(path.key("max_keys"), "must be at least 1");
+            DEFAULT_MAX_KEYS
+        }
+        Some(n) => usize::try_from(n).unwrap_or(usize::MAX),
+        None => DEFAULT_MAX_KEYS,
+    };
+    LimitConfig {
+        name: name.to_owned(),
+        key,
+        algorithm,
+        shadow: raw.shadow.unwrap_or(false),
+        status,
+        on_missing_key,
+        local: raw.local.unwrap_or(false),
+        lease: check_lease(c, path, raw, &algorithm),
+        unit: tokens::check_unit(c, path, raw.unit.as_deref(), &algorithm),
+        headers,
+        max_keys,
+        plans,
+        align: check_align(c, path, raw, &algorithm),
+    }
+}
+
+/// `lease`: a token bucket's tokens taken from Redis N at a time, `1 <= N <=
+/// capacity` (and for every plan's capacity), not with `local = true`.
+fn check_lease(
+    c: &mut Checker,
+    path: &KeyPath,
+    raw: &RawLimit,
+    algorithm: &Algorithm,
+) -> Option<u64> {
+    let n = raw.lease?;
+    let Algorithm::TokenBucket { capacity, .. } = algorithm else {
+        c.problem(path.key("lease"), "applies to token_bucket limits only");
+        return None;
+    };
+    if raw.local == Some(true) {
+        c.problem(
+            path.key("lease"),
+            "leases are taken from the shared store: not with `local = true`",
+        );
+        return None;
+    }
+    if n == 0 || n > *capacity {
+        c.problem(
+            path.key("lease"),
+            format!("`{n}`: expected 1 to the capacity ({capacity}), like lease = 100"),
+        );
+        return None;
+    }
+    Some(n)
+}
+
+/// `align` and `reset_jitter`: only for a fixed window of a day or longer,
+/// where keys resetting together would make a thundering herd.
+fn check_align(
+    c: &mut Checker,
+    path: &KeyPath,
+    raw: &RawLimit,
+    algorithm: &Algorithm,
+) -> WindowAlign {
+    if raw.align.is_none() && raw.reset_jitter.is_none() {
+        return WindowAlign::default();
+    }
+    const DAY: Nanos = 86_400 * crate::limit::NANOS_PER_SEC;
+    // A misplaced setting is reported at the first of the two present.
+    let key = if raw.align.is_some() {
+        "align"
+    } else {
+        "reset_jitter"
+    };
+    let window = match algorithm {
+        Algorithm::FixedWindow { window, .. } => *window,
+        _ => {
+            c.problem(path.key(key), "applies to fixed_window limits only");
+            return WindowAlign::default();
+        }
+    };
+    if window < DAY {
+        c.problem(path.key(key), "applies to windows of a day or longer");
+        return WindowAlign::default();
+    }
+    let first_request = match raw.align.as_deref() {
+        None => false,
+        Some(text) => {
+            c.one_of(path.key("align"), text, &["epoch", "first_request"]) == Some("first_request")
+        }
+    };
+    let jitter = match &raw.reset_jitter {
+        None => 0,
+        Some(_) if first_request => {
+            c.problem(
+                path.key("reset_jitter"),
+                "applies to align = \"epoch\"; first_request windows already start at different times",
+            );
+            0
+        }
+        Some(_) => {
+            let jitter = c.duration(path.key("reset_jitter"), &raw.reset_jitter, Duration::ZERO);
+            let jitter = u64::try_from(jitter.as_nanos()).unwrap_or(u64::MAX);
+            if jitter >= window {
+                c.problem(path.key("reset_jitter"), "must be shorter than the window");
+            }
+            jitter
+        }
+    };
+    if first_request {
+        WindowAlign::FirstRequest
+    } else {
+        WindowAlign::Epoch { jitter }
+    }
+}
+
+fn mode_of(c: &mut Checker, path: &KeyPath, raw: &RawLimit) -> Option<LeakyMode> {
+    let text = raw.mode.as_deref()?;
+    if raw.algorithm != "leaky_bucket" {
+        c.problem(
+            path.key("mode"),
+            format!(
+                "`mode` is a parameter of leaky_bucket, not of {}",
+                raw.algorithm
+            ),
+        );
+        return None;
+    }
+    match c.one_of(path.key("mode"), text, &["reject", "delay"]) {
+        Some("delay") => Some(LeakyMode::Delay),
+        _ => Some(LeakyMode::Reject),
+    }
+}
+
+/// A claim name or a dotted path of them: non-empty segments (a `jwt:`
+/// key part's, or an issuer's `consumer_claim` and the like).
+pub(crate) fn claim_path_is_valid(path: &str) -> bool {
+    !path.is_empty() && path.split('.').all(|segment| !segment.is_empty())
+}
+
+/// Checks the algorithm name and that exactly its parameters are present.
+///
+/// `at(key)` is where a parameter's problem is reported (a plan's own table
+/// for the values it sets).
+fn check_algorithm(
+    c: &mut Checker,
+    algorithm: &str,
+    raw: &RawPlan,
+    mode: Option<LeakyMode>,
+    at: &dyn Fn(&str) -> KeyPath,
+) -> Algorithm {
+    let fallback = Algorithm::Concurrency { max: 1 };
+    let Some(name) = c.one_of(at("algorithm"), algorithm, &ALGORITHMS) else {
+        return fallback;
+    };
+    let wanted: &[&str] = match name {
+        "fixed_window" | "sliding_window" | "sliding_log" => &["limit", "window"],
+        "token_bucket" => &["capacity", "refill"],
+        "leaky_bucket" => &["capacity", "rate"],
+        _ => &["max"],
+    };
+    for (key, is_present) in raw.present() {
+        if is_present && !wanted.contains(&key) {
+            c.problem(
+                at(key),
+                format!(
+                    "`{key}` is not a parameter of {name}; it takes {}",
+                    wanted.join(" and ")
+                ),
+            );
+        }
+        if !is_present && wanted.contains(&key) && !c.mistyped.contains(&at(key)) {
+            c.problem(at("algorithm"), format!("{name} needs `{key}`"));
+        }
+    }
+    let positive = |c: &mut Checker, key: &str, value: Option<u64>| -> u64 {
+        match value {
+            Some(0) => {
+                c.problem(at(key), "must be at least 1");
+                1
+            }
+            Some(n) => n,
+            None => 1,
+        }
+    };
+    let window = |c: &mut Checker| -> Nanos {
+        let duration = c.duration(at("window"), &raw.window, Duration::from_secs(1));
+        u64::try_from(duration.as_nanos()).unwrap_or(u64::MAX)
+    };
+    let rate =
+        |c: &mut Checker, key: &str, value: &Option<String>| match value.as_deref().map(parse_rate)
+        {
+            Some(Ok(rate)) => rate,
+            Some(Err(message)) => {
+                c.problem(at(key), message);
+                crate::limit::Rate { tokens: 1, per: 1 }
+            }
+            None => crate::limit::Rate { tokens: 1, per: 1 },
+        };
+    match name {
+        "fixed_window" => Algorithm::FixedWindow {
+            limit: positive(c, "limit", raw.limit),
+            window: window(c),
+        },
+        "sliding_window" => {
+            let limit = positive(c, "limit", raw.limit);
+            if limit > crate::limit::sliding_window::MAX_LIMIT {
+                c.problem(
+                    at("limit"),
+                    format!(
+                        "a sliding_window limit is at most {}",
+                        crate::limit::sliding_window::MAX_LIMIT
+                    ),
+                );
+            }
+            Algorithm::SlidingWindow {
+                limit,
+                window: window(c),
+            }
+        }
+        "sliding_log" => Algorithm::SlidingLog {
+            limit: positive(c, "limit", raw.limit),
+            window: window(c),
+        },
+        "token_bucket" => Algorithm::TokenBucket {
+            capacity: positive(c, "capacity", raw.capacity),
+            refill: rate(c, "refill", &raw.refill),
+        },
+        "leaky_bucket" => {
+            let mode = mode.unwrap_or(LeakyMode::Reject);
+            Algorithm::LeakyBucket {
+                capacity: raw.capacity.unwrap_or(0),
+                rate: rate(c, "rate", &raw.rate),
+                mode,
+            }
+        }
+        _ => Algorithm::Concurrency {
+            max: positive(c, "max", raw.max),
+        },
+    }
+}
+
+/// The limits a list at `path` names (a route's or a descriptor rule's
+/// `limits`, a rule's `replaces`), as indexes into `limit_names`; each
+/// unknown or repeated name a problem at its element.
+pub(super) fn references(
+    c: &mut Checker,
+    path: &KeyPath,
+    names: &[String],
+    limit_names: &[&str],
+) -> Vec<usize> {
+    let mut seen = HashSet::new();
+    let mut found = Vec::with_capacity(names.len());
+    for (i, name) in names.iter().enumerate() {
+        if !seen.insert(name.as_str()) {
+            c.problem(path.index(i), format!("limit `{name}` is listed twice"));
+        }
+        if let Some(index) = c.reference(path.index(i), "limit", name, limit_names) {
+            found.push(index);
+        }
+    }
+    found
+}
+
+#[cfg(test)]
+mod tests {
+    use std::path::Path;
+
+    use crate::config::Config;
+    use crate::config::validate::errors;
+    use crate::limit::WindowAlign;
+
+    #[test]
+    fn algorithm_parameters_are_checked() {
+        let message = errors("[limits.a]\nkey = \"ip\"\nalgorithm = \"token_bukket\"\n");
+        assert!(
+            message.contains("did you mean `token_bucket`?"),
+            "{message}"
+        );
+        let message = errors(
+            "[limits.a]\nkey = \"ip\"\nalgorithm = \"fixed_window\"\nlimit = 5\ncapacity = 3\n",
+        );
+        assert!(message.contains("needs `window`"), "{message}");
+        assert!(
+            message.contains("`capacity` is not a parameter of fixed_window"),
+            "{message}"
+        );
+    }
+
+    #[test]
+    fn align_and_jitter_need_a_long_fixed_window() {
+        let base = "[limits.a]\nkey = \"ip\"\nalgorithm = \"fixed_window\"\nlimit = 5\n";
+        let ok = format!("{base}window = \"1d\"\nreset_jitter = \"10m\"\n");
+        let config = Config::from_bytes(Path::new("g.toml"), ok.as_bytes()).unwrap();
+        assert_eq!(
+            config.limits[0].align,
+            WindowAlign::Epoch {
+                jitter: 600 * crate::limit::NANOS_PER_SEC
+            }
+        );
+        let first = format!("{base}window = \"7d\"\nalign = \"first_request\"\n");
+        let config = Config::from_bytes(Path::new("g.toml"), first.as_bytes()).unwrap();
+        assert_eq!(config.limits[0].align, WindowAlign::FirstRequest);
+        let short = format!("{base}window = \"1h\"\nalign = \"first_request\"\n");
+        assert!(
+            errors(&short).contains(
+                "gateway.toml:6:1: `limits.a.align`: applies to windows of a day or longer"
+            ),
+            "{}",
+            errors(&short)
+        );
+        let long_jitter = format!("{base}window = \"1d\"\nreset_jitter = \"2d\"\n");
+        assert!(errors(&long_jitter).contains("shorter than the window"));
+    }
+}
