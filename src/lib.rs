@@ -112,6 +112,7 @@ pub(crate) mod access_log;
 pub(crate) mod admin;
 pub mod admission;
 pub mod allocator;
+pub(crate) mod answer;
 pub mod app;
 pub mod config;
 pub mod conn;

@@ -10,7 +10,7 @@ use std::pin::Pin;
 
 use smallvec::SmallVec;
 
-use super::{Admission, Candidate, Store, Ticket, answer};
+use super::{Admission, Charge, Store, Ticket, answer};
 use crate::app::{App, Snapshot};
 use crate::config::{LimitConfig, OnFailure};
 use crate::limit::stack::{Costs, check_stack_costed};
@@ -27,7 +27,7 @@ pub(super) fn decide_boxed<'a, 's: 'a>(
     store: &'a Store,
     app: &'a App,
     snapshot: &'s Snapshot,
-    candidate: Candidate<'a, 's>,
+    candidate: Charge<'s>,
     ticket: &'a mut Ticket<'s>,
 ) -> Pin<Box<dyn Future<Output = Admission> + Send + 'a>> {
     Box::pin(decide(store, app, snapshot, candidate, ticket))
@@ -84,11 +84,11 @@ fn check_charged(
 }
 
 /// The stack decided across the local tier and the store, into `ticket`.
-async fn decide<'s>(
+pub(super) async fn decide<'s>(
     store: &Store,
     app: &App,
     snapshot: &'s Snapshot,
-    candidate: Candidate<'_, 's>,
+    candidate: Charge<'s>,
     ticket: &mut Ticket<'s>,
 ) -> Admission {
     let plan = candidate.plan;

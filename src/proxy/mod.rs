@@ -10,12 +10,8 @@
 
 pub(crate) mod body;
 pub(crate) mod downstream;
-pub(crate) mod error;
 pub(crate) mod forward;
 pub(crate) mod handler;
-pub(crate) mod ratelimit;
-pub(crate) mod request_body;
-pub(crate) mod response;
 pub(crate) mod retry;
 pub(crate) mod send;
 pub(crate) mod tokens;

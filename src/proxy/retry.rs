@@ -9,16 +9,16 @@ use bytes::{Bytes, BytesMut};
 use http::request::Parts;
 use http::{Request, Response};
 
+use crate::admission::body::{BodyRead, PendingBody, declared_length};
+use crate::answer::body::ResponseBody;
+use crate::answer::error::GatewayError;
 use crate::app::{App, Snapshot};
 use crate::config::{Config, RouteConfig};
 use crate::http::field_lines::FieldLines;
 use crate::http1::client::InterimSink;
 use crate::limit::Permits;
-use crate::proxy::body::ResponseBody;
 use crate::proxy::downstream::Downstream;
-use crate::proxy::error::GatewayError;
-use crate::proxy::request_body::{BodyRead, PendingBody, declared_length};
-use crate::proxy::send::forward;
+use crate::proxy::send::send_upstream;
 use crate::upstream::Attempt;
 
 /// Where a retried request's permits, interim responses and retry count go:
@@ -67,7 +67,7 @@ impl Retrying<'_> {
         body: PendingBody,
         sender: Sender<'_>,
     ) -> Result<(Response<ResponseBody>, FieldLines), GatewayError> {
-        forward(
+        send_upstream(
             self.snapshot,
             self.route,
             downstream,
@@ -127,7 +127,7 @@ impl Retrying<'_> {
                 *request.headers_mut() = template.3.clone();
                 request.into_parts().0
             });
-            let sent = forward(
+            let sent = send_upstream(
                 snapshot,
                 route,
                 downstream,
