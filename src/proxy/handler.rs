@@ -23,10 +23,14 @@
 //!
 //! Every error is a [`GatewayError`] turned into problem+json in one place.
 
+use std::future::Future;
 use std::net::IpAddr;
+use std::pin::Pin;
 use std::sync::Arc;
 use std::time::Duration;
 
+use bytes::Bytes;
+use http::HeaderValue;
 use http::header::CONTENT_TYPE;
 use http::request::Parts;
 use http::{Method, Request, Response, StatusCode, Uri, Version};
@@ -312,7 +316,6 @@ async fn route_and_act(
     progress.seen.route_index = Some(index);
     let route = &snapshot.config.routes[index];
     let plan = &snapshot.routes[index];
-
     // Filled in place: returned by value it was copied twice (1.1 KB).
     let mut ticket = Ticket::default();
     let mut body = PendingBody::Fresh(body);
@@ -331,9 +334,9 @@ async fn route_and_act(
         RequestAdmission::Admitted { bill } => bill,
         RequestAdmission::Denied { by } => {
             let cost = ticket.cost_of(by, route.cost);
-            let (response, fields) = deny(snapshot, plan, &ticket, by, cost, &mut parts, progress);
-            progress.answer.fields = fields;
-            return Ok(response);
+            return Ok(deny(
+                snapshot, plan, &ticket, by, cost, &mut parts, progress,
+            ));
         }
         RequestAdmission::MissingKey { position } => {
             let limit = snapshot.limit_config(plan.stack[position]);
@@ -351,9 +354,8 @@ async fn route_and_act(
         ticket.move_permits_into(&mut progress.answer.permits);
         if ticket.delay() > 0 {
             // Leaky bucket in delay mode: the request waits its turn, like
-            // nginx `limit_req` without `nodelay`. A client that gives up
-            // drops this future (and its place was already paid for, as
-            // in nginx).
+            // nginx `limit_req` without `nodelay` (a client that gives up
+            // drops this future; its place was paid for, as in nginx).
             tokio::time::sleep(Duration::from_nanos(ticket.delay())).await;
         }
     }
@@ -361,7 +363,6 @@ async fn route_and_act(
         tokens::include_usage(rule, &mut body, &mut parts);
     }
     let admitted = limited.then_some(&ticket);
-
     // The response's fields beyond its header map: an upstream's, relayed
     // as lines, then the rate-limit fields (see `FieldLines`).
     let (response, mut fields) = match &route.action {
@@ -369,17 +370,34 @@ async fn route_and_act(
             status,
             body,
             content_type,
-        } => {
-            let mut response = Response::new(ResponseBody::full(body.clone()));
-            *response.status_mut() = *status;
-            response
-                .headers_mut()
-                .insert(CONTENT_TYPE, content_type.clone());
-            (response, FieldLines::new())
-        }
+        } => (respond(*status, body, content_type), FieldLines::new()),
         // `DecideOnly` was answered 404 at routing.
         RouteAction::Forward(_) | RouteAction::DecideOnly => {
-            let forwarded = forward(app, snapshot, index, downstream, parts, body, progress).await;
+            let forwarded = match (&route.retry, &plan.retry_budget) {
+                (Some(policy), Some(budget)) => {
+                    let retrying = Retrying {
+                        app,
+                        snapshot,
+                        route,
+                        policy,
+                        budget,
+                    };
+                    retried(retrying, index, downstream, parts, body, progress).await
+                }
+                _ => {
+                    send_upstream(
+                        snapshot,
+                        route,
+                        downstream,
+                        parts,
+                        body,
+                        &mut progress.answer.permits,
+                        interim_sink(&progress.answer.connection),
+                        &mut Attempt::default(),
+                    )
+                    .await
+                }
+            };
             match forwarded {
                 Ok((response, fields)) => {
                     settle(app, snapshot, index, admitted, bill, response, fields)
@@ -402,6 +420,16 @@ async fn route_and_act(
     }
     progress.answer.fields = fields;
     Ok(response)
+}
+
+/// A `respond` route's own answer.
+fn respond(status: StatusCode, body: &Bytes, content_type: &HeaderValue) -> Response<ResponseBody> {
+    let mut response = Response::new(ResponseBody::full(body.clone()));
+    *response.status_mut() = status;
+    response
+        .headers_mut()
+        .insert(CONTENT_TYPE, content_type.clone());
+    response
 }
 
 /// Step 2: what no route should see is refused (oversized heads → 431, an
@@ -453,8 +481,8 @@ fn route(snapshot: &Snapshot, parts: &Parts) -> Result<usize, GatewayError> {
     }
 }
 
-/// A denied request's 429 (`cost`: what the denying limit was asked for)
-/// and its fields, noted for the log line.
+/// A denied request's 429 (`cost`: what the denying limit was asked for),
+/// its fields handed on with it, noted for the log line.
 fn deny(
     snapshot: &Snapshot,
     plan: &RoutePlan,
@@ -463,7 +491,7 @@ fn deny(
     cost: u64,
     parts: &mut Parts,
     progress: &mut Progress,
-) -> (Response<ResponseBody>, FieldLines) {
+) -> Response<ResponseBody> {
     progress.seen.limit = Some(note(plan, ticket, by, true));
     let (mut response, fields) = ratelimit::deny_response(
         ticket.view(snapshot.config.server.headers),
@@ -473,56 +501,34 @@ fn deny(
         cost,
     );
     recycle_map(&mut parts.headers, response.headers_mut());
-    (response, fields)
+    progress.answer.fields = fields;
+    response
 }
 
-/// Step 6's forwarding: upstream once, or with the route's retries.
-async fn forward(
-    app: &App,
-    snapshot: &Snapshot,
+/// Step 6's forwarding with the route's retries, boxed: the retry loop's
+/// future (a forward inside it, the request's template) would otherwise
+/// make every request's future larger, retried or not, and each larger
+/// future is copied when it starts. A plain function, so that nothing but
+/// the box is built into the request's future.
+fn retried<'a>(
+    retrying: Retrying<'a>,
     index: usize,
     downstream: Downstream,
     parts: Parts,
     body: PendingBody,
-    progress: &mut Progress,
-) -> Result<(Response<ResponseBody>, FieldLines), GatewayError> {
-    let route = &snapshot.config.routes[index];
-    match (&route.retry, &snapshot.routes[index].retry_budget) {
-        (Some(policy), Some(budget)) => {
-            let retrying = Retrying {
-                app,
-                snapshot,
-                route,
-                policy,
-                budget,
-            };
-            let sender = Sender {
-                permits: &mut progress.answer.permits,
-                interim: interim_sink(&progress.answer.connection),
-                retries: &mut progress.seen.retries,
-                upstream_label: upstream_label(snapshot, index),
-            };
-            // Boxed: the retry loop's future (a forward inside it, the
-            // request's template) would otherwise make every request's
-            // future larger, retried or not, and each larger future is
-            // copied when it starts.
-            Box::pin(retrying.forward(downstream, parts, body, sender)).await
-        }
-        _ => {
-            send_upstream(
-                snapshot,
-                route,
-                downstream,
-                parts,
-                body,
-                &mut progress.answer.permits,
-                interim_sink(&progress.answer.connection),
-                &mut Attempt::default(),
-            )
-            .await
-        }
-    }
+    progress: &'a mut Progress,
+) -> Pin<Box<dyn Future<Output = Forwarded> + Send + 'a>> {
+    let sender = Sender {
+        permits: &mut progress.answer.permits,
+        interim: interim_sink(&progress.answer.connection),
+        retries: &mut progress.seen.retries,
+        upstream_label: upstream_label(retrying.snapshot, index),
+    };
+    Box::pin(async move { retrying.forward(downstream, parts, body, sender).await })
 }
+
+/// An upstream's answer, or why there is none.
+type Forwarded = Result<(Response<ResponseBody>, FieldLines), GatewayError>;
 
 /// Step 7's settlement of a forwarded response: `cost_header`'s difference
 /// on an admitted request, and a token route's bill from its usage (at once
