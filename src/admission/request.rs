@@ -229,28 +229,26 @@ fn key<'s>(
     };
     ticket.client_ip = Some(client_ip);
     let cap = snapshot.config.server.max_key_body;
-    // The body read whole (within `max_key_body`), else its length.
-    let (whole, declared): (Option<&[u8]>, Option<u64>) = match &request.body {
-        RequestBody::Absent => (None, None),
-        RequestBody::Held { bytes, declared } => {
-            let within = bytes.len() <= cap && declared.is_none_or(|length| length <= cap as u64);
-            (
-                within.then_some(*bytes),
-                declared.or(Some(bytes.len() as u64)),
-            )
-        }
-        RequestBody::Client(PendingBody::Complete(bytes)) => (Some(bytes), None),
-        RequestBody::Client(_) => (None, declared_length(parts)),
+    // The body read whole (within `max_key_body`, declaring no more).
+    let whole: Option<&[u8]> = match &request.body {
+        RequestBody::Held { bytes, declared } => (bytes.len() <= cap
+            && declared.is_none_or(|length| length <= cap as u64))
+        .then_some(*bytes),
+        RequestBody::Client(PendingBody::Complete(bytes)) => Some(bytes),
+        RequestBody::Client(_) | RequestBody::Absent => None,
     };
     let fields = whole
         .filter(|_| request.plan.needs_body)
         .map(|bytes| body_fields(&parts.headers, bytes));
-    let tokens = match (&request.route.tokens, &request.body) {
-        (Some(rule), RequestBody::Client(_) | RequestBody::Held { .. }) => {
-            Some(reserve::reservation(rule, whole, declared, cap))
-        }
-        _ => None,
-    };
+    // Its length, read only for a token route's reservation.
+    let tokens = request.route.tokens.as_ref().and_then(|rule| {
+        let declared = match &request.body {
+            RequestBody::Absent => return None,
+            RequestBody::Held { bytes, declared } => declared.or(Some(bytes.len() as u64)),
+            RequestBody::Client(_) => declared_length(parts),
+        };
+        Some(reserve::reservation(rule, whole, declared, cap))
+    });
     let charge = Charge {
         plan: request.plan,
         cost: request.route.cost,
