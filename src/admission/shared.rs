@@ -84,7 +84,7 @@ fn check_charged(
 }
 
 /// The stack decided across the local tier and the store, into `ticket`.
-pub(super) async fn decide<'s>(
+async fn decide<'s>(
     store: &Store,
     app: &App,
     snapshot: &'s Snapshot,
