@@ -30,11 +30,11 @@ use tokio::net::TcpListener;
 use tokio::sync::{Semaphore, watch};
 
 use crate::admission::explain::{ExplainError, explain};
+use crate::answer::body::ResponseBody;
+use crate::answer::response::problem as problem_response;
 use crate::app::App;
 use crate::conn::accept::{accept_and_serve, until_shutdown};
 use crate::http::problem;
-use crate::proxy::body::ResponseBody;
-use crate::proxy::response::problem as problem_response;
 
 /// Admin connections served at once; more wait in the backlog. Scrapers and
 /// health checkers need a handful.

@@ -32,20 +32,29 @@
 //!    lives outside the snapshot so a reload keeps its state, with the
 //!    idle sweeper that evicts its keys back at full quota (`app::sweep`,
 //!    started by [`gateway`]).
-//! 5. [`admission`] — the limit decision, as a value: what is known of a
-//!    request (route, caller, cost, time) in, an `Admission` (allowed,
-//!    denied by which limit, a missing key, the store down) out, with the
-//!    request's `Ticket` (verdicts, permits, what to settle). The only code
-//!    that decides: the proxy, `simulate` and the explain endpoint
-//!    (`admission::explain`) all call it. Identification (consumer, client
-//!    IP, body fields), the memory and shared tiers with leases and
-//!    `on_failure`, decision metrics and `cost_header` settlement live here.
-//! 6. `proxy/` — the pipeline: `proxy::handler::handle` and its phases,
-//!    the rate-limit fields and 429s (turning an `Admission` into an
-//!    answer), the forwarding header rules and the send upstream, retries,
-//!    upgrade tunnels, the body types, and the one error → status mapping
-//!    (`proxy::error`). It never names the connection layer.
-//! 7. [`conn`] — listeners, the accept loop, worker threads, the
+//! 5. [`admission`] — the limit decision, as a value: a routed request
+//!    in (`admission::Routed`: route, head, peer, body, time), one call
+//!    (`admission::admit_request`), a `RequestAdmission` out (admitted
+//!    with its token bill, denied by which limit, a missing key, the store
+//!    down, the body refused, the caller unidentified), with the request's
+//!    `Ticket` (verdicts, permits, what to settle). The only code that
+//!    decides: the proxy, `/auth` and `simulate` make that one call, the
+//!    Envoy service its keyed form (`admission::admit_keyed`), and the
+//!    explain endpoint reads a key (`admission::explain`). Identification
+//!    (token, consumer, client IP, the body read for its fields), the
+//!    token reservation, the memory and shared tiers with leases and
+//!    `on_failure`, decision metrics and `cost_header` settlement live
+//!    here.
+//! 6. `answer/` — what every front tells a client in HTTP: the rate-limit
+//!    fields, a denial's fields as a value and the 429 written from it
+//!    (`answer::ratelimit`), the one error → status mapping
+//!    (`answer::error`), the gateway's problem responses and the response
+//!    body. Below the fronts, so that none borrows it from another.
+//! 7. `proxy/` — the pipeline: `proxy::handler::handle` and its steps
+//!    (guard, route, admit, act, settle), the forwarding header rules and
+//!    the send upstream, retries, upgrade tunnels, the request body. It
+//!    never names the connection layer, and no other front names it.
+//! 8. [`conn`] — listeners, the accept loop, worker threads, the
 //!    per-connection watchdog (`conn::watchdog`: one loop for eviction, the
 //!    drain and the deadlines, whichever protocol serves), graceful drain,
 //!    and the hand-off from the fast path to hyper. Connections only: the
@@ -53,7 +62,7 @@
 //!    under the same connection code: after the handshake a TLS stream is
 //!    served like a TCP one, or by hyper's HTTP/2 server (`conn::h2`) when
 //!    ALPN chose `h2` or a cleartext client opened with the h2 preface.
-//! 8. [`admin`], [`reload`], [`gateway`] ([`run`]: the whole gateway as
+//! 9. [`admin`], [`reload`], [`gateway`] ([`run`]: the whole gateway as
 //!    one future over bound listeners, for the binary and for in-process
 //!    tests), [`simulate`] (a trace through the same routing, keys and
 //!    limiters on a virtual clock, offline), [`import`] (other rate
@@ -78,10 +87,11 @@
 //!
 //! **accept** ([`conn`]) → **parse** ([`http1::server`], or hyper for what
 //! the fast path hands off) → **snapshot** ([`app`]) → **guard** →
-//! **route** ([`routing`]) → **identify** and **limit** ([`admission`],
-//! on [`identity`] and [`limit`]) → **act**: answer, or forward (`proxy::forward` →
-//! `upstream/` → `http1::client`) → **respond** (`proxy::ratelimit`,
-//! `proxy::response`, errors via `proxy::error`) → **observe**
+//! **route** ([`routing`]) → **admit**: identify and limit, one call
+//! ([`admission`], on [`identity`] and [`limit`]) → **act**: answer, or
+//! forward (`proxy::send` → `proxy::forward` → `upstream/` →
+//! `http1::client`) → **respond** and **settle** (`answer::ratelimit`,
+//! `answer::response`, errors via `answer::error`) → **observe**
 //! ([`metrics`], `access_log`). `proxy::handler` calls the steps in this
 //! order, one function per step.
 //!
@@ -114,6 +124,7 @@ pub(crate) mod access_log;
 pub(crate) mod admin;
 pub mod admission;
 pub mod allocator;
+pub(crate) mod answer;
 pub mod app;
 pub mod config;
 pub mod conn;

@@ -2,7 +2,7 @@
 //! and its `RateLimit-Policy` field (draft-ietf-httpapi-ratelimit-headers-10),
 //! which depends only on the configuration and so is serialized once per
 //! snapshot (by `app`), below the pipeline that sends it
-//! (`proxy::ratelimit` writes the per-request fields).
+//! (`answer::ratelimit` writes the per-request fields).
 
 use crate::config::{HeaderStyles, LimitConfig};
 use crate::http::structured::ListWriter;

@@ -1,7 +1,7 @@
 //! The admission layer on its own, without a socket: a configuration
 //! loaded into an [`App`] on a [`ManualClock`], request heads built with
-//! `http::Request::builder`, and `admission::admit` (or `decide`, or
-//! `settle`) called directly. Each test reads what was decided from the
+//! `http::Request::builder`, and `admission::admit_request` (or
+//! `decide_request`, or `settle`) called directly. Each test reads what was decided from the
 //! ticket (every entry's outcome and remaining, the limit that denied, the
 //! focus) and what was charged from a later decision, from `explain` (a
 //! memory limiter's state, charging nothing), from the metrics, or from
@@ -17,14 +17,18 @@ mod common;
 
 use std::net::{IpAddr, Ipv4Addr};
 use std::path::Path;
+use std::pin::pin;
 use std::sync::Arc;
+use std::task::{Context, Poll, Waker};
 use std::time::{Duration, Instant};
 
 use http::request::Parts;
+use tollgate::admission::body::{BodyError, PendingBody};
 use tollgate::admission::explain::explain;
-use tollgate::admission::{self, Admission, Admitting, Candidate, Identity, Ticket, identify};
+use tollgate::admission::{self, Admission, Client, RequestAdmission, RequestBody, Routed, Ticket};
 use tollgate::app::{App, Snapshot};
 use tollgate::config::Config;
+use tollgate::http1::server::ClientBody;
 use tollgate::limit::{ManualClock, NANOS_PER_SEC, Nanos, Outcome};
 
 use common::redis::{Redis, free_port};
@@ -88,25 +92,29 @@ fn head(path: &str, headers: &[(&str, &str)]) -> Parts {
     request.body(()).expect("a request head").into_parts().0
 }
 
-/// The candidate for `parts`, as the proxy builds it: its route, its
-/// consumer, the client behind [`PEER`], the route's cost, the clock's now.
-fn candidate<'s>(app: &App, snapshot: &'s Snapshot, parts: &'s Parts) -> Candidate<'s, 's> {
+/// `parts` routed as the proxy routes it: its route, [`PEER`] as the TCP
+/// peer, no body, the clock's now.
+fn routed<'r, 's>(app: &App, snapshot: &'s Snapshot, parts: &'r Parts) -> Routed<'r, 's> {
     let route = snapshot.router.find(parts).expect("a route matches");
-    let config = &snapshot.config.routes[route];
-    // Without `[jwt]` the caller is its API key's consumer.
-    let caller = identify::caller(app, snapshot, config, &parts.headers, app.clock.now())
-        .expect("the caller is admitted");
-    Candidate {
+    Routed {
+        route: &snapshot.config.routes[route],
         plan: &snapshot.routes[route],
         parts,
-        identity: Identity::of_consumer(
-            identify::client_ip(snapshot, &parts.headers, PEER),
-            caller.api_consumer(),
-            None,
-        ),
-        cost: config.cost,
-        tokens: None,
+        client: Client::Peer(PEER),
+        body: RequestBody::Absent,
         now: app.clock.now(),
+    }
+}
+
+/// The stack's part of a request's answer; a caller or body refused is a
+/// test's mistake here.
+fn decided(answer: RequestAdmission) -> Admission {
+    match answer {
+        RequestAdmission::Admitted { .. } => Admission::Allowed,
+        RequestAdmission::Denied { by } => Admission::Denied { by },
+        RequestAdmission::MissingKey { position } => Admission::MissingKey { position },
+        RequestAdmission::StoreDown => Admission::StoreDown,
+        refused => panic!("refused before the limits: {refused:?}"),
     }
 }
 
@@ -133,23 +141,20 @@ fn seen(admission: Admission, ticket: &Ticket<'_>) -> Seen {
     }
 }
 
-/// `admit` on a stack the memory tier decides: its future must be ready
-/// at once, without the store.
+/// `admit_request` on a stack the memory tier decides: its future must be
+/// ready at its first poll, without the store.
 fn at_once(app: &App, path: &str, headers: &[(&str, &str)]) -> Seen {
     let snapshot = app.snapshot();
     let parts = head(path, headers);
     let mut ticket = Ticket::default();
     // In a block: the future borrows the ticket until it is dropped.
     let decided = {
-        let admitting = admission::admit(
-            app,
-            &snapshot,
-            candidate(app, &snapshot, &parts),
-            &mut ticket,
-        );
-        match admitting {
-            Admitting::Decided(admission) => Some(admission),
-            Admitting::Asking(_) => None,
+        let admitting =
+            admission::admit_request(app, &snapshot, routed(app, &snapshot, &parts), &mut ticket);
+        let mut context = Context::from_waker(Waker::noop());
+        match pin!(admitting).poll(&mut context) {
+            Poll::Ready(answer) => Some(decided(answer)),
+            Poll::Pending => None,
         }
     };
     let admission =
@@ -157,19 +162,14 @@ fn at_once(app: &App, path: &str, headers: &[(&str, &str)]) -> Seen {
     seen(admission, &ticket)
 }
 
-/// `admit` awaited: the shared tier's path.
+/// `admit_request` awaited: the shared tier's path.
 async fn ask(app: &App, path: &str, headers: &[(&str, &str)]) -> Seen {
     let snapshot = app.snapshot();
     let parts = head(path, headers);
     let mut ticket = Ticket::default();
-    let admission = admission::admit(
-        app,
-        &snapshot,
-        candidate(app, &snapshot, &parts),
-        &mut ticket,
-    )
-    .await;
-    seen(admission, &ticket)
+    let answer =
+        admission::admit_request(app, &snapshot, routed(app, &snapshot, &parts), &mut ticket).await;
+    seen(decided(answer), &ticket)
 }
 
 /// An admitted request to `path` settled with `reported` as its
@@ -183,10 +183,10 @@ async fn admit_and_settle(
     let snapshot = app.snapshot();
     let parts = head(path, headers);
     let mut ticket = Ticket::default();
-    let candidate = candidate(app, &snapshot, &parts);
+    let routed = routed(app, &snapshot, &parts);
     let route = snapshot.router.find(&parts).expect("a route");
-    let cost = candidate.cost;
-    let admission = admission::admit(app, &snapshot, candidate, &mut ticket).await;
+    let cost = routed.route.cost;
+    let admission = decided(admission::admit_request(app, &snapshot, routed, &mut ticket).await);
     assert_eq!(admission, Admission::Allowed, "{path}");
     admission::settle(app, &snapshot, route, cost, &ticket, reported);
     seen(admission, &ticket)
@@ -352,19 +352,19 @@ respond = { status = 200, body = "ok" }
 limits = ["trial", "per_ip"]
 "#,
     );
-    // `decide`, the memory-only entry point `simulate` uses: the same
-    // answers as `admit`.
+    // `decide_request`, the memory-only entry point `simulate` uses: the
+    // same answers as `admit_request`.
     let decide = || {
         let snapshot = app.snapshot();
         let parts = head("/", &[]);
         let mut ticket = Ticket::default();
-        let admission = admission::decide(
+        let answer = admission::decide_request(
             &app,
             &snapshot,
-            &candidate(&app, &snapshot, &parts),
+            routed(&app, &snapshot, &parts),
             &mut ticket,
         );
-        seen(admission, &ticket)
+        seen(decided(answer), &ticket)
     };
     let first = decide();
     assert_eq!(first.admission, Admission::Allowed);
@@ -952,4 +952,141 @@ limits = ["per_user"]
         metrics(&app).value("tollgate_store_fallback_active", &[]),
         Some(0.0)
     );
+}
+
+/// A gateway whose `/chat` route keys on a body field, reserves tokens and
+/// caps its body, behind an API key it requires.
+fn chat_gate() -> Gate {
+    gate(
+        "",
+        r#"
+[api_keys]
+header = "x-api-key"
+
+[consumers."k-1"]
+consumer = "one"
+
+[limits.per_user]
+key = "body:user"
+algorithm = "fixed_window"
+limit = 5
+window = "1h"
+
+[limits.tpm]
+key = "consumer"
+algorithm = "token_bucket"
+capacity = 1000
+refill = "1000/1m"
+unit = "tokens"
+
+[[routes]]
+name = "chat"
+match = { path_prefix = "/chat" }
+respond = { status = 200, body = "ok" }
+limits = ["per_user", "tpm"]
+require_consumer = true
+max_body = 64
+tokens = { max_tokens_default = 50, prompt = "bytes/4", usage = "auto" }
+
+[[routes]]
+name = "open"
+match = { path_prefix = "/" }
+respond = { status = 200, body = "ok" }
+"#,
+    )
+}
+
+/// A POST of `body` to `path` with `headers`, as `admit_request` takes it
+/// from the proxy (the client's body, still to read), and what it answered,
+/// with the ticket's reservation and client, and the body handed back.
+async fn post(
+    app: &App,
+    path: &str,
+    headers: &[(&str, &str)],
+    body: &'static str,
+) -> (RequestAdmission, Option<u64>, Option<IpAddr>, PendingBody) {
+    let snapshot = app.snapshot();
+    let mut parts = head(path, headers);
+    parts.method = http::Method::POST;
+    parts
+        .headers
+        .insert("content-type", "application/json".parse().unwrap());
+    let mut pending = PendingBody::Fresh(ClientBody::Complete(body.into()));
+    let mut ticket = Ticket::default();
+    let routed = Routed {
+        body: RequestBody::Client(&mut pending),
+        ..routed(app, &snapshot, &parts)
+    };
+    let answer = admission::admit_request(app, &snapshot, routed, &mut ticket).await;
+    let (reserved, client) = (ticket.reserved(), ticket.client_ip());
+    drop(ticket);
+    (answer, reserved, client, pending)
+}
+
+#[tokio::test]
+async fn admit_request_refuses_the_caller_before_reading_its_body() {
+    let Gate { app, .. } = chat_gate();
+    // No API key, and a body over `max_body`: 401, not 413, and the body
+    // is handed back unread.
+    let long =
+        r#"{"user":"ann","messages":[{"role":"user","content":"a long, long, long question"}]}"#;
+    let (answer, reserved, client, body) = post(&app, "/chat", &[], long).await;
+    assert!(
+        matches!(answer, RequestAdmission::Unidentified(_)),
+        "{answer:?}"
+    );
+    assert_eq!((reserved, client), (None, None));
+    assert!(matches!(body, PendingBody::Fresh(_)), "the body was read");
+    // With the key: the body is read, and refused over `max_body`.
+    let key = [("x-api-key", "k-1")];
+    let (answer, _, _, _) = post(&app, "/chat", &key, long).await;
+    assert!(
+        matches!(
+            answer,
+            RequestAdmission::BodyRefused(BodyError::TooLarge { limit: 64 })
+        ),
+        "{answer:?}"
+    );
+    assert_eq!(decisions(&app, "chat", "per_user", "allowed"), 0.0);
+}
+
+#[tokio::test]
+async fn admit_request_keys_reserves_and_bills_a_read_body() {
+    let Gate { app, .. } = chat_gate();
+    let key = [("x-api-key", "k-1")];
+    // 12 bytes of prompt: 3 tokens, plus the body's own budget of 40.
+    let body = r#"{"user":"ann","max_tokens":40,"prompt":"abcdefghijkl"}"#;
+    let (answer, reserved, client, read) = post(&app, "/chat", &key, body).await;
+    let RequestAdmission::Admitted { bill: Some(bill) } = answer else {
+        panic!("not admitted with a bill: {answer:?}");
+    };
+    assert_eq!(reserved, Some(43));
+    assert_eq!(
+        client,
+        Some(PEER),
+        "the client is the peer: no proxy is trusted"
+    );
+    let PendingBody::Complete(bytes) = read else {
+        panic!("the body was not read whole");
+    };
+    assert_eq!(&bytes[..], body.as_bytes(), "handed back as sent");
+    // Keyed on the body's `user`: ann's state, not bob's.
+    assert_eq!(remaining(&app, "per_user", "key=ann"), 4);
+    assert_eq!(remaining(&app, "per_user", "key=bob"), 5);
+    assert_eq!(remaining(&app, "tpm", "key=one"), 1000 - 43);
+    // Settled on 13 tokens used: 30 given back.
+    bill.settle(Some(13));
+    assert_eq!(remaining(&app, "tpm", "key=one"), 1000 - 13);
+}
+
+#[tokio::test]
+async fn admit_request_on_a_route_without_limits_admits_without_keys() {
+    let Gate { app, .. } = chat_gate();
+    let (answer, reserved, client, _) = post(&app, "/open", &[], "{}").await;
+    assert!(
+        matches!(answer, RequestAdmission::Admitted { bill: None }),
+        "{answer:?}"
+    );
+    // Nothing keyed: the client was not looked for.
+    assert_eq!((reserved, client), (None, None));
 }

@@ -13,6 +13,7 @@ const LAYERS: &[&[&str]] = &[
     &["upstream"],
     &["app"],
     &["admission"],
+    &["answer"],
     &["proxy"],
     &["conn"],
     &[
@@ -20,6 +21,13 @@ const LAYERS: &[&[&str]] = &[
     ],
     &["", "main"],
 ];
+
+/// The fronts: each turns its input into one admission call and the
+/// answer into its own wire format. None imports another (what two share,
+/// the 429, error → status, the body types, is `answer`, below them), and
+/// neither does the admin listener: only the connection layer reaches the
+/// proxy, for its handler.
+const FRONTS: &[&str] = &["proxy", "decision", "simulate"];
 
 /// Beside the layers and below the pipeline: they may use the wire
 /// vocabulary (`http`, `envoy_proto`) and each other, nothing else of the
@@ -321,6 +329,28 @@ fn every_arrow_points_down_the_layers() {
     assert!(
         wrong.is_empty(),
         "arrows up the layers:\n{}",
+        wrong.join("\n")
+    );
+}
+
+#[test]
+fn no_front_imports_another_nor_does_admin() {
+    let mut wrong = Vec::new();
+    for (from, targets) in arrows() {
+        let a = top(&from);
+        if !FRONTS.contains(&a) && a != "admin" {
+            continue;
+        }
+        for to in targets {
+            let b = top(&to);
+            if a != b && FRONTS.contains(&b) {
+                wrong.push(format!("{} -> {}", from.join("::"), to.join("::")));
+            }
+        }
+    }
+    assert!(
+        wrong.is_empty(),
+        "a front (or admin) leaning on a front:\n{}",
         wrong.join("\n")
     );
 }

@@ -1,37 +1,45 @@
 //! Admission: whether a request may pass, decided as a value.
 //!
-//! The one place that decides. Its callers — the proxy (`proxy::handler`),
-//! `simulate` and, for one key's state, the admin listener's explain
-//! endpoint ([`explain`]) — tell it what is known of a request (a
-//! [`Candidate`]: the route, who is calling, the cost, the time) and get an
-//! [`Admission`] back; what they need to answer it (the limit that fired,
-//! the verdicts behind the rate-limit fields, the permits to hold, what a
-//! later settlement charges) is in the request's [`Ticket`].
+//! The one place that decides. Its fronts — the proxy (`proxy::handler`),
+//! `/auth` (`decision::auth`) and `simulate` — hand it the routed request
+//! (a [`Routed`]: the route, the head, the peer, the body, the time) in one
+//! call, [`admit_request`] (or, without a store, [`decide_request`]), and
+//! get a [`RequestAdmission`] back: admitted with its token bill, denied,
+//! a key missing, the store down, the body refused, or the caller
+//! unidentified. What they need to answer it (the limit that fired, the
+//! verdicts behind the rate-limit fields, the permits to hold, what a later
+//! settlement charges, the client IP) is in the request's [`Ticket`]. The
+//! Envoy service's descriptors, whose entries are the key, come in keyed
+//! ([`admit_keyed`], a [`Charge`]); the admin listener's explain endpoint
+//! reads one key's state ([`explain`]).
 //!
 //! Inside, in the order a request meets them:
-//! - [`identify`]: the caller's consumer (`[api_keys]`), the client IP
-//!   behind trusted proxies, the body's fields — the single copy of a
-//!   route's keys;
+//! - [`identify`]: the caller's verified token and consumer (`[api_keys]`),
+//!   refreshing a `jwks_url` issuer's keys once for an unknown `kid`;
+//! - [`body`]: the body read within `max_key_body` when a limit keys on it
+//!   or the route reserves tokens;
+//! - the client IP behind trusted proxies, the body's fields, and
+//!   `reserve`: what the request reserves on its token limits;
 //! - the limits' keys and the memory tier, all or nothing
 //!   ([`crate::limit::check_stack_into`]);
 //! - `shared`: with a store, the `local = true` limits in memory, then the
 //!   shared ones in one store call (leases spent first), `on_failure` when
 //!   the store is down;
 //! - `record`: each limit's outcome counted, near-limit keys;
+//! - [`tokens`]: an admitted request's bill, its reservation settled from
+//!   the response's usage when its body ends;
 //! - `settle`: after the response, `cost_header`'s difference charged or
-//!   refunded where the request was charged;
-//! - `reserve`: what a request reserves on its token limits, from its
-//!   body (the proxy's and `simulate`'s one computation);
-//! - [`tokens`]: a token limit's reservation, settled from the response's
-//!   usage when its body ends.
+//!   refunded where the request was charged.
 //!
-//! Below the pipeline: it names no HTTP response, no connection and no
-//! upstream; the proxy turns an [`Admission`] into a response
-//! (`proxy::ratelimit`).
+//! Below the fronts: it names no HTTP response, no connection and no
+//! upstream; each front turns a [`RequestAdmission`] into its own answer
+//! (`answer::ratelimit` writes the fields and the 429).
 
+pub mod body;
 pub mod explain;
 pub mod identify;
 mod record;
+mod request;
 pub(crate) mod reserve;
 mod settle;
 mod shared;
@@ -53,11 +61,14 @@ use crate::limit::{Nanos, StackEntry, check_stack_into};
 use crate::store::RedisStore;
 
 pub use identify::Identity;
+pub use request::{Client, RequestAdmission, RequestBody, Routed, admit_request, decide_request};
 pub(crate) use settle::reported_count;
 pub use settle::settle;
 pub use ticket::Ticket;
 
-/// What admission answered for a request.
+/// What the stack's decision answered (inside admission, and for a keyed
+/// stack: [`admit_keyed`]). A request's whole answer, its caller and body
+/// included, is a [`RequestAdmission`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Admission {
     /// Every limit of the stack admitted (shadow limits and skipped keys
@@ -75,15 +86,14 @@ pub enum Admission {
     StoreDown,
 }
 
-/// A request as admission sees it.
+/// What a stack is decided on once its keys are in the ticket: the whole
+/// of a keyed stack's candidate (the decision service's descriptors, whose
+/// entries are the key), and the part of a request's that the tiers read.
 #[derive(Clone, Copy)]
-pub struct Candidate<'r, 's> {
+pub struct Charge<'s> {
     /// The matched route's plan (`snapshot.routes[index]`, or a stack the
     /// decision service compiled), looked up once by the caller.
     pub plan: &'s RoutePlan,
-    /// The request's head, for header, query and path keys.
-    pub parts: &'r Parts,
-    pub identity: Identity<'r, 's>,
     /// What the request charges each request limit of its stack.
     pub cost: u64,
     /// What it reserves on each token limit (`unit = "tokens"`), when its
@@ -93,63 +103,25 @@ pub struct Candidate<'r, 's> {
     pub now: Nanos,
 }
 
-/// Decides `candidate` on `snapshot`'s limits into `ticket` (empty on
-/// entry): the stack's keys, then its limits in memory or, when the route
-/// has shared limits and the gateway a store, in the store as well.
-///
-/// The one entry point of the request path. Everything up to the store
-/// call runs before this returns: a route without shared limits gets a
-/// future that is ready at once, and a store's is boxed, so the request
-/// future stays as small as without a store (an `async fn` here made it
-/// larger). Inlined: with `/auth` a second caller, LLVM kept it out of
-/// line, and the request path paid the call and the moves (callgrind:
-/// +110 instructions a denied request).
-#[inline(always)]
-pub fn admit<'a, 's: 'a>(
-    app: &'a App,
-    snapshot: &'s Snapshot,
-    candidate: Candidate<'a, 's>,
-    ticket: &'a mut Ticket<'s>,
-) -> Admitting<'a> {
-    let store = app.store().filter(|_| candidate.plan.shared);
-    if let Err(missing) = key_stack(app, snapshot, &candidate, store.is_some(), ticket) {
-        return Admitting::Decided(missing);
-    }
-    decide_keyed(store, app, snapshot, candidate, ticket)
-}
-
-/// [`admit`] for a stack whose keys the caller found itself — the decision
-/// service's descriptors, whose entries are the key — pushed into `ticket`
-/// with [`Ticket::push_keyed`]: the memory tier or, when some limit is
+/// A keyed stack (its entries pushed into `ticket` with
+/// [`Ticket::push_keyed`]) decided: the memory tier or, when some limit is
 /// shared and the gateway has a store, the store.
 pub fn admit_keyed<'a, 's: 'a>(
     app: &'a App,
     snapshot: &'s Snapshot,
-    candidate: Candidate<'a, 's>,
+    charge: Charge<'s>,
     ticket: &'a mut Ticket<'s>,
 ) -> Admitting<'a> {
-    let store = app.store().filter(|_| candidate.plan.shared);
-    decide_keyed(store, app, snapshot, candidate, ticket)
-}
-
-/// A keyed stack decided in memory, or with `store` when given.
-#[inline(always)]
-fn decide_keyed<'a, 's: 'a>(
-    store: Option<&'a Store>,
-    app: &'a App,
-    snapshot: &'s Snapshot,
-    candidate: Candidate<'a, 's>,
-    ticket: &'a mut Ticket<'s>,
-) -> Admitting<'a> {
+    let store = app.store().filter(|_| charge.plan.shared);
     match store {
-        None => Admitting::Decided(decide_in_memory(app, snapshot, &candidate, ticket)),
-        Some(store) => Admitting::Asking(shared::decide_boxed(
-            store, app, snapshot, candidate, ticket,
-        )),
+        None => Admitting::Decided(decide_in_memory(app, snapshot, &charge, ticket)),
+        Some(store) => {
+            Admitting::Asking(shared::decide_boxed(store, app, snapshot, charge, ticket))
+        }
     }
 }
 
-/// [`admit`]'s answer: decided already, or waiting for the store.
+/// [`admit_keyed`]'s answer: decided already, or waiting for the store.
 pub enum Admitting<'a> {
     Decided(Admission),
     Asking(Pin<Box<dyn Future<Output = Admission> + Send + 'a>>),
@@ -167,20 +139,6 @@ impl Future for Admitting<'_> {
     }
 }
 
-/// [`admit`] without a store: every limit in memory. What `simulate` runs,
-/// which has no store; the same code as the request path's memory tier.
-pub fn decide<'s>(
-    app: &App,
-    snapshot: &'s Snapshot,
-    candidate: &Candidate<'_, 's>,
-    ticket: &mut Ticket<'s>,
-) -> Admission {
-    if let Err(missing) = key_stack(app, snapshot, candidate, false, ticket) {
-        return missing;
-    }
-    decide_in_memory(app, snapshot, candidate, ticket)
-}
-
 /// Each limit of the route's stack with this request's key, the limiter it
 /// is charged on (the caller's plan's) and the algorithm in force, into
 /// `ticket`. `shared`: the store decides the shared limits, whose numbers
@@ -189,12 +147,12 @@ pub fn decide<'s>(
 fn key_stack<'s>(
     app: &App,
     snapshot: &'s Snapshot,
-    candidate: &Candidate<'_, 's>,
+    (parts, identity): (&Parts, &Identity<'_, 's>),
+    charge: &Charge<'s>,
     shared: bool,
     ticket: &mut Ticket<'s>,
 ) -> Result<(), Admission> {
-    let plan = candidate.plan;
-    let identity = &candidate.identity;
+    let plan = charge.plan;
     let facts = RequestFacts {
         client: identity.client_net(snapshot),
         route: &plan.name,
@@ -206,7 +164,7 @@ fn key_stack<'s>(
     ticket.plan = caller_plan;
     for (position, &id) in plan.stack.iter().enumerate() {
         let limit = snapshot.limit_config(id);
-        let Ok(key) = limit_key(limit, candidate.parts, &facts) else {
+        let Ok(key) = limit_key(limit, parts, &facts) else {
             record::missing_key(app.metrics(), plan, position);
             return Err(Admission::MissingKey { position });
         };
@@ -220,7 +178,7 @@ fn key_stack<'s>(
         };
         ticket.push(limit, algorithm, limiter, key);
     }
-    ticket.tokens = candidate.tokens;
+    ticket.tokens = charge.tokens;
     Ok(())
 }
 
@@ -228,18 +186,14 @@ fn key_stack<'s>(
 /// reservation on a token limit, the cost on the others. Out of line: only
 /// token routes come here.
 #[inline(never)]
-fn check_in_units(
-    entries: &[StackEntry<'_>],
-    candidate: &Candidate<'_, '_>,
-    ticket: &mut Ticket<'_>,
-) {
+fn check_in_units(entries: &[StackEntry<'_>], charge: &Charge<'_>, ticket: &mut Ticket<'_>) {
     let charges: SmallVec<[u64; INLINE]> = (0..entries.len())
-        .map(|j| ticket.cost_of(j, candidate.cost))
+        .map(|j| ticket.cost_of(j, charge.cost))
         .collect();
     check_stack_into(
         entries,
         Costs::PerEntry(&charges),
-        candidate.now,
+        charge.now,
         &mut ticket.decision,
     );
 }
@@ -249,7 +203,7 @@ fn check_in_units(
 fn decide_in_memory<'s>(
     app: &App,
     snapshot: &'s Snapshot,
-    candidate: &Candidate<'_, 's>,
+    charge: &Charge<'s>,
     ticket: &mut Ticket<'s>,
 ) -> Admission {
     // Pushed in place, one by one: collected, the array was copied out
@@ -263,16 +217,16 @@ fn decide_in_memory<'s>(
         });
     }
     if ticket.tokens.is_some() {
-        check_in_units(&entries, candidate, ticket);
+        check_in_units(&entries, charge, ticket);
     } else {
         check_stack_into(
             &entries,
-            Costs::Uniform(candidate.cost),
-            candidate.now,
+            Costs::Uniform(charge.cost),
+            charge.now,
             &mut ticket.decision,
         );
     }
-    answer(app, snapshot, candidate, ticket)
+    answer(app, snapshot, charge, ticket)
 }
 
 /// The stack's outcome recorded and turned into an [`Admission`]; for an
@@ -281,10 +235,10 @@ fn decide_in_memory<'s>(
 fn answer(
     app: &App,
     snapshot: &Snapshot,
-    candidate: &Candidate<'_, '_>,
+    charge: &Charge<'_>,
     ticket: &mut Ticket<'_>,
 ) -> Admission {
-    record::decisions(app.metrics(), snapshot, candidate, ticket);
+    record::decisions(app.metrics(), snapshot, charge, ticket);
     if let Some(by) = ticket.decision.denied_by {
         return Admission::Denied { by };
     }

@@ -4,7 +4,7 @@
 
 use std::sync::Arc;
 
-use super::{Candidate, Ticket};
+use super::{Charge, Ticket};
 use crate::app::{RoutePlan, Snapshot};
 use crate::identity::keys::shadow_missing_key;
 use crate::limit::Outcome;
@@ -14,10 +14,10 @@ use crate::metrics::Metrics;
 pub(super) fn decisions(
     metrics: &Metrics,
     snapshot: &Snapshot,
-    candidate: &Candidate<'_, '_>,
+    charge: &Charge<'_>,
     ticket: &Ticket<'_>,
 ) {
-    let plan = candidate.plan;
+    let plan = charge.plan;
     let route_label = &plan.name;
     for (position, ((&id, entry), algorithm)) in plan
         .stack
@@ -37,7 +37,7 @@ pub(super) fn decisions(
                 // Near limit: this request took the key past 80% of its quota.
                 let quota = crate::limit::quota(algorithm) as u128;
                 let after = entry.verdict.remaining as u128;
-                let before = after + candidate.cost as u128;
+                let before = after + charge.cost as u128;
                 if after * 5 < quota && before * 5 >= quota {
                     near_limit(metrics, route_label, snapshot.limit_label(id));
                 }

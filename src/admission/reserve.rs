@@ -1,7 +1,7 @@
 //! What a request reserves on its stack's token limits (`unit = "tokens"`,
 //! contract section 9), from its route's `tokens` rule and what was read of
-//! its body: the one computation the proxy (`proxy::tokens::reserve`) and
-//! `simulate` share, so a trace is charged what the gateway would charge.
+//! its body: the one computation of every front, made in
+//! [`super::admit_request`], so a trace is charged what the gateway would charge.
 
 use crate::config::tokens::{PromptEstimate, TokensRule};
 use crate::llm::reserve::{self, ReserveRule};

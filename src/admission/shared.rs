@@ -13,7 +13,7 @@ use std::pin::Pin;
 
 use smallvec::SmallVec;
 
-use super::{Admission, Candidate, Store, Ticket, answer};
+use super::{Admission, Charge, Store, Ticket, answer};
 use crate::app::{App, Snapshot};
 use crate::config::{LimitConfig, OnFailure};
 use crate::limit::stack::{Costs, check_stack_costed};
@@ -30,7 +30,7 @@ pub(super) fn decide_boxed<'a, 's: 'a>(
     store: &'a Store,
     app: &'a App,
     snapshot: &'s Snapshot,
-    candidate: Candidate<'a, 's>,
+    candidate: Charge<'s>,
     ticket: &'a mut Ticket<'s>,
 ) -> Pin<Box<dyn Future<Output = Admission> + Send + 'a>> {
     Box::pin(decide(store, app, snapshot, candidate, ticket))
@@ -97,7 +97,7 @@ async fn decide<'s>(
     store: &Store,
     app: &App,
     snapshot: &'s Snapshot,
-    candidate: Candidate<'_, 's>,
+    candidate: Charge<'s>,
     ticket: &mut Ticket<'s>,
 ) -> Admission {
     let plan = candidate.plan;
@@ -175,7 +175,7 @@ async fn decide<'s>(
 /// key), with what this request charges them.
 fn shared_entries<'s>(
     snapshot: &Snapshot,
-    candidate: Candidate<'_, '_>,
+    candidate: Charge<'_>,
     ticket: &Ticket<'s>,
     at: &[usize],
 ) -> SmallVec<[SharedEntry<'s>; INLINE]> {

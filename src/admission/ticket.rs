@@ -4,6 +4,7 @@
 //! algorithm, the verdicts, the permits, the caller's plan.
 
 use std::borrow::Cow;
+use std::net::IpAddr;
 
 use smallvec::SmallVec;
 
@@ -41,10 +42,13 @@ pub struct Ticket<'s> {
     /// of), not the route's policy's.
     pub(super) fallback: bool,
     /// What the request reserved on the stack's token limits
-    /// ([`Candidate::tokens`](super::Candidate::tokens)); `None`: every
+    /// ([`Charge::tokens`](super::Charge::tokens)); `None`: every
     /// entry is charged the request's cost. A number, not a cost per
     /// entry: the ticket is moved with every request's future.
     pub(super) tokens: Option<u64>,
+    /// The client behind the trusted proxies, once a limited request's
+    /// keys were taken ([`super::admit_request`]).
+    pub(super) client_ip: Option<IpAddr>,
 }
 
 /// A ticket's decision, keys and algorithms, owned ([`Ticket::into_parts`]).
@@ -139,6 +143,18 @@ impl<'s> Ticket<'s> {
     /// The caller's plan.
     pub fn plan(&self) -> Option<&'s str> {
         self.plan
+    }
+
+    /// What the request reserved on the stack's token limits, when its
+    /// route has a `tokens` rule and a body.
+    pub fn reserved(&self) -> Option<u64> {
+        self.tokens
+    }
+
+    /// The client behind the trusted proxies, as a limited request's keys
+    /// saw it; `None` for a request of an unlimited route.
+    pub fn client_ip(&self) -> Option<IpAddr> {
+        self.client_ip
     }
 
     /// An admitted request's entry its legacy headers describe.

@@ -73,7 +73,7 @@ impl std::fmt::Debug for Bill {
 }
 
 /// The bill of a request `ticket` admitted with a reservation
-/// ([`super::Candidate::tokens`]) on the token limits of `plan`'s stack,
+/// ([`super::Charge::tokens`]) on the token limits of `plan`'s stack,
 /// counted as reserved; `None` when no token limit charged it (all
 /// skipped, or none in the stack).
 pub fn bill(

@@ -20,10 +20,10 @@ pub(crate) fn hyper_service(
     downstream: Downstream,
 ) -> impl hyper::service::Service<
     http::Request<hyper::body::Incoming>,
-    Response = http::Response<crate::proxy::body::ResponseBody>,
+    Response = http::Response<crate::answer::body::ResponseBody>,
     Error = std::convert::Infallible,
     Future = impl Future<
-        Output = Result<http::Response<crate::proxy::body::ResponseBody>, std::convert::Infallible>,
+        Output = Result<http::Response<crate::answer::body::ResponseBody>, std::convert::Infallible>,
     > + Send,
 > + Clone {
     service_fn(move |request: http::Request<hyper::body::Incoming>| {

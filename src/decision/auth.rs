@@ -29,17 +29,16 @@ use http::request::Parts;
 use http::{HeaderMap, HeaderName, Method, Request, Response, StatusCode, Uri};
 
 use crate::access_log::{self, AccessEntry, LimitField};
-use crate::admission::identify::Unidentified;
-use crate::admission::{self, Admission, Candidate, Ticket, identify};
+use crate::admission::{self, Client, RequestAdmission, RequestBody, Routed, Ticket, identify};
+use crate::answer::body::ResponseBody;
+use crate::answer::error::GatewayError;
+use crate::answer::ratelimit;
+use crate::answer::response::problem;
 use crate::app::{App, Snapshot};
 use crate::http::field_lines::FieldLines;
 use crate::http::path::normalize_uri;
 use crate::identity::client_ip::{parse_address, peer_is_trusted};
 use crate::metrics::Front;
-use crate::proxy::body::ResponseBody;
-use crate::proxy::error::GatewayError;
-use crate::proxy::ratelimit;
-use crate::proxy::response::problem;
 
 static X_FORWARDED_METHOD: HeaderName = HeaderName::from_static("x-forwarded-method");
 static X_FORWARDED_URI: HeaderName = HeaderName::from_static("x-forwarded-uri");
@@ -77,41 +76,25 @@ pub(crate) async fn answer<B>(
             "the configuration serving has no [decision] section",
         );
     };
-    let identified = match identify::caller(app, &snapshot, route, &original.headers, started) {
-        Err(Unidentified::Refresh { issuer }) => {
-            let headers = &original.headers;
-            identify::caller_refreshed(app, &snapshot, route, headers, started, issuer).await
-        }
-        identified => identified,
-    };
-    let caller = match identified {
-        Ok(caller) => caller,
-        Err(refused) => {
-            let response = GatewayError::unidentified(refused).to_response();
-            return finish(
-                app, &snapshot, index, &original, response, None, client_ip, started,
-            );
-        }
-    };
     let mut ticket = Ticket::default();
-    let candidate = Candidate {
+    let routed = Routed {
+        route,
         plan,
         parts: &original,
-        identity: caller.identity(&snapshot, client_ip, None),
-        cost: route.cost,
-        tokens: None,
+        client: Client::Resolved(client_ip),
+        body: RequestBody::Absent,
         now: started,
     };
-    let admission = admission::admit(app, &snapshot, candidate, &mut ticket).await;
-    let (response, limit) = match admission {
-        Admission::Allowed => {
+    let admitted = admission::admit_request(app, &snapshot, routed, &mut ticket).await;
+    let (response, limit) = match admitted {
+        RequestAdmission::Admitted { .. } => {
             let mut response = Response::new(ResponseBody::full(""));
             let mut fields = FieldLines::new();
             ratelimit::admitted_fields(&mut fields, &snapshot, plan, &ticket);
             fields.apply(response.headers_mut());
             (response, ticket.focus().map(|i| field(&ticket, i, false)))
         }
-        Admission::Denied { by } => {
+        RequestAdmission::Denied { by } => {
             let (mut response, fields) = ratelimit::deny_response(
                 ticket.view(snapshot.config.server.headers),
                 ticket.entries(),
@@ -125,11 +108,16 @@ pub(crate) async fn answer<B>(
             *response.status_mut() = deny_status(&snapshot);
             (response, Some(field(&ticket, by, true)))
         }
-        Admission::MissingKey { position } => {
+        RequestAdmission::MissingKey { position } => {
             let limit = snapshot.limit_config(plan.stack[position]);
             (GatewayError::missing_key(limit).to_response(), None)
         }
-        Admission::StoreDown => (GatewayError::StoreUnavailable.to_response(), None),
+        RequestAdmission::StoreDown => (GatewayError::StoreUnavailable.to_response(), None),
+        // No body is read here.
+        RequestAdmission::BodyRefused(refused) => (GatewayError::from(refused).to_response(), None),
+        RequestAdmission::Unidentified(refused) => {
+            (GatewayError::unidentified(refused).to_response(), None)
+        }
     };
     // The decision is the answer: concurrency slots are not held past it.
     drop(ticket);

@@ -11,11 +11,11 @@ use http::{HeaderValue, Method, Request, Response, StatusCode};
 use http_body_util::{BodyExt, Limited};
 
 use super::rls::{RlsError, should_rate_limit};
+use crate::answer::body::ResponseBody;
+use crate::answer::response::problem;
 use crate::app::{App, Snapshot};
 use crate::envoy_proto::envoy::service::ratelimit::v3::RateLimitRequest;
 use crate::envoy_proto::envoy::service::ratelimit::v3::rate_limit_response::Code;
-use crate::proxy::body::ResponseBody;
-use crate::proxy::response::problem;
 
 /// Largest request body read: a call is a few descriptors.
 const MAX_BODY: usize = 1 << 20;

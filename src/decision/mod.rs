@@ -37,10 +37,10 @@ use tokio::net::TcpListener;
 use tokio::sync::{Semaphore, watch};
 use tonic::codegen::Service;
 
+use crate::answer::body::ResponseBody;
+use crate::answer::response::problem;
 use crate::app::App;
 use crate::conn::accept::{accept_and_serve, until_shutdown};
-use crate::proxy::body::ResponseBody;
-use crate::proxy::response::problem;
 
 /// Binds the decision listener.
 pub(crate) async fn bind(address: SocketAddr) -> io::Result<TcpListener> {

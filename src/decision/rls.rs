@@ -24,14 +24,14 @@
 //!   and counted (`tollgate_rls_unknown_domain_total`).
 
 use std::net::{IpAddr, Ipv4Addr};
-use std::sync::{Arc, LazyLock};
+use std::sync::Arc;
 use std::time::Duration;
 
-use http::request::Parts;
 use smallvec::SmallVec;
 
 use crate::access_log::{self, AccessEntry, LimitField};
-use crate::admission::{self, Admission, Candidate, Identity, Ticket};
+use crate::admission::{self, Admission, Charge, Ticket};
+use crate::answer::ratelimit;
 use crate::app::descriptors::{OverrideId, OverrideLimit};
 use crate::app::{App, Snapshot};
 use crate::envoy_proto::envoy::config::core::v3::HeaderValue;
@@ -45,7 +45,6 @@ use crate::envoy_proto::envoy::r#type::v3::RateLimitUnit;
 use crate::identity::keys::descriptor_digest;
 use crate::limit::{Algorithm, EntryVerdict, LimitKey, NANOS_PER_SEC, Nanos, Outcome, quota};
 use crate::metrics::Front;
-use crate::proxy::ratelimit;
 use crate::ratelimit_policy::{is_concurrency, least_remaining_of, policy_header};
 
 /// The method's path, as gRPC clients send it.
@@ -61,10 +60,6 @@ pub(crate) enum RlsError {
     /// HTTP 503).
     StoreDown,
 }
-
-/// The request head a descriptor stack is decided with: none of its keys
-/// reads it (the entries are the key).
-static NO_HEAD: LazyLock<Parts> = LazyLock::new(|| http::Request::new(()).into_parts().0);
 
 /// Most descriptors in one call: Envoy sends a handful per route.
 const MAX_DESCRIPTORS: usize = 64;
@@ -171,15 +166,13 @@ async fn decide<'s>(
             shared_store && snapshot.is_shared(id),
         );
     }
-    let candidate = Candidate {
+    let charge = Charge {
         plan,
-        parts: &NO_HEAD,
-        identity: Identity::of_consumer(IpAddr::V4(Ipv4Addr::UNSPECIFIED), None, None),
         cost,
         tokens: None,
         now,
     };
-    let admission = admission::admit_keyed(app, snapshot, candidate, &mut ticket).await;
+    let admission = admission::admit_keyed(app, snapshot, charge, &mut ticket).await;
     let denied_by = match admission {
         Admission::Allowed => None,
         Admission::Denied { by } => Some(by),
@@ -196,7 +189,6 @@ async fn decide<'s>(
         &stack.origin,
         request.descriptors.len(),
         denied_by,
-        cost,
     );
     // Named from the snapshot (an override's copy shares the name and
     // lives only as long as this call).
@@ -301,7 +293,6 @@ fn respond(
     origin: &[usize],
     descriptors: usize,
     denied_by: Option<usize>,
-    cost: u64,
 ) -> RateLimitResponse {
     let entries = ticket.entries();
     let mut statuses = Vec::with_capacity(descriptors);
@@ -317,7 +308,7 @@ fn respond(
     let view = ticket.view(server);
     let policy = policy_header(view);
     let fields = match denied_by {
-        Some(by) => ratelimit::deny_response(view, entries, by, policy.as_deref(), cost).1,
+        Some(by) => ratelimit::denial(view, entries, by, policy.as_deref()).fields,
         None => {
             let mut fields = crate::http::field_lines::FieldLines::new();
             ratelimit::limit_fields(

@@ -1,7 +1,7 @@
 //! RFC 9457 problem details (`application/problem+json`): the one writer of
 //! the bodies the gateway answers with itself — the codec's refusals
-//! (`http1::server::framing`), the pipeline's errors (`proxy::response`)
-//! and its 429s (`proxy::ratelimit`).
+//! (`http1::server::framing`), the fronts' errors (`answer::response`)
+//! and their 429s (`answer::ratelimit`).
 //!
 //! ```text
 //! let mut body = String::new();

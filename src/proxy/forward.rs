@@ -1,5 +1,5 @@
 //! Forwarding to upstreams (RFC 9110 §7.6): the pipeline's side of an
-//! [`Upstream`], as functions of it ([`prepare`], [`send`]) — its methods
+//! [`Upstream`], as functions of it ([`prepare`], [`exchange`]) — its methods
 //! (pools, health, balancing) are all the upstream layer's.
 //! What changes in the request on the way —
 //! `Host`, `X-Forwarded-For` / `X-Forwarded-Proto` / `Forwarded`, hop-by-hop
@@ -14,12 +14,12 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 
 use super::body::{ClientBodyError, RequestBody};
+use crate::answer::error::GatewayError;
 use crate::http::field_lines::FieldLines;
 use crate::http::hop_by_hop::{ConnectionToken, connection_tokens, is_hop_by_hop};
 use crate::http::structured::is_tchar;
 use crate::http1::client::{InterimSink, OwnFields, UpstreamBody};
 use crate::identity::normalize;
-use crate::proxy::error::GatewayError;
 use crate::upstream::deadline::Deadline;
 use crate::upstream::health::Failure;
 use crate::upstream::pool::PoolError;
@@ -80,7 +80,7 @@ enum Failed {
 /// moved: it stays in the caller's future, where it was made, instead
 /// of being copied into this one and then into its box (~530 bytes,
 /// ~190 instructions per request).
-pub(crate) fn send<'a>(
+pub(crate) fn exchange<'a>(
     upstream: &'a Upstream,
     prepared: &'a mut Prepared,
     body_exceeded: Option<Arc<AtomicBool>>,
@@ -218,7 +218,7 @@ async fn connect_and_exchange(
 
 /// Builds the upstream request from the client's: forwarding headers,
 /// hop-by-hop headers removed; the target is set when a URL is chosen
-/// ([`send`]).
+/// ([`exchange`]).
 pub(crate) fn prepare(
     upstream: &Upstream,
     mut parts: Parts,

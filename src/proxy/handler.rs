@@ -5,11 +5,13 @@
 //!    HTTP/2 request whose `:authority` or `Host` is no valid host → 400, a
 //!    path that cannot be normalised → 400), then normalise the path.
 //! 3. **route** — first matching route in file order, else 404.
-//! 4. **identify** — the caller's consumer from its API key (401 where one is
-//!    required), the client IP behind trusted proxies, then each limit's key
-//!    digested from the request (buffering the body only for `body:FIELD`).
-//! 5. **limit** — the route's stack decided all or nothing; a denial is
-//!    answered here (429 + headers) without touching the upstream.
+//! 4. **admit** — one call, [`admission::admit_request`]: the caller (401
+//!    where it is refused), the body read for `body:FIELD` keys and token
+//!    reservations (413/408/400), the client IP behind trusted proxies,
+//!    each limit's key, the stack decided all or nothing, a token route's
+//!    bill.
+//! 5. **deny** — a denial is answered here (429 + headers, written by
+//!    `answer::ratelimit`) without touching the upstream.
 //! 6. **act** — answer a `respond` route, or forward upstream (body capped by
 //!    the route's `max_body` → 413; upstream failures → 502/504; no URL of
 //!    the upstream up → 503), after any leaky-bucket delay.
@@ -21,18 +23,25 @@
 //!
 //! Every error is a [`GatewayError`] turned into problem+json in one place.
 
+use std::future::Future;
 use std::net::IpAddr;
+use std::pin::Pin;
 use std::sync::Arc;
 use std::time::Duration;
 
+use bytes::Bytes;
+use http::HeaderValue;
 use http::header::CONTENT_TYPE;
 use http::request::Parts;
 use http::{Method, Request, Response, StatusCode, Uri, Version};
 
 use crate::access_log::{self, AccessEntry, PendingLine, TokenTally};
-use crate::admission::identify::Unidentified;
+use crate::admission::body::PendingBody;
 use crate::admission::tokens::TokenBill;
-use crate::admission::{self, Admission, Candidate, Ticket, identify};
+use crate::admission::{self, Client, RequestAdmission, RequestBody, Routed, Ticket};
+use crate::answer::body::{BodyTiming, Completion, ResponseBody};
+use crate::answer::error::GatewayError;
+use crate::answer::ratelimit;
 use crate::app::{App, LimitId, RoutePlan, Snapshot};
 use crate::config::RouteAction;
 use crate::http::field_lines::{FieldLines, recycle_map};
@@ -41,13 +50,10 @@ use crate::http::path::normalize_uri;
 use crate::http1::client::InterimSink;
 use crate::http1::server::ConnActivity;
 use crate::limit::{Nanos, Permits};
-use crate::proxy::body::{BodyTiming, ClientBody, Completion, ResponseBody};
+use crate::proxy::body::ClientBody;
 pub(crate) use crate::proxy::downstream::Downstream;
-use crate::proxy::error::GatewayError;
-use crate::proxy::ratelimit;
-use crate::proxy::request_body::{PendingBody, buffer_for_key};
 use crate::proxy::retry::{Retrying, Sender};
-use crate::proxy::send::forward;
+use crate::proxy::send::send_upstream;
 use crate::proxy::tokens;
 use crate::upstream::Attempt;
 
@@ -288,13 +294,14 @@ fn upstream_label(snapshot: &Snapshot, index: usize) -> Option<&Arc<str>> {
     }
 }
 
-/// Steps 1–7; `progress` is filled as the steps learn things (the route as soon
-/// as one matched), so metrics and the access log have them also when acting
-/// on the request fails.
+/// Steps 2–7, one call each: guard → route → admit → act (answer or
+/// forward) → settle. `progress` is filled as the steps learn things (the
+/// route as soon as one matched), so metrics and the access log have them
+/// also when acting on the request fails.
 ///
 /// A request ends early one way: an `Err(GatewayError)` (status mapping in
-/// `proxy::error`), or, for admission's own answer to a denied request, its
-/// 429 returned as the response.
+/// `answer::error`), or, for admission's own answer to a denied request,
+/// its 429 returned as the response.
 async fn route_and_act(
     app: &App,
     snapshot: &Snapshot,
@@ -304,9 +311,135 @@ async fn route_and_act(
     progress: &mut Progress,
 ) -> Result<Response<ResponseBody>, GatewayError> {
     let (mut parts, body) = request.into_parts();
+    guard(snapshot, &mut parts)?;
+    let index = route(snapshot, &parts)?;
+    progress.seen.route_index = Some(index);
+    let route = &snapshot.config.routes[index];
+    let plan = &snapshot.routes[index];
+    // Filled in place: returned by value it was copied twice (1.1 KB).
+    let mut ticket = Ticket::default();
+    let mut body = PendingBody::Fresh(body);
+    let routed = Routed {
+        route,
+        plan,
+        parts: &parts,
+        client: Client::Peer(downstream.peer.ip()),
+        body: RequestBody::Client(&mut body),
+        now,
+    };
+    let admitted = admission::admit_request(app, snapshot, routed, &mut ticket).await;
+    progress.seen.client_ip = ticket.client_ip();
+    // A token route's reservation, settled from its response.
+    let bill = match admitted {
+        RequestAdmission::Admitted { bill } => bill,
+        RequestAdmission::Denied { by } => {
+            let cost = ticket.cost_of(by, route.cost);
+            return Ok(deny(
+                snapshot, plan, &ticket, by, cost, &mut parts, progress,
+            ));
+        }
+        RequestAdmission::MissingKey { position } => {
+            let limit = snapshot.limit_config(plan.stack[position]);
+            return Err(GatewayError::missing_key(limit));
+        }
+        RequestAdmission::StoreDown => return Err(GatewayError::StoreUnavailable),
+        RequestAdmission::BodyRefused(refused) => return Err(refused.into()),
+        RequestAdmission::Unidentified(refused) => return Err(GatewayError::unidentified(refused)),
+    };
+    let limited = !plan.stack.is_empty();
+    if limited {
+        // Noted now, so the log line has it even if forwarding fails.
+        progress.seen.limit = ticket.focus().map(|i| note(plan, &ticket, i, false));
+        progress.seen.tokens = bill.as_ref().map(TokenBill::tally);
+        ticket.move_permits_into(&mut progress.answer.permits);
+        if ticket.delay() > 0 {
+            // Leaky bucket in delay mode: the request waits its turn, like
+            // nginx `limit_req` without `nodelay` (a client that gives up
+            // drops this future; its place was paid for, as in nginx).
+            tokio::time::sleep(Duration::from_nanos(ticket.delay())).await;
+        }
+    }
+    if let Some(rule) = &route.tokens {
+        tokens::include_usage(rule, &mut body, &mut parts);
+    }
+    let admitted = limited.then_some(&ticket);
+    // The response's fields beyond its header map: an upstream's, relayed
+    // as lines, then the rate-limit fields (see `FieldLines`).
+    let (response, mut fields) = match &route.action {
+        RouteAction::Respond {
+            status,
+            body,
+            content_type,
+        } => (respond(*status, body, content_type), FieldLines::new()),
+        // `DecideOnly` was answered 404 at routing.
+        RouteAction::Forward(_) | RouteAction::DecideOnly => {
+            let forwarded = match (&route.retry, &plan.retry_budget) {
+                (Some(policy), Some(budget)) => {
+                    let retrying = Retrying {
+                        app,
+                        snapshot,
+                        route,
+                        policy,
+                        budget,
+                    };
+                    retried(retrying, index, downstream, parts, body, progress).await
+                }
+                _ => {
+                    send_upstream(
+                        snapshot,
+                        route,
+                        downstream,
+                        parts,
+                        body,
+                        &mut progress.answer.permits,
+                        interim_sink(&progress.answer.connection),
+                        &mut Attempt::default(),
+                    )
+                    .await
+                }
+            };
+            match forwarded {
+                Ok((response, fields)) => {
+                    settle(app, snapshot, index, admitted, bill, response, fields)
+                }
+                Err(error) => {
+                    // The request was admitted and charged: the gateway's
+                    // error answer tells the client its quota as well.
+                    if let Some(admitted) = admitted {
+                        progress.answer.fields = failed_request_fields(snapshot, plan, admitted);
+                    }
+                    return Err(error);
+                }
+            }
+        }
+    };
+    if let Some(admitted) = admitted {
+        ratelimit::admitted_fields(&mut fields, snapshot, plan, admitted);
+        // Ours replace an upstream's fields of the same names.
+        fields.drop_replaced();
+    }
+    progress.answer.fields = fields;
+    Ok(response)
+}
+
+/// A `respond` route's own answer.
+fn respond(status: StatusCode, body: &Bytes, content_type: &HeaderValue) -> Response<ResponseBody> {
+    let mut response = Response::new(ResponseBody::full(body.clone()));
+    *response.status_mut() = status;
+    response
+        .headers_mut()
+        .insert(CONTENT_TYPE, content_type.clone());
+    response
+}
+
+/// Step 2: what no route should see is refused (oversized heads → 431, an
+/// HTTP/2 request whose `:authority` or `Host` is no valid host → 400, a
+/// path that cannot be normalised → 400), then the path normalised.
+#[inline(always)]
+fn guard(snapshot: &Snapshot, parts: &mut Parts) -> Result<(), GatewayError> {
     let server = &snapshot.config.server;
     let limit = server.max_header_bytes;
-    if head_size(&parts) > limit {
+    if head_size(parts) > limit {
         return Err(GatewayError::HeadersTooLarge { limit });
     }
     // The HTTP/1.1 codec has checked `Host` and the target already; h2
@@ -324,193 +457,103 @@ async fn route_and_act(
             }
         })?;
     }
-    let Some(index) = snapshot.router.find(&parts) else {
-        return Err(GatewayError::NoRoute {
-            method: parts.method,
+    Ok(())
+}
+
+/// Step 3: the first matching route, in file order; 404 without one, and
+/// for a route of the decision service's `/auth` alone (nothing to forward
+/// to).
+#[inline(always)]
+fn route(snapshot: &Snapshot, parts: &Parts) -> Result<usize, GatewayError> {
+    match snapshot.router.find(parts) {
+        Some(index)
+            if !matches!(
+                snapshot.config.routes[index].action,
+                RouteAction::DecideOnly
+            ) =>
+        {
+            Ok(index)
+        }
+        _ => Err(GatewayError::NoRoute {
+            method: parts.method.clone(),
             path: parts.uri.path().to_owned(),
-        });
-    };
-    let route = &snapshot.config.routes[index];
-    if matches!(route.action, RouteAction::DecideOnly) {
-        // For the decision service's `/auth` alone: nothing to forward to.
-        return Err(GatewayError::NoRoute {
-            method: parts.method,
-            path: parts.uri.path().to_owned(),
-        });
+        }),
     }
-    progress.seen.route_index = Some(index);
-    let plan = &snapshot.routes[index];
+}
 
-    let caller = match identify::caller(app, snapshot, route, &parts.headers, now) {
-        // An unknown `kid` of a `jwks_url` issuer: its keys are refreshed
-        // first (boxed: the rare path stays out of the request future).
-        Err(Unidentified::Refresh { issuer }) => {
-            Box::pin(identify::caller_refreshed(
-                app,
-                snapshot,
-                route,
-                &parts.headers,
-                now,
-                issuer,
-            ))
-            .await
-        }
-        identified => identified,
-    }
-    .map_err(GatewayError::unidentified)?;
-    let (mut body, fields) = if plan.needs_body {
-        buffer_for_key(body, &parts, &snapshot.config, route).await?
-    } else {
-        (PendingBody::Fresh(body), None)
-    };
-    let reserved = route.tokens.as_ref().map(|rule| {
-        tokens::reserve(
-            rule,
-            &mut body,
-            &mut parts,
-            snapshot.config.server.max_key_body,
-        )
-    });
-
-    // Filled in place: returned by value it was copied twice (1.1 KB).
-    let mut ticket = Ticket::default();
-    // A token route's reservation, settled from its response.
-    let mut bill = None;
-    let limited = !plan.stack.is_empty();
-    if limited {
-        let client_ip = identify::client_ip(snapshot, &parts.headers, downstream.peer.ip());
-        progress.seen.client_ip = Some(client_ip);
-        let candidate = Candidate {
-            plan,
-            parts: &parts,
-            identity: caller.identity(snapshot, client_ip, fields.as_ref()),
-            cost: route.cost,
-            tokens: reserved,
-            now,
-        };
-        match admission::admit(app, snapshot, candidate, &mut ticket).await {
-            Admission::Allowed => {
-                // Noted now, so the log line has it even if forwarding fails.
-                progress.seen.limit = ticket.focus().map(|i| note(plan, &ticket, i, false));
-                if route.tokens.is_some() {
-                    bill = admission::tokens::bill(app, snapshot, plan, &ticket);
-                    progress.seen.tokens = bill.as_ref().map(TokenBill::tally);
-                }
-                ticket.move_permits_into(&mut progress.answer.permits);
-            }
-            Admission::Denied { by } => {
-                progress.seen.limit = Some(note(plan, &ticket, by, true));
-                let (mut response, lines) = ratelimit::deny_response(
-                    ticket.view(snapshot.config.server.headers),
-                    ticket.entries(),
-                    by,
-                    ticket
-                        .policy(plan, snapshot.config.server.headers)
-                        .as_deref(),
-                    ticket.cost_of(by, route.cost),
-                );
-                progress.answer.fields = lines;
-                recycle_map(&mut parts.headers, response.headers_mut());
-                return Ok(response);
-            }
-            Admission::MissingKey { position } => {
-                return Err(GatewayError::missing_key(
-                    snapshot.limit_config(plan.stack[position]),
-                ));
-            }
-            Admission::StoreDown => return Err(GatewayError::StoreUnavailable),
-        }
-    }
-    let admitted = limited.then_some(&ticket);
-    if let Some(delay) = admitted.map(Ticket::delay).filter(|d| *d > 0) {
-        // Leaky bucket in delay mode: the request waits its turn, like nginx
-        // `limit_req` without `nodelay`. A client that gives up drops this
-        // future (and its place was already paid for, as in nginx).
-        tokio::time::sleep(Duration::from_nanos(delay)).await;
-    }
-
-    // The response's fields beyond its header map: an upstream's, relayed
-    // as lines, then the rate-limit fields (see `FieldLines`).
-    let (response, mut fields) = match &route.action {
-        RouteAction::Respond {
-            status,
-            body,
-            content_type,
-        } => {
-            let mut response = Response::new(ResponseBody::full(body.clone()));
-            *response.status_mut() = *status;
-            response
-                .headers_mut()
-                .insert(CONTENT_TYPE, content_type.clone());
-            (response, FieldLines::new())
-        }
-        // `DecideOnly` was answered 404 at routing.
-        RouteAction::Forward(_) | RouteAction::DecideOnly => {
-            let forwarded = match (&route.retry, &plan.retry_budget) {
-                (Some(policy), Some(budget)) => {
-                    let retrying = Retrying {
-                        app,
-                        snapshot,
-                        route,
-                        policy,
-                        budget,
-                    };
-                    let sender = Sender {
-                        permits: &mut progress.answer.permits,
-                        interim: interim_sink(&progress.answer.connection),
-                        retries: &mut progress.seen.retries,
-                        upstream_label: upstream_label(snapshot, index),
-                    };
-                    // Boxed: the retry loop's future (a forward inside it,
-                    // the request's template) would otherwise make every
-                    // request's future larger, retried or not, and each
-                    // larger future is copied when it starts.
-                    Box::pin(retrying.forward(downstream, parts, body, sender)).await
-                }
-                _ => {
-                    forward(
-                        snapshot,
-                        route,
-                        downstream,
-                        parts,
-                        body,
-                        &mut progress.answer.permits,
-                        interim_sink(&progress.answer.connection),
-                        &mut Attempt::default(),
-                    )
-                    .await
-                }
-            };
-            let (response, fields) = match forwarded {
-                Ok(answer) => answer,
-                Err(error) => {
-                    // The request was admitted and charged: the gateway's
-                    // error answer tells the client its quota as well.
-                    if let Some(admitted) = admitted {
-                        progress.answer.fields = failed_request_fields(snapshot, plan, admitted);
-                    }
-                    return Err(error);
-                }
-            };
-            if let (Some(cost_header), Some(admitted)) = (&route.cost_header, admitted) {
-                let reported = fields.relayed_value(cost_header.as_str());
-                admission::settle(app, snapshot, index, route.cost, admitted, reported);
-            }
-            match (bill, &route.tokens) {
-                (Some(bill), Some(rule)) => {
-                    (tokens::settle_from(rule, bill, response, &fields), fields)
-                }
-                _ => (response, fields),
-            }
-        }
-    };
-    if let Some(admitted) = admitted {
-        ratelimit::admitted_fields(&mut fields, snapshot, plan, admitted);
-        // Ours replace an upstream's fields of the same names.
-        fields.drop_replaced();
-    }
+/// A denied request's 429 (`cost`: what the denying limit was asked for),
+/// its fields handed on with it, noted for the log line.
+fn deny(
+    snapshot: &Snapshot,
+    plan: &RoutePlan,
+    ticket: &Ticket<'_>,
+    by: usize,
+    cost: u64,
+    parts: &mut Parts,
+    progress: &mut Progress,
+) -> Response<ResponseBody> {
+    progress.seen.limit = Some(note(plan, ticket, by, true));
+    let (mut response, fields) = ratelimit::deny_response(
+        ticket.view(snapshot.config.server.headers),
+        ticket.entries(),
+        by,
+        ticket
+            .policy(plan, snapshot.config.server.headers)
+            .as_deref(),
+        cost,
+    );
+    recycle_map(&mut parts.headers, response.headers_mut());
     progress.answer.fields = fields;
-    Ok(response)
+    response
+}
+
+/// Step 6's forwarding with the route's retries, boxed: the retry loop's
+/// future (a forward inside it, the request's template) would otherwise
+/// make every request's future larger, retried or not, and each larger
+/// future is copied when it starts. A plain function, so that nothing but
+/// the box is built into the request's future.
+fn retried<'a>(
+    retrying: Retrying<'a>,
+    index: usize,
+    downstream: Downstream,
+    parts: Parts,
+    body: PendingBody,
+    progress: &'a mut Progress,
+) -> Pin<Box<dyn Future<Output = Forwarded> + Send + 'a>> {
+    let sender = Sender {
+        permits: &mut progress.answer.permits,
+        interim: interim_sink(&progress.answer.connection),
+        retries: &mut progress.seen.retries,
+        upstream_label: upstream_label(retrying.snapshot, index),
+    };
+    Box::pin(async move { retrying.forward(downstream, parts, body, sender).await })
+}
+
+/// An upstream's answer, or why there is none.
+type Forwarded = Result<(Response<ResponseBody>, FieldLines), GatewayError>;
+
+/// Step 7's settlement of a forwarded response: `cost_header`'s difference
+/// on an admitted request, and a token route's bill from its usage (at once
+/// from a header, or as its body is relayed).
+#[inline(always)]
+fn settle(
+    app: &App,
+    snapshot: &Snapshot,
+    index: usize,
+    admitted: Option<&Ticket<'_>>,
+    bill: Option<TokenBill>,
+    response: Response<ResponseBody>,
+    fields: FieldLines,
+) -> (Response<ResponseBody>, FieldLines) {
+    let route = &snapshot.config.routes[index];
+    if let (Some(cost_header), Some(admitted)) = (&route.cost_header, admitted) {
+        let reported = fields.relayed_value(cost_header.as_str());
+        admission::settle(app, snapshot, index, route.cost, admitted, reported);
+    }
+    match (bill, &route.tokens) {
+        (Some(bill), Some(rule)) => (tokens::settle_from(rule, bill, response, &fields), fields),
+        _ => (response, fields),
+    }
 }
 
 /// The log line's note of the limit at `position` of the route's stack.

@@ -1,21 +1,19 @@
 //! The pipeline: what the gateway does with a request once it is parsed.
-//! [`handler`] calls the steps in their fixed order; the rate-limit fields
-//! and 429s ([`ratelimit`]), the gateway's own responses ([`response`]),
-//! the forwarding header rules ([`forward`]), upgrade tunnels ([`upgrade`]),
-//! the body types ([`body`]), token quotas' reservation and settlement
-//! ([`tokens`]) and the error → status mapping ([`error`]) are
-//! its parts. Below it: the codec (`http1`), upstream connections
-//! (`upstream`), the shared state (`app`); above it only the connection
-//! layer (`conn`), which it never names.
+//! [`handler`] calls the steps in their fixed order (guard, route, admit,
+//! act, settle); the send upstream ([`send`]) with the forwarding header
+//! rules and the exchange ([`forward`]), retries ([`retry`]), upgrade
+//! tunnels ([`upgrade`]), the request body forwarded ([`body`]) and token
+//! quotas' settlement from the response ([`tokens`]) are its parts. Below
+//! it: what every front answers with (`answer`: the 429s and rate-limit
+//! fields, problem responses, error → status, the response body),
+//! admission, the codec (`http1`), upstream connections (`upstream`), the
+//! shared state (`app`); above it only the connection layer (`conn`),
+//! which it never names.
 
 pub(crate) mod body;
 pub(crate) mod downstream;
-pub(crate) mod error;
 pub(crate) mod forward;
 pub(crate) mod handler;
-pub(crate) mod ratelimit;
-pub(crate) mod request_body;
-pub(crate) mod response;
 pub(crate) mod retry;
 pub(crate) mod send;
 pub(crate) mod tokens;

@@ -1,5 +1,5 @@
 //! A route's retries (`retry = {...}`) around one send upstream
-//! ([`forward`]): which requests may be sent again, the replayable body,
+//! ([`send_upstream`]): which requests may be sent again, the replayable body,
 //! the attempts within the upstream's `timeout`, the budget and the delays
 //! ([`crate::upstream::retry`]).
 
@@ -9,16 +9,16 @@ use bytes::{Bytes, BytesMut};
 use http::request::Parts;
 use http::{Request, Response};
 
+use crate::admission::body::{BodyRead, PendingBody, declared_length};
+use crate::answer::body::ResponseBody;
+use crate::answer::error::GatewayError;
 use crate::app::{App, Snapshot};
 use crate::config::{Config, RouteConfig};
 use crate::http::field_lines::FieldLines;
 use crate::http1::client::InterimSink;
 use crate::limit::Permits;
-use crate::proxy::body::ResponseBody;
 use crate::proxy::downstream::Downstream;
-use crate::proxy::error::GatewayError;
-use crate::proxy::request_body::{BodyRead, PendingBody, declared_length};
-use crate::proxy::send::forward;
+use crate::proxy::send::send_upstream;
 use crate::upstream::Attempt;
 
 /// Where a retried request's permits, interim responses and retry count go:
@@ -36,7 +36,7 @@ pub(crate) struct Sender<'n> {
 /// they can be sent again; larger or unsized ones are sent once.
 const MAX_REPLAY_BODY: u64 = 64 * 1024;
 
-/// A route's retries (`retry = {...}`) around [`forward`]: see
+/// A route's retries (`retry = {...}`) around [`send_upstream`]: see
 /// [`crate::upstream::retry`] for the delays and the budget. A request is
 /// retried only when sending it again cannot repeat an action — an
 /// idempotent method, or one carrying `Idempotency-Key` — and its body can
@@ -46,7 +46,7 @@ const MAX_REPLAY_BODY: u64 = 64 * 1024;
 /// an upgrade. All attempts together are bounded by the upstream's
 /// `timeout` (504). A retry goes to another URL of the list than the tries
 /// before it, when there is one. (A connection that could not be opened is
-/// not a retry: [`forward`] tries the next URL at once, for any request,
+/// not a retry: [`send_upstream`] tries the next URL at once, for any request,
 /// outside the budget — `crate::upstream`'s module doc.)
 pub(crate) struct Retrying<'s> {
     pub(crate) app: &'s App,
@@ -67,7 +67,7 @@ impl Retrying<'_> {
         body: PendingBody,
         sender: Sender<'_>,
     ) -> Result<(Response<ResponseBody>, FieldLines), GatewayError> {
-        forward(
+        send_upstream(
             self.snapshot,
             self.route,
             downstream,
@@ -127,7 +127,7 @@ impl Retrying<'_> {
                 *request.headers_mut() = template.3.clone();
                 request.into_parts().0
             });
-            let sent = forward(
+            let sent = send_upstream(
                 snapshot,
                 route,
                 downstream,

@@ -9,16 +9,17 @@ use std::sync::atomic::AtomicBool;
 use http::request::Parts;
 use http::{Response, StatusCode};
 
+use crate::admission::body::{PendingBody, declared_length};
+use crate::answer::body::ResponseBody;
+use crate::answer::error::GatewayError;
 use crate::app::Snapshot;
 use crate::config::RouteConfig;
 use crate::http::field_lines::FieldLines;
 use crate::http1::client::InterimSink;
 use crate::limit::Permits;
-use crate::proxy::body::{BodyCap, RequestBody, ResponseBody, Stall};
+use crate::proxy::body::{BodyCap, RequestBody, Stall};
 use crate::proxy::downstream::Downstream;
-use crate::proxy::error::GatewayError;
 use crate::proxy::forward::{self, Prepared};
-use crate::proxy::request_body::{PendingBody, declared_length};
 use crate::proxy::tokens;
 use crate::proxy::upgrade;
 use crate::upstream::pool::PoolError;
@@ -31,7 +32,7 @@ use crate::upstream::{Attempt, Upstream};
 /// parts in several states) are not kept in this future — which every
 /// future above it embeds and copies.
 #[allow(clippy::too_many_arguments)]
-pub(crate) async fn forward(
+pub(crate) async fn send_upstream(
     snapshot: &Snapshot,
     route: &RouteConfig,
     downstream: Downstream,
@@ -47,7 +48,7 @@ pub(crate) async fn forward(
         exceeded,
         client_upgrade,
     } = prepare_forward(snapshot, route, downstream, parts, body)?;
-    let (mut response, fields) = forward::send(
+    let (mut response, fields) = forward::exchange(
         upstream,
         &mut request,
         exceeded,
@@ -100,7 +101,7 @@ struct Forwarding<'s> {
     client_upgrade: Option<hyper::upgrade::OnUpgrade>,
 }
 
-/// The synchronous half of [`forward()`]: the upstream, the body (capped at
+/// The synchronous half of [`send_upstream`]: the upstream, the body (capped at
 /// `max_body`), and the upstream request.
 fn prepare_forward<'s>(
     snapshot: &'s Snapshot,

@@ -1,5 +1,5 @@
-//! Token quotas on the request path: what a request reserves (from its
-//! body, read within `max_key_body`), and how its response settles (a
+//! Token quotas on the request path: what the request forwarded asks the
+//! upstream for (its usage), and how its response settles (a
 //! usage header at once, or a usage trailer or the body's `usage` scanned
 //! as it is relayed, settled when the body ends).
 
@@ -8,32 +8,23 @@ use http::Response;
 use http::header::{CONTENT_LENGTH, CONTENT_TYPE, HeaderName, HeaderValue};
 use http::request::Parts;
 
+use crate::admission::body::{PendingBody, declared_length};
 use crate::admission::{self, tokens::TokenBill};
+use crate::answer::body::ResponseBody;
 use crate::config::tokens::{TokensRule, UsageSource};
 use crate::http::field_lines::FieldLines;
 use crate::http1::client::OwnFields;
 use crate::llm::reserve;
 use crate::llm::usage::{Format, UsageScanner};
-use crate::proxy::body::ResponseBody;
-use crate::proxy::request_body::{PendingBody, declared_length};
 
-/// The tokens the request reserves on its stack's token limits. A body read
-/// whole is read for its `max_tokens` and prompt; a body over
-/// `max_key_body` reserves the default completion plus a quarter of its
-/// declared length (of `max_key_body` when it declared none). With
-/// `include_usage`, a streamed OpenAI request without
+/// With `include_usage`, a streamed OpenAI request read whole without
 /// `stream_options.include_usage` gets it (and its `Content-Length` is
-/// made to fit), so that its stream ends with the usage.
-pub(crate) fn reserve(
-    rule: &TokensRule,
-    body: &mut PendingBody,
-    parts: &mut Parts,
-    max_key_body: usize,
-) -> u64 {
+/// made to fit), so that its stream ends with the usage. Its reservation
+/// was counted on the body as the client sent it (admission's).
+pub(crate) fn include_usage(rule: &TokensRule, body: &mut PendingBody, parts: &mut Parts) {
     let PendingBody::Complete(bytes) = body else {
-        return admission::reserve::reservation(rule, None, declared_length(parts), max_key_body);
+        return;
     };
-    let reservation = admission::reserve::reservation(rule, Some(bytes), None, max_key_body);
     if rule.include_usage
         && let Some(rewritten) = reserve::with_include_usage(bytes)
     {
@@ -46,7 +37,6 @@ pub(crate) fn reserve(
             *bytes = Bytes::from(rewritten);
         }
     }
-    reservation
 }
 
 /// A route that reads its usage from a field (`usage = "header:NAME"`)

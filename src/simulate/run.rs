@@ -1,25 +1,25 @@
 //! The run: every record through the configuration's routes and stacks on a
 //! virtual clock, counted per route and limit.
 //!
-//! [`identify()`] and [`limit`] are the gateway's request path up to and
+//! [`route()`] and [`limit`] are the gateway's request path up to and
 //! including the limit step, minus the network, and they run the gateway's
-//! own code ([`crate::admission`]): the [`Router`](crate::routing::Router),
-//! the caller's consumer, the client IP behind trusted proxies (the
-//! record's `ip` as the TCP peer), the body's fields for `body:FIELD` keys
-//! (capped at `max_key_body`), then [`admission::decide`] — each limit's
-//! key with its `on_missing_key`, the caller's plan, the stack all or
-//! nothing on the limiters of an [`App`] built from the configuration —
-//! with the record's time as `now`.
+//! own code: the [`Router`](crate::routing::Router), then
+//! [`admission::decide_request`], the one admission call the proxy and
+//! `/auth` make too (without a store) — the caller (its token checked at the
+//! record's time), the body's fields for `body:FIELD` keys (capped at
+//! `max_key_body`), the client IP behind trusted proxies (the record's `ip`
+//! as the TCP peer), each limit's key with its `on_missing_key`, the
+//! caller's plan, the stack all or nothing on the limiters of an [`App`]
+//! built from the configuration — with the record's time as `now`.
 //!
-//! A token route's request reserves what the gateway reserves
-//! ([`admission::reserve::reservation`], the proxy's own computation): read
-//! whole within `max_key_body`, the body's budget and prompt; over it, the
-//! default plus a quarter of its length (the record's `Content-Length`, else
-//! its body's length: a trace's body is taken as sent with its length). An
-//! admitted request is then settled at once, as its response's end would
-//! settle it ([`admission::tokens::bill`]), on the record's `tokens` — a
-//! refund or a debt that later records meet — or, without `tokens`, its
-//! reservation stands.
+//! A token route's request reserves what the gateway reserves: read whole
+//! within `max_key_body` (and declaring no more), the body's budget and
+//! prompt; over it, the default plus a quarter of its length (the record's
+//! `Content-Length`, else its body's length: a trace's body is taken as
+//! sent with its length). An admitted request is then settled at once, as
+//! its response's end would settle it (its bill), on the record's `tokens`
+//! — a refund or a debt that later records meet — or, without `tokens`,
+//! its reservation stands.
 //!
 //! Not modelled: a request head over `max_header_bytes` (431), an upstream's
 //! `cost_header` settlement (there is no upstream), and concurrency slots,
@@ -31,7 +31,6 @@
 //! out of order.
 
 use std::io::Write;
-use std::net::IpAddr;
 use std::sync::Arc;
 
 use smallvec::SmallVec;
@@ -40,13 +39,11 @@ use super::Error;
 use super::compare::{self, Kind, algorithm_name};
 use super::trace::{Item, Record};
 use super::tracker::{Judgement, LimitTracker, Timeline};
-use crate::admission::identify::Caller;
-use crate::admission::{self, Admission, Candidate, Ticket, identify};
+use crate::admission::{self, Client, RequestAdmission, RequestBody, Routed, Ticket};
 use crate::app::{App, Snapshot};
 use crate::config::Config;
 use crate::config::tokens::Unit;
 use crate::http::content_length;
-use crate::identity::body_fields::BodyFields;
 use crate::identity::keys::shadow_missing_key;
 use crate::limit::stack::INLINE;
 use crate::limit::{Algorithm, Clock, LimitKey, ManualClock, Nanos, Outcome, StackDecision};
@@ -96,92 +93,29 @@ pub(crate) enum Rejection {
     TooLarge,
 }
 
-/// A request answered before its limits decide ([`Decided::NoRoute`],
-/// [`Decided::Rejected`]).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum Early {
-    NoRoute,
-    Rejected { route: usize, rejection: Rejection },
+/// The route step, as the gateway runs it: the first matching route, in
+/// file order. Once per record for every variant: variants of one
+/// configuration differ only in their algorithms.
+pub(crate) fn route(snapshot: &Snapshot, record: &Record) -> Option<usize> {
+    snapshot.router.find(&record.parts)
 }
 
-impl From<Early> for Decided {
-    fn from(early: Early) -> Decided {
-        match early {
-            Early::NoRoute => Decided::NoRoute,
-            Early::Rejected { route, rejection } => Decided::Rejected { route, rejection },
-        }
-    }
-}
-
-/// A request as the limit step receives it: its route and who is calling.
-/// Variants of one configuration differ only in their algorithms, so this
-/// is worked out once per record for all of them.
-#[derive(Debug)]
-pub(crate) struct Identified<'s> {
-    pub(crate) route: usize,
-    pub(crate) client_ip: IpAddr,
-    /// Its API key's consumer and its token (verified at the record's time).
-    pub(crate) caller: Caller<'s>,
-    /// The body's fields, when a limit keys on them and the body is within
-    /// `max_key_body`.
-    pub(crate) body: Option<BodyFields>,
-    /// What it reserves on token limits, when its route has a `tokens` rule.
-    pub(crate) reserved: Option<u64>,
-}
-
-/// The gateway's steps before the limits, as the gateway runs them
-/// ([`crate::admission::identify`]): route, caller, body fields, client IP.
-pub(crate) fn identify<'s>(
+/// The admission step on `app`'s limiters at `now`: the gateway's own
+/// ([`admission::decide_request`]) — the caller, the body's fields (the
+/// record's body, capped at `max_key_body`), the client behind the
+/// trusted proxies (the record's `ip` as the TCP peer), the reservation,
+/// each limit's key and the stack all or nothing. An admitted token
+/// request is settled at once on the record's `tokens`.
+pub(crate) fn limit(
     app: &App,
-    snapshot: &'s Snapshot,
+    snapshot: &Snapshot,
     record: &Record,
-) -> Result<Identified<'s>, Early> {
+    route: usize,
+    now: Nanos,
+) -> Decided {
     let parts = &record.parts;
-    let Some(index) = snapshot.router.find(parts) else {
-        return Err(Early::NoRoute);
-    };
-    let route = &snapshot.config.routes[index];
-    let plan = &snapshot.routes[index];
-    let rejected = |rejection| Early::Rejected {
-        route: index,
-        rejection,
-    };
-    let Ok(caller) = identify::caller(app, snapshot, route, &parts.headers, record.time) else {
-        return Err(rejected(Rejection::Unauthorized));
-    };
-    let body = record.body.as_deref().unwrap_or_default();
-    let body = if plan.needs_body {
-        if route
-            .max_body
-            .is_some_and(|limit| body.len() as u64 > limit)
-        {
-            return Err(rejected(Rejection::TooLarge));
-        }
-        // Over the key cap the gateway does not parse the body: no key.
-        (body.len() <= snapshot.config.server.max_key_body)
-            .then(|| identify::body_fields(&parts.headers, body))
-    } else {
-        None
-    };
-    Ok(Identified {
-        route: index,
-        client_ip: identify::client_ip(snapshot, &parts.headers, record.peer),
-        caller,
-        body,
-        reserved: reservation(snapshot, index, record),
-    })
-}
-
-/// What `record` reserves on route `route`'s token limits, as the gateway
-/// reserves it: its body when it is within `max_key_body` (and declares no
-/// more), else its declared length; `None` without a `tokens` rule.
-fn reservation(snapshot: &Snapshot, route: usize, record: &Record) -> Option<u64> {
-    let rule = snapshot.config.routes[route].tokens.as_ref()?;
-    let cap = snapshot.config.server.max_key_body;
-    let body = record.body.as_deref().unwrap_or_default();
     let declared = content_length::parse(
-        record
-            .parts
+        parts
             .headers
             .get_all(http::header::CONTENT_LENGTH)
             .iter()
@@ -189,89 +123,51 @@ fn reservation(snapshot: &Snapshot, route: usize, record: &Record) -> Option<u64
     )
     .ok()
     .flatten();
-    let read_whole = body.len() <= cap && declared.is_none_or(|length| length <= cap as u64);
-    Some(admission::reserve::reservation(
-        rule,
-        read_whole.then_some(body),
-        declared.or(Some(body.len() as u64)),
-        cap,
-    ))
-}
-
-/// The limit step: the route's stack decided by admission on `app`'s
-/// limiters (the caller's plan's), all or nothing, at `now` — the
-/// gateway's own decision ([`admission::decide`]).
-pub(crate) fn limit(
-    app: &App,
-    snapshot: &Snapshot,
-    record: &Record,
-    identified: &Identified<'_>,
-    now: Nanos,
-) -> Decided {
-    let route = identified.route;
-    let candidate = Candidate {
+    let routed = Routed {
+        route: &snapshot.config.routes[route],
         plan: &snapshot.routes[route],
-        parts: &record.parts,
-        identity: identified.caller.identity(
-            snapshot,
-            identified.client_ip,
-            identified.body.as_ref(),
-        ),
-        cost: snapshot.config.routes[route].cost,
-        tokens: identified.reserved,
+        parts,
+        client: Client::Peer(record.peer),
+        body: RequestBody::Held {
+            bytes: record.body.as_deref().unwrap_or_default(),
+            declared,
+        },
         now,
     };
     let mut ticket = Ticket::default();
-    let admission = admission::decide(app, snapshot, &candidate, &mut ticket);
-    match admission {
-        Admission::MissingKey { position } => Decided::Rejected {
-            route,
-            rejection: Rejection::MissingKey(snapshot.routes[route].stack[position].index()),
-        },
-        Admission::Allowed | Admission::Denied { .. } | Admission::StoreDown => {
-            let admitted = admission == Admission::Allowed;
-            let tokens = identified.reserved.map(|reserved| TokenUse {
-                reserved,
-                used: record.tokens.filter(|_| admitted),
-            });
-            if admitted && tokens.is_some() {
-                // Before the ticket is taken apart: the bill reads it.
-                settle_now(
-                    app,
-                    snapshot,
-                    &snapshot.routes[route],
-                    &ticket,
-                    record.tokens,
-                );
-            }
-            let admission::ticket::TicketParts {
-                decision,
-                keys,
-                algorithms,
-            } = ticket.into_parts();
-            Decided::Limited {
-                route,
-                decision,
-                keys,
-                algorithms,
-                tokens,
-            }
+    let rejected = |rejection| Decided::Rejected { route, rejection };
+    let used = match admission::decide_request(app, snapshot, routed, &mut ticket) {
+        RequestAdmission::Unidentified(_) => return rejected(Rejection::Unauthorized),
+        RequestAdmission::BodyRefused(_) => return rejected(Rejection::TooLarge),
+        RequestAdmission::MissingKey { position } => {
+            let limit = snapshot.routes[route].stack[position].index();
+            return rejected(Rejection::MissingKey(limit));
         }
-    }
-}
-
-/// An admitted token request settled as its response's end settles it on
-/// the gateway: on `used`, or with `None` its reservation standing. `app`'s
-/// clock is at the record's time ([`Variant::at`]).
-fn settle_now(
-    app: &App,
-    snapshot: &Snapshot,
-    plan: &crate::app::RoutePlan,
-    ticket: &Ticket<'_>,
-    used: Option<u64>,
-) {
-    if let Some(bill) = admission::tokens::bill(app, snapshot, plan, ticket) {
-        bill.settle(used);
+        RequestAdmission::Admitted { bill } => {
+            // As its response's end settles it on the gateway: on the
+            // record's `tokens`, or without them its reservation standing;
+            // on the record's clock (`app`'s, moved by [`Variant::at`]).
+            if let Some(bill) = bill {
+                bill.settle(record.tokens);
+            }
+            record.tokens
+        }
+        RequestAdmission::Denied { .. } | RequestAdmission::StoreDown => None,
+    };
+    let tokens = ticket
+        .reserved()
+        .map(|reserved| TokenUse { reserved, used });
+    let admission::ticket::TicketParts {
+        decision,
+        keys,
+        algorithms,
+    } = ticket.into_parts();
+    Decided::Limited {
+        route,
+        decision,
+        keys,
+        algorithms,
+        tokens,
     }
 }
 
@@ -500,19 +396,14 @@ impl Simulation {
             self.records += 1;
             self.span = Some(self.span.map_or((now, now), |(first, _)| (first, now)));
             let compared = self.variants.len() > 1;
-            // Routing and keys do not depend on the algorithms: once for all.
-            // Held apart from `self`, which the accounting below borrows.
-            let first = self.variants[0].snapshot.clone();
-            let first_app = self.variants[0].app.clone();
-            let identified = identify(&first_app, &first, &record);
+            // Routing does not depend on the algorithms: once for all.
+            let routed = route(&self.variants[0].snapshot, &record);
             for v in 0..self.variants.len() {
                 let variant = &self.variants[v];
                 variant.at(now);
-                let decided = match &identified {
-                    Ok(identified) => {
-                        limit(&variant.app, &variant.snapshot, &record, identified, now)
-                    }
-                    Err(early) => (*early).into(),
+                let decided = match routed {
+                    Some(index) => limit(&variant.app, &variant.snapshot, &record, index, now),
+                    None => Decided::NoRoute,
                 };
                 self.account(v, &decided, now);
                 if let Some(out) = decisions.as_deref_mut() {
@@ -852,6 +743,14 @@ tokens = { max_tokens_default = 50, prompt = "bytes/4", usage = "auto" }
             .unwrap()
     }
 
+    /// What `record` reserved on the chat route, decided at `now`.
+    fn reserved(app: &App, snapshot: &Snapshot, record: &Record) -> Option<u64> {
+        match limit(app, snapshot, record, 0, record.time) {
+            Decided::Limited { tokens, .. } => tokens.map(|t| t.reserved),
+            other => panic!("not decided: {other:?}"),
+        }
+    }
+
     #[test]
     fn a_record_reserves_what_the_proxy_reserves_for_its_body() {
         let config = config(CHAT);
@@ -859,36 +758,37 @@ tokens = { max_tokens_default = 50, prompt = "bytes/4", usage = "auto" }
         let snapshot = app.snapshot();
         let rule = snapshot.config.routes[0].tokens.clone().unwrap();
         let cap = snapshot.config.server.max_key_body;
-        for body in [
+        for (time, body) in [
             serde_json::json!({"max_tokens": 64, "messages": [{"role": "user", "content": "hello there"}]}),
             serde_json::json!({"max_completion_tokens": 7, "system": "be brief", "messages": []}),
             serde_json::json!({"prompt": ["one", "two"]}),
-        ] {
+        ]
+        .into_iter()
+        .enumerate()
+        {
             let text = body.to_string();
             let record = record(&serde_json::json!({
-                "time": 1, "method": "POST", "path": "/v1/chat/completions", "body": text,
+                "time": time, "method": "POST", "path": "/v1/chat/completions", "body": text,
             }));
-            let simulated = identify(&app, &snapshot, &record).unwrap().reserved;
-            let mut parts = record.parts;
-            let mut pending = crate::proxy::request_body::PendingBody::Complete(text.into());
-            let gateway = crate::proxy::tokens::reserve(&rule, &mut pending, &mut parts, cap);
-            assert_eq!(simulated, Some(gateway), "{body}");
+            let gateway = admission::reserve::reservation(&rule, Some(text.as_bytes()), None, cap);
+            assert_eq!(reserved(&app, &snapshot, &record), Some(gateway), "{body}");
         }
         // Over max_key_body: the default plus a quarter of the length, the
         // declared one first.
         let long = format!("{{\"max_tokens\":1,\"prompt\":\"{}\"}}", "x".repeat(2000));
         let length = long.len() as u64;
         let over = record(&serde_json::json!({
-            "time": 1, "method": "POST", "path": "/v1/chat/completions", "body": long,
+            "time": 10, "method": "POST", "path": "/v1/chat/completions", "body": long,
         }));
-        let reserved = identify(&app, &snapshot, &over).unwrap().reserved;
-        assert_eq!(reserved, Some(50 + length.div_ceil(4)));
+        assert_eq!(
+            reserved(&app, &snapshot, &over),
+            Some(50 + length.div_ceil(4))
+        );
         let declared = record(&serde_json::json!({
-            "time": 1, "method": "POST", "path": "/v1/chat/completions",
+            "time": 20, "method": "POST", "path": "/v1/chat/completions",
             "headers": {"content-length": "4000"},
         }));
-        let reserved = identify(&app, &snapshot, &declared).unwrap().reserved;
-        assert_eq!(reserved, Some(50 + 1000));
+        assert_eq!(reserved(&app, &snapshot, &declared), Some(50 + 1000));
     }
 
     #[test]

@@ -4,10 +4,11 @@
 use http::header::WWW_AUTHENTICATE;
 use http::{HeaderValue, Response, StatusCode};
 
+use crate::admission::body::BodyError;
 use crate::admission::identify::Unidentified;
+use crate::answer::body::ResponseBody;
+use crate::answer::response::{problem, problem_titled};
 use crate::identity::jwt::Failure;
-use crate::proxy::body::ResponseBody;
-use crate::proxy::response::{problem, problem_titled};
 
 /// Why the gateway answers a request itself with an error.
 #[derive(Debug, thiserror::Error)]
@@ -139,6 +140,19 @@ impl GatewayError {
             // Answered only after the refresh; never reaches a response.
             Unidentified::Refresh { .. } => GatewayError::InvalidToken {
                 failure: Some(Failure::UnknownKey),
+            },
+        }
+    }
+}
+
+/// A body admission could not read: the client's doing.
+impl From<BodyError> for GatewayError {
+    fn from(error: BodyError) -> GatewayError {
+        match error {
+            BodyError::TooLarge { limit } => GatewayError::BodyTooLarge { limit },
+            BodyError::Timeout { timeout } => GatewayError::RequestTimeout { timeout },
+            BodyError::Unreadable => GatewayError::BadRequest {
+                reason: "the request body could not be read",
             },
         }
     }

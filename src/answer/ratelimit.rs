@@ -14,7 +14,7 @@ use std::cell::RefCell;
 
 use bytes::{Bytes, BytesMut};
 
-use http::Response;
+use http::{Response, StatusCode};
 
 use super::body::ResponseBody;
 use crate::admission::Ticket;
@@ -162,9 +162,52 @@ const OPENAI_MESSAGE: TextMember = problem_member!(text "message");
 const OPENAI_TYPE: TextMember = problem_member!(text "type");
 const OPENAI_CODE: TextMember = problem_member!(text "code");
 
-/// The deny response: the limit's status and problem+json naming the limit;
-/// and its fields (content type, `Cache-Control: no-store`, `Retry-After`
-/// unless waiting cannot help, the rate-limit fields) as [`FieldLines`].
+/// What a client is told of a denial besides its body: the limit's
+/// status, the seconds `Retry-After` says (`None` when waiting cannot
+/// help), and the fields (content type, `Cache-Control: no-store`,
+/// `Retry-After`, the rate-limit fields) as [`FieldLines`]. A value: the
+/// proxy and `/auth` write a 429 from it ([`deny_response`]), the Envoy
+/// service keeps only its rate-limit fields.
+pub(crate) struct Denial {
+    pub(crate) status: StatusCode,
+    pub(crate) retry_after: Option<u64>,
+    pub(crate) fields: FieldLines,
+}
+
+/// The denial of the stack `view` by the entry at `denied_by`, with the
+/// route's `RateLimit-Policy` (`policy`).
+#[inline]
+pub(crate) fn denial(
+    view: StackView<'_>,
+    verdicts: &[EntryVerdict],
+    denied_by: usize,
+    policy: Option<&str>,
+) -> Denial {
+    let verdict = &verdicts[denied_by].verdict;
+    let retry_after = (!verdict.never).then(|| {
+        let t = ceil_secs(verdict.reset_after);
+        let retry = verdict.retry_after.map_or(1, ceil_secs);
+        retry.max(t).max(1)
+    });
+    let mut lines = FieldLines::new();
+    lines.mark_rate_denial();
+    // Room for the policy beside the rest: one allocation.
+    lines.reserve_own(OWN_ROOM + policy.map_or(0, str::len));
+    lines.push_lines(PROBLEM_NOT_STORED);
+    if let Some(seconds) = retry_after {
+        lines.push_number(RETRY_AFTER, seconds);
+    }
+    limit_fields(&mut lines, view, verdicts, policy, Some(denied_by));
+    Denial {
+        status: view.limits[denied_by].status,
+        retry_after,
+        fields: lines,
+    }
+}
+
+/// The deny response: the limit's status and problem+json naming the limit
+/// (`cost`: what the request asked for, named when it can never fit); and
+/// its [`Denial`]'s fields.
 pub(crate) fn deny_response(
     view: StackView<'_>,
     verdicts: &[EntryVerdict],
@@ -172,14 +215,13 @@ pub(crate) fn deny_response(
     policy: Option<&str>,
     cost: u64,
 ) -> (Response<ResponseBody>, FieldLines) {
+    let Denial {
+        status,
+        retry_after,
+        fields,
+    } = denial(view, verdicts, denied_by, policy);
     let limit = view.limits[denied_by];
     let verdict = &verdicts[denied_by].verdict;
-    let status = limit.status;
-    let retry_after = (!verdict.never).then(|| {
-        let t = ceil_secs(verdict.reset_after);
-        let retry = verdict.retry_after.map_or(1, ceil_secs);
-        retry.max(t).max(1)
-    });
     let body = deny_body(|body| {
         // Member by member into the thread's buffer rather than through
         // `serde_json::Value`: the deny path runs at flood rates, and this
@@ -231,16 +273,7 @@ pub(crate) fn deny_response(
     });
     let mut response = Response::new(ResponseBody::full(body));
     *response.status_mut() = status;
-    let mut lines = FieldLines::new();
-    lines.mark_rate_denial();
-    // Room for the policy beside the rest: one allocation.
-    lines.reserve_own(OWN_ROOM + policy.map_or(0, str::len));
-    lines.push_lines(PROBLEM_NOT_STORED);
-    if let Some(seconds) = retry_after {
-        lines.push_number(RETRY_AFTER, seconds);
-    }
-    limit_fields(&mut lines, view, verdicts, policy, Some(denied_by));
-    (response, lines)
+    (response, fields)
 }
 
 /// The OpenAI-shaped `error` member of a token stack's denial, its

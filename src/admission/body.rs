@@ -1,8 +1,11 @@
 //! The client's request body before it goes upstream: untouched, or read
 //! (within `max_key_body`, never past the route's `max_body`) so that a
-//! `body:FIELD` key can be taken from it, the bytes read then forwarded
-//! unchanged ahead of the rest of the stream. Every read is bounded by
-//! `body_read_timeout`.
+//! `body:FIELD` key can be taken from it and a token route's reservation
+//! counted, the bytes read then forwarded unchanged ahead of the rest of
+//! the stream. Every read is bounded by `body_read_timeout`.
+//!
+//! Read by admission ([`super::admit_request`]) after the caller is known,
+//! so an unidentified request is refused before its body is read.
 
 use std::time::Duration;
 
@@ -11,15 +14,27 @@ use http::header::CONTENT_LENGTH;
 use http::request::Parts;
 use http_body_util::BodyExt;
 
-use crate::admission::identify::body_fields;
 use crate::config::{Config, RouteConfig};
 use crate::http::content_length;
-use crate::identity::body_fields::BodyFields;
-use crate::proxy::body::ClientBody;
-use crate::proxy::error::GatewayError;
+use crate::http1::server::ClientBody;
+
+/// Why a body could not be read; each the client's doing (the proxy
+/// answers 413, 408 and 400).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+pub enum BodyError {
+    /// Over the route's `max_body`.
+    #[error("request body is larger than the route's limit of {limit} bytes")]
+    TooLarge { limit: u64 },
+    /// Not received within `body_read_timeout`.
+    #[error("the request body was not received within {timeout:?}")]
+    Timeout { timeout: Duration },
+    /// The client's framing failed, or it went away mid-body.
+    #[error("the request body could not be read")]
+    Unreadable,
+}
 
 /// A request body not yet sent upstream.
-pub(crate) enum PendingBody {
+pub enum PendingBody {
     /// Untouched.
     Fresh(ClientBody),
     /// Read completely for a `body:FIELD` key.
@@ -29,24 +44,24 @@ pub(crate) enum PendingBody {
 }
 
 /// Reads the body up to `max_key_body` (and never past the route's
-/// `max_body`), and parses its fields when it is complete. The bytes read are
-/// forwarded unchanged, followed by the rest of the stream.
+/// `max_body`). The bytes read are forwarded unchanged, followed by the
+/// rest of the stream.
 pub(crate) async fn buffer_for_key(
     mut incoming: ClientBody,
     parts: &Parts,
     config: &Config,
     route: &RouteConfig,
-) -> Result<(PendingBody, Option<BodyFields>), GatewayError> {
+) -> Result<PendingBody, BodyError> {
     let cap = config.server.max_key_body;
     let declared = declared_length(parts);
     if let Some(limit) = route.max_body
         && declared.is_some_and(|length| length > limit)
     {
-        return Err(GatewayError::BodyTooLarge { limit });
+        return Err(BodyError::TooLarge { limit });
     }
     if declared.is_some_and(|length| length > cap as u64) {
         // Over the key cap: not worth reading; the key is missing.
-        return Ok((PendingBody::Fresh(incoming), None));
+        return Ok(PendingBody::Fresh(incoming));
     }
     let mut buffer = BytesMut::new();
     let read = BodyRead::start(config);
@@ -55,15 +70,13 @@ pub(crate) async fn buffer_for_key(
         if let Some(limit) = route.max_body
             && buffer.len() as u64 > limit
         {
-            return Err(GatewayError::BodyTooLarge { limit });
+            return Err(BodyError::TooLarge { limit });
         }
         if buffer.len() > cap {
-            return Ok((PendingBody::Partial(buffer.freeze(), incoming), None));
+            return Ok(PendingBody::Partial(buffer.freeze(), incoming));
         }
     }
-    let bytes = buffer.freeze();
-    let fields = body_fields(&parts.headers, &bytes);
-    Ok((PendingBody::Complete(bytes), Some(fields)))
+    Ok(PendingBody::Complete(buffer.freeze()))
 }
 
 /// A client body read before forwarding (for a `body:FIELD` key, or to
@@ -85,25 +98,18 @@ impl BodyRead {
         }
     }
 
-    /// The body's next data (trailers are skipped), `None` at its end: 408
-    /// past the deadline, 400 when the body cannot be read.
-    pub(crate) async fn next(
-        &self,
-        incoming: &mut ClientBody,
-    ) -> Result<Option<Bytes>, GatewayError> {
+    /// The body's next data (trailers are skipped), `None` at its end;
+    /// [`BodyError::Timeout`] past the deadline.
+    pub(crate) async fn next(&self, incoming: &mut ClientBody) -> Result<Option<Bytes>, BodyError> {
         loop {
             let frame = tokio::time::timeout_at(self.deadline, incoming.frame())
                 .await
-                .map_err(|_| GatewayError::RequestTimeout {
+                .map_err(|_| BodyError::Timeout {
                     timeout: self.timeout,
                 })?;
             match frame {
                 None => return Ok(None),
-                Some(Err(_)) => {
-                    return Err(GatewayError::BadRequest {
-                        reason: "the request body could not be read",
-                    });
-                }
+                Some(Err(_)) => return Err(BodyError::Unreadable),
                 Some(Ok(frame)) => {
                     if let Ok(data) = frame.into_data() {
                         return Ok(Some(data));

@@ -1,0 +1,282 @@
+//! One routed request admitted in one call: what every front (the proxy,
+//! `/auth`, `simulate`) hands admission and gets back, so that none of
+//! them repeats the steps or their order.
+//!
+//! [`admit_request`] runs them in the order the contract answers them:
+//! 1. the caller — its token verified (an unknown `kid` of a `jwks_url`
+//!    issuer waits once for that issuer's keys) and its API key's
+//!    consumer: a refusal is [`RequestAdmission::Unidentified`] (401), and
+//!    the body is not read;
+//! 2. the body, read within `max_key_body` where a limit keys on it or the
+//!    route reserves tokens ([`super::body`]): over `max_body`, too slow or
+//!    unreadable, [`RequestAdmission::BodyRefused`];
+//! 3. with limits on the route: the client IP behind the trusted proxies,
+//!    the body's fields, the token reservation, each limit's key;
+//! 4. the stack decided in memory or in the store;
+//! 5. an admitted request's token bill.
+//!
+//! [`decide_request`] is the same without a store or a key refresh, for
+//! `simulate`, which decides offline.
+
+use std::net::IpAddr;
+
+use bytes::Bytes;
+use http::request::Parts;
+
+use super::body::{BodyError, PendingBody, buffer_for_key, declared_length};
+use super::identify::{self, Caller, Unidentified, body_fields};
+use super::tokens::{self, TokenBill};
+use super::{Admission, Admitting, Charge, Ticket, decide_in_memory, key_stack, reserve, shared};
+use crate::app::{App, RoutePlan, Snapshot};
+use crate::config::RouteConfig;
+use crate::limit::Nanos;
+
+/// A request its front has routed, as admission takes it.
+pub struct Routed<'r, 's> {
+    /// The matched route.
+    pub route: &'s RouteConfig,
+    /// Its plan as the front counts it (`snapshot.routes[index]`, or
+    /// `/auth`'s `front = "auth"` copy).
+    pub plan: &'s RoutePlan,
+    /// The request's head, for the caller and the limits' keys.
+    pub parts: &'r Parts,
+    pub client: Client,
+    pub body: RequestBody<'r>,
+    /// The request's time on the limiters' clock (also the token check's).
+    pub now: Nanos,
+}
+
+/// Who sent the request, as the front knows it.
+#[derive(Debug, Clone, Copy)]
+pub enum Client {
+    /// The TCP peer: the client behind it is found by the trusted-proxy
+    /// rule when a limit needs it.
+    Peer(IpAddr),
+    /// The client, found by the front (`/auth` reads `X-Real-IP` too).
+    Resolved(IpAddr),
+}
+
+/// The request's body, as the front has it.
+pub enum RequestBody<'r> {
+    /// None to read (`/auth`): `body:` keys are missing, and token limits
+    /// are charged the request's cost.
+    Absent,
+    /// In memory already (a trace's record), with the length its head
+    /// declared; a body without one is taken as sent with its length.
+    Held {
+        bytes: &'r [u8],
+        declared: Option<u64>,
+    },
+    /// The client's, not yet sent upstream: read here when the route needs
+    /// it, and handed back in its place to be forwarded.
+    Client(&'r mut PendingBody),
+}
+
+/// What admission answered for a routed request.
+#[derive(Debug)]
+pub enum RequestAdmission {
+    /// Every limit admitted (or the route has none): the ticket holds the
+    /// permits and the fields' numbers; `bill` is a token route's
+    /// reservation, to settle when the response ends.
+    Admitted { bill: Option<TokenBill> },
+    /// The limit at `by` of the route's stack denied; nothing was charged.
+    Denied { by: usize },
+    /// The limit at `position` needs a key the request lacks
+    /// (`on_missing_key = "deny"`).
+    MissingKey { position: usize },
+    /// The store is down and `on_failure = "deny"`.
+    StoreDown,
+    /// The body could not be read for the limits (413, 408, 400).
+    BodyRefused(BodyError),
+    /// The caller is refused before its limits (401). Never `Refresh` from
+    /// [`admit_request`], which refreshes.
+    Unidentified(Unidentified),
+}
+
+/// `request` admitted on `snapshot`'s limits into `ticket` (empty on
+/// entry): its caller, its body, its keys, the decision, the bill. The one
+/// call of a front with a live request.
+///
+/// Where it waits: a key refresh (boxed: rare), reading a body a limit
+/// keys on, and the store (its future boxed, as [`super::admit_keyed`]'s);
+/// a request of a route without shared limits or body keys is decided
+/// before its first poll returns.
+pub async fn admit_request<'a, 's: 'a>(
+    app: &'a App,
+    snapshot: &'s Snapshot,
+    mut request: Routed<'a, 's>,
+    ticket: &'a mut Ticket<'s>,
+) -> RequestAdmission {
+    let headers = &request.parts.headers;
+    let caller = match identify::caller(app, snapshot, request.route, headers, request.now) {
+        Ok(caller) => caller,
+        // Out of the request future: a boxed wait for the issuer's keys.
+        Err(Unidentified::Refresh { issuer }) => {
+            let (route, now) = (request.route, request.now);
+            let refreshed = identify::caller_refreshed(app, snapshot, route, headers, now, issuer);
+            match Box::pin(refreshed).await {
+                Ok(caller) => caller,
+                Err(refused) => return RequestAdmission::Unidentified(refused),
+            }
+        }
+        Err(refused) => return RequestAdmission::Unidentified(refused),
+    };
+    if request.plan.needs_body {
+        let read = match &mut request.body {
+            RequestBody::Client(body) => {
+                read_client_body(body, request.parts, snapshot, request.route).await
+            }
+            held => check_held(held, request.route),
+        };
+        if let Err(refused) = read {
+            return RequestAdmission::BodyRefused(refused);
+        }
+    }
+    if request.plan.stack.is_empty() {
+        return RequestAdmission::Admitted { bill: None };
+    }
+    let plan = request.plan;
+    let store = app.store().filter(|_| plan.shared);
+    let admission = match key(app, snapshot, &request, caller, store.is_some(), ticket) {
+        Err(missing) => missing,
+        Ok(charge) => {
+            let admitting = match store {
+                None => Admitting::Decided(decide_in_memory(app, snapshot, &charge, ticket)),
+                Some(store) => {
+                    Admitting::Asking(shared::decide_boxed(store, app, snapshot, charge, ticket))
+                }
+            };
+            admitting.await
+        }
+    };
+    conclude(app, snapshot, plan, admission, ticket)
+}
+
+/// [`admit_request`] without a store, a key refresh (an unknown `kid` is
+/// [`Unidentified::Refresh`]) or a client body to read: `simulate`'s
+/// offline decision, on the same steps.
+pub fn decide_request<'s>(
+    app: &App,
+    snapshot: &'s Snapshot,
+    request: Routed<'_, 's>,
+    ticket: &mut Ticket<'s>,
+) -> RequestAdmission {
+    let headers = &request.parts.headers;
+    let caller = match identify::caller(app, snapshot, request.route, headers, request.now) {
+        Ok(caller) => caller,
+        Err(refused) => return RequestAdmission::Unidentified(refused),
+    };
+    if request.plan.needs_body
+        && let Err(refused) = check_held(&request.body, request.route)
+    {
+        return RequestAdmission::BodyRefused(refused);
+    }
+    if request.plan.stack.is_empty() {
+        return RequestAdmission::Admitted { bill: None };
+    }
+    let admission = match key(app, snapshot, &request, caller, false, ticket) {
+        Err(missing) => missing,
+        Ok(charge) => decide_in_memory(app, snapshot, &charge, ticket),
+    };
+    conclude(app, snapshot, request.plan, admission, ticket)
+}
+
+/// A body in memory against the route's `max_body`, as reading it would
+/// have found.
+fn check_held(body: &RequestBody<'_>, route: &RouteConfig) -> Result<(), BodyError> {
+    match (body, route.max_body) {
+        (RequestBody::Held { bytes, .. }, Some(limit)) if bytes.len() as u64 > limit => {
+            Err(BodyError::TooLarge { limit })
+        }
+        _ => Ok(()),
+    }
+}
+
+/// The client's body read for the limits, put back in `body`'s place.
+async fn read_client_body(
+    body: &mut PendingBody,
+    parts: &Parts,
+    snapshot: &Snapshot,
+    route: &RouteConfig,
+) -> Result<(), BodyError> {
+    // An empty `Bytes` holds the place meanwhile: it allocates nothing.
+    *body = match std::mem::replace(body, PendingBody::Complete(Bytes::new())) {
+        PendingBody::Fresh(incoming) => {
+            buffer_for_key(incoming, parts, &snapshot.config, route).await?
+        }
+        read => read,
+    };
+    Ok(())
+}
+
+/// Steps 3 and the keys of 4: the client IP, the body's fields, the
+/// reservation, each limit's key into `ticket`; the charge to decide, or
+/// the missing key that refuses the request. `caller` is dropped here:
+/// nothing of it waits for the store.
+#[inline(always)]
+fn key<'s>(
+    app: &App,
+    snapshot: &'s Snapshot,
+    request: &Routed<'_, 's>,
+    caller: Caller<'s>,
+    shared: bool,
+    ticket: &mut Ticket<'s>,
+) -> Result<Charge<'s>, Admission> {
+    let parts = request.parts;
+    let client_ip = match request.client {
+        Client::Peer(peer) => identify::client_ip(snapshot, &parts.headers, peer),
+        Client::Resolved(client) => client,
+    };
+    ticket.client_ip = Some(client_ip);
+    let cap = snapshot.config.server.max_key_body;
+    // The body read whole (within `max_key_body`, declaring no more).
+    let whole: Option<&[u8]> = match &request.body {
+        RequestBody::Held { bytes, declared } => (bytes.len() <= cap
+            && declared.is_none_or(|length| length <= cap as u64))
+        .then_some(*bytes),
+        RequestBody::Client(PendingBody::Complete(bytes)) => Some(bytes),
+        RequestBody::Client(_) | RequestBody::Absent => None,
+    };
+    let fields = whole
+        .filter(|_| request.plan.needs_body)
+        .map(|bytes| body_fields(&parts.headers, bytes));
+    // Its length, read only for a token route's reservation.
+    let tokens = request.route.tokens.as_ref().and_then(|rule| {
+        let declared = match &request.body {
+            RequestBody::Absent => return None,
+            RequestBody::Held { bytes, declared } => declared.or(Some(bytes.len() as u64)),
+            RequestBody::Client(_) => declared_length(parts),
+        };
+        Some(reserve::reservation(rule, whole, declared, cap))
+    });
+    let charge = Charge {
+        plan: request.plan,
+        cost: request.route.cost,
+        tokens,
+        now: request.now,
+    };
+    let identity = caller.identity(snapshot, client_ip, fields.as_ref());
+    key_stack(app, snapshot, (parts, &identity), &charge, shared, ticket)?;
+    Ok(charge)
+}
+
+/// The decision as the front's answer; an admitted token request's bill.
+#[inline(always)]
+fn conclude(
+    app: &App,
+    snapshot: &Snapshot,
+    plan: &RoutePlan,
+    admission: Admission,
+    ticket: &Ticket<'_>,
+) -> RequestAdmission {
+    match admission {
+        Admission::Allowed => RequestAdmission::Admitted {
+            bill: ticket
+                .tokens
+                .and_then(|_| tokens::bill(app, snapshot, plan, ticket)),
+        },
+        Admission::Denied { by } => RequestAdmission::Denied { by },
+        Admission::MissingKey { position } => RequestAdmission::MissingKey { position },
+        Admission::StoreDown => RequestAdmission::StoreDown,
+    }
+}
