@@ -23,7 +23,10 @@ pub(crate) fn hyper_service(
     Response = http::Response<crate::answer::body::ResponseBody>,
     Error = std::convert::Infallible,
     Future = impl Future<
-        Output = Result<http::Response<crate::answer::body::ResponseBody>, std::convert::Infallible>,
+        Output = Result<
+            http::Response<crate::answer::body::ResponseBody>,
+            std::convert::Infallible,
+        >,
     > + Send,
 > + Clone {
     service_fn(move |request: http::Request<hyper::body::Incoming>| {
