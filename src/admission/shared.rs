@@ -4,8 +4,8 @@
 //! a shared denial refunds the local charges. What the store spends and
 //! gives back (leased tokens, a Cluster slot's charges) is its own
 //! business: its verdicts come back as they stand. When the store is
-//! unavailable, `on_failure` decides (see the README's "Distributed
-//! limits"); under `"local"` the fallback's scaled numbers, which decided,
+//! unavailable, `on_failure` decides (see docs/src/guides/distributed.md,
+//! "Failure"); under `"local"` the fallback's scaled numbers, which decided,
 //! are the ones the answer gives.
 
 use std::future::Future;

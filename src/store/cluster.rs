@@ -4,8 +4,8 @@
 //! decision, in stack order, batched with the thread's other decisions of
 //! that slot (a batcher per slot, each as on one Redis). A group that
 //! denies ends the decision: the groups before it are refunded with
-//! `settle.lua` before the answer (the README states the exactness this
-//! gives), and their entries' verdicts show the refunded state, as one
+//! `settle.lua` before the answer (docs/src/guides/distributed.md states the
+//! exactness this gives), and their entries' verdicts show the refunded state, as one
 //! Redis shows an admitting entry of a denied stack. On one Redis, the
 //! whole stack is one group.
 

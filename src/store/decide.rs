@@ -30,8 +30,8 @@ impl RedisStore {
     /// nothing: each charged its `cost` when all admit (shadow limits
     /// aside), none when one denies. On Redis Cluster, one call per hash
     /// slot in stack order: a slot that denies ends the decision and the
-    /// slots before it are refunded before the answer (see the README's
-    /// "Distributed limits" for what that can cost).
+    /// slots before it are refunded before the answer (see docs/src/guides/distributed.md,
+    /// "Redis Cluster", for what that can cost).
     ///
     /// A leased token bucket spends this node's tokens first, without a
     /// call. With `remember_denials`, an entry this thread remembers as

@@ -10,7 +10,7 @@
 //! shared limit), go back to the pool before the answer, and its verdict
 //! shows them back. A node holds at most one lease of a bucket: while a
 //! call taking one is under way, its other requests that miss take only
-//! their cost (the README's bound).
+//! their cost (the bound in docs/src/guides/distributed.md, "Token leasing").
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -35,7 +35,7 @@ struct Leased {
     entry: OwnedEntry,
     /// A call taking a lease for this bucket is under way: the node's
     /// other requests meanwhile take only their cost, so that it never
-    /// holds more than one lease of a bucket (see the README's bound).
+    /// holds more than one lease of a bucket (docs/src/guides/distributed.md, "Token leasing").
     fetching: bool,
 }
 
