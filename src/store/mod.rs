@@ -96,6 +96,7 @@ use tokio::sync::Notify;
 use crate::config::{OnFailure, RedisConfig, RedisServers};
 
 mod connect;
+mod peek;
 mod remembered;
 use crate::limit::{Algorithm, LeakyMode, LimitKey, Nanos, Verdict, WindowAlign};
 
