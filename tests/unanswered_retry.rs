@@ -149,6 +149,8 @@ admin = "127.0.0.1:0"
 
 [upstreams.api]
 url = ["{stopping}", "{other}"]
+# Not ejected by its failures: the POSTs below still reach it.
+eject = {{ after = 1000 }}
 
 [[routes]]
 name = "x"

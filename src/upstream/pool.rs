@@ -22,7 +22,9 @@
 //! the request and answered nothing. That request is sent again on a new
 //! connection only when doing so cannot repeat an action: its method is
 //! idempotent (RFC 9110 §9.2.2) and its body is in memory — the rule nginx
-//! follows too.
+//! follows too. A new connection that answers nothing either is a
+//! [`PoolError::Unanswered`]: the upstream layer may send the request to
+//! another URL (`crate::upstream`).
 //!
 //! An `https://` URL's pool shakes hands on each new connection, within the
 //! same `connect_timeout` as the TCP connect, and pools the TLS
