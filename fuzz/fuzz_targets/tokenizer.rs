@@ -5,7 +5,7 @@
 //! stack.
 //!
 //! libFuzzer's inputs are short, so the target grows them: the first byte
-//! picks the encoding (bit 0) and a repeat count (`2^(bits 1–5 mod 21)`, up
+//! picks the encoding (bit 0) and a repeat count (`2^((byte >> 1) mod 21)`, up
 //! to a million), the second how many of the remaining bytes are repeated;
 //! the text is that prefix repeated, then the rest, read as UTF-8 with
 //! invalid bytes replaced (as the gateway reads a body), at most 2 MiB.

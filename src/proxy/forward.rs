@@ -229,20 +229,21 @@ async fn connect_and_exchange(
                 return Ok(answer);
             }
             Err(source) if replay.is_some() && upstream.retry_unanswered(attempt, url, &source) => {
-                prepared.body = replay.take().unwrap_or(RequestBody::Buffered(None));
+                prepared.body = RequestBody::Buffered(replay.take().flatten());
             }
             Err(source) => return Err(Failed::Pool { url, source }),
         }
     }
 }
 
-/// The request body once more, for a second try: when it is in memory, or
-/// there is none; `None` for a stream, which can be sent only once.
-fn replay_of(body: &RequestBody) -> Option<RequestBody> {
+/// The request body once more, for a second try, when it is in memory
+/// (`Some(Some)`) or there is none (`Some(None)`); `None` for a stream,
+/// which can be sent only once.
+fn replay_of(body: &RequestBody) -> Option<Option<bytes::Bytes>> {
     use http_body::Body as _;
     match body {
-        RequestBody::Buffered(bytes) => Some(RequestBody::Buffered(bytes.clone())),
-        streaming if streaming.is_end_stream() => Some(RequestBody::Buffered(None)),
+        RequestBody::Buffered(bytes) => Some(bytes.clone()),
+        streaming if streaming.is_end_stream() => Some(None),
         RequestBody::Streaming { .. } => None,
     }
 }
