@@ -59,9 +59,11 @@ pub(crate) async fn serve(app: Arc<App>, listener: TcpListener, shutdown: watch:
         let shutdown = shutdown.clone();
         async move {
             let service = service_fn(move |request: Request<hyper::body::Incoming>| {
-                let target = request.uri().path_and_query().map_or("/", |pq| pq.as_str());
-                let response = answer(&app, request.method(), target);
-                async move { Ok::<_, std::convert::Infallible>(response) }
+                let app = app.clone();
+                async move {
+                    let target = request.uri().path_and_query().map_or("/", |pq| pq.as_str());
+                    Ok::<_, std::convert::Infallible>(answer(&app, request.method(), target).await)
+                }
             });
             let mut builder = http1::Builder::new();
             builder
@@ -75,7 +77,7 @@ pub(crate) async fn serve(app: Arc<App>, listener: TcpListener, shutdown: watch:
 }
 
 /// The answer to one admin request for `target` (path and query).
-pub(crate) fn answer(app: &App, method: &Method, target: &str) -> Response<ResponseBody> {
+pub(crate) async fn answer(app: &App, method: &Method, target: &str) -> Response<ResponseBody> {
     let (path, query) = match target.split_once('?') {
         Some((path, query)) => (path, Some(query)),
         None => (target, None),
@@ -98,7 +100,7 @@ pub(crate) fn answer(app: &App, method: &Method, target: &str) -> Response<Respo
         return response;
     }
     if let Some(limit) = limit {
-        return explain_limit(app, limit, query);
+        return explain_limit(app, limit, query).await;
     }
     match path {
         "/metrics" => {
@@ -153,12 +155,12 @@ fn no_healthy_upstream(upstreams: &[String]) -> Response<ResponseBody> {
 }
 
 /// `/limits/NAME?key=VALUE`: one key's state, charging nothing ([`explain`]).
-fn explain_limit(app: &App, limit: &str, query: Option<&str>) -> Response<ResponseBody> {
+async fn explain_limit(app: &App, limit: &str, query: Option<&str>) -> Response<ResponseBody> {
     let limit = String::from_utf8_lossy(&crate::identity::body_fields::percent_decode(
         limit.as_bytes(),
     ))
     .into_owned();
-    match explain(&app.snapshot(), &limit, query, app.clock.now()) {
+    match explain(&app.snapshot(), app.store(), &limit, query, app.clock.now()).await {
         Ok(state) => ok(state.to_string(), "application/json"),
         Err(ExplainError::UnknownLimit(message)) => {
             problem_response(StatusCode::NOT_FOUND, &message)
@@ -281,7 +283,7 @@ mod tests {
     #[tokio::test]
     async fn endpoints_methods_and_unknown_paths() {
         let app = app();
-        let metrics = answer(&app, &Method::GET, "/metrics");
+        let metrics = answer(&app, &Method::GET, "/metrics").await;
         assert_eq!(metrics.status(), StatusCode::OK);
         assert_eq!(
             metrics.headers()[CONTENT_TYPE],
@@ -289,17 +291,17 @@ mod tests {
         );
         assert!(body(metrics).await.ends_with("# EOF\n"));
         assert_eq!(
-            answer(&app, &Method::GET, "/healthz").status(),
+            answer(&app, &Method::GET, "/healthz").await.status(),
             StatusCode::OK
         );
         assert_eq!(
-            answer(&app, &Method::GET, "/readyz").status(),
+            answer(&app, &Method::GET, "/readyz").await.status(),
             StatusCode::OK
         );
-        let missing = answer(&app, &Method::GET, "/nope");
+        let missing = answer(&app, &Method::GET, "/nope").await;
         assert_eq!(missing.status(), StatusCode::NOT_FOUND);
         assert_eq!(missing.headers()[CONTENT_TYPE], "application/problem+json");
-        let post = answer(&app, &Method::POST, "/metrics");
+        let post = answer(&app, &Method::POST, "/metrics").await;
         assert_eq!(post.status(), StatusCode::METHOD_NOT_ALLOWED);
         assert_eq!(post.headers()[ALLOW], "GET, HEAD");
     }

@@ -191,6 +191,7 @@ impl Snapshot {
                     protocol: metrics.upstream_error_counter(label, "protocol"),
                     timeout: metrics.upstream_error_counter(label, "timeout"),
                     reset: metrics.upstream_error_counter(label, "reset"),
+                    retried_unanswered: metrics.upstream_retry_counter(label, "reset"),
                 };
                 Arc::new(Upstream::new(u.clone(), body_errors, health))
             })

@@ -11,17 +11,32 @@
 //! limit without `key` (the decision service's descriptor rules) is named
 //! by the descriptor's entries instead: `entry=KEY:VALUE`, one per entry,
 //! in order.
+//!
+//! Where the state is read from, `source` in the answer: a limit decided in
+//! node memory (no store, or `local = true`) from this node's limiter
+//! (`"memory"`); a shared limit from Redis (`"redis"`: the state every node
+//! decides against, read by a call that charges nothing, see
+//! `store::peek`), its numbers the shared ones. When Redis does not answer,
+//! a shared limit shows this node's fallback limiter instead, labelled
+//! `"fallback"` with what `store.on_failure` does meanwhile: its numbers are
+//! the fallback's (scaled by `local_fraction`), and only `on_failure =
+//! "local"` decides with it.
+
+use std::sync::Arc;
 
 use serde_json::{Value, json};
 
+use super::shared::store_entry;
 use crate::app::LimitId;
 use crate::app::Snapshot;
+use crate::config::OnFailure;
 use crate::config::tokens::Unit;
 use crate::identity::body_fields::percent_decode;
 use crate::identity::client_ip::client_net;
 use crate::identity::keys::{descriptor_digest, digest_values};
-use crate::limit::LimitKey;
+use crate::limit::{Algorithm, LimitKey, Verdict};
 use crate::limit::{Nanos, quota, window_secs};
+use crate::store::RedisStore;
 use crate::summary::key_parts;
 
 /// Why a limit's state could not be explained: the admin listener's 404 or
@@ -34,14 +49,61 @@ pub enum ExplainError {
     BadKey(String),
 }
 
+/// One key of one limit, as the query names it.
+struct Target {
+    id: LimitId,
+    digest: LimitKey,
+    plan: Option<String>,
+    /// What the key is made of, for the answer (`key`).
+    parts: String,
+}
+
+/// Where a key's state was read from (see the module doc).
+enum Source {
+    Memory,
+    Redis,
+    Fallback(OnFailure),
+}
+
 /// The state of `limit`'s key given by `query` (`key=V[&key=V2…][&plan=P]`),
-/// as JSON, at `now` on the limiters' clock.
-pub fn explain(
+/// as JSON, at `now` on the limiters' clock. A shared limit's is read from
+/// `store` (the gateway's, if it has one); a limit in memory's is ready at
+/// once.
+pub async fn explain(
     snapshot: &Snapshot,
+    store: Option<&Arc<RedisStore>>,
     limit: &str,
     query: Option<&str>,
     now: Nanos,
 ) -> Result<Value, ExplainError> {
+    let target = target(snapshot, limit, query)?;
+    let limiter = snapshot
+        .limiters(target.id)
+        .for_plan(target.plan.as_deref());
+    let Some(store) = store.filter(|_| snapshot.is_shared(target.id)) else {
+        let verdict = limiter.peek(target.digest, now);
+        return Ok(state(
+            snapshot,
+            &target,
+            limiter.algorithm(),
+            verdict,
+            Source::Memory,
+        ));
+    };
+    let config = snapshot.limit_config(target.id);
+    let entry = store_entry(config, target.plan.as_deref(), target.digest);
+    Ok(match store.peek(&entry).await {
+        Ok(verdict) => state(snapshot, &target, entry.algorithm, verdict, Source::Redis),
+        Err(_) => {
+            let verdict = limiter.peek(target.digest, now);
+            let source = Source::Fallback(store.on_failure());
+            state(snapshot, &target, limiter.algorithm(), verdict, source)
+        }
+    })
+}
+
+/// The limit and key `query` names.
+fn target(snapshot: &Snapshot, limit: &str, query: Option<&str>) -> Result<Target, ExplainError> {
     let Some(id) = snapshot.limit_named(limit) else {
         return Err(ExplainError::UnknownLimit(format!(
             "no limit named `{limit}` in the running configuration"
@@ -82,14 +144,12 @@ pub fn explain(
             )));
         }
         let digest = descriptor_digest(entries.iter().map(|(k, v)| (k.as_str(), v.as_str())), &[]);
-        return Ok(state(
-            snapshot,
+        return Ok(Target {
             id,
             digest,
-            None,
-            "descriptor entries".to_owned(),
-            now,
-        ));
+            plan: None,
+            parts: "descriptor entries".to_owned(),
+        });
     }
     if values.is_empty() {
         return Err(ExplainError::BadKey(format!(
@@ -99,28 +159,30 @@ pub fn explain(
     let refs: Vec<&str> = values.iter().map(String::as_str).collect();
     let digest = digest_values(&config.key, &refs, |ip| client_net(ip, &snapshot.client_ip))
         .map_err(|message| ExplainError::BadKey(format!("{message} (keyed by {parts})")))?;
-    Ok(state(snapshot, id, digest, plan, parts, now))
+    Ok(Target {
+        id,
+        digest,
+        plan,
+        parts,
+    })
 }
 
-/// The JSON of the state of `digest` in `id`'s limiter for `plan`.
+/// The JSON of `target`'s state, `verdict` under `algorithm`'s numbers,
+/// read from `source`.
 fn state(
     snapshot: &Snapshot,
-    id: LimitId,
-    digest: LimitKey,
-    plan: Option<String>,
-    parts: String,
-    now: Nanos,
+    target: &Target,
+    algorithm: Algorithm,
+    verdict: Verdict,
+    source: Source,
 ) -> Value {
-    let config = snapshot.limit_config(id);
-    let limiter = snapshot.limiters(id).for_plan(plan.as_deref());
-    let algorithm = limiter.algorithm();
-    let verdict = limiter.peek(digest, now);
+    let config = snapshot.limit_config(target.id);
     let secs = |nanos: Nanos| nanos.div_ceil(crate::limit::NANOS_PER_SEC);
     let mut explained = json!({
         "limit": config.name,
-        "key": parts,
-        "digest": format!("{:032x}", digest.as_u128()),
-        "plan": plan,
+        "key": target.parts,
+        "digest": format!("{:032x}", target.digest.as_u128()),
+        "plan": target.plan,
         "policy": crate::summary::algorithm(&algorithm),
         "quota": quota(&algorithm),
         "window_seconds": window_secs(&algorithm),
@@ -128,9 +190,28 @@ fn state(
         "reset_seconds": secs(verdict.reset_after),
         "shadow": config.shadow,
     });
+    match source {
+        Source::Memory => explained["source"] = json!("memory"),
+        Source::Redis => explained["source"] = json!("redis"),
+        Source::Fallback(on_failure) => {
+            let (name, meanwhile) = match on_failure {
+                OnFailure::Local => ("local", "decides with this state"),
+                OnFailure::Allow => ("allow", "admits without this limit"),
+                OnFailure::Deny => ("deny", "refuses with 503"),
+            };
+            explained["source"] = json!("fallback");
+            explained["on_failure"] = json!(name);
+            explained["note"] = json!(format!(
+                "redis did not answer: this node's fallback state; meanwhile on_failure = \"{name}\" {meanwhile}"
+            ));
+        }
+    }
     if config.unit == Unit::Tokens {
         // Charged already, settled when their responses end (this node's).
-        let (requests, tokens) = limiter.open.of(digest);
+        let limiter = snapshot
+            .limiters(target.id)
+            .for_plan(target.plan.as_deref());
+        let (requests, tokens) = limiter.open.of(target.digest);
         explained["unit"] = json!("tokens");
         explained["open_reservations"] = json!({"requests": requests, "tokens": tokens});
     }

@@ -7,5 +7,5 @@
 mod event_stream;
 mod json;
 pub mod reserve;
-pub(crate) mod tokenizer;
+pub mod tokenizer;
 pub mod usage;

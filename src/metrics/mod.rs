@@ -678,6 +678,22 @@ impl Metrics {
             .inc();
     }
 
+    /// The counter of upstream retries for `reason`, as a handle for code
+    /// that counts without the metrics at hand (a request its URL answered
+    /// nothing, sent once more). Registers the series at 0.
+    pub(crate) fn upstream_retry_counter(
+        &self,
+        upstream: &Arc<str>,
+        reason: &'static str,
+    ) -> Counter {
+        self.upstream_retries
+            .get_or_create(&RetryLabels {
+                upstream: upstream.clone(),
+                reason,
+            })
+            .clone()
+    }
+
     /// The counter of upstream failures of one `kind`, as a handle for code
     /// that counts without the metrics at hand (a response body failing
     /// after its head was relayed). Registers the series at 0.

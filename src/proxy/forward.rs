@@ -163,7 +163,9 @@ pub(crate) fn exchange<'a>(
 
 /// A connection to a URL ([`Upstream::start_connect`]), the request aimed at
 /// it, the exchange, all within the upstream's `timeout`; a response
-/// head's status recorded on the URL.
+/// head's status recorded on the URL. A request the URL answered nothing
+/// goes once more, to another URL when there is one, when it can be sent
+/// again ([`Upstream::retry_unanswered`]).
 async fn connect_and_exchange(
     upstream: &Upstream,
     prepared: &mut Prepared,
@@ -172,48 +174,78 @@ async fn connect_and_exchange(
 ) -> Result<(Response<UpstreamBody>, FieldLines), Failed> {
     // A reused timer: a fresh one per request cost ~600 instructions.
     let mut deadline = Deadline::at(tokio::time::Instant::now() + upstream.config.timeout);
-    let (url, connection, _in_flight) = match upstream
-        .start_connect(attempt)
-        .map_err(Failed::NotConnected)?
-    {
-        Start::Ready(url, connection, in_flight) => (url, connection, in_flight),
-        Start::Open(url, in_flight) => {
-            let opened = deadline
-                .guard(pin!(upstream.connect_from(url, in_flight, attempt)))
-                .await;
-            let Some(opened) = opened else {
-                return Err(Failed::Timeout {
-                    url: attempt.current,
-                });
-            };
-            opened.map_err(Failed::NotConnected)?
+    // The client's target, each URL's prefix put in front of it; and the
+    // fields before a URL's `Host`.
+    let target = std::mem::take(&mut prepared.parts.uri);
+    let own_fields = prepared.own.lines.len();
+    let mut replay = attempt
+        .may_retry_unanswered(&prepared.parts.method)
+        .then(|| replay_of(&prepared.body))
+        .flatten();
+    loop {
+        let (url, connection, _in_flight) = match upstream
+            .start_connect(attempt)
+            .map_err(Failed::NotConnected)?
+        {
+            Start::Ready(url, connection, in_flight) => (url, connection, in_flight),
+            Start::Open(url, in_flight) => {
+                let opened = deadline
+                    .guard(pin!(upstream.connect_from(url, in_flight, attempt)))
+                    .await;
+                let Some(opened) = opened else {
+                    return Err(Failed::Timeout {
+                        url: attempt.current,
+                    });
+                };
+                opened.map_err(Failed::NotConnected)?
+            }
+        };
+        // Changed in place, and lent to the exchange: each move of the head
+        // and its fields is a copy of ~530 bytes.
+        let base = &upstream.config.urls[url];
+        prepared.parts.uri = upstream_uri(base, &target).map_err(|_| Failed::Target)?;
+        prepared.own.lines.truncate(own_fields);
+        if prepared.host_from_url
+            && let Some(authority) = base.authority()
+        {
+            prepared.own.push("host", authority.as_str().as_bytes());
         }
-    };
-    // Changed in place, and lent to the exchange: each move of the head
-    // and its fields is a copy of ~530 bytes.
-    let base = &upstream.config.urls[url];
-    prepared.parts.uri = upstream_uri(base, &prepared.parts.uri).map_err(|_| Failed::Target)?;
-    if prepared.host_from_url
-        && let Some(authority) = base.authority()
-    {
-        prepared.own.push("host", authority.as_str().as_bytes());
+        let exchanged = deadline
+            .guard(pin!(upstream.exchange(
+                url,
+                connection,
+                &mut prepared.parts,
+                std::mem::replace(&mut prepared.body, RequestBody::Buffered(None)),
+                &prepared.own,
+                interim
+            )))
+            .await;
+        let Some(exchanged) = exchanged else {
+            return Err(Failed::Timeout { url: Some(url) });
+        };
+        match exchanged {
+            Ok(answer) => {
+                upstream.record_status(url, answer.0.status().as_u16());
+                return Ok(answer);
+            }
+            Err(source) if replay.is_some() && upstream.retry_unanswered(attempt, url, &source) => {
+                prepared.body = RequestBody::Buffered(replay.take().flatten());
+            }
+            Err(source) => return Err(Failed::Pool { url, source }),
+        }
     }
-    let exchanged = deadline
-        .guard(pin!(upstream.exchange(
-            url,
-            connection,
-            &mut prepared.parts,
-            std::mem::replace(&mut prepared.body, RequestBody::Buffered(None)),
-            &prepared.own,
-            interim
-        )))
-        .await;
-    let Some(exchanged) = exchanged else {
-        return Err(Failed::Timeout { url: Some(url) });
-    };
-    let answer = exchanged.map_err(|source| Failed::Pool { url, source })?;
-    upstream.record_status(url, answer.0.status().as_u16());
-    Ok(answer)
+}
+
+/// The request body once more, for a second try, when it is in memory
+/// (`Some(Some)`) or there is none (`Some(None)`); `None` for a stream,
+/// which can be sent only once.
+fn replay_of(body: &RequestBody) -> Option<Option<bytes::Bytes>> {
+    use http_body::Body as _;
+    match body {
+        RequestBody::Buffered(bytes) => Some(bytes.clone()),
+        streaming if streaming.is_end_stream() => Some(None),
+        RequestBody::Streaming { .. } => None,
+    }
 }
 
 /// Builds the upstream request from the client's: forwarding headers,

@@ -47,7 +47,9 @@ const MAX_REPLAY_BODY: u64 = 64 * 1024;
 /// `timeout` (504). A retry goes to another URL of the list than the tries
 /// before it, when there is one. (A connection that could not be opened is
 /// not a retry: [`send_upstream`] tries the next URL at once, for any request,
-/// outside the budget — `crate::upstream`'s module doc.)
+/// outside the budget — `crate::upstream`'s module doc. Nor does a request
+/// its URL answered nothing go once more on its own, as on a route without
+/// `retry`: the policy's `connect` decides that too, within the budget.)
 pub(crate) struct Retrying<'s> {
     pub(crate) app: &'s App,
     pub(crate) snapshot: &'s Snapshot,
@@ -75,7 +77,7 @@ impl Retrying<'_> {
             body,
             sender.permits,
             sender.interim,
-            &mut Attempt::default(),
+            &mut Attempt::for_retry_policy(),
         )
         .await
     }
@@ -117,7 +119,7 @@ impl Retrying<'_> {
         let mut parts = Some(parts);
         let mut attempt = 0u32;
         // Where the tries went: a retry goes to another URL if there is one.
-        let mut way = Attempt::default();
+        let mut way = Attempt::for_retry_policy();
         loop {
             let this = parts.take().unwrap_or_else(|| {
                 let mut request = Request::new(());

@@ -55,6 +55,7 @@ mod concurrency;
 mod connect;
 mod decide;
 mod msgpack;
+mod peek;
 mod remembered;
 mod script;
 mod token_lease;

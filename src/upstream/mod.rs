@@ -19,6 +19,19 @@
 //! or `503` when no URL of the list was up to begin with. The pipeline
 //! then records how the exchange went ([`Upstream::record_status`],
 //! [`Upstream::record_failure`]), which is what ejects a failing URL.
+//!
+//! A request sent on a connection that then failed before any byte of a
+//! response came back (an instance stopping under load closes connections
+//! it has accepted, or a keep-alive close races the request) is sent once
+//! more, to another URL when the list has one, when that cannot repeat an
+//! action: an idempotent method (RFC 9110 §9.2.2: `GET`, `HEAD`, `OPTIONS`,
+//! `TRACE`, `PUT`, `DELETE`) and a body that can be sent again (none, or
+//! in memory) — nginx's default, `proxy_next_upstream error`, for the same
+//! requests. Only once, outside any retry budget, counted as a retry
+//! (`reason="reset"`) ([`Upstream::retry_unanswered`]). A route with
+//! `retry = {...}` has its policy decide instead, as before
+//! ([`Attempt::for_retry_policy`]). (A reused keep-alive connection found
+//! closed is replaced within the pool first, `pool`'s doc.)
 
 pub(crate) mod balance;
 pub(crate) mod check;
@@ -34,7 +47,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 
 use http::request::Parts;
-use http::{Response, Uri};
+use http::{Method, Response, Uri};
 use parking_lot::Mutex;
 
 use crate::config::{Balance, UpstreamConfig};
@@ -69,6 +82,9 @@ pub(crate) struct Upstream {
     /// summary, and whether that spell was logged.
     unavailable: AtomicU64,
     unavailable_logged: AtomicBool,
+    /// Requests sent once more because their URL answered nothing
+    /// ([`Upstream::retry_unanswered`]).
+    retried_unanswered: prometheus_client::metrics::counter::Counter,
 }
 
 /// A connection to one URL, ready for a request.
@@ -111,6 +127,28 @@ pub(crate) struct Attempt {
     /// a URL that refuses or fails does not hand its successor a second
     /// turn (the turn counter moves once per client request).
     last: Option<usize>,
+    /// The one try more of a request its URL answered nothing is spent
+    /// ([`Upstream::retry_unanswered`]), or a route's `retry` decides
+    /// instead.
+    unanswered_retried: bool,
+}
+
+impl Attempt {
+    /// The way of a request on a route with `retry = {...}`: its policy
+    /// decides what is sent again (and spends its budget), so no request is
+    /// sent again for having gone unanswered besides.
+    pub(crate) fn for_retry_policy() -> Attempt {
+        Attempt {
+            unanswered_retried: true,
+            ..Attempt::default()
+        }
+    }
+
+    /// A request of `method` may still go once more if its URL answers
+    /// nothing (its body permitting).
+    pub(crate) fn may_retry_unanswered(&self, method: &Method) -> bool {
+        !self.unanswered_retried && pool::is_idempotent(method)
+    }
 }
 
 /// A request in flight on a URL, counted for `least_request` while it
@@ -174,8 +212,10 @@ impl Upstream {
                 health::HealthSignals::none(),
             )));
         }
+        let retried_unanswered = body_errors.retried_unanswered.clone();
         Upstream {
             config,
+            retried_unanswered,
             pools,
             h2,
             health,
@@ -368,6 +408,34 @@ impl Upstream {
                 }
             })),
         }
+    }
+
+    /// Whether the request whose exchange with `url` failed with `error`
+    /// goes once more (see the module doc): nothing of a response came back
+    /// (or, the connection it was on found closed, no new one could be
+    /// opened) and `attempt` has not had that try yet — the caller has
+    /// checked the method ([`Attempt::may_retry_unanswered`]) and holds the
+    /// body. If so, the failure is recorded on `url` and the retry counted;
+    /// `attempt` avoids `url` from now on when another URL is up.
+    pub(crate) fn retry_unanswered(
+        &self,
+        attempt: &mut Attempt,
+        url: usize,
+        error: &PoolError,
+    ) -> bool {
+        if attempt.unanswered_retried || !(error.is_unanswered() || error.is_connect()) {
+            return false;
+        }
+        attempt.unanswered_retried = true;
+        let failure = if error.is_connect() {
+            Failure::Connect
+        } else {
+            Failure::Reset
+        };
+        self.record_failure(url, failure, Some(error));
+        self.retried_unanswered.inc();
+        tracing::debug!(upstream = %self.config.name, url, %error, "no answer; sending the request once more");
+        true
     }
 
     /// A response head from `url`: a failure if `eject.on` names its

@@ -22,7 +22,9 @@
 //! the request and answered nothing. That request is sent again on a new
 //! connection only when doing so cannot repeat an action: its method is
 //! idempotent (RFC 9110 §9.2.2) and its body is in memory — the rule nginx
-//! follows too.
+//! follows too. A new connection that answers nothing either is a
+//! [`PoolError::Unanswered`]: the upstream layer may send the request to
+//! another URL (`crate::upstream`).
 //!
 //! An `https://` URL's pool shakes hands on each new connection, within the
 //! same `connect_timeout` as the TCP connect, and pools the TLS
@@ -69,11 +71,21 @@ pub enum PoolError {
     /// answer was not HTTP/1.1 the gateway can forward.
     #[error("the upstream connection failed")]
     Request(#[source] io::Error),
+    /// The connection failed before any byte of a response came back (an
+    /// upstream stopping, or a keep-alive close racing the request): an
+    /// idempotent request may go to another URL (`crate::upstream`).
+    #[error("the upstream connection failed before answering")]
+    Unanswered(#[source] io::Error),
 }
 
 impl PoolError {
     pub(crate) fn is_connect(&self) -> bool {
         matches!(self, PoolError::Connect { .. })
+    }
+
+    /// Nothing of a response came back before the connection failed.
+    pub(crate) fn is_unanswered(&self) -> bool {
+        matches!(self, PoolError::Unanswered(_))
     }
 
     /// The upstream's answer broke HTTP/1.1 (refused by the client's parser).
@@ -380,6 +392,9 @@ impl ConnectionPool {
                     drop(conn);
                     (conn, reused) = self.checkout().await?;
                 }
+                Err(failure) if failure.silent => {
+                    return Err(PoolError::Unanswered(failure.error));
+                }
                 Err(failure) => return Err(PoolError::Request(failure.error)),
             }
         }
@@ -440,12 +455,15 @@ impl CheckIn for ConnectionPool {
 /// Counters of response bodies that fail after their head was relayed (the
 /// client's stream is cut then): `protocol`, the body broke HTTP/1.1 (a bad
 /// chunk line); `timeout`, no bytes came within `read_timeout`; `reset`, it
-/// was cut short or the connection failed.
+/// was cut short or the connection failed. And `retried_unanswered`: the
+/// requests sent again to another URL because theirs answered nothing
+/// (`crate::upstream`), a retry with `reason="reset"`.
 #[derive(Debug, Clone, Default)]
 pub struct BodyErrors {
     pub(crate) protocol: Counter,
     pub(crate) timeout: Counter,
     pub(crate) reset: Counter,
+    pub(crate) retried_unanswered: Counter,
 }
 
 impl BodyErrors {
