@@ -8,36 +8,41 @@
 //!
 //! # How the limit moves
 //!
-//! Completions are gathered into *windows* of at least
-//! [`WINDOW_SAMPLES`] successful requests that were all sent after the window
-//! began, so a window spans at least one round trip and describes the limit in
-//! force during it (a request admitted under an older limit is released but not
-//! counted). When a window closes, its mean latency `avg` is compared with the
-//! key's long-run `baseline`, `r = avg / baseline`:
+//! Completions are gathered into *windows*: a window closes on a success once
+//! it holds at least [`WINDOW_SAMPLES`] successes and has lasted at least its
+//! own mean latency, so it spans a round trip and holds the requests that
+//! queued as well as those that found a free server. Its mean latency `avg`
+//! is compared with the key's long-run `baseline`, `r = avg / baseline`:
 //!
 //! * `r > TOLERANCE` (1.25): requests are queueing at the upstream. The limit
-//!   becomes `limit × max(½, 1/r)`, the concurrency at which the window would
-//!   have seen the baseline latency (queueing latency grows with concurrency,
-//!   so `limit × baseline/avg` is what the upstream serves without a queue).
+//!   becomes `limit × max(½, DRAIN / r)`: `limit / r` is the concurrency at
+//!   which the window would have seen the baseline (queueing latency grows
+//!   with concurrency), and [`DRAIN`] (0.85) lands a little below it so the
+//!   queue empties and the next windows show the unqueued latency again.
+//!   Requests sent before a cut complete afterwards without counting: they
+//!   describe the limit that was just paid for.
 //! * otherwise, if the window used the limit (its peak in flight ≥ half the
-//!   limit), the limit grows by `√limit`; an app-limited window leaves it
-//!   where it is, so a quiet key's limit stays within twice what it uses.
+//!   limit), the limit grows by `½ √limit`; an app-limited window leaves it
+//!   where it is, so a quiet key's limit stays within about twice what it
+//!   uses.
 //!
 //! Independently, an overload outcome (503, 504, 429, an upstream timeout)
 //! multiplies the limit by [`BACKOFF`] (0.8) at once — at most once per round
-//! trip: it starts a new window, and an overload of a request sent before that
-//! window began does not back off again (as TCP halves once per window of
-//! loss, not once per lost packet). An [`Outcome::Ignored`] completion (a
-//! client error, a cancelled request) only releases its slot.
+//! trip, since an overload of a request sent before the last cut does not cut
+//! again (as TCP reduces once per window of loss, not once per lost packet).
+//! An [`Outcome::Ignored`] completion (a client error, a cancelled request)
+//! only releases its slot.
 //!
-//! The baseline follows window means down quickly ([`BASELINE_DOWN`], ¼ of
-//! the gap) and up slowly ([`BASELINE_UP`], 1/32), and up only from windows
-//! that cannot be queueing caused by this limit: app-limited ones, or ones
-//! where the limit already sits at `min` (nothing left to shed, so the latency
-//! is the upstream's own). Under a sustained overload the baseline therefore
-//! does not creep up with the queue it measures; the dips of the sawtooth
-//! (each decrease lands at the queue-free concurrency) keep pulling it back
-//! down.
+//! The baseline starts at the first answer's latency (the least queued a
+//! start gets) and then follows window means down quickly ([`BASELINE_DOWN`],
+//! ¼ of the gap) and up slowly ([`BASELINE_UP`], 1/32), and up only from
+//! windows that cannot be measuring a queue this limit built: app-limited
+//! ones, or ones where the limit already sits at `min` (nothing left to shed,
+//! so the latency is the upstream's own). Under a sustained overload the
+//! baseline thus does not creep up with the queue it measures, and each
+//! drain pulls it back to the unqueued latency. The price: an upstream that
+//! becomes slower for good while fully loaded is first taken for an
+//! overloaded one, and the limit falls to `min` before the baseline follows.
 //!
 //! The limit is an `f64` estimate, clamped into `[min, max]` after every
 //! update (a NaN, which finite integer inputs cannot produce, would land on
@@ -46,43 +51,47 @@
 //! # What was taken, and what was avoided
 //!
 //! * **Netflix concurrency-limits, `Gradient2Limit`**: the gradient between
-//!   current latency and a long-run baseline (not the minimum: its doc warns
-//!   that the minimum biases towards an impractically low baseline and
-//!   excessive shedding), a gradient clamped at ½ so one outlier cannot more
-//!   than halve the limit, and "don't grow the limit if we are app limited"
-//!   (`inflight < limit / 2`). Avoided: updating on every sample with a fixed
-//!   additive queue (per sample, a round of `L` queueing samples multiplies the
-//!   limit by `0.95^L`), and a baseline that keeps averaging in queueing
-//!   latency, which the class doc itself says "grows … but lags" under load:
-//!   with no drop signal, the limit then drifts upward with its own queue.
+//!   current latency and a long-run baseline (not a windowed minimum: its doc
+//!   warns that the minimum biases towards an impractically low baseline and
+//!   excessive shedding), a gradient clamped at ½ so one bad window at most
+//!   halves the limit, and "don't grow the limit if we are app limited"
+//!   (`inflight < limit / 2`). Avoided: updating on every sample (a round of
+//!   `L` queueing samples multiplies the limit by about `0.95^L`), and a
+//!   baseline that keeps averaging in queueing latency, which its class doc
+//!   says "grows … but lags" under load: with no drop signal the limit then
+//!   drifts upward with its own queue.
 //! * **`ExpAvgMeasurement`**: the exponentially smoothed baseline; here
 //!   asymmetric (fast down, slow and conditional up) for the reason above.
 //! * **`AIMDLimit`**: the multiplicative decrease on a drop, and growth only
-//!   while `inflight × 2 ≥ limit`. Its per-drop backoff is rate-limited here to
+//!   while `inflight × 2 ≥ limit`. Its per-drop backoff is limited here to
 //!   once per round trip, so a burst of fifty 503s is one decrease, not
 //!   `0.9^50`.
 //! * **Envoy `adaptive_concurrency` (`gradient_controller.cc`)**: per-window
-//!   updates (its `concurrency_update_interval`), the gradient
-//!   `buffered_minRTT / sampleRTT` aiming at the queue-free concurrency, a
-//!   tolerance above the baseline (its `buffer`, 25 %), and `√limit` of
-//!   headroom as the growth step. Avoided: measuring minRTT by pinning the
-//!   limit to `min_concurrency` every interval. That probe refuses requests an
-//!   upstream with spare capacity would have served (envoyproxy/envoy#18152:
-//!   503s while the gradient is 1; #8337: "leading to a drop in success
-//!   rate"). Here the baseline is learned from the traffic as it comes, so an
-//!   upstream kept below its capacity never sees a refusal caused by the
-//!   limiter's own measurement.
+//!   updates (its `concurrency_update_interval`), a gradient
+//!   `baseline / sample` aiming at the queue-free concurrency, a tolerance
+//!   above the baseline (its `buffer`, 25 %), and `√limit` as the scale of
+//!   the growth step (its burst headroom). Avoided: measuring minRTT by
+//!   pinning the limit to `min_concurrency` every interval. That probe
+//!   refuses requests an upstream with spare capacity would have served
+//!   (envoyproxy/envoy#18152: 503s while the gradient is 1; #8337: "leading
+//!   to a drop in success rate"). Here the baseline is learned from traffic
+//!   as it comes, and the limit only falls after a window showed queueing or
+//!   the upstream said it is full, so an upstream kept below its capacity
+//!   never sees a refusal caused by the limiter's own measurement.
 //!
 //! # Worked example
 //!
 //! `min = 1`, `max = 1000`, `initial = 20`; an upstream with 40 slots and a
 //! 10 ms service time, more demand than that. While `limit ≤ 40` windows see
-//! 10 ms (`r = 1`): the limit grows 20 → 24 → 29 → 34 → 40 → 47 → 53. At 53
-//! in flight, 13 queue: a window sees ~13 ms, `r = 1.3 > 1.25`, and the limit
-//! becomes `53.9 × 10/13 ≈ 41`. It then saws between about 40 and 50, keeping
-//! the 40 slots busy with a short queue. A 503 at 41 makes it 33 at once.
+//! 10 ms (`r = 1`) and the limit grows 20 → 22 → 24 → 27 → … → 47 → 51. At 51
+//! in flight 11 queue: a window sees 12.5 ms, `r = 1.25`, still tolerated, so
+//! it grows to 54; there a window sees 13.5 ms, `r = 1.35`, and the limit is
+//! cut to `54.9 × 0.85 / 1.35 ≈ 34`, the queue drains, and it climbs again:
+//! a sawtooth between about 0.8× and 1.4× the 40 slots, averaging near 40,
+//! that keeps the upstream busy with a short queue. A 503 then makes 34 into
+//! 27 at once.
 //!
-//! State: 56 bytes per key; [`Params`] live in the configuration.
+//! State: 64 bytes per key; [`Params`] live in the configuration.
 
 use super::Nanos;
 
@@ -100,6 +109,16 @@ pub const BACKOFF: f64 = 0.8;
 /// The most a window's gradient may cut the limit (as Gradient2 and Envoy):
 /// one window of outliers at most halves it.
 pub const MIN_GRADIENT: f64 = 0.5;
+
+/// The growth step of a window that used its limit without queueing, as a
+/// multiple of `√limit` (Envoy's burst headroom is one `√limit`).
+pub const GROWTH: f64 = 0.5;
+
+/// How far below the queue-free concurrency a cut lands, so the upstream's
+/// queue drains and the next window sees its unqueued latency (BBR's drain
+/// phase does the same after probing up). Only a window that showed queueing
+/// is cut: an upstream below its capacity never sees this.
+pub const DRAIN: f64 = 0.85;
 
 /// Successful samples a window needs before it may move the limit.
 pub const WINDOW_SAMPLES: u32 = 10;
@@ -220,7 +239,10 @@ pub struct Adaptive {
     baseline: f64,
     /// Mean latency (ns) of the last closed window, for the admin view.
     recent: Nanos,
-    /// When the current window began; samples sent earlier are not counted.
+    /// When the limit was last cut; a sample sent earlier describes the
+    /// higher limit before it and is not counted.
+    cut_at: Nanos,
+    /// When the current window began.
     window_start: Nanos,
     /// Sum of the window's successful latencies (ns, saturating).
     window_sum: Nanos,
@@ -237,6 +259,7 @@ impl Adaptive {
             estimate: f64::from(params.initial),
             baseline: 0.0,
             recent: 0,
+            cut_at: now,
             window_start: now,
             window_sum: 0,
             window_samples: 0,
@@ -288,23 +311,35 @@ impl Adaptive {
     /// `outcome` at `now`, and let the limit learn from it.
     pub fn on_complete(&mut self, params: Params, now: Nanos, latency: Nanos, outcome: Outcome) {
         self.in_flight = self.in_flight.saturating_sub(1);
-        // Sent before the window began: it describes an older limit.
-        let fresh = now.saturating_sub(latency) >= self.window_start;
+        // Sent before the last cut: it describes the higher limit before it,
+        // which has already been paid for.
+        if now.saturating_sub(latency) < self.cut_at {
+            return;
+        }
         match outcome {
             Outcome::Ignored => {}
-            Outcome::Overload if fresh => {
+            Outcome::Overload => {
                 self.estimate = params.bound(self.estimate * BACKOFF);
+                self.cut_at = now;
                 self.start_window(now);
             }
-            Outcome::Overload => {}
-            Outcome::Success if fresh => {
+            Outcome::Success => {
+                if self.baseline <= 0.0 {
+                    // The first answer: the least queued a bootstrap gets.
+                    self.baseline = latency.max(1) as f64;
+                }
                 self.window_sum = self.window_sum.saturating_add(latency);
                 self.window_samples += 1;
-                if self.window_samples >= WINDOW_SAMPLES {
+                // At least one round trip (the window's own mean latency):
+                // a shorter window would hold only the requests that found
+                // a free server, and miss the ones that queued.
+                let mean = self.window_sum / Nanos::from(self.window_samples);
+                if self.window_samples >= WINDOW_SAMPLES
+                    && now.saturating_sub(self.window_start) >= mean
+                {
                     self.close_window(params, now);
                 }
             }
-            Outcome::Success => {}
         }
     }
 
@@ -330,16 +365,15 @@ impl Adaptive {
     fn close_window(&mut self, params: Params, now: Nanos) {
         // At least 1 ns: a zero latency (a coarse clock) must not divide by 0.
         let avg = (self.window_sum as f64 / f64::from(self.window_samples)).max(1.0);
-        if self.baseline <= 0.0 {
-            self.baseline = avg;
-        }
-        let ratio = avg / self.baseline;
+        let ratio = avg / self.baseline.max(1.0);
         let used = f64::from(self.window_peak) * 2.0 >= self.estimate;
         let at_min = self.limit() <= params.min;
-        if ratio > TOLERANCE {
-            self.estimate *= (1.0 / ratio).max(MIN_GRADIENT);
+        let queueing = ratio > TOLERANCE;
+        if queueing {
+            self.estimate *= (DRAIN / ratio).max(MIN_GRADIENT);
+            self.cut_at = now;
         } else if used {
-            self.estimate += self.estimate.sqrt().max(1.0);
+            self.estimate += (self.estimate.sqrt() * GROWTH).max(1.0);
         }
         self.estimate = params.bound(self.estimate);
         if avg < self.baseline {
@@ -380,6 +414,11 @@ mod tests {
     }
 
     #[test]
+    fn state_is_small() {
+        assert_eq!(std::mem::size_of::<Adaptive>(), 64);
+    }
+
+    #[test]
     fn params_are_validated() {
         assert_eq!(Params::new(0, 10, 5), Err(ParamsError::MinZero));
         assert_eq!(
@@ -406,25 +445,29 @@ mod tests {
         let mut a = Adaptive::new(p, 0);
         let mut now = 0;
         let mut seen = vec![a.limit()];
-        for _ in 0..6 {
+        while a.limit() < 50 {
             let load = a.limit();
             now = window(&mut a, p, now, load, 10 * MS);
             seen.push(a.limit());
         }
-        assert_eq!(seen, [20, 24, 29, 34, 40, 47, 53]);
+        assert_eq!(seen, [20, 22, 24, 27, 29, 32, 35, 38, 41, 44, 47, 51]);
         assert_eq!(a.baseline(), Some(10 * MS));
-        // 53 in flight on 40 slots: a window sees ~13 ms and cuts to ≈ 41.
-        now = window(&mut a, p, now, 53, 13 * MS);
-        assert_eq!(a.limit(), 41);
-        // A 503 from a request sent in this window: × 0.8, once.
+        // 51 in flight on 40 slots: a window sees 12.5 ms, r = 1.25, still
+        // within the tolerance: one more step.
+        now = window(&mut a, p, now, 51, 12_500_000);
+        assert_eq!(a.limit(), 54);
+        // 54 in flight: 13.5 ms, r = 1.35: cut to 54.x × 0.85 / 1.35.
+        now = window(&mut a, p, now, 54, 13_500_000);
+        assert_eq!(a.limit(), 34);
+        assert_eq!(a.recent(), Some(13_500_000));
+        // A 503 for a request sent after that cut: × 0.8, once.
         a.acquire();
         a.acquire();
         a.on_complete(p, now + 5 * MS, MS, Outcome::Overload);
-        assert_eq!(a.limit(), 33);
-        // The second was sent before the backoff began a new window: no
-        // second decrease.
+        assert_eq!(a.limit(), 27);
+        // The second was sent before this backoff: no second decrease.
         a.on_complete(p, now + 6 * MS, 5 * MS, Outcome::Overload);
-        assert_eq!(a.limit(), 33);
+        assert_eq!(a.limit(), 27);
         assert_eq!(a.in_flight(), 0);
     }
 
@@ -448,9 +491,9 @@ mod tests {
         let p = params();
         let mut a = Adaptive::new(p, 0);
         window(&mut a, p, 0, 20, MS);
-        assert_eq!(a.limit(), 24);
+        assert_eq!(a.limit(), 22);
         a.rescale(Params::new(1, 1000, 5).unwrap());
-        assert_eq!(a.limit(), 24);
+        assert_eq!(a.limit(), 22);
         a.rescale(Params::new(1, 10, 5).unwrap());
         assert_eq!(a.limit(), 10);
     }
