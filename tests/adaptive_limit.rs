@@ -60,6 +60,8 @@ struct Sim {
     upstream_peak: u32,
     /// Requests the upstream has answered.
     served: u64,
+    /// Times a client found the limit full.
+    refused: u64,
 }
 
 impl Sim {
@@ -78,6 +80,7 @@ impl Sim {
             waiting: VecDeque::new(),
             upstream_peak: 0,
             served: 0,
+            refused: 0,
         };
         sim.waiting.extend(0..clients);
         sim.admit();
@@ -94,6 +97,9 @@ impl Sim {
 
     /// Send the waiting clients' requests while the limit admits them.
     fn admit(&mut self) {
+        if !self.waiting.is_empty() && self.limiter.in_flight() >= self.limiter.limit() {
+            self.refused += 1;
+        }
         while !self.waiting.is_empty() && self.limiter.try_acquire() {
             let client = self.waiting.pop_front().unwrap();
             if self.busy < self.capacity {
@@ -190,6 +196,9 @@ fn converges_from_below() {
     let mut sim = Sim::new(params(5), 40, 10 * MS, 160, 0.0);
     sim.observe(2_000 * MS, 10_000 * MS).assert_near();
     assert!(sim.upstream_peak <= 64, "peak {}", sim.upstream_peak);
+    // 160 clients on about 40 slots: the limit does refuse (the counter the
+    // noise test reads as 0 works).
+    assert!(sim.refused > 0);
 }
 
 #[test]
@@ -222,6 +231,8 @@ fn noise_alone_does_not_lower_it() {
     let mut sim = Sim::new(params(40), 100, 10 * MS, 30, 0.1);
     let Seen { lo, hi, .. } = sim.observe(0, 60_000 * MS);
     assert!(lo >= 40, "the limit fell to {lo} on noise");
+    // Below capacity, nobody is ever refused: the limiter never probes.
+    assert_eq!(sim.refused, 0);
     // And it stays within twice what is used (app-limited: no growth).
     assert!(hi <= 2 * 30 + 10, "grew to {hi} while 30 were used");
     let baseline = sim.limiter.baseline().unwrap();
