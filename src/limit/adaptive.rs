@@ -37,8 +37,8 @@
 //! start gets) and then follows window means down quickly ([`BASELINE_DOWN`],
 //! ¼ of the gap) and up slowly ([`BASELINE_UP`], 1/32), and up only from
 //! windows that cannot be measuring a queue this limit built: app-limited
-//! ones, or ones where the limit already sits at `min` (nothing left to shed,
-//! so the latency is the upstream's own). Under a sustained overload the
+//! ones that showed no queueing, or ones where the limit already sits at
+//! `min` (nothing left to shed, so the latency is the upstream's own). Under a sustained overload the
 //! baseline thus does not creep up with the queue it measures, and each
 //! drain pulls it back to the unqueued latency. The price: an upstream that
 //! becomes slower for good while fully loaded is first taken for an
@@ -280,7 +280,7 @@ impl Adaptive {
         self.in_flight
     }
 
-    /// The learned unqueued latency, once a window has closed.
+    /// The learned unqueued latency, once a request has been answered.
     pub fn baseline(&self) -> Option<Nanos> {
         (self.baseline > 0.0).then_some(self.baseline as Nanos)
     }
@@ -329,7 +329,7 @@ impl Adaptive {
                     self.baseline = latency.max(1) as f64;
                 }
                 self.window_sum = self.window_sum.saturating_add(latency);
-                self.window_samples += 1;
+                self.window_samples = self.window_samples.saturating_add(1);
                 // At least one round trip (the window's own mean latency):
                 // a shorter window would hold only the requests that found
                 // a free server, and miss the ones that queued.
@@ -378,7 +378,7 @@ impl Adaptive {
         self.estimate = params.bound(self.estimate);
         if avg < self.baseline {
             self.baseline += (avg - self.baseline) * BASELINE_DOWN;
-        } else if !used || at_min {
+        } else if at_min || !(used || queueing) {
             self.baseline += (avg - self.baseline) * BASELINE_UP;
         }
         self.recent = avg as Nanos;
