@@ -317,6 +317,25 @@ fn report_allocations() {
     );
 }
 
+/// The adaptive limit's per-request work: take a slot, then release it with
+/// a 10 ms latency (a window closes every ten), `now` advanced by hand.
+fn adaptive(c: &mut Criterion) {
+    use tollgate::limit::adaptive::{Adaptive, Outcome, Params};
+    let Ok(params) = Params::new(1, 1000, 100) else {
+        return;
+    };
+    let mut state = Adaptive::new(params, 0);
+    let mut now = 0;
+    c.bench_function("adaptive/acquire_complete", |b| {
+        b.iter(|| {
+            now += 1_000;
+            let admitted = state.try_acquire();
+            state.on_complete(params, now, 10_000_000, Outcome::Success);
+            black_box(admitted)
+        })
+    });
+}
+
 fn main() {
     report_allocations();
     let mut c = Criterion::default().configure_from_args();
@@ -324,5 +343,6 @@ fn main() {
     many_keys(&mut c);
     two_threads(&mut c);
     stacks(&mut c);
+    adaptive(&mut c);
     c.final_summary();
 }

@@ -18,12 +18,14 @@
 //! | `token_bucket` | [`token_bucket`] | GCRA `tat` |
 //! | `leaky_bucket` | [`leaky_bucket`] | GCRA `tat` (nginx `limit_req`) |
 //! | `concurrency` | [`concurrency`] | in-flight count + permits |
+//! | `adaptive` (not yet wired) | [`adaptive`] | in flight, limit, baseline, window |
 //!
 //! Worked example: a token bucket of 20 refilled at 10/s, `now` = T. Twenty
 //! requests at T pass (`r` 19 … 0); the 21st gets `allowed = false`,
 //! `retry_after = Some(100 ms)`, and nothing is charged anywhere in its
 //! stack. Each module doc works its own algorithm through.
 
+pub mod adaptive;
 pub(crate) mod clock;
 pub(crate) mod concurrency;
 pub(crate) mod fixed_window;

@@ -1,0 +1,511 @@
+//! `adaptive`: a concurrency limit that follows the upstream's capacity.
+//!
+//! A key keeps the requests in flight and a limit; a request is admitted
+//! while `in_flight < limit` and its slot is released when its response ends
+//! ([`Adaptive::on_complete`]). What this module owns is how the limit moves:
+//! a pure function of the completions it is shown, their latencies and
+//! outcomes, and the injected `now`. Nothing here reads the clock or sleeps.
+//!
+//! # How the limit moves
+//!
+//! Completions are gathered into *windows*: a window closes on a success once
+//! it holds at least [`WINDOW_SAMPLES`] successes and has lasted at least its
+//! own mean latency, so it spans a round trip and holds the requests that
+//! queued as well as those that found a free server. Its mean latency `avg`
+//! is compared with the key's long-run `baseline`, `r = avg / baseline`:
+//!
+//! * `r > TOLERANCE` (1.25): requests are queueing at the upstream. The limit
+//!   becomes `limit × max(½, DRAIN / r)`: `limit / r` is the concurrency at
+//!   which the window would have seen the baseline (queueing latency grows
+//!   with concurrency), and [`DRAIN`] (0.85) lands a little below it so the
+//!   queue empties and the next windows show the unqueued latency again.
+//!   Requests sent before a cut complete afterwards without counting: they
+//!   describe the limit that was just paid for.
+//! * otherwise, if the window used the limit (its peak in flight ≥ half the
+//!   limit), the limit grows by `½ √limit`; an app-limited window leaves it
+//!   where it is, so a quiet key's limit stays within about twice what it
+//!   uses.
+//!
+//! Independently, an overload outcome (503, 504, 429, an upstream timeout)
+//! multiplies the limit by [`BACKOFF`] (0.8) at once — at most once per round
+//! trip, since an overload of a request sent before the last cut does not cut
+//! again (as TCP reduces once per window of loss, not once per lost packet).
+//! An [`Outcome::Ignored`] completion (a client error, a cancelled request)
+//! only releases its slot.
+//!
+//! The baseline starts at the first answer's latency (the least queued a
+//! start gets) and then follows window means down quickly ([`BASELINE_DOWN`],
+//! ¼ of the gap) and up slowly ([`BASELINE_UP`], 1/32), and up only from
+//! windows that cannot be measuring a queue this limit built: app-limited
+//! ones that showed no queueing, or ones where the limit already sits at
+//! `min` (nothing left to shed, so the latency is the upstream's own). Under a sustained overload the
+//! baseline thus does not creep up with the queue it measures, and each
+//! drain pulls it back to the unqueued latency. The price: an upstream that
+//! becomes slower for good while fully loaded is first taken for an
+//! overloaded one, and the limit falls to `min` before the baseline follows.
+//!
+//! The limit is an `f64` estimate, clamped into `[min, max]` after every
+//! update (a NaN, which finite integer inputs cannot produce, would land on
+//! `min`); [`Adaptive::limit`] is its integer part.
+//!
+//! # What was taken, and what was avoided
+//!
+//! * **Netflix concurrency-limits, `Gradient2Limit`**: the gradient between
+//!   current latency and a long-run baseline (not a windowed minimum: its doc
+//!   warns that the minimum biases towards an impractically low baseline and
+//!   excessive shedding), a gradient clamped at ½ so one bad window at most
+//!   halves the limit, and "don't grow the limit if we are app limited"
+//!   (`inflight < limit / 2`). Avoided: updating on every sample (a round of
+//!   `L` queueing samples multiplies the limit by about `0.95^L`), and a
+//!   baseline that keeps averaging in queueing latency, which its class doc
+//!   says "grows … but lags" under load: with no drop signal the limit then
+//!   drifts upward with its own queue.
+//! * **`ExpAvgMeasurement`**: the exponentially smoothed baseline; here
+//!   asymmetric (fast down, slow and conditional up) for the reason above.
+//! * **`AIMDLimit`**: the multiplicative decrease on a drop, and growth only
+//!   while `inflight × 2 ≥ limit`. Its per-drop backoff is limited here to
+//!   once per round trip, so a burst of fifty 503s is one decrease, not
+//!   `0.9^50`.
+//! * **Envoy `adaptive_concurrency` (`gradient_controller.cc`)**: per-window
+//!   updates (its `concurrency_update_interval`), a gradient
+//!   `baseline / sample` aiming at the queue-free concurrency, a tolerance
+//!   above the baseline (its `buffer`, 25 %), and `√limit` as the scale of
+//!   the growth step (its burst headroom). Avoided: measuring minRTT by
+//!   pinning the limit to `min_concurrency` every interval. That probe
+//!   refuses requests an upstream with spare capacity would have served
+//!   (envoyproxy/envoy#18152: 503s while the gradient is 1; #8337: "leading
+//!   to a drop in success rate"). Here the baseline is learned from traffic
+//!   as it comes, and the limit only falls after a window showed queueing or
+//!   the upstream said it is full, so an upstream kept below its capacity
+//!   never sees a refusal caused by the limiter's own measurement.
+//!
+//! # Worked example
+//!
+//! `min = 1`, `max = 1000`, `initial = 20`; an upstream with 40 slots and a
+//! 10 ms service time, more demand than that. While `limit ≤ 40` windows see
+//! 10 ms (`r = 1`) and the limit grows 20 → 22 → 24 → 27 → … → 47 → 51. At 51
+//! in flight 11 queue: a window sees 12.5 ms, `r = 1.25`, still tolerated, so
+//! it grows to 54; there a window sees 13.5 ms, `r = 1.35`, and the limit is
+//! cut to `54.9 × 0.85 / 1.35 ≈ 34`, the queue drains, and it climbs again:
+//! a sawtooth between about 0.8× and 1.4× the 40 slots, averaging near 40,
+//! that keeps the upstream busy with a short queue. A 503 then makes 34 into
+//! 27 at once.
+//!
+//! State: 64 bytes per key; [`Params`] live in the configuration.
+
+use super::Nanos;
+
+/// The ratio of a window's mean latency to the baseline above which requests
+/// are taken to be queueing (Envoy's default `buffer` is the same 25 %). It is
+/// also the queue the limit allows at the upstream: enough to keep every slot
+/// busy between one response and the next request, and a margin for noise.
+pub const TOLERANCE: f64 = 1.25;
+
+/// The multiplier of the limit on an overload outcome (503, 504, 429,
+/// timeout): between `AIMDLimit`'s gentle 0.9 and TCP's 0.5, since the
+/// upstream saying "full" is a stronger signal than one slow window.
+pub const BACKOFF: f64 = 0.8;
+
+/// The most a window's gradient may cut the limit (as Gradient2 and Envoy):
+/// one window of outliers at most halves it.
+pub const MIN_GRADIENT: f64 = 0.5;
+
+/// The growth step of a window that used its limit without queueing, as a
+/// multiple of `√limit` (Envoy's burst headroom is one `√limit`).
+pub const GROWTH: f64 = 0.5;
+
+/// How far below the queue-free concurrency a cut lands, so the upstream's
+/// queue drains and the next window sees its unqueued latency (BBR's drain
+/// phase does the same after probing up). Only a window that showed queueing
+/// is cut: an upstream below its capacity never sees this.
+pub const DRAIN: f64 = 0.85;
+
+/// Successful samples a window needs before it may move the limit.
+pub const WINDOW_SAMPLES: u32 = 10;
+
+/// How far a window below the baseline pulls it down (of the gap).
+pub const BASELINE_DOWN: f64 = 0.25;
+
+/// How far an eligible window above the baseline pulls it up (of the gap).
+pub const BASELINE_UP: f64 = 1.0 / 32.0;
+
+/// The largest `max` accepted: in-flight counts are `u32`.
+pub const MAX_LIMIT: u32 = 1_000_000;
+
+/// A limit's numbers (`min`, `max`, `initial` in `gateway.toml`), validated.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Params {
+    min: u32,
+    max: u32,
+    initial: u32,
+}
+
+/// Why a set of [`Params`] was refused.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ParamsError {
+    /// `min` was 0: a limit of 0 would refuse everything forever, since no
+    /// completion could ever raise it.
+    MinZero,
+    /// `min` above `max`.
+    MinAboveMax { min: u32, max: u32 },
+    /// `max` above [`MAX_LIMIT`].
+    MaxTooLarge(u32),
+    /// `initial` outside `[min, max]`.
+    InitialOutside { initial: u32, min: u32, max: u32 },
+}
+
+impl std::fmt::Display for ParamsError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match *self {
+            ParamsError::MinZero => write!(f, "min must be at least 1"),
+            ParamsError::MinAboveMax { min, max } => {
+                write!(f, "min ({min}) must not exceed max ({max})")
+            }
+            ParamsError::MaxTooLarge(max) => {
+                write!(f, "max ({max}) must not exceed {MAX_LIMIT}")
+            }
+            ParamsError::InitialOutside { initial, min, max } => {
+                write!(
+                    f,
+                    "initial ({initial}) must lie within min ({min}) and max ({max})"
+                )
+            }
+        }
+    }
+}
+
+impl std::error::Error for ParamsError {}
+
+impl Params {
+    /// Validate `min ≤ initial ≤ max`, `1 ≤ min`, `max ≤ MAX_LIMIT`.
+    pub fn new(min: u32, max: u32, initial: u32) -> Result<Params, ParamsError> {
+        if min == 0 {
+            return Err(ParamsError::MinZero);
+        }
+        if min > max {
+            return Err(ParamsError::MinAboveMax { min, max });
+        }
+        if max > MAX_LIMIT {
+            return Err(ParamsError::MaxTooLarge(max));
+        }
+        if !(min..=max).contains(&initial) {
+            return Err(ParamsError::InitialOutside { initial, min, max });
+        }
+        Ok(Params { min, max, initial })
+    }
+
+    pub fn min(self) -> u32 {
+        self.min
+    }
+
+    pub fn max(self) -> u32 {
+        self.max
+    }
+
+    pub fn initial(self) -> u32 {
+        self.initial
+    }
+
+    /// `x` within `[min, max]`; NaN lands on `min` (the safe side).
+    fn bound(self, x: f64) -> f64 {
+        if x.is_nan() {
+            f64::from(self.min)
+        } else {
+            x.clamp(f64::from(self.min), f64::from(self.max))
+        }
+    }
+}
+
+/// How a completed request ended, as far as the limit is concerned.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Outcome {
+    /// The upstream answered; its latency is a sample of its load.
+    Success,
+    /// The upstream said it is full or could not answer in time (503, 504,
+    /// 429, an upstream timeout): multiplicative decrease.
+    Overload,
+    /// Says nothing about the upstream's load (a client error, a request the
+    /// client cancelled): the slot is released and the limit does not move.
+    Ignored,
+}
+
+/// One key's adaptive limit: in flight, the limit, the baseline and the
+/// window being gathered.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Adaptive {
+    /// The limit, within `[min, max]`; admission uses its integer part.
+    estimate: f64,
+    /// Long-run latency (ns) of an unqueued request; 0 until the first window.
+    baseline: f64,
+    /// Mean latency (ns) of the last closed window, for the admin view.
+    recent: Nanos,
+    /// When the limit was last cut; a sample sent earlier describes the
+    /// higher limit before it and is not counted.
+    cut_at: Nanos,
+    /// When the current window began.
+    window_start: Nanos,
+    /// Sum of the window's successful latencies (ns, saturating).
+    window_sum: Nanos,
+    window_samples: u32,
+    /// The most requests in flight at once during the window.
+    window_peak: u32,
+    in_flight: u32,
+}
+
+impl Adaptive {
+    /// A fresh key at `params.initial`, its first window beginning at `now`.
+    pub fn new(params: Params, now: Nanos) -> Adaptive {
+        Adaptive {
+            estimate: f64::from(params.initial),
+            baseline: 0.0,
+            recent: 0,
+            cut_at: now,
+            window_start: now,
+            window_sum: 0,
+            window_samples: 0,
+            window_peak: 0,
+            in_flight: 0,
+        }
+    }
+
+    /// The current limit: requests are admitted while fewer are in flight.
+    pub fn limit(&self) -> u32 {
+        // The estimate is kept within [min, max] ⊂ [1, MAX_LIMIT]: the cast
+        // neither saturates nor sees a NaN.
+        self.estimate as u32
+    }
+
+    /// Requests admitted and not yet completed.
+    pub fn in_flight(&self) -> u32 {
+        self.in_flight
+    }
+
+    /// The learned unqueued latency, once a request has been answered.
+    pub fn baseline(&self) -> Option<Nanos> {
+        (self.baseline > 0.0).then_some(self.baseline as Nanos)
+    }
+
+    /// The mean latency of the last closed window, once one has.
+    pub fn recent(&self) -> Option<Nanos> {
+        (self.recent > 0).then_some(self.recent)
+    }
+
+    /// Take a slot if one is free. A caller that decides itself (a stack,
+    /// priorities reserving part of the limit) reads [`Self::limit`] and
+    /// [`Self::in_flight`] and then calls [`Self::acquire`].
+    pub fn try_acquire(&mut self) -> bool {
+        let free = self.in_flight < self.limit();
+        if free {
+            self.acquire();
+        }
+        free
+    }
+
+    /// Take a slot unconditionally (the caller has decided it fits).
+    pub fn acquire(&mut self) {
+        self.in_flight = self.in_flight.saturating_add(1);
+        self.window_peak = self.window_peak.max(self.in_flight);
+    }
+
+    /// Release the slot of a request that took `latency` and ended in
+    /// `outcome` at `now`, and let the limit learn from it.
+    pub fn on_complete(&mut self, params: Params, now: Nanos, latency: Nanos, outcome: Outcome) {
+        self.in_flight = self.in_flight.saturating_sub(1);
+        // Sent before the last cut: it describes the higher limit before it,
+        // which has already been paid for.
+        if now.saturating_sub(latency) < self.cut_at {
+            return;
+        }
+        match outcome {
+            Outcome::Ignored => {}
+            Outcome::Overload => {
+                self.estimate = params.bound(self.estimate * BACKOFF);
+                self.cut_at = now;
+                self.start_window(now);
+            }
+            Outcome::Success => {
+                if self.baseline <= 0.0 {
+                    // The first answer: the least queued a bootstrap gets.
+                    self.baseline = latency.max(1) as f64;
+                }
+                self.window_sum = self.window_sum.saturating_add(latency);
+                self.window_samples = self.window_samples.saturating_add(1);
+                // At least one round trip (the window's own mean latency):
+                // a shorter window would hold only the requests that found
+                // a free server, and miss the ones that queued.
+                let mean = self.window_sum / Nanos::from(self.window_samples);
+                if self.window_samples >= WINDOW_SAMPLES
+                    && now.saturating_sub(self.window_start) >= mean
+                {
+                    self.close_window(params, now);
+                }
+            }
+        }
+    }
+
+    /// Re-bound the limit under new numbers (a reload): the learned limit
+    /// and baseline are kept, only clamped.
+    pub fn rescale(&mut self, params: Params) {
+        self.estimate = params.bound(self.estimate);
+    }
+
+    /// Nothing in flight and the limit back at `initial`: the key holds
+    /// nothing a fresh one would not, and can be forgotten.
+    pub fn is_fresh(&self, params: Params) -> bool {
+        self.in_flight == 0 && self.limit() == params.initial
+    }
+
+    fn start_window(&mut self, now: Nanos) {
+        self.window_start = now;
+        self.window_sum = 0;
+        self.window_samples = 0;
+        self.window_peak = self.in_flight;
+    }
+
+    fn close_window(&mut self, params: Params, now: Nanos) {
+        // At least 1 ns: a zero latency (a coarse clock) must not divide by 0.
+        let avg = (self.window_sum as f64 / f64::from(self.window_samples)).max(1.0);
+        let ratio = avg / self.baseline.max(1.0);
+        let used = f64::from(self.window_peak) * 2.0 >= self.estimate;
+        let at_min = self.limit() <= params.min;
+        let queueing = ratio > TOLERANCE;
+        if queueing {
+            self.estimate *= (DRAIN / ratio).max(MIN_GRADIENT);
+            self.cut_at = now;
+        } else if used {
+            self.estimate += (self.estimate.sqrt() * GROWTH).max(1.0);
+        }
+        self.estimate = params.bound(self.estimate);
+        if avg < self.baseline {
+            self.baseline += (avg - self.baseline) * BASELINE_DOWN;
+        } else if at_min || !(used || queueing) {
+            self.baseline += (avg - self.baseline) * BASELINE_UP;
+        }
+        self.recent = avg as Nanos;
+        self.start_window(now);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const MS: Nanos = 1_000_000;
+
+    fn params() -> Params {
+        Params::new(1, 1000, 20).unwrap()
+    }
+
+    /// Run one window of `WINDOW_SAMPLES` successes at `latency`, with
+    /// `load` in flight, starting at `now`; returns the time after it.
+    fn window(a: &mut Adaptive, p: Params, now: Nanos, load: u32, latency: Nanos) -> Nanos {
+        for _ in 0..load {
+            a.acquire();
+        }
+        let end = now + latency;
+        for _ in 0..WINDOW_SAMPLES {
+            a.on_complete(p, end, latency, Outcome::Success);
+            a.acquire();
+        }
+        for _ in 0..load {
+            a.on_complete(p, end, latency, Outcome::Ignored);
+        }
+        end
+    }
+
+    #[test]
+    fn state_is_small() {
+        assert_eq!(std::mem::size_of::<Adaptive>(), 64);
+    }
+
+    #[test]
+    fn params_are_validated() {
+        assert_eq!(Params::new(0, 10, 5), Err(ParamsError::MinZero));
+        assert_eq!(
+            Params::new(5, 4, 5),
+            Err(ParamsError::MinAboveMax { min: 5, max: 4 })
+        );
+        assert_eq!(
+            Params::new(1, MAX_LIMIT + 1, 5),
+            Err(ParamsError::MaxTooLarge(MAX_LIMIT + 1))
+        );
+        assert!(matches!(
+            Params::new(2, 10, 11),
+            Err(ParamsError::InitialOutside { .. })
+        ));
+        assert_eq!(
+            Params::new(2, 10, 11).unwrap_err().to_string(),
+            "initial (11) must lie within min (2) and max (10)"
+        );
+    }
+
+    #[test]
+    fn worked_example_growth_then_cut() {
+        let p = params();
+        let mut a = Adaptive::new(p, 0);
+        let mut now = 0;
+        let mut seen = vec![a.limit()];
+        while a.limit() < 50 {
+            let load = a.limit();
+            now = window(&mut a, p, now, load, 10 * MS);
+            seen.push(a.limit());
+        }
+        assert_eq!(seen, [20, 22, 24, 27, 29, 32, 35, 38, 41, 44, 47, 51]);
+        assert_eq!(a.baseline(), Some(10 * MS));
+        // 51 in flight on 40 slots: a window sees 12.5 ms, r = 1.25, still
+        // within the tolerance: one more step.
+        now = window(&mut a, p, now, 51, 12_500_000);
+        assert_eq!(a.limit(), 54);
+        // 54 in flight: 13.5 ms, r = 1.35: cut to 54.x × 0.85 / 1.35.
+        now = window(&mut a, p, now, 54, 13_500_000);
+        assert_eq!(a.limit(), 34);
+        assert_eq!(a.recent(), Some(13_500_000));
+        // A 503 for a request sent after that cut: × 0.8, once.
+        a.acquire();
+        a.acquire();
+        a.on_complete(p, now + 5 * MS, MS, Outcome::Overload);
+        assert_eq!(a.limit(), 27);
+        // The second was sent before this backoff: no second decrease.
+        a.on_complete(p, now + 6 * MS, 5 * MS, Outcome::Overload);
+        assert_eq!(a.limit(), 27);
+        assert_eq!(a.in_flight(), 0);
+    }
+
+    #[test]
+    fn ignored_and_stale_samples_do_not_move_it() {
+        let p = params();
+        let mut a = Adaptive::new(p, 100 * MS);
+        for _ in 0..100 {
+            a.acquire();
+            a.on_complete(p, 200 * MS, 500 * MS, Outcome::Success); // sent before
+            a.acquire();
+            a.on_complete(p, 200 * MS, MS, Outcome::Ignored);
+        }
+        assert_eq!(a.limit(), 20);
+        assert_eq!(a.baseline(), None);
+        assert!(a.is_fresh(p));
+    }
+
+    #[test]
+    fn rescale_keeps_the_learned_limit_within_new_bounds() {
+        let p = params();
+        let mut a = Adaptive::new(p, 0);
+        window(&mut a, p, 0, 20, MS);
+        assert_eq!(a.limit(), 22);
+        a.rescale(Params::new(1, 1000, 5).unwrap());
+        assert_eq!(a.limit(), 22);
+        a.rescale(Params::new(1, 10, 5).unwrap());
+        assert_eq!(a.limit(), 10);
+    }
+
+    #[test]
+    fn zero_latencies_are_harmless() {
+        let p = params();
+        let mut a = Adaptive::new(p, 0);
+        for _ in 0..10 {
+            let load = a.limit();
+            window(&mut a, p, 0, load, 0);
+        }
+        assert!((p.min()..=p.max()).contains(&a.limit()));
+    }
+}
