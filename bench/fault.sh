@@ -157,41 +157,12 @@ retry = { attempts = 2, on = ["connect", "502", "503"] }
 CONF
 }
 
-# wrk's Lua: every response counted by status, printed with the latency.
-cat >"$TMP/count.lua" <<'LUA'
-local threads = {}
-function setup(thread)
-  table.insert(threads, thread)
-end
-function init(args)
-  statuses = {}
-end
-function response(status, headers, body)
-  statuses[status] = (statuses[status] or 0) + 1
-end
-function done(summary, latency, requests)
-  local merged = {}
-  for _, thread in ipairs(threads) do
-    for status, n in pairs(thread:get("statuses")) do
-      merged[status] = (merged[status] or 0) + n
-    end
-  end
-  for status, n in pairs(merged) do
-    io.write(string.format("status %d %d\n", status, n))
-  end
-  local e = summary.errors
-  io.write(string.format("socket_errors %d\n", e.connect + e.read + e.write + e.timeout))
-  io.write(string.format("requests %d\n", summary.requests))
-  io.write(string.format("p50_us %d\np99_us %d\n", latency:percentile(50), latency:percentile(99)))
-end
-LUA
-
 RESULTS=$TMP/results.tsv
 : >"$RESULTS"
 
 # One wrk run of SEGMENT against port $1, output in $2; checks the counts.
 run_wrk() {
-  wrk -t1 -c"$CONNS" -d"$SEGMENT" --latency -s "$TMP/count.lua" "http://127.0.0.1:$1/" >"$2"
+  wrk -t1 -c"$CONNS" -d"$SEGMENT" --latency -s bench/lua/statuses.lua "http://127.0.0.1:$1/" >"$2"
 }
 
 # Reads run $2 of target $1 in round $4 from file $3 into $RESULTS; checks

@@ -1,7 +1,8 @@
--- The wrk script of bench/common.sh's probe_statuses: every response
+-- The wrk script of bench/common.sh's probe_statuses and bench/fault.sh's runs: every response
 -- counted by status, printed at the end as lines "status CODE N", then
 -- "socket_errors N" (connect, read, write and timeout errors: a reset or a
--- refused connection is one, with no status) and "requests N". The
+-- refused connection is one, with no status), "requests N", and the
+-- latency's "p50_us N" and "p99_us N" (bench/fault.sh reads them). The
 -- `response` callback costs the client time, so the measured runs go
 -- without it and a short run with it checks what they were answered.
 
@@ -32,4 +33,5 @@ function done(summary, latency, requests)
   local e = summary.errors
   io.write(string.format("socket_errors %d\n", e.connect + e.read + e.write + e.timeout))
   io.write(string.format("requests %d\n", summary.requests))
+  io.write(string.format("p50_us %d\np99_us %d\n", latency:percentile(50), latency:percentile(99)))
 end
