@@ -575,10 +575,9 @@ async fn decisions_are_logged_explained_and_reloaded() {
 )]
 async fn on_redis_cluster_a_call_across_slots_is_still_one_stack() {
     let cluster = common::redis::Cluster::start(3, 0);
-    let urls: Vec<String> = cluster.urls().iter().map(|u| format!("\"{u}\"")).collect();
+    let urls = cluster.toml_urls();
     let config = on_redis(&format!(
-        "[store]\nbackend = \"redis\"\ncluster = true\nurl = [{}]\ntimeout = \"500ms\"\n",
-        urls.join(", ")
+        "[store]\nbackend = \"redis\"\ncluster = true\nurl = [{urls}]\ntimeout = \"500ms\"\n"
     ));
     let a = InProcess::start_on_wall_time(&config).await;
     let b = InProcess::start_on_wall_time(&config).await;

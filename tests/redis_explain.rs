@@ -257,8 +257,8 @@ limits = ["fw", "tb"]
 async fn explain_reads_a_cluster_key_from_its_slot() {
     let cluster = common::redis::Cluster::start(3, 0);
     let upstream = TestUpstream::start().await;
-    let urls: Vec<String> = cluster.urls().iter().map(|u| format!("\"{u}\"")).collect();
-    let store = format!("cluster = true\nurl = [{}]", urls.join(", "));
+    let urls = cluster.toml_urls();
+    let store = format!("cluster = true\nurl = [{urls}]");
     let a = InProcess::start(&config(&store, &upstream, CLUSTER_STACK)).await;
     let b = InProcess::start(&config(&store, &upstream, CLUSTER_STACK)).await;
     // Six users: their digests (the hash tags) spread them over the primaries.

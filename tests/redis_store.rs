@@ -1006,7 +1006,7 @@ async fn cluster_gateway_timing_out(
     body: &str,
     timeout: &str,
 ) -> InProcess {
-    let urls: Vec<String> = cluster.urls().iter().map(|u| format!("\"{u}\"")).collect();
+    let urls = cluster.toml_urls();
     InProcess::start(&format!(
         r#"
 [server]
@@ -1025,7 +1025,6 @@ url = "{upstream}"
 
 {body}
 "#,
-        urls = urls.join(", "),
         upstream = upstream.url(),
     ))
     .await

@@ -767,10 +767,9 @@ async fn script_calls_reach(redis: &Redis, n: u64) {
 async fn on_redis_cluster_reservations_and_settlements_cross_slots() {
     let cluster = common::redis::Cluster::start(3, 0);
     let upstream = LlmUpstream::start().await;
-    let urls: Vec<String> = cluster.urls().iter().map(|u| format!("\"{u}\"")).collect();
+    let urls = cluster.toml_urls();
     let store = format!(
-        "[store]\nbackend = \"redis\"\ncluster = true\nurl = [{}]\ntimeout = \"500ms\"\n",
-        urls.join(", ")
+        "[store]\nbackend = \"redis\"\ncluster = true\nurl = [{urls}]\ntimeout = \"500ms\"\n"
     );
     // tpm keyed with the route too: its key's digest, and so its slot,
     // differs from rpm's, and a stack spans two slots.

@@ -461,6 +461,13 @@ impl Cluster {
         self.nodes.iter().map(Redis::url).collect()
     }
 
+    /// The nodes' URLs as the items of a TOML array (`"redis://…", …`),
+    /// for a `[store]` section's `url = [...]`.
+    pub fn toml_urls(&self) -> String {
+        let quoted: Vec<String> = self.urls().iter().map(|u| format!("\"{u}\"")).collect();
+        quoted.join(", ")
+    }
+
     /// Every key on every live node (replicas repeat their primary's).
     pub fn keys(&self) -> Vec<String> {
         let mut keys: Vec<String> = self
