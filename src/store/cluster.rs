@@ -187,14 +187,7 @@ impl RedisStore {
 /// on this window's count, which the answer does not give): it is then the
 /// charged one's, less than a window off.
 fn uncharged(verdict: Verdict, algorithm: Algorithm, taken: u64) -> Verdict {
-    let full = match algorithm {
-        Algorithm::FixedWindow { limit, .. }
-        | Algorithm::SlidingWindow { limit, .. }
-        | Algorithm::SlidingLog { limit, .. } => limit,
-        Algorithm::TokenBucket { capacity, .. } => capacity,
-        Algorithm::LeakyBucket { capacity, .. } => capacity.saturating_add(1),
-        Algorithm::Concurrency { max } => max,
-    };
+    let full = crate::limit::verdict::quota(&algorithm);
     let remaining = verdict.remaining.saturating_add(taken).min(full);
     Verdict {
         remaining,
