@@ -147,6 +147,30 @@ pub(crate) fn admitted_fields(
     );
 }
 
+/// [`deny_response`] of a denied request: its ticket's stack, denied by
+/// the entry at `denied_by`, with the route's `RateLimit-Policy` for the
+/// caller's plan, as the proxy and `/auth` answer it (`cost`: what the
+/// denying limit was asked for). Always inlined, as `denial`: the deny
+/// path's instructions are counted.
+#[inline(always)]
+pub(crate) fn denied_response(
+    snapshot: &Snapshot,
+    plan: &RoutePlan,
+    ticket: &Ticket<'_>,
+    denied_by: usize,
+    cost: u64,
+) -> (Response<ResponseBody>, FieldLines) {
+    deny_response(
+        ticket.view(snapshot.config.server.headers),
+        ticket.entries(),
+        denied_by,
+        ticket
+            .policy(plan, snapshot.config.server.headers)
+            .as_deref(),
+        cost,
+    )
+}
+
 /// The problem type of a denial, from IANA's HTTP Problem Types registry.
 const QUOTA_EXCEEDED: &str = "https://iana.org/assignments/http-problem-types#quota-exceeded";
 /// The quota-exceeded type's member naming the limits that denied.

@@ -95,15 +95,8 @@ pub(crate) async fn answer<B>(
             (response, ticket.focus().map(|i| field(&ticket, i, false)))
         }
         RequestAdmission::Denied { by } => {
-            let (mut response, fields) = ratelimit::deny_response(
-                ticket.view(snapshot.config.server.headers),
-                ticket.entries(),
-                by,
-                ticket
-                    .policy(plan, snapshot.config.server.headers)
-                    .as_deref(),
-                route.cost,
-            );
+            let (mut response, fields) =
+                ratelimit::denied_response(&snapshot, plan, &ticket, by, route.cost);
             fields.apply(response.headers_mut());
             *response.status_mut() = deny_status(&snapshot);
             (response, Some(field(&ticket, by, true)))

@@ -493,15 +493,7 @@ fn deny(
     progress: &mut Progress,
 ) -> Response<ResponseBody> {
     progress.seen.limit = Some(note(plan, ticket, by, true));
-    let (mut response, fields) = ratelimit::deny_response(
-        ticket.view(snapshot.config.server.headers),
-        ticket.entries(),
-        by,
-        ticket
-            .policy(plan, snapshot.config.server.headers)
-            .as_deref(),
-        cost,
-    );
+    let (mut response, fields) = ratelimit::denied_response(snapshot, plan, ticket, by, cost);
     recycle_map(&mut parts.headers, response.headers_mut());
     progress.answer.fields = fields;
     response
