@@ -249,5 +249,11 @@ pub(crate) fn algorithm(algorithm: &Algorithm) -> String {
             format!("leaky_bucket capacity {capacity}, rate {}, {mode}", rate(r))
         }
         Algorithm::Concurrency { max } => format!("concurrency max {max}"),
+        Algorithm::Adaptive { params } => format!(
+            "adaptive min {}, max {}, initial {}",
+            params.min(),
+            params.max(),
+            params.initial()
+        ),
     }
 }

@@ -295,6 +295,8 @@ pub(crate) fn overridden(algorithm: Algorithm, per_unit: u64, unit: Nanos) -> Al
             mode,
         },
         Algorithm::Concurrency { .. } => Algorithm::Concurrency { max: per_unit },
+        // It follows the upstream: no "N per unit" to override.
+        Algorithm::Adaptive { params } => Algorithm::Adaptive { params },
     }
 }
 

@@ -415,6 +415,7 @@ fn per_unit(algorithm: &Algorithm) -> (u32, Unit) {
         Algorithm::Concurrency { max } => {
             return (u32::try_from(max).unwrap_or(u32::MAX), Unit::Unknown);
         }
+        Algorithm::Adaptive { params } => return (params.max(), Unit::Unknown),
     };
     const DAY: u128 = 86_400 * NANOS_PER_SEC as u128;
     let units = [

@@ -133,7 +133,7 @@ pub const BASELINE_UP: f64 = 1.0 / 32.0;
 pub const MAX_LIMIT: u32 = 1_000_000;
 
 /// A limit's numbers (`min`, `max`, `initial` in `gateway.toml`), validated.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub struct Params {
     min: u32,
     max: u32,
@@ -303,8 +303,21 @@ impl Adaptive {
 
     /// Take a slot unconditionally (the caller has decided it fits).
     pub fn acquire(&mut self) {
-        self.in_flight = self.in_flight.saturating_add(1);
+        self.acquire_units(1);
+    }
+
+    /// Take `units` slots at once (a request of cost `units`; the caller has
+    /// decided they fit). Its completion releases one through
+    /// [`Self::on_complete`] and the rest through [`Self::release_units`].
+    pub fn acquire_units(&mut self, units: u32) {
+        self.in_flight = self.in_flight.saturating_add(units);
         self.window_peak = self.window_peak.max(self.in_flight);
+    }
+
+    /// Release `units` slots without a sample (a request's slots beyond the
+    /// one [`Self::on_complete`] releases).
+    pub fn release_units(&mut self, units: u32) {
+        self.in_flight = self.in_flight.saturating_sub(units);
     }
 
     /// Release the slot of a request that took `latency` and ended in

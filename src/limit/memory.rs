@@ -65,6 +65,8 @@
 //! * `concurrency`: the in-flight slots are shared with the old limiter, so
 //!   permits taken before the reload release into the new one; a new `max`
 //!   applies at once.
+//! * `adaptive`: the same sharing, and each key keeps its learned limit and
+//!   baseline, clamped into a changed `min`/`max` (`adaptive::rescale`).
 //!
 //! A limit whose definition did not change at all should simply keep its
 //! `Arc<Limiter>`. Requests decided by the old limiter after the copy are not
@@ -76,6 +78,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 
 use parking_lot::{Mutex, MutexGuard};
 
+use super::adaptive_slot::{self, AdaptivePermit};
 use super::concurrency::{self, ConcurrencyPermit};
 use super::key::LimitKey;
 use super::reservations::OpenReservations;
@@ -161,6 +164,18 @@ enum Next {
     Gcra(token_bucket::State),
     LogRecord,
     Acquire,
+    AcquireAdaptive,
+}
+
+/// A request's hold on one limit that counts requests in flight, released
+/// by being dropped.
+// Never read: each is held only for what its drop releases (an adaptive
+// permit is also told how the upstream answered).
+#[allow(dead_code)]
+#[derive(Debug)]
+pub enum SlotPermit {
+    Concurrency(ConcurrencyPermit),
+    Adaptive(AdaptivePermit),
 }
 
 /// One limit's decision on one request ([`Limiter::check`]).
@@ -168,9 +183,18 @@ enum Next {
 #[must_use]
 pub struct Decision {
     pub verdict: Verdict,
-    /// Concurrency: the slot taken by an admitted request; hold it until the
-    /// response body ends.
-    pub permit: Option<ConcurrencyPermit>,
+    /// Concurrency, adaptive: the slot taken by an admitted request; hold
+    /// it until the response body ends.
+    pub permit: Option<SlotPermit>,
+}
+
+/// [`Limiter::in_flight_totals`]: what the in-flight gauges show.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub(crate) struct InFlightTotals {
+    /// Requests (cost units) in flight over all keys.
+    pub(crate) in_flight: u64,
+    /// An adaptive limit's current limits summed over its keys.
+    pub(crate) limit: u64,
 }
 
 /// One named limit's per-key state. Share it as `Arc<Limiter>`.
@@ -241,6 +265,61 @@ impl Limiter {
         self.live.load(Ordering::Relaxed)
     }
 
+    /// Requests in flight over every key of a `concurrency` or `adaptive`
+    /// limit, and an adaptive limit's current limits summed over its keys
+    /// (both 0 for the other algorithms), for the scrape-time gauges. Cold
+    /// path: one shard locked at a time, as the sweep does.
+    pub(crate) fn in_flight_totals(&self) -> InFlightTotals {
+        let mut totals = InFlightTotals::default();
+        if !matches!(
+            self.algorithm,
+            Algorithm::Concurrency { .. } | Algorithm::Adaptive { .. }
+        ) {
+            return totals;
+        }
+        let mut add = |state: StateRef<'_>| match state {
+            StateRef::Inflight(slot) => totals.in_flight += concurrency::in_flight(slot),
+            StateRef::Adaptive(slot) => {
+                let view = adaptive_slot::view(slot);
+                totals.in_flight += u64::from(view.in_flight);
+                totals.limit += u64::from(view.limit);
+            }
+            _ => {}
+        };
+        for shard in self.shards.iter() {
+            let shard = shard.0.lock();
+            shard.table.for_each(|_, state| add(state));
+            if let Some(state) = &shard.overflow {
+                add(state.read());
+            }
+        }
+        totals
+    }
+
+    /// An adaptive limit's key as it stands, charging nothing (`None` for
+    /// the other algorithms). A key it does not hold is a fresh one: at
+    /// `initial`, nothing in flight, nothing learned.
+    pub(crate) fn adaptive_view(&self, key: LimitKey) -> Option<adaptive_slot::View> {
+        let Algorithm::Adaptive { params } = self.algorithm else {
+            return None;
+        };
+        let shard = self.lock_shard(self.shard_of(key));
+        let state = match shard.table.get(StoreKey::from(key)) {
+            Some(state) => Some(state),
+            None if self.live_keys() >= self.max_keys => shard.overflow.as_ref().map(KeyState::read),
+            None => None,
+        };
+        Some(match state {
+            Some(StateRef::Adaptive(slot)) => adaptive_slot::view(slot),
+            _ => adaptive_slot::View {
+                limit: params.initial(),
+                in_flight: 0,
+                baseline: None,
+                recent: None,
+            },
+        })
+    }
+
     /// Decide and charge one request against this limit alone. The same
     /// decision as a one-entry [`check_stack`](super::check_stack), returned compactly (no
     /// per-entry array to copy out).
@@ -274,7 +353,12 @@ impl Limiter {
 
     /// [`Limiter::adjust`] with `ceiling`'s numbers bounding a charge.
     fn adjust_within(&self, key: LimitKey, delta: i64, now: Nanos, ceiling: Algorithm) {
-        if delta == 0 || matches!(self.algorithm, Algorithm::Concurrency { .. }) {
+        if delta == 0
+            || matches!(
+                self.algorithm,
+                Algorithm::Concurrency { .. } | Algorithm::Adaptive { .. }
+            )
+        {
             return;
         }
         let k = StoreKey::from(key);
@@ -290,11 +374,11 @@ impl Limiter {
             return;
         }
         if self.reserve(shard, now) {
-            let mut state = self.fresh_state();
+            let mut state = self.fresh_state(now);
             adjust(state.write());
             shard.table.insert(k, state, now);
         } else {
-            let state = shard.overflow.get_or_insert_with(|| self.fresh_state());
+            let state = shard.overflow.get_or_insert_with(|| self.fresh_state(now));
             adjust(state.write());
         }
     }
@@ -318,7 +402,8 @@ impl Limiter {
             | (SlidingLog { window: a, .. }, SlidingLog { window: b, .. }) => a == b,
             (TokenBucket { .. }, TokenBucket { .. })
             | (LeakyBucket { .. }, LeakyBucket { .. })
-            | (Concurrency { .. }, Concurrency { .. }) => true,
+            | (Concurrency { .. }, Concurrency { .. })
+            | (Adaptive { .. }, Adaptive { .. }) => true,
             _ => false,
         }
     }
@@ -377,7 +462,7 @@ impl Limiter {
         key: LimitKey,
         cost: u64,
         now: Nanos,
-        permit: &mut Option<ConcurrencyPermit>,
+        permit: &mut Option<SlotPermit>,
     ) -> (Verdict, Option<Undo>) {
         if cost == 0 {
             return (self.peek_in(shard, key, now), None);
@@ -404,13 +489,13 @@ impl Limiter {
                 self.live.fetch_sub(1, Ordering::Relaxed);
                 return (v, None);
             };
-            let mut state = self.fresh_state();
+            let mut state = self.fresh_state(now);
             let action = self.commit(state.write(), next, now, cost, permit);
             shard.table.insert(k, state, now);
             let target = Target::New(k);
             return (v, Some(Undo { target, action }));
         }
-        let state = shard.overflow.get_or_insert_with(|| self.fresh_state());
+        let state = shard.overflow.get_or_insert_with(|| self.fresh_state(now));
         let (v, next) = self.decide(Some(state.read()), now, cost);
         match next {
             Some(next) => {
@@ -526,6 +611,14 @@ impl Limiter {
                 let v = concurrency::decide(in_flight, cost, max);
                 (v, admitted(&v, Next::Acquire))
             }
+            Adaptive { params } => {
+                let slot = match state {
+                    Some(StateRef::Adaptive(slot)) => Some(slot),
+                    _ => None,
+                };
+                let v = adaptive_slot::decide(slot, params, cost);
+                (v, admitted(&v, Next::AcquireAdaptive))
+            }
         }
     }
 
@@ -537,7 +630,7 @@ impl Limiter {
         next: Next,
         now: Nanos,
         cost: u64,
-        permit: &mut Option<ConcurrencyPermit>,
+        permit: &mut Option<SlotPermit>,
     ) -> UndoAction {
         let window = match self.algorithm {
             Algorithm::SlidingLog { window, .. } => window,
@@ -554,7 +647,16 @@ impl Limiter {
                 UndoAction::LogPop(cost)
             }
             (Next::Acquire, StateMut::Inflight(slot)) => {
-                *permit = Some(ConcurrencyPermit::acquire(slot, cost));
+                *permit = Some(SlotPermit::Concurrency(ConcurrencyPermit::acquire(
+                    slot, cost,
+                )));
+                UndoAction::Nothing
+            }
+            (Next::AcquireAdaptive, StateMut::Adaptive(slot)) => {
+                // At most `max` ≤ adaptive::MAX_LIMIT: the decision admitted it.
+                let units = u32::try_from(cost).unwrap_or(u32::MAX);
+                let taken = AdaptivePermit::acquire(slot, units, now);
+                *permit = Some(SlotPermit::Adaptive(taken));
                 UndoAction::Nothing
             }
             _ => {
@@ -566,7 +668,7 @@ impl Limiter {
         }
     }
 
-    fn fresh_state(&self) -> KeyState {
+    fn fresh_state(&self, now: Nanos) -> KeyState {
         use Algorithm::*;
         match self.algorithm {
             FixedWindow { .. } => KeyState::Window(Default::default()),
@@ -574,6 +676,7 @@ impl Limiter {
             SlidingLog { .. } => KeyState::Log(Default::default()),
             TokenBucket { .. } | LeakyBucket { .. } => KeyState::Gcra(Default::default()),
             Concurrency { .. } => KeyState::Inflight(Arc::default()),
+            Adaptive { params } => KeyState::Adaptive(adaptive_slot::fresh(params, now)),
         }
     }
 
@@ -592,6 +695,7 @@ impl Limiter {
                 token_bucket::is_fresh(s, now, rate)
             }
             (Concurrency { .. }, StateRef::Inflight(slot)) => concurrency::is_fresh(slot),
+            (Adaptive { .. }, StateRef::Adaptive(slot)) => adaptive_slot::is_fresh(slot),
             _ => true,
         }
     }
@@ -648,6 +752,11 @@ impl Limiter {
             (_, _, StateRef::Log(s)) => KeyState::Log(Box::new(s.clone())),
             (_, _, StateRef::Gcra(s)) => KeyState::Gcra(s),
             (_, _, StateRef::Inflight(slot)) => KeyState::Inflight(Arc::clone(slot)),
+            (_, Adaptive { params }, StateRef::Adaptive(slot)) => {
+                KeyState::Adaptive(adaptive_slot::carry(slot, *params))
+            }
+            // `carries_state` keeps an adaptive state for an adaptive limit only.
+            (_, _, StateRef::Adaptive(slot)) => KeyState::Adaptive(Arc::clone(slot)),
         }
     }
 

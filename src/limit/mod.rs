@@ -18,7 +18,7 @@
 //! | `token_bucket` | [`token_bucket`] | GCRA `tat` |
 //! | `leaky_bucket` | [`leaky_bucket`] | GCRA `tat` (nginx `limit_req`) |
 //! | `concurrency` | [`concurrency`] | in-flight count + permits |
-//! | `adaptive` (not yet wired) | [`adaptive`] | in flight, limit, baseline, window |
+//! | `adaptive` | [`adaptive`] (how the limit moves), [`adaptive_slot`] (per key, permits) | in flight, limit, baseline, window |
 //!
 //! Worked example: a token bucket of 20 refilled at 10/s, `now` = T. Twenty
 //! requests at T pass (`r` 19 … 0); the 21st gets `allowed = false`,
@@ -26,6 +26,7 @@
 //! stack. Each module doc works its own algorithm through.
 
 pub mod adaptive;
+pub(crate) mod adaptive_slot;
 pub(crate) mod clock;
 pub(crate) mod concurrency;
 pub(crate) mod fixed_window;
@@ -48,4 +49,4 @@ pub(crate) use params::WindowAlign;
 pub use params::{Algorithm, LeakyMode, NANOS_PER_SEC, Nanos, Rate};
 pub(crate) use stack::{EntryVerdict, Permits, StackDecision, check_stack_into};
 pub use stack::{Outcome, StackEntry, check_stack};
-pub(crate) use verdict::{Verdict, quota, window_secs};
+pub(crate) use verdict::{Verdict, quota, quota_of, window_secs};

@@ -54,6 +54,11 @@ pub enum Algorithm {
     Concurrency {
         max: u64,
     },
+    /// A concurrency limit that follows the upstream (`limit::adaptive`);
+    /// always node-local.
+    Adaptive {
+        params: super::adaptive::Params,
+    },
 }
 
 impl Algorithm {
@@ -91,6 +96,7 @@ impl Algorithm {
                 mode,
             },
             Concurrency { max } => Concurrency { max },
+            Adaptive { params } => Adaptive { params },
         }
     }
 
@@ -146,6 +152,8 @@ impl Algorithm {
                 mode,
             },
             Algorithm::Concurrency { max } => Algorithm::Concurrency { max: part(max) },
+            // Node-local by nature: each node measures its own traffic.
+            Algorithm::Adaptive { params } => Algorithm::Adaptive { params },
         }
     }
 }

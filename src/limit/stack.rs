@@ -43,9 +43,10 @@ use parking_lot::MutexGuard;
 use smallvec::SmallVec;
 
 use super::Nanos;
-use super::concurrency::ConcurrencyPermit;
+use super::adaptive_slot::UpstreamAnswer;
+use super::clock::Clock;
 use super::key::LimitKey;
-use super::memory::{Decision, Limiter, ShardMap, Undo};
+use super::memory::{Decision, Limiter, ShardMap, SlotPermit, Undo};
 use super::verdict::Verdict;
 
 /// Stacks up to this long are decided without touching the heap.
@@ -112,11 +113,11 @@ thread_local! {
 }
 
 /// One thing [`Permits`] releases by being dropped.
-// Never read: each is held only for what its drop releases.
-#[allow(dead_code)]
 #[derive(Debug)]
 enum Permit {
-    Memory(ConcurrencyPermit),
+    Memory(SlotPermit),
+    // Never read: held only for what its drop releases.
+    #[allow(dead_code)]
     /// Held elsewhere (a Redis concurrency lease; see [`Permits::hold`]).
     Held(Box<dyn std::fmt::Debug + Send + Sync>),
 }
@@ -131,9 +132,25 @@ impl Drop for Permits {
 }
 
 impl Permits {
-    fn push(&mut self, permit: Option<ConcurrencyPermit>) {
+    fn push(&mut self, permit: Option<SlotPermit>) {
         if let Some(permit) = permit {
             self.add(Permit::Memory(permit));
+        }
+    }
+
+    /// Tells the adaptive limits among these permits how the upstream
+    /// answered, at the time `clock` reads now; their release (the response
+    /// body's end) then teaches each limit. Read only when one is held, so
+    /// a request without an adaptive limit pays no clock read. A request
+    /// whose permits are dropped without this (a client that went away, a
+    /// gateway error other than a timeout) teaches nothing.
+    pub(crate) fn record_outcome(&mut self, answer: UpstreamAnswer, clock: &dyn Clock) {
+        let mut now = None;
+        for permit in &mut self.slots {
+            if let Permit::Memory(SlotPermit::Adaptive(adaptive)) = permit {
+                let now = *now.get_or_insert_with(|| clock.now());
+                adaptive.answered(answer, now);
+            }
         }
     }
 
@@ -413,6 +430,7 @@ pub(crate) const SKIPPED: EntryVerdict = EntryVerdict {
         retry_after: None,
         never: false,
         delay: 0,
+        current_limit: 0,
     },
 };
 

@@ -18,6 +18,7 @@
 //! | `fixed_window` | 16 | window + count, 16 | 32 | 38–75 B |
 //! | `sliding_log` | 8 | a boxed deque, 8 (+ 48 + 16 per run on the heap) | 16 | 19–39 B + heap |
 //! | `concurrency` | 8 | an `Arc<AtomicU64>`, 8 (+ 24 on the heap) | 16 | 19–39 B + 24 |
+//! | `adaptive` | 8 | an `Arc<Mutex<…>>`, 8 (+ 96 on the heap) | 16 | 19–39 B + 96 |
 //!
 //! A table of 32 KiB or more (a shard past ~1,800 token-bucket keys) is
 //! mapped from the OS and unmapped when freed ([`TableAlloc`]). When a table
@@ -68,6 +69,7 @@ use std::ptr::NonNull;
 use allocator_api2::alloc::{AllocError, Allocator, Global};
 use hashbrown::HashTable;
 
+use super::adaptive_slot;
 use super::concurrency::Slot;
 use super::{Algorithm, Nanos};
 use super::{fixed_window, sliding_log, sliding_window, token_bucket};
@@ -109,6 +111,7 @@ pub(crate) enum KeyState {
     /// Token and leaky bucket.
     Gcra(token_bucket::State),
     Inflight(Slot),
+    Adaptive(adaptive_slot::Slot),
 }
 
 /// A state to read: the small ones copied, the others borrowed.
@@ -119,6 +122,7 @@ pub(crate) enum StateRef<'a> {
     Log(&'a sliding_log::State),
     Gcra(token_bucket::State),
     Inflight(&'a Slot),
+    Adaptive(&'a adaptive_slot::Slot),
 }
 
 /// A state to change in place (a compact `tat` is a copy written back after).
@@ -129,6 +133,7 @@ pub(crate) enum StateMut<'a> {
     Log(&'a mut sliding_log::State),
     Gcra(&'a mut token_bucket::State),
     Inflight(&'a Slot),
+    Adaptive(&'a adaptive_slot::Slot),
 }
 
 impl KeyState {
@@ -139,6 +144,7 @@ impl KeyState {
             KeyState::Log(s) => StateRef::Log(s),
             KeyState::Gcra(s) => StateRef::Gcra(*s),
             KeyState::Inflight(slot) => StateRef::Inflight(slot),
+            KeyState::Adaptive(slot) => StateRef::Adaptive(slot),
         }
     }
 
@@ -149,6 +155,7 @@ impl KeyState {
             KeyState::Log(s) => StateMut::Log(s),
             KeyState::Gcra(s) => StateMut::Gcra(s),
             KeyState::Inflight(slot) => StateMut::Inflight(slot),
+            KeyState::Adaptive(slot) => StateMut::Adaptive(slot),
         }
     }
 }
@@ -161,6 +168,7 @@ impl StateMut<'_> {
             StateMut::Log(s) => StateRef::Log(s),
             StateMut::Gcra(s) => StateRef::Gcra(**s),
             StateMut::Inflight(slot) => StateRef::Inflight(slot),
+            StateMut::Adaptive(slot) => StateRef::Adaptive(slot),
         }
     }
 }
@@ -399,6 +407,7 @@ pub(crate) enum Table {
     Sliding(Keyed<u64, sliding_window::State>),
     Log(Keyed<u64, Box<sliding_log::State>>),
     Inflight(Keyed<u64, Slot>),
+    Adaptive(Keyed<u64, adaptive_slot::Slot>),
 }
 
 impl Table {
@@ -413,6 +422,7 @@ impl Table {
                 None => Table::GcraWide(Keyed::new()),
             },
             Concurrency { .. } => Table::Inflight(Keyed::new()),
+            Adaptive { .. } => Table::Adaptive(Keyed::new()),
         }
     }
 
@@ -424,6 +434,7 @@ impl Table {
             Table::Sliding(t) => t.0.len(),
             Table::Log(t) => t.0.len(),
             Table::Inflight(t) => t.0.len(),
+            Table::Adaptive(t) => t.0.len(),
         }
     }
 
@@ -438,6 +449,7 @@ impl Table {
             Table::Sliding(_) => size_of::<(u64, sliding_window::State)>(),
             Table::Log(_) => size_of::<(u64, Box<sliding_log::State>)>(),
             Table::Inflight(_) => size_of::<(u64, Slot)>(),
+            Table::Adaptive(_) => size_of::<(u64, adaptive_slot::Slot)>(),
         }
     }
 
@@ -454,6 +466,7 @@ impl Table {
             Table::Sliding(t) => t.get(key).map(|s| StateRef::Sliding(*s)),
             Table::Log(t) => t.get(key).map(|s| StateRef::Log(s)),
             Table::Inflight(t) => t.get(key).map(StateRef::Inflight),
+            Table::Adaptive(t) => t.get(key).map(StateRef::Adaptive),
         }
     }
 
@@ -497,6 +510,7 @@ impl Table {
             Table::Sliding(t) => StateMut::Sliding(t.get_mut(key)?),
             Table::Log(t) => StateMut::Log(t.get_mut(key)?),
             Table::Inflight(t) => StateMut::Inflight(t.get_mut(key)?),
+            Table::Adaptive(t) => StateMut::Adaptive(t.get_mut(key)?),
         };
         Some(f(state))
     }
@@ -516,6 +530,7 @@ impl Table {
             (Table::Sliding(t), KeyState::Sliding(s)) => t.insert(key, s),
             (Table::Log(t), KeyState::Log(s)) => t.insert(key, s),
             (Table::Inflight(t), KeyState::Inflight(s)) => t.insert(key, s),
+            (Table::Adaptive(t), KeyState::Adaptive(s)) => t.insert(key, s),
             _ => debug_assert!(false, "key state does not match the table"),
         }
     }
@@ -529,6 +544,7 @@ impl Table {
             Table::Sliding(t) => t.remove(key),
             Table::Log(t) => t.remove(key),
             Table::Inflight(t) => t.remove(key),
+            Table::Adaptive(t) => t.remove(key),
         }
     }
 
@@ -547,6 +563,7 @@ impl Table {
             Table::Sliding(t) => t.0.retain(|(k, s)| keep(k.full(), StateRef::Sliding(*s))),
             Table::Log(t) => t.0.retain(|(k, s)| keep(k.full(), StateRef::Log(s))),
             Table::Inflight(t) => t.0.retain(|(k, s)| keep(k.full(), StateRef::Inflight(s))),
+            Table::Adaptive(t) => t.0.retain(|(k, s)| keep(k.full(), StateRef::Adaptive(s))),
         }
     }
 
@@ -575,6 +592,10 @@ impl Table {
             Table::Inflight(t) => {
                 t.0.iter()
                     .for_each(|(k, s)| f(k.full(), StateRef::Inflight(s)))
+            }
+            Table::Adaptive(t) => {
+                t.0.iter()
+                    .for_each(|(k, s)| f(k.full(), StateRef::Adaptive(s)))
             }
         }
     }
@@ -631,6 +652,7 @@ mod tests {
             (sliding, 24),
             (log, 16),
             (Algorithm::Concurrency { max: 1 }, 16),
+            (adaptive(), 16),
         ];
         for (algorithm, bytes) in cases {
             assert_eq!(Table::new(&algorithm).slot_bytes(), bytes, "{algorithm:?}");
@@ -676,6 +698,43 @@ mod tests {
         // A burst whose debt spans more than 2^62 scaled ns.
         assert!(compact_tokens(&bucket(1 << 40, 1, 1 << 30)).is_none());
         assert!(compact_tokens(&Algorithm::Concurrency { max: 1 }).is_none());
+    }
+
+    fn adaptive() -> Algorithm {
+        let params = crate::limit::adaptive::Params::new(1, 10, 5).unwrap();
+        Algorithm::Adaptive { params }
+    }
+
+    #[test]
+    fn adaptive_keys_share_their_state_with_permits() {
+        let mut table = Table::new(&adaptive());
+        let Algorithm::Adaptive { params } = adaptive() else {
+            unreachable!()
+        };
+        table.insert(key(1), KeyState::Adaptive(adaptive_slot::fresh(params, T0)), T0);
+        let permit = table
+            .with(key(1), T0, |s| match s {
+                StateMut::Adaptive(slot) => adaptive_slot::AdaptivePermit::acquire(slot, 2, T0),
+                other => panic!("{other:?}"),
+            })
+            .unwrap();
+        let in_flight = |table: &Table| match table.get(key(1)) {
+            Some(StateRef::Adaptive(slot)) => adaptive_slot::view(slot).in_flight,
+            other => panic!("{other:?}"),
+        };
+        assert_eq!(in_flight(&table), 2);
+        table.retain(|_, s| match s {
+            StateRef::Adaptive(slot) => !adaptive_slot::is_fresh(slot),
+            _ => true,
+        });
+        assert_eq!(table.len(), 1, "a key with a permit alive is kept");
+        drop(permit);
+        assert_eq!(in_flight(&table), 0);
+        table.retain(|_, s| match s {
+            StateRef::Adaptive(slot) => !adaptive_slot::is_fresh(slot),
+            _ => true,
+        });
+        assert_eq!(table.len(), 0, "fresh again: swept");
     }
 
     fn key(i: u64) -> StoreKey {

@@ -33,6 +33,9 @@ pub struct Verdict {
     /// Leaky bucket in `Delay` mode: hold the request this long before
     /// forwarding it, so that the excess leaves spaced at `rate`.
     pub(crate) delay: Nanos,
+    /// `adaptive`: the key's limit when decided (its `q`, which moves); 0
+    /// for the other algorithms, whose `q` is their configured quota.
+    pub(crate) current_limit: u32,
 }
 
 impl Verdict {
@@ -60,6 +63,7 @@ impl Verdict {
             retry_after: if never { None } else { Some(retry_after) },
             never,
             delay: 0,
+            current_limit: 0,
         }
     }
 }
@@ -74,6 +78,17 @@ pub(crate) fn quota(algorithm: &Algorithm) -> u64 {
         Algorithm::TokenBucket { capacity, .. } => capacity,
         Algorithm::LeakyBucket { capacity, .. } => capacity.saturating_add(1),
         Algorithm::Concurrency { max } => max,
+        // The most it can become; a decision's own `q` is [`quota_of`].
+        Algorithm::Adaptive { params } => u64::from(params.max()),
+    }
+}
+
+/// `q` of one decision: an adaptive limit's current limit as the verdict
+/// saw it, else the configured [`quota`].
+pub(crate) fn quota_of(algorithm: &Algorithm, verdict: &Verdict) -> u64 {
+    match algorithm {
+        Algorithm::Adaptive { .. } => u64::from(verdict.current_limit),
+        _ => quota(algorithm),
     }
 }
 
@@ -88,7 +103,7 @@ pub(crate) fn window_secs(algorithm: &Algorithm) -> Option<u64> {
         Algorithm::LeakyBucket { capacity, rate, .. } => {
             units_time_secs(capacity as u128 + 1, rate)
         }
-        Algorithm::Concurrency { .. } => return None,
+        Algorithm::Concurrency { .. } | Algorithm::Adaptive { .. } => return None,
     };
     Some(u64::try_from(secs).unwrap_or(u64::MAX).max(1))
 }

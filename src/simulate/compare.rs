@@ -92,6 +92,7 @@ pub(crate) fn algorithm_name(algorithm: &Algorithm) -> &'static str {
         Algorithm::TokenBucket { .. } => "token_bucket",
         Algorithm::LeakyBucket { .. } => "leaky_bucket",
         Algorithm::Concurrency { .. } => "concurrency",
+        Algorithm::Adaptive { .. } => "adaptive",
     }
 }
 
@@ -119,7 +120,7 @@ pub(crate) fn window_form(algorithm: &Algorithm) -> Option<(u64, Nanos)> {
             let q = capacity.saturating_add(1);
             Some((q, time_for(q, rate)))
         }
-        Algorithm::Concurrency { .. } => None,
+        Algorithm::Concurrency { .. } | Algorithm::Adaptive { .. } => None,
     }
 }
 

@@ -16,7 +16,7 @@ use redis::{Cmd, Value};
 use smallvec::SmallVec;
 
 use super::{LEASE, RedisStore, SharedEntry, msgpack};
-use crate::limit::{Algorithm, LeakyMode, Nanos, Verdict, WindowAlign};
+use crate::limit::{Algorithm, LeakyMode, Nanos, Verdict, WindowAlign, quota};
 
 pub(super) const STACK_LUA: &str = include_str!("stack.lua");
 pub(super) const SETTLE_LUA: &str = include_str!("settle.lua");
@@ -313,6 +313,8 @@ impl RedisStore {
             Algorithm::TokenBucket { .. } => "tb",
             Algorithm::LeakyBucket { .. } => "lb",
             Algorithm::Concurrency { .. } => "cc",
+            // Never shared (config keeps it node-local); named apart anyway.
+            Algorithm::Adaptive { .. } => "ad",
         };
         let _ = write!(
             key,
@@ -386,9 +388,13 @@ fn push_params(e: &SharedEntry<'_>, member: &str, args: &mut Args) {
             args.int(u8::from(mode == LeakyMode::Delay));
             args.int(0);
         }
-        Algorithm::Concurrency { max } => {
+        Algorithm::Concurrency { .. } | Algorithm::Adaptive { .. } => {
+            // An adaptive limit is node-local (`config::limits` sets
+            // `local`): it never reaches the store. Were it to, its `max`
+            // as a static concurrency bound is the safe reading.
+            debug_assert!(matches!(e.algorithm, Algorithm::Concurrency { .. }));
             args.int(5);
-            args.int(max);
+            args.int(quota(&e.algorithm));
             args.int(LEASE.as_millis());
             args.text_value(member);
             args.int(0);
