@@ -760,13 +760,34 @@ impl App {
         self.health.expire(health::now());
     }
 
-    /// Sets `tollgate_limiter_keys{limit}` to the keys each limit holds now.
+    /// Sets `tollgate_limiter_keys{limit}` to the keys each limit holds now,
+    /// and for the limits that count requests in flight
+    /// `tollgate_inflight{limit}` and `tollgate_adaptive_limit{limit}`:
+    /// read from the tables at scrape time, one shard at a time, so the
+    /// request path keeps no counter for them.
     pub(crate) fn refresh_limiter_keys(&self) {
         let snapshot = self.snapshot();
         for id in snapshot.limit_ids() {
             let live: usize = snapshot.limiters(id).all().map(|l| l.live_keys()).sum();
-            self.metrics
-                .set_limiter_keys(snapshot.limit_label(id), live as u64);
+            let label = snapshot.limit_label(id);
+            self.metrics.set_limiter_keys(label, live as u64);
+            let algorithm = snapshot.limit_config(id).algorithm;
+            if !matches!(
+                algorithm,
+                Algorithm::Concurrency { .. } | Algorithm::Adaptive { .. }
+            ) {
+                continue;
+            }
+            let (mut in_flight, mut limit) = (0, 0);
+            for limiter in snapshot.limiters(id).all() {
+                let totals = limiter.in_flight_totals();
+                in_flight += totals.in_flight;
+                limit += totals.limit;
+            }
+            self.metrics.set_inflight(label, in_flight);
+            if matches!(algorithm, Algorithm::Adaptive { .. }) {
+                self.metrics.set_adaptive_limit(label, limit);
+            }
         }
     }
 }

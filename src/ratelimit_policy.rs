@@ -6,7 +6,7 @@
 
 use crate::config::{HeaderStyles, LimitConfig};
 use crate::http::structured::ListWriter;
-use crate::limit::{Algorithm, EntryVerdict, Outcome, quota, window_secs};
+use crate::limit::{Algorithm, EntryVerdict, Outcome, quota, quota_of, window_secs};
 
 /// A route's stack as the headers see it: each limit with the algorithm in
 /// force for this request (a consumer's plan may change the numbers).
@@ -22,8 +22,12 @@ pub(crate) fn styles(limit: &LimitConfig, server: HeaderStyles) -> HeaderStyles 
     limit.headers.unwrap_or(server)
 }
 
+/// Counts requests in flight (`concurrency`, `adaptive`): no `t` or `w`.
 pub(crate) fn is_concurrency(limit: &LimitConfig) -> bool {
-    matches!(limit.algorithm, Algorithm::Concurrency { .. })
+    matches!(
+        limit.algorithm,
+        Algorithm::Concurrency { .. } | Algorithm::Adaptive { .. }
+    )
 }
 
 /// `RateLimit-Policy` for a route's stack: every non-shadow limit whose
@@ -73,7 +77,8 @@ pub(crate) fn least_remaining_of(
 ) -> Option<usize> {
     let mut best: Option<(usize, u64, u64)> = None;
     for i in candidates {
-        let (r, q) = (verdicts[i].verdict.remaining, quota(&algorithms[i]).max(1));
+        let verdict = &verdicts[i].verdict;
+        let (r, q) = (verdict.remaining, quota_of(&algorithms[i], verdict).max(1));
         // r/q < r'/q'  ⇔  r·q' < r'·q, exact in u128.
         let better = match best {
             None => true,

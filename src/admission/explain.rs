@@ -21,6 +21,11 @@
 //! `"fallback"` with what `store.on_failure` does meanwhile: its numbers are
 //! the fallback's (scaled by `local_fraction`), and only `on_failure =
 //! "local"` decides with it.
+//!
+//! An `adaptive` limit (always in memory) adds `adaptive`: its current
+//! `limit` (also `quota`), the requests `in_flight`, and the latencies it
+//! learns from, `baseline_ms` (the unqueued latency) and `recent_ms` (the
+//! last window's mean), `null` until it has seen answers.
 
 use std::sync::Arc;
 
@@ -35,7 +40,7 @@ use crate::identity::body_fields::percent_decode;
 use crate::identity::client_ip::client_net;
 use crate::identity::keys::{descriptor_digest, digest_values};
 use crate::limit::{Algorithm, LimitKey, Verdict};
-use crate::limit::{Nanos, quota, window_secs};
+use crate::limit::{Nanos, quota_of, window_secs};
 use crate::store::RedisStore;
 use crate::summary::key_parts;
 
@@ -82,13 +87,23 @@ pub async fn explain(
         .for_plan(target.plan.as_deref());
     let Some(store) = store.filter(|_| snapshot.is_shared(target.id)) else {
         let verdict = limiter.peek(target.digest, now);
-        return Ok(state(
+        let mut explained = state(
             snapshot,
             &target,
             limiter.algorithm(),
             verdict,
             Source::Memory,
-        ));
+        );
+        if let Some(view) = limiter.adaptive_view(target.digest) {
+            let ms = |ns: Option<Nanos>| ns.map(|ns| ns as f64 / 1e6);
+            explained["adaptive"] = json!({
+                "limit": view.limit,
+                "in_flight": view.in_flight,
+                "baseline_ms": ms(view.baseline),
+                "recent_ms": ms(view.recent),
+            });
+        }
+        return Ok(explained);
     };
     let config = snapshot.limit_config(target.id);
     let entry = store_entry(config, target.plan.as_deref(), target.digest);
@@ -184,7 +199,7 @@ fn state(
         "digest": format!("{:032x}", target.digest.as_u128()),
         "plan": target.plan,
         "policy": crate::summary::algorithm(&algorithm),
-        "quota": quota(&algorithm),
+        "quota": quota_of(&algorithm, &verdict),
         "window_seconds": window_secs(&algorithm),
         "remaining": verdict.remaining,
         "reset_seconds": secs(verdict.reset_after),

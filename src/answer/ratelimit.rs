@@ -25,7 +25,7 @@ use crate::http::problem::{
     DETAIL, NumberMember, ObjectMember, ProblemWriter, STATUS, TITLE, TYPE, TextListMember,
     TextMember, TextWriter, Written, problem_member,
 };
-use crate::limit::{EntryVerdict, NANOS_PER_SEC, Nanos, Outcome, quota};
+use crate::limit::{EntryVerdict, NANOS_PER_SEC, Nanos, Outcome, quota, quota_of};
 use crate::ratelimit_policy::{StackView, is_concurrency, styles};
 
 const RATELIMIT: OwnName = own_name!("ratelimit");
@@ -96,7 +96,7 @@ pub(crate) fn limit_fields(
     let Some(index) = focus else { return };
     let (limit, entry) = (view.limits[index], &verdicts[index]);
     let style = styles(limit, server);
-    let q = quota(&view.algorithms[index]);
+    let q = quota_of(&view.algorithms[index], &entry.verdict);
     let r = entry.verdict.remaining;
     let reset = (!is_concurrency(limit)).then(|| ceil_secs(entry.verdict.reset_after));
     // Both families say the same three numbers: formatted once.

@@ -36,6 +36,10 @@ pub(crate) struct RawLimit {
     pub(crate) rate: Option<String>,
     pub(crate) mode: Option<String>,
     pub(crate) max: Option<u64>,
+    /// `adaptive`: the least and the starting limit (`max` is shared with
+    /// `concurrency`).
+    pub(crate) min: Option<u64>,
+    pub(crate) initial: Option<u64>,
     pub(crate) shadow: Option<bool>,
     pub(crate) status: Option<u16>,
     pub(crate) on_missing_key: Option<String>,
@@ -61,11 +65,17 @@ pub(crate) struct RawPlan {
     pub(crate) refill: Option<String>,
     pub(crate) rate: Option<String>,
     pub(crate) max: Option<u64>,
+    /// Not a plan's: a limit's own `min` and `initial`, carried here so that
+    /// one check says which algorithm takes them.
+    #[serde(skip)]
+    pub(crate) min: Option<u64>,
+    #[serde(skip)]
+    pub(crate) initial: Option<u64>,
 }
 
 impl RawPlan {
     /// Each algorithm parameter's key, and whether this plan sets it.
-    pub(crate) fn present(&self) -> [(&'static str, bool); 6] {
+    pub(crate) fn present(&self) -> [(&'static str, bool); 8] {
         [
             ("limit", self.limit.is_some()),
             ("window", self.window.is_some()),
@@ -73,6 +83,8 @@ impl RawPlan {
             ("refill", self.refill.is_some()),
             ("rate", self.rate.is_some()),
             ("max", self.max.is_some()),
+            ("min", self.min.is_some()),
+            ("initial", self.initial.is_some()),
         ]
     }
 
@@ -93,6 +105,8 @@ impl RawPlan {
             refill: self.refill.clone().or_else(|| base.refill.clone()),
             rate: self.rate.clone().or_else(|| base.rate.clone()),
             max: self.max.or(base.max),
+            min: self.min.or(base.min),
+            initial: self.initial.or(base.initial),
         }
     }
 }
@@ -107,6 +121,8 @@ impl RawLimit {
             refill: self.refill.clone(),
             rate: self.rate.clone(),
             max: self.max,
+            min: self.min,
+            initial: self.initial,
         }
     }
 }
@@ -167,13 +183,14 @@ pub struct LimitConfig {
 /// when it is reached.
 pub(crate) const DEFAULT_MAX_KEYS: usize = 1_000_000;
 
-const ALGORITHMS: [&str; 6] = [
+const ALGORITHMS: [&str; 7] = [
     "fixed_window",
     "sliding_window",
     "sliding_log",
     "token_bucket",
     "leaky_bucket",
     "concurrency",
+    "adaptive",
 ];
 
 /// Every `[limits.NAME]`, in name order (routes and rules refer to them by
@@ -319,8 +336,18 @@ fn check_limit(c: &mut Checker, path: &KeyPath, name: &str, raw: &RawLimit) -> L
             check_algorithm(c, &raw.algorithm, &merged, mode, &at),
         ));
     }
+    let adaptive = matches!(algorithm, Algorithm::Adaptive { .. });
+    if adaptive {
+        check_adaptive_extras(c, path, raw);
+    }
+    // An adaptive limit refuses because the upstream is full, not because
+    // the client is too fast: 503 (contract §12).
+    let default_status = match adaptive {
+        true => StatusCode::SERVICE_UNAVAILABLE,
+        false => StatusCode::TOO_MANY_REQUESTS,
+    };
     let status = match raw.status {
-        None => StatusCode::TOO_MANY_REQUESTS,
+        None => default_status,
         Some(code) => match StatusCode::from_u16(code) {
             Ok(s) if (400..600).contains(&code) => s,
             _ => {
@@ -328,7 +355,7 @@ fn check_limit(c: &mut Checker, path: &KeyPath, name: &str, raw: &RawLimit) -> L
                     path.key("status"),
                     format!("`{code}` is not an error status; expected 400-599"),
                 );
-                StatusCode::TOO_MANY_REQUESTS
+                default_status
             }
         },
     };
@@ -363,13 +390,32 @@ fn check_limit(c: &mut Checker, path: &KeyPath, name: &str, raw: &RawLimit) -> L
         shadow: raw.shadow.unwrap_or(false),
         status,
         on_missing_key,
-        local: raw.local.unwrap_or(false),
+        // Adaptive: always node-local, each node measuring its own traffic.
+        local: adaptive || raw.local.unwrap_or(false),
         lease: check_lease(c, path, raw, &algorithm),
         unit: tokens::check_unit(c, path, raw.unit.as_deref(), &algorithm),
         headers,
         max_keys,
         plans,
         align: check_align(c, path, raw, &algorithm),
+    }
+}
+
+/// What an `adaptive` limit cannot have beside its parameters: plans (its
+/// limit follows the upstream, not the caller) and `local = false` (it is
+/// always node-local).
+fn check_adaptive_extras(c: &mut Checker, path: &KeyPath, raw: &RawLimit) {
+    if raw.plans.as_ref().is_some_and(|plans| !plans.is_empty()) {
+        c.problem(
+            path.key("plans"),
+            "adaptive follows the upstream's capacity, not the caller's plan: plans do not apply",
+        );
+    }
+    if raw.local == Some(false) {
+        c.problem(
+            path.key("local"),
+            "an adaptive limit is always node-local (each node measures its own traffic): remove `local = false`",
+        );
     }
 }
 
@@ -506,19 +552,29 @@ fn check_algorithm(
         "fixed_window" | "sliding_window" | "sliding_log" => &["limit", "window"],
         "token_bucket" => &["capacity", "refill"],
         "leaky_bucket" => &["capacity", "rate"],
+        "adaptive" => &["min", "max", "initial"],
         _ => &["max"],
     };
+    // Adaptive's parameters all have defaults; the others' are required.
+    let optional = name == "adaptive";
     for (key, is_present) in raw.present() {
         if is_present && !wanted.contains(&key) {
-            c.problem(
-                at(key),
-                format!(
-                    "`{key}` is not a parameter of {name}; it takes {}",
-                    wanted.join(" and ")
-                ),
+            let mut message = format!(
+                "`{key}` is not a parameter of {name}; it takes {}",
+                wanted.join(" and ")
             );
+            if optional {
+                message.push_str(
+                    " (it counts requests in flight and follows the upstream: no rate or window)",
+                );
+            }
+            c.problem(at(key), message);
         }
-        if !is_present && wanted.contains(&key) && !c.mistyped.contains(&at(key)) {
+        if !optional
+            && !is_present
+            && wanted.contains(&key)
+            && !c.mistyped.contains(&at(key))
+        {
             c.problem(at("algorithm"), format!("{name} needs `{key}`"));
         }
     }
@@ -583,9 +639,46 @@ fn check_algorithm(
                 mode,
             }
         }
+        "adaptive" => check_adaptive(c, raw, at).unwrap_or(fallback),
         _ => Algorithm::Concurrency {
             max: positive(c, "max", raw.max),
         },
+    }
+}
+
+/// `adaptive`'s `min` (default 1), `max` (default 1000) and `initial`
+/// (default `min(20, max)`, raised to `min`), validated together.
+fn check_adaptive(
+    c: &mut Checker,
+    raw: &RawPlan,
+    at: &dyn Fn(&str) -> KeyPath,
+) -> Option<Algorithm> {
+    use crate::limit::adaptive::{MAX_LIMIT, Params, ParamsError};
+    let number = |c: &mut Checker, key: &str, value: Option<u64>, default: u32| match value {
+        None => Some(default),
+        Some(n) => match u32::try_from(n) {
+            Ok(n) if n <= MAX_LIMIT => Some(n),
+            _ => {
+                c.problem(at(key), format!("`{n}`: must not exceed {MAX_LIMIT}"));
+                None
+            }
+        },
+    };
+    let min = number(c, "min", raw.min, 1);
+    let max = number(c, "max", raw.max, 1000);
+    let (min, max) = (min?, max?);
+    let initial = number(c, "initial", raw.initial, 20.min(max).max(min))?;
+    match Params::new(min, max, initial) {
+        Ok(params) => Some(Algorithm::Adaptive { params }),
+        Err(error) => {
+            let key = match error {
+                ParamsError::MinZero | ParamsError::MinAboveMax { .. } => "min",
+                ParamsError::MaxTooLarge(_) => "max",
+                ParamsError::InitialOutside { .. } => "initial",
+            };
+            c.problem(at(key), error.to_string());
+            None
+        }
     }
 }
 

@@ -89,6 +89,7 @@ pub(super) fn check_unit(
             "sliding_log keeps every unit's time: it cannot count tokens; use sliding_window or token_bucket",
         ),
         Algorithm::Concurrency { .. } => Some("concurrency counts requests in flight, not tokens"),
+        Algorithm::Adaptive { .. } => Some("adaptive counts requests in flight, not tokens"),
         _ => None,
     };
     if let Some(reason) = refused {

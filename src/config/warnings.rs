@@ -113,6 +113,13 @@ fn decision_warnings(config: &Config) -> Vec<String> {
                     route.name, limit.name
                 ));
             }
+            if matches!(limit.algorithm, Algorithm::Adaptive { .. }) {
+                warnings.push(format!(
+                    "route `{}`: adaptive limit `{}` holds a slot only while /auth answers and \
+                     never sees the upstream's answer: it limits and learns nothing there",
+                    route.name, limit.name
+                ));
+            }
         }
     }
     for rule in &decision.descriptors {
@@ -122,6 +129,14 @@ fn decision_warnings(config: &Config) -> Vec<String> {
                     "decision.descriptors (domain `{}`): concurrency limit `{}` holds a slot only \
                      while the call is answered (Envoy does not say when the request ends): it \
                      limits nothing there",
+                    rule.domain, limit.name
+                ));
+            }
+            if matches!(limit.algorithm, Algorithm::Adaptive { .. }) {
+                warnings.push(format!(
+                    "decision.descriptors (domain `{}`): adaptive limit `{}` holds a slot only \
+                     while the call is answered and never sees the upstream's answer: it limits \
+                     and learns nothing there",
                     rule.domain, limit.name
                 ));
             }

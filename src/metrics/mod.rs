@@ -279,6 +279,8 @@ pub struct Metrics {
     config_reloads: Family<ResultLabels, Counter>,
     config_generation: Gauge,
     limiter_keys: Family<LimitLabels, Gauge>,
+    adaptive_limit: Family<LimitLabels, Gauge>,
+    inflight: Family<LimitLabels, Gauge>,
     tls_handshake_failures: Family<ReasonLabels, Counter>,
     http2_connection_errors: Family<ReasonLabels, Counter>,
     connections_evicted: Counter,
@@ -408,6 +410,18 @@ impl Metrics {
             "Live keys held in memory, by limit",
             limiter_keys.clone(),
         );
+        let adaptive_limit = Family::<LimitLabels, Gauge>::default();
+        registry.register(
+            "tollgate_adaptive_limit",
+            "An adaptive limit's current limit (summed over its keys), by limit",
+            adaptive_limit.clone(),
+        );
+        let inflight = Family::<LimitLabels, Gauge>::default();
+        registry.register(
+            "tollgate_inflight",
+            "Requests in flight at a concurrency or adaptive limit (over its keys), by limit",
+            inflight.clone(),
+        );
         let tls_handshake_failures = Family::<ReasonLabels, Counter>::default();
         registry.register(
             "tollgate_tls_handshake_failures",
@@ -476,6 +490,8 @@ impl Metrics {
             config_reloads,
             config_generation,
             limiter_keys,
+            adaptive_limit,
+            inflight,
             tls_handshake_failures,
             http2_connection_errors,
             connections_evicted,
@@ -828,6 +844,26 @@ impl Metrics {
                 limit: limit.clone(),
             })
             .set(i64::try_from(keys).unwrap_or(i64::MAX));
+    }
+
+    /// `tollgate_adaptive_limit{limit}`: an adaptive limit's current limit,
+    /// summed over its keys.
+    pub(crate) fn set_adaptive_limit(&self, limit: &Arc<str>, sum: u64) {
+        self.adaptive_limit
+            .get_or_create(&LimitLabels {
+                limit: limit.clone(),
+            })
+            .set(i64::try_from(sum).unwrap_or(i64::MAX));
+    }
+
+    /// `tollgate_inflight{limit}`: requests in flight at a concurrency or
+    /// adaptive limit.
+    pub(crate) fn set_inflight(&self, limit: &Arc<str>, in_flight: u64) {
+        self.inflight
+            .get_or_create(&LimitLabels {
+                limit: limit.clone(),
+            })
+            .set(i64::try_from(in_flight).unwrap_or(i64::MAX));
     }
 
     /// `tollgate_upstream_healthy{upstream,url}`, as a handle the URL's

@@ -49,7 +49,7 @@ use crate::http::host;
 use crate::http::path::normalize_uri;
 use crate::http1::client::InterimSink;
 use crate::http1::server::ConnActivity;
-use crate::limit::{Nanos, Permits};
+use crate::limit::{Nanos, Permits, UpstreamAnswer};
 use crate::proxy::body::ClientBody;
 pub(crate) use crate::proxy::downstream::Downstream;
 use crate::proxy::retry::{Retrying, Sender};
@@ -398,6 +398,18 @@ async fn route_and_act(
                     .await
                 }
             };
+            // An adaptive limit learns from the upstream's answer (its
+            // permit, released when the body ends, carries it there).
+            let answer = match &forwarded {
+                Ok((response, _)) => Some(UpstreamAnswer::Status(response.status().as_u16())),
+                Err(GatewayError::UpstreamTimeout { .. }) => Some(UpstreamAnswer::TimedOut),
+                Err(_) => None,
+            };
+            if let Some(answer) = answer
+                && !progress.answer.permits.is_empty()
+            {
+                progress.answer.permits.record_outcome(answer, &*app.clock);
+            }
             match forwarded {
                 Ok((response, fields)) => {
                     settle(app, snapshot, index, admitted, bill, response, fields)

@@ -168,7 +168,10 @@ impl Report {
                     let limit = &config.limits[limit_index];
                     let tracker = &variant.trackers[limit_index];
                     let worst = tracker.worst;
-                    let rated = !matches!(limit.algorithm, Algorithm::Concurrency { .. });
+                    let rated = !matches!(
+                        limit.algorithm,
+                        Algorithm::Concurrency { .. } | Algorithm::Adaptive { .. }
+                    );
                     // Before any admission the tracker knows no key: the
                     // configured window form stands in.
                     let (window_limit, window) = if worst.limit > 0 {
