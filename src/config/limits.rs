@@ -559,10 +559,12 @@ fn check_algorithm(
     let optional = name == "adaptive";
     for (key, is_present) in raw.present() {
         if is_present && !wanted.contains(&key) {
-            let mut message = format!(
-                "`{key}` is not a parameter of {name}; it takes {}",
-                wanted.join(" and ")
-            );
+            let takes = match wanted.split_last() {
+                Some((last, [])) => (*last).to_owned(),
+                Some((last, rest)) => format!("{} and {last}", rest.join(", ")),
+                None => String::new(),
+            };
+            let mut message = format!("`{key}` is not a parameter of {name}; it takes {takes}");
             if optional {
                 message.push_str(
                     " (it counts requests in flight and follows the upstream: no rate or window)",
@@ -725,6 +727,56 @@ mod tests {
         assert!(message.contains("needs `window`"), "{message}");
         assert!(
             message.contains("`capacity` is not a parameter of fixed_window"),
+            "{message}"
+        );
+    }
+
+    #[test]
+    fn adaptive_defaults_and_checks() {
+        use crate::limit::Algorithm;
+        use crate::limit::adaptive::Params;
+        let base = "[limits.a]\nkey = \"route\"\nalgorithm = \"adaptive\"\n";
+        let config = Config::from_bytes(Path::new("g.toml"), base.as_bytes()).unwrap();
+        let limit = &config.limits[0];
+        let params = Params::new(1, 1000, 20).unwrap();
+        assert_eq!(limit.algorithm, Algorithm::Adaptive { params });
+        assert_eq!(limit.status, http::StatusCode::SERVICE_UNAVAILABLE);
+        assert!(limit.local, "always node-local");
+        // `initial` defaults to min(20, max), and never below `min`.
+        let small = format!("{base}max = 8\n");
+        let config = Config::from_bytes(Path::new("g.toml"), small.as_bytes()).unwrap();
+        let params = Params::new(1, 8, 8).unwrap();
+        assert_eq!(config.limits[0].algorithm, Algorithm::Adaptive { params });
+        let high = format!("{base}min = 50\nmax = 100\nstatus = 429\n");
+        let config = Config::from_bytes(Path::new("g.toml"), high.as_bytes()).unwrap();
+        let params = Params::new(50, 100, 50).unwrap();
+        assert_eq!(config.limits[0].algorithm, Algorithm::Adaptive { params });
+        assert_eq!(config.limits[0].status, http::StatusCode::TOO_MANY_REQUESTS);
+        let cases = [
+            ("min = 0\n", "`limits.a.min`: min must be at least 1"),
+            ("min = 5\nmax = 4\n", "`limits.a.min`: min (5) must not exceed max (4)"),
+            ("max = 2000000\n", "`limits.a.max`: `2000000`: must not exceed 1000000"),
+            (
+                "min = 2\nmax = 10\ninitial = 11\n",
+                "`limits.a.initial`: initial (11) must lie within min (2) and max (10)",
+            ),
+            ("window = \"1s\"\n", "`window` is not a parameter of adaptive; it takes min, max and initial (it counts requests in flight and follows the upstream: no rate or window)"),
+            ("refill = \"1/s\"\n", "`refill` is not a parameter of adaptive"),
+            ("local = false\n", "an adaptive limit is always node-local"),
+            ("unit = \"tokens\"\n", "adaptive counts requests in flight, not tokens"),
+            ("burst = 3\n", "unknown"),
+            ("[limits.a.plans.gold]\nmax = 5\n", "plans do not apply"),
+        ];
+        for (extra, expected) in cases {
+            let message = errors(&format!("{base}{extra}"));
+            assert!(message.contains(expected), "{extra}: {message}");
+        }
+        // `min` and `initial` belong to adaptive only.
+        let message = errors(
+            "[limits.c]\nkey = \"ip\"\nalgorithm = \"concurrency\"\nmax = 5\nmin = 1\n",
+        );
+        assert!(
+            message.contains("`min` is not a parameter of concurrency; it takes max"),
             "{message}"
         );
     }
