@@ -778,6 +778,7 @@ pub fn config_with(template: &str, vars: &HashMap<&str, String>) -> String {
     text
 }
 
+pub mod capacity;
 pub mod nginx;
 pub mod openmetrics;
 pub mod redis;
