@@ -165,7 +165,11 @@ async fn a_refusal_is_a_503_naming_the_limit_with_the_current_limit() {
         Some("\"backend\";q=10;qu=\"concurrent-requests\"")
     );
     assert_eq!(reply.header("ratelimit"), Some("\"backend\";r=0"));
-    assert_eq!(reply.header("x-ratelimit-limit"), Some("2"), "q: the current limit");
+    assert_eq!(
+        reply.header("x-ratelimit-limit"),
+        Some("2"),
+        "q: the current limit"
+    );
     let problem = reply.json();
     assert_eq!(problem["status"], 503);
     assert!(

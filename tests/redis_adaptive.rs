@@ -60,7 +60,12 @@ limits = ["per_user", "backend"]
 }
 
 async fn explain(gw: &InProcess, limit: &str, key: &str) -> serde_json::Value {
-    let reply = get(gw.admin.unwrap(), &format!("/limits/{limit}?key={key}"), &[]).await;
+    let reply = get(
+        gw.admin.unwrap(),
+        &format!("/limits/{limit}?key={key}"),
+        &[],
+    )
+    .await;
     assert_eq!(reply.status, 200, "{:?}", reply.body);
     reply.json()
 }
@@ -77,14 +82,21 @@ async fn adaptive_is_node_local_and_all_or_nothing_with_redis() {
 
     // Redis denies `spent` (its one token went on /spend): the adaptive
     // slot it took first is released, and no sample is taken.
-    assert_eq!(get(gw.addr, "/spend", &[("x-user", "spent")]).await.status, 200);
+    assert_eq!(
+        get(gw.addr, "/spend", &[("x-user", "spent")]).await.status,
+        200
+    );
     let reply = get(gw.addr, "/work", &[("x-user", "spent")]).await;
     assert_eq!(reply.status, 429, "denied by the shared token bucket");
     let backend = explain(&gw, "backend", "api").await;
     assert_eq!(backend["source"], "memory");
     let adaptive = &backend["adaptive"];
     assert_eq!(adaptive["in_flight"], 0, "{backend}");
-    assert_eq!(adaptive["baseline_ms"], serde_json::Value::Null, "{backend}");
+    assert_eq!(
+        adaptive["baseline_ms"],
+        serde_json::Value::Null,
+        "{backend}"
+    );
 
     // One request holds the adaptive limit's one slot for 3 s.
     let addr = gw.addr;
@@ -98,7 +110,10 @@ async fn adaptive_is_node_local_and_all_or_nothing_with_redis() {
     let refused = get(gw.addr, "/work", &[("x-user", "other")]).await;
     assert_eq!(refused.status, 503);
     assert!(
-        refused.json()["detail"].as_str().unwrap().contains("backend"),
+        refused.json()["detail"]
+            .as_str()
+            .unwrap()
+            .contains("backend"),
         "{:?}",
         refused.body
     );

@@ -572,11 +572,7 @@ fn check_algorithm(
             }
             c.problem(at(key), message);
         }
-        if !optional
-            && !is_present
-            && wanted.contains(&key)
-            && !c.mistyped.contains(&at(key))
-        {
+        if !optional && !is_present && wanted.contains(&key) && !c.mistyped.contains(&at(key)) {
             c.problem(at("algorithm"), format!("{name} needs `{key}`"));
         }
     }
@@ -754,16 +750,31 @@ mod tests {
         assert_eq!(config.limits[0].status, http::StatusCode::TOO_MANY_REQUESTS);
         let cases = [
             ("min = 0\n", "`limits.a.min`: min must be at least 1"),
-            ("min = 5\nmax = 4\n", "`limits.a.min`: min (5) must not exceed max (4)"),
-            ("max = 2000000\n", "`limits.a.max`: `2000000`: must not exceed 1000000"),
+            (
+                "min = 5\nmax = 4\n",
+                "`limits.a.min`: min (5) must not exceed max (4)",
+            ),
+            (
+                "max = 2000000\n",
+                "`limits.a.max`: `2000000`: must not exceed 1000000",
+            ),
             (
                 "min = 2\nmax = 10\ninitial = 11\n",
                 "`limits.a.initial`: initial (11) must lie within min (2) and max (10)",
             ),
-            ("window = \"1s\"\n", "`window` is not a parameter of adaptive; it takes min, max and initial (it counts requests in flight and follows the upstream: no rate or window)"),
-            ("refill = \"1/s\"\n", "`refill` is not a parameter of adaptive"),
+            (
+                "window = \"1s\"\n",
+                "`window` is not a parameter of adaptive; it takes min, max and initial (it counts requests in flight and follows the upstream: no rate or window)",
+            ),
+            (
+                "refill = \"1/s\"\n",
+                "`refill` is not a parameter of adaptive",
+            ),
             ("local = false\n", "an adaptive limit is always node-local"),
-            ("unit = \"tokens\"\n", "adaptive counts requests in flight, not tokens"),
+            (
+                "unit = \"tokens\"\n",
+                "adaptive counts requests in flight, not tokens",
+            ),
             ("burst = 3\n", "unknown"),
             ("[limits.a.plans.gold]\nmax = 5\n", "plans do not apply"),
         ];
@@ -772,9 +783,8 @@ mod tests {
             assert!(message.contains(expected), "{extra}: {message}");
         }
         // `min` and `initial` belong to adaptive only.
-        let message = errors(
-            "[limits.c]\nkey = \"ip\"\nalgorithm = \"concurrency\"\nmax = 5\nmin = 1\n",
-        );
+        let message =
+            errors("[limits.c]\nkey = \"ip\"\nalgorithm = \"concurrency\"\nmax = 5\nmin = 1\n");
         assert!(
             message.contains("`min` is not a parameter of concurrency; it takes max"),
             "{message}"

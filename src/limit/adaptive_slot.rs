@@ -31,10 +31,10 @@ use std::sync::Arc;
 
 use parking_lot::Mutex;
 
+use super::Nanos;
 use super::adaptive::{Adaptive, Outcome, Params};
 use super::concurrency::RETRY_AFTER;
 use super::verdict::Verdict;
-use super::Nanos;
 
 /// One key's limit and the numbers it moves within (kept with it, so that a
 /// release needs nothing but its permit, and a reload can rescale it).
@@ -133,9 +133,7 @@ impl UpstreamAnswer {
     /// latency sample of its load.
     pub(crate) fn outcome(self) -> Outcome {
         match self {
-            UpstreamAnswer::Status(503 | 504 | 429) | UpstreamAnswer::TimedOut => {
-                Outcome::Overload
-            }
+            UpstreamAnswer::Status(503 | 504 | 429) | UpstreamAnswer::TimedOut => Outcome::Overload,
             UpstreamAnswer::Status(_) => Outcome::Success,
         }
     }

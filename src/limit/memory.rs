@@ -306,7 +306,9 @@ impl Limiter {
         let shard = self.lock_shard(self.shard_of(key));
         let state = match shard.table.get(StoreKey::from(key)) {
             Some(state) => Some(state),
-            None if self.live_keys() >= self.max_keys => shard.overflow.as_ref().map(KeyState::read),
+            None if self.live_keys() >= self.max_keys => {
+                shard.overflow.as_ref().map(KeyState::read)
+            }
             None => None,
         };
         Some(match state {

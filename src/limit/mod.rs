@@ -42,12 +42,12 @@ pub(crate) mod table;
 pub mod token_bucket;
 pub(crate) mod verdict;
 
+pub(crate) use adaptive_slot::UpstreamAnswer;
 pub use clock::{Clock, ManualClock, SystemClock, TokioClock};
 pub use key::LimitKey;
 pub use memory::Limiter;
 pub(crate) use params::WindowAlign;
 pub use params::{Algorithm, LeakyMode, NANOS_PER_SEC, Nanos, Rate};
-pub(crate) use adaptive_slot::UpstreamAnswer;
 pub(crate) use stack::{EntryVerdict, Permits, StackDecision, check_stack_into};
 pub use stack::{Outcome, StackEntry, check_stack};
 pub(crate) use verdict::{Verdict, quota, quota_of, window_secs};

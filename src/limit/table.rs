@@ -711,7 +711,11 @@ mod tests {
         let Algorithm::Adaptive { params } = adaptive() else {
             unreachable!()
         };
-        table.insert(key(1), KeyState::Adaptive(adaptive_slot::fresh(params, T0)), T0);
+        table.insert(
+            key(1),
+            KeyState::Adaptive(adaptive_slot::fresh(params, T0)),
+            T0,
+        );
         let permit = table
             .with(key(1), T0, |s| match s {
                 StateMut::Adaptive(slot) => adaptive_slot::AdaptivePermit::acquire(slot, 2, T0),
