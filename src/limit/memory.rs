@@ -983,6 +983,21 @@ mod tests {
         assert!(!new.check(key(1), 1, T0).verdict.allowed);
         drop(permits);
         assert!(new.check(key(1), 1, T0).verdict.allowed);
+        // Adaptive: permits shared, the learned limit kept and clamped.
+        let adaptive = |min, max, initial| Algorithm::Adaptive {
+            params: crate::limit::adaptive::Params::new(min, max, initial).unwrap(),
+        };
+        let old = Limiter::new("a", adaptive(1, 100, 20), 100);
+        let permit = old.check(key(1), 1, T0).permit;
+        let new = Limiter::carry_from(&old, "a", adaptive(1, 10, 5), 100, T0);
+        let view = new.adaptive_view(key(1)).unwrap();
+        assert_eq!((view.limit, view.in_flight), (10, 1));
+        drop(permit);
+        assert_eq!(new.adaptive_view(key(1)).unwrap().in_flight, 0);
+        assert_eq!(new.adaptive_view(key(2)).unwrap().limit, 5, "a fresh key");
+        assert_eq!(new.sweep(T0), 0, "learned 10, not its initial 5: kept");
+        let fresh = Limiter::carry_from(&new, "a", Algorithm::Concurrency { max: 3 }, 100, T0);
+        assert_eq!(fresh.live_keys(), 0);
         // Leaky: excess kept, mode may change.
         let leaky = |mode| Algorithm::LeakyBucket {
             capacity: 2,

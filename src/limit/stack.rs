@@ -573,6 +573,56 @@ mod tests {
     }
 
     #[test]
+    fn adaptive_is_all_or_nothing_and_learns_from_recorded_answers() {
+        use crate::limit::ManualClock;
+        use crate::limit::adaptive::Params;
+        use crate::limit::adaptive_slot::UpstreamAnswer;
+        let params = Params::new(1, 10, 2).unwrap();
+        let backend = Limiter::new("backend", Algorithm::Adaptive { params }, 100);
+        let tight = Limiter::new(
+            "tight",
+            Algorithm::FixedWindow {
+                limit: 1,
+                window: 60 * S,
+            },
+            100,
+        );
+        let route = k("route");
+        let in_flight = || backend.adaptive_view(route.unwrap()).unwrap().in_flight;
+        let stack = |user| [entry(&backend, route, false), entry(&tight, k(user), false)];
+        let mut first = check_stack(&stack("a"), 1, T0);
+        assert!(first.allowed);
+        assert_eq!(first.entries[0].verdict.remaining, 1);
+        assert_eq!(first.entries[0].verdict.current_limit, 2);
+        let mut held = first.take_permits();
+        // Refused by `tight`: the adaptive slot it took is given back.
+        let second = check_stack(&stack("a"), 1, T0);
+        assert_eq!(second.denied_by, Some(1));
+        assert_eq!(second.entries[0].outcome, Outcome::DeniedByOther);
+        assert_eq!(second.entries[0].verdict.remaining, 1);
+        drop(second);
+        assert_eq!(in_flight(), 1);
+        // Refused by the adaptive limit: `tight` is not charged for `c`.
+        let mut third = check_stack(&stack("b"), 1, T0);
+        let also_held = third.take_permits();
+        let fourth = check_stack(&stack("c"), 1, T0);
+        assert_eq!(fourth.denied_by, Some(0));
+        assert_eq!(tight.peek(k("c").unwrap(), T0).remaining, 1);
+        // A 503 recorded on the first request's permits: once released,
+        // the limit falls (2 × 0.8 = 1.6).
+        let clock = ManualClock::new(T0 + 5_000_000);
+        held.record_outcome(UpstreamAnswer::Status(503), &clock);
+        drop(held);
+        assert_eq!(backend.adaptive_view(route.unwrap()).unwrap().limit, 1);
+        // Dropped without an answer: released, nothing learned.
+        drop(also_held);
+        let view = backend.adaptive_view(route.unwrap()).unwrap();
+        assert_eq!((view.in_flight, view.limit, view.baseline), (0, 1, None));
+        let totals = backend.in_flight_totals();
+        assert_eq!((totals.in_flight, totals.limit), (0, 1));
+    }
+
+    #[test]
     fn delay_and_permits() {
         let leaky = Limiter::new(
             "leaky",
