@@ -288,6 +288,20 @@ window = "1m"
     }
 
     #[test]
+    fn auth_cannot_feed_an_adaptive_limit() {
+        let text = format!(
+            "{BASE}[limits.backend]\nkey = \"route\"\nalgorithm = \"adaptive\"\n[decision]\nlisten = \"127.0.0.1:0\"\n[[routes]]\nname = \"api\"\nmatch = {{ path = \"/api\" }}\nlimits = [\"backend\"]\n"
+        );
+        let found = warnings(&text);
+        assert!(
+            found.iter().any(|w| w.contains(
+                "adaptive limit `backend` holds a slot only while /auth answers and never sees the upstream's answer"
+            )),
+            "{found:?}"
+        );
+    }
+
+    #[test]
     fn a_per_key_limit_alone_is_walked_around_without_the_key() {
         let found = warnings(&route(r#"["per_key"]"#, ""));
         assert_eq!(found.len(), 1, "{found:?}");
