@@ -192,6 +192,12 @@ mod tests {
     const T: Nanos = 1_700_000_000_000 * MS;
 
     #[test]
+    fn a_key_costs_104_heap_bytes() {
+        // `table.rs`'s figure: the Arc's two counts and the locked cell.
+        assert_eq!(16 + std::mem::size_of::<Mutex<Cell>>(), 104);
+    }
+
+    #[test]
     fn worked_example() {
         let params = Params::new(1, 100, 2).unwrap();
         let slot = fresh(params, T);

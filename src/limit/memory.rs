@@ -26,8 +26,9 @@
 //! one control byte. hashbrown keeps at most 7/8 of the slots full and
 //! doubles when it fills, so a token-bucket key costs 19 bytes at full load
 //! and 39 right after a doubling. A sliding log adds a heap-allocated deque
-//! of `(timestamp, units)` runs (16 bytes per run), and a concurrency key an
-//! `Arc<AtomicU64>` (24 bytes).
+//! of `(timestamp, units)` runs (16 bytes per run), a concurrency key an
+//! `Arc<AtomicU64>` (24 bytes), and an adaptive key its state under a
+//! per-key mutex (`adaptive_slot`, 104 bytes).
 //!
 //! # Bounding the number of keys
 //!

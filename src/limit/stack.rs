@@ -116,9 +116,9 @@ thread_local! {
 #[derive(Debug)]
 enum Permit {
     Memory(SlotPermit),
+    /// Held elsewhere (a Redis concurrency lease; see [`Permits::hold`]).
     // Never read: held only for what its drop releases.
     #[allow(dead_code)]
-    /// Held elsewhere (a Redis concurrency lease; see [`Permits::hold`]).
     Held(Box<dyn std::fmt::Debug + Send + Sync>),
 }
 

@@ -18,7 +18,7 @@
 //! | `fixed_window` | 16 | window + count, 16 | 32 | 38–75 B |
 //! | `sliding_log` | 8 | a boxed deque, 8 (+ 48 + 16 per run on the heap) | 16 | 19–39 B + heap |
 //! | `concurrency` | 8 | an `Arc<AtomicU64>`, 8 (+ 24 on the heap) | 16 | 19–39 B + 24 |
-//! | `adaptive` | 8 | an `Arc<Mutex<…>>`, 8 (+ 96 on the heap) | 16 | 19–39 B + 96 |
+//! | `adaptive` | 8 | an `Arc<Mutex<…>>`, 8 (+ 104 on the heap) | 16 | 19–39 B + 104 |
 //!
 //! A table of 32 KiB or more (a shard past ~1,800 token-bucket keys) is
 //! mapped from the OS and unmapped when freed ([`TableAlloc`]). When a table
