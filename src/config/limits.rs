@@ -16,9 +16,10 @@ use super::checker::Checker;
 use super::error::{KeyPath, nearest};
 use super::raw::OneOrMany;
 use super::server::{HeaderStyles, header_styles};
+use super::slots::{self, QueueConfig, RawQueue, RawReserve};
 use super::tokens;
 use super::units::parse_rate;
-use crate::limit::{Algorithm, LeakyMode, Nanos, WindowAlign};
+use crate::limit::{Algorithm, LeakyMode, Nanos, Reserve, WindowAlign};
 
 /// A `[limits.NAME]` table as written.
 #[derive(Debug, Deserialize)]
@@ -49,6 +50,10 @@ pub(crate) struct RawLimit {
     pub(crate) reset_jitter: Option<String>,
     /// `"requests"` (the default) or `"tokens"`.
     pub(crate) unit: Option<String>,
+    /// Slot limits: what a sheddable request may not take (`slots.rs`).
+    pub(crate) reserve: Option<RawReserve>,
+    /// Slot limits: wait for a slot instead of being refused.
+    pub(crate) queue: Option<RawQueue>,
 }
 
 /// Per-plan values of a limit's algorithm parameters.
@@ -161,6 +166,10 @@ pub struct LimitConfig {
     pub(crate) lease: Option<u64>,
     /// What it counts: requests (charged `cost`) or tokens.
     pub(crate) unit: tokens::Unit,
+    /// Slot limits: the part a sheddable request may not take.
+    pub(crate) reserve: Reserve,
+    /// Slot limits: the waiting line (`queue = {...}`), if any.
+    pub(crate) queue: Option<QueueConfig>,
 }
 
 /// Default per-limit cap on live keys; see `limit::memory` for what happens
@@ -202,7 +211,7 @@ pub(super) fn check_limits(
     limits
 }
 
-fn check_key_part(c: &mut Checker, path: KeyPath, text: &str) -> Option<KeyPart> {
+pub(super) fn check_key_part(c: &mut Checker, path: KeyPath, text: &str) -> Option<KeyPart> {
     let (kind, name) = match text.split_once(':') {
         Some((kind, name)) => (kind, Some(name)),
         None => (text, None),
@@ -368,6 +377,14 @@ fn check_limit(c: &mut Checker, path: &KeyPath, name: &str, raw: &RawLimit) -> L
         unit: tokens::check_unit(c, path, raw.unit.as_deref(), &algorithm),
         headers,
         max_keys,
+        reserve: slots::check_reserve(
+            c,
+            path.key("reserve"),
+            raw.reserve.as_ref(),
+            &algorithm,
+            &plans.iter().map(|(_, a)| *a).collect::<Vec<_>>(),
+        ),
+        queue: slots::check_queue(c, path.key("queue"), raw.queue.as_ref(), &algorithm),
         plans,
         align: check_align(c, path, raw, &algorithm),
     }

@@ -78,6 +78,8 @@ use parking_lot::{Mutex, MutexGuard};
 
 use super::concurrency::{self, ConcurrencyPermit};
 use super::key::LimitKey;
+use super::priority::{self, Priority, Reserve};
+use super::queue::{QueueParams, SlotQueue};
 use super::reservations::OpenReservations;
 use super::table::{KeyState, StateMut, StateRef, StoreKey, Table};
 use super::verdict::Verdict;
@@ -186,6 +188,10 @@ pub struct Limiter {
     shards: Box<[Shard]>,
     /// A token limit's reservations not settled yet (explain).
     pub(crate) open: OpenReservations,
+    /// Slot limits: what a sheddable request may not take.
+    reserve: Reserve,
+    /// Slot limits with a `queue`: its waiting line, woken by the permits.
+    queue: Option<Arc<SlotQueue>>,
 }
 
 impl Limiter {
@@ -207,7 +213,22 @@ impl Limiter {
             live: AtomicUsize::new(0),
             shards: (0..SHARDS).map(|_| shard()).collect(),
             open: OpenReservations::default(),
+            reserve: Reserve::default(),
+            queue: None,
         }
+    }
+
+    /// Sets a slot limit's reserve and waiting line (other algorithms
+    /// ignore them). Set before the limiter is shared.
+    pub(crate) fn with_slots(mut self, reserve: Reserve, queue: Option<QueueParams>) -> Limiter {
+        self.reserve = reserve;
+        self.queue = queue.map(|params| Arc::new(SlotQueue::new(params)));
+        self
+    }
+
+    /// A slot limit's waiting line, when it has a `queue`.
+    pub(crate) fn queue(&self) -> Option<&Arc<SlotQueue>> {
+        self.queue.as_ref()
     }
 
     /// Sets where a fixed window's boundaries fall per key (other
@@ -246,9 +267,16 @@ impl Limiter {
     /// per-entry array to copy out).
     #[inline]
     pub fn check(&self, key: LimitKey, cost: u64, now: Nanos) -> Decision {
+        self.check_as(key, (cost, Priority::Normal), now)
+    }
+
+    /// [`Limiter::check`] for a request of `priority` (a slot limit keeps
+    /// its reserve from a sheddable one).
+    #[inline]
+    pub(crate) fn check_as(&self, key: LimitKey, charge: (u64, Priority), now: Nanos) -> Decision {
         let mut permit = None;
         let mut shard = self.lock_shard(self.shard_of(key));
-        let (verdict, _) = self.apply(&mut shard, key, cost, now, &mut permit);
+        let (verdict, _) = self.apply(&mut shard, key, charge, now, &mut permit);
         drop(shard);
         Decision { verdict, permit }
     }
@@ -375,7 +403,7 @@ impl Limiter {
         &self,
         shard: &mut ShardMap,
         key: LimitKey,
-        cost: u64,
+        (cost, priority): (u64, Priority),
         now: Nanos,
         permit: &mut Option<ConcurrencyPermit>,
     ) -> (Verdict, Option<Undo>) {
@@ -385,10 +413,10 @@ impl Limiter {
         let k = StoreKey::from(key);
         let now = self.key_now(k, now);
         let held = shard.table.with(k, now, |state| {
-            let (v, next) = self.decide(Some(state.read()), now, cost);
+            let (v, next) = self.decide(Some(state.read()), now, cost, priority);
             match next {
                 Some(next) => {
-                    let action = self.commit(state, next, now, cost, permit);
+                    let action = self.commit(state, next, (k, now), cost, permit);
                     let target = Target::Key(k);
                     (v, Some(Undo { target, action }))
                 }
@@ -399,22 +427,22 @@ impl Limiter {
             return decided;
         }
         if self.reserve(shard, now) {
-            let (v, next) = self.decide(None, now, cost);
+            let (v, next) = self.decide(None, now, cost, priority);
             let Some(next) = next else {
                 self.live.fetch_sub(1, Ordering::Relaxed);
                 return (v, None);
             };
             let mut state = self.fresh_state();
-            let action = self.commit(state.write(), next, now, cost, permit);
+            let action = self.commit(state.write(), next, (k, now), cost, permit);
             shard.table.insert(k, state, now);
             let target = Target::New(k);
             return (v, Some(Undo { target, action }));
         }
         let state = shard.overflow.get_or_insert_with(|| self.fresh_state());
-        let (v, next) = self.decide(Some(state.read()), now, cost);
+        let (v, next) = self.decide(Some(state.read()), now, cost, priority);
         match next {
             Some(next) => {
-                let action = self.commit(state.write(), next, now, cost, permit);
+                let action = self.commit(state.write(), next, (k, now), cost, permit);
                 let target = Target::Overflow;
                 (v, Some(Undo { target, action }))
             }
@@ -460,7 +488,7 @@ impl Limiter {
             }
             None => None,
         };
-        self.decide(state, now, 0).0
+        self.decide(state, now, 0, Priority::Normal).0
     }
 
     // ----- per-algorithm dispatch -----
@@ -473,6 +501,7 @@ impl Limiter {
         state: Option<StateRef<'_>>,
         now: Nanos,
         cost: u64,
+        priority: Priority,
     ) -> (Verdict, Option<Next>) {
         use Algorithm::*;
         let admitted = |v: &Verdict, next: Next| (v.allowed && cost > 0).then_some(next);
@@ -523,7 +552,7 @@ impl Limiter {
                     Some(StateRef::Inflight(slot)) => concurrency::in_flight(slot),
                     _ => 0,
                 };
-                let v = concurrency::decide(in_flight, cost, max);
+                let v = priority::slot_verdict(in_flight, cost, max, self.reserve, priority);
                 (v, admitted(&v, Next::Acquire))
             }
         }
@@ -535,7 +564,7 @@ impl Limiter {
         &self,
         state: StateMut<'_>,
         next: Next,
-        now: Nanos,
+        (key, now): (StoreKey, Nanos),
         cost: u64,
         permit: &mut Option<ConcurrencyPermit>,
     ) -> UndoAction {
@@ -554,7 +583,11 @@ impl Limiter {
                 UndoAction::LogPop(cost)
             }
             (Next::Acquire, StateMut::Inflight(slot)) => {
-                *permit = Some(ConcurrencyPermit::acquire(slot, cost));
+                let mut taken = ConcurrencyPermit::acquire(slot, cost);
+                if let Some(queue) = &self.queue {
+                    taken.wake_on_release(queue, key.lo);
+                }
+                *permit = Some(taken);
                 UndoAction::Nothing
             }
             _ => {

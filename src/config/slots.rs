@@ -1,0 +1,191 @@
+//! What a slot limit (`concurrency`) does when its slots run short: the
+//! `reserve` a sheddable request may not take, and the `queue` a request
+//! waits in instead of being refused at once; and the `priority` of routes
+//! and consumers that both read. The keys' serde mirrors and checks;
+//! `limits.rs` and `routes.rs` / `consumers.rs` call them.
+
+use std::fmt;
+use std::time::Duration;
+
+use serde::Deserialize;
+use serde::de::{self, Deserializer, Visitor};
+
+use super::checker::Checker;
+use super::error::KeyPath;
+use super::limits::{KeyPart, check_key_part};
+use super::raw::OneOrMany;
+use super::units::parse_percent;
+use crate::limit::{Algorithm, Nanos, Priority, QueueParams, Reserve};
+
+/// `reserve = "20%"` or `reserve = 3`, as written.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum RawReserve {
+    Slots(i64),
+    Text(String),
+}
+
+impl<'de> Deserialize<'de> for RawReserve {
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        struct ReserveVisitor;
+        impl Visitor<'_> for ReserveVisitor {
+            type Value = RawReserve;
+            fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+                f.write_str("a number of slots or a percentage like \"20%\"")
+            }
+            fn visit_i64<E: de::Error>(self, v: i64) -> Result<RawReserve, E> {
+                Ok(RawReserve::Slots(v))
+            }
+            fn visit_u64<E: de::Error>(self, v: u64) -> Result<RawReserve, E> {
+                Ok(RawReserve::Slots(i64::try_from(v).unwrap_or(i64::MAX)))
+            }
+            fn visit_str<E: de::Error>(self, v: &str) -> Result<RawReserve, E> {
+                Ok(RawReserve::Text(v.to_owned()))
+            }
+        }
+        deserializer.deserialize_any(ReserveVisitor)
+    }
+}
+
+/// `queue = { max_wait = "200ms", size = 100, fair_by = "consumer" }`.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct RawQueue {
+    pub(crate) max_wait: Option<String>,
+    pub(crate) size: Option<u64>,
+    /// A key, as `limits.*.key`: round-robin over its values.
+    pub(crate) fair_by: Option<OneOrMany<String>>,
+}
+
+/// A slot limit's `queue`, checked.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct QueueConfig {
+    pub(crate) params: QueueParams,
+    /// The key whose distinct values take turns (empty: one FIFO).
+    pub(crate) fair_by: Vec<KeyPart>,
+}
+
+/// Requests that may wait at once when `size` is not given.
+pub(crate) const DEFAULT_QUEUE_SIZE: u64 = 100;
+
+/// The most a request may wait: longer holds a client's connection and
+/// the gateway's memory past any useful answer.
+const MAX_WAIT_CEILING: Duration = Duration::from_secs(60);
+
+/// Whether `algorithm` hands out slots (what `reserve` and `queue` apply to).
+fn is_slot_limit(algorithm: &Algorithm) -> bool {
+    matches!(algorithm, Algorithm::Concurrency { .. })
+}
+
+/// The smallest slot count of the limit and its plans (what an absolute
+/// reserve must stay below).
+fn least_max(algorithm: &Algorithm, plans: &[Algorithm]) -> Option<u64> {
+    std::iter::once(algorithm)
+        .chain(plans)
+        .filter_map(|a| match a {
+            Algorithm::Concurrency { max } => Some(*max),
+            _ => None,
+        })
+        .min()
+}
+
+/// `reserve`: `"N%"` below 100 % or a count below every `max` of the limit;
+/// default `"20%"`. Only on slot limits.
+pub(super) fn check_reserve(
+    c: &mut Checker,
+    path: KeyPath,
+    raw: Option<&RawReserve>,
+    algorithm: &Algorithm,
+    plans: &[Algorithm],
+) -> Reserve {
+    let Some(raw) = raw else {
+        return Reserve::default();
+    };
+    if !is_slot_limit(algorithm) {
+        c.problem(path, "applies to concurrency limits only");
+        return Reserve::default();
+    }
+    match raw {
+        RawReserve::Text(text) => match parse_percent(text) {
+            // Whole percents: a tenth of a slot of a percent is noise.
+            Some(permille) if permille % 10 == 0 && permille < 1000 => {
+                Reserve::Percent((permille / 10) as u8)
+            }
+            _ => {
+                c.problem(
+                    path,
+                    format!("`{text}`: expected a whole percentage below 100%, like \"20%\", or a number of slots"),
+                );
+                Reserve::default()
+            }
+        },
+        RawReserve::Slots(n) => {
+            let max = least_max(algorithm, plans).unwrap_or(u64::MAX);
+            match u64::try_from(*n) {
+                Ok(n) if n < max => Reserve::Slots(n),
+                _ => {
+                    c.problem(
+                        path,
+                        format!("`{n}`: expected 0 to {} (below `max`, or no sheddable request could pass)", max.saturating_sub(1)),
+                    );
+                    Reserve::default()
+                }
+            }
+        }
+    }
+}
+
+/// `queue`: `max_wait` (required, above zero, at most a minute), `size`
+/// (at least 1, default 100), `fair_by` (a key). Only on slot limits.
+pub(super) fn check_queue(
+    c: &mut Checker,
+    path: KeyPath,
+    raw: Option<&RawQueue>,
+    algorithm: &Algorithm,
+) -> Option<QueueConfig> {
+    let raw = raw?;
+    if !is_slot_limit(algorithm) {
+        c.problem(path, "applies to concurrency limits only");
+        return None;
+    }
+    if raw.max_wait.is_none() {
+        c.problem(path.clone(), "needs `max_wait`, like max_wait = \"200ms\"");
+    }
+    let fallback = Duration::from_millis(200);
+    let mut max_wait = c.duration(path.key("max_wait"), &raw.max_wait, fallback);
+    if max_wait > MAX_WAIT_CEILING {
+        c.problem(path.key("max_wait"), "at most \"60s\"");
+        max_wait = fallback;
+    }
+    let size = match raw.size {
+        Some(0) => {
+            c.problem(path.key("size"), "must be at least 1");
+            DEFAULT_QUEUE_SIZE
+        }
+        Some(n) => n,
+        None => DEFAULT_QUEUE_SIZE,
+    };
+    let parts = raw.fair_by.as_ref().map_or(&[][..], |k| &k.0[..]);
+    let fair_by = parts
+        .iter()
+        .enumerate()
+        .filter_map(|(i, text)| check_key_part(c, path.element("fair_by", parts.len(), i), text))
+        .collect();
+    Some(QueueConfig {
+        params: QueueParams {
+            max_wait: Nanos::try_from(max_wait.as_nanos()).unwrap_or(Nanos::MAX),
+            size: usize::try_from(size).unwrap_or(usize::MAX),
+        },
+        fair_by,
+    })
+}
+
+/// `priority = "critical" | "normal" | "sheddable"` of a route or consumer.
+pub(super) fn check_priority(
+    c: &mut Checker,
+    path: KeyPath,
+    raw: Option<&str>,
+) -> Option<Priority> {
+    let text = raw?;
+    let labels = Priority::ALL.map(Priority::label);
+    c.one_of(path, text, &labels).and_then(Priority::parse)
+}
