@@ -189,3 +189,197 @@ pub(super) fn check_priority(
     let labels = Priority::ALL.map(Priority::label);
     c.one_of(path, text, &labels).and_then(Priority::parse)
 }
+
+#[cfg(test)]
+mod tests {
+    use std::path::Path;
+
+    use super::*;
+    use crate::config::Config;
+
+    /// A config with one limit of `algorithm` and `extra` keys, a route
+    /// with `route` keys and a consumer with `consumer` keys.
+    fn config(algorithm: &str, extra: &str, route: &str, consumer: &str) -> Result<Config, String> {
+        let text = format!(
+            r#"[upstreams.api]
+url = "http://127.0.0.1:9"
+
+[limits.backend]
+key = "route"
+{algorithm}
+{extra}
+
+[[routes]]
+name = "api"
+match = {{ path_prefix = "/" }}
+upstream = "api"
+limits = ["backend"]
+{route}
+
+[consumers."k-1"]
+consumer = "one"
+{consumer}
+"#
+        );
+        Config::from_bytes(Path::new("g.toml"), text.as_bytes()).map_err(|e| e.to_string())
+    }
+
+    const CONCURRENCY: &str = "algorithm = \"concurrency\"\nmax = 10";
+
+    #[test]
+    fn reserve_queue_and_priorities_are_read() {
+        let extra = r#"reserve = 3
+queue = { max_wait = "250ms", size = 7, fair_by = ["consumer", "ip"] }"#;
+        let config = config(
+            CONCURRENCY,
+            extra,
+            "priority = \"sheddable\"",
+            "priority = \"critical\"",
+        )
+        .expect("valid");
+        let limit = &config.limits[0];
+        assert_eq!(limit.reserve, Reserve::Slots(3));
+        let queue = limit.queue.as_ref().expect("a queue");
+        assert_eq!(queue.params.max_wait, 250_000_000);
+        assert_eq!(queue.params.size, 7);
+        assert_eq!(queue.fair_by, [KeyPart::Consumer, KeyPart::Ip]);
+        assert_eq!(config.routes[0].priority, Priority::Sheddable);
+        assert_eq!(config.consumers["k-1"].priority, Some(Priority::Critical));
+        // Defaults: 20 %, no queue, normal, the route's.
+        let config = config(CONCURRENCY, "", "", "").expect("valid");
+        assert_eq!(config.limits[0].reserve, Reserve::Percent(20));
+        assert_eq!(config.limits[0].queue, None);
+        assert_eq!(config.routes[0].priority, Priority::Normal);
+        assert_eq!(config.consumers["k-1"].priority, None);
+        let config = config(
+            CONCURRENCY,
+            "reserve = \"35%\"\nqueue = { max_wait = \"1s\" }",
+            "",
+            "",
+        )
+        .expect("valid");
+        assert_eq!(config.limits[0].reserve, Reserve::Percent(35));
+        assert_eq!(
+            config.limits[0].queue.as_ref().map(|q| q.params.size),
+            Some(100)
+        );
+    }
+
+    #[test]
+    fn bad_values_are_reported_with_their_keys() {
+        let bucket = "algorithm = \"token_bucket\"\ncapacity = 5\nrefill = \"1/s\"";
+        let cases = [
+            (
+                bucket,
+                "reserve = \"20%\"",
+                "",
+                "",
+                "limits.backend.reserve",
+                "concurrency limits only",
+            ),
+            (
+                bucket,
+                "queue = { max_wait = \"1s\" }",
+                "",
+                "",
+                "limits.backend.queue",
+                "concurrency limits only",
+            ),
+            (
+                CONCURRENCY,
+                "reserve = \"100%\"",
+                "",
+                "",
+                "limits.backend.reserve",
+                "below 100%",
+            ),
+            (
+                CONCURRENCY,
+                "reserve = \"12.5%\"",
+                "",
+                "",
+                "limits.backend.reserve",
+                "whole percentage",
+            ),
+            (
+                CONCURRENCY,
+                "reserve = 10",
+                "",
+                "",
+                "limits.backend.reserve",
+                "expected 0 to 9",
+            ),
+            (
+                CONCURRENCY,
+                "reserve = -1",
+                "",
+                "",
+                "limits.backend.reserve",
+                "expected 0 to 9",
+            ),
+            (
+                CONCURRENCY,
+                "queue = { size = 3 }",
+                "",
+                "",
+                "limits.backend.queue",
+                "needs `max_wait`",
+            ),
+            (
+                CONCURRENCY,
+                "queue = { max_wait = \"2m\" }",
+                "",
+                "",
+                "limits.backend.queue.max_wait",
+                "at most",
+            ),
+            (
+                CONCURRENCY,
+                "queue = { max_wait = \"1s\", size = 0 }",
+                "",
+                "",
+                "limits.backend.queue.size",
+                "at least 1",
+            ),
+            (
+                CONCURRENCY,
+                "queue = { max_wait = \"1s\", fair_by = \"nope\" }",
+                "",
+                "",
+                "limits.backend.queue.fair_by",
+                "unknown key kind",
+            ),
+            (
+                CONCURRENCY,
+                "queue = { max_wait = \"1s\", wait = 1 }",
+                "",
+                "",
+                "wait",
+                "unknown",
+            ),
+            (
+                CONCURRENCY,
+                "",
+                "priority = \"high\"",
+                "",
+                "routes[0].priority",
+                "critical, normal, sheddable",
+            ),
+            (
+                CONCURRENCY,
+                "",
+                "",
+                "priority = \"urgent\"",
+                "priority",
+                "critical, normal, sheddable",
+            ),
+        ];
+        for (algorithm, extra, route, consumer, at, says) in cases {
+            let error = config(algorithm, extra, route, consumer).expect_err(extra);
+            assert!(
+                error.contains(at) && error.contains(says),
+                "{extra} {route} {consumer}: {error}"
+            );
+        }
+    }
+}
