@@ -142,6 +142,13 @@ async fn a_waiter_is_admitted_when_a_slot_frees() {
     let started = tokio::time::Instant::now();
     let waiter = spawn_get(&gw, "/waited", &[]);
     assert!(eventually(async || depth(&gw, "backend").await == 1).await);
+    let metrics = get(gw.admin.expect("admin"), "/metrics", &[]).await;
+    let text = String::from_utf8_lossy(&metrics.body);
+    assert!(
+        text.lines()
+            .any(|line| line == "tollgate_queue_depth{limit=\"backend\"} 1"),
+        "{text}"
+    );
     let reply = waiter.await.unwrap();
     assert_eq!(reply.status, 200, "admitted once the slot freed");
     assert!(

@@ -16,10 +16,10 @@ use super::checker::Checker;
 use super::error::{KeyPath, nearest};
 use super::raw::OneOrMany;
 use super::server::{HeaderStyles, header_styles};
-use super::slots::{self, QueueConfig, RawQueue, RawReserve};
+use super::slots::{self, RawQueue, RawReserve};
 use super::tokens;
 use super::units::parse_rate;
-use crate::limit::{Algorithm, LeakyMode, Nanos, Reserve, WindowAlign};
+use crate::limit::{Algorithm, LeakyMode, Nanos, QueueParams, Reserve, WindowAlign};
 
 /// A `[limits.NAME]` table as written.
 #[derive(Debug, Deserialize)]
@@ -384,10 +384,70 @@ fn check_limit(c: &mut Checker, path: &KeyPath, name: &str, raw: &RawLimit) -> L
             &algorithm,
             &plans.iter().map(|(_, a)| *a).collect::<Vec<_>>(),
         ),
-        queue: slots::check_queue(c, path.key("queue"), raw.queue.as_ref(), &algorithm),
+        queue: check_queue(c, path.key("queue"), raw.queue.as_ref(), &algorithm),
         plans,
         align: check_align(c, path, raw, &algorithm),
     }
+}
+
+/// A slot limit's `queue`, checked.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct QueueConfig {
+    pub(crate) params: QueueParams,
+    /// The key whose distinct values take turns (empty: one FIFO).
+    pub(crate) fair_by: Vec<KeyPart>,
+}
+
+/// Requests that may wait at once when `size` is not given.
+pub(crate) const DEFAULT_QUEUE_SIZE: u64 = 100;
+
+/// The most a request may wait: longer holds a client's connection and
+/// the gateway's memory past any useful answer.
+const MAX_WAIT_CEILING: Duration = Duration::from_secs(60);
+
+/// `queue`: `max_wait` (required, above zero, at most a minute), `size`
+/// (at least 1, default 100), `fair_by` (a key). Only on slot limits.
+fn check_queue(
+    c: &mut Checker,
+    path: KeyPath,
+    raw: Option<&RawQueue>,
+    algorithm: &Algorithm,
+) -> Option<QueueConfig> {
+    let raw = raw?;
+    if !slots::is_slot_limit(algorithm) {
+        c.problem(path, "applies to concurrency limits only");
+        return None;
+    }
+    if raw.max_wait.is_none() {
+        c.problem(path.clone(), "needs `max_wait`, like max_wait = \"200ms\"");
+    }
+    let fallback = Duration::from_millis(200);
+    let mut max_wait = c.duration(path.key("max_wait"), &raw.max_wait, fallback);
+    if max_wait > MAX_WAIT_CEILING {
+        c.problem(path.key("max_wait"), "at most \"60s\"");
+        max_wait = fallback;
+    }
+    let size = match raw.size {
+        Some(0) => {
+            c.problem(path.key("size"), "must be at least 1");
+            DEFAULT_QUEUE_SIZE
+        }
+        Some(n) => n,
+        None => DEFAULT_QUEUE_SIZE,
+    };
+    let parts = raw.fair_by.as_ref().map_or(&[][..], |k| &k.0[..]);
+    let fair_by = parts
+        .iter()
+        .enumerate()
+        .filter_map(|(i, text)| check_key_part(c, path.element("fair_by", parts.len(), i), text))
+        .collect();
+    Some(QueueConfig {
+        params: QueueParams {
+            max_wait: Nanos::try_from(max_wait.as_nanos()).unwrap_or(Nanos::MAX),
+            size: usize::try_from(size).unwrap_or(usize::MAX),
+        },
+        fair_by,
+    })
 }
 
 /// `lease`: a token bucket's tokens taken from Redis N at a time, `1 <= N <=

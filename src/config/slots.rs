@@ -1,21 +1,20 @@
 //! What a slot limit (`concurrency`) does when its slots run short: the
 //! `reserve` a sheddable request may not take, and the `queue` a request
-//! waits in instead of being refused at once; and the `priority` of routes
-//! and consumers that both read. The keys' serde mirrors and checks;
-//! `limits.rs` and `routes.rs` / `consumers.rs` call them.
+//! waits in instead of being refused at once (its serde mirror; its check,
+//! which reads keys, is `limits.rs`'s); and the `priority` of routes and
+//! consumers that both read. `limits.rs` and `routes.rs` / `consumers.rs`
+//! call them.
 
 use std::fmt;
-use std::time::Duration;
 
 use serde::Deserialize;
 use serde::de::{self, Deserializer, Visitor};
 
 use super::checker::Checker;
 use super::error::KeyPath;
-use super::limits::{KeyPart, check_key_part};
 use super::raw::OneOrMany;
 use super::units::parse_percent;
-use crate::limit::{Algorithm, Nanos, Priority, QueueParams, Reserve};
+use crate::limit::{Algorithm, Priority, Reserve};
 
 /// `reserve = "20%"` or `reserve = 3`, as written.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -56,23 +55,8 @@ pub(crate) struct RawQueue {
     pub(crate) fair_by: Option<OneOrMany<String>>,
 }
 
-/// A slot limit's `queue`, checked.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub(crate) struct QueueConfig {
-    pub(crate) params: QueueParams,
-    /// The key whose distinct values take turns (empty: one FIFO).
-    pub(crate) fair_by: Vec<KeyPart>,
-}
-
-/// Requests that may wait at once when `size` is not given.
-pub(crate) const DEFAULT_QUEUE_SIZE: u64 = 100;
-
-/// The most a request may wait: longer holds a client's connection and
-/// the gateway's memory past any useful answer.
-const MAX_WAIT_CEILING: Duration = Duration::from_secs(60);
-
 /// Whether `algorithm` hands out slots (what `reserve` and `queue` apply to).
-fn is_slot_limit(algorithm: &Algorithm) -> bool {
+pub(super) fn is_slot_limit(algorithm: &Algorithm) -> bool {
     matches!(algorithm, Algorithm::Concurrency { .. })
 }
 
@@ -134,51 +118,6 @@ pub(super) fn check_reserve(
     }
 }
 
-/// `queue`: `max_wait` (required, above zero, at most a minute), `size`
-/// (at least 1, default 100), `fair_by` (a key). Only on slot limits.
-pub(super) fn check_queue(
-    c: &mut Checker,
-    path: KeyPath,
-    raw: Option<&RawQueue>,
-    algorithm: &Algorithm,
-) -> Option<QueueConfig> {
-    let raw = raw?;
-    if !is_slot_limit(algorithm) {
-        c.problem(path, "applies to concurrency limits only");
-        return None;
-    }
-    if raw.max_wait.is_none() {
-        c.problem(path.clone(), "needs `max_wait`, like max_wait = \"200ms\"");
-    }
-    let fallback = Duration::from_millis(200);
-    let mut max_wait = c.duration(path.key("max_wait"), &raw.max_wait, fallback);
-    if max_wait > MAX_WAIT_CEILING {
-        c.problem(path.key("max_wait"), "at most \"60s\"");
-        max_wait = fallback;
-    }
-    let size = match raw.size {
-        Some(0) => {
-            c.problem(path.key("size"), "must be at least 1");
-            DEFAULT_QUEUE_SIZE
-        }
-        Some(n) => n,
-        None => DEFAULT_QUEUE_SIZE,
-    };
-    let parts = raw.fair_by.as_ref().map_or(&[][..], |k| &k.0[..]);
-    let fair_by = parts
-        .iter()
-        .enumerate()
-        .filter_map(|(i, text)| check_key_part(c, path.element("fair_by", parts.len(), i), text))
-        .collect();
-    Some(QueueConfig {
-        params: QueueParams {
-            max_wait: Nanos::try_from(max_wait.as_nanos()).unwrap_or(Nanos::MAX),
-            size: usize::try_from(size).unwrap_or(usize::MAX),
-        },
-        fair_by,
-    })
-}
-
 /// `priority = "critical" | "normal" | "sheddable"` of a route or consumer.
 pub(super) fn check_priority(
     c: &mut Checker,
@@ -195,11 +134,11 @@ mod tests {
     use std::path::Path;
 
     use super::*;
-    use crate::config::Config;
+    use crate::config::{Config, KeyPart};
 
     /// A config with one limit of `algorithm` and `extra` keys, a route
     /// with `route` keys and a consumer with `consumer` keys.
-    fn config(algorithm: &str, extra: &str, route: &str, consumer: &str) -> Result<Config, String> {
+    fn load(algorithm: &str, extra: &str, route: &str, consumer: &str) -> Result<Config, String> {
         let text = format!(
             r#"[upstreams.api]
 url = "http://127.0.0.1:9"
@@ -230,7 +169,7 @@ consumer = "one"
     fn reserve_queue_and_priorities_are_read() {
         let extra = r#"reserve = 3
 queue = { max_wait = "250ms", size = 7, fair_by = ["consumer", "ip"] }"#;
-        let config = config(
+        let config = load(
             CONCURRENCY,
             extra,
             "priority = \"sheddable\"",
@@ -246,12 +185,12 @@ queue = { max_wait = "250ms", size = 7, fair_by = ["consumer", "ip"] }"#;
         assert_eq!(config.routes[0].priority, Priority::Sheddable);
         assert_eq!(config.consumers["k-1"].priority, Some(Priority::Critical));
         // Defaults: 20 %, no queue, normal, the route's.
-        let config = config(CONCURRENCY, "", "", "").expect("valid");
+        let config = load(CONCURRENCY, "", "", "").expect("valid");
         assert_eq!(config.limits[0].reserve, Reserve::Percent(20));
         assert_eq!(config.limits[0].queue, None);
         assert_eq!(config.routes[0].priority, Priority::Normal);
         assert_eq!(config.consumers["k-1"].priority, None);
-        let config = config(
+        let config = load(
             CONCURRENCY,
             "reserve = \"35%\"\nqueue = { max_wait = \"1s\" }",
             "",
@@ -375,7 +314,7 @@ queue = { max_wait = "250ms", size = 7, fair_by = ["consumer", "ip"] }"#;
             ),
         ];
         for (algorithm, extra, route, consumer, at, says) in cases {
-            let error = config(algorithm, extra, route, consumer).expect_err(extra);
+            let error = load(algorithm, extra, route, consumer).expect_err(extra);
             assert!(
                 error.contains(at) && error.contains(says),
                 "{extra} {route} {consumer}: {error}"

@@ -29,11 +29,6 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use super::queue::SlotQueue;
-use super::{NANOS_PER_SEC, Nanos};
-
-/// What a denied concurrency request is told to wait: the contract's
-/// `Retry-After: 1`.
-pub(crate) const RETRY_AFTER: Nanos = NANOS_PER_SEC;
 
 /// A key's in-flight count, shared by the map and the permits.
 pub(crate) type Slot = Arc<AtomicU64>;
@@ -90,7 +85,7 @@ pub(crate) fn in_flight(slot: &Slot) -> u64 {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::limit::priority::{Priority, Reserve};
+    use crate::limit::priority::{Priority, RETRY_AFTER, Reserve};
     use crate::limit::verdict::Verdict;
 
     /// The decision of a normal request (`priority.rs` decides them all).

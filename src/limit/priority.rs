@@ -17,8 +17,12 @@
 //! flight it is refused (only 1 would stay free), while a normal or
 //! critical one is admitted up to 10.
 
-use super::concurrency::RETRY_AFTER;
 use super::verdict::Verdict;
+use super::{NANOS_PER_SEC, Nanos};
+
+/// What a request refused at a slot limit is told to wait: the contract's
+/// `Retry-After: 1` (nobody knows when a response will end).
+pub(crate) const RETRY_AFTER: Nanos = NANOS_PER_SEC;
 
 /// Who is served first when slots are short (`priority = "..."`).
 ///

@@ -310,10 +310,8 @@ impl SlotQueue {
     pub(crate) fn leave(&self, waiter: &Arc<Waiter>, pass_on: bool) {
         let mut line = self.line.lock();
         match waiter.state.swap(GONE, Ordering::AcqRel) {
-            QUEUED => {
-                if line.classes[waiter.priority.rank()].remove(waiter) {
-                    self.waiting.fetch_sub(1, Ordering::SeqCst);
-                }
+            QUEUED if line.classes[waiter.priority.rank()].remove(waiter) => {
+                self.waiting.fetch_sub(1, Ordering::SeqCst);
             }
             WOKEN if pass_on => {
                 drop(line);
