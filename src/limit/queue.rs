@@ -496,4 +496,23 @@ mod tests {
         q.released(1);
         assert!(b.was_woken() && !a.was_woken());
     }
+
+    #[tokio::test]
+    async fn thousands_wait_parked_and_each_release_wakes_one() {
+        let q = Arc::new(queue(5_000));
+        let tasks: Vec<_> = (0..2_000u64)
+            .map(|i| {
+                let waiter = q.join(1, Priority::Normal, i % 7, T0).expect("joins");
+                tokio::spawn(async move { waiter.woken().await })
+            })
+            .collect();
+        assert_eq!(q.depth(), 2_000);
+        for _ in 0..2_000 {
+            q.released(1);
+        }
+        assert_eq!(q.depth(), 0);
+        for task in tasks {
+            task.await.expect("woken once");
+        }
+    }
 }
