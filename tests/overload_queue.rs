@@ -313,3 +313,44 @@ async fn a_critical_waiter_goes_first() {
         "the critical waiter was served first: {uris:?}"
     );
 }
+
+#[tokio::test(start_paused = true)]
+async fn a_wait_the_recent_pace_cannot_meet_is_refused_at_once() {
+    let upstream = TestUpstream::start().await;
+    let gw = gateway(&upstream, &one_slot("250ms", 100, None)).await;
+    let holder = spawn_get(&gw, "/slow/100", &[]);
+    assert!(eventually(async || upstream.arrived() == 1).await);
+    let start = tokio::time::Instant::now();
+    // Five wait behind it; each is served 100 ms after the one before.
+    let waiting: Vec<_> = (0..5).map(|_| spawn_get(&gw, "/slow/100", &[])).collect();
+    assert!(eventually(async || depth(&gw, "backend").await == 5).await);
+    // Two of them got their slots, 100 ms apart, and three still wait:
+    // a newcomer would wait about 4 × 100 ms, past max_wait.
+    tokio::time::sleep_until(start + Duration::from_millis(210)).await;
+    assert_eq!(depth(&gw, "backend").await, 3);
+    let asked = tokio::time::Instant::now();
+    let refused = get(gw.addr, "/refused", &[]).await;
+    assert_eq!(refused.status, 429);
+    assert_eq!(refused.json()["shed_reason"], "wait_too_long");
+    assert!(
+        asked.elapsed() < Duration::from_millis(30),
+        "{:?}",
+        asked.elapsed()
+    );
+    assert_eq!(shed(&gw, "backend", "normal", "wait_too_long"), 1);
+    assert_eq!(holder.await.unwrap().status, 200);
+    let statuses: Vec<u16> = futures_statuses(waiting).await;
+    // Two got their slots within 250 ms (at 100 and 200 ms); the third's
+    // would have come at 300 ms: the last three time out.
+    assert_eq!(statuses, [200, 200, 429, 429, 429]);
+    assert_eq!(shed(&gw, "backend", "normal", "timeout"), 3);
+}
+
+async fn futures_statuses(tasks: Vec<tokio::task::JoinHandle<Reply>>) -> Vec<u16> {
+    let mut statuses = Vec::new();
+    for task in tasks {
+        statuses.push(task.await.unwrap().status);
+    }
+    statuses.sort_unstable();
+    statuses
+}
