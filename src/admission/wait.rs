@@ -42,7 +42,7 @@ use std::time::Duration;
 use super::{Charge, Ticket, check_in_memory};
 use crate::app::{App, Snapshot};
 use crate::limit::queue::Waiter;
-use crate::limit::{Algorithm, Outcome, Shed, SlotQueue, StackDecision};
+use crate::limit::{Algorithm, Limiter, Outcome, Shed, SlotQueue, StackDecision};
 
 /// The waiting a refused request does, when it may wait.
 pub(super) type Waiting<'a> = Pin<Box<dyn Future<Output = ()> + Send + 'a>>;
@@ -147,11 +147,12 @@ async fn wait<'s>(
     let mut deadline = arrival.saturating_add(max_wait(ticket, target));
     let mut place: Option<Place<'s>> = None;
     loop {
-        let limiter: &'s crate::limit::Limiter = ticket.limiters[target];
-        let Some(queue) = limiter.queue() else {
+        // The snapshot's limiter, not the ticket's borrow of it: the place
+        // outlives this iteration's look at the ticket.
+        let limiter: &'s Limiter = ticket.limiters[target];
+        let Some(queue) = limiter.queue().map(|q| &**q) else {
             return;
         };
-        let queue: &'s SlotQueue = queue;
         let now = app.clock.now();
         match &place {
             Some(held) if std::ptr::eq(held.queue, queue) => {
