@@ -33,7 +33,9 @@ use crate::config::{
 };
 use crate::identity::client_ip::{ClientIpPolicy, ForwardHeader, Trust};
 use crate::identity::jwt::Verifier;
-use crate::limit::{Algorithm, Clock, Limiter, Nanos, SystemClock, WindowAlign};
+use crate::limit::{
+    Algorithm, Clock, Limiter, Nanos, QueueParams, Reserve, SystemClock, WindowAlign,
+};
 use crate::metrics::{Front, LabelNames, Metrics, RouteHandles};
 use crate::ratelimit_policy::{StackView, policy_header};
 use crate::routing::Router;
@@ -399,6 +401,9 @@ struct LimiterSpec {
     algorithm: Algorithm,
     align: WindowAlign,
     max_keys: usize,
+    /// Slot limits: the reserve and the queue's numbers (a new waiting line
+    /// when they change).
+    slots: (Reserve, Option<QueueParams>),
 }
 
 /// The limiters of the running configuration, by name (`limit` or
@@ -443,6 +448,7 @@ impl LimiterRegistry {
                 algorithm,
                 align: limit.align,
                 max_keys: limit.max_keys,
+                slots: (limit.reserve, limit.queue.as_ref().map(|q| q.params)),
             };
             let id = (limit.name.clone(), plan.cloned());
             let limiter = match by_name.get(&id) {
@@ -450,10 +456,13 @@ impl LimiterRegistry {
                 // Windows aligned differently mean other boundaries: fresh.
                 Some((old, limiter)) if old.key == spec.key && old.align == spec.align => Arc::new(
                     Limiter::carry_from(limiter, &limit.name, algorithm, limit.max_keys, now)
-                        .with_align(limit.align),
+                        .with_align(limit.align)
+                        .with_slots(spec.slots.0, spec.slots.1),
                 ),
                 _ => Arc::new(
-                    Limiter::new(&limit.name, algorithm, limit.max_keys).with_align(limit.align),
+                    Limiter::new(&limit.name, algorithm, limit.max_keys)
+                        .with_align(limit.align)
+                        .with_slots(spec.slots.0, spec.slots.1),
                 ),
             };
             next.insert(id, (spec, limiter.clone()));
@@ -771,6 +780,11 @@ impl App {
             let live: usize = snapshot.limiters(id).all().map(|l| l.live_keys()).sum();
             let label = snapshot.limit_label(id);
             self.metrics.set_limiter_keys(label, live as u64);
+            if snapshot.limit_config(id).queue.is_some() {
+                let waiting = snapshot.limiters(id).all().filter_map(|l| l.queue());
+                let depth: usize = waiting.map(|q| q.depth()).sum();
+                self.metrics.set_queue_depth(label, depth as u64);
+            }
             let algorithm = snapshot.limit_config(id).algorithm;
             if !matches!(
                 algorithm,

@@ -12,6 +12,10 @@
 //! by the descriptor's entries instead: `entry=KEY:VALUE`, one per entry,
 //! in order.
 //!
+//! A slot limit with a `queue` also shows its line: how many requests
+//! wait for its slots now (`queue.depth`), its `size`, `max_wait` and
+//! `fair_by`.
+//!
 //! Where the state is read from, `source` in the answer: a limit decided in
 //! node memory (no store, or `local = true`) from this node's limiter
 //! (`"memory"`); a shared limit from Redis (`"redis"`: the state every node
@@ -229,6 +233,19 @@ fn state(
         let (requests, tokens) = limiter.open.of(target.digest);
         explained["unit"] = json!("tokens");
         explained["open_reservations"] = json!({"requests": requests, "tokens": tokens});
+    }
+    if let Some(queue) = &config.queue {
+        // The limit's whole line (every key's waiters) and its numbers.
+        let limiter = snapshot
+            .limiters(target.id)
+            .for_plan(target.plan.as_deref());
+        let fair_by = key_parts(&queue.fair_by);
+        explained["queue"] = json!({
+            "depth": limiter.queue().map_or(0, |q| q.depth()),
+            "size": queue.params.size,
+            "max_wait_ms": queue.params.max_wait / 1_000_000,
+            "fair_by": if fair_by.is_empty() { Value::Null } else { json!(fair_by) },
+        });
     }
     explained
 }

@@ -25,6 +25,8 @@
 //! - `shared`: with a store, the `local = true` limits in memory, then the
 //!   shared ones in one store call (leases spent first), `on_failure` when
 //!   the store is down;
+//! - `wait`: a request refused only by slot limits with a `queue` waits
+//!   for a slot (holding nothing) and is decided again, or is shed;
 //! - `record`: each limit's outcome counted, near-limit keys;
 //! - [`tokens`]: an admitted request's bill, its reservation settled from
 //!   the response's usage when its body ends;
@@ -45,6 +47,7 @@ mod settle;
 mod shared;
 pub(crate) mod ticket;
 pub mod tokens;
+mod wait;
 
 use std::future::Future;
 use std::pin::Pin;
@@ -55,7 +58,7 @@ use http::request::Parts;
 use smallvec::SmallVec;
 
 use crate::app::{App, RoutePlan, Snapshot};
-use crate::identity::keys::{RequestFacts, limit_key};
+use crate::identity::keys::{RequestFacts, extract, limit_key};
 use crate::limit::stack::{Costs, INLINE};
 use crate::limit::{Nanos, StackEntry, check_stack_into};
 use crate::store::RedisStore;
@@ -177,6 +180,10 @@ fn key_stack<'s>(
             limiter.algorithm()
         };
         ticket.push(limit, algorithm, limiter, key);
+        if let Some(queue) = limit.queue.as_ref().filter(|q| !q.fair_by.is_empty()) {
+            let fair = extract(&queue.fair_by, parts, &facts).map_or(0, |k| k.halves().1);
+            ticket.fair.push((position, fair));
+        }
     }
     ticket.tokens = charge.tokens;
     Ok(())
@@ -186,14 +193,19 @@ fn key_stack<'s>(
 /// reservation on a token limit, the cost on the others. Out of line: only
 /// token routes come here.
 #[inline(never)]
-fn check_in_units(entries: &[StackEntry<'_>], charge: &Charge<'_>, ticket: &mut Ticket<'_>) {
+fn check_in_units(
+    entries: &[StackEntry<'_>],
+    charge: &Charge<'_>,
+    now: Nanos,
+    ticket: &mut Ticket<'_>,
+) {
     let charges: SmallVec<[u64; INLINE]> = (0..entries.len())
         .map(|j| ticket.cost_of(j, charge.cost))
         .collect();
     check_stack_into(
         entries,
-        Costs::PerEntry(&charges),
-        charge.now,
+        (Costs::PerEntry(&charges), ticket.priority),
+        now,
         &mut ticket.decision,
     );
 }
@@ -206,6 +218,15 @@ fn decide_in_memory<'s>(
     charge: &Charge<'s>,
     ticket: &mut Ticket<'s>,
 ) -> Admission {
+    check_in_memory(charge, charge.now, ticket);
+    answer(app, snapshot, charge, ticket)
+}
+
+/// The whole stack decided in memory at `now` into the ticket's (empty)
+/// decision, not yet recorded: [`decide_in_memory`], and a waiting
+/// request's decision again when a slot frees.
+#[inline(always)]
+fn check_in_memory(charge: &Charge<'_>, now: Nanos, ticket: &mut Ticket<'_>) {
     // Pushed in place, one by one: collected, the array was copied out
     // (~60 instructions); `extend` was an out-of-line call (~80).
     let mut entries: SmallVec<[StackEntry<'_>; INLINE]> = SmallVec::new();
@@ -217,16 +238,15 @@ fn decide_in_memory<'s>(
         });
     }
     if ticket.tokens.is_some() {
-        check_in_units(&entries, charge, ticket);
+        check_in_units(&entries, charge, now, ticket);
     } else {
         check_stack_into(
             &entries,
-            Costs::Uniform(charge.cost),
-            charge.now,
+            (Costs::Uniform(charge.cost), ticket.priority),
+            now,
             &mut ticket.decision,
         );
     }
-    answer(app, snapshot, charge, ticket)
 }
 
 /// The stack's outcome recorded and turned into an [`Admission`]; for an

@@ -12,7 +12,9 @@
 //!    unreadable, [`RequestAdmission::BodyRefused`];
 //! 3. with limits on the route: the client IP behind the trusted proxies,
 //!    the body's fields, the token reservation, each limit's key;
-//! 4. the stack decided in memory or in the store;
+//! 4. the stack decided in memory or in the store; in memory, a request
+//!    refused only by slot limits with a `queue` waits for a slot and is
+//!    decided again (`wait`);
 //! 5. an admitted request's token bill.
 //!
 //! [`decide_request`] is the same without a store or a key refresh, for
@@ -26,7 +28,10 @@ use http::request::Parts;
 use super::body::{BodyError, PendingBody, buffer_for_key, declared_length};
 use super::identify::{self, Caller, Unidentified, body_fields};
 use super::tokens::{self, TokenBill};
-use super::{Admission, Admitting, Charge, Ticket, decide_in_memory, key_stack, reserve, shared};
+use super::{
+    Admission, Admitting, Charge, Ticket, answer, check_in_memory, decide_in_memory, key_stack,
+    reserve, shared, wait,
+};
 use crate::app::{App, RoutePlan, Snapshot};
 use crate::config::RouteConfig;
 use crate::limit::Nanos;
@@ -141,7 +146,15 @@ pub async fn admit_request<'a, 's: 'a>(
         Err(missing) => missing,
         Ok(charge) => {
             let admitting = match store {
-                None => Admitting::Decided(decide_in_memory(app, snapshot, &charge, ticket)),
+                None => {
+                    check_in_memory(&charge, charge.now, ticket);
+                    if let Some(by) = ticket.decision.denied_by
+                        && let Some(waiting) = wait::refused(app, snapshot, &charge, ticket, by)
+                    {
+                        waiting.await;
+                    }
+                    Admitting::Decided(answer(app, snapshot, &charge, ticket))
+                }
                 Some(store) => {
                     Admitting::Asking(shared::decide_boxed(store, app, snapshot, charge, ticket))
                 }
@@ -256,6 +269,10 @@ fn key<'s>(
         now: request.now,
     };
     let identity = caller.identity(snapshot, client_ip, fields.as_ref());
+    ticket.priority = identity
+        .consumer
+        .and_then(|c| c.priority)
+        .unwrap_or(request.route.priority);
     key_stack(app, snapshot, (parts, &identity), &charge, shared, ticket)?;
     Ok(charge)
 }

@@ -82,10 +82,10 @@ fn check_tier(ticket: &Ticket<'_>, at: &[usize], cost: u64, now: Nanos) -> Stack
         })
         .collect();
     if ticket.tokens.is_none() {
-        return check_stack_costed(&entries, Costs::Uniform(cost), now);
+        return check_stack_costed(&entries, (Costs::Uniform(cost), ticket.priority), now);
     }
     let costs: SmallVec<[u64; INLINE]> = at.iter().map(|&j| ticket.cost_of(j, cost)).collect();
-    check_stack_costed(&entries, Costs::PerEntry(&costs), now)
+    check_stack_costed(&entries, (Costs::PerEntry(&costs), ticket.priority), now)
 }
 
 /// The stack decided across the local tier and the store, into `ticket`:

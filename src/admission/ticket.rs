@@ -12,7 +12,9 @@ use crate::app::RoutePlan;
 use crate::config::tokens::Unit;
 use crate::config::{HeaderStyles, LimitConfig};
 use crate::limit::stack::INLINE;
-use crate::limit::{Algorithm, EntryVerdict, LimitKey, Limiter, Nanos, Permits, StackDecision};
+use crate::limit::{
+    Algorithm, EntryVerdict, LimitKey, Limiter, Nanos, Permits, Priority, Shed, StackDecision,
+};
 use crate::ratelimit_policy::{StackView, least_remaining, policy_header};
 
 /// One request's admission record, in stack order.
@@ -49,6 +51,15 @@ pub struct Ticket<'s> {
     /// The client behind the trusted proxies, once a limited request's
     /// keys were taken ([`super::admit_request`]).
     pub(super) client_ip: Option<IpAddr>,
+    /// The request's priority: its consumer's, else its route's.
+    pub(super) priority: Priority,
+    /// Slot limits with a `queue` and a `fair_by`: (position, the
+    /// request's `fair_by` value's digest half; 0 when it has none).
+    pub(super) fair: SmallVec<[(usize, u64); 1]>,
+    /// How long the request waited for a slot (0: it did not).
+    pub(super) queued: Nanos,
+    /// Refused at a slot limit: why.
+    pub(super) shed: Option<Shed>,
 }
 
 /// A ticket's decision, keys and algorithms, owned ([`Ticket::into_parts`]).
@@ -155,6 +166,33 @@ impl<'s> Ticket<'s> {
     /// saw it; `None` for a request of an unlimited route.
     pub fn client_ip(&self) -> Option<IpAddr> {
         self.client_ip
+    }
+
+    /// The request's priority (its consumer's, else its route's).
+    pub fn priority(&self) -> Priority {
+        self.priority
+    }
+
+    /// How long an admitted request waited in a slot limit's queue before
+    /// it was admitted (0 for one that did not wait): the seam for the
+    /// access log's `queued_ms` and `tollgate_queue_wait_seconds`.
+    pub fn queued(&self) -> Nanos {
+        self.queued
+    }
+
+    /// A request refused at a slot limit: its priority and why (the
+    /// problem's `priority` and `shed_reason`).
+    pub fn shed(&self) -> Option<(Priority, Shed)> {
+        self.shed.map(|reason| (self.priority, reason))
+    }
+
+    /// The `fair_by` value of the request at the slot limit at `position`
+    /// (0: none, one lane).
+    pub(super) fn fair_at(&self, position: usize) -> u64 {
+        self.fair
+            .iter()
+            .find(|(at, _)| *at == position)
+            .map_or(0, |(_, fair)| *fair)
     }
 
     /// An admitted request's entry its legacy headers describe.

@@ -25,7 +25,7 @@ use crate::http::problem::{
     DETAIL, NumberMember, ObjectMember, ProblemWriter, STATUS, TITLE, TYPE, TextListMember,
     TextMember, TextWriter, Written, problem_member,
 };
-use crate::limit::{EntryVerdict, NANOS_PER_SEC, Nanos, Outcome, quota, quota_of};
+use crate::limit::{EntryVerdict, NANOS_PER_SEC, Nanos, Outcome, Priority, Shed, quota, quota_of};
 use crate::ratelimit_policy::{StackView, is_concurrency, styles};
 
 const RATELIMIT: OwnName = own_name!("ratelimit");
@@ -167,7 +167,7 @@ pub(crate) fn denied_response(
         ticket
             .policy(plan, snapshot.config.server.headers)
             .as_deref(),
-        cost,
+        (cost, ticket.shed()),
     )
 }
 
@@ -177,6 +177,10 @@ const QUOTA_EXCEEDED: &str = "https://iana.org/assignments/http-problem-types#qu
 const VIOLATED_POLICIES_MEMBER: TextListMember = problem_member!(text_list "violated-policies");
 /// The seconds `Retry-After` says, for clients that read only the body.
 const RETRY_AFTER_MEMBER: NumberMember = problem_member!(number "retry_after");
+/// A request refused at a slot limit (shed): its priority and why
+/// (`full`, `queue_full`, `wait_too_long`, `timeout`).
+const PRIORITY_MEMBER: TextMember = problem_member!(text "priority");
+const SHED_REASON_MEMBER: TextMember = problem_member!(text "shed_reason");
 /// On a stack with a token limit (an LLM API), the error as OpenAI writes
 /// its own 429s, which the OpenAI-compatible SDKs show their users
 /// (`error.message`): `{"message", "type": "tokens" | "requests", "code":
@@ -232,14 +236,15 @@ pub(crate) fn denial(
 }
 
 /// The deny response: the limit's status and problem+json naming the limit
-/// (`cost`: what the request asked for, named when it can never fit); and
+/// (`cost`: what the request asked for, named when it can never fit; `shed`:
+/// the priority and reason of a request refused at a slot limit); and
 /// its [`Denial`]'s fields.
 pub(crate) fn deny_response(
     view: StackView<'_>,
     verdicts: &[EntryVerdict],
     denied_by: usize,
     policy: Option<&str>,
-    cost: u64,
+    (cost, shed): (u64, Option<(Priority, Shed)>),
 ) -> (Response<ResponseBody>, FieldLines) {
     let Denial {
         status,
@@ -291,6 +296,10 @@ pub(crate) fn deny_response(
         });
         if let Some(seconds) = retry_after {
             problem.number(&RETRY_AFTER_MEMBER, seconds);
+        }
+        if let Some((priority, reason)) = shed {
+            problem.literal(&PRIORITY_MEMBER, priority.label());
+            problem.literal(&SHED_REASON_MEMBER, reason.label());
         }
         if view.limits.iter().any(|l| l.unit == Unit::Tokens) {
             openai_error(&mut problem, limit.unit, detail);
@@ -429,6 +438,8 @@ mod tests {
             align: Default::default(),
             lease: None,
             unit: Default::default(),
+            reserve: Default::default(),
+            queue: None,
         }
     }
 
@@ -470,7 +481,7 @@ mod tests {
         policy: Option<&str>,
         cost: u64,
     ) -> Response<ResponseBody> {
-        let (mut response, lines) = deny_response(view, verdicts, denied_by, policy, cost);
+        let (mut response, lines) = deny_response(view, verdicts, denied_by, policy, (cost, None));
         lines.apply(response.headers_mut());
         response
     }

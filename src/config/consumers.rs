@@ -13,6 +13,8 @@ use toml::de::DeTable;
 
 use super::checker::Checker;
 use super::error::{KeyPath, Problem, explain_serde_message, line_column, path_at, span_of};
+use super::slots::check_priority;
+use crate::limit::Priority;
 
 /// How API keys are read and what an unknown one means.
 #[derive(Debug, Default, Deserialize)]
@@ -38,6 +40,7 @@ pub(crate) struct RawConsumer {
     pub(crate) consumer: String,
     pub(crate) tenant: Option<String>,
     pub(crate) plan: Option<String>,
+    pub(crate) priority: Option<String>,
 }
 
 /// Where the API key is read and what an unknown one means.
@@ -64,6 +67,8 @@ pub struct Consumer {
     pub(crate) consumer: Arc<str>,
     pub(crate) tenant: Option<Arc<str>>,
     pub(crate) plan: Option<Arc<str>>,
+    /// Its requests' priority, over their route's.
+    pub(crate) priority: Option<Priority>,
 }
 
 /// `[api_keys]`, then every API key of `[consumers]` and of the
@@ -116,6 +121,7 @@ fn check_consumer(c: &mut Checker, path: &KeyPath, raw: &RawConsumer) -> Consume
     if raw.consumer.is_empty() {
         c.problem(path.key("consumer"), "must not be empty");
     }
+    check_priority(c, path.key("priority"), raw.priority.as_deref());
     consumer_of(raw)
 }
 
@@ -125,6 +131,7 @@ fn consumer_of(raw: &RawConsumer) -> Consumer {
         consumer: Arc::from(raw.consumer.as_str()),
         tenant: raw.tenant.as_deref().map(Arc::from),
         plan: raw.plan.as_deref().map(Arc::from),
+        priority: raw.priority.as_deref().and_then(Priority::parse),
     }
 }
 
@@ -182,6 +189,14 @@ fn load_consumers_file(
         }
         if consumer.consumer.is_empty() {
             in_file(path.key("consumer"), "must not be empty".to_owned(), offset);
+            continue;
+        }
+        if let Some(text) = consumer.priority.as_deref()
+            && Priority::parse(text).is_none()
+        {
+            let message =
+                format!("unknown value `{text}`, expected one of critical, normal, sheddable");
+            in_file(path.key("priority"), message, offset);
             continue;
         }
         consumers.insert(key.clone(), consumer_of(consumer));

@@ -16,9 +16,10 @@ use super::checker::Checker;
 use super::error::{KeyPath, nearest};
 use super::raw::OneOrMany;
 use super::server::{HeaderStyles, header_styles};
+use super::slots::{self, RawQueue, RawReserve};
 use super::tokens;
 use super::units::parse_rate;
-use crate::limit::{Algorithm, LeakyMode, Nanos, WindowAlign};
+use crate::limit::{Algorithm, LeakyMode, Nanos, QueueParams, Reserve, WindowAlign};
 
 /// A `[limits.NAME]` table as written.
 #[derive(Debug, Deserialize)]
@@ -53,6 +54,10 @@ pub(crate) struct RawLimit {
     pub(crate) reset_jitter: Option<String>,
     /// `"requests"` (the default) or `"tokens"`.
     pub(crate) unit: Option<String>,
+    /// Slot limits: what a sheddable request may not take (`slots.rs`).
+    pub(crate) reserve: Option<RawReserve>,
+    /// Slot limits: wait for a slot instead of being refused.
+    pub(crate) queue: Option<RawQueue>,
 }
 
 /// Per-plan values of a limit's algorithm parameters.
@@ -177,6 +182,10 @@ pub struct LimitConfig {
     pub(crate) lease: Option<u64>,
     /// What it counts: requests (charged `cost`) or tokens.
     pub(crate) unit: tokens::Unit,
+    /// Slot limits: the part a sheddable request may not take.
+    pub(crate) reserve: Reserve,
+    /// Slot limits: the waiting line (`queue = {...}`), if any.
+    pub(crate) queue: Option<QueueConfig>,
 }
 
 /// Default per-limit cap on live keys; see `limit::memory` for what happens
@@ -219,7 +228,7 @@ pub(super) fn check_limits(
     limits
 }
 
-fn check_key_part(c: &mut Checker, path: KeyPath, text: &str) -> Option<KeyPart> {
+pub(super) fn check_key_part(c: &mut Checker, path: KeyPath, text: &str) -> Option<KeyPart> {
     let (kind, name) = match text.split_once(':') {
         Some((kind, name)) => (kind, Some(name)),
         None => (text, None),
@@ -396,6 +405,14 @@ fn check_limit(c: &mut Checker, path: &KeyPath, name: &str, raw: &RawLimit) -> L
         unit: tokens::check_unit(c, path, raw.unit.as_deref(), &algorithm),
         headers,
         max_keys,
+        reserve: slots::check_reserve(
+            c,
+            path.key("reserve"),
+            raw.reserve.as_ref(),
+            &algorithm,
+            &plans.iter().map(|(_, a)| *a).collect::<Vec<_>>(),
+        ),
+        queue: check_queue(c, path.key("queue"), raw.queue.as_ref(), &algorithm),
         plans,
         align: check_align(c, path, raw, &algorithm),
     }
@@ -417,6 +434,66 @@ fn check_adaptive_extras(c: &mut Checker, path: &KeyPath, raw: &RawLimit) {
             "an adaptive limit is always node-local (each node measures its own traffic): remove `local = false`",
         );
     }
+}
+
+/// A slot limit's `queue`, checked.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct QueueConfig {
+    pub(crate) params: QueueParams,
+    /// The key whose distinct values take turns (empty: one FIFO).
+    pub(crate) fair_by: Vec<KeyPart>,
+}
+
+/// Requests that may wait at once when `size` is not given.
+pub(crate) const DEFAULT_QUEUE_SIZE: u64 = 100;
+
+/// The most a request may wait: longer holds a client's connection and
+/// the gateway's memory past any useful answer.
+const MAX_WAIT_CEILING: Duration = Duration::from_secs(60);
+
+/// `queue`: `max_wait` (required, above zero, at most a minute), `size`
+/// (at least 1, default 100), `fair_by` (a key). Only on slot limits.
+fn check_queue(
+    c: &mut Checker,
+    path: KeyPath,
+    raw: Option<&RawQueue>,
+    algorithm: &Algorithm,
+) -> Option<QueueConfig> {
+    let raw = raw?;
+    if !slots::is_slot_limit(algorithm) {
+        c.problem(path, "applies to concurrency and adaptive limits only");
+        return None;
+    }
+    if raw.max_wait.is_none() {
+        c.problem(path.clone(), "needs `max_wait`, like max_wait = \"200ms\"");
+    }
+    let fallback = Duration::from_millis(200);
+    let mut max_wait = c.duration(path.key("max_wait"), &raw.max_wait, fallback);
+    if max_wait > MAX_WAIT_CEILING {
+        c.problem(path.key("max_wait"), "at most \"60s\"");
+        max_wait = fallback;
+    }
+    let size = match raw.size {
+        Some(0) => {
+            c.problem(path.key("size"), "must be at least 1");
+            DEFAULT_QUEUE_SIZE
+        }
+        Some(n) => n,
+        None => DEFAULT_QUEUE_SIZE,
+    };
+    let parts = raw.fair_by.as_ref().map_or(&[][..], |k| &k.0[..]);
+    let fair_by = parts
+        .iter()
+        .enumerate()
+        .filter_map(|(i, text)| check_key_part(c, path.element("fair_by", parts.len(), i), text))
+        .collect();
+    Some(QueueConfig {
+        params: QueueParams {
+            max_wait: Nanos::try_from(max_wait.as_nanos()).unwrap_or(Nanos::MAX),
+            size: usize::try_from(size).unwrap_or(usize::MAX),
+        },
+        fair_by,
+    })
 }
 
 /// `lease`: a token bucket's tokens taken from Redis N at a time, `1 <= N <=

@@ -27,6 +27,7 @@ pub(crate) mod limits;
 pub(crate) mod raw;
 pub(crate) mod routes;
 pub(crate) mod server;
+pub(crate) mod slots;
 pub(crate) mod store;
 pub(crate) mod tls;
 pub(crate) mod tokens;

@@ -13,8 +13,10 @@ use super::checker::Checker;
 use super::error::KeyPath;
 use super::limits::{LimitConfig, references};
 use super::raw::RawSize;
+use super::slots::check_priority;
 use super::tokens::{self, PromptEstimate, RawTokens, Unit};
 use super::units::parse_percent;
+use crate::limit::Priority;
 
 /// A `[[routes]]` table as written.
 #[derive(Debug, Deserialize)]
@@ -34,6 +36,7 @@ pub(crate) struct RawRoute {
     pub(crate) require_jwt: Option<bool>,
     pub(crate) retry: Option<RawRetry>,
     pub(crate) tokens: Option<RawTokens>,
+    pub(crate) priority: Option<String>,
 }
 
 /// `retry = { attempts = 2, on = [...], base = "25ms", cap = "1s", budget = "20%" }`.
@@ -87,6 +90,8 @@ pub struct RouteConfig {
     /// How a request reserves tokens and its response settles them
     /// (`tokens = {...}`), for the stack's token limits.
     pub(crate) tokens: Option<tokens::TokensRule>,
+    /// The priority of its requests whose consumer sets none.
+    pub(crate) priority: Priority,
 }
 
 /// A route's `retry` table, validated (the upstream layer applies it).
@@ -249,7 +254,9 @@ fn check_route(
         .max_body
         .as_ref()
         .map(|size| c.size(path.key("max_body"), &Some(size.clone()), u64::MAX));
+    let priority = check_priority(c, path.key("priority"), raw.priority.as_deref());
     RouteConfig {
+        priority: priority.unwrap_or_default(),
         name: raw.name.clone(),
         matcher,
         action,

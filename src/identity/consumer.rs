@@ -97,6 +97,7 @@ mod tests {
                 consumer: Arc::from("acme-web"),
                 tenant: Some(Arc::from("acme")),
                 plan: Some(Arc::from("free")),
+                priority: None,
             },
         );
         map

@@ -33,7 +33,8 @@ use parking_lot::Mutex;
 
 use super::Nanos;
 use super::adaptive::{Adaptive, Outcome, Params};
-use super::concurrency::RETRY_AFTER;
+use super::priority::{self, Priority, RETRY_AFTER, Reserve};
+use super::queue::SlotQueue;
 use super::verdict::Verdict;
 
 /// One key's limit and the numbers it moves within (kept with it, so that a
@@ -58,7 +59,12 @@ pub(crate) fn fresh(params: Params, now: Nanos) -> Slot {
 /// Decide a request of `cost` against `slot` (`None`: a fresh key): admitted
 /// while `in_flight + cost ≤ limit`; never when `cost` exceeds `max`, the
 /// most the limit can ever be. The verdict's `current_limit` is its `q`.
-pub(crate) fn decide(slot: Option<&Slot>, params: Params, cost: u64) -> Verdict {
+pub(crate) fn decide(
+    slot: Option<&Slot>,
+    params: Params,
+    (cost, priority): (u64, Priority),
+    reserve: Reserve,
+) -> Verdict {
     let (in_flight, limit) = match slot {
         Some(slot) => {
             let cell = slot.lock();
@@ -67,13 +73,15 @@ pub(crate) fn decide(slot: Option<&Slot>, params: Params, cost: u64) -> Verdict 
         None => (0, params.initial()),
     };
     let (in_flight, limit64) = (u64::from(in_flight), u64::from(limit));
-    let never = cost > u64::from(params.max());
-    let after = in_flight.saturating_add(cost);
-    let mut verdict = if !never && after <= limit64 {
-        Verdict::allow(limit64 - after, 0)
-    } else {
-        Verdict::deny(limit64.saturating_sub(in_flight), 0, RETRY_AFTER, never)
-    };
+    // The same rule as `concurrency` (the reserve a sheddable request may not
+    // take) at the limit in force; `never` only past `max`, where the limit
+    // can never grow to.
+    let mut verdict = priority::slot_verdict(in_flight, cost, limit64, reserve, priority);
+    verdict.never = cost > u64::from(params.max());
+    if verdict.never {
+        verdict.allowed = false;
+        verdict.retry_after = Some(RETRY_AFTER);
+    }
     verdict.current_limit = limit;
     verdict
 }
@@ -149,6 +157,9 @@ pub struct AdaptivePermit {
     admitted: Nanos,
     /// When and how the upstream answered, once it has.
     answer: Option<(Nanos, Outcome)>,
+    /// The limit's waiting line and this slot's key in it, when the limit
+    /// has a `queue`: told of the release.
+    queue: Option<(Arc<SlotQueue>, u64)>,
 }
 
 impl AdaptivePermit {
@@ -160,7 +171,13 @@ impl AdaptivePermit {
             units,
             admitted: now,
             answer: None,
+            queue: None,
         }
+    }
+
+    /// Tell `queue` when this permit's slot of `key` is released.
+    pub(crate) fn wake_on_release(&mut self, queue: &Arc<SlotQueue>, key: u64) {
+        self.queue = Some((Arc::clone(queue), key));
     }
 
     /// The upstream answered at `now` (a retried request's last answer is
@@ -181,6 +198,12 @@ impl Drop for AdaptivePermit {
             None => state.on_complete(*params, self.admitted, 0, Outcome::Ignored),
         }
         state.release_units(self.units.saturating_sub(1));
+        drop(cell);
+        // After the slot is free (under its lock, which orders it before a
+        // waiter's next decision), as `ConcurrencyPermit::drop` does.
+        if let Some((queue, key)) = &self.queue {
+            queue.released(*key);
+        }
     }
 }
 
@@ -203,24 +226,88 @@ mod tests {
         let slot = fresh(params, T);
         let mut held = Vec::new();
         for r in [1, 0] {
-            let v = decide(Some(&slot), params, 1);
+            let v = decide(
+                Some(&slot),
+                params,
+                (1, Priority::Normal),
+                Reserve::default(),
+            );
             assert!(v.allowed);
             assert_eq!((v.remaining, v.current_limit), (r, 2));
             held.push(AdaptivePermit::acquire(&slot, 1, T));
         }
-        let v = decide(Some(&slot), params, 1);
+        let v = decide(
+            Some(&slot),
+            params,
+            (1, Priority::Normal),
+            Reserve::default(),
+        );
         assert!(!v.allowed && !v.never);
         assert_eq!(v.retry_after, Some(RETRY_AFTER));
         held[0].answered(UpstreamAnswer::Status(503), T + 5 * MS);
         held.remove(0);
         assert_eq!(view(&slot).limit, 1, "2 × 0.8 = 1.6");
         assert_eq!(view(&slot).in_flight, 1);
-        assert!(!decide(Some(&slot), params, 1).allowed);
+        assert!(
+            !decide(
+                Some(&slot),
+                params,
+                (1, Priority::Normal),
+                Reserve::default()
+            )
+            .allowed
+        );
         held.clear();
-        assert!(decide(Some(&slot), params, 1).allowed);
-        assert!(decide(Some(&slot), params, 101).never);
+        assert!(
+            decide(
+                Some(&slot),
+                params,
+                (1, Priority::Normal),
+                Reserve::default()
+            )
+            .allowed
+        );
+        assert!(
+            decide(
+                Some(&slot),
+                params,
+                (101, Priority::Normal),
+                Reserve::default()
+            )
+            .never
+        );
         // Learned (limit 1, not `initial`): not fresh, kept by a sweep.
         assert!(!is_fresh(&slot));
+    }
+
+    #[test]
+    fn a_sheddable_request_leaves_the_reserve_of_the_current_limit() {
+        // Limit 10 (initial), reserve 20 %: 2 slots a sheddable request may not take.
+        let params = Params::new(1, 100, 10).unwrap();
+        let slot = fresh(params, T);
+        let held: Vec<_> = (0..8)
+            .map(|_| AdaptivePermit::acquire(&slot, 1, T))
+            .collect();
+        let shed = decide(
+            Some(&slot),
+            params,
+            (1, Priority::Sheddable),
+            Reserve::default(),
+        );
+        assert!(!shed.allowed && !shed.never);
+        assert_eq!(shed.current_limit, 10);
+        for p in [Priority::Normal, Priority::Critical] {
+            assert!(decide(Some(&slot), params, (1, p), Reserve::default()).allowed);
+        }
+        // Past the current limit but within `max`: refused, yet not `never`.
+        let big = decide(
+            Some(&slot),
+            params,
+            (50, Priority::Normal),
+            Reserve::default(),
+        );
+        assert!(!big.allowed && !big.never);
+        drop(held);
     }
 
     #[test]

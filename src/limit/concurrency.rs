@@ -1,7 +1,8 @@
 //! Concurrency: requests in flight per key, released when the response ends.
 //!
 //! Unlike the rate algorithms there is nothing to compute on arrival except
-//! `in_flight + cost <= max`; the interesting part is the release. Each key's
+//! `in_flight + cost <= max` (less the reserve for a sheddable request:
+//! `priority.rs` decides); the interesting part is the release. Each key's
 //! count is an `Arc<AtomicU64>` (its *slot*); an admitted request gets a
 //! [`ConcurrencyPermit`] holding a clone of the slot, and dropping the permit
 //! subtracts its units. The HTTP layer keeps the permit alive until the
@@ -14,6 +15,11 @@
 //! only make a concurrent decision more conservative. A slot whose only
 //! owner is the map and whose count is 0 is fresh and can be swept.
 //!
+//! A limit with a `queue` hands out permits that also know its waiting line
+//! (`queue.rs`): their drop wakes the first waiter for the released key, and
+//! costs one atomic load more when nobody waits. A limit without one pays
+//! nothing.
+//!
 //! Worked example, `max = 2`: two requests take permits (`in_flight` 2,
 //! `r` 0); a third is denied (`retry_after` 1 s, the contract's fixed hint,
 //! since nobody knows when a response will end); when the first response
@@ -22,23 +28,7 @@
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 
-use super::verdict::Verdict;
-use super::{NANOS_PER_SEC, Nanos};
-
-/// What a denied concurrency request is told to wait: the contract's
-/// `Retry-After: 1`.
-pub(crate) const RETRY_AFTER: Nanos = NANOS_PER_SEC;
-
-/// Decide a request of `cost` against `in_flight` (pure).
-pub(crate) fn decide(in_flight: u64, cost: u64, max: u64) -> Verdict {
-    let never = cost > max;
-    let after = in_flight.saturating_add(cost);
-    if !never && after <= max {
-        Verdict::allow(max - after, 0)
-    } else {
-        Verdict::deny(max.saturating_sub(in_flight), 0, RETRY_AFTER, never)
-    }
-}
+use super::queue::SlotQueue;
 
 /// A key's in-flight count, shared by the map and the permits.
 pub(crate) type Slot = Arc<AtomicU64>;
@@ -48,6 +38,9 @@ pub(crate) type Slot = Arc<AtomicU64>;
 pub struct ConcurrencyPermit {
     slot: Slot,
     units: u64,
+    /// The limit's waiting line and this slot's key in it, when the limit
+    /// has a `queue`: told of the release.
+    queue: Option<(Arc<SlotQueue>, u64)>,
 }
 
 impl ConcurrencyPermit {
@@ -57,13 +50,25 @@ impl ConcurrencyPermit {
         ConcurrencyPermit {
             slot: Arc::clone(slot),
             units,
+            queue: None,
         }
+    }
+
+    /// Tell `queue` when this permit's slot of `key` is released.
+    pub(crate) fn wake_on_release(&mut self, queue: &Arc<SlotQueue>, key: u64) {
+        self.queue = Some((Arc::clone(queue), key));
     }
 }
 
 impl Drop for ConcurrencyPermit {
     fn drop(&mut self) {
-        self.slot.fetch_sub(self.units, Ordering::AcqRel);
+        // SeqCst, as the waiter's count in the queue: a waiter that joined
+        // before this release is woken, or sees the slot free when it
+        // decides again after joining.
+        self.slot.fetch_sub(self.units, Ordering::SeqCst);
+        if let Some((queue, key)) = &self.queue {
+            queue.released(*key);
+        }
     }
 }
 
@@ -80,6 +85,19 @@ pub(crate) fn in_flight(slot: &Slot) -> u64 {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::limit::priority::{Priority, RETRY_AFTER, Reserve};
+    use crate::limit::verdict::Verdict;
+
+    /// The decision of a normal request (`priority.rs` decides them all).
+    fn decide(in_flight: u64, cost: u64, max: u64) -> Verdict {
+        crate::limit::priority::slot_verdict(
+            in_flight,
+            cost,
+            max,
+            Reserve::default(),
+            Priority::Normal,
+        )
+    }
 
     #[test]
     fn worked_example() {

@@ -82,6 +82,8 @@ use parking_lot::{Mutex, MutexGuard};
 use super::adaptive_slot::{self, AdaptivePermit};
 use super::concurrency::{self, ConcurrencyPermit};
 use super::key::LimitKey;
+use super::priority::{self, Priority, Reserve};
+use super::queue::{QueueParams, SlotQueue};
 use super::reservations::OpenReservations;
 use super::table::{KeyState, StateMut, StateRef, StoreKey, Table};
 use super::verdict::Verdict;
@@ -211,6 +213,10 @@ pub struct Limiter {
     shards: Box<[Shard]>,
     /// A token limit's reservations not settled yet (explain).
     pub(crate) open: OpenReservations,
+    /// Slot limits: what a sheddable request may not take.
+    reserve: Reserve,
+    /// Slot limits with a `queue`: its waiting line, woken by the permits.
+    queue: Option<Arc<SlotQueue>>,
 }
 
 impl Limiter {
@@ -232,7 +238,22 @@ impl Limiter {
             live: AtomicUsize::new(0),
             shards: (0..SHARDS).map(|_| shard()).collect(),
             open: OpenReservations::default(),
+            reserve: Reserve::default(),
+            queue: None,
         }
+    }
+
+    /// Sets a slot limit's reserve and waiting line (other algorithms
+    /// ignore them). Set before the limiter is shared.
+    pub(crate) fn with_slots(mut self, reserve: Reserve, queue: Option<QueueParams>) -> Limiter {
+        self.reserve = reserve;
+        self.queue = queue.map(|params| Arc::new(SlotQueue::new(params)));
+        self
+    }
+
+    /// A slot limit's waiting line, when it has a `queue`.
+    pub(crate) fn queue(&self) -> Option<&Arc<SlotQueue>> {
+        self.queue.as_ref()
     }
 
     /// Sets where a fixed window's boundaries fall per key (other
@@ -328,9 +349,16 @@ impl Limiter {
     /// per-entry array to copy out).
     #[inline]
     pub fn check(&self, key: LimitKey, cost: u64, now: Nanos) -> Decision {
+        self.check_as(key, (cost, Priority::Normal), now)
+    }
+
+    /// [`Limiter::check`] for a request of `priority` (a slot limit keeps
+    /// its reserve from a sheddable one).
+    #[inline]
+    pub(crate) fn check_as(&self, key: LimitKey, charge: (u64, Priority), now: Nanos) -> Decision {
         let mut permit = None;
         let mut shard = self.lock_shard(self.shard_of(key));
-        let (verdict, _) = self.apply(&mut shard, key, cost, now, &mut permit);
+        let (verdict, _) = self.apply(&mut shard, key, charge, now, &mut permit);
         drop(shard);
         Decision { verdict, permit }
     }
@@ -463,7 +491,7 @@ impl Limiter {
         &self,
         shard: &mut ShardMap,
         key: LimitKey,
-        cost: u64,
+        (cost, priority): (u64, Priority),
         now: Nanos,
         permit: &mut Option<SlotPermit>,
     ) -> (Verdict, Option<Undo>) {
@@ -473,10 +501,10 @@ impl Limiter {
         let k = StoreKey::from(key);
         let now = self.key_now(k, now);
         let held = shard.table.with(k, now, |state| {
-            let (v, next) = self.decide(Some(state.read()), now, cost);
+            let (v, next) = self.decide(Some(state.read()), now, cost, priority);
             match next {
                 Some(next) => {
-                    let action = self.commit(state, next, now, cost, permit);
+                    let action = self.commit(state, next, (k, now), cost, permit);
                     let target = Target::Key(k);
                     (v, Some(Undo { target, action }))
                 }
@@ -487,22 +515,22 @@ impl Limiter {
             return decided;
         }
         if self.reserve(shard, now) {
-            let (v, next) = self.decide(None, now, cost);
+            let (v, next) = self.decide(None, now, cost, priority);
             let Some(next) = next else {
                 self.live.fetch_sub(1, Ordering::Relaxed);
                 return (v, None);
             };
             let mut state = self.fresh_state(now);
-            let action = self.commit(state.write(), next, now, cost, permit);
+            let action = self.commit(state.write(), next, (k, now), cost, permit);
             shard.table.insert(k, state, now);
             let target = Target::New(k);
             return (v, Some(Undo { target, action }));
         }
         let state = shard.overflow.get_or_insert_with(|| self.fresh_state(now));
-        let (v, next) = self.decide(Some(state.read()), now, cost);
+        let (v, next) = self.decide(Some(state.read()), now, cost, priority);
         match next {
             Some(next) => {
-                let action = self.commit(state.write(), next, now, cost, permit);
+                let action = self.commit(state.write(), next, (k, now), cost, permit);
                 let target = Target::Overflow;
                 (v, Some(Undo { target, action }))
             }
@@ -548,7 +576,7 @@ impl Limiter {
             }
             None => None,
         };
-        self.decide(state, now, 0).0
+        self.decide(state, now, 0, Priority::Normal).0
     }
 
     // ----- per-algorithm dispatch -----
@@ -561,6 +589,7 @@ impl Limiter {
         state: Option<StateRef<'_>>,
         now: Nanos,
         cost: u64,
+        priority: Priority,
     ) -> (Verdict, Option<Next>) {
         use Algorithm::*;
         let admitted = |v: &Verdict, next: Next| (v.allowed && cost > 0).then_some(next);
@@ -611,7 +640,7 @@ impl Limiter {
                     Some(StateRef::Inflight(slot)) => concurrency::in_flight(slot),
                     _ => 0,
                 };
-                let v = concurrency::decide(in_flight, cost, max);
+                let v = priority::slot_verdict(in_flight, cost, max, self.reserve, priority);
                 (v, admitted(&v, Next::Acquire))
             }
             Adaptive { params } => {
@@ -619,7 +648,7 @@ impl Limiter {
                     Some(StateRef::Adaptive(slot)) => Some(slot),
                     _ => None,
                 };
-                let v = adaptive_slot::decide(slot, params, cost);
+                let v = adaptive_slot::decide(slot, params, (cost, priority), self.reserve);
                 (v, admitted(&v, Next::AcquireAdaptive))
             }
         }
@@ -631,7 +660,7 @@ impl Limiter {
         &self,
         state: StateMut<'_>,
         next: Next,
-        now: Nanos,
+        (key, now): (StoreKey, Nanos),
         cost: u64,
         permit: &mut Option<SlotPermit>,
     ) -> UndoAction {
@@ -650,15 +679,20 @@ impl Limiter {
                 UndoAction::LogPop(cost)
             }
             (Next::Acquire, StateMut::Inflight(slot)) => {
-                *permit = Some(SlotPermit::Concurrency(ConcurrencyPermit::acquire(
-                    slot, cost,
-                )));
+                let mut taken = ConcurrencyPermit::acquire(slot, cost);
+                if let Some(queue) = &self.queue {
+                    taken.wake_on_release(queue, key.lo);
+                }
+                *permit = Some(SlotPermit::Concurrency(taken));
                 UndoAction::Nothing
             }
             (Next::AcquireAdaptive, StateMut::Adaptive(slot)) => {
                 // At most `max` ≤ adaptive::MAX_LIMIT: the decision admitted it.
                 let units = u32::try_from(cost).unwrap_or(u32::MAX);
-                let taken = AdaptivePermit::acquire(slot, units, now);
+                let mut taken = AdaptivePermit::acquire(slot, units, now);
+                if let Some(queue) = &self.queue {
+                    taken.wake_on_release(queue, key.lo);
+                }
                 *permit = Some(SlotPermit::Adaptive(taken));
                 UndoAction::Nothing
             }

@@ -20,6 +20,10 @@
 //! | `concurrency` | [`concurrency`] | in-flight count + permits |
 //! | `adaptive` | [`adaptive`] (how the limit moves), [`adaptive_slot`] (per key, permits) | in flight, limit, baseline, window |
 //!
+//! A slot limit (`concurrency`) also applies the request's [`Priority`]
+//! against its [`Reserve`] ([`priority`]) and may keep a waiting line
+//! ([`queue`]) that its permits wake on release.
+//!
 //! Worked example: a token bucket of 20 refilled at 10/s, `now` = T. Twenty
 //! requests at T pass (`r` 19 … 0); the 21st gets `allowed = false`,
 //! `retry_after = Some(100 ms)`, and nothing is charged anywhere in its
@@ -34,6 +38,8 @@ pub(crate) mod key;
 pub(crate) mod leaky_bucket;
 pub(crate) mod memory;
 pub(crate) mod params;
+pub mod priority;
+pub mod queue;
 pub(crate) mod reservations;
 pub mod sliding_log;
 pub mod sliding_window;
@@ -48,6 +54,8 @@ pub use key::LimitKey;
 pub use memory::Limiter;
 pub(crate) use params::WindowAlign;
 pub use params::{Algorithm, LeakyMode, NANOS_PER_SEC, Nanos, Rate};
+pub use priority::{Priority, Reserve};
+pub use queue::{QueueParams, Shed, SlotQueue};
 pub(crate) use stack::{EntryVerdict, Permits, StackDecision, check_stack_into};
 pub use stack::{Outcome, StackEntry, check_stack};
 pub(crate) use verdict::{Verdict, quota, quota_of, window_secs};

@@ -47,6 +47,7 @@ use super::adaptive_slot::UpstreamAnswer;
 use super::clock::Clock;
 use super::key::LimitKey;
 use super::memory::{Decision, Limiter, ShardMap, SlotPermit, Undo};
+use super::priority::Priority;
 use super::verdict::Verdict;
 
 /// Stacks up to this long are decided without touching the heap.
@@ -298,44 +299,47 @@ impl Costs<'_> {
 #[inline]
 pub fn check_stack(entries: &[StackEntry<'_>], cost: u64, now: Nanos) -> StackDecision {
     let mut decision = StackDecision::default();
-    check_stack_into(entries, Costs::Uniform(cost), now, &mut decision);
+    let charge = (Costs::Uniform(cost), Priority::Normal);
+    check_stack_into(entries, charge, now, &mut decision);
     decision
 }
 
 /// [`check_stack`] with each entry's own cost.
 pub(crate) fn check_stack_costed(
     entries: &[StackEntry<'_>],
-    costs: Costs<'_>,
+    charge: (Costs<'_>, Priority),
     now: Nanos,
 ) -> StackDecision {
     let mut decision = StackDecision::default();
-    check_stack_into(entries, costs, now, &mut decision);
+    check_stack_into(entries, charge, now, &mut decision);
     decision
 }
 
 /// [`check_stack`] into `decision`, which must be as
-/// [`StackDecision::default`] makes it. The request path keeps its decision
+/// [`StackDecision::default`] makes it, for a request of the given
+/// priority (slot limits keep their reserve from a sheddable one). The
+/// request path keeps its decision
 /// where it is used (~0.5 KiB with its inline arrays): returned by value, it
 /// was copied out even when inlined, ~90 instructions per request.
 #[inline]
 pub(crate) fn check_stack_into(
     entries: &[StackEntry<'_>],
-    costs: Costs<'_>,
+    (costs, priority): (Costs<'_>, Priority),
     now: Nanos,
     decision: &mut StackDecision,
 ) {
     debug_assert!(decision.entries.is_empty() && decision.permits.is_empty());
     if let [only] = entries {
-        check_one(only, costs.of(0), now, decision);
+        check_one(only, (costs.of(0), priority), now, decision);
     } else {
-        check_many(entries, costs, now, decision);
+        check_many(entries, (costs, priority), now, decision);
     }
 }
 
 /// The general case: lock in order, decide, commit or roll back.
 fn check_many(
     entries: &[StackEntry<'_>],
-    costs: Costs<'_>,
+    (costs, priority): (Costs<'_>, Priority),
     now: Nanos,
     decision: &mut StackDecision,
 ) {
@@ -376,7 +380,8 @@ fn check_many(
             continue;
         };
         let mut permit = None;
-        let (verdict, undo) = e.limiter.apply(shard, key, costs.of(i), now, &mut permit);
+        let charge = (costs.of(i), priority);
+        let (verdict, undo) = e.limiter.apply(shard, key, charge, now, &mut permit);
         decision.permits.push(permit);
         let outcome = outcome_of(&verdict, e.shadow);
         if outcome == Outcome::Denied && decision.denied_by.is_none() {
@@ -445,12 +450,17 @@ pub(crate) fn outcome_of(verdict: &Verdict, shadow: bool) -> Outcome {
 
 /// The one-entry stack, the common case: one lock, and no roll-back, since
 /// a limit that denies has charged nothing.
-fn check_one(entry: &StackEntry<'_>, cost: u64, now: Nanos, decision: &mut StackDecision) {
+fn check_one(
+    entry: &StackEntry<'_>,
+    charge: (u64, Priority),
+    now: Nanos,
+    decision: &mut StackDecision,
+) {
     let Some(key) = entry.key else {
         decision.entries.push(SKIPPED);
         return;
     };
-    let Decision { verdict, permit } = entry.limiter.check(key, cost, now);
+    let Decision { verdict, permit } = entry.limiter.check_as(key, charge, now);
     decision.permits.push(permit);
     let outcome = outcome_of(&verdict, entry.shadow);
     if outcome == Outcome::Denied {

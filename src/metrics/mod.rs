@@ -208,6 +208,14 @@ struct LimitLabels {
     limit: Arc<str>,
 }
 
+/// A request refused at a slot limit: the limit, its priority and why.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, EncodeLabelSet)]
+struct ShedLabels {
+    limit: Arc<str>,
+    priority: &'static str,
+    reason: &'static str,
+}
+
 type HistogramFamily<S> = Family<S, DurationHistogram, fn() -> DurationHistogram>;
 
 fn duration_histogram() -> DurationHistogram {
@@ -289,6 +297,8 @@ pub struct Metrics {
     jwks_refreshes: Family<IssuerResultLabels, Counter>,
     tokens: Family<TokenLabels, Counter>,
     token_usage_ratio: HistogramFamily<RouteLabels>,
+    shed: Family<ShedLabels, Counter>,
+    queue_depth: Family<LimitLabels, Gauge>,
     /// The shared `"none"` route label.
     no_route: Arc<str>,
     upstream_health: UpstreamHealthFamilies,
@@ -471,6 +481,18 @@ impl Metrics {
             "Idle keep-alive connections closed, oldest idle first, to serve a new one at max_connections",
             connections_evicted.clone(),
         );
+        let shed = Family::<ShedLabels, Counter>::default();
+        registry.register(
+            "tollgate_shed",
+            "Requests refused at a slot limit, by limit, priority and reason (full: no slot, or only the reserve for a sheddable one, and no queue; queue_full; wait_too_long: the recent pace of released slots says the wait would pass max_wait; timeout: waited max_wait)",
+            shed.clone(),
+        );
+        let queue_depth = Family::<LimitLabels, Gauge>::default();
+        registry.register(
+            "tollgate_queue_depth",
+            "Requests waiting for a slot of a limit with a queue",
+            queue_depth.clone(),
+        );
         let upstream_health = UpstreamHealthFamilies::register(&mut registry);
         for result in ["ok", "error"] {
             let _ = config_reloads.get_or_create(&ResultLabels { result });
@@ -500,6 +522,8 @@ impl Metrics {
             jwks_refreshes,
             tokens,
             token_usage_ratio,
+            shed,
+            queue_depth,
             no_route: Arc::from(NO_ROUTE),
             upstream_health,
         }
@@ -864,6 +888,31 @@ impl Metrics {
                 limit: limit.clone(),
             })
             .set(i64::try_from(in_flight).unwrap_or(i64::MAX));
+    }
+
+    /// One request refused at a slot limit (`tollgate_shed_total`).
+    pub(crate) fn record_shed(
+        &self,
+        limit: &Arc<str>,
+        priority: &'static str,
+        reason: &'static str,
+    ) {
+        self.shed
+            .get_or_create(&ShedLabels {
+                limit: limit.clone(),
+                priority,
+                reason,
+            })
+            .inc();
+    }
+
+    /// Requests waiting for a limit's slots now (`tollgate_queue_depth`).
+    pub(crate) fn set_queue_depth(&self, limit: &Arc<str>, depth: u64) {
+        self.queue_depth
+            .get_or_create(&LimitLabels {
+                limit: limit.clone(),
+            })
+            .set(i64::try_from(depth).unwrap_or(i64::MAX));
     }
 
     /// `tollgate_upstream_healthy{upstream,url}`, as a handle the URL's

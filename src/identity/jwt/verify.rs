@@ -227,6 +227,7 @@ impl Verifier {
             consumer: name,
             tenant: text_of(&config.tenant_claim),
             plan: plan_value.clone(),
+            priority: None,
         });
         Ok(Arc::new(Verified {
             issuer: index,
