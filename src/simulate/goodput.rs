@@ -30,14 +30,20 @@ pub(crate) struct ShedRow {
     pub(crate) requests: u64,
 }
 
+/// The upstream's capacity from `from_seconds` after the first record.
+#[derive(Debug, Clone, Copy, Serialize)]
+pub(crate) struct CapacityStep {
+    pub(crate) from_seconds: f64,
+    pub(crate) capacity: u64,
+}
+
 /// One variant at the modelled upstream.
 #[derive(Debug, Clone, Serialize)]
 pub(crate) struct BackendRow {
     #[serde(skip_serializing_if = "Option::is_none")]
     pub(crate) variant: Option<String>,
-    /// The upstream's capacity: `(seconds from the first record, servers)`
-    /// steps.
-    pub(crate) capacity: Vec<(f64, u64)>,
+    /// The upstream's capacity over the run, in steps.
+    pub(crate) capacity: Vec<CapacityStep>,
     pub(crate) mean_service_ms: f64,
     pub(crate) slo_ms: f64,
     /// What it can serve per second, over the run.
@@ -101,7 +107,10 @@ pub(crate) fn rows(simulation: &Simulation) -> Vec<BackendRow> {
             .iter()
             .map(|&(from, servers)| {
                 let from = from.saturating_sub(first) as f64 / NANOS_PER_SEC as f64;
-                (from, servers)
+                CapacityStep {
+                    from_seconds: from,
+                    capacity: servers,
+                }
             })
             .collect();
         rows.push(BackendRow {
@@ -147,11 +156,11 @@ pub(crate) fn write_table(rows: &[BackendRow], out: &mut dyn Write) -> std::io::
     let steps: Vec<String> = first
         .capacity
         .iter()
-        .map(|&(from, servers)| {
-            if from <= 0.0 {
-                servers.to_string()
+        .map(|step| {
+            if step.from_seconds <= 0.0 {
+                step.capacity.to_string()
             } else {
-                format!("{servers} from {}", duration_text(from))
+                format!("{} from {}", step.capacity, duration_text(step.from_seconds))
             }
         })
         .collect();

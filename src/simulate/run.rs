@@ -571,7 +571,16 @@ impl Simulation {
             // What this limit itself said: one that would have admitted a
             // request another limit denied said yes.
             let says_yes = matches!(entry.outcome, Outcome::Allowed | Outcome::DeniedByOther);
-            if let Some(judgement) = tracker.judge(key, algorithm, now, asked, says_yes) {
+            let judged = tracker.judge(key, algorithm, now, asked, says_yes);
+            if judged.is_none()
+                && entry.outcome == Outcome::Denied
+                && !variant.snapshot.config.limits[limit].shadow
+            {
+                // A limit with no exact rule (concurrency) is its own rule:
+                // its denial is no false one.
+                exact_all = false;
+            }
+            if let Some(judgement) = judged {
                 let exact = match judgement {
                     Judgement::Right => says_yes,
                     Judgement::FalseAllow => {
