@@ -160,7 +160,11 @@ pub(crate) fn write_table(rows: &[BackendRow], out: &mut dyn Write) -> std::io::
             if step.from_seconds <= 0.0 {
                 step.capacity.to_string()
             } else {
-                format!("{} from {}", step.capacity, duration_text(step.from_seconds))
+                format!(
+                    "{} from {}",
+                    step.capacity,
+                    duration_text(step.from_seconds)
+                )
             }
         })
         .collect();

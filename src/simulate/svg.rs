@@ -354,9 +354,9 @@ fn draw_flight<DB: DrawingBackend>(
             let mut points = Vec::new();
             for (i, &(from, servers)) in steps.iter().enumerate() {
                 let from = at(from.saturating_sub(start)).min(x_end);
-                let to = steps
-                    .get(i + 1)
-                    .map_or(x_end, |&(next, _)| at(next.saturating_sub(start)).min(x_end));
+                let to = steps.get(i + 1).map_or(x_end, |&(next, _)| {
+                    at(next.saturating_sub(start)).min(x_end)
+                });
                 points.extend([(from, servers as f64), (to, servers as f64)]);
             }
             points
@@ -389,7 +389,10 @@ fn draw_flight<DB: DrawingBackend>(
         .draw()
         .map_err(failed)?;
     chart
-        .draw_series(LineSeries::new(capacity, RGBColor(0x99, 0x99, 0x99).stroke_width(3)))
+        .draw_series(LineSeries::new(
+            capacity,
+            RGBColor(0x99, 0x99, 0x99).stroke_width(3),
+        ))
         .map_err(failed)?;
     let variants = simulation.variants.len();
     // A level across each bucket: the most seen in it.
