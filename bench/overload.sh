@@ -214,6 +214,8 @@ load() {
 }
 
 # The row of one run: $1 variant, $2 load, $3 seconds, $4 extra columns.
+# Goodput is per second of the load's schedule (the last answers may come
+# after it ends).
 report_row() {
   local c s up
   c=$(cat "$TMP/crit.out")
@@ -237,7 +239,7 @@ report_row() {
     'BEGIN {
       total = cr + sr; good = cgood + sgood
       gw = refused - up_refused
-      printf "%-10s %5s× %7d %10.1f %8.1f%% %8.1f%% %8.1f%% %9.0f %9.0f %9.1f%% %6d%s\n",
+      printf "%-10s %6s %7d %10.1f %8.1f%% %8.1f%% %8.1f%% %9.0f %9.0f %9.1f%% %6d%s\n",
         variant, load, total, good / secs, 100 * good / secs / cap,
         100 * gw / total, 100 * up_refused / total, p50 / 1000, p99 / 1000,
         cr ? 100 * cgood / cr : 0, max_in, extra
@@ -291,7 +293,7 @@ for variant in $VARIANTS; do
     rate=$(awk -v x="$load_x" -v c="$CAPACITY" 'BEGIN {printf "%.3f", x * c}')
     reset_upstream
     load "$rate" "$RUN_SECONDS"
-    report_row "$variant" "$load_x" "$RUN_SECONDS" "" | tee -a "$ROWS"
+    report_row "$variant" "${load_x}×" "$RUN_SECONDS" "" | tee -a "$ROWS"
   done
   # The halving run: DROP_LOAD of the capacity, which halves halfway.
   reset_upstream
