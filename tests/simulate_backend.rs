@@ -136,7 +136,7 @@ fn a_run_is_repeatable_and_its_seed_changes_it() {
     let first = run("capacity=5,latency=100ms");
     assert_eq!(first, run("capacity=5,latency=100ms"));
     assert_ne!(first, run("capacity=5,latency=100ms,seed=2"));
-    assert!(first.contains("modelled upstream: capacity 5, mean service 100ms (50/s over the run), goodput = 2xx within 500ms"), "{first}");
+    assert!(first.contains("modelled upstream: capacity 5, mean service 100ms (50.0/s over the run), goodput = 2xx within 500ms"), "{first}");
     assert!(first.contains("peak in flight"), "{first}");
 }
 

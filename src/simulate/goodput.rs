@@ -18,7 +18,7 @@ use std::io::Write;
 use serde::Serialize;
 
 use super::run::Simulation;
-use super::text::{duration_text, nanos_text, rate_text};
+use super::text::{duration_text, nanos_text};
 use crate::limit::{NANOS_PER_SEC, Nanos};
 
 /// Requests of one priority, route and status the gateway refused.
@@ -170,10 +170,10 @@ pub(crate) fn write_table(rows: &[BackendRow], out: &mut dyn Write) -> std::io::
         .collect();
     writeln!(
         out,
-        "modelled upstream: capacity {}, mean service {} ({}/s over the run), goodput = 2xx within {}",
+        "modelled upstream: capacity {}, mean service {} ({:.1}/s over the run), goodput = 2xx within {}",
         steps.join(", then "),
         nanos_text((first.mean_service_ms * 1e6) as Nanos),
-        rate_text(first.capacity_per_second),
+        first.capacity_per_second,
         nanos_text((first.slo_ms * 1e6) as Nanos),
     )?;
     writeln!(out)?;
