@@ -181,9 +181,7 @@ async fn serve(
     }
     let service = if settings.exponential {
         // 1 − U is in (0, 1]: the logarithm is finite.
-        settings
-            .service
-            .mul_f64(-(1.0 - fastrand::f64()).ln())
+        settings.service.mul_f64(-(1.0 - fastrand::f64()).ln())
     } else {
         settings.service
     };
@@ -251,9 +249,8 @@ fn main() {
             let _ = stream.set_nodelay(true);
             let (upstream, settings) = (upstream.clone(), settings.clone());
             tokio::task::spawn_local(async move {
-                let service = service_fn(move |request| {
-                    serve(request, upstream.clone(), settings.clone())
-                });
+                let service =
+                    service_fn(move |request| serve(request, upstream.clone(), settings.clone()));
                 let _ = http1::Builder::new()
                     .serve_connection(TokioIo::new(stream), service)
                     .await;

@@ -23,7 +23,7 @@
 //! Above it, the header line: the requests, their span and, for generated
 //! traffic, what was generated and which key kinds varied
 //! ([`Generated`]). Below the table: with `--backend`, the modelled
-//! upstream's rows ([`goodput`](super::goodput)); what was not decided by a
+//! upstream's rows ([`super::goodput`]); what was not decided by a
 //! limit (no route, refused before the limits) and the trace's bad records.
 
 use std::io::Write;
