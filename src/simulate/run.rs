@@ -924,6 +924,64 @@ tokens = { max_tokens_default = 50, prompt = "bytes/4", usage = "auto" }
     }
 
     #[test]
+    fn a_concurrency_slot_is_held_until_the_modelled_response_ends() {
+        let config = config(
+            r#"
+[limits.one]
+key = "route"
+algorithm = "concurrency"
+max = 1
+
+[[routes]]
+name = "api"
+match = { path_prefix = "/" }
+respond = { status = 200 }
+limits = ["one"]
+"#,
+        );
+        let spec = BackendSpec::parse("capacity=1,latency=100ms").unwrap();
+        // A request's service time is drawn from its line; the header is
+        // line 1. Line 3 comes 1 ms after line 2, while it is in flight;
+        // line 4 the instant line 2's response ends; line 5 just before
+        // line 4's ends.
+        let service = Backend::new(spec, Schedule::constant(1)).service_time(2);
+        let at = |nanos: Nanos| format!("{}.{:09}", nanos / S, nanos % S);
+        let third = S + service;
+        let third_service = Backend::new(spec, Schedule::constant(1)).service_time(4);
+        let trace = format!(
+            "time,method,path\n{},GET,/\n{},GET,/\n{},GET,/\n{},GET,/\n",
+            at(S),
+            at(S + 1_000_000),
+            at(third),
+            at(third + third_service - 1),
+        );
+        let focus = focus_route(&config, None).unwrap();
+        let mut simulation =
+            Simulation::new(&config, &[], focus).with_backend(spec, Schedule::constant(1));
+        let reader =
+            TraceReader::new(Box::new(std::io::Cursor::new(trace.into_bytes())), "t").unwrap();
+        simulation.run(reader, &mut Vec::new(), None).unwrap();
+        let variant = &simulation.variants[0];
+        let api = &variant.routes[0];
+        assert_eq!((api.admitted, api.denied), (2, 2), "{:?}", api);
+        let stats = &variant.flight.as_ref().unwrap().stats;
+        assert_eq!((stats.sent, stats.peak_in_flight), (2, 1));
+        assert_eq!(stats.latencies[0], service);
+        // Without a backend the same trace is all admitted: nothing is in
+        // flight between records.
+        let simulation = simulate(
+            &config,
+            &[],
+            &format!(
+                "time,method,path\n{},GET,/\n{},GET,/\n",
+                at(S),
+                at(S + 1_000_000)
+            ),
+        );
+        assert_eq!(simulation.variants[0].routes[0].admitted, 2);
+    }
+
+    #[test]
     fn unknown_route_names_the_known_ones() {
         let config = config(WINDOW);
         let Err(Error::Usage(message)) = focus_route(&config, Some("apo")) else {
