@@ -690,6 +690,41 @@ limits = ["per_key"]
     }
 
     #[test]
+    fn capacity_drop_halves_its_upstream_halfway() {
+        let text = "capacity-drop:capacity=10,latency=50ms,duration=20s";
+        let spec = Spec::parse(text).unwrap();
+        let (backend, schedule) = spec.backend(None).unwrap();
+        assert_eq!((backend.capacity, backend.latency), (10, 50_000_000));
+        let halfway = DEFAULT_START + 10 * NANOS_PER_SEC;
+        assert_eq!(schedule.steps(), [(0, 10), (halfway, 5)]);
+        // 0.8 of 10 / 50 ms = 160/s for 20 s: 3200 expected, sd ~57.
+        let records = collect(text);
+        assert!((2900..3500).contains(&records.len()), "{}", records.len());
+        // --backend gives what the spec does not, and its queue, SLO and
+        // seed; the spec's own values win.
+        let given = BackendSpec::parse("capacity=40,latency=1s,queue=7,seed=3").unwrap();
+        let (inherited, schedule) = Spec::parse("capacity-drop:latency=20ms")
+            .unwrap()
+            .inherit(Some(&given))
+            .backend(Some(given))
+            .unwrap();
+        assert_eq!(
+            (
+                inherited.capacity,
+                inherited.latency,
+                inherited.queue,
+                inherited.seed
+            ),
+            (40, 20_000_000, Some(7), 3)
+        );
+        assert_eq!(schedule.at(u64::MAX), 20);
+        // Other traffic meets --backend as given, at a constant capacity.
+        let poisson = Spec::parse("poisson:rate=5").unwrap();
+        assert_eq!(poisson.backend(None), None);
+        assert_eq!(poisson.backend(Some(given)).unwrap().1.steps(), [(0, 40)]);
+    }
+
+    #[test]
     fn page_loads_come_in_bursts() {
         let records = collect("page-loads:users=3,burst=8,think=2s,duration=20s");
         assert!(records.windows(2).all(|w| w[0].time <= w[1].time));
