@@ -17,8 +17,12 @@
 //! ```
 //!
 //! Prints one line: `requests=N ok=N refused=N failed=N connections=N
-//! p50_us=… p99_us=… p999_us=… max_us=…` (`ok` are 2xx, `refused` other
-//! statuses, `failed` requests with no answer).
+//! p50_us=… p99_us=… p999_us=… max_us=… s429=N s503=N other=N good=N
+//! ok_p50_us=… ok_p99_us=…` (`ok` are 2xx, `refused` other statuses, of
+//! them `s429` and `s503` the two refusals and `other` the rest, `failed`
+//! requests with no answer; `good` the 2xx answered within the SLO,
+//! `OPEN_LOOP_SLO_MS` in the environment, default 500; `ok_p50_us` and
+//! `ok_p99_us` the latencies of the 2xx alone, for `bench/overload.sh`).
 
 use std::cell::RefCell;
 use std::rc::Rc;
@@ -189,15 +193,30 @@ fn main() {
         (outcomes, opened)
     });
     let (outcomes, opened) = outcomes;
+    let slo = std::env::var("OPEN_LOOP_SLO_MS")
+        .ok()
+        .and_then(|ms| ms.parse().ok())
+        .map_or(Duration::from_millis(500), Duration::from_millis);
     let (mut ok, mut refused, mut failed) = (0, 0, 0);
+    let (mut s429, mut s503, mut other, mut good) = (0, 0, 0, 0);
     let mut latencies = Vec::with_capacity(outcomes.len());
+    let mut ok_latencies = Vec::with_capacity(outcomes.len());
     for outcome in &outcomes {
         match *outcome {
             Outcome::Answered(status, elapsed) => {
                 if (200..300).contains(&status) {
                     ok += 1;
+                    ok_latencies.push(elapsed);
+                    if elapsed <= slo {
+                        good += 1;
+                    }
                 } else {
                     refused += 1;
+                    match status {
+                        429 => s429 += 1,
+                        503 => s503 += 1,
+                        _ => other += 1,
+                    }
                 }
                 latencies.push(elapsed);
             }
@@ -205,13 +224,17 @@ fn main() {
         }
     }
     latencies.sort_unstable();
+    ok_latencies.sort_unstable();
     println!(
         "requests={} ok={ok} refused={refused} failed={failed} connections={opened} \
-         p50_us={} p99_us={} p999_us={} max_us={}",
+         p50_us={} p99_us={} p999_us={} max_us={} s429={s429} s503={s503} other={other} \
+         good={good} ok_p50_us={} ok_p99_us={}",
         outcomes.len(),
         quantile(&latencies, 0.50),
         quantile(&latencies, 0.99),
         quantile(&latencies, 0.999),
         latencies.last().map_or(0, Duration::as_micros),
+        quantile(&ok_latencies, 0.50),
+        quantile(&ok_latencies, 0.99),
     );
 }

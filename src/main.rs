@@ -85,6 +85,11 @@ struct SimulateArgs {
     /// Write each request's decision to this file, one JSON object a line.
     #[arg(long, value_name = "OUT")]
     decisions: Option<PathBuf>,
+    /// A modelled upstream: `capacity=N,latency=DUR` (N served at once,
+    /// exponential service times of mean DUR, the rest queued;
+    /// `queue=Q`, `slo=DUR`, `seed=S` optional).
+    #[arg(long, value_name = "SPEC")]
+    backend: Option<String>,
 }
 
 #[derive(Debug, Clone, Copy, ValueEnum)]
@@ -153,6 +158,7 @@ fn simulate(config: &Config, args: SimulateArgs) -> ExitCode {
         svg: args.svg,
         json: args.json,
         decisions: args.decisions,
+        backend: args.backend,
     };
     let mut out = std::io::stdout().lock();
     let mut err = std::io::stderr().lock();

@@ -22,6 +22,11 @@
 //! The exact rule false allows and denies are judged by is the
 //! `sliding_log` of the window form (see `tracker`). `concurrency` has no
 //! rate: it is never mapped and never judged.
+//!
+//! Against a modelled upstream (`--backend`) two more variants compare
+//! limits on requests in flight: `none`, every limit in shadow (the
+//! upstream sees everything), and `concurrency=N`, every `concurrency`
+//! limit at `max = N` (the rate limits as configured).
 
 use std::sync::Arc;
 
@@ -30,7 +35,8 @@ use crate::config::Config;
 use crate::limit::sliding_window::MAX_LIMIT;
 use crate::limit::{Algorithm, LeakyMode, Nanos, Rate};
 
-/// An algorithm `--compare` can map a limit to.
+/// An algorithm `--compare` can map a limit to, or (for a modelled
+/// upstream, `--backend`) what to do with the concurrency limits.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub(crate) enum Kind {
     FixedWindow,
@@ -38,6 +44,12 @@ pub(crate) enum Kind {
     SlidingLog,
     TokenBucket,
     LeakyBucket,
+    /// `none`: every limit in shadow (counted, refusing nothing), so the
+    /// upstream sees all the traffic.
+    Unlimited,
+    /// `concurrency=N`: every `concurrency` limit (and its plans) with
+    /// `max = N`, the rate limits as configured.
+    Concurrency(u64),
 }
 
 impl Kind {
@@ -49,27 +61,40 @@ impl Kind {
         Kind::LeakyBucket,
     ];
 
-    pub(crate) fn name(self) -> &'static str {
+    pub(crate) fn name(self) -> String {
         match self {
-            Kind::FixedWindow => "fixed_window",
-            Kind::SlidingWindow => "sliding_window",
-            Kind::SlidingLog => "sliding_log",
-            Kind::TokenBucket => "token_bucket",
-            Kind::LeakyBucket => "leaky_bucket",
+            Kind::FixedWindow => "fixed_window".into(),
+            Kind::SlidingWindow => "sliding_window".into(),
+            Kind::SlidingLog => "sliding_log".into(),
+            Kind::TokenBucket => "token_bucket".into(),
+            Kind::LeakyBucket => "leaky_bucket".into(),
+            Kind::Unlimited => "none".into(),
+            Kind::Concurrency(max) => format!("concurrency={max}"),
         }
     }
 
     fn parse(name: &str) -> Result<Kind, Error> {
         if name == "concurrency" {
             return Err(Error::Usage(
-                "--compare: concurrency has no rate to compare; use fixed_window, sliding_window, sliding_log, token_bucket or leaky_bucket".into(),
+                "--compare: concurrency has no rate to compare; use fixed_window, sliding_window, sliding_log, token_bucket or leaky_bucket (or, with --backend, none and concurrency=N)".into(),
             ));
+        }
+        if name == "none" {
+            return Ok(Kind::Unlimited);
+        }
+        if let Some(max) = name.strip_prefix("concurrency=") {
+            return match max.trim().parse::<u64>() {
+                Ok(max) if max > 0 => Ok(Kind::Concurrency(max)),
+                _ => Err(Error::Usage(format!(
+                    "--compare: `{name}`: concurrency=N needs a whole number above 0"
+                ))),
+            };
         }
         Kind::ALL
             .into_iter()
             .find(|k| k.name() == name)
             .ok_or_else(|| {
-                let names: Vec<&str> = Kind::ALL.iter().map(|k| k.name()).collect();
+                let names: Vec<String> = Kind::ALL.iter().map(|k| k.name()).collect();
                 let hint = names
                     .iter()
                     .find(|n| strsim::levenshtein(n, name) <= 3)
@@ -106,6 +131,22 @@ pub(crate) fn parse_list(names: &[String]) -> Result<Vec<Kind>, Error> {
         }
     }
     Ok(kinds)
+}
+
+/// A `concurrency=N` variant needs a `concurrency` limit to set.
+pub(crate) fn check_applies(config: &Config, kinds: &[Kind]) -> Result<(), Error> {
+    let has_concurrency = config.limits.iter().any(|l| {
+        std::iter::once(&l.algorithm)
+            .chain(l.plans.iter().map(|(_, a)| a))
+            .any(|a| matches!(a, Algorithm::Concurrency { .. }))
+    });
+    match kinds.iter().find(|k| matches!(k, Kind::Concurrency(_))) {
+        Some(kind) if !has_concurrency => Err(Error::Usage(format!(
+            "--compare: `{}` sets the concurrency limits, and the configuration has none (add one, e.g. key = \"route\", algorithm = \"concurrency\")",
+            kind.name()
+        ))),
+        _ => Ok(()),
+    }
 }
 
 /// `(L, W)`: cost units per window (see the module doc). `None` for
@@ -150,7 +191,8 @@ fn time_for(units: u64, rate: Rate) -> Nanos {
     u64::try_from(t).unwrap_or(u64::MAX).max(1)
 }
 
-/// `algorithm` as `kind` at the same long-run rate.
+/// `algorithm` as `kind` at the same long-run rate (a kind that maps no
+/// rate, `none` or `concurrency=N`, leaves it as it is).
 pub(crate) fn map_to(algorithm: &Algorithm, kind: Kind) -> Algorithm {
     let Some((limit, window)) = window_form(algorithm) else {
         return *algorithm;
@@ -177,16 +219,35 @@ pub(crate) fn map_to(algorithm: &Algorithm, kind: Kind) -> Algorithm {
             rate,
             mode: LeakyMode::Reject,
         },
+        (Kind::Unlimited | Kind::Concurrency(_), _) => *algorithm,
     }
 }
 
-/// `config` with every rate limit (and each of its plans) as `kind`.
+/// `config` with every rate limit (and each of its plans) as `kind`; for
+/// `none` every limit in shadow, for `concurrency=N` every concurrency
+/// limit at `N`.
 pub(crate) fn variant(config: &Config, kind: Kind) -> Config {
     let mut config = config.clone();
     for limit in &mut config.limits {
-        limit.algorithm = map_to(&limit.algorithm, kind);
-        for (_, algorithm) in &mut limit.plans {
-            *algorithm = map_to(algorithm, kind);
+        match kind {
+            Kind::Unlimited => limit.shadow = true,
+            Kind::Concurrency(max) => {
+                let at_max = |algorithm: &mut Algorithm| {
+                    if let Algorithm::Concurrency { max: m } = algorithm {
+                        *m = max;
+                    }
+                };
+                at_max(&mut limit.algorithm);
+                for (_, algorithm) in &mut limit.plans {
+                    at_max(algorithm);
+                }
+            }
+            _ => {
+                limit.algorithm = map_to(&limit.algorithm, kind);
+                for (_, algorithm) in &mut limit.plans {
+                    *algorithm = map_to(algorithm, kind);
+                }
+            }
         }
     }
     // The consumers table is shared, not copied.

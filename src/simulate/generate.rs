@@ -8,6 +8,7 @@
 //! | `boundary-burst` (`n`, `window`, `spread`, `at`, `keys`) | `n` requests in the `spread` just before a window edge and `n` in the `spread` just after; defaults: `n` and `window` from the route's first limit (its window form), `spread` = window / 100, the edge the first multiple of the window from 2026-01-01 |
 //! | `poisson:rate=R,keys=K,duration=D` (`seed`, `start`) | arrivals at `R` (`"50/s"` or a number per second) spread uniformly over `K` keys (default 1), for `D` (default `60s`) |
 //! | `page-loads:users=U,burst=8` (`think`, `spread`, `duration`, `seed`, `start`) | each of `U` users (default 10) loads a page of `burst` requests within `spread` (default `50ms`), then waits an exponential time of mean `think` (default `5s`), for `duration` (default `60s`) |
+//! | `capacity-drop` (`capacity`, `latency`, `load`, `keys`, `duration`, `seed`, `start`) | Poisson arrivals at `load` (default 0.8) of what a modelled upstream of `capacity` servers (default `--backend`'s, else 20) with mean service `latency` (default `--backend`'s, else `100ms`) serves, over `keys` keys, for `duration` (default `60s`); the upstream's capacity halves halfway, so the load becomes 2 × `load` of it ([`Spec::backend`]) |
 //!
 //! Every spec also takes `vary=KIND,...` (the kinds, comma-separated, up to
 //! the next `key=value`): which key kinds differ per client, e.g.
@@ -23,6 +24,7 @@ use std::collections::BinaryHeap;
 use serde::Serialize;
 
 use super::Error;
+use super::backend::{DEFAULT_SLO, MAX_CAPACITY, Schedule, Spec as BackendSpec};
 use super::clients::{Clients, Variation};
 use super::compare::window_form;
 use super::text::{nanos_text, rate_text};
@@ -73,10 +75,26 @@ pub(crate) enum Traffic {
         start: Nanos,
         seed: u64,
     },
+    /// Poisson arrivals at `load` of a modelled upstream's capacity, which
+    /// halves halfway. `None`: `--backend`'s, else the defaults.
+    CapacityDrop {
+        capacity: Option<u64>,
+        latency: Option<Nanos>,
+        load: f64,
+        keys: u64,
+        duration: Nanos,
+        start: Nanos,
+        seed: u64,
+    },
 }
 
 const GENERATORS: &str =
-    "boundary-burst, poisson:rate=R,keys=K,duration=D, page-loads:users=U,burst=8";
+    "boundary-burst, poisson:rate=R,keys=K,duration=D, page-loads:users=U,burst=8, capacity-drop";
+
+/// `capacity-drop`'s upstream without `capacity=` or `--backend`.
+const DROP_CAPACITY: u64 = 20;
+/// And its mean service time.
+const DROP_LATENCY: Nanos = 100_000_000;
 
 fn usage(message: String) -> Error {
     Error::Usage(format!("--generate: {message}"))
@@ -234,6 +252,41 @@ impl Spec {
                 p.finish("users, burst, think, spread, duration, seed, start, vary")?;
                 traffic
             }
+            "capacity-drop" => {
+                let capacity = p.count("capacity", 2)?;
+                if capacity.is_some_and(|c| c > MAX_CAPACITY) {
+                    return Err(usage(format!(
+                        "capacity-drop: `capacity` must be at most {MAX_CAPACITY}"
+                    )));
+                }
+                let latency = p.duration("latency")?;
+                if latency == Some(0) {
+                    return Err(usage("capacity-drop: `latency` must be above 0".into()));
+                }
+                let load = match p.take("load") {
+                    None => 0.8,
+                    Some(text) => text
+                        .parse::<f64>()
+                        .ok()
+                        .filter(|l| l.is_finite() && *l > 0.0 && *l <= 100.0)
+                        .ok_or_else(|| {
+                            usage(format!(
+                                "capacity-drop: `load={text}` must be a number above 0 (1 = the upstream's capacity), at most 100"
+                            ))
+                        })?,
+                };
+                let traffic = Traffic::CapacityDrop {
+                    capacity,
+                    latency,
+                    load,
+                    keys: p.count("keys", 1)?.unwrap_or(1),
+                    duration: p.duration("duration")?.unwrap_or(60 * NANOS_PER_SEC),
+                    start: p.time("start")?.unwrap_or(DEFAULT_START),
+                    seed: p.seed()?,
+                };
+                p.finish("capacity, latency, load, keys, duration, seed, start, vary")?;
+                traffic
+            }
             other => {
                 return Err(usage(format!(
                     "unknown generator `{other}`, expected one of {GENERATORS}"
@@ -252,6 +305,9 @@ impl Spec {
                 duration,
                 ..
             } => users as f64 * burst as f64 * (duration as f64 / think.max(1) as f64 + 1.0),
+            Traffic::CapacityDrop { .. } => {
+                drop_rate(&traffic) * (duration_of(&traffic) as f64 / NANOS_PER_SEC as f64)
+            }
             Traffic::BoundaryBurst { .. } => 0.0,
         };
         if expected > MAX_COUNT as f64 {
@@ -260,6 +316,78 @@ impl Spec {
             )));
         }
         Ok(Spec { traffic, vary })
+    }
+
+    /// Takes `capacity-drop`'s upstream from `--backend` where the spec does
+    /// not give it.
+    pub(crate) fn inherit(mut self, given: Option<&BackendSpec>) -> Spec {
+        if let (
+            Traffic::CapacityDrop {
+                capacity, latency, ..
+            },
+            Some(given),
+        ) = (&mut self.traffic, given)
+        {
+            capacity.get_or_insert(given.capacity);
+            latency.get_or_insert(given.latency);
+        }
+        self
+    }
+
+    /// The modelled upstream this traffic is meant for: `capacity-drop`'s,
+    /// whose capacity halves halfway (`--backend`'s queue, SLO and seed
+    /// kept); for the others `given`, at a constant capacity.
+    pub(crate) fn backend(&self, given: Option<BackendSpec>) -> Option<(BackendSpec, Schedule)> {
+        match self.traffic {
+            Traffic::CapacityDrop {
+                capacity,
+                latency,
+                duration,
+                start,
+                ..
+            } => {
+                let capacity = capacity.unwrap_or(DROP_CAPACITY);
+                let spec = BackendSpec {
+                    capacity,
+                    latency: latency.unwrap_or(DROP_LATENCY),
+                    queue: given.and_then(|g| g.queue),
+                    slo: given.map_or(DEFAULT_SLO, |g| g.slo),
+                    seed: given.map_or(1, |g| g.seed),
+                };
+                let halfway = start.saturating_add(duration / 2);
+                Some((spec, Schedule::step(capacity, halfway, capacity / 2)))
+            }
+            Traffic::BoundaryBurst { .. } | Traffic::Poisson { .. } | Traffic::PageLoads { .. } => {
+                given.map(|g| (g, Schedule::constant(g.capacity)))
+            }
+        }
+    }
+}
+
+/// `capacity-drop`'s arrivals per second: `load` of its upstream's
+/// capacity before the drop.
+fn drop_rate(traffic: &Traffic) -> f64 {
+    match *traffic {
+        Traffic::CapacityDrop {
+            capacity,
+            latency,
+            load,
+            ..
+        } => {
+            let capacity = capacity.unwrap_or(DROP_CAPACITY) as f64;
+            let latency = latency.unwrap_or(DROP_LATENCY) as f64;
+            load * capacity * NANOS_PER_SEC as f64 / latency
+        }
+        _ => 0.0,
+    }
+}
+
+fn duration_of(traffic: &Traffic) -> Nanos {
+    match *traffic {
+        Traffic::Poisson { duration, .. }
+        | Traffic::PageLoads { duration, .. }
+        | Traffic::CapacityDrop { duration, .. } => duration,
+        Traffic::BoundaryBurst { .. } => 0,
     }
 }
 
@@ -336,17 +464,31 @@ pub(crate) fn records(
                 start,
                 seed,
             } => {
-                let mut rng = fastrand::Rng::with_seed(seed);
-                let end = start.saturating_add(duration);
-                let mean_gap = NANOS_PER_SEC as f64 / rate;
-                let mut now = start as f64;
                 let traffic = format!("{}/s for {}", rate_text(rate), nanos_text(duration));
-                let events = std::iter::from_fn(move || {
-                    now += exponential(&mut rng, mean_gap);
-                    let t = now as Nanos;
-                    (t < end).then(|| (t, rng.u64(0..keys)))
-                });
+                let events = poisson(rate, keys, start, duration, seed);
                 ("poisson", traffic, keys, Box::new(events))
+            }
+            Traffic::CapacityDrop {
+                capacity,
+                latency,
+                load,
+                keys,
+                duration,
+                start,
+                seed,
+            } => {
+                let rate = drop_rate(&spec.traffic);
+                let capacity = capacity.unwrap_or(DROP_CAPACITY);
+                let traffic = format!(
+                    "{}/s for {} ({} of an upstream of {capacity} × {} that halves to {} halfway)",
+                    rate_text(rate),
+                    nanos_text(duration),
+                    rate_text(load),
+                    nanos_text(latency.unwrap_or(DROP_LATENCY)),
+                    (capacity / 2).max(1),
+                );
+                let events = poisson(rate, keys, start, duration, seed);
+                ("capacity-drop", traffic, keys, Box::new(events))
             }
             Traffic::PageLoads {
                 users,
@@ -379,6 +521,26 @@ pub(crate) fn records(
         .enumerate()
         .map(move |(i, (time, client))| Ok(clients.record(i as u64 + 1, time, client)));
     Ok((records, generated))
+}
+
+/// Poisson arrivals at `rate` per second from `start` for `duration`, each
+/// from one of `keys` clients at random.
+fn poisson(
+    rate: f64,
+    keys: u64,
+    start: Nanos,
+    duration: Nanos,
+    seed: u64,
+) -> impl Iterator<Item = (Nanos, u64)> {
+    let mut rng = fastrand::Rng::with_seed(seed);
+    let end = start.saturating_add(duration);
+    let mean_gap = NANOS_PER_SEC as f64 / rate;
+    let mut now = start as f64;
+    std::iter::from_fn(move || {
+        now += exponential(&mut rng, mean_gap);
+        let t = now as Nanos;
+        (t < end).then(|| (t, rng.u64(0..keys)))
+    })
 }
 
 /// An exponential gap of mean `mean` (ns).
@@ -525,6 +687,41 @@ limits = ["per_key"]
             .map(|r| r.parts.headers["x-api-key"].clone())
             .collect();
         assert_eq!(keys.len(), 5);
+    }
+
+    #[test]
+    fn capacity_drop_halves_its_upstream_halfway() {
+        let text = "capacity-drop:capacity=10,latency=50ms,duration=20s";
+        let spec = Spec::parse(text).unwrap();
+        let (backend, schedule) = spec.backend(None).unwrap();
+        assert_eq!((backend.capacity, backend.latency), (10, 50_000_000));
+        let halfway = DEFAULT_START + 10 * NANOS_PER_SEC;
+        assert_eq!(schedule.steps(), [(0, 10), (halfway, 5)]);
+        // 0.8 of 10 / 50 ms = 160/s for 20 s: 3200 expected, sd ~57.
+        let records = collect(text);
+        assert!((2900..3500).contains(&records.len()), "{}", records.len());
+        // --backend gives what the spec does not, and its queue, SLO and
+        // seed; the spec's own values win.
+        let given = BackendSpec::parse("capacity=40,latency=1s,queue=7,seed=3").unwrap();
+        let (inherited, schedule) = Spec::parse("capacity-drop:latency=20ms")
+            .unwrap()
+            .inherit(Some(&given))
+            .backend(Some(given))
+            .unwrap();
+        assert_eq!(
+            (
+                inherited.capacity,
+                inherited.latency,
+                inherited.queue,
+                inherited.seed
+            ),
+            (40, 20_000_000, Some(7), 3)
+        );
+        assert_eq!(schedule.at(u64::MAX), 20);
+        // Other traffic meets --backend as given, at a constant capacity.
+        let poisson = Spec::parse("poisson:rate=5").unwrap();
+        assert_eq!(poisson.backend(None), None);
+        assert_eq!(poisson.backend(Some(given)).unwrap().1.steps(), [(0, 40)]);
     }
 
     #[test]

@@ -25,14 +25,23 @@
 //! each with every rate limit turned into one algorithm at the same long-run
 //! rate, all on the same pass over the trace.
 //!
+//! With `--backend capacity=N,latency=DUR` each variant also has a modelled
+//! upstream ([`backend`]) that its admitted requests are sent to, holding
+//! their concurrency permits until their modelled responses end
+//! ([`flight`]), so `concurrency` limits decide on what is really in
+//! flight and the report adds goodput, shed requests and admitted latency.
+//!
 //! [`report`] prints the table (or `--json`), [`svg`] draws the picture.
 //!
 //! `simulate` sits at the top of the layer order, beside `main` and the admin
 //! listener: it imports the engine layers, nothing imports it.
 
+pub(crate) mod backend;
 pub(crate) mod clients;
 pub(crate) mod compare;
+pub(crate) mod flight;
 pub(crate) mod generate;
+pub(crate) mod goodput;
 pub(crate) mod report;
 pub(crate) mod run;
 pub(crate) mod svg;
@@ -63,6 +72,8 @@ pub struct Options {
     pub json: bool,
     /// Write every request's decision here, one JSON object a line.
     pub decisions: Option<PathBuf>,
+    /// A modelled upstream, `capacity=N,latency=DUR[,queue=Q][,slo=DUR][,seed=S]`.
+    pub backend: Option<String>,
 }
 
 /// Why a simulation could not run. [`Error::exit_code`] maps it: 2 for a
@@ -96,12 +107,20 @@ pub fn simulate(
     err: &mut dyn Write,
 ) -> Result<(), Error> {
     let algorithms = compare::parse_list(&options.compare)?;
+    compare::check_applies(config, &algorithms)?;
     let focus = run::focus_route(config, options.route.as_deref())?;
+    let given = options
+        .backend
+        .as_deref()
+        .map(backend::Spec::parse)
+        .transpose()?;
+    let mut modelled = given.map(|g| (g, backend::Schedule::constant(g.capacity)));
     let (records, generated): (Box<dyn Iterator<Item = trace::Item>>, _) =
         match (&options.trace, &options.generate) {
             (Some(source), None) => (Box::new(trace::open(source)?), None),
             (None, Some(spec)) => {
-                let spec = generate::Spec::parse(spec)?;
+                let spec = generate::Spec::parse(spec)?.inherit(given.as_ref());
+                modelled = spec.backend(given);
                 let (records, generated) = generate::records(&spec, config, focus)?;
                 (Box::new(records), Some(generated))
             }
@@ -119,6 +138,9 @@ pub fn simulate(
         )),
     };
     let mut simulation = run::Simulation::new(config, &algorithms, focus);
+    if let Some((spec, schedule)) = modelled {
+        simulation = simulation.with_backend(spec, schedule);
+    }
     let outcome = simulation.run(
         records,
         err,

@@ -22,8 +22,9 @@
 //!
 //! Above it, the header line: the requests, their span and, for generated
 //! traffic, what was generated and which key kinds varied
-//! ([`Generated`]). Below the table: what was not decided by a limit (no route, refused
-//! before the limits) and the trace's bad records.
+//! ([`Generated`]). Below the table: with `--backend`, the modelled
+//! upstream's rows ([`super::goodput`]); what was not decided by a
+//! limit (no route, refused before the limits) and the trace's bad records.
 
 use std::io::Write;
 
@@ -31,6 +32,7 @@ use serde::Serialize;
 
 use super::compare::{algorithm_name, window_form};
 use super::generate::Generated;
+use super::goodput::{self, BackendRow};
 use super::run::{Simulation, TokenStats};
 use super::text::duration_text;
 use crate::config::tokens::Unit;
@@ -118,6 +120,9 @@ pub(crate) struct Report {
     pub(crate) span_seconds: f64,
     pub(crate) rows: Vec<Row>,
     pub(crate) routes: Vec<RouteRow>,
+    /// Per variant at the modelled upstream (`--backend`).
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub(crate) backend: Vec<BackendRow>,
 }
 
 fn share(part: u64, whole: u64) -> f64 {
@@ -212,6 +217,7 @@ impl Report {
             span_seconds: simulation.span.map_or(0.0, |(a, b)| seconds(b - a)),
             rows,
             routes,
+            backend: goodput::rows(simulation),
         }
     }
 
@@ -297,6 +303,7 @@ impl Report {
             writeln!(out, "{}", line.trim_end())?;
         }
         writeln!(out)?;
+        goodput::write_table(&self.backend, out)?;
         self.write_tokens(out)?;
         for route in &self.routes {
             let refused = [

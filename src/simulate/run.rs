@@ -21,10 +21,14 @@
 //! — a refund or a debt that later records meet — or, without `tokens`,
 //! its reservation stands.
 //!
-//! Not modelled: a request head over `max_header_bytes` (431), an upstream's
-//! `cost_header` settlement (there is no upstream), and concurrency slots,
-//! which every simulated request gives back at once (a trace has no
-//! durations), so a `concurrency` limit never denies here.
+//! Not modelled: a request head over `max_header_bytes` (431) and an
+//! upstream's `cost_header` settlement. Without `--backend` there is no
+//! upstream and every simulated request gives its concurrency slots back at
+//! once (a trace has no durations), so a `concurrency` limit never denies.
+//! With `--backend` each variant has a modelled upstream ([`Flight`]): an
+//! admitted request is sent to it when its stack's delay has passed and
+//! holds its permits until its modelled response ends; the responses due
+//! by a record's time end before the record is decided.
 //!
 //! Records are taken in trace order; one earlier than the record before it
 //! is run at that record's time (the clock never goes back) and counted as
@@ -36,7 +40,9 @@ use std::sync::Arc;
 use smallvec::SmallVec;
 
 use super::Error;
+use super::backend::{Backend, Schedule, Spec as BackendSpec};
 use super::compare::{self, Kind, algorithm_name};
+use super::flight::{Flight, Shed};
 use super::trace::{Item, Record};
 use super::tracker::{Judgement, LimitTracker, Timeline};
 use crate::admission::{self, Client, RequestAdmission, RequestBody, Routed, Ticket};
@@ -252,6 +258,8 @@ pub(crate) struct Variant {
     /// Per limit of `config.limits`.
     pub(crate) trackers: Vec<LimitTracker>,
     pub(crate) no_route: u64,
+    /// The modelled upstream and the requests in flight to it (`--backend`).
+    pub(crate) flight: Option<Flight>,
 }
 
 impl Variant {
@@ -279,18 +287,19 @@ impl Variant {
             routes,
             trackers,
             no_route: 0,
+            flight: None,
         }
     }
 
     /// Moves the variant's clock to `now` (it never goes back).
     fn at(&self, now: Nanos) {
-        self.clock.advance(now.saturating_sub(self.clock.now()));
+        advance(&self.clock, now);
     }
 
     /// The name the chart and the JSON give this variant.
     pub(crate) fn label(&self, chart_limit: Option<usize>) -> String {
         match (self.kind, chart_limit) {
-            (Some(kind), _) => kind.name().to_owned(),
+            (Some(kind), _) => kind.name(),
             (None, Some(i)) => algorithm_name(&self.snapshot.config.limits[i].algorithm).to_owned(),
             (None, None) => "as configured".to_owned(),
         }
@@ -357,6 +366,15 @@ impl Simulation {
         }
     }
 
+    /// Gives every variant its own modelled upstream of `spec`, its
+    /// capacity following `schedule` (`--backend`).
+    pub(crate) fn with_backend(mut self, spec: BackendSpec, schedule: Schedule) -> Simulation {
+        for variant in &mut self.variants {
+            variant.flight = Some(Flight::new(Backend::new(spec, schedule.clone())));
+        }
+        self
+    }
+
     /// Runs `records` through every variant. Bad records are reported to
     /// `err` (the first few by line, then a count); with `decisions`, one
     /// JSON line per request and variant is written there.
@@ -399,19 +417,30 @@ impl Simulation {
             // Routing does not depend on the algorithms: once for all.
             let routed = route(&self.variants[0].snapshot, &record);
             for v in 0..self.variants.len() {
-                let variant = &self.variants[v];
+                let variant = &mut self.variants[v];
+                if let Some(flight) = &mut variant.flight {
+                    let clock = &variant.clock;
+                    flight.complete_until(now, |end| advance(clock, end));
+                }
                 variant.at(now);
-                let decided = match routed {
+                let mut decided = match routed {
                     Some(index) => limit(&variant.app, &variant.snapshot, &record, index, now),
                     None => Decided::NoRoute,
                 };
                 self.account(v, &decided, now);
+                self.send(v, &record, &mut decided, now);
                 if let Some(out) = decisions.as_deref_mut() {
                     let variant = &self.variants[v];
                     let label = compared.then(|| variant.label(None));
                     write_decision(out, &variant.snapshot, &record, &decided, label)
                         .map_err(write_failed)?;
                 }
+            }
+        }
+        for variant in &mut self.variants {
+            if let Some(flight) = &mut variant.flight {
+                let clock = &variant.clock;
+                flight.finish(|end| advance(clock, end));
             }
         }
         if self.bad_records > SHOWN_PROBLEMS {
@@ -434,6 +463,37 @@ impl Simulation {
             .map_err(write_failed)?;
         }
         Ok(())
+    }
+
+    /// With a modelled upstream: sends an admitted request to it (after its
+    /// stack's delay) with its permits, or counts a refused one as shed;
+    /// then charts the requests in flight.
+    fn send(&mut self, v: usize, record: &Record, decided: &mut Decided, now: Nanos) {
+        let variant = &mut self.variants[v];
+        let Some(flight) = &mut variant.flight else {
+            return;
+        };
+        if let Decided::Limited {
+            route, decision, ..
+        } = decided
+        {
+            if decision.allowed {
+                let permits = decision.take_permits();
+                flight.send(now.saturating_add(decision.delay), record.line, permits);
+            } else if let Some(position) = decision.denied_by {
+                let config = &variant.snapshot.config;
+                let limit = config.routes[*route].limits[position];
+                flight.shed(Shed {
+                    priority: shed_priority(&variant.snapshot, record, *route),
+                    route: *route,
+                    status: config.limits[limit].status.as_u16(),
+                });
+            }
+        }
+        let in_flight = flight.in_flight();
+        let variant = &self.variants[v];
+        let limit = self.chart_limit.and_then(|i| current_limit(variant, i));
+        self.timeline.flight(v, now, in_flight, limit);
     }
 
     /// Counts one variant's decision, and checks it against the exact rule.
@@ -511,7 +571,16 @@ impl Simulation {
             // What this limit itself said: one that would have admitted a
             // request another limit denied said yes.
             let says_yes = matches!(entry.outcome, Outcome::Allowed | Outcome::DeniedByOther);
-            if let Some(judgement) = tracker.judge(key, algorithm, now, asked, says_yes) {
+            let judged = tracker.judge(key, algorithm, now, asked, says_yes);
+            if judged.is_none()
+                && entry.outcome == Outcome::Denied
+                && !variant.snapshot.config.limits[limit].shadow
+            {
+                // A limit with no exact rule (concurrency) is its own rule:
+                // its denial is no false one.
+                exact_all = false;
+            }
+            if let Some(judgement) = judged {
                 let exact = match judgement {
                     Judgement::Right => says_yes,
                     Judgement::FalseAllow => {
@@ -546,6 +615,39 @@ impl Simulation {
         if charted && !decision.allowed {
             self.timeline.denied(v, now);
         }
+    }
+}
+
+/// Moves a variant's `clock` to `now` (it never goes back).
+fn advance(clock: &ManualClock, now: Nanos) {
+    clock.advance(now.saturating_sub(clock.now()));
+}
+
+/// The priority a shed request is counted under in the report. Every
+/// request is `normal` until priorities (a consumer's or route's
+/// `priority`, contract section 12) are read here: the one place the
+/// report learns a request's priority.
+pub(crate) fn shed_priority(_snapshot: &Snapshot, _record: &Record, _route: usize) -> &'static str {
+    "normal"
+}
+
+/// What the chart draws beside the requests in flight for limit `limit`
+/// (an index in `config.limits`) of `variant`: a `concurrency` limit's
+/// `max`; an `adaptive` limit's current limit (its limiter's, in
+/// `variant.app`) joins here. `None` for a rate limit, which bounds no
+/// requests in flight, and for a shadow limit, which refuses nothing.
+pub(crate) fn current_limit(variant: &Variant, limit: usize) -> Option<u64> {
+    let limit = &variant.snapshot.config.limits[limit];
+    if limit.shadow {
+        return None;
+    }
+    match limit.algorithm {
+        Algorithm::Concurrency { max } => Some(max),
+        Algorithm::FixedWindow { .. }
+        | Algorithm::SlidingWindow { .. }
+        | Algorithm::SlidingLog { .. }
+        | Algorithm::TokenBucket { .. }
+        | Algorithm::LeakyBucket { .. } => None,
     }
 }
 
@@ -819,6 +921,64 @@ tokens = { max_tokens_default = 50, prompt = "bytes/4", usage = "auto" }
                 unsettled: 1
             }
         );
+    }
+
+    #[test]
+    fn a_concurrency_slot_is_held_until_the_modelled_response_ends() {
+        let config = config(
+            r#"
+[limits.one]
+key = "route"
+algorithm = "concurrency"
+max = 1
+
+[[routes]]
+name = "api"
+match = { path_prefix = "/" }
+respond = { status = 200 }
+limits = ["one"]
+"#,
+        );
+        let spec = BackendSpec::parse("capacity=1,latency=100ms").unwrap();
+        // A request's service time is drawn from its line; the header is
+        // line 1. Line 3 comes 1 ms after line 2, while it is in flight;
+        // line 4 the instant line 2's response ends; line 5 just before
+        // line 4's ends.
+        let service = Backend::new(spec, Schedule::constant(1)).service_time(2);
+        let at = |nanos: Nanos| format!("{}.{:09}", nanos / S, nanos % S);
+        let third = S + service;
+        let third_service = Backend::new(spec, Schedule::constant(1)).service_time(4);
+        let trace = format!(
+            "time,method,path\n{},GET,/\n{},GET,/\n{},GET,/\n{},GET,/\n",
+            at(S),
+            at(S + 1_000_000),
+            at(third),
+            at(third + third_service - 1),
+        );
+        let focus = focus_route(&config, None).unwrap();
+        let mut simulation =
+            Simulation::new(&config, &[], focus).with_backend(spec, Schedule::constant(1));
+        let reader =
+            TraceReader::new(Box::new(std::io::Cursor::new(trace.into_bytes())), "t").unwrap();
+        simulation.run(reader, &mut Vec::new(), None).unwrap();
+        let variant = &simulation.variants[0];
+        let api = &variant.routes[0];
+        assert_eq!((api.admitted, api.denied), (2, 2), "{:?}", api);
+        let stats = &variant.flight.as_ref().unwrap().stats;
+        assert_eq!((stats.sent, stats.peak_in_flight), (2, 1));
+        assert_eq!(stats.latencies[0], service);
+        // Without a backend the same trace is all admitted: nothing is in
+        // flight between records.
+        let simulation = simulate(
+            &config,
+            &[],
+            &format!(
+                "time,method,path\n{},GET,/\n{},GET,/\n",
+                at(S),
+                at(S + 1_000_000)
+            ),
+        );
+        assert_eq!(simulation.variants[0].routes[0].admitted, 2);
     }
 
     #[test]

@@ -9,7 +9,12 @@
 //!   line — a line above it is traffic the limit let through beyond `L` per
 //!   window (a fixed window's boundary burst reaches `2 × L`);
 //! * bottom: the route's denied requests per bucket, drawn as steps (one
-//!   level per bucket), the bucket's width on the axis (`denied per 1 s`).
+//!   level per bucket), the bucket's width on the axis (`denied per 1 s`);
+//! * with a modelled upstream (`--backend`), a third panel: the requests in
+//!   flight to it (the most in each bucket) per variant, the chart limit's
+//!   limit dashed in the variant's colour where it has one (a
+//!   `concurrency` limit's `max`), and the upstream's capacity in grey
+//!   (`capacity-drop` halves it halfway).
 //!
 //! The buckets are round widths (1, 2, 5, 10, 20, 25, 50 ... ms, 1, 2, 5,
 //! 10, 15, 30 s, 1, 2, 5, 10, 15, 30 min, 1, 2, 3, 6, 12 h, 1, 2, 7 d)
@@ -194,14 +199,20 @@ pub(crate) fn render(simulation: &Simulation) -> Result<String, Error> {
 
     let width_of = |v| stroke(v, labels.len());
     let limit_label = format!("limit: {quota} per {}", window_text(window));
+    let modelled = simulation.variants.iter().any(|v| v.flight.is_some());
     let mut text = String::new();
     {
-        let root = SVGBackend::with_string(&mut text, (1000, 680)).into_drawing_area();
+        let height = if modelled { 1000 } else { 680 };
+        let root = SVGBackend::with_string(&mut text, (1000, height)).into_drawing_area();
         root.fill(&WHITE).map_err(failed)?;
         // One legend for both panels, beside them: inside a panel it hides
         // whatever the lines do in its corner.
         let (charts, legend) = root.split_horizontally(LEGEND_X);
         let (top, bottom) = charts.split_vertically(400);
+        let (bottom, flight_panel) = bottom.split_vertically(280);
+        if modelled {
+            draw_flight(&flight_panel, simulation, x_end, denied_width)?;
+        }
 
         let mut chart = ChartBuilder::on(&top)
             .caption(
@@ -319,6 +330,102 @@ pub(crate) fn render(simulation: &Simulation) -> Result<String, Error> {
         root.present().map_err(failed)?;
     }
     Ok(text)
+}
+
+/// The third panel (see the module doc): requests in flight, the limit and
+/// the upstream's capacity, in buckets `width` wide over `0..x_end`.
+fn draw_flight<DB: DrawingBackend>(
+    area: &DrawingArea<DB, plotters::coord::Shift>,
+    simulation: &Simulation,
+    x_end: f64,
+    width: Nanos,
+) -> Result<(), Error> {
+    let timeline = &simulation.timeline;
+    let (unit, unit_name) = axis_unit(timeline.extent());
+    let at = |nanos: Nanos| nanos as f64 / unit as f64;
+    let (in_flight, limits) = timeline.merged_flight(width);
+    let start = timeline.start.unwrap_or(0);
+    let capacity: Vec<(f64, f64)> = simulation
+        .variants
+        .iter()
+        .find_map(|v| v.flight.as_ref())
+        .map(|flight| {
+            let steps = flight.backend().schedule().steps();
+            let mut points = Vec::new();
+            for (i, &(from, servers)) in steps.iter().enumerate() {
+                let from = at(from.saturating_sub(start)).min(x_end);
+                let to = steps.get(i + 1).map_or(x_end, |&(next, _)| {
+                    at(next.saturating_sub(start)).min(x_end)
+                });
+                points.extend([(from, servers as f64), (to, servers as f64)]);
+            }
+            points
+        })
+        .unwrap_or_default();
+    let most = in_flight
+        .iter()
+        .chain(&limits)
+        .flatten()
+        .copied()
+        .max()
+        .unwrap_or(0) as f64;
+    let top = (most.max(capacity.iter().map(|p| p.1).fold(0.0, f64::max)) * 1.15).max(1.0);
+    let mut chart = ChartBuilder::on(area)
+        .caption(
+            "requests in flight to the modelled upstream (grey: its capacity; dashed: the limit)",
+            ("sans-serif", 18),
+        )
+        .margin(12)
+        .x_label_area_size(32)
+        .y_label_area_size(56)
+        .build_cartesian_2d(0f64..x_end, 0f64..top)
+        .map_err(failed)?;
+    chart
+        .configure_mesh()
+        .x_desc(format!("{unit_name} from the first request"))
+        .x_label_formatter(&|x| tick(*x))
+        .y_label_formatter(&|y| tick(*y))
+        .y_desc("in flight")
+        .draw()
+        .map_err(failed)?;
+    chart
+        .draw_series(LineSeries::new(
+            capacity,
+            RGBColor(0x99, 0x99, 0x99).stroke_width(3),
+        ))
+        .map_err(failed)?;
+    let variants = simulation.variants.len();
+    // A level across each bucket: the most seen in it.
+    let steps = |series: &[u64]| -> Vec<(f64, f64)> {
+        series
+            .iter()
+            .enumerate()
+            .flat_map(|(i, &n)| {
+                let from = width * i as Nanos;
+                [(at(from), n as f64), (at(from + width), n as f64)]
+            })
+            .collect()
+    };
+    for v in 0..variants {
+        let colour = COLOURS[v % COLOURS.len()];
+        chart
+            .draw_series(LineSeries::new(
+                steps(&in_flight[v]),
+                colour.stroke_width(stroke(v, variants)),
+            ))
+            .map_err(failed)?;
+        if limits[v].iter().any(|&l| l > 0) {
+            chart
+                .draw_series(DashedLineSeries::new(
+                    steps(&limits[v]),
+                    8,
+                    5,
+                    colour.stroke_width(2),
+                ))
+                .map_err(failed)?;
+        }
+    }
+    Ok(())
 }
 
 /// A window for a caption: `1m`, `250ms`, `1.5s`.

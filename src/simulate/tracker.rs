@@ -229,7 +229,9 @@ const WIDTHS: [Nanos; 9] = [
 ];
 
 /// Per time bucket and variant: the busiest key's units in its window
-/// (the most seen in the bucket) and the requests denied. Buckets start at
+/// (the most seen in the bucket) and the requests denied; with a modelled
+/// upstream also the requests in flight and the chart limit's current
+/// limit (each the most seen in the bucket). Buckets start at
 /// the first record, 1 ms wide, and widen along `WIDTHS` whenever the
 /// trace outgrows `MAX_BUCKETS` (3600), so a trace of any length fits in a
 /// bounded series, fine enough for the chart, which merges them into its
@@ -240,6 +242,8 @@ pub(crate) struct Timeline {
     pub(crate) width: Nanos,
     pub(crate) busiest: Vec<Vec<u64>>,
     pub(crate) denied: Vec<Vec<u64>>,
+    pub(crate) in_flight: Vec<Vec<u64>>,
+    pub(crate) limit: Vec<Vec<u64>>,
 }
 
 impl Timeline {
@@ -250,6 +254,8 @@ impl Timeline {
             width: WIDTHS[0],
             busiest: vec![Vec::new(); variants],
             denied: vec![Vec::new(); variants],
+            in_flight: vec![Vec::new(); variants],
+            limit: vec![Vec::new(); variants],
         }
     }
 
@@ -273,17 +279,41 @@ impl Timeline {
             .find(|&w| w > self.width)
             .unwrap_or_else(|| self.width.saturating_mul(10));
         let merged = self.merged(next);
+        let flight = self.merged_flight(next);
         self.width = next;
         (self.busiest, self.denied) = merged;
+        (self.in_flight, self.limit) = flight;
+    }
+
+    /// Buckets of [`Timeline::width`] per bucket `width` wide.
+    fn group(&self, width: Nanos) -> usize {
+        usize::try_from(width.div_ceil(self.width))
+            .unwrap_or(usize::MAX)
+            .max(1)
+    }
+
+    /// The in-flight and limit series in buckets `width` wide, as
+    /// [`Timeline::merged`]: the most of the merged buckets.
+    pub(crate) fn merged_flight(&self, width: Nanos) -> (Vec<Vec<u64>>, Vec<Vec<u64>>) {
+        let group = self.group(width);
+        let most = |series: &[Vec<u64>]| -> Vec<Vec<u64>> {
+            series
+                .iter()
+                .map(|s| {
+                    s.chunks(group)
+                        .map(|c| c.iter().copied().max().unwrap_or(0))
+                        .collect()
+                })
+                .collect()
+        };
+        (most(&self.in_flight), most(&self.limit))
     }
 
     /// The series in buckets `width` wide (a multiple of [`Timeline::width`];
     /// a width that is not is rounded up to one): for the busiest key the
     /// most of the merged buckets, for denials their sum.
     pub(crate) fn merged(&self, width: Nanos) -> (Vec<Vec<u64>>, Vec<Vec<u64>>) {
-        let group = usize::try_from(width.div_ceil(self.width))
-            .unwrap_or(usize::MAX)
-            .max(1);
+        let group = self.group(width);
         let merge = |series: &[Vec<u64>], combine: fn(u64, u64) -> u64| -> Vec<Vec<u64>> {
             series
                 .iter()
@@ -318,11 +348,30 @@ impl Timeline {
         *Timeline::slot(&mut self.denied[variant], index) += 1;
     }
 
+    /// Requests in flight at the upstream at `now` and, if the chart's
+    /// limit has one, its limit then.
+    pub(crate) fn flight(
+        &mut self,
+        variant: usize,
+        now: Nanos,
+        in_flight: u64,
+        limit: Option<u64>,
+    ) {
+        let index = self.bucket(now);
+        let slot = Timeline::slot(&mut self.in_flight[variant], index);
+        *slot = (*slot).max(in_flight);
+        if let Some(limit) = limit {
+            let slot = Timeline::slot(&mut self.limit[variant], index);
+            *slot = (*slot).max(limit);
+        }
+    }
+
     /// Buckets used so far.
     pub(crate) fn len(&self) -> usize {
         self.busiest
             .iter()
             .chain(&self.denied)
+            .chain(&self.in_flight)
             .map(Vec::len)
             .max()
             .unwrap_or(0)
