@@ -11,7 +11,7 @@
 //! settlement charges, the client IP) is in the request's [`Ticket`]. The
 //! Envoy service's descriptors, whose entries are the key, come in keyed
 //! ([`admit_keyed`], a [`Charge`]); the admin listener's explain endpoint
-//! reads one key's state ([`explain`]).
+//! reads one key's state ([`explain`]), its reset empties it ([`reset`]).
 //!
 //! Inside, in the order a request meets them:
 //! - [`identify`]: the caller's verified token and consumer (`[api_keys]`),
@@ -41,6 +41,7 @@ pub mod identify;
 mod record;
 mod request;
 pub(crate) mod reserve;
+pub mod reset;
 mod settle;
 mod shared;
 pub(crate) mod ticket;

@@ -13,10 +13,11 @@
 //! [`consumers`] (`[api_keys]` and `[consumers]`) and [`jwt`]. [`validate`]
 //! is the driver: it deserializes the file ([`raw`] is the top of the
 //! mirror), calls each section's check in order, and places the problems.
-//! The shared pieces: [`checker`] (the problem collector and its value
+//! [`admin_token`] reads `[server]`'s admin token. The shared pieces: [`checker`] (the problem collector and its value
 //! readers), [`units`] (durations, rates, sizes, shares) and [`warnings`]
 //! (what is valid but likely a mistake).
 
+pub(crate) mod admin_token;
 pub(crate) mod checker;
 pub(crate) mod client_ip;
 pub(crate) mod consumers;

@@ -177,6 +177,12 @@ struct BackendLabels {
     backend: &'static str,
 }
 
+/// An admin API write (`reset`, an override's `set`/`delete`).
+#[derive(Debug, Clone, PartialEq, Eq, Hash, EncodeLabelSet)]
+struct ActionLabels {
+    action: &'static str,
+}
+
 #[derive(Debug, Clone, PartialEq, Eq, Hash, EncodeLabelSet)]
 struct ResultLabels {
     result: &'static str,
@@ -278,6 +284,7 @@ pub struct Metrics {
     store_remembered_denials: Counter,
     config_reloads: Family<ResultLabels, Counter>,
     config_generation: Gauge,
+    admin_writes: Family<ActionLabels, Counter>,
     limiter_keys: Family<LimitLabels, Gauge>,
     tls_handshake_failures: Family<ReasonLabels, Counter>,
     http2_connection_errors: Family<ReasonLabels, Counter>,
@@ -402,6 +409,12 @@ impl Metrics {
             "Generation of the configuration serving (1 at start, +1 per successful reload)",
             config_generation.clone(),
         );
+        let admin_writes = Family::<ActionLabels, Counter>::default();
+        registry.register(
+            "tollgate_admin_writes",
+            "Admin API writes accepted, by action (see the tollgate::audit log)",
+            admin_writes.clone(),
+        );
         let limiter_keys = Family::<LimitLabels, Gauge>::default();
         registry.register(
             "tollgate_limiter_keys",
@@ -475,6 +488,7 @@ impl Metrics {
             store_remembered_denials,
             config_reloads,
             config_generation,
+            admin_writes,
             limiter_keys,
             tls_handshake_failures,
             http2_connection_errors,
@@ -739,6 +753,13 @@ impl Metrics {
         let result = if ok { "ok" } else { "error" };
         self.config_reloads
             .get_or_create(&ResultLabels { result })
+            .inc();
+    }
+
+    /// An accepted admin write (`tollgate_admin_writes_total{action}`).
+    pub(crate) fn record_admin_write(&self, action: &'static str) {
+        self.admin_writes
+            .get_or_create(&ActionLabels { action })
             .inc();
     }
 
