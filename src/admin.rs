@@ -16,7 +16,8 @@
 //! Other paths are 404, other methods 405, both problem+json. HTTP/1.1 only.
 //! Every request but `GET /healthz`, `/readyz` and `/metrics` passes
 //! [`auth`] first (the admin token; no writes without one), and every
-//! accepted write is recorded by [`audit`].
+//! accepted write is recorded by [`audit`]. [`client`] is the other end:
+//! `tollgate admin ...` sending one request from the command line.
 //! The listener closes when the traffic drain starts; open admin connections
 //! finish their request and close.
 
@@ -42,6 +43,7 @@ use crate::http::problem;
 
 pub(crate) mod audit;
 mod auth;
+pub mod client;
 mod reset;
 
 /// Admin connections served at once; more wait in the backlog. Scrapers and

@@ -26,7 +26,7 @@ use super::store::RawStore;
 use super::upstreams::RawUpstream;
 use super::{
     Config, ConfigError, KeyPath, Problem, admin_token, client_ip, consumers, decision, jwt,
-    limits, routes, server, store, tls, upstreams,
+    limits, quota_route, routes, server, store, tls, upstreams,
 };
 
 /// The top of the serde mirror: one field per section, each section's
@@ -190,6 +190,7 @@ fn check(c: &mut Checker, path: &Path, bytes: &[u8], raw: &RawConfig) -> Config 
         .map(|d| decision::check_decision(c, &root.key("decision"), d, &limit_names));
     decision::check_keyless(c, &root, &raw.limits, &limits, &routes, decision.as_ref());
     routes::check_token_routes(c, &root, &limits, &routes);
+    quota_route::check_quota_keys(c, &root, &limits, &routes);
     let (api_keys, consumers) =
         consumers::check_consumers(c, &root, &raw.api_keys, &raw.consumers, directory);
     let jwt = jwt::check_jwt_use(c, &root, raw.jwt.as_ref(), directory, &limits, &routes);
