@@ -100,7 +100,7 @@ async fn handle<B>(
     };
     let snapshot = app.snapshot();
     let token = snapshot.config.server.admin_token.as_ref();
-    if let Err(refused) = auth::check(token, method, path, request.headers()) {
+    if let Some(refused) = auth::refusal(token, method, path, request.headers()) {
         return refused;
     }
     let reset = path

@@ -38,36 +38,36 @@ fn is_open(method: &Method, path: &str) -> bool {
 }
 
 /// Whether `method` changes something (a read is `GET` or `HEAD`).
-pub(super) fn is_write(method: &Method) -> bool {
+fn is_write(method: &Method) -> bool {
     method != Method::GET && method != Method::HEAD
 }
 
-/// `Ok` when the request may go on; else the refusal to send.
-pub(super) fn check(
+/// The refusal to send, or `None` when the request may go on.
+pub(super) fn refusal(
     token: Option<&Secret>,
     method: &Method,
     path: &str,
     headers: &HeaderMap,
-) -> Result<(), Response<ResponseBody>> {
+) -> Option<Response<ResponseBody>> {
     if is_open(method, path) {
-        return Ok(());
+        return None;
     }
     let Some(token) = token else {
         if is_write(method) {
-            return Err(problem(
+            return Some(problem(
                 StatusCode::FORBIDDEN,
                 "admin writes are disabled: set `admin_token_file` or `admin_token_env` in [server] and send the token as `Authorization: Bearer TOKEN`",
             ));
         }
-        return Ok(());
+        return None;
     };
     match bearer(headers) {
-        None => Err(unauthorized(
+        None => Some(unauthorized(
             "this admin endpoint needs `Authorization: Bearer TOKEN` (server.admin_token_file or admin_token_env)",
             "Bearer realm=\"tollgate admin\"",
         )),
-        Some(presented) if same(presented, token.expose().as_bytes()) => Ok(()),
-        Some(_) => Err(unauthorized(
+        Some(presented) if same(presented, token.expose().as_bytes()) => None,
+        Some(_) => Some(unauthorized(
             "the bearer token is not the admin token",
             "Bearer realm=\"tollgate admin\", error=\"invalid_token\"",
         )),
@@ -118,10 +118,7 @@ mod tests {
     }
 
     fn status(token: Option<&Secret>, method: Method, path: &str, auth: &[&str]) -> u16 {
-        match check(token, &method, path, &headers(auth)) {
-            Ok(()) => 200,
-            Err(response) => response.status().as_u16(),
-        }
+        refusal(token, &method, path, &headers(auth)).map_or(200, |r| r.status().as_u16())
     }
 
     #[test]
@@ -180,7 +177,7 @@ mod tests {
     #[test]
     fn a_refusal_challenges_and_never_echoes_the_token() {
         let token = Secret::new("t0ken");
-        let Err(refused) = check(
+        let Some(refused) = refusal(
             Some(&token),
             &Method::GET,
             "/config",
