@@ -496,3 +496,83 @@ async fn a_reset_while_redis_is_down_fails_clearly_and_is_not_audited() {
         "{metrics}"
     );
 }
+
+#[tokio::test]
+async fn the_cli_resets_a_key_through_the_running_gateways_admin_api() {
+    let upstream = TestUpstream::start().await;
+    let dir = tempfile::tempdir().expect("tempdir");
+    std::fs::write(dir.path().join("admin.token"), TOKEN).expect("token file");
+    // The command line reads the admin address from the file: a fixed port.
+    let port = common::redis::free_port();
+    let config = common::gateway_toml(
+        &upstream,
+        &format!("admin = \"127.0.0.1:{port}\"\nadmin_token_file = \"admin.token\""),
+        LIMITED,
+    );
+    let gateway = InProcess::start_in(dir, &config).await;
+    for _ in 0..2 {
+        assert_eq!(
+            get(gateway.addr, "/x", &[("x-api-key", "a b&c")])
+                .await
+                .status,
+            200
+        );
+    }
+    assert_eq!(
+        get(gateway.addr, "/x", &[("x-api-key", "a b&c")])
+            .await
+            .status,
+        429
+    );
+    // Off the runtime: the gateway serves on this thread meanwhile.
+    let path = gateway.config_path.display().to_string();
+    let run = |args: Vec<String>| {
+        tokio::task::spawn_blocking(move || {
+            let args: Vec<&str> = args.iter().map(String::as_str).collect();
+            common::tollgate(&args)
+        })
+    };
+    let words = |text: &str| -> Vec<String> {
+        text.split(' ')
+            .map(str::to_owned)
+            .chain(["-c".to_owned(), path.clone()])
+            .collect()
+    };
+    let mut reset = words("admin reset per_key");
+    reset.insert(3, "a b&c".to_owned());
+    let (code, stdout, stderr) = run(reset).await.expect("the command ran");
+    assert_eq!(code, 0, "{stderr}");
+    let before: serde_json::Value = serde_json::from_str(&stdout).unwrap_or_default();
+    assert_eq!(before["limit"], "per_key", "{stdout}");
+    assert_eq!(before["remaining"], 0, "{stdout}");
+    assert_eq!(
+        get(gateway.addr, "/x", &[("x-api-key", "a b&c")])
+            .await
+            .status,
+        200
+    );
+
+    // An API error is printed as the API gives it, with a non-zero exit.
+    let (code, stdout, stderr) = run(words("admin reset nope k"))
+        .await
+        .expect("the command ran");
+    assert_eq!(code, 1, "{stdout}");
+    let problem: serde_json::Value = serde_json::from_str(&stderr).unwrap_or_default();
+    assert_eq!(problem["status"], 404, "{stderr}");
+    assert!(stdout.is_empty(), "{stdout}");
+}
+
+#[test]
+fn the_cli_says_when_the_configuration_has_no_admin_listener() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let path = dir.path().join("gateway.toml");
+    std::fs::write(
+        &path,
+        "[upstreams.api]\nurl = \"http://127.0.0.1:9\"\n[[routes]]\nname = \"a\"\nupstream = \"api\"\n",
+    )
+    .expect("config");
+    let path = path.display().to_string();
+    let (code, _, stderr) = common::tollgate(&["admin", "reset", "l", "k", "-c", &path]);
+    assert_eq!(code, 1, "{stderr}");
+    assert!(stderr.contains("no admin listener"), "{stderr}");
+}

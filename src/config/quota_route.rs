@@ -16,22 +16,25 @@
 use super::checker::Checker;
 use super::error::KeyPath;
 use super::limits::{KeyPart, LimitConfig, references};
-use super::routes::{RawRespond, RawRoute, RouteAction, RouteConfig};
 
-/// The action of a route whose `respond` has `quota`.
+/// A route's `respond` with `quota`, as written: the names, which of the
+/// other `respond` keys are given, and whether the route has `limits`.
+pub(super) struct QuotaRespond<'a> {
+    pub(super) quota: &'a [String],
+    /// `status`, `body`, `content_type`: each given or not.
+    pub(super) others: [(&'static str, bool); 3],
+    pub(super) has_limits: bool,
+}
+
+/// The limits a quota route at `path` shows (indexes into the limits).
 pub(super) fn check_quota_respond(
     c: &mut Checker,
     path: &KeyPath,
-    raw: &RawRoute,
-    respond: &RawRespond,
+    respond: &QuotaRespond<'_>,
     limit_names: &[&str],
-) -> RouteAction {
+) -> Vec<usize> {
     let respond_path = path.key("respond");
-    for (key, given) in [
-        ("status", respond.status.is_some()),
-        ("body", respond.body.is_some()),
-        ("content_type", respond.content_type.is_some()),
-    ] {
+    for (key, given) in respond.others {
         if given {
             c.problem(
                 respond_path.key(key),
@@ -39,53 +42,48 @@ pub(super) fn check_quota_respond(
             );
         }
     }
-    if !raw.limits.is_empty() {
+    if respond.has_limits {
         c.problem(
             path.key("limits"),
             "a quota route charges nothing: it has no limits of its own (name the limits to show in `respond.quota`)",
         );
     }
-    let names = respond.quota.as_deref().unwrap_or_default();
-    if names.is_empty() {
+    if respond.quota.is_empty() {
         c.problem(
             respond_path.key("quota"),
             "name at least one limit whose state the route shows",
         );
     }
-    let limits = references(c, &respond_path.key("quota"), names, limit_names);
-    RouteAction::Quota { limits }
+    references(c, &respond_path.key("quota"), respond.quota, limit_names)
 }
 
-/// The key kinds a quota route cannot read, checked once the limits are.
+/// The key kinds a quota route cannot read, checked once the limits are:
+/// `shown` are the limits of the quota route at `routes[route]`.
 pub(super) fn check_quota_keys(
     c: &mut Checker,
     root: &KeyPath,
     limits: &[LimitConfig],
-    routes: &[RouteConfig],
+    route: usize,
+    shown: &[usize],
 ) {
-    for (i, route) in routes.iter().enumerate() {
-        let RouteAction::Quota { limits: shown } = &route.action else {
-            continue;
-        };
-        for (j, limit) in shown.iter().filter_map(|&id| limits.get(id)).enumerate() {
-            let unreadable = limit.key.iter().find_map(|part| match part {
-                KeyPart::BodyField(_) => Some("a body field (the quota route reads no body)"),
-                KeyPart::Route => Some("the route (it would be the quota route's own)"),
-                _ => None,
-            });
-            if let Some(why) = unreadable {
-                c.problem(
-                    root.key("routes")
-                        .index(i)
-                        .key("respond")
-                        .key("quota")
-                        .index(j),
-                    format!(
-                        "`{}` is keyed by {why}: a quota route cannot show it",
-                        limit.name
-                    ),
-                );
-            }
+    for (j, limit) in shown.iter().filter_map(|&id| limits.get(id)).enumerate() {
+        let unreadable = limit.key.iter().find_map(|part| match part {
+            KeyPart::BodyField(_) => Some("a body field (the quota route reads no body)"),
+            KeyPart::Route => Some("the route (it would be the quota route's own)"),
+            _ => None,
+        });
+        if let Some(why) = unreadable {
+            c.problem(
+                root.key("routes")
+                    .index(route)
+                    .key("respond")
+                    .key("quota")
+                    .index(j),
+                format!(
+                    "`{}` is keyed by {why}: a quota route cannot show it",
+                    limit.name
+                ),
+            );
         }
     }
 }

@@ -13,6 +13,7 @@ use serde::Deserialize;
 use super::checker::Checker;
 use super::error::KeyPath;
 use super::limits::{LimitConfig, references};
+use super::quota_route::{QuotaRespond, check_quota_respond};
 use super::raw::RawSize;
 use super::tokens::{self, PromptEstimate, RawTokens, Unit};
 use super::units::parse_percent;
@@ -66,8 +67,7 @@ pub(crate) struct RawRespond {
     pub(crate) status: Option<u16>,
     pub(crate) body: Option<String>,
     pub(crate) content_type: Option<String>,
-    /// `quota = ["LIMIT", ...]`: the caller's own state of these limits
-    /// (checked in `super::quota_route`).
+    /// `quota = ["LIMIT", ...]`: the caller's own state of these limits.
     pub(crate) quota: Option<Vec<String>>,
 }
 
@@ -205,7 +205,18 @@ fn check_route(
                 .unwrap_or(0),
         ),
         (None, Some(respond)) if respond.quota.is_some() => {
-            super::quota_route::check_quota_respond(c, path, raw, respond, limit_names)
+            let quota = QuotaRespond {
+                quota: respond.quota.as_deref().unwrap_or_default(),
+                others: [
+                    ("status", respond.status.is_some()),
+                    ("body", respond.body.is_some()),
+                    ("content_type", respond.content_type.is_some()),
+                ],
+                has_limits: !raw.limits.is_empty(),
+            };
+            RouteAction::Quota {
+                limits: check_quota_respond(c, path, &quota, limit_names),
+            }
         }
         (None, Some(respond)) => {
             let status = match respond.status {

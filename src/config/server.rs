@@ -48,7 +48,8 @@ pub struct ServerConfig {
     pub listen: Vec<SocketAddr>,
     pub(crate) admin: Option<SocketAddr>,
     /// The admin listener's bearer token (`admin_token_file` / `_env`,
-    /// read in `super::admin_token`); `None`: admin writes are refused.
+    /// read where the file's directory is known); `None`: admin writes are
+    /// refused.
     pub(crate) admin_token: Option<super::Secret>,
     pub(crate) shutdown_timeout: Duration,
     /// Worker threads (thread-per-core, see `crate::worker`); 0 means one per

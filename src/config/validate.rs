@@ -190,7 +190,11 @@ fn check(c: &mut Checker, path: &Path, bytes: &[u8], raw: &RawConfig) -> Config 
         .map(|d| decision::check_decision(c, &root.key("decision"), d, &limit_names));
     decision::check_keyless(c, &root, &raw.limits, &limits, &routes, decision.as_ref());
     routes::check_token_routes(c, &root, &limits, &routes);
-    quota_route::check_quota_keys(c, &root, &limits, &routes);
+    for (i, route) in routes.iter().enumerate() {
+        if let super::RouteAction::Quota { limits: shown } = &route.action {
+            quota_route::check_quota_keys(c, &root, &limits, i, shown);
+        }
+    }
     let (api_keys, consumers) =
         consumers::check_consumers(c, &root, &raw.api_keys, &raw.consumers, directory);
     let jwt = jwt::check_jwt_use(c, &root, raw.jwt.as_ref(), directory, &limits, &routes);
