@@ -1,11 +1,11 @@
 //! Who may use the admin listener: the bearer token of `[server]
 //! admin_token_file` / `admin_token_env` on every request but the three
-//! that monitoring reads (`GET`/`HEAD` of `/healthz`, `/readyz`,
-//! `/metrics`), and no writes at all without one.
+//! that monitoring reads (`/healthz`, `/readyz`, `/metrics`), and no
+//! writes at all without one.
 //!
 //! | token configured | request | answer |
 //! | --- | --- | --- |
-//! | any | `GET /healthz`, `/readyz`, `/metrics` | served |
+//! | any | `GET /healthz`, `/readyz`, `/metrics` | served (other methods there: 405) |
 //! | yes | `Authorization: Bearer TOKEN`, the token | served |
 //! | yes | no `Authorization`, another scheme or token | 401 problem+json, `WWW-Authenticate: Bearer` |
 //! | no | a read (`GET`, `HEAD`) | served, as before tokens existed |
@@ -31,10 +31,10 @@ use crate::answer::response::problem;
 use crate::config::Secret;
 
 /// The paths anyone who can reach the listener may read: health checkers
-/// and Prometheus carry no token.
-fn is_open(method: &Method, path: &str) -> bool {
-    (method == Method::GET || method == Method::HEAD)
-        && matches!(path, "/healthz" | "/readyz" | "/metrics")
+/// and Prometheus carry no token. They change nothing whatever the method
+/// (another method than `GET` or `HEAD` is `405` there, as it always was).
+fn is_open(path: &str) -> bool {
+    matches!(path, "/healthz" | "/readyz" | "/metrics")
 }
 
 /// Whether `method` changes something (a read is `GET` or `HEAD`).
@@ -49,7 +49,7 @@ pub(super) fn refusal(
     path: &str,
     headers: &HeaderMap,
 ) -> Option<Response<ResponseBody>> {
-    if is_open(method, path) {
+    if is_open(path) {
         return None;
     }
     let Some(token) = token else {
@@ -128,7 +128,9 @@ mod tests {
         for path in ["/healthz", "/readyz", "/metrics"] {
             assert_eq!(status(token, Method::GET, path, &[]), 200, "{path}");
         }
-        assert_eq!(status(token, Method::POST, "/metrics", &[]), 401);
+        // Open whatever the method: the listener answers a POST there 405.
+        assert_eq!(status(token, Method::POST, "/metrics", &[]), 200);
+        assert_eq!(status(None, Method::POST, "/metrics", &[]), 200);
         assert_eq!(status(token, Method::GET, "/config", &[]), 401);
         assert_eq!(
             status(token, Method::GET, "/config", &["Bearer t0ken"]),
