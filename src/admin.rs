@@ -11,8 +11,13 @@
 //! | `GET /readyz` | 200, or 503 while the store is down with `on_failure = "deny"` ([`App::is_ready`]) or some upstream has no URL up ([`App::unhealthy_upstreams`]) |
 //! | `GET /config` | `{"path","sha256","loaded_at","generation","last_error"}` of the configuration serving |
 //! | `GET /limits/NAME?key=VALUE` | one key's state of limit NAME, charging nothing (`explain.rs`) |
+//! | `POST /limits/NAME/reset?key=VALUE` | that key emptied; its state before ([`reset`]) |
 //!
 //! Other paths are 404, other methods 405, both problem+json. HTTP/1.1 only.
+//! Every request but `GET /healthz`, `/readyz` and `/metrics` passes
+//! [`auth`] first (the admin token; no writes without one), and every
+//! accepted write is recorded by [`audit`]. [`client`] is the other end:
+//! `tollgate admin ...` sending one request from the command line.
 //! The listener closes when the traffic drain starts; open admin connections
 //! finish their request and close.
 
@@ -36,6 +41,11 @@ use crate::app::App;
 use crate::conn::accept::{accept_and_serve, until_shutdown};
 use crate::http::problem;
 
+pub(crate) mod audit;
+mod auth;
+pub mod client;
+mod reset;
+
 /// Admin connections served at once; more wait in the backlog. Scrapers and
 /// health checkers need a handful.
 const MAX_CONNECTIONS: usize = 64;
@@ -54,15 +64,14 @@ pub(crate) async fn bind(address: SocketAddr) -> io::Result<TcpListener> {
 pub(crate) async fn serve(app: Arc<App>, listener: TcpListener, shutdown: watch::Receiver<bool>) {
     let permits = Arc::new(Semaphore::new(MAX_CONNECTIONS));
     let stop = shutdown.clone();
-    accept_and_serve(listener, permits, None, stop, |stream, _peer| {
+    accept_and_serve(listener, permits, None, stop, |stream, peer| {
         let app = app.clone();
         let shutdown = shutdown.clone();
         async move {
             let service = service_fn(move |request: Request<hyper::body::Incoming>| {
                 let app = app.clone();
                 async move {
-                    let target = request.uri().path_and_query().map_or("/", |pq| pq.as_str());
-                    Ok::<_, std::convert::Infallible>(answer(&app, request.method(), target).await)
+                    Ok::<_, std::convert::Infallible>(handle(&app, &request, Some(peer)).await)
                 }
             });
             let mut builder = http1::Builder::new();
@@ -76,7 +85,45 @@ pub(crate) async fn serve(app: Arc<App>, listener: TcpListener, shutdown: watch:
     .await;
 }
 
-/// The answer to one admin request for `target` (path and query).
+/// One admin request from `peer`: refused by [`auth`], or a write
+/// answered, or a read ([`answer`]).
+async fn handle<B>(
+    app: &App,
+    request: &Request<B>,
+    peer: Option<SocketAddr>,
+) -> Response<ResponseBody> {
+    let method = request.method();
+    let target = request.uri().path_and_query().map_or("/", |pq| pq.as_str());
+    let (path, query) = match target.split_once('?') {
+        Some((path, query)) => (path, Some(query)),
+        None => (target, None),
+    };
+    let snapshot = app.snapshot();
+    let token = snapshot.config.server.admin_token.as_ref();
+    if let Some(refused) = auth::refusal(token, method, path, request.headers()) {
+        return refused;
+    }
+    let reset = path
+        .strip_prefix("/limits/")
+        .and_then(|rest| rest.strip_suffix("/reset"))
+        .filter(|name| !name.is_empty() && !name.contains('/'));
+    match reset {
+        Some(limit) if method == Method::POST => {
+            reset::answer(app, &decoded(limit), query, peer).await
+        }
+        _ => answer(app, method, target).await,
+    }
+}
+
+/// A limit's name as the path spells it, percent-decoded.
+fn decoded(name: &str) -> String {
+    String::from_utf8_lossy(&crate::identity::body_fields::percent_decode(
+        name.as_bytes(),
+    ))
+    .into_owned()
+}
+
+/// The answer to one admin read for `target` (path and query).
 pub(crate) async fn answer(app: &App, method: &Method, target: &str) -> Response<ResponseBody> {
     let (path, query) = match target.split_once('?') {
         Some((path, query)) => (path, Some(query)),
@@ -156,10 +203,7 @@ fn no_healthy_upstream(upstreams: &[String]) -> Response<ResponseBody> {
 
 /// `/limits/NAME?key=VALUE`: one key's state, charging nothing ([`explain`]).
 async fn explain_limit(app: &App, limit: &str, query: Option<&str>) -> Response<ResponseBody> {
-    let limit = String::from_utf8_lossy(&crate::identity::body_fields::percent_decode(
-        limit.as_bytes(),
-    ))
-    .into_owned();
+    let limit = decoded(limit);
     match explain(&app.snapshot(), app.store(), &limit, query, app.clock.now()).await {
         Ok(state) => ok(state.to_string(), "application/json"),
         Err(ExplainError::UnknownLimit(message)) => {
@@ -169,7 +213,7 @@ async fn explain_limit(app: &App, limit: &str, query: Option<&str>) -> Response<
     }
 }
 
-fn ok(body: String, content_type: &'static str) -> Response<ResponseBody> {
+pub(crate) fn ok(body: String, content_type: &'static str) -> Response<ResponseBody> {
     let mut response = Response::new(ResponseBody::full(body));
     let headers = response.headers_mut();
     headers.insert(CONTENT_TYPE, HeaderValue::from_static(content_type));

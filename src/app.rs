@@ -305,7 +305,9 @@ impl Snapshot {
     pub(crate) fn upstream_of(&self, action: &RouteAction) -> Option<&Arc<Upstream>> {
         match action {
             RouteAction::Forward(index) => self.upstreams.get(*index),
-            RouteAction::Respond { .. } | RouteAction::DecideOnly => None,
+            RouteAction::Respond { .. } | RouteAction::DecideOnly | RouteAction::Quota { .. } => {
+                None
+            }
         }
     }
 }

@@ -121,7 +121,7 @@
 #![allow(rustdoc::private_intra_doc_links)]
 
 pub(crate) mod access_log;
-pub(crate) mod admin;
+pub mod admin;
 pub mod admission;
 pub mod allocator;
 pub(crate) mod answer;

@@ -1,6 +1,7 @@
 //! The `tollgate` binary: the command line, logging and signals around the
 //! library. `run` serves, `check` validates, `simulate` replays traffic
-//! offline, `import` converts another rate limiter's configuration.
+//! offline, `import` converts another rate limiter's configuration, `admin`
+//! asks the running gateway's admin API.
 
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -46,6 +47,38 @@ enum Command {
     /// on stdout, to add to the configuration).
     #[command(subcommand)]
     Import(ImportFrom),
+    /// Ask the running gateway's admin API (its address and token read
+    /// from the configuration) and print the answer.
+    #[command(subcommand)]
+    Admin(AdminCommand),
+}
+
+#[derive(Debug, Subcommand)]
+enum AdminCommand {
+    /// Empty one key's state of a limit (its next request starts afresh).
+    Reset { limit: String, key: String },
+    /// Per-key overrides of a limit's numbers.
+    #[command(subcommand)]
+    Overrides(OverridesCommand),
+}
+
+#[derive(Debug, Subcommand)]
+enum OverridesCommand {
+    /// Set the key's override: `--json BODY` or name=value pairs
+    /// (`capacity=500 refill=50/s ttl=1h reason=trial`).
+    Set {
+        limit: String,
+        key: String,
+        /// The override as a JSON object.
+        #[arg(long, value_name = "BODY")]
+        json: Option<String>,
+        #[arg(value_name = "NAME=VALUE")]
+        params: Vec<String>,
+    },
+    /// List the limit's overrides.
+    List { limit: String },
+    /// Remove the key's override.
+    Delete { limit: String, key: String },
 }
 
 #[derive(Debug, Subcommand)]
@@ -112,6 +145,7 @@ fn main() -> ExitCode {
         Command::Run => config().map(|config| run(config, cli.log_format)),
         Command::Simulate(args) => config().map(|config| simulate(&config, args)),
         Command::Import(from) => Ok(import(from)),
+        Command::Admin(command) => config().map(|config| admin(&config, command)),
     };
     outcome.unwrap_or_else(|failed| failed)
 }
@@ -144,6 +178,62 @@ fn import(from: ImportFrom) -> ExitCode {
             for problem in problems {
                 eprintln!("{problem}");
             }
+            ExitCode::FAILURE
+        }
+    }
+}
+
+/// One admin API request; its answer's body on stdout, or on stderr with
+/// exit code 1 when the API refuses (as the API gives it) or cannot be
+/// reached.
+fn admin(config: &Config, command: AdminCommand) -> ExitCode {
+    use tollgate::admin::client::{Command as Admin, send};
+    let command = match command {
+        AdminCommand::Reset { limit, key } => Admin::Reset { limit, key },
+        AdminCommand::Overrides(OverridesCommand::Set {
+            limit,
+            key,
+            json,
+            params,
+        }) => Admin::OverridesSet {
+            limit,
+            key,
+            json,
+            params,
+        },
+        AdminCommand::Overrides(OverridesCommand::List { limit }) => Admin::OverridesList { limit },
+        AdminCommand::Overrides(OverridesCommand::Delete { limit, key }) => {
+            Admin::OverridesDelete { limit, key }
+        }
+    };
+    let request = match command.request() {
+        Ok(request) => request,
+        Err(message) => {
+            eprintln!("tollgate admin: {message}");
+            return ExitCode::from(2);
+        }
+    };
+    let runtime = match tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(runtime) => runtime,
+        Err(error) => {
+            eprintln!("cannot start the runtime: {error}");
+            return ExitCode::FAILURE;
+        }
+    };
+    match runtime.block_on(send(config, &request)) {
+        Ok(answer) if answer.is_success() => {
+            println!("{}", answer.body.trim_end());
+            ExitCode::SUCCESS
+        }
+        Ok(answer) => {
+            eprintln!("{}", answer.body.trim_end());
+            ExitCode::FAILURE
+        }
+        Err(message) => {
+            eprintln!("tollgate admin: {message}");
             ExitCode::FAILURE
         }
     }

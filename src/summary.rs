@@ -85,6 +85,14 @@ pub fn render(config: &Config) -> String {
             RouteAction::Forward(i) => format!("-> {}", config.upstreams[*i].name),
             RouteAction::Respond { status, .. } => format!("respond {}", status.as_u16()),
             RouteAction::DecideOnly => "decided by /auth only".to_owned(),
+            RouteAction::Quota { limits } => {
+                let names: Vec<&str> = limits
+                    .iter()
+                    .filter_map(|&i| config.limits.get(i))
+                    .map(|l| l.name.as_str())
+                    .collect();
+                format!("quota of {}", names.join(", "))
+            }
         };
         let limits: Vec<&str> = route
             .limits

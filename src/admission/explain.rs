@@ -59,10 +59,10 @@ pub enum ExplainError {
 }
 
 /// One key of one limit, as the query names it.
-struct Target {
-    id: LimitId,
-    digest: LimitKey,
-    plan: Option<String>,
+pub(super) struct Target {
+    pub(super) id: LimitId,
+    pub(super) digest: LimitKey,
+    pub(super) plan: Option<String>,
     /// What the key is made of, for the answer (`key`).
     parts: String,
 }
@@ -122,7 +122,11 @@ pub async fn explain(
 }
 
 /// The limit and key `query` names.
-fn target(snapshot: &Snapshot, limit: &str, query: Option<&str>) -> Result<Target, ExplainError> {
+pub(super) fn target(
+    snapshot: &Snapshot,
+    limit: &str,
+    query: Option<&str>,
+) -> Result<Target, ExplainError> {
     let Some(id) = snapshot.limit_named(limit) else {
         return Err(ExplainError::UnknownLimit(format!(
             "no limit named `{limit}` in the running configuration"

@@ -13,10 +13,12 @@
 //! [`consumers`] (`[api_keys]` and `[consumers]`) and [`jwt`]. [`validate`]
 //! is the driver: it deserializes the file ([`raw`] is the top of the
 //! mirror), calls each section's check in order, and places the problems.
-//! The shared pieces: [`checker`] (the problem collector and its value
+//! [`admin_token`] reads `[server]`'s admin token, [`quota_route`] checks
+//! `respond = { quota = [...] }`. The shared pieces: [`checker`] (the problem collector and its value
 //! readers), [`units`] (durations, rates, sizes, shares) and [`warnings`]
 //! (what is valid but likely a mistake).
 
+pub(crate) mod admin_token;
 pub(crate) mod checker;
 pub(crate) mod client_ip;
 pub(crate) mod consumers;
@@ -24,6 +26,7 @@ pub(crate) mod decision;
 pub(crate) mod error;
 pub(crate) mod jwt;
 pub(crate) mod limits;
+pub(crate) mod quota_route;
 pub(crate) mod raw;
 pub(crate) mod routes;
 pub(crate) mod server;

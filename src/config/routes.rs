@@ -1,7 +1,8 @@
 //! `[[routes]]`: which requests a route takes (`match`), what it does with
 //! them (forward to an upstream, answer itself, or leave them to `/auth`),
 //! the limits it stacks and what a request costs, and its upstream
-//! retries. The section's serde mirror, validated types and checks.
+//! retries. The section's serde mirror, validated types and checks; a
+//! quota route's `respond` is checked in `super::quota_route`.
 
 use std::collections::{BTreeMap, HashSet};
 use std::time::Duration;
@@ -12,6 +13,7 @@ use serde::Deserialize;
 use super::checker::Checker;
 use super::error::KeyPath;
 use super::limits::{LimitConfig, references};
+use super::quota_route::{QuotaRespond, check_quota_respond};
 use super::raw::RawSize;
 use super::slots::check_priority;
 use super::tokens::{self, PromptEstimate, RawTokens, Unit};
@@ -68,6 +70,8 @@ pub(crate) struct RawRespond {
     pub(crate) status: Option<u16>,
     pub(crate) body: Option<String>,
     pub(crate) content_type: Option<String>,
+    /// `quota = ["LIMIT", ...]`: the caller's own state of these limits.
+    pub(crate) quota: Option<Vec<String>>,
 }
 
 /// A `[[routes]]` entry, checked.
@@ -136,6 +140,10 @@ pub(crate) enum RouteAction {
     /// Neither: decided by the decision service's `/auth` only; the proxy
     /// listener answers it 404.
     DecideOnly,
+    /// `respond = { quota = [...] }`: the caller's own state of these
+    /// limits (indexes into [`Config::limits`](super::Config::limits)), as
+    /// JSON, charging nothing.
+    Quota { limits: Vec<usize> },
 }
 
 /// Every `[[routes]]`, in file order; route names are unique.
@@ -201,6 +209,20 @@ fn check_route(
             c.reference(path.key("upstream"), "upstream", name, upstream_names)
                 .unwrap_or(0),
         ),
+        (None, Some(respond)) if respond.quota.is_some() => {
+            let quota = QuotaRespond {
+                quota: respond.quota.as_deref().unwrap_or_default(),
+                others: [
+                    ("status", respond.status.is_some()),
+                    ("body", respond.body.is_some()),
+                    ("content_type", respond.content_type.is_some()),
+                ],
+                has_limits: !raw.limits.is_empty(),
+            };
+            RouteAction::Quota {
+                limits: check_quota_respond(c, path, &quota, limit_names),
+            }
+        }
         (None, Some(respond)) => {
             let status = match respond.status {
                 None => StatusCode::OK,

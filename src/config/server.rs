@@ -24,6 +24,8 @@ use crate::access_log::LogDenied;
 pub(crate) struct RawServer {
     pub(crate) listen: Option<OneOrMany<String>>,
     pub(crate) admin: Option<String>,
+    pub(crate) admin_token_file: Option<String>,
+    pub(crate) admin_token_env: Option<String>,
     pub(crate) shutdown_timeout: Option<String>,
     pub(crate) workers: Option<u32>,
     pub(crate) header_read_timeout: Option<String>,
@@ -45,6 +47,10 @@ pub(crate) struct RawServer {
 pub struct ServerConfig {
     pub listen: Vec<SocketAddr>,
     pub(crate) admin: Option<SocketAddr>,
+    /// The admin listener's bearer token (`admin_token_file` / `_env`,
+    /// read where the file's directory is known); `None`: admin writes are
+    /// refused.
+    pub(crate) admin_token: Option<super::Secret>,
     pub(crate) shutdown_timeout: Duration,
     /// Worker threads (thread-per-core, see `crate::worker`); 0 means one per
     /// CPU core.
@@ -179,6 +185,7 @@ pub(super) fn check_server(
     ServerConfig {
         listen,
         admin,
+        admin_token: None,
         shutdown_timeout: c.duration(
             path.key("shutdown_timeout"),
             &raw.shutdown_timeout,

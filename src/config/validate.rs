@@ -25,8 +25,8 @@ use super::server::RawServer;
 use super::store::RawStore;
 use super::upstreams::RawUpstream;
 use super::{
-    Config, ConfigError, KeyPath, Problem, client_ip, consumers, decision, jwt, limits, routes,
-    server, store, tls, upstreams,
+    Config, ConfigError, KeyPath, Problem, admin_token, client_ip, consumers, decision, jwt,
+    limits, quota_route, routes, server, store, tls, upstreams,
 };
 
 /// The top of the serde mirror: one field per section, each section's
@@ -166,6 +166,8 @@ fn check(c: &mut Checker, path: &Path, bytes: &[u8], raw: &RawConfig) -> Config 
         .tls
         .as_ref()
         .and_then(|tls| tls::check_tls(c, &root.key("server").key("tls"), directory, tls));
+    server.admin_token =
+        admin_token::check_admin_token(c, &root.key("server"), &raw.server, directory);
     let client_ip = client_ip::check_client_ip(c, &root.key("client_ip"), &raw.client_ip);
     let store = store::check_store(c, &root.key("store"), &raw.store, directory);
     let upstreams =
@@ -188,6 +190,11 @@ fn check(c: &mut Checker, path: &Path, bytes: &[u8], raw: &RawConfig) -> Config 
         .map(|d| decision::check_decision(c, &root.key("decision"), d, &limit_names));
     decision::check_keyless(c, &root, &raw.limits, &limits, &routes, decision.as_ref());
     routes::check_token_routes(c, &root, &limits, &routes);
+    for (i, route) in routes.iter().enumerate() {
+        if let super::RouteAction::Quota { limits: shown } = &route.action {
+            quota_route::check_quota_keys(c, &root, &limits, i, shown);
+        }
+    }
     let (api_keys, consumers) =
         consumers::check_consumers(c, &root, &raw.api_keys, &raw.consumers, directory);
     let jwt = jwt::check_jwt_use(c, &root, raw.jwt.as_ref(), directory, &limits, &routes);

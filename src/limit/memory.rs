@@ -414,6 +414,19 @@ impl Limiter {
         }
     }
 
+    /// Forgets `key`'s state (an operator's reset): its next request starts
+    /// as a new key's. Whether the key was held. A key counted in the
+    /// shard's overflow (the limiter full) shares that state and keeps it.
+    pub(crate) fn forget(&self, key: LimitKey) -> bool {
+        let mut shard = self.lock_shard(self.shard_of(key));
+        let removed = shard.table.remove(StoreKey::from(key));
+        drop(shard);
+        if removed {
+            self.live.fetch_sub(1, Ordering::Relaxed);
+        }
+        removed
+    }
+
     /// Forget every key whose state is fresh again; returns how many.
     /// Locks one shard at a time (cold path: run it periodically).
     pub fn sweep(&self, now: Nanos) -> usize {

@@ -177,6 +177,12 @@ struct BackendLabels {
     backend: &'static str,
 }
 
+/// An admin API write (`reset`, an override's `set`/`delete`).
+#[derive(Debug, Clone, PartialEq, Eq, Hash, EncodeLabelSet)]
+struct ActionLabels {
+    action: &'static str,
+}
+
 #[derive(Debug, Clone, PartialEq, Eq, Hash, EncodeLabelSet)]
 struct ResultLabels {
     result: &'static str,
@@ -286,6 +292,7 @@ pub struct Metrics {
     store_remembered_denials: Counter,
     config_reloads: Family<ResultLabels, Counter>,
     config_generation: Gauge,
+    admin_writes: Family<ActionLabels, Counter>,
     limiter_keys: Family<LimitLabels, Gauge>,
     adaptive_limit: Family<LimitLabels, Gauge>,
     inflight: Family<LimitLabels, Gauge>,
@@ -414,6 +421,12 @@ impl Metrics {
             "Generation of the configuration serving (1 at start, +1 per successful reload)",
             config_generation.clone(),
         );
+        let admin_writes = Family::<ActionLabels, Counter>::default();
+        registry.register(
+            "tollgate_admin_writes",
+            "Admin API writes accepted, by action (see the tollgate::audit log)",
+            admin_writes.clone(),
+        );
         let limiter_keys = Family::<LimitLabels, Gauge>::default();
         registry.register(
             "tollgate_limiter_keys",
@@ -511,6 +524,7 @@ impl Metrics {
             store_remembered_denials,
             config_reloads,
             config_generation,
+            admin_writes,
             limiter_keys,
             adaptive_limit,
             inflight,
@@ -779,6 +793,13 @@ impl Metrics {
         let result = if ok { "ok" } else { "error" };
         self.config_reloads
             .get_or_create(&ResultLabels { result })
+            .inc();
+    }
+
+    /// An accepted admin write (`tollgate_admin_writes_total{action}`).
+    pub(crate) fn record_admin_write(&self, action: &'static str) {
+        self.admin_writes
+            .get_or_create(&ActionLabels { action })
             .inc();
     }
 

@@ -12,6 +12,8 @@
 //!    bill.
 //! 5. **deny** — a denial is answered here (429 + headers, written by
 //!    `answer::ratelimit`) without touching the upstream.
+//!    A quota route (`respond = { quota = [...] }`) is answered here
+//!    instead, charging nothing (`proxy::quota`).
 //! 6. **act** — answer a `respond` route, or forward upstream (body capped by
 //!    the route's `max_body` → 413; upstream failures → 502/504; no URL of
 //!    the upstream up → 503), after any leaky-bucket delay.
@@ -52,6 +54,7 @@ use crate::http1::server::ConnActivity;
 use crate::limit::{Nanos, Permits, UpstreamAnswer};
 use crate::proxy::body::ClientBody;
 pub(crate) use crate::proxy::downstream::Downstream;
+use crate::proxy::quota;
 use crate::proxy::retry::{Retrying, Sender};
 use crate::proxy::send::send_upstream;
 use crate::proxy::tokens;
@@ -290,7 +293,7 @@ impl Observation {
 fn upstream_label(snapshot: &Snapshot, index: usize) -> Option<&Arc<str>> {
     match snapshot.config.routes.get(index)?.action {
         RouteAction::Forward(upstream) => snapshot.labels.upstreams.get(upstream),
-        RouteAction::Respond { .. } | RouteAction::DecideOnly => None,
+        RouteAction::Respond { .. } | RouteAction::DecideOnly | RouteAction::Quota { .. } => None,
     }
 }
 
@@ -315,6 +318,11 @@ async fn route_and_act(
     let index = route(snapshot, &parts)?;
     progress.seen.route_index = Some(index);
     let route = &snapshot.config.routes[index];
+    if let RouteAction::Quota { limits } = &route.action {
+        // The caller's own state, charging nothing: no admission.
+        let peer = downstream.peer.ip();
+        return quota::answer(app, snapshot, route, &parts, peer, limits, now).await;
+    }
     let plan = &snapshot.routes[index];
     // Filled in place: returned by value it was copied twice (1.1 KB).
     let mut ticket = Ticket::default();
@@ -371,8 +379,8 @@ async fn route_and_act(
             body,
             content_type,
         } => (respond(*status, body, content_type), FieldLines::new()),
-        // `DecideOnly` was answered 404 at routing.
-        RouteAction::Forward(_) | RouteAction::DecideOnly => {
+        // `DecideOnly` was answered 404 at routing, `Quota` before admission.
+        RouteAction::Forward(_) | RouteAction::DecideOnly | RouteAction::Quota { .. } => {
             let forwarded = match (&route.retry, &plan.retry_budget) {
                 (Some(policy), Some(budget)) => {
                     let retrying = Retrying {

@@ -3,7 +3,8 @@
 //! act, settle); the send upstream ([`send`]) with the forwarding header
 //! rules and the exchange ([`forward`]), retries ([`retry`]), upgrade
 //! tunnels ([`upgrade`]), the request body forwarded ([`body`]) and token
-//! quotas' settlement from the response ([`tokens`]) are its parts. Below
+//! quotas' settlement from the response ([`tokens`]) and a quota route's
+//! answer ([`quota`]) are its parts. Below
 //! it: what every front answers with (`answer`: the 429s and rate-limit
 //! fields, problem responses, error → status, the response body),
 //! admission, the codec (`http1`), upstream connections (`upstream`), the
@@ -14,6 +15,7 @@ pub(crate) mod body;
 pub(crate) mod downstream;
 pub(crate) mod forward;
 pub(crate) mod handler;
+pub(crate) mod quota;
 pub(crate) mod retry;
 pub(crate) mod send;
 pub(crate) mod tokens;

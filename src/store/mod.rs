@@ -30,7 +30,8 @@
 //! - `concurrency`: concurrency slots held in Redis, renewed and released;
 //! - `breaker`: failures counted, the breaker opened and probed, the store
 //!   thread and this node's heartbeat;
-//! - `connect`: a connection made (TCP or TLS, `AUTH`, Sentinel, Cluster).
+//! - `connect`: a connection made (TCP or TLS, `AUTH`, Sentinel, Cluster);
+//! - `forget`: a key emptied (the admin listener's reset).
 //!
 //! # Failure
 //!
@@ -54,6 +55,7 @@ mod cluster;
 mod concurrency;
 mod connect;
 mod decide;
+mod forget;
 mod msgpack;
 mod peek;
 mod remembered;

@@ -78,6 +78,13 @@ enum Leasing {
 }
 
 impl RedisStore {
+    /// Drops this node's unspent lease of the bucket at Redis `key` (a
+    /// reset emptied the bucket: the lease's tokens were taken from the
+    /// state that is gone).
+    pub(super) fn drop_lease(&self, key: &str) {
+        self.pool_shard(key).lock().remove(key);
+    }
+
     fn pool_shard(&self, key: &str) -> &PoolShard {
         let i = slot_of(key) as usize % POOL_SHARDS;
         &self.pool.0[i]
