@@ -155,6 +155,16 @@ impl Permits {
         }
     }
 
+    /// [`Permits::record_outcome`] at a known instant (the simulator's
+    /// modelled response end).
+    pub(crate) fn record_outcome_at(&mut self, answer: UpstreamAnswer, now: Nanos) {
+        for permit in &mut self.slots {
+            if let Permit::Memory(SlotPermit::Adaptive(adaptive)) = permit {
+                adaptive.answered(answer, now);
+            }
+        }
+    }
+
     /// Keeps `guard` (e.g. a Redis concurrency lease) until these permits drop.
     pub(crate) fn hold(&mut self, guard: Box<dyn std::fmt::Debug + Send + Sync>) {
         self.add(Permit::Held(guard));

@@ -18,18 +18,17 @@ use std::cmp::Ordering;
 use std::collections::{BTreeMap, BinaryHeap};
 
 use super::backend::{Backend, Response};
-use crate::limit::{Nanos, Permits};
+use crate::limit::{Nanos, Permits, UpstreamAnswer};
 
-/// Gives back a request's permits when its response ends, with what the
-/// response was: its latency (the upstream's queueing plus its service)
-/// and its status (200, or 503 from a full upstream queue).
+/// Gives back a request's permits when its response ends at `end`, with
+/// its status (200, or 503 from a full upstream queue).
 ///
 /// The one release point of the simulated request path: a `concurrency`
-/// permit only needs dropping; a limit that learns from its responses (the
-/// `adaptive` algorithm's permits, which take the latency and the outcome)
-/// is told here.
-pub(crate) fn release(permits: Permits, latency: Nanos, status: u16) {
-    let _ = (latency, status);
+/// permit only needs dropping; an `adaptive` permit learns the answer and
+/// its latency (from its admission to `end`: the upstream's queueing plus
+/// its service) when it drops.
+pub(crate) fn release(mut permits: Permits, end: Nanos, status: u16) {
+    permits.record_outcome_at(UpstreamAnswer::Status(status), end);
     drop(permits);
 }
 
@@ -38,7 +37,6 @@ struct Pending {
     end: Nanos,
     /// Sent order: responses ending at the same instant end in it.
     seq: u64,
-    latency: Nanos,
     status: u16,
     permits: Permits,
 }
@@ -138,7 +136,7 @@ impl Flight {
         while self.pending.peek().is_some_and(|p| p.end <= now) {
             if let Some(done) = self.pending.pop() {
                 at(done.end);
-                release(done.permits, done.latency, done.status);
+                release(done.permits, done.end, done.status);
             }
         }
     }
@@ -169,7 +167,6 @@ impl Flight {
         self.pending.push(Pending {
             end: response.end,
             seq: self.sent,
-            latency: response.latency(),
             status: response.status,
             permits,
         });

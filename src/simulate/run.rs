@@ -52,7 +52,9 @@ use crate::config::tokens::Unit;
 use crate::http::content_length;
 use crate::identity::keys::shadow_missing_key;
 use crate::limit::stack::INLINE;
-use crate::limit::{Algorithm, Clock, LimitKey, ManualClock, Nanos, Outcome, StackDecision};
+use crate::limit::{
+    Algorithm, Clock, LimitKey, ManualClock, Nanos, Outcome, Priority, StackDecision,
+};
 
 /// Bad records printed one by one; beyond this they are only counted.
 const SHOWN_PROBLEMS: u64 = 20;
@@ -78,6 +80,9 @@ pub(crate) enum Decided {
         algorithms: SmallVec<[Algorithm; INLINE]>,
         /// A token route's reservation and usage.
         tokens: Option<TokenUse>,
+        /// The request's priority (its consumer's, else its route's): what a
+        /// shed request is counted under.
+        priority: Priority,
     },
 }
 
@@ -163,6 +168,7 @@ pub(crate) fn limit(
     let tokens = ticket
         .reserved()
         .map(|reserved| TokenUse { reserved, used });
+    let priority = ticket.priority();
     let admission::ticket::TicketParts {
         decision,
         keys,
@@ -174,6 +180,7 @@ pub(crate) fn limit(
         keys,
         algorithms,
         tokens,
+        priority,
     }
 }
 
@@ -474,7 +481,10 @@ impl Simulation {
             return;
         };
         if let Decided::Limited {
-            route, decision, ..
+            route,
+            decision,
+            priority,
+            ..
         } = decided
         {
             if decision.allowed {
@@ -484,7 +494,7 @@ impl Simulation {
                 let config = &variant.snapshot.config;
                 let limit = config.routes[*route].limits[position];
                 flight.shed(Shed {
-                    priority: shed_priority(&variant.snapshot, record, *route),
+                    priority: priority.label(),
                     route: *route,
                     status: config.limits[limit].status.as_u16(),
                 });
@@ -521,6 +531,7 @@ impl Simulation {
                 keys,
                 algorithms,
                 tokens,
+                ..
             } => (*route, decision, keys, algorithms, *tokens),
         };
         let plan = &variant.snapshot.config.routes[route];
@@ -623,26 +634,23 @@ fn advance(clock: &ManualClock, now: Nanos) {
     clock.advance(now.saturating_sub(clock.now()));
 }
 
-/// The priority a shed request is counted under in the report. Every
-/// request is `normal` until priorities (a consumer's or route's
-/// `priority`, contract section 12) are read here: the one place the
-/// report learns a request's priority.
-pub(crate) fn shed_priority(_snapshot: &Snapshot, _record: &Record, _route: usize) -> &'static str {
-    "normal"
-}
-
 /// What the chart draws beside the requests in flight for limit `limit`
 /// (an index in `config.limits`) of `variant`: a `concurrency` limit's
 /// `max`; an `adaptive` limit's current limit (its limiter's, in
 /// `variant.app`) joins here. `None` for a rate limit, which bounds no
 /// requests in flight, and for a shadow limit, which refuses nothing.
-pub(crate) fn current_limit(variant: &Variant, limit: usize) -> Option<u64> {
-    let limit = &variant.snapshot.config.limits[limit];
+pub(crate) fn current_limit(variant: &Variant, index: usize) -> Option<u64> {
+    let limit = &variant.snapshot.config.limits[index];
     if limit.shadow {
         return None;
     }
     match limit.algorithm {
         Algorithm::Concurrency { max } => Some(max),
+        Algorithm::Adaptive { .. } => {
+            let id = variant.snapshot.limit_ids().nth(index)?;
+            let limiters = variant.snapshot.limiters(id).all();
+            Some(limiters.map(|l| l.in_flight_totals().limit).sum())
+        }
         Algorithm::FixedWindow { .. }
         | Algorithm::SlidingWindow { .. }
         | Algorithm::SlidingLog { .. }
