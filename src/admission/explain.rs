@@ -77,9 +77,14 @@ pub async fn explain(
     now: Nanos,
 ) -> Result<Value, ExplainError> {
     let target = target(snapshot, limit, query)?;
-    let limiter = snapshot
-        .limiters(target.id)
-        .for_plan(target.plan.as_deref());
+    // A key with an override is decided on its own limiter and numbers.
+    let own = snapshot.overridden(target.id, target.digest, now);
+    let limiter = match own {
+        Some((_, own)) => own,
+        None => snapshot
+            .limiters(target.id)
+            .for_plan(target.plan.as_deref()),
+    };
     let Some(store) = store.filter(|_| snapshot.is_shared(target.id)) else {
         let verdict = limiter.peek(target.digest, now);
         return Ok(state(
@@ -91,7 +96,10 @@ pub async fn explain(
         ));
     };
     let config = snapshot.limit_config(target.id);
-    let entry = store_entry(config, target.plan.as_deref(), target.digest);
+    let mut entry = store_entry(config, target.plan.as_deref(), target.digest);
+    if let Some((numbers, _)) = own {
+        entry.algorithm = numbers;
+    }
     Ok(match store.peek(&entry).await {
         Ok(verdict) => state(snapshot, &target, entry.algorithm, verdict, Source::Redis),
         Err(_) => {
@@ -208,10 +216,14 @@ fn state(
     }
     if config.unit == Unit::Tokens {
         // Charged already, settled when their responses end (this node's).
-        let limiter = snapshot
-            .limiters(target.id)
-            .for_plan(target.plan.as_deref());
-        let (requests, tokens) = limiter.open.of(target.digest);
+        let (requests, tokens) = match snapshot.overrides(target.id).find(target.digest, 0) {
+            Some((_, own)) => own.open.of(target.digest),
+            None => snapshot
+                .limiters(target.id)
+                .for_plan(target.plan.as_deref())
+                .open
+                .of(target.digest),
+        };
         explained["unit"] = json!("tokens");
         explained["open_reservations"] = json!({"requests": requests, "tokens": tokens});
     }

@@ -429,6 +429,7 @@ mod tests {
             align: Default::default(),
             lease: None,
             unit: Default::default(),
+            params: Default::default(),
         }
     }
 

@@ -24,6 +24,7 @@ use crate::access_log::LogDenied;
 pub(crate) struct RawServer {
     pub(crate) listen: Option<OneOrMany<String>>,
     pub(crate) admin: Option<String>,
+    pub(crate) state_file: Option<String>,
     pub(crate) shutdown_timeout: Option<String>,
     pub(crate) workers: Option<u32>,
     pub(crate) header_read_timeout: Option<String>,
@@ -45,6 +46,9 @@ pub(crate) struct RawServer {
 pub struct ServerConfig {
     pub listen: Vec<SocketAddr>,
     pub(crate) admin: Option<SocketAddr>,
+    /// Where per-key overrides outlive a restart (memory store), relative
+    /// paths from the config file's directory (set with it, in `validate`).
+    pub(crate) state_file: Option<std::path::PathBuf>,
     pub(crate) shutdown_timeout: Duration,
     /// Worker threads (thread-per-core, see `crate::worker`); 0 means one per
     /// CPU core.
@@ -176,9 +180,13 @@ pub(super) fn check_server(
             LogDenied::default()
         }),
     };
+    if raw.state_file.as_deref() == Some("") {
+        c.problem(path.key("state_file"), "needs a file name, like \"tollgate-state.json\"");
+    }
     ServerConfig {
         listen,
         admin,
+        state_file: None,
         shutdown_timeout: c.duration(
             path.key("shutdown_timeout"),
             &raw.shutdown_timeout,

@@ -166,6 +166,12 @@ fn check(c: &mut Checker, path: &Path, bytes: &[u8], raw: &RawConfig) -> Config 
         .tls
         .as_ref()
         .and_then(|tls| tls::check_tls(c, &root.key("server").key("tls"), directory, tls));
+    server.state_file = raw
+        .server
+        .state_file
+        .as_ref()
+        .filter(|file| !file.is_empty())
+        .map(|file| directory.join(file));
     let client_ip = client_ip::check_client_ip(c, &root.key("client_ip"), &raw.client_ip);
     let store = store::check_store(c, &root.key("store"), &raw.store, directory);
     let upstreams =

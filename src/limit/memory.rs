@@ -357,6 +357,42 @@ impl Limiter {
         new
     }
 
+    /// One key's state moved into `self` from `from` (another limiter of
+    /// the same limit: a per-key override installed or removed), carried
+    /// over where the algorithms allow as [`Limiter::carry_from`] does; a
+    /// state that does not carry leaves the key fresh in `self`. `from`
+    /// forgets the key. Cold path: locks one shard of each.
+    pub(crate) fn carry_key(&self, from: &Limiter, key: LimitKey, now: Nanos) {
+        let k = StoreKey::from(key);
+        let carried = {
+            let mut shard = from.lock_shard(from.shard_of(key));
+            let carried = shard.table.get(k).and_then(|state| {
+                let fresh = from.is_fresh(state, from.key_now(k, now));
+                (!fresh && Limiter::carries_state(&from.algorithm, &self.algorithm))
+                    .then(|| from.carry_state(state, &self.algorithm, now))
+            });
+            if shard.table.remove(k) {
+                from.live.fetch_sub(1, Ordering::Relaxed);
+            }
+            carried
+        };
+        let mut shard = self.lock_shard(self.shard_of(key));
+        if shard.table.remove(k) {
+            self.live.fetch_sub(1, Ordering::Relaxed);
+        }
+        if let Some(state) = carried
+            && self.reserve(&mut shard, now)
+        {
+            shard.table.insert(k, state, now);
+        }
+    }
+
+    /// Whether `key` holds its own state here (not the overflow's).
+    pub(crate) fn holds(&self, key: LimitKey) -> bool {
+        let shard = self.lock_shard(self.shard_of(key));
+        shard.table.get(StoreKey::from(key)).is_some()
+    }
+
     // ----- used by the key stack -----
 
     pub(crate) fn shard_of(&self, key: LimitKey) -> usize {
