@@ -11,6 +11,7 @@
 //! | `GET /readyz` | 200, or 503 while the store is down with `on_failure = "deny"` ([`App::is_ready`]) or some upstream has no URL up ([`App::unhealthy_upstreams`]) |
 //! | `GET /config` | `{"path","sha256","loaded_at","generation","last_error"}` of the configuration serving |
 //! | `GET /limits/NAME?key=VALUE` | one key's state of limit NAME, charging nothing (`explain.rs`) |
+//! | `PUT`, `GET`, `DELETE /limits/NAME/overrides[?key=VALUE]` | per-key overrides ([`crate::admin_overrides`]) |
 //!
 //! Other paths are 404, other methods 405, both problem+json. HTTP/1.1 only.
 //! The listener closes when the traffic drain starts; open admin connections
@@ -61,6 +62,11 @@ pub(crate) async fn serve(app: Arc<App>, listener: TcpListener, shutdown: watch:
             let service = service_fn(move |request: Request<hyper::body::Incoming>| {
                 let app = app.clone();
                 async move {
+                    // Per-key overrides read a body: their own module.
+                    if crate::admin_overrides::claims(request.uri().path()) {
+                        let response = crate::admin_overrides::answer(&app, request).await;
+                        return Ok::<_, std::convert::Infallible>(response);
+                    }
                     let target = request.uri().path_and_query().map_or("/", |pq| pq.as_str());
                     Ok::<_, std::convert::Infallible>(answer(&app, request.method(), target).await)
                 }

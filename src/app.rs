@@ -15,7 +15,7 @@
 
 pub(crate) mod descriptors;
 mod jwks;
-mod override_writes;
+pub(crate) mod override_writes;
 pub(crate) mod overrides;
 pub(crate) mod state_file;
 pub(crate) mod sweep;

@@ -122,6 +122,7 @@
 
 pub(crate) mod access_log;
 pub(crate) mod admin;
+pub(crate) mod admin_overrides;
 pub mod admission;
 pub mod allocator;
 pub(crate) mod answer;

@@ -17,7 +17,13 @@ const LAYERS: &[&[&str]] = &[
     &["proxy"],
     &["conn"],
     &[
-        "admin", "decision", "reload", "gateway", "simulate", "import",
+        "admin",
+        "admin_overrides",
+        "decision",
+        "reload",
+        "gateway",
+        "simulate",
+        "import",
     ],
     &["", "main"],
 ];

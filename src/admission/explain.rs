@@ -90,9 +90,9 @@ pub async fn explain(
         return Ok(state(
             snapshot,
             &target,
-            limiter.algorithm(),
-            verdict,
+            (limiter.algorithm(), verdict),
             Source::Memory,
+            now,
         ));
     };
     let config = snapshot.limit_config(target.id);
@@ -101,13 +101,36 @@ pub async fn explain(
         entry.algorithm = numbers;
     }
     Ok(match store.peek(&entry).await {
-        Ok(verdict) => state(snapshot, &target, entry.algorithm, verdict, Source::Redis),
+        Ok(verdict) => state(
+            snapshot,
+            &target,
+            (entry.algorithm, verdict),
+            Source::Redis,
+            now,
+        ),
         Err(_) => {
             let verdict = limiter.peek(target.digest, now);
             let source = Source::Fallback(store.on_failure());
-            state(snapshot, &target, limiter.algorithm(), verdict, source)
+            state(
+                snapshot,
+                &target,
+                (limiter.algorithm(), verdict),
+                source,
+                now,
+            )
         }
     })
+}
+
+/// The limit and the digest of the key `query` names (`key=V[&key=V2…]`,
+/// or `entry=K:V…` for a descriptor-keyed limit), as [`explain`] reads
+/// them: the key of a per-key override.
+pub(crate) fn key_of(
+    snapshot: &Snapshot,
+    limit: &str,
+    query: Option<&str>,
+) -> Result<(LimitId, LimitKey), ExplainError> {
+    target(snapshot, limit, query).map(|target| (target.id, target.digest))
 }
 
 /// The limit and key `query` names.
@@ -180,9 +203,9 @@ fn target(snapshot: &Snapshot, limit: &str, query: Option<&str>) -> Result<Targe
 fn state(
     snapshot: &Snapshot,
     target: &Target,
-    algorithm: Algorithm,
-    verdict: Verdict,
+    (algorithm, verdict): (Algorithm, Verdict),
     source: Source,
+    now: Nanos,
 ) -> Value {
     let config = snapshot.limit_config(target.id);
     let secs = |nanos: Nanos| nanos.div_ceil(crate::limit::NANOS_PER_SEC);
@@ -213,6 +236,14 @@ fn state(
                 "redis did not answer: this node's fallback state; meanwhile on_failure = \"{name}\" {meanwhile}"
             ));
         }
+    }
+    if let Some((found, _)) = snapshot.overrides(target.id).find(target.digest, now) {
+        let record = &found.record;
+        explained["override"] = json!({
+            "params": crate::app::state_file::params_json(&record.params),
+            "reason": record.reason,
+            "expires_in_seconds": record.expires.map(|at| secs(at.saturating_sub(now))),
+        });
     }
     if config.unit == Unit::Tokens {
         // Charged already, settled when their responses end (this node's).

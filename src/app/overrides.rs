@@ -222,9 +222,8 @@ impl Registry {
         {
             return limiter.clone();
         }
-        let limiter = Arc::new(
-            Limiter::new(&limit.name, scaled, limit.max_keys).with_align(limit.align),
-        );
+        let limiter =
+            Arc::new(Limiter::new(&limit.name, scaled, limit.max_keys).with_align(limit.align));
         limiters.insert(id, (built, limiter.clone()));
         limiter
     }
@@ -336,7 +335,10 @@ impl Registry {
         let mut stored = self.stored.lock();
         stored.clear();
         for record in records {
-            stored.insert((record.limit.clone(), record.key.as_u128()), Arc::new(record));
+            stored.insert(
+                (record.limit.clone(), record.key.as_u128()),
+                Arc::new(record),
+            );
         }
     }
 

@@ -192,7 +192,11 @@ mod tests {
         std::fs::write(&path, b"{\"version\": 1, \"overrides\": [{}]").unwrap();
         let error = read(&path).unwrap_err();
         assert!(error.contains(&path.display().to_string()), "{error}");
-        std::fs::write(&path, b"{\"version\": 1, \"overrides\": [{\"limit\": \"a\"}]}").unwrap();
+        std::fs::write(
+            &path,
+            b"{\"version\": 1, \"overrides\": [{\"limit\": \"a\"}]}",
+        )
+        .unwrap();
         assert!(read(&path).unwrap_err().contains("`digest` is missing"));
     }
 }

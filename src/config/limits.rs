@@ -409,11 +409,15 @@ pub(crate) fn check_override(
     {
         c.problem(
             root.key("capacity"),
-            format!("`{capacity}` is below this limit's lease ({lease}); expected at least {lease}"),
+            format!(
+                "`{capacity}` is below this limit's lease ({lease}); expected at least {lease}"
+            ),
         );
     }
-    if let (WindowAlign::FirstRequest | WindowAlign::Epoch { jitter: 1.. }, Algorithm::FixedWindow { window, .. }) =
-        (limit.align, algorithm)
+    if let (
+        WindowAlign::FirstRequest | WindowAlign::Epoch { jitter: 1.. },
+        Algorithm::FixedWindow { window, .. },
+    ) = (limit.align, algorithm)
         && window < 86_400 * crate::limit::NANOS_PER_SEC
     {
         c.problem(

@@ -181,7 +181,10 @@ pub(super) fn check_server(
         }),
     };
     if raw.state_file.as_deref() == Some("") {
-        c.problem(path.key("state_file"), "needs a file name, like \"tollgate-state.json\"");
+        c.problem(
+            path.key("state_file"),
+            "needs a file name, like \"tollgate-state.json\"",
+        );
     }
     ServerConfig {
         listen,
