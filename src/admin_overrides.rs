@@ -35,7 +35,7 @@ use crate::app::override_writes::{NewOverride, OverrideError};
 use crate::app::overrides::Override;
 use crate::app::state_file::params_json;
 use crate::config::limits::RawPlan;
-use crate::limit::{NANOS_PER_SEC, Nanos};
+use crate::limit::{LimitKey, NANOS_PER_SEC, Nanos};
 
 /// Largest request body: an override is a handful of fields.
 const MAX_BODY: usize = 16 * 1024;
@@ -80,7 +80,7 @@ pub(crate) async fn answer(
                     Some(record) => ok(shown(&record, app.clock.now())),
                     None => problem(StatusCode::NOT_FOUND, "this key has no override"),
                 },
-                Err(response) => response,
+                Err((status, message)) => problem(status, &message),
             },
         };
     }
@@ -96,7 +96,7 @@ pub(crate) async fn answer(
     }
     let key = match key(app, &limit, query.as_deref().unwrap_or("")) {
         Ok(key) => key,
-        Err(response) => return response,
+        Err((status, message)) => return problem(status, &message),
     };
     if method == Method::DELETE {
         return match app.delete_override(&limit, key) {
@@ -126,23 +126,19 @@ pub(crate) async fn answer(
 }
 
 /// The digest of the key `query` names for `limit`.
-fn key(
-    app: &App,
-    limit: &str,
-    query: &str,
-) -> Result<crate::limit::LimitKey, Response<ResponseBody>> {
+fn key(app: &App, limit: &str, query: &str) -> Result<LimitKey, (StatusCode, String)> {
     let snapshot = app.snapshot();
     let query = Some(query).filter(|q| !q.is_empty());
     if query.is_none() && snapshot.limit_named(limit).is_some() {
-        return Err(problem(
+        return Err((
             StatusCode::BAD_REQUEST,
-            &format!("name the key: /limits/{limit}/overrides?key=VALUE"),
+            format!("name the key: /limits/{limit}/overrides?key=VALUE"),
         ));
     }
     match key_of(&snapshot, limit, query) {
         Ok((_, key)) => Ok(key),
-        Err(ExplainError::UnknownLimit(message)) => Err(problem(StatusCode::NOT_FOUND, &message)),
-        Err(ExplainError::BadKey(message)) => Err(problem(StatusCode::BAD_REQUEST, &message)),
+        Err(ExplainError::UnknownLimit(message)) => Err((StatusCode::NOT_FOUND, message)),
+        Err(ExplainError::BadKey(message)) => Err((StatusCode::BAD_REQUEST, message)),
     }
 }
 

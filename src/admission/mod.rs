@@ -183,6 +183,7 @@ fn key_stack<'s>(
         {
             limiter = own;
             algorithm = if in_store { numbers } else { own.algorithm() };
+            ticket.overridden = true;
         }
         ticket.push(limit, algorithm, limiter, key);
     }

@@ -161,6 +161,9 @@ struct Built {
     numbers: Algorithm,
 }
 
+/// A limiter of override numbers and what it was built for.
+type OverrideLimiter = (Built, Arc<Limiter>);
+
 /// Every override and the limiters of their numbers, outside any
 /// snapshot; touched only by admin writes, reloads and the sweeper (the
 /// caller holds the install lock).
@@ -169,7 +172,7 @@ pub(crate) struct Registry {
     stored: Mutex<BTreeMap<(String, u128), Arc<Override>>>,
     /// By limit and the numbers the limiter is built with (a shared
     /// limit's scaled fallback numbers).
-    limiters: Mutex<HashMap<(String, Algorithm), (Built, Arc<Limiter>)>>,
+    limiters: Mutex<HashMap<(String, Algorithm), OverrideLimiter>>,
 }
 
 /// What a write needs of the snapshot it applies to.
