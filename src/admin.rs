@@ -122,6 +122,11 @@ pub(crate) async fn answer(app: &App, method: &Method, target: &str) -> Response
             "the limiter store is down and store.on_failure is \"deny\"",
         ),
         "/readyz" => match app.unhealthy_upstreams() {
+            unhealthy if unhealthy.is_empty() && app.overrides_stale() => ok(
+                "ready\noverrides: stale, redis does not answer; the last overrides seen apply\n"
+                    .to_owned(),
+                "text/plain; charset=utf-8",
+            ),
             unhealthy if unhealthy.is_empty() => {
                 ok("ready\n".to_owned(), "text/plain; charset=utf-8")
             }

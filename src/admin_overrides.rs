@@ -99,7 +99,7 @@ pub(crate) async fn answer(
         Err((status, message)) => return problem(status, &message),
     };
     if method == Method::DELETE {
-        return match app.delete_override(&limit, key) {
+        return match app.delete_override(&limit, key).await {
             Ok(Some(record)) => ok(shown(&record, app.clock.now())),
             Ok(None) => problem(StatusCode::NOT_FOUND, "this key has no override"),
             Err(error) => refused(error),
@@ -119,7 +119,7 @@ pub(crate) async fn answer(
         Ok(new) => new,
         Err(message) => return problem(StatusCode::BAD_REQUEST, &message),
     };
-    match app.put_override(&limit, key, new) {
+    match app.put_override(&limit, key, new).await {
         Ok(record) => ok(shown(&record, now)),
         Err(error) => refused(error),
     }

@@ -15,6 +15,7 @@
 
 pub(crate) mod descriptors;
 mod jwks;
+pub(crate) mod override_sync;
 pub(crate) mod override_writes;
 pub(crate) mod overrides;
 pub(crate) mod state_file;
@@ -706,6 +707,12 @@ impl App {
             .as_ref()
             .is_some_and(|s| s.on_failure() == OnFailure::Deny && s.is_down());
         !store_down
+    }
+
+    /// A Redis fleet's overrides could not be read lately: the last ones
+    /// seen apply (`/readyz` says so).
+    pub(crate) fn overrides_stale(&self) -> bool {
+        self.overrides.is_stale()
     }
 
     /// The current snapshot; hold the `Arc` for the whole request.

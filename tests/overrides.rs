@@ -400,3 +400,165 @@ async fn a_redis_decided_key_is_decided_with_its_override_in_one_call() {
     assert_eq!(explained["quota"], 4);
     assert_eq!(explained["remaining"], 0);
 }
+
+fn fleet_config(upstream: &TestUpstream, redis: &Redis) -> String {
+    format!(
+        "{}\n[store]\nbackend = \"redis\"\nurl = \"{}\"\nprefix = \"tg:\"\ntimeout = \"500ms\"\n",
+        config(upstream, ""),
+        redis.url()
+    )
+}
+
+/// `per_key`'s quota for alice as `node`'s explain gives it: the numbers
+/// its decision of her would use (explain reads the same override map).
+async fn quota_on(node: &InProcess) -> Option<u64> {
+    let admin_addr = node.admin.expect("admin");
+    get(admin_addr, "/limits/per_key?key=alice", &[])
+        .await
+        .json()["quota"]
+        .as_u64()
+}
+
+/// Two gateways on one Redis: a write on one is in force on the other
+/// within a second (the poll is every 250 ms); the figure printed is the
+/// p99 of `TOLLGATE_PROPAGATION_WRITES` writes (10 unless set).
+#[tokio::test]
+#[cfg_attr(
+    not(has_redis),
+    ignore = "needs redis-server and redis-cli: apt-get install -y redis-server redis-tools"
+)]
+async fn a_write_on_one_node_is_in_force_on_the_other() {
+    let redis = Redis::start();
+    let upstream = TestUpstream::start().await;
+    let text = fleet_config(&upstream, &redis);
+    let a = InProcess::start_on_wall_time(&text).await;
+    let b = InProcess::start_on_wall_time(&text).await;
+    let writes: usize = std::env::var("TOLLGATE_PROPAGATION_WRITES")
+        .ok()
+        .and_then(|n| n.parse().ok())
+        .unwrap_or(10);
+    let mut delays = Vec::new();
+    for i in 0..writes {
+        let capacity = 10 + i as u64;
+        let started = std::time::Instant::now();
+        let put = admin(
+            a.admin.expect("admin"),
+            "PUT",
+            "/limits/per_key/overrides?key=alice",
+            &format!("{{\"capacity\": {capacity}}}"),
+        )
+        .await;
+        assert_eq!(put.status, 200, "{put:?}");
+        let seen = common::eventually_within(Duration::from_secs(10), async || {
+            quota_on(&b).await == Some(capacity)
+        })
+        .await;
+        assert!(seen, "write {i} not in force on the other node within 10 s");
+        delays.push(started.elapsed());
+    }
+    delays.sort();
+    let p99 = delays[(delays.len() * 99).div_ceil(100) - 1];
+    let p50 = delays[delays.len() / 2];
+    eprintln!("propagation over {writes} writes: p50 {p50:?}, p99 {p99:?}");
+    // Generous for a loaded debug build; the report gives the measured p99.
+    assert!(p99 < Duration::from_secs(3), "p99 {p99:?}");
+
+    let deleted = admin(
+        b.admin.expect("admin"),
+        "DELETE",
+        "/limits/per_key/overrides?key=alice",
+        "",
+    )
+    .await;
+    assert_eq!(deleted.status, 200, "{deleted:?}");
+    assert!(
+        common::eventually_within(Duration::from_secs(10), async || quota_on(&a).await
+            == Some(2))
+        .await
+    );
+    // Decisions on b with a's override: 4 of capacity 4.
+    let put = admin(
+        a.admin.expect("admin"),
+        "PUT",
+        "/limits/per_key/overrides?key=carol",
+        r#"{"capacity": 4}"#,
+    )
+    .await;
+    assert_eq!(put.status, 200, "{put:?}");
+    let b_admin = b.admin.expect("admin");
+    assert!(
+        common::eventually_within(Duration::from_secs(10), async || {
+            let listed = get(b_admin, "/limits/per_key/overrides", &[]).await.json();
+            listed["overrides"].as_array().is_some_and(|o| o.len() == 1)
+        })
+        .await
+    );
+    assert_eq!(keyed(b.addr, "carol", 5).await, [200, 200, 200, 200, 429]);
+}
+
+/// Redis down: a write fails with 503 and changes nothing; the node keeps
+/// the overrides it had and says so in `/readyz` and the metric.
+#[tokio::test]
+#[cfg_attr(
+    not(has_redis),
+    ignore = "needs redis-server and redis-cli: apt-get install -y redis-server redis-tools"
+)]
+async fn a_write_while_redis_is_down_fails_and_changes_nothing() {
+    let mut redis = Redis::start();
+    let upstream = TestUpstream::start().await;
+    let gateway = InProcess::start_on_wall_time(&fleet_config(&upstream, &redis)).await;
+    let admin_addr = gateway.admin.expect("admin");
+    let put = admin(
+        admin_addr,
+        "PUT",
+        "/limits/per_key/overrides?key=alice",
+        r#"{"capacity": 7}"#,
+    )
+    .await;
+    assert_eq!(put.status, 200, "{put:?}");
+    redis.kill();
+    let refused = admin(
+        admin_addr,
+        "PUT",
+        "/limits/per_key/overrides?key=bob",
+        r#"{"capacity": 9}"#,
+    )
+    .await;
+    assert_eq!(refused.status, 503, "{refused:?}");
+    assert!(detail(&refused).contains("nothing changed"), "{refused:?}");
+    let refused = admin(
+        admin_addr,
+        "DELETE",
+        "/limits/per_key/overrides?key=alice",
+        "",
+    )
+    .await;
+    assert_eq!(refused.status, 503, "{refused:?}");
+    let listed = get(admin_addr, "/limits/per_key/overrides", &[])
+        .await
+        .json();
+    let overrides = listed["overrides"].as_array().expect("a list");
+    assert_eq!(overrides.len(), 1, "{listed}");
+    assert_eq!(overrides[0]["params"]["capacity"], 7);
+    assert!(
+        common::eventually_within(Duration::from_secs(10), async || {
+            let ready = get(admin_addr, "/readyz", &[]).await;
+            String::from_utf8_lossy(&ready.body).contains("overrides: stale")
+        })
+        .await
+    );
+    let metrics = get(admin_addr, "/metrics", &[]).await;
+    assert!(
+        String::from_utf8_lossy(&metrics.body).contains("tollgate_overrides_stale 1"),
+        "{:?}",
+        metrics.body
+    );
+    redis.restart();
+    assert!(
+        common::eventually_within(Duration::from_secs(15), async || {
+            let ready = get(admin_addr, "/readyz", &[]).await;
+            !String::from_utf8_lossy(&ready.body).contains("stale")
+        })
+        .await
+    );
+}

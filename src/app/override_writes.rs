@@ -8,7 +8,7 @@ use std::sync::Arc;
 
 use super::overrides::{Override, Refused, Target};
 use super::{App, Snapshot, state_file};
-use crate::config::limits::RawPlan;
+use crate::config::limits::{RawPlan, check_override};
 use crate::limit::{LimitKey, Nanos};
 
 /// Why an override write was refused.
@@ -75,7 +75,9 @@ impl App {
     /// parsed is an error naming it: the gateway must not start with a
     /// silently empty set.
     pub fn restore_overrides(&self) -> Result<usize, String> {
-        let Some(path) = &self.state_file else {
+        let Some(path) = self.state_file.as_ref().filter(|_| self.store.is_none()) else {
+            // With a Redis store they are read from there
+            // (`override_sync`).
             return Ok(0);
         };
         let records = state_file::read(path)?;
@@ -85,22 +87,55 @@ impl App {
         Ok(self.overrides.list().len())
     }
 
-    /// Writes the whole set to the state file, if there is one.
+    /// Writes the whole set to the state file, if there is one and no
+    /// Redis store (which holds them then).
     fn persist(&self, set: &[Arc<Override>]) -> Result<(), String> {
         match &self.state_file {
-            Some(path) => state_file::write(path, set),
-            None => Ok(()),
+            Some(path) if self.store.is_none() => state_file::write(path, set),
+            _ => Ok(()),
         }
     }
 
+    /// Puts `records` (all of them, as Redis holds them now) in force in
+    /// place of the overrides this node had.
+    pub(super) fn replace_overrides(&self, records: Vec<Override>) {
+        let _installing = self.install_lock.lock();
+        self.overrides.restore(records);
+        self.attach_overrides(&self.snapshot());
+    }
+
     /// Installs (or replaces) `limit`'s override for `key`: from the
-    /// answer on, the key is decided with its numbers.
-    pub(crate) fn put_override(
+    /// answer on, the key is decided with its numbers. With a Redis store
+    /// the override is stored there first (every node applies it from
+    /// there); Redis not answering refuses the write, changing nothing.
+    pub(crate) async fn put_override(
         &self,
         limit: &str,
         key: LimitKey,
         new: NewOverride,
     ) -> Result<Arc<Override>, OverrideError> {
+        let snapshot = self.snapshot();
+        let id = snapshot
+            .limit_named(limit)
+            .ok_or_else(|| OverrideError::UnknownLimit(limit.to_owned()))?;
+        // Checked before anything is stored anywhere.
+        check_override(snapshot.limit_config(id), &new.params).map_err(OverrideError::Invalid)?;
+        let record = Override {
+            limit: limit.to_owned(),
+            key,
+            params: new.params,
+            expires: new.expires,
+            reason: new.reason,
+            set_at: self.clock.now(),
+            plan: None,
+        };
+        if let Some(store) = &self.store {
+            let value = state_file::record_json(&record).to_string();
+            store
+                .write_override(limit, &digest(key), Some(&value))
+                .await
+                .map_err(|_| unstored())?;
+        }
         let _installing = self.install_lock.lock();
         let snapshot = self.snapshot();
         let id = snapshot
@@ -108,15 +143,6 @@ impl App {
             .ok_or_else(|| OverrideError::UnknownLimit(limit.to_owned()))?;
         let targets = self.override_targets(&snapshot);
         let now = self.clock.now();
-        let record = Override {
-            limit: limit.to_owned(),
-            key,
-            params: new.params,
-            expires: new.expires,
-            reason: new.reason,
-            set_at: now,
-            plan: None,
-        };
         let put = self
             .overrides
             .put(&targets[id.index()], record, now, |set| self.persist(set))
@@ -132,7 +158,31 @@ impl App {
     }
 
     /// Removes `limit`'s override for `key`; `Ok(None)` when it had none.
-    pub(crate) fn delete_override(
+    /// With a Redis store it is removed there first, as
+    /// [`App::put_override`] stores it.
+    pub(crate) async fn delete_override(
+        &self,
+        limit: &str,
+        key: LimitKey,
+    ) -> Result<Option<Arc<Override>>, OverrideError> {
+        if self.snapshot().limit_named(limit).is_none() {
+            return Err(OverrideError::UnknownLimit(limit.to_owned()));
+        }
+        if self.override_of(limit, key).is_none() {
+            return Ok(None);
+        }
+        if let Some(store) = &self.store {
+            store
+                .write_override(limit, &digest(key), None)
+                .await
+                .map_err(|_| unstored())?;
+        }
+        self.remove_override(limit, key)
+    }
+
+    /// Removes `limit`'s override for `key` on this node (and from the
+    /// state file).
+    fn remove_override(
         &self,
         limit: &str,
         key: LimitKey,
@@ -180,9 +230,20 @@ impl App {
     pub(crate) fn expire_overrides(&self) {
         let now = self.clock.now();
         for (limit, key) in self.overrides.expired(now) {
-            if let Err(OverrideError::Storage(error)) = self.delete_override(&limit, key) {
+            if let Err(OverrideError::Storage(error)) = self.remove_override(&limit, key) {
                 tracing::warn!("{error}");
             }
         }
     }
+}
+
+/// A key's digest as Redis and the state file spell it.
+fn digest(key: LimitKey) -> String {
+    format!("{:032x}", key.as_u128())
+}
+
+fn unstored() -> OverrideError {
+    OverrideError::Storage(
+        "the redis store did not answer; the override is stored there for every node".to_owned(),
+    )
 }

@@ -169,6 +169,9 @@ type OverrideLimiter = (Built, Arc<Limiter>);
 /// caller holds the install lock).
 #[derive(Debug, Default)]
 pub(crate) struct Registry {
+    /// The last poll of a Redis fleet's overrides failed
+    /// (`override_sync`): the set in force is the last one seen.
+    stale: AtomicBool,
     stored: Mutex<BTreeMap<(String, u128), Arc<Override>>>,
     /// By limit and the numbers the limiter is built with (a shared
     /// limit's scaled fallback numbers).
@@ -187,6 +190,16 @@ pub(crate) struct Target<'a> {
 }
 
 impl Registry {
+    /// Sets whether the overrides are stale; what it was.
+    pub(crate) fn set_stale(&self, stale: bool) -> bool {
+        self.stale.swap(stale, Ordering::Relaxed)
+    }
+
+    /// Whether the last poll of Redis failed.
+    pub(crate) fn is_stale(&self) -> bool {
+        self.stale.load(Ordering::Relaxed)
+    }
+
     /// Every override stored, in limit and key order.
     pub(crate) fn list(&self) -> Vec<Arc<Override>> {
         self.stored.lock().values().cloned().collect()

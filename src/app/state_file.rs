@@ -65,7 +65,8 @@ fn parse(bytes: &[u8]) -> Result<Vec<Override>, String> {
         .collect()
 }
 
-fn entry(item: &Value) -> Result<Override, String> {
+/// An override of its JSON (a state file's item, a Redis hash's value).
+pub(crate) fn entry(item: &Value) -> Result<Override, String> {
     let text = |name: &str| -> Result<Option<String>, String> {
         match &item[name] {
             Value::Null => Ok(None),
@@ -120,21 +121,21 @@ pub(crate) fn params_json(params: &RawPlan) -> Value {
     Value::Object(values)
 }
 
+/// An override as JSON: what [`entry`] reads back.
+pub(crate) fn record_json(o: &Override) -> Value {
+    json!({
+        "limit": o.limit,
+        "digest": format!("{:032x}", o.key.as_u128()),
+        "params": params_json(&o.params),
+        "expires_ns": o.expires,
+        "reason": o.reason,
+        "set_at_ns": o.set_at,
+        "plan": o.plan.as_deref(),
+    })
+}
+
 fn document(set: &[Arc<Override>]) -> Value {
-    let items: Vec<Value> = set
-        .iter()
-        .map(|o| {
-            json!({
-                "limit": o.limit,
-                "digest": format!("{:032x}", o.key.as_u128()),
-                "params": params_json(&o.params),
-                "expires_ns": o.expires,
-                "reason": o.reason,
-                "set_at_ns": o.set_at,
-                "plan": o.plan.as_deref(),
-            })
-        })
-        .collect();
+    let items: Vec<Value> = set.iter().map(|o| record_json(o)).collect();
     json!({"version": VERSION, "overrides": items})
 }
 

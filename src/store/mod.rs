@@ -55,6 +55,7 @@ mod concurrency;
 mod connect;
 mod decide;
 mod msgpack;
+mod overrides;
 mod peek;
 mod remembered;
 mod script;
