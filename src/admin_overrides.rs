@@ -19,14 +19,11 @@
 //! This module only translates: the writes are the app's
 //! (`app::override_writes`).
 
-use std::time::{Duration, UNIX_EPOCH};
-
 use http::header::{ALLOW, CACHE_CONTROL, CONTENT_TYPE};
 use http::{HeaderValue, Method, Request, Response, StatusCode};
 use http_body_util::{BodyExt, Limited};
 use serde_json::{Value, json};
 
-use crate::admin::rfc3339;
 use crate::admission::explain::{ExplainError, key_of};
 use crate::answer::body::ResponseBody;
 use crate::answer::response::problem;
@@ -35,6 +32,7 @@ use crate::app::override_writes::{NewOverride, OverrideError};
 use crate::app::overrides::Override;
 use crate::app::state_file::params_json;
 use crate::config::limits::RawPlan;
+use crate::http::rfc3339;
 use crate::limit::{LimitKey, NANOS_PER_SEC, Nanos};
 
 /// Largest request body: an override is a handful of fields.
@@ -185,7 +183,7 @@ fn refused(error: OverrideError) -> Response<ResponseBody> {
 
 /// An override as the API shows it.
 fn shown(record: &Override, now: Nanos) -> Value {
-    let time = |at: Nanos| rfc3339(UNIX_EPOCH + Duration::from_nanos(at));
+    let time = rfc3339::format;
     json!({
         "limit": record.limit,
         "digest": format!("{:032x}", record.key.as_u128()),
@@ -251,7 +249,7 @@ fn parse_body(body: &[u8], now: Nanos) -> Result<NewOverride, String> {
             Some(now.saturating_add(ttl))
         }
         (None, Some(text)) => {
-            let at = rfc3339_nanos(&text).ok_or_else(|| {
+            let at = rfc3339::parse(&text).ok_or_else(|| {
                 format!("`expires`: `{text}` is not an RFC 3339 time like \"2026-12-31T23:59:59Z\"")
             })?;
             if at <= now {
@@ -296,95 +294,9 @@ fn unknown(name: &str) -> String {
     message
 }
 
-/// `YYYY-MM-DDTHH:MM:SS[.frac](Z|±HH:MM)` as nanoseconds since the epoch.
-fn rfc3339_nanos(text: &str) -> Option<Nanos> {
-    let b = text.as_bytes();
-    let num = |from: usize, to: usize| -> Option<i64> {
-        let digits = b.get(from..to)?;
-        digits
-            .iter()
-            .all(u8::is_ascii_digit)
-            .then(|| std::str::from_utf8(digits).ok()?.parse().ok())?
-    };
-    if b.len() < 20
-        || b[4] != b'-'
-        || b[7] != b'-'
-        || !matches!(b[10], b'T' | b't')
-        || b[13] != b':'
-        || b[16] != b':'
-    {
-        return None;
-    }
-    let (year, month, day) = (num(0, 4)?, num(5, 7)?, num(8, 10)?);
-    let (hour, minute, second) = (num(11, 13)?, num(14, 16)?, num(17, 19)?);
-    if !(1..=12).contains(&month)
-        || !(1..=31).contains(&day)
-        || hour > 23
-        || minute > 59
-        || second > 60
-    {
-        return None;
-    }
-    let mut i = 19;
-    let mut fraction = 0i64;
-    if b.get(i) == Some(&b'.') {
-        let start = i + 1;
-        i = start;
-        while b.get(i).is_some_and(u8::is_ascii_digit) {
-            i += 1;
-        }
-        if i == start {
-            return None;
-        }
-        for k in 0..9 {
-            let digit = if start + k < i {
-                i64::from(b[start + k] - b'0')
-            } else {
-                0
-            };
-            fraction = fraction * 10 + digit;
-        }
-    }
-    let offset = match b.get(i)? {
-        b'Z' | b'z' if i + 1 == b.len() => 0,
-        sign @ (b'+' | b'-') if i + 6 == b.len() && b[i + 3] == b':' => {
-            let minutes = num(i + 1, i + 3)? * 60 + num(i + 4, i + 6)?;
-            if *sign == b'+' { minutes } else { -minutes }
-        }
-        _ => return None,
-    };
-    // Howard Hinnant's days_from_civil.
-    let y = if month <= 2 { year - 1 } else { year };
-    let era = y.div_euclid(400);
-    let yoe = y - era * 400;
-    let doy = (153 * ((month + 9) % 12) + 2) / 5 + day - 1;
-    let days = era * 146_097 + yoe * 365 + yoe / 4 - yoe / 100 + doy - 719_468;
-    let secs = days * 86_400 + hour * 3600 + minute * 60 + second - offset * 60;
-    u64::try_from(secs)
-        .ok()?
-        .checked_mul(NANOS_PER_SEC)?
-        .checked_add(u64::try_from(fraction).ok()?)
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn rfc3339_times_parse() {
-        assert_eq!(rfc3339_nanos("1970-01-01T00:00:00Z"), Some(0));
-        assert_eq!(
-            rfc3339_nanos("2000-02-29T00:00:00Z"),
-            Some(951_782_400 * NANOS_PER_SEC)
-        );
-        assert_eq!(
-            rfc3339_nanos("2000-02-29T01:00:00.5+01:00"),
-            Some(951_782_400 * NANOS_PER_SEC + NANOS_PER_SEC / 2)
-        );
-        assert_eq!(rfc3339_nanos("2000-02-29 00:00:00Z"), None);
-        assert_eq!(rfc3339_nanos("2000-13-01T00:00:00Z"), None);
-        assert_eq!(rfc3339_nanos("tomorrow"), None);
-    }
 
     #[test]
     fn bodies_are_read_field_by_field() {
