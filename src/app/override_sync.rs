@@ -4,7 +4,7 @@
 //! in force in place of this node's (`store::overrides` holds them). A node
 //! that cannot reach Redis keeps the last overrides it saw and says so:
 //! `tollgate_overrides_stale` is 1 and `/readyz` names it, until a poll
-//! succeeds again.
+//! succeeds again. An expired override a poll reads is removed from Redis.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -67,12 +67,17 @@ async fn refresh(app: &App, seen: Option<u64>) -> Result<u64, Unavailable> {
         .map(|l| l.name.clone())
         .collect();
     let mut records: Vec<Override> = Vec::new();
+    let now = app.clock.now();
     for limit in &limits {
         for (digest, value) in store.overrides_of(limit).await? {
             let parsed = serde_json::from_str(&value)
                 .map_err(|e| e.to_string())
                 .and_then(|value| entry(&value));
             match parsed {
+                // Expired: gone from Redis too (whichever node sees it first).
+                Ok(record) if record.expires.is_some_and(|at| at <= now) => {
+                    store.write_override(limit, &digest, None).await?;
+                }
                 Ok(record) if record.limit == *limit => records.push(record),
                 Ok(_) | Err(_) => {
                     tracing::warn!(limit = %limit, digest = %digest, "overrides: an unreadable override in redis is ignored");
