@@ -402,10 +402,14 @@ async fn a_redis_decided_key_is_decided_with_its_override_in_one_call() {
 }
 
 fn fleet_config(upstream: &TestUpstream, redis: &Redis) -> String {
+    store_config(upstream, &format!("url = \"{}\"", redis.url()))
+}
+
+/// [`config`] with a Redis store of `servers` (its `url`, `cluster` lines).
+fn store_config(upstream: &TestUpstream, servers: &str) -> String {
     format!(
-        "{}\n[store]\nbackend = \"redis\"\nurl = \"{}\"\nprefix = \"tg:\"\ntimeout = \"500ms\"\n",
+        "{}\n[store]\nbackend = \"redis\"\n{servers}\nprefix = \"tg:\"\ntimeout = \"500ms\"\n",
         config(upstream, ""),
-        redis.url()
     )
 }
 
@@ -560,5 +564,42 @@ async fn a_write_while_redis_is_down_fails_and_changes_nothing() {
             !String::from_utf8_lossy(&ready.body).contains("stale")
         })
         .await
+    );
+}
+
+/// A Redis Cluster: the overrides' keys share one slot (their hash tag);
+/// a write on one node decides the key on the other.
+#[tokio::test]
+#[cfg_attr(
+    not(has_redis),
+    ignore = "needs redis-server and redis-cli: apt-get install -y redis-server redis-tools"
+)]
+async fn a_cluster_fleet_shares_its_overrides() {
+    let cluster = common::redis::Cluster::start(3, 0);
+    let upstream = TestUpstream::start().await;
+    let servers = format!("cluster = true\nurl = [{}]", cluster.toml_urls());
+    let text = store_config(&upstream, &servers);
+    let a = InProcess::start_on_wall_time(&text).await;
+    let b = InProcess::start_on_wall_time(&text).await;
+    let put = admin(
+        a.admin.expect("admin"),
+        "PUT",
+        "/limits/per_key/overrides?key=alice",
+        r#"{"capacity": 3, "reason": "cluster"}"#,
+    )
+    .await;
+    assert_eq!(put.status, 200, "{put:?}");
+    assert!(
+        common::eventually_within(Duration::from_secs(10), async || quota_on(&b).await
+            == Some(3))
+        .await
+    );
+    assert_eq!(keyed(b.addr, "alice", 4).await, [200, 200, 200, 429]);
+    assert_eq!(keyed(a.addr, "alice", 1).await, [429]);
+    let keys = cluster.keys();
+    assert!(
+        keys.iter().any(|k| k == "tg:{overrides}:per_key")
+            && keys.iter().any(|k| k == "tg:{overrides}:version"),
+        "{keys:?}"
     );
 }
