@@ -16,14 +16,10 @@ const LAYERS: &[&[&str]] = &[
     &["answer"],
     &["proxy"],
     &["conn"],
+    // The admin listener's per-key overrides, which `admin` dispatches to.
+    &["admin_overrides"],
     &[
-        "admin",
-        "admin_overrides",
-        "decision",
-        "reload",
-        "gateway",
-        "simulate",
-        "import",
+        "admin", "decision", "reload", "gateway", "simulate", "import",
     ],
     &["", "main"],
 ];
