@@ -875,6 +875,31 @@ mod tests {
     }
 
     #[test]
+    fn one_key_moves_between_limiters() {
+        let base = Limiter::new("t", bucket(10, 1), 100);
+        assert!(base.check(key(1), 4, T0).verdict.allowed);
+        assert!(base.check(key(2), 1, T0).verdict.allowed);
+        let own = Limiter::new("t", bucket(20, 1), 100);
+        own.carry_key(&base, key(1), T0);
+        assert_eq!(own.peek(key(1), T0).remaining, 16);
+        assert!(!base.holds(key(1)) && base.holds(key(2)));
+        assert_eq!((base.live_keys(), own.live_keys()), (1, 1));
+        // And back; a window of another length starts afresh.
+        base.carry_key(&own, key(1), T0);
+        assert_eq!(base.peek(key(1), T0).remaining, 6);
+        assert_eq!(own.live_keys(), 0);
+        let w = |window| Algorithm::FixedWindow { limit: 10, window };
+        let (short, long) = (
+            Limiter::new("w", w(S), 100),
+            Limiter::new("w", w(2 * S), 100),
+        );
+        assert!(short.check(key(1), 3, T0).verdict.allowed);
+        long.carry_key(&short, key(1), T0);
+        assert_eq!(long.peek(key(1), T0).remaining, 10);
+        assert_eq!((short.live_keys(), long.live_keys()), (0, 0));
+    }
+
+    #[test]
     fn carry_over_rules() {
         // Token bucket: used tokens are kept, capacity raised.
         let old = Limiter::new("t", bucket(10, 1), 100);
