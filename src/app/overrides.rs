@@ -21,7 +21,7 @@
 //! (`state_file`).
 
 use std::collections::{BTreeMap, HashMap};
-use std::hash::BuildHasherDefault;
+use std::hash::{BuildHasherDefault, Hash, Hasher};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, OnceLock};
 
@@ -65,7 +65,20 @@ pub(crate) struct InForce {
     pub(crate) record: Arc<Override>,
 }
 
-type KeyMap = HashMap<LimitKey, InForce, BuildHasherDefault<DigestHasher>>;
+/// A key of the override map: hashed as its digest's low half alone (one
+/// `write_u64`, which [`DigestHasher`] passes through), not as an array
+/// with its length.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct MapKey(LimitKey);
+
+impl Hash for MapKey {
+    #[inline]
+    fn hash<H: Hasher>(&self, state: &mut H) {
+        state.write_u64(self.0.halves().1);
+    }
+}
+
+type KeyMap = HashMap<MapKey, InForce, BuildHasherDefault<DigestHasher>>;
 
 /// One limit's overrides in one snapshot.
 #[derive(Debug)]
@@ -103,7 +116,7 @@ impl LimitOverrides {
     #[inline(never)]
     fn lookup_in_map(&self, key: LimitKey, now: Nanos) -> Option<(Algorithm, &Limiter)> {
         let keys = self.keys.load();
-        let found = keys.get(&key).filter(|f| now < f.expires)?;
+        let found = keys.get(&MapKey(key)).filter(|f| now < f.expires)?;
         let limiter = self.slots.get(found.slot)?.get()?;
         Some((found.algorithm, limiter))
     }
@@ -112,7 +125,7 @@ impl LimitOverrides {
     /// record (explain, a token bill).
     pub(crate) fn find(&self, key: LimitKey, now: Nanos) -> Option<(InForce, Arc<Limiter>)> {
         let keys = self.keys.load();
-        let found = keys.get(&key).filter(|f| now < f.expires)?;
+        let found = keys.get(&MapKey(key)).filter(|f| now < f.expires)?;
         let limiter = self.slots.get(found.slot)?.get()?;
         Some((found.clone(), limiter.clone()))
     }
@@ -291,7 +304,7 @@ impl Registry {
         self.stored.lock().insert(id, record.clone());
         let mut keys = target.overrides.current();
         keys.insert(
-            record.key,
+            MapKey(record.key),
             InForce {
                 algorithm: numbers,
                 slot,
@@ -330,7 +343,7 @@ impl Registry {
             back.carry_key(&held, key, now);
         }
         let mut keys = target.overrides.current();
-        keys.remove(&key);
+        keys.remove(&MapKey(key));
         target.overrides.swap(keys);
         Ok(Some(record))
     }
@@ -395,7 +408,7 @@ impl Registry {
             };
             kept.insert((limit.clone(), limiter.algorithm()), ());
             maps[i].insert(
-                record.key,
+                MapKey(record.key),
                 InForce {
                     algorithm: numbers,
                     slot,
