@@ -26,6 +26,9 @@
 # Run:    bench/instructions.sh [BINARY ...]     (default: target/dist/tollgate,
 #                                                built unless SKIP_BUILD=1)
 # Knobs:  BASE_PORT=18180 (uses BASE_PORT .. BASE_PORT+6)  TLS=1
+#         OVERRIDES=N installs N per-key overrides of the limit (other keys
+#         than the client's, 10 distinct sets of numbers) through a
+#         `state_file`: the cost of a key without one on a limit with many.
 #         KEEP_DUMPS=DIR keeps each run's callgrind dump there, named
 #         BINARY-allow / BINARY-deny, for `callgrind_annotate` per function.
 # Needs valgrind, nginx and wrk (installed with apt-get when absent), and
@@ -63,6 +66,20 @@ else
   SCHEME=http
   tollgate_conf 1 $((BASE_PORT + 1)) 1000000 "1000000/s" "$PORT_UP" >"$TMP/allow.toml"
   tollgate_conf 1 $((BASE_PORT + 2)) 1 "1/m" "$PORT_UP" >"$TMP/deny.toml"
+fi
+
+OVERRIDES=${OVERRIDES:-0}
+if [ "$OVERRIDES" -gt 0 ]; then
+  awk -v n="$OVERRIDES" 'BEGIN {
+    printf "{\"version\": 1, \"overrides\": ["
+    for (i = 1; i <= n; i++) {
+      printf "%s{\"limit\": \"per_ip\", \"digest\": \"%016x%016x\", \"params\": {\"capacity\": %d}}", (i > 1 ? "," : ""), i, i * 7919, 1000 + i % 10
+    }
+    print "]}"
+  }' >"$TMP/state.json"
+  for conf in "$TMP"/allow.toml "$TMP"/deny.toml; do
+    sed -i "/^workers = /a state_file = \"$TMP/state.json\"" "$conf"
+  done
 fi
 
 # Instructions per request of the server started by the command "$@"

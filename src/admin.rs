@@ -12,6 +12,7 @@
 //! | `GET /config` | `{"path","sha256","loaded_at","generation","last_error"}` of the configuration serving |
 //! | `GET /limits/NAME?key=VALUE` | one key's state of limit NAME, charging nothing (`explain.rs`) |
 //! | `POST /limits/NAME/reset?key=VALUE` | that key emptied; its state before ([`reset`]) |
+//! | `PUT`, `GET`, `DELETE /limits/NAME/overrides[?key=VALUE]` | per-key overrides ([`overrides`]) |
 //!
 //! Other paths are 404, other methods 405, both problem+json. HTTP/1.1 only.
 //! Every request but `GET /healthz`, `/readyz` and `/metrics` passes
@@ -44,6 +45,7 @@ use crate::http::problem;
 pub(crate) mod audit;
 mod auth;
 pub mod client;
+mod overrides;
 mod reset;
 
 /// Admin connections served at once; more wait in the backlog. Scrapers and
@@ -71,6 +73,20 @@ pub(crate) async fn serve(app: Arc<App>, listener: TcpListener, shutdown: watch:
             let service = service_fn(move |request: Request<hyper::body::Incoming>| {
                 let app = app.clone();
                 async move {
+                    // Per-key overrides read a body: their own module, behind
+                    // the same token as every other admin request.
+                    if overrides::claims(request.uri().path()) {
+                        let snapshot = app.snapshot();
+                        let token = snapshot.config.server.admin_token.as_ref();
+                        let (method, path) = (request.method(), request.uri().path());
+                        if let Some(refused) = auth::refusal(token, method, path, request.headers())
+                        {
+                            return Ok(refused);
+                        }
+                        drop(snapshot);
+                        let response = overrides::answer(&app, request, Some(peer)).await;
+                        return Ok::<_, std::convert::Infallible>(response);
+                    }
                     Ok::<_, std::convert::Infallible>(handle(&app, &request, Some(peer)).await)
                 }
             });
@@ -163,6 +179,11 @@ pub(crate) async fn answer(app: &App, method: &Method, target: &str) -> Response
             "the limiter store is down and store.on_failure is \"deny\"",
         ),
         "/readyz" => match app.unhealthy_upstreams() {
+            unhealthy if unhealthy.is_empty() && app.overrides_stale() => ok(
+                "ready\noverrides: stale, redis does not answer; the last overrides seen apply\n"
+                    .to_owned(),
+                "text/plain; charset=utf-8",
+            ),
             unhealthy if unhealthy.is_empty() => {
                 ok("ready\n".to_owned(), "text/plain; charset=utf-8")
             }

@@ -15,6 +15,10 @@
 
 pub(crate) mod descriptors;
 mod jwks;
+pub(crate) mod override_sync;
+pub(crate) mod override_writes;
+pub(crate) mod overrides;
+pub(crate) mod state_file;
 pub(crate) mod sweep;
 
 use std::collections::HashMap;
@@ -34,7 +38,7 @@ use crate::config::{
 use crate::identity::client_ip::{ClientIpPolicy, ForwardHeader, Trust};
 use crate::identity::jwt::Verifier;
 use crate::limit::{
-    Algorithm, Clock, Limiter, Nanos, QueueParams, Reserve, SystemClock, WindowAlign,
+    Algorithm, Clock, LimitKey, Limiter, Nanos, QueueParams, Reserve, SystemClock, WindowAlign,
 };
 use crate::metrics::{Front, LabelNames, Metrics, RouteHandles};
 use crate::ratelimit_policy::{StackView, policy_header};
@@ -72,6 +76,8 @@ struct LimitState {
     /// whatever other nodes do: a node may remember it
     /// (`store.remember_denials`, see [`crate::store`]).
     remembers_denials: bool,
+    /// Its keys with numbers of their own (`overrides`).
+    overrides: overrides::LimitOverrides,
 }
 
 /// One named limit's state: the base limiter and one per plan that sets its
@@ -175,6 +181,7 @@ impl Snapshot {
                 limiters,
                 shared,
                 remembers_denials: shared && denial_stands(&config, i),
+                overrides: overrides::LimitOverrides::default(),
             })
             .collect();
         let labels = LabelNames::new(&config);
@@ -258,6 +265,24 @@ impl Snapshot {
     #[inline]
     pub(crate) fn limiters(&self, id: LimitId) -> &LimiterSet {
         &self.limits[id.0].limiters
+    }
+
+    /// `key`'s override of the limit in force at `now`, if it has one: its
+    /// numbers (a shared limit's unscaled ones) and the limiter holding its
+    /// state. One relaxed load for a limit without overrides.
+    #[inline(always)]
+    pub(crate) fn overridden(
+        &self,
+        id: LimitId,
+        key: LimitKey,
+        now: Nanos,
+    ) -> Option<(Algorithm, &Limiter)> {
+        self.limits[id.0].overrides.lookup(key, now)
+    }
+
+    /// The limit's overrides in this snapshot.
+    pub(crate) fn overrides(&self, id: LimitId) -> &overrides::LimitOverrides {
+        &self.limits[id.0].overrides
     }
 
     /// The limit is decided in the shared store.
@@ -528,8 +553,14 @@ pub struct App {
     /// With a store: `local_fraction` of the fallback limiters, as
     /// (numerator, denominator). Read and written only when installing.
     fraction: Mutex<(u64, u64)>,
-    /// Held while a snapshot is built and swapped in (reload, rescale).
+    /// Held while a snapshot is built and swapped in (reload, rescale), and
+    /// while an override is written.
     install_lock: Mutex<()>,
+    /// Per-key overrides, kept across reloads (`overrides`).
+    overrides: overrides::Registry,
+    /// `server.state_file` as the gateway started: where overrides outlive
+    /// a restart.
+    state_file: Option<std::path::PathBuf>,
 }
 
 /// A failed reload, as `/config` shows it.
@@ -589,6 +620,7 @@ impl App {
             store.as_ref().map(|_| fraction),
         );
         let shared = store.is_some();
+        let state_file = config.server.state_file.clone();
         let health = HealthRegistry::default();
         let urls = health.resolve(&config.upstreams, &UpstreamHealthMetrics(&metrics));
         let jwks = jwks::JwksRegistry::default();
@@ -608,6 +640,8 @@ impl App {
             store,
             fraction: Mutex::new(fraction),
             install_lock: Mutex::new(()),
+            overrides: overrides::Registry::default(),
+            state_file,
         });
         if let (Some(store), true) = (&app.store, auto) {
             let weak = Arc::downgrade(&app);
@@ -648,6 +682,7 @@ impl App {
             jwt,
         );
         next.loaded_at = current.loaded_at;
+        self.attach_overrides(&next);
         self.snapshot.store(Arc::new(next));
         tracing::info!(
             nodes,
@@ -685,6 +720,12 @@ impl App {
         !store_down
     }
 
+    /// A Redis fleet's overrides could not be read lately: the last ones
+    /// seen apply (`/readyz` says so).
+    pub(crate) fn overrides_stale(&self) -> bool {
+        self.overrides.is_stale()
+    }
+
     /// The current snapshot; hold the `Arc` for the whole request.
     pub fn snapshot(&self) -> Arc<Snapshot> {
         self.snapshot.load_full()
@@ -714,7 +755,7 @@ impl App {
         let generation = self.generation.fetch_add(1, Ordering::Relaxed) + 1;
         // Before the swap: the gauge never lags the `/config` generation.
         self.metrics.set_generation(generation);
-        self.snapshot.store(Arc::new(Snapshot::new(
+        let next = Snapshot::new(
             config,
             generation,
             limiters,
@@ -722,7 +763,9 @@ impl App {
             &self.metrics,
             self.store.is_some(),
             jwt,
-        )));
+        );
+        self.attach_overrides(&next);
+        self.snapshot.store(Arc::new(next));
         self.generations.send_replace(generation);
         generation
     }
@@ -745,6 +788,7 @@ impl App {
         }
         // The health log's interval: one line per failing URL.
         self.health.summarise(health::now());
+        self.expire_overrides();
         snapshot
             .limit_ids()
             .flat_map(|id| snapshot.limiters(id).all())

@@ -113,6 +113,7 @@ pub async fn run(
     let (stop_tx, stop_rx) = watch::channel(false);
     let server = conn::start(app.clone(), listeners.traffic, stop_rx.clone())?;
     let sweeper = tokio::spawn(sweep::sweep_idle(app.clone()));
+    let overrides = tokio::spawn(crate::app::override_sync::poll(app.clone()));
     let decision = listeners
         .decision
         .map(|listener| tokio::spawn(decision::serve(app.clone(), listener, stop_rx.clone())));
@@ -128,10 +129,12 @@ pub async fn run(
             let _ = stop_tx.send(true);
             // Before the drain, as the server stops accepting.
             sweeper.abort();
+            overrides.abort();
             serving.await;
         }
     }
     sweeper.abort();
+    overrides.abort();
     if let Some(admin) = admin {
         let _ = admin.await;
     }

@@ -335,6 +335,10 @@ fn run(config: Config, log_format: LogFormat) -> ExitCode {
         let path = config.path.clone();
         tollgate::fd_limit::raise_for(config.server.max_connections);
         let app = App::new(config);
+        if let Err(error) = app.restore_overrides() {
+            eprintln!("{error}");
+            return ExitCode::FAILURE;
+        }
         for warning in tollgate::config::warnings::bypass_warnings(&app.snapshot().config) {
             tracing::warn!("{warning}");
         }

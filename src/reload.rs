@@ -32,6 +32,9 @@ fn needs_restart(old: &Config, new: &Config) -> Vec<&'static str> {
     if old.admin != new.admin {
         changed.push("server.admin");
     }
+    if old.state_file != new.state_file {
+        changed.push("server.state_file");
+    }
     changed
 }
 

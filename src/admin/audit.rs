@@ -21,12 +21,18 @@ use crate::app::App;
 pub(crate) enum Action {
     /// `POST /limits/NAME/reset?key=`.
     Reset,
+    /// `PUT /limits/NAME/overrides?key=`.
+    OverrideSet,
+    /// `DELETE /limits/NAME/overrides?key=`.
+    OverrideDelete,
 }
 
 impl Action {
     pub(crate) fn label(self) -> &'static str {
         match self {
             Action::Reset => "reset",
+            Action::OverrideSet => "override_set",
+            Action::OverrideDelete => "override_delete",
         }
     }
 }

@@ -86,17 +86,22 @@ pub async fn explain(
     now: Nanos,
 ) -> Result<Value, ExplainError> {
     let target = target(snapshot, limit, query)?;
-    let limiter = snapshot
-        .limiters(target.id)
-        .for_plan(target.plan.as_deref());
+    // A key with an override is decided on its own limiter and numbers.
+    let own = snapshot.overridden(target.id, target.digest, now);
+    let limiter = match own {
+        Some((_, own)) => own,
+        None => snapshot
+            .limiters(target.id)
+            .for_plan(target.plan.as_deref()),
+    };
     let Some(store) = store.filter(|_| snapshot.is_shared(target.id)) else {
         let verdict = limiter.peek(target.digest, now);
         let mut explained = state(
             snapshot,
             &target,
-            limiter.algorithm(),
-            verdict,
+            (limiter.algorithm(), verdict),
             Source::Memory,
+            now,
         );
         if let Some(view) = limiter.adaptive_view(target.digest) {
             let ms = |ns: Option<Nanos>| ns.map(|ns| ns as f64 / 1e6);
@@ -110,15 +115,41 @@ pub async fn explain(
         return Ok(explained);
     };
     let config = snapshot.limit_config(target.id);
-    let entry = store_entry(config, target.plan.as_deref(), target.digest);
+    let mut entry = store_entry(config, target.plan.as_deref(), target.digest);
+    if let Some((numbers, _)) = own {
+        entry.algorithm = numbers;
+    }
     Ok(match store.peek(&entry).await {
-        Ok(verdict) => state(snapshot, &target, entry.algorithm, verdict, Source::Redis),
+        Ok(verdict) => state(
+            snapshot,
+            &target,
+            (entry.algorithm, verdict),
+            Source::Redis,
+            now,
+        ),
         Err(_) => {
             let verdict = limiter.peek(target.digest, now);
             let source = Source::Fallback(store.on_failure());
-            state(snapshot, &target, limiter.algorithm(), verdict, source)
+            state(
+                snapshot,
+                &target,
+                (limiter.algorithm(), verdict),
+                source,
+                now,
+            )
         }
     })
+}
+
+/// The limit and the digest of the key `query` names (`key=V[&key=V2…]`,
+/// or `entry=K:V…` for a descriptor-keyed limit), as [`explain`] reads
+/// them: the key of a per-key override.
+pub(crate) fn key_of(
+    snapshot: &Snapshot,
+    limit: &str,
+    query: Option<&str>,
+) -> Result<(LimitId, LimitKey), ExplainError> {
+    target(snapshot, limit, query).map(|target| (target.id, target.digest))
 }
 
 /// The limit and key `query` names.
@@ -195,9 +226,9 @@ pub(super) fn target(
 fn state(
     snapshot: &Snapshot,
     target: &Target,
-    algorithm: Algorithm,
-    verdict: Verdict,
+    (algorithm, verdict): (Algorithm, Verdict),
     source: Source,
+    now: Nanos,
 ) -> Value {
     let config = snapshot.limit_config(target.id);
     let secs = |nanos: Nanos| nanos.div_ceil(crate::limit::NANOS_PER_SEC);
@@ -229,12 +260,24 @@ fn state(
             ));
         }
     }
+    if let Some((found, _)) = snapshot.overrides(target.id).find(target.digest, now) {
+        let record = &found.record;
+        explained["override"] = json!({
+            "params": crate::app::state_file::params_json(&record.params),
+            "reason": record.reason,
+            "expires_in_seconds": record.expires.map(|at| secs(at.saturating_sub(now))),
+        });
+    }
     if config.unit == Unit::Tokens {
         // Charged already, settled when their responses end (this node's).
-        let limiter = snapshot
-            .limiters(target.id)
-            .for_plan(target.plan.as_deref());
-        let (requests, tokens) = limiter.open.of(target.digest);
+        let (requests, tokens) = match snapshot.overrides(target.id).find(target.digest, 0) {
+            Some((_, own)) => own.open.of(target.digest),
+            None => snapshot
+                .limiters(target.id)
+                .for_plan(target.plan.as_deref())
+                .open
+                .of(target.digest),
+        };
         explained["unit"] = json!("tokens");
         explained["open_reservations"] = json!({"requests": requests, "tokens": tokens});
     }

@@ -175,13 +175,22 @@ fn key_stack<'s>(
             return Err(Admission::MissingKey { position });
         };
         // A plan's limiter is built with the plan's numbers.
-        let limiter = snapshot.limiters(id).for_plan(caller_plan);
-        let algorithm = if shared && snapshot.is_shared(id) {
+        let mut limiter = &**snapshot.limiters(id).for_plan(caller_plan);
+        let in_store = shared && snapshot.is_shared(id);
+        let mut algorithm = if in_store {
             // The shared numbers: the limiter holds the scaled fallback.
             shared::algorithm(limit, caller_plan).0
         } else {
             limiter.algorithm()
         };
+        // A key with an override of its own: its numbers and state.
+        if let Some(key) = key
+            && let Some((numbers, own)) = snapshot.overridden(id, key, charge.now)
+        {
+            limiter = own;
+            algorithm = if in_store { numbers } else { own.algorithm() };
+            ticket.overridden = true;
+        }
         ticket.push(limit, algorithm, limiter, key);
         if let Some(queue) = limit.queue.as_ref().filter(|q| !q.fair_by.is_empty()) {
             let fair = extract(&queue.fair_by, parts, &facts).map_or(0, |k| k.halves().1);

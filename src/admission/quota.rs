@@ -17,24 +17,28 @@
 //! `"deny"` answers like a denied request would ([`Peeked::StoreDown`]).
 
 use std::net::IpAddr;
+use std::sync::Arc;
 
 use http::request::Parts;
 
 use super::identify::{self, Unidentified};
 use super::shared::store_entry;
+use crate::app::overrides::Override;
 use crate::app::{App, Snapshot};
 use crate::config::{LimitConfig, OnFailure, RouteConfig};
 use crate::identity::keys::{RequestFacts, limit_key};
 use crate::limit::{Algorithm, Nanos, Verdict};
 
 /// One limit's state for the caller.
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Clone)]
 pub struct Reading<'s> {
     pub limit: &'s LimitConfig,
-    /// The numbers in force for the caller (its plan's; a shared limit's
-    /// unscaled ones).
+    /// The numbers in force for the caller (its override's, else its
+    /// plan's; a shared limit's unscaled ones).
     pub algorithm: Algorithm,
     pub verdict: Verdict,
+    /// The caller's per-key override of this limit, when one is in force.
+    pub(crate) overridden: Option<Arc<Override>>,
 }
 
 /// What a quota request finds.
@@ -95,22 +99,40 @@ pub async fn peek_request<'s>(
             Ok(None) => continue,
             Err(_) => return Peeked::MissingKey(limit),
         };
-        let limiter = snapshot.limiters(id).for_plan(identity.plan);
-        let local = Reading {
-            limit,
-            algorithm: limiter.algorithm(),
-            verdict: limiter.peek(key, now),
+        // An overridden key is decided on its own limiter and numbers, as
+        // `key_stack` and explain read it.
+        let found = snapshot.overrides(id).find(key, now);
+        let local = match &found {
+            Some((in_force, own)) => Reading {
+                limit,
+                algorithm: in_force.algorithm,
+                verdict: own.peek(key, now),
+                overridden: Some(in_force.record.clone()),
+            },
+            None => {
+                let limiter = snapshot.limiters(id).for_plan(identity.plan);
+                Reading {
+                    limit,
+                    algorithm: limiter.algorithm(),
+                    verdict: limiter.peek(key, now),
+                    overridden: None,
+                }
+            }
         };
         let Some(store) = app.store().filter(|_| snapshot.is_shared(id)) else {
             readings.push(local);
             continue;
         };
-        let entry = store_entry(limit, identity.plan, key);
+        let mut entry = store_entry(limit, identity.plan, key);
+        if let Some((in_force, _)) = &found {
+            entry.algorithm = in_force.algorithm;
+        }
         match store.peek(&entry).await {
             Ok(verdict) => readings.push(Reading {
                 limit,
                 algorithm: entry.algorithm,
                 verdict,
+                overridden: local.overridden,
             }),
             Err(_) => match store.on_failure() {
                 OnFailure::Local => readings.push(local),

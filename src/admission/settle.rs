@@ -53,7 +53,10 @@ pub fn settle(
             continue;
         }
         if ticket.via_store && stack.get(j).is_some_and(|&id| snapshot.is_shared(id)) {
-            let entry = shared::store_entry(limit, ticket.plan, *key);
+            let entry = SharedEntry {
+                algorithm: ticket.algorithms[j],
+                ..shared::store_entry(limit, ticket.plan, *key)
+            };
             if !matches!(entry.algorithm, Algorithm::Concurrency { .. }) {
                 in_store.push(entry);
             }

@@ -183,6 +183,8 @@ fn shared_entries<'s>(
         .filter_map(|&j| {
             let limit = ticket.stack[j];
             Some(SharedEntry {
+                // The numbers in force: a key's override's, if it has one.
+                algorithm: ticket.algorithms[j],
                 lease: limit.lease.unwrap_or(0),
                 cost: ticket.cost_of(j, candidate.cost),
                 remember: snapshot.remembers_denials(candidate.plan.stack[j]),

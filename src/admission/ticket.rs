@@ -43,6 +43,9 @@ pub struct Ticket<'s> {
     /// `algorithms` holds its scaled numbers for them (what their `r` is
     /// of), not the route's policy's.
     pub(super) fallback: bool,
+    /// Some key of the stack has a per-key override: `algorithms` holds its
+    /// numbers, which the route's serialized policy does not.
+    pub(super) overridden: bool,
     /// What the request reserved on the stack's token limits
     /// ([`Charge::tokens`](super::Charge::tokens)); `None`: every
     /// entry is charged the request's cost. A number, not a cost per
@@ -134,13 +137,14 @@ impl<'s> Ticket<'s> {
 
     /// The stack's `RateLimit-Policy`: the route's for the caller's plan,
     /// serialized once per snapshot; when the fallback decided the shared
-    /// limits, serialized for this answer from the numbers that decided.
+    /// limits or a key has an override, serialized for this answer from
+    /// the numbers that decided.
     pub(crate) fn policy<'p>(
         &self,
         plan: &'p RoutePlan,
         server: HeaderStyles,
     ) -> Option<Cow<'p, str>> {
-        if self.fallback {
+        if self.fallback || self.overridden {
             return policy_header(self.view(server)).map(|p| Cow::Owned(p.into()));
         }
         plan.policy_for(self.plan).map(Cow::Borrowed)

@@ -23,7 +23,7 @@ use crate::config::OnFailure;
 use crate::config::tokens::Unit;
 use crate::limit::{Clock, LimitKey, Limiter, Outcome};
 use crate::metrics::Metrics;
-use crate::store::{OwnedEntry, RedisStore};
+use crate::store::{OwnedEntry, RedisStore, SharedEntry};
 
 /// A request's reservation on its stack's token limits, to settle when its
 /// response ends. Dropped unsettled, the reservation stands (and is counted).
@@ -112,11 +112,17 @@ pub fn bill(
         let label = snapshot.limit_label(id).clone();
         bill.metrics
             .record_tokens(&bill.route, &label, "reserved", reserved);
-        let limiter = snapshot.limiters(id).for_plan(ticket.plan).clone();
+        let limiter = match snapshot.overrides(id).find(key, app.clock.now()) {
+            Some((_, own)) => own,
+            None => snapshot.limiters(id).for_plan(ticket.plan).clone(),
+        };
         limiter.open.open(key, reserved);
         let in_store = ticket.via_store && snapshot.is_shared(id);
         if in_store {
-            let entry = shared::store_entry(limit, ticket.plan, key);
+            let entry = SharedEntry {
+                algorithm: ticket.algorithms[j],
+                ..shared::store_entry(limit, ticket.plan, key)
+            };
             let ceiling = entry.algorithm.with_debt();
             bill.shared.push(OwnedEntry::with_ceiling(&entry, ceiling));
         }

@@ -440,6 +440,7 @@ mod tests {
             unit: Default::default(),
             reserve: Default::default(),
             queue: None,
+            params: Default::default(),
         }
     }
 

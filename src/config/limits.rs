@@ -60,8 +60,9 @@ pub(crate) struct RawLimit {
     pub(crate) queue: Option<RawQueue>,
 }
 
-/// Per-plan values of a limit's algorithm parameters.
-#[derive(Debug, Default, Clone, Deserialize)]
+/// Per-plan values of a limit's algorithm parameters (a per-key
+/// override's too, `PUT /limits/NAME/overrides`).
+#[derive(Debug, Default, Clone, PartialEq, Eq, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub(crate) struct RawPlan {
     pub(crate) limit: Option<u64>,
@@ -186,6 +187,9 @@ pub struct LimitConfig {
     pub(crate) reserve: Reserve,
     /// Slot limits: the waiting line (`queue = {...}`), if any.
     pub(crate) queue: Option<QueueConfig>,
+    /// The algorithm parameters as written, which a per-key override's
+    /// values are merged over before the same check ([`check_override`]).
+    pub(crate) params: RawPlan,
 }
 
 /// Default per-limit cap on live keys; see `limit::memory` for what happens
@@ -415,6 +419,7 @@ fn check_limit(c: &mut Checker, path: &KeyPath, name: &str, raw: &RawLimit) -> L
         queue: check_queue(c, path.key("queue"), raw.queue.as_ref(), &algorithm),
         plans,
         align: check_align(c, path, raw, &algorithm),
+        params: base,
     }
 }
 
@@ -494,6 +499,72 @@ fn check_queue(
         },
         fair_by,
     })
+}
+
+/// A per-key override's parameters (`values`, as `PUT
+/// /limits/NAME/overrides` reads them) checked as the file's are: merged
+/// over `limit`'s own and run through the same check as a `[limits.NAME]`
+/// table or a plan, so each value's error is the file's. Also kept: a
+/// lease no larger than the capacity, an aligned window of a day or more.
+/// Each problem is `(field, message)`.
+pub(crate) fn check_override(
+    limit: &LimitConfig,
+    values: &RawPlan,
+) -> Result<Algorithm, Vec<(String, String)>> {
+    let mut c = Checker {
+        problems: Vec::new(),
+        mistyped: Vec::new(),
+        claim_paths: Vec::new(),
+    };
+    let root = KeyPath(Vec::new());
+    let (name, mode) = match limit.algorithm {
+        Algorithm::FixedWindow { .. } => ("fixed_window", None),
+        Algorithm::SlidingWindow { .. } => ("sliding_window", None),
+        Algorithm::SlidingLog { .. } => ("sliding_log", None),
+        Algorithm::TokenBucket { .. } => ("token_bucket", None),
+        Algorithm::LeakyBucket { mode, .. } => ("leaky_bucket", Some(mode)),
+        Algorithm::Concurrency { .. } => ("concurrency", None),
+        // Its limit is learned from the upstream, per key: there is no
+        // number of the file's to replace.
+        Algorithm::Adaptive { .. } => {
+            return Err(vec![(
+                "algorithm".to_owned(),
+                "an adaptive limit learns each key's limit from the upstream: it takes no overrides"
+                    .to_owned(),
+            )]);
+        }
+    };
+    let merged = values.over(&limit.params);
+    let algorithm = check_algorithm(&mut c, name, &merged, mode, &|key| root.key(key));
+    if let (Some(lease), Algorithm::TokenBucket { capacity, .. }) = (limit.lease, algorithm)
+        && capacity < lease
+    {
+        c.problem(
+            root.key("capacity"),
+            format!(
+                "`{capacity}` is below this limit's lease ({lease}); expected at least {lease}"
+            ),
+        );
+    }
+    if let (
+        WindowAlign::FirstRequest | WindowAlign::Epoch { jitter: 1.. },
+        Algorithm::FixedWindow { window, .. },
+    ) = (limit.align, algorithm)
+        && window < 86_400 * crate::limit::NANOS_PER_SEC
+    {
+        c.problem(
+            root.key("window"),
+            "this limit sets `align` or `reset_jitter`, which apply to windows of a day or longer",
+        );
+    }
+    if c.problems.is_empty() {
+        return Ok(algorithm);
+    }
+    Err(c
+        .problems
+        .into_iter()
+        .map(|p| (p.path.to_string(), p.message))
+        .collect())
 }
 
 /// `lease`: a token bucket's tokens taken from Redis N at a time, `1 <= N <=

@@ -26,6 +26,7 @@ pub(crate) struct RawServer {
     pub(crate) admin: Option<String>,
     pub(crate) admin_token_file: Option<String>,
     pub(crate) admin_token_env: Option<String>,
+    pub(crate) state_file: Option<String>,
     pub(crate) shutdown_timeout: Option<String>,
     pub(crate) workers: Option<u32>,
     pub(crate) header_read_timeout: Option<String>,
@@ -51,6 +52,9 @@ pub struct ServerConfig {
     /// read where the file's directory is known); `None`: admin writes are
     /// refused.
     pub(crate) admin_token: Option<super::Secret>,
+    /// Where per-key overrides outlive a restart (memory store), relative
+    /// paths from the config file's directory (set with it, in `validate`).
+    pub(crate) state_file: Option<std::path::PathBuf>,
     pub(crate) shutdown_timeout: Duration,
     /// Worker threads (thread-per-core, see `crate::worker`); 0 means one per
     /// CPU core.
@@ -182,10 +186,17 @@ pub(super) fn check_server(
             LogDenied::default()
         }),
     };
+    if raw.state_file.as_deref() == Some("") {
+        c.problem(
+            path.key("state_file"),
+            "needs a file name, like \"tollgate-state.json\"",
+        );
+    }
     ServerConfig {
         listen,
         admin,
         admin_token: None,
+        state_file: None,
         shutdown_timeout: c.duration(
             path.key("shutdown_timeout"),
             &raw.shutdown_timeout,

@@ -168,6 +168,12 @@ fn check(c: &mut Checker, path: &Path, bytes: &[u8], raw: &RawConfig) -> Config 
         .and_then(|tls| tls::check_tls(c, &root.key("server").key("tls"), directory, tls));
     server.admin_token =
         admin_token::check_admin_token(c, &root.key("server"), &raw.server, directory);
+    server.state_file = raw
+        .server
+        .state_file
+        .as_ref()
+        .filter(|file| !file.is_empty())
+        .map(|file| directory.join(file));
     let client_ip = client_ip::check_client_ip(c, &root.key("client_ip"), &raw.client_ip);
     let store = store::check_store(c, &root.key("store"), &raw.store, directory);
     let upstreams =

@@ -12,4 +12,5 @@ pub(crate) mod hop_by_hop;
 pub mod host;
 pub(crate) mod path;
 pub(crate) mod problem;
+pub(crate) mod rfc3339;
 pub(crate) mod structured;

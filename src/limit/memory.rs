@@ -486,6 +486,42 @@ impl Limiter {
         new
     }
 
+    /// One key's state moved into `self` from `from` (another limiter of
+    /// the same limit: a per-key override installed or removed), carried
+    /// over where the algorithms allow as [`Limiter::carry_from`] does; a
+    /// state that does not carry leaves the key fresh in `self`. `from`
+    /// forgets the key. Cold path: locks one shard of each.
+    pub(crate) fn carry_key(&self, from: &Limiter, key: LimitKey, now: Nanos) {
+        let k = StoreKey::from(key);
+        let carried = {
+            let mut shard = from.lock_shard(from.shard_of(key));
+            let carried = shard.table.get(k).and_then(|state| {
+                let fresh = from.is_fresh(state, from.key_now(k, now));
+                (!fresh && Limiter::carries_state(&from.algorithm, &self.algorithm))
+                    .then(|| from.carry_state(state, &self.algorithm, now))
+            });
+            if shard.table.remove(k) {
+                from.live.fetch_sub(1, Ordering::Relaxed);
+            }
+            carried
+        };
+        let mut shard = self.lock_shard(self.shard_of(key));
+        if shard.table.remove(k) {
+            self.live.fetch_sub(1, Ordering::Relaxed);
+        }
+        if let Some(state) = carried
+            && self.reserve(&mut shard, now)
+        {
+            shard.table.insert(k, state, now);
+        }
+    }
+
+    /// Whether `key` holds its own state here (not the overflow's).
+    pub(crate) fn holds(&self, key: LimitKey) -> bool {
+        let shard = self.lock_shard(self.shard_of(key));
+        shard.table.get(StoreKey::from(key)).is_some()
+    }
+
     // ----- used by the key stack -----
 
     pub(crate) fn shard_of(&self, key: LimitKey) -> usize {
@@ -995,6 +1031,31 @@ mod tests {
         let end = resets[0];
         assert!(!limiter.check(key, 1, end - 1).verdict.allowed);
         assert!(limiter.check(key, 1, end).verdict.allowed);
+    }
+
+    #[test]
+    fn one_key_moves_between_limiters() {
+        let base = Limiter::new("t", bucket(10, 1), 100);
+        assert!(base.check(key(1), 4, T0).verdict.allowed);
+        assert!(base.check(key(2), 1, T0).verdict.allowed);
+        let own = Limiter::new("t", bucket(20, 1), 100);
+        own.carry_key(&base, key(1), T0);
+        assert_eq!(own.peek(key(1), T0).remaining, 16);
+        assert!(!base.holds(key(1)) && base.holds(key(2)));
+        assert_eq!((base.live_keys(), own.live_keys()), (1, 1));
+        // And back; a window of another length starts afresh.
+        base.carry_key(&own, key(1), T0);
+        assert_eq!(base.peek(key(1), T0).remaining, 6);
+        assert_eq!(own.live_keys(), 0);
+        let w = |window| Algorithm::FixedWindow { limit: 10, window };
+        let (short, long) = (
+            Limiter::new("w", w(S), 100),
+            Limiter::new("w", w(2 * S), 100),
+        );
+        assert!(short.check(key(1), 3, T0).verdict.allowed);
+        long.carry_key(&short, key(1), T0);
+        assert_eq!(long.peek(key(1), T0).remaining, 10);
+        assert_eq!((short.live_keys(), long.live_keys()), (0, 0));
     }
 
     #[test]

@@ -289,6 +289,7 @@ pub struct Metrics {
     upstream_retries: Family<RetryLabels, Counter>,
     store_errors: Family<BackendLabels, Counter>,
     store_fallback_active: Gauge,
+    overrides_stale: Gauge,
     store_remembered_denials: Counter,
     config_reloads: Family<ResultLabels, Counter>,
     config_generation: Gauge,
@@ -402,6 +403,12 @@ impl Metrics {
             "tollgate_store_fallback_active",
             "1 while the store is unavailable and on_failure applies, else 0",
             store_fallback_active.clone(),
+        );
+        let overrides_stale = Gauge::default();
+        registry.register(
+            "tollgate_overrides_stale",
+            "1 while a Redis fleet's per-key overrides cannot be read and this node keeps the last ones seen, else 0",
+            overrides_stale.clone(),
         );
         let store_remembered_denials = Counter::default();
         registry.register(
@@ -521,6 +528,7 @@ impl Metrics {
             upstream_retries,
             store_errors,
             store_fallback_active,
+            overrides_stale,
             store_remembered_denials,
             config_reloads,
             config_generation,
@@ -780,6 +788,11 @@ impl Metrics {
     /// Whether the store fallback (`on_failure`) is in force.
     pub(crate) fn set_store_fallback(&self, active: bool) {
         self.store_fallback_active.set(i64::from(active));
+    }
+
+    /// Whether the per-key overrides are stale (`app::override_sync`).
+    pub(crate) fn set_overrides_stale(&self, stale: bool) {
+        self.overrides_stale.set(i64::from(stale));
     }
 
     /// A denial answered from a remembered Redis denial

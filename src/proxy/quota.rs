@@ -106,12 +106,16 @@ fn policy(snapshot: &Snapshot, reading: &Reading<'_>) -> Option<Box<str>> {
     })
 }
 
-/// SEAM (per-key overrides, issue 46): the override in force for the
-/// caller's key of this limit, as `GET /limits/NAME/overrides` shows it.
-/// The gateway has no per-key overrides yet, so none is ever in force:
-/// `null`. When they exist, this reads the caller's override here (the
-/// reading's numbers are already the ones it sets, if the override store
-/// feeds `Reading::algorithm`).
-fn override_in_force(_reading: &Reading<'_>) -> Value {
-    Value::Null
+/// The override in force for the caller's key of this limit (its numbers,
+/// expiry and reason, as `GET /limits/NAME/overrides` shows them; never the
+/// key), else `null`. The reading's numbers are already the override's.
+fn override_in_force(reading: &Reading<'_>) -> Value {
+    let Some(record) = &reading.overridden else {
+        return Value::Null;
+    };
+    serde_json::json!({
+        "params": crate::app::state_file::params_json(&record.params),
+        "reason": record.reason,
+        "expires": record.expires.map(crate::http::rfc3339::format),
+    })
 }

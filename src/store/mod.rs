@@ -57,6 +57,7 @@ mod connect;
 mod decide;
 mod forget;
 mod msgpack;
+mod overrides;
 mod peek;
 mod remembered;
 mod script;

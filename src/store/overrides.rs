@@ -1,0 +1,99 @@
+//! Per-key overrides kept in Redis, for a fleet: one hash per limit
+//! (`<prefix>{overrides}:<limit>`, field the key's digest, value the
+//! override's JSON) and a version (`<prefix>{overrides}:version`) bumped by
+//! every write in the same script, so that a node learns of a write by one
+//! `GET` (`app::override_sync` polls it) and reads the hashes only then.
+//! The hash tag puts all of them in one Cluster slot. Every call goes
+//! through the breaker, like a decision's: while Redis is down a write
+//! fails at once and changes nothing.
+
+use redis::Value;
+
+use super::{RedisStore, Unavailable};
+
+/// Sets (a value) or removes (none) one field and bumps the version, in
+/// one step: a node never sees the write without the version moving.
+const WRITE: &str = r"
+if ARGV[2] == '' then
+  redis.call('HDEL', KEYS[1], ARGV[1])
+else
+  redis.call('HSET', KEYS[1], ARGV[1], ARGV[2])
+end
+return redis.call('INCR', KEYS[2])
+";
+
+impl RedisStore {
+    fn overrides_key(&self, limit: &str) -> String {
+        format!("{}{{overrides}}:{limit}", self.config.prefix)
+    }
+
+    fn overrides_version_key(&self) -> String {
+        format!("{}{{overrides}}:version", self.config.prefix)
+    }
+
+    /// Stores `value` as `limit`'s override of `digest` (`None` removes
+    /// it); the new version.
+    pub(crate) async fn write_override(
+        &self,
+        limit: &str,
+        digest: &str,
+        value: Option<&str>,
+    ) -> Result<u64, Unavailable> {
+        let mut cmd = redis::cmd("EVAL");
+        cmd.arg(WRITE)
+            .arg(2)
+            .arg(self.overrides_key(limit))
+            .arg(self.overrides_version_key())
+            .arg(digest)
+            .arg(value.unwrap_or(""));
+        match self.call(&self.stack, &cmd).await? {
+            Value::Int(n) => Ok(u64::try_from(n).unwrap_or(0)),
+            _ => Err(Unavailable),
+        }
+    }
+
+    /// The overrides' version: 0 before the first write.
+    pub(crate) async fn overrides_version(&self) -> Result<u64, Unavailable> {
+        let mut cmd = redis::cmd("GET");
+        cmd.arg(self.overrides_version_key());
+        match self.call(&self.stack, &cmd).await? {
+            Value::Nil => Ok(0),
+            Value::BulkString(bytes) => std::str::from_utf8(&bytes)
+                .ok()
+                .and_then(|text| text.parse().ok())
+                .ok_or(Unavailable),
+            Value::Int(n) => Ok(u64::try_from(n).unwrap_or(0)),
+            _ => Err(Unavailable),
+        }
+    }
+
+    /// `limit`'s stored overrides, as (digest, JSON) pairs.
+    pub(crate) async fn overrides_of(
+        &self,
+        limit: &str,
+    ) -> Result<Vec<(String, String)>, Unavailable> {
+        let mut cmd = redis::cmd("HGETALL");
+        cmd.arg(self.overrides_key(limit));
+        let text = |value: &Value| match value {
+            Value::BulkString(bytes) => String::from_utf8(bytes.clone()).ok(),
+            Value::SimpleString(text) => Some(text.clone()),
+            _ => None,
+        };
+        match self.call(&self.stack, &cmd).await? {
+            Value::Array(items) => items
+                .chunks(2)
+                .map(|pair| match pair {
+                    [field, value] => Some((text(field)?, text(value)?)),
+                    _ => None,
+                })
+                .collect::<Option<Vec<_>>>()
+                .ok_or(Unavailable),
+            Value::Map(pairs) => pairs
+                .iter()
+                .map(|(field, value)| Some((text(field)?, text(value)?)))
+                .collect::<Option<Vec<_>>>()
+                .ok_or(Unavailable),
+            _ => Err(Unavailable),
+        }
+    }
+}
