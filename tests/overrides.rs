@@ -46,10 +46,32 @@ respond = { status = 200, body = "ok" }
 limits = ["per_ip"]
 "#;
 
+/// The admin token every test's gateway is configured with (admin writes
+/// need one) and its admin requests send.
+const TOKEN: &str = "overrides-test-token";
+
+/// [`TOKEN`] as the header an admin read sends.
+const AUTH: &[(&str, &str)] = &[("authorization", "Bearer overrides-test-token")];
+
+/// A file holding [`TOKEN`], written once per test process.
+fn token_file() -> &'static str {
+    static FILE: std::sync::OnceLock<String> = std::sync::OnceLock::new();
+    FILE.get_or_init(|| {
+        let dir = std::env::temp_dir().join(format!("tollgate-overrides-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).expect("token dir");
+        let file = dir.join("admin.token");
+        std::fs::write(&file, TOKEN).expect("token file");
+        file.to_str().expect("utf-8 temp dir").to_owned()
+    })
+}
+
 fn config(upstream: &TestUpstream, server: &str) -> String {
     common::gateway_toml(
         upstream,
-        &format!("admin = \"127.0.0.1:0\"\n{server}"),
+        &format!(
+            "admin = \"127.0.0.1:0\"\nadmin_token_file = \"{}\"\n{server}",
+            token_file()
+        ),
         LIMITS,
     )
 }
@@ -60,6 +82,7 @@ async fn admin(addr: SocketAddr, method: &str, path: &str, body: &str) -> Reply 
         .method(method)
         .uri(path)
         .header("host", "admin.test")
+        .header("authorization", format!("Bearer {TOKEN}"))
         .header("content-type", "application/json")
         .body(Full::new(Bytes::from(body.to_owned())))
         .unwrap();
@@ -122,14 +145,14 @@ async fn an_override_decides_its_key_at_once_and_no_other() {
     // Another key keeps the limit's numbers.
     assert_eq!(keyed(gateway.addr, "bob", 3).await, [200, 200, 429]);
 
-    let listed = get(admin_addr, "/limits/per_key/overrides", &[]).await;
+    let listed = get(admin_addr, "/limits/per_key/overrides", AUTH).await;
     assert_eq!(listed.status, 200);
     let listed = listed.json();
     assert_eq!(listed["overrides"].as_array().map(Vec::len), Some(1));
     assert_eq!(listed["overrides"][0]["digest"], digest.as_str());
-    let one = get(admin_addr, "/limits/per_key/overrides?key=alice", &[]).await;
+    let one = get(admin_addr, "/limits/per_key/overrides?key=alice", AUTH).await;
     assert_eq!(one.json()["digest"], digest.as_str());
-    let explained = get(admin_addr, "/limits/per_key?key=alice", &[])
+    let explained = get(admin_addr, "/limits/per_key?key=alice", AUTH)
         .await
         .json();
     assert_eq!(explained["quota"], 5);
@@ -148,7 +171,7 @@ async fn an_override_decides_its_key_at_once_and_no_other() {
     assert_eq!(deleted.json()["digest"], digest.as_str());
     // Back on the limit's numbers, its state carried back: still empty.
     assert_eq!(keyed(gateway.addr, "alice", 1).await, [429]);
-    let explained = get(admin_addr, "/limits/per_key?key=alice", &[])
+    let explained = get(admin_addr, "/limits/per_key?key=alice", AUTH)
         .await
         .json();
     assert_eq!(explained["quota"], 2);
@@ -161,7 +184,7 @@ async fn an_override_decides_its_key_at_once_and_no_other() {
     )
     .await;
     assert_eq!(again.status, 404);
-    let listed = get(admin_addr, "/limits/per_key/overrides", &[])
+    let listed = get(admin_addr, "/limits/per_key/overrides", AUTH)
         .await
         .json();
     assert_eq!(listed["overrides"], serde_json::json!([]));
@@ -192,16 +215,16 @@ async fn an_expired_override_is_gone() {
     assert_eq!(statuses(4).await, [200, 200, 200, 429]);
     // Paused time: the limiter's clock moves as far as the test sleeps.
     tokio::time::sleep(Duration::from_secs(31)).await;
-    let one = get(admin_addr, "/limits/per_ip/overrides?key=127.0.0.1", &[]).await;
+    let one = get(admin_addr, "/limits/per_ip/overrides?key=127.0.0.1", AUTH).await;
     assert_eq!(one.status, 404, "{one:?}");
-    let listed = get(admin_addr, "/limits/per_ip/overrides", &[])
+    let listed = get(admin_addr, "/limits/per_ip/overrides", AUTH)
         .await
         .json();
     assert_eq!(listed["overrides"], serde_json::json!([]));
     // The limit's own numbers again: 1 an hour.
     let after = statuses(2).await;
     assert_eq!(after.last(), Some(&429), "{after:?}");
-    let explained = get(admin_addr, "/limits/per_ip?key=127.0.0.1", &[])
+    let explained = get(admin_addr, "/limits/per_ip?key=127.0.0.1", AUTH)
         .await
         .json();
     assert_eq!(explained["quota"], 1);
@@ -267,7 +290,7 @@ async fn invalid_writes_are_refused_naming_the_problem_and_change_nothing() {
         let detail = detail(&reply);
         assert!(detail.contains(needle), "{path} {body}: {detail}");
     }
-    let listed = get(admin_addr, "/limits/per_key/overrides", &[])
+    let listed = get(admin_addr, "/limits/per_key/overrides", AUTH)
         .await
         .json();
     assert_eq!(listed["overrides"], serde_json::json!([]));
@@ -300,10 +323,10 @@ async fn a_reload_keeps_overrides_and_a_removed_limit_takes_its_own() {
         "",
     );
     gateway.reload_with(&without);
-    let gone = get(admin_addr, "/limits/per_key/overrides", &[]).await;
+    let gone = get(admin_addr, "/limits/per_key/overrides", AUTH).await;
     assert_eq!(gone.status, 404);
     gateway.reload_with(&config(&upstream, ""));
-    let listed = get(admin_addr, "/limits/per_key/overrides", &[])
+    let listed = get(admin_addr, "/limits/per_key/overrides", AUTH)
         .await
         .json();
     assert_eq!(listed["overrides"], serde_json::json!([]));
@@ -336,7 +359,7 @@ async fn the_state_file_keeps_overrides_across_a_restart() {
     let listed = get(
         second.admin.expect("admin"),
         "/limits/per_key/overrides",
-        &[],
+        AUTH,
     )
     .await
     .json();
@@ -393,7 +416,7 @@ async fn a_redis_decided_key_is_decided_with_its_override_in_one_call() {
         .and_then(|n| n.parse().ok())
         .unwrap_or(0);
     assert_eq!(calls, 3, "one script call per request");
-    let explained = get(admin_addr, "/limits/per_key?key=alice", &[])
+    let explained = get(admin_addr, "/limits/per_key?key=alice", AUTH)
         .await
         .json();
     assert_eq!(explained["source"], "redis");
@@ -417,7 +440,7 @@ fn store_config(upstream: &TestUpstream, servers: &str) -> String {
 /// its decision of her would use (explain reads the same override map).
 async fn quota_on(node: &InProcess) -> Option<u64> {
     let admin_addr = node.admin.expect("admin");
-    get(admin_addr, "/limits/per_key?key=alice", &[])
+    get(admin_addr, "/limits/per_key?key=alice", AUTH)
         .await
         .json()["quota"]
         .as_u64()
@@ -492,7 +515,7 @@ async fn a_write_on_one_node_is_in_force_on_the_other() {
     let b_admin = b.admin.expect("admin");
     assert!(
         common::eventually_within(Duration::from_secs(10), async || {
-            let listed = get(b_admin, "/limits/per_key/overrides", &[]).await.json();
+            let listed = get(b_admin, "/limits/per_key/overrides", AUTH).await.json();
             listed["overrides"].as_array().is_some_and(|o| o.len() == 1)
         })
         .await
@@ -538,7 +561,7 @@ async fn a_write_while_redis_is_down_fails_and_changes_nothing() {
     )
     .await;
     assert_eq!(refused.status, 503, "{refused:?}");
-    let listed = get(admin_addr, "/limits/per_key/overrides", &[])
+    let listed = get(admin_addr, "/limits/per_key/overrides", AUTH)
         .await
         .json();
     let overrides = listed["overrides"].as_array().expect("a list");
@@ -546,12 +569,12 @@ async fn a_write_while_redis_is_down_fails_and_changes_nothing() {
     assert_eq!(overrides[0]["params"]["capacity"], 7);
     assert!(
         common::eventually_within(Duration::from_secs(10), async || {
-            let ready = get(admin_addr, "/readyz", &[]).await;
+            let ready = get(admin_addr, "/readyz", AUTH).await;
             String::from_utf8_lossy(&ready.body).contains("overrides: stale")
         })
         .await
     );
-    let metrics = get(admin_addr, "/metrics", &[]).await;
+    let metrics = get(admin_addr, "/metrics", AUTH).await;
     assert!(
         String::from_utf8_lossy(&metrics.body).contains("tollgate_overrides_stale 1"),
         "{:?}",
@@ -560,7 +583,7 @@ async fn a_write_while_redis_is_down_fails_and_changes_nothing() {
     redis.restart();
     assert!(
         common::eventually_within(Duration::from_secs(15), async || {
-            let ready = get(admin_addr, "/readyz", &[]).await;
+            let ready = get(admin_addr, "/readyz", AUTH).await;
             !String::from_utf8_lossy(&ready.body).contains("stale")
         })
         .await
