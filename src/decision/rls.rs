@@ -495,6 +495,7 @@ mod tests {
                 tokens: 10,
                 per: NANOS_PER_SEC,
             },
+            wait: 0,
         };
         assert_eq!(per_unit(&bucket), (10, Unit::Second));
         let slow = Algorithm::TokenBucket {
@@ -503,6 +504,7 @@ mod tests {
                 tokens: 1,
                 per: 3 * NANOS_PER_SEC,
             },
+            wait: 0,
         };
         assert_eq!(
             per_unit(&slow),
