@@ -168,7 +168,8 @@ pub fn decide_waiting(
     let slack = u128::from(wait) * u128::from(refill.tokens.max(1));
     let o = gcra_within(state, now, cost, capacity, refill, slack);
     let mut verdict = o.verdict;
-    if verdict.allowed && wait > 0 {
+    // A cost of 0 (a peek) takes nothing and waits for nothing.
+    if verdict.allowed && wait > 0 && cost > 0 {
         let tau = u128::from(capacity) * u128::from(refill.per.max(1));
         verdict.delay = unscale(o.ahead.saturating_sub(tau), refill);
     }
