@@ -26,8 +26,9 @@ pub struct Ticket<'s> {
     pub(super) limiters: SmallVec<[&'s Limiter; INLINE]>,
     /// Each limit's key for this request (`None`: skipped).
     pub(super) keys: SmallVec<[Option<LimitKey>; INLINE]>,
-    /// Each entry's verdict and, for a leaky bucket in delay mode, how long
-    /// to wait before forwarding; the permits of an admitted request.
+    /// Each entry's verdict and, for a leaky bucket in delay mode or a token
+    /// bucket's `wait`, how long to hold the request before forwarding; the
+    /// permits of an admitted request.
     pub(super) decision: StackDecision,
     /// The caller's plan, if it has one.
     pub(super) plan: Option<&'s str>,
@@ -49,6 +50,18 @@ pub struct Ticket<'s> {
     /// The client behind the trusted proxies, once a limited request's
     /// keys were taken ([`super::admit_request`]).
     pub(super) client_ip: Option<IpAddr>,
+    /// How long the admitted request has waited so far (ns): its hold
+    /// ([`super::hold::wait_out`]) and any other wait before it goes on.
+    /// The front logs it as `queued_ms`.
+    pub(super) waited: Nanos,
+}
+
+/// The wait an admitted request's stack decided: the limit it waits for
+/// longest (its position in the stack) and how long.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct Hold {
+    pub(crate) position: usize,
+    pub(crate) wait: Nanos,
 }
 
 /// A ticket's decision, keys and algorithms, owned ([`Ticket::into_parts`]).
@@ -162,9 +175,29 @@ impl<'s> Ticket<'s> {
         self.focus
     }
 
-    /// How long a leaky bucket in delay mode holds the admitted request.
-    pub(crate) fn delay(&self) -> Nanos {
-        self.decision.delay
+    /// The hold the stack decided for the admitted request — a leaky
+    /// bucket in delay mode, a token bucket's `wait`: the longest of its
+    /// non-shadow entries, and which. `None`: forwarded at once.
+    pub(crate) fn hold(&self) -> Option<Hold> {
+        if self.decision.delay == 0 {
+            return None;
+        }
+        let position = self
+            .decision
+            .entries
+            .iter()
+            .zip(&self.stack)
+            .position(|(e, limit)| !limit.shadow && e.verdict.delay == self.decision.delay)?;
+        Some(Hold {
+            position,
+            wait: self.decision.delay,
+        })
+    }
+
+    /// How long the admitted request waited before it went on (`None`: not
+    /// at all): `queued_ms` in its log line.
+    pub fn waited(&self) -> Option<std::time::Duration> {
+        (self.waited > 0).then(|| std::time::Duration::from_nanos(self.waited))
     }
 
     /// An admitted request's concurrency permits, moved into `into` (which

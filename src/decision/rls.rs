@@ -468,6 +468,7 @@ fn log(
         refused: None,
         front: Front::Rls.label(),
         tokens: None,
+        queued: None,
     });
 }
 

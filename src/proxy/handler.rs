@@ -14,7 +14,8 @@
 //!    `answer::ratelimit`) without touching the upstream.
 //! 6. **act** — answer a `respond` route, or forward upstream (body capped by
 //!    the route's `max_body` → 413; upstream failures → 502/504; no URL of
-//!    the upstream up → 503), after any leaky-bucket delay.
+//!    the upstream up → 503), after any hold the stack decided (a token
+//!    bucket's `wait`, a leaky bucket's delay: `admission::hold`).
 //! 7. **respond** — rate-limit headers on the response; post-response cost
 //!    settled from `cost_header`; concurrency slots held until the body ends.
 //! 8. **observe** — count the request and its duration under the route's name
@@ -167,6 +168,8 @@ struct Seen {
     retries: u32,
     /// A token route's reservation and, once its response ends, usage.
     tokens: Option<Arc<TokenTally>>,
+    /// How long the admitted request waited before it was forwarded.
+    queued: Option<Duration>,
 }
 
 /// What goes with the response, beyond it.
@@ -269,6 +272,7 @@ impl Observation {
             refused: None,
             front: "proxy",
             tokens: seen.tokens.as_deref(),
+            queued: seen.queued,
         };
         match timing {
             // Written when the body ends, with the whole duration.
@@ -352,12 +356,11 @@ async fn route_and_act(
         progress.seen.limit = ticket.focus().map(|i| note(plan, &ticket, i, false));
         progress.seen.tokens = bill.as_ref().map(TokenBill::tally);
         ticket.move_permits_into(&mut progress.answer.permits);
-        if ticket.delay() > 0 {
-            // Leaky bucket in delay mode: the request waits its turn, like
-            // nginx `limit_req` without `nodelay` (a client that gives up
-            // drops this future; its place was paid for, as in nginx).
-            tokio::time::sleep(Duration::from_nanos(ticket.delay())).await;
-        }
+        // A token bucket's `wait` or a leaky bucket's delay: the request
+        // waits its turn, like nginx `limit_req` without `nodelay` (a client
+        // that gives up drops this future; its place was paid for).
+        admission::hold::wait_out(app, snapshot, plan, &mut ticket).await;
+        progress.seen.queued = ticket.waited();
     }
     if let Some(rule) = &route.tokens {
         tokens::include_usage(rule, &mut body, &mut parts);
