@@ -214,6 +214,11 @@ async fn explain_shows_the_debt_and_what_the_next_request_gets() {
             .cloned()
             .expect("a wait section")
     };
+    let whole = get(admin, "/limits/smooth?key=k1", &[]).await.json();
+    assert_eq!(
+        whole["policy"],
+        "token_bucket capacity 2, refill 10/s, wait 500ms"
+    );
     let fresh = explain().await;
     assert_eq!(fresh["max_ms"], 500.0);
     assert_eq!(fresh["debt_ms"], 0.0);

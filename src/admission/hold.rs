@@ -5,7 +5,8 @@
 //! `limit_req` without `nodelay`.
 //!
 //! The front that forwards (the proxy) or answers (`/auth`) awaits
-//! [`wait_out`] between the decision and its next step. The hold is one
+//! [`wait_out`] between the decision and its next step (the proxy spells
+//! it out: its future is size-checked). The hold is one
 //! timer (`tokio::time::sleep`), no polling; a client that goes away drops
 //! the request's future and with it the timer. Its tokens stay charged:
 //! they were taken when the stack admitted it, as nginx keeps a delayed
@@ -20,6 +21,7 @@
 use std::time::Duration;
 
 use super::Ticket;
+use super::ticket::Hold;
 use crate::app::{App, RoutePlan, Snapshot};
 
 /// Holds the admitted request of `ticket` for as long as its stack
@@ -34,23 +36,24 @@ pub(crate) async fn wait_out(
         return;
     };
     tokio::time::sleep(Duration::from_nanos(hold.wait)).await;
-    record_wait(app, snapshot, plan, ticket, hold.position, hold.wait);
+    record_wait(app, snapshot, plan, ticket, hold);
 }
 
-/// Records that the admitted request of `ticket` waited `waited` ns for
-/// the limit at `position` of its stack: `tollgate_queue_wait_seconds`,
-/// and its log line's `queued_ms` (waits add up).
+/// Records that the admitted request of `ticket` waited `waited.wait` ns
+/// for the limit at `waited.position` of its stack:
+/// `tollgate_queue_wait_seconds`, and its log line's `queued_ms` (waits
+/// add up).
 pub(crate) fn record_wait(
     app: &App,
     snapshot: &Snapshot,
     plan: &RoutePlan,
     ticket: &mut Ticket<'_>,
-    position: usize,
-    waited: u64,
+    waited: Hold,
 ) {
-    ticket.waited = ticket.waited.saturating_add(waited);
-    if let Some(&id) = plan.stack.get(position) {
+    let micros = u32::try_from(waited.wait / 1_000).unwrap_or(u32::MAX);
+    ticket.waited_us = ticket.waited_us.saturating_add(micros);
+    if let Some(&id) = plan.stack.get(waited.position) {
         app.metrics()
-            .record_queue_wait(snapshot.limit_label(id), Duration::from_nanos(waited));
+            .record_queue_wait(snapshot.limit_label(id), Duration::from_nanos(waited.wait));
     }
 }

@@ -50,10 +50,12 @@ pub struct Ticket<'s> {
     /// The client behind the trusted proxies, once a limited request's
     /// keys were taken ([`super::admit_request`]).
     pub(super) client_ip: Option<IpAddr>,
-    /// How long the admitted request has waited so far (ns): its hold
-    /// ([`super::hold::wait_out`]) and any other wait before it goes on.
-    /// The front logs it as `queued_ms`.
-    pub(super) waited: Nanos,
+    /// How long the admitted request has waited so far, in µs (saturating
+    /// at 71 minutes): its hold ([`super::hold::wait_out`]) and any other
+    /// wait before it goes on. The front logs it as `queued_ms`. A `u32`
+    /// beside the flags above, in their padding: the ticket is moved with
+    /// every request's future.
+    pub(super) waited_us: u32,
 }
 
 /// The wait an admitted request's stack decided: the limit it waits for
@@ -197,7 +199,7 @@ impl<'s> Ticket<'s> {
     /// How long the admitted request waited before it went on (`None`: not
     /// at all): `queued_ms` in its log line.
     pub fn waited(&self) -> Option<std::time::Duration> {
-        (self.waited > 0).then(|| std::time::Duration::from_nanos(self.waited))
+        (self.waited_us > 0).then(|| std::time::Duration::from_micros(self.waited_us.into()))
     }
 
     /// An admitted request's concurrency permits, moved into `into` (which

@@ -581,8 +581,9 @@ impl Table {
 }
 
 /// The rate's `tokens` when a token or leaky bucket's `tat`s can be compact:
-/// twice its burst (a settlement's debt) plus its `wait` within [`AHEAD_MAX`], and a rate
-/// that moves the base at most once a minute.
+/// twice its burst (a settlement's debt) plus its `wait` (a held request's)
+/// within [`AHEAD_MAX`], and a rate that moves the base at most once a
+/// minute.
 fn compact_tokens(algorithm: &Algorithm) -> Option<u64> {
     let (burst, rate, wait) = match *algorithm {
         Algorithm::TokenBucket {
@@ -634,6 +635,15 @@ mod tests {
         let cases = [
             (bucket(100, 10, S), 16),
             (bucket(u64::MAX / 4, 10, S), 24),
+            // A `wait` whose debt could pass the compact range.
+            (
+                Algorithm::TokenBucket {
+                    capacity: 100,
+                    refill: Rate { tokens: 10, per: S },
+                    wait: 1 << 60,
+                },
+                24,
+            ),
             (window, 32),
             (sliding, 24),
             (log, 16),

@@ -168,8 +168,6 @@ struct Seen {
     retries: u32,
     /// A token route's reservation and, once its response ends, usage.
     tokens: Option<Arc<TokenTally>>,
-    /// How long the admitted request waited before it was forwarded.
-    queued: Option<Duration>,
 }
 
 /// What goes with the response, beyond it.
@@ -190,6 +188,11 @@ struct LimitNote {
     limit: LimitId,
     remaining: u64,
     denied: bool,
+    /// How long the admitted request waited before it was forwarded, in µs
+    /// (0: not at all; saturating at 71 minutes). Here, in the padding
+    /// beside `denied`, rather than in `Seen`: that record is part of every
+    /// request's future, and had no room left.
+    queued_us: u32,
 }
 
 /// Step 8's view of a request, taken before the request is consumed.
@@ -272,7 +275,10 @@ impl Observation {
             refused: None,
             front: "proxy",
             tokens: seen.tokens.as_deref(),
-            queued: seen.queued,
+            queued: seen
+                .limit
+                .filter(|note| note.queued_us > 0)
+                .map(|note| Duration::from_micros(note.queued_us.into())),
         };
         match timing {
             // Written when the body ends, with the whole duration.
@@ -359,8 +365,17 @@ async fn route_and_act(
         // A token bucket's `wait` or a leaky bucket's delay: the request
         // waits its turn, like nginx `limit_req` without `nodelay` (a client
         // that gives up drops this future; its place was paid for).
-        admission::hold::wait_out(app, snapshot, plan, &mut ticket).await;
-        progress.seen.queued = ticket.waited();
+        // The timer awaited here, not in `hold::wait_out`'s future: that
+        // one's references made every request's future 8 bytes larger.
+        if let Some(hold) = ticket.hold() {
+            tokio::time::sleep(Duration::from_nanos(hold.wait)).await;
+            admission::hold::record_wait(app, snapshot, plan, &mut ticket, hold);
+        }
+        if let Some(note) = &mut progress.seen.limit {
+            note.queued_us = ticket
+                .waited()
+                .map_or(0, |w| u32::try_from(w.as_micros()).unwrap_or(u32::MAX));
+        }
     }
     if let Some(rule) = &route.tokens {
         tokens::include_usage(rule, &mut body, &mut parts);
@@ -558,6 +573,7 @@ fn note(plan: &RoutePlan, ticket: &Ticket<'_>, position: usize, denied: bool) ->
         limit: plan.stack[position],
         remaining: ticket.entries()[position].verdict.remaining,
         denied,
+        queued_us: 0,
     }
 }
 
