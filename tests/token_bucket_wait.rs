@@ -433,3 +433,58 @@ limits = ["smooth", "per_route"]
     let since = start.elapsed().as_secs_f64() * 1000.0;
     assert!(next <= 750.0 - since + 150.0, "{explained} at {since} ms");
 }
+
+/// `/auth` answers a held request `200` after its hold, so that the
+/// asking proxy forwards the original when the gateway's own proxy would
+/// have; past `wait` it refuses at once.
+#[tokio::test(start_paused = true)]
+async fn auth_answers_a_held_request_after_its_hold() {
+    let gw = InProcess::start(
+        r#"
+[server]
+listen = "127.0.0.1:0"
+
+[decision]
+listen = "127.0.0.1:0"
+
+[limits.smooth]
+key = "header:x-api-key"
+algorithm = "token_bucket"
+capacity = 1
+refill = "10/s"
+wait = "150ms"
+
+[[routes]]
+name = "api"
+match = { path_prefix = "/api" }
+limits = ["smooth"]
+"#,
+    )
+    .await;
+    let auth = gw.decision.expect("a decision listener");
+    let mut tasks = Vec::new();
+    for _ in 0..4 {
+        tasks.push(tokio::spawn(async move {
+            let sent = Instant::now();
+            let reply = get(
+                auth,
+                "/auth",
+                &[
+                    ("x-original-method", "GET"),
+                    ("x-original-uri", "/api/v1"),
+                    ("x-api-key", "k"),
+                ],
+            )
+            .await;
+            (reply.status, sent.elapsed().as_millis())
+        }));
+    }
+    let mut answers = Vec::new();
+    for task in tasks {
+        answers.push(task.await.unwrap());
+    }
+    answers.sort();
+    // One at once, one held 100 ms (its token); the other two would wait
+    // 200 ms > 150 ms: refused at once.
+    assert_eq!(answers, [(200, 0), (200, 100), (429, 0), (429, 0)]);
+}
