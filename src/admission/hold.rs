@@ -6,7 +6,7 @@
 //!
 //! The front that forwards (the proxy) or answers (`/auth`) awaits
 //! [`wait_out`] between the decision and its next step (the proxy spells
-//! it out: its future is size-checked). The hold is one
+//! it out, the timer and [`record_wait`], in its size-checked future). The hold is one
 //! timer (`tokio::time::sleep`), no polling; a client that goes away drops
 //! the request's future and with it the timer. Its tokens stay charged:
 //! they were taken when the stack admitted it, as nginx keeps a delayed

@@ -365,8 +365,8 @@ async fn route_and_act(
         // A token bucket's `wait` or a leaky bucket's delay: the request
         // waits its turn, like nginx `limit_req` without `nodelay` (a client
         // that gives up drops this future; its place was paid for).
-        // The timer awaited here, not in `hold::wait_out`'s future: that
-        // one's references made every request's future 8 bytes larger.
+        // What `hold::wait_out` does for `/auth`, spelled out in this
+        // size-checked future.
         if let Some(hold) = ticket.hold() {
             tokio::time::sleep(Duration::from_nanos(hold.wait)).await;
             admission::hold::record_wait(app, snapshot, plan, &mut ticket, hold);
