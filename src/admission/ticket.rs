@@ -51,7 +51,7 @@ pub struct Ticket<'s> {
     /// keys were taken ([`super::admit_request`]).
     pub(super) client_ip: Option<IpAddr>,
     /// How long the admitted request has waited so far, in µs (saturating
-    /// at 71 minutes): its hold ([`super::hold::wait_out`]) and any other
+    /// at 71 minutes): its hold (what the front waited out) and any other
     /// wait before it goes on. The front logs it as `queued_ms`. A `u32`
     /// beside the flags above, in their padding: the ticket is moved with
     /// every request's future.
