@@ -68,6 +68,7 @@ fn algorithms(allow: bool) -> Vec<(&'static str, Algorithm)> {
             Algorithm::TokenBucket {
                 capacity: big,
                 refill: rate,
+                wait: 0,
             },
         ),
         (

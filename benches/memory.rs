@@ -75,6 +75,7 @@ fn run_case(case: &str) {
                         tokens: 1,
                         per: 60 * NANOS_PER_SEC,
                     },
+                    wait: 0,
                 }
             } else {
                 Algorithm::SlidingWindow {

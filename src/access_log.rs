@@ -7,7 +7,8 @@
 //!
 //! Method, path, route, status, duration (to the response's last byte: a
 //! streamed response's line is written when its body ends), upstream and
-//! client address. The
+//! client address; `queued_ms` for a request that waited before it was
+//! forwarded (part of its duration). The
 //! path is logged **without the query string**, and no header value or body
 //! byte is ever logged: query parameters, headers and body fields are where API
 //! keys and user names travel (they are limiter keys, see `limits.*.key`).
@@ -122,6 +123,10 @@ pub(crate) struct AccessEntry<'a> {
     pub(crate) front: &'static str,
     /// A token route's reserved and used tokens.
     pub(crate) tokens: Option<&'a TokenTally>,
+    /// How long an admitted request waited before it went on (a token
+    /// bucket's `wait`, a leaky bucket's delay, a queue): `queued_ms`,
+    /// only in the line of a request that waited.
+    pub(crate) queued: Option<Duration>,
 }
 
 /// A token route's tokens, for its log line: what the request reserved,
@@ -175,6 +180,7 @@ pub(crate) struct PendingLine {
     retries: u32,
     /// Read when the line is written: the response's usage is known then.
     tokens: Option<Arc<TokenTally>>,
+    queued: Option<Duration>,
 }
 
 impl PendingLine {
@@ -193,6 +199,7 @@ impl PendingLine {
             limit: entry.limit.map(|l| (l.name.into(), l.remaining, l.denied)),
             retries: entry.retries,
             tokens,
+            queued: entry.queued,
         }
     }
 
@@ -218,6 +225,7 @@ impl PendingLine {
             refused: None,
             front: "proxy",
             tokens: self.tokens.as_deref(),
+            queued: self.queued,
         });
     }
 }
@@ -248,6 +256,8 @@ pub(crate) fn log(entry: &AccessEntry<'_>) {
         front = entry.front,
         tokens_reserved = entry.tokens.map(|t| t.reserved),
         tokens_used = entry.tokens.and_then(TokenTally::used),
+        // Absent (not 0) for a request that did not wait.
+        queued_ms = entry.queued.map(|q| q.as_micros() as f64 / 1000.0),
         "request"
     );
 }

@@ -242,8 +242,19 @@ pub(crate) fn algorithm(algorithm: &Algorithm) -> String {
         Algorithm::SlidingLog { limit, window } => {
             format!("sliding_log {limit}/{}", seconds(*window))
         }
-        Algorithm::TokenBucket { capacity, refill } => {
-            format!("token_bucket capacity {capacity}, refill {}", rate(refill))
+        Algorithm::TokenBucket {
+            capacity,
+            refill,
+            wait,
+        } => {
+            let wait = match wait {
+                0 => String::new(),
+                w => format!(", wait {}", seconds(*w)),
+            };
+            format!(
+                "token_bucket capacity {capacity}, refill {}{wait}",
+                rate(refill)
+            )
         }
         Algorithm::LeakyBucket {
             capacity,

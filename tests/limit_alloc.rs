@@ -34,6 +34,7 @@ fn known_keys_decide_without_allocating() {
         Algorithm::TokenBucket {
             capacity: 50,
             refill: rate,
+            wait: 0,
         },
         Algorithm::LeakyBucket {
             capacity: 50,
@@ -44,6 +45,7 @@ fn known_keys_decide_without_allocating() {
         Algorithm::TokenBucket {
             capacity: 5,
             refill: rate,
+            wait: 0,
         },
         Algorithm::FixedWindow {
             limit: 1_000,

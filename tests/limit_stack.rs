@@ -26,6 +26,7 @@ fn racing_threads_admit_exactly_the_capacity() {
                 tokens: 1,
                 per: 3600 * NANOS_PER_SEC,
             },
+            wait: 0,
         },
         1_000,
     ));

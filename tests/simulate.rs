@@ -629,7 +629,9 @@ fn generated_keys_spread_the_api_key_limit_over_every_key() {
                 )]
         })
         .expect("gateway.toml keys a limit on x-api-key");
-    let tollgate::limit::Algorithm::TokenBucket { capacity, refill } = api_key_limit.algorithm
+    let tollgate::limit::Algorithm::TokenBucket {
+        capacity, refill, ..
+    } = api_key_limit.algorithm
     else {
         panic!("{} is a token bucket", api_key_limit.name);
     };

@@ -5,7 +5,8 @@
 //! consumer name; several `key=` for a composite key, in its order — and
 //! gets the limit's numbers for that key as they stand, charging nothing:
 //! remaining, when more quota comes back, and the digest the key is stored
-//! under (the same digest names it in Redis). The raw value is neither
+//! under (the same digest names it in Redis); for a token bucket with
+//! `wait`, its debt and what the next request would get (`wait`). The raw value is neither
 //! stored nor logged nor echoed: only its digest appears in the answer.
 //! `plan=NAME` reads the state a consumer on that plan is counted in. A
 //! limit without `key` (the decision service's descriptor rules) is named
@@ -43,7 +44,7 @@ use crate::config::tokens::Unit;
 use crate::identity::body_fields::percent_decode;
 use crate::identity::client_ip::client_net;
 use crate::identity::keys::{descriptor_digest, digest_values};
-use crate::limit::{Algorithm, LimitKey, Verdict};
+use crate::limit::{Algorithm, LimitKey, Rate, Verdict};
 use crate::limit::{Nanos, quota_of, window_secs};
 use crate::store::RedisStore;
 use crate::summary::key_parts;
@@ -221,6 +222,29 @@ pub(super) fn target(
     })
 }
 
+/// A token bucket with `wait`, from its state's `r` and `t`: how far past
+/// empty it runs (the time its held requests still owe: `t` beyond one
+/// token's), and what a request of cost 1 arriving now would get —
+/// `admitted` at once, `held` until its token is there, or `refused` (past
+/// `wait`) — and in how long its token is there.
+fn wait_state(verdict: &Verdict, refill: Rate, wait: Nanos) -> Value {
+    let ms = |nanos: Nanos| (nanos / 1_000) as f64 / 1000.0;
+    let interval = refill.per / refill.tokens.max(1);
+    let (debt, next, admitted_in) = if verdict.remaining > 0 {
+        (0, "admitted", 0)
+    } else {
+        let until = verdict.reset_after;
+        let next = if until <= wait { "held" } else { "refused" };
+        (until.saturating_sub(interval), next, until)
+    };
+    json!({
+        "max_ms": ms(wait),
+        "debt_ms": ms(debt),
+        "next_request": next,
+        "next_admitted_in_ms": ms(admitted_in),
+    })
+}
+
 /// The JSON of `target`'s state, `verdict` under `algorithm`'s numbers,
 /// read from `source`.
 fn state(
@@ -267,6 +291,11 @@ fn state(
             "reason": record.reason,
             "expires_in_seconds": record.expires.map(|at| secs(at.saturating_sub(now))),
         });
+    }
+    if let Algorithm::TokenBucket { refill, wait, .. } = algorithm
+        && wait > 0
+    {
+        explained["wait"] = wait_state(&verdict, refill, wait);
     }
     if config.unit == Unit::Tokens {
         // Charged already, settled when their responses end (this node's).

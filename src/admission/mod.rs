@@ -32,7 +32,10 @@
 //! - [`tokens`]: an admitted request's bill, its reservation settled from
 //!   the response's usage when its body ends;
 //! - `settle`: after the response, `cost_header`'s difference charged or
-//!   refunded where the request was charged.
+//!   refunded where the request was charged;
+//! - [`hold`]: what a front awaits between an admission and its next
+//!   step when the stack holds the request (a token bucket's `wait`, a
+//!   leaky bucket's delay), recorded as a wait.
 //!
 //! Below the fronts: it names no HTTP response, no connection and no
 //! upstream; each front turns a [`RequestAdmission`] into its own answer
@@ -40,6 +43,7 @@
 
 pub mod body;
 pub mod explain;
+pub(crate) mod hold;
 pub mod identify;
 pub mod quota;
 mod record;

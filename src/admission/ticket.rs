@@ -28,8 +28,9 @@ pub struct Ticket<'s> {
     pub(super) limiters: SmallVec<[&'s Limiter; INLINE]>,
     /// Each limit's key for this request (`None`: skipped).
     pub(super) keys: SmallVec<[Option<LimitKey>; INLINE]>,
-    /// Each entry's verdict and, for a leaky bucket in delay mode, how long
-    /// to wait before forwarding; the permits of an admitted request.
+    /// Each entry's verdict and, for a leaky bucket in delay mode or a token
+    /// bucket's `wait`, how long to hold the request before forwarding; the
+    /// permits of an admitted request.
     pub(super) decision: StackDecision,
     /// The caller's plan, if it has one.
     pub(super) plan: Option<&'s str>,
@@ -59,10 +60,22 @@ pub struct Ticket<'s> {
     /// Slot limits with a `queue` and a `fair_by`: (position, the
     /// request's `fair_by` value's digest half; 0 when it has none).
     pub(super) fair: SmallVec<[(usize, u64); 1]>,
-    /// How long the request waited for a slot (0: it did not).
-    pub(super) queued: Nanos,
     /// Refused at a slot limit: why.
     pub(super) shed: Option<Shed>,
+    /// How long the admitted request has waited so far, in µs (saturating
+    /// at 71 minutes): its hold (what the front waited out) and any other
+    /// wait before it goes on. The front logs it as `queued_ms`. A `u32`
+    /// beside the flags above, in their padding: the ticket is moved with
+    /// every request's future.
+    pub(super) waited_us: u32,
+}
+
+/// The wait an admitted request's stack decided: the limit it waits for
+/// longest (its position in the stack) and how long.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct Hold {
+    pub(crate) position: usize,
+    pub(crate) wait: Nanos,
 }
 
 /// A ticket's decision, keys and algorithms, owned ([`Ticket::into_parts`]).
@@ -177,13 +190,6 @@ impl<'s> Ticket<'s> {
         self.priority
     }
 
-    /// How long an admitted request waited in a slot limit's queue before
-    /// it was admitted (0 for one that did not wait): the seam for the
-    /// access log's `queued_ms` and `tollgate_queue_wait_seconds`.
-    pub fn queued(&self) -> Nanos {
-        self.queued
-    }
-
     /// A request refused at a slot limit: its priority and why (the
     /// problem's `priority` and `shed_reason`).
     pub fn shed(&self) -> Option<(Priority, Shed)> {
@@ -204,9 +210,29 @@ impl<'s> Ticket<'s> {
         self.focus
     }
 
-    /// How long a leaky bucket in delay mode holds the admitted request.
-    pub(crate) fn delay(&self) -> Nanos {
-        self.decision.delay
+    /// The hold the stack decided for the admitted request — a leaky
+    /// bucket in delay mode, a token bucket's `wait`: the longest of its
+    /// non-shadow entries, and which. `None`: forwarded at once.
+    pub(crate) fn hold(&self) -> Option<Hold> {
+        if self.decision.delay == 0 {
+            return None;
+        }
+        let position = self
+            .decision
+            .entries
+            .iter()
+            .zip(&self.stack)
+            .position(|(e, limit)| !limit.shadow && e.verdict.delay == self.decision.delay)?;
+        Some(Hold {
+            position,
+            wait: self.decision.delay,
+        })
+    }
+
+    /// How long the admitted request waited before it went on (`None`: not
+    /// at all): `queued_ms` in its log line.
+    pub fn waited(&self) -> Option<std::time::Duration> {
+        (self.waited_us > 0).then(|| std::time::Duration::from_micros(self.waited_us.into()))
     }
 
     /// An admitted request's concurrency permits, moved into `into` (which

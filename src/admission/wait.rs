@@ -31,7 +31,7 @@
 //! two requests in flight. A third is refused, joins the line, decides
 //! again (still full) and sleeps. 80 ms later the first response ends: its
 //! permit wakes the third, which decides again, is admitted with the freed
-//! slot, and carries `queued` = 80 ms in its ticket.
+//! slot, and its ticket carries the 80 ms waited (`queued_ms` in its log line).
 
 use std::future::Future;
 use std::pin::Pin;
@@ -39,6 +39,8 @@ use std::sync::Arc;
 use std::sync::atomic::{Ordering, fence};
 use std::time::Duration;
 
+use super::hold::record_wait;
+use super::ticket::Hold;
 use super::{Charge, Ticket, check_in_memory};
 use crate::app::{App, Snapshot};
 use crate::limit::queue::Waiter;
@@ -191,7 +193,13 @@ async fn wait<'s>(
                     held.served = true;
                 }
                 queue.granted(now);
-                ticket.queued = now.saturating_sub(arrival);
+                // Its wait is the request's `queued_ms` and a
+                // `tollgate_queue_wait_seconds` observation, as a hold's.
+                let waited = Hold {
+                    position: target,
+                    wait: now.saturating_sub(arrival),
+                };
+                record_wait(app, snapshot, charge.plan, ticket, waited);
                 return;
             }
             Some(by) => match queueable(ticket) {

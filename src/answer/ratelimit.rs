@@ -494,6 +494,7 @@ mod tests {
                 Algorithm::TokenBucket {
                     capacity: 20,
                     refill: Rate { tokens: 10, per: S },
+                    wait: 0,
                 },
             ),
             limit(

@@ -285,9 +285,10 @@ pub(crate) fn overridden(algorithm: Algorithm, per_unit: u64, unit: Nanos) -> Al
             limit: per_unit,
             window: unit,
         },
-        Algorithm::TokenBucket { .. } => Algorithm::TokenBucket {
+        Algorithm::TokenBucket { wait, .. } => Algorithm::TokenBucket {
             capacity: per_unit,
             refill: rate,
+            wait,
         },
         Algorithm::LeakyBucket { mode, .. } => Algorithm::LeakyBucket {
             capacity: per_unit.saturating_sub(1),
@@ -325,6 +326,7 @@ mod tests {
                 tokens: 1,
                 per: NANOS_PER_SEC,
             },
+            wait: 0,
         };
         assert_eq!(
             overridden(bucket, 10, minute),
@@ -333,7 +335,8 @@ mod tests {
                 refill: Rate {
                     tokens: 10,
                     per: minute
-                }
+                },
+                wait: 0,
             }
         );
     }

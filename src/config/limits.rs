@@ -18,7 +18,7 @@ use super::raw::OneOrMany;
 use super::server::{HeaderStyles, header_styles};
 use super::slots::{self, RawQueue, RawReserve};
 use super::tokens;
-use super::units::parse_rate;
+use super::units::{parse_duration, parse_rate};
 use crate::limit::{Algorithm, LeakyMode, Nanos, QueueParams, Reserve, WindowAlign};
 
 /// A `[limits.NAME]` table as written.
@@ -36,6 +36,9 @@ pub(crate) struct RawLimit {
     pub(crate) refill: Option<String>,
     pub(crate) rate: Option<String>,
     pub(crate) mode: Option<String>,
+    /// A token bucket's `wait`: how long a request may be held instead of
+    /// refused.
+    pub(crate) wait: Option<String>,
     pub(crate) max: Option<u64>,
     /// `adaptive`: the least and the starting limit (`max` is shared with
     /// `concurrency`).
@@ -331,7 +334,8 @@ fn check_limit(c: &mut Checker, path: &KeyPath, name: &str, raw: &RawLimit) -> L
 
     let base = raw.params();
     let mode = mode_of(c, path, raw);
-    let algorithm = check_algorithm(c, &raw.algorithm, &base, mode, &|key| path.key(key));
+    let wait = wait_of(c, path, raw);
+    let algorithm = check_algorithm(c, &raw.algorithm, &base, (mode, wait), &|key| path.key(key));
     let mut plans = Vec::new();
     for (plan, values) in raw.plans.iter().flatten() {
         let plan_path = path.key("plans").key(plan);
@@ -346,7 +350,7 @@ fn check_limit(c: &mut Checker, path: &KeyPath, name: &str, raw: &RawLimit) -> L
         };
         plans.push((
             Arc::from(plan.as_str()),
-            check_algorithm(c, &raw.algorithm, &merged, mode, &at),
+            check_algorithm(c, &raw.algorithm, &merged, (mode, wait), &at),
         ));
     }
     let adaptive = matches!(algorithm, Algorithm::Adaptive { .. });
@@ -535,7 +539,12 @@ pub(crate) fn check_override(
         }
     };
     let merged = values.over(&limit.params);
-    let algorithm = check_algorithm(&mut c, name, &merged, mode, &|key| root.key(key));
+    // A token bucket's `wait` is the limit's, not a number an override sets.
+    let wait = match limit.algorithm {
+        Algorithm::TokenBucket { wait, .. } => wait,
+        _ => 0,
+    };
+    let algorithm = check_algorithm(&mut c, name, &merged, (mode, wait), &|key| root.key(key));
     if let (Some(lease), Algorithm::TokenBucket { capacity, .. }) = (limit.lease, algorithm)
         && capacity < lease
     {
@@ -675,6 +684,35 @@ fn mode_of(c: &mut Checker, path: &KeyPath, raw: &RawLimit) -> Option<LeakyMode>
     }
 }
 
+/// `wait` (a token bucket's, 0 when absent): a duration, `"0s"` allowed
+/// (no hold, as without it), kept in whole microseconds so that memory and
+/// the Redis script (which counts in µs) hold a request alike.
+fn wait_of(c: &mut Checker, path: &KeyPath, raw: &RawLimit) -> Nanos {
+    let Some(text) = raw.wait.as_deref() else {
+        return 0;
+    };
+    if raw.algorithm != "token_bucket" {
+        c.problem(
+            path.key("wait"),
+            format!(
+                "`wait` is a parameter of token_bucket, not of {} (a leaky_bucket holds requests with mode = \"delay\")",
+                raw.algorithm
+            ),
+        );
+        return 0;
+    }
+    match parse_duration(text) {
+        Ok(wait) => {
+            let micros = u64::try_from(wait.as_micros()).unwrap_or(u64::MAX / 1_000);
+            micros.saturating_mul(1_000)
+        }
+        Err(message) => {
+            c.problem(path.key("wait"), message);
+            0
+        }
+    }
+}
+
 /// A claim name or a dotted path of them: non-empty segments (a `jwt:`
 /// key part's, or an issuer's `consumer_claim` and the like).
 pub(crate) fn claim_path_is_valid(path: &str) -> bool {
@@ -689,7 +727,7 @@ fn check_algorithm(
     c: &mut Checker,
     algorithm: &str,
     raw: &RawPlan,
-    mode: Option<LeakyMode>,
+    (mode, wait): (Option<LeakyMode>, Nanos),
     at: &dyn Fn(&str) -> KeyPath,
 ) -> Algorithm {
     let fallback = Algorithm::Concurrency { max: 1 };
@@ -776,6 +814,7 @@ fn check_algorithm(
         "token_bucket" => Algorithm::TokenBucket {
             capacity: positive(c, "capacity", raw.capacity),
             refill: rate(c, "refill", &raw.refill),
+            wait,
         },
         "leaky_bucket" => {
             let mode = mode.unwrap_or(LeakyMode::Reject);
@@ -856,7 +895,7 @@ mod tests {
 
     use crate::config::Config;
     use crate::config::validate::errors;
-    use crate::limit::WindowAlign;
+    use crate::limit::{Algorithm, WindowAlign};
 
     #[test]
     fn algorithm_parameters_are_checked() {
@@ -963,5 +1002,50 @@ mod tests {
         );
         let long_jitter = format!("{base}window = \"1d\"\nreset_jitter = \"2d\"\n");
         assert!(errors(&long_jitter).contains("shorter than the window"));
+    }
+
+    #[test]
+    fn wait_is_a_token_bucket_duration() {
+        let bucket = "[limits.a]\nkey = \"ip\"\nalgorithm = \"token_bucket\"\ncapacity = 2\nrefill = \"1/s\"\n";
+        let wait_of = |extra: &str| {
+            let text = format!("{bucket}{extra}");
+            let config = Config::from_bytes(Path::new("g.toml"), text.as_bytes()).unwrap();
+            match config.limits[0].algorithm {
+                Algorithm::TokenBucket { wait, .. } => wait,
+                other => panic!("{other:?}"),
+            }
+        };
+        assert_eq!(wait_of(""), 0, "absent: refuse at once");
+        assert_eq!(wait_of("wait = \"0s\"\n"), 0, "0: the same");
+        assert_eq!(wait_of("wait = \"500ms\"\n"), 500_000_000);
+        // Whole microseconds, as the Redis script counts.
+        assert_eq!(wait_of("wait = \"1500ns\"\n"), 1_000);
+        // Plans keep the limit's wait.
+        let text = format!("{bucket}wait = \"1s\"\n[limits.a.plans.pro]\ncapacity = 9\n");
+        let config = Config::from_bytes(Path::new("g.toml"), text.as_bytes()).unwrap();
+        assert!(matches!(
+            config.limits[0].plans[0].1,
+            Algorithm::TokenBucket {
+                capacity: 9,
+                wait: 1_000_000_000,
+                ..
+            }
+        ));
+        let message = errors(&format!("{bucket}wait = \"soon\"\n"));
+        assert!(message.contains("`limits.a.wait`"), "{message}");
+        let window = "[limits.a]\nkey = \"ip\"\nalgorithm = \"fixed_window\"\nlimit = 5\nwindow = \"1s\"\nwait = \"1s\"\n";
+        let message = errors(window);
+        assert!(
+            message.contains(
+                "`limits.a.wait`: `wait` is a parameter of token_bucket, not of fixed_window"
+            ),
+            "{message}"
+        );
+        let leaky = "[limits.a]\nkey = \"ip\"\nalgorithm = \"leaky_bucket\"\ncapacity = 5\nrate = \"1/s\"\nwait = \"1s\"\n";
+        assert!(
+            errors(leaky).contains("mode = \"delay\""),
+            "{}",
+            errors(leaky)
+        );
     }
 }

@@ -162,6 +162,7 @@ fn refused(app: &App, peer: SocketAddr, activity: &ConnActivity) {
         refused: Some(refusal.detail),
         front: "proxy",
         tokens: None,
+        queued: None,
     });
 }
 

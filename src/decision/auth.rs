@@ -19,7 +19,12 @@
 //! down under `on_failure = "deny"`. There is no body here, so `body:`
 //! keys are missing (`check` says so); a concurrency slot is released as
 //! soon as the answer is written, since the proxy never says when the
-//! request ends.
+//! request ends. A request the stack holds (a token bucket's `wait`, a
+//! leaky bucket's delay) is answered `200` after its hold: the asking
+//! proxy holds the original until it has the answer, so the original
+//! leaves when the gateway's own proxy would have forwarded it (refusing
+//! it instead would turn every wait into a refusal, and answering at once
+//! would let it through early, its tokens owed).
 
 use std::net::{IpAddr, SocketAddr};
 use std::time::Duration;
@@ -65,7 +70,12 @@ pub(crate) async fn answer<B>(
     let Some(index) = snapshot.router.find(&original) else {
         // No route, no limit: the asking proxy decides what it forwards.
         let elapsed = Duration::from_nanos(app.clock.now().saturating_sub(started));
-        log_entry(&original, "none", StatusCode::OK, None, client_ip, elapsed);
+        let seen = Seen {
+            limit: None,
+            client_ip,
+            queued: None,
+        };
+        log_entry(&original, "none", StatusCode::OK, seen, elapsed);
         return Response::new(ResponseBody::full(""));
     };
     let route = &snapshot.config.routes[index];
@@ -88,6 +98,9 @@ pub(crate) async fn answer<B>(
     let admitted = admission::admit_request(app, &snapshot, routed, &mut ticket).await;
     let (response, limit) = match admitted {
         RequestAdmission::Admitted { .. } => {
+            // Held as the proxy would hold it, then answered: the asking
+            // proxy waits for this answer before it forwards.
+            admission::hold::wait_out(app, &snapshot, plan, &mut ticket).await;
             let mut response = Response::new(ResponseBody::full(""));
             let mut fields = FieldLines::new();
             ratelimit::admitted_fields(&mut fields, &snapshot, plan, &ticket);
@@ -112,11 +125,15 @@ pub(crate) async fn answer<B>(
             (GatewayError::unidentified(refused).to_response(), None)
         }
     };
+    let queued = ticket.waited();
     // The decision is the answer: concurrency slots are not held past it.
     drop(ticket);
-    finish(
-        app, &snapshot, index, &original, response, limit, client_ip, started,
-    )
+    let seen = Seen {
+        limit,
+        client_ip,
+        queued,
+    };
+    finish(app, &snapshot, index, &original, response, seen, started)
 }
 
 /// The original request's head, from the asking proxy's headers: method,
@@ -232,16 +249,22 @@ fn field<'s>(ticket: &Ticket<'s>, index: usize, denied: bool) -> LimitField<'s> 
     }
 }
 
+/// What a routed `/auth` request's log line tells beyond its answer.
+struct Seen<'s> {
+    limit: Option<LimitField<'s>>,
+    client_ip: IpAddr,
+    /// How long the request was held before the answer.
+    queued: Option<Duration>,
+}
+
 /// Counts and logs the answer of a routed `/auth` request.
-#[allow(clippy::too_many_arguments)]
 fn finish(
     app: &App,
     snapshot: &Snapshot,
     index: usize,
     original: &Parts,
     response: Response<ResponseBody>,
-    limit: Option<LimitField<'_>>,
-    client_ip: IpAddr,
+    seen: Seen<'_>,
     started: u64,
 ) -> Response<ResponseBody> {
     let Some(plan) = snapshot.auth_routes.get(index) else {
@@ -250,25 +273,11 @@ fn finish(
     let elapsed = Duration::from_nanos(app.clock.now().saturating_sub(started));
     app.metrics()
         .record_route_request(&plan.metrics, response.status().as_u16(), elapsed);
-    log_entry(
-        original,
-        &plan.name,
-        response.status(),
-        limit,
-        client_ip,
-        elapsed,
-    );
+    log_entry(original, &plan.name, response.status(), seen, elapsed);
     response
 }
 
-fn log_entry(
-    original: &Parts,
-    route: &str,
-    status: StatusCode,
-    limit: Option<LimitField<'_>>,
-    client_ip: IpAddr,
-    elapsed: Duration,
-) {
+fn log_entry(original: &Parts, route: &str, status: StatusCode, seen: Seen<'_>, elapsed: Duration) {
     if !access_log::enabled() {
         return;
     }
@@ -279,12 +288,13 @@ fn log_entry(
         status: status.as_u16(),
         elapsed: Some(elapsed),
         upstream: None,
-        client_ip,
-        limit,
+        client_ip: seen.client_ip,
+        limit: seen.limit,
         retries: 0,
         refused: None,
         front: Front::Auth.label(),
         tokens: None,
+        queued: seen.queued,
     });
 }
 

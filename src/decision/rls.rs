@@ -469,6 +469,7 @@ fn log(
         refused: None,
         front: Front::Rls.label(),
         tokens: None,
+        queued: None,
     });
 }
 
@@ -496,6 +497,7 @@ mod tests {
                 tokens: 10,
                 per: NANOS_PER_SEC,
             },
+            wait: 0,
         };
         assert_eq!(per_unit(&bucket), (10, Unit::Second));
         let slow = Algorithm::TokenBucket {
@@ -504,6 +506,7 @@ mod tests {
                 tokens: 1,
                 per: 3 * NANOS_PER_SEC,
             },
+            wait: 0,
         };
         assert_eq!(
             per_unit(&slow),

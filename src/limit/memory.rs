@@ -58,7 +58,8 @@
 //!   under 50 until its units leave the window). A changed `window` starts
 //!   fresh: counts aligned to the old windows mean nothing in the new ones.
 //! * `token_bucket`: the tokens a key has *used* are kept (re-expressed in the
-//!   new refill), capped at the new capacity. A full bucket stays full, a
+//!   new refill), capped at the new capacity (plus the debt the new `wait`
+//!   allows: a held request's charge stays). A full bucket stays full, a
 //!   raised capacity adds its headroom to every key (as a fresh key would
 //!   get), a lowered one leaves at most an empty bucket.
 //! * `leaky_bucket`: the same, with `capacity + 1` slots: the queued excess is
@@ -671,8 +672,13 @@ impl Limiter {
                 };
                 (v, admitted(&v, Next::LogRecord))
             }
-            TokenBucket { capacity, refill } => {
-                let (n, v) = token_bucket::decide(gcra_state(state), now, cost, capacity, refill);
+            TokenBucket {
+                capacity,
+                refill,
+                wait,
+            } => {
+                let s = gcra_state(state);
+                let (n, v) = token_bucket::decide_waiting(s, now, cost, capacity, refill, wait);
                 (v, admitted(&v, Next::Gcra(n)))
             }
             LeakyBucket {
@@ -805,9 +811,12 @@ impl Limiter {
             (SlidingLog { limit, window }, StateMut::Log(s)) => {
                 sliding_log::adjust(s, now, delta, limit, window)
             }
-            (TokenBucket { capacity, refill }, StateMut::Gcra(s)) => {
-                *s = token_bucket::adjust(*s, now, delta, capacity, refill)
-            }
+            (
+                TokenBucket {
+                    capacity, refill, ..
+                },
+                StateMut::Gcra(s),
+            ) => *s = token_bucket::adjust(*s, now, delta, capacity, refill),
             (LeakyBucket { capacity, rate, .. }, StateMut::Gcra(s)) => {
                 *s = leaky_bucket::adjust(*s, now, delta, capacity, rate)
             }
@@ -822,16 +831,22 @@ impl Limiter {
         match (self.algorithm, new, state) {
             (
                 TokenBucket { refill: old, .. },
-                TokenBucket { capacity, refill },
+                TokenBucket {
+                    capacity,
+                    refill,
+                    wait,
+                },
                 StateRef::Gcra(s),
-            ) => KeyState::Gcra(token_bucket::rescale(s, now, old, *capacity, *refill)),
+            ) => KeyState::Gcra(token_bucket::rescale(
+                s, now, old, *capacity, *wait, *refill,
+            )),
             (
                 LeakyBucket { rate: old, .. },
                 LeakyBucket { capacity, rate, .. },
                 StateRef::Gcra(s),
             ) => {
                 let slots = capacity.saturating_add(1);
-                KeyState::Gcra(token_bucket::rescale(s, now, old, slots, *rate))
+                KeyState::Gcra(token_bucket::rescale(s, now, old, slots, 0, *rate))
             }
             (_, _, StateRef::Window(s)) => KeyState::Window(s),
             (_, _, StateRef::Sliding(s)) => KeyState::Sliding(s),
@@ -918,6 +933,7 @@ mod tests {
                 tokens: per_sec,
                 per: S,
             },
+            wait: 0,
         }
     }
 

@@ -45,6 +45,9 @@ pub enum Algorithm {
     TokenBucket {
         capacity: u64,
         refill: Rate,
+        /// `wait`: hold a request the bucket would admit within this long
+        /// instead of refusing it (0: refuse at once). See `token_bucket`.
+        wait: Nanos,
     },
     LeakyBucket {
         capacity: u64,
@@ -81,9 +84,14 @@ impl Algorithm {
                 limit: limit.saturating_mul(2),
                 window,
             },
-            TokenBucket { capacity, refill } => TokenBucket {
+            TokenBucket {
+                capacity,
+                refill,
+                wait,
+            } => TokenBucket {
                 capacity: capacity.saturating_mul(2),
                 refill,
+                wait,
             },
             // Its burst is capacity + 1: doubled, 2 * capacity + 1.
             LeakyBucket {
@@ -138,9 +146,15 @@ impl Algorithm {
                 limit: part(limit),
                 window,
             },
-            Algorithm::TokenBucket { capacity, refill } => Algorithm::TokenBucket {
+            // A share's `wait` is the same time: its debt scales with its rate.
+            Algorithm::TokenBucket {
+                capacity,
+                refill,
+                wait,
+            } => Algorithm::TokenBucket {
                 capacity: part(capacity),
                 refill: rate(refill),
+                wait,
             },
             Algorithm::LeakyBucket {
                 capacity,
@@ -207,6 +221,7 @@ mod tests {
         let b = Algorithm::TokenBucket {
             capacity: 20,
             refill: Rate { tokens: 10, per: S },
+            wait: 0,
         };
         // 10/s halved is 5/s, reduced: 1 token per 200 ms.
         let half = Algorithm::TokenBucket {
@@ -215,6 +230,7 @@ mod tests {
                 tokens: 1,
                 per: S / 5,
             },
+            wait: 0,
         };
         assert_eq!(b.scaled(500_000, 1_000_000), half);
         let c = Algorithm::Concurrency { max: 3 };

@@ -509,6 +509,7 @@ mod tests {
             Algorithm::TokenBucket {
                 capacity: 20,
                 refill: Rate { tokens: 10, per: S },
+                wait: 0,
             },
             100,
         );
@@ -671,5 +672,70 @@ mod tests {
         assert!(fourth.allowed);
         assert_eq!(fourth.delay, 2 * S);
         drop(held);
+    }
+
+    #[test]
+    fn wait_holds_all_or_nothing_and_for_the_longest() {
+        let waiting = |capacity, tokens, wait| {
+            Limiter::new(
+                "w",
+                Algorithm::TokenBucket {
+                    capacity,
+                    refill: Rate { tokens, per: S },
+                    wait,
+                },
+                100,
+            )
+        };
+        // 1 token at 1/s with 3 s of wait; 2 at 2/s with 1 s of wait.
+        let slow = waiting(1, 1, 3 * S);
+        let fast = waiting(2, 2, S);
+        let cap = Limiter::new(
+            "cap",
+            Algorithm::FixedWindow {
+                limit: 3,
+                window: 60 * S,
+            },
+            100,
+        );
+        let key = LimitKey::digest(&[b"a"]);
+        let stack = [
+            entry(&slow, k("a"), false),
+            entry(&fast, k("a"), false),
+            entry(&cap, k("a"), false),
+        ];
+        let delays: Vec<Nanos> = (0..3)
+            .map(|_| {
+                let d = check_stack(&stack, 1, T0);
+                assert!(d.allowed);
+                d.delay
+            })
+            .collect();
+        // slow holds 0, 1 s, 2 s; fast 0, 0, 500 ms: the longer wins.
+        assert_eq!(delays, [0, S, 2 * S]);
+        // The fourth: slow would hold it 3 s (within its wait), fast 1 s,
+        // but the window refuses: nothing charged, nothing held.
+        let before = (slow.peek(key, T0), fast.peek(key, T0));
+        let d = check_stack(&stack, 1, T0);
+        assert_eq!((d.allowed, d.denied_by, d.delay), (false, Some(2), 0));
+        assert_eq!(d.entries[0].outcome, Outcome::DeniedByOther);
+        assert_eq!(
+            d.entries[0].verdict.delay, 0,
+            "an uncharged entry holds nothing"
+        );
+        assert_eq!((slow.peek(key, T0), fast.peek(key, T0)), before);
+        // A limit past its wait refuses with its own retry: 4 s of debt.
+        let alone = [entry(&slow, k("a"), false)];
+        let d = check_stack(&alone, 1, T0);
+        assert!(d.allowed && d.delay == 3 * S);
+        let d = check_stack(&alone, 1, T0);
+        assert_eq!(d.denied_by, Some(0));
+        assert_eq!(d.entries[0].verdict.retry_after, Some(4 * S));
+        // A shadow limit's hold is not the request's.
+        let shadow = waiting(1, 1, 3 * S);
+        let shadowed = [entry(&shadow, k("b"), true)];
+        assert!(check_stack(&shadowed, 1, T0).allowed);
+        let d = check_stack(&shadowed, 1, T0);
+        assert_eq!((d.allowed, d.delay), (true, 0));
     }
 }

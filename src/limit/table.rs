@@ -602,16 +602,23 @@ impl Table {
 }
 
 /// The rate's `tokens` when a token or leaky bucket's `tat`s can be compact:
-/// twice its burst (a settlement's debt) within [`AHEAD_MAX`], and a rate
-/// that moves the base at most once a minute.
+/// twice its burst (a settlement's debt) plus its `wait` (a held request's)
+/// within [`AHEAD_MAX`], and a rate that moves the base at most once a
+/// minute.
 fn compact_tokens(algorithm: &Algorithm) -> Option<u64> {
-    let (burst, rate) = match *algorithm {
-        Algorithm::TokenBucket { capacity, refill } => (capacity, refill),
-        Algorithm::LeakyBucket { capacity, rate, .. } => (capacity.saturating_add(1), rate),
+    let (burst, rate, wait) = match *algorithm {
+        Algorithm::TokenBucket {
+            capacity,
+            refill,
+            wait,
+        } => (capacity, refill, wait),
+        Algorithm::LeakyBucket { capacity, rate, .. } => (capacity.saturating_add(1), rate, 0),
         _ => return None,
     };
     let tokens = rate.tokens.max(1);
-    let ahead = (2 * u128::from(burst) + 2) * u128::from(rate.per.max(1));
+    // A `wait`'s debt comes on top (scaled: `wait × tokens`).
+    let ahead = (2 * u128::from(burst) + 2) * u128::from(rate.per.max(1))
+        + u128::from(wait) * u128::from(tokens);
     (ahead <= AHEAD_MAX && u128::from(tokens) <= COMPACT_TOKENS).then_some(tokens)
 }
 
@@ -627,6 +634,7 @@ mod tests {
         Algorithm::TokenBucket {
             capacity,
             refill: Rate { tokens, per },
+            wait: 0,
         }
     }
 
@@ -648,6 +656,15 @@ mod tests {
         let cases = [
             (bucket(100, 10, S), 16),
             (bucket(u64::MAX / 4, 10, S), 24),
+            // A `wait` whose debt could pass the compact range.
+            (
+                Algorithm::TokenBucket {
+                    capacity: 100,
+                    refill: Rate { tokens: 10, per: S },
+                    wait: 1 << 60,
+                },
+                24,
+            ),
             (window, 32),
             (sliding, 24),
             (log, 16),

@@ -99,7 +99,9 @@ pub(crate) fn window_secs(algorithm: &Algorithm) -> Option<u64> {
         Algorithm::FixedWindow { window, .. }
         | Algorithm::SlidingWindow { window, .. }
         | Algorithm::SlidingLog { window, .. } => ceil_div(window as u128, NANOS_PER_SEC as u128),
-        Algorithm::TokenBucket { capacity, refill } => units_time_secs(capacity as u128, refill),
+        Algorithm::TokenBucket {
+            capacity, refill, ..
+        } => units_time_secs(capacity as u128, refill),
         Algorithm::LeakyBucket { capacity, rate, .. } => {
             units_time_secs(capacity as u128 + 1, rate)
         }
@@ -202,11 +204,13 @@ mod tests {
         let a = Algorithm::TokenBucket {
             capacity: 120,
             refill: per_sec(1),
+            wait: 0,
         };
         assert_eq!((quota(&a), window_secs(&a)), (120, Some(120)));
         let a = Algorithm::TokenBucket {
             capacity: 20,
             refill: per_sec(10),
+            wait: 0,
         };
         assert_eq!(window_secs(&a), Some(2));
         // "0.5/s" = 5 tokens per 10 s: 3 tokens take 6 s.
@@ -216,6 +220,7 @@ mod tests {
                 tokens: 5,
                 per: 10 * S,
             },
+            wait: 0,
         };
         assert_eq!(window_secs(&a), Some(6));
         // "600/m", capacity 1: 0.1 s rounds up to the minimum of 1.
@@ -225,6 +230,7 @@ mod tests {
                 tokens: 600,
                 per: 60 * S,
             },
+            wait: 0,
         };
         assert_eq!(window_secs(&a), Some(1));
     }

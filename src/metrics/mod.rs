@@ -307,6 +307,9 @@ pub struct Metrics {
     token_usage_ratio: HistogramFamily<RouteLabels>,
     shed: Family<ShedLabels, Counter>,
     queue_depth: Family<LimitLabels, Gauge>,
+    /// `tollgate_queue_wait_seconds{limit}`: how long admitted requests
+    /// waited before they were forwarded (a `wait` hold, a queue).
+    queue_wait: HistogramFamily<LimitLabels>,
     /// The shared `"none"` route label.
     no_route: Arc<str>,
     upstream_health: UpstreamHealthFamilies,
@@ -495,6 +498,13 @@ impl Metrics {
             "A token route's settled responses by the tokens they used over the tokens they reserved (the reservation's estimate error: 1 is exact)",
             token_usage_ratio.clone(),
         );
+        let queue_wait = HistogramFamily::<LimitLabels>::new_with_constructor(duration_histogram);
+        registry.register_with_unit(
+            "tollgate_queue_wait",
+            "Admitted requests that waited before being forwarded (a token bucket's wait, a leaky bucket's delay, a queue), by the limit they waited for, and how long",
+            Unit::Seconds,
+            queue_wait.clone(),
+        );
         let connections_evicted = Counter::default();
         registry.register(
             "tollgate_connections_evicted",
@@ -546,6 +556,7 @@ impl Metrics {
             token_usage_ratio,
             shed,
             queue_depth,
+            queue_wait,
             no_route: Arc::from(NO_ROUTE),
             upstream_health,
         }
@@ -872,6 +883,17 @@ impl Metrics {
                 route: route.clone(),
             })
             .observe(Duration::from_secs_f64(ratio.min(1e9)));
+    }
+
+    /// An admitted request waited `waited` for `limit` before it was
+    /// forwarded (`tollgate_queue_wait_seconds`). Only requests that waited
+    /// are observed: the histogram is of waits, not of every request.
+    pub(crate) fn record_queue_wait(&self, limit: &Arc<str>, waited: Duration) {
+        self.queue_wait
+            .get_or_create(&LimitLabels {
+                limit: limit.clone(),
+            })
+            .observe(waited);
     }
 
     /// A fetch of an issuer's `jwks_url`, `ok` or `error`.

@@ -16,7 +16,8 @@
 //!    instead, charging nothing (`proxy::quota`).
 //! 6. **act** — answer a `respond` route, or forward upstream (body capped by
 //!    the route's `max_body` → 413; upstream failures → 502/504; no URL of
-//!    the upstream up → 503), after any leaky-bucket delay.
+//!    the upstream up → 503), after any hold the stack decided (a token
+//!    bucket's `wait`, a leaky bucket's delay: `admission::hold`).
 //! 7. **respond** — rate-limit headers on the response; post-response cost
 //!    settled from `cost_header`; concurrency slots held until the body ends.
 //! 8. **observe** — count the request and its duration under the route's name
@@ -190,6 +191,11 @@ struct LimitNote {
     limit: LimitId,
     remaining: u64,
     denied: bool,
+    /// How long the admitted request waited before it was forwarded, in µs
+    /// (0: not at all; saturating at 71 minutes). Here, in the padding
+    /// beside `denied`, rather than in `Seen`: that record is part of every
+    /// request's future, and had no room left.
+    queued_us: u32,
 }
 
 /// Step 8's view of a request, taken before the request is consumed.
@@ -272,6 +278,10 @@ impl Observation {
             refused: None,
             front: "proxy",
             tokens: seen.tokens.as_deref(),
+            queued: seen
+                .limit
+                .filter(|note| note.queued_us > 0)
+                .map(|note| Duration::from_micros(note.queued_us.into())),
         };
         match timing {
             // Written when the body ends, with the whole duration.
@@ -360,11 +370,19 @@ async fn route_and_act(
         progress.seen.limit = ticket.focus().map(|i| note(plan, &ticket, i, false));
         progress.seen.tokens = bill.as_ref().map(TokenBill::tally);
         ticket.move_permits_into(&mut progress.answer.permits);
-        if ticket.delay() > 0 {
-            // Leaky bucket in delay mode: the request waits its turn, like
-            // nginx `limit_req` without `nodelay` (a client that gives up
-            // drops this future; its place was paid for, as in nginx).
-            tokio::time::sleep(Duration::from_nanos(ticket.delay())).await;
+        // A token bucket's `wait` or a leaky bucket's delay: the request
+        // waits its turn, like nginx `limit_req` without `nodelay` (a client
+        // that gives up drops this future; its place was paid for).
+        // What `hold::wait_out` does for `/auth`, spelled out in this
+        // size-checked future.
+        if let Some(hold) = ticket.hold() {
+            tokio::time::sleep(Duration::from_nanos(hold.wait)).await;
+            admission::hold::record_wait(app, snapshot, plan, &mut ticket, hold);
+        }
+        if let Some(note) = &mut progress.seen.limit {
+            note.queued_us = ticket
+                .waited()
+                .map_or(0, |w| u32::try_from(w.as_micros()).unwrap_or(u32::MAX));
         }
     }
     if let Some(rule) = &route.tokens {
@@ -575,6 +593,7 @@ fn note(plan: &RoutePlan, ticket: &Ticket<'_>, position: usize, denied: bool) ->
         limit: plan.stack[position],
         remaining: ticket.entries()[position].verdict.remaining,
         denied,
+        queued_us: 0,
     }
 }
 

@@ -156,7 +156,9 @@ pub(crate) fn window_form(algorithm: &Algorithm) -> Option<(u64, Nanos)> {
         Algorithm::FixedWindow { limit, window }
         | Algorithm::SlidingWindow { limit, window }
         | Algorithm::SlidingLog { limit, window } => Some((limit, window)),
-        Algorithm::TokenBucket { capacity, refill } => Some((capacity, time_for(capacity, refill))),
+        Algorithm::TokenBucket {
+            capacity, refill, ..
+        } => Some((capacity, time_for(capacity, refill))),
         Algorithm::LeakyBucket { capacity, rate, .. } => {
             let q = capacity.saturating_add(1);
             Some((q, time_for(q, rate)))
@@ -170,7 +172,9 @@ pub(crate) fn window_form(algorithm: &Algorithm) -> Option<(u64, Nanos)> {
 /// bucket's burst is `capacity + 1`), windows as `(L, L per W)`.
 pub(crate) fn bucket_form(algorithm: &Algorithm) -> Option<(u64, Rate)> {
     match *algorithm {
-        Algorithm::TokenBucket { capacity, refill } => Some((capacity, refill)),
+        Algorithm::TokenBucket {
+            capacity, refill, ..
+        } => Some((capacity, refill)),
         Algorithm::LeakyBucket { capacity, rate, .. } => Some((capacity.saturating_add(1), rate)),
         _ => {
             let (limit, window) = window_form(algorithm)?;
@@ -213,6 +217,7 @@ pub(crate) fn map_to(algorithm: &Algorithm, kind: Kind) -> Algorithm {
         (Kind::TokenBucket, _) => Algorithm::TokenBucket {
             capacity: limit,
             refill: rate,
+            wait: 0,
         },
         (Kind::LeakyBucket, _) => Algorithm::LeakyBucket {
             capacity: limit - 1,
@@ -265,6 +270,7 @@ mod tests {
         let bucket = Algorithm::TokenBucket {
             capacity: 20,
             refill: Rate { tokens: 10, per: S },
+            wait: 0,
         };
         assert_eq!(window_form(&bucket), Some((20, 2 * S)));
         assert_eq!(
@@ -285,7 +291,8 @@ mod tests {
                 refill: Rate {
                     tokens: 20,
                     per: 2 * S
-                }
+                },
+                wait: 0,
             }
         );
         let conc = Algorithm::Concurrency { max: 3 };

@@ -449,6 +449,7 @@ mod tests {
                 tokens: u64::MAX,
                 per: 1,
             },
+            wait: 0,
         };
         for at in [0, u64::MAX / 2, u64::MAX] {
             tracker.admit(LimitKey::from_u128(9), &huge, at, u64::MAX);
@@ -462,6 +463,7 @@ mod tests {
         let bucket = Algorithm::TokenBucket {
             capacity: 5,
             refill: Rate { tokens: 1, per: S },
+            wait: 0,
         };
         let mut tracker = LimitTracker::default();
         // 5 at once, then one a second: exactly capacity + refill × span.

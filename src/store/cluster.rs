@@ -14,7 +14,7 @@ use std::sync::Arc;
 use smallvec::SmallVec;
 
 use super::{RedisStore, SharedDecision, SharedEntry, Unavailable};
-use crate::limit::{Algorithm, Verdict};
+use crate::limit::{Algorithm, Verdict, token_bucket};
 
 /// A decision made in Redis, with the units each entry took: more than its
 /// cost for a bucket that took a lease (the rest is the node's to spend).
@@ -186,7 +186,27 @@ impl RedisStore {
 /// can differ, when its next unit frees in the next window (that depends
 /// on this window's count, which the answer does not give): it is then the
 /// charged one's, less than a window off.
+///
+/// A token bucket's held request (`wait`: its verdict's `delay` is how far
+/// the bucket ran past full) is worked out again from that debt less the
+/// refund, since `r` was 0 however deep the debt.
 fn uncharged(verdict: Verdict, algorithm: Algorithm, taken: u64) -> Verdict {
+    if let Algorithm::TokenBucket {
+        capacity, refill, ..
+    } = algorithm
+        && verdict.delay > 0
+    {
+        // Scaled as token_bucket keeps time (ns × tokens), from `now` = 0.
+        let (per, tokens) = (
+            u128::from(refill.per.max(1)),
+            u128::from(refill.tokens.max(1)),
+        );
+        let ahead = (u128::from(capacity) * per + u128::from(verdict.delay) * tokens)
+            .saturating_sub(u128::from(taken) * per);
+        let state = token_bucket::State::at(ahead);
+        let (_, v) = token_bucket::decide(state, 0, 0, capacity, refill);
+        return Verdict::allow(v.remaining, v.reset_after);
+    }
     let full = crate::limit::verdict::quota(&algorithm);
     let remaining = verdict.remaining.saturating_add(taken).min(full);
     Verdict {
@@ -255,5 +275,26 @@ mod tests {
             uncharged(Verdict::allow(1, 0), Algorithm::Concurrency { max: 3 }, 1),
             Verdict::allow(2, 0)
         );
+        // A held request of a token bucket with `wait` (2 tokens, 1/s):
+        // the bucket was 1.5 s past full after its charge of 1; refunded, it
+        // still owes 0.5 s: r 0, the next token in 1.5 s. Refunded 3 (a
+        // cost of 3 held 1.5 s), it has 1 token and the next in 0.5 s.
+        let waiting = Algorithm::TokenBucket {
+            capacity: 2,
+            refill: crate::limit::Rate {
+                tokens: 1,
+                per: 1_000_000_000,
+            },
+            wait: 2_000_000_000,
+        };
+        let held = Verdict {
+            delay: 1_500_000_000,
+            ..Verdict::allow(0, 2_500_000_000)
+        };
+        assert_eq!(
+            uncharged(held, waiting, 1),
+            Verdict::allow(0, 1_500_000_000)
+        );
+        assert_eq!(uncharged(held, waiting, 3), Verdict::allow(1, 500_000_000));
     }
 }

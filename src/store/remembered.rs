@@ -196,6 +196,7 @@ mod tests {
                     tokens: 1,
                     per: NANOS_PER_SEC,
                 },
+                wait: 0,
             },
             align: WindowAlign::default(),
             key: LimitKey::from_u128(key),

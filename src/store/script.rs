@@ -370,11 +370,16 @@ fn push_params(e: &SharedEntry<'_>, member: &str, args: &mut Args) {
             args.int(0);
             args.int(0);
         }
-        Algorithm::TokenBucket { capacity, refill } => {
+        Algorithm::TokenBucket {
+            capacity,
+            refill,
+            wait,
+        } => {
             args.int(4);
             args.int(capacity);
             interval(args, refill.per, refill.tokens);
-            args.int(0);
+            // `wait` as a negative p3 (µs), apart from the leaky flag.
+            args.int(-i64::try_from(wait / 1_000).unwrap_or(i64::MAX));
             args.int(e.lease.min(capacity));
         }
         Algorithm::LeakyBucket {
@@ -532,6 +537,7 @@ mod tests {
                     tokens: 3,
                     per: NANOS_PER_SEC,
                 },
+                wait: 0,
             },
             align: WindowAlign::default(),
             key: LimitKey::from_u128(7),
@@ -550,6 +556,7 @@ mod tests {
                     tokens: 3,
                     per: 2 * NANOS_PER_SEC,
                 },
+                wait: 0,
             },
             ..e
         };

@@ -61,7 +61,8 @@ for i = 1, n do
     local s = get(key)
     local tat = math.max(s[1] or 0, now)
     if delta > 0 then
-      tat = math.min(tat + delta * p2, now + p1 * p2)
+      -- Never below where it was: a held request's debt (`wait`) stays.
+      tat = math.min(tat + delta * p2, math.max(now + p1 * p2, tat))
     else
       tat = math.max(tat + delta * p2, now)
     end

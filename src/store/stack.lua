@@ -19,8 +19,11 @@
 --   2 sliding window  p1 limit, p2 window (us)
 --   3 sliding log     p1 limit, p2 window (us)
 --   4 GCRA bucket     p1 units (token capacity; leaky capacity + 1), p2 emission
---                     interval T (us, may be fractional), p3 delay mode (0/1),
---                     p4 lease: take up to this many units when admitted (0: cost)
+--                     interval T (us, may be fractional), p3 the hold: 0 none,
+--                     1 leaky delay mode, -W a token bucket's `wait` of W us
+--                     (admitted up to W past the full bucket, held until its
+--                     tokens are there), p4 lease: take up to this many units
+--                     when admitted (0: cost)
 --   5 concurrency     p1 max, p2 lease (ms), p3 lease member (unique per request)
 --
 -- The clock is Redis TIME, read once: one batch is one instant. Each
@@ -127,7 +130,8 @@ while a <= nd do
   local new_tat = tat + cost * l2
   local ahead = new_tat - now
   local tau = l1 * l2
-  if not (l3 == 0 and l4 <= cost and cost <= l1 and ahead <= tau + 1e-6) then break end
+  -- A `wait` (l3 < 0) changes nothing for a request the bucket holds.
+  if not (l3 <= 0 and l4 <= cost and cost <= l1 and ahead <= tau + 1e-6) then break end
   -- gcra() admitting, without lease or delay.
   local room = tau - ahead
   if room < 0 then room = 0 end
@@ -329,7 +333,10 @@ if a <= nd then
     if tat < now then tat = now end
     local new_tat = tat + cost * T
     local never = cost > units
-    local allowed = not never and new_tat - now <= tau + 1e-6
+    -- A token bucket's wait: admitted up to that far past the full bucket.
+    local slack = 0
+    if delay_mode < 0 then slack = -delay_mode end
+    local allowed = not never and new_tat - now <= tau + slack + 1e-6
     local taken = cost
     if allowed and cost > 0 and lease > cost then
       -- A lease: the rest of it too, as far as the bucket holds it.
@@ -355,6 +362,10 @@ if a <= nd then
       local delay = 0
       if delay_mode == 1 then
         delay = mceil(ahead - T - 1e-6)
+        if delay < 0 then delay = 0 end
+      elseif delay_mode < 0 then
+        -- Held until its tokens would have been there.
+        delay = mceil(ahead - tau - 1e-6)
         if delay < 0 then delay = 0 end
       end
       return true, remaining, reset_after, 0, delay, new_tat, taken
