@@ -7,7 +7,8 @@
 //! tests do.
 //!
 //! The gateway owns its background tasks: the connections' server
-//! ([`conn::start`]), the admin and decision listeners, and the idle sweeper of the
+//! ([`conn::start`]) with the decision listener on its workers, the admin
+//! listener, and the idle sweeper of the
 //! limiter registry (`app::sweep`), which runs until the
 //! shutdown and not through the drain.
 
@@ -32,8 +33,9 @@ pub struct Listeners {
     pub(crate) traffic: Vec<conn::Listener>,
     /// `[server] admin`, if configured.
     pub(crate) admin: Option<TcpListener>,
-    /// `[decision] listen`, if configured.
-    pub(crate) decision: Option<TcpListener>,
+    /// `[decision] listen`, if configured: one socket per worker, as the
+    /// traffic's ([`decision::bind`]).
+    pub(crate) decision: Option<conn::Listener>,
 }
 
 impl Listeners {
@@ -56,7 +58,7 @@ impl Listeners {
         };
         let decision = match &config.decision {
             None => None,
-            Some(decision) => Some(decision::bind(decision.listen).await?),
+            Some(decision) => Some(decision::bind(decision.listen)?),
         };
         Ok(Listeners {
             traffic,
@@ -69,7 +71,7 @@ impl Listeners {
     pub fn decision_addr(&self) -> io::Result<Option<SocketAddr>> {
         self.decision
             .as_ref()
-            .map(TcpListener::local_addr)
+            .map(conn::Listener::local_addr)
             .transpose()
     }
 
@@ -111,12 +113,12 @@ pub async fn run(
     shutdown: impl Future<Output = ()>,
 ) -> io::Result<()> {
     let (stop_tx, stop_rx) = watch::channel(false);
-    let server = conn::start(app.clone(), listeners.traffic, stop_rx.clone())?;
+    let mut server = conn::start(app.clone(), listeners.traffic, stop_rx.clone())?;
+    if let Some(listener) = listeners.decision {
+        server.serve_side(listener, decision::on_every_worker(app.clone()));
+    }
     let sweeper = tokio::spawn(sweep::sweep_idle(app.clone()));
     let overrides = tokio::spawn(crate::app::override_sync::poll(app.clone()));
-    let decision = listeners
-        .decision
-        .map(|listener| tokio::spawn(decision::serve(app.clone(), listener, stop_rx.clone())));
     let admin = listeners
         .admin
         .map(|listener| tokio::spawn(admin::serve(app, listener, stop_rx)));
@@ -137,9 +139,6 @@ pub async fn run(
     overrides.abort();
     if let Some(admin) = admin {
         let _ = admin.await;
-    }
-    if let Some(decision) = decision {
-        let _ = decision.await;
     }
     Ok(())
 }

@@ -638,11 +638,10 @@ limits = ["guard"]
 "#;
 
 #[tokio::test]
-#[cfg_attr(
-    not(has_redis),
-    ignore = "needs redis-server and redis-cli: apt-get install -y redis-server redis-tools"
-)]
 async fn a_shared_denial_refunds_the_local_tier() {
+    if common::needs::skip(common::needs::REDIS) {
+        return;
+    }
     let redis = Redis::start();
     let Gate { app, clock } = gate(&redis_store(&redis.url(), ""), TWO_TIERS);
     redis.cli(&["CONFIG", "RESETSTAT"]);
@@ -693,11 +692,10 @@ async fn a_shared_denial_refunds_the_local_tier() {
 }
 
 #[tokio::test]
-#[cfg_attr(
-    not(has_redis),
-    ignore = "needs redis-server and redis-cli: apt-get install -y redis-server redis-tools"
-)]
 async fn a_lease_is_spent_locally_and_given_back_when_the_stack_is_denied() {
+    if common::needs::skip(common::needs::REDIS) {
+        return;
+    }
     let redis = Redis::start();
     let Gate { app, .. } = gate(
         &redis_store(&redis.url(), ""),
@@ -767,11 +765,10 @@ limits = ["leased", "once"]
 }
 
 #[tokio::test]
-#[cfg_attr(
-    not(has_redis),
-    ignore = "needs redis-server and redis-cli: apt-get install -y redis-server redis-tools"
-)]
 async fn cost_header_settles_in_redis_and_in_the_local_tier() {
+    if common::needs::skip(common::needs::REDIS) {
+        return;
+    }
     let redis = Redis::start();
     let Gate { app, .. } = gate(
         &redis_store(&redis.url(), ""),
@@ -904,11 +901,10 @@ async fn store_down_under_local_decides_on_the_scaled_fallback() {
 }
 
 #[tokio::test]
-#[cfg_attr(
-    not(has_redis),
-    ignore = "needs redis-server and redis-cli: apt-get install -y redis-server redis-tools"
-)]
 async fn a_store_that_stops_falls_back_to_local_and_resumes_when_it_answers() {
+    if common::needs::skip(common::needs::REDIS) {
+        return;
+    }
     let mut redis = Redis::start();
     let Gate { app, .. } = gate(
         &redis_store(&redis.url(), "on_failure = \"local\"\nlocal_fraction = 0.5"),

@@ -424,11 +424,10 @@ async fn reset_across_nodes(a: &InProcess, b: &InProcess, user: &str) {
 }
 
 #[tokio::test]
-#[cfg_attr(
-    not(has_redis),
-    ignore = "needs redis-server and redis-cli: apt-get install -y redis-server redis-tools"
-)]
 async fn a_reset_empties_a_shared_key_in_redis_for_every_node() {
+    if common::needs::skip(common::needs::REDIS) {
+        return;
+    }
     let redis = common::redis::Redis::start();
     let upstream = TestUpstream::start().await;
     let store = format!("url = \"{}\"", redis.url());
@@ -446,11 +445,10 @@ async fn a_reset_empties_a_shared_key_in_redis_for_every_node() {
 }
 
 #[tokio::test]
-#[cfg_attr(
-    not(has_redis),
-    ignore = "needs redis-server and redis-cli: apt-get install -y redis-server redis-tools"
-)]
 async fn a_reset_empties_a_cluster_key_at_its_slot() {
+    if common::needs::skip(common::needs::REDIS) {
+        return;
+    }
     let cluster = common::redis::Cluster::start(3, 0);
     let upstream = TestUpstream::start().await;
     let store = format!("cluster = true\nurl = [{}]", cluster.toml_urls());
@@ -463,11 +461,10 @@ async fn a_reset_empties_a_cluster_key_at_its_slot() {
 }
 
 #[tokio::test]
-#[cfg_attr(
-    not(has_redis),
-    ignore = "needs redis-server and redis-cli: apt-get install -y redis-server redis-tools"
-)]
 async fn a_reset_while_redis_is_down_fails_clearly_and_is_not_audited() {
+    if common::needs::skip(common::needs::REDIS) {
+        return;
+    }
     let mut redis = common::redis::Redis::start();
     let upstream = TestUpstream::start().await;
     let store = format!("url = \"{}\"\non_failure = \"local\"", redis.url());

@@ -453,11 +453,10 @@ async fn json_answers_envoyproxy_ratelimits_examples() {
 }
 
 #[tokio::test]
-#[cfg_attr(
-    not(has_redis),
-    ignore = "needs redis-server and redis-cli: apt-get install -y redis-server redis-tools"
-)]
 async fn two_gateways_on_redis_decide_one_limit_and_one_stack() {
+    if common::needs::skip(common::needs::REDIS) {
+        return;
+    }
     let redis = common::redis::Redis::start();
     let config = on_redis(&format!(
         "[store]\nbackend = \"redis\"\nurl = \"{}\"\n",
@@ -569,11 +568,10 @@ async fn decisions_are_logged_explained_and_reloaded() {
 }
 
 #[tokio::test]
-#[cfg_attr(
-    not(has_redis),
-    ignore = "needs redis-server and redis-cli: apt-get install -y redis-server redis-tools"
-)]
 async fn on_redis_cluster_a_call_across_slots_is_still_one_stack() {
+    if common::needs::skip(common::needs::REDIS) {
+        return;
+    }
     let cluster = common::redis::Cluster::start(3, 0);
     let urls = cluster.toml_urls();
     let config = on_redis(&format!(

@@ -1640,11 +1640,10 @@ async fn verifications_are_counted_once_per_token_and_by_result() {
 }
 
 #[tokio::test]
-#[cfg_attr(
-    not(has_redis),
-    ignore = "needs redis-server and redis-cli: apt-get install -y redis-server redis-tools"
-)]
 async fn per_user_budgets_are_shared_by_two_gateways_on_redis() {
+    if common::needs::skip(common::needs::REDIS) {
+        return;
+    }
     let redis = Redis::start();
     let key = Signer::ec("ec-1", Algorithm::ES256);
     let document = jwks(&[&key]);

@@ -245,8 +245,10 @@ fn assert_throttled(reply: &Reply, what: &str) {
 }
 
 #[tokio::test]
-#[cfg_attr(not(has_nginx), ignore = "needs nginx: apt-get install -y nginx")]
 async fn nginx_forwards_what_tollgate_allows_and_answers_429_for_what_it_denies() {
+    if common::needs::skip(common::needs::NGINX) {
+        return;
+    }
     let gateway = InProcess::start(&tollgate("127.0.0.1:0")).await;
     let upstream = TestUpstream::start().await;
     let decision = gateway.decision.expect("a decision listener");
@@ -318,8 +320,10 @@ async fn nginx_forwards_what_tollgate_allows_and_answers_429_for_what_it_denies(
 }
 
 #[tokio::test]
-#[cfg_attr(not(has_nginx), ignore = "needs nginx: apt-get install -y nginx")]
 async fn passed_on_unchanged_the_clients_headers_choose_its_key_but_not_its_route() {
+    if common::needs::skip(common::needs::NGINX) {
+        return;
+    }
     // Why the snippet overwrites them: without those lines (and only
     // X-Real-IP set, as many auth_request examples do) the client's own
     // X-Forwarded-For is the key. Its X-Forwarded-Uri beside nginx's
@@ -370,8 +374,10 @@ async fn passed_on_unchanged_the_clients_headers_choose_its_key_but_not_its_rout
 }
 
 #[tokio::test]
-#[cfg_attr(not(has_nginx), ignore = "needs nginx: apt-get install -y nginx")]
 async fn with_tollgate_down_nginx_answers_500_and_forwards_nothing() {
+    if common::needs::skip(common::needs::NGINX) {
+        return;
+    }
     let gateway = InProcess::start(&tollgate("127.0.0.1:0")).await;
     let upstream = TestUpstream::start().await;
     let nginx = Nginx::start(&nginx_conf(SNIPPET, gateway.decision.unwrap(), &upstream));
@@ -398,9 +404,11 @@ async fn with_tollgate_down_nginx_answers_500_and_forwards_nothing() {
 }
 
 #[tokio::test]
-#[cfg_attr(not(has_nginx), ignore = "needs nginx: apt-get install -y nginx")]
 async fn the_fail_open_variant_forwards_while_tollgate_is_down_or_hangs_and_limits_once_it_is_back()
 {
+    if common::needs::skip(common::needs::NGINX) {
+        return;
+    }
     // A fixed port, so that tollgate can come back where nginx looks.
     let listen = SocketAddr::from(([127, 0, 0, 1], free_port()));
     let config = tollgate(&listen.to_string());

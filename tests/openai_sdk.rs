@@ -7,7 +7,7 @@
 //! or raise as `openai.RateLimitError` when it has none left.
 //!
 //! The client is `tests/support/openai_client.py`, run by the interpreter
-//! build.rs found (`TOLLGATE_TEST_PYTHON`, else `python3`) with a plan of
+//! `common::needs::python` names (`TOLLGATE_TEST_PYTHON`, else `python3`) with a plan of
 //! calls; it prints, as JSON, what the SDK returned or raised for each.
 //! The gateway and the upstream run on the test's runtime, unpaused (the
 //! SDK waits on the wall clock), while the script runs on a blocking thread.
@@ -22,10 +22,6 @@ use serde_json::{Value, json};
 
 use common::InProcess;
 use common::llm::{LlmUpstream, metrics, settled, tokens};
-
-/// The interpreter that imports `openai` (build.rs checked it, or was told
-/// to require it).
-const PYTHON: &str = env!("TOLLGATE_TEST_PYTHON");
 
 const CLIENT: &str = concat!(
     env!("CARGO_MANIFEST_DIR"),
@@ -100,14 +96,15 @@ async fn sdk(gateway: &InProcess, key: &str, calls: Vec<Value>) -> Vec<Value> {
     });
     let out = tempfile::tempdir().expect("tempdir");
     let (stdout, stderr) = (out.path().join("stdout"), out.path().join("stderr"));
-    let mut child = Command::new(PYTHON)
+    let python = common::needs::python();
+    let mut child = Command::new(&python)
         .arg(CLIENT)
         .arg(plan.to_string())
         .stdin(Stdio::null())
         .stdout(std::fs::File::create(&stdout).expect("stdout file"))
         .stderr(std::fs::File::create(&stderr).expect("stderr file"))
         .spawn()
-        .unwrap_or_else(|error| panic!("{PYTHON}: {error}; {NEEDS}"));
+        .unwrap_or_else(|error| panic!("{python}: {error}; {NEEDS}"));
     let status = tokio::task::spawn_blocking(move || {
         let status = common::wait_exit(&mut child, Duration::from_secs(90));
         if status.is_none() {
@@ -123,7 +120,7 @@ async fn sdk(gateway: &InProcess, key: &str, calls: Vec<Value>) -> Vec<Value> {
     match status {
         Some(status) if status.success() => {}
         Some(status) if errors.contains("No module named 'openai'") => {
-            panic!("{PYTHON} cannot import openai ({status}): {NEEDS}")
+            panic!("{python} cannot import openai ({status}): {NEEDS}")
         }
         Some(status) => panic!("the client failed ({status}): {errors}{printed}"),
         None => panic!("the client did not finish in 90 s: {errors}{printed}"),
@@ -160,11 +157,10 @@ fn succeeded(report: &Value) -> &Value {
 }
 
 #[tokio::test]
-#[cfg_attr(
-    not(has_openai),
-    ignore = "needs the openai Python package: python3 -m venv DIR && DIR/bin/pip install openai, then TOLLGATE_TEST_PYTHON=DIR/bin/python"
-)]
 async fn a_completion_reaches_the_sdk_unchanged_and_is_settled() {
+    if common::needs::skip(common::needs::OPENAI) {
+        return;
+    }
     let upstream = LlmUpstream::start().await;
     let gateway = InProcess::start(&config(&upstream, 1000, SLOW, RULE)).await;
     // Reserves 300 + 1 (the prompt "hi"), uses 40 + 80.
@@ -193,11 +189,10 @@ async fn a_completion_reaches_the_sdk_unchanged_and_is_settled() {
 }
 
 #[tokio::test]
-#[cfg_attr(
-    not(has_openai),
-    ignore = "needs the openai Python package: python3 -m venv DIR && DIR/bin/pip install openai, then TOLLGATE_TEST_PYTHON=DIR/bin/python"
-)]
 async fn a_stream_with_include_usage_yields_every_chunk_and_is_settled_from_the_last() {
+    if common::needs::skip(common::needs::OPENAI) {
+        return;
+    }
     let upstream = LlmUpstream::start().await;
     let gateway = InProcess::start(&config(&upstream, 1000, SLOW, RULE)).await;
     let mut request = chat(100);
@@ -229,11 +224,10 @@ async fn a_stream_with_include_usage_yields_every_chunk_and_is_settled_from_the_
 }
 
 #[tokio::test]
-#[cfg_attr(
-    not(has_openai),
-    ignore = "needs the openai Python package: python3 -m venv DIR && DIR/bin/pip install openai, then TOLLGATE_TEST_PYTHON=DIR/bin/python"
-)]
 async fn include_usage_on_the_route_settles_a_stream_the_sdk_did_not_ask_usage_for() {
+    if common::needs::skip(common::needs::OPENAI) {
+        return;
+    }
     let mut request = chat(100);
     request["stream"] = json!(true);
     // Without the rule: the upstream sends no usage, the reservation stands.
@@ -272,11 +266,10 @@ async fn include_usage_on_the_route_settles_a_stream_the_sdk_did_not_ask_usage_f
 }
 
 #[tokio::test]
-#[cfg_attr(
-    not(has_openai),
-    ignore = "needs the openai Python package: python3 -m venv DIR && DIR/bin/pip install openai, then TOLLGATE_TEST_PYTHON=DIR/bin/python"
-)]
 async fn the_sdk_waits_out_a_token_429_by_its_retry_after_or_raises_rate_limit_error() {
+    if common::needs::skip(common::needs::OPENAI) {
+        return;
+    }
     let upstream = LlmUpstream::start().await;
     // 100 tokens, 50 a second: a 91-token reservation on an empty bucket
     // fits in 1.82 s, `Retry-After: 2`.

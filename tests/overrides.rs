@@ -383,11 +383,10 @@ async fn the_state_file_keeps_overrides_across_a_restart() {
 /// A shared limit: the overridden key's numbers go to Redis in the same
 /// script call as the key's (one EVALSHA per request, as without).
 #[tokio::test]
-#[cfg_attr(
-    not(has_redis),
-    ignore = "needs redis-server and redis-cli: apt-get install -y redis-server redis-tools"
-)]
 async fn a_redis_decided_key_is_decided_with_its_override_in_one_call() {
+    if common::needs::skip(common::needs::REDIS) {
+        return;
+    }
     let redis = Redis::start();
     let upstream = TestUpstream::start().await;
     let text = format!(
@@ -450,11 +449,10 @@ async fn quota_on(node: &InProcess) -> Option<u64> {
 /// within a second (the poll is every 250 ms); the figure printed is the
 /// p99 of `TOLLGATE_PROPAGATION_WRITES` writes (10 unless set).
 #[tokio::test]
-#[cfg_attr(
-    not(has_redis),
-    ignore = "needs redis-server and redis-cli: apt-get install -y redis-server redis-tools"
-)]
 async fn a_write_on_one_node_is_in_force_on_the_other() {
+    if common::needs::skip(common::needs::REDIS) {
+        return;
+    }
     let redis = Redis::start();
     let upstream = TestUpstream::start().await;
     let text = fleet_config(&upstream, &redis);
@@ -526,11 +524,10 @@ async fn a_write_on_one_node_is_in_force_on_the_other() {
 /// Redis down: a write fails with 503 and changes nothing; the node keeps
 /// the overrides it had and says so in `/readyz` and the metric.
 #[tokio::test]
-#[cfg_attr(
-    not(has_redis),
-    ignore = "needs redis-server and redis-cli: apt-get install -y redis-server redis-tools"
-)]
 async fn a_write_while_redis_is_down_fails_and_changes_nothing() {
+    if common::needs::skip(common::needs::REDIS) {
+        return;
+    }
     let mut redis = Redis::start();
     let upstream = TestUpstream::start().await;
     let gateway = InProcess::start_on_wall_time(&fleet_config(&upstream, &redis)).await;
@@ -593,11 +590,10 @@ async fn a_write_while_redis_is_down_fails_and_changes_nothing() {
 /// A Redis Cluster: the overrides' keys share one slot (their hash tag);
 /// a write on one node decides the key on the other.
 #[tokio::test]
-#[cfg_attr(
-    not(has_redis),
-    ignore = "needs redis-server and redis-cli: apt-get install -y redis-server redis-tools"
-)]
 async fn a_cluster_fleet_shares_its_overrides() {
+    if common::needs::skip(common::needs::REDIS) {
+        return;
+    }
     let cluster = common::redis::Cluster::start(3, 0);
     let upstream = TestUpstream::start().await;
     let servers = format!("cluster = true\nurl = [{}]", cluster.toml_urls());

@@ -71,11 +71,10 @@ async fn explain(gw: &InProcess, limit: &str, key: &str) -> serde_json::Value {
 }
 
 #[tokio::test]
-#[cfg_attr(
-    not(has_redis),
-    ignore = "needs redis-server and redis-cli: apt-get install -y redis-server redis-tools"
-)]
 async fn adaptive_is_node_local_and_all_or_nothing_with_redis() {
+    if common::needs::skip(common::needs::REDIS) {
+        return;
+    }
     let redis = Redis::start();
     let upstream = CapacityUpstream::start(10, Duration::from_secs(3), 100).await;
     let gw = InProcess::start_on_wall_time(&config(&redis, &upstream)).await;

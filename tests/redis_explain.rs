@@ -117,11 +117,10 @@ fn writes(redis: &Redis) -> u64 {
 }
 
 #[tokio::test]
-#[cfg_attr(
-    not(has_redis),
-    ignore = "needs redis-server and redis-cli: apt-get install -y redis-server redis-tools"
-)]
 async fn explain_shows_redis_state_for_a_shared_limit_and_writes_nothing() {
+    if common::needs::skip(common::needs::REDIS) {
+        return;
+    }
     let redis = Redis::start();
     let upstream = TestUpstream::start().await;
     let store = format!("url = \"{}\"", redis.url());
@@ -187,11 +186,10 @@ async fn explain_shows_redis_state_for_a_shared_limit_and_writes_nothing() {
 }
 
 #[tokio::test]
-#[cfg_attr(
-    not(has_redis),
-    ignore = "needs redis-server and redis-cli: apt-get install -y redis-server redis-tools"
-)]
 async fn explain_shows_the_fallback_state_labelled_while_redis_is_down() {
+    if common::needs::skip(common::needs::REDIS) {
+        return;
+    }
     let mut redis = Redis::start();
     let upstream = TestUpstream::start().await;
     let store = format!("url = \"{}\"", redis.url());
@@ -250,11 +248,10 @@ limits = ["fw", "tb"]
 "#;
 
 #[tokio::test]
-#[cfg_attr(
-    not(has_redis),
-    ignore = "needs redis-server and redis-cli: apt-get install -y redis-server redis-tools"
-)]
 async fn explain_reads_a_cluster_key_from_its_slot() {
+    if common::needs::skip(common::needs::REDIS) {
+        return;
+    }
     let cluster = common::redis::Cluster::start(3, 0);
     let upstream = TestUpstream::start().await;
     let urls = cluster.toml_urls();

@@ -102,11 +102,10 @@ fn tls_redis(dir: &Path, requirepass: Option<&str>) -> Redis {
 }
 
 #[tokio::test]
-#[cfg_attr(
-    not(has_redis),
-    ignore = "needs redis-server and redis-cli: apt-get install -y redis-server redis-tools"
-)]
 async fn rediss_with_a_ca_and_sni_decides_a_shared_limit_exactly() {
+    if common::needs::skip(common::needs::REDIS) {
+        return;
+    }
     let dir = tempfile::tempdir().expect("tempdir");
     let redis = tls_redis(dir.path(), None);
     let store = format!(
@@ -133,11 +132,10 @@ async fn rediss_with_a_ca_and_sni_decides_a_shared_limit_exactly() {
 }
 
 #[tokio::test]
-#[cfg_attr(
-    not(has_redis),
-    ignore = "needs redis-server and redis-cli: apt-get install -y redis-server redis-tools"
-)]
 async fn a_certificate_not_trusted_or_not_for_the_name_fails_over_to_on_failure() {
+    if common::needs::skip(common::needs::REDIS) {
+        return;
+    }
     let dir = tempfile::tempdir().expect("tempdir");
     let redis = tls_redis(dir.path(), None);
     for (store, why) in [
@@ -207,11 +205,10 @@ async fn assert_hidden_in_admin(gateway: &Gateway) {
 }
 
 #[tokio::test]
-#[cfg_attr(
-    not(has_redis),
-    ignore = "needs redis-server and redis-cli: apt-get install -y redis-server redis-tools"
-)]
 async fn requirepass_from_a_file_or_the_environment_and_a_wrong_one_is_on_failure() {
+    if common::needs::skip(common::needs::REDIS) {
+        return;
+    }
     let redis = Redis::with_options(Options {
         requirepass: Some(PASSWORD.to_owned()),
         ..Options::default()
@@ -274,11 +271,10 @@ async fn requirepass_from_a_file_or_the_environment_and_a_wrong_one_is_on_failur
 }
 
 #[tokio::test]
-#[cfg_attr(
-    not(has_redis),
-    ignore = "needs redis-server and redis-cli: apt-get install -y redis-server redis-tools"
-)]
 async fn an_acl_user_with_only_the_commands_the_scripts_use_decides_over_tls() {
+    if common::needs::skip(common::needs::REDIS) {
+        return;
+    }
     let dir = tempfile::tempdir().expect("tempdir");
     let redis = tls_redis(dir.path(), Some("admin-only"));
     // The README's ACL: the keys under the prefix, the script commands and
@@ -340,11 +336,10 @@ fn wait_synced(replica: &Redis) {
 }
 
 #[tokio::test]
-#[cfg_attr(
-    not(has_redis),
-    ignore = "needs redis-server and redis-cli: apt-get install -y redis-server redis-tools"
-)]
 async fn sentinel_finds_the_master_and_follows_a_failover() {
+    if common::needs::skip(common::needs::REDIS) {
+        return;
+    }
     // The master and its replica ask for one password, the sentinel for
     // another; the gateway reads both from files.
     let requirepass = Some(PASSWORD.to_owned());

@@ -218,11 +218,10 @@ limits = ["lb"]
 "#;
 
 #[tokio::test]
-#[cfg_attr(
-    not(has_redis),
-    ignore = "needs redis-server and redis-cli: apt-get install -y redis-server redis-tools"
-)]
 async fn two_gateways_admit_exactly_the_limit_for_every_algorithm() {
+    if common::needs::skip(common::needs::REDIS) {
+        return;
+    }
     let redis = Redis::start();
     let upstream = TestUpstream::start().await;
     let a = gateway(&redis, "", &upstream, ALGORITHMS).await;
@@ -308,11 +307,10 @@ async fn assert_same_answers(
 
 /// The same requests on the memory store and on Redis get the same answer.
 #[tokio::test]
-#[cfg_attr(
-    not(has_redis),
-    ignore = "needs redis-server and redis-cli: apt-get install -y redis-server redis-tools"
-)]
 async fn redis_answers_every_algorithm_as_the_memory_store_does() {
+    if common::needs::skip(common::needs::REDIS) {
+        return;
+    }
     let redis = Redis::start();
     let upstream = TestUpstream::start().await;
     let on_redis = gateway(&redis, "", &upstream, ALGORITHMS).await;
@@ -327,11 +325,10 @@ async fn redis_answers_every_algorithm_as_the_memory_store_does() {
 /// 10 s window, a second from where the weighted estimate of 5 earlier
 /// requests changes (every 2 s), so both requests of a pair see the same.
 #[tokio::test]
-#[cfg_attr(
-    not(has_redis),
-    ignore = "needs redis-server and redis-cli: apt-get install -y redis-server redis-tools"
-)]
 async fn redis_weights_the_previous_sliding_window_as_the_memory_store_does() {
+    if common::needs::skip(common::needs::REDIS) {
+        return;
+    }
     let body = r#"
 [limits.sw]
 key = "header:x-user"
@@ -368,11 +365,10 @@ limits = ["sw"]
 }
 
 #[tokio::test]
-#[cfg_attr(
-    not(has_redis),
-    ignore = "needs redis-server and redis-cli: apt-get install -y redis-server redis-tools"
-)]
 async fn concurrency_slots_are_leases_shared_and_released() {
+    if common::needs::skip(common::needs::REDIS) {
+        return;
+    }
     let redis = Redis::start();
     let upstream = TestUpstream::start().await;
     let body = r#"
@@ -433,11 +429,10 @@ fn window_count(redis: &Redis, key: &str) -> u64 {
 }
 
 #[tokio::test]
-#[cfg_attr(
-    not(has_redis),
-    ignore = "needs redis-server and redis-cli: apt-get install -y redis-server redis-tools"
-)]
 async fn a_shared_stack_is_all_or_nothing_under_concurrent_requests() {
+    if common::needs::skip(common::needs::REDIS) {
+        return;
+    }
     let redis = Redis::start();
     let upstream = TestUpstream::start().await;
     let body = r#"
@@ -505,11 +500,10 @@ limits = ["per_user", "per_route"]
 }
 
 #[tokio::test]
-#[cfg_attr(
-    not(has_redis),
-    ignore = "needs redis-server and redis-cli: apt-get install -y redis-server redis-tools"
-)]
 async fn script_flush_under_load_reloads_the_script() {
+    if common::needs::skip(common::needs::REDIS) {
+        return;
+    }
     let redis = Redis::start();
     let upstream = TestUpstream::start().await;
     let body = r#"
@@ -595,11 +589,10 @@ async fn until_metric(gateway: &impl Node, name: &str, value: f64, within: Durat
 }
 
 #[tokio::test]
-#[cfg_attr(
-    not(has_redis),
-    ignore = "needs redis-server and redis-cli: apt-get install -y redis-server redis-tools"
-)]
 async fn local_fallback_serves_through_a_redis_restart_on_the_same_port() {
+    if common::needs::skip(common::needs::REDIS) {
+        return;
+    }
     let mut redis = Redis::start();
     let upstream = TestUpstream::start().await;
     // The binary: the store thread's lines are read on its stderr.
@@ -666,11 +659,10 @@ async fn local_fallback_serves_through_a_redis_restart_on_the_same_port() {
 }
 
 #[tokio::test]
-#[cfg_attr(
-    not(has_redis),
-    ignore = "needs redis-server and redis-cli: apt-get install -y redis-server redis-tools"
-)]
 async fn deny_mode_answers_503_and_readyz_503_while_redis_is_down() {
+    if common::needs::skip(common::needs::REDIS) {
+        return;
+    }
     let mut redis = Redis::start();
     let upstream = TestUpstream::start().await;
     let a = gateway(&redis, r#"on_failure = "deny""#, &upstream, ONE_LIMIT).await;
@@ -706,11 +698,10 @@ async fn deny_mode_answers_503_and_readyz_503_while_redis_is_down() {
 }
 
 #[tokio::test]
-#[cfg_attr(
-    not(has_redis),
-    ignore = "needs redis-server and redis-cli: apt-get install -y redis-server redis-tools"
-)]
 async fn allow_mode_admits_while_redis_is_down() {
+    if common::needs::skip(common::needs::REDIS) {
+        return;
+    }
     let mut redis = Redis::start();
     let upstream = TestUpstream::start().await;
     let body = ONE_LIMIT.replace("limit = 100000", "limit = 1");
@@ -728,11 +719,10 @@ async fn allow_mode_admits_while_redis_is_down() {
 }
 
 #[tokio::test]
-#[cfg_attr(
-    not(has_redis),
-    ignore = "needs redis-server and redis-cli: apt-get install -y redis-server redis-tools"
-)]
 async fn a_redis_that_never_answers_costs_no_more_than_the_timeout() {
+    if common::needs::skip(common::needs::REDIS) {
+        return;
+    }
     let mut redis = Redis::start();
     let upstream = TestUpstream::start().await;
     let a = InProcess::start(&format!(
@@ -783,11 +773,10 @@ timeout = "100ms"
 }
 
 #[tokio::test]
-#[cfg_attr(
-    not(has_redis),
-    ignore = "needs redis-server and redis-cli: apt-get install -y redis-server redis-tools"
-)]
 async fn local_limits_stay_per_node_and_are_refunded_by_a_shared_denial() {
+    if common::needs::skip(common::needs::REDIS) {
+        return;
+    }
     let redis = Redis::start();
     let upstream = TestUpstream::start().await;
     let body = r#"
@@ -851,11 +840,10 @@ limits = ["node", "all"]
 }
 
 #[tokio::test]
-#[cfg_attr(
-    not(has_redis),
-    ignore = "needs redis-server and redis-cli: apt-get install -y redis-server redis-tools"
-)]
 async fn cost_header_settles_against_redis() {
+    if common::needs::skip(common::needs::REDIS) {
+        return;
+    }
     let redis = Redis::start();
     let upstream = TestUpstream::start().await;
     let body = r#"
@@ -899,11 +887,10 @@ limits = ["budget"]
 }
 
 #[test]
-#[cfg_attr(
-    not(has_redis),
-    ignore = "needs redis-server and redis-cli: apt-get install -y redis-server redis-tools"
-)]
 fn check_accepts_redis_and_names_every_bad_store_key() {
+    if common::needs::skip(common::needs::REDIS) {
+        return;
+    }
     let dir = tempfile::tempdir().expect("tempdir");
     let path = dir.path().join("gateway.toml");
     let good = r#"
@@ -1051,11 +1038,10 @@ limits = ["per_user", "per_route"]
 "#;
 
 #[tokio::test]
-#[cfg_attr(
-    not(has_redis),
-    ignore = "needs redis-server and redis-cli: apt-get install -y redis-server redis-tools"
-)]
 async fn cluster_stacks_across_slots_are_all_or_nothing() {
+    if common::needs::skip(common::needs::REDIS) {
+        return;
+    }
     let cluster = common::redis::Cluster::start(3, 0);
     let upstream = TestUpstream::start().await;
     let a = cluster_gateway(&cluster, &upstream, CROSS_SLOT).await;
@@ -1149,11 +1135,10 @@ limits = ["per_user", "per_route"]
 /// refunded but the 429 gave their `r` as charged (`per_user`'s 2 here,
 /// with 3 left in Redis). It gives them as refunded, as one Redis does.
 #[tokio::test]
-#[cfg_attr(
-    not(has_redis),
-    ignore = "needs redis-server and redis-cli: apt-get install -y redis-server redis-tools"
-)]
 async fn a_later_slots_denial_shows_the_earlier_slots_as_refunded() {
+    if common::needs::skip(common::needs::REDIS) {
+        return;
+    }
     let cluster = common::redis::Cluster::start(3, 0);
     let upstream = TestUpstream::start().await;
     let gateway = cluster_gateway(&cluster, &upstream, REFUNDED_ON_ANOTHER_SLOT).await;
@@ -1273,11 +1258,10 @@ limits = ["per_user", "guard"]
 /// On Cluster, decisions of one slot that meet in a worker's queue share
 /// script calls, as on one Redis, and admit exactly the limit.
 #[tokio::test]
-#[cfg_attr(
-    not(has_redis),
-    ignore = "needs redis-server and redis-cli: apt-get install -y redis-server redis-tools"
-)]
 async fn cluster_decisions_of_one_slot_share_script_calls() {
+    if common::needs::skip(common::needs::REDIS) {
+        return;
+    }
     let mut cluster = common::redis::Cluster::start(3, 0);
     let upstream = TestUpstream::start().await;
     let body = r#"
@@ -1323,11 +1307,10 @@ limits = ["per_route"]
 }
 
 #[tokio::test]
-#[cfg_attr(
-    not(has_redis),
-    ignore = "needs redis-server and redis-cli: apt-get install -y redis-server redis-tools"
-)]
 async fn cluster_failover_while_serving() {
+    if common::needs::skip(common::needs::REDIS) {
+        return;
+    }
     let mut cluster = common::redis::Cluster::start(3, 1);
     let upstream = TestUpstream::start().await;
     let body = ONE_LIMIT;
@@ -1392,11 +1375,10 @@ async fn admitted(gateway: &impl Node, user: &str, n: usize) -> usize {
 }
 
 #[tokio::test]
-#[cfg_attr(
-    not(has_redis),
-    ignore = "needs redis-server and redis-cli: apt-get install -y redis-server redis-tools"
-)]
 async fn auto_local_fraction_splits_the_fallback_between_live_nodes() {
+    if common::needs::skip(common::needs::REDIS) {
+        return;
+    }
     let mut redis = Redis::start();
     let upstream = TestUpstream::start().await;
     let body = ONE_LIMIT.replace("limit = 100000", "limit = 30");
@@ -1481,11 +1463,10 @@ fn evalsha_calls(redis: &Redis) -> u64 {
 }
 
 #[tokio::test]
-#[cfg_attr(
-    not(has_redis),
-    ignore = "needs redis-server and redis-cli: apt-get install -y redis-server redis-tools"
-)]
 async fn leased_tokens_cut_redis_calls_and_keep_the_bound() {
+    if common::needs::skip(common::needs::REDIS) {
+        return;
+    }
     let redis = Redis::start();
     let upstream = TestUpstream::start().await;
     let body = r#"
@@ -1628,11 +1609,10 @@ async fn burst_while_paused(
 }
 
 #[tokio::test]
-#[cfg_attr(
-    not(has_redis),
-    ignore = "needs redis-server and redis-cli: apt-get install -y redis-server redis-tools"
-)]
 async fn concurrent_decisions_share_script_calls_and_admit_exactly_the_limit() {
+    if common::needs::skip(common::needs::REDIS) {
+        return;
+    }
     let mut redis = Redis::start();
     let upstream = TestUpstream::start().await;
     let body = r#"
@@ -1707,11 +1687,10 @@ fn answer_of(reply: &common::Reply) -> Answer {
 /// Retry-After within the second that can pass between the two. Some keys
 /// come several times in one batch, past their limit.
 #[tokio::test]
-#[cfg_attr(
-    not(has_redis),
-    ignore = "needs redis-server and redis-cli: apt-get install -y redis-server redis-tools"
-)]
 async fn a_batch_of_many_keys_of_one_limit_decides_as_single_decisions() {
+    if common::needs::skip(common::needs::REDIS) {
+        return;
+    }
     let mut redis = Redis::start();
     let upstream = TestUpstream::start().await;
     let on_redis = one_worker_gateway(&redis, &upstream, ALGORITHMS).await;
@@ -1786,11 +1765,10 @@ async fn a_batch_of_many_keys_of_one_limit_decides_as_single_decisions() {
 }
 
 #[tokio::test]
-#[cfg_attr(
-    not(has_redis),
-    ignore = "needs redis-server and redis-cli: apt-get install -y redis-server redis-tools"
-)]
 async fn a_denied_stack_in_a_batch_charges_nothing_and_spares_the_others() {
+    if common::needs::skip(common::needs::REDIS) {
+        return;
+    }
     let mut redis = Redis::start();
     let upstream = TestUpstream::start().await;
     let body = r#"
@@ -1850,11 +1828,10 @@ limits = ["per_route", "per_user"]
 }
 
 #[tokio::test]
-#[cfg_attr(
-    not(has_redis),
-    ignore = "needs redis-server and redis-cli: apt-get install -y redis-server redis-tools"
-)]
 async fn a_node_takes_one_lease_at_a_time_when_its_requests_miss_together() {
+    if common::needs::skip(common::needs::REDIS) {
+        return;
+    }
     let mut redis = Redis::start();
     let upstream = TestUpstream::start().await;
     let body = r#"
@@ -1897,11 +1874,10 @@ limits = ["tb"]
 /// (same fields, the retry-after counted down). Never for a limit a
 /// response can refund (`cost_header`); forgotten on reload; off unless set.
 #[tokio::test]
-#[cfg_attr(
-    not(has_redis),
-    ignore = "needs redis-server and redis-cli: apt-get install -y redis-server redis-tools"
-)]
 async fn remembered_denials_spare_redis_calls_until_their_retry_after() {
+    if common::needs::skip(common::needs::REDIS) {
+        return;
+    }
     let mut redis = Redis::start();
     let upstream = TestUpstream::start().await;
     // Buckets, not fixed windows: a window's boundary passing during the
@@ -2123,11 +2099,10 @@ async fn slots_left(gateway: &InProcess, user: &str) -> u64 {
 /// test sees each request reach its call, then go, and only then resumes
 /// Redis, so what it shows is the give-back.
 #[tokio::test]
-#[cfg_attr(
-    not(has_redis),
-    ignore = "needs redis-server and redis-cli: apt-get install -y redis-server redis-tools"
-)]
 async fn a_request_gone_mid_call_gives_its_call_back() {
+    if common::needs::skip(common::needs::REDIS) {
+        return;
+    }
     let mut redis = Redis::start();
     let upstream = TestUpstream::start().await;
     let body = r#"

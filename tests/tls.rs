@@ -690,8 +690,10 @@ async fn rapid_reset_disconnects_the_client() {
 }
 
 #[tokio::test]
-#[cfg_attr(not(has_curl), ignore = "needs curl: apt-get install -y curl")]
 async fn curl_http2_and_prior_knowledge() {
+    if common::needs::skip(common::needs::CURL) {
+        return;
+    }
     let upstream = TestUpstream::start().await;
     let ca = Ca::new();
     let dir = dir_with_cert(&ca, &["gateway.test"]);

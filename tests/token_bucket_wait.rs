@@ -286,11 +286,10 @@ async fn a_client_gone_during_its_hold_is_not_forwarded_and_its_token_stays_take
 /// The same burst against the memory store and a real `redis-server`:
 /// the same answers, holds and `Retry-After`.
 #[tokio::test]
-#[cfg_attr(
-    not(has_redis),
-    ignore = "needs redis-server and redis-cli: apt-get install -y redis-server redis-tools"
-)]
 async fn redis_holds_as_the_memory_store_does() {
+    if common::needs::skip(common::needs::REDIS) {
+        return;
+    }
     let redis = Redis::start();
     let upstream = ClockedUpstream::start().await;
     // T = 250 ms: holds of 0, 0, 250, 500 ms; the fifth (750 ms) refused.
@@ -361,11 +360,10 @@ async fn redis_holds_as_the_memory_store_does() {
 /// in the bucket's slot and not held; the requests the whole stack admits
 /// are held as on one Redis.
 #[tokio::test]
-#[cfg_attr(
-    not(has_redis),
-    ignore = "needs redis-server and redis-cli: apt-get install -y redis-server redis-tools"
-)]
 async fn a_cluster_refunds_a_hold_that_a_later_slot_refuses() {
+    if common::needs::skip(common::needs::REDIS) {
+        return;
+    }
     let cluster = common::redis::Cluster::start(3, 0);
     let upstream = ClockedUpstream::start().await;
     let gw = InProcess::start_on_wall_time(&format!(

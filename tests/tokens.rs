@@ -356,11 +356,10 @@ async fn a_reload_while_a_stream_is_open_keeps_its_settlement() {
 }
 
 #[tokio::test]
-#[cfg_attr(
-    not(has_redis),
-    ignore = "needs redis-server and redis-cli: apt-get install -y redis-server redis-tools"
-)]
 async fn a_settlement_while_redis_is_down_follows_on_failure() {
+    if common::needs::skip(common::needs::REDIS) {
+        return;
+    }
     let mut redis = Redis::start();
     let upstream = LlmUpstream::start().await;
     let store = format!(
@@ -704,11 +703,10 @@ limits = ["tpm"]
 }
 
 #[tokio::test]
-#[cfg_attr(
-    not(has_redis),
-    ignore = "needs redis-server and redis-cli: apt-get install -y redis-server redis-tools"
-)]
 async fn two_gateways_on_redis_settle_into_one_budget() {
+    if common::needs::skip(common::needs::REDIS) {
+        return;
+    }
     let redis = Redis::start();
     let upstream = LlmUpstream::start().await;
     let store = format!(
@@ -760,11 +758,10 @@ async fn script_calls_reach(redis: &Redis, n: u64) {
 }
 
 #[tokio::test]
-#[cfg_attr(
-    not(has_redis),
-    ignore = "needs redis-server and redis-cli: apt-get install -y redis-server redis-tools"
-)]
 async fn on_redis_cluster_reservations_and_settlements_cross_slots() {
+    if common::needs::skip(common::needs::REDIS) {
+        return;
+    }
     let cluster = common::redis::Cluster::start(3, 0);
     let upstream = LlmUpstream::start().await;
     let urls = cluster.toml_urls();
@@ -1012,11 +1009,10 @@ async fn over_a_run_admitted_tokens_stay_within_the_limit_plus_one_overshoot() {
 }
 
 #[tokio::test]
-#[cfg_attr(
-    not(has_redis),
-    ignore = "needs redis-server and redis-cli: apt-get install -y redis-server redis-tools"
-)]
 async fn over_a_run_two_gateways_on_redis_stay_within_the_same_bound() {
+    if common::needs::skip(common::needs::REDIS) {
+        return;
+    }
     let redis = Redis::start();
     let upstream = LlmUpstream::start().await;
     let store = format!(

@@ -1,5 +1,6 @@
 //! Binding the traffic listeners: one listening socket per worker for each
-//! configured address (`[server] listen`, `[server.tls] listen`).
+//! configured address (`[server] listen`, `[server.tls] listen`), and the
+//! decision service's the same way ([`bind_side`]).
 //!
 //! With N > 1 workers every address gets N `SO_REUSEPORT` sockets, one per
 //! worker, and the kernel spreads incoming connections over them by a hash
@@ -63,6 +64,13 @@ pub(crate) fn bind_tls(addresses: &[SocketAddr]) -> io::Result<Vec<Listener>> {
         .iter()
         .map(|address| bind_one(*address, true, worker_count()))
         .collect()
+}
+
+/// Binds a side listener (the decision service's, `what` its key for
+/// errors) as [`bind`] does a traffic one: one socket per worker.
+pub(crate) fn bind_side(address: SocketAddr, what: &str) -> io::Result<Listener> {
+    bind_one(address, false, worker_count())
+        .map_err(|e| io::Error::new(e.kind(), format!("{e} ({what})")))
 }
 
 /// Binds `address` with one socket for each of `workers` (a plain socket

@@ -5,7 +5,7 @@
 //! | file | its job |
 //! | --- | --- |
 //! | [`listener`] | binding the traffic addresses: one socket per worker (`SO_REUSEPORT`) |
-//! | [`workers`] | the worker threads and the [`Server`]: which worker serves which socket, reloads, the drain |
+//! | [`workers`] | the worker threads and the [`Server`]: which worker serves which socket (the decision listener's too), reloads, the drain |
 //! | [`reconcile`] | what a reload's `listen` list keeps, binds and closes (a pure plan) |
 //! | [`accept`] | the accept loop every listener runs (traffic, admin, decision): slots, back-off on accept errors, a task per connection |
 //! | [`serve`] | one HTTP/1.1 connection: the fast path, then the hand-off to hyper |
@@ -52,6 +52,7 @@ pub(crate) mod tls;
 pub(crate) mod watchdog;
 pub(crate) mod workers;
 
-pub(crate) use listener::bind_tls;
 pub use listener::{Listener, bind};
+pub(crate) use listener::{bind_side, bind_tls};
+pub(crate) use workers::SideServe;
 pub use workers::{Server, start};

@@ -14,6 +14,11 @@
 //!   `max_connections` cap covers the whole process (a semaphore every
 //!   worker shares), and at the cap an idle connection of any worker can be
 //!   asked to close ([`super::evict`]).
+//! - **Side listeners** ([`Server::serve_side`]): the decision service's
+//!   listener is served by every worker the same way, one `SO_REUSEPORT`
+//!   socket each, so its gRPC and `/auth` decisions spread over the workers
+//!   as the traffic does; the front that owns it gives the accept loop.
+//!   Bound at start, not moved by reloads.
 //! - **Reloads**: a new `listen` list is applied as soon as the generation
 //!   changes ([`super::reconcile`] says what changes): new addresses are
 //!   bound (on every worker), removed ones stop accepting on every worker
@@ -28,8 +33,10 @@
 //!   connection whose task runs on another.
 
 use std::collections::HashMap;
+use std::future::Future;
 use std::io;
 use std::net::SocketAddr;
+use std::pin::Pin;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -78,8 +85,24 @@ impl Shared {
     }
 }
 
+/// How a worker serves its socket of a side listener
+/// ([`Server::serve_side`]): the front's accept loop on it, which returns
+/// once the shutdown signal turns true and it has stopped accepting.
+pub(crate) type SideServe = Arc<
+    dyn Fn(TcpListener, watch::Receiver<bool>) -> Pin<Box<dyn Future<Output = ()> + Send>>
+        + Send
+        + Sync,
+>;
+
 /// What the main thread asks of a worker.
 enum Command {
+    /// Serve this socket (the worker's own) of a side listener with `serve`
+    /// until the shutdown.
+    Side {
+        address: SocketAddr,
+        socket: std::net::TcpListener,
+        serve: SideServe,
+    },
     /// Accept on this socket (the worker's own) for the configured `address`.
     Start {
         address: SocketAddr,
@@ -278,6 +301,24 @@ impl Server {
         self.served.push((address, tls));
     }
 
+    /// Serves `listener` (one socket per worker, [`super::bind_side`]) on
+    /// every worker with `serve` until the shutdown: the decision service's
+    /// listener, whose connections the kernel then spreads over the workers
+    /// as it does the traffic's. Reloads do not move it.
+    pub(crate) fn serve_side(&mut self, listener: Listener, serve: SideServe) {
+        let address = listener.address;
+        for (index, (worker, socket)) in self.workers.iter().zip(listener.sockets).enumerate() {
+            let command = Command::Side {
+                address,
+                socket,
+                serve: serve.clone(),
+            };
+            if worker.commands.send(command).is_err() {
+                tracing::error!(%address, worker = index, "worker has stopped; it does not serve this address");
+            }
+        }
+    }
+
     /// Stops `endpoint` on every worker; returns once all have closed it.
     async fn stop_listener(&mut self, endpoint: Endpoint) {
         let mut acks = Vec::with_capacity(self.workers.len());
@@ -333,12 +374,14 @@ async fn run_worker(shared: Shared, mut commands: mpsc::UnboundedReceiver<Comman
     let mut accepting = Accepting {
         shared,
         loops: HashMap::new(),
+        sides: Vec::new(),
     };
     while !*shutdown.borrow() {
         tokio::select! {
             changed = shutdown.changed() => if changed.is_err() { break },
             command = commands.recv() => match command {
                 Some(Command::Start { address, tls, socket }) => accepting.start(address, tls, socket),
+                Some(Command::Side { address, socket, serve }) => accepting.side(address, socket, &serve),
                 Some(Command::Stop { endpoint, done }) => {
                     accepting.stop(endpoint).await;
                     let _ = done.send(());
@@ -354,6 +397,10 @@ async fn run_worker(shared: Shared, mut commands: mpsc::UnboundedReceiver<Comman
     for endpoint in endpoints {
         accepting.stop(endpoint).await;
     }
+    // The side listeners' loops saw the same signal and stop accepting.
+    for side in std::mem::take(&mut accepting.sides) {
+        let _ = side.await;
+    }
     // Dropping `accepting` drops this worker's `alive` sender.
 }
 
@@ -362,6 +409,8 @@ struct Accepting {
     shared: Shared,
     /// Per listener: its stop switch and its accept loop.
     loops: HashMap<Endpoint, (watch::Sender<bool>, tokio::task::JoinHandle<()>)>,
+    /// The side listeners' accept loops, which stop on the shutdown signal.
+    sides: Vec<tokio::task::JoinHandle<()>>,
 }
 
 impl Accepting {
@@ -380,6 +429,20 @@ impl Accepting {
         let task = tokio::spawn(accept_loop(self.shared.clone(), listener, tls, stop_rx));
         if let Some((old_stop, _)) = self.loops.insert((address, tls), (stop_tx, task)) {
             let _ = old_stop.send(true);
+        }
+    }
+
+    /// Registers a side listener's `socket` with this worker's runtime and
+    /// runs `serve` on it.
+    fn side(&mut self, address: SocketAddr, socket: std::net::TcpListener, serve: &SideServe) {
+        match TcpListener::from_std(socket) {
+            Ok(listener) => {
+                let serving = serve(listener, self.shared.shutdown.clone());
+                self.sides.push(tokio::spawn(serving));
+            }
+            Err(error) => {
+                tracing::error!(%address, %error, worker = crate::worker::worker_index(), "cannot accept on this worker");
+            }
         }
     }
 

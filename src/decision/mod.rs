@@ -12,9 +12,13 @@
 //! HTTP/1.1 and HTTP/2 (h2c with prior knowledge, as gRPC clients speak)
 //! on one port. The decisions use the proxy's limits, stores, metrics
 //! (`front = "rls"` or `"auth"`), access log and reloads: each request reads
-//! the snapshot serving at the time. The listener is bound at start; like
-//! the admin listener, a reload does not move it. It closes when the
-//! traffic drain starts; open connections finish their request.
+//! the snapshot serving at the time. The listener is served by every worker
+//! (`[server] workers`), each on a `SO_REUSEPORT` socket of its own
+//! ([`crate::conn::Server::serve_side`]), so decisions per second scale
+//! with the workers as the proxy's requests do; one `max_connections` cap
+//! of its own covers all of them. It is bound at start; like the admin
+//! listener, a reload does not move it. It closes when the traffic drain
+//! starts; open connections finish their request.
 
 pub(crate) mod auth;
 pub(crate) mod grpc;
@@ -41,21 +45,32 @@ use crate::answer::body::ResponseBody;
 use crate::answer::response::problem;
 use crate::app::App;
 use crate::conn::accept::{accept_and_serve, until_shutdown};
+use crate::conn::{Listener, SideServe};
 
-/// Binds the decision listener.
-pub(crate) async fn bind(address: SocketAddr) -> io::Result<TcpListener> {
-    TcpListener::bind(address).await.map_err(|e| {
-        io::Error::new(
-            e.kind(),
-            format!("cannot listen on {address} (decision.listen): {e}"),
-        )
+/// Binds the decision listener: one socket per worker.
+pub(crate) fn bind(address: SocketAddr) -> io::Result<Listener> {
+    crate::conn::bind_side(address, "decision.listen")
+}
+
+/// How each worker serves its socket of the decision listener
+/// ([`crate::conn::Server::serve_side`]): [`serve`], under one connection
+/// cap (`max_connections`) for all the workers.
+pub(crate) fn on_every_worker(app: Arc<App>) -> SideServe {
+    let permits = Arc::new(Semaphore::new(app.snapshot().config.server.max_connections));
+    Arc::new(move |listener, shutdown| {
+        Box::pin(serve(app.clone(), listener, permits.clone(), shutdown))
     })
 }
 
-/// Serves decisions on `listener` until `shutdown` turns true.
-pub(crate) async fn serve(app: Arc<App>, listener: TcpListener, shutdown: watch::Receiver<bool>) {
+/// Serves decisions on `listener` (a worker's socket), each connection with
+/// a slot of `permits`, until `shutdown` turns true.
+pub(crate) async fn serve(
+    app: Arc<App>,
+    listener: TcpListener,
+    permits: Arc<Semaphore>,
+    shutdown: watch::Receiver<bool>,
+) {
     let server = app.snapshot().config.server.clone();
-    let permits = Arc::new(Semaphore::new(server.max_connections));
     let stop = shutdown.clone();
     accept_and_serve(listener, permits, None, stop, |stream, peer| {
         let _ = stream.set_nodelay(true);

@@ -174,14 +174,16 @@ async fn connect_and_exchange(
 ) -> Result<(Response<UpstreamBody>, FieldLines), Failed> {
     // A reused timer: a fresh one per request cost ~600 instructions.
     let mut deadline = Deadline::at(tokio::time::Instant::now() + upstream.config.timeout);
-    // The client's target, each URL's prefix put in front of it; and the
-    // fields before a URL's `Host`.
-    let target = std::mem::take(&mut prepared.parts.uri);
+    // The fields before a URL's `Host`.
     let own_fields = prepared.own.lines.len();
     let mut replay = attempt
         .may_retry_unanswered(&prepared.parts.method)
         .then(|| replay_of(&prepared.body))
         .flatten();
+    // The URL the target was last aimed at: a second try takes the
+    // client's target back from it (`client_target`) rather than keeping a
+    // copy of it through every exchange for the rare one sent again.
+    let mut aimed_at: Option<usize> = None;
     loop {
         let (url, connection, _in_flight) = match upstream
             .start_connect(attempt)
@@ -203,8 +205,12 @@ async fn connect_and_exchange(
         // Changed in place, and lent to the exchange: each move of the head
         // and its fields is a copy of ~530 bytes.
         let base = &upstream.config.urls[url];
-        prepared.parts.uri = upstream_uri(base, &target).map_err(|_| Failed::Target)?;
-        prepared.own.lines.truncate(own_fields);
+        if let Some(before) = aimed_at {
+            prepared.parts.uri = client_target(&upstream.config.urls[before], &prepared.parts.uri);
+            prepared.own.lines.truncate(own_fields);
+        }
+        prepared.parts.uri = upstream_uri(base, &prepared.parts.uri).map_err(|_| Failed::Target)?;
+        aimed_at = Some(url);
         if prepared.host_from_url
             && let Some(authority) = base.authority()
         {
@@ -234,6 +240,22 @@ async fn connect_and_exchange(
             Err(source) => return Err(Failed::Pool { url, source }),
         }
     }
+}
+
+/// The client's target back from `sent`, the target [`upstream_uri`]
+/// aimed at `base`: its path and query without `base`'s path prefix (all
+/// `upstream_uri` reads of a target). Out of line: only a request sent
+/// once more needs it.
+#[cold]
+#[inline(never)]
+fn client_target(base: &Uri, sent: &Uri) -> Uri {
+    let prefix = base.path().trim_end_matches('/');
+    let sent = sent.path_and_query().map_or("/", PathAndQuery::as_str);
+    // `upstream_uri` put the prefix in front: what follows is the client's.
+    let target = sent.strip_prefix(prefix).filter(|t| !t.is_empty());
+    target
+        .and_then(|target| target.parse().ok())
+        .unwrap_or_else(|| Uri::from_static("/"))
 }
 
 /// The request body once more, for a second try, when it is in memory
@@ -530,6 +552,32 @@ mod tests {
             head.contains("forwarded: for=\"[2001:db8::1]\";proto=http;host=example.com\r\n"),
             "{head}"
         );
+    }
+
+    /// A target sent once more, to another URL, is the client's again
+    /// before the other URL's prefix goes in front of it.
+    #[test]
+    fn client_target_undoes_upstream_uri() {
+        let request: Uri = "/users?id=1".parse().unwrap();
+        for base in [
+            "http://127.0.0.1:9000/v1/",
+            "http://127.0.0.1:9000/v1",
+            "http://127.0.0.1:9000",
+            "http://127.0.0.1:9000/",
+        ] {
+            let base: Uri = base.parse().unwrap();
+            let sent = upstream_uri(&base, &request).unwrap();
+            assert_eq!(client_target(&base, &sent), request, "{base}");
+            let root: Uri = "/".parse().unwrap();
+            let sent = upstream_uri(&base, &root).unwrap();
+            let back = client_target(&base, &sent);
+            assert_eq!(upstream_uri(&base, &back).unwrap(), sent, "{base}");
+        }
+        let other: Uri = "http://127.0.0.1:9001/v2".parse().unwrap();
+        let base: Uri = "http://127.0.0.1:9000/v1".parse().unwrap();
+        let sent = upstream_uri(&base, &request).unwrap();
+        let again = upstream_uri(&other, &client_target(&base, &sent)).unwrap();
+        assert_eq!(again, "/v2/users?id=1");
     }
 
     #[test]

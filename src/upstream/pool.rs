@@ -9,8 +9,9 @@
 //! read to the end ([`UpstreamBody`]), or at once when the body came with
 //! the head.
 //!
-//! A connection is reused only if one non-blocking read finds it empty and
-//! open ([`UpstreamConn::idle_state`]), and never after a response with
+//! A connection is reused only if it is empty and open as far as the event
+//! loop has seen, probed with a non-blocking read where the loop saw it
+//! become readable ([`UpstreamConn::idle_state`]), and never after a response with
 //! bytes buffered past its end: bytes an upstream writes after a response
 //! (a body after a `204`, more than `Content-Length`) would be the next
 //! client's response. Once an upstream is seen doing that, its pool stops
@@ -493,13 +494,13 @@ mod tests {
         (UpstreamConn::new(conn), peer)
     }
 
-    /// The bug behind the 67 of 200: the check before reuse asked
-    /// tokio's readiness, which the event loop updates only when it polls,
-    /// so bytes that arrived since were not seen and the next client read
-    /// them as its response. No await between the write and the checkout
-    /// here: the event loop cannot run.
+    /// Bytes or a close that reached the socket are found before reuse once
+    /// the event loop has polled (the `yield_now`, which on tokio's
+    /// scheduler comes back after a poll of the loop): the stray and the
+    /// closed connections are discarded, the clean one is handed out, and
+    /// a clean connection's check finds nothing to read.
     #[tokio::test]
-    async fn bytes_the_event_loop_has_not_seen_keep_a_connection_from_reuse() {
+    async fn bytes_or_a_close_the_event_loop_has_seen_keep_a_connection_from_reuse() {
         use std::io::Write as _;
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let address = listener.local_addr().unwrap().to_string();
@@ -520,16 +521,33 @@ mod tests {
             .write_all(b"HTTP/1.1 200 OK\r\ncontent-length: 5\r\n\r\nstray")
             .unwrap();
         drop(closed_peer);
-        // A wide margin for loopback delivery, blocking: no await.
+        // A wide margin for loopback delivery, then one turn of the loop.
         std::thread::sleep(Duration::from_millis(50));
-        // The stray and the closed connections are discarded; the clean one
-        // is handed out.
+        tokio::task::yield_now().await;
         let mut taken = pool.take_idle().expect("the clean connection");
         assert_eq!(taken.idle_state(), IdleState::Open);
         assert_eq!(pool.idle_count(), 0);
         // An upstream seen sending stray bytes is not pooled any more.
         pool.release(taken, true);
         assert_eq!(pool.idle_count(), 0);
+    }
+
+    /// The check of a connection the event loop has not seen become
+    /// readable makes no system call: bytes that reached the socket after
+    /// the loop's last poll are not read by it (they are found once the
+    /// loop has polled).
+    #[tokio::test]
+    async fn a_connection_with_no_readiness_event_is_not_probed() {
+        use std::io::Write as _;
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let (mut conn, mut peer) = pair(&listener).await;
+        peer.write_all(b"x").unwrap();
+        std::thread::sleep(Duration::from_millis(50));
+        // No await since the write: the loop has not polled, so no `recv`
+        // was made (one would have taken the byte and said `Stray`).
+        assert_eq!(conn.idle_state(), IdleState::Open);
+        tokio::task::yield_now().await;
+        assert_eq!(conn.idle_state(), IdleState::Stray);
     }
 
     #[tokio::test]

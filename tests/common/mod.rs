@@ -11,6 +11,7 @@ pub mod certs;
 pub mod jwt;
 pub mod llm;
 pub mod log;
+pub mod needs;
 
 use std::collections::HashMap;
 use std::io::{BufRead, BufReader};
