@@ -11,6 +11,8 @@
 //! | `GET /readyz` | 200, or 503 while the store is down with `on_failure = "deny"` ([`App::is_ready`]) or some upstream has no URL up ([`App::unhealthy_upstreams`]) |
 //! | `GET /config` | `{"path","sha256","loaded_at","generation","last_error"}` of the configuration serving |
 //! | `GET /limits/NAME?key=VALUE` | one key's state of limit NAME, charging nothing (`explain.rs`) |
+//! | `GET /stats` | the gateway at a glance as JSON, from the same counters ([`stats`]) |
+//! | `GET /dashboard` | the page that draws `/stats` ([`dashboard`]) |
 //!
 //! Other paths are 404, other methods 405, both problem+json. HTTP/1.1 only.
 //! The listener closes when the traffic drain starts; open admin connections
@@ -35,6 +37,10 @@ use crate::answer::response::problem as problem_response;
 use crate::app::App;
 use crate::conn::accept::{accept_and_serve, until_shutdown};
 use crate::http::problem;
+
+mod dashboard;
+mod exposition;
+mod stats;
 
 /// Admin connections served at once; more wait in the backlog. Scrapers and
 /// health checkers need a handful.
@@ -85,7 +91,10 @@ pub(crate) async fn answer(app: &App, method: &Method, target: &str) -> Response
     let limit = path
         .strip_prefix("/limits/")
         .filter(|name| !name.is_empty());
-    let known = matches!(path, "/metrics" | "/healthz" | "/readyz" | "/config") || limit.is_some();
+    let known = matches!(
+        path,
+        "/metrics" | "/healthz" | "/readyz" | "/config" | "/stats" | "/dashboard"
+    ) || limit.is_some();
     if !known {
         return problem_response(StatusCode::NOT_FOUND, &format!("no admin endpoint {path}"));
     }
@@ -111,6 +120,8 @@ pub(crate) async fn answer(app: &App, method: &Method, target: &str) -> Response
             ok(app.metrics().encode(), crate::metrics::CONTENT_TYPE)
         }
         "/healthz" => ok("ok\n".to_owned(), "text/plain; charset=utf-8"),
+        "/stats" => ok(stats::stats(app).to_string(), "application/json"),
+        "/dashboard" => dashboard::page(),
         "/readyz" if !app.is_ready() => problem_response(
             StatusCode::SERVICE_UNAVAILABLE,
             "the limiter store is down and store.on_failure is \"deny\"",
