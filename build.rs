@@ -1,6 +1,7 @@
 //! Finds the external programs that some integration tests talk to
-//! (`redis-server` and `redis-cli`, `curl`, `nginx`) and sets one cfg for
-//! each that is installed: `has_redis`, `has_curl`, `has_nginx`; and
+//! (`redis-server` and `redis-cli`, `curl`, `nginx`, `chromium`) and sets
+//! one cfg for each that is installed: `has_redis`, `has_curl`,
+//! `has_nginx`, `has_chromium`; and
 //! `has_openai` where a Python interpreter (`TOLLGATE_TEST_PYTHON`, else
 //! `python3`) can `import openai`, the official SDK `tests/openai_sdk.rs`
 //! drives, passing the interpreter to the tests as `TOLLGATE_TEST_PYTHON`.
@@ -33,6 +34,7 @@ const SERVERS: &[(&str, &[&str], &str)] = &[
     ),
     ("has_curl", &["curl"], "apt-get install -y curl"),
     ("has_nginx", &["nginx"], "apt-get install -y nginx"),
+    ("has_chromium", &["chromium"], "apt-get install -y chromium"),
 ];
 
 fn main() {

@@ -39,15 +39,17 @@ static PAGE: LazyLock<Page> = LazyLock::new(|| {
     Page {
         html: bytes::Bytes::from(html),
         // The policy is ASCII (base64 and keywords): always a valid value.
-        policy: HeaderValue::from_str(&policy).unwrap_or(HeaderValue::from_static(
-            "default-src 'none'",
-        )),
+        policy: HeaderValue::from_str(&policy)
+            .unwrap_or(HeaderValue::from_static("default-src 'none'")),
     }
 });
 
 /// `'sha256-…'` of an inline element's text, as CSP spells a hash source.
 fn hash_source(text: &str) -> String {
-    format!("'sha256-{}'", STANDARD.encode(Sha256::digest(text.as_bytes())))
+    format!(
+        "'sha256-{}'",
+        STANDARD.encode(Sha256::digest(text.as_bytes()))
+    )
 }
 
 /// The page's `Content-Security-Policy`: nothing but its own style and

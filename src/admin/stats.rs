@@ -176,7 +176,10 @@ impl Latency {
 
 /// Names in configuration order, then the ones a reload removed whose
 /// counters remain, sorted.
-fn ordered<'n>(configured: impl Iterator<Item = &'n str>, seen: impl Iterator<Item = &'n str>) -> Vec<&'n str> {
+fn ordered<'n>(
+    configured: impl Iterator<Item = &'n str>,
+    seen: impl Iterator<Item = &'n str>,
+) -> Vec<&'n str> {
     let mut names: Vec<&str> = Vec::new();
     for name in configured {
         if !names.contains(&name) {
@@ -290,30 +293,37 @@ fn refused_keys(app: &App, snapshot: &Snapshot) -> Value {
     let mut names: HashMap<&str, HashMap<LimitKey, Named>> = HashMap::new();
     let keys: Vec<Value> = top
         .iter()
-        .map(|Counted { limit, key, count, error }| {
-            let known = names.entry(limit).or_insert_with(|| {
-                snapshot
-                    .config
-                    .limits
-                    .iter()
-                    .find(|l| l.name == **limit)
-                    .map(|l| known_keys(snapshot, l))
-                    .unwrap_or_default()
-            });
-            let (consumer, tenant) = match known.get(key) {
-                Some(Named::Consumer(name)) => (Some(name.as_str()), None),
-                Some(Named::Tenant(name)) => (None, Some(name.as_str())),
-                None => (None, None),
-            };
-            json!({
-                "limit": &**limit,
-                "digest": format!("{:032x}", key.as_u128()),
-                "consumer": consumer,
-                "tenant": tenant,
-                "count": count,
-                "error": error,
-            })
-        })
+        .map(
+            |Counted {
+                 limit,
+                 key,
+                 count,
+                 error,
+             }| {
+                let known = names.entry(limit).or_insert_with(|| {
+                    snapshot
+                        .config
+                        .limits
+                        .iter()
+                        .find(|l| l.name == **limit)
+                        .map(|l| known_keys(snapshot, l))
+                        .unwrap_or_default()
+                });
+                let (consumer, tenant) = match known.get(key) {
+                    Some(Named::Consumer(name)) => (Some(name.as_str()), None),
+                    Some(Named::Tenant(name)) => (None, Some(name.as_str())),
+                    None => (None, None),
+                };
+                json!({
+                    "limit": &**limit,
+                    "digest": format!("{:032x}", key.as_u128()),
+                    "consumer": consumer,
+                    "tenant": tenant,
+                    "count": count,
+                    "error": error,
+                })
+            },
+        )
         .collect();
     json!({ "capacity": CAPACITY, "keys": keys })
 }
@@ -342,16 +352,18 @@ fn known_keys(snapshot: &Snapshot, limit: &LimitConfig) -> HashMap<LimitKey, Nam
             }
         }
         [KeyPart::Tenant] => {
-            for tenant in config.consumers.values().filter_map(|c| c.tenant.as_deref()) {
+            for tenant in config
+                .consumers
+                .values()
+                .filter_map(|c| c.tenant.as_deref())
+            {
                 known.insert(
                     LimitKey::digest(&[tenant.as_bytes()]),
                     Named::Tenant(tenant.to_owned()),
                 );
             }
         }
-        [KeyPart::Header(header)]
-            if matches!(&config.api_keys.source, ApiKeySource::Header(source) if source == header) =>
-        {
+        [KeyPart::Header(header)] if matches!(&config.api_keys.source, ApiKeySource::Header(source) if source == header) => {
             for (api_key, consumer) in config.consumers.iter() {
                 known.insert(
                     LimitKey::digest(&[api_key.as_bytes()]),

@@ -69,7 +69,9 @@ pub(super) fn refused_key(
     by: usize,
 ) {
     if let (Some(&id), Some(Some(key))) = (plan.stack.get(by), ticket.keys.get(by)) {
-        metrics.refused_keys().record(snapshot.limit_label(id), *key);
+        metrics
+            .refused_keys()
+            .record(snapshot.limit_label(id), *key);
     }
 }
 

@@ -62,7 +62,8 @@ pub(crate) struct Counted {
 
 impl Shard {
     fn record(&mut self, limit: &Arc<str>, key: LimitKey) {
-        let same = |c: &Counted| c.key == key && (Arc::ptr_eq(&c.limit, limit) || c.limit == *limit);
+        let same =
+            |c: &Counted| c.key == key && (Arc::ptr_eq(&c.limit, limit) || c.limit == *limit);
         if let Some(counted) = self.counters.iter_mut().find(|c| same(c)) {
             counted.count += 1;
             return;
@@ -192,7 +193,12 @@ mod tests {
         assert!(second.count >= 500 && second.count - second.error <= 500);
         // n / CAPACITY bounds every error.
         let n = 10_000 + 1_000 + 500;
-        assert!(shard.counters.iter().all(|c| c.error <= n / CAPACITY as u64));
+        assert!(
+            shard
+                .counters
+                .iter()
+                .all(|c| c.error <= n / CAPACITY as u64)
+        );
     }
 
     #[test]

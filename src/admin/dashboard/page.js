@@ -1,17 +1,22 @@
 // tollgate's dashboard: draws GET /stats every second. Rates are the
-// difference of two documents over their unix_ms; the chart keeps the
-// last HISTORY points in this tab only.
+// difference of two documents over their unix_ms, RATE_SPAN_MS apart
+// (a moving average: a fixed window's refusals come in bursts that a
+// one-second difference would alias); the chart keeps the last HISTORY
+// points in this tab only.
 'use strict';
 
 const REFRESH_MS = 1000;
 const HISTORY = 120;
+const RATE_SPAN_MS = 5000;
 const TOKEN_KEY = 'tollgate.admin.token';
 const COLORS = ['#58a6ff', '#3fb950', '#d2a8ff', '#f0883e', '#39c5cf', '#ff7b72', '#e3b341', '#a5d6ff'];
 const $ = (id) => document.getElementById(id);
 // The SVG namespace, read from an inline <svg> rather than spelled out.
 const SVG_NS = $('svg-ns').namespaceURI;
 
-let previous = null;
+let previous = null; // the last document
+let base = null; // the document rates are computed from
+const recent = []; // the documents of the last RATE_SPAN_MS and a bit
 let waitingForToken = false;
 const points = []; // { t, rates: Map(route -> req/s) }
 const routeColors = new Map();
@@ -132,7 +137,10 @@ function recentLatency(now, before) {
 }
 
 function render(doc) {
-  const seconds = previous ? (doc.unix_ms - previous.unix_ms) / 1000 : 0;
+  recent.push(doc);
+  while (recent.length > 2 && doc.unix_ms - recent[1].unix_ms >= RATE_SPAN_MS) recent.shift();
+  base = recent.length > 1 ? recent[0] : null;
+  const seconds = base ? (doc.unix_ms - base.unix_ms) / 1000 : 0;
   renderHeader(doc);
   renderRoutes(doc, seconds);
   renderLimits(doc, seconds);
@@ -161,7 +169,7 @@ function renderHeader(doc) {
 }
 
 function renderRoutes(doc, seconds) {
-  const before = byName(previous && previous.routes, 'route');
+  const before = byName(base && base.routes, 'route');
   const rates = new Map();
   const tbody = $('routes-table').tBodies[0];
   tbody.replaceChildren();
@@ -205,7 +213,10 @@ function niceMax(value) {
 function drawRateChart() {
   const chart = $('rate-chart');
   chart.replaceChildren();
-  const [W, H, left, bottom, top] = [760, 230, 46, 20, 8];
+  // Drawn at the element's own size, so text is never stretched.
+  const W = Math.max(300, Math.floor(chart.getBoundingClientRect().width));
+  const [H, left, bottom, top] = [260, 46, 20, 8];
+  chart.setAttribute('viewBox', '0 0 ' + W + ' ' + H);
   const routes = new Set();
   let max = 0;
   for (const p of points) for (const [route, r] of p.rates) { routes.add(route); max = Math.max(max, r); }
@@ -242,11 +253,13 @@ function renderLimits(doc, seconds) {
   chart.replaceChildren();
   const limits = (doc.limits || []).filter((l) => l.allowed + l.denied + l.shadow_denied > 0);
   $('limits-empty').hidden = limits.length > 0;
-  const before = byName(previous && previous.limits, 'limit');
+  const before = byName(base && base.limits, 'limit');
   const rowHeight = 46;
-  const W = 600;
-  chart.setAttribute('viewBox', '0 0 ' + W + ' ' + Math.max(rowHeight * limits.length, 1));
-  chart.style.height = rowHeight * limits.length * 0.72 + 'px';
+  // Drawn at the element's own size: no scaling, text at its CSS size.
+  const W = Math.max(200, Math.floor(chart.getBoundingClientRect().width));
+  const H = Math.max(rowHeight * limits.length, 1);
+  chart.setAttribute('viewBox', '0 0 ' + W + ' ' + H);
+  chart.setAttribute('height', H);
   const max = Math.max(1, ...limits.map((l) => l.allowed + l.denied + l.shadow_denied));
   limits.forEach((limit, i) => {
     const y0 = i * rowHeight;
@@ -278,7 +291,7 @@ function keyId(k) {
 
 function renderRefused(doc, seconds) {
   const keys = (doc.refused_keys && doc.refused_keys.keys) || [];
-  const before = new Map(((previous && previous.refused_keys && previous.refused_keys.keys) || []).map((k) => [keyId(k), k]));
+  const before = new Map(((base && base.refused_keys && base.refused_keys.keys) || []).map((k) => [keyId(k), k]));
   const tbody = $('refused-table').tBodies[0];
   tbody.replaceChildren();
   $('refused-empty').hidden = keys.length > 0;
@@ -289,7 +302,12 @@ function renderRefused(doc, seconds) {
     const who = el('td');
     if (k.consumer) who.append(el('span', k.consumer), el('span', ' consumer', 'dim'));
     else if (k.tenant) who.append(el('span', k.tenant), el('span', ' tenant', 'dim'));
-    else who.append(el('span', k.digest.slice(0, 16) + '…', 'digest'));
+    else {
+      // A digest: say what it is a digest of (the limit's key).
+      const limit = (doc.limits || []).find((l) => l.limit === k.limit);
+      who.append(el('span', k.digest.slice(0, 12) + '…', 'digest'));
+      if (limit && limit.key) who.append(el('span', ' ' + limit.key, 'dim'));
+    }
     who.title = 'digest ' + k.digest;
     const count = el('td', fmt(k.count) + (k.error ? ' ±' + fmt(k.error) : ''), 'num');
     const now = old ? rate(k.count, old.count, seconds) : null;
@@ -303,7 +321,7 @@ function renderUpstreams(doc) {
   tbody.replaceChildren();
   const upstreams = doc.upstreams || [];
   $('upstreams-empty').hidden = upstreams.length > 0;
-  const before = byName(previous && previous.upstreams, 'upstream');
+  const before = byName(base && base.upstreams, 'upstream');
   for (const upstream of upstreams) {
     const old = before.get(upstream.upstream);
     const latency = recentLatency(upstream.latency, old && old.latency);
@@ -383,7 +401,7 @@ $('explain-form').addEventListener('submit', async (event) => {
     if (body.shadow) add('shadow', 'yes: it never refuses');
     add('digest', body.digest);
     const top = previous && previous.refused_keys && previous.refused_keys.keys.findIndex((k) => k.limit === limit && k.digest === body.digest);
-    if (top >= 0) add('refused', previous.refused_keys.keys[top].count + ' times (#' + (top + 1) + ' of the keys refused most)');
+    if (top >= 0) add('refused', fmt(previous.refused_keys.keys[top].count) + ' times (#' + (top + 1) + ' of the keys refused most)');
     out.replaceChildren(verdict, list);
   } catch (error) {
     if (!(error instanceof Unauthorized)) out.replaceChildren(el('p', String(error.message || error), 'bad-text'));
