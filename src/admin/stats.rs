@@ -80,21 +80,24 @@ fn queues(_app: &App) -> Value {
     Value::Array(Vec::new())
 }
 
-/// The exposition's samples, as read.
+/// The exposition's samples, as read, by sample name: each lookup reads
+/// one metric's series, not the whole exposition.
 struct Read<'t> {
-    samples: Vec<Sample<'t>>,
+    by_name: HashMap<&'t str, Vec<Sample<'t>>>,
 }
 
 impl<'t> Read<'t> {
     fn new(text: &'t str) -> Read<'t> {
-        Read {
-            samples: samples(text).collect(),
+        let mut by_name: HashMap<&str, Vec<Sample<'_>>> = HashMap::new();
+        for sample in samples(text) {
+            by_name.entry(sample.name).or_default().push(sample);
         }
+        Read { by_name }
     }
 
     /// The samples named `name`.
-    fn named<'r>(&'r self, name: &'r str) -> impl Iterator<Item = &'r Sample<'t>> + 'r {
-        self.samples.iter().filter(move |s| s.name == name)
+    fn named(&self, name: &str) -> impl Iterator<Item = &Sample<'t>> {
+        self.by_name.get(name).into_iter().flatten()
     }
 
     /// The sum of the samples named `name` that carry every label of
@@ -404,9 +407,14 @@ fn upstreams(read: &Read<'_>, snapshot: &Snapshot) -> Value {
     let list: Vec<Value> = names
         .into_iter()
         .map(|name| {
-            let urls: Vec<Value> = read
+            // Sorted by URL: the exposition's order is a hash map's.
+            let mut healthy: Vec<&Sample<'_>> = read
                 .named("tollgate_upstream_healthy")
                 .filter(|s| s.label("upstream") == Some(name))
+                .collect();
+            healthy.sort_by(|a, b| a.label("url").cmp(&b.label("url")));
+            let urls: Vec<Value> = healthy
+                .into_iter()
                 .filter_map(|s| {
                     let url = s.label("url")?;
                     let mut ejections: BTreeMap<String, u64> = BTreeMap::new();
@@ -485,5 +493,98 @@ fn on_failure_name(on_failure: crate::config::OnFailure) -> &'static str {
         crate::config::OnFailure::Local => "local",
         crate::config::OnFailure::Allow => "allow",
         crate::config::OnFailure::Deny => "deny",
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+
+    use super::*;
+
+    const CONFIG: &str = r#"
+[limits.by_consumer]
+key = "consumer"
+algorithm = "fixed_window"
+limit = 1
+window = "1h"
+
+[limits.by_ip]
+key = "ip"
+algorithm = "fixed_window"
+limit = 1
+window = "1h"
+
+[consumers."sk-secret-1"]
+consumer = "acme-web"
+
+[[routes]]
+name = "r"
+match = { path_prefix = "/" }
+respond = { status = 200 }
+limits = ["by_consumer", "by_ip"]
+"#;
+
+    fn app() -> Arc<App> {
+        let config = crate::config::Config::from_bytes(
+            std::path::Path::new("gateway.toml"),
+            CONFIG.as_bytes(),
+        )
+        .unwrap_or_else(|e| panic!("{e}"));
+        App::new(config)
+    }
+
+    #[test]
+    fn refused_keys_are_named_after_their_consumer_where_the_limit_keys_on_it() {
+        let app = app();
+        let refused = app.metrics().refused_keys();
+        let (by_consumer, by_ip): (Arc<str>, Arc<str>) =
+            (Arc::from("by_consumer"), Arc::from("by_ip"));
+        let acme = LimitKey::digest(&[b"acme-web"]);
+        let address = LimitKey::digest(&[b"\x04\x0a\x00\x00\x01"]);
+        for _ in 0..3 {
+            refused.record(&by_consumer, acme);
+        }
+        refused.record(&by_ip, address);
+        // A limit a reload removed: its digest stays a digest.
+        refused.record(&Arc::from("gone"), acme);
+        let stats = stats(&app);
+        let keys = stats["refused_keys"]["keys"].as_array().expect("keys");
+        assert_eq!(keys.len(), 3, "{keys:#?}");
+        assert_eq!(keys[0]["limit"], "by_consumer");
+        assert_eq!(keys[0]["consumer"], "acme-web");
+        assert_eq!(keys[0]["count"], 3);
+        assert_eq!(keys[0]["digest"], format!("{:032x}", acme.as_u128()));
+        for named_nothing in &keys[1..] {
+            assert_eq!(named_nothing["consumer"], Value::Null);
+            assert_eq!(named_nothing["tenant"], Value::Null);
+        }
+        assert!(!stats.to_string().contains("sk-secret-1"));
+    }
+
+    #[test]
+    fn a_fresh_gateway_reports_every_configured_name_at_zero() {
+        let stats = stats(&app());
+        assert_eq!(stats["routes"][0]["route"], "r");
+        assert_eq!(stats["routes"][0]["total"], 0);
+        let limits: Vec<&str> = stats["limits"]
+            .as_array()
+            .expect("limits")
+            .iter()
+            .map(|l| l["limit"].as_str().expect("name"))
+            .collect();
+        assert_eq!(limits, ["by_consumer", "by_ip"]);
+        assert_eq!(stats["limits"][1]["denied"], 0);
+        assert_eq!(stats["limits"][1]["key"], "ip");
+        assert_eq!(stats["upstreams"], serde_json::json!([]));
+        assert_eq!(stats["store"]["backend"], "memory");
+        assert_eq!(stats["config"]["generation"], 1);
+        assert_eq!(stats["refused_keys"]["keys"], serde_json::json!([]));
+    }
+
+    #[test]
+    fn names_in_configuration_order_then_the_removed_sorted() {
+        let names = ordered(["b", "a"].into_iter(), ["z", "a", "c", "z"].into_iter());
+        assert_eq!(names, ["b", "a", "c", "z"]);
     }
 }

@@ -18,7 +18,7 @@ let previous = null; // the last document
 let base = null; // the document rates are computed from
 const recent = []; // the documents of the last RATE_SPAN_MS and a bit
 let waitingForToken = false;
-const points = []; // { t, rates: Map(route -> req/s) }
+const points = []; // { t, rates, refusals: Map(route -> req/s, 429/s) }
 const routeColors = new Map();
 
 class Unauthorized extends Error {}
@@ -171,12 +171,15 @@ function renderHeader(doc) {
 function renderRoutes(doc, seconds) {
   const before = byName(base && base.routes, 'route');
   const rates = new Map();
+  const refusals = new Map();
   const tbody = $('routes-table').tBodies[0];
   tbody.replaceChildren();
   for (const route of doc.routes) {
     const old = before.get(route.route);
     const r = old ? rate(route.total, old.total, seconds) : null;
     if (r !== null) rates.set(route.route, r);
+    const refused = old ? rate((route.statuses || {})['429'] || 0, (old.statuses || {})['429'] || 0, seconds) : null;
+    if (refused !== null) refusals.set(route.route, refused);
     if (route.total === 0 && !r) continue;
     const now = classTotals(route.statuses);
     const then = old ? classTotals(old.statuses) : {};
@@ -197,7 +200,7 @@ function renderRoutes(doc, seconds) {
     tbody.append(row);
   }
   if (seconds > 0) {
-    points.push({ t: doc.unix_ms, rates });
+    points.push({ t: doc.unix_ms, rates, refusals });
     while (points.length > HISTORY) points.shift();
   }
   drawRateChart();
@@ -236,15 +239,21 @@ function drawRateChart() {
     return;
   }
   const offset = HISTORY - points.length;
-  for (const route of routes) {
-    const coords = [];
-    points.forEach((p, i) => {
-      const r = p.rates.get(route);
-      if (r !== undefined) coords.push(x(offset + i).toFixed(1) + ',' + y(r).toFixed(1));
-    });
-    const line = svg('polyline', { points: coords.join(' '), class: 'series', stroke: colorOf(route) });
-    line.append(svg('title', {}, route));
-    chart.append(line);
+  // Solid: the route's requests; dashed: those answered 429.
+  for (const [field, dashed, what] of [['rates', false, 'req/s'], ['refusals', true, '429/s']]) {
+    for (const route of routes) {
+      const coords = [];
+      points.forEach((p, i) => {
+        const r = p[field].get(route);
+        if (r !== undefined) coords.push(x(offset + i).toFixed(1) + ',' + y(r).toFixed(1));
+      });
+      if (dashed && !points.some((p) => p[field].get(route) > 0)) continue;
+      const attrs = { points: coords.join(' '), class: 'series', stroke: colorOf(route) };
+      if (dashed) attrs['stroke-dasharray'] = '5 4';
+      const line = svg('polyline', attrs);
+      line.append(svg('title', {}, route + ' ' + what));
+      chart.append(line);
+    }
   }
 }
 
