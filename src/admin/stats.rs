@@ -46,6 +46,8 @@ pub(crate) fn stats(app: &App) -> Value {
     let text = app.metrics().encode();
     let read = Read::new(&text);
     let snapshot = app.snapshot();
+    // The wall clock, as `loaded_at`: a reader's rates are over the time
+    // between two documents, which the limiters' clock does not give.
     let unix_ms = SystemTime::now()
         .duration_since(UNIX_EPOCH)
         .map_or(0, |d| d.as_millis() as u64);
@@ -68,14 +70,19 @@ pub(crate) fn stats(app: &App) -> Value {
     })
 }
 
-/// The adaptive limits (issue 45): one object per adaptive limit once they
-/// exist; until then none.
+// The seam for adaptive limits and queues (issue 45): each section is an
+// array of flat objects, one per adaptive limit or queue (its name first,
+// then numbers: the limit in force, in flight, waiting...), read like the
+// rest from the metrics they expose. The page shows a section once it is
+// not empty, one table row per object and one column per field.
+
+/// The adaptive limits, once the gateway has them; until then none.
 fn adaptive(_app: &App) -> Value {
     Value::Array(Vec::new())
 }
 
-/// The request queues (issue 45): one object per queue, with its
-/// in-flight and waiting requests, once they exist; until then none.
+/// The request queues with their in-flight and waiting requests, once the
+/// gateway has them; until then none.
 fn queues(_app: &App) -> Value {
     Value::Array(Vec::new())
 }
