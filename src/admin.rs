@@ -13,6 +13,8 @@
 //! | `GET /limits/NAME?key=VALUE` | one key's state of limit NAME, charging nothing (`explain.rs`) |
 //! | `POST /limits/NAME/reset?key=VALUE` | that key emptied; its state before ([`reset`]) |
 //! | `PUT`, `GET`, `DELETE /limits/NAME/overrides[?key=VALUE]` | per-key overrides ([`overrides`]) |
+//! | `GET /stats` | the gateway at a glance as JSON, from the same counters ([`stats`]) |
+//! | `GET /dashboard` | the page that draws `/stats` ([`dashboard`]) |
 //!
 //! Other paths are 404, other methods 405, both problem+json. HTTP/1.1 only.
 //! Every request but `GET /healthz`, `/readyz` and `/metrics` passes
@@ -45,8 +47,11 @@ use crate::http::problem;
 pub(crate) mod audit;
 mod auth;
 pub mod client;
+mod dashboard;
+mod exposition;
 mod overrides;
 mod reset;
+mod stats;
 
 /// Admin connections served at once; more wait in the backlog. Scrapers and
 /// health checkers need a handful.
@@ -148,7 +153,10 @@ pub(crate) async fn answer(app: &App, method: &Method, target: &str) -> Response
     let limit = path
         .strip_prefix("/limits/")
         .filter(|name| !name.is_empty());
-    let known = matches!(path, "/metrics" | "/healthz" | "/readyz" | "/config") || limit.is_some();
+    let known = matches!(
+        path,
+        "/metrics" | "/healthz" | "/readyz" | "/config" | "/stats" | "/dashboard"
+    ) || limit.is_some();
     if !known {
         return problem_response(StatusCode::NOT_FOUND, &format!("no admin endpoint {path}"));
     }
@@ -174,6 +182,8 @@ pub(crate) async fn answer(app: &App, method: &Method, target: &str) -> Response
             ok(app.metrics().encode(), crate::metrics::CONTENT_TYPE)
         }
         "/healthz" => ok("ok\n".to_owned(), "text/plain; charset=utf-8"),
+        "/stats" => ok(stats::stats(app).to_string(), "application/json"),
+        "/dashboard" => dashboard::page(),
         "/readyz" if !app.is_ready() => problem_response(
             StatusCode::SERVICE_UNAVAILABLE,
             "the limiter store is down and store.on_failure is \"deny\"",

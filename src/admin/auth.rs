@@ -6,6 +6,7 @@
 //! | token configured | request | answer |
 //! | --- | --- | --- |
 //! | any | `GET /healthz`, `/readyz`, `/metrics` | served (other methods there: 405) |
+//! | any | `GET /dashboard` | served: the page holds no data, and asks for the token to read `/stats` |
 //! | yes | `Authorization: Bearer TOKEN`, the token | served |
 //! | yes | no `Authorization`, another scheme or token | 401 problem+json, `WWW-Authenticate: Bearer` |
 //! | no | a read (`GET`, `HEAD`) | served, as before tokens existed |
@@ -37,6 +38,13 @@ fn is_open(path: &str) -> bool {
     matches!(path, "/healthz" | "/readyz" | "/metrics")
 }
 
+/// The dashboard page: a browser opening it cannot send a bearer header, and
+/// it carries no data (it reads `/stats`, which needs the token, and asks for
+/// it on a 401). Only its reads are open.
+fn is_open_page(method: &Method, path: &str) -> bool {
+    path == "/dashboard" && !is_write(method)
+}
+
 /// Whether `method` changes something (a read is `GET` or `HEAD`).
 fn is_write(method: &Method) -> bool {
     method != Method::GET && method != Method::HEAD
@@ -49,7 +57,7 @@ pub(super) fn refusal(
     path: &str,
     headers: &HeaderMap,
 ) -> Option<Response<ResponseBody>> {
-    if is_open(path) {
+    if is_open(path) || is_open_page(method, path) {
         return None;
     }
     let Some(token) = token else {

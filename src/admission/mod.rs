@@ -276,6 +276,7 @@ fn answer(
 ) -> Admission {
     record::decisions(app.metrics(), snapshot, charge, ticket);
     if let Some(by) = ticket.decision.denied_by {
+        record::refused_key(app.metrics(), snapshot, charge.plan, ticket, by);
         return Admission::Denied { by };
     }
     ticket.focus = ticket.least_remaining(snapshot.config.server.headers);

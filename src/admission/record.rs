@@ -1,6 +1,7 @@
 //! What a decision leaves in the metrics: each limit's outcome on the
-//! route (`tollgate_ratelimit_decisions_total`), and keys that just passed
-//! 80 % of a quota.
+//! route (`tollgate_ratelimit_decisions_total`), keys that just passed
+//! 80 % of a quota, and the refused key in the sketch of the keys refused
+//! most (`/stats`).
 
 use std::sync::Arc;
 
@@ -54,6 +55,24 @@ pub(super) fn decisions(
 #[inline(never)]
 pub(super) fn missing_key(metrics: &Metrics, plan: &RoutePlan, position: usize) {
     metrics.record_route_decision(&plan.metrics, position, Outcome::Denied);
+}
+
+/// The key the limit at `by` refused, into the keys refused most. Out of
+/// line and on the deny path only: an admitted request never comes here.
+#[cold]
+#[inline(never)]
+pub(super) fn refused_key(
+    metrics: &Metrics,
+    snapshot: &Snapshot,
+    plan: &RoutePlan,
+    ticket: &Ticket<'_>,
+    by: usize,
+) {
+    if let (Some(&id), Some(Some(key))) = (plan.stack.get(by), ticket.keys.get(by)) {
+        metrics
+            .refused_keys()
+            .record(snapshot.limit_label(id), *key);
+    }
 }
 
 /// A skipped limit's outcome: `shadow_denied` where a shadow limit lacked

@@ -43,6 +43,7 @@ use crate::config::Config;
 
 mod histogram;
 pub(crate) use histogram::DurationHistogram;
+pub(crate) mod refused_keys;
 
 /// The `Content-Type` of [`Metrics::encode`]'s output.
 pub(crate) const CONTENT_TYPE: &str = "application/openmetrics-text; version=1.0.0; charset=utf-8";
@@ -313,6 +314,9 @@ pub struct Metrics {
     /// The shared `"none"` route label.
     no_route: Arc<str>,
     upstream_health: UpstreamHealthFamilies,
+    /// The keys refused most, for `/stats` (not an exposition series:
+    /// keys are unbounded).
+    refused_keys: refused_keys::RefusedKeys,
 }
 
 /// The families of upstream health, per URL.
@@ -559,6 +563,7 @@ impl Metrics {
             queue_wait,
             no_route: Arc::from(NO_ROUTE),
             upstream_health,
+            refused_keys: refused_keys::RefusedKeys::default(),
         }
     }
 
@@ -1025,6 +1030,11 @@ impl Metrics {
             upstream: Arc::from(upstream),
             url: Arc::from(url),
         });
+    }
+
+    /// The keys refused most ([`refused_keys`]), recorded on the deny path.
+    pub(crate) fn refused_keys(&self) -> &refused_keys::RefusedKeys {
+        &self.refused_keys
     }
 
     /// The OpenMetrics text exposition of every metric, ending in `# EOF`.

@@ -48,6 +48,12 @@ pub const NGINX: Needs = Needs {
     install: "apt-get install -y nginx",
 };
 
+pub const CHROMIUM: Needs = Needs {
+    what: "chromium",
+    programs: &["chromium"],
+    install: "apt-get install -y chromium",
+};
+
 /// The `openai` SDK, imported by [`python`]; no program of its own.
 pub const OPENAI: Needs = Needs {
     what: "the openai Python package",
