@@ -549,6 +549,48 @@ async fn the_cli_resets_a_key_through_the_running_gateways_admin_api() {
         200
     );
 
+    // Overrides: set (name=value pairs), list, delete, each through the API.
+    let mut set = words("admin overrides set per_key limit=4 reason=trial");
+    set.insert(4, "a b&c".to_owned());
+    let (code, stdout, stderr) = run(set).await.expect("the command ran");
+    assert_eq!(code, 0, "{stderr}");
+    let stored: serde_json::Value = serde_json::from_str(&stdout).unwrap_or_default();
+    assert_eq!(stored["params"]["limit"], 4, "{stdout}");
+    assert_eq!(stored["reason"], "trial", "{stdout}");
+    let statuses = {
+        let mut statuses = Vec::new();
+        for _ in 0..5 {
+            let reply = get(gateway.addr, "/x", &[("x-api-key", "a b&c")]).await;
+            statuses.push(reply.status);
+        }
+        statuses
+    };
+    // One of the key's requests was spent after the reset: 3 more of 4.
+    assert_eq!(
+        statuses,
+        [200, 200, 200, 429, 429],
+        "the override decides the key"
+    );
+    let (code, stdout, stderr) = run(words("admin overrides list per_key"))
+        .await
+        .expect("the command ran");
+    assert_eq!(code, 0, "{stderr}");
+    let listed: serde_json::Value = serde_json::from_str(&stdout).unwrap_or_default();
+    assert_eq!(
+        listed["overrides"].as_array().map(Vec::len),
+        Some(1),
+        "{stdout}"
+    );
+    assert!(!stdout.contains("a b&c"), "a raw key in the list: {stdout}");
+    let mut delete = words("admin overrides delete per_key");
+    delete.insert(4, "a b&c".to_owned());
+    let (code, _, stderr) = run(delete.clone()).await.expect("the command ran");
+    assert_eq!(code, 0, "{stderr}");
+    let (code, _, stderr) = run(delete).await.expect("the command ran");
+    assert_eq!(code, 1, "a second delete finds none");
+    let problem: serde_json::Value = serde_json::from_str(&stderr).unwrap_or_default();
+    assert_eq!(problem["status"], 404, "{stderr}");
+
     // An API error is printed as the API gives it, with a non-zero exit.
     let (code, stdout, stderr) = run(words("admin reset nope k"))
         .await

@@ -198,7 +198,7 @@ fn key_stack<'s>(
         ticket.push(limit, algorithm, limiter, key);
         if let Some(queue) = limit.queue.as_ref().filter(|q| !q.fair_by.is_empty()) {
             let fair = extract(&queue.fair_by, parts, &facts).map_or(0, |k| k.halves().1);
-            ticket.fair.push((position, fair));
+            ticket.fair.get_or_insert_default().push((position, fair));
         }
     }
     ticket.tokens = charge.tokens;

@@ -58,8 +58,10 @@ pub struct Ticket<'s> {
     /// The request's priority: its consumer's, else its route's.
     pub(super) priority: Priority,
     /// Slot limits with a `queue` and a `fair_by`: (position, the
-    /// request's `fair_by` value's digest half; 0 when it has none).
-    pub(super) fair: SmallVec<[(usize, u64); 1]>,
+    /// request's `fair_by` value's digest half; 0 when it has none). Boxed:
+    /// one pointer in the ticket, which every request's future carries, and
+    /// an allocation only on a route with such a queue.
+    pub(super) fair: Option<Box<SmallVec<[(usize, u64); 2]>>>,
     /// Refused at a slot limit: why.
     pub(super) shed: Option<Shed>,
     /// How long the admitted request has waited so far, in µs (saturating
@@ -201,6 +203,7 @@ impl<'s> Ticket<'s> {
     pub(super) fn fair_at(&self, position: usize) -> u64 {
         self.fair
             .iter()
+            .flat_map(|fair| fair.iter())
             .find(|(at, _)| *at == position)
             .map_or(0, |(_, fair)| *fair)
     }

@@ -56,7 +56,10 @@ async fn refresh(app: &App, seen: Option<u64>) -> Result<u64, Unavailable> {
         return Ok(0);
     };
     let version = store.overrides_version().await?;
-    if seen == Some(version) {
+    // Version 0: no override was ever written to this Redis, so there is
+    // nothing to read (and a store whose ACL has no override commands, as
+    // before overrides existed, is not asked for them).
+    if seen == Some(version) || (version == 0 && seen.is_none()) {
         return Ok(version);
     }
     let limits: Vec<String> = app

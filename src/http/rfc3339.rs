@@ -1,6 +1,6 @@
 //! RFC 3339 timestamps (`2026-12-31T23:59:59Z`) to and from nanoseconds
 //! since the Unix epoch, as the admin API reads and writes them (an
-//! override's `expires`).
+//! override's `expires`) and the simulator reads a trace's times.
 
 const NANOS: u64 = 1_000_000_000;
 
@@ -26,30 +26,32 @@ pub(crate) fn format(nanos: u64) -> String {
     )
 }
 
-/// `YYYY-MM-DDTHH:MM:SS[.frac](Z|±HH:MM)` as nanoseconds since the epoch
-/// (none before it).
+/// `YYYY-MM-DD(T| )HH:MM:SS[.frac](Z|±HH:MM)` as nanoseconds since the
+/// epoch (none before it, nor an impossible date or offset). RFC 3339 allows
+/// a space for the `T`; the admin API and the simulator's traces read both.
 pub(crate) fn parse(text: &str) -> Option<u64> {
     let b = text.as_bytes();
-    let num = |from: usize, to: usize| -> Option<i64> {
-        let digits = b.get(from..to)?;
-        digits
-            .iter()
-            .all(u8::is_ascii_digit)
-            .then(|| std::str::from_utf8(digits).ok()?.parse().ok())?
+    let num = |range: std::ops::Range<usize>| -> Option<i64> {
+        let digits = b.get(range)?;
+        if !digits.iter().all(u8::is_ascii_digit) {
+            return None;
+        }
+        std::str::from_utf8(digits).ok()?.parse().ok()
     };
     if b.len() < 20
         || b[4] != b'-'
         || b[7] != b'-'
-        || !matches!(b[10], b'T' | b't')
+        || !matches!(b[10], b'T' | b't' | b' ')
         || b[13] != b':'
         || b[16] != b':'
     {
         return None;
     }
-    let (year, month, day) = (num(0, 4)?, num(5, 7)?, num(8, 10)?);
-    let (hour, minute, second) = (num(11, 13)?, num(14, 16)?, num(17, 19)?);
+    let (year, month, day) = (num(0..4)?, num(5..7)?, num(8..10)?);
+    let (hour, minute, second) = (num(11..13)?, num(14..16)?, num(17..19)?);
     if !(1..=12).contains(&month)
-        || !(1..=31).contains(&day)
+        || day < 1
+        || day > days_in_month(year, month)
         || hour > 23
         || minute > 59
         || second > 60
@@ -57,10 +59,10 @@ pub(crate) fn parse(text: &str) -> Option<u64> {
         return None;
     }
     let mut i = 19;
-    let mut fraction = 0i64;
+    let mut nanos = 0i64;
     if b.get(i) == Some(&b'.') {
-        let start = i + 1;
-        i = start;
+        i += 1;
+        let start = i;
         while b.get(i).is_some_and(u8::is_ascii_digit) {
             i += 1;
         }
@@ -73,28 +75,47 @@ pub(crate) fn parse(text: &str) -> Option<u64> {
             } else {
                 0
             };
-            fraction = fraction * 10 + digit;
+            nanos = nanos * 10 + digit;
         }
     }
     let offset = match b.get(i)? {
         b'Z' | b'z' if i + 1 == b.len() => 0,
         sign @ (b'+' | b'-') if i + 6 == b.len() && b[i + 3] == b':' => {
-            let minutes = num(i + 1, i + 3)? * 60 + num(i + 4, i + 6)?;
+            let (h, m) = (num(i + 1..i + 3)?, num(i + 4..i + 6)?);
+            if h > 23 || m > 59 {
+                return None;
+            }
+            let minutes = h * 60 + m;
             if *sign == b'+' { minutes } else { -minutes }
         }
         _ => return None,
     };
-    // Howard Hinnant's days_from_civil.
+    let days = days_from_civil(year, month, day);
+    let secs = days * 86_400 + hour * 3600 + minute * 60 + second - offset * 60;
+    let secs = u64::try_from(secs).ok()?;
+    secs.checked_mul(NANOS)?
+        .checked_add(u64::try_from(nanos).ok()?)
+}
+
+fn days_in_month(year: i64, month: i64) -> i64 {
+    match month {
+        2 if (year % 4 == 0 && year % 100 != 0) || year % 400 == 0 => 29,
+        2 => 28,
+        4 | 6 | 9 | 11 => 30,
+        _ => 31,
+    }
+}
+
+/// Days since 1970-01-01 of a proleptic Gregorian date (Howard Hinnant's
+/// `days_from_civil`).
+fn days_from_civil(year: i64, month: i64, day: i64) -> i64 {
     let y = if month <= 2 { year - 1 } else { year };
     let era = y.div_euclid(400);
     let yoe = y - era * 400;
-    let doy = (153 * ((month + 9) % 12) + 2) / 5 + day - 1;
-    let days = era * 146_097 + yoe * 365 + yoe / 4 - yoe / 100 + doy - 719_468;
-    let secs = days * 86_400 + hour * 3600 + minute * 60 + second - offset * 60;
-    u64::try_from(secs)
-        .ok()?
-        .checked_mul(NANOS)?
-        .checked_add(u64::try_from(fraction).ok()?)
+    let mp = (month + 9) % 12;
+    let doy = (153 * mp + 2) / 5 + day - 1;
+    let doe = yoe * 365 + yoe / 4 - yoe / 100 + doy;
+    era * 146_097 + doe - 719_468
 }
 
 #[cfg(test)]
@@ -109,7 +130,10 @@ mod tests {
             parse("2000-02-29T01:00:00.5+01:00"),
             Some(951_782_400 * NANOS + NANOS / 2)
         );
-        assert_eq!(parse("2000-02-29 00:00:00Z"), None);
+        // RFC 3339 §5.6's note: a space may stand for the `T`.
+        assert_eq!(parse("2000-02-29 00:00:00Z"), Some(951_782_400 * NANOS));
+        assert_eq!(parse("2001-02-29T00:00:00Z"), None, "no such day");
+        assert_eq!(parse("2000-02-29T00:00:00+24:00"), None, "no such offset");
         assert_eq!(parse("2000-13-01T00:00:00Z"), None);
         assert_eq!(parse("tomorrow"), None);
     }

@@ -207,32 +207,8 @@ pub(crate) fn write_table(rows: &[BackendRow], out: &mut dyn Write) -> std::io::
             row.peak_in_flight.to_string(),
         ]);
     }
-    let widths: Vec<usize> = (0..header.len())
-        .map(|c| {
-            cells
-                .iter()
-                .map(|r| r[c].chars().count())
-                .max()
-                .unwrap_or(0)
-        })
-        .collect();
-    for row in &cells {
-        let mut line = String::new();
-        for (c, cell) in row.iter().enumerate() {
-            let pad = " ".repeat(widths[c] - cell.chars().count());
-            // The variant to the left, numbers to the right.
-            if c == 0 {
-                line.push_str(cell);
-                line.push_str(&pad);
-            } else {
-                line.push_str(&pad);
-                line.push_str(cell);
-            }
-            line.push_str("  ");
-        }
-        writeln!(out, "{}", line.trim_end())?;
-    }
-    writeln!(out)
+    // The variant to the left, numbers to the right.
+    super::text::write_columns(out, &cells, 1)
 }
 
 #[cfg(test)]

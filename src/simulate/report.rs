@@ -277,32 +277,8 @@ impl Report {
                 row.keys.map_or_else(dash, |v| v.to_string()),
             ]);
         }
-        let widths: Vec<usize> = (0..header.len())
-            .map(|c| {
-                cells
-                    .iter()
-                    .map(|r| r[c].chars().count())
-                    .max()
-                    .unwrap_or(0)
-            })
-            .collect();
-        for row in &cells {
-            let mut line = String::new();
-            for (c, cell) in row.iter().enumerate() {
-                let pad = widths[c] - cell.chars().count();
-                // Names to the left, numbers to the right.
-                if c < 3 {
-                    line.push_str(cell);
-                    line.push_str(&" ".repeat(pad));
-                } else {
-                    line.push_str(&" ".repeat(pad));
-                    line.push_str(cell);
-                }
-                line.push_str("  ");
-            }
-            writeln!(out, "{}", line.trim_end())?;
-        }
-        writeln!(out)?;
+        // Names to the left, numbers to the right.
+        super::text::write_columns(out, &cells, 3)?;
         goodput::write_table(&self.backend, out)?;
         self.write_tokens(out)?;
         for route in &self.routes {

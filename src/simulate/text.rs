@@ -1,7 +1,45 @@
 //! How `simulate` writes durations and rates for people: short forms for
-//! the table's cells and the header line.
+//! the table's cells and the header line, and the tables themselves.
+
+use std::io::Write;
 
 use crate::limit::{NANOS_PER_SEC, Nanos};
+
+/// Writes `cells` (the header row first) as columns two spaces apart, each
+/// as wide as its widest cell: the first `left` columns (names) aligned
+/// left, the rest (numbers) right; then a blank line.
+pub(crate) fn write_columns(
+    out: &mut dyn Write,
+    cells: &[Vec<String>],
+    left: usize,
+) -> std::io::Result<()> {
+    let columns = cells.first().map_or(0, Vec::len);
+    let widths: Vec<usize> = (0..columns)
+        .map(|c| {
+            cells
+                .iter()
+                .map(|r| r.get(c).map_or(0, |cell| cell.chars().count()))
+                .max()
+                .unwrap_or(0)
+        })
+        .collect();
+    for row in cells {
+        let mut line = String::new();
+        for (c, cell) in row.iter().enumerate() {
+            let pad = " ".repeat(widths[c].saturating_sub(cell.chars().count()));
+            if c < left {
+                line.push_str(cell);
+                line.push_str(&pad);
+            } else {
+                line.push_str(&pad);
+                line.push_str(cell);
+            }
+            line.push_str("  ");
+        }
+        writeln!(out, "{}", line.trim_end())?;
+    }
+    writeln!(out)
+}
 
 /// `90ms`, `1.2s`, `60s`, `1h`: short, for a table cell or
 /// the header line.

@@ -641,7 +641,7 @@ pub(crate) fn parse_time(text: &str) -> Result<Nanos, String> {
         return decimal_seconds(text)
             .ok_or_else(|| format!("time `{text}` is not seconds since 1970 or RFC 3339"));
     }
-    rfc3339(text).ok_or_else(|| {
+    crate::http::rfc3339::parse(text).ok_or_else(|| {
         format!("time `{text}` is not RFC 3339 (2026-03-01T10:00:00Z) or seconds since 1970")
     })
 }
@@ -665,96 +665,6 @@ fn decimal_seconds(text: &str) -> Option<Nanos> {
         nanos = nanos * 10 + digit;
     }
     secs.checked_mul(NANOS_PER_SEC)?.checked_add(nanos)
-}
-
-/// `YYYY-MM-DD(T| )HH:MM:SS[.frac](Z|±HH:MM)`, not before 1970.
-fn rfc3339(text: &str) -> Option<Nanos> {
-    let b = text.as_bytes();
-    let num = |range: std::ops::Range<usize>| -> Option<i64> {
-        let digits = b.get(range)?;
-        if !digits.iter().all(u8::is_ascii_digit) {
-            return None;
-        }
-        std::str::from_utf8(digits).ok()?.parse().ok()
-    };
-    if b.len() < 20
-        || b[4] != b'-'
-        || b[7] != b'-'
-        || !matches!(b[10], b'T' | b't' | b' ')
-        || b[13] != b':'
-        || b[16] != b':'
-    {
-        return None;
-    }
-    let (year, month, day) = (num(0..4)?, num(5..7)?, num(8..10)?);
-    let (hour, minute, second) = (num(11..13)?, num(14..16)?, num(17..19)?);
-    if !(1..=12).contains(&month)
-        || day < 1
-        || day > days_in_month(year, month)
-        || hour > 23
-        || minute > 59
-        || second > 60
-    {
-        return None;
-    }
-    let mut i = 19;
-    let mut nanos = 0i64;
-    if b.get(i) == Some(&b'.') {
-        i += 1;
-        let start = i;
-        while b.get(i).is_some_and(u8::is_ascii_digit) {
-            i += 1;
-        }
-        if i == start {
-            return None;
-        }
-        for k in 0..9 {
-            let digit = if start + k < i {
-                i64::from(b[start + k] - b'0')
-            } else {
-                0
-            };
-            nanos = nanos * 10 + digit;
-        }
-    }
-    let offset = match b.get(i)? {
-        b'Z' | b'z' if i + 1 == b.len() => 0,
-        sign @ (b'+' | b'-') if i + 6 == b.len() && b[i + 3] == b':' => {
-            let (h, m) = (num(i + 1..i + 3)?, num(i + 4..i + 6)?);
-            if h > 23 || m > 59 {
-                return None;
-            }
-            let minutes = h * 60 + m;
-            if *sign == b'+' { minutes } else { -minutes }
-        }
-        _ => return None,
-    };
-    let days = days_from_civil(year, month, day);
-    let secs = days * 86_400 + hour * 3600 + minute * 60 + second - offset * 60;
-    let secs = u64::try_from(secs).ok()?;
-    secs.checked_mul(NANOS_PER_SEC)?
-        .checked_add(u64::try_from(nanos).ok()?)
-}
-
-fn days_in_month(year: i64, month: i64) -> i64 {
-    match month {
-        2 if (year % 4 == 0 && year % 100 != 0) || year % 400 == 0 => 29,
-        2 => 28,
-        4 | 6 | 9 | 11 => 30,
-        _ => 31,
-    }
-}
-
-/// Days since 1970-01-01 of a proleptic Gregorian date (Howard Hinnant's
-/// `days_from_civil`).
-fn days_from_civil(year: i64, month: i64, day: i64) -> i64 {
-    let y = if month <= 2 { year - 1 } else { year };
-    let era = y.div_euclid(400);
-    let yoe = y - era * 400;
-    let mp = (month + 9) % 12;
-    let doy = (153 * mp + 2) / 5 + day - 1;
-    let doe = yoe * 365 + yoe / 4 - yoe / 100 + doy;
-    era * 146_097 + doe - 719_468
 }
 
 #[cfg(test)]
