@@ -17,6 +17,9 @@ use crate::limit::{
 };
 use crate::ratelimit_policy::{StackView, least_remaining, policy_header};
 
+/// A request's `fair_by` values: (position in the stack, the value's digest half).
+pub(super) type FairValues = SmallVec<[(usize, u64); 2]>;
+
 /// One request's admission record, in stack order.
 #[derive(Default)]
 pub struct Ticket<'s> {
@@ -61,7 +64,7 @@ pub struct Ticket<'s> {
     /// request's `fair_by` value's digest half; 0 when it has none). Boxed:
     /// one pointer in the ticket, which every request's future carries, and
     /// an allocation only on a route with such a queue.
-    pub(super) fair: Option<Box<SmallVec<[(usize, u64); 2]>>>,
+    pub(super) fair: Option<Box<FairValues>>,
     /// Refused at a slot limit: why.
     pub(super) shed: Option<Shed>,
     /// How long the admitted request has waited so far, in µs (saturating
