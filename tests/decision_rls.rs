@@ -611,3 +611,38 @@ async fn on_redis_cluster_a_call_across_slots_is_still_one_stack() {
     a.stop().await;
     b.stop().await;
 }
+
+/// A per-key override set on the admin API decides that descriptor key in
+/// Envoy's rate-limit service too: the same numbers as a proxied request.
+#[tokio::test]
+async fn an_admin_override_decides_its_descriptor_key() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    std::fs::write(dir.path().join("admin.token"), "rls-token").expect("token file");
+    let config = CONFIG.replace(
+        "admin = \"127.0.0.1:0\"",
+        "admin = \"127.0.0.1:0\"\nadmin_token_file = \"admin.token\"",
+    );
+    let gateway = InProcess::start_in(dir, &config).await;
+    let mut rls = client(&gateway).await;
+    let request = Request::builder()
+        .method("PUT")
+        .uri("/limits/per_address/overrides?entry=remote_address:10.9.0.1")
+        .header("host", "admin.test")
+        .header("authorization", "Bearer rls-token")
+        .body(Full::new(Bytes::from_static(br#"{"limit": 2}"#)))
+        .unwrap();
+    let put = send(gateway.admin.unwrap(), request).await;
+    assert_eq!(put.status, 200, "{:?}", put.body);
+    let by = |address: &str| call("edge", vec![descriptor(&[("remote_address", address)])]);
+    let mut codes = Vec::new();
+    for _ in 0..3 {
+        codes.push(ask(&mut rls, by("10.9.0.1")).await.overall_code);
+    }
+    let (ok, over) = (Code::Ok as i32, Code::OverLimit as i32);
+    assert_eq!(codes, [ok, ok, over], "the override's limit of 2");
+    // Another address keeps the file's limit of 5.
+    for _ in 0..3 {
+        assert_eq!(ask(&mut rls, by("10.9.0.2")).await.overall_code, ok);
+    }
+    gateway.stop().await;
+}

@@ -109,6 +109,19 @@ impl<'s> Ticket<'s> {
         self.push(limit, algorithm, limiter, key);
     }
 
+    /// A keyed limit whose key has a per-key override: `own` is the
+    /// override's limiter, `algorithm` its numbers in force.
+    pub(crate) fn push_overridden(
+        &mut self,
+        limit: &'s LimitConfig,
+        algorithm: Algorithm,
+        own: &'s Limiter,
+        key: LimitKey,
+    ) {
+        self.overridden = true;
+        self.push(limit, algorithm, own, Some(key));
+    }
+
     /// One limit of the stack, in order: its config, algorithm in force,
     /// limiter and key.
     #[inline(always)]

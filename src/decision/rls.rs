@@ -159,12 +159,18 @@ async fn decide<'s>(
             &request.descriptors[descriptor],
             override_at[position].map(|i| &overrides[i]),
         );
-        ticket.push_keyed(
-            limit,
-            limiter,
-            Some(key),
-            shared_store && snapshot.is_shared(id),
-        );
+        let shared = shared_store && snapshot.is_shared(id);
+        // A per-key override set on the admin API (not a descriptor's own
+        // `limit`, above): the key's numbers and state, as for a proxied
+        // request.
+        if override_at[position].is_none()
+            && let Some((numbers, own)) = snapshot.overridden(id, key, now)
+        {
+            let algorithm = if shared { numbers } else { own.algorithm() };
+            ticket.push_overridden(limit, algorithm, own, key);
+            continue;
+        }
+        ticket.push_keyed(limit, limiter, Some(key), shared);
     }
     let charge = Charge {
         plan,
