@@ -78,21 +78,7 @@ pub(crate) async fn serve(app: Arc<App>, listener: TcpListener, shutdown: watch:
             let service = service_fn(move |request: Request<hyper::body::Incoming>| {
                 let app = app.clone();
                 async move {
-                    // Per-key overrides read a body: their own module, behind
-                    // the same token as every other admin request.
-                    if overrides::claims(request.uri().path()) {
-                        let snapshot = app.snapshot();
-                        let token = snapshot.config.server.admin_token.as_ref();
-                        let (method, path) = (request.method(), request.uri().path());
-                        if let Some(refused) = auth::refusal(token, method, path, request.headers())
-                        {
-                            return Ok(refused);
-                        }
-                        drop(snapshot);
-                        let response = overrides::answer(&app, request, Some(peer)).await;
-                        return Ok::<_, std::convert::Infallible>(response);
-                    }
-                    Ok::<_, std::convert::Infallible>(handle(&app, &request, Some(peer)).await)
+                    Ok::<_, std::convert::Infallible>(handle(&app, request, Some(peer)).await)
                 }
             });
             let mut builder = http1::Builder::new();
@@ -107,10 +93,11 @@ pub(crate) async fn serve(app: Arc<App>, listener: TcpListener, shutdown: watch:
 }
 
 /// One admin request from `peer`: refused by [`auth`], or a write
-/// answered, or a read ([`answer`]).
-async fn handle<B>(
+/// answered, or a read ([`answer`]). Per-key overrides read a body: their
+/// own module takes the request, behind the same check.
+async fn handle(
     app: &App,
-    request: &Request<B>,
+    request: Request<hyper::body::Incoming>,
     peer: Option<SocketAddr>,
 ) -> Response<ResponseBody> {
     let method = request.method();
@@ -119,10 +106,15 @@ async fn handle<B>(
         Some((path, query)) => (path, Some(query)),
         None => (target, None),
     };
-    let snapshot = app.snapshot();
-    let token = snapshot.config.server.admin_token.as_ref();
-    if let Some(refused) = auth::refusal(token, method, path, request.headers()) {
-        return refused;
+    {
+        let snapshot = app.snapshot();
+        let token = snapshot.config.server.admin_token.as_ref();
+        if let Some(refused) = auth::refusal(token, method, path, request.headers()) {
+            return refused;
+        }
+    }
+    if overrides::claims(path) {
+        return overrides::answer(app, request, peer).await;
     }
     let reset = path
         .strip_prefix("/limits/")
@@ -137,7 +129,7 @@ async fn handle<B>(
 }
 
 /// A limit's name as the path spells it, percent-decoded.
-fn decoded(name: &str) -> String {
+pub(super) fn decoded(name: &str) -> String {
     String::from_utf8_lossy(&crate::identity::body_fields::percent_decode(
         name.as_bytes(),
     ))

@@ -55,12 +55,7 @@ fn limit_of(path: &str) -> Option<String> {
         .strip_prefix("/limits/")?
         .strip_suffix("/overrides")
         .filter(|name| !name.is_empty() && !name.contains('/'))?;
-    Some(
-        String::from_utf8_lossy(&crate::identity::body_fields::percent_decode(
-            name.as_bytes(),
-        ))
-        .into_owned(),
-    )
+    Some(super::decoded(name))
 }
 
 /// The answer to one overrides request from `peer` (an accepted write is
