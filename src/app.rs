@@ -49,6 +49,7 @@ use crate::upstream::pool::BodyErrors;
 use crate::upstream::registry::{HealthMetrics, HealthRegistry};
 use crate::upstream::retry::RetryBudget;
 use crate::upstream::{Upstream, Upstreams};
+use crate::usage::UsageSink;
 
 /// A limit of one configuration generation: which of `config.limits` it
 /// is. Typed, so that a limit is never confused with a route or a position
@@ -561,6 +562,9 @@ pub struct App {
     /// `server.state_file` as the gateway started: where overrides outlive
     /// a restart.
     state_file: Option<std::path::PathBuf>,
+    /// `[usage]` as the gateway started: where settled requests' usage
+    /// records go (the exporter is started by `gateway::run`).
+    usage: Option<Arc<UsageSink>>,
 }
 
 /// A failed reload, as `/config` shows it.
@@ -621,6 +625,10 @@ impl App {
         );
         let shared = store.is_some();
         let state_file = config.server.state_file.clone();
+        let usage = config
+            .usage
+            .clone()
+            .map(|usage| UsageSink::new(usage, metrics.usage().clone()));
         let health = HealthRegistry::default();
         let urls = health.resolve(&config.upstreams, &UpstreamHealthMetrics(&metrics));
         let jwks = jwks::JwksRegistry::default();
@@ -642,6 +650,7 @@ impl App {
             install_lock: Mutex::new(()),
             overrides: overrides::Registry::default(),
             state_file,
+            usage,
         });
         if let (Some(store), true) = (&app.store, auto) {
             let weak = Arc::downgrade(&app);
@@ -693,6 +702,11 @@ impl App {
     /// The shared store, if limits are shared through Redis.
     pub fn store(&self) -> Option<&Arc<RedisStore>> {
         self.store.as_ref()
+    }
+
+    /// Where usage records go, with `[usage]` (as the gateway started).
+    pub(crate) fn usage(&self) -> Option<&Arc<UsageSink>> {
+        self.usage.as_ref()
     }
 
     /// The process's metrics (kept across reloads).

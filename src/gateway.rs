@@ -10,7 +10,9 @@
 //! ([`conn::start`]) with the decision listener on its workers, the admin
 //! listener, and the idle sweeper of the
 //! limiter registry (`app::sweep`), which runs until the
-//! shutdown and not through the drain.
+//! shutdown and not through the drain; and, with `[usage]`, the usage
+//! exporter's threads (`usage::Exporter`), started before the listeners
+//! serve and stopped after the drain, when every request has settled.
 
 use std::future::Future;
 use std::io;
@@ -104,14 +106,20 @@ impl Listeners {
 /// Serves `listeners` with `app` until `shutdown` completes, then drains
 /// (in-flight requests finish, at most `shutdown_timeout`) and returns.
 /// Reloads are the caller's: [`App::install`] a new configuration and the
-/// running gateway applies it, listeners included. Fails only when the
-/// worker threads cannot be started. Call it from within a tokio runtime;
-/// with `workers = 1` everything runs on that runtime.
+/// running gateway applies it, listeners included. Fails when the worker
+/// threads cannot be started, or `[usage]`'s spool or file cannot be
+/// opened. Call it from within a tokio runtime; with `workers = 1`
+/// everything runs on that runtime (the usage exporter on threads of its
+/// own).
 pub async fn run(
     listeners: Listeners,
     app: Arc<App>,
     shutdown: impl Future<Output = ()>,
 ) -> io::Result<()> {
+    let exporter = match app.usage().and_then(|usage| usage.start()) {
+        Some(started) => Some(started?),
+        None => None,
+    };
     let (stop_tx, stop_rx) = watch::channel(false);
     let mut server = conn::start(app.clone(), listeners.traffic, stop_rx.clone())?;
     if let Some(listener) = listeners.decision {
@@ -139,6 +147,10 @@ pub async fn run(
     overrides.abort();
     if let Some(admin) = admin {
         let _ = admin.await;
+    }
+    if let Some(exporter) = exporter {
+        // Blocking: the writer syncs what is queued.
+        let _ = tokio::task::spawn_blocking(move || exporter.stop()).await;
     }
     Ok(())
 }

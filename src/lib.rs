@@ -80,8 +80,9 @@
 //! [`metrics`], `access_log`, `ratelimit_policy` (a stack's
 //! `RateLimit-Policy`, built once per snapshot), [`summary`],
 //! [`fd_limit`] (the open-file limit raised at start), [`store`] (the
-//! Redis store: shared limits decided by one script call), and [`worker`]
-//! (which worker thread code runs on).
+//! Redis store: shared limits decided by one script call), [`usage`] (the
+//! usage events of settled requests, spooled on disk and exported on
+//! threads of their own) and [`worker`] (which worker thread code runs on).
 //!
 //! # The life of a request
 //!
@@ -148,6 +149,7 @@ pub mod simulate;
 pub(crate) mod store;
 pub mod summary;
 pub mod upstream;
+pub(crate) mod usage;
 pub mod worker;
 
 pub use gateway::{Listeners, run};

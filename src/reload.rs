@@ -18,6 +18,10 @@ fn needs_restart(old: &Config, new: &Config) -> Vec<&'static str> {
     if old.store != new.store {
         changed.push("store");
     }
+    // The usage exporter's threads and spool are opened at start.
+    if old.usage != new.usage {
+        changed.push("usage");
+    }
     // The decision listener is bound at start, as the admin listener is.
     if old.decision.as_ref().map(|d| d.listen) != new.decision.as_ref().map(|d| d.listen) {
         changed.push("decision.listen");

@@ -10,7 +10,7 @@
 //! validated types and its check: [`server`] (with [`tls`] for
 //! `[server.tls]`), [`client_ip`], [`store`], [`upstreams`], [`limits`]
 //! (with [`tokens`] for token quotas), [`routes`], [`decision`],
-//! [`consumers`] (`[api_keys]` and `[consumers]`) and [`jwt`]. [`validate`]
+//! [`consumers`] (`[api_keys]` and `[consumers]`), [`jwt`] and [`usage`]. [`validate`]
 //! is the driver: it deserializes the file ([`raw`] is the top of the
 //! mirror), calls each section's check in order, and places the problems.
 //! [`admin_token`] reads `[server]`'s admin token, [`quota_route`] checks
@@ -36,6 +36,7 @@ pub(crate) mod tls;
 pub(crate) mod tokens;
 pub(crate) mod units;
 pub(crate) mod upstreams;
+pub(crate) mod usage;
 pub(crate) mod validate;
 pub mod warnings;
 
@@ -84,6 +85,8 @@ pub struct Config {
     pub decision: Option<DecisionConfig>,
     /// `[jwt]`: the issuers whose tokens identify callers, when configured.
     pub jwt: Option<jwt::JwtConfig>,
+    /// `[usage]`: where usage events go, when configured.
+    pub usage: Option<usage::UsageConfig>,
 }
 
 impl Config {

@@ -39,6 +39,7 @@ pub(crate) struct RawRoute {
     pub(crate) retry: Option<RawRetry>,
     pub(crate) tokens: Option<RawTokens>,
     pub(crate) priority: Option<String>,
+    pub(crate) usage_events: Option<bool>,
 }
 
 /// `retry = { attempts = 2, on = [...], base = "25ms", cap = "1s", budget = "20%" }`.
@@ -96,6 +97,9 @@ pub struct RouteConfig {
     pub(crate) tokens: Option<tokens::TokensRule>,
     /// The priority of its requests whose consumer sets none.
     pub(crate) priority: Priority,
+    /// Its requests send usage events (`[usage]`): `usage_events`, by
+    /// default on for a route with `tokens = {...}`, off for the others.
+    pub(crate) usage_events: bool,
 }
 
 /// A route's `retry` table, validated (the upstream layer applies it).
@@ -288,6 +292,7 @@ fn check_route(
         max_body,
         require_consumer: raw.require_consumer.unwrap_or(false),
         require_jwt: raw.require_jwt.unwrap_or(false),
+        usage_events: raw.usage_events.unwrap_or(raw.tokens.is_some()),
         retry: raw.retry.as_ref().map(|retry| {
             if raw.respond.is_some() {
                 c.problem(

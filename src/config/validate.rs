@@ -24,9 +24,10 @@ use super::routes::RawRoute;
 use super::server::RawServer;
 use super::store::RawStore;
 use super::upstreams::RawUpstream;
+use super::usage::RawUsage;
 use super::{
     Config, ConfigError, KeyPath, Problem, admin_token, client_ip, consumers, decision, jwt,
-    limits, quota_route, routes, server, store, tls, upstreams,
+    limits, quota_route, routes, server, store, tls, upstreams, usage,
 };
 
 /// The top of the serde mirror: one field per section, each section's
@@ -52,6 +53,7 @@ pub(crate) struct RawConfig {
     pub(crate) api_keys: RawApiKeys,
     pub(crate) decision: Option<RawDecision>,
     pub(crate) jwt: Option<RawJwt>,
+    pub(crate) usage: Option<RawUsage>,
 }
 
 /// Validates the bytes of a configuration file.
@@ -204,6 +206,19 @@ fn check(c: &mut Checker, path: &Path, bytes: &[u8], raw: &RawConfig) -> Config 
     let (api_keys, consumers) =
         consumers::check_consumers(c, &root, &raw.api_keys, &raw.consumers, directory);
     let jwt = jwt::check_jwt_use(c, &root, raw.jwt.as_ref(), directory, &limits, &routes);
+    let usage = raw
+        .usage
+        .as_ref()
+        .map(|u| usage::check_usage(c, &root.key("usage"), u, directory));
+    if usage.is_none() {
+        let asked = raw.routes.iter().enumerate();
+        for (i, _) in asked.filter(|(_, r)| r.usage_events == Some(true)) {
+            c.problem(
+                root.key("routes").index(i).key("usage_events"),
+                "needs a [usage] section: where the events go",
+            );
+        }
+    }
 
     Config {
         path: path.to_owned(),
@@ -218,6 +233,7 @@ fn check(c: &mut Checker, path: &Path, bytes: &[u8], raw: &RawConfig) -> Config 
         consumers: Arc::new(consumers),
         decision,
         jwt,
+        usage,
     }
 }
 

@@ -317,6 +317,27 @@ pub struct Metrics {
     /// The keys refused most, for `/stats` (not an exposition series:
     /// keys are unbounded).
     refused_keys: refused_keys::RefusedKeys,
+    /// `tollgate_usage_events_total{result}` and
+    /// `tollgate_usage_spool_events` (`crate::usage`).
+    usage: UsageMetrics,
+}
+
+/// The usage exporter's series (`crate::usage`), as handles it keeps.
+#[derive(Debug, Clone, Default)]
+pub(crate) struct UsageMetrics {
+    /// Acknowledged by the collector (2xx), or written to the file.
+    pub(crate) sent: Counter,
+    /// In a POST that failed and will be tried again (so an event may be
+    /// counted more than once).
+    pub(crate) failed: Counter,
+    /// Lost: the exporter's queue full, the spool past `spool_max`
+    /// (oldest first), or the disk refusing a write.
+    pub(crate) dropped: Counter,
+    /// In a batch the collector refused with a 4xx, set aside in the
+    /// spool's dead-letter file.
+    pub(crate) dead_letter: Counter,
+    /// Events in the spool the collector has not acknowledged.
+    pub(crate) spool_events: Gauge,
 }
 
 /// The families of upstream health, per URL.
@@ -528,6 +549,28 @@ impl Metrics {
             queue_depth.clone(),
         );
         let upstream_health = UpstreamHealthFamilies::register(&mut registry);
+        let usage_events = Family::<ResultLabels, Counter>::default();
+        registry.register(
+            "tollgate_usage_events",
+            "Usage events by result: sent (acknowledged by the collector, or written to the file), failed (in a POST that will be retried), dropped (queue full, spool past spool_max, disk error), dead_letter (in a batch the collector refused with a 4xx)",
+            usage_events.clone(),
+        );
+        let usage = UsageMetrics {
+            sent: usage_events.get_or_create(&ResultLabels { result: "sent" }).clone(),
+            failed: usage_events.get_or_create(&ResultLabels { result: "failed" }).clone(),
+            dropped: usage_events.get_or_create(&ResultLabels { result: "dropped" }).clone(),
+            dead_letter: usage_events
+                .get_or_create(&ResultLabels {
+                    result: "dead_letter",
+                })
+                .clone(),
+            spool_events: Gauge::default(),
+        };
+        registry.register(
+            "tollgate_usage_spool_events",
+            "Usage events in the spool that the collector has not acknowledged",
+            usage.spool_events.clone(),
+        );
         for result in ["ok", "error"] {
             let _ = config_reloads.get_or_create(&ResultLabels { result });
         }
@@ -564,6 +607,7 @@ impl Metrics {
             no_route: Arc::from(NO_ROUTE),
             upstream_health,
             refused_keys: refused_keys::RefusedKeys::default(),
+            usage,
         }
     }
 
@@ -809,6 +853,11 @@ impl Metrics {
     /// Whether the per-key overrides are stale (`app::override_sync`).
     pub(crate) fn set_overrides_stale(&self, stale: bool) {
         self.overrides_stale.set(i64::from(stale));
+    }
+
+    /// The usage exporter's series.
+    pub(crate) fn usage(&self) -> &UsageMetrics {
+        &self.usage
     }
 
     /// A denial answered from a remembered Redis denial

@@ -1,0 +1,644 @@
+//! The spool: usage events on disk until the collector acknowledges them.
+//!
+//! A directory of append-only segments, `NNNNNNNNNNNNNNNNNNNN.jsonl` (a
+//! sequence number), each one event per line; the writer appends whole
+//! lines to the newest and syncs once per batch ([`Spool::append`]). The
+//! first unacknowledged byte is the `ack` file's `SEQ OFFSET`, replaced
+//! atomically (written beside, synced, renamed) after each acknowledged
+//! batch ([`Spool::ack`]); a segment acknowledged to its end is deleted.
+//! The sender reads oldest first from there ([`Spool::next_batch`]).
+//!
+//! Bounded: a segment holds about an eighth of `spool_max`; when the
+//! segments pass `spool_max`, the oldest are deleted, their unacknowledged
+//! events counted as dropped, until they fit (the newest, being written,
+//! stays).
+//!
+//! Crash-safe: a process that died mid-write leaves at most a torn last
+//! line, cut off when the spool is opened again; a line that is not a JSON
+//! object (a disk's damage) is skipped when read. Opening always starts a
+//! new segment. A crash between a collector's 2xx and the `ack` file's
+//! rename sends that batch again: delivery is at least once.
+//!
+//! Example, `spool_max` 8 KiB (segments of 1 KiB): 30 events of 400 bytes
+//! make segments 1–10 of 3 events (1,200 bytes each: a segment is closed
+//! once it has passed 1 KiB); after the ninth's third event the spool
+//! holds 10,800 bytes > 8 KiB, so segments 1 and 2 (2,400 bytes, 6
+//! events) are dropped, and 6 is counted.
+
+use std::collections::VecDeque;
+use std::fs::{self, File, OpenOptions};
+use std::io::{self, Read, Seek, SeekFrom, Write};
+use std::path::{Path, PathBuf};
+
+use parking_lot::Mutex;
+
+/// The most bytes a segment holds before the next append starts another.
+const SEGMENT_MAX: u64 = 64 << 20;
+/// The acknowledged position's file.
+const ACK: &str = "ack";
+/// Where refused batches are set aside.
+pub(crate) const DEAD_LETTER: &str = "dead-letter.jsonl";
+
+/// The spool of one exporter. Its state behind one lock: the writer
+/// thread and the sender thread take it, never a request.
+#[derive(Debug)]
+pub(crate) struct Spool {
+    dir: PathBuf,
+    max_bytes: u64,
+    segment_bytes: u64,
+    state: Mutex<State>,
+}
+
+#[derive(Debug)]
+struct State {
+    /// Oldest first; never empty.
+    segments: VecDeque<Segment>,
+    /// The newest segment, open for appending.
+    writer: File,
+    /// The first unacknowledged byte: in `segments[0]`.
+    ack: Position,
+}
+
+#[derive(Debug, Clone, Copy)]
+struct Segment {
+    seq: u64,
+    /// Bytes written and synced: whole lines.
+    bytes: u64,
+    /// Lines in those bytes.
+    events: u64,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Position {
+    seq: u64,
+    offset: u64,
+    /// Lines before `offset`.
+    events: u64,
+}
+
+/// Events read for one POST, from one segment.
+#[derive(Debug)]
+pub(crate) struct Batch {
+    seq: u64,
+    start: u64,
+    end: u64,
+    /// Lines read, including skipped ones (for the acknowledged count).
+    lines: u64,
+    /// The events, each one JSON object without its newline.
+    pub(crate) events: Vec<Vec<u8>>,
+}
+
+impl Batch {
+    /// The batch as `application/cloudevents-batch+json`: a JSON array.
+    pub(crate) fn body(&self) -> Vec<u8> {
+        let size = self.events.iter().map(|e| e.len() + 1).sum::<usize>() + 2;
+        let mut body = Vec::with_capacity(size);
+        body.push(b'[');
+        for (i, event) in self.events.iter().enumerate() {
+            if i > 0 {
+                body.push(b',');
+            }
+            body.extend_from_slice(event);
+        }
+        body.push(b']');
+        body
+    }
+}
+
+/// What opening found.
+#[derive(Debug, Default, PartialEq, Eq)]
+pub(crate) struct Opened {
+    /// Events not acknowledged yet: sent first.
+    pub(crate) pending: u64,
+    /// Bytes of a torn last line cut off.
+    pub(crate) torn: u64,
+}
+
+impl Spool {
+    /// Opens the spool in `dir` (created if missing) bounded by
+    /// `max_bytes`, recovering what a previous process left.
+    pub(crate) fn open(dir: &Path, max_bytes: u64) -> io::Result<(Spool, Opened)> {
+        fs::create_dir_all(dir)?;
+        let mut found = Vec::new();
+        for entry in fs::read_dir(dir)? {
+            let name = entry?.file_name();
+            if let Some(seq) = name
+                .to_str()
+                .and_then(|n| n.strip_suffix(".jsonl"))
+                .and_then(|n| n.parse::<u64>().ok())
+            {
+                found.push(seq);
+            }
+        }
+        found.sort_unstable();
+        let saved = read_ack(dir);
+        let mut opened = Opened::default();
+        let mut segments = VecDeque::new();
+        for seq in found {
+            let path = segment_path(dir, seq);
+            if saved.is_some_and(|(acked, _)| seq < acked) {
+                fs::remove_file(&path)?;
+                continue;
+            }
+            let (bytes, events, torn) = recover(&path)?;
+            opened.torn += torn;
+            segments.push_back(Segment { seq, bytes, events });
+        }
+        let next = segments.back().map_or(1, |s| s.seq + 1);
+        let mut ack = Position {
+            seq: next,
+            offset: 0,
+            events: 0,
+        };
+        if let (Some((seq, offset)), Some(first)) = (saved, segments.front())
+            && seq == first.seq
+        {
+            let offset = offset.min(first.bytes);
+            ack = Position {
+                seq,
+                offset,
+                events: count_lines(&segment_path(dir, seq), offset)?,
+            };
+        } else if let Some(first) = segments.front() {
+            ack = Position {
+                seq: first.seq,
+                offset: 0,
+                events: 0,
+            };
+        }
+        let writer = create_segment(dir, next)?;
+        segments.push_back(Segment {
+            seq: next,
+            bytes: 0,
+            events: 0,
+        });
+        let state = State {
+            segments,
+            writer,
+            ack,
+        };
+        opened.pending = state.pending();
+        let spool = Spool {
+            dir: dir.to_owned(),
+            max_bytes,
+            segment_bytes: (max_bytes / 8).clamp(1, SEGMENT_MAX),
+            state: Mutex::new(state),
+        };
+        Ok((spool, opened))
+    }
+
+    /// Appends `lines` (`events` whole lines) to the newest segment and
+    /// syncs them; then drops the oldest segments past `spool_max`.
+    /// Returns the events dropped so.
+    pub(crate) fn append(&self, lines: &[u8], events: u64) -> io::Result<u64> {
+        debug_assert!(lines.is_empty() || lines.ends_with(b"\n"));
+        let mut state = self.state.lock();
+        let newest = *state.segments.back().expect("a segment");
+        if newest.bytes >= self.segment_bytes {
+            let seq = newest.seq + 1;
+            state.writer = create_segment(&self.dir, seq)?;
+            state.segments.push_back(Segment {
+                seq,
+                bytes: 0,
+                events: 0,
+            });
+        }
+        let written = state.writer.write_all(lines).and_then(|()| state.writer.sync_data());
+        let synced = state.segments.back().expect("a segment").bytes;
+        if let Err(error) = written {
+            // Whatever part was written is cut off: the segment stays whole lines.
+            let _ = state.writer.set_len(synced);
+            let _ = state.writer.seek(SeekFrom::Start(synced));
+            return Err(error);
+        }
+        let newest = state.segments.back_mut().expect("a segment");
+        newest.bytes += lines.len() as u64;
+        newest.events += events;
+        self.enforce_bound(&mut state)
+    }
+
+    /// Deletes the oldest segments while the spool is over its bound.
+    fn enforce_bound(&self, state: &mut State) -> io::Result<u64> {
+        let mut dropped = 0;
+        while state.segments.len() > 1
+            && state.segments.iter().map(|s| s.bytes).sum::<u64>() > self.max_bytes
+        {
+            let oldest = state.segments.pop_front().expect("two segments");
+            let acked = if state.ack.seq == oldest.seq {
+                state.ack.events
+            } else {
+                0
+            };
+            dropped += oldest.events - acked;
+            let next = state.segments.front().expect("one segment").seq;
+            state.ack = Position {
+                seq: next,
+                offset: 0,
+                events: 0,
+            };
+            write_ack(&self.dir, state.ack)?;
+            remove_segment(&self.dir, oldest.seq)?;
+        }
+        Ok(dropped)
+    }
+
+    /// Up to `max` events from the first unacknowledged one, all from one
+    /// segment; `None` when every event is acknowledged.
+    pub(crate) fn next_batch(&self, max: usize) -> io::Result<Option<Batch>> {
+        // The position and the synced length under the lock; the read
+        // outside it, so the writer's appends never wait for it (a
+        // segment's synced bytes never change, and the segment is deleted
+        // only by the acknowledgement or the bound).
+        let (position, end) = {
+            let mut state = self.state.lock();
+            loop {
+                let ack = state.ack;
+                let Some(segment) = state.segments.iter().find(|s| s.seq == ack.seq).copied()
+                else {
+                    return Ok(None);
+                };
+                if ack.offset < segment.bytes {
+                    break (ack, segment.bytes);
+                }
+                // Acknowledged to its end, and no longer the newest (the
+                // writer has moved on since): deleted, on to the next.
+                let Some(next) = state.segments.iter().find(|s| s.seq > ack.seq).copied() else {
+                    return Ok(None);
+                };
+                state.segments.retain(|s| s.seq != ack.seq);
+                state.ack = Position {
+                    seq: next.seq,
+                    offset: 0,
+                    events: 0,
+                };
+                write_ack(&self.dir, state.ack)?;
+                remove_segment(&self.dir, ack.seq)?;
+            }
+        };
+        let mut file = match File::open(segment_path(&self.dir, position.seq)) {
+            Ok(file) => file,
+            // Dropped by the bound meanwhile: the next call goes on.
+            Err(error) if error.kind() == io::ErrorKind::NotFound => {
+                return Ok(Some(Batch {
+                    seq: position.seq,
+                    start: position.offset,
+                    end: position.offset,
+                    lines: 0,
+                    events: Vec::new(),
+                }));
+            }
+            Err(error) => return Err(error),
+        };
+        file.seek(SeekFrom::Start(position.offset))?;
+        let mut bytes = Vec::new();
+        file.take(end - position.offset).read_to_end(&mut bytes)?;
+        let mut events = Vec::new();
+        let mut consumed = 0;
+        let mut lines = 0;
+        for line in bytes.split_inclusive(|&b| b == b'\n') {
+            if events.len() == max || !line.ends_with(b"\n") {
+                break;
+            }
+            consumed += line.len();
+            lines += 1;
+            let event = &line[..line.len() - 1];
+            if serde_json::from_slice::<serde::de::IgnoredAny>(event).is_ok()
+                && event.first() == Some(&b'{')
+            {
+                events.push(event.to_vec());
+            } else {
+                tracing::warn!(
+                    segment = position.seq,
+                    "usage spool: a damaged line skipped"
+                );
+            }
+        }
+        Ok(Some(Batch {
+            seq: position.seq,
+            start: position.offset,
+            end: position.offset + consumed as u64,
+            lines,
+            events,
+        }))
+    }
+
+    /// The collector took `batch`: the acknowledged position moves past
+    /// it, saved; a segment acknowledged to its end (not the newest) is
+    /// deleted. A batch whose segment was dropped meanwhile moves nothing.
+    pub(crate) fn ack(&self, batch: &Batch) -> io::Result<()> {
+        let mut state = self.state.lock();
+        if state.ack.seq != batch.seq || state.ack.offset != batch.start {
+            return Ok(());
+        }
+        state.ack.offset = batch.end;
+        state.ack.events += batch.lines;
+        let done = state.segments.len() > 1
+            && state
+                .segments
+                .front()
+                .is_some_and(|s| s.seq == batch.seq && s.bytes == batch.end);
+        if done {
+            state.segments.pop_front();
+            let next = state.segments.front().expect("the newest").seq;
+            state.ack = Position {
+                seq: next,
+                offset: 0,
+                events: 0,
+            };
+        }
+        write_ack(&self.dir, state.ack)?;
+        if done {
+            remove_segment(&self.dir, batch.seq)?;
+        }
+        Ok(())
+    }
+
+    /// Appends `batch`'s events to the dead-letter file, synced.
+    pub(crate) fn set_aside(&self, batch: &Batch) -> io::Result<()> {
+        let mut file = OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(self.dir.join(DEAD_LETTER))?;
+        let mut lines = Vec::new();
+        for event in &batch.events {
+            lines.extend_from_slice(event);
+            lines.push(b'\n');
+        }
+        file.write_all(&lines)?;
+        file.sync_data()
+    }
+
+    /// Events not acknowledged yet.
+    pub(crate) fn pending(&self) -> u64 {
+        self.state.lock().pending()
+    }
+}
+
+impl State {
+    fn pending(&self) -> u64 {
+        let all: u64 = self.segments.iter().map(|s| s.events).sum();
+        let acked = if self.segments.front().map(|s| s.seq) == Some(self.ack.seq) {
+            self.ack.events
+        } else {
+            0
+        };
+        all - acked.min(all)
+    }
+}
+
+fn segment_path(dir: &Path, seq: u64) -> PathBuf {
+    dir.join(format!("{seq:020}.jsonl"))
+}
+
+fn create_segment(dir: &Path, seq: u64) -> io::Result<File> {
+    let file = OpenOptions::new()
+        .create(true)
+        .truncate(true)
+        .write(true)
+        .open(segment_path(dir, seq))?;
+    sync_dir(dir)?;
+    Ok(file)
+}
+
+fn remove_segment(dir: &Path, seq: u64) -> io::Result<()> {
+    match fs::remove_file(segment_path(dir, seq)) {
+        Err(error) if error.kind() != io::ErrorKind::NotFound => Err(error),
+        _ => Ok(()),
+    }
+}
+
+/// A new or removed name is durable once its directory is synced.
+fn sync_dir(dir: &Path) -> io::Result<()> {
+    File::open(dir)?.sync_all()
+}
+
+/// A segment's whole lines: its length cut back to its last newline (a
+/// torn line of a crash is removed), with the lines counted. Returns
+/// (bytes, lines, bytes cut).
+fn recover(path: &Path) -> io::Result<(u64, u64, u64)> {
+    let bytes = fs::read(path)?;
+    let whole = bytes.iter().rposition(|&b| b == b'\n').map_or(0, |i| i + 1);
+    let torn = (bytes.len() - whole) as u64;
+    if torn > 0 {
+        let file = OpenOptions::new().write(true).open(path)?;
+        file.set_len(whole as u64)?;
+        file.sync_data()?;
+    }
+    let lines = memchr::memchr_iter(b'\n', &bytes[..whole]).count() as u64;
+    Ok((whole as u64, lines, torn))
+}
+
+/// Lines in the first `offset` bytes of a segment.
+fn count_lines(path: &Path, offset: u64) -> io::Result<u64> {
+    let mut bytes = Vec::new();
+    File::open(path)?.take(offset).read_to_end(&mut bytes)?;
+    Ok(memchr::memchr_iter(b'\n', &bytes).count() as u64)
+}
+
+/// The saved position, if the file holds one.
+fn read_ack(dir: &Path) -> Option<(u64, u64)> {
+    let text = fs::read_to_string(dir.join(ACK)).ok()?;
+    let (seq, offset) = text.trim().split_once(' ')?;
+    Some((seq.parse().ok()?, offset.parse().ok()?))
+}
+
+fn write_ack(dir: &Path, position: Position) -> io::Result<()> {
+    let temporary = dir.join("ack.tmp");
+    let mut file = File::create(&temporary)?;
+    file.write_all(format!("{} {}\n", position.seq, position.offset).as_bytes())?;
+    file.sync_data()?;
+    fs::rename(&temporary, dir.join(ACK))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// `n` events numbered from `first`, each a JSON line of ~`pad` bytes.
+    fn events(first: u64, n: u64, pad: usize) -> Vec<u8> {
+        let mut out = Vec::new();
+        for i in first..first + n {
+            out.extend_from_slice(format!("{{\"n\":{i},\"pad\":\"{}\"}}\n", "x".repeat(pad)).as_bytes());
+        }
+        out
+    }
+
+    fn numbers(batch: &Batch) -> Vec<u64> {
+        batch
+            .events
+            .iter()
+            .map(|e| serde_json::from_slice::<serde_json::Value>(e).unwrap()["n"].as_u64().unwrap())
+            .collect()
+    }
+
+    /// Reads and acknowledges everything, `max` at a time.
+    fn drain(spool: &Spool, max: usize) -> Vec<u64> {
+        let mut all = Vec::new();
+        while let Some(batch) = spool.next_batch(max).unwrap() {
+            all.extend(numbers(&batch));
+            spool.ack(&batch).unwrap();
+        }
+        all
+    }
+
+    #[test]
+    fn events_are_read_in_order_and_acknowledged_once() {
+        let dir = tempfile::tempdir().unwrap();
+        let (spool, opened) = Spool::open(dir.path(), 1 << 20).unwrap();
+        assert_eq!(opened, Opened::default());
+        assert!(spool.next_batch(10).unwrap().is_none());
+        assert_eq!(spool.append(&events(0, 25, 10), 25).unwrap(), 0);
+        assert_eq!(spool.pending(), 25);
+        let first = spool.next_batch(10).unwrap().unwrap();
+        assert_eq!(numbers(&first), (0..10).collect::<Vec<_>>());
+        // Not acknowledged: the same batch again.
+        assert_eq!(numbers(&spool.next_batch(10).unwrap().unwrap()), numbers(&first));
+        spool.ack(&first).unwrap();
+        // Acknowledging twice moves nothing more.
+        spool.ack(&first).unwrap();
+        assert_eq!(spool.pending(), 15);
+        assert_eq!(drain(&spool, 10), (10..25).collect::<Vec<_>>());
+        assert_eq!(spool.pending(), 0);
+    }
+
+    #[test]
+    fn the_body_is_a_json_array() {
+        let dir = tempfile::tempdir().unwrap();
+        let (spool, _) = Spool::open(dir.path(), 1 << 20).unwrap();
+        spool.append(&events(7, 3, 0), 3).unwrap();
+        let body = spool.next_batch(10).unwrap().unwrap().body();
+        let parsed: Vec<serde_json::Value> = serde_json::from_slice(&body).unwrap();
+        assert_eq!(parsed.len(), 3);
+        assert_eq!(parsed[2]["n"], 9);
+    }
+
+    #[test]
+    fn segments_rotate_and_acknowledged_ones_are_deleted() {
+        let dir = tempfile::tempdir().unwrap();
+        // Segments of 1 KiB.
+        let (spool, _) = Spool::open(dir.path(), 8 << 10).unwrap();
+        for i in 0..10 {
+            spool.append(&events(i * 3, 3, 100), 3).unwrap();
+        }
+        let segments = || {
+            fs::read_dir(dir.path())
+                .unwrap()
+                .filter(|e| e.as_ref().unwrap().path().extension().is_some_and(|x| x == "jsonl"))
+                .count()
+        };
+        assert!(segments() > 2, "{} segments", segments());
+        assert_eq!(drain(&spool, 4), (0..30).collect::<Vec<_>>());
+        // Only the newest is left.
+        assert_eq!(segments(), 1);
+    }
+
+    #[test]
+    fn past_its_bound_the_oldest_events_are_dropped_and_counted() {
+        let dir = tempfile::tempdir().unwrap();
+        let (spool, _) = Spool::open(dir.path(), 8 << 10).unwrap();
+        let mut dropped = 0;
+        // 30 events of ~400 bytes: 12 KB into 8 KiB.
+        for i in 0..30 {
+            dropped += spool.append(&events(i, 1, 390), 1).unwrap();
+        }
+        assert!(dropped > 0);
+        let left = drain(&spool, 7);
+        assert_eq!(left.len() as u64 + dropped, 30);
+        // The newest survive, in order.
+        assert_eq!(left, ((30 - left.len() as u64)..30).collect::<Vec<_>>());
+        let on_disk: u64 = fs::read_dir(dir.path())
+            .unwrap()
+            .map(|e| e.unwrap().metadata().unwrap().len())
+            .sum();
+        assert!(on_disk <= 8 << 10, "{on_disk} bytes");
+    }
+
+    #[test]
+    fn dropping_a_segment_being_read_skips_to_the_next() {
+        let dir = tempfile::tempdir().unwrap();
+        let (spool, _) = Spool::open(dir.path(), 2 << 10).unwrap();
+        spool.append(&events(0, 2, 200), 2).unwrap();
+        let reading = spool.next_batch(1).unwrap().unwrap();
+        spool.ack(&reading).unwrap();
+        let mut dropped = 0;
+        for i in 2..20 {
+            dropped += spool.append(&events(i, 1, 200), 1).unwrap();
+        }
+        // The first event was acknowledged: never counted as dropped.
+        let left = drain(&spool, 100);
+        assert_eq!(1 + dropped + left.len() as u64, 20, "{left:?}");
+        assert_eq!(*left.last().unwrap(), 19);
+    }
+
+    #[test]
+    fn a_restart_resumes_after_the_acknowledged_events() {
+        let dir = tempfile::tempdir().unwrap();
+        {
+            let (spool, _) = Spool::open(dir.path(), 1 << 20).unwrap();
+            spool.append(&events(0, 10, 5), 10).unwrap();
+            let batch = spool.next_batch(4).unwrap().unwrap();
+            spool.ack(&batch).unwrap();
+            // Read, not acknowledged: sent again after the restart.
+            let _ = spool.next_batch(4).unwrap();
+        }
+        let (spool, opened) = Spool::open(dir.path(), 1 << 20).unwrap();
+        assert_eq!(opened.pending, 6);
+        spool.append(&events(10, 2, 5), 2).unwrap();
+        assert_eq!(spool.pending(), 8);
+        assert_eq!(drain(&spool, 3), (4..12).collect::<Vec<_>>());
+        // And once more: nothing left.
+        drop(spool);
+        let (spool, opened) = Spool::open(dir.path(), 1 << 20).unwrap();
+        assert_eq!(opened.pending, 0);
+        assert!(spool.next_batch(3).unwrap().is_none());
+    }
+
+    #[test]
+    fn a_torn_last_line_is_cut_not_fatal() {
+        let dir = tempfile::tempdir().unwrap();
+        {
+            let (spool, _) = Spool::open(dir.path(), 1 << 20).unwrap();
+            spool.append(&events(0, 3, 5), 3).unwrap();
+        }
+        // A crash mid-write: half a line at the end of the newest segment.
+        let newest = fs::read_dir(dir.path())
+            .unwrap()
+            .map(|e| e.unwrap().path())
+            .filter(|p| p.extension().is_some_and(|x| x == "jsonl"))
+            .max()
+            .unwrap();
+        let mut file = OpenOptions::new().append(true).open(&newest).unwrap();
+        file.write_all(b"{\"n\":3,\"pa").unwrap();
+        drop(file);
+        let (spool, opened) = Spool::open(dir.path(), 1 << 20).unwrap();
+        assert_eq!(opened, Opened { pending: 3, torn: 10 });
+        spool.append(&events(4, 1, 5), 1).unwrap();
+        assert_eq!(drain(&spool, 10), vec![0, 1, 2, 4]);
+    }
+
+    #[test]
+    fn a_damaged_line_is_skipped_and_acknowledged() {
+        let dir = tempfile::tempdir().unwrap();
+        let (spool, _) = Spool::open(dir.path(), 1 << 20).unwrap();
+        let mut lines = events(0, 1, 0);
+        lines.extend_from_slice(b"\x00\x00garbage\n");
+        lines.extend_from_slice(&events(1, 1, 0));
+        spool.append(&lines, 3).unwrap();
+        let batch = spool.next_batch(10).unwrap().unwrap();
+        assert_eq!(numbers(&batch), vec![0, 1]);
+        spool.ack(&batch).unwrap();
+        assert_eq!(spool.pending(), 0);
+    }
+
+    #[test]
+    fn a_refused_batch_is_set_aside() {
+        let dir = tempfile::tempdir().unwrap();
+        let (spool, _) = Spool::open(dir.path(), 1 << 20).unwrap();
+        spool.append(&events(0, 2, 0), 2).unwrap();
+        let batch = spool.next_batch(10).unwrap().unwrap();
+        spool.set_aside(&batch).unwrap();
+        spool.set_aside(&batch).unwrap();
+        let text = fs::read_to_string(dir.path().join(DEAD_LETTER)).unwrap();
+        assert_eq!(text.lines().count(), 4);
+    }
+}
