@@ -54,6 +54,7 @@ mod settle;
 mod shared;
 pub(crate) mod ticket;
 pub mod tokens;
+pub(crate) mod usage;
 mod wait;
 
 use std::future::Future;

@@ -28,6 +28,7 @@ use http::request::Parts;
 use super::body::{BodyError, PendingBody, buffer_for_key, declared_length};
 use super::identify::{self, Caller, Unidentified, body_fields};
 use super::tokens::{self, TokenBill};
+use super::usage::UsageFacts;
 use super::{
     Admission, Admitting, Charge, Ticket, answer, check_in_memory, decide_in_memory, key_stack,
     reserve, shared, wait,
@@ -137,12 +138,24 @@ pub async fn admit_request<'a, 's: 'a>(
             return RequestAdmission::BodyRefused(refused);
         }
     }
+    let mut usage = UsageFacts::for_route(app, request.route);
     if request.plan.stack.is_empty() {
-        return RequestAdmission::Admitted { bill: None };
+        return RequestAdmission::Admitted {
+            bill: unlimited_bill(app, snapshot, &request, &caller, usage, ticket),
+        };
     }
     let plan = request.plan;
     let store = app.store().filter(|_| plan.shared);
-    let admission = match key(app, snapshot, &request, caller, store.is_some(), ticket) {
+    let keyed = key(
+        app,
+        snapshot,
+        &request,
+        caller,
+        store.is_some(),
+        ticket,
+        &mut usage,
+    );
+    let admission = match keyed {
         Err(missing) => missing,
         Ok(charge) => {
             let admitting = match store {
@@ -162,7 +175,29 @@ pub async fn admit_request<'a, 's: 'a>(
             admitting.await
         }
     };
-    conclude(app, snapshot, plan, admission, ticket)
+    conclude(app, snapshot, plan, admission, ticket, usage, request.now)
+}
+
+/// A request of a route without limits: a bill only to carry its usage
+/// event (`usage_events = true`), named by its consumer if it has one.
+#[cold]
+fn unlimited_bill(
+    app: &App,
+    snapshot: &Snapshot,
+    request: &Routed<'_, '_>,
+    caller: &Caller<'_>,
+    mut usage: UsageFacts,
+    ticket: &Ticket<'_>,
+) -> Option<TokenBill> {
+    if !usage.wanted {
+        return None;
+    }
+    let ip = match request.client {
+        Client::Peer(ip) | Client::Resolved(ip) => ip,
+    };
+    usage.caller(caller.identity(snapshot, ip, None).consumer);
+    let note = usage.into_note(app, None, request.now);
+    tokens::bill(app, snapshot, request.plan, ticket, note)
 }
 
 /// [`admit_request`] without a store, a key refresh (an unknown `kid` is
@@ -187,11 +222,21 @@ pub fn decide_request<'s>(
     if request.plan.stack.is_empty() {
         return RequestAdmission::Admitted { bill: None };
     }
-    let admission = match key(app, snapshot, &request, caller, false, ticket) {
+    // Offline: no usage events.
+    let mut usage = UsageFacts::default();
+    let admission = match key(app, snapshot, &request, caller, false, ticket, &mut usage) {
         Err(missing) => missing,
         Ok(charge) => decide_in_memory(app, snapshot, &charge, ticket),
     };
-    conclude(app, snapshot, request.plan, admission, ticket)
+    conclude(
+        app,
+        snapshot,
+        request.plan,
+        admission,
+        ticket,
+        usage,
+        request.now,
+    )
 }
 
 /// A body in memory against the route's `max_body`, as reading it would
@@ -234,6 +279,7 @@ fn key<'s>(
     caller: Caller<'s>,
     shared: bool,
     ticket: &mut Ticket<'s>,
+    usage: &mut UsageFacts,
 ) -> Result<Charge<'s>, Admission> {
     let parts = request.parts;
     let client_ip = match request.client {
@@ -260,7 +306,9 @@ fn key<'s>(
             RequestBody::Held { bytes, declared } => declared.or(Some(bytes.len() as u64)),
             RequestBody::Client(_) => declared_length(parts),
         };
-        Some(reserve::reservation(rule, whole, declared, cap))
+        let (reserved, model) = reserve::reservation_and_model(rule, whole, declared, cap);
+        usage.model = model.filter(|_| usage.wanted);
+        Some(reserved)
     });
     let charge = Charge {
         plan: request.plan,
@@ -269,6 +317,7 @@ fn key<'s>(
         now: request.now,
     };
     let identity = caller.identity(snapshot, client_ip, fields.as_ref());
+    usage.caller(identity.consumer);
     ticket.priority = identity
         .consumer
         .and_then(|c| c.priority)
@@ -277,7 +326,8 @@ fn key<'s>(
     Ok(charge)
 }
 
-/// The decision as the front's answer; an admitted token request's bill.
+/// The decision as the front's answer; an admitted token request's bill
+/// (or a bill only to carry its usage event, `usage`).
 #[inline(always)]
 fn conclude(
     app: &App,
@@ -285,13 +335,20 @@ fn conclude(
     plan: &RoutePlan,
     admission: Admission,
     ticket: &Ticket<'_>,
+    usage: UsageFacts,
+    now: Nanos,
 ) -> RequestAdmission {
     match admission {
-        Admission::Allowed => RequestAdmission::Admitted {
-            bill: ticket
-                .tokens
-                .and_then(|_| tokens::bill(app, snapshot, plan, ticket)),
-        },
+        Admission::Allowed if ticket.tokens.is_none() && !usage.wanted => {
+            RequestAdmission::Admitted { bill: None }
+        }
+        Admission::Allowed => {
+            let key = ticket.keys.iter().flatten().next().copied();
+            let note = usage.into_note(app, key, now);
+            RequestAdmission::Admitted {
+                bill: tokens::bill(app, snapshot, plan, ticket, note),
+            }
+        }
         Admission::Denied { by } => RequestAdmission::Denied { by },
         Admission::MissingKey { position } => RequestAdmission::MissingKey { position },
         Admission::StoreDown => RequestAdmission::StoreDown,

@@ -26,6 +26,23 @@ pub(crate) fn reservation(
     }
 }
 
+/// As [`reservation`], with the body's `model` when it was read and
+/// names one (for its usage event).
+pub(crate) fn reservation_and_model(
+    rule: &TokensRule,
+    body: Option<&[u8]>,
+    declared: Option<u64>,
+    max_key_body: usize,
+) -> (u64, Option<Box<str>>) {
+    match body {
+        Some(bytes) => {
+            let reserved = reserve::reservation(bytes, &reserve_rule(rule));
+            (reserved.total(), reserved.model.map(String::into_boxed_str))
+        }
+        None => (reservation(rule, None, declared, max_key_body), None),
+    }
+}
+
 /// The configuration's rule in the `llm` vocabulary.
 fn reserve_rule(rule: &TokensRule) -> ReserveRule {
     ReserveRule {

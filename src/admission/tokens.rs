@@ -11,17 +11,24 @@
 //! The bill owns what it needs (the limiters, the store entries, the
 //! metrics): a response outlives its request's borrow of the snapshot, and
 //! a reload meanwhile does not lose the settlement.
+//!
+//! With `[usage]`, the bill also carries the request's usage event
+//! ([`UsageNote`]), recorded when it settles: the seam where the settled
+//! usage is known. A route with `usage_events = true` and no token limit
+//! gets a bill for that alone (no entries, nothing reserved).
 
 use std::sync::Arc;
 
 use smallvec::SmallVec;
 
+use super::usage::UsageNote;
 use super::{Ticket, shared};
 use crate::access_log::TokenTally;
 use crate::app::{App, RoutePlan, Snapshot};
 use crate::config::OnFailure;
 use crate::config::tokens::Unit;
 use crate::limit::{Clock, LimitKey, Limiter, Outcome};
+use crate::llm::usage::Usage;
 use crate::metrics::Metrics;
 use crate::store::{OwnedEntry, RedisStore, SharedEntry};
 
@@ -46,6 +53,8 @@ struct Bill {
     clock: Arc<dyn Clock>,
     metrics: Arc<Metrics>,
     settled: bool,
+    /// The request's usage event, recorded when it settles.
+    usage: Option<Box<UsageNote>>,
 }
 
 /// A token limit that charged the request.
@@ -74,15 +83,19 @@ impl std::fmt::Debug for Bill {
 
 /// The bill of a request `ticket` admitted with a reservation
 /// ([`super::Charge::tokens`]) on the token limits of `plan`'s stack,
-/// counted as reserved; `None` when no token limit charged it (all
-/// skipped, or none in the stack).
-pub fn bill(
+/// counted as reserved, carrying its `usage` event; `None` when no token
+/// limit charged it (all skipped, or none in the stack) and it has no
+/// event to carry.
+pub(crate) fn bill(
     app: &App,
     snapshot: &Snapshot,
     plan: &RoutePlan,
     ticket: &Ticket<'_>,
+    usage: Option<Box<UsageNote>>,
 ) -> Option<TokenBill> {
-    let reserved = ticket.tokens?;
+    // Without a reservation the token limits were charged the cost, as
+    // request limits: nothing to settle.
+    let reserved = ticket.tokens.unwrap_or(0);
     let mut bill = Bill {
         reserved,
         tally: Arc::new(TokenTally::new(reserved)),
@@ -93,8 +106,10 @@ pub fn bill(
         clock: app.clock.clone(),
         metrics: app.metrics().clone(),
         settled: false,
+        usage,
     };
-    for (j, limit) in ticket.stack.iter().enumerate() {
+    let token_limits = ticket.tokens.map_or(0, |_| ticket.stack.len());
+    for (j, limit) in ticket.stack.iter().take(token_limits).enumerate() {
         let (Unit::Tokens, Some(key), Outcome::Allowed) = (
             limit.unit,
             ticket.keys[j],
@@ -133,28 +148,49 @@ pub fn bill(
             in_store,
         });
     }
-    (!bill.entries.is_empty()).then(|| TokenBill {
+    (!bill.entries.is_empty() || bill.usage.is_some()).then(|| TokenBill {
         inner: Box::new(bill),
     })
 }
 
 impl TokenBill {
     /// The request's reserved and (once settled) used tokens, shared with
-    /// its access-log line.
-    pub(crate) fn tally(&self) -> Arc<TokenTally> {
-        self.inner.tally.clone()
+    /// its access-log line; `None` for a bill that reserved none (it only
+    /// carries a usage event).
+    pub(crate) fn tally(&self) -> Option<Arc<TokenTally>> {
+        (!self.inner.entries.is_empty()).then(|| self.inner.tally.clone())
+    }
+
+    /// The response's status, for the usage event.
+    pub(crate) fn set_status(&mut self, status: u16) {
+        if let Some(usage) = &mut self.inner.usage {
+            usage.set_status(status);
+        }
     }
 
     /// Settles on `used` tokens, the response's usage (`None`: it reported
     /// none, and the reservation stands).
     pub fn settle(mut self, used: Option<u64>) {
-        self.inner.settle(used);
+        self.inner.settle(used, None);
+    }
+
+    /// Settles on the usage the response's body reported, split into
+    /// input and output (for the usage event).
+    pub(crate) fn settle_usage(mut self, usage: Option<Usage>) {
+        self.inner.settle(usage.map(|u| u.total), usage);
     }
 }
 
 impl Bill {
-    fn settle(&mut self, used: Option<u64>) {
+    fn settle(&mut self, used: Option<u64>, split: Option<Usage>) {
         if std::mem::replace(&mut self.settled, true) {
+            return;
+        }
+        if let Some(usage) = self.usage.take() {
+            // Unpriced until `[prices]`: the cost is `None`.
+            usage.record(&self.route, used, split, self.clock.now(), None);
+        }
+        if self.entries.is_empty() {
             return;
         }
         for entry in &self.entries {
@@ -208,6 +244,6 @@ impl Drop for TokenBill {
     fn drop(&mut self) {
         // A response that ended without its usage (cut, malformed, absent),
         // or a client that went away: the reservation stands.
-        self.inner.settle(None);
+        self.inner.settle(None, None);
     }
 }

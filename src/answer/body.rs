@@ -129,14 +129,12 @@ enum UsageReader {
 impl Drop for UsageMeter {
     fn drop(&mut self) {
         if let Some(bill) = self.bill.take() {
-            let used = match &mut self.reader {
-                UsageReader::Scanner(scanner) => scanner
-                    .take()
-                    .and_then(UsageScanner::finish)
-                    .map(|usage| usage.total),
-                UsageReader::Trailer { count, .. } => *count,
-            };
-            bill.settle(used);
+            match &mut self.reader {
+                UsageReader::Scanner(scanner) => {
+                    bill.settle_usage(scanner.take().and_then(UsageScanner::finish));
+                }
+                UsageReader::Trailer { count, .. } => bill.settle(*count),
+            }
         }
     }
 }
@@ -170,6 +168,13 @@ impl ResponseBody {
     /// itself reports no usage: `bill` stands as reserved.
     pub(crate) fn metered(self, scanner: UsageScanner, bill: TokenBill) -> Self {
         self.metered_by(UsageReader::Scanner(Some(scanner)), bill)
+    }
+
+    /// The body with `bill` settled when it ends, on no usage: a bill
+    /// that only carries a usage event (`usage_events = true` on a route
+    /// without `tokens`), recorded with the request's whole duration.
+    pub(crate) fn settled_at_end(self, bill: TokenBill) -> Self {
+        self.metered_by(UsageReader::Scanner(None), bill)
     }
 
     /// The body with `bill` settled, when it ends, on the count its

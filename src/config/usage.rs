@@ -210,7 +210,10 @@ mod tests {
 
     fn usage(text: &str) -> Result<UsageConfig, String> {
         let full = format!("[server]\nlisten = \"127.0.0.1:1\"\n\n[usage]\n{text}");
-        match super::super::Config::from_bytes(Path::new("/etc/tollgate/gateway.toml"), full.as_bytes()) {
+        match super::super::Config::from_bytes(
+            Path::new("/etc/tollgate/gateway.toml"),
+            full.as_bytes(),
+        ) {
             Ok(config) => Ok(config.usage.expect("[usage]")),
             Err(error) => Err(error.to_string()),
         }
@@ -218,8 +221,8 @@ mod tests {
 
     #[test]
     fn a_collector_with_its_spool_and_the_defaults() {
-        let config = usage("url = \"http://127.0.0.1:8888/api/v1/events\"\nspool = \"spool\"\n")
-            .unwrap();
+        let config =
+            usage("url = \"http://127.0.0.1:8888/api/v1/events\"\nspool = \"spool\"\n").unwrap();
         assert_eq!(config.batch, 100);
         assert_eq!(config.interval, Duration::from_secs(1));
         assert_eq!(
@@ -262,18 +265,39 @@ mod tests {
     fn each_mistake_is_named() {
         for (text, expected) in [
             ("", "needs `url = "),
-            ("url = \"http://a:1/\"\nfile = \"f\"\nspool = \"s\"\n", "exclude each other"),
+            (
+                "url = \"http://a:1/\"\nfile = \"f\"\nspool = \"s\"\n",
+                "exclude each other",
+            ),
             ("url = \"http://a:1/\"\n", "needs `spool = \"DIR\"`"),
             ("url = \"https://a:1/\"\nspool = \"s\"\n", "plain HTTP only"),
-            ("url = \"ftp://a/\"\nspool = \"s\"\n", "is not an http:// URL"),
-            ("url = \"http:///x\"\nspool = \"s\"\n", "is not a valid http:// URL"),
-            ("url = \"http://a b/\"\nspool = \"s\"\n", "is not a valid http:// URL"),
+            (
+                "url = \"ftp://a/\"\nspool = \"s\"\n",
+                "is not an http:// URL",
+            ),
+            (
+                "url = \"http:///x\"\nspool = \"s\"\n",
+                "is not a valid http:// URL",
+            ),
+            (
+                "url = \"http://a b/\"\nspool = \"s\"\n",
+                "is not a valid http:// URL",
+            ),
             ("file = \"f\"\nspool = \"s\"\n", "`spool` is for `url`"),
-            ("url = \"http://a/\"\nspool = \"s\"\nspool_max = 10\n", "too small"),
-            ("url = \"http://a/\"\nspool = \"s\"\nspool_max = \"1 TB\"\n", "spool_max"),
+            (
+                "url = \"http://a/\"\nspool = \"s\"\nspool_max = 10\n",
+                "too small",
+            ),
+            (
+                "url = \"http://a/\"\nspool = \"s\"\nspool_max = \"1 TB\"\n",
+                "spool_max",
+            ),
             ("file = \"f\"\nbatch = 0\n", "out of range"),
             ("file = \"f\"\ninterval = \"0s\"\n", "greater than zero"),
-            ("file = \"f\"\nintervl = \"1s\"\n", "did you mean `interval`"),
+            (
+                "file = \"f\"\nintervl = \"1s\"\n",
+                "did you mean `interval`",
+            ),
         ] {
             let message = usage(text).expect_err(text);
             assert!(message.contains(expected), "{text:?}: {message}");

@@ -555,15 +555,17 @@ impl Metrics {
             "Usage events by result: sent (acknowledged by the collector, or written to the file), failed (in a POST that will be retried), dropped (queue full, spool past spool_max, disk error), dead_letter (in a batch the collector refused with a 4xx)",
             usage_events.clone(),
         );
+        // One series at a time: `get_or_create` returns a read guard, and
+        // the next one's insert would wait for it.
+        let usage_result = |result: &'static str| -> Counter {
+            let counter = usage_events.get_or_create(&ResultLabels { result });
+            counter.clone()
+        };
         let usage = UsageMetrics {
-            sent: usage_events.get_or_create(&ResultLabels { result: "sent" }).clone(),
-            failed: usage_events.get_or_create(&ResultLabels { result: "failed" }).clone(),
-            dropped: usage_events.get_or_create(&ResultLabels { result: "dropped" }).clone(),
-            dead_letter: usage_events
-                .get_or_create(&ResultLabels {
-                    result: "dead_letter",
-                })
-                .clone(),
+            sent: usage_result("sent"),
+            failed: usage_result("failed"),
+            dropped: usage_result("dropped"),
+            dead_letter: usage_result("dead_letter"),
             spool_events: Gauge::default(),
         };
         registry.register(

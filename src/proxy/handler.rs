@@ -348,7 +348,7 @@ async fn route_and_act(
     let admitted = admission::admit_request(app, snapshot, routed, &mut ticket).await;
     progress.seen.client_ip = ticket.client_ip();
     // A token route's reservation, settled from its response.
-    let bill = match admitted {
+    let mut bill = match admitted {
         RequestAdmission::Admitted { bill } => bill,
         RequestAdmission::Denied { by } => {
             let cost = ticket.cost_of(by, route.cost);
@@ -368,7 +368,7 @@ async fn route_and_act(
     if limited {
         // Noted now, so the log line has it even if forwarding fails.
         progress.seen.limit = ticket.focus().map(|i| note(plan, &ticket, i, false));
-        progress.seen.tokens = bill.as_ref().map(TokenBill::tally);
+        progress.seen.tokens = bill.as_ref().and_then(TokenBill::tally);
         ticket.move_permits_into(&mut progress.answer.permits);
         // A token bucket's `wait` or a leaky bucket's delay: the request
         // waits its turn, like nginx `limit_req` without `nodelay` (a client
@@ -396,7 +396,13 @@ async fn route_and_act(
             status,
             body,
             content_type,
-        } => (respond(*status, body, content_type), FieldLines::new()),
+        } => {
+            // Its usage event (`usage_events = true`) settles now.
+            if let Some(mut bill) = bill.take() {
+                bill.set_status(status.as_u16());
+            }
+            (respond(*status, body, content_type), FieldLines::new())
+        }
         // `DecideOnly` was answered 404 at routing, `Quota` before admission.
         RouteAction::Forward(_) | RouteAction::DecideOnly | RouteAction::Quota { .. } => {
             let forwarded = match (&route.retry, &plan.retry_budget) {
@@ -441,6 +447,9 @@ async fn route_and_act(
                     settle(app, snapshot, index, admitted, bill, response, fields)
                 }
                 Err(error) => {
+                    if let Some(bill) = &mut bill {
+                        bill.set_status(error.status().as_u16());
+                    }
                     // The request was admitted and charged: the gateway's
                     // error answer tells the client its quota as well.
                     if let Some(admitted) = admitted {
@@ -582,7 +591,8 @@ fn settle(
     }
     match (bill, &route.tokens) {
         (Some(bill), Some(rule)) => (tokens::settle_from(rule, bill, response, &fields), fields),
-        _ => (response, fields),
+        (Some(bill), None) => (tokens::settle_at_end(bill, response), fields),
+        (None, _) => (response, fields),
     }
 }
 

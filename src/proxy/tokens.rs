@@ -52,16 +52,27 @@ pub(crate) fn accept_usage_trailer(rule: &TokensRule, own: &mut OwnFields) {
     }
 }
 
+/// A bill on a route without `tokens` (it carries a usage event only):
+/// the response's status noted, settled when its body ends.
+pub(crate) fn settle_at_end(
+    mut bill: TokenBill,
+    response: Response<ResponseBody>,
+) -> Response<ResponseBody> {
+    bill.set_status(response.status().as_u16());
+    response.map(|body| body.settled_at_end(bill))
+}
+
 /// Settles `bill` from the response: at once from a usage header, or
 /// when its body ends from a trailer field of that name (a head without
 /// the header), or from the usage the body reports (a JSON body or a
 /// server-sent-event stream); a body of another type reports none.
 pub(crate) fn settle_from(
     rule: &TokensRule,
-    bill: TokenBill,
+    mut bill: TokenBill,
     response: Response<ResponseBody>,
     fields: &FieldLines,
 ) -> Response<ResponseBody> {
+    bill.set_status(response.status().as_u16());
     // A field the upstream sent: relayed as a line, or (hyper's path) in
     // the response's map.
     let field = |name: &HeaderName| {
@@ -82,10 +93,9 @@ pub(crate) fn settle_from(
             let format = field(&CONTENT_TYPE).and_then(Format::of_content_type);
             match format {
                 Some(format) => response.map(|body| body.metered(UsageScanner::new(format), bill)),
-                None => {
-                    bill.settle(None);
-                    response
-                }
+                // Settled when the body ends all the same: a usage event
+                // holds the request's whole duration.
+                None => response.map(|body| body.settled_at_end(bill)),
             }
         }
     }

@@ -7,7 +7,7 @@
 //!  "time":"2023-11-15T00:00:00.000Z","datacontenttype":"application/json",
 //!  "data":{"route":"chat","model":"gpt-4o","input_tokens":12,
 //!   "cached_input_tokens":0,"output_tokens":30,"total_tokens":42,
-//!   "cost_usd":null,"status":200,"duration_ms":5}}
+//!   "cost_usd":"0.000420","status":200,"duration_ms":5}}
 //! ```
 //!
 //! The `id` is a UUIDv7 (RFC 9562): the settle time's milliseconds, then
@@ -102,18 +102,16 @@ struct Data<'a> {
     duration_ms: u64,
 }
 
-/// Micro-dollars written as an exact decimal number (`0.001234`), from
-/// the integer: no float in between.
+/// Micro-dollars written as an exact decimal string (`"0.001234"`, six
+/// places): from the integer, with no float in between (a JSON number
+/// would be read as a binary float by most collectors; OpenMeter's meters
+/// take a number in a string as well).
 struct Dollars(u64);
 
 impl Serialize for Dollars {
     fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
         let text = format!("{}.{:06}", self.0 / 1_000_000, self.0 % 1_000_000);
-        // An arbitrary-precision number would need serde_json's feature;
-        // a u64 of micro-dollars always fits an f64's exact decimal
-        // printing here, for what collectors parse anyway.
-        let number: serde_json::Number = text.parse().map_err(serde::ser::Error::custom)?;
-        number.serialize(serializer)
+        serializer.serialize_str(&text)
     }
 }
 
@@ -210,7 +208,7 @@ mod tests {
             event["data"],
             json!({"route": "chat", "model": "gpt-4o", "input_tokens": 12,
                    "cached_input_tokens": 0, "output_tokens": 30, "total_tokens": 42,
-                   "cost_usd": 0.001234, "status": 200, "duration_ms": 5})
+                   "cost_usd": "0.001234", "status": 200, "duration_ms": 5})
         );
     }
 
@@ -227,7 +225,13 @@ mod tests {
         };
         let event = event(&record, &mut ids);
         assert_eq!(event["subject"], "00000000000000000000000000000abc");
-        for field in ["model", "input_tokens", "cost_usd", "status", "total_tokens"] {
+        for field in [
+            "model",
+            "input_tokens",
+            "cost_usd",
+            "status",
+            "total_tokens",
+        ] {
             assert_eq!(event["data"][field], Value::Null, "{field}");
         }
         let anonymous = UsageRecord {
@@ -245,9 +249,12 @@ mod tests {
             let id = ids.next(1_700_006_400_123);
             assert!(seen.insert(id.clone()), "{id} twice");
             assert_eq!(id.len(), 36);
-            assert_eq!(&id[..13], "018bd0a8-7a7b");
+            assert_eq!(&id[..13], "018bd047-107b");
             assert_eq!(&id[14..15], "7", "{id}: version 7");
-            assert!(matches!(&id[19..20], "8" | "9" | "a" | "b"), "{id}: variant");
+            assert!(
+                matches!(&id[19..20], "8" | "9" | "a" | "b"),
+                "{id}: variant"
+            );
         }
         // Another node at the same millisecond and count differs.
         let (mut a, mut b) = (Ids::new(1, "s".into()), Ids::new(2, "s".into()));
@@ -257,10 +264,10 @@ mod tests {
     #[test]
     fn dollars_are_exact() {
         for (micros, text) in [
-            (0, "0.0"),
-            (1, "0.000001"),
-            (1_000_000, "1.0"),
-            (12_345_678_901, "12345.678901"),
+            (0, "\"0.000000\""),
+            (1, "\"0.000001\""),
+            (1_000_000, "\"1.000000\""),
+            (12_345_678_901, "\"12345.678901\""),
         ] {
             let json = serde_json::to_string(&Dollars(micros)).unwrap();
             assert_eq!(json, text);

@@ -28,10 +28,10 @@ use std::time::Duration;
 
 use tokio::sync::Notify;
 
+use super::UsageRecord;
 use super::collector::{Collector, PostError};
 use super::event::{self, Ids};
 use super::spool::{Batch, Spool};
-use super::UsageRecord;
 use crate::config::usage::{CollectorUrl, UsageConfig, UsageSinkConfig};
 use crate::metrics::UsageMetrics;
 
@@ -321,7 +321,9 @@ impl Sending {
     /// until the stop.
     async fn backoff(&self, failures: u32) {
         let doubled = BACKOFF_BASE.saturating_mul(1 << failures.saturating_sub(1).min(16));
-        let wait = doubled.min(BACKOFF_CAP).mul_f64(0.75 + fastrand::f64() * 0.5);
+        let wait = doubled
+            .min(BACKOFF_CAP)
+            .mul_f64(0.75 + fastrand::f64() * 0.5);
         let deadline = tokio::time::Instant::now() + wait;
         while !self.stopped() && tokio::time::Instant::now() < deadline {
             // Appends wake the pause too: sleep out the rest.

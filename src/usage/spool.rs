@@ -203,7 +203,10 @@ impl Spool {
                 events: 0,
             });
         }
-        let written = state.writer.write_all(lines).and_then(|()| state.writer.sync_data());
+        let written = state
+            .writer
+            .write_all(lines)
+            .and_then(|()| state.writer.sync_data());
         let synced = state.segments.back().expect("a segment").bytes;
         if let Err(error) = written {
             // Whatever part was written is cut off: the segment stays whole lines.
@@ -458,7 +461,9 @@ mod tests {
     fn events(first: u64, n: u64, pad: usize) -> Vec<u8> {
         let mut out = Vec::new();
         for i in first..first + n {
-            out.extend_from_slice(format!("{{\"n\":{i},\"pad\":\"{}\"}}\n", "x".repeat(pad)).as_bytes());
+            out.extend_from_slice(
+                format!("{{\"n\":{i},\"pad\":\"{}\"}}\n", "x".repeat(pad)).as_bytes(),
+            );
         }
         out
     }
@@ -467,7 +472,11 @@ mod tests {
         batch
             .events
             .iter()
-            .map(|e| serde_json::from_slice::<serde_json::Value>(e).unwrap()["n"].as_u64().unwrap())
+            .map(|e| {
+                serde_json::from_slice::<serde_json::Value>(e).unwrap()["n"]
+                    .as_u64()
+                    .unwrap()
+            })
             .collect()
     }
 
@@ -492,7 +501,10 @@ mod tests {
         let first = spool.next_batch(10).unwrap().unwrap();
         assert_eq!(numbers(&first), (0..10).collect::<Vec<_>>());
         // Not acknowledged: the same batch again.
-        assert_eq!(numbers(&spool.next_batch(10).unwrap().unwrap()), numbers(&first));
+        assert_eq!(
+            numbers(&spool.next_batch(10).unwrap().unwrap()),
+            numbers(&first)
+        );
         spool.ack(&first).unwrap();
         // Acknowledging twice moves nothing more.
         spool.ack(&first).unwrap();
@@ -523,7 +535,13 @@ mod tests {
         let segments = || {
             fs::read_dir(dir.path())
                 .unwrap()
-                .filter(|e| e.as_ref().unwrap().path().extension().is_some_and(|x| x == "jsonl"))
+                .filter(|e| {
+                    e.as_ref()
+                        .unwrap()
+                        .path()
+                        .extension()
+                        .is_some_and(|x| x == "jsonl")
+                })
                 .count()
         };
         assert!(segments() > 2, "{} segments", segments());
@@ -611,7 +629,13 @@ mod tests {
         file.write_all(b"{\"n\":3,\"pa").unwrap();
         drop(file);
         let (spool, opened) = Spool::open(dir.path(), 1 << 20).unwrap();
-        assert_eq!(opened, Opened { pending: 3, torn: 10 });
+        assert_eq!(
+            opened,
+            Opened {
+                pending: 3,
+                torn: 10
+            }
+        );
         spool.append(&events(4, 1, 5), 1).unwrap();
         assert_eq!(drain(&spool, 10), vec![0, 1, 2, 4]);
     }

@@ -1,6 +1,6 @@
 //! Whether the programs some tests talk to are installed, decided when the
 //! test runs: `redis-server` and `redis-cli`, `curl`, `nginx`, and a Python
-//! interpreter that imports the `openai` SDK.
+//! interpreter that imports the `openai` SDK (or the `cloudevents` SDK).
 //!
 //! A test that needs one starts with `if skip(REDIS) { return; }`. Where the
 //! program is missing it passes at once, after writing `skipped <test>:
@@ -28,30 +28,36 @@ pub struct Needs {
     what: &'static str,
     programs: &'static [&'static str],
     install: &'static str,
+    /// The Python module [`python`] must import (none: "").
+    module: &'static str,
 }
 
 pub const REDIS: Needs = Needs {
     what: "redis-server and redis-cli",
     programs: &["redis-server", "redis-cli"],
     install: "apt-get install -y redis-server redis-tools",
+    module: "",
 };
 
 pub const CURL: Needs = Needs {
     what: "curl",
     programs: &["curl"],
     install: "apt-get install -y curl",
+    module: "",
 };
 
 pub const NGINX: Needs = Needs {
     what: "nginx",
     programs: &["nginx"],
     install: "apt-get install -y nginx",
+    module: "",
 };
 
 pub const CHROMIUM: Needs = Needs {
     what: "chromium",
     programs: &["chromium"],
     install: "apt-get install -y chromium",
+    module: "",
 };
 
 /// The `openai` SDK, imported by [`python`]; no program of its own.
@@ -60,6 +66,16 @@ pub const OPENAI: Needs = Needs {
     programs: &[],
     install: "python3 -m venv DIR && DIR/bin/pip install openai, \
               then TOLLGATE_TEST_PYTHON=DIR/bin/python",
+    module: "openai",
+};
+
+/// The `cloudevents` SDK, imported by [`python`]; no program of its own.
+pub const CLOUDEVENTS: Needs = Needs {
+    what: "the cloudevents Python package",
+    programs: &[],
+    install: "python3 -m venv DIR && DIR/bin/pip install cloudevents, \
+              then TOLLGATE_TEST_PYTHON=DIR/bin/python",
+    module: "cloudevents",
 };
 
 /// Whether the test should return now because `needs` is missing (and not
@@ -91,16 +107,21 @@ pub fn python() -> String {
 }
 
 fn installed(needs: &Needs) -> bool {
-    if needs.programs.is_empty() {
+    if !needs.module.is_empty() {
         static OPENAI_FOUND: OnceLock<bool> = OnceLock::new();
-        return *OPENAI_FOUND.get_or_init(imports_openai);
+        static CLOUDEVENTS_FOUND: OnceLock<bool> = OnceLock::new();
+        let found = match needs.module {
+            "openai" => &OPENAI_FOUND,
+            _ => &CLOUDEVENTS_FOUND,
+        };
+        return *found.get_or_init(|| imports(needs.module));
     }
     needs.programs.iter().all(|program| on_path(program))
 }
 
-fn imports_openai() -> bool {
+fn imports(module: &str) -> bool {
     Command::new(python())
-        .args(["-c", "import openai"])
+        .args(["-c", &format!("import {module}")])
         .stdin(Stdio::null())
         .stdout(Stdio::null())
         .stderr(Stdio::null())
