@@ -318,11 +318,11 @@ pub struct Metrics {
     /// keys are unbounded).
     refused_keys: refused_keys::RefusedKeys,
     /// `tollgate_usage_events_total{result}` and
-    /// `tollgate_usage_spool_events` (`crate::usage`).
+    /// `tollgate_usage_spool_events` (the usage exporter).
     usage: UsageMetrics,
 }
 
-/// The usage exporter's series (`crate::usage`), as handles it keeps.
+/// The usage exporter's series, as handles it keeps.
 #[derive(Debug, Clone, Default)]
 pub(crate) struct UsageMetrics {
     /// Acknowledged by the collector (2xx), or written to the file.
