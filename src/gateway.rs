@@ -121,7 +121,15 @@ pub async fn run(
         None => None,
     };
     let (stop_tx, stop_rx) = watch::channel(false);
-    let mut server = conn::start(app.clone(), listeners.traffic, stop_rx.clone())?;
+    let mut server = match conn::start(app.clone(), listeners.traffic, stop_rx.clone()) {
+        Ok(server) => server,
+        Err(error) => {
+            if let Some(exporter) = exporter {
+                exporter.stop();
+            }
+            return Err(error);
+        }
+    };
     if let Some(listener) = listeners.decision {
         server.serve_side(listener, decision::on_every_worker(app.clone()));
     }

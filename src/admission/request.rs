@@ -307,7 +307,7 @@ fn key<'s>(
             RequestBody::Client(_) => declared_length(parts),
         };
         let (reserved, model) = reserve::reservation_and_model(rule, whole, declared, cap);
-        usage.model = model.filter(|_| usage.wanted);
+        usage.model = model.filter(|_| usage.wanted).map(String::into_boxed_str);
         Some(reserved)
     });
     let charge = Charge {

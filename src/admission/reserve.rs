@@ -33,11 +33,11 @@ pub(crate) fn reservation_and_model(
     body: Option<&[u8]>,
     declared: Option<u64>,
     max_key_body: usize,
-) -> (u64, Option<Box<str>>) {
+) -> (u64, Option<String>) {
     match body {
         Some(bytes) => {
             let reserved = reserve::reservation(bytes, &reserve_rule(rule));
-            (reserved.total(), reserved.model.map(String::into_boxed_str))
+            (reserved.total(), reserved.model)
         }
         None => (reservation(rule, None, declared, max_key_body), None),
     }
