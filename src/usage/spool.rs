@@ -13,6 +13,9 @@
 //! events counted as dropped, until they fit (the newest, being written,
 //! stays).
 //!
+//! One process at a time: the spool's `lock` file is held with `flock`
+//! while it is open, and a second opener is refused.
+//!
 //! Crash-safe: a process that died mid-write leaves at most a torn last
 //! line, cut off when the spool is opened again; a line that is not a JSON
 //! object (a disk's damage) is skipped when read. Opening always starts a
@@ -44,6 +47,8 @@ pub(crate) const DEAD_LETTER: &str = "dead-letter.jsonl";
 #[derive(Debug)]
 pub(crate) struct Spool {
     dir: PathBuf,
+    /// Holds the directory's `flock` while the spool is open.
+    _lock: File,
     max_bytes: u64,
     segment_bytes: u64,
     state: Mutex<State>,
@@ -119,6 +124,7 @@ impl Spool {
     /// `max_bytes`, recovering what a previous process left.
     pub(crate) fn open(dir: &Path, max_bytes: u64) -> io::Result<(Spool, Opened)> {
         fs::create_dir_all(dir)?;
+        let lock = lock(dir)?;
         let mut found = Vec::new();
         for entry in fs::read_dir(dir)? {
             let name = entry?.file_name();
@@ -180,6 +186,7 @@ impl Spool {
         opened.pending = state.pending();
         let spool = Spool {
             dir: dir.to_owned(),
+            _lock: lock,
             max_bytes,
             segment_bytes: (max_bytes / 8).clamp(1, SEGMENT_MAX),
             state: Mutex::new(state),
@@ -387,6 +394,25 @@ impl State {
         };
         all - acked.min(all)
     }
+}
+
+/// The spool's `lock` file, locked: refused while another holds it.
+fn lock(dir: &Path) -> io::Result<File> {
+    use std::os::fd::AsRawFd;
+    let file = OpenOptions::new()
+        .create(true)
+        .truncate(false)
+        .write(true)
+        .open(dir.join("lock"))?;
+    // SAFETY: flock on a descriptor this function owns.
+    let locked = unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) } == 0;
+    if !locked {
+        return Err(io::Error::new(
+            io::ErrorKind::WouldBlock,
+            "the spool is in use by another gateway (its `lock` file is held)",
+        ));
+    }
+    Ok(file)
 }
 
 fn segment_path(dir: &Path, seq: u64) -> PathBuf {
@@ -652,6 +678,16 @@ mod tests {
         assert_eq!(numbers(&batch), vec![0, 1]);
         spool.ack(&batch).unwrap();
         assert_eq!(spool.pending(), 0);
+    }
+
+    #[test]
+    fn one_process_at_a_time() {
+        let dir = tempfile::tempdir().unwrap();
+        let (spool, _) = Spool::open(dir.path(), 1 << 20).unwrap();
+        let error = Spool::open(dir.path(), 1 << 20).unwrap_err();
+        assert!(error.to_string().contains("in use"), "{error}");
+        drop(spool);
+        Spool::open(dir.path(), 1 << 20).unwrap();
     }
 
     #[test]
