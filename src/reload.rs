@@ -81,3 +81,27 @@ pub fn reload(app: &App, path: &Path) {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn config(usage: &str, usage_events: bool) -> Config {
+        let text = format!(
+            "[server]\nlisten = \"127.0.0.1:1\"\n{usage}\n[[routes]]\nname = \"r\"\n\
+             respond = {{ status = 200 }}\nusage_events = {usage_events}\n"
+        );
+        Config::from_bytes(Path::new("gateway.toml"), text.as_bytes()).unwrap()
+    }
+
+    #[test]
+    fn usage_needs_a_restart_and_a_routes_usage_events_does_not() {
+        let file = "[usage]\nfile = \"a.jsonl\"\n";
+        let other = "[usage]\nfile = \"b.jsonl\"\n";
+        assert_eq!(
+            needs_restart(&config(file, true), &config(other, true)),
+            vec!["usage"]
+        );
+        assert!(needs_restart(&config(file, true), &config(file, false)).is_empty());
+    }
+}
