@@ -273,6 +273,9 @@ sample() {
 # Settling after the drop at $2 ms, from samples $1: "settle_s level".
 settle() {
   awk -v drop="$2" '
+    # n and m start at 0, not as the empty string: t[n] on an unset n
+    # would be t[""], leaving t[0] empty (a settle time of minus the drop).
+    BEGIN { n = 0; m = 0 }
     # Smoothed over 5 samples (1 s): at the upstream the count moves by
     # several requests from one 200 ms sample to the next.
     { w[m % 5] = $2; m++; if (m >= 5 && $1 >= drop) { t[n] = $1; v[n] = (w[0] + w[1] + w[2] + w[3] + w[4]) / 5; n++ } }
