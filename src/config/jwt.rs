@@ -55,6 +55,7 @@ pub(crate) struct RawIssuer {
     pub(crate) consumer_claim: Option<String>,
     pub(crate) tenant_claim: Option<String>,
     pub(crate) plan_claim: Option<String>,
+    pub(crate) priority_claim: Option<String>,
 }
 
 /// The default cache size: tokens of this many clients verified once each.
@@ -85,6 +86,9 @@ pub(crate) struct IssuerConfig {
     pub(crate) consumer_claim: Option<Arc<str>>,
     pub(crate) tenant_claim: Option<Arc<str>>,
     pub(crate) plan_claim: Option<Arc<str>>,
+    /// The claim naming the request's priority (`critical`, `normal`,
+    /// `sheddable`; any other value is ignored).
+    pub(crate) priority_claim: Option<Arc<str>>,
 }
 
 /// Where an issuer's keys come from.
@@ -305,6 +309,7 @@ fn check_issuer(
         consumer_claim: claim(c, "consumer_claim", &raw.consumer_claim),
         tenant_claim: claim(c, "tenant_claim", &raw.tenant_claim),
         plan_claim: claim(c, "plan_claim", &raw.plan_claim),
+        priority_claim: claim(c, "priority_claim", &raw.priority_claim),
     }
 }
 
