@@ -522,7 +522,7 @@ mod tests {
         .unwrap();
         std::fs::write(dir.path().join("short"), "short").unwrap();
         let text = format!(
-            "[jwt]\nheader = \"x-token\"\ncookie = \"c\"\n\n[[jwt.issuers]]\nissuer = \"a\"\njwks = \"bad.json\"\nalgorithms = [\"none\", \"RS257\"]\nrefresh = \"1m\"\n\n[[jwt.issuers]]\nissuer = \"a\"\nsecret_file = \"short\"\nalgorithms = [\"RS256\"]\n\n[[jwt.issuers]]\nissuer = \"c\"\njwks_url = \"ftp://x\"\n\n[[jwt.issuers]]\nissuer = \"d\"\n\n[[jwt.issuers]]\nissuer = \"e\"\njwks = \"bad.json\"\njwks_url = \"https://e/\"\nconsumer_claim = \"a..b\"\n\n{LIMIT}"
+            "[jwt]\nheader = \"x-token\"\ncookie = \"c\"\n\n[[jwt.issuers]]\nissuer = \"a\"\njwks = \"bad.json\"\nalgorithms = [\"none\", \"RS257\"]\nrefresh = \"1m\"\n\n[[jwt.issuers]]\nissuer = \"a\"\nsecret_file = \"short\"\nalgorithms = [\"RS256\"]\n\n[[jwt.issuers]]\nissuer = \"c\"\njwks_url = \"ftp://x\"\n\n[[jwt.issuers]]\nissuer = \"d\"\n\n[[jwt.issuers]]\nissuer = \"e\"\njwks = \"bad.json\"\njwks_url = \"https://e/\"\nconsumer_claim = \"a..b\"\npriority_claim = \".p\"\n\n{LIMIT}"
         );
         let message = load(dir.path(), &text).unwrap_err();
         for expected in [
@@ -539,6 +539,7 @@ mod tests {
             "`jwt.issuers[3]`: an issuer needs its keys",
             "`jwt.issuers[4].jwks_url`: `jwks` and `jwks_url` are two sources",
             "`jwt.issuers[4].consumer_claim`: `a..b` is not a claim name",
+            "`jwt.issuers[4].priority_claim`: `.p` is not a claim name",
         ] {
             assert!(message.contains(expected), "{expected}\n{message}");
         }

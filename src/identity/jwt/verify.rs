@@ -96,7 +96,10 @@ impl Verifier {
         }
         let mut plans: Vec<Arc<str>> = Vec::new();
         let named = config.limits.iter().flat_map(|limit| limit.plans.iter());
-        for name in named.map(|(name, _)| name).chain(config.plans.iter().map(|p| &p.name)) {
+        for name in named
+            .map(|(name, _)| name)
+            .chain(config.plans.iter().map(|p| &p.name))
+        {
             if !plans.iter().any(|p| p == name) {
                 plans.push(name.clone());
             }
@@ -554,6 +557,34 @@ mod tests {
         )
         .unwrap();
         assert_eq!(dotted.claim(1), Some(&b"flat"[..]));
+    }
+
+    #[test]
+    fn the_priority_claim_names_a_priority_or_nothing() {
+        let (_, v) =
+            verifier("plan_claim = \"tier\"\npriority_claim = \"ops.prio\"\n[plans.batch]");
+        let priority = |claims: &str| check(&v, claims, 1).unwrap().priority;
+        assert_eq!(
+            priority(r#"{"iss":"iss-a","exp":99,"ops":{"prio":"critical"}}"#),
+            Some(Priority::Critical)
+        );
+        assert_eq!(
+            priority(r#"{"iss":"iss-a","exp":99,"ops":{"prio":"sheddable"}}"#),
+            Some(Priority::Sheddable)
+        );
+        // Another value, another type, or none: ignored.
+        for claims in [
+            r#"{"iss":"iss-a","exp":99,"ops":{"prio":"urgent"}}"#,
+            r#"{"iss":"iss-a","exp":99,"ops":{"prio":"Critical"}}"#,
+            r#"{"iss":"iss-a","exp":99,"ops":{"prio":1}}"#,
+            r#"{"iss":"iss-a","exp":99,"ops":{"prio":{}}}"#,
+            r#"{"iss":"iss-a","exp":99}"#,
+        ] {
+            assert_eq!(priority(claims), None, "{claims}");
+        }
+        // A plan only `[plans]` names is a plan the claim can name.
+        let batch = check(&v, r#"{"iss":"iss-a","exp":99,"tier":"batch"}"#, 1).unwrap();
+        assert_eq!(v.plan(&batch), Some("batch"));
     }
 
     #[test]
