@@ -10,6 +10,10 @@
 #   adaptive   tollgate `algorithm = "adaptive"`
 #   conc_prio  `conc` with the consumers' priorities (critical / sheddable)
 #   adapt_prio `adaptive` with them
+#   conc_queue `conc` with a waiting line (`queue`, QUEUE_WAIT, no priorities):
+#              what waiting for a slot buys over refusing at once
+#   prio_queue `conc_prio` with the waiting line, which serves critical
+#              first, and the reserve at PRIO_RESERVE (see below)
 #
 # A gateway row whose configuration `tollgate check` refuses (a feature not
 # built on this branch) is skipped, saying so.
@@ -45,9 +49,14 @@
 # Settings (environment): SLOTS (10), SERVICE_MS (100), QUEUE (50),
 # RUN_SECONDS (12, per load), DROP_SECONDS (30), DROP_LOAD (0.8 of the
 # capacity before the drop), CRITICAL_SHARE (0.2), LOADS ("0.5 1 3"),
-# PRIORITY_LOADS ("3", the loads of the *_prio rows: priorities only
+# PRIORITY_LOADS ("3", the loads of the *_prio and prio_* rows: priorities only
 # matter once the limit is reached; a full run stays under 10 minutes),
-# VARIANTS (all of the above), UPSTREAM_CPU (1), SERVER_CPUSET (unset:
+# QUEUE_WAIT (the queued variants' max_wait, 100ms), PRIO_RESERVE
+# (prio_queue's `reserve`, 0: a reserve holds slots idle whenever the
+# critical stream does not use them — conc_prio's default 20 % cost it
+# about 13 % of the goodput — while a line that serves critical first
+# gives critical requests the next slot released anyway), VARIANTS (all
+# of the above), UPSTREAM_CPU (1), SERVER_CPUSET (unset:
 # the gateway unpinned), BASE_PORT (18680).
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -61,7 +70,9 @@ DROP_LOAD=${DROP_LOAD:-0.8}
 CRITICAL_SHARE=${CRITICAL_SHARE:-0.2}
 LOADS=${LOADS:-0.5 1 3}
 PRIORITY_LOADS=${PRIORITY_LOADS:-3}
-VARIANTS=${VARIANTS:-none conc conc2x nginx adaptive conc_prio adapt_prio}
+QUEUE_WAIT=${QUEUE_WAIT:-100ms}
+PRIO_RESERVE=${PRIO_RESERVE:-0}
+VARIANTS=${VARIANTS:-none conc conc2x nginx adaptive conc_prio adapt_prio conc_queue prio_queue}
 UPSTREAM_CPU=${UPSTREAM_CPU:-1}
 BASE_PORT=${BASE_PORT:-18680}
 SLO_MS=500
@@ -110,12 +121,20 @@ url = "http://127.0.0.1:$PORT_UP"
 CONF
   case $1 in
     conc | conc_prio) limit="concurrency"; printf '[limits.backend]\nkey = "route"\nalgorithm = "concurrency"\nmax = %d\n\n' "$SLOTS" ;;
+    conc_queue | prio_queue)
+      limit="concurrency"
+      # The line holds about what the upstream serves in max_wait, twice.
+      printf '[limits.backend]\nkey = "route"\nalgorithm = "concurrency"\nmax = %d\n' "$SLOTS"
+      printf 'queue = { max_wait = "%s", size = %d }\n' "$QUEUE_WAIT" $((4 * SLOTS))
+      [ "$1" = prio_queue ] && printf 'reserve = %s\n' "$PRIO_RESERVE"
+      echo
+      ;;
     conc2x) limit="concurrency"; printf '[limits.backend]\nkey = "route"\nalgorithm = "concurrency"\nmax = %d\n\n' $((2 * SLOTS)) ;;
     adaptive | adapt_prio) limit="adaptive"; printf '[limits.backend]\nkey = "route"\nalgorithm = "adaptive"\nmin = 2\nmax = %d\n\n' $((20 * SLOTS)) ;;
   esac
   local priority_crit="" priority_shed=""
   case $1 in
-    *_prio) priority_crit='priority = "critical"'; priority_shed='priority = "sheddable"' ;;
+    *_prio | prio_*) priority_crit='priority = "critical"'; priority_shed='priority = "sheddable"' ;;
   esac
   cat <<CONF
 [consumers."k-crit"]
@@ -273,6 +292,9 @@ sample() {
 # Settling after the drop at $2 ms, from samples $1: "settle_s level".
 settle() {
   awk -v drop="$2" '
+    # n and m start at 0, not as the empty string: t[n] on an unset n
+    # would be t[""], leaving t[0] empty (a settle time of minus the drop).
+    BEGIN { n = 0; m = 0 }
     # Smoothed over 5 samples (1 s): at the upstream the count moves by
     # several requests from one 200 ms sample to the next.
     { w[m % 5] = $2; m++; if (m >= 5 && $1 >= drop) { t[n] = $1; v[n] = (w[0] + w[1] + w[2] + w[3] + w[4]) / 5; n++ } }
@@ -299,7 +321,7 @@ DROPS=$TMP/drops
 for variant in $VARIANTS; do
   start_gateway "$variant" || continue
   loads=$LOADS
-  case $variant in *_prio) loads=$PRIORITY_LOADS ;; esac
+  case $variant in *_prio | prio_*) loads=$PRIORITY_LOADS ;; esac
   for load_x in $loads; do
     rate=$(awk -v x="$load_x" -v c="$CAPACITY" 'BEGIN {printf "%.3f", x * c}')
     reset_upstream

@@ -354,3 +354,110 @@ async fn futures_statuses(tasks: Vec<tokio::task::JoinHandle<Reply>>) -> Vec<u16
     statuses.sort_unstable();
     statuses
 }
+
+/// The HS256 secret of [`FROM_TOKENS`]' issuer (its `secret_file`).
+const SECRET: &[u8] = b"priority-claims-secret-of-32-bytes";
+
+/// A concurrency limit of 5 with a reserve of 2, and priorities from
+/// everywhere a request can take one: a consumer, a token's
+/// `priority_claim`, the plan its `plan_claim` names, the route.
+const FROM_TOKENS: &str = r#"
+[[jwt.issuers]]
+issuer = "https://sso.example/"
+secret_file = "secret"
+plan_claim = "tier"
+priority_claim = "prio"
+
+[plans.batch]
+priority = "sheddable"
+
+[plans.gold]
+priority = "critical"
+
+[limits.backend]
+key = "route"
+algorithm = "concurrency"
+max = 5
+reserve = 2
+
+[[routes]]
+name = "api"
+match = { path_prefix = "/" }
+upstream = "api"
+limits = ["backend"]
+
+[consumers."k-ops"]
+consumer = "ops"
+priority = "critical"
+"#;
+
+/// `Authorization` with an HS256 token of these extra claims, valid around
+/// the in-process clock's start.
+fn token(extra: serde_json::Value) -> String {
+    let now = common::IN_PROCESS_EPOCH / tollgate::limit::NANOS_PER_SEC;
+    let mut claims =
+        serde_json::json!({"iss": "https://sso.example/", "sub": "u", "exp": now + 3600});
+    let members = claims.as_object_mut().expect("an object");
+    for (name, value) in extra.as_object().expect("an object") {
+        members.insert(name.clone(), value.clone());
+    }
+    format!("Bearer {}", common::jwt::hs256(SECRET, &claims))
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_priority_comes_from_the_consumer_the_token_its_plan_or_the_route() {
+    let upstream = TestUpstream::start().await;
+    let dir = tempfile::tempdir().expect("tempdir");
+    std::fs::write(dir.path().join("secret"), SECRET).expect("the secret");
+    let config = gateway_toml(&upstream, "admin = \"127.0.0.1:0\"", FROM_TOKENS);
+    let gw = InProcess::start_in(dir, &config).await;
+    let batch = token(serde_json::json!({"tier": "batch"}));
+    // The batch plan is sheddable: three take 3 of 5 slots, 2 stay free.
+    let held: Vec<_> = (0..3)
+        .map(|_| spawn_get(&gw, "/slow/5000", &[("authorization", &batch)]))
+        .collect();
+    assert!(eventually(async || upstream.arrived() == 3).await);
+    let refused = get(gw.addr, "/batch", &[("authorization", &batch)]).await;
+    assert_eq!(refused.status, 429);
+    assert_eq!(refused.json()["priority"], "sheddable");
+    // A value that names no priority is ignored: the plan's still holds.
+    let odd = token(serde_json::json!({"tier": "batch", "prio": "urgent"}));
+    let refused = get(gw.addr, "/batch", &[("authorization", &odd)]).await;
+    assert_eq!(refused.json()["priority"], "sheddable");
+    // The token's own claim wins over its plan's: a critical one takes
+    // the reserve.
+    let urgent = token(serde_json::json!({"tier": "batch", "prio": "critical"}));
+    let first = spawn_get(&gw, "/slow/5000", &[("authorization", &urgent)]);
+    assert!(eventually(async || upstream.arrived() == 4).await);
+    // Neither a claim nor a plan's priority: the route's (`normal`) takes
+    // the last slot.
+    let plain = token(serde_json::json!({"tier": "unknown", "prio": "urgent"}));
+    let last = spawn_get(&gw, "/slow/5000", &[("authorization", &plain)]);
+    assert!(eventually(async || upstream.arrived() == 5).await);
+    // Full: each refusal names the priority the request had.
+    let priority_of = async |headers: &[(&str, &str)]| {
+        let reply = get(gw.addr, "/full", headers).await;
+        assert_eq!(reply.status, 429, "{:?}", reply.body);
+        reply.json()["priority"]
+            .as_str()
+            .expect("a priority")
+            .to_owned()
+    };
+    let gold = token(serde_json::json!({"tier": "gold"}));
+    let shed_claim = token(serde_json::json!({"tier": "gold", "prio": "sheddable"}));
+    assert_eq!(priority_of(&[("authorization", &gold)]).await, "critical");
+    assert_eq!(
+        priority_of(&[("authorization", &shed_claim)]).await,
+        "sheddable"
+    );
+    assert_eq!(priority_of(&[]).await, "normal");
+    // The API key's consumer wins over the token's claim.
+    let ops = [("x-api-key", "k-ops"), ("authorization", &*shed_claim)];
+    assert_eq!(priority_of(&ops).await, "critical");
+    for task in held.into_iter().chain([first, last]) {
+        assert_eq!(task.await.unwrap().status, 200);
+    }
+    assert_eq!(shed(&gw, "backend", "sheddable", "full"), 3);
+    assert_eq!(shed(&gw, "backend", "critical", "full"), 2);
+    assert_eq!(shed(&gw, "backend", "normal", "full"), 1);
+}

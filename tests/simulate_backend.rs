@@ -269,3 +269,64 @@ fn bad_backend_arguments_are_usage_errors() {
         "{stderr}"
     );
 }
+
+const ADAPTIVE: &str = r#"
+[limits.backend]
+key = "route"
+algorithm = "adaptive"
+min = 2
+max = 50
+
+[[routes]]
+name = "api"
+match = { path_prefix = "/" }
+respond = { status = 200 }
+limits = ["backend"]
+"#;
+
+#[test]
+fn static_and_adaptive_limits_compare_in_one_table() {
+    // 100/s at an upstream of 5 × 100 ms (50/s): twice its capacity.
+    let traffic = "poisson:rate=100/s,duration=20s";
+    let args = |config: &str| {
+        [
+            "-c",
+            config,
+            "--generate",
+            traffic,
+            "--backend",
+            "capacity=5,latency=100ms",
+            "--compare",
+            "none,concurrency=5,adaptive",
+        ]
+        .map(str::to_owned)
+    };
+    // Written with a static limit, and written adaptive: the same three rows.
+    for written in [CONCURRENCY_5, ADAPTIVE] {
+        let (_dir, config) = config_file(written);
+        let args = args(&config);
+        let args: Vec<&str> = args.iter().map(String::as_str).collect();
+        let report = simulate_json(&args);
+        let requests = report["records"].as_u64().unwrap();
+        let fixed = backend(&report, Some("concurrency=5"));
+        let adaptive = backend(&report, Some("adaptive"));
+        let open = backend(&report, Some("none"));
+        for row in [fixed, adaptive, open] {
+            let (sent, shed) = (row["sent"].as_u64().unwrap(), row["shed"].as_u64().unwrap());
+            assert_eq!(sent + shed, requests, "{row}");
+        }
+        assert_eq!(fixed["peak_in_flight"], 5, "{written}");
+        // At twice the capacity the adaptive limit sheds, where no limit
+        // sends everything.
+        assert!(adaptive["shed"].as_u64().unwrap() > 0, "{adaptive}");
+        assert_eq!(open["shed"], 0);
+        let (code, table, stderr) = tollgate(&[&["simulate"][..], &args[..]].concat());
+        assert_eq!(code, 0, "{stderr}");
+        for variant in ["none ", "concurrency=5 ", "adaptive "] {
+            assert!(
+                table.lines().any(|line| line.starts_with(variant)),
+                "{variant}\n{table}"
+            );
+        }
+    }
+}

@@ -3,7 +3,8 @@
 //! a trace record, the decision service on a described one) — the
 //! caller's verified token and consumer (its claims' or its API
 //! key's), the client IP behind trusted
-//! proxies, and the body's fields for `body:FIELD` keys.
+//! proxies, the body's fields for `body:FIELD` keys, and the request's
+//! priority ([`Identity::priority`]).
 
 use std::net::IpAddr;
 use std::sync::Arc;
@@ -13,13 +14,14 @@ use http::header::CONTENT_TYPE;
 use ipnet::IpNet;
 
 use crate::app::{App, Snapshot};
-use crate::config::{Consumer, RouteConfig};
+use crate::config::plans::plan_priority;
+use crate::config::{Config, Consumer, RouteConfig};
 use crate::identity::body_fields::BodyFields;
 use crate::identity::client_ip::{client_net, resolve_with};
 use crate::identity::consumer;
 use crate::identity::jwt::verify::Refusal;
 use crate::identity::jwt::{Failure, Verified};
-use crate::limit::Nanos;
+use crate::limit::{Nanos, Priority};
 
 /// What is known of the caller when its limits decide.
 #[derive(Debug, Clone, Copy)]
@@ -54,6 +56,20 @@ impl<'r, 's> Identity<'r, 's> {
             token: None,
             body,
         }
+    }
+
+    /// The request's priority at slot limits: the most specific that names
+    /// one of its consumer's `priority` (an API key's consumer), its
+    /// token's `priority_claim`, its plan's (`[plans.NAME]`), its route's
+    /// (default `normal`). A caller's own setting wins over its plan's, as
+    /// a plan's wins over the route's every caller shares.
+    #[inline]
+    pub(crate) fn priority(&self, config: &Config, route: &RouteConfig) -> Priority {
+        self.consumer
+            .and_then(|c| c.priority)
+            .or_else(|| self.token.and_then(|t| t.priority))
+            .or_else(|| plan_priority(&config.plans, self.plan))
+            .unwrap_or(route.priority)
     }
 
     /// The client's network as its keys see it (the configured prefix).

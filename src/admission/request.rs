@@ -318,10 +318,7 @@ fn key<'s>(
     };
     let identity = caller.identity(snapshot, client_ip, fields.as_ref());
     usage.caller(identity.consumer);
-    ticket.priority = identity
-        .consumer
-        .and_then(|c| c.priority)
-        .unwrap_or(request.route.priority);
+    ticket.priority = identity.priority(&snapshot.config, request.route);
     key_stack(app, snapshot, (parts, &identity), &charge, shared, ticket)?;
     Ok(charge)
 }

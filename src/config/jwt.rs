@@ -55,6 +55,7 @@ pub(crate) struct RawIssuer {
     pub(crate) consumer_claim: Option<String>,
     pub(crate) tenant_claim: Option<String>,
     pub(crate) plan_claim: Option<String>,
+    pub(crate) priority_claim: Option<String>,
 }
 
 /// The default cache size: tokens of this many clients verified once each.
@@ -85,6 +86,9 @@ pub(crate) struct IssuerConfig {
     pub(crate) consumer_claim: Option<Arc<str>>,
     pub(crate) tenant_claim: Option<Arc<str>>,
     pub(crate) plan_claim: Option<Arc<str>>,
+    /// The claim naming the request's priority (`critical`, `normal`,
+    /// `sheddable`; any other value is ignored).
+    pub(crate) priority_claim: Option<Arc<str>>,
 }
 
 /// Where an issuer's keys come from.
@@ -305,6 +309,7 @@ fn check_issuer(
         consumer_claim: claim(c, "consumer_claim", &raw.consumer_claim),
         tenant_claim: claim(c, "tenant_claim", &raw.tenant_claim),
         plan_claim: claim(c, "plan_claim", &raw.plan_claim),
+        priority_claim: claim(c, "priority_claim", &raw.priority_claim),
     }
 }
 
@@ -517,7 +522,7 @@ mod tests {
         .unwrap();
         std::fs::write(dir.path().join("short"), "short").unwrap();
         let text = format!(
-            "[jwt]\nheader = \"x-token\"\ncookie = \"c\"\n\n[[jwt.issuers]]\nissuer = \"a\"\njwks = \"bad.json\"\nalgorithms = [\"none\", \"RS257\"]\nrefresh = \"1m\"\n\n[[jwt.issuers]]\nissuer = \"a\"\nsecret_file = \"short\"\nalgorithms = [\"RS256\"]\n\n[[jwt.issuers]]\nissuer = \"c\"\njwks_url = \"ftp://x\"\n\n[[jwt.issuers]]\nissuer = \"d\"\n\n[[jwt.issuers]]\nissuer = \"e\"\njwks = \"bad.json\"\njwks_url = \"https://e/\"\nconsumer_claim = \"a..b\"\n\n{LIMIT}"
+            "[jwt]\nheader = \"x-token\"\ncookie = \"c\"\n\n[[jwt.issuers]]\nissuer = \"a\"\njwks = \"bad.json\"\nalgorithms = [\"none\", \"RS257\"]\nrefresh = \"1m\"\n\n[[jwt.issuers]]\nissuer = \"a\"\nsecret_file = \"short\"\nalgorithms = [\"RS256\"]\n\n[[jwt.issuers]]\nissuer = \"c\"\njwks_url = \"ftp://x\"\n\n[[jwt.issuers]]\nissuer = \"d\"\n\n[[jwt.issuers]]\nissuer = \"e\"\njwks = \"bad.json\"\njwks_url = \"https://e/\"\nconsumer_claim = \"a..b\"\npriority_claim = \".p\"\n\n{LIMIT}"
         );
         let message = load(dir.path(), &text).unwrap_err();
         for expected in [
@@ -534,6 +539,7 @@ mod tests {
             "`jwt.issuers[3]`: an issuer needs its keys",
             "`jwt.issuers[4].jwks_url`: `jwks` and `jwks_url` are two sources",
             "`jwt.issuers[4].consumer_claim`: `a..b` is not a claim name",
+            "`jwt.issuers[4].priority_claim`: `.p` is not a claim name",
         ] {
             assert!(message.contains(expected), "{expected}\n{message}");
         }

@@ -10,7 +10,7 @@
 //! validated types and its check: [`server`] (with [`tls`] for
 //! `[server.tls]`), [`client_ip`], [`store`], [`upstreams`], [`limits`]
 //! (with [`tokens`] for token quotas), [`routes`], [`decision`],
-//! [`consumers`] (`[api_keys]` and `[consumers]`), [`jwt`] and [`usage`]. [`validate`]
+//! [`consumers`] (`[api_keys]` and `[consumers]`), [`plans`], [`jwt`] and [`usage`]. [`validate`]
 //! is the driver: it deserializes the file ([`raw`] is the top of the
 //! mirror), calls each section's check in order, and places the problems.
 //! [`admin_token`] reads `[server]`'s admin token, [`quota_route`] checks
@@ -26,6 +26,7 @@ pub(crate) mod decision;
 pub(crate) mod error;
 pub(crate) mod jwt;
 pub(crate) mod limits;
+pub(crate) mod plans;
 pub(crate) mod quota_route;
 pub(crate) mod raw;
 pub(crate) mod routes;
@@ -81,6 +82,8 @@ pub struct Config {
     pub(crate) api_keys: ApiKeyConfig,
     /// API key → consumer; shared, as it may hold many keys.
     pub consumers: Arc<HashMap<String, Consumer>>,
+    /// `[plans.NAME]`: what a plan says beside its limits' numbers.
+    pub(crate) plans: Vec<plans::PlanConfig>,
     /// `[decision]`: the decision service, when configured.
     pub decision: Option<DecisionConfig>,
     /// `[jwt]`: the issuers whose tokens identify callers, when configured.

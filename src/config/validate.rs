@@ -20,6 +20,7 @@ use super::decision::RawDecision;
 use super::error::{explain_serde_message, explain_type_error, line_column, path_at, span_of};
 use super::jwt::RawJwt;
 use super::limits::RawLimit;
+use super::plans::RawPlanSettings;
 use super::routes::RawRoute;
 use super::server::RawServer;
 use super::store::RawStore;
@@ -27,7 +28,7 @@ use super::upstreams::RawUpstream;
 use super::usage::RawUsage;
 use super::{
     Config, ConfigError, KeyPath, Problem, admin_token, client_ip, consumers, decision, jwt,
-    limits, quota_route, routes, server, store, tls, upstreams, usage,
+    limits, plans, quota_route, routes, server, store, tls, upstreams, usage,
 };
 
 /// The top of the serde mirror: one field per section, each section's
@@ -51,6 +52,8 @@ pub(crate) struct RawConfig {
     pub(crate) consumers: BTreeMap<String, RawConsumer>,
     #[serde(default)]
     pub(crate) api_keys: RawApiKeys,
+    #[serde(default)]
+    pub(crate) plans: BTreeMap<String, RawPlanSettings>,
     pub(crate) decision: Option<RawDecision>,
     pub(crate) jwt: Option<RawJwt>,
     pub(crate) usage: Option<RawUsage>,
@@ -205,6 +208,7 @@ fn check(c: &mut Checker, path: &Path, bytes: &[u8], raw: &RawConfig) -> Config 
     }
     let (api_keys, consumers) =
         consumers::check_consumers(c, &root, &raw.api_keys, &raw.consumers, directory);
+    let plans = plans::check_plans(c, &root.key("plans"), &raw.plans);
     let jwt = jwt::check_jwt_use(c, &root, raw.jwt.as_ref(), directory, &limits, &routes);
     let usage = raw
         .usage
@@ -231,6 +235,7 @@ fn check(c: &mut Checker, path: &Path, bytes: &[u8], raw: &RawConfig) -> Config 
         routes,
         api_keys,
         consumers: Arc::new(consumers),
+        plans,
         decision,
         jwt,
         usage,

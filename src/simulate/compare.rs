@@ -23,15 +23,21 @@
 //! `sliding_log` of the window form (see `tracker`). `concurrency` has no
 //! rate: it is never mapped and never judged.
 //!
-//! Against a modelled upstream (`--backend`) two more variants compare
-//! limits on requests in flight: `none`, every limit in shadow (the
-//! upstream sees everything), and `concurrency=N`, every `concurrency`
-//! limit at `max = N` (the rate limits as configured).
+//! Against a modelled upstream (`--backend`) three more variants compare
+//! limits on requests in flight (the rate limits as configured): `none`,
+//! every limit in shadow (the upstream sees everything); `concurrency=N`,
+//! every slot limit static at `max = N` (an `adaptive` one too); and
+//! `adaptive`, every `concurrency` limit made `adaptive` with the defaults'
+//! `min = 1` and `max = 1000` (or its `max`, if higher), starting at its
+//! `max` and node-local, without plans (an adaptive limit has none). So
+//! `--compare concurrency=10,adaptive` shows static against adaptive in
+//! one table, whichever of the two the configuration is written with.
 
 use std::sync::Arc;
 
 use super::Error;
 use crate::config::Config;
+use crate::limit::adaptive::{self, Params};
 use crate::limit::sliding_window::MAX_LIMIT;
 use crate::limit::{Algorithm, LeakyMode, Nanos, Rate};
 
@@ -48,8 +54,12 @@ pub(crate) enum Kind {
     /// upstream sees all the traffic.
     Unlimited,
     /// `concurrency=N`: every `concurrency` limit (and its plans) with
-    /// `max = N`, the rate limits as configured.
+    /// `max = N`, an `adaptive` one made static at `N`; the rate limits as
+    /// configured.
     Concurrency(u64),
+    /// `adaptive`: every `concurrency` limit made `adaptive` (module doc);
+    /// the rate limits as configured.
+    Adaptive,
 }
 
 impl Kind {
@@ -70,17 +80,21 @@ impl Kind {
             Kind::LeakyBucket => "leaky_bucket".into(),
             Kind::Unlimited => "none".into(),
             Kind::Concurrency(max) => format!("concurrency={max}"),
+            Kind::Adaptive => "adaptive".into(),
         }
     }
 
     fn parse(name: &str) -> Result<Kind, Error> {
         if name == "concurrency" {
             return Err(Error::Usage(
-                "--compare: concurrency has no rate to compare; use fixed_window, sliding_window, sliding_log, token_bucket or leaky_bucket (or, with --backend, none and concurrency=N)".into(),
+                "--compare: concurrency has no rate to compare; use fixed_window, sliding_window, sliding_log, token_bucket or leaky_bucket (or, with --backend, none, concurrency=N and adaptive)".into(),
             ));
         }
         if name == "none" {
             return Ok(Kind::Unlimited);
+        }
+        if name == "adaptive" {
+            return Ok(Kind::Adaptive);
         }
         if let Some(max) = name.strip_prefix("concurrency=") {
             return match max.trim().parse::<u64>() {
@@ -133,20 +147,38 @@ pub(crate) fn parse_list(names: &[String]) -> Result<Vec<Kind>, Error> {
     Ok(kinds)
 }
 
-/// A `concurrency=N` variant needs a `concurrency` limit to set.
+/// A `concurrency=N` or `adaptive` variant needs a slot limit to set.
 pub(crate) fn check_applies(config: &Config, kinds: &[Kind]) -> Result<(), Error> {
-    let has_concurrency = config.limits.iter().any(|l| {
+    let has_slots = config.limits.iter().any(|l| {
         std::iter::once(&l.algorithm)
             .chain(l.plans.iter().map(|(_, a)| a))
-            .any(|a| matches!(a, Algorithm::Concurrency { .. }))
+            .any(|a| {
+                matches!(
+                    a,
+                    Algorithm::Concurrency { .. } | Algorithm::Adaptive { .. }
+                )
+            })
     });
-    match kinds.iter().find(|k| matches!(k, Kind::Concurrency(_))) {
-        Some(kind) if !has_concurrency => Err(Error::Usage(format!(
+    match kinds
+        .iter()
+        .find(|k| matches!(k, Kind::Concurrency(_) | Kind::Adaptive))
+    {
+        Some(kind) if !has_slots => Err(Error::Usage(format!(
             "--compare: `{}` sets the concurrency limits, and the configuration has none (add one, e.g. key = \"route\", algorithm = \"concurrency\")",
             kind.name()
         ))),
         _ => Ok(()),
     }
+}
+
+/// A static `concurrency` limit of `max` as an adaptive one (module doc).
+fn adaptive_from(max: u64) -> Algorithm {
+    let initial = u32::try_from(max)
+        .unwrap_or(u32::MAX)
+        .clamp(1, adaptive::MAX_LIMIT);
+    let params = Params::new(1, initial.max(1000), initial)
+        .expect("1 <= initial <= max <= MAX_LIMIT by construction");
+    Algorithm::Adaptive { params }
 }
 
 /// `(L, W)`: cost units per window (see the module doc). `None` for
@@ -224,13 +256,13 @@ pub(crate) fn map_to(algorithm: &Algorithm, kind: Kind) -> Algorithm {
             rate,
             mode: LeakyMode::Reject,
         },
-        (Kind::Unlimited | Kind::Concurrency(_), _) => *algorithm,
+        (Kind::Unlimited | Kind::Concurrency(_) | Kind::Adaptive, _) => *algorithm,
     }
 }
 
 /// `config` with every rate limit (and each of its plans) as `kind`; for
-/// `none` every limit in shadow, for `concurrency=N` every concurrency
-/// limit at `N`.
+/// `none` every limit in shadow, for `concurrency=N` every slot limit
+/// static at `N`, for `adaptive` every concurrency limit adaptive.
 pub(crate) fn variant(config: &Config, kind: Kind) -> Config {
     let mut config = config.clone();
     for limit in &mut config.limits {
@@ -238,13 +270,20 @@ pub(crate) fn variant(config: &Config, kind: Kind) -> Config {
             Kind::Unlimited => limit.shadow = true,
             Kind::Concurrency(max) => {
                 let at_max = |algorithm: &mut Algorithm| {
-                    if let Algorithm::Concurrency { max: m } = algorithm {
-                        *m = max;
+                    if let Algorithm::Concurrency { .. } | Algorithm::Adaptive { .. } = algorithm {
+                        *algorithm = Algorithm::Concurrency { max };
                     }
                 };
                 at_max(&mut limit.algorithm);
                 for (_, algorithm) in &mut limit.plans {
                     at_max(algorithm);
+                }
+            }
+            Kind::Adaptive => {
+                if let Algorithm::Concurrency { max } = limit.algorithm {
+                    limit.algorithm = adaptive_from(max);
+                    limit.plans.clear();
+                    limit.local = true;
                 }
             }
             _ => {
@@ -312,5 +351,62 @@ mod tests {
         };
         assert!(message.contains("did you mean `fixed_window`"), "{message}");
         assert!(list(&["concurrency"]).is_err());
+        assert_eq!(
+            list(&["concurrency=10", "adaptive"]).unwrap(),
+            [Kind::Concurrency(10), Kind::Adaptive]
+        );
+    }
+
+    /// One `concurrency` limit of `max = 10` with a plan, and a rate limit.
+    fn slots_config(algorithm: &str) -> Config {
+        let text = format!(
+            "[limits.backend]\nkey = \"route\"\n{algorithm}\n[limits.rate]\nkey = \"ip\"\nalgorithm = \"fixed_window\"\nlimit = 5\nwindow = \"1s\"\n[[routes]]\nname = \"r\"\nmatch = {{ path_prefix = \"/\" }}\nrespond = {{ status = 200 }}\nlimits = [\"rate\", \"backend\"]\n"
+        );
+        Config::from_bytes(std::path::Path::new("gateway.toml"), text.as_bytes())
+            .expect("a valid configuration")
+    }
+
+    #[test]
+    fn adaptive_and_static_variants_swap_the_slot_limits_only() {
+        let written =
+            slots_config("algorithm = \"concurrency\"\nmax = 10\nplans = { gold = { max = 20 } }");
+        let adaptive = variant(&written, Kind::Adaptive);
+        let backend = &adaptive.limits[0];
+        assert_eq!(
+            backend.algorithm,
+            Algorithm::Adaptive {
+                params: Params::new(1, 1000, 10).unwrap()
+            }
+        );
+        assert!(backend.plans.is_empty() && backend.local);
+        assert_eq!(
+            adaptive.limits[1], written.limits[1],
+            "the rate limit as written"
+        );
+        // A static limit above adaptive's default max keeps its own.
+        let wide = variant(
+            &slots_config("algorithm = \"concurrency\"\nmax = 5000"),
+            Kind::Adaptive,
+        );
+        assert_eq!(
+            wide.limits[0].algorithm,
+            Algorithm::Adaptive {
+                params: Params::new(1, 5000, 5000).unwrap()
+            }
+        );
+        // And back: concurrency=N makes an adaptive limit static.
+        let written = slots_config("algorithm = \"adaptive\"\nmin = 2\nmax = 50");
+        let fixed = variant(&written, Kind::Concurrency(7));
+        assert_eq!(fixed.limits[0].algorithm, Algorithm::Concurrency { max: 7 });
+        assert_eq!(fixed.limits[1], written.limits[1]);
+        assert!(check_applies(&written, &[Kind::Adaptive, Kind::Concurrency(7)]).is_ok());
+        let rates_only = slots_config("algorithm = \"fixed_window\"\nlimit = 1\nwindow = \"1s\"");
+        let Err(Error::Usage(message)) = check_applies(&rates_only, &[Kind::Adaptive]) else {
+            panic!("an adaptive variant of a configuration without slot limits");
+        };
+        assert!(
+            message.contains("`adaptive` sets the concurrency limits"),
+            "{message}"
+        );
     }
 }

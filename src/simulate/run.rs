@@ -80,7 +80,7 @@ pub(crate) enum Decided {
         algorithms: SmallVec<[Algorithm; INLINE]>,
         /// A token route's reservation and usage.
         tokens: Option<TokenUse>,
-        /// The request's priority (its consumer's, else its route's): what a
+        /// The request's priority (`Identity::priority`): what a
         /// shed request is counted under.
         priority: Priority,
     },

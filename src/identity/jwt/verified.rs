@@ -1,8 +1,9 @@
 //! [`Verified`]: what a verified token leaves for the request — its
 //! issuer, when it stops being valid, the claims the configuration reads
-//! (by slot), and the consumer its claims name.
+//! (by slot), the consumer its claims name, and its priority claim.
 
 use crate::config::Consumer;
+use crate::limit::Priority;
 
 /// A token that verified: what the request's limits need from it.
 #[derive(Debug)]
@@ -18,6 +19,8 @@ pub struct Verified {
     pub(crate) consumer: Option<Consumer>,
     /// The plan claim's value, as one of the configuration's plan names.
     pub(super) plan: Option<usize>,
+    /// The priority claim's value, when it names a priority.
+    pub(crate) priority: Option<Priority>,
 }
 
 impl Verified {
@@ -35,6 +38,7 @@ impl Verified {
             values: Box::new([]),
             consumer: None,
             plan: None,
+            priority: None,
         }
     }
 }

@@ -10,7 +10,8 @@
 //!
 //! A verified token's claims are read once, into the values the
 //! configuration needs (each `jwt:CLAIM` path a limit keys on, and the
-//! consumer, tenant and plan claims): a cached token costs no JSON walk.
+//! consumer, tenant, plan and priority claims): a cached token costs no
+//! JSON walk.
 
 use std::sync::Arc;
 
@@ -27,6 +28,7 @@ use crate::config::jwt::{IssuerConfig, JwksUrl, JwtConfig, KeySource, TokenSourc
 use crate::config::{Config, Consumer};
 use crate::identity::consumer::bearer;
 use crate::identity::keys::cookie_value;
+use crate::limit::Priority;
 
 /// Without a `kid`, at most this many keys are tried: a token cannot make
 /// the gateway check every key of a large set.
@@ -60,7 +62,7 @@ pub(crate) struct Verifier {
     /// Where tokens are looked for, each place once, in the issuers' order.
     sources: Vec<TokenSource>,
     claim_paths: Vec<Arc<str>>,
-    /// Every plan name a limit defines, for the plan claim.
+    /// Every plan name a limit or `[plans]` defines, for the plan claim.
     plans: Vec<Arc<str>>,
     cache: Cache,
     /// The issuer label of a token that named no configured issuer.
@@ -93,11 +95,13 @@ impl Verifier {
             }
         }
         let mut plans: Vec<Arc<str>> = Vec::new();
-        for limit in &config.limits {
-            for (name, _) in &limit.plans {
-                if !plans.iter().any(|p| p == name) {
-                    plans.push(name.clone());
-                }
+        let named = config.limits.iter().flat_map(|limit| limit.plans.iter());
+        for name in named
+            .map(|(name, _)| name)
+            .chain(config.plans.iter().map(|p| &p.name))
+        {
+            if !plans.iter().any(|p| p == name) {
+                plans.push(name.clone());
             }
         }
         Verifier {
@@ -239,6 +243,8 @@ impl Verifier {
                 .collect(),
             consumer,
             plan: plan_value.and_then(|plan| self.plans.iter().position(|p| *p == plan)),
+            // A value that names no priority is ignored, as an absent claim.
+            priority: text_of(&config.priority_claim).and_then(|text| Priority::parse(&text)),
         }))
     }
 }
@@ -551,6 +557,34 @@ mod tests {
         )
         .unwrap();
         assert_eq!(dotted.claim(1), Some(&b"flat"[..]));
+    }
+
+    #[test]
+    fn the_priority_claim_names_a_priority_or_nothing() {
+        let (_, v) =
+            verifier("plan_claim = \"tier\"\npriority_claim = \"ops.prio\"\n[plans.batch]");
+        let priority = |claims: &str| check(&v, claims, 1).unwrap().priority;
+        assert_eq!(
+            priority(r#"{"iss":"iss-a","exp":99,"ops":{"prio":"critical"}}"#),
+            Some(Priority::Critical)
+        );
+        assert_eq!(
+            priority(r#"{"iss":"iss-a","exp":99,"ops":{"prio":"sheddable"}}"#),
+            Some(Priority::Sheddable)
+        );
+        // Another value, another type, or none: ignored.
+        for claims in [
+            r#"{"iss":"iss-a","exp":99,"ops":{"prio":"urgent"}}"#,
+            r#"{"iss":"iss-a","exp":99,"ops":{"prio":"Critical"}}"#,
+            r#"{"iss":"iss-a","exp":99,"ops":{"prio":1}}"#,
+            r#"{"iss":"iss-a","exp":99,"ops":{"prio":{}}}"#,
+            r#"{"iss":"iss-a","exp":99}"#,
+        ] {
+            assert_eq!(priority(claims), None, "{claims}");
+        }
+        // A plan only `[plans]` names is a plan the claim can name.
+        let batch = check(&v, r#"{"iss":"iss-a","exp":99,"tier":"batch"}"#, 1).unwrap();
+        assert_eq!(v.plan(&batch), Some("batch"));
     }
 
     #[test]
