@@ -9,7 +9,8 @@
 //! One file per section, each holding the section's serde mirror, its
 //! validated types and its check: [`server`] (with [`tls`] for
 //! `[server.tls]`), [`client_ip`], [`store`], [`upstreams`], [`limits`]
-//! (with [`tokens`] for token quotas), [`routes`], [`decision`],
+//! (with [`tokens`] for token quotas and spend budgets, [`amount`] for
+//! their exact numbers), [`prices`], [`routes`], [`decision`],
 //! [`consumers`] (`[api_keys]` and `[consumers]`) and [`jwt`]. [`validate`]
 //! is the driver: it deserializes the file ([`raw`] is the top of the
 //! mirror), calls each section's check in order, and places the problems.
@@ -19,6 +20,7 @@
 //! (what is valid but likely a mistake).
 
 pub(crate) mod admin_token;
+pub(crate) mod amount;
 pub(crate) mod checker;
 pub(crate) mod client_ip;
 pub(crate) mod consumers;
@@ -26,6 +28,7 @@ pub(crate) mod decision;
 pub(crate) mod error;
 pub(crate) mod jwt;
 pub(crate) mod limits;
+pub(crate) mod prices;
 pub(crate) mod quota_route;
 pub(crate) mod raw;
 pub(crate) mod routes;
@@ -84,6 +87,8 @@ pub struct Config {
     pub decision: Option<DecisionConfig>,
     /// `[jwt]`: the issuers whose tokens identify callers, when configured.
     pub jwt: Option<jwt::JwtConfig>,
+    /// `[prices]`: what a model's tokens cost, for `unit = "usd"` limits.
+    pub prices: crate::llm::price::Prices,
 }
 
 impl Config {

@@ -26,7 +26,7 @@ use super::store::RawStore;
 use super::upstreams::RawUpstream;
 use super::{
     Config, ConfigError, KeyPath, Problem, admin_token, client_ip, consumers, decision, jwt,
-    limits, quota_route, routes, server, store, tls, upstreams,
+    limits, prices, quota_route, routes, server, store, tls, upstreams,
 };
 
 /// The top of the serde mirror: one field per section, each section's
@@ -52,6 +52,8 @@ pub(crate) struct RawConfig {
     pub(crate) api_keys: RawApiKeys,
     pub(crate) decision: Option<RawDecision>,
     pub(crate) jwt: Option<RawJwt>,
+    #[serde(default)]
+    pub(crate) prices: BTreeMap<String, super::prices::RawPrice>,
 }
 
 /// Validates the bytes of a configuration file.
@@ -204,6 +206,8 @@ fn check(c: &mut Checker, path: &Path, bytes: &[u8], raw: &RawConfig) -> Config 
     let (api_keys, consumers) =
         consumers::check_consumers(c, &root, &raw.api_keys, &raw.consumers, directory);
     let jwt = jwt::check_jwt_use(c, &root, raw.jwt.as_ref(), directory, &limits, &routes);
+    let prices = prices::check_prices(c, &root.key("prices"), &raw.prices);
+    routes::check_usd_routes(c, &root, &limits, &routes, &prices);
 
     Config {
         path: path.to_owned(),
@@ -218,6 +222,7 @@ fn check(c: &mut Checker, path: &Path, bytes: &[u8], raw: &RawConfig) -> Config 
         consumers: Arc::new(consumers),
         decision,
         jwt,
+        prices,
     }
 }
 
