@@ -55,6 +55,10 @@ pub struct Ticket<'s> {
     /// entry is charged the request's cost. A number, not a cost per
     /// entry: the ticket is moved with every request's future.
     pub(super) tokens: Option<u64>,
+    /// A stack with a usd limit: the request's priced reservation, what
+    /// each usd entry is charged ([`Ticket::cost_of`]) and what its bill
+    /// prices the usage at. Boxed: one pointer, set only on such routes.
+    pub(super) priced: Option<Box<super::reserve::Priced>>,
     /// The client behind the trusted proxies, once a limited request's
     /// keys were taken ([`super::admit_request`]).
     pub(super) client_ip: Option<IpAddr>,
@@ -141,8 +145,12 @@ impl<'s> Ticket<'s> {
     /// What entry `j` was charged, given the request's `cost`.
     #[inline(always)]
     pub(crate) fn cost_of(&self, j: usize, cost: u64) -> u64 {
-        match self.tokens {
-            Some(tokens) if self.stack.get(j).is_some_and(|l| l.unit == Unit::Tokens) => tokens,
+        let Some(tokens) = self.tokens else {
+            return cost;
+        };
+        match self.stack.get(j).map(|l| l.unit) {
+            Some(Unit::Tokens) => tokens,
+            Some(Unit::Usd) => self.priced.as_ref().map_or(cost, |priced| priced.usd),
             _ => cost,
         }
     }
@@ -196,6 +204,7 @@ impl<'s> Ticket<'s> {
     pub fn reserved(&self) -> Option<u64> {
         self.tokens
     }
+
 
     /// The client behind the trusted proxies, as a limited request's keys
     /// saw it; `None` for a request of an unlimited route.

@@ -8,6 +8,13 @@
 //! response that never reported its usage keeps the whole reservation,
 //! counted as `unsettled`.
 //!
+//! A spend budget (`unit = "usd"`) is billed the same way in micro-dollars:
+//! charged the priced reservation at admission, settled on the usage's
+//! price ([`crate::llm::price::cost_micros`]: uncached input, cached input
+//! and output each at their price). A usage that reports only a total
+//! (`usage = "header:NAME"`) is priced as the prompt's estimate of input
+//! (at most the total) and the rest output.
+//!
 //! The bill owns what it needs (the limiters, the store entries, the
 //! metrics): a response outlives its request's borrow of the snapshot, and
 //! a reload meanwhile does not lose the settlement.
@@ -22,6 +29,8 @@ use crate::app::{App, RoutePlan, Snapshot};
 use crate::config::OnFailure;
 use crate::config::tokens::Unit;
 use crate::limit::{Clock, LimitKey, Limiter, Outcome};
+use crate::llm::price::{Price, cost_micros};
+use crate::llm::usage::Usage;
 use crate::metrics::Metrics;
 use crate::store::{OwnedEntry, RedisStore, SharedEntry};
 
@@ -34,14 +43,19 @@ pub struct TokenBill {
 
 struct Bill {
     reserved: u64,
+    /// A stack with a usd limit: what it reserved in micro-dollars, at
+    /// which price, on what prompt estimate.
+    usd: Option<UsdReserved>,
     /// The request's tokens for its log line.
     tally: Arc<TokenTally>,
     route: Arc<str>,
     /// Every token limit that charged the request.
     entries: SmallVec<[BillEntry; 2]>,
     /// Of those decided in the store, the store's entries (with the
-    /// numbers bounding a settlement's charge), for its one call.
+    /// numbers bounding a settlement's charge), for its one call: the
+    /// token limits'; the usd limits' (settled by another amount) apart.
     shared: Vec<OwnedEntry>,
+    shared_usd: Vec<OwnedEntry>,
     store: Option<Arc<RedisStore>>,
     clock: Arc<dyn Clock>,
     metrics: Arc<Metrics>,
@@ -56,8 +70,20 @@ struct BillEntry {
     limiter: Arc<Limiter>,
     key: LimitKey,
     label: Arc<str>,
-    /// Decided in the store (its entry is in [`Bill::shared`]).
+    /// Decided in the store (its entry is in [`Bill::shared`] or
+    /// [`Bill::shared_usd`]).
     in_store: bool,
+    /// Tokens or micro-dollars.
+    usd: bool,
+}
+
+/// A usd reservation: micro-dollars, the model's price, the prompt's
+/// estimate.
+#[derive(Debug, Clone, Copy)]
+struct UsdReserved {
+    micros: u64,
+    price: Price,
+    prompt: u64,
 }
 
 impl std::fmt::Debug for Bill {
@@ -85,17 +111,24 @@ pub fn bill(
     let reserved = ticket.tokens?;
     let mut bill = Bill {
         reserved,
+        usd: ticket.priced.as_ref().map(|priced| UsdReserved {
+            micros: priced.usd,
+            price: priced.price,
+            prompt: priced.prompt,
+        }),
         tally: Arc::new(TokenTally::new(reserved)),
         route: plan.name.clone(),
         entries: SmallVec::new(),
         shared: Vec::new(),
+        shared_usd: Vec::new(),
         store: app.store().cloned(),
         clock: app.clock.clone(),
         metrics: app.metrics().clone(),
         settled: false,
     };
     for (j, limit) in ticket.stack.iter().enumerate() {
-        let (Unit::Tokens, Some(key), Outcome::Allowed) = (
+        let usd = limit.unit == Unit::Usd;
+        let (Unit::Tokens | Unit::Usd, Some(key), Outcome::Allowed) = (
             limit.unit,
             ticket.keys[j],
             ticket
@@ -110,13 +143,18 @@ pub fn bill(
             continue;
         };
         let label = snapshot.limit_label(id).clone();
-        bill.metrics
-            .record_tokens(&bill.route, &label, "reserved", reserved);
+        let amount = ticket.cost_of(j, reserved);
+        // `tollgate_tokens_total` counts tokens: a budget's micro-dollars
+        // are not among them.
+        if !usd {
+            bill.metrics
+                .record_tokens(&bill.route, &label, "reserved", reserved);
+        }
         let limiter = match snapshot.overrides(id).find(key, app.clock.now()) {
             Some((_, own)) => own,
             None => snapshot.limiters(id).for_plan(ticket.plan).clone(),
         };
-        limiter.open.open(key, reserved);
+        limiter.open.open(key, amount);
         let in_store = ticket.via_store && snapshot.is_shared(id);
         if in_store {
             let entry = SharedEntry {
@@ -124,13 +162,18 @@ pub fn bill(
                 ..shared::store_entry(limit, ticket.plan, key)
             };
             let ceiling = entry.algorithm.with_debt();
-            bill.shared.push(OwnedEntry::with_ceiling(&entry, ceiling));
+            let owned = OwnedEntry::with_ceiling(&entry, ceiling);
+            match usd {
+                true => bill.shared_usd.push(owned),
+                false => bill.shared.push(owned),
+            }
         }
         bill.entries.push(BillEntry {
             limiter,
             key,
             label,
             in_store,
+            usd,
         });
     }
     (!bill.entries.is_empty()).then(|| TokenBill {
@@ -145,59 +188,95 @@ impl TokenBill {
         self.inner.tally.clone()
     }
 
-    /// Settles on `used` tokens, the response's usage (`None`: it reported
-    /// none, and the reservation stands).
+    /// Settles on `used` tokens, a response's total usage (`None`: it
+    /// reported none, and the reservation stands): a usage header or
+    /// trailer, a trace's record.
     pub fn settle(mut self, used: Option<u64>) {
-        self.inner.settle(used);
+        self.inner.settle(used.map(|total| self.inner.total_only(total)));
+    }
+
+    /// Settles on the usage the response's body reported, its input,
+    /// cached input and output priced apart (`None`: it reported none).
+    pub fn settle_usage(mut self, usage: Option<Usage>) {
+        self.inner.settle(usage);
     }
 }
 
+/// The amount by which a settlement moves a limit: what was used against
+/// what was reserved, as a signed delta (0: nothing to move).
+fn delta(used: u64, reserved: u64) -> (&'static str, u64, i64) {
+    let (kind, amount, sign) = if used >= reserved {
+        ("charged", used - reserved, 1)
+    } else {
+        ("refunded", reserved - used, -1)
+    };
+    (kind, amount, sign * i64::try_from(amount).unwrap_or(i64::MAX))
+}
+
 impl Bill {
-    fn settle(&mut self, used: Option<u64>) {
+    /// A usage known only by its total: as much input as the prompt's
+    /// estimate (at most the total), the rest output.
+    fn total_only(&self, total: u64) -> Usage {
+        let input = self.usd.map_or(0, |usd| usd.prompt).min(total);
+        Usage {
+            input,
+            cached: 0,
+            output: total - input,
+            total,
+        }
+    }
+
+    fn settle(&mut self, usage: Option<Usage>) {
         if std::mem::replace(&mut self.settled, true) {
             return;
         }
+        let reserved_usd = self.usd.map_or(0, |usd| usd.micros);
         for entry in &self.entries {
-            entry.limiter.open.close(entry.key, self.reserved);
+            let reserved = if entry.usd { reserved_usd } else { self.reserved };
+            entry.limiter.open.close(entry.key, reserved);
         }
-        let Some(used) = used else {
-            for entry in &self.entries {
+        let Some(usage) = usage else {
+            for entry in self.entries.iter().filter(|entry| !entry.usd) {
                 self.metrics
                     .record_tokens(&self.route, &entry.label, "unsettled", self.reserved);
             }
             return;
         };
+        let used = usage.total;
         self.tally.set_used(used);
         self.metrics
             .record_usage_ratio(&self.route, used, self.reserved);
-        let (kind, amount, sign) = if used >= self.reserved {
-            ("charged", used - self.reserved, 1)
-        } else {
-            ("refunded", self.reserved - used, -1)
-        };
-        if amount == 0 {
-            return;
+        let (kind, amount, tokens) = delta(used, self.reserved);
+        if amount > 0 {
+            for entry in self.entries.iter().filter(|entry| !entry.usd) {
+                self.metrics
+                    .record_tokens(&self.route, &entry.label, kind, amount);
+            }
         }
-        for entry in &self.entries {
-            self.metrics
-                .record_tokens(&self.route, &entry.label, kind, amount);
-        }
-        let delta = sign * i64::try_from(amount).unwrap_or(i64::MAX);
+        let usd = self.usd.map_or(0, |usd| {
+            delta(cost_micros(&usd.price, &usage), usd.micros).2
+        });
         let now = self.clock.now();
-        // The store's entries in one call while it is up. Down, as its
-        // decisions would, the settlement goes to the node's own limits
-        // under `on_failure = "local"`, and is dropped under "allow" and
-        // "deny" (nothing is counted there while the store is away).
+        // The store's entries in one call per unit while it is up. Down,
+        // as its decisions would, the settlement goes to the node's own
+        // limits under `on_failure = "local"`, and is dropped under
+        // "allow" and "deny" (nothing is counted there while the store is
+        // away).
         let store_takes_shared = match &self.store {
-            Some(store) if !self.shared.is_empty() && !store.is_down() => {
-                store.settle_owned(&self.shared, delta);
+            Some(store) if !store.is_down() => {
+                for (entries, delta) in [(&self.shared, tokens), (&self.shared_usd, usd)] {
+                    if !entries.is_empty() && delta != 0 {
+                        store.settle_owned(entries, delta);
+                    }
+                }
                 true
             }
             Some(store) => store.on_failure() != OnFailure::Local,
             None => false,
         };
         for entry in &self.entries {
-            if !entry.in_store || !store_takes_shared {
+            let delta = if entry.usd { usd } else { tokens };
+            if delta != 0 && (!entry.in_store || !store_takes_shared) {
                 entry.limiter.adjust_with_debt(entry.key, delta, now);
             }
         }

@@ -129,14 +129,12 @@ enum UsageReader {
 impl Drop for UsageMeter {
     fn drop(&mut self) {
         if let Some(bill) = self.bill.take() {
-            let used = match &mut self.reader {
-                UsageReader::Scanner(scanner) => scanner
-                    .take()
-                    .and_then(UsageScanner::finish)
-                    .map(|usage| usage.total),
-                UsageReader::Trailer { count, .. } => *count,
-            };
-            bill.settle(used);
+            match &mut self.reader {
+                UsageReader::Scanner(scanner) => {
+                    bill.settle_usage(scanner.take().and_then(UsageScanner::finish))
+                }
+                UsageReader::Trailer { count, .. } => bill.settle(*count),
+            }
         }
     }
 }

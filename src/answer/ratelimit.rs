@@ -151,15 +151,55 @@ pub(crate) fn admitted_fields(
     plan: &RoutePlan,
     ticket: &Ticket<'_>,
 ) {
+    let view = ticket.view(snapshot.config.server.headers);
     limit_fields(
         lines,
-        ticket.view(snapshot.config.server.headers),
+        view,
         ticket.entries(),
         ticket
             .policy(plan, snapshot.config.server.headers)
             .as_deref(),
         ticket.focus(),
     );
+    if view.limits.iter().any(|limit| limit.warn_at.is_some()) {
+        budget_warning(lines, view, ticket.entries());
+    }
+}
+
+const BUDGET_WARNING: OwnName = own_name!("x-budget-warning");
+
+/// `X-Budget-Warning` on an admitted request's answer: each usd limit
+/// with a `warn_at` whose spend (its reservation for this request
+/// included) has reached it, as an RFC 9651 list item naming the limit
+/// with the whole percent spent and the threshold:
+/// `"monthly_spend";spent=82;warn_at=80`. Shadow limits too (a budget
+/// tried in shadow still warns); skipped keys never.
+#[cold]
+#[inline(never)]
+fn budget_warning(lines: &mut FieldLines, view: StackView<'_>, verdicts: &[EntryVerdict]) {
+    lines.push_list(BUDGET_WARNING, |list| {
+        for ((limit, algorithm), entry) in view.limits.iter().zip(view.algorithms).zip(verdicts) {
+            let Some(warn_at) = limit.warn_at else {
+                continue;
+            };
+            if entry.outcome == Outcome::Skipped {
+                continue;
+            }
+            let q = quota_of(algorithm, &entry.verdict);
+            let spent = q.saturating_sub(entry.verdict.remaining);
+            if q == 0 || !warn_at.reached(spent, q) {
+                continue;
+            }
+            let percent = u128::from(spent) * 100 / u128::from(q);
+            let percent = i64::try_from(percent).unwrap_or(i64::MAX);
+            let Ok(params) = list.item_string(&limit.name) else {
+                continue;
+            };
+            let _ = params
+                .param_int("spent", percent)
+                .and_then(|p| p.param_int("warn_at", i64::from(warn_at.basis_points / 100)));
+        }
+    });
 }
 
 /// [`deny_response`] of a denied request: its ticket's stack, denied by
