@@ -309,8 +309,10 @@ fn key<'s>(
     let fields = whole
         .filter(|_| request.plan.needs_body)
         .map(|bytes| body_fields(&parts.headers, bytes));
-    let tokens = reserved.as_ref().map(|reserved| reserved.tokens);
-    ticket.priced = reserved.and_then(|reserved| reserved.priced);
+    let (tokens, priced) = match reserved {
+        Some(Reserved { tokens, priced }) => (Some(tokens), priced),
+        None => (None, None),
+    };
     let charge = Charge {
         plan: request.plan,
         cost: request.route.cost,
@@ -323,6 +325,9 @@ fn key<'s>(
         .and_then(|c| c.priority)
         .unwrap_or(request.route.priority);
     key_stack(app, snapshot, (parts, &identity), &charge, shared, ticket)?;
+    if let Some(priced) = priced {
+        ticket.reserved = super::ticket::Reservation::Priced(priced);
+    }
     Ok(charge)
 }
 
@@ -338,7 +343,8 @@ fn conclude(
     match admission {
         Admission::Allowed => RequestAdmission::Admitted {
             bill: ticket
-                .tokens
+                .reserved
+                .tokens()
                 .and_then(|_| tokens::bill(app, snapshot, plan, ticket)),
         },
         Admission::Denied { by } => RequestAdmission::Denied { by },

@@ -108,10 +108,10 @@ pub fn bill(
     plan: &RoutePlan,
     ticket: &Ticket<'_>,
 ) -> Option<TokenBill> {
-    let reserved = ticket.tokens?;
+    let reserved = ticket.reserved.tokens()?;
     let mut bill = Bill {
         reserved,
-        usd: ticket.priced.as_ref().map(|priced| UsdReserved {
+        usd: ticket.reserved.priced().map(|priced| UsdReserved {
             micros: priced.usd,
             price: priced.price,
             prompt: priced.prompt,

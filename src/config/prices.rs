@@ -67,7 +67,8 @@ fn check_price(c: &mut Checker, path: &KeyPath, raw: &RawPrice) -> Price {
     let output = amount("output", raw.output);
     let cached_input = amount("cached_input", raw.cached_input);
     for (key, value) in [("input", input), ("output", output)] {
-        if value.is_none() {
+        // A key there but mistyped has its own problem already.
+        if value.is_none() && !c.mistyped.contains(&path.key(key)) {
             c.problem(
                 path.clone(),
                 format!("needs `{key}` (dollars per million tokens, like {key} = 2.50)"),
@@ -147,7 +148,7 @@ output = 15
             "more than six decimals",
             "`prices.d.input`: `2500000` dollars per million tokens is more than $100,000",
             "`prices.e`: needs `output`",
-            "unknown field `cache`",
+            "`prices.f.cache`: unknown key `cache`",
         ] {
             assert!(message.contains(expected), "{expected}: {message}");
         }
