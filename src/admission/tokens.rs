@@ -290,3 +290,55 @@ impl Drop for TokenBill {
         self.inner.settle(None);
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use crate::limit::{Algorithm, LimitKey, Limiter, NANOS_PER_SEC};
+    use crate::llm::price::{Price, cost_micros, reservation_micros};
+    use crate::llm::usage::Usage;
+
+    /// A million requests reserved and settled on a usd fixed window, as a
+    /// bill does (reserve at admission, then the difference to the priced
+    /// usage): the spend the limit holds is exactly the sum of the
+    /// requests' costs, each computed alone in integer micro-dollars.
+    #[test]
+    fn a_million_settlements_add_up_to_the_exact_sum() {
+        // $10,000,000: never full over the run.
+        let limit = 10_000_000 * 1_000_000;
+        let limiter = Limiter::new(
+            "budget",
+            Algorithm::FixedWindow {
+                limit,
+                window: 30 * 86_400 * NANOS_PER_SEC,
+            },
+            8,
+        );
+        let key = LimitKey::from_u128(47);
+        let now = NANOS_PER_SEC;
+        let price = Price {
+            input: 2_500_000,
+            cached_input: 1_250_000,
+            output: 10_000_000,
+        };
+        let mut rng = fastrand::Rng::with_seed(14);
+        let mut expected: u64 = 0;
+        for _ in 0..1_000_000 {
+            let (prompt, budget) = (rng.u64(1..4_000), rng.u64(1..2_000));
+            let reserved = reservation_micros(&price, prompt, budget);
+            assert!(limiter.check(key, reserved, now).verdict.allowed);
+            let input = rng.u64(0..=prompt);
+            let usage = Usage {
+                input,
+                cached: rng.u64(0..=input),
+                output: rng.u64(0..=budget),
+                total: 0,
+            };
+            let cost = cost_micros(&price, &usage);
+            let delta = i64::try_from(cost).unwrap() - i64::try_from(reserved).unwrap();
+            limiter.adjust_with_debt(key, delta, now);
+            expected += cost;
+        }
+        let left = limiter.peek(key, now).remaining;
+        assert_eq!(limit - left, expected);
+    }
+}
