@@ -116,8 +116,7 @@ async fn spent(gateway: &InProcess, tenant: &str, micros: u64) {
         last = budget(gateway, tenant).await;
         let quota = last["quota"].as_u64().unwrap_or(0);
         let remaining = last["remaining"].as_u64().unwrap_or(u64::MAX);
-        quota.checked_sub(remaining) == Some(micros)
-            && last["open_reservations"]["requests"] == 0
+        quota.checked_sub(remaining) == Some(micros) && last["open_reservations"]["requests"] == 0
     })
     .await;
     assert!(done, "expected {micros} µ$ spent: {last:#}");
@@ -220,7 +219,10 @@ async fn cached_prompt_tokens_are_priced_apart_in_json_and_streams() {
     assert_eq!(reply.status, 200);
     spent(&gateway, "t-json", 1_375).await;
     // The same usage without the cache: 200 × 2.5 + 1,000 = 1,500 µ$.
-    let uncached = Used { cached: 0, ..cached };
+    let uncached = Used {
+        cached: 0,
+        ..cached
+    };
     let reply = chat(&gateway, "t-plain", "gpt-4o", 100, "json", uncached).await;
     assert_eq!(reply.status, 200);
     spent(&gateway, "t-plain", 1_500).await;

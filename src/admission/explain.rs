@@ -41,12 +41,12 @@ use crate::app::LimitId;
 use crate::app::Snapshot;
 use crate::config::OnFailure;
 use crate::config::tokens::Unit;
-use crate::llm::price::dollars;
 use crate::identity::body_fields::percent_decode;
 use crate::identity::client_ip::client_net;
 use crate::identity::keys::{descriptor_digest, digest_values};
 use crate::limit::{Algorithm, LimitKey, Rate, Verdict};
 use crate::limit::{Nanos, quota_of, window_secs};
+use crate::llm::price::dollars;
 use crate::store::RedisStore;
 use crate::summary::key_parts;
 

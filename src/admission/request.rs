@@ -145,7 +145,15 @@ pub async fn admit_request<'a, 's: 'a>(
     };
     let plan = request.plan;
     let store = app.store().filter(|_| plan.shared);
-    let keyed = key(app, snapshot, &request, caller, reserved, store.is_some(), ticket);
+    let keyed = key(
+        app,
+        snapshot,
+        &request,
+        caller,
+        reserved,
+        store.is_some(),
+        ticket,
+    );
     let admission = match keyed {
         Err(missing) => missing,
         Ok(charge) => {
@@ -258,9 +266,11 @@ fn reserve_for(
         RequestBody::Held { bytes, declared } => declared.or(Some(bytes.len() as u64)),
         RequestBody::Client(_) => declared_length(request.parts),
     };
-    let usd = request.plan.stack.iter().any(|&id| {
-        snapshot.limit_config(id).unit == crate::config::tokens::Unit::Usd
-    });
+    let usd = request
+        .plan
+        .stack
+        .iter()
+        .any(|&id| snapshot.limit_config(id).unit == crate::config::tokens::Unit::Usd);
     if !usd {
         let tokens = reserve::reservation(rule, whole, declared, cap);
         return Ok(Some(Reserved {
@@ -268,8 +278,7 @@ fn reserve_for(
             priced: None,
         }));
     }
-    let priced =
-        reserve::priced_reservation(rule, whole, declared, cap, &snapshot.config.prices)?;
+    let priced = reserve::priced_reservation(rule, whole, declared, cap, &snapshot.config.prices)?;
     Ok(Some(Reserved {
         tokens: priced.tokens,
         priced: Some(Box::new(priced)),

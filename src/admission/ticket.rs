@@ -236,7 +236,6 @@ impl<'s> Ticket<'s> {
         self.reserved.tokens()
     }
 
-
     /// The client behind the trusted proxies, as a limited request's keys
     /// saw it; `None` for a request of an unlimited route.
     pub fn client_ip(&self) -> Option<IpAddr> {

@@ -192,7 +192,8 @@ impl TokenBill {
     /// reported none, and the reservation stands): a usage header or
     /// trailer, a trace's record.
     pub fn settle(mut self, used: Option<u64>) {
-        self.inner.settle(used.map(|total| self.inner.total_only(total)));
+        self.inner
+            .settle(used.map(|total| self.inner.total_only(total)));
     }
 
     /// Settles on the usage the response's body reported, its input,
@@ -210,7 +211,11 @@ fn delta(used: u64, reserved: u64) -> (&'static str, u64, i64) {
     } else {
         ("refunded", reserved - used, -1)
     };
-    (kind, amount, sign * i64::try_from(amount).unwrap_or(i64::MAX))
+    (
+        kind,
+        amount,
+        sign * i64::try_from(amount).unwrap_or(i64::MAX),
+    )
 }
 
 impl Bill {
@@ -232,7 +237,11 @@ impl Bill {
         }
         let reserved_usd = self.usd.map_or(0, |usd| usd.micros);
         for entry in &self.entries {
-            let reserved = if entry.usd { reserved_usd } else { self.reserved };
+            let reserved = if entry.usd {
+                reserved_usd
+            } else {
+                self.reserved
+            };
             entry.limiter.open.close(entry.key, reserved);
         }
         let Some(usage) = usage else {

@@ -20,13 +20,13 @@ use super::body::ResponseBody;
 use crate::admission::Ticket;
 use crate::app::{RoutePlan, Snapshot};
 use crate::config::tokens::{MICROS_PER_CENT, Unit};
-use crate::llm::price::dollars;
 use crate::http::field_lines::{FieldLines, OWN_ROOM, OwnLines, OwnName, own_name};
 use crate::http::problem::{
     DETAIL, NumberMember, ObjectMember, ProblemWriter, STATUS, TITLE, TYPE, TextListMember,
     TextMember, TextWriter, Written, problem_member,
 };
 use crate::limit::{EntryVerdict, NANOS_PER_SEC, Nanos, Outcome, Priority, Shed, quota, quota_of};
+use crate::llm::price::dollars;
 use crate::ratelimit_policy::{StackView, is_concurrency, styles};
 
 const RATELIMIT: OwnName = own_name!("ratelimit");
@@ -98,7 +98,10 @@ pub(crate) fn limit_fields(
     let Some(index) = focus else { return };
     let (limit, entry) = (view.limits[index], &verdicts[index]);
     let style = styles(limit, server);
-    let q = in_cents(limit.unit, quota_of(&view.algorithms[index], &entry.verdict));
+    let q = in_cents(
+        limit.unit,
+        quota_of(&view.algorithms[index], &entry.verdict),
+    );
     let r = in_cents(limit.unit, entry.verdict.remaining);
     let reset = (!is_concurrency(limit)).then(|| ceil_secs(entry.verdict.reset_after));
     // Both families say the same three numbers: formatted once.

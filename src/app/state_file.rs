@@ -114,7 +114,10 @@ pub(crate) fn params_json(params: &RawPlan) -> Value {
     };
     put("limit", params.limit.map(|limit| limit.to_json()));
     put("window", params.window.clone().map(Value::from));
-    put("capacity", params.capacity.map(|capacity| capacity.to_json()));
+    put(
+        "capacity",
+        params.capacity.map(|capacity| capacity.to_json()),
+    );
     put("refill", params.refill.clone().map(Value::from));
     put("rate", params.rate.clone().map(Value::from));
     put("max", params.max.map(Value::from));

@@ -35,7 +35,7 @@ impl Amount {
     /// The number as a whole count (requests, tokens); `Err` says why it
     /// is not one.
     pub(crate) fn count(self) -> Result<u64, String> {
-        if self.millionths % MILLION != 0 {
+        if !self.millionths.is_multiple_of(MILLION) {
             return Err(format!("`{self}` is not a whole number"));
         }
         u64::try_from(self.millionths / MILLION).map_err(|_| format!("`{self}` is too large"))

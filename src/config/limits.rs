@@ -557,13 +557,9 @@ pub(crate) fn check_override(
         Algorithm::TokenBucket { wait, .. } => wait,
         _ => 0,
     };
-    let algorithm = check_algorithm(
-        &mut c,
-        name,
-        &merged,
-        (mode, wait, limit.unit),
-        &|key| root.key(key),
-    );
+    let algorithm = check_algorithm(&mut c, name, &merged, (mode, wait, limit.unit), &|key| {
+        root.key(key)
+    });
     if let (Some(lease), Algorithm::TokenBucket { capacity, .. }) = (limit.lease, algorithm)
         && capacity < lease
     {

@@ -128,7 +128,9 @@ pub(super) fn check_warn_at(
     };
     match super::amount::Amount::parse(number).map(|a| a.millionths()) {
         // Percent in millionths: ÷ 100 for hundredths.
-        Ok(Ok(millionths)) if millionths > 0 && millionths <= 100_000_000 && millionths % 10_000 == 0 => {
+        Ok(Ok(millionths))
+            if millionths > 0 && millionths <= 100_000_000 && millionths.is_multiple_of(10_000) =>
+        {
             Some(WarnAt {
                 basis_points: u32::try_from(millionths / 10_000).unwrap_or(10_000),
             })

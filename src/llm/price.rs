@@ -172,10 +172,7 @@ mod tests {
             cached_input: u64::MAX,
             output: u64::MAX,
         };
-        assert_eq!(
-            cost_micros(&most, &usage(u64::MAX, 0, u64::MAX)),
-            u64::MAX
-        );
+        assert_eq!(cost_micros(&most, &usage(u64::MAX, 0, u64::MAX)), u64::MAX);
         assert_eq!(reservation_micros(&most, u64::MAX, u64::MAX), u64::MAX);
     }
 

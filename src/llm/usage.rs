@@ -23,7 +23,7 @@
 //! totals, not added); output is `completion_tokens`, else
 //! `output_tokens`; total is `total_tokens`, else input + output. Of the
 //! input, `cached` is the part read from the provider's prompt cache,
-//! priced apart (`super::price`): OpenAI chat's
+//! priced apart (by the `price` module): OpenAI chat's
 //! `prompt_tokens_details.cached_tokens`, the Responses API's
 //! `input_tokens_details.cached_tokens`, Anthropic's
 //! `cache_read_input_tokens` (its cache-creation tokens are not cached
@@ -826,16 +826,22 @@ mod tests {
         assert_eq!(stream(chunk), cached_usage(9, 4, 12, 21));
         // Never more than the prompt; null or absent details are none.
         assert_eq!(
-            json(r#"{"usage":{"prompt_tokens":3,"completion_tokens":1,"prompt_tokens_details":{"cached_tokens":9}}}"#),
+            json(
+                r#"{"usage":{"prompt_tokens":3,"completion_tokens":1,"prompt_tokens_details":{"cached_tokens":9}}}"#
+            ),
             cached_usage(3, 3, 1, 4)
         );
         assert_eq!(
-            json(r#"{"usage":{"prompt_tokens":3,"completion_tokens":1,"prompt_tokens_details":null}}"#),
+            json(
+                r#"{"usage":{"prompt_tokens":3,"completion_tokens":1,"prompt_tokens_details":null}}"#
+            ),
             usage(3, 1, 4)
         );
         // A cached count that is not a count spoils the usage.
         assert_eq!(
-            json(r#"{"usage":{"prompt_tokens":3,"completion_tokens":1,"prompt_tokens_details":{"cached_tokens":-1}}}"#),
+            json(
+                r#"{"usage":{"prompt_tokens":3,"completion_tokens":1,"prompt_tokens_details":{"cached_tokens":-1}}}"#
+            ),
             None
         );
     }

@@ -33,8 +33,8 @@ use crate::answer::ratelimit::ceil_secs;
 use crate::app::{App, Snapshot};
 use crate::config::RouteConfig;
 use crate::config::tokens::Unit;
-use crate::llm::price::dollars;
 use crate::limit::{Algorithm, Nanos, quota};
+use crate::llm::price::dollars;
 use crate::ratelimit_policy::{StackView, is_concurrency, policy_header};
 
 /// The answer's future, boxed: only quota routes pay for it, and none of
