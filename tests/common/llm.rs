@@ -180,8 +180,13 @@ async fn answer(
             "data: {{\"id\":\"c1\",\"object\":\"chat.completion.chunk\",\"choices\":[{{\"index\":0,\"delta\":{{\"content\":\"{text}\"}}}}]}}\n\n"
         )
     };
+    // The cached count only when asked for: the answers stay as they were.
+    let details = match cached {
+        0 => String::new(),
+        cached => format!(",\"prompt_tokens_details\":{{\"cached_tokens\":{cached}}}"),
+    };
     let openai_usage = format!(
-        "{{\"prompt_tokens\":{prompt},\"completion_tokens\":{completion},\"total_tokens\":{used},\"prompt_tokens_details\":{{\"cached_tokens\":{cached}}}}}"
+        "{{\"prompt_tokens\":{prompt},\"completion_tokens\":{completion},\"total_tokens\":{used}{details}}}"
     );
     let (content_type, pieces, cut, usage_header): (&str, Vec<String>, bool, bool) =
         match script.as_str() {
@@ -344,12 +349,14 @@ fn openai(
 ) -> (&'static str, Vec<String>, bool, bool) {
     use serde_json::{Value, json};
     let model = asked["model"].as_str().unwrap_or("gpt-test");
-    let usage = json!({
+    let mut usage = json!({
         "prompt_tokens": prompt,
         "completion_tokens": completion,
         "total_tokens": prompt + completion,
-        "prompt_tokens_details": {"cached_tokens": cached},
     });
+    if cached > 0 {
+        usage["prompt_tokens_details"] = json!({"cached_tokens": cached});
+    }
     let head = |object: &str| {
         json!({
             "id": "chatcmpl-1",
