@@ -339,3 +339,93 @@ async fn two_gateways_on_redis_share_one_budget() {
     a.stop().await;
     b.stop().await;
 }
+
+/// The first instant of the month after the one `secs` (Unix time) falls
+/// in, in UTC: Hinnant's `days_from_civil`, written again here so that the
+/// gateway's own calendar is checked against a second copy.
+fn next_month_start(secs: u64) -> u64 {
+    let days = secs / 86_400;
+    let z = days + 719_468;
+    let era = z / 146_097;
+    let doe = z - era * 146_097;
+    let yoe = (doe - doe / 1_460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let month = if mp < 10 { mp + 3 } else { mp - 9 };
+    let year = yoe + era * 400 + u64::from(month <= 2);
+    let (year, month) = if month == 12 {
+        (year + 1, 1)
+    } else {
+        (year, month + 1)
+    };
+    let y = if month <= 2 { year - 1 } else { year };
+    let era = y / 400;
+    let yoe = y - era * 400;
+    let mp = if month > 2 { month - 3 } else { month + 9 };
+    let doe = yoe * 365 + yoe / 4 - yoe / 100 + (153 * mp + 2) / 5;
+    (era * 146_097 + doe - 719_468) * 86_400
+}
+
+/// A `window = "1mo"` budget refused: its reset is the 1st of next month,
+/// 00:00 UTC, on the gateway's clock (memory) or on Redis' (`TIME`).
+async fn a_monthly_budget_resets_on_the_first(store: &str, wall_clock: bool) {
+    let upstream = LlmUpstream::start().await;
+    let config = config(&upstream, "0.015", &format!("{store}\n{PRICES}"))
+        .replace("window = \"30d\"", "window = \"1mo\"");
+    let gateway = if wall_clock {
+        InProcess::start_on_wall_time(&config).await
+    } else {
+        InProcess::start(&config).await
+    };
+    let used = Used {
+        prompt: 1,
+        cached: 0,
+        completion: 500,
+    };
+    // 10,003 reserved, 5,003 spent; the next 10,003 does not fit in 15,000.
+    let reply = chat(&gateway, "monthly", "gpt-4o", 1000, "json", used).await;
+    assert_eq!(reply.status, 200, "{:?}", reply.body);
+    // The longest month in the policy's `w`.
+    assert_eq!(
+        reply.header("ratelimit-policy"),
+        Some("\"monthly_spend\";q=1;w=2678400;qu=\"usd-cents\"")
+    );
+    spent(&gateway, "monthly", 5_003).await;
+    let reply = chat(&gateway, "monthly", "gpt-4o", 1000, "json", used).await;
+    assert_eq!(reply.status, 429, "{:?}", reply.body);
+    let reset = reply.json()["budget_reset_seconds"]
+        .as_u64()
+        .expect("a reset");
+    let now = if wall_clock {
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap()
+            .as_secs()
+    } else {
+        gateway.app.clock.now() / 1_000_000_000
+    };
+    let expected = next_month_start(now) - now;
+    assert!(
+        reset.abs_diff(expected) <= 2,
+        "reset in {reset} s, the month ends in {expected} s"
+    );
+    gateway.stop().await;
+}
+
+#[tokio::test]
+async fn a_monthly_budget_resets_on_the_first_in_memory() {
+    a_monthly_budget_resets_on_the_first("", false).await;
+}
+
+#[tokio::test]
+async fn a_monthly_budget_resets_on_the_first_on_redis() {
+    if common::needs::skip(common::needs::REDIS) {
+        return;
+    }
+    let redis = Redis::start();
+    let store = format!(
+        "[store]\nbackend = \"redis\"\nurl = \"{}\"\nprefix = \"mo:\"\n",
+        redis.url()
+    );
+    a_monthly_budget_resets_on_the_first(&store, true).await;
+}

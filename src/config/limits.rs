@@ -621,14 +621,43 @@ fn check_lease(
     Some(n)
 }
 
+/// `window = "1mo"`: a fixed window of calendar months in UTC.
+const MONTH_WINDOW: &str = "1mo";
+
 /// `align` and `reset_jitter`: only for a fixed window of a day or longer,
-/// where keys resetting together would make a thundering herd.
+/// where keys resetting together would make a thundering herd. A calendar
+/// month (`window = "1mo"`) is aligned to the months, shifted per key by
+/// `reset_jitter`; it cannot start at a key's first request.
 fn check_align(
     c: &mut Checker,
     path: &KeyPath,
     raw: &RawLimit,
     algorithm: &Algorithm,
 ) -> WindowAlign {
+    let month = raw.window.as_deref() == Some(MONTH_WINDOW)
+        && matches!(algorithm, Algorithm::FixedWindow { .. });
+    if month {
+        if raw.align.as_deref().is_some_and(|align| align != "epoch") {
+            c.problem(
+                path.key("align"),
+                "a calendar month (window = \"1mo\") starts on the 1st (UTC); use reset_jitter to spread keys",
+            );
+        }
+        let jitter = match &raw.reset_jitter {
+            None => 0,
+            Some(_) => {
+                let jitter =
+                    c.duration(path.key("reset_jitter"), &raw.reset_jitter, Duration::ZERO);
+                let jitter = u64::try_from(jitter.as_nanos()).unwrap_or(u64::MAX);
+                // Shorter than the shortest month.
+                if jitter >= 28 * 86_400 * crate::limit::NANOS_PER_SEC {
+                    c.problem(path.key("reset_jitter"), "must be shorter than 28 days");
+                }
+                jitter
+            }
+        };
+        return WindowAlign::Month { jitter };
+    }
     if raw.align.is_none() && raw.reset_jitter.is_none() {
         return WindowAlign::default();
     }
@@ -807,6 +836,17 @@ fn check_algorithm(
         }
     };
     let window = |c: &mut Checker| -> Nanos {
+        // A calendar month (UTC), a fixed window's only: its boundaries
+        // are `align`'s (`check_align`), its nominal length the longest.
+        if raw.window.as_deref() == Some(MONTH_WINDOW) {
+            if name != "fixed_window" {
+                c.problem(
+                    at("window"),
+                    "\"1mo\" (a calendar month) is a fixed_window's only; use \"30d\"",
+                );
+            }
+            return crate::limit::calendar::MONTH;
+        }
         let duration = c.duration(at("window"), &raw.window, Duration::from_secs(1));
         u64::try_from(duration.as_nanos()).unwrap_or(u64::MAX)
     };
@@ -949,6 +989,33 @@ mod tests {
             message.contains("`capacity` is not a parameter of fixed_window"),
             "{message}"
         );
+    }
+
+    #[test]
+    fn a_calendar_month_is_a_fixed_window_aligned_to_the_months() {
+        let base = "[limits.a]\nkey = \"ip\"\nlimit = 5\nwindow = \"1mo\"\n";
+        let text = format!("{base}algorithm = \"fixed_window\"\nreset_jitter = \"6h\"\n");
+        let config = Config::from_bytes(Path::new("g.toml"), text.as_bytes()).unwrap();
+        let limit = &config.limits[0];
+        assert_eq!(
+            limit.algorithm,
+            Algorithm::FixedWindow {
+                limit: 5,
+                window: crate::limit::calendar::MONTH
+            }
+        );
+        assert_eq!(
+            limit.align,
+            WindowAlign::Month {
+                jitter: 6 * 3_600 * crate::limit::NANOS_PER_SEC
+            }
+        );
+        let message = errors(&format!("{base}algorithm = \"sliding_window\"\n"));
+        assert!(message.contains("a fixed_window's only"), "{message}");
+        let message = errors(&format!(
+            "{base}algorithm = \"fixed_window\"\nalign = \"first_request\"\n"
+        ));
+        assert!(message.contains("starts on the 1st"), "{message}");
     }
 
     #[test]
