@@ -236,6 +236,19 @@ impl<'s> Ticket<'s> {
         self.reserved.tokens()
     }
 
+    /// On a stack with a usd limit: what the request reserved there in
+    /// micro-dollars, and what a usage of `total` tokens costs (priced as
+    /// a bill prices a total: the prompt's estimate as input, the rest
+    /// output).
+    pub(crate) fn reserved_usd(&self) -> Option<(u64, impl Fn(u64) -> u64 + use<>)> {
+        let priced = *self.reserved.priced()?;
+        let cost = move |total| {
+            let usage = super::tokens::total_only(priced.prompt, total);
+            crate::llm::price::cost_micros(&priced.price, &usage)
+        };
+        Some((priced.usd, cost))
+    }
+
     /// The client behind the trusted proxies, as a limited request's keys
     /// saw it; `None` for a request of an unlimited route.
     pub fn client_ip(&self) -> Option<IpAddr> {

@@ -218,17 +218,23 @@ fn delta(used: u64, reserved: u64) -> (&'static str, u64, i64) {
     )
 }
 
+/// A usage known only by its `total` (a usage header, a trace's
+/// `tokens`): as much input as the prompt's estimate `prompt` (at most the
+/// total), the rest output.
+pub(crate) fn total_only(prompt: u64, total: u64) -> Usage {
+    let input = prompt.min(total);
+    Usage {
+        input,
+        cached: 0,
+        output: total - input,
+        total,
+    }
+}
+
 impl Bill {
-    /// A usage known only by its total: as much input as the prompt's
-    /// estimate (at most the total), the rest output.
+    /// [`total_only`] on this bill's prompt estimate.
     fn total_only(&self, total: u64) -> Usage {
-        let input = self.usd.map_or(0, |usd| usd.prompt).min(total);
-        Usage {
-            input,
-            cached: 0,
-            output: total - input,
-            total,
-        }
+        total_only(self.usd.map_or(0, |usd| usd.prompt), total)
     }
 
     fn settle(&mut self, usage: Option<Usage>) {

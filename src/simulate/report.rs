@@ -18,7 +18,12 @@
 //! cost units: its `peak`, `limit` and `excess` are tokens (what admitted
 //! requests used once settled, their reservation when the trace did not
 //! say), and its row adds `tokens` ([`TokenRow`]), also written below the
-//! table.
+//! table. A spend budget (`unit = "usd"`) counts micro-dollars the same
+//! way: each request priced by its body's `model` (`[prices]`), its
+//! trace's `tokens` priced as the gateway prices a usage known only by its
+//! total (the prompt's estimate as input, the rest output); its row adds
+//! `usd` ([`UsdRow`]: what its admitted requests reserved and spent, in
+//! dollars).
 //!
 //! Above it, the header line: the requests, their span and, for generated
 //! traffic, what was generated and which key kinds varied
@@ -66,6 +71,34 @@ pub(crate) struct Row {
     /// A token limit's tokens (absent for a request limit).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub(crate) tokens: Option<TokenRow>,
+    /// A spend budget's dollars (absent for the others).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub(crate) usd: Option<UsdRow>,
+}
+
+/// A spend budget's dollars over the requests it admitted, exact decimal
+/// strings (`"12.034561"`).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub(crate) struct UsdRow {
+    /// Reserved at admission: the most the requests could cost.
+    pub(crate) reserved: String,
+    /// Spent: the `settled` requests' priced usage, and the `unsettled`
+    /// ones' reservation, which stood.
+    pub(crate) spent: String,
+    pub(crate) settled: u64,
+    pub(crate) unsettled: u64,
+}
+
+impl From<TokenStats> for UsdRow {
+    fn from(stats: TokenStats) -> UsdRow {
+        use crate::llm::price::dollars;
+        UsdRow {
+            reserved: dollars(stats.reserved),
+            spent: dollars(stats.used.saturating_add(stats.unsettled_reserved)),
+            settled: stats.settled,
+            unsettled: stats.unsettled,
+        }
+    }
 }
 
 /// A token limit's tokens, over the requests of the route it admitted.
@@ -204,6 +237,7 @@ impl Report {
                         false_deny_share: rated.then(|| share(entry.false_denies, entry.applied)),
                         keys: some(tracker.keys() as u64),
                         tokens: (limit.unit == Unit::Tokens).then(|| entry.tokens.into()),
+                        usd: (limit.unit == Unit::Usd).then(|| entry.tokens.into()),
                     });
                 }
             }
@@ -321,15 +355,23 @@ impl Report {
     fn write_tokens(&self, out: &mut dyn Write) -> std::io::Result<()> {
         let mut any = false;
         for row in &self.rows {
-            let Some(tokens) = row.tokens else {
-                continue;
-            };
-            any = true;
             let variant = row
                 .variant
                 .as_ref()
                 .map(|v| format!(" ({v})"))
                 .unwrap_or_default();
+            if let Some(usd) = &row.usd {
+                any = true;
+                writeln!(
+                    out,
+                    "route {}, limit {}{variant}: spent ${} (reserved ${}); requests settled {}, unsettled {} (kept their reservation); peak, limit and excess in micro-dollars",
+                    row.route, row.limit, usd.spent, usd.reserved, usd.settled, usd.unsettled
+                )?;
+            }
+            let Some(tokens) = row.tokens else {
+                continue;
+            };
+            any = true;
             writeln!(
                 out,
                 "route {}, limit {}{variant}: tokens reserved {}, used {}; requests settled {}, unsettled {} (kept their reservation); peak, limit and excess in tokens",

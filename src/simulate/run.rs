@@ -80,6 +80,8 @@ pub(crate) enum Decided {
         algorithms: SmallVec<[Algorithm; INLINE]>,
         /// A token route's reservation and usage.
         tokens: Option<TokenUse>,
+        /// The same in micro-dollars, on a stack with a usd limit.
+        usd: Option<TokenUse>,
         /// The request's priority (its consumer's, else its route's): what a
         /// shed request is counted under.
         priority: Priority,
@@ -168,6 +170,10 @@ pub(crate) fn limit(
     let tokens = ticket
         .reserved()
         .map(|reserved| TokenUse { reserved, used });
+    let usd = ticket.reserved_usd().map(|(reserved, cost)| TokenUse {
+        reserved,
+        used: used.map(cost),
+    });
     let priority = ticket.priority();
     let admission::ticket::TicketParts {
         decision,
@@ -180,6 +186,7 @@ pub(crate) fn limit(
         keys,
         algorithms,
         tokens,
+        usd,
         priority,
     }
 }
@@ -217,6 +224,8 @@ pub(crate) struct TokenStats {
     pub(crate) settled: u64,
     /// Requests without `tokens`, whose reservation stood.
     pub(crate) unsettled: u64,
+    /// What those requests reserved.
+    pub(crate) unsettled_reserved: u64,
 }
 
 impl TokenStats {
@@ -228,7 +237,10 @@ impl TokenStats {
                 self.used = self.used.saturating_add(used);
                 self.settled += 1;
             }
-            None => self.unsettled += 1,
+            None => {
+                self.unsettled += 1;
+                self.unsettled_reserved = self.unsettled_reserved.saturating_add(tokens.reserved);
+            }
         }
     }
 }
@@ -510,7 +522,7 @@ impl Simulation {
     fn account(&mut self, v: usize, decided: &Decided, now: Nanos) {
         let chart = (self.focus, self.chart_limit);
         let variant = &mut self.variants[v];
-        let (route, decision, keys, algorithms, tokens) = match decided {
+        let (route, decision, keys, algorithms, (tokens, usd)) = match decided {
             Decided::NoRoute => {
                 variant.no_route += 1;
                 return;
@@ -531,8 +543,9 @@ impl Simulation {
                 keys,
                 algorithms,
                 tokens,
+                usd,
                 ..
-            } => (*route, decision, keys, algorithms, *tokens),
+            } => (*route, decision, keys, algorithms, (*tokens, *usd)),
         };
         let plan = &variant.snapshot.config.routes[route];
         let cost = plan.cost;
@@ -570,10 +583,13 @@ impl Simulation {
             let (Some(key), algorithm) = (keys[position], &algorithms[position]) else {
                 continue;
             };
-            // A token limit is charged the reservation and, once settled,
-            // holds what the request used (debt included).
-            let token_use =
-                tokens.filter(|_| variant.snapshot.config.limits[limit].unit == Unit::Tokens);
+            // A token (or usd) limit is charged the reservation and, once
+            // settled, holds what the request used (debt included).
+            let token_use = match variant.snapshot.config.limits[limit].unit {
+                Unit::Tokens => tokens,
+                Unit::Usd => usd,
+                Unit::Requests => None,
+            };
             let (asked, held) = match token_use {
                 Some(t) => (t.reserved, t.used.unwrap_or(t.reserved)),
                 None => (cost, cost),
@@ -926,8 +942,59 @@ tokens = { max_tokens_default = 50, prompt = "bytes/4", usage = "auto" }
                 reserved: 18_000,
                 used: 19_000,
                 settled: 1,
-                unsettled: 1
+                unsettled: 1,
+                unsettled_reserved: 9_000,
             }
+        );
+    }
+
+    #[test]
+    fn a_spend_budget_prices_the_records_by_their_model() {
+        let config = config(
+            r#"
+[prices."gpt-4o"]
+input = 2.50
+output = 10.00
+
+[limits.spend]
+key = "header:x-user"
+algorithm = "fixed_window"
+limit = 0.03
+window = "1h"
+unit = "usd"
+
+[[routes]]
+name = "chat"
+match = { path = "/v1/chat/completions" }
+respond = { status = 200 }
+limits = ["spend"]
+tokens = { max_tokens_default = 50, prompt = "bytes/4", usage = "auto" }
+"#,
+        );
+        // No prompt text: each reserves 1,000 × 10 = 10,000 µ$ and spends
+        // its 600 tokens as output, 6,000 µ$. Four fit in $0.03
+        // (18,000 + 10,000); the fifth (24,000 + 10,000) does not.
+        let body = serde_json::json!({"model": "gpt-4o", "max_tokens": 1000, "messages": []})
+            .to_string()
+            .replace('"', "\"\"");
+        let mut trace = "time,method,path,header:x-user,body,tokens\n".to_owned();
+        for time in 1..=5 {
+            trace.push_str(&format!(
+                "{time},POST,/v1/chat/completions,u,\"{body}\",600\n"
+            ));
+        }
+        let simulation = simulate(&config, &[], &trace);
+        let chat = &simulation.variants[0].routes[0];
+        assert_eq!((chat.admitted, chat.denied), (4, 1));
+        let spend = chat.entries[0].tokens;
+        assert_eq!(
+            (spend.reserved, spend.used, spend.settled),
+            (40_000, 24_000, 4)
+        );
+        let row = crate::simulate::report::UsdRow::from(spend);
+        assert_eq!(
+            (row.spent.as_str(), row.reserved.as_str()),
+            ("0.024", "0.04")
         );
     }
 
