@@ -87,16 +87,45 @@ pub(crate) struct UsdRow {
     pub(crate) spent: String,
     pub(crate) settled: u64,
     pub(crate) unsettled: u64,
+    /// The keys that spent most (over every route that lists the limit),
+    /// most first, at most [`TOP_KEYS`].
+    pub(crate) keys: Vec<KeySpend>,
 }
 
-impl From<TokenStats> for UsdRow {
-    fn from(stats: TokenStats) -> UsdRow {
+/// One key's spend: its digest (as the explain endpoint shows it; the
+/// trace's raw values are not kept) and the dollars it spent.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub(crate) struct KeySpend {
+    pub(crate) digest: String,
+    pub(crate) spent: String,
+}
+
+/// Keys listed per spend budget.
+const TOP_KEYS: usize = 10;
+
+impl UsdRow {
+    /// The row of `stats`, with the keys of `spend` (micro-dollars per key)
+    /// that spent most.
+    pub(crate) fn new(
+        stats: TokenStats,
+        spend: &std::collections::HashMap<crate::limit::LimitKey, u64>,
+    ) -> UsdRow {
         use crate::llm::price::dollars;
+        let mut keys: Vec<_> = spend.iter().collect();
+        keys.sort_by(|a, b| b.1.cmp(a.1).then(a.0.as_u128().cmp(&b.0.as_u128())));
         UsdRow {
             reserved: dollars(stats.reserved),
             spent: dollars(stats.used.saturating_add(stats.unsettled_reserved)),
             settled: stats.settled,
             unsettled: stats.unsettled,
+            keys: keys
+                .into_iter()
+                .take(TOP_KEYS)
+                .map(|(key, micros)| KeySpend {
+                    digest: format!("{:032x}", key.as_u128()),
+                    spent: dollars(*micros),
+                })
+                .collect(),
         }
     }
 }
@@ -237,7 +266,8 @@ impl Report {
                         false_deny_share: rated.then(|| share(entry.false_denies, entry.applied)),
                         keys: some(tracker.keys() as u64),
                         tokens: (limit.unit == Unit::Tokens).then(|| entry.tokens.into()),
-                        usd: (limit.unit == Unit::Usd).then(|| entry.tokens.into()),
+                        usd: (limit.unit == Unit::Usd)
+                            .then(|| UsdRow::new(entry.tokens, &variant.spend[limit_index])),
                     });
                 }
             }
@@ -367,6 +397,9 @@ impl Report {
                     "route {}, limit {}{variant}: spent ${} (reserved ${}); requests settled {}, unsettled {} (kept their reservation); peak, limit and excess in micro-dollars",
                     row.route, row.limit, usd.spent, usd.reserved, usd.settled, usd.unsettled
                 )?;
+                for key in &usd.keys {
+                    writeln!(out, "  key {}: spent ${}", key.digest, key.spent)?;
+                }
             }
             let Some(tokens) = row.tokens else {
                 continue;

@@ -38,6 +38,7 @@ use std::io::Write;
 use std::sync::Arc;
 
 use smallvec::SmallVec;
+use std::collections::HashMap;
 
 use super::Error;
 use super::backend::{Backend, Schedule, Spec as BackendSpec};
@@ -279,6 +280,9 @@ pub(crate) struct Variant {
     pub(crate) no_route: u64,
     /// The modelled upstream and the requests in flight to it (`--backend`).
     pub(crate) flight: Option<Flight>,
+    /// Per limit of `config.limits`: a spend budget's micro-dollars per
+    /// key, as its admitted requests held them (empty for the others).
+    pub(crate) spend: Vec<HashMap<LimitKey, u64>>,
 }
 
 impl Variant {
@@ -296,6 +300,7 @@ impl Variant {
             .iter()
             .map(|_| LimitTracker::default())
             .collect();
+        let spend = config.limits.iter().map(|_| HashMap::new()).collect();
         let clock = Arc::new(ManualClock::new(0));
         let app = App::with_clock(config, clock.clone());
         Variant {
@@ -307,6 +312,7 @@ impl Variant {
             trackers,
             no_route: 0,
             flight: None,
+            spend,
         }
     }
 
@@ -629,6 +635,9 @@ impl Simulation {
                     counts.tokens.count(t);
                 }
                 let in_window = tracker.admit(key, algorithm, now, held);
+                if token_use.is_some() && variant.snapshot.config.limits[limit].unit == Unit::Usd {
+                    *variant.spend[limit].entry(key).or_default() += held;
+                }
                 if charted && position == 0 {
                     self.timeline.admitted(v, now, in_window);
                 }
@@ -991,11 +1000,15 @@ tokens = { max_tokens_default = 50, prompt = "bytes/4", usage = "auto" }
             (spend.reserved, spend.used, spend.settled),
             (40_000, 24_000, 4)
         );
-        let row = crate::simulate::report::UsdRow::from(spend);
+        let row = crate::simulate::report::UsdRow::new(spend, &simulation.variants[0].spend[0]);
         assert_eq!(
             (row.spent.as_str(), row.reserved.as_str()),
             ("0.024", "0.04")
         );
+        // Per key: its digest and what it spent.
+        assert_eq!(row.keys.len(), 1);
+        assert_eq!(row.keys[0].spent, "0.024");
+        assert_eq!(row.keys[0].digest.len(), 32);
     }
 
     #[test]
