@@ -429,3 +429,57 @@ async fn a_monthly_budget_resets_on_the_first_on_redis() {
     );
     a_monthly_budget_resets_on_the_first(&store, true).await;
 }
+
+#[tokio::test]
+async fn on_redis_cluster_a_budget_and_a_token_limit_settle_across_slots() {
+    if common::needs::skip(common::needs::REDIS) {
+        return;
+    }
+    let cluster = common::redis::Cluster::start(3, 0);
+    let upstream = LlmUpstream::start().await;
+    let urls = cluster.toml_urls();
+    // A per-tenant token bucket beside the budget, keyed with the route
+    // too: its digest, and so its slot, differs from the budget's.
+    let extra = format!(
+        "[store]\nbackend = \"redis\"\ncluster = true\nurl = [{urls}]\ntimeout = \"500ms\"\n{PRICES}\n\
+         [limits.tpd]\nkey = [\"header:x-tenant\", \"route\"]\nalgorithm = \"token_bucket\"\n\
+         capacity = 100000\nrefill = \"100000/d\"\nunit = \"tokens\"\n"
+    );
+    let config = config(&upstream, "0.02", &extra).replace(
+        "limits = [\"monthly_spend\"]",
+        "limits = [\"tpd\", \"monthly_spend\"]",
+    );
+    let a = InProcess::start_on_wall_time(&config).await;
+    let b = InProcess::start_on_wall_time(&config).await;
+    let used = Used {
+        prompt: 1,
+        cached: 0,
+        completion: 500,
+    };
+    // 10,003 µ$ reserved, 5,003 spent.
+    assert_eq!(
+        chat(&a, "c1", "gpt-4o", 1000, "json", used).await.status,
+        200
+    );
+    spent(&b, "c1", 5_003).await;
+    // 5,003 + 10,003 ≤ 20,000 fits on b; then 10,006 + 10,003 does not,
+    // and its refusal charged the token bucket nothing (all or nothing
+    // across the slots).
+    assert_eq!(
+        chat(&b, "c1", "gpt-4o", 1000, "json", used).await.status,
+        200
+    );
+    spent(&a, "c1", 10_006).await;
+    let tokens_left = || async {
+        let admin = a.admin.expect("an admin listener");
+        get(admin, "/limits/tpd?key=c1&key=chat", &[]).await.json()["remaining"].clone()
+    };
+    let before = tokens_left().await;
+    assert!(before.is_u64(), "the bucket's state: {before}");
+    let reply = chat(&a, "c1", "gpt-4o", 1000, "json", used).await;
+    assert_eq!(reply.status, 429, "{:?}", reply.body);
+    assert_eq!(reply.json()["budget"], "monthly_spend");
+    assert_eq!(tokens_left().await, before, "nothing charged");
+    a.stop().await;
+    b.stop().await;
+}
