@@ -4,6 +4,7 @@
 //! snapshot (by `app`), below the pipeline that sends it
 //! (`answer::ratelimit` writes the per-request fields).
 
+use crate::config::tokens::{MICROS_PER_CENT, Unit};
 use crate::config::{HeaderStyles, LimitConfig};
 use crate::http::structured::ListWriter;
 use crate::limit::{Algorithm, EntryVerdict, Outcome, quota, quota_of, window_secs};
@@ -40,13 +41,22 @@ pub(crate) fn policy_header(view: StackView<'_>) -> Option<Box<str>> {
         if limit.shadow || !styles(limit, view.server).draft {
             continue;
         }
-        let q = i64::try_from(quota(algorithm)).unwrap_or(i64::MAX);
+        let usd = limit.unit == Unit::Usd;
+        // A usd limit counts micro-dollars; its fields whole cents.
+        let q = match usd {
+            true => quota(algorithm) / MICROS_PER_CENT,
+            false => quota(algorithm),
+        };
+        let q = i64::try_from(q).unwrap_or(i64::MAX);
         let params = list.item_string(&limit.name).ok()?.param_int("q", q).ok()?;
         match window_secs(algorithm) {
             Some(w) => {
-                params
+                let params = params
                     .param_int("w", i64::try_from(w).unwrap_or(i64::MAX))
                     .ok()?;
+                if usd {
+                    params.param_string("qu", "usd-cents").ok()?;
+                }
             }
             None => {
                 params.param_string("qu", "concurrent-requests").ok()?;

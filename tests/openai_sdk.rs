@@ -323,3 +323,109 @@ async fn the_sdk_waits_out_a_token_429_by_its_retry_after_or_raises_rate_limit_e
     settled(&gateway, "charged", 9.0).await;
     gateway.stop().await;
 }
+
+/// A gateway in front of `upstream` whose route has a spend budget of
+/// `dollars` per API key, gpt-4o priced as OpenAI does.
+fn budget_config(upstream: &LlmUpstream, dollars: &str) -> String {
+    format!(
+        r#"[server]
+listen = "127.0.0.1:0"
+admin = "127.0.0.1:0"
+workers = 1
+
+[upstreams.llm]
+url = "{url}"
+
+[prices."gpt-4o"]
+input = 2.50
+output = 10.00
+cached_input = 1.25
+
+[limits.spend]
+key = "header:authorization"
+algorithm = "fixed_window"
+limit = {dollars}
+window = "30d"
+unit = "usd"
+
+[[routes]]
+name = "chat"
+match = {{ path = "/v1/chat/completions", methods = ["POST"] }}
+upstream = "llm"
+limits = ["spend"]
+tokens = {RULE}
+"#,
+        url = upstream.url()
+    )
+}
+
+#[tokio::test]
+async fn the_sdk_is_charged_its_priced_usage_and_raises_a_spent_budget() {
+    if common::needs::skip(common::needs::OPENAI) {
+        return;
+    }
+    let upstream = LlmUpstream::start().await;
+    // $0.03 = 30,000 µ$. A gpt-4o request of max_tokens 1000 reserves
+    // 1 × 2.5 + 1000 × 10 → 10,003 µ$.
+    let gateway = InProcess::start(&budget_config(&upstream, "0.03")).await;
+    let gpt4o = |stream: bool| {
+        let mut request = json!({
+            "model": "gpt-4o",
+            "max_tokens": 1000,
+            "messages": [{"role": "user", "content": "hi"}],
+        });
+        if stream {
+            request["stream"] = json!(true);
+            request["stream_options"] = json!({"include_usage": true});
+        }
+        request
+    };
+    // 1,200 prompt tokens, 1,000 from the cache, and 800 completion:
+    // 200 × 2.5 + 1,000 × 1.25 + 800 × 10 = 9,750 µ$ each.
+    let cached = |name: &str, stream: bool| {
+        let mut call = call(name, gpt4o(stream), "openai", 2_000);
+        call["headers"]["x-prompt"] = json!("1200");
+        call["headers"]["x-cached"] = json!("1000");
+        call
+    };
+    let reports = sdk(
+        &gateway,
+        "sk-b",
+        vec![
+            cached("plain", false),
+            cached("streamed", true),
+            // 19,500 spent + 10,003 fits; then 29,250 + 10,003 does not.
+            cached("third", false),
+            cached("refused", false),
+        ],
+    )
+    .await;
+    let typed = succeeded(&reports[0]);
+    assert_eq!(
+        typed["usage"]["prompt_tokens_details"]["cached_tokens"], 1000,
+        "the SDK reads the cached count the gateway priced"
+    );
+    let streamed = succeeded(&reports[1]);
+    assert_eq!(streamed["usage"]["total_tokens"], 2000);
+    succeeded(&reports[2]);
+    let error = &reports[3]["error"];
+    assert_eq!(error["class"], "RateLimitError", "{:#}", reports[3]);
+    assert_eq!(error["status_code"], 429);
+    assert_eq!(error["body"]["code"], "insufficient_quota", "{error:#}");
+    let message = error["message"].as_str().expect("a message");
+    assert!(
+        message.contains("limit spend exceeded: the request may cost up to $0.010003"),
+        "{message}"
+    );
+    // What the budget holds: three settled requests, exactly.
+    let admin = gateway.admin.expect("an admin listener");
+    let spent = common::eventually(async || {
+        let explained = common::get(admin, "/limits/spend?key=Bearer%20sk-b", &[])
+            .await
+            .json();
+        explained["budget"]["spent_usd"] == "0.02925"
+    })
+    .await;
+    assert!(spent, "3 × 9,750 µ$ spent");
+    gateway.stop().await;
+}

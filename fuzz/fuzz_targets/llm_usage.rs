@@ -72,10 +72,22 @@ fn reference(body: &[u8]) -> Option<Option<String>> {
         };
         let total = count("total_tokens")?;
         let cache_creation = count("cache_creation_input_tokens")?.unwrap_or(0);
-        let cache_read = count("cache_read_input_tokens")?.unwrap_or(0);
-        Ok((input, output, total, cache_creation.saturating_add(cache_read)))
+        let cache_read = count("cache_read_input_tokens")?;
+        // OpenAI's cached prompt tokens: chat's details, else Responses'.
+        let detail = |details: &str| -> Result<Option<u64>, ()> {
+            match usage.get(details).and_then(|d| d.get("cached_tokens")) {
+                None | Some(Value::Null) => Ok(None),
+                Some(value) => value.as_u64().map(Some).ok_or(()),
+            }
+        };
+        let details = match detail("prompt_tokens_details")? {
+            Some(cached) => Some(cached),
+            None => detail("input_tokens_details")?,
+        };
+        let cache = cache_creation.saturating_add(cache_read.unwrap_or(0));
+        Ok((input, output, total, cache, cache_read.or(details).unwrap_or(0)))
     })();
-    let Ok((input, output, total, cache)) = counts else {
+    let Ok((input, output, total, cache, cached)) = counts else {
         return Some(None);
     };
     let input = input.map(|input| input.saturating_add(cache));
@@ -84,9 +96,10 @@ fn reference(body: &[u8]) -> Option<Option<String>> {
         (None, Some(input), Some(output)) => input.saturating_add(output),
         _ => return Some(None),
     };
+    let input = input.unwrap_or(0);
     Some(Some(format!(
-        "Usage {{ input: {}, output: {}, total: {total} }}",
-        input.unwrap_or(0),
+        "Usage {{ input: {input}, cached: {}, output: {}, total: {total} }}",
+        cached.min(input),
         output.unwrap_or(0)
     )))
 }

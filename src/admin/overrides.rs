@@ -239,8 +239,8 @@ fn parse_body(body: &[u8], now: Nanos) -> Result<NewOverride, String> {
     let (mut ttl, mut expires, mut reason) = (None, None, None);
     for (name, value) in &fields {
         match name.as_str() {
-            "limit" => params.limit = Some(count(name, value)?),
-            "capacity" => params.capacity = Some(count(name, value)?),
+            "limit" => params.limit = Some(amount(name, value)?),
+            "capacity" => params.capacity = Some(amount(name, value)?),
             "max" => params.max = Some(count(name, value)?),
             "window" => params.window = Some(text(name, value)?),
             "refill" => params.refill = Some(text(name, value)?),
@@ -295,6 +295,17 @@ fn count(name: &str, value: &Value) -> Result<u64, String> {
     })
 }
 
+/// A limit's quota: a whole number, or dollars with decimals for a usd
+/// limit (which of the two the limit's check says).
+fn amount(name: &str, value: &Value) -> Result<crate::config::amount::Amount, String> {
+    if !value.is_number() {
+        return Err(format!(
+            "`{name}`: `{value}` is not a number; expected like {name} = 100"
+        ));
+    }
+    serde_json::from_value(value.clone()).map_err(|e| format!("`{name}`: {e}"))
+}
+
 fn text(name: &str, value: &Value) -> Result<String, String> {
     match value {
         Value::String(text) => Ok(text.clone()),
@@ -328,7 +339,7 @@ mod tests {
             10,
         )
         .unwrap();
-        assert_eq!(new.params.capacity, Some(5));
+        assert_eq!(new.params.capacity, Some(5.into()));
         assert_eq!(new.expires, Some(10 + NANOS_PER_SEC));
         assert_eq!(new.reason.as_deref(), Some("r"));
         let error = |body: &str| parse_body(body.as_bytes(), 0).err().unwrap();

@@ -18,8 +18,8 @@ use crate::config::{Config, RouteConfig};
 use crate::http::content_length;
 use crate::http1::server::ClientBody;
 
-/// Why a body could not be read; each the client's doing (the proxy
-/// answers 413, 408 and 400).
+/// Why a body could not be read, or priced; each the client's doing (the
+/// proxy answers 413, 408 and 400).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
 pub enum BodyError {
     /// Over the route's `max_body`.
@@ -31,6 +31,10 @@ pub enum BodyError {
     /// The client's framing failed, or it went away mid-body.
     #[error("the request body could not be read")]
     Unreadable,
+    /// A route with a spend budget (`unit = "usd"`) cannot price the
+    /// body's `model`: no `[prices."MODEL"]` and no `[prices.default]`.
+    #[error("the request's model has no price and there is no default price")]
+    Unpriced,
 }
 
 /// A request body not yet sent upstream.

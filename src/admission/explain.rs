@@ -46,6 +46,7 @@ use crate::identity::client_ip::client_net;
 use crate::identity::keys::{descriptor_digest, digest_values};
 use crate::limit::{Algorithm, LimitKey, Rate, Verdict};
 use crate::limit::{Nanos, quota_of, window_secs};
+use crate::llm::price::dollars;
 use crate::store::RedisStore;
 use crate::summary::key_parts;
 
@@ -297,9 +298,9 @@ fn state(
     {
         explained["wait"] = wait_state(&verdict, refill, wait);
     }
-    if config.unit == Unit::Tokens {
+    if config.unit != Unit::Requests {
         // Charged already, settled when their responses end (this node's).
-        let (requests, tokens) = match snapshot.overrides(target.id).find(target.digest, 0) {
+        let (requests, reserved) = match snapshot.overrides(target.id).find(target.digest, 0) {
             Some((_, own)) => own.open.of(target.digest),
             None => snapshot
                 .limiters(target.id)
@@ -307,8 +308,21 @@ fn state(
                 .open
                 .of(target.digest),
         };
-        explained["unit"] = json!("tokens");
-        explained["open_reservations"] = json!({"requests": requests, "tokens": tokens});
+        explained["unit"] = json!(config.unit.name());
+        explained["open_reservations"] = match config.unit {
+            Unit::Usd => json!({"requests": requests, "usd": dollars(reserved)}),
+            _ => json!({"requests": requests, "tokens": reserved}),
+        };
+    }
+    if config.unit == Unit::Usd {
+        // `quota` and `remaining` count micro-dollars; the budget in dollars.
+        let quota = quota_of(&algorithm, &verdict);
+        explained["budget"] = json!({
+            "limit_usd": dollars(quota),
+            "spent_usd": dollars(quota.saturating_sub(verdict.remaining)),
+            "remaining_usd": dollars(verdict.remaining),
+            "warn_at_percent": config.warn_at.map(|w| f64::from(w.basis_points) / 100.0),
+        });
     }
     if let Some(queue) = &config.queue {
         // The limit's whole line (every key's waiters) and its numbers.

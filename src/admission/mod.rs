@@ -202,7 +202,9 @@ fn key_stack<'s>(
             ticket.fair.get_or_insert_default().push((position, fair));
         }
     }
-    ticket.tokens = charge.tokens;
+    ticket.reserved = charge
+        .tokens
+        .map_or(ticket::Reservation::None, ticket::Reservation::Tokens);
     Ok(())
 }
 
@@ -254,7 +256,7 @@ fn check_in_memory(charge: &Charge<'_>, now: Nanos, ticket: &mut Ticket<'_>) {
             shadow: limit.shadow,
         });
     }
-    if ticket.tokens.is_some() {
+    if ticket.reserved.tokens().is_some() {
         check_in_units(&entries, charge, now, ticket);
     } else {
         check_stack_into(

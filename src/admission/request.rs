@@ -144,6 +144,9 @@ pub async fn admit_request<'a, 's: 'a>(
             bill: unlimited_bill(app, snapshot, &request, &caller, usage, ticket),
         };
     }
+    let Ok(reserved) = reserve_for(snapshot, &request) else {
+        return RequestAdmission::BodyRefused(BodyError::Unpriced);
+    };
     let plan = request.plan;
     let store = app.store().filter(|_| plan.shared);
     let keyed = key(
@@ -151,6 +154,7 @@ pub async fn admit_request<'a, 's: 'a>(
         snapshot,
         &request,
         caller,
+        reserved,
         store.is_some(),
         ticket,
         &mut usage,
@@ -222,9 +226,13 @@ pub fn decide_request<'s>(
     if request.plan.stack.is_empty() {
         return RequestAdmission::Admitted { bill: None };
     }
+    let Ok(reserved) = reserve_for(snapshot, &request) else {
+        return RequestAdmission::BodyRefused(BodyError::Unpriced);
+    };
     // Offline: no usage events.
     let mut usage = UsageFacts::default();
-    let admission = match key(app, snapshot, &request, caller, false, ticket, &mut usage) {
+    let keyed = key(app, snapshot, &request, caller, reserved, false, ticket, &mut usage);
+    let admission = match keyed {
         Err(missing) => missing,
         Ok(charge) => decide_in_memory(app, snapshot, &charge, ticket),
     };
@@ -267,6 +275,67 @@ async fn read_client_body(
     Ok(())
 }
 
+/// The body read whole (within `max_key_body`, declaring no more).
+fn whole_body<'b>(body: &'b RequestBody<'_>, cap: usize) -> Option<&'b [u8]> {
+    match body {
+        RequestBody::Held { bytes, declared } => (bytes.len() <= cap
+            && declared.is_none_or(|length| length <= cap as u64))
+        .then_some(*bytes),
+        RequestBody::Client(PendingBody::Complete(bytes)) => Some(bytes),
+        RequestBody::Client(_) | RequestBody::Absent => None,
+    }
+}
+
+/// A token route's reservation (`None`: no `tokens` rule, or no body to
+/// reserve on), priced when its stack has a usd limit; `Err` when the
+/// body's model has no price (400).
+fn reserve_for(
+    snapshot: &Snapshot,
+    request: &Routed<'_, '_>,
+) -> Result<Option<Reserved>, reserve::Unpriced> {
+    let Some(rule) = request.route.tokens.as_ref() else {
+        return Ok(None);
+    };
+    let cap = snapshot.config.server.max_key_body;
+    let whole = whole_body(&request.body, cap);
+    // Its length, read only for a token route's reservation.
+    let declared = match &request.body {
+        RequestBody::Absent => return Ok(None),
+        RequestBody::Held { bytes, declared } => declared.or(Some(bytes.len() as u64)),
+        RequestBody::Client(_) => declared_length(request.parts),
+    };
+    let usd = request
+        .plan
+        .stack
+        .iter()
+        .any(|&id| snapshot.limit_config(id).unit == crate::config::tokens::Unit::Usd);
+    if !usd {
+        let (tokens, model) = reserve::reservation_and_model(rule, whole, declared, cap);
+        return Ok(Some(Reserved {
+            tokens,
+            priced: None,
+            model,
+        }));
+    }
+    let prices = &snapshot.config.prices;
+    let (priced, model) = reserve::priced_with_model(rule, whole, declared, cap, prices)?;
+    Ok(Some(Reserved {
+        tokens: priced.tokens,
+        priced: Some(Box::new(priced)),
+        model,
+    }))
+}
+
+/// What a token route's request reserves: tokens, and with a usd limit in
+/// its stack, their price (boxed: one pointer in the ticket, which every
+/// request's future carries).
+pub(super) struct Reserved {
+    tokens: u64,
+    priced: Option<Box<reserve::Priced>>,
+    /// The body's `model`, for the request's usage event.
+    model: Option<String>,
+}
+
 /// Steps 3 and the keys of 4: the client IP, the body's fields, the
 /// reservation, each limit's key into `ticket`; the charge to decide, or
 /// the missing key that refuses the request. `caller` is dropped here:
@@ -277,6 +346,7 @@ fn key<'s>(
     snapshot: &'s Snapshot,
     request: &Routed<'_, 's>,
     caller: Caller<'s>,
+    reserved: Option<Reserved>,
     shared: bool,
     ticket: &mut Ticket<'s>,
     usage: &mut UsageFacts,
@@ -288,28 +358,21 @@ fn key<'s>(
     };
     ticket.client_ip = Some(client_ip);
     let cap = snapshot.config.server.max_key_body;
-    // The body read whole (within `max_key_body`, declaring no more).
-    let whole: Option<&[u8]> = match &request.body {
-        RequestBody::Held { bytes, declared } => (bytes.len() <= cap
-            && declared.is_none_or(|length| length <= cap as u64))
-        .then_some(*bytes),
-        RequestBody::Client(PendingBody::Complete(bytes)) => Some(bytes),
-        RequestBody::Client(_) | RequestBody::Absent => None,
-    };
+    let whole = whole_body(&request.body, cap);
     let fields = whole
         .filter(|_| request.plan.needs_body)
         .map(|bytes| body_fields(&parts.headers, bytes));
-    // Its length, read only for a token route's reservation.
-    let tokens = request.route.tokens.as_ref().and_then(|rule| {
-        let declared = match &request.body {
-            RequestBody::Absent => return None,
-            RequestBody::Held { bytes, declared } => declared.or(Some(bytes.len() as u64)),
-            RequestBody::Client(_) => declared_length(parts),
-        };
-        let (reserved, model) = reserve::reservation_and_model(rule, whole, declared, cap);
-        usage.model = model.filter(|_| usage.wanted).map(String::into_boxed_str);
-        Some(reserved)
-    });
+    let (tokens, priced) = match reserved {
+        Some(Reserved {
+            tokens,
+            priced,
+            model,
+        }) => {
+            usage.model = model.filter(|_| usage.wanted).map(String::into_boxed_str);
+            (Some(tokens), priced)
+        }
+        None => (None, None),
+    };
     let charge = Charge {
         plan: request.plan,
         cost: request.route.cost,
@@ -320,6 +383,9 @@ fn key<'s>(
     usage.caller(identity.consumer);
     ticket.priority = identity.priority(&snapshot.config, request.route);
     key_stack(app, snapshot, (parts, &identity), &charge, shared, ticket)?;
+    if let Some(priced) = priced {
+        ticket.reserved = super::ticket::Reservation::Priced(priced);
+    }
     Ok(charge)
 }
 
@@ -336,7 +402,7 @@ fn conclude(
     now: Nanos,
 ) -> RequestAdmission {
     match admission {
-        Admission::Allowed if ticket.tokens.is_none() && !usage.wanted => {
+        Admission::Allowed if ticket.reserved.tokens().is_none() && !usage.wanted => {
             RequestAdmission::Admitted { bill: None }
         }
         Admission::Allowed => {

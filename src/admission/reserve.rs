@@ -4,26 +4,103 @@
 //! [`super::admit_request`], so a trace is charged what the gateway would charge.
 
 use crate::config::tokens::{PromptEstimate, TokensRule};
+use crate::llm::price::{Price, Prices, reservation_micros};
 use crate::llm::reserve::{self, ReserveRule};
 
 /// The tokens a request reserves under `rule`. `body`: the whole body, read
 /// within `max_key_body` — its `max_completion_tokens` (else `max_tokens`,
 /// else the default) plus its prompt's estimate. `None`: a body over
 /// `max_key_body`, not read — the default plus a quarter of its `declared`
-/// length (of `max_key_body` when it declared none).
+/// length (of `max_key_body` when it declared none). The tests' form: the
+/// gateway takes the model too ([`reservation_and_model`]).
+#[cfg(test)]
 pub(crate) fn reservation(
     rule: &TokensRule,
     body: Option<&[u8]>,
     declared: Option<u64>,
     max_key_body: usize,
 ) -> u64 {
+    reserved(rule, body, declared, max_key_body).0.total()
+}
+
+/// [`reservation`]'s parts, and the body's `model` (none for a body not
+/// read).
+fn reserved(
+    rule: &TokensRule,
+    body: Option<&[u8]>,
+    declared: Option<u64>,
+    max_key_body: usize,
+) -> (reserve::Reservation, Option<String>) {
     match body {
-        Some(bytes) => reserve::reservation(bytes, &reserve_rule(rule)).total(),
+        Some(bytes) => {
+            let mut reservation = reserve::reservation(bytes, &reserve_rule(rule));
+            let model = reservation.model.take();
+            (reservation, model)
+        }
         None => {
             let length = declared.unwrap_or(max_key_body as u64);
-            rule.max_tokens_default.saturating_add(length.div_ceil(4))
+            let reservation = reserve::Reservation {
+                completion: rule.max_tokens_default,
+                prompt: length.div_ceil(4),
+                streamed: false,
+                model: None,
+            };
+            (reservation, None)
         }
     }
+}
+
+/// What a request of a route with a usd limit reserves: its tokens, and
+/// their price at most (micro-dollars) under its model's price.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Priced {
+    pub(crate) tokens: u64,
+    /// The prompt's estimate (a usage that reports only a total is priced
+    /// as this much input, the rest output).
+    pub(crate) prompt: u64,
+    pub(crate) usd: u64,
+    pub(crate) price: Price,
+}
+
+/// The request's model has no price and `[prices]` no default: refused
+/// (400) before it goes upstream.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Unpriced;
+
+/// [`reservation`] priced by the body's `model` (`[prices."MODEL"]`, else
+/// `[prices.default]`): prompt × input + completion × output, rounded up
+/// to a micro-dollar (`llm::price`). A body not read has no model: the
+/// default prices it. The tests' form: the gateway takes the model too
+/// ([`priced_with_model`]).
+#[cfg(test)]
+pub(crate) fn priced_reservation(
+    rule: &TokensRule,
+    body: Option<&[u8]>,
+    declared: Option<u64>,
+    max_key_body: usize,
+    prices: &Prices,
+) -> Result<Priced, Unpriced> {
+    priced_with_model(rule, body, declared, max_key_body, prices).map(|(priced, _)| priced)
+}
+
+/// As [`priced_reservation`], with the body's `model` when it was read and
+/// names one (for its usage event).
+pub(crate) fn priced_with_model(
+    rule: &TokensRule,
+    body: Option<&[u8]>,
+    declared: Option<u64>,
+    max_key_body: usize,
+    prices: &Prices,
+) -> Result<(Priced, Option<String>), Unpriced> {
+    let (reservation, model) = reserved(rule, body, declared, max_key_body);
+    let price = prices.of(model.as_deref()).ok_or(Unpriced)?;
+    let priced = Priced {
+        tokens: reservation.total(),
+        prompt: reservation.prompt,
+        usd: reservation_micros(&price, reservation.prompt, reservation.completion),
+        price,
+    };
+    Ok((priced, model))
 }
 
 /// As [`reservation`], with the body's `model` when it was read and
@@ -34,13 +111,8 @@ pub(crate) fn reservation_and_model(
     declared: Option<u64>,
     max_key_body: usize,
 ) -> (u64, Option<String>) {
-    match body {
-        Some(bytes) => {
-            let reserved = reserve::reservation(bytes, &reserve_rule(rule));
-            (reserved.total(), reserved.model)
-        }
-        None => (reservation(rule, None, declared, max_key_body), None),
-    }
+    let (reservation, model) = reserved(rule, body, declared, max_key_body);
+    (reservation.total(), model)
 }
 
 /// The configuration's rule in the `llm` vocabulary.
@@ -76,6 +148,43 @@ mod tests {
         // No budget in the body: the default.
         let body = br#"{"messages":[{"role":"user","content":"abcd"}]}"#;
         assert_eq!(reservation(&rule(), Some(body), Some(9999), 1024), 101);
+    }
+
+    #[test]
+    fn a_usd_reservation_prices_the_prompt_as_input_and_the_budget_as_output() {
+        let mut prices = Prices::default();
+        let price = Price {
+            input: 2_500_000,
+            cached_input: 1_250_000,
+            output: 10_000_000,
+        };
+        prices.models.insert("gpt-4o".to_owned(), price);
+        // 36 bytes of message text: 9 tokens; 40 of completion.
+        let body = br#"{"model":"gpt-4o","max_tokens":40,"messages":[{"role":"user","content":"abcdefghijklmnopqrstuvwxyz0123456789"}]}"#;
+        let priced = priced_reservation(&rule(), Some(body), None, 1024, &prices).unwrap();
+        assert_eq!(
+            priced,
+            Priced {
+                tokens: 49,
+                prompt: 9,
+                // 9 × 2.5 + 40 × 10 = 422.5 µ$, rounded up.
+                usd: 423,
+                price,
+            }
+        );
+        let other = br#"{"model":"gpt-5","max_tokens":40}"#;
+        assert_eq!(
+            priced_reservation(&rule(), Some(other), None, 1024, &prices),
+            Err(Unpriced)
+        );
+        // A body not read has no model: only a default prices it.
+        assert_eq!(
+            priced_reservation(&rule(), None, Some(40), 1024, &prices),
+            Err(Unpriced)
+        );
+        prices.default = Some(price);
+        let unread = priced_reservation(&rule(), None, Some(40), 1024, &prices).unwrap();
+        assert_eq!((unread.tokens, unread.prompt, unread.usd), (110, 10, 1_025));
     }
 
     #[test]

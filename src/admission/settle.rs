@@ -48,8 +48,9 @@ pub fn settle(
             continue;
         };
         let limit = ticket.stack[j];
-        // A token limit is settled from the response's usage (`tokens`).
-        if limit.unit == Unit::Tokens {
+        // A token or usd limit is settled from the response's usage
+        // (`tokens`).
+        if limit.unit != Unit::Requests {
             continue;
         }
         if ticket.via_store && stack.get(j).is_some_and(|&id| snapshot.is_shared(id)) {

@@ -81,7 +81,7 @@ fn check_tier(ticket: &Ticket<'_>, at: &[usize], cost: u64, now: Nanos) -> Stack
             shadow: ticket.stack[j].shadow,
         })
         .collect();
-    if ticket.tokens.is_none() {
+    if ticket.reserved.tokens().is_none() {
         return check_stack_costed(&entries, (Costs::Uniform(cost), ticket.priority), now);
     }
     let costs: SmallVec<[u64; INLINE]> = at.iter().map(|&j| ticket.cost_of(j, cost)).collect();

@@ -50,11 +50,11 @@ pub struct Ticket<'s> {
     /// Some key of the stack has a per-key override: `algorithms` holds its
     /// numbers, which the route's serialized policy does not.
     pub(super) overridden: bool,
-    /// What the request reserved on the stack's token limits
-    /// ([`Charge::tokens`](super::Charge::tokens)); `None`: every
-    /// entry is charged the request's cost. A number, not a cost per
-    /// entry: the ticket is moved with every request's future.
-    pub(super) tokens: Option<u64>,
+    /// What the request reserved on the stack's token (and usd) limits
+    /// ([`Charge::tokens`](super::Charge::tokens)); none: every entry is
+    /// charged the request's cost. A number, not a cost per entry: the
+    /// ticket is moved with every request's future.
+    pub(super) reserved: Reservation,
     /// The client behind the trusted proxies, once a limited request's
     /// keys were taken ([`super::admit_request`]).
     pub(super) client_ip: Option<IpAddr>,
@@ -73,6 +73,41 @@ pub struct Ticket<'s> {
     /// beside the flags above, in their padding: the ticket is moved with
     /// every request's future.
     pub(super) waited_us: u32,
+}
+
+/// What a request reserved on its token and usd limits: as small as an
+/// `Option<u64>` (the ticket is moved with every request's future), the
+/// priced reservation of a stack with a usd limit boxed.
+#[derive(Debug, Default)]
+pub(super) enum Reservation {
+    /// Nothing: every entry is charged the request's cost.
+    #[default]
+    None,
+    /// Tokens, on a stack without a usd limit.
+    Tokens(u64),
+    /// Tokens, and their price: what each usd entry is charged
+    /// ([`Ticket::cost_of`]) and what the bill prices the usage at.
+    Priced(Box<super::reserve::Priced>),
+}
+
+impl Reservation {
+    /// The tokens reserved.
+    #[inline(always)]
+    pub(super) fn tokens(&self) -> Option<u64> {
+        match self {
+            Reservation::None => None,
+            Reservation::Tokens(tokens) => Some(*tokens),
+            Reservation::Priced(priced) => Some(priced.tokens),
+        }
+    }
+
+    /// The priced reservation, on a stack with a usd limit.
+    pub(super) fn priced(&self) -> Option<&super::reserve::Priced> {
+        match self {
+            Reservation::Priced(priced) => Some(priced),
+            _ => None,
+        }
+    }
 }
 
 /// The wait an admitted request's stack decided: the limit it waits for
@@ -141,8 +176,12 @@ impl<'s> Ticket<'s> {
     /// What entry `j` was charged, given the request's `cost`.
     #[inline(always)]
     pub(crate) fn cost_of(&self, j: usize, cost: u64) -> u64 {
-        match self.tokens {
-            Some(tokens) if self.stack.get(j).is_some_and(|l| l.unit == Unit::Tokens) => tokens,
+        let Some(tokens) = self.reserved.tokens() else {
+            return cost;
+        };
+        match self.stack.get(j).map(|l| l.unit) {
+            Some(Unit::Tokens) => tokens,
+            Some(Unit::Usd) => self.reserved.priced().map_or(cost, |priced| priced.usd),
             _ => cost,
         }
     }
@@ -194,7 +233,20 @@ impl<'s> Ticket<'s> {
     /// What the request reserved on the stack's token limits, when its
     /// route has a `tokens` rule and a body.
     pub fn reserved(&self) -> Option<u64> {
-        self.tokens
+        self.reserved.tokens()
+    }
+
+    /// On a stack with a usd limit: what the request reserved there in
+    /// micro-dollars, and what a usage of `total` tokens costs (priced as
+    /// a bill prices a total: the prompt's estimate as input, the rest
+    /// output).
+    pub(crate) fn reserved_usd(&self) -> Option<(u64, impl Fn(u64) -> u64 + use<>)> {
+        let priced = *self.reserved.priced()?;
+        let cost = move |total| {
+            let usage = super::tokens::total_only(priced.prompt, total);
+            crate::llm::price::cost_micros(&priced.price, &usage)
+        };
+        Some((priced.usd, cost))
     }
 
     /// The client behind the trusted proxies, as a limited request's keys

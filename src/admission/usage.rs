@@ -91,6 +91,11 @@ pub(crate) struct UsageNote {
 }
 
 impl UsageNote {
+    /// The body's `model`, which prices the event.
+    pub(crate) fn model(&self) -> Option<&str> {
+        self.model.as_deref()
+    }
+
     /// The response's status.
     pub(crate) fn set_status(&mut self, status: u16) {
         self.status = Some(status);
@@ -113,8 +118,7 @@ impl UsageNote {
         let tokens = match split {
             Some(usage) => Tokens {
                 input: Some(usage.input),
-                // The scanner does not tell cached input apart yet.
-                cached_input: Some(0),
+                cached_input: Some(usage.cached),
                 output: Some(usage.output),
                 total: Some(usage.total),
             },

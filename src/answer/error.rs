@@ -154,6 +154,9 @@ impl From<BodyError> for GatewayError {
             BodyError::Unreadable => GatewayError::BadRequest {
                 reason: "the request body could not be read",
             },
+            BodyError::Unpriced => GatewayError::BadRequest {
+                reason: "the request's model has no price ([prices.\"MODEL\"]) and there is no [prices.default]; a route with a spend budget forwards only priced models",
+            },
         }
     }
 }

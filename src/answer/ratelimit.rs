@@ -19,13 +19,14 @@ use http::{Response, StatusCode};
 use super::body::ResponseBody;
 use crate::admission::Ticket;
 use crate::app::{RoutePlan, Snapshot};
-use crate::config::tokens::Unit;
+use crate::config::tokens::{MICROS_PER_CENT, Unit};
 use crate::http::field_lines::{FieldLines, OWN_ROOM, OwnLines, OwnName, own_name};
 use crate::http::problem::{
     DETAIL, NumberMember, ObjectMember, ProblemWriter, STATUS, TITLE, TYPE, TextListMember,
     TextMember, TextWriter, Written, problem_member,
 };
 use crate::limit::{EntryVerdict, NANOS_PER_SEC, Nanos, Outcome, Priority, Shed, quota, quota_of};
+use crate::llm::price::dollars;
 use crate::ratelimit_policy::{StackView, is_concurrency, styles};
 
 const RATELIMIT: OwnName = own_name!("ratelimit");
@@ -79,7 +80,8 @@ pub(crate) fn limit_fields(
                 {
                     continue;
                 }
-                let r = i64::try_from(entry.verdict.remaining).unwrap_or(i64::MAX);
+                let r = in_cents(limit.unit, entry.verdict.remaining);
+                let r = i64::try_from(r).unwrap_or(i64::MAX);
                 let Ok(params) = list.item_string(&limit.name) else {
                     continue;
                 };
@@ -96,8 +98,11 @@ pub(crate) fn limit_fields(
     let Some(index) = focus else { return };
     let (limit, entry) = (view.limits[index], &verdicts[index]);
     let style = styles(limit, server);
-    let q = quota_of(&view.algorithms[index], &entry.verdict);
-    let r = entry.verdict.remaining;
+    let q = in_cents(
+        limit.unit,
+        quota_of(&view.algorithms[index], &entry.verdict),
+    );
+    let r = in_cents(limit.unit, entry.verdict.remaining);
     let reset = (!is_concurrency(limit)).then(|| ceil_secs(entry.verdict.reset_after));
     // Both families say the same three numbers: formatted once.
     let (mut q_digits, mut r_digits, mut reset_digits) = (
@@ -114,6 +119,16 @@ pub(crate) fn limit_fields(
     }
     if style.trio {
         push_focus(lines, &TRIO, q, r, reset);
+    }
+}
+
+/// A usd limit's number (micro-dollars) in whole cents, rounded down, as
+/// its fields count (`qu="usd-cents"`); any other limit's as it is.
+#[inline(always)]
+pub(crate) fn in_cents(unit: Unit, n: u64) -> u64 {
+    match unit {
+        Unit::Usd => n / MICROS_PER_CENT,
+        Unit::Requests | Unit::Tokens => n,
     }
 }
 
@@ -139,15 +154,55 @@ pub(crate) fn admitted_fields(
     plan: &RoutePlan,
     ticket: &Ticket<'_>,
 ) {
+    let view = ticket.view(snapshot.config.server.headers);
     limit_fields(
         lines,
-        ticket.view(snapshot.config.server.headers),
+        view,
         ticket.entries(),
         ticket
             .policy(plan, snapshot.config.server.headers)
             .as_deref(),
         ticket.focus(),
     );
+    if view.limits.iter().any(|limit| limit.warn_at.is_some()) {
+        budget_warning(lines, view, ticket.entries());
+    }
+}
+
+const BUDGET_WARNING: OwnName = own_name!("x-budget-warning");
+
+/// `X-Budget-Warning` on an admitted request's answer: each usd limit
+/// with a `warn_at` whose spend (its reservation for this request
+/// included) has reached it, as an RFC 9651 list item naming the limit
+/// with the whole percent spent and the threshold:
+/// `"monthly_spend";spent=82;warn_at=80`. Shadow limits too (a budget
+/// tried in shadow still warns); skipped keys never.
+#[cold]
+#[inline(never)]
+fn budget_warning(lines: &mut FieldLines, view: StackView<'_>, verdicts: &[EntryVerdict]) {
+    lines.push_list(BUDGET_WARNING, |list| {
+        for ((limit, algorithm), entry) in view.limits.iter().zip(view.algorithms).zip(verdicts) {
+            let Some(warn_at) = limit.warn_at else {
+                continue;
+            };
+            if entry.outcome == Outcome::Skipped {
+                continue;
+            }
+            let q = quota_of(algorithm, &entry.verdict);
+            let spent = q.saturating_sub(entry.verdict.remaining);
+            if q == 0 || !warn_at.reached(spent, q) {
+                continue;
+            }
+            let percent = u128::from(spent) * 100 / u128::from(q);
+            let percent = i64::try_from(percent).unwrap_or(i64::MAX);
+            let Ok(params) = list.item_string(&limit.name) else {
+                continue;
+            };
+            let _ = params
+                .param_int("spent", percent)
+                .and_then(|p| p.param_int("warn_at", i64::from(warn_at.basis_points / 100)));
+        }
+    });
 }
 
 /// [`deny_response`] of a denied request: its ticket's stack, denied by
@@ -192,6 +247,12 @@ const OPENAI_ERROR_MEMBER: ObjectMember = problem_member!(object "error");
 const OPENAI_MESSAGE: TextMember = problem_member!(text "message");
 const OPENAI_TYPE: TextMember = problem_member!(text "type");
 const OPENAI_CODE: TextMember = problem_member!(text "code");
+/// A spend budget's denial: the budget's name, the most the request would
+/// have cost (dollars, exact, as a string) and the seconds until the
+/// budget frees what it needs (its window's end for a fixed window).
+const BUDGET_MEMBER: TextMember = problem_member!(text "budget");
+const MAX_COST_MEMBER: TextMember = problem_member!(text "max_cost_usd");
+const BUDGET_RESET_MEMBER: NumberMember = problem_member!(number "budget_reset_seconds");
 
 /// What a client is told of a denial besides its body: the limit's
 /// status, the seconds `Retry-After` says (`None` when waiting cannot
@@ -270,6 +331,9 @@ pub(crate) fn deny_response(
         );
         problem.number(&STATUS, status.as_u16());
         let detail = |detail: &mut TextWriter<'_>| -> Written {
+            if verdict.never && limit.unit == Unit::Usd {
+                return never_affordable(detail, &limit.name, cost, &view.algorithms[denied_by]);
+            }
             if verdict.never {
                 detail.literal("request cost ");
                 detail.number(cost);
@@ -289,6 +353,10 @@ pub(crate) fn deny_response(
                     detail.number(cost);
                     detail.literal(" tokens");
                 }
+                if limit.unit == Unit::Usd {
+                    detail.literal(": the request may cost up to $");
+                    detail.escaped(&dollars(cost));
+                }
                 name
             }
         };
@@ -304,7 +372,10 @@ pub(crate) fn deny_response(
             problem.literal(&PRIORITY_MEMBER, priority.label());
             problem.literal(&SHED_REASON_MEMBER, reason.label());
         }
-        if view.limits.iter().any(|l| l.unit == Unit::Tokens) {
+        if limit.unit == Unit::Usd {
+            budget_members(&mut problem, &limit.name, cost, verdict);
+        }
+        if view.limits.iter().any(|l| l.unit != Unit::Requests) {
             openai_error(&mut problem, limit.unit, detail);
         }
         problem.finish();
@@ -326,13 +397,52 @@ fn openai_error(
 ) {
     problem.object(&OPENAI_ERROR_MEMBER, |error| {
         error.text_with(&OPENAI_MESSAGE, detail);
-        let kind = match unit {
-            Unit::Tokens => "tokens",
-            Unit::Requests => "requests",
+        // OpenAI's own answer to a spent quota: `insufficient_quota`.
+        let (kind, code) = match unit {
+            Unit::Tokens => ("tokens", "rate_limit_exceeded"),
+            Unit::Requests => ("requests", "rate_limit_exceeded"),
+            Unit::Usd => ("insufficient_quota", "insufficient_quota"),
         };
         error.literal(&OPENAI_TYPE, kind);
-        error.literal(&OPENAI_CODE, "rate_limit_exceeded");
+        error.literal(&OPENAI_CODE, code);
     });
+}
+
+/// The detail of a request whose most possible cost is above what a usd
+/// limit holds at all: no wait helps.
+#[cold]
+#[inline(never)]
+fn never_affordable(
+    detail: &mut TextWriter<'_>,
+    name: &str,
+    cost: u64,
+    algorithm: &crate::limit::Algorithm,
+) -> Written {
+    detail.literal("the request may cost up to $");
+    detail.escaped(&dollars(cost));
+    detail.literal(", more than budget ");
+    let name = detail.escaped(name);
+    detail.literal(" holds ($");
+    detail.escaped(&dollars(quota(algorithm)));
+    detail.literal("); it can never be admitted");
+    name
+}
+
+/// A usd limit's denial members ([`BUDGET_MEMBER`] and the rest). Out of
+/// line: other denials do not carry them.
+#[cold]
+#[inline(never)]
+fn budget_members(
+    problem: &mut ProblemWriter<'_>,
+    name: &str,
+    cost: u64,
+    verdict: &crate::limit::Verdict,
+) {
+    problem.text(&BUDGET_MEMBER, name);
+    problem.text(&MAX_COST_MEMBER, &dollars(cost));
+    if !verdict.never {
+        problem.number(&BUDGET_RESET_MEMBER, ceil_secs(verdict.reset_after).max(1));
+    }
 }
 
 /// Room the denial bodies of a thread are cut from: a 429 is written out
@@ -444,6 +554,7 @@ mod tests {
             reserve: Default::default(),
             queue: None,
             params: Default::default(),
+            warn_at: None,
         }
     }
 

@@ -112,9 +112,12 @@ pub(crate) fn params_json(params: &RawPlan) -> Value {
             values.insert(name.to_owned(), value);
         }
     };
-    put("limit", params.limit.map(Value::from));
+    put("limit", params.limit.map(|limit| limit.to_json()));
     put("window", params.window.clone().map(Value::from));
-    put("capacity", params.capacity.map(Value::from));
+    put(
+        "capacity",
+        params.capacity.map(|capacity| capacity.to_json()),
+    );
     put("refill", params.refill.clone().map(Value::from));
     put("rate", params.rate.clone().map(Value::from));
     put("max", params.max.map(Value::from));
@@ -179,7 +182,7 @@ mod tests {
             limit: "per_key".into(),
             key: LimitKey::from_u128(0xabc),
             params: RawPlan {
-                capacity: Some(5),
+                capacity: Some(5.into()),
                 refill: Some("1/s".into()),
                 ..RawPlan::default()
             },

@@ -12,6 +12,7 @@ use std::time::Duration;
 use http::{HeaderName, StatusCode};
 use serde::Deserialize;
 
+use super::amount::Amount;
 use super::checker::Checker;
 use super::error::{KeyPath, nearest};
 use super::raw::OneOrMany;
@@ -30,9 +31,11 @@ pub(crate) struct RawLimit {
     #[serde(default)]
     pub(crate) key: OneOrMany<String>,
     pub(crate) algorithm: String,
-    pub(crate) limit: Option<u64>,
+    /// Exact decimals: dollars for a `unit = "usd"` limit, whole
+    /// otherwise.
+    pub(crate) limit: Option<Amount>,
     pub(crate) window: Option<String>,
-    pub(crate) capacity: Option<u64>,
+    pub(crate) capacity: Option<Amount>,
     pub(crate) refill: Option<String>,
     pub(crate) rate: Option<String>,
     pub(crate) mode: Option<String>,
@@ -55,8 +58,10 @@ pub(crate) struct RawLimit {
     pub(crate) plans: Option<BTreeMap<String, RawPlan>>,
     pub(crate) align: Option<String>,
     pub(crate) reset_jitter: Option<String>,
-    /// `"requests"` (the default) or `"tokens"`.
+    /// `"requests"` (the default), `"tokens"` or `"usd"`.
     pub(crate) unit: Option<String>,
+    /// A usd limit's warning threshold (`warn_at = "80%"`).
+    pub(crate) warn_at: Option<String>,
     /// Slot limits: what a sheddable request may not take (`slots.rs`).
     pub(crate) reserve: Option<RawReserve>,
     /// Slot limits: wait for a slot instead of being refused.
@@ -68,9 +73,9 @@ pub(crate) struct RawLimit {
 #[derive(Debug, Default, Clone, PartialEq, Eq, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub(crate) struct RawPlan {
-    pub(crate) limit: Option<u64>,
+    pub(crate) limit: Option<Amount>,
     pub(crate) window: Option<String>,
-    pub(crate) capacity: Option<u64>,
+    pub(crate) capacity: Option<Amount>,
     pub(crate) refill: Option<String>,
     pub(crate) rate: Option<String>,
     pub(crate) max: Option<u64>,
@@ -184,8 +189,11 @@ pub struct LimitConfig {
     /// A shared token bucket: tokens a node takes from Redis at a time and
     /// spends locally (`lease = N`); `None` without leasing.
     pub(crate) lease: Option<u64>,
-    /// What it counts: requests (charged `cost`) or tokens.
+    /// What it counts: requests (charged `cost`), tokens, or micro-dollars.
     pub(crate) unit: tokens::Unit,
+    /// A usd limit's `warn_at`: answers say `X-Budget-Warning` once this
+    /// much of it is spent.
+    pub(crate) warn_at: Option<tokens::WarnAt>,
     /// Slot limits: the part a sheddable request may not take.
     pub(crate) reserve: Reserve,
     /// Slot limits: the waiting line (`queue = {...}`), if any.
@@ -335,7 +343,11 @@ fn check_limit(c: &mut Checker, path: &KeyPath, name: &str, raw: &RawLimit) -> L
     let base = raw.params();
     let mode = mode_of(c, path, raw);
     let wait = wait_of(c, path, raw);
-    let algorithm = check_algorithm(c, &raw.algorithm, &base, (mode, wait), &|key| path.key(key));
+    // Its numbers are read in its unit (dollars as micro-dollars).
+    let unit = tokens::unit_named(raw.unit.as_deref());
+    let algorithm = check_algorithm(c, &raw.algorithm, &base, (mode, wait, unit), &|key| {
+        path.key(key)
+    });
     let mut plans = Vec::new();
     for (plan, values) in raw.plans.iter().flatten() {
         let plan_path = path.key("plans").key(plan);
@@ -350,7 +362,7 @@ fn check_limit(c: &mut Checker, path: &KeyPath, name: &str, raw: &RawLimit) -> L
         };
         plans.push((
             Arc::from(plan.as_str()),
-            check_algorithm(c, &raw.algorithm, &merged, (mode, wait), &at),
+            check_algorithm(c, &raw.algorithm, &merged, (mode, wait, unit), &at),
         ));
     }
     let adaptive = matches!(algorithm, Algorithm::Adaptive { .. });
@@ -411,6 +423,7 @@ fn check_limit(c: &mut Checker, path: &KeyPath, name: &str, raw: &RawLimit) -> L
         local: adaptive || raw.local.unwrap_or(false),
         lease: check_lease(c, path, raw, &algorithm),
         unit: tokens::check_unit(c, path, raw.unit.as_deref(), &algorithm),
+        warn_at: tokens::check_warn_at(c, path, raw.warn_at.as_deref(), unit),
         headers,
         max_keys,
         reserve: slots::check_reserve(
@@ -544,7 +557,9 @@ pub(crate) fn check_override(
         Algorithm::TokenBucket { wait, .. } => wait,
         _ => 0,
     };
-    let algorithm = check_algorithm(&mut c, name, &merged, (mode, wait), &|key| root.key(key));
+    let algorithm = check_algorithm(&mut c, name, &merged, (mode, wait, limit.unit), &|key| {
+        root.key(key)
+    });
     if let (Some(lease), Algorithm::TokenBucket { capacity, .. }) = (limit.lease, algorithm)
         && capacity < lease
     {
@@ -606,14 +621,43 @@ fn check_lease(
     Some(n)
 }
 
+/// `window = "1mo"`: a fixed window of calendar months in UTC.
+const MONTH_WINDOW: &str = "1mo";
+
 /// `align` and `reset_jitter`: only for a fixed window of a day or longer,
-/// where keys resetting together would make a thundering herd.
+/// where keys resetting together would make a thundering herd. A calendar
+/// month (`window = "1mo"`) is aligned to the months, shifted per key by
+/// `reset_jitter`; it cannot start at a key's first request.
 fn check_align(
     c: &mut Checker,
     path: &KeyPath,
     raw: &RawLimit,
     algorithm: &Algorithm,
 ) -> WindowAlign {
+    let month = raw.window.as_deref() == Some(MONTH_WINDOW)
+        && matches!(algorithm, Algorithm::FixedWindow { .. });
+    if month {
+        if raw.align.as_deref().is_some_and(|align| align != "epoch") {
+            c.problem(
+                path.key("align"),
+                "a calendar month (window = \"1mo\") starts on the 1st (UTC); use reset_jitter to spread keys",
+            );
+        }
+        let jitter = match &raw.reset_jitter {
+            None => 0,
+            Some(_) => {
+                let jitter =
+                    c.duration(path.key("reset_jitter"), &raw.reset_jitter, Duration::ZERO);
+                let jitter = u64::try_from(jitter.as_nanos()).unwrap_or(u64::MAX);
+                // Shorter than the shortest month.
+                if jitter >= 28 * 86_400 * crate::limit::NANOS_PER_SEC {
+                    c.problem(path.key("reset_jitter"), "must be shorter than 28 days");
+                }
+                jitter
+            }
+        };
+        return WindowAlign::Month { jitter };
+    }
     if raw.align.is_none() && raw.reset_jitter.is_none() {
         return WindowAlign::default();
     }
@@ -727,7 +771,7 @@ fn check_algorithm(
     c: &mut Checker,
     algorithm: &str,
     raw: &RawPlan,
-    (mode, wait): (Option<LeakyMode>, Nanos),
+    (mode, wait, unit): (Option<LeakyMode>, Nanos, tokens::Unit),
     at: &dyn Fn(&str) -> KeyPath,
 ) -> Algorithm {
     let fallback = Algorithm::Concurrency { max: 1 };
@@ -762,10 +806,29 @@ fn check_algorithm(
             c.problem(at("algorithm"), format!("{name} needs `{key}`"));
         }
     }
-    let positive = |c: &mut Checker, key: &str, value: Option<u64>| -> u64 {
-        match value {
+    let usd = unit == tokens::Unit::Usd;
+    // A quota in the limit's unit: a whole count, or dollars (decimals
+    // allowed) as micro-dollars.
+    let amount = |c: &mut Checker, key: &str, value: Option<Amount>| -> Option<u64> {
+        let value = value?;
+        let read = if usd {
+            value.millionths()
+        } else {
+            value.count()
+        };
+        match read {
+            Ok(n) => Some(n),
+            Err(message) => {
+                c.problem(at(key), message);
+                Some(1)
+            }
+        }
+    };
+    let positive = |c: &mut Checker, key: &str, value: Option<Amount>| -> u64 {
+        match amount(c, key, value) {
             Some(0) => {
-                c.problem(at(key), "must be at least 1");
+                let least = if usd { "above zero" } else { "at least 1" };
+                c.problem(at(key), format!("must be {least}"));
                 1
             }
             Some(n) => n,
@@ -773,12 +836,24 @@ fn check_algorithm(
         }
     };
     let window = |c: &mut Checker| -> Nanos {
+        // A calendar month (UTC), a fixed window's only: its boundaries
+        // are `align`'s (`check_align`), its nominal length the longest.
+        if raw.window.as_deref() == Some(MONTH_WINDOW) {
+            if name != "fixed_window" {
+                c.problem(
+                    at("window"),
+                    "\"1mo\" (a calendar month) is a fixed_window's only; use \"30d\"",
+                );
+            }
+            return crate::limit::calendar::MONTH;
+        }
         let duration = c.duration(at("window"), &raw.window, Duration::from_secs(1));
         u64::try_from(duration.as_nanos()).unwrap_or(u64::MAX)
     };
     let rate =
         |c: &mut Checker, key: &str, value: &Option<String>| match value.as_deref().map(parse_rate)
         {
+            Some(Ok(rate)) if usd => tokens::usd_rate(rate),
             Some(Ok(rate)) => rate,
             Some(Err(message)) => {
                 c.problem(at(key), message);
@@ -794,12 +869,14 @@ fn check_algorithm(
         "sliding_window" => {
             let limit = positive(c, "limit", raw.limit);
             if limit > crate::limit::sliding_window::MAX_LIMIT {
+                let most = crate::limit::sliding_window::MAX_LIMIT;
+                let most = match usd {
+                    true => format!("${}; use fixed_window", crate::llm::price::dollars(most)),
+                    false => most.to_string(),
+                };
                 c.problem(
                     at("limit"),
-                    format!(
-                        "a sliding_window limit is at most {}",
-                        crate::limit::sliding_window::MAX_LIMIT
-                    ),
+                    format!("a sliding_window limit is at most {most}"),
                 );
             }
             Algorithm::SlidingWindow {
@@ -819,14 +896,14 @@ fn check_algorithm(
         "leaky_bucket" => {
             let mode = mode.unwrap_or(LeakyMode::Reject);
             Algorithm::LeakyBucket {
-                capacity: raw.capacity.unwrap_or(0),
+                capacity: amount(c, "capacity", raw.capacity).unwrap_or(0),
                 rate: rate(c, "rate", &raw.rate),
                 mode,
             }
         }
         "adaptive" => check_adaptive(c, raw, at).unwrap_or(fallback),
         _ => Algorithm::Concurrency {
-            max: positive(c, "max", raw.max),
+            max: positive(c, "max", raw.max.map(Amount::whole)),
         },
     }
 }
@@ -912,6 +989,33 @@ mod tests {
             message.contains("`capacity` is not a parameter of fixed_window"),
             "{message}"
         );
+    }
+
+    #[test]
+    fn a_calendar_month_is_a_fixed_window_aligned_to_the_months() {
+        let base = "[limits.a]\nkey = \"ip\"\nlimit = 5\nwindow = \"1mo\"\n";
+        let text = format!("{base}algorithm = \"fixed_window\"\nreset_jitter = \"6h\"\n");
+        let config = Config::from_bytes(Path::new("g.toml"), text.as_bytes()).unwrap();
+        let limit = &config.limits[0];
+        assert_eq!(
+            limit.algorithm,
+            Algorithm::FixedWindow {
+                limit: 5,
+                window: crate::limit::calendar::MONTH
+            }
+        );
+        assert_eq!(
+            limit.align,
+            WindowAlign::Month {
+                jitter: 6 * 3_600 * crate::limit::NANOS_PER_SEC
+            }
+        );
+        let message = errors(&format!("{base}algorithm = \"sliding_window\"\n"));
+        assert!(message.contains("a fixed_window's only"), "{message}");
+        let message = errors(&format!(
+            "{base}algorithm = \"fixed_window\"\nalign = \"first_request\"\n"
+        ));
+        assert!(message.contains("starts on the 1st"), "{message}");
     }
 
     #[test]

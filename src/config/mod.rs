@@ -9,8 +9,10 @@
 //! One file per section, each holding the section's serde mirror, its
 //! validated types and its check: [`server`] (with [`tls`] for
 //! `[server.tls]`), [`client_ip`], [`store`], [`upstreams`], [`limits`]
-//! (with [`tokens`] for token quotas), [`routes`], [`decision`],
-//! [`consumers`] (`[api_keys]` and `[consumers]`), [`plans`], [`jwt`] and [`usage`]. [`validate`]
+//! (with [`tokens`] for token quotas and spend budgets, [`amount`] for
+//! their exact numbers), [`prices`], [`routes`], [`decision`],
+//! [`consumers`] (`[api_keys]` and `[consumers]`), [`plans`], [`jwt`] and
+//! [`usage`]. [`validate`]
 //! is the driver: it deserializes the file ([`raw`] is the top of the
 //! mirror), calls each section's check in order, and places the problems.
 //! [`admin_token`] reads `[server]`'s admin token, [`quota_route`] checks
@@ -19,6 +21,7 @@
 //! (what is valid but likely a mistake).
 
 pub(crate) mod admin_token;
+pub(crate) mod amount;
 pub(crate) mod checker;
 pub(crate) mod client_ip;
 pub(crate) mod consumers;
@@ -27,6 +30,7 @@ pub(crate) mod error;
 pub(crate) mod jwt;
 pub(crate) mod limits;
 pub(crate) mod plans;
+pub(crate) mod prices;
 pub(crate) mod quota_route;
 pub(crate) mod raw;
 pub(crate) mod routes;
@@ -90,6 +94,8 @@ pub struct Config {
     pub jwt: Option<jwt::JwtConfig>,
     /// `[usage]`: where usage events go, when configured.
     pub usage: Option<usage::UsageConfig>,
+    /// `[prices]`: what a model's tokens cost, for `unit = "usd"` limits.
+    pub prices: crate::llm::price::Prices,
 }
 
 impl Config {

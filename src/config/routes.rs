@@ -463,12 +463,47 @@ pub(super) fn check_token_routes(
             .limits
             .iter()
             .filter_map(|&id| limits.get(id))
-            .find(|limit| limit.unit == Unit::Tokens)
+            .find(|limit| limit.unit != Unit::Requests)
+        {
+            let counts = match limit.unit {
+                Unit::Usd => "counts dollars (unit = \"usd\")",
+                _ => "counts tokens (unit = \"tokens\")",
+            };
+            c.problem(
+                root.key("routes").index(i).key("limits"),
+                format!(
+                    "`{}` {counts}: the route needs `tokens = {{ max_tokens_default = 1024, prompt = \"bytes/4\", usage = \"auto\" }}` to say what a request reserves",
+                    limit.name
+                ),
+            );
+        }
+    }
+}
+
+/// A route that stacks a usd limit prices its requests: some `[prices]`
+/// must exist (a model without its own price and without a default is
+/// refused per request, 400).
+pub(super) fn check_usd_routes(
+    c: &mut Checker,
+    root: &KeyPath,
+    limits: &[LimitConfig],
+    routes: &[RouteConfig],
+    prices: &crate::llm::price::Prices,
+) {
+    if !prices.is_empty() {
+        return;
+    }
+    for (i, route) in routes.iter().enumerate() {
+        if let Some(limit) = route
+            .limits
+            .iter()
+            .filter_map(|&id| limits.get(id))
+            .find(|limit| limit.unit == Unit::Usd)
         {
             c.problem(
                 root.key("routes").index(i).key("limits"),
                 format!(
-                    "`{}` counts tokens (unit = \"tokens\"): the route needs `tokens = {{ max_tokens_default = 1024, prompt = \"bytes/4\", usage = \"auto\" }}` to say what a request reserves",
+                    "`{}` counts dollars (unit = \"usd\"): add `[prices.\"MODEL\"]` (input, output, cached_input per million tokens) or `[prices.default]`",
                     limit.name
                 ),
             );

@@ -1,5 +1,12 @@
 //! Token quotas (`unit = "tokens"` on a limit, `tokens = { ... }` on a
-//! route), checked into [`Unit`] and [`TokensRule`].
+//! route) and spend budgets (`unit = "usd"`, `warn_at`), checked into
+//! [`Unit`], [`WarnAt`] and [`TokensRule`].
+//!
+//! A usd limit counts micro-dollars: its `limit`/`capacity` are dollars
+//! (decimals allowed, read exactly) times 10⁶, its `refill` dollars per
+//! period likewise; a request is charged its priced reservation and
+//! settled from its priced usage (`llm::price`), so it needs the route's
+//! `tokens` rule as a token limit does.
 //!
 //! A route's stack may mix request limits (charged the route's `cost`) and
 //! token limits (charged the request's reservation, then settled from the
@@ -33,6 +40,106 @@ pub(crate) enum Unit {
     Requests,
     /// LLM tokens: reserved at admission, settled from the response.
     Tokens,
+    /// US dollars, counted in micro-dollars: the tokens' price, reserved
+    /// and settled as tokens are.
+    Usd,
+}
+
+impl Unit {
+    /// The unit's name in answers (`"requests"`, `"tokens"`, `"usd"`).
+    pub(crate) fn name(self) -> &'static str {
+        match self {
+            Unit::Requests => "requests",
+            Unit::Tokens => "tokens",
+            Unit::Usd => "usd",
+        }
+    }
+}
+
+/// Micro-dollars in a dollar.
+pub(crate) const MICROS_PER_USD: u64 = 1_000_000;
+
+/// Micro-dollars in a cent: a usd limit's `RateLimit` fields count whole
+/// cents (`qu="usd-cents"`).
+pub(crate) const MICROS_PER_CENT: u64 = 10_000;
+
+/// A usd limit's `warn_at`, in hundredths of a percent of its quota
+/// (`"80%"` is 8000; `"12.5%"` 1250).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct WarnAt {
+    pub(crate) basis_points: u32,
+}
+
+impl WarnAt {
+    /// Whether `spent` of `quota` has reached the threshold, exactly.
+    pub(crate) fn reached(self, spent: u64, quota: u64) -> bool {
+        u128::from(spent) * 10_000 >= u128::from(self.basis_points) * u128::from(quota)
+    }
+}
+
+/// The unit a limit's `unit` names, for reading its numbers (an unknown
+/// name is reported by [`check_unit`]; its numbers are read as counts).
+pub(super) fn unit_named(unit: Option<&str>) -> Unit {
+    match unit {
+        Some("tokens") => Unit::Tokens,
+        Some("usd") => Unit::Usd,
+        _ => Unit::Requests,
+    }
+}
+
+/// A usd limit's refill of `rate.tokens` dollars per `rate.per` as
+/// micro-dollars (saturating: validated rates are far below it).
+pub(super) fn usd_rate(rate: crate::limit::Rate) -> crate::limit::Rate {
+    let tokens = rate.tokens.saturating_mul(MICROS_PER_USD);
+    let mut divisor = {
+        let (mut a, mut b) = (tokens, rate.per);
+        while b != 0 {
+            (a, b) = (b, a % b);
+        }
+        a
+    };
+    divisor = divisor.max(1);
+    crate::limit::Rate {
+        tokens: tokens / divisor,
+        per: rate.per / divisor,
+    }
+}
+
+/// `warn_at = "80%"`: a percentage above 0 and at most 100, two decimals
+/// at most; only on a usd limit.
+pub(super) fn check_warn_at(
+    c: &mut Checker,
+    path: &KeyPath,
+    text: Option<&str>,
+    unit: Unit,
+) -> Option<WarnAt> {
+    let text = text?;
+    if unit != Unit::Usd {
+        c.problem(
+            path.key("warn_at"),
+            "applies to spend budgets (unit = \"usd\") only",
+        );
+        return None;
+    }
+    let bad = || format!("`{text}` is not a percentage like \"80%\" (above 0, at most 100)");
+    let Some(number) = text.trim().strip_suffix('%') else {
+        c.problem(path.key("warn_at"), bad());
+        return None;
+    };
+    match super::amount::Amount::parse(number).map(|a| a.millionths()) {
+        // Percent in millionths: ÷ 100 for hundredths.
+        Ok(Ok(millionths))
+            if millionths > 0 && millionths <= 100_000_000 && millionths.is_multiple_of(10_000) =>
+        {
+            Some(WarnAt {
+                basis_points: u32::try_from(millionths / 10_000).unwrap_or(10_000),
+            })
+        }
+        _ => {
+            c.problem(path.key("warn_at"), bad());
+            None
+        }
+    }
 }
 
 /// How a request's prompt is estimated.
@@ -79,17 +186,22 @@ pub(super) fn check_unit(
 ) -> Unit {
     let unit = match unit {
         None => return Unit::Requests,
-        Some(text) => match c.one_of(path.key("unit"), text, &["requests", "tokens"]) {
+        Some(text) => match c.one_of(path.key("unit"), text, &["requests", "tokens", "usd"]) {
             Some("tokens") => Unit::Tokens,
+            Some("usd") => Unit::Usd,
             _ => return Unit::Requests,
         },
     };
     let refused = match algorithm {
         Algorithm::SlidingLog { .. } => Some(
-            "sliding_log keeps every unit's time: it cannot count tokens; use sliding_window or token_bucket",
+            "sliding_log keeps every unit's time: it cannot count tokens or dollars; use sliding_window or token_bucket",
         ),
-        Algorithm::Concurrency { .. } => Some("concurrency counts requests in flight, not tokens"),
-        Algorithm::Adaptive { .. } => Some("adaptive counts requests in flight, not tokens"),
+        Algorithm::Concurrency { .. } => {
+            Some("concurrency counts requests in flight, not tokens or dollars")
+        }
+        Algorithm::Adaptive { .. } => {
+            Some("adaptive counts requests in flight, not tokens or dollars")
+        }
         _ => None,
     };
     if let Some(reason) = refused {

@@ -28,7 +28,7 @@ use super::upstreams::RawUpstream;
 use super::usage::RawUsage;
 use super::{
     Config, ConfigError, KeyPath, Problem, admin_token, client_ip, consumers, decision, jwt,
-    limits, plans, quota_route, routes, server, store, tls, upstreams, usage,
+    limits, plans, prices, quota_route, routes, server, store, tls, upstreams, usage,
 };
 
 /// The top of the serde mirror: one field per section, each section's
@@ -57,6 +57,8 @@ pub(crate) struct RawConfig {
     pub(crate) decision: Option<RawDecision>,
     pub(crate) jwt: Option<RawJwt>,
     pub(crate) usage: Option<RawUsage>,
+    #[serde(default)]
+    pub(crate) prices: BTreeMap<String, super::prices::RawPrice>,
 }
 
 /// Validates the bytes of a configuration file.
@@ -223,6 +225,8 @@ fn check(c: &mut Checker, path: &Path, bytes: &[u8], raw: &RawConfig) -> Config 
             );
         }
     }
+    let prices = prices::check_prices(c, &root.key("prices"), &raw.prices);
+    routes::check_usd_routes(c, &root, &limits, &routes, &prices);
 
     Config {
         path: path.to_owned(),
@@ -239,6 +243,7 @@ fn check(c: &mut Checker, path: &Path, bytes: &[u8], raw: &RawConfig) -> Config 
         decision,
         jwt,
         usage,
+        prices,
     }
 }
 

@@ -147,6 +147,40 @@ pub(crate) fn adjust_first(
     }
 }
 
+/// `window = "1mo"`: the calendar month in force at `now` (its index
+/// since January 1970), the units used in it, and the time until it ends.
+/// A `now` a little behind the state's month counts in it, as in
+/// [`current`].
+fn current_month(state: State, now: Nanos) -> (u64, u64, Nanos) {
+    let (idx, end) = super::calendar::month_of(now);
+    if state.window > idx {
+        // Clock reads racing across a month's end: at most a moment.
+        return (state.window, state.count, 1);
+    }
+    let used = if state.window == idx { state.count } else { 0 };
+    (idx, used, end.saturating_sub(now).max(1))
+}
+
+/// [`decide`] for calendar months; `State::window` is the month's index.
+pub(crate) fn decide_month(state: State, now: Nanos, cost: u64, limit: u64) -> (State, Verdict) {
+    let (idx, used, reset_in) = current_month(state, now);
+    charge(state, idx, used, reset_in, cost, limit)
+}
+
+/// [`is_fresh`] for calendar months.
+pub(crate) fn is_fresh_month(state: State, now: Nanos) -> bool {
+    current_month(state, now).1 == 0
+}
+
+/// [`adjust`] for calendar months.
+pub(crate) fn adjust_month(state: State, now: Nanos, delta: i64, limit: u64) -> State {
+    let (idx, used, _) = current_month(state, now);
+    State {
+        window: idx,
+        count: settle(used, delta, limit),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -155,6 +189,26 @@ mod tests {
 
     const S: Nanos = NANOS_PER_SEC;
     const MS: Nanos = 1_000_000;
+
+    #[test]
+    fn calendar_months_reset_on_the_first_of_the_month() {
+        // 2026-02-27T00:00:00Z, two days before March.
+        let feb_27 = 1_772_150_400 * S;
+        let march = 1_772_323_200 * S;
+        let (s, v) = decide_month(State::default(), feb_27, 7, 10);
+        assert!(v.allowed);
+        assert_eq!(v.reset_after, march - feb_27);
+        let (_, v) = decide_month(s, march - 1, 4, 10);
+        assert!(!v.allowed, "February's 7 still count");
+        assert_eq!(v.retry_after, Some(1));
+        assert!(!is_fresh_month(s, march - 1));
+        // March starts empty and runs 31 days.
+        assert!(is_fresh_month(s, march));
+        let (s, v) = decide_month(s, march, 10, 10);
+        assert!(v.allowed);
+        assert_eq!(v.reset_after, 31 * 86_400 * S);
+        assert_eq!(adjust_month(s, march, -4, 10).count, 6);
+    }
 
     #[test]
     fn first_request_windows_start_with_the_key() {

@@ -271,7 +271,10 @@ impl Limiter {
     #[inline]
     fn key_now(&self, key: StoreKey, now: Nanos) -> Nanos {
         match (self.algorithm, self.align) {
-            (Algorithm::FixedWindow { .. }, WindowAlign::Epoch { jitter }) if jitter > 0 => {
+            (
+                Algorithm::FixedWindow { .. },
+                WindowAlign::Epoch { jitter } | WindowAlign::Month { jitter },
+            ) if jitter > 0 => {
                 // The high half: independent of the table hash (low half).
                 now.saturating_sub(key.hi % jitter)
             }
@@ -654,6 +657,7 @@ impl Limiter {
                         fixed_window::decide_first(s, now, cost, limit, window)
                     }
                     WindowAlign::Epoch { .. } => fixed_window::decide(s, now, cost, limit, window),
+                    WindowAlign::Month { .. } => fixed_window::decide_month(s, now, cost, limit),
                 };
                 (v, admitted(&v, Next::Window(n)))
             }
@@ -778,6 +782,7 @@ impl Limiter {
             (FixedWindow { window, .. }, StateRef::Window(s)) => match self.align {
                 WindowAlign::FirstRequest => fixed_window::is_fresh_first(s, now, window),
                 WindowAlign::Epoch { .. } => fixed_window::is_fresh(s, now, window),
+                WindowAlign::Month { .. } => fixed_window::is_fresh_month(s, now),
             },
             (SlidingWindow { window, .. }, StateRef::Sliding(s)) => {
                 sliding_window::is_fresh(s, now, window)
@@ -803,6 +808,7 @@ impl Limiter {
                     WindowAlign::Epoch { .. } => {
                         fixed_window::adjust(*s, now, delta, limit, window)
                     }
+                    WindowAlign::Month { .. } => fixed_window::adjust_month(*s, now, delta, limit),
                 }
             }
             (SlidingWindow { limit, window }, StateMut::Sliding(s)) => {

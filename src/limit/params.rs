@@ -183,6 +183,9 @@ pub(crate) enum WindowAlign {
     /// A key's window starts at its first request; the next one starts with
     /// the first request after it ends.
     FirstRequest,
+    /// `window = "1mo"`: calendar months in UTC (`super::calendar`), each
+    /// key shifted by a fixed offset in `[0, jitter)` as for `Epoch`.
+    Month { jitter: Nanos },
 }
 
 impl Default for WindowAlign {

@@ -6,6 +6,7 @@
 
 mod event_stream;
 mod json;
+pub mod price;
 pub mod reserve;
 pub mod tokenizer;
 pub mod usage;

@@ -21,7 +21,13 @@
 //! leaves out the tokens read from or written to the prompt cache, which
 //! are billed; OpenAI's counts of cached tokens are details inside its
 //! totals, not added); output is `completion_tokens`, else
-//! `output_tokens`; total is `total_tokens`, else input + output. A count
+//! `output_tokens`; total is `total_tokens`, else input + output. Of the
+//! input, `cached` is the part read from the provider's prompt cache,
+//! priced apart (by the `price` module): OpenAI chat's
+//! `prompt_tokens_details.cached_tokens`, the Responses API's
+//! `input_tokens_details.cached_tokens`, Anthropic's
+//! `cache_read_input_tokens` (its cache-creation tokens are not cached
+//! reads: they count as plain input). A count
 //! that is not a non-negative integer that fits in a u64 (negative,
 //! fractional, overflowing, a string) makes that usage absent, as does
 //! malformed JSON: the gateway's reservation then stands.
@@ -42,7 +48,10 @@ pub(crate) const USAGE_MAX: usize = 4 * 1024;
 /// The tokens a response reports.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Usage {
+    /// Prompt tokens, cached ones included.
     pub(crate) input: u64,
+    /// Of `input`, those read from the provider's prompt cache.
+    pub(crate) cached: u64,
     pub(crate) output: u64,
     pub(crate) total: u64,
 }
@@ -360,6 +369,7 @@ impl Anthropic {
         let output = self.output?;
         Some(Usage {
             input,
+            cached: self.cache_read,
             output,
             total: input.saturating_add(output),
         })
@@ -376,6 +386,9 @@ struct Counts {
     total: Option<u64>,
     cache_creation: Option<u64>,
     cache_read: Option<u64>,
+    /// OpenAI's cached prompt tokens (`prompt_tokens_details` or
+    /// `input_tokens_details`' `cached_tokens`), part of `input`.
+    cached_details: Option<u64>,
 }
 
 impl Counts {
@@ -396,10 +409,22 @@ impl Counts {
                 total: count("total_tokens")?,
                 cache_creation: count("cache_creation_input_tokens")?,
                 cache_read: count("cache_read_input_tokens")?,
+                cached_details: cached_details(object)?,
             })
         };
         read().ok()
     }
+}
+
+/// `cached_tokens` of OpenAI's `prompt_tokens_details` (chat), else of
+/// `input_tokens_details` (Responses): absent when neither has it (or they
+/// are not objects: details are optional), `Err` when it is not a count.
+fn cached_details(usage: &serde_json::Map<String, Value>) -> Result<Option<u64>, ()> {
+    let cached = |details: &str| match usage.get(details).and_then(|d| d.get("cached_tokens")) {
+        None | Some(Value::Null) => Ok(None),
+        Some(value) => value.as_u64().map(Some).ok_or(()),
+    };
+    Ok(cached("prompt_tokens_details")?.or(cached("input_tokens_details")?))
 }
 
 /// The usage a `usage` object reports: input (cache tokens added), output,
@@ -417,8 +442,15 @@ fn read_usage(reported: &Value) -> Option<Usage> {
         (None, Some(input), Some(output)) => input.saturating_add(output),
         _ => return None,
     };
+    let input = input.unwrap_or(0);
+    let cached = counts
+        .cache_read
+        .or(counts.cached_details)
+        .unwrap_or(0)
+        .min(input);
     Some(Usage {
-        input: input.unwrap_or(0),
+        input,
+        cached,
         output: counts.output.unwrap_or(0),
         total,
     })
@@ -562,8 +594,13 @@ mod tests {
     use proptest::prelude::*;
 
     fn usage(input: u64, output: u64, total: u64) -> Option<Usage> {
+        cached_usage(input, 0, output, total)
+    }
+
+    fn cached_usage(input: u64, cached: u64, output: u64, total: u64) -> Option<Usage> {
         Some(Usage {
             input,
+            cached,
             output,
             total,
         })
@@ -759,12 +796,53 @@ mod tests {
 
     #[test]
     fn anthropic_json_adds_cache_tokens_to_input() {
-        assert_eq!(json(ANTHROPIC_MESSAGE), usage(2245, 503, 2748));
+        assert_eq!(json(ANTHROPIC_MESSAGE), cached_usage(2245, 50, 503, 2748));
         assert_eq!(
             json(
                 r#"{"type":"message","usage":{"input_tokens":3,"output_tokens":4,"cache_creation_input_tokens":null}}"#
             ),
             usage(3, 4, 7)
+        );
+    }
+
+    #[test]
+    fn openai_cached_prompt_tokens_are_reported_apart() {
+        // Chat: `prompt_tokens_details.cached_tokens`, inside the prompt.
+        assert_eq!(
+            json(
+                r#"{"usage":{"prompt_tokens":2006,"completion_tokens":300,"total_tokens":2306,"prompt_tokens_details":{"cached_tokens":1920}}}"#
+            ),
+            cached_usage(2006, 1920, 300, 2306)
+        );
+        // Responses: `input_tokens_details.cached_tokens`.
+        assert_eq!(
+            json(
+                r#"{"usage":{"input_tokens":328,"input_tokens_details":{"cached_tokens":128},"output_tokens":52,"total_tokens":380}}"#
+            ),
+            cached_usage(328, 128, 52, 380)
+        );
+        // In a stream's last chunk too.
+        let chunk = "data: {\"choices\":[],\"usage\":{\"prompt_tokens\":9,\"completion_tokens\":12,\"total_tokens\":21,\"prompt_tokens_details\":{\"cached_tokens\":4}}}\n\n";
+        assert_eq!(stream(chunk), cached_usage(9, 4, 12, 21));
+        // Never more than the prompt; null or absent details are none.
+        assert_eq!(
+            json(
+                r#"{"usage":{"prompt_tokens":3,"completion_tokens":1,"prompt_tokens_details":{"cached_tokens":9}}}"#
+            ),
+            cached_usage(3, 3, 1, 4)
+        );
+        assert_eq!(
+            json(
+                r#"{"usage":{"prompt_tokens":3,"completion_tokens":1,"prompt_tokens_details":null}}"#
+            ),
+            usage(3, 1, 4)
+        );
+        // A cached count that is not a count spoils the usage.
+        assert_eq!(
+            json(
+                r#"{"usage":{"prompt_tokens":3,"completion_tokens":1,"prompt_tokens_details":{"cached_tokens":-1}}}"#
+            ),
+            None
         );
     }
 
@@ -939,11 +1017,11 @@ mod tests {
             "event: message_delta\n",
             "data: {\"type\":\"message_delta\",\"usage\":{\"output_tokens\":9}}\n\n",
         );
-        assert_eq!(stream(body), usage(115, 9, 124));
+        assert_eq!(stream(body), cached_usage(115, 100, 9, 124));
         let with_input = format!(
             "{body}event: message_delta\ndata: {{\"type\":\"message_delta\",\"usage\":{{\"input_tokens\":12,\"cache_read_input_tokens\":90,\"output_tokens\":20}}}}\n\n"
         );
-        assert_eq!(stream(&with_input), usage(107, 20, 127));
+        assert_eq!(stream(&with_input), cached_usage(107, 90, 20, 127));
         // A delta without message_start: the input is unknown.
         assert_eq!(
             stream(
@@ -959,7 +1037,7 @@ mod tests {
         let restored = format!(
             "{spoiled}event: message_delta\ndata: {{\"type\":\"message_delta\",\"usage\":{{\"output_tokens\":30}}}}\n\n"
         );
-        assert_eq!(stream(&restored), usage(115, 30, 145));
+        assert_eq!(stream(&restored), cached_usage(115, 100, 30, 145));
     }
 
     #[test]

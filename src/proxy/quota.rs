@@ -34,6 +34,7 @@ use crate::app::{App, Snapshot};
 use crate::config::RouteConfig;
 use crate::config::tokens::Unit;
 use crate::limit::{Algorithm, Nanos, quota};
+use crate::llm::price::dollars;
 use crate::ratelimit_policy::{StackView, is_concurrency, policy_header};
 
 /// The answer's future, boxed: only quota routes pay for it, and none of
@@ -77,20 +78,22 @@ fn json_response(snapshot: &Snapshot, readings: &[Reading<'_>]) -> Response<Resp
 /// One limit's entry.
 fn limit_json(snapshot: &Snapshot, reading: &Reading<'_>) -> Value {
     let limit = reading.limit;
-    let unit = match limit.unit {
-        Unit::Tokens => "tokens",
-        Unit::Requests => "requests",
-    };
     let reset = (!is_concurrency(limit)).then(|| ceil_secs(reading.verdict.reset_after));
-    json!({
+    let mut entry = json!({
         "name": limit.name,
-        "unit": unit,
+        "unit": limit.unit.name(),
         "quota": quota(&reading.algorithm),
         "remaining": reading.verdict.remaining,
         "reset_seconds": reset,
         "policy": policy(snapshot, reading),
         "override": override_in_force(reading),
-    })
+    });
+    if limit.unit == Unit::Usd {
+        // `quota` and `remaining` count micro-dollars; also in dollars.
+        entry["quota_usd"] = json!(dollars(quota(&reading.algorithm)));
+        entry["remaining_usd"] = json!(dollars(reading.verdict.remaining));
+    }
+    entry
 }
 
 /// The limit's `RateLimit-Policy` item under the caller's numbers, as a

@@ -18,7 +18,12 @@
 //! cost units: its `peak`, `limit` and `excess` are tokens (what admitted
 //! requests used once settled, their reservation when the trace did not
 //! say), and its row adds `tokens` ([`TokenRow`]), also written below the
-//! table.
+//! table. A spend budget (`unit = "usd"`) counts micro-dollars the same
+//! way: each request priced by its body's `model` (`[prices]`), its
+//! trace's `tokens` priced as the gateway prices a usage known only by its
+//! total (the prompt's estimate as input, the rest output); its row adds
+//! `usd` ([`UsdRow`]: what its admitted requests reserved and spent, in
+//! dollars).
 //!
 //! Above it, the header line: the requests, their span and, for generated
 //! traffic, what was generated and which key kinds varied
@@ -66,6 +71,63 @@ pub(crate) struct Row {
     /// A token limit's tokens (absent for a request limit).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub(crate) tokens: Option<TokenRow>,
+    /// A spend budget's dollars (absent for the others).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub(crate) usd: Option<UsdRow>,
+}
+
+/// A spend budget's dollars over the requests it admitted, exact decimal
+/// strings (`"12.034561"`).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub(crate) struct UsdRow {
+    /// Reserved at admission: the most the requests could cost.
+    pub(crate) reserved: String,
+    /// Spent: the `settled` requests' priced usage, and the `unsettled`
+    /// ones' reservation, which stood.
+    pub(crate) spent: String,
+    pub(crate) settled: u64,
+    pub(crate) unsettled: u64,
+    /// The keys that spent most (over every route that lists the limit),
+    /// most first, at most [`TOP_KEYS`].
+    pub(crate) keys: Vec<KeySpend>,
+}
+
+/// One key's spend: its digest (as the explain endpoint shows it; the
+/// trace's raw values are not kept) and the dollars it spent.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub(crate) struct KeySpend {
+    pub(crate) digest: String,
+    pub(crate) spent: String,
+}
+
+/// Keys listed per spend budget.
+const TOP_KEYS: usize = 10;
+
+impl UsdRow {
+    /// The row of `stats`, with the keys of `spend` (micro-dollars per key)
+    /// that spent most.
+    pub(crate) fn new(
+        stats: TokenStats,
+        spend: &std::collections::HashMap<crate::limit::LimitKey, u64>,
+    ) -> UsdRow {
+        use crate::llm::price::dollars;
+        let mut keys: Vec<_> = spend.iter().collect();
+        keys.sort_by(|a, b| b.1.cmp(a.1).then(a.0.as_u128().cmp(&b.0.as_u128())));
+        UsdRow {
+            reserved: dollars(stats.reserved),
+            spent: dollars(stats.used.saturating_add(stats.unsettled_reserved)),
+            settled: stats.settled,
+            unsettled: stats.unsettled,
+            keys: keys
+                .into_iter()
+                .take(TOP_KEYS)
+                .map(|(key, micros)| KeySpend {
+                    digest: format!("{:032x}", key.as_u128()),
+                    spent: dollars(*micros),
+                })
+                .collect(),
+        }
+    }
 }
 
 /// A token limit's tokens, over the requests of the route it admitted.
@@ -204,6 +266,8 @@ impl Report {
                         false_deny_share: rated.then(|| share(entry.false_denies, entry.applied)),
                         keys: some(tracker.keys() as u64),
                         tokens: (limit.unit == Unit::Tokens).then(|| entry.tokens.into()),
+                        usd: (limit.unit == Unit::Usd)
+                            .then(|| UsdRow::new(entry.tokens, &variant.spend[limit_index])),
                     });
                 }
             }
@@ -321,15 +385,26 @@ impl Report {
     fn write_tokens(&self, out: &mut dyn Write) -> std::io::Result<()> {
         let mut any = false;
         for row in &self.rows {
-            let Some(tokens) = row.tokens else {
-                continue;
-            };
-            any = true;
             let variant = row
                 .variant
                 .as_ref()
                 .map(|v| format!(" ({v})"))
                 .unwrap_or_default();
+            if let Some(usd) = &row.usd {
+                any = true;
+                writeln!(
+                    out,
+                    "route {}, limit {}{variant}: spent ${} (reserved ${}); requests settled {}, unsettled {} (kept their reservation); peak, limit and excess in micro-dollars",
+                    row.route, row.limit, usd.spent, usd.reserved, usd.settled, usd.unsettled
+                )?;
+                for key in &usd.keys {
+                    writeln!(out, "  key {}: spent ${}", key.digest, key.spent)?;
+                }
+            }
+            let Some(tokens) = row.tokens else {
+                continue;
+            };
+            any = true;
             writeln!(
                 out,
                 "route {}, limit {}{variant}: tokens reserved {}, used {}; requests settled {}, unsettled {} (kept their reservation); peak, limit and excess in tokens",

@@ -38,6 +38,7 @@ use std::io::Write;
 use std::sync::Arc;
 
 use smallvec::SmallVec;
+use std::collections::HashMap;
 
 use super::Error;
 use super::backend::{Backend, Schedule, Spec as BackendSpec};
@@ -80,6 +81,8 @@ pub(crate) enum Decided {
         algorithms: SmallVec<[Algorithm; INLINE]>,
         /// A token route's reservation and usage.
         tokens: Option<TokenUse>,
+        /// The same in micro-dollars, on a stack with a usd limit.
+        usd: Option<TokenUse>,
         /// The request's priority (`Identity::priority`): what a
         /// shed request is counted under.
         priority: Priority,
@@ -168,6 +171,10 @@ pub(crate) fn limit(
     let tokens = ticket
         .reserved()
         .map(|reserved| TokenUse { reserved, used });
+    let usd = ticket.reserved_usd().map(|(reserved, cost)| TokenUse {
+        reserved,
+        used: used.map(cost),
+    });
     let priority = ticket.priority();
     let admission::ticket::TicketParts {
         decision,
@@ -180,6 +187,7 @@ pub(crate) fn limit(
         keys,
         algorithms,
         tokens,
+        usd,
         priority,
     }
 }
@@ -217,6 +225,8 @@ pub(crate) struct TokenStats {
     pub(crate) settled: u64,
     /// Requests without `tokens`, whose reservation stood.
     pub(crate) unsettled: u64,
+    /// What those requests reserved.
+    pub(crate) unsettled_reserved: u64,
 }
 
 impl TokenStats {
@@ -228,7 +238,10 @@ impl TokenStats {
                 self.used = self.used.saturating_add(used);
                 self.settled += 1;
             }
-            None => self.unsettled += 1,
+            None => {
+                self.unsettled += 1;
+                self.unsettled_reserved = self.unsettled_reserved.saturating_add(tokens.reserved);
+            }
         }
     }
 }
@@ -267,6 +280,9 @@ pub(crate) struct Variant {
     pub(crate) no_route: u64,
     /// The modelled upstream and the requests in flight to it (`--backend`).
     pub(crate) flight: Option<Flight>,
+    /// Per limit of `config.limits`: a spend budget's micro-dollars per
+    /// key, as its admitted requests held them (empty for the others).
+    pub(crate) spend: Vec<HashMap<LimitKey, u64>>,
 }
 
 impl Variant {
@@ -284,6 +300,7 @@ impl Variant {
             .iter()
             .map(|_| LimitTracker::default())
             .collect();
+        let spend = config.limits.iter().map(|_| HashMap::new()).collect();
         let clock = Arc::new(ManualClock::new(0));
         let app = App::with_clock(config, clock.clone());
         Variant {
@@ -295,6 +312,7 @@ impl Variant {
             trackers,
             no_route: 0,
             flight: None,
+            spend,
         }
     }
 
@@ -510,7 +528,7 @@ impl Simulation {
     fn account(&mut self, v: usize, decided: &Decided, now: Nanos) {
         let chart = (self.focus, self.chart_limit);
         let variant = &mut self.variants[v];
-        let (route, decision, keys, algorithms, tokens) = match decided {
+        let (route, decision, keys, algorithms, (tokens, usd)) = match decided {
             Decided::NoRoute => {
                 variant.no_route += 1;
                 return;
@@ -531,8 +549,9 @@ impl Simulation {
                 keys,
                 algorithms,
                 tokens,
+                usd,
                 ..
-            } => (*route, decision, keys, algorithms, *tokens),
+            } => (*route, decision, keys, algorithms, (*tokens, *usd)),
         };
         let plan = &variant.snapshot.config.routes[route];
         let cost = plan.cost;
@@ -570,10 +589,13 @@ impl Simulation {
             let (Some(key), algorithm) = (keys[position], &algorithms[position]) else {
                 continue;
             };
-            // A token limit is charged the reservation and, once settled,
-            // holds what the request used (debt included).
-            let token_use =
-                tokens.filter(|_| variant.snapshot.config.limits[limit].unit == Unit::Tokens);
+            // A token (or usd) limit is charged the reservation and, once
+            // settled, holds what the request used (debt included).
+            let token_use = match variant.snapshot.config.limits[limit].unit {
+                Unit::Tokens => tokens,
+                Unit::Usd => usd,
+                Unit::Requests => None,
+            };
             let (asked, held) = match token_use {
                 Some(t) => (t.reserved, t.used.unwrap_or(t.reserved)),
                 None => (cost, cost),
@@ -613,6 +635,9 @@ impl Simulation {
                     counts.tokens.count(t);
                 }
                 let in_window = tracker.admit(key, algorithm, now, held);
+                if token_use.is_some() && variant.snapshot.config.limits[limit].unit == Unit::Usd {
+                    *variant.spend[limit].entry(key).or_default() += held;
+                }
                 if charted && position == 0 {
                     self.timeline.admitted(v, now, in_window);
                 }
@@ -926,9 +951,64 @@ tokens = { max_tokens_default = 50, prompt = "bytes/4", usage = "auto" }
                 reserved: 18_000,
                 used: 19_000,
                 settled: 1,
-                unsettled: 1
+                unsettled: 1,
+                unsettled_reserved: 9_000,
             }
         );
+    }
+
+    #[test]
+    fn a_spend_budget_prices_the_records_by_their_model() {
+        let config = config(
+            r#"
+[prices."gpt-4o"]
+input = 2.50
+output = 10.00
+
+[limits.spend]
+key = "header:x-user"
+algorithm = "fixed_window"
+limit = 0.03
+window = "1h"
+unit = "usd"
+
+[[routes]]
+name = "chat"
+match = { path = "/v1/chat/completions" }
+respond = { status = 200 }
+limits = ["spend"]
+tokens = { max_tokens_default = 50, prompt = "bytes/4", usage = "auto" }
+"#,
+        );
+        // No prompt text: each reserves 1,000 × 10 = 10,000 µ$ and spends
+        // its 600 tokens as output, 6,000 µ$. Four fit in $0.03
+        // (18,000 + 10,000); the fifth (24,000 + 10,000) does not.
+        let body = serde_json::json!({"model": "gpt-4o", "max_tokens": 1000, "messages": []})
+            .to_string()
+            .replace('"', "\"\"");
+        let mut trace = "time,method,path,header:x-user,body,tokens\n".to_owned();
+        for time in 1..=5 {
+            trace.push_str(&format!(
+                "{time},POST,/v1/chat/completions,u,\"{body}\",600\n"
+            ));
+        }
+        let simulation = simulate(&config, &[], &trace);
+        let chat = &simulation.variants[0].routes[0];
+        assert_eq!((chat.admitted, chat.denied), (4, 1));
+        let spend = chat.entries[0].tokens;
+        assert_eq!(
+            (spend.reserved, spend.used, spend.settled),
+            (40_000, 24_000, 4)
+        );
+        let row = crate::simulate::report::UsdRow::new(spend, &simulation.variants[0].spend[0]);
+        assert_eq!(
+            (row.spent.as_str(), row.reserved.as_str()),
+            ("0.024", "0.04")
+        );
+        // Per key: its digest and what it spent.
+        assert_eq!(row.keys.len(), 1);
+        assert_eq!(row.keys[0].spent, "0.024");
+        assert_eq!(row.keys[0].digest.len(), 32);
     }
 
     #[test]

@@ -343,14 +343,17 @@ fn push_params(e: &SharedEntry<'_>, member: &str, args: &mut Args) {
     };
     match e.algorithm {
         Algorithm::FixedWindow { limit, window } => {
+            // p4: 0 epoch-aligned, 1 first_request, 2 calendar months.
             let (jitter, first) = match e.align {
-                WindowAlign::Epoch { jitter } if jitter > 0 => {
+                WindowAlign::Epoch { jitter } | WindowAlign::Month { jitter } if jitter > 0 => {
                     // As in memory: the digest's high half picks the offset.
                     let hi = (e.key.as_u128() >> 64) as u64;
-                    ((hi % jitter) / 1_000, 0)
+                    let month = matches!(e.align, WindowAlign::Month { .. });
+                    ((hi % jitter) / 1_000, if month { 2 } else { 0 })
                 }
                 WindowAlign::Epoch { .. } => (0, 0),
                 WindowAlign::FirstRequest => (0, 1),
+                WindowAlign::Month { .. } => (0, 2),
             };
             args.int(1);
             args.int(limit);

@@ -15,7 +15,8 @@
 -- msgpack numbers (an emission interval as a float64), a lease member as
 -- a string: Redis parses no text into a number.
 --
---   1 fixed window    p1 limit, p2 window (us), p3 jitter offset (us), p4 first_request (0/1)
+--   1 fixed window    p1 limit, p2 window (us), p3 jitter offset (us), p4 alignment:
+--                     0 the epoch, 1 first_request, 2 calendar months (UTC)
 --   2 sliding window  p1 limit, p2 window (us)
 --   3 sliding log     p1 limit, p2 window (us)
 --   4 GCRA bucket     p1 units (token capacity; leaky capacity + 1), p2 emission
@@ -60,6 +61,30 @@ local KEYS = KEYS
 local t = call('TIME')
 local now = tonumber(t[1]) * 1000000 + tonumber(t[2])
 local now_ms = mfloor(now / 1000)
+
+-- Calendar months in UTC (window = "1mo", p4 = 2): the month `us` falls in,
+-- counted from January 1970, and the instant (us) the next one starts; as
+-- src/limit/calendar.rs (Hinnant's civil_from_days / days_from_civil).
+local function month_of(us)
+  local fl = math.floor
+  local z = fl(us / 86400000000) + 719468
+  local era = fl(z / 146097)
+  local doe = z - era * 146097
+  local yoe = fl((doe - fl(doe / 1460) + fl(doe / 36524) - fl(doe / 146096)) / 365)
+  local doy = doe - (365 * yoe + fl(yoe / 4) - fl(yoe / 100))
+  local mp = fl((5 * doy + 2) / 153)
+  local m = (mp < 10) and (mp + 3) or (mp - 9)
+  local y = yoe + era * 400 + ((m <= 2) and 1 or 0)
+  local ny, nm = y, m + 1
+  if nm > 12 then ny, nm = y + 1, 1 end
+  local yy = (nm <= 2) and (ny - 1) or ny
+  local e2 = fl(yy / 400)
+  local yoe2 = yy - e2 * 400
+  local mp2 = (nm > 2) and (nm - 3) or (nm + 9)
+  local doe2 = yoe2 * 365 + fl(yoe2 / 4) - fl(yoe2 / 100) + fl((153 * mp2 + 2) / 5)
+  return (y - 1970) * 12 + (m - 1), (e2 * 146097 + doe2 - 719468) * 86400000000
+end
+
 
 -- The parameter sets, the number of string keys and the decisions. Set
 -- p's values are M[6p - 4] (algorithm) to M[6p + 1] (shadow).
@@ -221,6 +246,15 @@ if a <= nd then
         win, used, reset_in = start, s[2], start + w - kn
       else
         win, used, reset_in = kn, 0, w
+      end
+    elseif first == 2 then
+      local idx, ends = month_of(kn)
+      if s[1] and s[1] > idx then
+        win, used, reset_in = s[1], s[2], 1
+      else
+        win = idx
+        used = (s[1] == idx) and s[2] or 0
+        reset_in = ends - kn
       end
     else
       local idx = math.floor(kn / w)
@@ -487,6 +521,9 @@ for i, p in pairs(wset) do
   if algo == 4 then
     -- Until the bucket is full again.
     until_us = s
+  elseif algo == 1 and M[b] == 2 then
+    -- A calendar month: p2 is the longest month, past its end whatever.
+    until_us = now + p2 + M[b - 1]
   elseif algo == 1 then
     until_us = ((M[b] == 1) and (s[1] + p2) or ((s[1] + 1) * p2)) + M[b - 1]
   elseif algo == 2 then

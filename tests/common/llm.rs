@@ -76,6 +76,11 @@ impl LlmUpstream {
         format!("http://{}", self.addr)
     }
 
+    /// Whether any request reached it.
+    pub fn received(&self) -> bool {
+        self.last_body.lock().unwrap().is_some()
+    }
+
     /// The last request's body, as JSON.
     pub fn last_body(&self) -> serde_json::Value {
         let body = self.last_body.lock().unwrap().clone().expect("a request");
@@ -154,6 +159,13 @@ async fn answer(
     let script = header("x-script").unwrap_or_else(|| "json".into());
     let used: u64 = header("x-used").and_then(|v| v.parse().ok()).unwrap_or(0);
     let mib: u64 = header("x-mib").and_then(|v| v.parse().ok()).unwrap_or(1);
+    // `x-prompt`: that many of the `x-used` tokens are the prompt (a
+    // third by default); `x-cached`: of those, read from the cache.
+    let prompt: u64 = header("x-prompt")
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(used / 3)
+        .min(used);
+    let cached: u64 = header("x-cached").and_then(|v| v.parse().ok()).unwrap_or(0);
     let body = request
         .into_body()
         .collect()
@@ -162,14 +174,19 @@ async fn answer(
         .unwrap_or_default();
     let asked: serde_json::Value = serde_json::from_slice(&body).unwrap_or_default();
     *seen.lock().unwrap() = Some(body);
-    let (prompt, completion) = (used / 3, used - used / 3);
+    let completion = used - prompt;
     let chunk = |text: &str| {
         format!(
             "data: {{\"id\":\"c1\",\"object\":\"chat.completion.chunk\",\"choices\":[{{\"index\":0,\"delta\":{{\"content\":\"{text}\"}}}}]}}\n\n"
         )
     };
+    // The cached count only when asked for: the answers stay as they were.
+    let details = match cached {
+        0 => String::new(),
+        cached => format!(",\"prompt_tokens_details\":{{\"cached_tokens\":{cached}}}"),
+    };
     let openai_usage = format!(
-        "{{\"prompt_tokens\":{prompt},\"completion_tokens\":{completion},\"total_tokens\":{used}}}"
+        "{{\"prompt_tokens\":{prompt},\"completion_tokens\":{completion},\"total_tokens\":{used}{details}}}"
     );
     let (content_type, pieces, cut, usage_header): (&str, Vec<String>, bool, bool) =
         match script.as_str() {
@@ -199,7 +216,8 @@ async fn answer(
                 "text/event-stream; charset=utf-8",
                 vec![
                     format!(
-                        "event: message_start\ndata: {{\"type\":\"message_start\",\"message\":{{\"id\":\"m1\",\"usage\":{{\"input_tokens\":{prompt},\"output_tokens\":1}}}}}}\n\n"
+                        "event: message_start\ndata: {{\"type\":\"message_start\",\"message\":{{\"id\":\"m1\",\"usage\":{{\"input_tokens\":{},\"cache_read_input_tokens\":{cached},\"output_tokens\":1}}}}}}\n\n",
+                        prompt.saturating_sub(cached)
                     ),
                     "event: content_block_delta\ndata: {\"type\":\"content_block_delta\",\"index\":0,\"delta\":{\"type\":\"text_delta\",\"text\":\"Hi\"}}\n\n".into(),
                     format!(
@@ -210,7 +228,7 @@ async fn answer(
                 false,
                 false,
             ),
-            "openai" => openai(&asked, prompt, completion),
+            "openai" => openai(&asked, prompt, completion, cached),
             // No usage anywhere.
             "none" => (
                 "application/json",
@@ -327,14 +345,18 @@ fn openai(
     asked: &serde_json::Value,
     prompt: u64,
     completion: u64,
+    cached: u64,
 ) -> (&'static str, Vec<String>, bool, bool) {
     use serde_json::{Value, json};
     let model = asked["model"].as_str().unwrap_or("gpt-test");
-    let usage = json!({
+    let mut usage = json!({
         "prompt_tokens": prompt,
         "completion_tokens": completion,
         "total_tokens": prompt + completion,
     });
+    if cached > 0 {
+        usage["prompt_tokens_details"] = json!({"cached_tokens": cached});
+    }
     let head = |object: &str| {
         json!({
             "id": "chatcmpl-1",
