@@ -587,7 +587,8 @@ fn settle(
 }
 
 /// The log line's note of the limit at `position` of the route's stack.
-#[inline]
+/// Always inlined: as the allowed path's `Option::map`, it was a call.
+#[inline(always)]
 fn note(plan: &RoutePlan, ticket: &Ticket<'_>, position: usize, denied: bool) -> LimitNote {
     LimitNote {
         limit: plan.stack[position],
