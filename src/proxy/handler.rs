@@ -331,7 +331,10 @@ async fn route_and_act(
     if let RouteAction::Quota { limits } = &route.action {
         // The caller's own state, charging nothing: no admission.
         let peer = downstream.peer.ip();
-        return quota::answer(app, snapshot, route, &parts, peer, limits, now).await;
+        let (response, fields) =
+            quota::answer(app, snapshot, route, &parts, peer, limits, now).await?;
+        progress.answer.fields = fields;
+        return Ok(response);
     }
     let plan = &snapshot.routes[index];
     // Filled in place: returned by value it was copied twice (1.1 KB).

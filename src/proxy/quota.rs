@@ -30,17 +30,26 @@ use crate::app::overrides::Override;
 use crate::app::{App, Snapshot};
 use crate::config::RouteConfig;
 use crate::config::tokens::Unit;
+use crate::http::field_lines::{FieldLines, OwnLines};
 use crate::http::problem::escape_into;
 use crate::limit::{Algorithm, Nanos, quota};
 use crate::ratelimit_policy::{StackView, is_concurrency, policy_header};
-use http::header::{CACHE_CONTROL, CONTENT_TYPE};
+use http::Response;
 use http::request::Parts;
-use http::{HeaderValue, Response};
 
 /// The answer's future, boxed: only quota routes pay for it, and none of
 /// it is built into every request's future.
-pub(super) type Answering<'a> =
-    Pin<Box<dyn Future<Output = Result<Response<ResponseBody>, GatewayError>> + Send + 'a>>;
+pub(super) type Answering<'a> = Pin<
+    Box<
+        dyn Future<Output = Result<(Response<ResponseBody>, FieldLines), GatewayError>> + Send + 'a,
+    >,
+>;
+
+/// The answer's fields, as one copy: written as lines, as a 429's are,
+/// rather than inserted into a header map (its allocation and two
+/// insertions).
+const JSON_NOT_STORED: OwnLines =
+    OwnLines::new("content-type: application/json\r\ncache-control: no-store\r\n");
 
 /// The quota route's answer to `parts` from `peer`, for `limits`.
 pub(super) fn answer<'a>(
@@ -62,13 +71,14 @@ pub(super) fn answer<'a>(
     })
 }
 
-fn json_response(snapshot: &Snapshot, readings: &[Reading<'_>]) -> Response<ResponseBody> {
+fn json_response(
+    snapshot: &Snapshot,
+    readings: &[Reading<'_>],
+) -> (Response<ResponseBody>, FieldLines) {
     let body = arena_body(|out| write_limits(out, snapshot, readings));
-    let mut response = Response::new(ResponseBody::full(body));
-    let headers = response.headers_mut();
-    headers.insert(CONTENT_TYPE, HeaderValue::from_static("application/json"));
-    headers.insert(CACHE_CONTROL, HeaderValue::from_static("no-store"));
-    response
+    let mut fields = FieldLines::new();
+    fields.push_lines(JSON_NOT_STORED);
+    (Response::new(ResponseBody::full(body)), fields)
 }
 
 /// The answer's JSON, written member by member as `serde_json` wrote it
