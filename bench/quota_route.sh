@@ -11,6 +11,13 @@
 # spent (429). CPU per request = the gateway's CPU ticks (utime + stime)
 # over the run / the requests wrk counted. Every response's status is
 # checked (quota: 2xx only; deny: 429 only); a socket error fails the bench.
+#
+# CALLGRIND=1 counts user-space instructions per request instead (as
+# bench/instructions.sh does, robust to a busy machine): the gateway runs
+# under valgrind's callgrind with instrumentation off, and each path's run
+# is counted on its own (instrumentation on, wrk, a dump, off), one round.
+# KEEP_DUMPS=DIR keeps the two dumps there (quota, deny) for
+# `callgrind_annotate`.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 # shellcheck source=bench/common.sh
@@ -45,11 +52,52 @@ match = { path = "/api" }
 respond = { status = 200, body = "ok" }
 limits = ["per_key"]
 TOML
-start_tollgate "$TMP/gateway.toml"
-GW=$STARTED
+CALLGRIND=${CALLGRIND:-0}
+if [ "$CALLGRIND" = 1 ]; then
+  need_tools valgrind
+  TOLLGATE_LOG=warn valgrind --tool=callgrind --instr-atstart=no \
+    --callgrind-out-file="$TMP/cg.%p" "$TOLLGATE" run -c "$TMP/gateway.toml" >"$TMP/cg.log" 2>&1 &
+  GW=$!
+  PIDS+=("$GW")
+else
+  start_tollgate "$TMP/gateway.toml"
+  GW=$STARTED
+fi
 wait_port "$PORT"
 # The key's one token spent: /api refuses it from now on.
 curl -s -o /dev/null -H 'x-api-key: k' "http://127.0.0.1:$PORT/api"
+
+if [ "$CALLGRIND" = 1 ]; then
+  # Both paths warmed up uncounted; then counted from here on, each run
+  # dumped on its own (a dump zeroes the counts; callgrind numbers its
+  # dumps from 1, in order).
+  for path in /quota /api; do
+    wrk -t1 -c16 -d2s -H 'x-api-key: k' "http://127.0.0.1:$PORT$path" >/dev/null
+  done
+  callgrind_control -i on "$GW" >/dev/null 2>&1
+  counted() { # $1 = name, $2 = path, $3 = allow|deny, $4 = dump number
+    local out="$TMP/$1.wrk" dump total
+    wrk -t1 -c16 -d"${SECONDS_PER_RUN}s" -H 'x-api-key: k' "http://127.0.0.1:$PORT$2" >"$out"
+    callgrind_control -d "$GW" >/dev/null 2>&1
+    sleep 0.5
+    dump=$(ls "$TMP"/cg.*."$4")
+    if [ -n "${KEEP_DUMPS:-}" ]; then
+      mkdir -p "$KEEP_DUMPS"
+      cp "$dump" "$KEEP_DUMPS/$1"
+    fi
+    total=$(grep -m1 '^summary:' "$dump" | awk '{print $2}')
+    awk -v t="$total" -v name="$1" '/requests in/ { printf "%s\t%d\n", name, t / $1 }' "$out"
+  }
+  quota=$(counted quota /quota allow 1 | cut -f2)
+  check_statuses allow "$TMP/quota.wrk" "http://127.0.0.1:$PORT/quota" -H 'x-api-key: k'
+  deny=$(counted deny /api deny 2 | cut -f2)
+  check_statuses deny "$TMP/deny.wrk" "http://127.0.0.1:$PORT/api" -H 'x-api-key: k'
+  printf 'Instructions per request (callgrind, one run each):\n'
+  printf '  quota route   %s\n' "$quota"
+  printf '  denied        %s\n' "$deny"
+  awk -v q="$quota" -v d="$deny" 'BEGIN { printf "  quota / deny  %.2f\n", q / d }'
+  exit 0
+fi
 
 HZ=$(getconf CLK_TCK)
 run() { # $1 = name, $2 = path, $3 = allow|deny

@@ -51,9 +51,29 @@ pub(super) type Waiting<'a> = Pin<Box<dyn Future<Output = ()> + Send + 'a>>;
 
 /// A request the memory tier refused at `by`: its wait for a slot, or
 /// `None` when it is answered at once (counted shed when a slot limit
-/// refused it).
-#[inline(never)]
+/// refused it). A rate limit's refusal neither waits nor is shed (the
+/// first refusing entry is `by`, and only slot limits have a queue): one
+/// branch, the common denial's whole cost here.
+#[inline(always)]
 pub(super) fn refused<'a, 's: 'a>(
+    app: &'a App,
+    snapshot: &'s Snapshot,
+    charge: &'a Charge<'s>,
+    ticket: &'a mut Ticket<'s>,
+    by: usize,
+) -> Option<Waiting<'a>> {
+    if !matches!(
+        ticket.algorithms.get(by),
+        Some(Algorithm::Concurrency { .. } | Algorithm::Adaptive { .. })
+    ) {
+        return None;
+    }
+    refused_at_slot(app, snapshot, charge, ticket, by)
+}
+
+/// [`refused`] by a slot limit.
+#[inline(never)]
+fn refused_at_slot<'a, 's: 'a>(
     app: &'a App,
     snapshot: &'s Snapshot,
     charge: &'a Charge<'s>,

@@ -8,8 +8,11 @@
 //! - [`error`]: why the gateway answers a request itself
 //!   ([`error::GatewayError`]), mapped to a status in one `match`;
 //! - [`response`]: the gateway's own problem+json responses;
-//! - [`body`]: the response body all of them send.
+//! - [`body`]: the response body all of them send;
+//! - [`arena`]: the bodies written at flood rates, cut from one buffer
+//!   per thread.
 
+pub(crate) mod arena;
 pub(crate) mod body;
 pub(crate) mod error;
 pub(crate) mod ratelimit;

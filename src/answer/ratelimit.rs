@@ -10,12 +10,9 @@
 //! ([`policy_header`](crate::ratelimit_policy::policy_header)).
 //! Shadow limits never appear in client-facing headers.
 
-use std::cell::RefCell;
-
-use bytes::{Bytes, BytesMut};
-
 use http::{Response, StatusCode};
 
+use super::arena::arena_body;
 use super::body::ResponseBody;
 use crate::admission::Ticket;
 use crate::app::{RoutePlan, Snapshot};
@@ -317,7 +314,7 @@ pub(crate) fn deny_response(
     } = denial(view, verdicts, denied_by, policy);
     let limit = view.limits[denied_by];
     let verdict = &verdicts[denied_by].verdict;
-    let body = deny_body(|body| {
+    let body = arena_body(|body| {
         // Member by member into the thread's buffer rather than through
         // `serde_json::Value`: the deny path runs at flood rates, and this
         // allocates nothing (a dozen allocations there), each member one
@@ -445,90 +442,10 @@ fn budget_members(
     }
 }
 
-/// Room the denial bodies of a thread are cut from: a 429 is written out
-/// and its body dropped before the next denial, so the room is taken again
-/// from its start, and a denial allocates nothing (two allocations, a `String`
-/// and the `Bytes` header, and on every denial mimalloc retiring the page of
-/// the one live body: ~150 instructions).
-const DENY_ARENA: usize = 16 * 1024;
-
-/// One thread's denial bodies: the text, built in a reused `String`, then
-/// cut from `arena` as a `Bytes` that shares it.
-struct DenyBodies {
-    text: String,
-    arena: BytesMut,
-}
-
-thread_local! {
-    static DENY_BODIES: RefCell<DenyBodies> = RefCell::new(DenyBodies {
-        text: String::with_capacity(512),
-        arena: BytesMut::new(),
-    });
-}
-
-/// A denial body written by `write` (into an empty `String`), cut from the
-/// thread's arena. A body still being sent (a slow client) keeps its part of
-/// the arena alive; the arena then takes new room, and the old one goes with
-/// the last body in it.
-fn deny_body(write: impl FnOnce(&mut String)) -> Bytes {
-    let mut write = Some(write);
-    let cut = DENY_BODIES.try_with(|bodies| {
-        let mut bodies = bodies.try_borrow_mut().ok()?;
-        let DenyBodies { text, arena } = &mut *bodies;
-        text.clear();
-        (write.take()?)(text);
-        if arena.capacity() < text.len() {
-            arena.reserve(DENY_ARENA.max(text.len()));
-        }
-        arena.extend_from_slice(text.as_bytes());
-        if text.capacity() > 4 * 1024 {
-            // A very long limit name: not kept.
-            *text = String::with_capacity(512);
-        }
-        Some(arena.split().freeze())
-    });
-    match cut {
-        Ok(Some(body)) => body,
-        // Re-entered or the thread ending: a body of its own.
-        _ => {
-            let mut text = String::new();
-            if let Some(write) = write {
-                write(&mut text);
-            }
-            Bytes::from(text)
-        }
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
     use crate::config::HeaderStyles;
-
-    #[test]
-    fn a_denial_body_kept_while_others_are_cut_stays_as_written() {
-        // A slow client still sending its 429 holds its body; the arena
-        // then takes new room rather than writing over it.
-        let held = deny_body(|text| text.push_str("first"));
-        let long = "x".repeat(DENY_ARENA / 3);
-        let mut others = Vec::new();
-        for i in 0..20 {
-            let body = deny_body(|text| {
-                text.push_str(&long);
-                text.push_str(&i.to_string());
-            });
-            assert!(body.ends_with(i.to_string().as_bytes()));
-            others.push(body);
-        }
-        assert_eq!(&held[..], b"first");
-        // Bodies dropped: their room is taken again from its start.
-        drop(others);
-        let a = deny_body(|text| text.push_str("again"));
-        assert_eq!(&a[..], b"again");
-        // Longer than the arena: still whole.
-        let huge = "y".repeat(2 * DENY_ARENA);
-        assert_eq!(deny_body(|text| text.push_str(&huge)).len(), 2 * DENY_ARENA);
-    }
     use crate::config::{LimitConfig, OnMissingKey};
     use crate::limit::{Algorithm, Rate, Verdict};
     use crate::ratelimit_policy::{least_remaining, policy_header};

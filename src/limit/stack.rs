@@ -38,6 +38,7 @@
 //! decision reports `denied_by = Some(1)`, per_key `Allowed` with `r` 20.
 
 use std::cell::RefCell;
+use std::mem::ManuallyDrop;
 
 use parking_lot::MutexGuard;
 use smallvec::SmallVec;
@@ -102,7 +103,11 @@ pub(crate) struct Permits {
     /// its moves. A request that holds a permit takes its list from the
     /// thread's spare lists ([`SPARE_LISTS`]), so a decision allocates
     /// nothing once the thread has served one.
-    slots: Vec<Permit>,
+    ///
+    /// Dropped by hand ([`Permits`]' `Drop`): a `Vec` field's own drop
+    /// called the slice's drop out of line even for the empty list most
+    /// requests hold, four times a request (~70 instructions).
+    slots: ManuallyDrop<Vec<Permit>>,
 }
 
 /// Emptied permit lists kept per thread for the next requests that hold
@@ -147,7 +152,7 @@ impl Permits {
     /// gateway error other than a timeout) teaches nothing.
     pub(crate) fn record_outcome(&mut self, answer: UpstreamAnswer, clock: &dyn Clock) {
         let mut now = None;
-        for permit in &mut self.slots {
+        for permit in self.slots.iter_mut() {
             if let Permit::Memory(SlotPermit::Adaptive(adaptive)) = permit {
                 let now = *now.get_or_insert_with(|| clock.now());
                 adaptive.answered(answer, now);
@@ -158,7 +163,7 @@ impl Permits {
     /// [`Permits::record_outcome`] at a known instant (the simulator's
     /// modelled response end).
     pub(crate) fn record_outcome_at(&mut self, answer: UpstreamAnswer, now: Nanos) {
-        for permit in &mut self.slots {
+        for permit in self.slots.iter_mut() {
             if let Permit::Memory(SlotPermit::Adaptive(adaptive)) = permit {
                 adaptive.answered(answer, now);
             }
@@ -172,7 +177,7 @@ impl Permits {
 
     fn add(&mut self, permit: Permit) {
         if self.slots.capacity() == 0 {
-            self.slots = SPARE_LISTS
+            *self.slots = SPARE_LISTS
                 .try_with(|lists| lists.try_borrow_mut().ok()?.pop())
                 .ok()
                 .flatten()
@@ -185,7 +190,8 @@ impl Permits {
     /// request that holds one.
     #[cold]
     fn give_back_list(&mut self) {
-        let mut list = std::mem::take(&mut self.slots);
+        // Taken out whole: an empty list, which owns nothing, stays.
+        let mut list = std::mem::take(&mut *self.slots);
         list.clear();
         if list.capacity() > 8 {
             return;

@@ -12,6 +12,9 @@
 //! Only the deny path records (an admitted request never comes here), and
 //! it holds no global lock: each thread writes a shard of its own
 //! ([`SHARDS`], picked once per thread), so two workers rarely share one.
+//! A shard finds a counted pair by a hash index and the counter to replace
+//! by a cursor, so a refusal costs the same few steps however many keys
+//! are refused (see [`Shard`]).
 //! A reader merges the shards, summing a pair's counts and errors, which is
 //! how space-saving summaries merge (Agarwal et al., "Mergeable
 //! Summaries", 2012).
@@ -40,10 +43,42 @@ pub(crate) struct RefusedKeys {
     shards: [Mutex<Shard>; SHARDS],
 }
 
-/// One shard: at most [`CAPACITY`] counters, in no order.
-#[derive(Debug, Default)]
+/// One shard: at most [`CAPACITY`] counters, in no order, found by a hash
+/// index rather than a scan.
+///
+/// A refusal flood is the very time the deny path must stay cheap, and it
+/// is often a flood of many keys (addresses): a scan of the counters cost
+/// up to 64 comparisons per refusal, and each key new to a full shard a
+/// second pass for the smallest counter. Here a counted pair is found in
+/// [`INDEX`] slots of linear probing (at most half full) from its digest's
+/// low half, and the smallest counter by a cursor that goes on from where
+/// it stopped: every counter is at least `floor`, so the first at `floor`
+/// is a smallest, and a whole pass finding none raises `floor` to the true
+/// smallest.
+#[derive(Debug)]
 struct Shard {
     counters: Vec<Counted>,
+    /// Per slot, the position + 1 of the counter whose pair probes from
+    /// here (0: free).
+    index: [u8; INDEX],
+    /// No counter is below it.
+    floor: u64,
+    /// Where the search for a smallest counter goes on.
+    cursor: usize,
+}
+
+/// Slots of a shard's index: twice [`CAPACITY`], a power of two.
+const INDEX: usize = 2 * CAPACITY;
+
+impl Default for Shard {
+    fn default() -> Shard {
+        Shard {
+            counters: Vec::new(),
+            index: [0; INDEX],
+            floor: 0,
+            cursor: 0,
+        }
+    }
 }
 
 /// A pair counted and how often it was refused.
@@ -60,14 +95,36 @@ pub(crate) struct Counted {
     pub(crate) error: u64,
 }
 
+/// The index slot a key's probe starts at.
+fn home(key: LimitKey) -> usize {
+    // A digest's bits are uniform: its low half's low bits will do.
+    (key.halves().1 as usize) & (INDEX - 1)
+}
+
 impl Shard {
     fn record(&mut self, limit: &Arc<str>, key: LimitKey) {
-        let same =
-            |c: &Counted| c.key == key && (Arc::ptr_eq(&c.limit, limit) || c.limit == *limit);
-        if let Some(counted) = self.counters.iter_mut().find(|c| same(c)) {
-            counted.count += 1;
-            return;
+        let mut slot = home(key);
+        loop {
+            let at = usize::from(self.index[slot]);
+            if at == 0 {
+                break;
+            }
+            let counted = &mut self.counters[at - 1];
+            if counted.key == key && (Arc::ptr_eq(&counted.limit, limit) || counted.limit == *limit)
+            {
+                counted.count += 1;
+                return;
+            }
+            slot = (slot + 1) & (INDEX - 1);
         }
+        self.take_place(slot, limit, key);
+    }
+
+    /// A pair not counted: a counter of its own while there is room, else
+    /// the place of a smallest counter. `free` is the index slot where its
+    /// probe ended.
+    #[cold]
+    fn take_place(&mut self, free: usize, limit: &Arc<str>, key: LimitKey) {
         if self.counters.len() < CAPACITY {
             self.counters.push(Counted {
                 limit: limit.clone(),
@@ -75,17 +132,64 @@ impl Shard {
                 count: 1,
                 error: 0,
             });
+            self.index[free] = self.counters.len() as u8;
             return;
         }
-        if let Some(smallest) = self.counters.iter_mut().min_by_key(|c| c.count) {
-            let floor = smallest.count;
-            *smallest = Counted {
-                limit: limit.clone(),
-                key,
-                count: floor + 1,
-                error: floor,
-            };
+        let at = self.smallest();
+        self.unindex(at);
+        let floor = self.counters[at].count;
+        self.counters[at] = Counted {
+            limit: limit.clone(),
+            key,
+            count: floor + 1,
+            error: floor,
+        };
+        // The slot freed above may be on this key's probe: probed again.
+        let mut slot = home(key);
+        while self.index[slot] != 0 {
+            slot = (slot + 1) & (INDEX - 1);
         }
+        self.index[slot] = (at + 1) as u8;
+    }
+
+    /// The position of a smallest counter (the shard is full).
+    fn smallest(&mut self) -> usize {
+        loop {
+            for _ in 0..self.counters.len() {
+                let at = self.cursor;
+                self.cursor = (at + 1) % self.counters.len();
+                if self.counters[at].count <= self.floor {
+                    return at;
+                }
+            }
+            // None at `floor`: the smallest is above it.
+            self.floor = self.counters.iter().map(|c| c.count).min().unwrap_or(0);
+        }
+    }
+
+    /// The counter at `at` out of the index: its slot emptied, and the
+    /// slots probing past it moved back (deletion in linear probing), so
+    /// that every probe still reaches its pair before a free slot.
+    fn unindex(&mut self, at: usize) {
+        let mut hole = home(self.counters[at].key);
+        while usize::from(self.index[hole]) != at + 1 {
+            hole = (hole + 1) & (INDEX - 1);
+        }
+        let mut next = hole;
+        loop {
+            next = (next + 1) & (INDEX - 1);
+            let held = usize::from(self.index[next]);
+            if held == 0 {
+                break;
+            }
+            // It may fill the hole unless its probe starts after the hole.
+            let from = home(self.counters[held - 1].key);
+            if next.wrapping_sub(from) & (INDEX - 1) >= next.wrapping_sub(hole) & (INDEX - 1) {
+                self.index[hole] = self.index[next];
+                hole = next;
+            }
+        }
+        self.index[hole] = 0;
     }
 }
 
@@ -199,6 +303,40 @@ mod tests {
                 .iter()
                 .all(|c| c.error <= n / CAPACITY as u64)
         );
+    }
+
+    #[test]
+    fn the_index_finds_every_counted_pair_through_any_replacements() {
+        let mut shard = Shard::default();
+        let (a, b): (Arc<str>, Arc<str>) = (Arc::from("a"), Arc::from("b"));
+        let mut n = 0u64;
+        // Keys of both limits, the same digests under each, coming back
+        // at every distance: replacements all over the index.
+        for i in 0..20_000u64 {
+            let limit = if i % 3 == 0 { &a } else { &b };
+            shard.record(limit, key(i % 97 + (i / 1000) * 13));
+            n += 1;
+        }
+        // Space-saving's counts always sum to the refusals seen.
+        assert_eq!(shard.counters.iter().map(|c| c.count).sum::<u64>(), n);
+        let counted = shard.counters.clone();
+        let mut pairs: Vec<(&str, u128)> = counted
+            .iter()
+            .map(|c| (&*c.limit, c.key.as_u128()))
+            .collect();
+        pairs.sort_unstable();
+        pairs.dedup();
+        assert_eq!(pairs.len(), CAPACITY, "each pair counted once");
+        // Each counted pair is found (counted again), none taken in anew.
+        for c in &counted {
+            shard.record(&c.limit, c.key);
+        }
+        for (before, after) in counted.iter().zip(&shard.counters) {
+            assert_eq!((&before.limit, before.key), (&after.limit, after.key));
+            assert_eq!(after.count, before.count + 1);
+        }
+        let used = shard.index.iter().filter(|&&at| at != 0).count();
+        assert_eq!(used, CAPACITY);
     }
 
     #[test]
