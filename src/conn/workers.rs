@@ -554,8 +554,11 @@ mod tests {
         let task = Holding::new(shared.plain_connection(stream, peer), permit);
         let size = std::mem::size_of_val(&task);
         println!("a plain connection's task future: {size} bytes");
+        // 768 with the fast path's busy state in a block of its own
+        // (`http1::server::serve`); the task took 4,872 bytes (heaptrack)
+        // when an async block wrapped it twice.
         assert!(
-            size <= 100000,
+            size <= 800,
             "a plain connection's task future is {size} bytes"
         );
     }
