@@ -11,12 +11,13 @@
 # difference per connection. TLS=1 measures the same over TLS (a
 # self-signed certificate made with openssl), where rustls keeps buffers of
 # its own per connection. The peer, nginx `limit_req` (one worker), is
-# measured the same way in the same run. A run fails unless every
+# measured the same way in the same run (with TLS=1, over TLS too: the same
+# certificate, OpenSSL's defaults). A run fails unless every
 # connection opened and stayed open.
 #
 # Run:    bench/idle_rss.sh [BINARY]    (default: target/dist/tollgate,
 #                                        built unless SKIP_BUILD=1)
-# Knobs:  BASE_PORT=18190 (uses BASE_PORT .. BASE_PORT+5), CONNECTIONS=10000,
+# Knobs:  BASE_PORT=18190 (uses BASE_PORT .. BASE_PORT+6), CONNECTIONS=10000,
 #         TLS=1 (also measure TLS connections)
 # Needs nginx, python3 (and openssl for TLS=1); raises `ulimit -n` to the
 # hard limit (it must allow CONNECTIONS + a few hundred descriptors).
@@ -110,6 +111,9 @@ measure() {
   local label=$1 port=$2 workers=$3 tls=$4 pid before after alive
   {
     echo "[server]"
+    # Opening 10,000 connections (TLS handshakes in Python) may take longer
+    # than the default idle timeout: the first ones must still be open.
+    echo 'idle_timeout = "10m"'
     if [ "$tls" = 1 ]; then
       echo "listen = \"127.0.0.1:$((BASE_PORT + 4))\""
       echo "$workers"
@@ -141,19 +145,26 @@ CONF
 # The peer in the same run: nginx `limit_req` in front of the same upstream
 # (bench/load.sh's allowing configuration, one worker, as one process with
 # `master_process off` so its RSS is the serving process's), room made for
-# CONNECTIONS connections. $1 = label, $2 = port.
+# CONNECTIONS connections. $1 = label, $2 = port, $3 = 1 for TLS (the
+# gateway's certificate).
 measure_nginx() {
-  local label=$1 port=$2 pid room=$((CONNECTIONS + 1000))
+  local label=$1 port=$2 tls=${3:-0} pid room=$((CONNECTIONS + 1000)) listen
+  listen="listen 127.0.0.1:$port;"
+  if [ "$tls" = 1 ]; then
+    listen="listen 127.0.0.1:$port ssl; ssl_certificate $TMP/cert.pem; ssl_certificate_key $TMP/key.pem;"
+  fi
   {
     echo "master_process off;"
     echo "worker_rlimit_nofile $room;"
     nginx_proxy_conf 1 "$port" "burst=1000000 nodelay" "1000000r/s" "$PORT_UP" "$TMP" |
-      sed "s/worker_connections 4096;/worker_connections $room;/"
-  } >"$TMP/ng-idle.conf"
-  "$NGINX" -p "$TMP/" -c "$TMP/ng-idle.conf" >/dev/null 2>&1 &
+      sed -e "s/worker_connections 4096;/worker_connections $room;/" \
+        -e "s|listen 127.0.0.1:$port;|$listen|" \
+        -e "s/keepalive_requests 10000000;/&\n  keepalive_timeout 10m;/"
+  } >"$TMP/ng-idle-$port.conf"
+  "$NGINX" -p "$TMP/" -c "$TMP/ng-idle-$port.conf" >/dev/null 2>&1 &
   pid=$!
   PIDS+=("$pid")
-  hold "$label" "$port" "$pid" 0
+  hold "$label" "$port" "$pid" "$tls"
 }
 
 # The server $3 listening on port $2: warmed up, its RSS read, CONNECTIONS
@@ -190,4 +201,5 @@ measure "http, workers default" $((BASE_PORT + 2)) "" 0
 measure_nginx "nginx limit_req, 1 worker" $((BASE_PORT + 5))
 if [ "${TLS:-0}" = 1 ]; then
   measure "https, workers = 1" $((BASE_PORT + 3)) "workers = 1" 1
+  measure_nginx "nginx limit_req https, 1 worker" $((BASE_PORT + 6)) 1
 fi

@@ -18,9 +18,12 @@
 //!
 //! - **Idle connections are cheap**: one waiting for its next request holds
 //!   no buffer (the fast path gives them back and takes a set when bytes
-//!   arrive) and no handler future (it lives in a block of its own while a
-//!   request does); hyper's and HTTP/2's connections, larger, are boxed at
-//!   the hand-off, so the task of every connection does not carry their size.
+//!   arrive), no handler future and no room for the busy state of serving a
+//!   request (each lives in a block of its own, which travels with the
+//!   buffers); hyper's and HTTP/2's connections, larger, are boxed at the
+//!   hand-off, so the task of every connection does not carry their size;
+//!   and a task holds its connection's future once ([`accept::Holding`], no
+//!   `async` block around it). `workers::tests` bounds the task's size.
 //! - **TLS** (`tls`): a `[server.tls]` listener's connection does its
 //!   handshake in its own task, under `header_read_timeout`, with the
 //!   snapshot's certificates of the moment it was accepted; then the TLS

@@ -5,8 +5,8 @@
 //! header and idle timeouts. It lives with the server codec so the pipeline
 //! can mark a request's end without naming the connection layer.
 
-use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
+use std::sync::{Arc, OnceLock};
 use std::task::{Context, Poll};
 
 use tokio::time::Instant;
@@ -35,9 +35,8 @@ pub(crate) struct ConnActivity {
     pub(crate) linger: LingerSwitch,
     /// The gate of a handed-off connection waits for the requests in flight
     /// to be answered before it passes an upgrade ([`super::gate::Answered`]);
-    /// rare, so a lock, taken only when `answer_awaited` is set.
+    /// rare, so a lock ([`Rare::answer_waker`]), taken only when this is set.
     answer_awaited: AtomicBool,
-    answer_waker: parking_lot::Mutex<Option<std::task::Waker>>,
     /// Asked to close if idle, to make room at `max_connections` (see
     /// [`ConnActivity::request_eviction`]).
     evict: AtomicBool,
@@ -50,13 +49,25 @@ pub(crate) struct ConnActivity {
     /// serves the connection (HTTP/1.1 clients only; hyper's servers have no
     /// way to send them).
     relay_interim: AtomicBool,
+    /// Interim heads are queued ([`Rare::interim`]): known without taking
+    /// the lock (a 1xx is rare: the lock is for them, never for a plain
+    /// request).
+    interim_waiting: AtomicBool,
+    /// What few connections use, made by the first use: every connection,
+    /// idle ones included, would carry its room (~70 bytes) otherwise.
+    rare: OnceLock<Box<Rare>>,
+}
+
+/// The parts of a connection's activity that few connections use.
+#[derive(Debug, Default)]
+struct Rare {
+    /// The waker of a gate waiting for the requests in flight to be
+    /// answered.
+    answer_waker: parking_lot::Mutex<Option<std::task::Waker>>,
     /// The request the codec refused (the connection closes after it), for
     /// the connection's metrics and log.
-    refused: std::sync::OnceLock<super::Refusal>,
-    /// Interim heads queued by the upstream exchange and not written yet;
-    /// `interim_waiting` says there are some without taking the lock (a
-    /// 1xx is rare: the lock is for them, never for a plain request).
-    interim_waiting: AtomicBool,
+    refused: OnceLock<super::Refusal>,
+    /// Interim heads queued by the upstream exchange and not written yet.
     interim: parking_lot::Mutex<Vec<u8>>,
 }
 
@@ -70,13 +81,11 @@ impl ConnActivity {
             closing: AtomicBool::new(false),
             linger: LingerSwitch::default(),
             answer_awaited: AtomicBool::new(false),
-            answer_waker: parking_lot::Mutex::new(None),
             evict: AtomicBool::new(false),
             task: parking_lot::Mutex::new(None),
             relay_interim: AtomicBool::new(false),
-            refused: std::sync::OnceLock::new(),
             interim_waiting: AtomicBool::new(false),
-            interim: parking_lot::Mutex::new(Vec::new()),
+            rare: OnceLock::new(),
         }
     }
 
@@ -91,8 +100,13 @@ impl ConnActivity {
         if !self.relay_interim.load(Ordering::Relaxed) {
             return;
         }
-        self.interim.lock().extend_from_slice(head);
+        self.rare().interim.lock().extend_from_slice(head);
         self.interim_waiting.store(true, Ordering::Release);
+    }
+
+    /// The rarely used parts, made now if they were not yet.
+    fn rare(&self) -> &Rare {
+        self.rare.get_or_init(Box::default)
     }
 
     /// Remembers the connection task's waker, for evictions.
@@ -196,7 +210,7 @@ impl ConnActivity {
         self.in_flight.fetch_sub(1, Ordering::SeqCst);
         if self.answer_awaited.load(Ordering::SeqCst) {
             self.answer_awaited.store(false, Ordering::SeqCst);
-            if let Some(waker) = self.answer_waker.lock().take() {
+            if let Some(waker) = self.rare().answer_waker.lock().take() {
                 waker.wake();
             }
         }
@@ -207,7 +221,7 @@ impl ConnActivity {
     /// The request the codec refused (the fast path or, after a hand-off,
     /// the gate), if it refused one.
     pub(crate) fn refusal(&self) -> Option<&super::Refusal> {
-        self.refused.get()
+        self.rare.get()?.refused.get()
     }
 }
 
@@ -224,7 +238,7 @@ impl super::gate::Answered for ActivityAnswered {
         if activity.in_flight.load(Ordering::SeqCst) == 0 {
             return Poll::Ready(());
         }
-        *activity.answer_waker.lock() = Some(cx.waker().clone());
+        *activity.rare().answer_waker.lock() = Some(cx.waker().clone());
         activity.answer_awaited.store(true, Ordering::SeqCst);
         // A request that ended in between would not have seen the flag.
         if activity.in_flight.load(Ordering::SeqCst) == 0 {
@@ -252,7 +266,7 @@ impl Closing for ConnActivity {
         {
             return;
         }
-        let mut queued = self.interim.lock();
+        let mut queued = self.rare().interim.lock();
         out.extend_from_slice(&queued);
         queued.clear();
         if queued.capacity() > 4096 {
@@ -262,6 +276,32 @@ impl Closing for ConnActivity {
 
     fn refused(&self, refusal: super::Refusal) {
         // A connection refuses once: it closes after.
-        let _ = self.refused.set(refusal);
+        let _ = self.rare().refused.set(refusal);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Every connection, idle or not, holds one (behind an `Arc`): what
+    /// few use is boxed away ([`Rare`]). Raise the bound only knowingly.
+    #[test]
+    fn a_connection_s_activity_stays_small() {
+        let size = std::mem::size_of::<ConnActivity>();
+        assert!(size <= 88, "ConnActivity is {size} bytes");
+    }
+
+    #[test]
+    fn the_rare_parts_work_when_first_used() {
+        let activity = ConnActivity::new();
+        assert!(activity.refusal().is_none());
+        activity.relay_interim(true);
+        activity.queue_interim(b"HTTP/1.1 103 Early Hints\r\n\r\n");
+        assert!(activity.interim_waiting());
+        let mut out = Vec::new();
+        activity.take_interim(&mut out);
+        assert_eq!(out, b"HTTP/1.1 103 Early Hints\r\n\r\n");
+        assert!(!activity.interim_waiting());
     }
 }

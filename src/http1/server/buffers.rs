@@ -40,7 +40,7 @@ const MAX_SPARE: usize = 64;
 
 /// Idle connections per thread that keep their set ([`Kept`]): at most
 /// ~0.9 MB per thread, as the spares.
-const KEEP_IDLE: usize = 64;
+pub(super) const KEEP_IDLE: usize = 64;
 
 /// Room for the next read into `read`: a new [`READ_BUFFER`] when less than
 /// a quarter of one is left (an empty buffer whose bytes are all handed on
@@ -64,6 +64,9 @@ pub(super) struct Buffers {
     pub(super) fields: HeaderMap,
     /// Room for the handler's future of the next request (see `slot`).
     pub(super) block: Option<Block>,
+    /// Room for the state of the connection's next busy spell (see
+    /// `serve`): outside the set while the connection is busy.
+    pub(super) busy: Option<Block>,
 }
 
 thread_local! {
@@ -105,20 +108,23 @@ impl Kept {
 
     /// Waits, keeping the set (and counted), for the first bytes of the
     /// connection's next request, read into it; then the set is the
-    /// connection's again. `None`: the client closed the connection.
+    /// connection's again, with whether they came (false: the client
+    /// closed the connection).
     pub(super) async fn next_request<T: AsyncRead + Unpin>(
         mut self,
         io: &mut T,
-    ) -> io::Result<Option<Box<Buffers>>> {
-        // Always there: only `Drop` and this take it.
+    ) -> (Box<Buffers>, io::Result<bool>) {
+        // Always there: only `Drop` and this take it (a new set stands in,
+        // never used).
         let Some(set) = self.0.as_mut() else {
-            return Ok(None);
+            return (Buffers::take(), Ok(false));
         };
         make_room(&mut set.read);
-        if io.read_buf(&mut set.read).await? == 0 {
-            return Ok(None);
-        }
-        Ok(self.0.take())
+        // In the set's place until then: a connection dropped while it
+        // waits gives the set to the spares (`Drop`).
+        let read = io.read_buf(&mut set.read).await;
+        let set = self.0.take().unwrap_or_else(Buffers::take);
+        (set, read.map(|n| n > 0))
     }
 }
 
@@ -153,6 +159,7 @@ impl Buffers {
                 out: Vec::with_capacity(1024),
                 fields: HeaderMap::new(),
                 block: None,
+                busy: None,
             })
         })
     }
@@ -213,20 +220,14 @@ mod tests {
         // connection's again and no longer counted.
         let (mut client, mut server) = tokio::io::duplex(64);
         client.write_all(b"GET / HTTP/1.1\r\n").await.unwrap();
-        let set = kept.pop().unwrap().next_request(&mut server).await.unwrap();
-        let set = set.expect("bytes arrived");
+        let (set, arrived) = kept.pop().unwrap().next_request(&mut server).await;
+        assert!(arrived.unwrap(), "bytes arrived");
         assert_eq!(&set.read[..], b"GET / HTTP/1.1\r\n");
         assert_eq!(KEPT.with(Cell::get), KEEP_IDLE - 1);
         // A client that closes while idle: no set, and not counted.
         drop(client);
-        assert!(
-            kept.pop()
-                .unwrap()
-                .next_request(&mut server)
-                .await
-                .unwrap()
-                .is_none()
-        );
+        let (_, arrived) = kept.pop().unwrap().next_request(&mut server).await;
+        assert!(!arrived.unwrap());
         assert_eq!(KEPT.with(Cell::get), KEEP_IDLE - 2);
         // Room for another again; a grown set is not kept.
         let mut grown = Buffers::take();
@@ -252,6 +253,7 @@ mod tests {
                 out: Vec::new(),
                 fields: HeaderMap::new(),
                 block: None,
+                busy: None,
             })
             .give_back();
         }

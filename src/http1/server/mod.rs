@@ -172,35 +172,141 @@ where
     B: Body<Data = Bytes>,
     B::Error: std::fmt::Display,
 {
-    // `None` while the connection waits for its next request: an idle
-    // connection holds no buffer (see `buffers`)...
-    let mut busy: Option<Box<Buffers>> = None;
-    // ...unless it is among the few of its thread that keep theirs.
-    let mut kept: Option<Kept> = None;
     // The last response was a rate-limit denial (see above).
     let mut step_aside = false;
     loop {
-        let mut buffers = match (busy.take(), kept.take()) {
-            (Some(buffers), _) => buffers,
-            (None, Some(kept)) => match kept.next_request(io).await? {
-                Some(buffers) => buffers,
-                None => return Ok(Ended::Closed),
-            },
-            (None, None) => match first_bytes(io).await? {
-                Some(buffers) => buffers,
-                // Between requests: the client is done.
-                None => return Ok(Ended::Closed),
-            },
+        // Idle: no buffer, and no room for a busy connection's state.
+        let Some(mut buffers) = first_bytes(io).await? else {
+            // Between requests: the client is done.
+            return Ok(Ended::Closed);
         };
+        // Busy: the state of serving requests lives in a block of its own
+        // (`slot`), which travels with the buffers: an async function is as
+        // large as its largest state, and every idle connection would carry
+        // the room of a busy one's (the response's body being written, the
+        // head's parts, the handler's slot) for as long as it is open.
+        let mut room = buffers.busy.take();
+        let mut busy = Slot::new_with(&mut room, || {
+            serve_busy(io, closing, max_head, &mut respond, buffers, step_aside)
+        });
+        let spell = (&mut busy).await;
+        busy.finish(&mut room);
+        let mut buffers = spell.buffers;
+        buffers.busy = room;
+        buffers.give_back();
+        match spell.next? {
+            Next::Idle { steps_aside } => step_aside = steps_aside,
+            Next::Ended(ended) => return Ok(ended),
+        }
+    }
+}
+
+/// How a busy spell of a connection ended, with the buffers it was served
+/// with (they go back to the thread's spares with the spell's block).
+struct Spell {
+    buffers: Box<Buffers>,
+    next: io::Result<Next>,
+}
+
+/// What follows a busy spell.
+enum Next {
+    /// The connection waits for its next request, holding nothing; it
+    /// steps aside before that one if the last response was a denial.
+    Idle { steps_aside: bool },
+    /// The fast path is done with the connection.
+    Ended(Ended),
+}
+
+/// Serves requests from the bytes in `buffers` until the connection goes
+/// idle (no byte of a next request read) or ends. The first [`KEEP_IDLE`]
+/// connections of a thread to go idle wait here instead, keeping their
+/// buffers and this state ([`Kept`]): the usual keep-alive client then
+/// reads its next request straight into them.
+///
+/// [`KEEP_IDLE`]: buffers::KEEP_IDLE
+async fn serve_busy<T, C, F, Fut, B, L>(
+    io: &mut T,
+    closing: &C,
+    max_head: usize,
+    respond: &mut F,
+    mut buffers: Box<Buffers>,
+    mut step_aside: bool,
+) -> Spell
+where
+    T: AsyncRead + AsyncWrite + Unpin,
+    C: Closing + ?Sized,
+    F: FnMut(Request<ClientBody>) -> Fut,
+    Fut: Future<Output = (Response<B>, L)>,
+    L: ExtraFields,
+    B: Body<Data = Bytes>,
+    B::Error: std::fmt::Display,
+{
+    loop {
+        let next = serve_requests(io, closing, max_head, respond, &mut buffers, step_aside).await;
+        let steps_aside = match next {
+            Ok(Next::Idle { steps_aside }) => steps_aside,
+            next => return Spell { buffers, next },
+        };
+        match Kept::try_keep(buffers) {
+            Ok(kept) => {
+                let (set, arrived) = kept.next_request(io).await;
+                buffers = set;
+                match arrived {
+                    Ok(true) => step_aside = steps_aside,
+                    Ok(false) => {
+                        return Spell {
+                            buffers,
+                            next: Ok(Next::Ended(Ended::Closed)),
+                        };
+                    }
+                    Err(error) => {
+                        return Spell {
+                            buffers,
+                            next: Err(error),
+                        };
+                    }
+                }
+            }
+            Err(buffers) => {
+                return Spell {
+                    buffers,
+                    next: Ok(Next::Idle { steps_aside }),
+                };
+            }
+        }
+    }
+}
+
+/// Serves the requests in `buffers` (and those read into them) until none
+/// is buffered after a response, or the connection ends.
+async fn serve_requests<T, C, F, Fut, B, L>(
+    io: &mut T,
+    closing: &C,
+    max_head: usize,
+    respond: &mut F,
+    buffers: &mut Buffers,
+    mut step_aside: bool,
+) -> io::Result<Next>
+where
+    T: AsyncRead + AsyncWrite + Unpin,
+    C: Closing + ?Sized,
+    F: FnMut(Request<ClientBody>) -> Fut,
+    Fut: Future<Output = (Response<B>, L)>,
+    L: ExtraFields,
+    B: Body<Data = Bytes>,
+    B::Error: std::fmt::Display,
+{
+    let Buffers {
+        read: buffer,
+        out,
+        fields,
+        block,
+        busy: _,
+    } = buffers;
+    loop {
         if std::mem::take(&mut step_aside) {
             step_aside::while_busy().await;
         }
-        let Buffers {
-            read: buffer,
-            out,
-            fields,
-            block,
-        } = &mut *buffers;
         // Bytes of a partial head already parsed: a head arriving in many
         // small reads is parsed again only when it may have ended.
         let mut parsed_up_to = 0;
@@ -208,13 +314,15 @@ where
             if !buffer.is_empty() && may_be_complete(buffer, parsed_up_to, max_head) {
                 match parse(buffer, fields, max_head) {
                     Parsed::Request { request, close } => break (request, close),
-                    Parsed::HandOff => return Ok(Ended::HandOff(std::mem::take(buffer))),
+                    Parsed::HandOff => {
+                        return Ok(Next::Ended(Ended::HandOff(std::mem::take(buffer))));
+                    }
                     Parsed::Partial => parsed_up_to = buffer.len(),
                     Parsed::Refused(refusal) => {
                         // Told whether or not the client still reads it.
                         closing.refused(refusal);
                         refuse(io, out, refusal).await?;
-                        return Ok(Ended::Closed);
+                        return Ok(Next::Ended(Ended::Closed));
                     }
                 }
             }
@@ -222,12 +330,13 @@ where
             if io.read_buf(buffer).await? == 0 {
                 // Within a head: the client gave up; hyper answers nothing
                 // then either.
-                return Ok(Ended::Closed);
+                return Ok(Next::Ended(Ended::Closed));
             }
         };
         let is_head = request.method() == Method::HEAD;
         // In a block of its own (`slot`), not in this future: the handler's
-        // future is large, and an idle connection would carry its room.
+        // future is large, and a busy connection would carry its room
+        // between requests.
         // Awaited here, not passed to a helper: moving it once more showed
         // as +500 instructions of memcpy per request.
         let mut handling = Slot::new_with(block, || respond(request));
@@ -258,7 +367,7 @@ where
                     io.write_all(out).await?;
                 }
                 read = io.read_buf(buffer) => match read {
-                    Ok(0) | Err(_) => return Ok(Ended::Closed),
+                    Ok(0) | Err(_) => return Ok(Next::Ended(Ended::Closed)),
                     Ok(_) => {}
                 },
             }
@@ -299,29 +408,22 @@ where
             Ok(head) => head,
             Err(error) => {
                 tracing::warn!(%error, "response not sent; closing the connection");
-                return Ok(Ended::Closed);
+                return Ok(Next::Ended(Ended::Closed));
             }
         };
         let complete = write_body(io, out, body, head.framing).await?;
         if !complete || head.last || closing.is_closing() {
-            buffers.give_back();
             // Whatever the client still sends (pipelined requests) is read
             // and dropped for a moment, so its answer is not lost to a reset.
             crate::http1::server::linger::close(io).await;
-            return Ok(Ended::Closed);
+            return Ok(Next::Ended(Ended::Closed));
         }
         if buffer.is_empty() {
-            // Idle until the next request: the buffers are kept, if the
-            // thread keeps fewer than its bound, or go back to its spares
-            // (a large `out` is freed there).
-            match Kept::try_keep(buffers) {
-                Ok(set) => kept = Some(set),
-                Err(buffers) => buffers.give_back(),
-            }
-        } else {
-            // Pipelined bytes are waiting: served with the same buffers.
-            busy = Some(buffers);
+            return Ok(Next::Idle {
+                steps_aside: step_aside,
+            });
         }
+        // Pipelined bytes are waiting: served with the same buffers.
     }
 }
 

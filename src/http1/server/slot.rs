@@ -62,7 +62,7 @@ unsafe impl<F: Sync> Sync for Slot<F> {}
 
 impl<F: Future> Slot<F> {
     /// Makes the future with `make` in the block `spare` holds (one is
-    /// allocated if it holds none that fits). The block is taken first and
+    /// allocated if it holds none with room for it). The block is taken first and
     /// `make`'s result written into it through a reference (known writable
     /// for a whole `F`), so the compiler may build the future in place
     /// rather than aside and copy it in.
@@ -73,7 +73,14 @@ impl<F: Future> Slot<F> {
             None
         } else {
             Some(match spare.take() {
-                Some(block) if block.layout == layout => block,
+                // Room enough: a connection over TLS and a plain one on
+                // the same thread hand each other their blocks.
+                Some(block)
+                    if block.layout.size() >= layout.size()
+                        && block.layout.align() >= layout.align() =>
+                {
+                    block
+                }
                 _ => Block::new(layout),
             })
         };
@@ -161,13 +168,19 @@ mod tests {
     }
 
     #[tokio::test]
-    async fn a_block_of_another_layout_is_replaced_and_zero_sized_futures_need_none() {
+    async fn a_block_too_small_is_replaced_a_larger_one_used_and_zero_sized_futures_need_none() {
         let mut spare = Some(Block::new(Layout::new::<[u8; 3]>()));
         let slot = Slot::new_with(&mut spare, || std::future::ready(5u64));
         assert_eq!(
             slot.block.as_ref().unwrap().layout,
             Layout::new::<std::future::Ready<u64>>()
         );
+        let larger = Layout::new::<[u64; 4]>();
+        let mut spare = Some(Block::new(larger));
+        let in_larger = Slot::new_with(&mut spare, || std::future::ready(6u64));
+        assert!(spare.is_none());
+        assert_eq!(in_larger.block.as_ref().unwrap().layout, larger);
+        assert_eq!(in_larger.await, 6);
         let mut none = None;
         assert_eq!(
             Slot::new_with(&mut none, || std::future::ready(())).await,
