@@ -57,8 +57,8 @@
 //! the last cut landed on (`initial` before the first cut), where the queue
 //! had been drained, whatever its latency (a window there that shows
 //! queueing means the baseline is too low, and teaches it). At `min` every window counts (nothing is left to shed, so the
-//! latency is the upstream's own). The first [`WINDOW_SAMPLES`] answers
-//! bootstrap it.
+//! latency is the upstream's own). The first [`BOOTSTRAP_SAMPLES`] (20)
+//! answers bootstrap it.
 //!
 //! Under a sustained overload the limit saw-tooths between the drained level
 //! and the first level whose windows show queueing with confidence; the
@@ -114,7 +114,7 @@
 //! # Worked example
 //!
 //! `min = 1`, `max = 1000`, `initial = 20`; an upstream with 40 slots and a
-//! 10 ms service time, more demand than that. The first 10 answers set the
+//! 10 ms service time, more demand than that. The first 20 answers set the
 //! baseline to 10 ms. While `limit ≤ 40` windows see 10 ms (`r = 1`) and the
 //! limit grows every other window (a settling window between):
 //! 20 → 22 → 24 → 27 → … → 47 → 51. At 51 in flight 11 queue: a window sees
@@ -165,6 +165,9 @@ pub const WINDOW_SAMPLES: u32 = 10;
 /// 3 (rather than 2) because a cut is costly (it refuses) and windows are
 /// many: at 2, half-loaded exponential upstreams still saw cuts.
 pub const CONFIDENCE: f64 = 3.0;
+
+/// The answers that set the first baseline.
+pub const BOOTSTRAP_SAMPLES: u32 = 2 * WINDOW_SAMPLES;
 
 /// About how many samples the baseline averages over: a window of `n`
 /// moves it `n / BASELINE_SAMPLES` of the gap (at most half).
@@ -395,10 +398,13 @@ impl Adaptive {
                 self.window_samples = self.window_samples.saturating_add(1);
                 if self.baseline <= 0.0 {
                     // The bootstrap: the first answers, however many in
-                    // flight (a later drain corrects a queued start).
-                    if self.window_samples >= WINDOW_SAMPLES {
-                        self.baseline =
-                            (self.window_sum / f64::from(self.window_samples)).max(1.0) as f32;
+                    // flight (a later drain corrects a queued start). Not
+                    // fewer: with exponential service times the mean of 10
+                    // is ±30 %, and a low bootstrap takes the rest for a
+                    // queue and cuts at once.
+                    let mean = self.window_sum / f64::from(self.window_samples);
+                    if self.window_samples >= BOOTSTRAP_SAMPLES {
+                        self.baseline = mean.max(1.0) as f32;
                         self.recent = self.baseline;
                         self.start_window(now, false);
                     }
@@ -482,14 +488,15 @@ mod tests {
         Params::new(1, 1000, 20).unwrap()
     }
 
-    /// Run one window of `WINDOW_SAMPLES` successes at `latency`, with
-    /// `load` in flight, starting at `now`; returns the time after it.
+    /// Complete a window's worth of successes (`max(WINDOW_SAMPLES,
+    /// limit)`) at `latency`, with `load` in flight, starting at `now`;
+    /// returns the time after it.
     fn window(a: &mut Adaptive, p: Params, now: Nanos, load: u32, latency: Nanos) -> Nanos {
         for _ in 0..load {
             a.acquire();
         }
         let end = now + latency;
-        for _ in 0..WINDOW_SAMPLES {
+        for _ in 0..WINDOW_SAMPLES.max(a.limit()) {
             a.on_complete(p, end, latency, Outcome::Success);
             a.acquire();
         }
@@ -536,13 +543,24 @@ mod tests {
             now = window(&mut a, p, now, load, 10 * MS);
             seen.push(a.limit());
         }
-        assert_eq!(seen, [20, 22, 24, 27, 29, 32, 35, 38, 41, 44, 47, 51]);
+        // The first call bootstraps the baseline; after that the limit grows
+        // every other window (a settling window follows each move).
+        assert_eq!(
+            seen,
+            [
+                20, 20, 22, 22, 24, 24, 27, 27, 29, 29, 32, 32, 35, 35, 38, 38, 41, 41, 44, 44, 47,
+                47, 51
+            ]
+        );
         assert_eq!(a.baseline(), Some(10 * MS));
-        // 51 in flight on 40 slots: a window sees 12.5 ms, r = 1.25, still
-        // within the tolerance: one more step.
+        // 51 in flight on 40 slots: windows see 12.5 ms, r = 1.25, still
+        // within the tolerance: a settling window, then one more step.
+        now = window(&mut a, p, now, 51, 12_500_000);
+        assert_eq!(a.limit(), 51);
         now = window(&mut a, p, now, 51, 12_500_000);
         assert_eq!(a.limit(), 54);
-        // 54 in flight: 13.5 ms, r = 1.35: cut to 54.x × 0.85 / 1.35.
+        // 54 in flight: 13.5 ms, r = 1.35 with no spread: cut to
+        // 54.x × 0.85 / 1.35.
         now = window(&mut a, p, now, 54, 13_500_000);
         assert_eq!(a.limit(), 34);
         assert_eq!(a.recent(), Some(13_500_000));
@@ -555,6 +573,39 @@ mod tests {
         a.on_complete(p, now + 6 * MS, 5 * MS, Outcome::Overload);
         assert_eq!(a.limit(), 27);
         assert_eq!(a.in_flight(), 0);
+    }
+
+    #[test]
+    fn a_noisy_window_is_not_queueing_a_steady_one_is() {
+        let p = params();
+        let mut a = Adaptive::new(p, 0);
+        for _ in 0..20 {
+            a.acquire();
+        }
+        let mut now = 10 * MS;
+        for _ in 0..BOOTSTRAP_SAMPLES {
+            a.on_complete(p, now, 10 * MS, Outcome::Success);
+            a.acquire();
+        }
+        assert_eq!(a.baseline(), Some(10 * MS));
+        // 20 samples averaging 15 ms (r = 1.5) but spread 1–29 ms: the
+        // standard error is 3.2 ms, and 15 − 3 × 3.2 < 10: noise, no cut
+        // (and no growth: r is above the tolerance).
+        now += 30 * MS;
+        for i in 0..20 {
+            let latency = if i % 2 == 0 { MS } else { 29 * MS };
+            a.on_complete(p, now, latency, Outcome::Success);
+            a.acquire();
+        }
+        assert_eq!(a.limit(), 20);
+        assert_eq!(a.recent(), Some(15 * MS));
+        // The same mean with no spread is queueing: cut.
+        now += 30 * MS;
+        for _ in 0..20 {
+            a.on_complete(p, now, 15 * MS, Outcome::Success);
+            a.acquire();
+        }
+        assert!(a.limit() < 20, "{}", a.limit());
     }
 
     #[test]
@@ -576,7 +627,8 @@ mod tests {
     fn rescale_keeps_the_learned_limit_within_new_bounds() {
         let p = params();
         let mut a = Adaptive::new(p, 0);
-        window(&mut a, p, 0, 20, MS);
+        let now = window(&mut a, p, 0, 20, MS);
+        window(&mut a, p, now, 20, MS);
         assert_eq!(a.limit(), 22);
         a.rescale(Params::new(1, 1000, 5).unwrap());
         assert_eq!(a.limit(), 22);
