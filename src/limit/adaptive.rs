@@ -335,9 +335,15 @@ impl Adaptive {
         self.in_flight
     }
 
-    /// The learned unqueued latency, once a request has been answered.
+    /// The learned unqueued latency, once a request has been answered
+    /// (until the bootstrap's answers are in, their mean so far).
     pub fn baseline(&self) -> Option<Nanos> {
-        (self.baseline > 0.0).then_some(self.baseline as Nanos)
+        if self.baseline > 0.0 {
+            Some(self.baseline as Nanos)
+        } else {
+            (self.window_samples > 0)
+                .then(|| (self.window_sum / f64::from(self.window_samples)) as Nanos)
+        }
     }
 
     /// The mean latency of the last closed window, once one has.
