@@ -329,21 +329,24 @@ mod tests {
     fn answers_sample_and_cut() {
         let params = Params::new(1, 100, 10).unwrap();
         let slot = fresh(params, T);
-        // Ten 200s at 10 ms with the limit in use: a window that grows it.
-        let mut held: Vec<_> = (0..10)
-            .map(|_| AdaptivePermit::acquire(&slot, 1, T))
-            .collect();
-        for p in &mut held {
-            p.answered(UpstreamAnswer::Status(200), T + 10 * MS);
+        // Rounds of ten 200s at 10 ms with the limit in use: the first two
+        // set the baseline, the third is a window that grows the limit.
+        for round in 0..3 {
+            let sent = T + round * 10 * MS;
+            let mut held: Vec<_> = (0..10)
+                .map(|_| AdaptivePermit::acquire(&slot, 1, sent))
+                .collect();
+            for p in &mut held {
+                p.answered(UpstreamAnswer::Status(200), sent + 10 * MS);
+            }
         }
-        held.clear();
         let v = view(&slot);
         assert_eq!(v.baseline, Some(10 * MS));
         assert!(v.limit > 10, "{v:?}");
         // A timeout: × 0.8.
         let before = v.limit;
-        let mut p = AdaptivePermit::acquire(&slot, 1, T + 20 * MS);
-        p.answered(UpstreamAnswer::TimedOut, T + 30 * MS);
+        let mut p = AdaptivePermit::acquire(&slot, 1, T + 40 * MS);
+        p.answered(UpstreamAnswer::TimedOut, T + 50 * MS);
         drop(p);
         assert!(view(&slot).limit < before);
         assert_eq!(UpstreamAnswer::Status(429).outcome(), Outcome::Overload);
