@@ -44,6 +44,8 @@ use crate::metrics::{Front, LabelNames, Metrics, RouteHandles};
 use crate::ratelimit_policy::{StackView, policy_header};
 use crate::routing::Router;
 use crate::store::{RedisStore, Signals};
+use crate::trace::Tracing;
+use crate::trace::export::Exporter;
 use crate::upstream::health::{self, HealthSignals, UrlHealth};
 use crate::upstream::pool::BodyErrors;
 use crate::upstream::registry::{HealthMetrics, HealthRegistry};
@@ -160,6 +162,8 @@ pub struct Snapshot {
     pub(crate) descriptors: DescriptorTable,
     /// `[jwt]`: the issuers' keys and the verified-token cache.
     pub(crate) jwt: Option<Verifier>,
+    /// `[tracing]`: this configuration's sampler and the app's exporter.
+    pub(crate) tracing: Option<Tracing>,
 }
 
 impl Snapshot {
@@ -251,6 +255,7 @@ impl Snapshot {
             generation,
             loaded_at: SystemTime::now(),
             jwt,
+            tracing: None,
         }
     }
 
@@ -512,6 +517,33 @@ impl LimiterRegistry {
 }
 
 /// A URL's health series in the process's [`Metrics`].
+/// `config`'s `[tracing]` for a snapshot: the app's exporter (started by
+/// the first configuration that has the section, reconfigured by the
+/// next ones) under this configuration's sampler. A cold path: start and
+/// reloads.
+fn tracing_for(
+    exporter: &Mutex<Option<Arc<Exporter>>>,
+    metrics: &Metrics,
+    config: &Config,
+) -> Option<Tracing> {
+    let settings = config.tracing.as_ref()?;
+    let mut exporter = exporter.lock();
+    let running = match &*exporter {
+        Some(running) => {
+            running.reconfigure(settings);
+            running.clone()
+        }
+        None => match Exporter::start(settings, metrics.trace_spans_dropped_counter()) {
+            Ok(started) => exporter.insert(Arc::new(started)).clone(),
+            Err(error) => {
+                tracing::error!(%error, "cannot start the trace exporter; requests are not traced");
+                return None;
+            }
+        },
+    };
+    Some(Tracing::new(settings, running))
+}
+
 struct UpstreamHealthMetrics<'m>(&'m Arc<Metrics>);
 
 impl HealthMetrics for UpstreamHealthMetrics<'_> {
@@ -561,6 +593,9 @@ pub struct App {
     /// `server.state_file` as the gateway started: where overrides outlive
     /// a restart.
     state_file: Option<std::path::PathBuf>,
+    /// `[tracing]`'s exporter, started by the first configuration with
+    /// the section and kept for the process (a reload reconfigures it).
+    exporter: Mutex<Option<Arc<Exporter>>>,
 }
 
 /// A failed reload, as `/config` shows it.
@@ -625,10 +660,11 @@ impl App {
         let urls = health.resolve(&config.upstreams, &UpstreamHealthMetrics(&metrics));
         let jwks = jwks::JwksRegistry::default();
         let jwt = jwks.verifier(&config, &metrics);
+        let exporter = Mutex::new(None);
+        let mut first = Snapshot::new(config, 1, limiters, urls, &metrics, shared, jwt);
+        first.tracing = tracing_for(&exporter, &metrics, &first.config);
         let app = Arc::new(App {
-            snapshot: ArcSwap::from_pointee(Snapshot::new(
-                config, 1, limiters, urls, &metrics, shared, jwt,
-            )),
+            snapshot: ArcSwap::from_pointee(first),
             generation: AtomicU64::new(1),
             registry,
             health,
@@ -642,6 +678,7 @@ impl App {
             install_lock: Mutex::new(()),
             overrides: overrides::Registry::default(),
             state_file,
+            exporter,
         });
         if let (Some(store), true) = (&app.store, auto) {
             let weak = Arc::downgrade(&app);
@@ -682,6 +719,7 @@ impl App {
             jwt,
         );
         next.loaded_at = current.loaded_at;
+        next.tracing = tracing_for(&self.exporter, &self.metrics, &next.config);
         self.attach_overrides(&next);
         self.snapshot.store(Arc::new(next));
         tracing::info!(
@@ -755,7 +793,7 @@ impl App {
         let generation = self.generation.fetch_add(1, Ordering::Relaxed) + 1;
         // Before the swap: the gauge never lags the `/config` generation.
         self.metrics.set_generation(generation);
-        let next = Snapshot::new(
+        let mut next = Snapshot::new(
             config,
             generation,
             limiters,
@@ -764,6 +802,7 @@ impl App {
             self.store.is_some(),
             jwt,
         );
+        next.tracing = tracing_for(&self.exporter, &self.metrics, &next.config);
         self.attach_overrides(&next);
         self.snapshot.store(Arc::new(next));
         self.generations.send_replace(generation);

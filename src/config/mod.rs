@@ -10,7 +10,7 @@
 //! validated types and its check: [`server`] (with [`tls`] for
 //! `[server.tls]`), [`client_ip`], [`store`], [`upstreams`], [`limits`]
 //! (with [`tokens`] for token quotas), [`routes`], [`decision`],
-//! [`consumers`] (`[api_keys]` and `[consumers]`) and [`jwt`]. [`validate`]
+//! [`consumers`] (`[api_keys]` and `[consumers]`), [`jwt`] and [`tracing`]. [`validate`]
 //! is the driver: it deserializes the file ([`raw`] is the top of the
 //! mirror), calls each section's check in order, and places the problems.
 //! [`admin_token`] reads `[server]`'s admin token, [`quota_route`] checks
@@ -34,6 +34,7 @@ pub(crate) mod slots;
 pub(crate) mod store;
 pub(crate) mod tls;
 pub(crate) mod tokens;
+pub(crate) mod tracing;
 pub(crate) mod units;
 pub(crate) mod upstreams;
 pub(crate) mod validate;
@@ -60,6 +61,7 @@ pub(crate) use store::{
     StoreConfig,
 };
 pub(crate) use tls::ClientTls;
+pub use tracing::TracingConfig;
 pub(crate) use upstreams::{Balance, EjectPolicy, HealthCheck, UpstreamConfig};
 
 pub(crate) use crate::http::path::EscapedSlashes;
@@ -84,6 +86,8 @@ pub struct Config {
     pub decision: Option<DecisionConfig>,
     /// `[jwt]`: the issuers whose tokens identify callers, when configured.
     pub jwt: Option<jwt::JwtConfig>,
+    /// `[tracing]`: OpenTelemetry traces, when configured.
+    pub tracing: Option<TracingConfig>,
 }
 
 impl Config {

@@ -23,10 +23,11 @@ use super::limits::RawLimit;
 use super::routes::RawRoute;
 use super::server::RawServer;
 use super::store::RawStore;
+use super::tracing::RawTracing;
 use super::upstreams::RawUpstream;
 use super::{
     Config, ConfigError, KeyPath, Problem, admin_token, client_ip, consumers, decision, jwt,
-    limits, quota_route, routes, server, store, tls, upstreams,
+    limits, quota_route, routes, server, store, tls, tracing, upstreams,
 };
 
 /// The top of the serde mirror: one field per section, each section's
@@ -52,6 +53,7 @@ pub(crate) struct RawConfig {
     pub(crate) api_keys: RawApiKeys,
     pub(crate) decision: Option<RawDecision>,
     pub(crate) jwt: Option<RawJwt>,
+    pub(crate) tracing: Option<RawTracing>,
 }
 
 /// Validates the bytes of a configuration file.
@@ -204,6 +206,10 @@ fn check(c: &mut Checker, path: &Path, bytes: &[u8], raw: &RawConfig) -> Config 
     let (api_keys, consumers) =
         consumers::check_consumers(c, &root, &raw.api_keys, &raw.consumers, directory);
     let jwt = jwt::check_jwt_use(c, &root, raw.jwt.as_ref(), directory, &limits, &routes);
+    let tracing = raw
+        .tracing
+        .as_ref()
+        .map(|t| tracing::check_tracing(c, &root.key("tracing"), t));
 
     Config {
         path: path.to_owned(),
@@ -218,6 +224,7 @@ fn check(c: &mut Checker, path: &Path, bytes: &[u8], raw: &RawConfig) -> Config 
         consumers: Arc::new(consumers),
         decision,
         jwt,
+        tracing,
     }
 }
 
