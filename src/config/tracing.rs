@@ -226,10 +226,7 @@ mod tests {
         ];
         for (line, key, message) in cases {
             let errors = errors(&format!("[tracing]\n{line}\n"));
-            assert!(
-                errors.starts_with(&format!("gateway.toml:2:")),
-                "{line}: {errors}"
-            );
+            assert!(errors.starts_with("gateway.toml:2:"), "{line}: {errors}");
             assert!(errors.contains(key), "{line}: {errors}");
             assert!(errors.contains(message), "{line}: {errors}");
         }

@@ -10,9 +10,9 @@
 //! connection, the timeout and the retry of a broken connection are all
 //! on the exporter's thread.
 //!
-//! A batch is sent when it holds [`BATCH`] requests or [`DELAY`] after its
+//! A batch is sent when it holds `batch` requests or `delay` after its
 //! first one came, whichever is sooner; one export is in flight at a time,
-//! bounded by [`EXPORT_TIMEOUT`] (OpenTelemetry's default of 10 s). The
+//! bounded by `timeout` ([`Bounds::DEFAULT`]). The
 //! client is hyper's HTTP/1.1 connection (already the gateway's), kept
 //! alive between batches and made again after a failure.
 //!
@@ -36,17 +36,30 @@ use super::span::RequestSpans;
 use crate::config::TracingConfig;
 use crate::config::tracing::OtlpEndpoint;
 
-/// Requests waiting for export at most; beyond it spans are dropped.
-pub(crate) const QUEUE: usize = 2048;
+/// The exporter's bounds.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Bounds {
+    /// Requests waiting for export at most; beyond it spans are dropped.
+    pub(crate) queue: usize,
+    /// Requests per export at most (up to twice as many spans).
+    pub(crate) batch: usize,
+    /// How long the first request of a batch waits for others.
+    pub(crate) delay: Duration,
+    /// One export's bound: connecting, sending and the collector's answer.
+    pub(crate) timeout: Duration,
+}
 
-/// Requests per export at most (up to twice as many spans).
-pub(crate) const BATCH: usize = 256;
-
-/// How long the first request of a batch waits for others.
-pub(crate) const DELAY: Duration = Duration::from_secs(1);
-
-/// One export's bound: connecting, sending and the collector's answer.
-pub(crate) const EXPORT_TIMEOUT: Duration = Duration::from_secs(10);
+impl Bounds {
+    /// The gateway's: 2,048 requests queued, 256 a batch, a batch sent 1 s
+    /// after its first request at the latest, 10 s an export
+    /// (OpenTelemetry's export timeout).
+    pub(crate) const DEFAULT: Bounds = Bounds {
+        queue: 2048,
+        batch: 256,
+        delay: Duration::from_secs(1),
+        timeout: Duration::from_secs(10),
+    };
+}
 
 /// Where batches go, replaced whole by a reload.
 #[derive(Debug, PartialEq, Eq)]
@@ -69,7 +82,16 @@ impl Exporter {
     /// that never reached the collector. The thread ends once the exporter
     /// is dropped and its queue is drained.
     pub(crate) fn start(config: &TracingConfig, dropped: Counter) -> io::Result<Exporter> {
-        let (queue, receiver) = mpsc::channel(QUEUE);
+        Exporter::start_with(config, dropped, Bounds::DEFAULT)
+    }
+
+    /// [`Exporter::start`] within `bounds`.
+    pub(crate) fn start_with(
+        config: &TracingConfig,
+        dropped: Counter,
+        bounds: Bounds,
+    ) -> io::Result<Exporter> {
+        let (queue, receiver) = mpsc::channel(bounds.queue.max(1));
         let destination = Arc::new(ArcSwap::from_pointee(destination_of(config)));
         let runtime = tokio::runtime::Builder::new_current_thread()
             .enable_all()
@@ -80,6 +102,7 @@ impl Exporter {
             dropped: dropped.clone(),
             connection: None,
             failing: false,
+            bounds,
         };
         std::thread::Builder::new()
             .name("tollgate-trace".into())
@@ -130,6 +153,7 @@ struct Sending {
     /// Exports are failing: the first failure of a spell is a warning, the
     /// rest are debug lines, and the recovery is said once.
     failing: bool,
+    bounds: Bounds,
 }
 
 /// Why an export did not reach the collector.
@@ -143,22 +167,22 @@ enum ExportError {
     Status(http::StatusCode),
     #[error("cannot build the request: {0}")]
     Request(#[from] http::Error),
-    #[error("no answer within {}s", EXPORT_TIMEOUT.as_secs())]
-    Timeout,
+    #[error("no answer within {0:?}")]
+    Timeout(Duration),
 }
 
 impl Sending {
     /// Batches until every sender is gone, then sends what is left.
     async fn run(mut self) {
-        let mut batch: Vec<RequestSpans> = Vec::with_capacity(BATCH);
+        let mut batch: Vec<RequestSpans> = Vec::with_capacity(self.bounds.batch);
         loop {
             let Some(first) = self.receiver.recv().await else {
                 return;
             };
             batch.push(*first);
-            let deadline = tokio::time::Instant::now() + DELAY;
+            let deadline = tokio::time::Instant::now() + self.bounds.delay;
             let mut closed = false;
-            while batch.len() < BATCH {
+            while batch.len() < self.bounds.batch {
                 tokio::select! {
                     next = self.receiver.recv() => match next {
                         Some(spans) => batch.push(*spans),
@@ -180,9 +204,9 @@ impl Sending {
     async fn export(&mut self, batch: &[RequestSpans]) {
         let destination = self.destination.load_full();
         let body = Bytes::from(otlp::encode(&destination.service_name, batch));
-        let sent =
-            tokio::time::timeout(EXPORT_TIMEOUT, self.post(&destination.endpoint, body)).await;
-        let result = sent.unwrap_or(Err(ExportError::Timeout));
+        let timeout = self.bounds.timeout;
+        let sent = tokio::time::timeout(timeout, self.post(&destination.endpoint, body)).await;
+        let result = sent.unwrap_or(Err(ExportError::Timeout(timeout)));
         match result {
             Ok(()) => {
                 if std::mem::replace(&mut self.failing, false) {
@@ -238,4 +262,88 @@ async fn connect(endpoint: &OtlpEndpoint) -> Result<SendRequest<Full<Bytes>>, Ex
         }
     });
     Ok(sender)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::tracing::OtlpEndpoint;
+    use crate::trace::context::{SpanId, TraceId};
+    use crate::trace::span::{SpanKind, SpanRecord};
+
+    fn spans() -> Box<RequestSpans> {
+        let server = SpanRecord::new(
+            TraceId([1; 16]),
+            SpanId([2; 8]),
+            None,
+            SpanKind::Server,
+            0,
+            0,
+        );
+        Box::new(RequestSpans {
+            server,
+            upstream: None,
+        })
+    }
+
+    fn config(authority: String) -> TracingConfig {
+        TracingConfig {
+            otlp: OtlpEndpoint {
+                authority,
+                path: "/v1/traces".to_owned(),
+            },
+            sample: 1.0,
+            service_name: "t".into(),
+        }
+    }
+
+    /// A collector that takes the connection and never answers holds one
+    /// batch in flight; the queue behind it fills, and what does not fit
+    /// is dropped and counted at once, without waiting.
+    #[test]
+    fn a_full_queue_drops_and_counts_without_waiting() {
+        let silent = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let dropped = Counter::default();
+        let bounds = Bounds {
+            queue: 1,
+            batch: 1,
+            delay: Duration::from_millis(1),
+            timeout: Duration::from_secs(60),
+        };
+        let exporter = Exporter::start_with(
+            &config(silent.local_addr().unwrap().to_string()),
+            dropped.clone(),
+            bounds,
+        )
+        .unwrap();
+        let started = std::time::Instant::now();
+        for _ in 0..10 {
+            exporter.submit(spans());
+        }
+        assert!(started.elapsed() < Duration::from_secs(1));
+        // One in the export, one in the queue, at most.
+        assert!((8..=10).contains(&dropped.get()), "{}", dropped.get());
+    }
+
+    /// A collector that is down costs the batch's spans, counted.
+    #[test]
+    fn a_refused_export_counts_its_spans() {
+        let closed = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let authority = closed.local_addr().unwrap().to_string();
+        drop(closed);
+        let dropped = Counter::default();
+        let bounds = Bounds {
+            delay: Duration::from_millis(1),
+            ..Bounds::DEFAULT
+        };
+        let exporter = Exporter::start_with(&config(authority), dropped.clone(), bounds).unwrap();
+        for _ in 0..3 {
+            exporter.submit(spans());
+        }
+        let deadline = std::time::Instant::now() + Duration::from_secs(30);
+        while dropped.get() < 3 && std::time::Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        assert_eq!(dropped.get(), 3);
+    }
 }

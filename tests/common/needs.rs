@@ -1,6 +1,7 @@
 //! Whether the programs some tests talk to are installed, decided when the
 //! test runs: `redis-server` and `redis-cli`, `curl`, `nginx`, and a Python
-//! interpreter that imports the `openai` SDK.
+//! interpreter that imports the `openai` SDK or OpenTelemetry's protobuf
+//! messages (`opentelemetry-proto`).
 //!
 //! A test that needs one starts with `if skip(REDIS) { return; }`. Where the
 //! program is missing it passes at once, after writing `skipped <test>:
@@ -27,30 +28,36 @@ use std::sync::OnceLock;
 pub struct Needs {
     what: &'static str,
     programs: &'static [&'static str],
+    /// A Python module the interpreter of [`python`] must import.
+    module: Option<&'static str>,
     install: &'static str,
 }
 
 pub const REDIS: Needs = Needs {
     what: "redis-server and redis-cli",
     programs: &["redis-server", "redis-cli"],
+    module: None,
     install: "apt-get install -y redis-server redis-tools",
 };
 
 pub const CURL: Needs = Needs {
     what: "curl",
     programs: &["curl"],
+    module: None,
     install: "apt-get install -y curl",
 };
 
 pub const NGINX: Needs = Needs {
     what: "nginx",
     programs: &["nginx"],
+    module: None,
     install: "apt-get install -y nginx",
 };
 
 pub const CHROMIUM: Needs = Needs {
     what: "chromium",
     programs: &["chromium"],
+    module: None,
     install: "apt-get install -y chromium",
 };
 
@@ -58,7 +65,18 @@ pub const CHROMIUM: Needs = Needs {
 pub const OPENAI: Needs = Needs {
     what: "the openai Python package",
     programs: &[],
+    module: Some("openai"),
     install: "python3 -m venv DIR && DIR/bin/pip install openai, \
+              then TOLLGATE_TEST_PYTHON=DIR/bin/python",
+};
+
+/// OpenTelemetry's protobuf messages for Python, imported by [`python`]
+/// (tests/traces.rs decodes the gateway's exports with them too).
+pub const OTEL_PROTO: Needs = Needs {
+    what: "the opentelemetry-proto Python package",
+    programs: &[],
+    module: Some("opentelemetry.proto.collector.trace.v1.trace_service_pb2"),
+    install: "python3 -m venv DIR && DIR/bin/pip install opentelemetry-proto, \
               then TOLLGATE_TEST_PYTHON=DIR/bin/python",
 };
 
@@ -84,23 +102,30 @@ pub fn skip(needs: Needs) -> bool {
     true
 }
 
-/// The interpreter the `openai` tests run: `TOLLGATE_TEST_PYTHON`, else
+/// The interpreter the Python tests run: `TOLLGATE_TEST_PYTHON`, else
 /// `python3`.
 pub fn python() -> String {
     std::env::var("TOLLGATE_TEST_PYTHON").unwrap_or_else(|_| "python3".into())
 }
 
 fn installed(needs: &Needs) -> bool {
-    if needs.programs.is_empty() {
-        static OPENAI_FOUND: OnceLock<bool> = OnceLock::new();
-        return *OPENAI_FOUND.get_or_init(imports_openai);
+    if let Some(module) = needs.module {
+        static FOUND: OnceLock<std::sync::Mutex<Vec<(&str, bool)>>> = OnceLock::new();
+        let found = FOUND.get_or_init(Default::default);
+        let mut found = found.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some((_, imported)) = found.iter().find(|(m, _)| *m == module) {
+            return *imported;
+        }
+        let imported = imports(module);
+        found.push((module, imported));
+        return imported;
     }
     needs.programs.iter().all(|program| on_path(program))
 }
 
-fn imports_openai() -> bool {
+fn imports(module: &str) -> bool {
     Command::new(python())
-        .args(["-c", "import openai"])
+        .args(["-c", &format!("import {module}")])
         .stdin(Stdio::null())
         .stdout(Stdio::null())
         .stderr(Stdio::null())
