@@ -8,7 +8,7 @@
 //! - [`export`]: the bounded queue and the thread that posts batches.
 //!
 //! A snapshot with `[tracing]` holds a [`Tracing`]: the sampler of its
-//! configuration and the app's one [`Exporter`](export::Exporter), kept
+//! configuration and the app's one [`Exporter`], kept
 //! across reloads. Without `[tracing]` a request pays one branch on the
 //! snapshot's `None`. With it, an unsampled request pays a header lookup
 //! and one random number; a sampled one fills its spans in a `Box` the
