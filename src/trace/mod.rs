@@ -33,7 +33,7 @@ pub(crate) mod span;
 
 use std::sync::Arc;
 
-use http::{HeaderMap, HeaderValue};
+use http::{HeaderMap, HeaderName, HeaderValue};
 
 use crate::config::TracingConfig;
 use context::{SpanId, TraceId, format_traceparent, parse_traceparent};
@@ -41,8 +41,9 @@ use export::Exporter;
 use sampler::{Sampler, Start};
 use span::RequestSpans;
 
-/// The header a trace's context travels in.
-pub(crate) const TRACEPARENT: &str = "traceparent";
+/// The header a trace's context travels in (a constant name: looking it
+/// up by a `&str` would parse the name on every request).
+pub(crate) const TRACEPARENT: HeaderName = HeaderName::from_static("traceparent");
 
 /// One configuration's tracing: its sampler, and the app's exporter.
 #[derive(Debug)]
@@ -63,7 +64,7 @@ impl Tracing {
     /// recorded. A `traceparent` field given more than once is malformed.
     #[inline]
     pub(crate) fn sample(&self, headers: &HeaderMap) -> Option<Start> {
-        let mut values = headers.get_all(TRACEPARENT).iter();
+        let mut values = headers.get_all(&TRACEPARENT).iter();
         let parent = match (values.next(), values.next()) {
             (Some(value), None) => parse_traceparent(value.as_bytes()),
             _ => None,
