@@ -29,6 +29,9 @@
 #         OVERRIDES=N installs N per-key overrides of the limit (other keys
 #         than the client's, 10 distinct sets of numbers) through a
 #         `state_file`: the cost of a key without one on a limit with many.
+#         TRACING=RATIO adds `[tracing]` with `sample = RATIO`, exporting to
+#         the nginx upstream (which answers the OTLP POSTs 200): the
+#         exporter's thread is counted with the request path.
 #         KEEP_DUMPS=DIR keeps each run's callgrind dump there, named
 #         BINARY-allow / BINARY-deny, for `callgrind_annotate` per function.
 # Needs valgrind, nginx and wrk (installed with apt-get when absent), and
@@ -79,6 +82,13 @@ if [ "$OVERRIDES" -gt 0 ]; then
   }' >"$TMP/state.json"
   for conf in "$TMP"/allow.toml "$TMP"/deny.toml; do
     sed -i "/^workers = /a state_file = \"$TMP/state.json\"" "$conf"
+  done
+fi
+
+TRACING=${TRACING:-}
+if [ -n "$TRACING" ]; then
+  for conf in "$TMP"/allow.toml "$TMP"/deny.toml; do
+    printf '\n[tracing]\notlp = "http://127.0.0.1:%s"\nsample = %s\n' "$PORT_UP" "$TRACING" >>"$conf"
   done
 fi
 

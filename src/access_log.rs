@@ -8,7 +8,8 @@
 //! Method, path, route, status, duration (to the response's last byte: a
 //! streamed response's line is written when its body ends), upstream and
 //! client address; `queued_ms` for a request that waited before it was
-//! forwarded (part of its duration). The
+//! forwarded (part of its duration); `trace_id` and `span_id` for a request
+//! `[tracing]` recorded (its trace and server span). The
 //! path is logged **without the query string**, and no header value or body
 //! byte is ever logged: query parameters, headers and body fields are where API
 //! keys and user names travel (they are limiter keys, see `limits.*.key`).
@@ -25,6 +26,8 @@ use std::num::NonZeroU64;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
+
+use crate::trace::context::{SpanId, TraceId};
 
 /// The `tracing` target of access-log events.
 pub(crate) const TARGET: &str = "tollgate::access";
@@ -127,6 +130,9 @@ pub(crate) struct AccessEntry<'a> {
     /// bucket's `wait`, a leaky bucket's delay, a queue): `queued_ms`,
     /// only in the line of a request that waited.
     pub(crate) queued: Option<Duration>,
+    /// A recorded request's trace and server span (`[tracing]`):
+    /// `trace_id` and `span_id`, only in the line of a traced request.
+    pub(crate) trace: Option<(TraceId, SpanId)>,
 }
 
 /// A token route's tokens, for its log line: what the request reserved,
@@ -181,6 +187,7 @@ pub(crate) struct PendingLine {
     /// Read when the line is written: the response's usage is known then.
     tokens: Option<Arc<TokenTally>>,
     queued: Option<Duration>,
+    trace: Option<(TraceId, SpanId)>,
 }
 
 impl PendingLine {
@@ -200,6 +207,7 @@ impl PendingLine {
             retries: entry.retries,
             tokens,
             queued: entry.queued,
+            trace: entry.trace,
         }
     }
 
@@ -226,6 +234,7 @@ impl PendingLine {
             front: "proxy",
             tokens: self.tokens.as_deref(),
             queued: self.queued,
+            trace: self.trace,
         });
     }
 }
@@ -258,6 +267,9 @@ pub(crate) fn log(entry: &AccessEntry<'_>) {
         tokens_used = entry.tokens.and_then(TokenTally::used),
         // Absent (not 0) for a request that did not wait.
         queued_ms = entry.queued.map(|q| q.as_micros() as f64 / 1000.0),
+        // Absent for a request `[tracing]` did not record.
+        trace_id = entry.trace.map(|(trace, _)| tracing::field::display(trace)),
+        span_id = entry.trace.map(|(_, span)| tracing::field::display(span)),
         "request"
     );
 }

@@ -44,6 +44,8 @@ use crate::metrics::{Front, LabelNames, Metrics, RouteHandles};
 use crate::ratelimit_policy::{StackView, policy_header};
 use crate::routing::Router;
 use crate::store::{RedisStore, Signals};
+use crate::trace::Tracing;
+use crate::trace::export::Exporter;
 use crate::upstream::health::{self, HealthSignals, UrlHealth};
 use crate::upstream::pool::BodyErrors;
 use crate::upstream::registry::{HealthMetrics, HealthRegistry};
@@ -161,6 +163,8 @@ pub struct Snapshot {
     pub(crate) descriptors: DescriptorTable,
     /// `[jwt]`: the issuers' keys and the verified-token cache.
     pub(crate) jwt: Option<Verifier>,
+    /// `[tracing]`: this configuration's sampler and the app's exporter.
+    pub(crate) tracing: Option<Tracing>,
 }
 
 impl Snapshot {
@@ -252,6 +256,7 @@ impl Snapshot {
             generation,
             loaded_at: SystemTime::now(),
             jwt,
+            tracing: None,
         }
     }
 
@@ -513,6 +518,33 @@ impl LimiterRegistry {
 }
 
 /// A URL's health series in the process's [`Metrics`].
+/// `config`'s `[tracing]` for a snapshot: the app's exporter (started by
+/// the first configuration that has the section, reconfigured by the
+/// next ones) under this configuration's sampler. A cold path: start and
+/// reloads.
+fn tracing_for(
+    exporter: &Mutex<Option<Arc<Exporter>>>,
+    metrics: &Metrics,
+    config: &Config,
+) -> Option<Tracing> {
+    let settings = config.tracing.as_ref()?;
+    let mut exporter = exporter.lock();
+    let running = match &*exporter {
+        Some(running) => {
+            running.reconfigure(settings);
+            running.clone()
+        }
+        None => match Exporter::start(settings, metrics.trace_spans_dropped_counter()) {
+            Ok(started) => exporter.insert(Arc::new(started)).clone(),
+            Err(error) => {
+                tracing::error!(%error, "cannot start the trace exporter; requests are not traced");
+                return None;
+            }
+        },
+    };
+    Some(Tracing::new(settings, running))
+}
+
 struct UpstreamHealthMetrics<'m>(&'m Arc<Metrics>);
 
 impl HealthMetrics for UpstreamHealthMetrics<'_> {
@@ -565,6 +597,9 @@ pub struct App {
     /// `[usage]` as the gateway started: where settled requests' usage
     /// records go (the exporter is started by `gateway::run`).
     usage: Option<Arc<UsageSink>>,
+    /// `[tracing]`'s exporter, started by the first configuration with
+    /// the section and kept for the process (a reload reconfigures it).
+    exporter: Mutex<Option<Arc<Exporter>>>,
 }
 
 /// A failed reload, as `/config` shows it.
@@ -633,10 +668,11 @@ impl App {
         let urls = health.resolve(&config.upstreams, &UpstreamHealthMetrics(&metrics));
         let jwks = jwks::JwksRegistry::default();
         let jwt = jwks.verifier(&config, &metrics);
+        let exporter = Mutex::new(None);
+        let mut first = Snapshot::new(config, 1, limiters, urls, &metrics, shared, jwt);
+        first.tracing = tracing_for(&exporter, &metrics, &first.config);
         let app = Arc::new(App {
-            snapshot: ArcSwap::from_pointee(Snapshot::new(
-                config, 1, limiters, urls, &metrics, shared, jwt,
-            )),
+            snapshot: ArcSwap::from_pointee(first),
             generation: AtomicU64::new(1),
             registry,
             health,
@@ -651,6 +687,7 @@ impl App {
             overrides: overrides::Registry::default(),
             state_file,
             usage,
+            exporter,
         });
         if let (Some(store), true) = (&app.store, auto) {
             let weak = Arc::downgrade(&app);
@@ -691,6 +728,7 @@ impl App {
             jwt,
         );
         next.loaded_at = current.loaded_at;
+        next.tracing = tracing_for(&self.exporter, &self.metrics, &next.config);
         self.attach_overrides(&next);
         self.snapshot.store(Arc::new(next));
         tracing::info!(
@@ -769,7 +807,7 @@ impl App {
         let generation = self.generation.fetch_add(1, Ordering::Relaxed) + 1;
         // Before the swap: the gauge never lags the `/config` generation.
         self.metrics.set_generation(generation);
-        let next = Snapshot::new(
+        let mut next = Snapshot::new(
             config,
             generation,
             limiters,
@@ -778,6 +816,7 @@ impl App {
             self.store.is_some(),
             jwt,
         );
+        next.tracing = tracing_for(&self.exporter, &self.metrics, &next.config);
         self.attach_overrides(&next);
         self.snapshot.store(Arc::new(next));
         self.generations.send_replace(generation);

@@ -78,11 +78,13 @@
 //! LLM API request reserves of a token quota, and the usage its response
 //! reports), [`routing`],
 //! [`metrics`], `access_log`, `ratelimit_policy` (a stack's
-//! `RateLimit-Policy`, built once per snapshot), [`summary`],
-//! [`fd_limit`] (the open-file limit raised at start), [`store`] (the
-//! Redis store: shared limits decided by one script call), [`usage`] (the
-//! usage events of settled requests, spooled on disk and exported on
-//! threads of their own) and [`worker`] (which worker thread code runs on).
+//! `RateLimit-Policy`, built once per snapshot), [`summary`], `trace`
+//! (OpenTelemetry spans, sampled per request and exported over OTLP off
+//! the request path), [`fd_limit`] (the open-file limit raised at start),
+//! [`store`] (the Redis store: shared limits decided by one script call),
+//! [`usage`] (the usage events of settled requests, spooled on disk and
+//! exported on threads of their own) and [`worker`] (which worker thread
+//! code runs on).
 //!
 //! # The life of a request
 //!
@@ -93,7 +95,7 @@
 //! forward (`proxy::send` → `proxy::forward` → `upstream/` →
 //! `http1::client`) → **respond** and **settle** (`answer::ratelimit`,
 //! `answer::response`, errors via `answer::error`) → **observe**
-//! ([`metrics`], `access_log`). `proxy::handler` calls the steps in this
+//! ([`metrics`], `access_log`, `trace`). `proxy::handler` calls the steps in this
 //! order, one function per step.
 //!
 //! With `workers = N > 1` a connection lives on one of N threads, each its
@@ -148,6 +150,7 @@ pub mod routing;
 pub mod simulate;
 pub(crate) mod store;
 pub mod summary;
+pub(crate) mod trace;
 pub mod upstream;
 pub(crate) mod usage;
 pub mod worker;

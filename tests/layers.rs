@@ -46,6 +46,7 @@ const BESIDE: &[&str] = &[
     "routing",
     "store",
     "summary",
+    "trace",
     "usage",
     "worker",
 ];

@@ -231,7 +231,9 @@ pub fn decide_request<'s>(
     };
     // Offline: no usage events.
     let mut usage = UsageFacts::default();
-    let keyed = key(app, snapshot, &request, caller, reserved, false, ticket, &mut usage);
+    let keyed = key(
+        app, snapshot, &request, caller, reserved, false, ticket, &mut usage,
+    );
     let admission = match keyed {
         Err(missing) => missing,
         Ok(charge) => decide_in_memory(app, snapshot, &charge, ticket),

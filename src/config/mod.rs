@@ -11,8 +11,8 @@
 //! `[server.tls]`), [`client_ip`], [`store`], [`upstreams`], [`limits`]
 //! (with [`tokens`] for token quotas and spend budgets, [`amount`] for
 //! their exact numbers), [`prices`], [`routes`], [`decision`],
-//! [`consumers`] (`[api_keys]` and `[consumers]`), [`plans`], [`jwt`] and
-//! [`usage`]. [`validate`]
+//! [`consumers`] (`[api_keys]` and `[consumers]`), [`plans`], [`jwt`],
+//! [`usage`] and [`tracing`]. [`validate`]
 //! is the driver: it deserializes the file ([`raw`] is the top of the
 //! mirror), calls each section's check in order, and places the problems.
 //! [`admin_token`] reads `[server]`'s admin token, [`quota_route`] checks
@@ -39,6 +39,7 @@ pub(crate) mod slots;
 pub(crate) mod store;
 pub(crate) mod tls;
 pub(crate) mod tokens;
+pub(crate) mod tracing;
 pub(crate) mod units;
 pub(crate) mod upstreams;
 pub(crate) mod usage;
@@ -66,6 +67,7 @@ pub(crate) use store::{
     StoreConfig,
 };
 pub(crate) use tls::ClientTls;
+pub use tracing::TracingConfig;
 pub(crate) use upstreams::{Balance, EjectPolicy, HealthCheck, UpstreamConfig};
 
 pub(crate) use crate::http::path::EscapedSlashes;
@@ -96,6 +98,8 @@ pub struct Config {
     pub usage: Option<usage::UsageConfig>,
     /// `[prices]`: what a model's tokens cost, for `unit = "usd"` limits.
     pub prices: crate::llm::price::Prices,
+    /// `[tracing]`: OpenTelemetry traces, when configured.
+    pub tracing: Option<TracingConfig>,
 }
 
 impl Config {

@@ -24,11 +24,12 @@ use super::plans::RawPlanSettings;
 use super::routes::RawRoute;
 use super::server::RawServer;
 use super::store::RawStore;
+use super::tracing::RawTracing;
 use super::upstreams::RawUpstream;
 use super::usage::RawUsage;
 use super::{
     Config, ConfigError, KeyPath, Problem, admin_token, client_ip, consumers, decision, jwt,
-    limits, plans, prices, quota_route, routes, server, store, tls, upstreams, usage,
+    limits, plans, prices, quota_route, routes, server, store, tls, tracing, upstreams, usage,
 };
 
 /// The top of the serde mirror: one field per section, each section's
@@ -59,6 +60,7 @@ pub(crate) struct RawConfig {
     pub(crate) usage: Option<RawUsage>,
     #[serde(default)]
     pub(crate) prices: BTreeMap<String, super::prices::RawPrice>,
+    pub(crate) tracing: Option<RawTracing>,
 }
 
 /// Validates the bytes of a configuration file.
@@ -227,6 +229,10 @@ fn check(c: &mut Checker, path: &Path, bytes: &[u8], raw: &RawConfig) -> Config 
     }
     let prices = prices::check_prices(c, &root.key("prices"), &raw.prices);
     routes::check_usd_routes(c, &root, &limits, &routes, &prices);
+    let tracing = raw
+        .tracing
+        .as_ref()
+        .map(|t| tracing::check_tracing(c, &root.key("tracing"), t));
 
     Config {
         path: path.to_owned(),
@@ -244,6 +250,7 @@ fn check(c: &mut Checker, path: &Path, bytes: &[u8], raw: &RawConfig) -> Config 
         jwt,
         usage,
         prices,
+        tracing,
     }
 }
 

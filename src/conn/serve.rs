@@ -163,6 +163,7 @@ fn refused(app: &App, peer: SocketAddr, activity: &ConnActivity) {
         front: "proxy",
         tokens: None,
         queued: None,
+        trace: None,
     });
 }
 

@@ -295,6 +295,7 @@ fn log_entry(original: &Parts, route: &str, status: StatusCode, seen: Seen<'_>, 
         front: Front::Auth.label(),
         tokens: None,
         queued: seen.queued,
+        trace: None,
     });
 }
 

@@ -476,6 +476,7 @@ fn log(
         front: Front::Rls.label(),
         tokens: None,
         queued: None,
+        trace: None,
     });
 }
 

@@ -292,6 +292,7 @@ pub struct Metrics {
     store_fallback_active: Gauge,
     overrides_stale: Gauge,
     store_remembered_denials: Counter,
+    trace_spans_dropped: Counter,
     config_reloads: Family<ResultLabels, Counter>,
     config_generation: Gauge,
     admin_writes: Family<ActionLabels, Counter>,
@@ -444,6 +445,12 @@ impl Metrics {
             "Denials of shared limits answered from the node's memory of a recent Redis denial, without a call (store.remember_denials)",
             store_remembered_denials.clone(),
         );
+        let trace_spans_dropped = Counter::default();
+        registry.register(
+            "tollgate_trace_spans_dropped",
+            "Spans of sampled requests that never reached the OTLP collector: the export queue was full, or the collector did not take their batch ([tracing])",
+            trace_spans_dropped.clone(),
+        );
         let config_reloads = Family::<ResultLabels, Counter>::default();
         registry.register(
             "tollgate_config_reloads",
@@ -589,6 +596,7 @@ impl Metrics {
             store_fallback_active,
             overrides_stale,
             store_remembered_denials,
+            trace_spans_dropped,
             config_reloads,
             config_generation,
             admin_writes,
@@ -866,6 +874,11 @@ impl Metrics {
     /// (`store.remember_denials`).
     pub(crate) fn record_remembered_denial(&self) {
         self.store_remembered_denials.inc();
+    }
+
+    /// The counter of trace spans dropped, for the exporter (`trace::export`).
+    pub(crate) fn trace_spans_dropped_counter(&self) -> Counter {
+        self.trace_spans_dropped.clone()
     }
 
     /// A configuration reload attempt and its result.

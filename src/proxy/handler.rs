@@ -59,6 +59,8 @@ use crate::proxy::quota;
 use crate::proxy::retry::{Retrying, Sender};
 use crate::proxy::send::send_upstream;
 use crate::proxy::tokens;
+use crate::proxy::traced;
+use crate::trace::span::RequestSpans;
 use crate::upstream::Attempt;
 
 /// Handles one request from a downstream client. The response's body ends
@@ -80,11 +82,14 @@ pub(crate) async fn handle(
     let observation = Observation::start(downstream, &request, now);
     let snapshot = app.snapshot();
     let mut progress = Progress {
+        seen: Seen {
+            trace: traced::start(&snapshot, downstream, &request, now),
+            ..Seen::default()
+        },
         answer: Answer {
             connection,
             ..Answer::default()
         },
-        ..Progress::default()
     };
     let response = match route_and_act(app, &snapshot, downstream, request, now, &mut progress)
         .await
@@ -98,7 +103,7 @@ pub(crate) async fn handle(
                 tracing::debug!(error = %crate::upstream::health::error_chain(&error), kind, "upstream error");
                 if let Some(upstream) = progress
                     .seen
-                    .route_index
+                    .route()
                     .and_then(|i| upstream_label(&snapshot, i))
                 {
                     app.metrics().record_upstream_error(upstream, kind);
@@ -108,6 +113,9 @@ pub(crate) async fn handle(
         }
     };
     let timing = observation.finish(app, &snapshot, &response, &progress.seen);
+    if let Some(spans) = progress.seen.trace.take() {
+        end_trace(app, &snapshot, spans, &response, &progress.seen);
+    }
     let connection = progress.answer.connection.take();
     if response.status() == StatusCode::SWITCHING_PROTOCOLS
         && let Some(connection) = &connection
@@ -125,6 +133,27 @@ pub(crate) async fn handle(
     };
     let response = response.map(|body| body.with_completion(completion, timing));
     (response, fields)
+}
+
+/// Step 8 for a recorded request: its spans end and go to the exporter.
+/// Out of line: most requests are not recorded.
+#[cold]
+#[inline(never)]
+fn end_trace(
+    app: &App,
+    snapshot: &Snapshot,
+    spans: Box<RequestSpans>,
+    response: &Response<ResponseBody>,
+    seen: &Seen,
+) {
+    let ending = traced::Ending {
+        status: response.status().as_u16(),
+        route: seen.route().and_then(|i| snapshot.routes.get(i)),
+        limit: seen.limit.map(|note| snapshot.limit_label(note.limit)),
+        client_ip: seen.client_ip,
+        now: app.clock.now(),
+    };
+    traced::finish(snapshot, spans, ending);
 }
 
 /// A streamed response's request: counted now, its duration observed when
@@ -161,8 +190,10 @@ struct Progress {
 /// What the steps observe about a request, for metrics and its log line.
 #[derive(Debug, Default)]
 struct Seen {
-    /// Index into the snapshot's routes once a route matched.
-    route_index: Option<usize>,
+    /// Index into the snapshot's routes once a route matched (a `u32`:
+    /// the room of the trace's pointer in this record, which is part of
+    /// every request's future).
+    route_index: Option<u32>,
     /// The client after trusted-proxy resolution, once identified.
     client_ip: Option<IpAddr>,
     /// The limit the response's legacy headers describe.
@@ -171,6 +202,15 @@ struct Seen {
     retries: u32,
     /// A token route's reservation and, once its response ends, usage.
     tokens: Option<Arc<TokenTally>>,
+    /// The request's spans, when `[tracing]` records it (`proxy::traced`).
+    trace: Option<Box<RequestSpans>>,
+}
+
+impl Seen {
+    /// The matched route's index into the snapshot's routes.
+    fn route(&self) -> Option<usize> {
+        self.route_index.map(|i| i as usize)
+    }
 }
 
 /// What goes with the response, beyond it.
@@ -234,7 +274,7 @@ impl Observation {
     ) -> Option<BodyTiming> {
         let status = response.status().as_u16();
         let elapsed = Duration::from_nanos(app.clock.now().saturating_sub(self.started));
-        let plan = seen.route_index.and_then(|i| snapshot.routes.get(i));
+        let plan = seen.route().and_then(|i| snapshot.routes.get(i));
         let mut timing = None;
         let route = match plan {
             // A token route's line waits for its usage, the end of its body.
@@ -265,7 +305,7 @@ impl Observation {
             status,
             elapsed: Some(elapsed),
             upstream: seen
-                .route_index
+                .route()
                 .and_then(|i| upstream_label(snapshot, i))
                 .map(|name| &**name),
             client_ip: seen.client_ip.unwrap_or(self.downstream.peer.ip()),
@@ -282,6 +322,10 @@ impl Observation {
                 .limit
                 .filter(|note| note.queued_us > 0)
                 .map(|note| Duration::from_micros(note.queued_us.into())),
+            trace: seen
+                .trace
+                .as_deref()
+                .map(|spans| (spans.server.trace_id, spans.server.span_id)),
         };
         match timing {
             // Written when the body ends, with the whole duration.
@@ -326,7 +370,8 @@ async fn route_and_act(
     let (mut parts, body) = request.into_parts();
     guard(snapshot, &mut parts)?;
     let index = route(snapshot, &parts)?;
-    progress.seen.route_index = Some(index);
+    // Routes are counted in `u32`s (see `Seen::route_index`).
+    progress.seen.route_index = u32::try_from(index).ok();
     let route = &snapshot.config.routes[index];
     if let RouteAction::Quota { limits } = &route.action {
         // The caller's own state, charging nothing: no admission.
@@ -388,6 +433,9 @@ async fn route_and_act(
                 .map_or(0, |w| u32::try_from(w.as_micros()).unwrap_or(u32::MAX));
         }
     }
+    if let Some(spans) = progress.seen.trace.as_deref_mut() {
+        traced::admitted(spans, ticket.waited().is_some());
+    }
     if let Some(rule) = &route.tokens {
         tokens::include_usage(rule, &mut body, &mut parts);
     }
@@ -408,6 +456,10 @@ async fn route_and_act(
         }
         // `DecideOnly` was answered 404 at routing, `Quota` before admission.
         RouteAction::Forward(_) | RouteAction::DecideOnly | RouteAction::Quota { .. } => {
+            if let Some(spans) = progress.seen.trace.as_deref_mut() {
+                let upstream = snapshot.upstream_of(&route.action).map(|u| &**u);
+                traced::begin_upstream(spans, upstream, &mut parts, app.clock.now());
+            }
             let forwarded = match (&route.retry, &plan.retry_budget) {
                 (Some(policy), Some(budget)) => {
                     let retrying = Retrying {
@@ -433,6 +485,9 @@ async fn route_and_act(
                     .await
                 }
             };
+            if let Some(spans) = progress.seen.trace.as_deref_mut() {
+                end_upstream_span(app, spans, &forwarded, progress.seen.retries);
+            }
             // An adaptive limit learns from the upstream's answer (its
             // permit, released when the body ends, carries it there).
             let answer = match &forwarded {
@@ -470,6 +525,18 @@ async fn route_and_act(
     }
     progress.answer.fields = fields;
     Ok(response)
+}
+
+/// Step 6's client span ends with the upstream's answer. Out of line:
+/// most requests are not recorded.
+#[cold]
+#[inline(never)]
+fn end_upstream_span(app: &App, spans: &mut RequestSpans, forwarded: &Forwarded, retries: u32) {
+    let answer = match forwarded {
+        Ok((response, _)) => Ok(response.status().as_u16()),
+        Err(error) => Err(error),
+    };
+    traced::end_upstream(spans, answer, retries, app.clock.now());
 }
 
 /// A `respond` route's own answer.
@@ -545,6 +612,9 @@ fn deny(
     progress: &mut Progress,
 ) -> Response<ResponseBody> {
     progress.seen.limit = Some(note(plan, ticket, by, true));
+    if let Some(spans) = progress.seen.trace.as_deref_mut() {
+        traced::refused(spans, ticket.shed().is_some());
+    }
     let (mut response, fields) = ratelimit::denied_response(snapshot, plan, ticket, by, cost);
     recycle_map(&mut parts.headers, response.headers_mut());
     progress.answer.fields = fields;

@@ -3,8 +3,9 @@
 //! act, settle); the send upstream ([`send`]) with the forwarding header
 //! rules and the exchange ([`forward`]), retries ([`retry`]), upgrade
 //! tunnels ([`upgrade`]), the request body forwarded ([`body`]) and token
-//! quotas' settlement from the response ([`tokens`]) and a quota route's
-//! answer ([`quota`]) are its parts. Below
+//! quotas' settlement from the response ([`tokens`]), a quota route's
+//! answer ([`quota`]) and a recorded request's spans ([`traced`]) are its
+//! parts. Below
 //! it: what every front answers with (`answer`: the 429s and rate-limit
 //! fields, problem responses, error → status, the response body),
 //! admission, the codec (`http1`), upstream connections (`upstream`), the
@@ -19,4 +20,5 @@ pub(crate) mod quota;
 pub(crate) mod retry;
 pub(crate) mod send;
 pub(crate) mod tokens;
+pub(crate) mod traced;
 pub(crate) mod upgrade;

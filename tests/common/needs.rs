@@ -1,6 +1,7 @@
 //! Whether the programs some tests talk to are installed, decided when the
 //! test runs: `redis-server` and `redis-cli`, `curl`, `nginx`, and a Python
-//! interpreter that imports the `openai` SDK (or the `cloudevents` SDK).
+//! interpreter that imports the `openai` SDK, the `cloudevents` SDK or
+//! OpenTelemetry's protobuf messages (`opentelemetry-proto`).
 //!
 //! A test that needs one starts with `if skip(REDIS) { return; }`. Where the
 //! program is missing it passes at once, after writing `skipped <test>:
@@ -27,55 +28,65 @@ use std::sync::OnceLock;
 pub struct Needs {
     what: &'static str,
     programs: &'static [&'static str],
+    /// A Python module the interpreter of [`python`] must import.
+    module: Option<&'static str>,
     install: &'static str,
-    /// The Python module [`python`] must import (none: "").
-    module: &'static str,
 }
 
 pub const REDIS: Needs = Needs {
     what: "redis-server and redis-cli",
     programs: &["redis-server", "redis-cli"],
+    module: None,
     install: "apt-get install -y redis-server redis-tools",
-    module: "",
 };
 
 pub const CURL: Needs = Needs {
     what: "curl",
     programs: &["curl"],
+    module: None,
     install: "apt-get install -y curl",
-    module: "",
 };
 
 pub const NGINX: Needs = Needs {
     what: "nginx",
     programs: &["nginx"],
+    module: None,
     install: "apt-get install -y nginx",
-    module: "",
 };
 
 pub const CHROMIUM: Needs = Needs {
     what: "chromium",
     programs: &["chromium"],
+    module: None,
     install: "apt-get install -y chromium",
-    module: "",
 };
 
 /// The `openai` SDK, imported by [`python`]; no program of its own.
 pub const OPENAI: Needs = Needs {
     what: "the openai Python package",
     programs: &[],
+    module: Some("openai"),
     install: "python3 -m venv DIR && DIR/bin/pip install openai, \
               then TOLLGATE_TEST_PYTHON=DIR/bin/python",
-    module: "openai",
 };
 
 /// The `cloudevents` SDK, imported by [`python`]; no program of its own.
 pub const CLOUDEVENTS: Needs = Needs {
     what: "the cloudevents Python package",
     programs: &[],
+    module: Some("cloudevents"),
     install: "python3 -m venv DIR && DIR/bin/pip install cloudevents, \
               then TOLLGATE_TEST_PYTHON=DIR/bin/python",
-    module: "cloudevents",
+};
+
+/// OpenTelemetry's protobuf messages for Python, imported by [`python`]
+/// (tests/traces.rs decodes the gateway's exports with them too).
+pub const OTEL_PROTO: Needs = Needs {
+    what: "the opentelemetry-proto Python package",
+    programs: &[],
+    module: Some("opentelemetry.proto.collector.trace.v1.trace_service_pb2"),
+    install: "python3 -m venv DIR && DIR/bin/pip install opentelemetry-proto, \
+              then TOLLGATE_TEST_PYTHON=DIR/bin/python",
 };
 
 /// Whether the test should return now because `needs` is missing (and not
@@ -100,21 +111,23 @@ pub fn skip(needs: Needs) -> bool {
     true
 }
 
-/// The interpreter the `openai` tests run: `TOLLGATE_TEST_PYTHON`, else
+/// The interpreter the Python tests run: `TOLLGATE_TEST_PYTHON`, else
 /// `python3`.
 pub fn python() -> String {
     std::env::var("TOLLGATE_TEST_PYTHON").unwrap_or_else(|_| "python3".into())
 }
 
 fn installed(needs: &Needs) -> bool {
-    if !needs.module.is_empty() {
-        static OPENAI_FOUND: OnceLock<bool> = OnceLock::new();
-        static CLOUDEVENTS_FOUND: OnceLock<bool> = OnceLock::new();
-        let found = match needs.module {
-            "openai" => &OPENAI_FOUND,
-            _ => &CLOUDEVENTS_FOUND,
-        };
-        return *found.get_or_init(|| imports(needs.module));
+    if let Some(module) = needs.module {
+        static FOUND: OnceLock<std::sync::Mutex<Vec<(&str, bool)>>> = OnceLock::new();
+        let found = FOUND.get_or_init(Default::default);
+        let mut found = found.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some((_, imported)) = found.iter().find(|(m, _)| *m == module) {
+            return *imported;
+        }
+        let imported = imports(module);
+        found.push((module, imported));
+        return imported;
     }
     needs.programs.iter().all(|program| on_path(program))
 }

@@ -1,0 +1,297 @@
+//! What a proxied request's spans say (`[tracing]`): the server span with
+//! OpenTelemetry's HTTP server conventions and the gateway's own
+//! `tollgate.route`, `tollgate.limit` and `tollgate.decision`; the client
+//! span of the upstream exchange, whose id goes upstream in
+//! `traceparent`.
+//!
+//! Each step of `proxy::handler` calls one function here, and only for a
+//! recorded request (its spans are `Some`): an untraced request never
+//! enters this file past [`start`]'s first branch.
+//!
+//! The server span ends when the response's head is ready (a streamed
+//! body's remaining time is not in it); the client span covers the
+//! upstream exchange to its response head, retries included.
+
+use std::net::IpAddr;
+use std::sync::Arc;
+
+use http::request::Parts;
+use http::{HeaderMap, Method, Request, Uri, Version};
+
+use crate::answer::error::GatewayError;
+use crate::app::{RoutePlan, Snapshot};
+use crate::limit::Nanos;
+use crate::proxy::body::ClientBody;
+use crate::proxy::downstream::Downstream;
+use crate::trace::span::{RequestSpans, SpanKind, SpanRecord, Value};
+use crate::trace::{self, TRACEPARENT};
+use crate::upstream::Upstream;
+
+/// Step 1: the request's spans, when `[tracing]` records it.
+#[inline]
+pub(crate) fn start(
+    snapshot: &Snapshot,
+    downstream: Downstream,
+    request: &Request<ClientBody>,
+    now: Nanos,
+) -> Option<Box<RequestSpans>> {
+    let tracing = snapshot.tracing.as_ref()?;
+    let start = tracing.sample(request.headers())?;
+    Some(server_span(start, downstream, request, now))
+}
+
+/// The server span of a recorded request, with what its head says.
+#[inline(never)]
+fn server_span(
+    start: trace::sampler::Start,
+    downstream: Downstream,
+    request: &Request<ClientBody>,
+    now: Nanos,
+) -> Box<RequestSpans> {
+    let mut span = SpanRecord::new(
+        start.trace_id,
+        trace::new_span_id(),
+        start.parent,
+        SpanKind::Server,
+        now,
+        16,
+    );
+    method_attributes(&mut span, request.method());
+    span.set("url.path", Value::Text(request.uri().path().to_owned()));
+    span.set("url.scheme", Value::Static(downstream.proto));
+    let default_port = if downstream.proto == "https" { 443 } else { 80 };
+    if let Some((host, port)) = server_of(request.uri(), request.headers(), default_port) {
+        span.set("server.address", Value::Text(host));
+        span.set("server.port", Value::Int(port.into()));
+    }
+    span.set(
+        "network.peer.address",
+        Value::Text(downstream.peer.ip().to_string()),
+    );
+    span.set(
+        "network.peer.port",
+        Value::Int(downstream.peer.port().into()),
+    );
+    span.set(
+        "network.protocol.version",
+        Value::Static(protocol_version(request.version())),
+    );
+    if let Some(agent) = request
+        .headers()
+        .get(http::header::USER_AGENT)
+        .and_then(|v| v.to_str().ok())
+    {
+        span.set("user_agent.original", Value::Text(agent.to_owned()));
+    }
+    Box::new(RequestSpans {
+        server: span,
+        upstream: None,
+    })
+}
+
+/// `http.request.method`: the method, or `_OTHER` with the method as sent
+/// in `http.request.method_original` (the conventions' bounded set).
+fn method_attributes(span: &mut SpanRecord, method: &Method) {
+    let known = match *method {
+        Method::GET => "GET",
+        Method::POST => "POST",
+        Method::PUT => "PUT",
+        Method::DELETE => "DELETE",
+        Method::HEAD => "HEAD",
+        Method::OPTIONS => "OPTIONS",
+        Method::PATCH => "PATCH",
+        Method::CONNECT => "CONNECT",
+        Method::TRACE => "TRACE",
+        _ => {
+            span.set("http.request.method", Value::Static("_OTHER"));
+            span.set(
+                "http.request.method_original",
+                Value::Text(method.as_str().to_owned()),
+            );
+            return;
+        }
+    };
+    span.set("http.request.method", Value::Static(known));
+}
+
+/// `network.protocol.version` of an HTTP version.
+fn protocol_version(version: Version) -> &'static str {
+    match version {
+        Version::HTTP_09 => "0.9",
+        Version::HTTP_10 => "1.0",
+        Version::HTTP_11 => "1.1",
+        Version::HTTP_2 => "2",
+        Version::HTTP_3 => "3",
+        _ => "1.1",
+    }
+}
+
+/// The host and port the client addressed: the target's authority, else
+/// `Host`; `None` when neither reads as one.
+fn server_of(uri: &Uri, headers: &HeaderMap, default_port: u16) -> Option<(String, u16)> {
+    let authority = match uri.authority() {
+        Some(authority) => authority.clone(),
+        None => {
+            let host = headers.get(http::header::HOST)?;
+            http::uri::Authority::try_from(host.as_bytes()).ok()?
+        }
+    };
+    let port = authority.port_u16().unwrap_or(default_port);
+    Some((authority.host().to_owned(), port))
+}
+
+/// Step 4's outcome for a request that was admitted: `queued` if it waited
+/// its turn first, else `allowed`.
+pub(crate) fn admitted(spans: &mut RequestSpans, waited: bool) {
+    let decision = if waited { "queued" } else { "allowed" };
+    spans
+        .server
+        .set("tollgate.decision", Value::Static(decision));
+}
+
+/// Step 5: refused by a limit, `shed` where overload protection refused it.
+pub(crate) fn refused(spans: &mut RequestSpans, shed: bool) {
+    let decision = if shed { "shed" } else { "denied" };
+    spans
+        .server
+        .set("tollgate.decision", Value::Static(decision));
+}
+
+/// Step 6, before the request goes upstream: the client span starts, and
+/// its id replaces the caller's `traceparent` (`tracestate` goes on as
+/// the caller sent it). The URL is named when the upstream has one: which
+/// of several a try goes to is the balancer's, decided in the exchange.
+pub(crate) fn begin_upstream(
+    spans: &mut RequestSpans,
+    upstream: Option<&Upstream>,
+    parts: &mut Parts,
+    now: Nanos,
+) {
+    let server = &spans.server;
+    let mut span = SpanRecord::new(
+        server.trace_id,
+        trace::new_span_id(),
+        Some(server.span_id),
+        SpanKind::Client,
+        now,
+        8,
+    );
+    method_attributes(&mut span, &parts.method);
+    span.name = match span.get("http.request.method") {
+        Some(Value::Static(method)) => (*method).to_owned(),
+        _ => "HTTP".to_owned(),
+    };
+    if let Some(upstream) = upstream {
+        span.set(
+            "tollgate.upstream",
+            Value::Text(upstream.config.name.clone()),
+        );
+        if let [url] = upstream.config.urls.as_slice() {
+            url_attributes(&mut span, url, parts.uri.path());
+        }
+    }
+    if let Some(value) = trace::traceparent(span.trace_id, span.span_id) {
+        parts.headers.insert(TRACEPARENT, value);
+    }
+    spans.upstream = Some(span);
+}
+
+/// `url.full`, `server.address` and `server.port` of a request for `path`
+/// sent to the upstream URL `base`.
+fn url_attributes(span: &mut SpanRecord, base: &Uri, path: &str) {
+    let base_text = base.to_string();
+    let full = format!("{}{path}", base_text.trim_end_matches('/'));
+    span.set("url.full", Value::Text(full));
+    if let Some(host) = base.host() {
+        span.set("server.address", Value::Text(host.to_owned()));
+    }
+    let default_port = if base.scheme_str() == Some("https") {
+        443
+    } else {
+        80
+    };
+    let port = base.port_u16().unwrap_or(default_port);
+    span.set("server.port", Value::Int(port.into()));
+}
+
+/// Step 6, the upstream's answer (its status) or the failure instead.
+pub(crate) fn end_upstream(
+    spans: &mut RequestSpans,
+    answer: Result<u16, &GatewayError>,
+    retries: u32,
+    now: Nanos,
+) {
+    let Some(span) = spans.upstream.as_mut() else {
+        return;
+    };
+    span.end = now;
+    if retries > 0 {
+        span.set("http.request.resend_count", Value::Int(retries.into()));
+    }
+    match answer {
+        Ok(status) => {
+            span.set("http.response.status_code", Value::Int(status.into()));
+            if status >= 400 {
+                span.error = true;
+                span.set("error.type", Value::Text(status.to_string()));
+            }
+        }
+        Err(error) => {
+            span.error = true;
+            let kind = error.upstream_kind().unwrap_or("gateway");
+            span.set("error.type", Value::Static(kind));
+        }
+    }
+}
+
+/// Step 8: the server span ends with the response's status and what the
+/// steps learnt; the spans go to the exporter.
+pub(crate) struct Ending<'a> {
+    pub(crate) status: u16,
+    pub(crate) route: Option<&'a RoutePlan>,
+    /// The deciding limit's name.
+    pub(crate) limit: Option<&'a Arc<str>>,
+    /// The client after trusted-proxy resolution, when it was resolved.
+    pub(crate) client_ip: Option<IpAddr>,
+    pub(crate) now: Nanos,
+}
+
+/// Step 8, see [`Ending`].
+pub(crate) fn finish(snapshot: &Snapshot, mut spans: Box<RequestSpans>, ending: Ending<'_>) {
+    let Some(tracing) = snapshot.tracing.as_ref() else {
+        return;
+    };
+    let span = &mut spans.server;
+    span.end = ending.now;
+    span.set(
+        "http.response.status_code",
+        Value::Int(ending.status.into()),
+    );
+    if ending.status >= 500 {
+        span.error = true;
+        span.set("error.type", Value::Text(ending.status.to_string()));
+    }
+    let client = ending.client_ip.map_or_else(
+        || match span.get("network.peer.address") {
+            Some(Value::Text(peer)) => peer.clone(),
+            _ => String::new(),
+        },
+        |ip| ip.to_string(),
+    );
+    span.set("client.address", Value::Text(client));
+    let method = match span.get("http.request.method") {
+        Some(Value::Static(method)) => *method,
+        _ => "HTTP",
+    };
+    span.name = match ending.route {
+        Some(route) => format!("{method} {}", route.name),
+        None => method.to_owned(),
+    };
+    if let Some(route) = ending.route {
+        span.set("tollgate.route", Value::Shared(route.name.clone()));
+    }
+    if let Some(limit) = ending.limit {
+        span.set("tollgate.limit", Value::Shared(limit.clone()));
+    }
+    tracing.export(spans);
+}

@@ -1,0 +1,349 @@
+//! The exporter: recorded requests go into a bounded queue, and a thread
+//! of its own (`tollgate-trace`, one single-threaded tokio runtime) posts
+//! them to the collector in batches.
+//!
+//! Off the request path by construction: a request only `try_send`s its
+//! spans (no lock, no wait); when the queue is full, as it is while a
+//! collector is slow or down, the spans are dropped and counted
+//! (`tollgate_trace_spans_dropped_total`), and so are those of a batch the
+//! collector did not take. Nothing a collector does can hold a worker: the
+//! connection, the timeout and the retry of a broken connection are all
+//! on the exporter's thread.
+//!
+//! A batch is sent when it holds `batch` requests or `delay` after its
+//! first one came, whichever is sooner; one export is in flight at a time,
+//! bounded by `timeout` ([`Bounds::DEFAULT`]). The
+//! client is hyper's HTTP/1.1 connection (already the gateway's), kept
+//! alive between batches and made again after a failure.
+//!
+//! The collector's address and the service name are read per batch, so a
+//! reload that changes them takes effect at the next one.
+
+use std::io;
+use std::sync::Arc;
+use std::time::Duration;
+
+use arc_swap::ArcSwap;
+use bytes::Bytes;
+use http_body_util::{BodyExt, Full};
+use hyper::client::conn::http1::SendRequest;
+use hyper_util::rt::TokioIo;
+use prometheus_client::metrics::counter::Counter;
+use tokio::sync::mpsc;
+
+use super::otlp;
+use super::span::RequestSpans;
+use crate::config::TracingConfig;
+use crate::config::tracing::OtlpEndpoint;
+
+/// The exporter's bounds.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Bounds {
+    /// Requests waiting for export at most; beyond it spans are dropped.
+    pub(crate) queue: usize,
+    /// Requests per export at most (up to twice as many spans).
+    pub(crate) batch: usize,
+    /// How long the first request of a batch waits for others.
+    pub(crate) delay: Duration,
+    /// One export's bound: connecting, sending and the collector's answer.
+    pub(crate) timeout: Duration,
+}
+
+impl Bounds {
+    /// The gateway's: 2,048 requests queued, 256 a batch, a batch sent 1 s
+    /// after its first request at the latest, 10 s an export
+    /// (OpenTelemetry's export timeout).
+    pub(crate) const DEFAULT: Bounds = Bounds {
+        queue: 2048,
+        batch: 256,
+        delay: Duration::from_secs(1),
+        timeout: Duration::from_secs(10),
+    };
+}
+
+/// Where batches go, replaced whole by a reload.
+#[derive(Debug, PartialEq, Eq)]
+struct Destination {
+    endpoint: OtlpEndpoint,
+    service_name: Arc<str>,
+}
+
+/// The request path's end of the exporter: shared by every snapshot with
+/// `[tracing]`, kept across reloads by the app.
+#[derive(Debug)]
+pub(crate) struct Exporter {
+    queue: mpsc::Sender<Box<RequestSpans>>,
+    destination: Arc<ArcSwap<Destination>>,
+    dropped: Counter,
+}
+
+impl Exporter {
+    /// Starts the exporter's thread for `config`; `dropped` counts the spans
+    /// that never reached the collector. The thread ends once the exporter
+    /// is dropped and its queue is drained.
+    pub(crate) fn start(config: &TracingConfig, dropped: Counter) -> io::Result<Exporter> {
+        Exporter::start_with(config, dropped, Bounds::DEFAULT)
+    }
+
+    /// [`Exporter::start`] within `bounds`.
+    pub(crate) fn start_with(
+        config: &TracingConfig,
+        dropped: Counter,
+        bounds: Bounds,
+    ) -> io::Result<Exporter> {
+        let (queue, receiver) = mpsc::channel(bounds.queue.max(1));
+        let destination = Arc::new(ArcSwap::from_pointee(destination_of(config)));
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()?;
+        let sending = Sending {
+            receiver,
+            destination: destination.clone(),
+            dropped: dropped.clone(),
+            connection: None,
+            failing: false,
+            bounds,
+        };
+        std::thread::Builder::new()
+            .name("tollgate-trace".into())
+            .spawn(move || runtime.block_on(sending.run()))?;
+        Ok(Exporter {
+            queue,
+            destination,
+            dropped,
+        })
+    }
+
+    /// A reload's `[tracing]`: the next batch goes where it says.
+    pub(crate) fn reconfigure(&self, config: &TracingConfig) {
+        let next = destination_of(config);
+        if **self.destination.load() != next {
+            self.destination.store(Arc::new(next));
+        }
+    }
+
+    /// Hands a recorded request's spans to the exporter, or drops and
+    /// counts them when the queue is full. Never waits.
+    pub(crate) fn submit(&self, spans: Box<RequestSpans>) {
+        if let Err(error) = self.queue.try_send(spans) {
+            let spans = match error {
+                mpsc::error::TrySendError::Full(spans)
+                | mpsc::error::TrySendError::Closed(spans) => spans,
+            };
+            self.dropped.inc_by(spans.len());
+        }
+    }
+}
+
+fn destination_of(config: &TracingConfig) -> Destination {
+    Destination {
+        endpoint: config.otlp.clone(),
+        service_name: config.service_name.clone(),
+    }
+}
+
+/// The exporter thread's state.
+struct Sending {
+    receiver: mpsc::Receiver<Box<RequestSpans>>,
+    destination: Arc<ArcSwap<Destination>>,
+    dropped: Counter,
+    /// The collector connection, kept alive between batches, and the
+    /// endpoint it was made to.
+    connection: Option<(OtlpEndpoint, SendRequest<Full<Bytes>>)>,
+    /// Exports are failing: the first failure of a spell is a warning, the
+    /// rest are debug lines, and the recovery is said once.
+    failing: bool,
+    bounds: Bounds,
+}
+
+/// Why an export did not reach the collector.
+#[derive(Debug, thiserror::Error)]
+enum ExportError {
+    #[error("cannot connect: {0}")]
+    Connect(#[source] io::Error),
+    #[error("HTTP: {0}")]
+    Http(#[from] hyper::Error),
+    #[error("the collector answered {0}")]
+    Status(http::StatusCode),
+    #[error("cannot build the request: {0}")]
+    Request(#[from] http::Error),
+    #[error("no answer within {0:?}")]
+    Timeout(Duration),
+}
+
+impl Sending {
+    /// Batches until every sender is gone, then sends what is left.
+    async fn run(mut self) {
+        let mut batch: Vec<RequestSpans> = Vec::with_capacity(self.bounds.batch);
+        loop {
+            let Some(first) = self.receiver.recv().await else {
+                return;
+            };
+            batch.push(*first);
+            let deadline = tokio::time::Instant::now() + self.bounds.delay;
+            let mut closed = false;
+            while batch.len() < self.bounds.batch {
+                tokio::select! {
+                    next = self.receiver.recv() => match next {
+                        Some(spans) => batch.push(*spans),
+                        None => { closed = true; break; }
+                    },
+                    () = tokio::time::sleep_until(deadline) => break,
+                }
+            }
+            self.export(&batch).await;
+            batch.clear();
+            if closed {
+                return;
+            }
+        }
+    }
+
+    /// Sends one batch; a batch the collector did not take is counted as
+    /// dropped spans.
+    async fn export(&mut self, batch: &[RequestSpans]) {
+        let destination = self.destination.load_full();
+        let body = Bytes::from(otlp::encode(&destination.service_name, batch));
+        let timeout = self.bounds.timeout;
+        let sent = tokio::time::timeout(timeout, self.post(&destination.endpoint, body)).await;
+        let result = sent.unwrap_or(Err(ExportError::Timeout(timeout)));
+        match result {
+            Ok(()) => {
+                if std::mem::replace(&mut self.failing, false) {
+                    tracing::info!(collector = %destination.endpoint.url(), "trace export recovered");
+                }
+            }
+            Err(error) => {
+                let spans: u64 = batch.iter().map(RequestSpans::len).sum();
+                self.dropped.inc_by(spans);
+                if std::mem::replace(&mut self.failing, true) {
+                    tracing::debug!(collector = %destination.endpoint.url(), %error, spans, "trace export failed; spans dropped");
+                } else {
+                    tracing::warn!(collector = %destination.endpoint.url(), %error, spans, "trace export failed; spans dropped until the collector takes them");
+                }
+            }
+        }
+    }
+
+    /// `POST` of `body` to the endpoint, on the kept connection or a new
+    /// one; the connection is kept again only after a whole exchange.
+    async fn post(&mut self, endpoint: &OtlpEndpoint, body: Bytes) -> Result<(), ExportError> {
+        let mut sender = match self.connection.take() {
+            Some((to, sender)) if to == *endpoint && !sender.is_closed() => sender,
+            _ => connect(endpoint).await?,
+        };
+        sender.ready().await?;
+        let request = http::Request::post(endpoint.path.as_str())
+            .header(http::header::HOST, endpoint.authority.as_str())
+            .header(http::header::CONTENT_TYPE, "application/x-protobuf")
+            .body(Full::new(body))?;
+        let response = sender.send_request(request).await?;
+        let status = response.status();
+        // Read to the end, so the connection can carry the next batch.
+        response.into_body().collect().await?;
+        if !status.is_success() {
+            return Err(ExportError::Status(status));
+        }
+        self.connection = Some((endpoint.clone(), sender));
+        Ok(())
+    }
+}
+
+/// An HTTP/1.1 connection to the collector, driven on this thread.
+async fn connect(endpoint: &OtlpEndpoint) -> Result<SendRequest<Full<Bytes>>, ExportError> {
+    let stream = tokio::net::TcpStream::connect(endpoint.authority.as_str())
+        .await
+        .map_err(ExportError::Connect)?;
+    let _ = stream.set_nodelay(true);
+    let (sender, connection) = hyper::client::conn::http1::handshake(TokioIo::new(stream)).await?;
+    tokio::spawn(async move {
+        if let Err(error) = connection.await {
+            tracing::debug!(%error, "trace collector connection ended");
+        }
+    });
+    Ok(sender)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::tracing::OtlpEndpoint;
+    use crate::trace::context::{SpanId, TraceId};
+    use crate::trace::span::{SpanKind, SpanRecord};
+
+    fn spans() -> Box<RequestSpans> {
+        let server = SpanRecord::new(
+            TraceId([1; 16]),
+            SpanId([2; 8]),
+            None,
+            SpanKind::Server,
+            0,
+            0,
+        );
+        Box::new(RequestSpans {
+            server,
+            upstream: None,
+        })
+    }
+
+    fn config(authority: String) -> TracingConfig {
+        TracingConfig {
+            otlp: OtlpEndpoint {
+                authority,
+                path: "/v1/traces".to_owned(),
+            },
+            sample: 1.0,
+            service_name: "t".into(),
+        }
+    }
+
+    /// A collector that takes the connection and never answers holds one
+    /// batch in flight; the queue behind it fills, and what does not fit
+    /// is dropped and counted at once, without waiting.
+    #[test]
+    fn a_full_queue_drops_and_counts_without_waiting() {
+        let silent = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let dropped = Counter::default();
+        let bounds = Bounds {
+            queue: 1,
+            batch: 1,
+            delay: Duration::from_millis(1),
+            timeout: Duration::from_secs(60),
+        };
+        let exporter = Exporter::start_with(
+            &config(silent.local_addr().unwrap().to_string()),
+            dropped.clone(),
+            bounds,
+        )
+        .unwrap();
+        let started = std::time::Instant::now();
+        for _ in 0..10 {
+            exporter.submit(spans());
+        }
+        assert!(started.elapsed() < Duration::from_secs(1));
+        // One in the export, one in the queue, at most.
+        assert!((8..=10).contains(&dropped.get()), "{}", dropped.get());
+    }
+
+    /// A collector that is down costs the batch's spans, counted.
+    #[test]
+    fn a_refused_export_counts_its_spans() {
+        let closed = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let authority = closed.local_addr().unwrap().to_string();
+        drop(closed);
+        let dropped = Counter::default();
+        let bounds = Bounds {
+            delay: Duration::from_millis(1),
+            ..Bounds::DEFAULT
+        };
+        let exporter = Exporter::start_with(&config(authority), dropped.clone(), bounds).unwrap();
+        for _ in 0..3 {
+            exporter.submit(spans());
+        }
+        let deadline = std::time::Instant::now() + Duration::from_secs(30);
+        while dropped.get() < 3 && std::time::Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        assert_eq!(dropped.get(), 3);
+    }
+}
