@@ -343,6 +343,9 @@ pub(super) struct Reserved {
 /// the missing key that refuses the request. `caller` is dropped here:
 /// nothing of it waits for the store.
 #[inline(always)]
+// Each input comes from a different step of the caller; a struct of them
+// would only be unpacked here.
+#[allow(clippy::too_many_arguments)]
 fn key<'s>(
     app: &App,
     snapshot: &'s Snapshot,
