@@ -312,7 +312,7 @@ fn reserve_for(
         .iter()
         .any(|&id| snapshot.limit_config(id).unit == crate::config::tokens::Unit::Usd);
     if !usd {
-        let (tokens, model) = reserve::reservation_and_model(rule, whole, declared, cap);
+        let (tokens, model) = reserve::reservation(rule, whole, declared, cap);
         return Ok(Some(Reserved {
             tokens,
             priced: None,
@@ -320,7 +320,7 @@ fn reserve_for(
         }));
     }
     let prices = &snapshot.config.prices;
-    let (priced, model) = reserve::priced_with_model(rule, whole, declared, cap, prices)?;
+    let (priced, model) = reserve::priced_reservation(rule, whole, declared, cap, prices)?;
     Ok(Some(Reserved {
         tokens: priced.tokens,
         priced: Some(Box::new(priced)),

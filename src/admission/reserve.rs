@@ -7,20 +7,20 @@ use crate::config::tokens::{PromptEstimate, TokensRule};
 use crate::llm::price::{Price, Prices, reservation_micros};
 use crate::llm::reserve::{self, ReserveRule};
 
-/// The tokens a request reserves under `rule`. `body`: the whole body, read
-/// within `max_key_body` — its `max_completion_tokens` (else `max_tokens`,
-/// else the default) plus its prompt's estimate. `None`: a body over
-/// `max_key_body`, not read — the default plus a quarter of its `declared`
-/// length (of `max_key_body` when it declared none). The tests' form: the
-/// gateway takes the model too ([`reservation_and_model`]).
-#[cfg(test)]
+/// The tokens a request reserves under `rule`, and the body's `model` when
+/// it was read and names one (for its usage event). `body`: the whole body,
+/// read within `max_key_body` — its `max_completion_tokens` (else
+/// `max_tokens`, else the default) plus its prompt's estimate. `None`: a body
+/// over `max_key_body`, not read — the default plus a quarter of its
+/// `declared` length (of `max_key_body` when it declared none).
 pub(crate) fn reservation(
     rule: &TokensRule,
     body: Option<&[u8]>,
     declared: Option<u64>,
     max_key_body: usize,
-) -> u64 {
-    reserved(rule, body, declared, max_key_body).0.total()
+) -> (u64, Option<String>) {
+    let (reservation, model) = reserved(rule, body, declared, max_key_body);
+    (reservation.total(), model)
 }
 
 /// [`reservation`]'s parts, and the body's `model` (none for a body not
@@ -69,23 +69,9 @@ pub(crate) struct Unpriced;
 
 /// [`reservation`] priced by the body's `model` (`[prices."MODEL"]`, else
 /// `[prices.default]`): prompt × input + completion × output, rounded up
-/// to a micro-dollar (`llm::price`). A body not read has no model: the
-/// default prices it. The tests' form: the gateway takes the model too
-/// ([`priced_with_model`]).
-#[cfg(test)]
+/// to a micro-dollar (`llm::price`), with the model. A body not read has no
+/// model: the default prices it.
 pub(crate) fn priced_reservation(
-    rule: &TokensRule,
-    body: Option<&[u8]>,
-    declared: Option<u64>,
-    max_key_body: usize,
-    prices: &Prices,
-) -> Result<Priced, Unpriced> {
-    priced_with_model(rule, body, declared, max_key_body, prices).map(|(priced, _)| priced)
-}
-
-/// As [`priced_reservation`], with the body's `model` when it was read and
-/// names one (for its usage event).
-pub(crate) fn priced_with_model(
     rule: &TokensRule,
     body: Option<&[u8]>,
     declared: Option<u64>,
@@ -103,18 +89,6 @@ pub(crate) fn priced_with_model(
     Ok((priced, model))
 }
 
-/// As [`reservation`], with the body's `model` when it was read and
-/// names one (for its usage event).
-pub(crate) fn reservation_and_model(
-    rule: &TokensRule,
-    body: Option<&[u8]>,
-    declared: Option<u64>,
-    max_key_body: usize,
-) -> (u64, Option<String>) {
-    let (reservation, model) = reserved(rule, body, declared, max_key_body);
-    (reservation.total(), model)
-}
-
 /// The configuration's rule in the `llm` vocabulary.
 fn reserve_rule(rule: &TokensRule) -> ReserveRule {
     ReserveRule {
@@ -129,6 +103,20 @@ fn reserve_rule(rule: &TokensRule) -> ReserveRule {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn tokens_of(rule: &TokensRule, body: Option<&[u8]>, declared: Option<u64>, cap: usize) -> u64 {
+        reservation(rule, body, declared, cap).0
+    }
+
+    fn priced_of(
+        rule: &TokensRule,
+        body: Option<&[u8]>,
+        declared: Option<u64>,
+        cap: usize,
+        prices: &Prices,
+    ) -> Result<Priced, Unpriced> {
+        priced_reservation(rule, body, declared, cap, prices).map(|(priced, _)| priced)
+    }
     use crate::config::tokens::UsageSource;
 
     fn rule() -> TokensRule {
@@ -144,10 +132,10 @@ mod tests {
     fn a_body_read_whole_reserves_its_budget_and_prompt() {
         // 9 bytes of message text: ceil(9 / 4) = 3.
         let body = br#"{"max_tokens":40,"messages":[{"role":"user","content":"abcdefghi"}]}"#;
-        assert_eq!(reservation(&rule(), Some(body), None, 1024), 43);
+        assert_eq!(tokens_of(&rule(), Some(body), None, 1024), 43);
         // No budget in the body: the default.
         let body = br#"{"messages":[{"role":"user","content":"abcd"}]}"#;
-        assert_eq!(reservation(&rule(), Some(body), Some(9999), 1024), 101);
+        assert_eq!(tokens_of(&rule(), Some(body), Some(9999), 1024), 101);
     }
 
     #[test]
@@ -161,7 +149,7 @@ mod tests {
         prices.models.insert("gpt-4o".to_owned(), price);
         // 36 bytes of message text: 9 tokens; 40 of completion.
         let body = br#"{"model":"gpt-4o","max_tokens":40,"messages":[{"role":"user","content":"abcdefghijklmnopqrstuvwxyz0123456789"}]}"#;
-        let priced = priced_reservation(&rule(), Some(body), None, 1024, &prices).unwrap();
+        let priced = priced_of(&rule(), Some(body), None, 1024, &prices).unwrap();
         assert_eq!(
             priced,
             Priced {
@@ -174,25 +162,25 @@ mod tests {
         );
         let other = br#"{"model":"gpt-5","max_tokens":40}"#;
         assert_eq!(
-            priced_reservation(&rule(), Some(other), None, 1024, &prices),
+            priced_of(&rule(), Some(other), None, 1024, &prices),
             Err(Unpriced)
         );
         // A body not read has no model: only a default prices it.
         assert_eq!(
-            priced_reservation(&rule(), None, Some(40), 1024, &prices),
+            priced_of(&rule(), None, Some(40), 1024, &prices),
             Err(Unpriced)
         );
         prices.default = Some(price);
-        let unread = priced_reservation(&rule(), None, Some(40), 1024, &prices).unwrap();
+        let unread = priced_of(&rule(), None, Some(40), 1024, &prices).unwrap();
         assert_eq!((unread.tokens, unread.prompt, unread.usd), (110, 10, 1_025));
     }
 
     #[test]
     fn a_body_over_the_cap_reserves_the_default_and_its_length() {
-        assert_eq!(reservation(&rule(), None, Some(4001), 1024), 100 + 1001);
-        assert_eq!(reservation(&rule(), None, None, 1024), 100 + 256);
+        assert_eq!(tokens_of(&rule(), None, Some(4001), 1024), 100 + 1001);
+        assert_eq!(tokens_of(&rule(), None, None, 1024), 100 + 256);
         assert_eq!(
-            reservation(
+            tokens_of(
                 &TokensRule {
                     max_tokens_default: u64::MAX,
                     ..rule()

@@ -126,7 +126,10 @@ impl<'de> Deserialize<'de> for Amount {
                 Amount::parse(&v.to_string()).map_err(E::custom)
             }
             fn visit_str<E: de::Error>(self, v: &str) -> Result<Amount, E> {
-                Amount::parse(v).map_err(E::custom)
+                // A quoted number is refused as serde refuses it for an
+                // integer, so the configuration's hint ("without quotes")
+                // still answers it.
+                Err(E::invalid_type(de::Unexpected::Str(v), &self))
             }
         }
         deserializer.deserialize_any(AmountVisitor)
@@ -155,7 +158,7 @@ mod tests {
         assert_eq!(toml("500").unwrap().millionths().unwrap(), 500_000_000);
         assert_eq!(toml("500").unwrap().count().unwrap(), 500);
         assert_eq!(toml("1e2").unwrap().count().unwrap(), 100);
-        assert_eq!(toml("\"0.000001\"").unwrap().millionths().unwrap(), 1);
+        assert_eq!(toml("0.000001").unwrap().millionths().unwrap(), 1);
         assert_eq!(toml("0.1").unwrap().to_string(), "0.1");
         assert_eq!(toml("12.5").unwrap().to_json(), serde_json::json!(12.5));
         assert_eq!(toml("12").unwrap().to_json(), serde_json::json!(12));
@@ -169,8 +172,8 @@ mod tests {
             ("nan", "is not a number"),
             ("inf", "is not a number"),
             ("0.0000001", "more than six decimals"),
-            ("\"1.2.3\"", "not a number"),
-            ("\"abc\"", "not a number"),
+            ("\"1.2\"", "invalid type: string"),
+            ("\"abc\"", "expected a number"),
             ("1e30", "too large"),
         ] {
             let error = toml(text).unwrap_err();

@@ -905,7 +905,7 @@ tokens = { max_tokens_default = 50, prompt = "bytes/4", usage = "auto" }
             let record = record(&serde_json::json!({
                 "time": time, "method": "POST", "path": "/v1/chat/completions", "body": text,
             }));
-            let gateway = admission::reserve::reservation(&rule, Some(text.as_bytes()), None, cap);
+            let gateway = admission::reserve::reservation(&rule, Some(text.as_bytes()), None, cap).0;
             assert_eq!(reserved(&app, &snapshot, &record), Some(gateway), "{body}");
         }
         // Over max_key_body: the default plus a quarter of the length, the
