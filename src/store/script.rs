@@ -18,8 +18,9 @@ use smallvec::SmallVec;
 use super::{LEASE, RedisStore, SharedEntry, msgpack};
 use crate::limit::{Algorithm, LeakyMode, Nanos, Verdict, WindowAlign, quota};
 
-pub(super) const STACK_LUA: &str = include_str!("stack.lua");
-pub(super) const SETTLE_LUA: &str = include_str!("settle.lua");
+pub(super) const STACK_LUA: &str = concat!(include_str!("calendar.lua"), include_str!("stack.lua"));
+pub(super) const SETTLE_LUA: &str =
+    concat!(include_str!("calendar.lua"), include_str!("settle.lua"));
 pub(super) const HEARTBEAT_LUA: &str = include_str!("heartbeat.lua");
 
 /// The numbers of one decision's entries (2 or 4 per entry, see
