@@ -412,9 +412,13 @@ limits = ["smooth", "per_route"]
     // and fifth fit the bucket's wait (~750 ms) but not the window:
     // refused at once, their tokens given back.
     let replies = burst(gw.addr, "bob", 5).await;
-    let statuses: Vec<u16> = replies.iter().map(|(r, _)| r.status).collect();
+    // Sent 1 ms apart, they may reach the cluster in another order on a
+    // loaded machine: which three pass is the order of arrival, how many
+    // is not.
+    let mut statuses: Vec<u16> = replies.iter().map(|(r, _)| r.status).collect();
+    statuses.sort_unstable();
     assert_eq!(statuses, [200, 200, 200, 429, 429]);
-    for (reply, took) in &replies[3..] {
+    for (reply, took) in replies.iter().filter(|(r, _)| r.status == 429) {
         assert!(*took < Duration::from_millis(200), "held: {took:?}");
         assert_eq!(reply.header("retry-after").map(|_| ()), Some(()));
     }
