@@ -216,10 +216,17 @@ limit = 10
 window = "1s"
 shadow = true
 
+[limits.spend]
+key = "header:x-api-key"
+algorithm = "fixed_window"
+limit = 50.5
+window = "1mo"
+unit = "usd"
+
 [[routes]]
 name = "quota"
 match = { path = "/quota" }
-respond = { quota = ["per_key", "slots", "tokens", "watching"] }
+respond = { quota = ["per_key", "slots", "tokens", "watching", "spend"] }
 "#;
 
     /// The answer as it was built before, through `serde_json`'s `Value`:
@@ -297,12 +304,19 @@ respond = { quota = ["per_key", "slots", "tokens", "watching"] }
                 }
             })
             .collect();
-        assert_eq!(readings.len(), 4);
+        assert_eq!(readings.len(), 5);
         for n in 0..=readings.len() {
             let mut written = String::new();
             write_limits(&mut written, &snapshot, &readings[..n]);
             assert_eq!(written, reference(&snapshot, &readings[..n]));
         }
+        // The usd limit's members, in dollars beside its micro-dollars.
+        let mut written = String::new();
+        write_limits(&mut written, &snapshot, &readings);
+        assert!(
+            written.contains(r#""quota":50500000,"quota_usd":"50.50""#),
+            "{written}"
+        );
         // An override without expiry or reason.
         let bare = Arc::new(Override {
             expires: None,
