@@ -74,7 +74,7 @@ pub const OPENAI: Needs = Needs {
 pub const CLOUDEVENTS: Needs = Needs {
     what: "the cloudevents Python package",
     programs: &[],
-    module: Some("cloudevents"),
+    module: Some("cloudevents.core.formats.json"),
     install: "python3 -m venv DIR && DIR/bin/pip install cloudevents, \
               then TOLLGATE_TEST_PYTHON=DIR/bin/python",
 };
