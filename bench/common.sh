@@ -118,6 +118,15 @@ capped() {
 }
 
 # Waits until something accepts on 127.0.0.1:$1 (up to 10 s).
+# Fails the run when something already listens on port $1: wait_port would
+# then find that process, and the bench would measure it.
+port_free() {
+  if (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null; then
+    echo "127.0.0.1:$1 is already taken: stop what listens there or set BASE_PORT" >&2
+    exit 1
+  fi
+}
+
 wait_port() {
   for _ in $(seq 1 200); do
     if (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null; then return 0; fi

@@ -98,6 +98,7 @@ UP="http://127.0.0.1:$PORT_UP/_upstream"
 # The upstream, pinned; it lives for the whole run (counters reset per run).
 exponential=--exponential
 [ "${FIXED_SERVICE:-0}" = 1 ] && exponential=
+for port in $(seq "$BASE_PORT" $((BASE_PORT + 2))); do port_free "$port"; done
 taskset -c "$UPSTREAM_CPU" "$CAPACITY_UPSTREAM" "$PORT_UP" "$SLOTS" "$SERVICE_MS" "$QUEUE" $exponential \
   >"$TMP/upstream.out" 2>&1 &
 PIDS+=("$!")
@@ -244,11 +245,15 @@ report_row() {
   local c s up
   c=$(cat "$TMP/crit.out")
   s=$(cat "$TMP/shed.out")
-  up=$(curl -sf "$UP/stats")
+  up=$(curl -sf "$UP/stats") || { echo "$1: the capacity upstream's /stats did not answer" >&2; exit 1; }
   local over
   over=$(field over_capacity "$up")
   local max_in
   max_in=$(field max_in_service "$up")
+  if ! [[ "$max_in" =~ ^[0-9]+$ ]]; then
+    echo "$1: the capacity upstream's /stats has no max_in_service: '$up'" >&2
+    exit 1
+  fi
   if [ "$max_in" -gt "$SLOTS" ] && [ "$over" != 0 ]; then
     echo "$1: the upstream served $max_in at once, over its $SLOTS slots" >&2
     exit 1
