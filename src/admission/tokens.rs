@@ -68,8 +68,8 @@ struct Bill {
     settled: bool,
     /// The request's usage event, recorded when it settles.
     usage: Option<Box<UsageNote>>,
-    /// Its model's price, for the event's cost (`None`: unpriced, or no
-    /// event).
+    /// Its model's price: a usd limit's reservation's, else `[prices]`'
+    /// for the usage event (`None`: unpriced, or neither).
     price: Option<Price>,
 }
 
@@ -88,12 +88,11 @@ struct BillEntry {
     usd: bool,
 }
 
-/// A usd reservation: micro-dollars, the model's price, the prompt's
-/// estimate.
+/// A usd reservation: micro-dollars and the prompt's estimate (its
+/// price is the bill's [`Bill::price`]).
 #[derive(Debug, Clone, Copy)]
 struct UsdReserved {
     micros: u64,
-    price: Price,
     prompt: u64,
 }
 
@@ -129,7 +128,6 @@ pub(crate) fn bill(
         reserved,
         usd: ticket.reserved.priced().map(|priced| UsdReserved {
             micros: priced.usd,
-            price: priced.price,
             prompt: priced.prompt,
         }),
         tally: Arc::new(TokenTally::new(reserved)),
@@ -276,13 +274,12 @@ impl Bill {
         if std::mem::replace(&mut self.settled, true) {
             return;
         }
+        // The usage priced once, for the event and a usd limit alike.
+        let priced = usage.and_then(|usage| Some(cost_micros(&self.price?, &usage)));
         if let Some(note) = self.usage.take() {
             // What the request cost: its usage priced, else (no usage
             // reported) what a usd limit kept of its reservation.
-            let cost = match usage {
-                Some(usage) => self.price.map(|price| cost_micros(&price, &usage)),
-                None => self.usd.map(|usd| usd.micros),
-            };
+            let cost = usage.map_or(self.usd.map(|usd| usd.micros), |_| priced);
             let now = self.clock.now();
             let used = usage.map(|usage| usage.total);
             note.record(&self.route, used, usage.filter(|_| split), now, cost);
@@ -317,9 +314,10 @@ impl Bill {
                     .record_tokens(&self.route, &entry.label, kind, amount);
             }
         }
-        let usd = self.usd.map_or(0, |usd| {
-            delta(cost_micros(&usd.price, &usage), usd.micros).2
-        });
+        // A usd reservation comes with its price, so `priced` is there.
+        let usd = self
+            .usd
+            .map_or(0, |usd| delta(priced.unwrap_or(usd.micros), usd.micros).2);
         let now = self.clock.now();
         // The store's entries in one call per unit while it is up. Down,
         // as its decisions would, the settlement goes to the node's own
