@@ -83,8 +83,9 @@
 //! the request path), [`fd_limit`] (the open-file limit raised at start),
 //! [`store`] (the Redis store: shared limits decided by one script call),
 //! [`usage`] (the usage events of settled requests, spooled on disk and
-//! exported on threads of their own) and [`worker`] (which worker thread
-//! code runs on).
+//! exported on threads of their own), `post_client` (the HTTP/1.1 client
+//! both the usage and the trace exporters POST their batches with) and
+//! [`worker`] (which worker thread code runs on).
 //!
 //! # The life of a request
 //!
@@ -143,6 +144,7 @@ pub mod jose;
 pub mod limit;
 pub mod llm;
 pub mod metrics;
+pub(crate) mod post_client;
 pub(crate) mod proxy;
 pub(crate) mod ratelimit_policy;
 pub mod reload;

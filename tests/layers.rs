@@ -42,6 +42,7 @@ const BESIDE: &[&str] = &[
     "limit",
     "llm",
     "metrics",
+    "post_client",
     "ratelimit_policy",
     "routing",
     "store",

@@ -25,9 +25,6 @@ use std::time::Duration;
 
 use arc_swap::ArcSwap;
 use bytes::Bytes;
-use http_body_util::{BodyExt, Full};
-use hyper::client::conn::http1::SendRequest;
-use hyper_util::rt::TokioIo;
 use prometheus_client::metrics::counter::Counter;
 use tokio::sync::mpsc;
 
@@ -35,6 +32,7 @@ use super::otlp;
 use super::span::RequestSpans;
 use crate::config::TracingConfig;
 use crate::config::tracing::OtlpEndpoint;
+use crate::post_client::{Collector, PostError, Target};
 
 /// The exporter's bounds.
 #[derive(Debug, Clone, Copy)]
@@ -100,7 +98,7 @@ impl Exporter {
             receiver,
             destination: destination.clone(),
             dropped: dropped.clone(),
-            connection: None,
+            collector: None,
             failing: false,
             bounds,
         };
@@ -147,9 +145,9 @@ struct Sending {
     receiver: mpsc::Receiver<Box<RequestSpans>>,
     destination: Arc<ArcSwap<Destination>>,
     dropped: Counter,
-    /// The collector connection, kept alive between batches, and the
-    /// endpoint it was made to.
-    connection: Option<(OtlpEndpoint, SendRequest<Full<Bytes>>)>,
+    /// The collector's client (its connection kept alive between
+    /// batches), made again when a reload moves the endpoint.
+    collector: Option<Collector>,
     /// Exports are failing: the first failure of a spell is a warning, the
     /// rest are debug lines, and the recovery is said once.
     failing: bool,
@@ -159,16 +157,10 @@ struct Sending {
 /// Why an export did not reach the collector.
 #[derive(Debug, thiserror::Error)]
 enum ExportError {
-    #[error("cannot connect: {0}")]
-    Connect(#[source] io::Error),
-    #[error("HTTP: {0}")]
-    Http(#[from] hyper::Error),
+    #[error("{0}")]
+    Post(#[from] PostError),
     #[error("the collector answered {0}")]
     Status(http::StatusCode),
-    #[error("cannot build the request: {0}")]
-    Request(#[from] http::Error),
-    #[error("no answer within {0:?}")]
-    Timeout(Duration),
 }
 
 impl Sending {
@@ -204,10 +196,7 @@ impl Sending {
     async fn export(&mut self, batch: &[RequestSpans]) {
         let destination = self.destination.load_full();
         let body = Bytes::from(otlp::encode(&destination.service_name, batch));
-        let timeout = self.bounds.timeout;
-        let sent = tokio::time::timeout(timeout, self.post(&destination.endpoint, body)).await;
-        let result = sent.unwrap_or(Err(ExportError::Timeout(timeout)));
-        match result {
+        match self.post(&destination.endpoint, body).await {
             Ok(()) => {
                 if std::mem::replace(&mut self.failing, false) {
                     tracing::info!(collector = %destination.endpoint.url(), "trace export recovered");
@@ -225,43 +214,30 @@ impl Sending {
         }
     }
 
-    /// `POST` of `body` to the endpoint, on the kept connection or a new
-    /// one; the connection is kept again only after a whole exchange.
+    /// `POST` of `body` to the endpoint, within the export's bound, on
+    /// the kept connection or a new one.
     async fn post(&mut self, endpoint: &OtlpEndpoint, body: Bytes) -> Result<(), ExportError> {
-        let mut sender = match self.connection.take() {
-            Some((to, sender)) if to == *endpoint && !sender.is_closed() => sender,
-            _ => connect(endpoint).await?,
+        let collector = match &mut self.collector {
+            Some(collector)
+                if collector.target().authority == endpoint.authority
+                    && collector.target().path == endpoint.path =>
+            {
+                collector
+            }
+            kept => kept.insert(Collector::new(Target {
+                authority: endpoint.authority.clone(),
+                host: endpoint.authority.clone(),
+                path: endpoint.path.clone(),
+                content_type: "application/x-protobuf",
+                deadline: self.bounds.timeout,
+            })),
         };
-        sender.ready().await?;
-        let request = http::Request::post(endpoint.path.as_str())
-            .header(http::header::HOST, endpoint.authority.as_str())
-            .header(http::header::CONTENT_TYPE, "application/x-protobuf")
-            .body(Full::new(body))?;
-        let response = sender.send_request(request).await?;
-        let status = response.status();
-        // Read to the end, so the connection can carry the next batch.
-        response.into_body().collect().await?;
-        if !status.is_success() {
-            return Err(ExportError::Status(status));
+        let answer = collector.post(body).await?;
+        if !answer.status.is_success() {
+            return Err(ExportError::Status(answer.status));
         }
-        self.connection = Some((endpoint.clone(), sender));
         Ok(())
     }
-}
-
-/// An HTTP/1.1 connection to the collector, driven on this thread.
-async fn connect(endpoint: &OtlpEndpoint) -> Result<SendRequest<Full<Bytes>>, ExportError> {
-    let stream = tokio::net::TcpStream::connect(endpoint.authority.as_str())
-        .await
-        .map_err(ExportError::Connect)?;
-    let _ = stream.set_nodelay(true);
-    let (sender, connection) = hyper::client::conn::http1::handshake(TokioIo::new(stream)).await?;
-    tokio::spawn(async move {
-        if let Err(error) = connection.await {
-            tracing::debug!(%error, "trace collector connection ended");
-        }
-    });
-    Ok(sender)
 }
 
 #[cfg(test)]

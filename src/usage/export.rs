@@ -26,14 +26,15 @@ use std::sync::mpsc::{Receiver, RecvTimeoutError};
 use std::thread::JoinHandle;
 use std::time::Duration;
 
+use bytes::Bytes;
 use tokio::sync::Notify;
 
 use super::UsageRecord;
-use super::collector::{Collector, PostError};
 use super::event::{self, Ids};
 use super::spool::{Batch, Spool};
 use crate::config::usage::{CollectorUrl, UsageConfig, UsageSinkConfig};
 use crate::metrics::UsageMetrics;
+use crate::post_client::{Collector, PostError, Target};
 
 /// How often an idle writer looks for the stop.
 const TICK: Duration = Duration::from_millis(50);
@@ -41,6 +42,11 @@ const TICK: Duration = Duration::from_millis(50);
 const BACKOFF_BASE: Duration = Duration::from_millis(250);
 /// The longest.
 const BACKOFF_CAP: Duration = Duration::from_secs(30);
+/// The media type of a batch (CloudEvents' JSON batch format).
+pub(crate) const BATCH_TYPE: &str = "application/cloudevents-batch+json";
+/// How long a POST may take, connecting included; past it the batch is
+/// sent again later (a collector that took it meanwhile deduplicates).
+const DEADLINE: Duration = Duration::from_secs(10);
 
 /// The running exporter's threads.
 #[derive(Debug)]
@@ -280,7 +286,14 @@ impl Sending {
     }
 
     async fn send_all(&self) {
-        let mut collector = Collector::new(self.collector.clone());
+        let url = &self.collector;
+        let mut collector = Collector::new(Target {
+            authority: url.authority.clone(),
+            host: url.host.clone(),
+            path: url.path.clone(),
+            content_type: BATCH_TYPE,
+            deadline: DEADLINE,
+        });
         let mut failures: u32 = 0;
         // When the first partial batch was seen: it goes `interval` later.
         let mut partial_since: Option<tokio::time::Instant> = None;
@@ -338,7 +351,7 @@ impl Sending {
             return self.acknowledge(batch);
         }
         // The stop ends a POST in flight (the batch stays in the spool).
-        let post = collector.post(batch.body());
+        let post = collector.post(Bytes::from(batch.body()));
         tokio::pin!(post);
         let posted = loop {
             tokio::select! {

@@ -18,7 +18,7 @@
 //!    `dropped`. With `file =` it appends to that file instead, also one
 //!    `fsync` per batch, and is done.
 //! 3. **send** — the exporter's sender thread reads the spool oldest first
-//!    and POSTs up to `batch` events at a time ([`collector`]); a 2xx
+//!    and POSTs up to `batch` events at a time ([`crate::post_client`]); a 2xx
 //!    acknowledges them (the spool's `ack` position moves, a segment read
 //!    to its end is deleted). A 5xx, a 408 or 429, a timeout or a refused
 //!    connection is retried after an exponential backoff (capped); any other
@@ -29,7 +29,6 @@
 //! so an event is delivered at least once; a collector deduplicates by the
 //! event's `id` (OpenMeter does).
 
-mod collector;
 pub(crate) mod event;
 mod export;
 pub(crate) mod spool;

@@ -1,8 +1,8 @@
-//! The collector's client: one `application/cloudevents-batch+json` POST
-//! at a time over a kept-alive HTTP/1.1 connection (hyper's client
-//! connection, on the exporter's own runtime), with a deadline per POST.
-//! A connection that failed or closed is dropped and made again on the
-//! next POST.
+//! The client of a collector that batches are POSTed to (usage events,
+//! trace spans): one POST at a time over a kept-alive HTTP/1.1 connection
+//! (hyper's client connection, on the exporter's own runtime), with a
+//! deadline per POST. A connection that failed or closed is dropped and
+//! made again on the next POST.
 
 use std::time::Duration;
 
@@ -12,15 +12,6 @@ use http_body_util::{BodyExt, Full};
 use hyper::client::conn::http1::{self, SendRequest};
 use hyper_util::rt::TokioIo;
 use tokio::net::TcpStream;
-
-use crate::config::usage::CollectorUrl;
-
-/// The media type of a batch (CloudEvents' JSON batch format).
-pub(crate) const BATCH_TYPE: &str = "application/cloudevents-batch+json";
-
-/// How long a POST may take, connecting included; past it the batch is
-/// sent again later (a collector that took it meanwhile deduplicates).
-const DEADLINE: Duration = Duration::from_secs(10);
 
 /// The most bytes of an answer's body kept, for the log line of a refusal.
 const ANSWER_KEPT: usize = 512;
@@ -43,28 +34,49 @@ pub(crate) enum PostError {
     },
     #[error("the collector's connection failed: {0}")]
     Http(#[from] hyper::Error),
-    #[error("the collector did not answer within {DEADLINE:?}")]
-    Timeout,
+    #[error("the collector did not answer within {0:?}")]
+    Timeout(Duration),
 }
 
-/// The client of one collector URL.
+/// Where a collector takes its batches.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct Target {
+    /// `host:port` to connect to.
+    pub(crate) authority: String,
+    /// The `Host` field.
+    pub(crate) host: String,
+    /// Path (and query) of the POST.
+    pub(crate) path: String,
+    /// The batches' media type.
+    pub(crate) content_type: &'static str,
+    /// How long a POST may take, connecting included.
+    pub(crate) deadline: Duration,
+}
+
+/// The client of one collector.
 #[derive(Debug)]
 pub(crate) struct Collector {
-    url: CollectorUrl,
+    target: Target,
     connection: Option<SendRequest<Full<Bytes>>>,
 }
 
 impl Collector {
-    pub(crate) fn new(url: CollectorUrl) -> Collector {
+    pub(crate) fn new(target: Target) -> Collector {
         Collector {
-            url,
+            target,
             connection: None,
         }
     }
 
-    /// POSTs `body` (a JSON array of events) and reads the answer.
-    pub(crate) async fn post(&mut self, body: Vec<u8>) -> Result<Answer, PostError> {
-        match tokio::time::timeout(DEADLINE, self.exchange(body)).await {
+    /// Where it posts.
+    pub(crate) fn target(&self) -> &Target {
+        &self.target
+    }
+
+    /// POSTs `body` (a batch) and reads the answer.
+    pub(crate) async fn post(&mut self, body: Bytes) -> Result<Answer, PostError> {
+        let deadline = self.target.deadline;
+        match tokio::time::timeout(deadline, self.exchange(body)).await {
             Ok(Ok(answer)) => Ok(answer),
             Ok(Err(error)) => {
                 self.connection = None;
@@ -72,12 +84,12 @@ impl Collector {
             }
             Err(_) => {
                 self.connection = None;
-                Err(PostError::Timeout)
+                Err(PostError::Timeout(deadline))
             }
         }
     }
 
-    async fn exchange(&mut self, body: Vec<u8>) -> Result<Answer, PostError> {
+    async fn exchange(&mut self, body: Bytes) -> Result<Answer, PostError> {
         let reusable = match self.connection.take() {
             Some(mut sender) => sender.ready().await.is_ok().then_some(sender),
             None => None,
@@ -86,11 +98,12 @@ impl Collector {
             Some(sender) => sender,
             None => self.connect().await?,
         };
-        let request = Request::post(&self.url.path)
-            .header(http::header::HOST, &self.url.host)
-            .header(http::header::CONTENT_TYPE, BATCH_TYPE)
+        let target = &self.target;
+        let request = Request::post(&target.path)
+            .header(http::header::HOST, &target.host)
+            .header(http::header::CONTENT_TYPE, target.content_type)
             .header(http::header::USER_AGENT, "tollgate")
-            .body(Full::new(Bytes::from(body)))
+            .body(Full::new(body))
             .expect("a checked URL's path and host make a request");
         let response = sender.send_request(request).await?;
         let status = response.status();
@@ -112,7 +125,7 @@ impl Collector {
     }
 
     async fn connect(&self) -> Result<SendRequest<Full<Bytes>>, PostError> {
-        let authority = &self.url.authority;
+        let authority = &self.target.authority;
         let stream = TcpStream::connect(authority.as_str())
             .await
             .map_err(|source| PostError::Connect {
