@@ -393,7 +393,14 @@ async fn route_and_act(
         body: RequestBody::Client(&mut body),
         now,
     };
-    let admitted = admission::admit_request(app, snapshot, routed, &mut ticket).await;
+    let admitted = match progress.seen.trace.as_deref_mut() {
+        // A recorded request whose decision may call Redis: its calls
+        // become spans.
+        Some(spans) if plan.shared && app.store().is_some() => {
+            traced::admit_noting_store_calls(app, snapshot, routed, &mut ticket, spans).await
+        }
+        _ => admission::admit_request(app, snapshot, routed, &mut ticket).await,
+    };
     progress.seen.client_ip = ticket.client_ip();
     // A token route's reservation, settled from its response.
     let mut bill = match admitted {

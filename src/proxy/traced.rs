@@ -2,7 +2,10 @@
 //! OpenTelemetry's HTTP server conventions and the gateway's own
 //! `tollgate.route`, `tollgate.limit` and `tollgate.decision`; the client
 //! span of the upstream exchange, whose id goes upstream in
-//! `traceparent`.
+//! `traceparent`; a client span per Redis call of its decision, with
+//! OpenTelemetry's database conventions (`db.system` `redis`,
+//! `db.operation.name` `EVALSHA`, the server) and the limits it decided
+//! (`tollgate.limits`).
 //!
 //! Each step of `proxy::handler` calls one function here, and only for a
 //! recorded request (its spans are `Some`): an untraced request never
@@ -12,17 +15,22 @@
 //! body's remaining time is not in it); the client span covers the
 //! upstream exchange to its response head, retries included.
 
+use std::future::Future;
 use std::net::IpAddr;
+use std::pin::Pin;
 use std::sync::Arc;
 
 use http::request::Parts;
 use http::{HeaderMap, Method, Request, Uri, Version};
 
+use crate::admission::{self, RequestAdmission, Routed, Ticket};
 use crate::answer::error::GatewayError;
-use crate::app::{RoutePlan, Snapshot};
+use crate::app::{App, RoutePlan, Snapshot};
+use crate::config::store::RedisServers;
 use crate::limit::Nanos;
 use crate::proxy::body::ClientBody;
 use crate::proxy::downstream::Downstream;
+use crate::store::probe::{Probe, StoreCall};
 use crate::trace::span::{RequestSpans, SpanKind, SpanRecord, Value};
 use crate::trace::{self, TRACEPARENT};
 use crate::upstream::Upstream;
@@ -54,9 +62,9 @@ fn server_span(
         start.parent,
         SpanKind::Server,
         now,
-        16,
+        "HTTP",
     );
-    method_attributes(&mut span, request.method());
+    span.name.first = method_attributes(&mut span, request.method());
     span.set("url.path", Value::Text(request.uri().path().to_owned()));
     span.set("url.scheme", Value::Static(downstream.proto));
     let default_port = if downstream.proto == "https" { 443 } else { 80 };
@@ -64,10 +72,7 @@ fn server_span(
         span.set("server.address", Value::Text(host));
         span.set("server.port", Value::Int(port.into()));
     }
-    span.set(
-        "network.peer.address",
-        Value::Text(downstream.peer.ip().to_string()),
-    );
+    span.set("network.peer.address", Value::Ip(downstream.peer.ip()));
     span.set(
         "network.peer.port",
         Value::Int(downstream.peer.port().into()),
@@ -86,12 +91,14 @@ fn server_span(
     Box::new(RequestSpans {
         server: span,
         upstream: None,
+        store: Vec::new(),
     })
 }
 
 /// `http.request.method`: the method, or `_OTHER` with the method as sent
-/// in `http.request.method_original` (the conventions' bounded set).
-fn method_attributes(span: &mut SpanRecord, method: &Method) {
+/// in `http.request.method_original` (the conventions' bounded set). The
+/// method as a span's name has it (`HTTP` for another).
+fn method_attributes(span: &mut SpanRecord, method: &Method) -> &'static str {
     let known = match *method {
         Method::GET => "GET",
         Method::POST => "POST",
@@ -108,10 +115,11 @@ fn method_attributes(span: &mut SpanRecord, method: &Method) {
                 "http.request.method_original",
                 Value::Text(method.as_str().to_owned()),
             );
-            return;
+            return "HTTP";
         }
     };
     span.set("http.request.method", Value::Static(known));
+    known
 }
 
 /// `network.protocol.version` of an HTTP version.
@@ -174,13 +182,9 @@ pub(crate) fn begin_upstream(
         Some(server.span_id),
         SpanKind::Client,
         now,
-        8,
+        "HTTP",
     );
-    method_attributes(&mut span, &parts.method);
-    span.name = match span.get("http.request.method") {
-        Some(Value::Static(method)) => (*method).to_owned(),
-        _ => "HTTP".to_owned(),
-    };
+    span.name.first = method_attributes(&mut span, &parts.method);
     if let Some(upstream) = upstream {
         span.set(
             "tollgate.upstream",
@@ -199,8 +203,17 @@ pub(crate) fn begin_upstream(
 /// `url.full`, `server.address` and `server.port` of a request for `path`
 /// sent to the upstream URL `base`.
 fn url_attributes(span: &mut SpanRecord, base: &Uri, path: &str) {
-    let base_text = base.to_string();
-    let full = format!("{}{path}", base_text.trim_end_matches('/'));
+    // What `base.to_string()` writes, without the formatter.
+    let scheme = base.scheme_str().unwrap_or("http");
+    let authority = base.authority().map_or("", |a| a.as_str());
+    let base_path = base.path_and_query().map_or("", |pq| pq.as_str());
+    let mut full =
+        String::with_capacity(scheme.len() + 3 + authority.len() + base_path.len() + path.len());
+    for part in [scheme, "://", authority, base_path] {
+        full.push_str(part);
+    }
+    full.truncate(full.trim_end_matches('/').len());
+    full.push_str(path);
     span.set("url.full", Value::Text(full));
     if let Some(host) = base.host() {
         span.set("server.address", Value::Text(host.to_owned()));
@@ -271,27 +284,76 @@ pub(crate) fn finish(snapshot: &Snapshot, mut spans: Box<RequestSpans>, ending: 
         span.error = true;
         span.set("error.type", Value::Text(ending.status.to_string()));
     }
-    let client = ending.client_ip.map_or_else(
-        || match span.get("network.peer.address") {
-            Some(Value::Text(peer)) => peer.clone(),
-            _ => String::new(),
-        },
-        |ip| ip.to_string(),
-    );
-    span.set("client.address", Value::Text(client));
-    let method = match span.get("http.request.method") {
-        Some(Value::Static(method)) => *method,
-        _ => "HTTP",
-    };
-    span.name = match ending.route {
-        Some(route) => format!("{method} {}", route.name),
-        None => method.to_owned(),
-    };
+    let client = ending
+        .client_ip
+        .or_else(|| match span.get("network.peer.address") {
+            Some(Value::Ip(peer)) => Some(*peer),
+            _ => None,
+        });
+    if let Some(client) = client {
+        span.set("client.address", Value::Ip(client));
+    }
     if let Some(route) = ending.route {
+        span.name.then = Some(route.name.clone());
         span.set("tollgate.route", Value::Shared(route.name.clone()));
     }
     if let Some(limit) = ending.limit {
         span.set("tollgate.limit", Value::Shared(limit.clone()));
     }
     tracing.export(spans);
+}
+
+/// Step 4 for a recorded request on a route with shared limits: the
+/// admission, its Redis calls noted ([`Probe`]) and made client spans of
+/// the server span. Boxed and out of line: an untraced request's future
+/// holds none of it.
+#[cold]
+#[inline(never)]
+pub(crate) fn admit_noting_store_calls<'a, 's: 'a>(
+    app: &'a App,
+    snapshot: &'s Snapshot,
+    routed: Routed<'a, 's>,
+    ticket: &'a mut Ticket<'s>,
+    spans: &'a mut RequestSpans,
+) -> Pin<Box<dyn Future<Output = RequestAdmission> + Send + 'a>> {
+    Box::pin(async move {
+        let admitting = admission::admit_request(app, snapshot, routed, ticket);
+        let (admission, calls) = Probe::around(app.clock.clone(), admitting).await;
+        let server = app.store().map(|store| store.servers());
+        for call in calls {
+            store_span(spans, server, call);
+        }
+        admission
+    })
+}
+
+/// A Redis call of the request's decision as a client span of its server
+/// span (OpenTelemetry's database conventions for Redis).
+fn store_span(spans: &mut RequestSpans, servers: Option<&RedisServers>, call: StoreCall) {
+    let server = &spans.server;
+    let mut span = SpanRecord::new(
+        server.trace_id,
+        trace::new_span_id(),
+        Some(server.span_id),
+        SpanKind::Client,
+        call.start,
+        call.operation,
+    );
+    span.end = call.end;
+    span.set("db.system", Value::Static("redis"));
+    span.set("db.system.name", Value::Static("redis"));
+    span.set("db.operation.name", Value::Static(call.operation));
+    // The server where it is one; a Cluster's node or a Sentinel's
+    // master is not known here.
+    if let Some(RedisServers::One(url)) = servers {
+        span.set("server.address", Value::Text(url.host.clone()));
+        span.set("server.port", Value::Int(url.port.into()));
+        span.set("db.namespace", Value::Text(url.db.to_string()));
+    }
+    span.set("tollgate.limits", Value::Texts(call.limits));
+    if call.failed {
+        span.error = true;
+        span.set("error.type", Value::Static("unavailable"));
+    }
+    spans.store.push(span);
 }

@@ -19,6 +19,7 @@ use std::sync::Arc;
 use std::sync::atomic::Ordering;
 
 use super::cluster::Charged;
+use super::probe::Probe;
 use super::script::{Verdicts, parse_verdicts};
 use super::{
     Lease, OwnedEntry, RedisStore, SharedDecision, SharedEntry, Unavailable, remembered, slot_of,
@@ -101,7 +102,8 @@ impl RedisStore {
             true if args.keys() > 0 => slot_of(args.key(0)),
             _ => 0,
         };
-        let answer = self.batched(args, slot).await?;
+        let limits = entries.iter().map(|e| e.limit);
+        let answer = Probe::note("EVALSHA", limits, self.batched(args, slot)).await?;
         let verdicts =
             parse_verdicts(&answer, entries.iter().map(|e| e.cost)).ok_or_else(|| {
                 tracing::warn!("unexpected answer from the redis stack script");

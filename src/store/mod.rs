@@ -31,7 +31,8 @@
 //! - `breaker`: failures counted, the breaker opened and probed, the store
 //!   thread and this node's heartbeat;
 //! - `connect`: a connection made (TCP or TLS, `AUTH`, Sentinel, Cluster);
-//! - `forget`: a key emptied (the admin listener's reset).
+//! - `forget`: a key emptied (the admin listener's reset);
+//! - `probe`: a traced request's calls noted for its spans.
 //!
 //! # Failure
 //!
@@ -59,6 +60,7 @@ mod forget;
 mod msgpack;
 mod overrides;
 mod peek;
+pub(crate) mod probe;
 mod remembered;
 mod script;
 mod token_lease;
@@ -205,6 +207,11 @@ impl RedisStore {
     /// gateway nodes whenever it changes (on the store thread). Set once.
     pub(crate) fn on_live_nodes(&self, listener: impl Fn(u64) + Send + Sync + 'static) {
         let _ = self.nodes_listener.set(Box::new(listener));
+    }
+
+    /// Where the store's Redis is (a traced call's span names it).
+    pub(crate) fn servers(&self) -> &crate::config::store::RedisServers {
+        &self.config.servers
     }
 
     pub(crate) fn on_failure(&self) -> OnFailure {

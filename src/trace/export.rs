@@ -12,9 +12,13 @@
 //!
 //! A batch is sent when it holds `batch` requests or `delay` after its
 //! first one came, whichever is sooner; one export is in flight at a time,
-//! bounded by `timeout` ([`Bounds::DEFAULT`]). The
-//! client is hyper's HTTP/1.1 connection (already the gateway's), kept
-//! alive between batches and made again after a failure.
+//! bounded by `timeout` ([`Bounds::DEFAULT`]). The thread is woken twice
+//! a batch, not once a request: by a batch's first request, and by the
+//! request that fills it (until then it sleeps towards the delay and
+//! takes what queued when it wakes). The body is written straight from
+//! the records into buffers kept between batches (`otlp`); the client is
+//! `post_client`'s HTTP/1.1 connection, kept alive between batches and
+//! made again after a failure.
 //!
 //! The collector's address and the service name are read per batch, so a
 //! reload that changes them takes effect at the next one.
@@ -26,7 +30,7 @@ use std::time::Duration;
 use arc_swap::ArcSwap;
 use bytes::Bytes;
 use prometheus_client::metrics::counter::Counter;
-use tokio::sync::mpsc;
+use tokio::sync::{Notify, mpsc};
 
 use super::otlp;
 use super::span::RequestSpans;
@@ -48,12 +52,13 @@ pub(crate) struct Bounds {
 }
 
 impl Bounds {
-    /// The gateway's: 2,048 requests queued, 256 a batch, a batch sent 1 s
+    /// The gateway's: 2,048 requests queued, 512 a batch (OpenTelemetry's
+    /// default batch size; a few hundred KB of protobuf), a batch sent 1 s
     /// after its first request at the latest, 10 s an export
     /// (OpenTelemetry's export timeout).
     pub(crate) const DEFAULT: Bounds = Bounds {
         queue: 2048,
-        batch: 256,
+        batch: 512,
         delay: Duration::from_secs(1),
         timeout: Duration::from_secs(10),
     };
@@ -71,6 +76,10 @@ struct Destination {
 #[derive(Debug)]
 pub(crate) struct Exporter {
     queue: mpsc::Sender<Box<RequestSpans>>,
+    /// Told when the queue holds a whole batch: the thread sends it
+    /// without waiting out the delay.
+    full: Arc<Notify>,
+    batch: usize,
     destination: Arc<ArcSwap<Destination>>,
     dropped: Counter,
 }
@@ -94,8 +103,11 @@ impl Exporter {
         let runtime = tokio::runtime::Builder::new_current_thread()
             .enable_all()
             .build()?;
+        let full = Arc::new(Notify::new());
         let sending = Sending {
             receiver,
+            full: full.clone(),
+            encoder: otlp::Encoder::default(),
             destination: destination.clone(),
             dropped: dropped.clone(),
             collector: None,
@@ -107,6 +119,8 @@ impl Exporter {
             .spawn(move || runtime.block_on(sending.run()))?;
         Ok(Exporter {
             queue,
+            full,
+            batch: bounds.batch.max(1),
             destination,
             dropped,
         })
@@ -123,7 +137,11 @@ impl Exporter {
     /// Hands a recorded request's spans to the exporter, or drops and
     /// counts them when the queue is full. Never waits.
     pub(crate) fn submit(&self, spans: Box<RequestSpans>) {
-        if let Err(error) = self.queue.try_send(spans) {
+        let sent = self.queue.try_send(spans);
+        if self.queue.max_capacity() - self.queue.capacity() >= self.batch {
+            self.full.notify_one();
+        }
+        if let Err(error) = sent {
             let spans = match error {
                 mpsc::error::TrySendError::Full(spans)
                 | mpsc::error::TrySendError::Closed(spans) => spans,
@@ -143,6 +161,10 @@ fn destination_of(config: &TracingConfig) -> Destination {
 /// The exporter thread's state.
 struct Sending {
     receiver: mpsc::Receiver<Box<RequestSpans>>,
+    /// The request path's word that a batch is full.
+    full: Arc<Notify>,
+    /// Its buffers kept from one batch to the next.
+    encoder: otlp::Encoder,
     destination: Arc<ArcSwap<Destination>>,
     dropped: Counter,
     /// The collector's client (its connection kept alive between
@@ -166,23 +188,27 @@ enum ExportError {
 impl Sending {
     /// Batches until every sender is gone, then sends what is left.
     async fn run(mut self) {
-        let mut batch: Vec<RequestSpans> = Vec::with_capacity(self.bounds.batch);
+        let most = self.bounds.batch.max(1);
+        let mut batch: Vec<Box<RequestSpans>> = Vec::with_capacity(most);
         loop {
-            let Some(first) = self.receiver.recv().await else {
+            // A batch's first request wakes the thread.
+            if self.receiver.recv_many(&mut batch, most).await == 0 {
                 return;
-            };
-            batch.push(*first);
-            let deadline = tokio::time::Instant::now() + self.bounds.delay;
-            let mut closed = false;
-            while batch.len() < self.bounds.batch {
-                tokio::select! {
-                    next = self.receiver.recv() => match next {
-                        Some(spans) => batch.push(*spans),
-                        None => { closed = true; break; }
-                    },
-                    () = tokio::time::sleep_until(deadline) => break,
-                }
             }
+            let delay = tokio::time::sleep(self.bounds.delay);
+            tokio::pin!(delay);
+            let closed = loop {
+                // Not `recv` while the batch fills: a waiting `recv` is
+                // woken by every request.
+                let closed = self.take_queued(&mut batch, most);
+                if closed || batch.len() >= most {
+                    break closed;
+                }
+                tokio::select! {
+                    () = self.full.notified() => {}
+                    () = &mut delay => break self.take_queued(&mut batch, most),
+                }
+            };
             self.export(&batch).await;
             batch.clear();
             if closed {
@@ -191,11 +217,28 @@ impl Sending {
         }
     }
 
+    /// What waits in the queue into `batch`, up to `most`; whether every
+    /// sender is gone and the queue empty.
+    fn take_queued(&mut self, batch: &mut Vec<Box<RequestSpans>>, most: usize) -> bool {
+        while batch.len() < most {
+            match self.receiver.try_recv() {
+                Ok(spans) => batch.push(spans),
+                Err(mpsc::error::TryRecvError::Empty) => return false,
+                Err(mpsc::error::TryRecvError::Disconnected) => return true,
+            }
+        }
+        false
+    }
+
     /// Sends one batch; a batch the collector did not take is counted as
     /// dropped spans.
-    async fn export(&mut self, batch: &[RequestSpans]) {
+    async fn export(&mut self, batch: &[Box<RequestSpans>]) {
         let destination = self.destination.load_full();
-        let body = Bytes::from(otlp::encode(&destination.service_name, batch));
+        let body = self.encoder.encode(
+            &destination.service_name,
+            batch.iter().map(|spans| &**spans),
+        );
+        let body = Bytes::from(body);
         match self.post(&destination.endpoint, body).await {
             Ok(()) => {
                 if std::mem::replace(&mut self.failing, false) {
@@ -203,7 +246,7 @@ impl Sending {
                 }
             }
             Err(error) => {
-                let spans: u64 = batch.iter().map(RequestSpans::len).sum();
+                let spans: u64 = batch.iter().map(|spans| spans.len()).sum();
                 self.dropped.inc_by(spans);
                 if std::mem::replace(&mut self.failing, true) {
                     tracing::debug!(collector = %destination.endpoint.url(), %error, spans, "trace export failed; spans dropped");
@@ -254,11 +297,12 @@ mod tests {
             None,
             SpanKind::Server,
             0,
-            0,
+            "GET",
         );
         Box::new(RequestSpans {
             server,
             upstream: None,
+            store: Vec::new(),
         })
     }
 

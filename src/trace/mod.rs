@@ -12,18 +12,19 @@
 //! across reloads. Without `[tracing]` a request pays one branch on the
 //! snapshot's `None`. With it, an unsampled request pays a header lookup
 //! and one random number; a sampled one fills its spans in a `Box` the
-//! request's future points to (the future does not grow by the spans) and
-//! hands them to the exporter's queue when it ends. What the spans say is
-//! the proxy's business (`proxy::traced`); this module knows ids, times
-//! and attributes.
+//! request's future points to (the future does not grow by the spans;
+//! the attributes sit inline in it) and hands them to the exporter's
+//! queue when it ends. What the spans say is the proxy's business
+//! (`proxy::traced`); this module knows ids, times and attributes.
 //!
 //! Why not the `opentelemetry` SDK and `opentelemetry-otlp`: the SDK's
 //! span is a dynamic object behind a global tracer provider, its batch
 //! processor wants its own runtime glue, and `opentelemetry-otlp`'s HTTP
 //! transport brings reqwest (a second HTTP client and TLS stack). The
-//! gateway needs two spans of a fixed shape per request; the OTLP wire
-//! types come from `opentelemetry-proto` (prost, as ours), the POST from
-//! the hyper already here.
+//! gateway needs a few spans of a fixed shape per request; it writes
+//! their OTLP protobuf itself (`otlp`, checked against
+//! `opentelemetry-proto`'s types in the tests) and posts it with
+//! `post_client`.
 
 pub(crate) mod context;
 pub(crate) mod export;

@@ -1,9 +1,17 @@
 //! The spans of one recorded request as the request path fills them: ids,
-//! times and attributes as plain values, turned into OTLP's messages
-//! only on the exporter's thread (`otlp`), so a traced request pays for
-//! a few small allocations and nothing else.
+//! times and attributes as plain values, written as OTLP's protobuf only
+//! on the exporter's thread (`otlp`).
+//!
+//! Sized for the request path: a span's attributes sit inline (no
+//! allocation for the list), keys are `&'static str`, a name is its two
+//! parts (the method and the route, joined when written), addresses are
+//! kept as addresses and written as text by the exporter. What stays a
+//! copy is text of the request itself (its path, its `User-Agent`).
 
+use std::net::IpAddr;
 use std::sync::Arc;
+
+use smallvec::SmallVec;
 
 use super::context::{SpanId, TraceId};
 
@@ -12,7 +20,7 @@ use super::context::{SpanId, TraceId};
 pub(crate) enum SpanKind {
     /// The request as the gateway served it.
     Server,
-    /// The request as the gateway sent it upstream.
+    /// A call the gateway made for it: upstream, or to Redis.
     Client,
 }
 
@@ -25,8 +33,30 @@ pub(crate) enum Value {
     Shared(Arc<str>),
     /// A text of the request (its path, its `User-Agent`).
     Text(String),
+    /// An address, written as text.
+    Ip(IpAddr),
     Int(i64),
+    /// A list of texts (the limits a Redis call decided).
+    Texts(SmallVec<[String; 2]>),
 }
+
+/// A span's name: `first`, then ` {then}` when there is a second part
+/// (`GET api`: the method and the route).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct Name {
+    pub(crate) first: &'static str,
+    pub(crate) then: Option<Arc<str>>,
+}
+
+impl Name {
+    pub(crate) const fn of(first: &'static str) -> Name {
+        Name { first, then: None }
+    }
+}
+
+/// Attributes held inline: the most a server span sets (OpenTelemetry's
+/// HTTP server attributes and the gateway's three).
+pub(crate) type Attributes = SmallVec<[(&'static str, Value); 16]>;
 
 /// One span: where it sits in its trace, when it ran, what it saw.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -37,35 +67,35 @@ pub(crate) struct SpanRecord {
     /// trace came in with the request).
     pub(crate) parent: Option<SpanId>,
     pub(crate) kind: SpanKind,
-    pub(crate) name: String,
+    pub(crate) name: Name,
     /// Nanoseconds since the Unix epoch, on the gateway's clock.
     pub(crate) start: u64,
     pub(crate) end: u64,
-    pub(crate) attributes: Vec<(&'static str, Value)>,
+    pub(crate) attributes: Attributes,
     /// The span's status is `Error` (OpenTelemetry's HTTP conventions:
     /// a server span's 5xx, a client span's 4xx, 5xx or failure).
     pub(crate) error: bool,
 }
 
 impl SpanRecord {
-    /// A span of `kind` starting at `start`, with room for `attributes`.
+    /// A span of `kind` starting at `start`, named `first` until renamed.
     pub(crate) fn new(
         trace_id: TraceId,
         span_id: SpanId,
         parent: Option<SpanId>,
         kind: SpanKind,
         start: u64,
-        attributes: usize,
+        first: &'static str,
     ) -> SpanRecord {
         SpanRecord {
             trace_id,
             span_id,
             parent,
             kind,
-            name: String::new(),
+            name: Name::of(first),
             start,
             end: start,
-            attributes: Vec::with_capacity(attributes),
+            attributes: Attributes::new(),
             error: false,
         }
     }
@@ -87,18 +117,27 @@ impl SpanRecord {
     }
 }
 
-/// What a recorded request hands the exporter: its server span and, if it
-/// went upstream, the client span of that exchange.
+/// What a recorded request hands the exporter: its server span, the
+/// client span of its upstream exchange if it went upstream, and one
+/// client span per Redis call its decision made.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) struct RequestSpans {
     pub(crate) server: SpanRecord,
     pub(crate) upstream: Option<SpanRecord>,
+    pub(crate) store: Vec<SpanRecord>,
 }
 
 impl RequestSpans {
     /// How many spans this is (what a drop counts).
     pub(crate) fn len(&self) -> u64 {
-        1 + u64::from(self.upstream.is_some())
+        1 + u64::from(self.upstream.is_some()) + self.store.len() as u64
+    }
+
+    /// Every span, the server span first.
+    pub(crate) fn iter(&self) -> impl Iterator<Item = &SpanRecord> {
+        std::iter::once(&self.server)
+            .chain(self.upstream.as_ref())
+            .chain(&self.store)
     }
 }
 
@@ -114,7 +153,7 @@ mod tests {
             None,
             SpanKind::Server,
             5,
-            2,
+            "GET",
         );
         span.set("a", Value::Int(1));
         span.set("b", Value::Static("x"));
