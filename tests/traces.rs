@@ -5,8 +5,9 @@
 //!
 //! What the spans say (names, kinds, attributes, parent and child), an
 //! incoming `traceparent` continued and the upstream's `traceparent`
-//! naming the client span, the sampling ratio, and a collector that is
-//! down or slow costing dropped spans and never request latency.
+//! naming the client span, a real Redis's calls as client spans, the
+//! sampling ratio, and a collector that is down or slow costing dropped
+//! spans and never request latency.
 
 mod common;
 
@@ -139,6 +140,13 @@ fn text(value: Option<&opentelemetry_proto::tonic::common::v1::AnyValue>) -> Str
     match value.and_then(|v| v.value.as_ref()) {
         Some(Value::StringValue(s)) => s.clone(),
         Some(Value::IntValue(n)) => n.to_string(),
+        // A list of texts, as `a,b`.
+        Some(Value::ArrayValue(list)) => list
+            .values
+            .iter()
+            .map(|v| text(Some(v)))
+            .collect::<Vec<_>>()
+            .join(","),
         other => format!("{other:?}"),
     }
 }
@@ -314,6 +322,138 @@ async fn a_refused_request_names_its_limit_and_goes_nowhere() {
             .iter()
             .filter(|s| s.kind == SpanKind::Server as i32)
             .all(|s| s.parent_span_id.is_empty())
+    );
+}
+
+/// A decision made in Redis is a client span of the request's server
+/// span, with the database conventions and the limits it decided; a
+/// route whose limits stay in node memory has none.
+#[tokio::test]
+async fn a_redis_decision_is_a_client_span_of_the_server_span() {
+    if common::needs::skip(common::needs::REDIS) {
+        return;
+    }
+    let redis = common::redis::Redis::start();
+    let upstream = TestUpstream::start().await;
+    let receiver = Receiver::start(Duration::ZERO).await;
+    let config = gateway_toml(
+        &upstream,
+        "",
+        &format!(
+            "[store]\nbackend = \"redis\"\nurl = \"{}\"\n\n\
+             [tracing]\notlp = \"{}\"\nsample = 1.0\n\n\
+             [limits.per_ip]\nkey = \"ip\"\nalgorithm = \"fixed_window\"\nlimit = 100\nwindow = \"1m\"\n\n\
+             [limits.per_route]\nkey = \"route\"\nalgorithm = \"fixed_window\"\nlimit = 100\nwindow = \"1m\"\n\n\
+             [limits.node]\nkey = \"ip\"\nalgorithm = \"fixed_window\"\nlimit = 100\nwindow = \"1m\"\nlocal = true\n\n\
+             [[routes]]\nname = \"shared\"\nmatch = {{ path_prefix = \"/api\" }}\nupstream = \"api\"\nlimits = [\"per_ip\", \"node\", \"per_route\"]\n\n\
+             [[routes]]\nname = \"local\"\nmatch = {{ path_prefix = \"/open\" }}\nupstream = \"api\"\nlimits = [\"node\"]\n",
+            redis.url(),
+            receiver.url(),
+        ),
+    );
+    let gateway = InProcess::start(&config).await;
+    assert_eq!(get(gateway.addr, "/api/a", &[]).await.status, 200);
+    assert_eq!(get(gateway.addr, "/open/b", &[]).await.status, 200);
+    // Server and upstream spans of both, and the Redis call of the first.
+    let spans = receiver.wait_for(5).await;
+    let named = |route: &str| {
+        spans
+            .iter()
+            .find(|s| attributes(s).get("tollgate.route").map(String::as_str) == Some(route))
+            .unwrap_or_else(|| panic!("no {route} span in {spans:#?}"))
+    };
+    let shared = named("shared");
+    let redis_spans: Vec<&Span> = spans
+        .iter()
+        .filter(|s| attributes(s).contains_key("db.system"))
+        .collect();
+    assert_eq!(redis_spans.len(), 1, "{spans:#?}");
+    let call = redis_spans[0];
+    assert_eq!(call.trace_id, shared.trace_id);
+    assert_eq!(call.parent_span_id, shared.span_id);
+    assert_eq!(call.kind, SpanKind::Client as i32);
+    assert_eq!(call.name, "EVALSHA");
+    assert!(shared.start_time_unix_nano <= call.start_time_unix_nano);
+    assert!(call.start_time_unix_nano < call.end_time_unix_nano);
+    assert!(call.end_time_unix_nano <= shared.end_time_unix_nano);
+    assert_eq!(call.status.as_ref().unwrap().code, 0);
+    let seen = attributes(call);
+    let port = redis.port.to_string();
+    let expected = [
+        ("db.system", "redis"),
+        ("db.system.name", "redis"),
+        ("db.operation.name", "EVALSHA"),
+        ("db.namespace", "0"),
+        ("server.address", "127.0.0.1"),
+        ("server.port", port.as_str()),
+        // The shared limits, in stack order; not the node's own.
+        ("tollgate.limits", "per_ip,per_route"),
+    ];
+    for (key, value) in expected {
+        assert_eq!(
+            seen.get(key).map(String::as_str),
+            Some(value),
+            "{key}: {seen:?}"
+        );
+    }
+    // The route whose limit stays in node memory made no call.
+    let local = named("local");
+    assert_eq!(
+        spans
+            .iter()
+            .filter(|s| s.trace_id == local.trace_id)
+            .count(),
+        2,
+        "{spans:#?}"
+    );
+}
+
+/// A response whose body streams after its head: the server span ends
+/// with the body, after the upstream's head ended the client span.
+#[tokio::test]
+async fn a_streamed_responses_server_span_ends_with_its_body() {
+    let upstream = TestUpstream::start().await;
+    let receiver = Receiver::start(Duration::ZERO).await;
+    let gateway = InProcess::start(&format!(
+        "{}\n[[routes]]\nname = \"stream\"\nmatch = {{ path = \"/stream\" }}\nupstream = \"api\"\n",
+        config(&upstream, &receiver.url(), 1.0)
+    ))
+    .await;
+    let request = Request::get("/stream")
+        .header("host", "x")
+        .body(Full::new(Bytes::new()))
+        .unwrap();
+    let response = common::send_streaming(gateway.addr, request).await;
+    assert_eq!(response.status(), 200);
+    let mut body = response.into_body();
+    let first = tokio::time::timeout(Duration::from_secs(5), body.frame())
+        .await
+        .expect("the first chunk")
+        .unwrap()
+        .unwrap();
+    assert_eq!(first.into_data().unwrap(), "first\n");
+    // Nothing is exported while the body streams.
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    assert_eq!(receiver.spans().len(), 0, "{:#?}", receiver.spans());
+    upstream.release();
+    let rest = body.collect().await.unwrap().to_bytes();
+    assert_eq!(rest, "last\n");
+    let spans = receiver.wait_for(2).await;
+    let server = spans
+        .iter()
+        .find(|s| s.kind == SpanKind::Server as i32)
+        .unwrap();
+    let client = spans
+        .iter()
+        .find(|s| s.kind == SpanKind::Client as i32)
+        .unwrap();
+    assert_eq!(attributes(server)["tollgate.route"], "stream");
+    // The body was held at least 1.5 s after the head (a lower bound
+    // only: no tight timing).
+    assert!(
+        server.end_time_unix_nano >= client.end_time_unix_nano + 1_500_000_000,
+        "server span ends {} ns after the upstream's head",
+        server.end_time_unix_nano as i128 - client.end_time_unix_nano as i128
     );
 }
 

@@ -24,6 +24,7 @@ use crate::http1::server::ConnActivity;
 use crate::limit::Permits;
 use crate::llm::usage::UsageScanner;
 use crate::metrics::DurationHistogram;
+use crate::trace::PendingSpans;
 
 /// What happens when a request ends (its response body finished or dropped).
 #[derive(Debug, Default)]
@@ -56,6 +57,9 @@ pub(crate) struct BodyTiming {
     head_at: Instant,
     /// `None` when the access log is off, or the line was not to be written.
     line: Option<PendingLine>,
+    /// A recorded request's spans (`[tracing]`): its server span ends
+    /// with the body.
+    trace: Option<PendingSpans>,
 }
 
 impl BodyTiming {
@@ -65,7 +69,13 @@ impl BodyTiming {
             to_head,
             head_at: Instant::now(),
             line: None,
+            trace: None,
         }
+    }
+
+    /// Ends the request's server span when the body ends.
+    pub(crate) fn trace_at_end(&mut self, spans: PendingSpans) {
+        self.trace = Some(spans);
     }
 
     /// Writes `line` when the body ends, with the whole duration.
@@ -80,6 +90,9 @@ impl Drop for BodyTiming {
         self.histogram.observe(elapsed);
         if let Some(line) = &self.line {
             line.log(elapsed);
+        }
+        if let Some(trace) = self.trace.take() {
+            trace.end_after(self.head_at.elapsed());
         }
     }
 }

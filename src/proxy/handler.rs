@@ -112,9 +112,16 @@ pub(crate) async fn handle(
             error.to_response()
         }
     };
-    let timing = observation.finish(app, &snapshot, &response, &progress.seen);
+    let mut timing = observation.finish(app, &snapshot, &response, &progress.seen);
     if let Some(spans) = progress.seen.trace.take() {
-        end_trace(app, &snapshot, spans, &response, &progress.seen);
+        end_trace(
+            app,
+            &snapshot,
+            spans,
+            &response,
+            &progress.seen,
+            timing.as_mut(),
+        );
     }
     let connection = progress.answer.connection.take();
     if response.status() == StatusCode::SWITCHING_PROTOCOLS
@@ -135,8 +142,9 @@ pub(crate) async fn handle(
     (response, fields)
 }
 
-/// Step 8 for a recorded request: its spans end and go to the exporter.
-/// Out of line: most requests are not recorded.
+/// Step 8 for a recorded request: its spans end and go to the exporter,
+/// or, for a body still arriving (`timing`), when the body ends. Out of
+/// line: most requests are not recorded.
 #[cold]
 #[inline(never)]
 fn end_trace(
@@ -145,6 +153,7 @@ fn end_trace(
     spans: Box<RequestSpans>,
     response: &Response<ResponseBody>,
     seen: &Seen,
+    timing: Option<&mut BodyTiming>,
 ) {
     let ending = traced::Ending {
         status: response.status().as_u16(),
@@ -153,7 +162,7 @@ fn end_trace(
         client_ip: seen.client_ip,
         now: app.clock.now(),
     };
-    traced::finish(snapshot, spans, ending);
+    traced::finish(snapshot, spans, ending, timing);
 }
 
 /// A streamed response's request: counted now, its duration observed when

@@ -11,9 +11,10 @@
 //! recorded request (its spans are `Some`): an untraced request never
 //! enters this file past [`start`]'s first branch.
 //!
-//! The server span ends when the response's head is ready (a streamed
-//! body's remaining time is not in it); the client span covers the
-//! upstream exchange to its response head, retries included.
+//! The server span ends with the response: at its head when the body is
+//! whole by then, else when the body's last byte is sent (or the client
+//! goes); the client span covers the upstream exchange to its response
+//! head, retries included.
 
 use std::future::Future;
 use std::net::IpAddr;
@@ -24,6 +25,7 @@ use http::request::Parts;
 use http::{HeaderMap, Method, Request, Uri, Version};
 
 use crate::admission::{self, RequestAdmission, Routed, Ticket};
+use crate::answer::body::BodyTiming;
 use crate::answer::error::GatewayError;
 use crate::app::{App, RoutePlan, Snapshot};
 use crate::config::store::RedisServers;
@@ -135,17 +137,17 @@ fn protocol_version(version: Version) -> &'static str {
 }
 
 /// The host and port the client addressed: the target's authority, else
-/// `Host`; `None` when neither reads as one.
+/// `Host` (read by the codec's host rule, without copying it first);
+/// `None` when neither reads as one.
 fn server_of(uri: &Uri, headers: &HeaderMap, default_port: u16) -> Option<(String, u16)> {
-    let authority = match uri.authority() {
-        Some(authority) => authority.clone(),
-        None => {
-            let host = headers.get(http::header::HOST)?;
-            http::uri::Authority::try_from(host.as_bytes()).ok()?
-        }
-    };
-    let port = authority.port_u16().unwrap_or(default_port);
-    Some((authority.host().to_owned(), port))
+    if let Some(authority) = uri.authority() {
+        let port = authority.port_u16().unwrap_or(default_port);
+        return Some((authority.host().to_owned(), port));
+    }
+    let value = headers.get(http::header::HOST)?;
+    let host = crate::http::host::parse(value.as_bytes()).ok()?;
+    let name = std::str::from_utf8(host.host).ok()?;
+    Some((name.to_owned(), host.port.unwrap_or(default_port)))
 }
 
 /// Step 4's outcome for a request that was admitted: `queued` if it waited
@@ -269,8 +271,14 @@ pub(crate) struct Ending<'a> {
     pub(crate) now: Nanos,
 }
 
-/// Step 8, see [`Ending`].
-pub(crate) fn finish(snapshot: &Snapshot, mut spans: Box<RequestSpans>, ending: Ending<'_>) {
+/// Step 8, see [`Ending`]; `until_body_end`: the timing of a body still
+/// arriving, which ends the server span when the body ends.
+pub(crate) fn finish(
+    snapshot: &Snapshot,
+    mut spans: Box<RequestSpans>,
+    ending: Ending<'_>,
+    until_body_end: Option<&mut BodyTiming>,
+) {
     let Some(tracing) = snapshot.tracing.as_ref() else {
         return;
     };
@@ -300,7 +308,10 @@ pub(crate) fn finish(snapshot: &Snapshot, mut spans: Box<RequestSpans>, ending: 
     if let Some(limit) = ending.limit {
         span.set("tollgate.limit", Value::Shared(limit.clone()));
     }
-    tracing.export(spans);
+    match until_body_end {
+        Some(timing) => timing.trace_at_end(tracing.pending(spans)),
+        None => tracing.export(spans),
+    }
 }
 
 /// Step 4 for a recorded request on a route with shared limits: the

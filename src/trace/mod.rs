@@ -77,6 +77,33 @@ impl Tracing {
     pub(crate) fn export(&self, spans: Box<RequestSpans>) {
         self.exporter.submit(spans);
     }
+
+    /// A recorded request's spans whose server span ends with the
+    /// response's body, still arriving: exported when it ends.
+    pub(crate) fn pending(&self, spans: Box<RequestSpans>) -> PendingSpans {
+        PendingSpans {
+            spans,
+            exporter: self.exporter.clone(),
+        }
+    }
+}
+
+/// A recorded request's spans, the server span ended at the response's
+/// head, waiting for its body to end.
+#[derive(Debug)]
+pub(crate) struct PendingSpans {
+    spans: Box<RequestSpans>,
+    exporter: Arc<Exporter>,
+}
+
+impl PendingSpans {
+    /// The body ended `after` the head: the server span ends then, and
+    /// the spans go to the exporter.
+    pub(crate) fn end_after(mut self, after: std::time::Duration) {
+        let after = u64::try_from(after.as_nanos()).unwrap_or(u64::MAX);
+        self.spans.server.end = self.spans.server.end.saturating_add(after);
+        self.exporter.submit(self.spans);
+    }
 }
 
 /// A fresh span id.
