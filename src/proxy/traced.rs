@@ -67,19 +67,19 @@ fn server_span(
         "HTTP",
     );
     span.name.first = method_attributes(&mut span, request.method());
-    span.set("url.path", Value::Text(request.uri().path().to_owned()));
-    span.set("url.scheme", Value::Static(downstream.proto));
+    span.add("url.path", Value::Text(request.uri().path().to_owned()));
+    span.add("url.scheme", Value::Static(downstream.proto));
     let default_port = if downstream.proto == "https" { 443 } else { 80 };
     if let Some((host, port)) = server_of(request.uri(), request.headers(), default_port) {
-        span.set("server.address", Value::Text(host));
-        span.set("server.port", Value::Int(port.into()));
+        span.add("server.address", Value::Text(host));
+        span.add("server.port", Value::Int(port.into()));
     }
-    span.set("network.peer.address", Value::Ip(downstream.peer.ip()));
-    span.set(
+    span.add("network.peer.address", Value::Ip(downstream.peer.ip()));
+    span.add(
         "network.peer.port",
         Value::Int(downstream.peer.port().into()),
     );
-    span.set(
+    span.add(
         "network.protocol.version",
         Value::Static(protocol_version(request.version())),
     );
@@ -88,7 +88,7 @@ fn server_span(
         .get(http::header::USER_AGENT)
         .and_then(|v| v.to_str().ok())
     {
-        span.set("user_agent.original", Value::Text(agent.to_owned()));
+        span.add("user_agent.original", Value::Text(agent.to_owned()));
     }
     Box::new(RequestSpans {
         server: span,
@@ -112,15 +112,15 @@ fn method_attributes(span: &mut SpanRecord, method: &Method) -> &'static str {
         Method::CONNECT => "CONNECT",
         Method::TRACE => "TRACE",
         _ => {
-            span.set("http.request.method", Value::Static("_OTHER"));
-            span.set(
+            span.add("http.request.method", Value::Static("_OTHER"));
+            span.add(
                 "http.request.method_original",
                 Value::Text(method.as_str().to_owned()),
             );
             return "HTTP";
         }
     };
-    span.set("http.request.method", Value::Static(known));
+    span.add("http.request.method", Value::Static(known));
     known
 }
 
@@ -188,7 +188,7 @@ pub(crate) fn begin_upstream(
     );
     span.name.first = method_attributes(&mut span, &parts.method);
     if let Some(upstream) = upstream {
-        span.set(
+        span.add(
             "tollgate.upstream",
             Value::Text(upstream.config.name.clone()),
         );
@@ -216,9 +216,9 @@ fn url_attributes(span: &mut SpanRecord, base: &Uri, path: &str) {
     }
     full.truncate(full.trim_end_matches('/').len());
     full.push_str(path);
-    span.set("url.full", Value::Text(full));
+    span.add("url.full", Value::Text(full));
     if let Some(host) = base.host() {
-        span.set("server.address", Value::Text(host.to_owned()));
+        span.add("server.address", Value::Text(host.to_owned()));
     }
     let default_port = if base.scheme_str() == Some("https") {
         443
@@ -226,7 +226,7 @@ fn url_attributes(span: &mut SpanRecord, base: &Uri, path: &str) {
         80
     };
     let port = base.port_u16().unwrap_or(default_port);
-    span.set("server.port", Value::Int(port.into()));
+    span.add("server.port", Value::Int(port.into()));
 }
 
 /// Step 6, the upstream's answer (its status) or the failure instead.
@@ -351,20 +351,20 @@ fn store_span(spans: &mut RequestSpans, servers: Option<&RedisServers>, call: St
         call.operation,
     );
     span.end = call.end;
-    span.set("db.system", Value::Static("redis"));
-    span.set("db.system.name", Value::Static("redis"));
-    span.set("db.operation.name", Value::Static(call.operation));
+    span.add("db.system", Value::Static("redis"));
+    span.add("db.system.name", Value::Static("redis"));
+    span.add("db.operation.name", Value::Static(call.operation));
     // The server where it is one; a Cluster's node or a Sentinel's
     // master is not known here.
     if let Some(RedisServers::One(url)) = servers {
-        span.set("server.address", Value::Text(url.host.clone()));
-        span.set("server.port", Value::Int(url.port.into()));
-        span.set("db.namespace", Value::Text(url.db.to_string()));
+        span.add("server.address", Value::Text(url.host.clone()));
+        span.add("server.port", Value::Int(url.port.into()));
+        span.add("db.namespace", Value::Text(url.db.to_string()));
     }
-    span.set("tollgate.limits", Value::Texts(call.limits));
+    span.add("tollgate.limits", Value::Texts(call.limits));
     if call.failed {
         span.error = true;
-        span.set("error.type", Value::Static("unavailable"));
+        span.add("error.type", Value::Static("unavailable"));
     }
     spans.store.push(span);
 }

@@ -15,8 +15,6 @@ use std::cell::RefCell;
 use std::future::Future;
 use std::sync::Arc;
 
-use smallvec::SmallVec;
-
 use crate::limit::{Clock, Nanos};
 
 tokio::task_local! {
@@ -32,7 +30,7 @@ pub(crate) struct StoreCall {
     pub(crate) start: Nanos,
     pub(crate) end: Nanos,
     /// The limits it decided, in stack order.
-    pub(crate) limits: SmallVec<[String; 2]>,
+    pub(crate) limits: Vec<String>,
     /// No answer (timeout, connection, error), or the breaker was open.
     pub(crate) failed: bool,
 }

@@ -15,7 +15,7 @@
 //!
 //! A nested message is written after its length, so each span is written
 //! into a scratch buffer first and copied after its length; an attribute's
-//! value likewise (a few bytes).
+//! lengths are known from its texts, and it is written in place.
 
 use std::io::Write as _;
 use std::net::IpAddr;
@@ -45,8 +45,6 @@ pub(crate) struct Encoder {
     spans: Vec<u8>,
     /// One span's fields.
     span: Vec<u8>,
-    /// One attribute's value (an `AnyValue`).
-    value: Vec<u8>,
     /// A value's text that is not kept as text (an address).
     text: Vec<u8>,
 }
@@ -63,7 +61,7 @@ impl Encoder {
         for spans in batch {
             for span in spans.iter() {
                 self.span.clear();
-                write_span(&mut self.span, &mut self.value, &mut self.text, span);
+                write_span(&mut self.span, &mut self.text, span);
                 message(&mut self.spans, 2, &self.span);
             }
         }
@@ -74,7 +72,7 @@ impl Encoder {
         ];
         let resource: usize = resource_attributes
             .iter()
-            .map(|(k, v)| field_len(key_value_len(k, string_value_len(v))))
+            .map(|(k, v)| field_len(field_len(k.len()) + field_len(string_value_len(v))))
             .sum();
         let scope = field_len(SCOPE.len()) + field_len(env!("CARGO_PKG_VERSION").len());
         let scope_spans = field_len(scope) + self.spans.len();
@@ -85,11 +83,7 @@ impl Encoder {
         // ResourceSpans.resource (1): Resource.attributes (1)
         header(&mut out, 1, resource);
         for (k, v) in resource_attributes {
-            let value_len = string_value_len(v);
-            header(&mut out, 1, key_value_len(k, value_len));
-            string(&mut out, 1, k.as_bytes());
-            header(&mut out, 2, value_len);
-            string(&mut out, 1, v.as_bytes());
+            string_attribute(&mut out, 1, k, v.as_bytes());
         }
         // ResourceSpans.scope_spans (2): ScopeSpans.scope (1), .spans (2)
         header(&mut out, 2, scope_spans);
@@ -102,7 +96,7 @@ impl Encoder {
 }
 
 /// One span's fields (OTLP's `Span`), in the order of prost's messages.
-fn write_span(out: &mut Vec<u8>, value: &mut Vec<u8>, text: &mut Vec<u8>, span: &SpanRecord) {
+fn write_span(out: &mut Vec<u8>, text: &mut Vec<u8>, span: &SpanRecord) {
     string(out, 1, &span.trace_id.0);
     string(out, 2, &span.span_id.0);
     if let Some(parent) = span.parent {
@@ -122,24 +116,20 @@ fn write_span(out: &mut Vec<u8>, value: &mut Vec<u8>, text: &mut Vec<u8>, span: 
         SpanKind::Client => KIND_CLIENT,
     };
     tag(out, 6, VARINT);
-    encode_varint(kind, out);
+    varint(out, kind);
     tag(out, 7, FIXED64);
     out.extend_from_slice(&span.start.to_le_bytes());
     tag(out, 8, FIXED64);
     out.extend_from_slice(&span.end.max(span.start).to_le_bytes());
     for (key, attribute) in &span.attributes {
-        value.clear();
-        write_any_value(value, text, attribute);
-        header(out, 9, key_value_len(key, value.len()));
-        string(out, 1, key.as_bytes());
-        message(out, 2, value);
+        write_attribute(out, text, key, attribute);
     }
     // Status (15): its code (3) when it is an error; else present and
     // empty (unset), as OpenTelemetry's SDKs send it.
     if span.error {
         header(out, 15, 2);
         tag(out, 3, VARINT);
-        encode_varint(STATUS_ERROR, out);
+        varint(out, STATUS_ERROR);
     } else {
         header(out, 15, 0);
     }
@@ -156,33 +146,51 @@ fn write_name(out: &mut Vec<u8>, name: &Name) {
     }
 }
 
-/// An attribute's `AnyValue`: `string_value` (1), `int_value` (3) or
-/// `array_value` (5) of strings.
-fn write_any_value(out: &mut Vec<u8>, text: &mut Vec<u8>, value: &Value) {
+/// One attribute of a span (`Span.attributes`, 9): a `KeyValue` whose
+/// `AnyValue` is a `string_value` (1), an `int_value` (3) or an
+/// `array_value` (5) of strings, its lengths known before it is written.
+fn write_attribute(out: &mut Vec<u8>, text: &mut Vec<u8>, key: &str, value: &Value) {
     match value {
         Value::Int(n) => {
-            tag(out, 3, VARINT);
             // int64: two's complement, ten bytes when negative.
-            encode_varint(*n as u64, out);
-        }
-        Value::Ip(ip) => {
-            text.clear();
-            write_ip(text, *ip);
-            string(out, 1, text);
+            let n = *n as u64;
+            key_value_header(out, 9, key, 1 + encoded_len_varint(n));
+            tag(out, 3, VARINT);
+            varint(out, n);
         }
         Value::Texts(texts) => {
             // ArrayValue.values (1), each an AnyValue's string_value (1).
-            let len: usize = texts.iter().map(|t| field_len(string_value_len(t))).sum();
-            header(out, 5, len);
+            let array: usize = texts.iter().map(|t| field_len(string_value_len(t))).sum();
+            key_value_header(out, 9, key, field_len(array));
+            header(out, 5, array);
             for t in texts {
                 header(out, 1, string_value_len(t));
                 string(out, 1, t.as_bytes());
             }
         }
-        Value::Static(t) => string(out, 1, t.as_bytes()),
-        Value::Shared(t) => string(out, 1, t.as_bytes()),
-        Value::Text(t) => string(out, 1, t.as_bytes()),
+        Value::Ip(ip) => {
+            text.clear();
+            write_ip(text, *ip);
+            string_attribute(out, 9, key, text);
+        }
+        Value::Static(t) => string_attribute(out, 9, key, t.as_bytes()),
+        Value::Shared(t) => string_attribute(out, 9, key, t.as_bytes()),
+        Value::Text(t) => string_attribute(out, 9, key, t.as_bytes()),
     }
+}
+
+/// A `KeyValue` field `field` of `key` and the string `value`.
+fn string_attribute(out: &mut Vec<u8>, field: u64, key: &str, value: &[u8]) {
+    key_value_header(out, field, key, field_len(value.len()));
+    string(out, 1, value);
+}
+
+/// A `KeyValue` field `field` of `key` up to its `AnyValue`'s fields
+/// (`any` bytes), which follow.
+fn key_value_header(out: &mut Vec<u8>, field: u64, key: &str, any: usize) {
+    header(out, field, field_len(key.len()) + field_len(any));
+    string(out, 1, key.as_bytes());
+    header(out, 2, any);
 }
 
 /// An address as text: an IPv4 one by hand (every traced request has
@@ -210,15 +218,27 @@ fn write_ip(out: &mut Vec<u8>, ip: IpAddr) {
     }
 }
 
+/// A varint; most are one byte (a tag, a short length), pushed as such.
+#[inline(always)]
+fn varint(out: &mut Vec<u8>, n: u64) {
+    if n < 0x80 {
+        out.push(n as u8);
+    } else {
+        encode_varint(n, out);
+    }
+}
+
 /// A field's key: its number and wire type.
+#[inline(always)]
 fn tag(out: &mut Vec<u8>, field: u64, wire: u64) {
-    encode_varint(field << 3 | wire, out);
+    varint(out, field << 3 | wire);
 }
 
 /// A length-delimited field's key and length; its bytes follow.
+#[inline(always)]
 fn header(out: &mut Vec<u8>, field: u64, len: usize) {
     tag(out, field, LEN);
-    encode_varint(len as u64, out);
+    varint(out, len as u64);
 }
 
 /// A `string` or `bytes` field.
@@ -236,11 +256,6 @@ fn message(out: &mut Vec<u8>, field: u64, bytes: &[u8]) {
 /// below 16 (a one-byte key).
 fn field_len(len: usize) -> usize {
     1 + encoded_len_varint(len as u64) + len
-}
-
-/// A `KeyValue` of `key` whose `AnyValue` is `value_len` bytes.
-fn key_value_len(key: &str, value_len: usize) -> usize {
-    field_len(key.len()) + field_len(value_len)
 }
 
 /// An `AnyValue` holding the string `text`.
