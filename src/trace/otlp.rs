@@ -95,21 +95,14 @@ impl Encoder {
     }
 }
 
-/// One span's fields (OTLP's `Span`), in the order of prost's messages.
+/// One span's fields (OTLP's `Span`), in the order of their numbers (as
+/// prost writes them).
 fn write_span(out: &mut Vec<u8>, text: &mut Vec<u8>, span: &SpanRecord) {
     string(out, 1, &span.trace_id.0);
     string(out, 2, &span.span_id.0);
     if let Some(parent) = span.parent {
         string(out, 4, &parent.0);
     }
-    // Flags (16, where prost's messages have it): bit 0x01 sampled (every exported span is); 0x100 the
-    // parent's remoteness is known, 0x200 it is remote (a caller's span).
-    let remote = match (span.kind, span.parent) {
-        (SpanKind::Server, Some(_)) => 0x200,
-        _ => 0,
-    };
-    tag(out, 16, FIXED32);
-    out.extend_from_slice(&(0x01u32 | 0x100 | remote).to_le_bytes());
     write_name(out, &span.name);
     let kind = match span.kind {
         SpanKind::Server => KIND_SERVER,
@@ -133,6 +126,14 @@ fn write_span(out: &mut Vec<u8>, text: &mut Vec<u8>, span: &SpanRecord) {
     } else {
         header(out, 15, 0);
     }
+    // Flags (16): bit 0x01 sampled (every exported span is); 0x100 the
+    // parent's remoteness is known, 0x200 it is remote (a caller's span).
+    let remote = match (span.kind, span.parent) {
+        (SpanKind::Server, Some(_)) => 0x200,
+        _ => 0,
+    };
+    tag(out, 16, FIXED32);
+    out.extend_from_slice(&(0x01u32 | 0x100 | remote).to_le_bytes());
 }
 
 /// `Span.name` (5): the name's parts joined by a space.
