@@ -161,6 +161,7 @@ pub trait Closing {
 /// Not an `async fn`: one keeps its arguments twice (as they came, and as
 /// the locals its body moves them into), and every idle connection's task
 /// would carry the copy; the block uses them in place.
+#[allow(clippy::manual_async_fn)] // an `async fn` is what this avoids (above)
 pub fn serve<T, C, F, Fut, B, L>(
     io: &mut T,
     closing: &C,
