@@ -14,7 +14,6 @@
 //! progress, one that has not sent a request yet, or an upgrade's tunnel is
 //! never chosen.
 
-use std::collections::HashMap;
 use std::sync::Arc;
 
 use parking_lot::Mutex;
@@ -28,18 +27,23 @@ pub(crate) struct Registry {
     shards: Box<[Mutex<Shard>]>,
 }
 
+/// A worker's connections: a slab, each connection at an index of its own
+/// until it closes, the free indexes reused first. A pointer's room per
+/// connection (a map from ids would take about three).
 #[derive(Debug, Default)]
 struct Shard {
-    next: u64,
-    live: HashMap<u64, Arc<ConnActivity>>,
+    live: Vec<Option<Arc<ConnActivity>>>,
+    free: Vec<u32>,
 }
 
-/// A connection's place in the registry, left when dropped.
+/// A connection's place in the registry, left when dropped. Two 32-bit
+/// indexes beside the pointer: every connection's task, idle or not,
+/// carries one.
 #[derive(Debug)]
 pub(crate) struct Registered {
     registry: Arc<Registry>,
-    shard: usize,
-    id: u64,
+    shard: u32,
+    slot: u32,
 }
 
 impl Registry {
@@ -59,13 +63,22 @@ impl Registry {
     ) -> Registered {
         let shard = worker % self.shards.len();
         let mut entries = self.shards[shard].lock();
-        let id = entries.next;
-        entries.next += 1;
-        entries.live.insert(id, activity);
+        let slot = match entries.free.pop() {
+            Some(slot) => {
+                entries.live[slot as usize] = Some(activity);
+                slot
+            }
+            None => {
+                entries.live.push(Some(activity));
+                // Fewer entries than open connections, far below `u32::MAX`.
+                (entries.live.len() - 1) as u32
+            }
+        };
         Registered {
             registry: self.clone(),
-            shard,
-            id,
+            // At most 1024 workers (`[server] workers`).
+            shard: shard as u32,
+            slot,
         }
     }
 
@@ -75,7 +88,7 @@ impl Registry {
         loop {
             let mut oldest: Option<(Instant, Arc<ConnActivity>)> = None;
             for shard in self.shards.iter() {
-                for activity in shard.lock().live.values() {
+                for activity in shard.lock().live.iter().flatten() {
                     if let Some(since) = activity.idle_since()
                         && oldest.as_ref().is_none_or(|(at, _)| since < *at)
                     {
@@ -97,16 +110,21 @@ impl Registry {
 
     #[cfg(test)]
     fn len(&self) -> usize {
-        self.shards.iter().map(|s| s.lock().live.len()).sum()
+        self.shards
+            .iter()
+            .map(|s| s.lock().live.iter().flatten().count())
+            .sum()
     }
 }
 
 impl Drop for Registered {
     fn drop(&mut self) {
-        self.registry.shards[self.shard]
-            .lock()
-            .live
-            .remove(&self.id);
+        let mut entries = self.registry.shards[self.shard as usize].lock();
+        if let Some(entry) = entries.live.get_mut(self.slot as usize)
+            && entry.take().is_some()
+        {
+            entries.free.push(self.slot);
+        }
     }
 }
 

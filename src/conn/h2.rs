@@ -68,12 +68,12 @@ pub(crate) async fn serve<S>(
     builder
         .timer(TokioTimer::new())
         .max_concurrent_streams(MAX_CONCURRENT_STREAMS)
-        .max_header_list_size(u32::try_from(limits.max_header_bytes).unwrap_or(u32::MAX))
+        .max_header_list_size(u32::try_from(limits.max_header_bytes()).unwrap_or(u32::MAX))
         .max_pending_accept_reset_streams(MAX_PENDING_RESETS)
         .max_local_error_reset_streams(MAX_LOCAL_ERROR_RESETS);
     let connection = builder.serve_connection(TokioIo::new(io), service);
     tokio::pin!(connection);
-    let check = tokio::time::sleep(limits.header_read_timeout.min(limits.idle_timeout));
+    let check = tokio::time::sleep(limits.first_check());
     tokio::pin!(check);
     let peer = &downstream.peer;
     let mut watchdog = Watchdog::new(

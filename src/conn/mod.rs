@@ -22,8 +22,12 @@
 //!   request (each lives in a block of its own, which travels with the
 //!   buffers); hyper's and HTTP/2's connections, larger, are boxed at the
 //!   hand-off, so the task of every connection does not carry their size;
-//!   and a task holds its connection's future once ([`accept::Holding`], no
-//!   `async` block around it). `workers::tests` bounds the task's size.
+//!   a task holds its connection's future once ([`accept::Holding`], no
+//!   `async` block around it); the connection's future keeps each of its
+//!   arguments once (`serve::serve_connection` is no `async fn`, which
+//!   would keep them twice) and its watchdog, drain watch and registration
+//!   in 32-bit fields. `workers::tests` bounds the task's size, under the
+//!   step where tokio's task cell grows by 128 bytes.
 //! - **TLS** (`tls`): a `[server.tls]` listener's connection does its
 //!   handshake in its own task, under `header_read_timeout`, with the
 //!   snapshot's certificates of the moment it was accepted; then the TLS

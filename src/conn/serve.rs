@@ -14,6 +14,7 @@
 //! size, idle or not. A request the codec refused is counted and logged
 //! here ([`refused`]), as every other answer is.
 
+use std::future::Future;
 use std::io;
 use std::net::SocketAddr;
 use std::pin::Pin;
@@ -25,8 +26,9 @@ use hyper_util::rt::{TokioIo, TokioTimer};
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 
 use crate::app::App;
+use crate::conn::accept::Holding;
 use crate::conn::drain::DrainWatch;
-use crate::conn::evict::Registry;
+use crate::conn::evict::{Registered, Registry};
 use crate::conn::h2;
 use crate::conn::service::hyper_service;
 use crate::conn::watchdog::{Closing, ConnLimits, Shutdown, Watchdog, register_task};
@@ -38,19 +40,27 @@ use crate::proxy::handler::{Downstream, handle};
 
 /// Serves one HTTP/1.1 connection (the fast path, then hyper) over a TCP
 /// stream or, after its handshake, a TLS one, from `downstream` (its proto
-/// is `"http"` or `"https"`, for the forwarding fields).
-pub(crate) async fn serve_connection<S>(
+/// is `"http"` or `"https"`, for the forwarding fields). The connection is
+/// in `connections` (for evictions at the cap) until its future is dropped.
+///
+/// Not an `async fn`: one keeps its arguments twice, as they came and as
+/// the locals the body moves them into (rustc's layout of an `async fn`),
+/// and the task of every connection, idle or not, would carry both (128
+/// bytes here). The block below uses what it captures in place, and what
+/// needs no `.await` (the activity, its registration, the settings, the
+/// stream's wrapper) is made before it.
+pub(crate) fn serve_connection<S>(
     app: Arc<App>,
     stream: S,
     downstream: Downstream,
     mut drain: DrainWatch,
-    connections: Arc<Registry>,
-) where
+    connections: &Arc<Registry>,
+) -> Holding<impl Future<Output = ()> + Send + 'static, Registered>
+where
     S: AsyncRead + AsyncWrite + Unpin + Send + 'static,
 {
     let activity = Arc::new(ConnActivity::new());
-    let _registered = connections.register(crate::worker::worker_index(), activity.clone());
-    register_task(&activity).await;
+    let registered = connections.register(crate::worker::worker_index(), activity.clone());
     // Only what the connection reads of its settings: a copy of the whole
     // server section would be kept (with its allocations) as long as the
     // connection, idle or not.
@@ -59,83 +69,92 @@ pub(crate) async fn serve_connection<S>(
         inner: stream,
         activity: activity.clone(),
     };
-    let check = tokio::time::sleep(limits.header_read_timeout.min(limits.idle_timeout));
-    tokio::pin!(check);
-    let mut watchdog = Watchdog::new(
-        &activity,
-        app.metrics(),
-        limits,
-        &downstream.peer,
-        &mut drain,
-        false,
-        check.as_mut(),
-    );
-
-    // Plain requests first, served by our own HTTP/1.1 path (`crate::http1::server`).
-    let handed_over = {
-        let respond = |request| {
-            activity.request_started();
-            // The handler's future itself, not wrapped: it attaches the
-            // request's completion to the body, and its field lines go into
-            // the head as they are (`h1` writes them).
-            handle(&app, downstream, request, Some(activity.clone()))
+    let serving = async move {
+        register_task(&activity).await;
+        // Pinned here and moved (not borrowed) into the watchdog, as the
+        // fast path below: a pinned reference kept beside its user would
+        // be one more word in every connection's task.
+        let check = std::pin::pin!(tokio::time::sleep(limits.first_check()));
+        let mut watchdog = Watchdog::new(
+            &activity,
+            app.metrics(),
+            limits,
+            &downstream.peer,
+            &mut drain,
+            false,
+            check,
+        );
+        // Plain requests first, served by our own HTTP/1.1 path (`crate::http1::server`).
+        let handed_over = {
+            let respond = |request| {
+                activity.request_started();
+                // The handler's future itself, not wrapped: it attaches the
+                // request's completion to the body, and its field lines go
+                // into the head as they are (`h1` writes them).
+                handle(&app, downstream, request, Some(activity.clone()))
+            };
+            // The fast path relays interim (1xx) responses; hyper's servers,
+            // which take over at a hand-off, have no way to send them.
+            activity.relay_interim(true);
+            let fast = std::pin::pin!(h1::serve(
+                &mut io,
+                &*activity,
+                limits.max_header_bytes(),
+                respond
+            ));
+            // The fast path closes by itself once the request in flight is
+            // answered, or at once when there is none.
+            let served = watchdog.serve(fast, |_, why| match why {
+                Closing::SlowHead => Shutdown::Now,
+                Closing::Politely if activity.begin_closing() => Shutdown::Now,
+                Closing::Politely => Shutdown::Begun,
+            });
+            match served.await {
+                Some(ended) => ended,
+                None => return,
+            }
         };
-        // The fast path relays interim (1xx) responses; hyper's servers,
-        // which take over at a hand-off, have no way to send them.
-        activity.relay_interim(true);
-        let fast = h1::serve(&mut io, &*activity, limits.max_header_bytes, respond);
-        tokio::pin!(fast);
-        // The fast path closes by itself once the request in flight is
-        // answered, or at once when there is none.
-        let served = watchdog.serve(fast.as_mut(), |_, why| match why {
-            Closing::SlowHead => Shutdown::Now,
-            Closing::Politely if activity.begin_closing() => Shutdown::Now,
-            Closing::Politely => Shutdown::Begun,
-        });
-        match served.await {
-            Some(ended) => ended,
-            None => return,
-        }
-    };
-    activity.relay_interim(false);
-    let prefix = match handed_over {
-        // h2c with prior knowledge: the connection preface is no HTTP/1.1
-        // request, so the fast path handed it over; hyper's HTTP/2 server
-        // takes it from the bytes read so far.
-        Ok(h1::Ended::HandOff(prefix)) if prefix.starts_with(h2::PREFACE) => {
-            let io = Rewind::new(prefix, io);
-            let closing = watchdog.is_closing();
-            // Boxed, as hyper's HTTP/1.1 connection below.
-            Box::pin(h2::serve(app, io, activity, downstream, drain, closing)).await;
-            return;
-        }
-        Ok(h1::Ended::HandOff(prefix)) => prefix,
-        Ok(h1::Ended::Closed) => {
-            refused(&app, downstream.peer, &activity);
-            return;
-        }
-        Err(error) => {
-            tracing::debug!(peer = %downstream.peer, %error, "connection ended with an error");
-            // A refusal whose answer could not be written still counts.
-            refused(&app, downstream.peer, &activity);
-            return;
-        }
-    };
+        activity.relay_interim(false);
+        let prefix = match handed_over {
+            // h2c with prior knowledge: the connection preface is no HTTP/1.1
+            // request, so the fast path handed it over; hyper's HTTP/2 server
+            // takes it from the bytes read so far.
+            Ok(h1::Ended::HandOff(prefix)) if prefix.starts_with(h2::PREFACE) => {
+                let io = Rewind::new(prefix, io);
+                let closing = watchdog.is_closing();
+                // Boxed, as hyper's HTTP/1.1 connection below.
+                Box::pin(h2::serve(app, io, activity, downstream, drain, closing)).await;
+                return;
+            }
+            Ok(h1::Ended::HandOff(prefix)) => prefix,
+            Ok(h1::Ended::Closed) => {
+                refused(&app, downstream.peer, &activity);
+                return;
+            }
+            Err(error) => {
+                tracing::debug!(peer = %downstream.peer, %error, "connection ended with an error");
+                // A refusal whose answer could not be written still counts.
+                refused(&app, downstream.peer, &activity);
+                return;
+            }
+        };
 
-    // Everything else, from the first request that is not plain: hyper.
-    // Boxed, once per handed-off connection: hyper's connection (with the
-    // handler's future in it) is larger than the fast path's state, and the
-    // task of every connection would otherwise carry its size, idle or not.
-    let io = Rewind::new(prefix, io);
-    Box::pin(serve_handed_off(
-        app.clone(),
-        io,
-        activity.clone(),
-        downstream,
-        watchdog,
-    ))
-    .await;
-    refused(&app, downstream.peer, &activity);
+        // Everything else, from the first request that is not plain: hyper.
+        // Boxed, once per handed-off connection: hyper's connection (with the
+        // handler's future in it) is larger than the fast path's state, and the
+        // task of every connection would otherwise carry its size, idle or not.
+        let io = Rewind::new(prefix, io);
+        Box::pin(serve_handed_off(
+            app.clone(),
+            io,
+            activity.clone(),
+            downstream,
+            watchdog,
+        ))
+        .await;
+        refused(&app, downstream.peer, &activity);
+    };
+    Holding::new(serving, registered)
 }
 
 /// The request the codec refused on `activity`'s connection, if it refused
@@ -179,7 +198,7 @@ async fn serve_handed_off<S>(
 ) where
     S: AsyncRead + AsyncWrite + Unpin + Send + 'static,
 {
-    let max_header_bytes = watchdog.limits().max_header_bytes;
+    let max_header_bytes = watchdog.limits().max_header_bytes();
     let service = hyper_service(app, activity.clone(), downstream);
     let mut builder = http1::Builder::new();
     builder

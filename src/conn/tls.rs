@@ -73,6 +73,6 @@ pub(crate) async fn serve(
         };
         h2::serve(app, io, activity, downstream, drain, false).await;
     } else {
-        serve_connection(app, stream, downstream, drain, connections).await;
+        serve_connection(app, stream, downstream, drain, &connections).await;
     }
 }

@@ -27,20 +27,56 @@ use crate::metrics::Metrics;
 
 /// The settings a connection reads, copied at accept (a reload applies to
 /// connections accepted after it).
+///
+/// Kept in whole milliseconds and bytes, 32 bits each: every connection's
+/// task, idle or not, carries a copy in its watchdog (12 bytes, against 40
+/// as two `Duration`s and a `usize`). A timeout longer than `u32::MAX` ms
+/// (49 days) is that long; a head limit over 4 GiB is 4 GiB.
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct ConnLimits {
-    pub(crate) header_read_timeout: Duration,
-    pub(crate) idle_timeout: Duration,
-    pub(crate) max_header_bytes: usize,
+    header_read_ms: u32,
+    idle_ms: u32,
+    max_header_bytes: u32,
 }
 
 impl ConnLimits {
     pub(crate) fn of(server: &ServerConfig) -> ConnLimits {
+        ConnLimits::new(
+            server.header_read_timeout,
+            server.idle_timeout,
+            server.max_header_bytes,
+        )
+    }
+
+    pub(crate) fn new(
+        header_read_timeout: Duration,
+        idle_timeout: Duration,
+        max_header_bytes: usize,
+    ) -> ConnLimits {
+        let ms = |d: Duration| u32::try_from(d.as_millis()).unwrap_or(u32::MAX);
         ConnLimits {
-            header_read_timeout: server.header_read_timeout,
-            idle_timeout: server.idle_timeout,
-            max_header_bytes: server.max_header_bytes,
+            header_read_ms: ms(header_read_timeout),
+            idle_ms: ms(idle_timeout),
+            max_header_bytes: u32::try_from(max_header_bytes).unwrap_or(u32::MAX),
         }
+    }
+
+    pub(crate) fn header_read_timeout(&self) -> Duration {
+        Duration::from_millis(self.header_read_ms.into())
+    }
+
+    pub(crate) fn idle_timeout(&self) -> Duration {
+        Duration::from_millis(self.idle_ms.into())
+    }
+
+    pub(crate) fn max_header_bytes(&self) -> usize {
+        self.max_header_bytes as usize
+    }
+
+    /// When a new connection's watchdog looks first: no deadline can fall
+    /// before it.
+    pub(crate) fn first_check(&self) -> Duration {
+        self.header_read_timeout().min(self.idle_timeout())
     }
 }
 
@@ -226,7 +262,7 @@ enum Due {
 /// header_timeout` can never miss a head's deadline, however many requests
 /// come and go meanwhile — which is why traffic needs no wake-up.
 fn deadlines(activity: &ConnActivity, limits: &ConnLimits) -> Due {
-    let (header_timeout, idle_timeout) = (limits.header_read_timeout, limits.idle_timeout);
+    let (header_timeout, idle_timeout) = (limits.header_read_timeout(), limits.idle_timeout());
     let now = activity.now_ms();
     let at = |ms: u64| activity.started + Duration::from_millis(ms.saturating_sub(1));
     let soonest_head_deadline = at(now) + header_timeout;
@@ -262,11 +298,7 @@ mod tests {
     const IDLE: Duration = Duration::from_secs(5);
 
     fn limits() -> ConnLimits {
-        ConnLimits {
-            header_read_timeout: HEADER,
-            idle_timeout: IDLE,
-            max_header_bytes: 8 * 1024,
-        }
+        ConnLimits::new(HEADER, IDLE, 8 * 1024)
     }
 
     /// A request served on `activity`: the connection is idle from now.

@@ -157,12 +157,17 @@ pub trait Closing {
 /// `step_aside::PASSES` passes: a flooding connection then answers once per few passes, so a
 /// pass holds fewer answers and a legitimate request, which may need
 /// several passes (its store call, its upstream), waits less for each.
-pub async fn serve<T, C, F, Fut, B, L>(
+///
+/// Not an `async fn`: one keeps its arguments twice (as they came, and as
+/// the locals its body moves them into), and every idle connection's task
+/// would carry the copy; the block uses them in place.
+#[allow(clippy::manual_async_fn)] // an `async fn` is what this avoids (above)
+pub fn serve<T, C, F, Fut, B, L>(
     io: &mut T,
     closing: &C,
     max_head: usize,
     mut respond: F,
-) -> io::Result<Ended>
+) -> impl Future<Output = io::Result<Ended>>
 where
     T: AsyncRead + AsyncWrite + Unpin,
     C: Closing + ?Sized,
@@ -172,31 +177,33 @@ where
     B: Body<Data = Bytes>,
     B::Error: std::fmt::Display,
 {
-    // The last response was a rate-limit denial (see above).
-    let mut step_aside = false;
-    loop {
-        // Idle: no buffer, and no room for a busy connection's state.
-        let Some(mut buffers) = first_bytes(io).await? else {
-            // Between requests: the client is done.
-            return Ok(Ended::Closed);
-        };
-        // Busy: the state of serving requests lives in a block of its own
-        // (`slot`), which travels with the buffers: an async function is as
-        // large as its largest state, and every idle connection would carry
-        // the room of a busy one's (the response's body being written, the
-        // head's parts, the handler's slot) for as long as it is open.
-        let mut room = buffers.busy.take();
-        let mut busy = Slot::new_with(&mut room, || {
-            serve_busy(io, closing, max_head, &mut respond, buffers, step_aside)
-        });
-        let spell = (&mut busy).await;
-        busy.finish(&mut room);
-        let mut buffers = spell.buffers;
-        buffers.busy = room;
-        buffers.give_back();
-        match spell.next? {
-            Next::Idle { steps_aside } => step_aside = steps_aside,
-            Next::Ended(ended) => return Ok(ended),
+    async move {
+        // The last response was a rate-limit denial (see above).
+        let mut step_aside = false;
+        loop {
+            // Idle: no buffer, and no room for a busy connection's state.
+            let Some(mut buffers) = first_bytes(io).await? else {
+                // Between requests: the client is done.
+                return Ok(Ended::Closed);
+            };
+            // Busy: the state of serving requests lives in a block of its own
+            // (`slot`), which travels with the buffers: an async function is as
+            // large as its largest state, and every idle connection would carry
+            // the room of a busy one's (the response's body being written, the
+            // head's parts, the handler's slot) for as long as it is open.
+            let mut room = buffers.busy.take();
+            let mut busy = Slot::new_with(&mut room, || {
+                serve_busy(io, closing, max_head, &mut respond, buffers, step_aside)
+            });
+            let spell = (&mut busy).await;
+            busy.finish(&mut room);
+            let mut buffers = spell.buffers;
+            buffers.busy = room;
+            buffers.give_back();
+            match spell.next? {
+                Next::Idle { steps_aside } => step_aside = steps_aside,
+                Next::Ended(ended) => return Ok(ended),
+            }
         }
     }
 }
