@@ -4,7 +4,7 @@
 //! them.
 //!
 //! - [`ratelimit`]: the rate-limit fields of a decided stack, a denial's
-//!   fields as a value ([`ratelimit::Denial`]) and the 429 written from it;
+//!   fields as a value ([`ratelimit::denial_fields`]) and the 429 with them;
 //! - [`error`]: why the gateway answers a request itself
 //!   ([`error::GatewayError`]), mapped to a status in one `match`;
 //! - [`response`]: the gateway's own problem+json responses;

@@ -10,7 +10,7 @@
 //! ([`policy_header`](crate::ratelimit_policy::policy_header)).
 //! Shadow limits never appear in client-facing headers.
 
-use http::{Response, StatusCode};
+use http::Response;
 
 use super::arena::arena_body;
 use super::body::ResponseBody;
@@ -22,7 +22,9 @@ use crate::http::problem::{
     DETAIL, NumberMember, ObjectMember, ProblemWriter, STATUS, TITLE, TYPE, TextListMember,
     TextMember, TextWriter, Written, problem_member,
 };
-use crate::limit::{EntryVerdict, NANOS_PER_SEC, Nanos, Outcome, Priority, Shed, quota, quota_of};
+use crate::limit::{
+    EntryVerdict, NANOS_PER_SEC, Nanos, Outcome, Priority, Shed, Verdict, quota, quota_of,
+};
 use crate::llm::price::dollars;
 use crate::ratelimit_policy::{StackView, is_concurrency, styles};
 
@@ -251,35 +253,45 @@ const BUDGET_MEMBER: TextMember = problem_member!(text "budget");
 const MAX_COST_MEMBER: TextMember = problem_member!(text "max_cost_usd");
 const BUDGET_RESET_MEMBER: NumberMember = problem_member!(number "budget_reset_seconds");
 
-/// What a client is told of a denial besides its body: the limit's
-/// status, the seconds `Retry-After` says (`None` when waiting cannot
-/// help), and the fields (content type, `Cache-Control: no-store`,
-/// `Retry-After`, the rate-limit fields) as [`FieldLines`]. A value: the
-/// proxy and `/auth` write a 429 from it ([`deny_response`]), the Envoy
-/// service keeps only its rate-limit fields.
-pub(crate) struct Denial {
-    pub(crate) status: StatusCode,
-    pub(crate) retry_after: Option<u64>,
-    pub(crate) fields: FieldLines,
-}
-
-/// The denial of the stack `view` by the entry at `denied_by`, with the
-/// route's `RateLimit-Policy` (`policy`). Always inlined: fat LTO kept
-/// it out of line in `deny_response`, which cost the deny path ~18
-/// instructions per request (`bench/instructions.sh`).
+/// The fields a client is told of a denial by the entry at `denied_by`
+/// of the stack `view`, with the route's `RateLimit-Policy` (`policy`):
+/// content type, `Cache-Control: no-store`, `Retry-After` (unless waiting
+/// cannot help) and the rate-limit fields, as a value. The Envoy service
+/// keeps these; the proxy and `/auth` write the same beside their 429
+/// ([`deny_response`]).
 #[inline(always)]
-pub(crate) fn denial(
+pub(crate) fn denial_fields(
     view: StackView<'_>,
     verdicts: &[EntryVerdict],
     denied_by: usize,
     policy: Option<&str>,
-) -> Denial {
-    let verdict = &verdicts[denied_by].verdict;
-    let retry_after = (!verdict.never).then(|| {
+) -> FieldLines {
+    let retry_after = retry_after(&verdicts[denied_by].verdict);
+    denial_lines(view, verdicts, denied_by, policy, retry_after)
+}
+
+/// The seconds `Retry-After` says of a denying verdict (`None` when
+/// waiting cannot help): never earlier than its reset, at least one.
+#[inline(always)]
+fn retry_after(verdict: &Verdict) -> Option<u64> {
+    (!verdict.never).then(|| {
         let t = ceil_secs(verdict.reset_after);
         let retry = verdict.retry_after.map_or(1, ceil_secs);
         retry.max(t).max(1)
-    });
+    })
+}
+
+/// [`denial_fields`], with the seconds `Retry-After` says. Always
+/// inlined: fat LTO kept a call in `deny_response` (~18 instructions per
+/// denial, `bench/instructions.sh`).
+#[inline(always)]
+fn denial_lines(
+    view: StackView<'_>,
+    verdicts: &[EntryVerdict],
+    denied_by: usize,
+    policy: Option<&str>,
+    retry_after: Option<u64>,
+) -> FieldLines {
     let mut lines = FieldLines::new();
     lines.mark_rate_denial();
     // Room for the policy beside the rest: one allocation.
@@ -289,17 +301,15 @@ pub(crate) fn denial(
         lines.push_number(RETRY_AFTER, seconds);
     }
     limit_fields(&mut lines, view, verdicts, policy, Some(denied_by));
-    Denial {
-        status: view.limits[denied_by].status,
-        retry_after,
-        fields: lines,
-    }
+    lines
 }
 
 /// The deny response: the limit's status and problem+json naming the limit
 /// (`cost`: what the request asked for, named when it can never fit; `shed`:
 /// the priority and reason of a request refused at a slot limit); and
-/// its [`Denial`]'s fields.
+/// its [`denial_fields`]. The body is written before the fields are
+/// built: built first, they were held across the body's writing (~46
+/// instructions per denial, `bench/instructions.sh`).
 pub(crate) fn deny_response(
     view: StackView<'_>,
     verdicts: &[EntryVerdict],
@@ -307,13 +317,10 @@ pub(crate) fn deny_response(
     policy: Option<&str>,
     (cost, shed): (u64, Option<(Priority, Shed)>),
 ) -> (Response<ResponseBody>, FieldLines) {
-    let Denial {
-        status,
-        retry_after,
-        fields,
-    } = denial(view, verdicts, denied_by, policy);
     let limit = view.limits[denied_by];
     let verdict = &verdicts[denied_by].verdict;
+    let status = limit.status;
+    let retry_after = retry_after(verdict);
     let body = arena_body(|body| {
         // Member by member into the thread's buffer rather than through
         // `serde_json::Value`: the deny path runs at flood rates, and this
@@ -379,6 +386,7 @@ pub(crate) fn deny_response(
     });
     let mut response = Response::new(ResponseBody::full(body));
     *response.status_mut() = status;
+    let fields = denial_lines(view, verdicts, denied_by, policy, retry_after);
     (response, fields)
 }
 

@@ -314,7 +314,7 @@ fn respond(
     let view = ticket.view(server);
     let policy = policy_header(view);
     let fields = match denied_by {
-        Some(by) => ratelimit::denial(view, entries, by, policy.as_deref()).fields,
+        Some(by) => ratelimit::denial_fields(view, entries, by, policy.as_deref()),
         None => {
             let mut fields = crate::http::field_lines::FieldLines::new();
             ratelimit::limit_fields(

@@ -23,9 +23,11 @@
 //! keys, tokens and addresses are not here to leak. The reader names a
 //! digest after a consumer where the configuration can.
 
+use std::cell::Cell;
 use std::collections::HashMap;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
+use std::thread::LocalKey;
 
 use parking_lot::Mutex;
 
@@ -193,17 +195,32 @@ impl Shard {
     }
 }
 
-/// The shard of the calling thread.
+/// The shard of the calling thread: a constant thread-local read (a lazy
+/// one checked its state on every refusal), picked on the thread's first.
+#[inline(always)]
 fn shard_index() -> usize {
-    static NEXT: AtomicUsize = AtomicUsize::new(0);
     thread_local! {
-        static SHARD: usize = NEXT.fetch_add(1, Ordering::Relaxed) % SHARDS;
+        static SHARD: Cell<usize> = const { Cell::new(usize::MAX) };
     }
-    SHARD.with(|shard| *shard)
+    match SHARD.get() {
+        usize::MAX => first_shard_index(&SHARD),
+        shard => shard,
+    }
+}
+
+/// The calling thread's shard, picked on its first refusal.
+#[cold]
+#[inline(never)]
+fn first_shard_index(slot: &'static LocalKey<Cell<usize>>) -> usize {
+    static NEXT: AtomicUsize = AtomicUsize::new(0);
+    let shard = NEXT.fetch_add(1, Ordering::Relaxed) % SHARDS;
+    slot.set(shard);
+    shard
 }
 
 impl RefusedKeys {
     /// `limit` refused the request counted under `key`.
+    #[inline(always)]
     pub(crate) fn record(&self, limit: &Arc<str>, key: LimitKey) {
         self.shards[shard_index()].lock().record(limit, key);
     }
