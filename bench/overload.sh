@@ -14,6 +14,8 @@
 #              what waiting for a slot buys over refusing at once
 #   prio_queue `conc_prio` with the waiting line, which serves critical
 #              first, and the reserve at PRIO_RESERVE (see below)
+#   prio_adapt `adapt_prio` with the same waiting line and reserve: the
+#              adaptive pair of prio_queue
 #
 # A gateway row whose configuration `tollgate check` refuses (a feature not
 # built on this branch) is skipped, saying so.
@@ -35,8 +37,10 @@
 # take after the drop to settle (averaged over 1 s) within 20 % (at least
 # 2) of their final
 # level (the mean of the run's last quarter; `never` if only that quarter
-# is within it), and that level; with an
-# adaptive limit the limit's gauge is sampled too.
+# is within it), and that level. With an adaptive limit its gauge is
+# sampled too, and settles the same way: within 20 % (at least 1) of its
+# final level, averaged over 1 s; its samples (one a second) are printed
+# after the tables, a trace of the limit through the halving.
 #
 # The bench fails (exit 1) on anything it does not measure: a status other
 # than 2xx, 429 and 503, a request without an answer (a socket error or a
@@ -72,7 +76,7 @@ LOADS=${LOADS:-0.5 1 3}
 PRIORITY_LOADS=${PRIORITY_LOADS:-3}
 QUEUE_WAIT=${QUEUE_WAIT:-100ms}
 PRIO_RESERVE=${PRIO_RESERVE:-0}
-VARIANTS=${VARIANTS:-none conc conc2x nginx adaptive conc_prio adapt_prio conc_queue prio_queue}
+VARIANTS=${VARIANTS:-none conc conc2x nginx adaptive conc_prio adapt_prio conc_queue prio_queue prio_adapt}
 UPSTREAM_CPU=${UPSTREAM_CPU:-1}
 BASE_PORT=${BASE_PORT:-18680}
 SLO_MS=500
@@ -132,6 +136,11 @@ CONF
       ;;
     conc2x) limit="concurrency"; printf '[limits.backend]\nkey = "route"\nalgorithm = "concurrency"\nmax = %d\n\n' $((2 * SLOTS)) ;;
     adaptive | adapt_prio) limit="adaptive"; printf '[limits.backend]\nkey = "route"\nalgorithm = "adaptive"\nmin = 2\nmax = %d\n\n' $((20 * SLOTS)) ;;
+    prio_adapt)
+      limit="adaptive"
+      printf '[limits.backend]\nkey = "route"\nalgorithm = "adaptive"\nmin = 2\nmax = %d\n' $((20 * SLOTS))
+      printf 'queue = { max_wait = "%s", size = %d }\nreserve = %s\n\n' "$QUEUE_WAIT" $((4 * SLOTS)) "$PRIO_RESERVE"
+      ;;
   esac
   local priority_crit="" priority_shed=""
   case $1 in
@@ -294,20 +303,23 @@ sample() {
   done
 }
 
-# Settling after the drop at $2 ms, from samples $1: "settle_s level".
+# Settling after the drop at $2 ms, from column $3 of samples $1 ("-"
+# samples skipped), within $4 of the final level and at least $5:
+# "settle_s level".
 settle() {
-  awk -v drop="$2" '
+  awk -v drop="$2" -v col="$3" -v frac="$4" -v least="$5" '
     # n and m start at 0, not as the empty string: t[n] on an unset n
     # would be t[""], leaving t[0] empty (a settle time of minus the drop).
     BEGIN { n = 0; m = 0 }
+    $col == "-" { next }
     # Smoothed over 5 samples (1 s): at the upstream the count moves by
     # several requests from one 200 ms sample to the next.
-    { w[m % 5] = $2; m++; if (m >= 5 && $1 >= drop) { t[n] = $1; v[n] = (w[0] + w[1] + w[2] + w[3] + w[4]) / 5; n++ } }
+    { w[m % 5] = $col; m++; if (m >= 5 && $1 >= drop) { t[n] = $1; v[n] = (w[0] + w[1] + w[2] + w[3] + w[4]) / 5; n++ } }
     END {
       if (n < 4) { print "- -"; exit }
       from = int(n * 3 / 4); sum = 0
       for (i = from; i < n; i++) sum += v[i]
-      level = sum / (n - from); band = level * 0.2; if (band < 2) band = 2
+      level = sum / (n - from); band = level * frac; if (band < least) band = least
       settled = n - 1
       for (i = n - 1; i >= 0; i--) { d = v[i] - level; if (d < 0) d = -d; if (d > band) break; settled = i }
       # Within the last quarter, which defines the level: it never settled.
@@ -321,8 +333,10 @@ echo "tollgate: $TOLLGATE; nginx: $("$NGINX" -v 2>&1 | sed 's/.*\///')"
 echo
 ROWS=$TMP/rows
 DROPS=$TMP/drops
+TRACES=$TMP/traces
 : >"$ROWS"
 : >"$DROPS"
+: >"$TRACES"
 for variant in $VARIANTS; do
   start_gateway "$variant" || continue
   loads=$LOADS
@@ -347,9 +361,14 @@ for variant in $VARIANTS; do
   load "$rate" "$DROP_SECONDS"
   wait "$dropper" || { echo "$variant: the capacity was not halved" >&2; exit 1; }
   stop "$sampler" "$dropper"
-  read -r settle_s level <<<"$(settle "$samples" $((DROP_SECONDS * 500)))"
+  read -r settle_s level <<<"$(settle "$samples" $((DROP_SECONDS * 500)) 2 0.2 2)"
+  read -r lim_settle lim_level <<<"$(settle "$samples" $((DROP_SECONDS * 500)) 3 0.2 1)"
   limits=$(awk '$3 != "-" {l = $3} END {print l ? l : "-"}' "$samples")
-  report_row "$variant" "drop" "$DROP_SECONDS" "$(printf ' %9s %8s %7s' "$settle_s" "$level" "$limits")" | tee -a "$DROPS"
+  report_row "$variant" "drop" "$DROP_SECONDS" "$(printf ' %9s %8s %10s %9s %7s' "$settle_s" "$level" "$lim_settle" "$lim_level" "$limits")" | tee -a "$DROPS"
+  # The limit's trace through the halving: its first sample of each second.
+  if [ "$limits" != - ]; then
+    awk -v v="$variant" 'BEGIN { s = -1 } $3 != "-" && int($1 / 1000) != s { s = int($1 / 1000); l = l " " $3 } END { print v ":" l }' "$samples" >>"$TRACES"
+  fi
   stop "$GATEWAY"
 done
 
@@ -358,6 +377,11 @@ echo "loads (× capacity $CAPACITY/s, $RUN_SECONDS s each); goodput = 2xx within
 header ""
 sort -s -k2,2n "$ROWS"
 echo
-echo "capacity halving: $DROP_LOAD × capacity for $DROP_SECONDS s, $SLOTS → $(((SLOTS + 1) / 2)) slots at $((DROP_SECONDS / 2)) s; settle = s after the drop until the upstream's requests stay within 20 % of their final level (last column: the adaptive limit's last value)"
-header "$(printf ' %9s %8s %7s' settle_s level limit)"
+echo "capacity halving: $DROP_LOAD × capacity for $DROP_SECONDS s, $SLOTS → $(((SLOTS + 1) / 2)) slots at $((DROP_SECONDS / 2)) s; settle_s = s after the drop until the upstream's requests (in service + waiting, 1 s means) stay within 20 % (at least 2) of their final level; lim_settle the same for the adaptive limit (within 20 %, at least 1); last column: the limit's last value"
+header "$(printf ' %9s %8s %10s %9s %7s' settle_s level lim_settle lim_level limit)"
 cat "$DROPS"
+if [ -s "$TRACES" ]; then
+  echo
+  echo "the adaptive limit through the halving run, one sample a second (the capacity halves at $((DROP_SECONDS / 2)) s):"
+  cat "$TRACES"
+fi

@@ -330,3 +330,45 @@ fn static_and_adaptive_limits_compare_in_one_table() {
         }
     }
 }
+
+/// A slot limit's `queue` is not modelled: with `--backend` the run says so
+/// on stderr and counts the requests the queue would hold as shed, the
+/// same report as without the queue; without `--backend` (where a slot
+/// limit never refuses) it says nothing.
+#[test]
+fn a_queue_is_named_as_not_modelled() {
+    let queued = CONCURRENCY_5.replace("max = 5\n", "max = 5\nqueue = { max_wait = \"500ms\" }\n");
+    assert_ne!(queued, CONCURRENCY_5);
+    let (_with, with_queue) = config_file(&queued);
+    let (_without, without_queue) = config_file(CONCURRENCY_5);
+    let run = |config: &str, backend: bool| {
+        let mut args = vec![
+            "simulate",
+            "-c",
+            config,
+            "--generate",
+            "poisson:rate=100/s,duration=5s",
+            "--json",
+        ];
+        if backend {
+            args.extend(["--backend", "capacity=5,latency=100ms"]);
+        }
+        let (code, stdout, stderr) = tollgate(&args);
+        assert_eq!(code, 0, "{stderr}");
+        (json(&stdout), stderr)
+    };
+    let (report, stderr) = run(&with_queue, true);
+    assert!(
+        stderr.contains("limit `backend`: its queue is not modelled"),
+        "{stderr}"
+    );
+    let (plain, plain_stderr) = run(&without_queue, true);
+    assert!(!plain_stderr.contains("not modelled"), "{plain_stderr}");
+    assert!(
+        backend(&report, None)["shed"].as_u64().unwrap() > 0,
+        "{report}"
+    );
+    assert_eq!(report["backend"], plain["backend"]);
+    let (_, quiet) = run(&with_queue, false);
+    assert!(!quiet.contains("not modelled"), "{quiet}");
+}

@@ -30,6 +30,8 @@
 //! their concurrency permits until their modelled responses end
 //! ([`flight`]), so `concurrency` limits decide on what is really in
 //! flight and the report adds goodput, shed requests and admitted latency.
+//! A slot limit's `queue` is not modelled: the request it would hold is
+//! counted refused at once, and the run says so ([`unmodelled_queues`]).
 //!
 //! [`report`] prints the table (or `--json`), [`svg`] draws the picture.
 //!
@@ -137,6 +139,15 @@ pub fn simulate(
                 .map_err(|e| Error::Failed(format!("cannot write {}: {e}", path.display())))?,
         )),
     };
+    if modelled.is_some() {
+        for name in unmodelled_queues(config) {
+            writeln!(
+                err,
+                "limit `{name}`: its queue is not modelled; a request it would hold is counted refused at once"
+            )
+            .map_err(|e| Error::Failed(format!("cannot write: {e}")))?;
+        }
+    }
     let mut simulation = run::Simulation::new(config, &algorithms, focus);
     if let Some((spec, schedule)) = modelled {
         simulation = simulation.with_backend(spec, schedule);
@@ -165,4 +176,41 @@ pub fn simulate(
             .map_err(|e| Error::Failed(format!("cannot write {}: {e}", path.display())))?;
     }
     Ok(())
+}
+
+/// The limits with a waiting line (`queue = {...}`), by name: the run
+/// decides a request once, so one such a limit would hold is counted as
+/// refused (an upper bound on its shedding, a lower one on its latency).
+/// Only `--backend` makes a slot limit refuse at all.
+fn unmodelled_queues(config: &Config) -> impl Iterator<Item = &str> {
+    config
+        .limits
+        .iter()
+        .filter(|limit| limit.queue.is_some())
+        .map(|limit| limit.name.as_str())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn parse(text: &str) -> Config {
+        Config::from_bytes(std::path::Path::new("gateway.toml"), text.as_bytes()).unwrap()
+    }
+
+    #[test]
+    fn a_limit_with_a_queue_is_named_as_not_modelled() {
+        let text = |queue: &str| {
+            format!(
+                "[limits.backend]\nkey = \"route\"\nalgorithm = \"concurrency\"\nmax = 5\n{queue}\n\
+                 [limits.per_ip]\nkey = \"ip\"\nalgorithm = \"fixed_window\"\nlimit = 9\nwindow = \"1m\"\n\
+                 [[routes]]\nname = \"api\"\nmatch = {{ path_prefix = \"/\" }}\n\
+                 respond = {{ status = 200 }}\nlimits = [\"backend\", \"per_ip\"]\n"
+            )
+        };
+        let queued = parse(&text("queue = { max_wait = \"200ms\" }"));
+        assert_eq!(unmodelled_queues(&queued).collect::<Vec<_>>(), ["backend"]);
+        let plain = parse(&text(""));
+        assert_eq!(unmodelled_queues(&plain).count(), 0);
+    }
 }
