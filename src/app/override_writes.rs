@@ -23,6 +23,9 @@ pub(crate) enum OverrideError {
     Full,
     /// The override could not be stored (the state file): nothing changed.
     Storage(String),
+    /// A prune of a limit the running configuration has: its overrides
+    /// are deleted one by one.
+    Configured(String),
 }
 
 /// An override to install ([`App::put_override`]).
@@ -80,11 +83,20 @@ impl App {
             // (`override_sync`).
             return Ok(0);
         };
-        let records = state_file::read(path)?;
+        let mut records = state_file::read(path)?;
+        // An override that expired while the gateway was stopped is not
+        // brought back, and leaves the file now.
+        let now = self.clock.now();
+        let read = records.len();
+        records.retain(|o| o.expires.is_none_or(|at| now < at));
         let _installing = self.install_lock.lock();
         self.overrides.restore(records);
         self.attach_overrides(&self.snapshot());
-        Ok(self.overrides.list().len())
+        let set = self.overrides.list();
+        if set.len() < read {
+            self.persist(&set)?;
+        }
+        Ok(set.len())
     }
 
     /// Writes the whole set to the state file, if there is one and no
@@ -180,6 +192,21 @@ impl App {
         self.remove_override(limit, key)
     }
 
+    /// Deletes every override stored for `limit`, a limit the running
+    /// configuration no longer has (a reload on one node leaves a Redis
+    /// fleet's overrides of it alone: the other nodes may still run a
+    /// configuration with it). Whether there were any: a memory store's
+    /// were dropped from the state file by the reload already.
+    pub(crate) async fn prune_overrides(&self, limit: &str) -> Result<bool, OverrideError> {
+        if self.snapshot().limit_named(limit).is_some() {
+            return Err(OverrideError::Configured(limit.to_owned()));
+        }
+        match &self.store {
+            Some(store) => store.prune_overrides(limit).await.map_err(|_| unstored()),
+            None => Ok(false),
+        }
+    }
+
     /// Removes `limit`'s override for `key` on this node (and from the
     /// state file).
     fn remove_override(
@@ -226,8 +253,12 @@ impl App {
 
     /// Removes the overrides whose time is up (the sweeper): their keys are
     /// decided with the limit's numbers again, which the request path
-    /// already does from the expiry on.
+    /// already does from the expiry on. With a Redis store the poll does it
+    /// (`override_sync`), removing them from Redis as well.
     pub(crate) fn expire_overrides(&self) {
+        if self.store.is_some() {
+            return;
+        }
         let now = self.clock.now();
         for (limit, key) in self.overrides.expired(now) {
             if let Err(OverrideError::Storage(error)) = self.remove_override(&limit, key) {
