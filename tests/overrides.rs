@@ -262,7 +262,7 @@ async fn invalid_writes_are_refused_naming_the_problem_and_change_nothing() {
     let put = |path: &'static str, body: &'static str| admin(admin_addr, "PUT", path, body);
     let alice = "/limits/per_key/overrides?key=alice";
 
-    let cases: [(&str, &str, u16, &str); 14] = [
+    let cases: [(&str, &str, u16, &str); 18] = [
         (
             alice,
             r#"{"capacity": 0}"#,
@@ -287,6 +287,25 @@ async fn invalid_writes_are_refused_naming_the_problem_and_change_nothing() {
             "`expires`",
         ),
         (alice, r#"{"capacity": 5, "reason": 7}"#, 400, "`reason`"),
+        (
+            alice,
+            r#"{"rate": "1/s"}"#,
+            400,
+            "`rate` is not a parameter",
+        ),
+        (alice, r#"{"max": 3}"#, 400, "`max` is not a parameter"),
+        (
+            "/limits/per_ip/overrides?key=127.0.0.1",
+            r#"{"window": "soon"}"#,
+            400,
+            "`window`",
+        ),
+        (
+            "/limits/per_ip/overrides?key=127.0.0.1",
+            r#"{"limit": 0}"#,
+            400,
+            "`limit`",
+        ),
         (alice, r#"{"reason": "no numbers"}"#, 400, "at least one"),
         (alice, "not json", 400, "not JSON"),
         (
@@ -607,13 +626,14 @@ async fn a_write_while_redis_is_down_fails_and_changes_nothing() {
 }
 
 /// A Redis Cluster: the overrides' keys share one slot (their hash tag);
-/// a write on one node decides the key on the other.
+/// a write on one node decides the key on the other and on a node started
+/// later; an expired one leaves the Cluster's hash.
 #[tokio::test]
 async fn a_cluster_fleet_shares_its_overrides() {
     if common::needs::skip(common::needs::REDIS) {
         return;
     }
-    let cluster = common::redis::Cluster::start(3, 0);
+    let mut cluster = common::redis::Cluster::start(3, 0);
     let upstream = TestUpstream::start().await;
     let servers = format!("cluster = true\nurl = [{}]", cluster.toml_urls());
     let text = store_config(&upstream, &servers);
@@ -639,6 +659,31 @@ async fn a_cluster_fleet_shares_its_overrides() {
         keys.iter().any(|k| k == "tg:{overrides}:per_key")
             && keys.iter().any(|k| k == "tg:{overrides}:version"),
         "{keys:?}"
+    );
+
+    // Stored in the Cluster, not in a node: a node started now applies it.
+    let c = InProcess::start_on_wall_time(&text).await;
+    assert!(
+        common::eventually_within(Duration::from_secs(10), async || quota_on(&c).await
+            == Some(3))
+        .await
+    );
+    let put = admin(
+        b.admin.expect("admin"),
+        "PUT",
+        "/limits/per_key/overrides?key=bob",
+        r#"{"capacity": 7, "ttl": "2s"}"#,
+    )
+    .await;
+    assert_eq!(put.status, 200, "{put:?}");
+    let hash = "tg:{overrides}:per_key";
+    let owner = cluster.primary_of(hash);
+    assert_eq!(owner.cli(&["HLEN", hash]), "2");
+    assert!(
+        common::eventually_within(Duration::from_secs(10), async || owner.cli(&["HLEN", hash])
+            == "1")
+        .await,
+        "the expired override is still in the cluster"
     );
 }
 
@@ -708,6 +753,12 @@ async fn an_expired_override_leaves_every_node_and_redis_once() {
     assert_eq!(explained["reason"], "short", "{explained}");
     assert_eq!(quota["reason"], "short", "{quota}");
     assert_eq!(quota_route(&b, "alice").await["quota"], 5);
+    // Another caller's quota route never shows alice's override.
+    let bob = quota_route(&b, "bob").await;
+    assert_eq!(
+        (bob["quota"].as_u64(), &bob["override"]),
+        (Some(2), &serde_json::Value::Null)
+    );
     assert_eq!(keyed(b.addr, "alice", 1).await, [200]);
 
     // Past the expiry: both nodes decide alice with the limit's numbers at
@@ -794,12 +845,7 @@ async fn a_removed_limit_keeps_its_overrides_in_redis_until_pruned() {
     let pruned = admin(a_admin, "DELETE", "/limits/per_key/overrides", "").await;
     assert_eq!(pruned.status, 200, "{pruned:?}");
     assert_eq!(pruned.json()["pruned"], true);
-    assert!(
-        !redis
-            .keys()
-            .iter()
-            .any(|k| k == "tg:{overrides}:per_key")
-    );
+    assert!(!redis.keys().iter().any(|k| k == "tg:{overrides}:per_key"));
     assert!(
         common::eventually_within(Duration::from_secs(10), async || quota_on(&b).await
             == Some(2))
@@ -846,9 +892,7 @@ async fn an_override_expired_while_stopped_does_not_come_back_from_the_state_fil
 
     tokio::time::sleep(Duration::from_millis(2200)).await;
     let second = Gateway::start(&text);
-    let stored = std::fs::read_to_string(&file).expect("the state file");
-    assert_eq!(stored.matches("\"digest\"").count(), 1, "{stored}");
-    assert!(stored.contains("\"kept\""), "{stored}");
+    // (Listed once the gateway serves, after it read the file.)
     let listed = get(
         second.admin.expect("admin"),
         "/limits/per_key/overrides",
@@ -859,5 +903,8 @@ async fn an_override_expired_while_stopped_does_not_come_back_from_the_state_fil
     let overrides = listed["overrides"].as_array().expect("a list");
     assert_eq!(overrides.len(), 1, "{listed}");
     assert_eq!(overrides[0]["reason"], "kept");
+    let stored = std::fs::read_to_string(&file).expect("the state file");
+    assert_eq!(stored.matches("\"digest\"").count(), 1, "{stored}");
+    assert!(stored.contains("\"kept\""), "{stored}");
     assert_eq!(keyed(second.addr, "alice", 3).await, [200, 200, 429]);
 }
