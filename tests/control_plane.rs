@@ -377,7 +377,13 @@ async fn every_accepted_write_is_audited_without_the_token_or_the_raw_key() {
     // An override set and deleted for the same raw key; a refused one and
     // a prune that finds nothing are not audited.
     let overrides = format!("/limits/per_key/overrides?key={RAW_KEY}");
-    let set = admin_json(&gateway, "PUT", &overrides, r#"{"limit": 9, "reason": "r"}"#).await;
+    let set = admin_json(
+        &gateway,
+        "PUT",
+        &overrides,
+        r#"{"limit": 9, "reason": "r"}"#,
+    )
+    .await;
     assert_eq!(set.status, 200, "{set:?}");
     let bad = admin_json(&gateway, "PUT", &overrides, r#"{"limit": 0}"#).await;
     assert_eq!(bad.status, 400, "{bad:?}");
@@ -394,7 +400,10 @@ async fn every_accepted_write_is_audited_without_the_token_or_the_raw_key() {
         .filter(|l| l.contains("tollgate::audit"))
         .collect();
     assert_eq!(lines.len(), 3, "{text}");
-    for (line, action) in lines.iter().zip(["reset", "override_set", "override_delete"]) {
+    for (line, action) in lines
+        .iter()
+        .zip(["reset", "override_set", "override_delete"])
+    {
         assert!(line.contains(&format!("action=\"{action}\"")), "{line}");
         assert!(line.contains("limit=\"per_key\""), "{line}");
         assert!(line.contains(&digest), "{line}");
