@@ -908,3 +908,54 @@ async fn an_override_expired_while_stopped_does_not_come_back_from_the_state_fil
     assert!(stored.contains("\"kept\""), "{stored}");
     assert_eq!(keyed(second.addr, "alice", 3).await, [200, 200, 429]);
 }
+
+/// On Redis, a write this node refuses is not left in Redis for the other
+/// nodes: with every slot of the limit's numbers taken, a new set of
+/// numbers is `409` and Redis holds nothing more; numbers in use still fit.
+#[tokio::test]
+async fn a_refused_write_leaves_nothing_in_redis() {
+    if common::needs::skip(common::needs::REDIS) {
+        return;
+    }
+    let redis = Redis::start();
+    let upstream = TestUpstream::start().await;
+    let gateway = InProcess::start_on_wall_time(&fleet_config(&upstream, &redis)).await;
+    let admin_addr = gateway.admin.expect("admin");
+    let slots = 256;
+    for i in 0..slots {
+        let put = admin(
+            admin_addr,
+            "PUT",
+            &format!("/limits/per_key/overrides?key=k{i}"),
+            &format!("{{\"capacity\": {}}}", 3 + i),
+        )
+        .await;
+        assert_eq!(put.status, 200, "{i}: {put:?}");
+    }
+    let written = version(&redis);
+    let full = admin(
+        admin_addr,
+        "PUT",
+        "/limits/per_key/overrides?key=late",
+        r#"{"capacity": 1000}"#,
+    )
+    .await;
+    assert_eq!(full.status, 409, "{full:?}");
+    assert_eq!(
+        redis.cli(&["HLEN", "tg:{overrides}:per_key"]),
+        slots.to_string()
+    );
+    assert_eq!(version(&redis), written, "nothing was written");
+    let reused = admin(
+        admin_addr,
+        "PUT",
+        "/limits/per_key/overrides?key=late",
+        r#"{"capacity": 3}"#,
+    )
+    .await;
+    assert_eq!(reused.status, 200, "{reused:?}");
+    assert_eq!(
+        redis.cli(&["HLEN", "tg:{overrides}:per_key"]),
+        (slots + 1).to_string()
+    );
+}

@@ -2,7 +2,8 @@
 //! for them: put, delete, list, expire, and the set restored at start from
 //! `server.state_file`. Each write holds the install lock (so a reload
 //! never meets half of one), is persisted first and applied after: a write
-//! the file refused changed nothing.
+//! the file refused changed nothing. With a Redis store a write goes to
+//! Redis first; one this node then refuses is taken back from Redis.
 
 use std::sync::Arc;
 
@@ -130,8 +131,17 @@ impl App {
         let id = snapshot
             .limit_named(limit)
             .ok_or_else(|| OverrideError::UnknownLimit(limit.to_owned()))?;
-        // Checked before anything is stored anywhere.
-        check_override(snapshot.limit_config(id), &new.params).map_err(OverrideError::Invalid)?;
+        // Checked before anything is stored anywhere: the values, and room
+        // for their numbers among the limit's limiters.
+        let numbers = check_override(snapshot.limit_config(id), &new.params)
+            .map_err(OverrideError::Invalid)?;
+        if !self
+            .overrides
+            .has_room(&self.override_targets(&snapshot)[id.index()], numbers)
+        {
+            return Err(OverrideError::Full);
+        }
+        drop(snapshot);
         let record = Override {
             limit: limit.to_owned(),
             key,
@@ -141,6 +151,7 @@ impl App {
             set_at: self.clock.now(),
             plan: None,
         };
+        let previous = self.overrides.get(limit, key);
         if let Some(store) = &self.store {
             let value = state_file::record_json(&record).to_string();
             store
@@ -148,6 +159,30 @@ impl App {
                 .await
                 .map_err(|_| unstored())?;
         }
+        let put = self.install_override(limit, record);
+        if let (Some(store), Err(_)) = (&self.store, &put) {
+            // Refused here after Redis took it (a reload meanwhile, the
+            // last slot taken by another write): Redis gets back what it
+            // held, so that the refusal holds for every node.
+            let value = previous.map(|o| state_file::record_json(&o).to_string());
+            if store
+                .write_override(limit, &digest(key), value.as_deref())
+                .await
+                .is_err()
+            {
+                tracing::warn!(limit = %limit, "overrides: a refused override could not be taken back from redis");
+            }
+        }
+        put
+    }
+
+    /// Puts `record` in force on this node (and in the state file), its
+    /// limit as the running configuration has it.
+    fn install_override(
+        &self,
+        limit: &str,
+        record: Override,
+    ) -> Result<Arc<Override>, OverrideError> {
         let _installing = self.install_lock.lock();
         let snapshot = self.snapshot();
         let id = snapshot
