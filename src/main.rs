@@ -79,6 +79,9 @@ enum OverridesCommand {
     List { limit: String },
     /// Remove the key's override.
     Delete { limit: String, key: String },
+    /// Delete the overrides a limit removed from the configuration left in
+    /// Redis (once no node runs a configuration with it).
+    Prune { limit: String },
 }
 
 #[derive(Debug, Subcommand)]
@@ -204,6 +207,9 @@ fn admin(config: &Config, command: AdminCommand) -> ExitCode {
         AdminCommand::Overrides(OverridesCommand::List { limit }) => Admin::OverridesList { limit },
         AdminCommand::Overrides(OverridesCommand::Delete { limit, key }) => {
             Admin::OverridesDelete { limit, key }
+        }
+        AdminCommand::Overrides(OverridesCommand::Prune { limit }) => {
+            Admin::OverridesPrune { limit }
         }
     };
     let request = match command.request() {

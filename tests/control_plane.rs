@@ -1,7 +1,8 @@
 //! The admin listener's control plane (contract §13) through real sockets:
 //! the admin token (missing, wrong, right; the open paths; no token, no
 //! writes), read again on reload; a key's reset in memory; the audit line
-//! and counter of every accepted write.
+//! and counter of every accepted write (reset, override set and delete),
+//! never with the token or a raw key; the CLI over all of it.
 
 mod common;
 
@@ -57,6 +58,19 @@ async fn admin(
         request = request.header("authorization", value);
     }
     let request = request.body(Full::new(Bytes::new())).expect("request");
+    send(gateway.admin.expect("an admin listener"), request).await
+}
+
+/// `method path` with [`TOKEN`] and a JSON `body`.
+async fn admin_json(gateway: &InProcess, method: &str, path: &str, body: &str) -> Reply {
+    let request = Request::builder()
+        .method(method)
+        .uri(path)
+        .header("host", "admin.test")
+        .header("authorization", bearer(TOKEN))
+        .header("content-type", "application/json")
+        .body(Full::new(Bytes::from(body.to_owned())))
+        .expect("request");
     send(gateway.admin.expect("an admin listener"), request).await
 }
 
@@ -360,27 +374,56 @@ async fn every_accepted_write_is_audited_without_the_token_or_the_raw_key() {
     )
     .await;
     assert_eq!(refused.status, 401);
+    // An override set and deleted for the same raw key; a refused one and
+    // a prune that finds nothing are not audited.
+    let overrides = format!("/limits/per_key/overrides?key={RAW_KEY}");
+    let set = admin_json(
+        &gateway,
+        "PUT",
+        &overrides,
+        r#"{"limit": 9, "reason": "r"}"#,
+    )
+    .await;
+    assert_eq!(set.status, 200, "{set:?}");
+    let bad = admin_json(&gateway, "PUT", &overrides, r#"{"limit": 0}"#).await;
+    assert_eq!(bad.status, 400, "{bad:?}");
+    let deleted = admin_json(&gateway, "DELETE", &overrides, "").await;
+    assert_eq!(deleted.status, 200, "{deleted:?}");
+    let pruned = admin_json(&gateway, "DELETE", "/limits/gone/overrides", "").await;
+    assert_eq!(pruned.status, 404, "{pruned:?}");
 
-    let text = log.when(|text| text.contains("tollgate::audit")).await;
+    let text = log
+        .when(|text| text.contains("action=\"override_delete\""))
+        .await;
     let lines: Vec<&str> = text
         .lines()
         .filter(|l| l.contains("tollgate::audit"))
         .collect();
-    assert_eq!(lines.len(), 1, "{text}");
-    let line = lines[0];
-    assert!(line.contains("action=\"reset\""), "{line}");
-    assert!(line.contains("limit=\"per_key\""), "{line}");
-    assert!(line.contains(&digest), "{line}");
-    assert!(line.contains("peer=127.0.0.1:"), "{line}");
+    assert_eq!(lines.len(), 3, "{text}");
+    for (line, action) in lines
+        .iter()
+        .zip(["reset", "override_set", "override_delete"])
+    {
+        assert!(line.contains(&format!("action=\"{action}\"")), "{line}");
+        assert!(line.contains("limit=\"per_key\""), "{line}");
+        assert!(line.contains(&digest), "{line}");
+        assert!(line.contains("peer=127.0.0.1:"), "{line}");
+    }
+    assert!(lines[1].contains(r#""params":{"limit":9}"#), "{}", lines[1]);
     assert!(!text.contains(RAW_KEY), "the raw key was logged: {text}");
     assert!(!text.contains(TOKEN), "the token was logged: {text}");
 
     let metrics = admin(&gateway, "GET", "/metrics", None).await;
     let metrics = String::from_utf8_lossy(&metrics.body).into_owned();
-    assert!(
-        metrics.contains("tollgate_admin_writes_total{action=\"reset\"} 1"),
-        "{metrics}"
-    );
+    for action in ["reset", "override_set", "override_delete"] {
+        assert!(
+            metrics.contains(&format!(
+                "tollgate_admin_writes_total{{action=\"{action}\"}} 1"
+            )),
+            "{metrics}"
+        );
+    }
+    assert!(!metrics.contains("override_prune"), "{metrics}");
 }
 
 /// A gateway on `store` (a `[store]` body) with [`LIMITED`]'s limit shared
@@ -588,6 +631,21 @@ async fn the_cli_resets_a_key_through_the_running_gateways_admin_api() {
     assert_eq!(code, 0, "{stderr}");
     let (code, _, stderr) = run(delete).await.expect("the command ran");
     assert_eq!(code, 1, "a second delete finds none");
+    let problem: serde_json::Value = serde_json::from_str(&stderr).unwrap_or_default();
+    assert_eq!(problem["status"], 404, "{stderr}");
+
+    // A prune: refused for a limit the configuration has; a limit removed
+    // from a memory store's configuration left nothing to prune.
+    let (code, _, stderr) = run(words("admin overrides prune per_key"))
+        .await
+        .expect("the command ran");
+    assert_eq!(code, 1, "{stderr}");
+    let problem: serde_json::Value = serde_json::from_str(&stderr).unwrap_or_default();
+    assert_eq!(problem["status"], 409, "{stderr}");
+    let (code, _, stderr) = run(words("admin overrides prune gone"))
+        .await
+        .expect("the command ran");
+    assert_eq!(code, 1, "{stderr}");
     let problem: serde_json::Value = serde_json::from_str(&stderr).unwrap_or_default();
     assert_eq!(problem["status"], 404, "{stderr}");
 

@@ -4,7 +4,10 @@
 //! listed, deleted, expired; every invalid body refused naming the problem
 //! and changing nothing; kept in `server.state_file` across a restart, a
 //! corrupt file refused at start; on a Redis-decided limit, the key's
-//! numbers go in the same script call.
+//! numbers go in the same script call. An expired override stops at its
+//! expiry on every node and leaves Redis once (or the state file); a limit
+//! removed from the configuration keeps its overrides in Redis until
+//! pruned, and finds them again when it comes back.
 
 mod common;
 
@@ -19,7 +22,7 @@ use hyper::Request;
 
 /// A token bucket of 2 per API key (refilled once a minute: nothing comes
 /// back during a test), a fixed window of 1 per hour by IP, a route using
-/// the bucket, another the window.
+/// the bucket, another the window, and a quota route of the bucket.
 const LIMITS: &str = r#"
 [limits.per_key]
 key = "header:x-api-key"
@@ -44,6 +47,11 @@ name = "by_ip"
 match = { path = "/by_ip" }
 respond = { status = 200, body = "ok" }
 limits = ["per_ip"]
+
+[[routes]]
+name = "quota"
+match = { path = "/quota" }
+respond = { quota = ["per_key"] }
 "#;
 
 /// The admin token every test's gateway is configured with (admin writes
@@ -63,6 +71,22 @@ fn token_file() -> &'static str {
         std::fs::write(&file, TOKEN).expect("token file");
         file.to_str().expect("utf-8 temp dir").to_owned()
     })
+}
+
+/// `text` without the `per_key` limit (and the quota route naming it).
+fn without_per_key(text: &str) -> String {
+    let without = text
+        .replace("limits = [\"per_key\"]", "limits = []")
+        .replace(
+            "[[routes]]\nname = \"quota\"\nmatch = { path = \"/quota\" }\nrespond = { quota = [\"per_key\"] }\n",
+            "",
+        )
+        .replace(
+            "[limits.per_key]\nkey = \"header:x-api-key\"\nalgorithm = \"token_bucket\"\ncapacity = 2\nrefill = \"1/m\"\n",
+            "",
+        );
+    assert!(!without.contains("per_key"), "{without}");
+    without
 }
 
 fn config(upstream: &TestUpstream, server: &str) -> String {
@@ -238,7 +262,7 @@ async fn invalid_writes_are_refused_naming_the_problem_and_change_nothing() {
     let put = |path: &'static str, body: &'static str| admin(admin_addr, "PUT", path, body);
     let alice = "/limits/per_key/overrides?key=alice";
 
-    let cases: [(&str, &str, u16, &str); 14] = [
+    let cases: [(&str, &str, u16, &str); 18] = [
         (
             alice,
             r#"{"capacity": 0}"#,
@@ -263,6 +287,25 @@ async fn invalid_writes_are_refused_naming_the_problem_and_change_nothing() {
             "`expires`",
         ),
         (alice, r#"{"capacity": 5, "reason": 7}"#, 400, "`reason`"),
+        (
+            alice,
+            r#"{"rate": "1/s"}"#,
+            400,
+            "`rate` is not a parameter",
+        ),
+        (alice, r#"{"max": 3}"#, 400, "`max` is not a parameter"),
+        (
+            "/limits/per_ip/overrides?key=127.0.0.1",
+            r#"{"window": "soon"}"#,
+            400,
+            "`window`",
+        ),
+        (
+            "/limits/per_ip/overrides?key=127.0.0.1",
+            r#"{"limit": 0}"#,
+            400,
+            "`limit`",
+        ),
         (alice, r#"{"reason": "no numbers"}"#, 400, "at least one"),
         (alice, "not json", 400, "not JSON"),
         (
@@ -317,12 +360,7 @@ async fn a_reload_keeps_overrides_and_a_removed_limit_takes_its_own() {
     // Same numbers after the reload, the same state: 2 of 4 left.
     assert_eq!(keyed(gateway.addr, "alice", 3).await, [200, 200, 429]);
 
-    let without = config(&upstream, "").replace("limits = [\"per_key\"]", "limits = []");
-    let without = without.replace(
-        "[limits.per_key]\nkey = \"header:x-api-key\"\nalgorithm = \"token_bucket\"\ncapacity = 2\nrefill = \"1/m\"\n",
-        "",
-    );
-    gateway.reload_with(&without);
+    gateway.reload_with(&without_per_key(&config(&upstream, "")));
     let gone = get(admin_addr, "/limits/per_key/overrides", AUTH).await;
     assert_eq!(gone.status, 404);
     gateway.reload_with(&config(&upstream, ""));
@@ -588,13 +626,14 @@ async fn a_write_while_redis_is_down_fails_and_changes_nothing() {
 }
 
 /// A Redis Cluster: the overrides' keys share one slot (their hash tag);
-/// a write on one node decides the key on the other.
+/// a write on one node decides the key on the other and on a node started
+/// later; an expired one leaves the Cluster's hash.
 #[tokio::test]
 async fn a_cluster_fleet_shares_its_overrides() {
     if common::needs::skip(common::needs::REDIS) {
         return;
     }
-    let cluster = common::redis::Cluster::start(3, 0);
+    let mut cluster = common::redis::Cluster::start(3, 0);
     let upstream = TestUpstream::start().await;
     let servers = format!("cluster = true\nurl = [{}]", cluster.toml_urls());
     let text = store_config(&upstream, &servers);
@@ -620,5 +659,303 @@ async fn a_cluster_fleet_shares_its_overrides() {
         keys.iter().any(|k| k == "tg:{overrides}:per_key")
             && keys.iter().any(|k| k == "tg:{overrides}:version"),
         "{keys:?}"
+    );
+
+    // Stored in the Cluster, not in a node: a node started now applies it.
+    let c = InProcess::start_on_wall_time(&text).await;
+    assert!(
+        common::eventually_within(Duration::from_secs(10), async || quota_on(&c).await
+            == Some(3))
+        .await
+    );
+    let put = admin(
+        b.admin.expect("admin"),
+        "PUT",
+        "/limits/per_key/overrides?key=bob",
+        r#"{"capacity": 7, "ttl": "2s"}"#,
+    )
+    .await;
+    assert_eq!(put.status, 200, "{put:?}");
+    let hash = "tg:{overrides}:per_key";
+    let owner = cluster.primary_of(hash);
+    assert_eq!(owner.cli(&["HLEN", hash]), "2");
+    assert!(
+        common::eventually_within(Duration::from_secs(10), async || owner.cli(&["HLEN", hash])
+            == "1")
+        .await,
+        "the expired override is still in the cluster"
+    );
+}
+
+/// `per_key`'s entry of `/quota` for API key `key` on `node`: the caller's
+/// own state, as a client reads it.
+async fn quota_route(node: &InProcess, key: &str) -> serde_json::Value {
+    let reply = get(node.addr, "/quota", &[("x-api-key", key)]).await;
+    assert_eq!(reply.status, 200, "{reply:?}");
+    reply.json()["limits"][0].clone()
+}
+
+/// Everything a node shows of alice's `per_key` override: the listing,
+/// explain's member, the quota route's member.
+async fn shown_on(node: &InProcess) -> (usize, serde_json::Value, serde_json::Value) {
+    let admin_addr = node.admin.expect("admin");
+    let listed = get(admin_addr, "/limits/per_key/overrides", AUTH)
+        .await
+        .json();
+    let explained = get(admin_addr, "/limits/per_key?key=alice", AUTH)
+        .await
+        .json();
+    (
+        listed["overrides"].as_array().map_or(0, Vec::len),
+        explained["override"].clone(),
+        quota_route(node, "alice").await["override"].clone(),
+    )
+}
+
+/// The overrides' version in `redis`.
+fn version(redis: &Redis) -> u64 {
+    redis
+        .cli(&["GET", "tg:{overrides}:version"])
+        .parse()
+        .unwrap_or(0)
+}
+
+/// Two nodes on one Redis: an override with a `ttl` stops deciding its key
+/// on both at its expiry (no write needed to tell them), vanishes from the
+/// listing, explain and the quota route, and is removed from Redis by one
+/// node: the version moves once.
+#[tokio::test]
+async fn an_expired_override_leaves_every_node_and_redis_once() {
+    if common::needs::skip(common::needs::REDIS) {
+        return;
+    }
+    let redis = Redis::start();
+    let upstream = TestUpstream::start().await;
+    let text = fleet_config(&upstream, &redis);
+    let a = InProcess::start_on_wall_time(&text).await;
+    let b = InProcess::start_on_wall_time(&text).await;
+    let put = admin(
+        a.admin.expect("admin"),
+        "PUT",
+        "/limits/per_key/overrides?key=alice",
+        r#"{"capacity": 5, "ttl": "3s", "reason": "short"}"#,
+    )
+    .await;
+    assert_eq!(put.status, 200, "{put:?}");
+    let written = version(&redis);
+    assert!(
+        common::eventually_within(Duration::from_secs(10), async || quota_on(&b).await
+            == Some(5))
+        .await
+    );
+    let (listed, explained, quota) = shown_on(&b).await;
+    assert_eq!(listed, 1);
+    assert_eq!(explained["reason"], "short", "{explained}");
+    assert_eq!(quota["reason"], "short", "{quota}");
+    assert_eq!(quota_route(&b, "alice").await["quota"], 5);
+    // Another caller's quota route never shows alice's override.
+    let bob = quota_route(&b, "bob").await;
+    assert_eq!(
+        (bob["quota"].as_u64(), &bob["override"]),
+        (Some(2), &serde_json::Value::Null)
+    );
+    assert_eq!(keyed(b.addr, "alice", 1).await, [200]);
+
+    // Past the expiry: both nodes decide alice with the limit's numbers at
+    // once, and show no override.
+    let expires = put.json()["expires_in_seconds"].as_u64().unwrap_or(3);
+    tokio::time::sleep(Duration::from_millis(expires * 1000 + 200)).await;
+    for node in [&a, &b] {
+        assert_eq!(quota_on(node).await, Some(2));
+        let (listed, explained, quota) = shown_on(node).await;
+        assert_eq!(listed, 0);
+        assert_eq!(explained, serde_json::Value::Null);
+        assert_eq!(quota, serde_json::Value::Null);
+        assert_eq!(quota_route(node, "alice").await["quota"], 2);
+    }
+    // Capacity 2 again: of three more, the last is refused (5 would admit
+    // all three).
+    assert_eq!(keyed(b.addr, "alice", 3).await.last(), Some(&429));
+
+    // Gone from Redis, by one node's removal.
+    assert!(
+        common::eventually_within(Duration::from_secs(10), async || redis
+            .cli(&["HLEN", "tg:{overrides}:per_key"])
+            == "0")
+        .await,
+        "the expired override is still in redis"
+    );
+    // Several polls of both nodes later, the version moved once.
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    assert_eq!(version(&redis), written + 1);
+}
+
+/// A reload that removes a limit leaves its overrides in Redis (another
+/// node may still run a configuration with it), answers 404 for it, and
+/// finds them again when it comes back; a prune deletes them for every
+/// node, and is refused for a limit still configured.
+#[tokio::test]
+async fn a_removed_limit_keeps_its_overrides_in_redis_until_pruned() {
+    if common::needs::skip(common::needs::REDIS) {
+        return;
+    }
+    let redis = Redis::start();
+    let upstream = TestUpstream::start().await;
+    let text = fleet_config(&upstream, &redis);
+    let a = InProcess::start_on_wall_time(&text).await;
+    let b = InProcess::start_on_wall_time(&text).await;
+    let (a_admin, b_admin) = (a.admin.expect("admin"), b.admin.expect("admin"));
+    let put = admin(
+        a_admin,
+        "PUT",
+        "/limits/per_key/overrides?key=alice",
+        r#"{"capacity": 5}"#,
+    )
+    .await;
+    assert_eq!(put.status, 200, "{put:?}");
+    assert!(
+        common::eventually_within(Duration::from_secs(10), async || quota_on(&b).await
+            == Some(5))
+        .await
+    );
+    let refused = admin(a_admin, "DELETE", "/limits/per_key/overrides", "").await;
+    assert_eq!(refused.status, 409, "{refused:?}");
+    assert!(detail(&refused).contains("one by one"), "{refused:?}");
+
+    let without = without_per_key(&text);
+    a.reload_with(&without);
+    let gone = get(a_admin, "/limits/per_key/overrides", AUTH).await;
+    assert_eq!(gone.status, 404, "{gone:?}");
+    assert_eq!(redis.cli(&["HLEN", "tg:{overrides}:per_key"]), "1");
+    // The other node, on the old configuration, still applies it.
+    tokio::time::sleep(Duration::from_millis(600)).await;
+    assert_eq!(quota_on(&b).await, Some(5));
+
+    // Back in the file: the override Redis kept is in force again.
+    a.reload_with(&text);
+    assert!(
+        common::eventually_within(Duration::from_secs(10), async || quota_on(&a).await
+            == Some(5))
+        .await,
+        "a limit added back finds its overrides"
+    );
+
+    // Removed again, then pruned: gone from Redis and from every node.
+    a.reload_with(&without);
+    let pruned = admin(a_admin, "DELETE", "/limits/per_key/overrides", "").await;
+    assert_eq!(pruned.status, 200, "{pruned:?}");
+    assert_eq!(pruned.json()["pruned"], true);
+    assert!(!redis.keys().iter().any(|k| k == "tg:{overrides}:per_key"));
+    assert!(
+        common::eventually_within(Duration::from_secs(10), async || quota_on(&b).await
+            == Some(2))
+        .await,
+        "the prune reaches the node still configured with the limit"
+    );
+    let again = admin(a_admin, "DELETE", "/limits/per_key/overrides", "").await;
+    assert_eq!(again.status, 404, "{again:?}");
+    let listed = get(b_admin, "/limits/per_key/overrides", AUTH).await.json();
+    assert_eq!(listed["overrides"], serde_json::json!([]));
+}
+
+/// The binary with `state_file`: an override that expired while the
+/// gateway was stopped is not brought back by the file, and leaves it.
+#[tokio::test]
+async fn an_override_expired_while_stopped_does_not_come_back_from_the_state_file() {
+    let upstream = TestUpstream::start().await;
+    let state = tempfile::tempdir().expect("tempdir");
+    let file = state.path().join("tollgate-state.json");
+    let server = format!("state_file = \"{}\"", file.display());
+    let text = config(&upstream, &server);
+
+    let first = Gateway::start(&text);
+    let admin_addr = first.admin.expect("admin");
+    let put = admin(
+        admin_addr,
+        "PUT",
+        "/limits/per_key/overrides?key=alice",
+        r#"{"capacity": 4, "ttl": "2s"}"#,
+    )
+    .await;
+    assert_eq!(put.status, 200, "{put:?}");
+    let put = admin(
+        admin_addr,
+        "PUT",
+        "/limits/per_key/overrides?key=bob",
+        r#"{"capacity": 3, "reason": "kept"}"#,
+    )
+    .await;
+    assert_eq!(put.status, 200, "{put:?}");
+    drop(first);
+    let stored = std::fs::read_to_string(&file).expect("the state file");
+    assert_eq!(stored.matches("\"digest\"").count(), 2, "{stored}");
+
+    tokio::time::sleep(Duration::from_millis(2200)).await;
+    let second = Gateway::start(&text);
+    // (Listed once the gateway serves, after it read the file.)
+    let listed = get(
+        second.admin.expect("admin"),
+        "/limits/per_key/overrides",
+        AUTH,
+    )
+    .await
+    .json();
+    let overrides = listed["overrides"].as_array().expect("a list");
+    assert_eq!(overrides.len(), 1, "{listed}");
+    assert_eq!(overrides[0]["reason"], "kept");
+    let stored = std::fs::read_to_string(&file).expect("the state file");
+    assert_eq!(stored.matches("\"digest\"").count(), 1, "{stored}");
+    assert!(stored.contains("\"kept\""), "{stored}");
+    assert_eq!(keyed(second.addr, "alice", 3).await, [200, 200, 429]);
+}
+
+/// On Redis, a write this node refuses is not left in Redis for the other
+/// nodes: with every slot of the limit's numbers taken, a new set of
+/// numbers is `409` and Redis holds nothing more; numbers in use still fit.
+#[tokio::test]
+async fn a_refused_write_leaves_nothing_in_redis() {
+    if common::needs::skip(common::needs::REDIS) {
+        return;
+    }
+    let redis = Redis::start();
+    let upstream = TestUpstream::start().await;
+    let gateway = InProcess::start_on_wall_time(&fleet_config(&upstream, &redis)).await;
+    let admin_addr = gateway.admin.expect("admin");
+    let slots = 256;
+    for i in 0..slots {
+        let put = admin(
+            admin_addr,
+            "PUT",
+            &format!("/limits/per_key/overrides?key=k{i}"),
+            &format!("{{\"capacity\": {}}}", 3 + i),
+        )
+        .await;
+        assert_eq!(put.status, 200, "{i}: {put:?}");
+    }
+    let written = version(&redis);
+    let full = admin(
+        admin_addr,
+        "PUT",
+        "/limits/per_key/overrides?key=late",
+        r#"{"capacity": 1000}"#,
+    )
+    .await;
+    assert_eq!(full.status, 409, "{full:?}");
+    assert_eq!(
+        redis.cli(&["HLEN", "tg:{overrides}:per_key"]),
+        slots.to_string()
+    );
+    assert_eq!(version(&redis), written, "nothing was written");
+    let reused = admin(
+        admin_addr,
+        "PUT",
+        "/limits/per_key/overrides?key=late",
+        r#"{"capacity": 3}"#,
+    )
+    .await;
+    assert_eq!(reused.status, 200, "{reused:?}");
+    assert_eq!(
+        redis.cli(&["HLEN", "tg:{overrides}:per_key"]),
+        (slots + 1).to_string()
     );
 }

@@ -25,6 +25,8 @@ pub(crate) enum Action {
     OverrideSet,
     /// `DELETE /limits/NAME/overrides?key=`.
     OverrideDelete,
+    /// `DELETE /limits/NAME/overrides` of a limit no longer configured.
+    OverridePrune,
 }
 
 impl Action {
@@ -33,6 +35,7 @@ impl Action {
             Action::Reset => "reset",
             Action::OverrideSet => "override_set",
             Action::OverrideDelete => "override_delete",
+            Action::OverridePrune => "override_prune",
         }
     }
 }

@@ -11,6 +11,7 @@
 //! | `admin overrides set LIMIT KEY (--json BODY \| name=value...)` | `PUT /limits/LIMIT/overrides?key=KEY` |
 //! | `admin overrides list LIMIT` | `GET /limits/LIMIT/overrides` |
 //! | `admin overrides delete LIMIT KEY` | `DELETE /limits/LIMIT/overrides?key=KEY` |
+//! | `admin overrides prune LIMIT` | `DELETE /limits/LIMIT/overrides` |
 //!
 //! `name=value` pairs make a JSON object: a value that is an integer is a
 //! number (`capacity=500`), anything else a string (`refill=50/s`,
@@ -52,6 +53,10 @@ pub enum Command {
     OverridesDelete {
         limit: String,
         key: String,
+    },
+    /// The overrides left in Redis by a limit no longer configured.
+    OverridesPrune {
+        limit: String,
     },
 }
 
@@ -107,6 +112,11 @@ impl Command {
             Command::OverridesDelete { limit, key } => AdminRequest {
                 method: Method::DELETE,
                 target: format!("{}/overrides?key={}", limit_path(limit), encode(key)),
+                body: None,
+            },
+            Command::OverridesPrune { limit } => AdminRequest {
+                method: Method::DELETE,
+                target: format!("{}/overrides", limit_path(limit)),
                 body: None,
             },
         })
@@ -259,6 +269,13 @@ mod tests {
         });
         assert_eq!(delete.method, Method::DELETE);
         assert_eq!(delete.target, "/limits/tpm/overrides?key=k");
+        let prune = request(Command::OverridesPrune {
+            limit: "old tpm".into(),
+        });
+        assert_eq!(
+            (prune.method, prune.target.as_str()),
+            (Method::DELETE, "/limits/old%20tpm/overrides")
+        );
     }
 
     #[test]

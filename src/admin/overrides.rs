@@ -5,6 +5,7 @@
 //! | `PUT /limits/NAME/overrides?key=VALUE` | installs one (JSON body), `200` with it |
 //! | `GET /limits/NAME/overrides` | `{"limit", "overrides": [...]}`; with `?key=`, that one (`404` if none) |
 //! | `DELETE /limits/NAME/overrides?key=VALUE` | removes one, `200` with it (`404` if none) |
+//! | `DELETE /limits/NAME/overrides` | prunes a limit no longer configured: its overrides left in Redis (`404` if none, `409` for a configured limit) |
 //!
 //! The key is named as `GET /limits/NAME?key=` names it and shown only as
 //! its digest. A body holds the limit's own parameters (`limit`, `window`,
@@ -92,6 +93,9 @@ pub(crate) async fn answer(
             .insert(ALLOW, HeaderValue::from_static("GET, HEAD, PUT, DELETE"));
         return response;
     }
+    if method == Method::DELETE && query.as_deref().is_none_or(str::is_empty) {
+        return prune(app, &limit, peer).await;
+    }
     let key = match key(app, &limit, query.as_deref().unwrap_or("")) {
         Ok(key) => key,
         Err((status, message)) => return problem(status, &message),
@@ -127,6 +131,23 @@ pub(crate) async fn answer(
             audited(app, Action::OverrideSet, &shown, peer);
             ok(shown)
         }
+        Err(error) => refused(error),
+    }
+}
+
+/// `DELETE /limits/NAME/overrides`: the overrides a limit removed from
+/// the configuration left in Redis, deleted for every node.
+async fn prune(app: &App, limit: &str, peer: Option<SocketAddr>) -> Response<ResponseBody> {
+    match app.prune_overrides(limit).await {
+        Ok(true) => {
+            let shown = json!({"limit": limit, "pruned": true});
+            audited(app, Action::OverridePrune, &shown, peer);
+            ok(shown)
+        }
+        Ok(false) => problem(
+            StatusCode::NOT_FOUND,
+            &format!("no overrides are stored for `{limit}`"),
+        ),
         Err(error) => refused(error),
     }
 }
@@ -195,6 +216,12 @@ fn refused(error: OverrideError) -> Response<ResponseBody> {
             &format!(
                 "this limit's overrides use {} distinct sets of numbers, as many as it holds until the next reload; reuse one's numbers or reload",
                 crate::app::overrides::SLOTS
+            ),
+        ),
+        OverrideError::Configured(limit) => problem(
+            StatusCode::CONFLICT,
+            &format!(
+                "`{limit}` is a limit of the running configuration: delete its overrides one by one (?key=VALUE); a prune is for a limit removed from the configuration"
             ),
         ),
         OverrideError::Storage(message) => problem(

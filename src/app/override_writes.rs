@@ -2,7 +2,8 @@
 //! for them: put, delete, list, expire, and the set restored at start from
 //! `server.state_file`. Each write holds the install lock (so a reload
 //! never meets half of one), is persisted first and applied after: a write
-//! the file refused changed nothing.
+//! the file refused changed nothing. With a Redis store a write goes to
+//! Redis first; one this node then refuses is taken back from Redis.
 
 use std::sync::Arc;
 
@@ -23,6 +24,9 @@ pub(crate) enum OverrideError {
     Full,
     /// The override could not be stored (the state file): nothing changed.
     Storage(String),
+    /// A prune of a limit the running configuration has: its overrides
+    /// are deleted one by one.
+    Configured(String),
 }
 
 /// An override to install ([`App::put_override`]).
@@ -80,11 +84,20 @@ impl App {
             // (`override_sync`).
             return Ok(0);
         };
-        let records = state_file::read(path)?;
+        let mut records = state_file::read(path)?;
+        // An override that expired while the gateway was stopped is not
+        // brought back, and leaves the file now.
+        let now = self.clock.now();
+        let read = records.len();
+        records.retain(|o| o.expires.is_none_or(|at| now < at));
         let _installing = self.install_lock.lock();
         self.overrides.restore(records);
         self.attach_overrides(&self.snapshot());
-        Ok(self.overrides.list().len())
+        let set = self.overrides.list();
+        if set.len() < read {
+            self.persist(&set)?;
+        }
+        Ok(set.len())
     }
 
     /// Writes the whole set to the state file, if there is one and no
@@ -118,8 +131,17 @@ impl App {
         let id = snapshot
             .limit_named(limit)
             .ok_or_else(|| OverrideError::UnknownLimit(limit.to_owned()))?;
-        // Checked before anything is stored anywhere.
-        check_override(snapshot.limit_config(id), &new.params).map_err(OverrideError::Invalid)?;
+        // Checked before anything is stored anywhere: the values, and room
+        // for their numbers among the limit's limiters.
+        let numbers = check_override(snapshot.limit_config(id), &new.params)
+            .map_err(OverrideError::Invalid)?;
+        if !self
+            .overrides
+            .has_room(&self.override_targets(&snapshot)[id.index()], numbers)
+        {
+            return Err(OverrideError::Full);
+        }
+        drop(snapshot);
         let record = Override {
             limit: limit.to_owned(),
             key,
@@ -129,6 +151,7 @@ impl App {
             set_at: self.clock.now(),
             plan: None,
         };
+        let previous = self.overrides.get(limit, key);
         if let Some(store) = &self.store {
             let value = state_file::record_json(&record).to_string();
             store
@@ -136,6 +159,30 @@ impl App {
                 .await
                 .map_err(|_| unstored())?;
         }
+        let put = self.install_override(limit, record);
+        if let (Some(store), Err(_)) = (&self.store, &put) {
+            // Refused here after Redis took it (a reload meanwhile, the
+            // last slot taken by another write): Redis gets back what it
+            // held, so that the refusal holds for every node.
+            let value = previous.map(|o| state_file::record_json(&o).to_string());
+            if store
+                .write_override(limit, &digest(key), value.as_deref())
+                .await
+                .is_err()
+            {
+                tracing::warn!(limit = %limit, "overrides: a refused override could not be taken back from redis");
+            }
+        }
+        put
+    }
+
+    /// Puts `record` in force on this node (and in the state file), its
+    /// limit as the running configuration has it.
+    fn install_override(
+        &self,
+        limit: &str,
+        record: Override,
+    ) -> Result<Arc<Override>, OverrideError> {
         let _installing = self.install_lock.lock();
         let snapshot = self.snapshot();
         let id = snapshot
@@ -178,6 +225,21 @@ impl App {
                 .map_err(|_| unstored())?;
         }
         self.remove_override(limit, key)
+    }
+
+    /// Deletes every override stored for `limit`, a limit the running
+    /// configuration no longer has (a reload on one node leaves a Redis
+    /// fleet's overrides of it alone: the other nodes may still run a
+    /// configuration with it). Whether there were any: a memory store's
+    /// were dropped from the state file by the reload already.
+    pub(crate) async fn prune_overrides(&self, limit: &str) -> Result<bool, OverrideError> {
+        if self.snapshot().limit_named(limit).is_some() {
+            return Err(OverrideError::Configured(limit.to_owned()));
+        }
+        match &self.store {
+            Some(store) => store.prune_overrides(limit).await.map_err(|_| unstored()),
+            None => Ok(false),
+        }
     }
 
     /// Removes `limit`'s override for `key` on this node (and from the
@@ -226,8 +288,12 @@ impl App {
 
     /// Removes the overrides whose time is up (the sweeper): their keys are
     /// decided with the limit's numbers again, which the request path
-    /// already does from the expiry on.
+    /// already does from the expiry on. With a Redis store the poll does it
+    /// (`override_sync`), removing them from Redis as well.
     pub(crate) fn expire_overrides(&self) {
+        if self.store.is_some() {
+            return;
+        }
         let now = self.clock.now();
         for (limit, key) in self.overrides.expired(now) {
             if let Err(OverrideError::Storage(error)) = self.remove_override(&limit, key) {

@@ -257,6 +257,21 @@ impl Registry {
         limiter
     }
 
+    /// Whether an override of `numbers` fits `target` now: a slot holds a
+    /// limiter of them, or one is free (checked before a write is stored
+    /// anywhere; [`Registry::put`] decides).
+    pub(crate) fn has_room(&self, target: &Target<'_>, numbers: Algorithm) -> bool {
+        let scaled = match target.fraction {
+            Some((num, den)) => numbers.scaled(num, den),
+            None => numbers,
+        };
+        target
+            .overrides
+            .slots
+            .iter()
+            .any(|slot| slot.get().is_none_or(|held| held.algorithm() == scaled))
+    }
+
     /// Checks `record` against `target` and, once `persist` accepted the
     /// whole new set, puts it in force: the key's state moved to the
     /// override's limiter at `now`. Returns the record stored.

@@ -27,6 +27,7 @@ pub(crate) mod client_ip;
 pub(crate) mod consumers;
 pub(crate) mod decision;
 pub(crate) mod error;
+pub(crate) mod http_url;
 pub(crate) mod jwt;
 pub(crate) mod limits;
 pub(crate) mod plans;

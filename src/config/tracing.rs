@@ -20,6 +20,7 @@ use serde::Deserialize;
 
 use super::checker::Checker;
 use super::error::KeyPath;
+use super::http_url::{self, UrlError};
 
 /// The collector's default OTLP/HTTP address (OpenTelemetry's own default).
 const DEFAULT_OTLP: &str = "http://127.0.0.1:4318";
@@ -105,39 +106,35 @@ pub(super) fn check_tracing(c: &mut Checker, path: &KeyPath, raw: &RawTracing) -
     }
 }
 
-/// `http://host[:port][/base]` → the authority and the traces path.
+/// `http://host[:port][/base]` → the authority and the traces path: the
+/// shared parse ([`http_url`]), no query, `/v1/traces` appended unless the
+/// path ends with it.
 fn parse_endpoint(text: &str) -> Result<OtlpEndpoint, String> {
-    let uri: http::Uri = text
-        .parse()
-        .map_err(|_| "not a URL; expected e.g. \"http://127.0.0.1:4318\"".to_owned())?;
-    match uri.scheme_str() {
-        Some("http") => {}
-        Some("https") => {
-            return Err("https is not supported; send to a collector agent over http (e.g. \"http://127.0.0.1:4318\")".to_owned());
+    let url = http_url::parse(text).map_err(|error| {
+        match error {
+            UrlError::NotUrl => "not a URL; expected e.g. \"http://127.0.0.1:4318\"",
+            UrlError::Https => {
+                "https is not supported; send to a collector agent over http (e.g. \"http://127.0.0.1:4318\")"
+            }
+            UrlError::NotHttp => "expected an http:// URL, e.g. \"http://127.0.0.1:4318\"",
+            UrlError::NoHost => "the URL has no host",
+            UrlError::Credentials => "the URL must not carry credentials",
         }
-        _ => return Err("expected an http:// URL, e.g. \"http://127.0.0.1:4318\"".to_owned()),
-    }
-    let Some(authority) = uri.authority() else {
-        return Err("the URL has no host".to_owned());
-    };
-    if authority.as_str().contains('@') {
-        return Err("the URL must not carry credentials".to_owned());
-    }
-    if authority.host().is_empty() {
-        return Err("the URL has no host".to_owned());
-    }
-    if uri.query().is_some() {
+        .to_owned()
+    })?;
+    if url.query.is_some() {
         return Err("the URL must not have a query".to_owned());
     }
-    let port = authority.port_u16().unwrap_or(80);
-    let authority = format!("{}:{port}", authority.host());
-    let base = uri.path().trim_end_matches('/');
+    let base = url.path.trim_end_matches('/');
     let path = if base.ends_with(TRACES_PATH) {
         base.to_owned()
     } else {
         format!("{base}{TRACES_PATH}")
     };
-    Ok(OtlpEndpoint { authority, path })
+    Ok(OtlpEndpoint {
+        authority: url.authority,
+        path,
+    })
 }
 
 #[cfg(test)]

@@ -16,6 +16,7 @@ use serde::Deserialize;
 
 use super::checker::Checker;
 use super::error::KeyPath;
+use super::http_url::{self, UrlError};
 use super::raw::RawSize;
 
 /// `[usage]` as written.
@@ -160,46 +161,37 @@ pub(super) fn check_usage(
     }
 }
 
-/// `http://host[:port][/path]`: plain HTTP (a collector on the host or
-/// beside it; HTTPS is not spoken by the exporter).
+/// `http://host[:port][/path][?query]`: the shared parse ([`http_url`]),
+/// the query kept in the path the events are posted to.
 fn check_url(c: &mut Checker, path: KeyPath, text: &str) -> Option<CollectorUrl> {
-    let Some(rest) = text.strip_prefix("http://") else {
-        let message = if text.starts_with("https://") {
-            format!(
-                "`{text}`: the usage exporter speaks plain HTTP only; point it at a local collector or a TLS-terminating sidecar"
-            )
-        } else {
-            format!("`{text}` is not an http:// URL, like \"http://127.0.0.1:8888/api/v1/events\"")
-        };
-        c.problem(path, message);
-        return None;
-    };
-    let (host, path_part) = match rest.find(['/', '?']) {
-        Some(i) => (&rest[..i], &rest[i..]),
-        None => (rest, "/"),
-    };
-    let valid = !host.is_empty()
-        && !host.contains('@')
-        && http::uri::Authority::try_from(host).is_ok()
-        && http::uri::PathAndQuery::try_from(path_part).is_ok();
-    if !valid {
-        c.problem(path, format!("`{text}` is not a valid http:// URL"));
-        return None;
-    }
-    let authority = http::uri::Authority::try_from(host).ok()?;
-    let authority = match authority.port_u16() {
-        Some(_) => host.to_owned(),
-        None => format!("{}:80", authority.host()),
-    };
-    let path_part = if path_part.starts_with('?') {
-        format!("/{path_part}")
-    } else {
-        path_part.to_owned()
+    let url = match http_url::parse(text) {
+        Ok(url) => url,
+        Err(error) => {
+            let message = match error {
+                UrlError::Https => format!(
+                    "`{text}`: the usage exporter speaks plain HTTP only; point it at a local collector or a TLS-terminating sidecar"
+                ),
+                UrlError::NotUrl if text.starts_with("http://") => {
+                    format!("`{text}` is not a valid http:// URL")
+                }
+                UrlError::NotUrl | UrlError::NotHttp => format!(
+                    "`{text}` is not an http:// URL, like \"http://127.0.0.1:8888/api/v1/events\""
+                ),
+                UrlError::NoHost | UrlError::Credentials => {
+                    format!("`{text}` is not a valid http:// URL")
+                }
+            };
+            c.problem(path, message);
+            return None;
+        }
     };
     Some(CollectorUrl {
-        authority,
-        host: host.to_owned(),
-        path: path_part,
+        authority: url.authority,
+        host: url.host,
+        path: match url.query {
+            Some(query) => format!("{}?{query}", url.path),
+            None => url.path,
+        },
     })
 }
 

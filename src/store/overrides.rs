@@ -6,6 +6,13 @@
 //! The hash tag puts all of them in one Cluster slot. Every call goes
 //! through the breaker, like a decision's: while Redis is down a write
 //! fails at once and changes nothing.
+//!
+//! An expired override is removed by whichever node reads it first
+//! ([`RedisStore::expire_override`]): only while the field still holds the
+//! value that node read, so the other nodes' removals find nothing and do
+//! not bump the version again, and a `PUT` that replaced it meanwhile is
+//! kept. A limit no longer in the configuration keeps its hash until an
+//! operator prunes it ([`RedisStore::prune_overrides`]).
 
 use redis::Value;
 
@@ -20,6 +27,25 @@ else
   redis.call('HSET', KEYS[1], ARGV[1], ARGV[2])
 end
 return redis.call('INCR', KEYS[2])
+";
+
+/// Removes one field if it still holds the value given, bumping the
+/// version only then: `0` when it did not (already removed or replaced).
+const EXPIRE: &str = r"
+if redis.call('HGET', KEYS[1], ARGV[1]) == ARGV[2] then
+  redis.call('HDEL', KEYS[1], ARGV[1])
+  return redis.call('INCR', KEYS[2])
+end
+return 0
+";
+
+/// Removes a limit's whole hash, bumping the version if there was one:
+/// `0` when there was none.
+const PRUNE: &str = r"
+if redis.call('DEL', KEYS[1]) == 1 then
+  return redis.call('INCR', KEYS[2])
+end
+return 0
 ";
 
 impl RedisStore {
@@ -48,6 +74,42 @@ impl RedisStore {
             .arg(value.unwrap_or(""));
         match self.call(&self.stack, &cmd).await? {
             Value::Int(n) => Ok(u64::try_from(n).unwrap_or(0)),
+            _ => Err(Unavailable),
+        }
+    }
+
+    /// Removes `limit`'s override of `digest` if Redis still holds `value`
+    /// for it (an expired override, as this node read it); whether this
+    /// call removed it.
+    pub(crate) async fn expire_override(
+        &self,
+        limit: &str,
+        digest: &str,
+        value: &str,
+    ) -> Result<bool, Unavailable> {
+        let mut cmd = redis::cmd("EVAL");
+        cmd.arg(EXPIRE)
+            .arg(2)
+            .arg(self.overrides_key(limit))
+            .arg(self.overrides_version_key())
+            .arg(digest)
+            .arg(value);
+        match self.call(&self.stack, &cmd).await? {
+            Value::Int(n) => Ok(n != 0),
+            _ => Err(Unavailable),
+        }
+    }
+
+    /// Removes every override stored for `limit` (a limit gone from the
+    /// fleet's configuration); whether there were any.
+    pub(crate) async fn prune_overrides(&self, limit: &str) -> Result<bool, Unavailable> {
+        let mut cmd = redis::cmd("EVAL");
+        cmd.arg(PRUNE)
+            .arg(2)
+            .arg(self.overrides_key(limit))
+            .arg(self.overrides_version_key());
+        match self.call(&self.stack, &cmd).await? {
+            Value::Int(n) => Ok(n != 0),
             _ => Err(Unavailable),
         }
     }
