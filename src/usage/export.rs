@@ -3,9 +3,10 @@
 //! request.
 //!
 //! - The **writer** takes records from the sink's queue as they come,
-//!   up to `batch` at a time, writes them as event lines and syncs them
-//!   once per batch: to the spool (then wakes the sender) or to the
-//!   `file`.
+//!   up to `batch` at a time (a batch short of that waits [`LINGER`] for
+//!   more), writes them as event lines and syncs them once per batch: to
+//!   the spool (then wakes the sender when a batch is full or the spool
+//!   was empty) or to the `file`.
 //! - The **sender** (with a collector `url`) runs a one-thread tokio
 //!   runtime for its HTTP client and sends the spool oldest first: a full
 //!   batch at once, a partial one after `interval`; a failure waits a
@@ -38,6 +39,10 @@ use crate::post_client::{Collector, PostError, Target};
 
 /// How often an idle writer looks for the stop.
 const TICK: Duration = Duration::from_millis(50);
+/// How long a batch that is not full waits for more records before it is
+/// written and synced: requests settling one at a time would otherwise
+/// cost an `fsync` and a wake of the writer (and of the sender) each.
+const LINGER: Duration = Duration::from_millis(10);
 /// The first wait after a failed POST.
 const BACKOFF_BASE: Duration = Duration::from_millis(250);
 /// The longest.
@@ -197,16 +202,29 @@ impl Writing {
             };
             lines.clear();
             event::write_line(&first, &mut self.ids, &mut lines);
-            let mut events = 1;
-            while events < self.batch {
-                let Ok(record) = self.queue.try_recv() else {
-                    break;
-                };
-                event::write_line(&record, &mut self.ids, &mut lines);
-                events += 1;
+            let mut events = self.take(1, &mut lines);
+            // Short of a batch: the records that come meanwhile join it
+            // (a sleep, not a wait on the queue, so that no request wakes
+            // the writer).
+            if events < self.batch && !self.stop.flag.load(Ordering::Acquire) {
+                std::thread::sleep(LINGER);
+                events = self.take(events, &mut lines);
             }
             self.write(&lines, events as u64);
         }
+    }
+
+    /// Adds the queued records to the batch of `events` in `lines`, up to
+    /// `batch`; the batch's count after.
+    fn take(&mut self, mut events: usize, lines: &mut Vec<u8>) -> usize {
+        while events < self.batch {
+            let Ok(record) = self.queue.try_recv() else {
+                break;
+            };
+            event::write_line(&record, &mut self.ids, lines);
+            events += 1;
+        }
+        events
     }
 
     /// One batch written and synced.
@@ -236,8 +254,14 @@ impl Writing {
                         self.metrics.dropped.inc_by(events);
                     }
                 }
-                self.metrics.spool_events.set(clamp_gauge(spool.pending()));
-                self.stop.wake.notify_one();
+                let pending = spool.pending();
+                self.metrics.spool_events.set(clamp_gauge(pending));
+                // The sender waits for a full batch, or for `interval`
+                // from the first event of a partial one: woken when one
+                // is full, or when the spool had nothing before.
+                if pending >= self.batch as u64 || pending <= events {
+                    self.stop.wake.notify_one();
+                }
             }
         }
     }
