@@ -3,8 +3,9 @@
 //! request.
 //!
 //! - The **writer** takes records from the sink's queue as they come,
-//!   up to `batch` at a time (a batch short of that waits [`LINGER`] for
-//!   more), writes them as event lines and syncs them once per batch: to
+//!   up to `batch` (to the spool at least [`PER_SYNC`]) at a time, a partial lot
+//!   waiting [`LINGER`] for more, writes them as event lines and syncs
+//!   them once per lot: to
 //!   the spool (then wakes the sender when a batch is full or the spool
 //!   was empty) or to the `file`.
 //! - The **sender** (with a collector `url`) runs a one-thread tokio
@@ -43,6 +44,10 @@ const TICK: Duration = Duration::from_millis(50);
 /// written and synced: requests settling one at a time would otherwise
 /// cost an `fsync` and a wake of the writer (and of the sender) each.
 const LINGER: Duration = Duration::from_millis(10);
+/// Most records the writer syncs at once when `batch` is smaller: a sync
+/// takes milliseconds on a busy disk, and one per 100 events would cap
+/// the rate near the request rate of a busy gateway.
+const PER_SYNC: usize = 1024;
 /// The first wait after a failed POST.
 const BACKOFF_BASE: Duration = Duration::from_millis(250);
 /// The longest.
@@ -130,10 +135,16 @@ impl Exporter {
             }
             _ => None,
         };
+        // `batch` is the file's write and sync (the config says so).
+        let per_sync = match output {
+            Output::Spool(_) => config.batch.max(PER_SYNC),
+            Output::File(_) => config.batch,
+        };
         let writing = Writing {
             queue,
             output,
             batch: config.batch,
+            per_sync,
             ids: Ids::new(fastrand::u64(..), event::source()),
             metrics,
             stop: stop.clone(),
@@ -181,7 +192,10 @@ fn clamp_gauge(events: u64) -> i64 {
 struct Writing {
     queue: Receiver<UsageRecord>,
     output: Output,
+    /// The sender's batch: a full one wakes it.
     batch: usize,
+    /// Most records written per `fsync`.
+    per_sync: usize,
     ids: Ids,
     metrics: UsageMetrics,
     stop: Arc<Stop>,
@@ -206,7 +220,7 @@ impl Writing {
             // Short of a batch: the records that come meanwhile join it
             // (a sleep, not a wait on the queue, so that no request wakes
             // the writer).
-            if events < self.batch && !self.stop.flag.load(Ordering::Acquire) {
+            if events < self.per_sync && !self.stop.flag.load(Ordering::Acquire) {
                 std::thread::sleep(LINGER);
                 events = self.take(events, &mut lines);
             }
@@ -214,10 +228,10 @@ impl Writing {
         }
     }
 
-    /// Adds the queued records to the batch of `events` in `lines`, up to
-    /// `batch`; the batch's count after.
+    /// Adds the queued records to the `events` in `lines`, up to
+    /// `per_sync`; their count after.
     fn take(&mut self, mut events: usize, lines: &mut Vec<u8>) -> usize {
-        while events < self.batch {
+        while events < self.per_sync {
             let Ok(record) = self.queue.try_recv() else {
                 break;
             };
