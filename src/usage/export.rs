@@ -268,8 +268,10 @@ impl Writing {
                         self.metrics.dropped.inc_by(events);
                     }
                 }
-                let pending = spool.pending();
-                self.metrics.spool_events.set(clamp_gauge(pending));
+                let pending = spool.publish_pending(|pending| {
+                    self.metrics.spool_events.set(clamp_gauge(pending));
+                    pending
+                });
                 // The sender waits for a full batch, or for `interval`
                 // from the first event of a partial one: woken when one
                 // is full, or when the spool had nothing before.
@@ -440,9 +442,9 @@ impl Sending {
         if let Err(error) = self.spool.ack(batch) {
             tracing::error!(%error, "usage spool: cannot save the acknowledged position; the batch may be sent again");
         }
-        self.metrics
-            .spool_events
-            .set(clamp_gauge(self.spool.pending()));
+        self.spool.publish_pending(|pending| {
+            self.metrics.spool_events.set(clamp_gauge(pending));
+        });
         Sent::Done
     }
 }

@@ -384,8 +384,17 @@ impl Spool {
     }
 
     /// Events not acknowledged yet.
+    #[cfg(test)]
     pub(crate) fn pending(&self) -> u64 {
         self.state.lock().pending()
+    }
+
+    /// Calls `publish` with the events not yet acknowledged, under the
+    /// lock: the writer's and the sender's publications of the count
+    /// (the gauge) come in the order of the changes, so a stale count
+    /// never overwrites a newer one.
+    pub(crate) fn publish_pending<R>(&self, publish: impl FnOnce(u64) -> R) -> R {
+        publish(self.state.lock().pending())
     }
 }
 
