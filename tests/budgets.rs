@@ -354,6 +354,31 @@ tokens = { max_tokens_default = 200, prompt = "bytes/4", usage = "auto" }
 }
 
 #[tokio::test]
+async fn a_reload_changes_the_prices_and_keeps_what_was_spent() {
+    let upstream = LlmUpstream::start().await;
+    let config = config(&upstream, "500", PRICES);
+    let gateway = InProcess::start(&config).await;
+    // 1 × 2.5 + 500 × 10 = 5,002.5: 5,003 µ$.
+    let used = Used {
+        prompt: 1,
+        cached: 0,
+        completion: 500,
+    };
+    let reply = chat(&gateway, "re", "gpt-4o", 1000, "json", used).await;
+    assert_eq!(reply.status, 200);
+    spent(&gateway, "re", 5_003).await;
+    // Output at $20 per million: the same usage costs 10,003 µ$, added
+    // to what the budget had spent before the reload.
+    let before = gateway.app.snapshot().generation;
+    let dearer = config.replace("output = 10.00", "output = 20.00");
+    assert!(gateway.reload_with(&dearer) > before, "the reload took");
+    let reply = chat(&gateway, "re", "gpt-4o", 1000, "json", used).await;
+    assert_eq!(reply.status, 200);
+    spent(&gateway, "re", 15_006).await;
+    gateway.stop().await;
+}
+
+#[tokio::test]
 async fn an_unpriced_model_is_refused_400_before_the_upstream() {
     let upstream = LlmUpstream::start().await;
     let gateway = InProcess::start(&config(&upstream, "500", PRICES)).await;
