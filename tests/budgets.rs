@@ -86,7 +86,31 @@ async fn chat(
         "max_tokens": max_tokens,
         "messages": [{"role": "user", "content": "hi"}],
     });
-    let request = Request::post("/v1/chat/completions")
+    post(
+        gateway,
+        "/v1/chat/completions",
+        tenant,
+        body,
+        script,
+        used,
+        0,
+    )
+    .await
+}
+
+/// A request of `tenant` to `path` with `body` (JSON), answered as `script`
+/// with `used` of which `creation` prompt tokens were written to the
+/// cache.
+async fn post(
+    gateway: &InProcess,
+    path: &str,
+    tenant: &str,
+    body: Value,
+    script: &str,
+    used: Used,
+    creation: u64,
+) -> Reply {
+    let request = Request::post(path)
         .header("host", "gateway.test")
         .header("content-type", "application/json")
         .header("x-tenant", tenant)
@@ -94,6 +118,7 @@ async fn chat(
         .header("x-used", (used.prompt + used.completion).to_string())
         .header("x-prompt", used.prompt.to_string())
         .header("x-cached", used.cached.to_string())
+        .header("x-cache-creation", creation.to_string())
         .body(Full::new(Bytes::from(body.to_string())))
         .unwrap();
     send(gateway.addr, request).await
@@ -244,6 +269,116 @@ async fn cached_prompt_tokens_are_priced_apart_in_json_and_streams() {
 }
 
 #[tokio::test]
+async fn responses_and_anthropic_cache_writes_are_reserved_and_priced_as_reported() {
+    let upstream = LlmUpstream::start().await;
+    let routes = r#"
+[[routes]]
+name = "responses"
+match = { path = "/v1/responses", methods = ["POST"] }
+upstream = "llm"
+limits = ["monthly_spend"]
+tokens = { max_tokens_default = 200, prompt = "bytes/4", usage = "auto" }
+
+[[routes]]
+name = "messages"
+match = { path = "/v1/messages", methods = ["POST"] }
+upstream = "llm"
+limits = ["monthly_spend"]
+tokens = { max_tokens_default = 200, prompt = "bytes/4", usage = "auto" }
+"#;
+    // $0.015 = 15,000 µ$ per tenant.
+    let gateway = InProcess::start(&config(&upstream, "0.015", &format!("{routes}{PRICES}"))).await;
+    let used = Used {
+        prompt: 200,
+        cached: 100,
+        completion: 500,
+    };
+    // The Responses API names the most it writes `max_output_tokens`:
+    // 2,000 reserve 1 × 2.5 + 2,000 × 10 = 20,003 µ$, more than the
+    // budget (`max_tokens_default`'s 200 would have fit).
+    let responses = |max: u64| json!({"model": "gpt-4o", "max_output_tokens": max, "input": "hi"});
+    let reply = post(
+        &gateway,
+        "/v1/responses",
+        "r",
+        responses(2000),
+        "responses",
+        used,
+        0,
+    )
+    .await;
+    assert_eq!(reply.status, 429, "{:?}", reply.body);
+    assert_eq!(reply.json()["max_cost_usd"], "0.020003");
+    // 1,000 reserve 10,003; its usage (`input_tokens`, the cached ones in
+    // `input_tokens_details`): 100 × 2.5 + 100 × 1.25 + 500 × 10.
+    let reply = post(
+        &gateway,
+        "/v1/responses",
+        "r",
+        responses(1000),
+        "responses",
+        used,
+        0,
+    )
+    .await;
+    assert_eq!(reply.status, 200, "{:?}", reply.body);
+    spent(&gateway, "r", 5_375).await;
+    // Anthropic reports the prompt in three parts: 50 plain
+    // `input_tokens`, 100 `cache_creation_input_tokens` (written to the
+    // cache: priced as input) and 100 `cache_read_input_tokens` (cached):
+    // 150 × 2.5 + 100 × 1.25 + 500 × 10 = 5,500 µ$, whole or streamed.
+    let used = Used {
+        prompt: 250,
+        ..used
+    };
+    let messages = json!({
+        "model": "gpt-4o",
+        "max_tokens": 1000,
+        "messages": [{"role": "user", "content": "hi"}],
+    });
+    for (tenant, script) in [("a-json", "anthropic-json"), ("a-sse", "anthropic")] {
+        let reply = post(
+            &gateway,
+            "/v1/messages",
+            tenant,
+            messages.clone(),
+            script,
+            used,
+            100,
+        )
+        .await;
+        assert_eq!(reply.status, 200, "{script}: {:?}", reply.body);
+        spent(&gateway, tenant, 5_500).await;
+    }
+    gateway.stop().await;
+}
+
+#[tokio::test]
+async fn a_reload_changes_the_prices_and_keeps_what_was_spent() {
+    let upstream = LlmUpstream::start().await;
+    let config = config(&upstream, "500", PRICES);
+    let gateway = InProcess::start(&config).await;
+    // 1 × 2.5 + 500 × 10 = 5,002.5: 5,003 µ$.
+    let used = Used {
+        prompt: 1,
+        cached: 0,
+        completion: 500,
+    };
+    let reply = chat(&gateway, "re", "gpt-4o", 1000, "json", used).await;
+    assert_eq!(reply.status, 200);
+    spent(&gateway, "re", 5_003).await;
+    // Output at $20 per million: the same usage costs 10,003 µ$, added
+    // to what the budget had spent before the reload.
+    let before = gateway.app.snapshot().generation;
+    let dearer = config.replace("output = 10.00", "output = 20.00");
+    assert!(gateway.reload_with(&dearer) > before, "the reload took");
+    let reply = chat(&gateway, "re", "gpt-4o", 1000, "json", used).await;
+    assert_eq!(reply.status, 200);
+    spent(&gateway, "re", 15_006).await;
+    gateway.stop().await;
+}
+
+#[tokio::test]
 async fn an_unpriced_model_is_refused_400_before_the_upstream() {
     let upstream = LlmUpstream::start().await;
     let gateway = InProcess::start(&config(&upstream, "500", PRICES)).await;
@@ -312,18 +447,18 @@ async fn two_gateways_on_redis_share_one_budget() {
     spent(&a, "shared", 10_750).await;
     // 10,750 + 10,003 ≤ 30,000: a third fits; then 16,125 + 10,003 does
     // too; a fifth (21,500 + 10,003) does not, on either gateway.
-    assert_eq!(
-        chat(&a, "shared", "gpt-4o", 1000, "json", used)
-            .await
-            .status,
-        200
-    );
+    // 10,750 + 10,003 is 69 % of the budget: under `warn_at` (80 %).
+    let reply = chat(&a, "shared", "gpt-4o", 1000, "json", used).await;
+    assert_eq!(reply.status, 200);
+    assert_eq!(reply.header("x-budget-warning"), None);
     spent(&b, "shared", 16_125).await;
+    // 16,125 + 10,003 is 87 %, spent on both gateways as Redis counts it:
+    // b warns.
+    let reply = chat(&b, "shared", "gpt-4o", 1000, "json", used).await;
+    assert_eq!(reply.status, 200);
     assert_eq!(
-        chat(&b, "shared", "gpt-4o", 1000, "json", used)
-            .await
-            .status,
-        200
+        reply.header("x-budget-warning"),
+        Some("\"monthly_spend\";spent=87;warn_at=80")
     );
     spent(&a, "shared", 21_500).await;
     for gateway in [&a, &b] {
@@ -331,10 +466,13 @@ async fn two_gateways_on_redis_share_one_budget() {
         assert_eq!(reply.status, 429, "{:?}", reply.body);
         assert_eq!(reply.json()["budget"], "monthly_spend");
     }
-    // What still fits: 8,500 µ$ left; 1 × 2.5 + 800 × 10 reserves 8,003.
+    // What still fits: 8,500 µ$ left; 1 × 2.5 + 800 × 10 reserves 8,003
+    // (21,500 + 8,003 is 98 %), on a.
+    let reply = chat(&a, "shared", "gpt-4o", 800, "json", used).await;
+    assert_eq!(reply.status, 200);
     assert_eq!(
-        chat(&b, "shared", "gpt-4o", 800, "json", used).await.status,
-        200
+        reply.header("x-budget-warning"),
+        Some("\"monthly_spend\";spent=98;warn_at=80")
     );
     a.stop().await;
     b.stop().await;
@@ -366,12 +504,28 @@ fn next_month_start(secs: u64) -> u64 {
     (era * 146_097 + doe - 719_468) * 86_400
 }
 
+/// The first instant of the month `secs` (Unix time) falls in, in UTC.
+fn month_start(secs: u64) -> u64 {
+    let mut start = next_month_start(secs.saturating_sub(62 * 86_400));
+    while next_month_start(start) <= secs {
+        start = next_month_start(start);
+    }
+    start
+}
+
 /// A `window = "1mo"` budget refused: its reset is the 1st of next month,
-/// 00:00 UTC, on the gateway's clock (memory) or on Redis' (`TIME`).
-async fn a_monthly_budget_resets_on_the_first(store: &str, wall_clock: bool) {
+/// 00:00 UTC, on the gateway's clock (memory) or on Redis' (`TIME`). With
+/// `reset_jitter` (`jitter` seconds, 0: none) a tenant's months start a
+/// fixed offset under `jitter` later: the reset is then a month's start
+/// plus less than `jitter`, and two tenants reset at different moments.
+async fn a_monthly_budget_resets_on_the_first(store: &str, wall_clock: bool, jitter: u64) {
     let upstream = LlmUpstream::start().await;
+    let window = match jitter {
+        0 => "window = \"1mo\"".to_owned(),
+        s => format!("window = \"1mo\"\nreset_jitter = \"{s}s\""),
+    };
     let config = config(&upstream, "0.015", &format!("{store}\n{PRICES}"))
-        .replace("window = \"30d\"", "window = \"1mo\"");
+        .replace("window = \"30d\"", &window);
     let gateway = if wall_clock {
         InProcess::start_on_wall_time(&config).await
     } else {
@@ -391,30 +545,67 @@ async fn a_monthly_budget_resets_on_the_first(store: &str, wall_clock: bool) {
         Some("\"monthly_spend\";q=1;w=2678400;qu=\"usd-cents\"")
     );
     spent(&gateway, "monthly", 5_003).await;
-    let reply = chat(&gateway, "monthly", "gpt-4o", 1000, "json", used).await;
-    assert_eq!(reply.status, 429, "{:?}", reply.body);
-    let reset = reply.json()["budget_reset_seconds"]
-        .as_u64()
-        .expect("a reset");
-    let now = if wall_clock {
-        std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .unwrap()
-            .as_secs()
-    } else {
-        gateway.app.clock.now() / 1_000_000_000
+    // A tenant refused: in how many seconds its budget resets.
+    let refused = async |tenant: &str| {
+        if tenant != "monthly" {
+            let reply = chat(&gateway, tenant, "gpt-4o", 1000, "json", used).await;
+            assert_eq!(reply.status, 200, "{:?}", reply.body);
+            spent(&gateway, tenant, 5_003).await;
+        }
+        let reply = chat(&gateway, tenant, "gpt-4o", 1000, "json", used).await;
+        assert_eq!(reply.status, 429, "{:?}", reply.body);
+        reply.json()["budget_reset_seconds"]
+            .as_u64()
+            .expect("a reset")
     };
-    let expected = next_month_start(now) - now;
-    assert!(
-        reset.abs_diff(expected) <= 2,
-        "reset in {reset} s, the month ends in {expected} s"
-    );
+    let now = || {
+        if wall_clock {
+            std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .unwrap()
+                .as_secs()
+        } else {
+            gateway.app.clock.now() / 1_000_000_000
+        }
+    };
+    let reset = refused("monthly").await;
+    let at = now() + reset;
+    if jitter == 0 {
+        let expected = next_month_start(now()) - now();
+        assert!(
+            reset.abs_diff(expected) <= 2,
+            "reset in {reset} s, the month ends in {expected} s"
+        );
+    } else {
+        // Whole seconds on both sides: up to 2 s off.
+        let offset = |at: u64| (at + 2) - month_start(at + 2);
+        assert!(
+            offset(at) < jitter + 4,
+            "resets {} s after a month's start, the jitter is {jitter} s",
+            offset(at)
+        );
+        let other = now() + refused("monthly-2").await;
+        assert!(
+            offset(other) < jitter + 4,
+            "the second tenant resets {} s after a month's start",
+            offset(other)
+        );
+        assert!(
+            at.abs_diff(other) > 2,
+            "two tenants reset together ({at}, {other})"
+        );
+    }
     gateway.stop().await;
 }
 
 #[tokio::test]
 async fn a_monthly_budget_resets_on_the_first_in_memory() {
-    a_monthly_budget_resets_on_the_first("", false).await;
+    a_monthly_budget_resets_on_the_first("", false, 0).await;
+}
+
+#[tokio::test]
+async fn a_monthly_budget_with_reset_jitter_resets_a_tenants_offset_later() {
+    a_monthly_budget_resets_on_the_first("", false, 6 * 3_600).await;
 }
 
 #[tokio::test]
@@ -427,7 +618,10 @@ async fn a_monthly_budget_resets_on_the_first_on_redis() {
         "[store]\nbackend = \"redis\"\nurl = \"{}\"\nprefix = \"mo:\"\n",
         redis.url()
     );
-    a_monthly_budget_resets_on_the_first(&store, true).await;
+    a_monthly_budget_resets_on_the_first(&store, true, 0).await;
+    // The same with `reset_jitter`, under another prefix: Redis' windows
+    // shifted per tenant as the memory's are.
+    a_monthly_budget_resets_on_the_first(&store.replace("mo:", "moj:"), true, 6 * 3_600).await;
 }
 
 #[tokio::test]
@@ -482,4 +676,87 @@ async fn on_redis_cluster_a_budget_and_a_token_limit_settle_across_slots() {
     assert_eq!(tokens_left().await, before, "nothing charged");
     a.stop().await;
     b.stop().await;
+}
+
+#[tokio::test]
+async fn on_redis_a_token_limit_and_a_budget_settle_in_one_call_exactly() {
+    if common::needs::skip(common::needs::REDIS) {
+        return;
+    }
+    let redis = Redis::start();
+    let upstream = LlmUpstream::start().await;
+    let extra = format!(
+        "[store]\nbackend = \"redis\"\nurl = \"{}\"\nprefix = \"one:\"\n{PRICES}\n\
+         [limits.tpd]\nkey = \"header:x-tenant\"\nalgorithm = \"fixed_window\"\n\
+         limit = 100000\nwindow = \"1d\"\nunit = \"tokens\"\n",
+        redis.url()
+    );
+    let config = config(&upstream, "0.05", &extra).replace(
+        "limits = [\"monthly_spend\"]",
+        "limits = [\"tpd\", \"monthly_spend\"]",
+    );
+    let a = InProcess::start_on_wall_time(&config).await;
+    let b = InProcess::start_on_wall_time(&config).await;
+    // Reserves 1 + 1,000 tokens and 10,003 µ$; uses 700 tokens, 200 of
+    // them prompt (100 cached): 250 + 125 + 5,000 = 5,375 µ$.
+    let used = Used {
+        prompt: 200,
+        cached: 100,
+        completion: 500,
+    };
+    let reply = chat(&a, "t1", "gpt-4o", 1000, "json", used).await;
+    assert_eq!(reply.status, 200, "{:?}", reply.body);
+    // One decision, then one settlement for both limits (each by its own
+    // amount), and no other script call.
+    let calls = || script_calls(&redis);
+    assert!(
+        common::eventually(async || calls() >= 2).await,
+        "{} calls",
+        calls()
+    );
+    // What each key counts, read with GET (no script): `window count`.
+    let counted = |limit: &str| {
+        let key = redis
+            .keys()
+            .into_iter()
+            .find(|k| k.starts_with(&format!("one:{limit}:")))
+            .unwrap_or_else(|| panic!("no key of {limit}: {:?}", redis.keys()));
+        let value = redis.cli(&["GET", &key]);
+        value
+            .split_whitespace()
+            .nth(1)
+            .and_then(|count| count.parse::<u64>().ok())
+            .unwrap_or_else(|| panic!("{key} = {value:?}"))
+    };
+    let settled = common::eventually(async || counted("tpd") == 700).await;
+    assert!(settled, "tpd counts {}", counted("tpd"));
+    assert_eq!(counted("monthly_spend"), 5_375);
+    assert_eq!(calls(), 2, "one decision and one settlement");
+    // Again, from b, over the settled state: the sums stay exact.
+    let reply = chat(&b, "t1", "gpt-4o", 1000, "sse", used).await;
+    assert_eq!(reply.status, 200, "{:?}", reply.body);
+    assert!(common::eventually(async || counted("tpd") == 1_400).await);
+    assert_eq!(counted("monthly_spend"), 10_750);
+    assert_eq!(calls(), 4);
+    // A response without usage keeps both reservations, and settles
+    // nothing: one more call, the decision.
+    let reply = chat(&a, "t1", "gpt-4o", 1000, "none", used).await;
+    assert_eq!(reply.status, 200, "{:?}", reply.body);
+    assert!(common::eventually(async || calls() >= 5).await);
+    assert_eq!(counted("tpd"), 2_401);
+    assert_eq!(counted("monthly_spend"), 20_753);
+    spent(&b, "t1", 20_753).await;
+    a.stop().await;
+    b.stop().await;
+}
+
+/// The script calls (`EVALSHA`: decisions and settlements) Redis has run.
+fn script_calls(redis: &Redis) -> u64 {
+    redis
+        .cli(&["INFO", "commandstats"])
+        .lines()
+        .find_map(|line| line.strip_prefix("cmdstat_evalsha:calls="))
+        .and_then(|rest| rest.split(',').next())
+        .and_then(|calls| calls.parse::<u64>().ok())
+        .unwrap_or(0)
 }

@@ -58,10 +58,9 @@ struct Bill {
     /// Every token limit that charged the request.
     entries: SmallVec<[BillEntry; 2]>,
     /// Of those decided in the store, the store's entries (with the
-    /// numbers bounding a settlement's charge), for its one call: the
-    /// token limits'; the usd limits' (settled by another amount) apart.
-    shared: Vec<OwnedEntry>,
-    shared_usd: Vec<OwnedEntry>,
+    /// numbers bounding a settlement's charge), for its one call, each
+    /// marked `true` when a usd limit's (settled by another amount).
+    shared: Vec<(OwnedEntry, bool)>,
     store: Option<Arc<RedisStore>>,
     clock: Arc<dyn Clock>,
     metrics: Arc<Metrics>,
@@ -81,8 +80,7 @@ struct BillEntry {
     limiter: Arc<Limiter>,
     key: LimitKey,
     label: Arc<str>,
-    /// Decided in the store (its entry is in [`Bill::shared`] or
-    /// [`Bill::shared_usd`]).
+    /// Decided in the store (its entry is in [`Bill::shared`]).
     in_store: bool,
     /// Tokens or micro-dollars.
     usd: bool,
@@ -134,7 +132,6 @@ pub(crate) fn bill(
         route: plan.name.clone(),
         entries: SmallVec::new(),
         shared: Vec::new(),
-        shared_usd: Vec::new(),
         store: app.store().cloned(),
         clock: app.clock.clone(),
         metrics: app.metrics().clone(),
@@ -184,11 +181,8 @@ pub(crate) fn bill(
                 ..shared::store_entry(limit, ticket.plan, key)
             };
             let ceiling = entry.algorithm.with_debt();
-            let owned = OwnedEntry::with_ceiling(&entry, ceiling);
-            match usd {
-                true => bill.shared_usd.push(owned),
-                false => bill.shared.push(owned),
-            }
+            bill.shared
+                .push((OwnedEntry::with_ceiling(&entry, ceiling), usd));
         }
         bill.entries.push(BillEntry {
             limiter,
@@ -319,18 +313,19 @@ impl Bill {
             .usd
             .map_or(0, |usd| delta(priced.unwrap_or(usd.micros), usd.micros).2);
         let now = self.clock.now();
-        // The store's entries in one call per unit while it is up. Down,
+        // The store's entries, tokens and micro-dollars each by its own
+        // delta, in one call (one per slot on Cluster) while it is up. Down,
         // as its decisions would, the settlement goes to the node's own
         // limits under `on_failure = "local"`, and is dropped under
         // "allow" and "deny" (nothing is counted there while the store is
         // away).
         let store_takes_shared = match &self.store {
             Some(store) if !store.is_down() => {
-                for (entries, delta) in [(&self.shared, tokens), (&self.shared_usd, usd)] {
-                    if !entries.is_empty() && delta != 0 {
-                        store.settle_owned(entries, delta);
-                    }
-                }
+                store.settle_owned(
+                    self.shared
+                        .iter()
+                        .map(|(entry, is_usd)| (entry, if *is_usd { usd } else { tokens })),
+                );
                 true
             }
             Some(store) => store.on_failure() != OnFailure::Local,

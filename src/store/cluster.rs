@@ -160,15 +160,25 @@ impl RedisStore {
 
     /// `entries` in groups whose keys share a slot: one group on one Redis.
     pub(super) fn by_slot<'e>(&self, entries: &[SharedEntry<'e>]) -> Vec<Vec<SharedEntry<'e>>> {
+        self.group_by_slot(entries, |e| e)
+    }
+
+    /// [`RedisStore::by_slot`] for items that each carry an entry (`entry`
+    /// finds it): an entry with what goes with it, such as its own delta.
+    pub(super) fn group_by_slot<T: Copy>(
+        &self,
+        items: &[T],
+        entry: impl Fn(&T) -> &SharedEntry<'_>,
+    ) -> Vec<Vec<T>> {
         if !self.config.is_cluster() {
-            return vec![entries.to_vec()];
+            return vec![items.to_vec()];
         }
-        let mut groups: Vec<(u16, Vec<SharedEntry<'e>>)> = Vec::new();
-        for e in entries {
-            let slot = slot_of(&self.key_of(e));
+        let mut groups: Vec<(u16, Vec<T>)> = Vec::new();
+        for item in items {
+            let slot = slot_of(&self.key_of(entry(item)));
             match groups.iter_mut().find(|(s, _)| *s == slot) {
-                Some((_, group)) => group.push(*e),
-                None => groups.push((slot, vec![*e])),
+                Some((_, group)) => group.push(*item),
+                None => groups.push((slot, vec![*item])),
             }
         }
         groups.into_iter().map(|(_, group)| group).collect()

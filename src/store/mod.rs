@@ -232,13 +232,34 @@ impl RedisStore {
     /// Post-response settlement: `delta` more units (or a refund) on every
     /// entry. Runs on the store thread; the response does not wait.
     pub(crate) fn settle(self: &Arc<Self>, entries: &[SharedEntry<'_>], delta: i64) {
-        if delta == 0 || self.is_down() {
+        let each: SmallVec<[(SharedEntry<'_>, i64); 4]> =
+            entries.iter().map(|&e| (e, delta)).collect();
+        self.settle_each(&each);
+    }
+
+    /// Post-response settlement of each entry by its own delta (a token
+    /// limit's tokens and a usd limit's micro-dollars together), in one
+    /// call per slot: one call on a single Redis. An entry whose delta is
+    /// 0 is left out.
+    pub(crate) fn settle_each(self: &Arc<Self>, entries: &[(SharedEntry<'_>, i64)]) {
+        if self.is_down() {
+            return;
+        }
+        let moving: SmallVec<[(SharedEntry<'_>, i64); 4]> = entries
+            .iter()
+            .filter(|(_, delta)| *delta != 0)
+            .copied()
+            .collect();
+        if moving.is_empty() {
             return;
         }
         let cmds: Vec<redis::Cmd> = self
-            .by_slot(entries)
+            .group_by_slot(&moving, |(e, _)| e)
             .iter()
-            .map(|group| self.script_cmd(&self.settle, group, |_| delta, None))
+            .map(|group| {
+                let views: SmallVec<[SharedEntry<'_>; 4]> = group.iter().map(|(e, _)| *e).collect();
+                self.script_cmd(&self.settle, &views, |i| group[i].1, None)
+            })
             .collect();
         let store = self.clone();
         self.runtime.spawn(async move {
@@ -248,11 +269,17 @@ impl RedisStore {
         });
     }
 
-    /// [`RedisStore::settle`] for entries kept past their request (a token
-    /// limit's settlement when its response ends).
-    pub(crate) fn settle_owned(self: &Arc<Self>, entries: &[OwnedEntry], delta: i64) {
-        let views: SmallVec<[SharedEntry<'_>; 4]> = entries.iter().map(OwnedEntry::view).collect();
-        self.settle(&views, delta);
+    /// [`RedisStore::settle_each`] for entries kept past their request (a
+    /// token or usd limit's settlement when its response ends).
+    pub(crate) fn settle_owned<'e>(
+        self: &Arc<Self>,
+        entries: impl IntoIterator<Item = (&'e OwnedEntry, i64)>,
+    ) {
+        let views: SmallVec<[(SharedEntry<'_>, i64); 4]> = entries
+            .into_iter()
+            .map(|(e, delta)| (e.view(), delta))
+            .collect();
+        self.settle_each(&views);
     }
 }
 

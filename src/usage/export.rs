@@ -3,9 +3,11 @@
 //! request.
 //!
 //! - The **writer** takes records from the sink's queue as they come,
-//!   up to `batch` at a time, writes them as event lines and syncs them
-//!   once per batch: to the spool (then wakes the sender) or to the
-//!   `file`.
+//!   up to `batch` (to the spool at least [`PER_SYNC`]) at a time, a partial lot
+//!   waiting [`LINGER`] for more, writes them as event lines and syncs
+//!   them once per lot: to
+//!   the spool (then wakes the sender when a batch is full or the spool
+//!   was empty) or to the `file`.
 //! - The **sender** (with a collector `url`) runs a one-thread tokio
 //!   runtime for its HTTP client and sends the spool oldest first: a full
 //!   batch at once, a partial one after `interval`; a failure waits a
@@ -38,6 +40,14 @@ use crate::post_client::{Collector, PostError, Target};
 
 /// How often an idle writer looks for the stop.
 const TICK: Duration = Duration::from_millis(50);
+/// How long a batch that is not full waits for more records before it is
+/// written and synced: requests settling one at a time would otherwise
+/// cost an `fsync` and a wake of the writer (and of the sender) each.
+const LINGER: Duration = Duration::from_millis(10);
+/// Most records the writer syncs at once when `batch` is smaller: a sync
+/// takes milliseconds on a busy disk, and one per 100 events would cap
+/// the rate near the request rate of a busy gateway.
+const PER_SYNC: usize = 1024;
 /// The first wait after a failed POST.
 const BACKOFF_BASE: Duration = Duration::from_millis(250);
 /// The longest.
@@ -125,10 +135,16 @@ impl Exporter {
             }
             _ => None,
         };
+        // `batch` is the file's write and sync (the config says so).
+        let per_sync = match output {
+            Output::Spool(_) => config.batch.max(PER_SYNC),
+            Output::File(_) => config.batch,
+        };
         let writing = Writing {
             queue,
             output,
             batch: config.batch,
+            per_sync,
             ids: Ids::new(fastrand::u64(..), event::source()),
             metrics,
             stop: stop.clone(),
@@ -176,7 +192,10 @@ fn clamp_gauge(events: u64) -> i64 {
 struct Writing {
     queue: Receiver<UsageRecord>,
     output: Output,
+    /// The sender's batch: a full one wakes it.
     batch: usize,
+    /// Most records written per `fsync`.
+    per_sync: usize,
     ids: Ids,
     metrics: UsageMetrics,
     stop: Arc<Stop>,
@@ -197,16 +216,29 @@ impl Writing {
             };
             lines.clear();
             event::write_line(&first, &mut self.ids, &mut lines);
-            let mut events = 1;
-            while events < self.batch {
-                let Ok(record) = self.queue.try_recv() else {
-                    break;
-                };
-                event::write_line(&record, &mut self.ids, &mut lines);
-                events += 1;
+            let mut events = self.take(1, &mut lines);
+            // Short of a batch: the records that come meanwhile join it
+            // (a sleep, not a wait on the queue, so that no request wakes
+            // the writer).
+            if events < self.per_sync && !self.stop.flag.load(Ordering::Acquire) {
+                std::thread::sleep(LINGER);
+                events = self.take(events, &mut lines);
             }
             self.write(&lines, events as u64);
         }
+    }
+
+    /// Adds the queued records to the `events` in `lines`, up to
+    /// `per_sync`; their count after.
+    fn take(&mut self, mut events: usize, lines: &mut Vec<u8>) -> usize {
+        while events < self.per_sync {
+            let Ok(record) = self.queue.try_recv() else {
+                break;
+            };
+            event::write_line(&record, &mut self.ids, lines);
+            events += 1;
+        }
+        events
     }
 
     /// One batch written and synced.
@@ -236,8 +268,16 @@ impl Writing {
                         self.metrics.dropped.inc_by(events);
                     }
                 }
-                self.metrics.spool_events.set(clamp_gauge(spool.pending()));
-                self.stop.wake.notify_one();
+                let pending = spool.publish_pending(|pending| {
+                    self.metrics.spool_events.set(clamp_gauge(pending));
+                    pending
+                });
+                // The sender waits for a full batch, or for `interval`
+                // from the first event of a partial one: woken when one
+                // is full, or when the spool had nothing before.
+                if pending >= self.batch as u64 || pending <= events {
+                    self.stop.wake.notify_one();
+                }
             }
         }
     }
@@ -402,9 +442,9 @@ impl Sending {
         if let Err(error) = self.spool.ack(batch) {
             tracing::error!(%error, "usage spool: cannot save the acknowledged position; the batch may be sent again");
         }
-        self.metrics
-            .spool_events
-            .set(clamp_gauge(self.spool.pending()));
+        self.spool.publish_pending(|pending| {
+            self.metrics.spool_events.set(clamp_gauge(pending));
+        });
         Sent::Done
     }
 }

@@ -30,13 +30,15 @@
 
 use std::collections::VecDeque;
 use std::fs::{self, File, OpenOptions};
-use std::io::{self, Read, Seek, SeekFrom, Write};
+use std::io::{self, BufRead, BufReader, Read, Seek, SeekFrom, Write};
 use std::path::{Path, PathBuf};
 
 use parking_lot::Mutex;
 
 /// The most bytes a segment holds before the next append starts another.
 const SEGMENT_MAX: u64 = 64 << 20;
+/// The reader's buffer for a batch: ~100 events of ~400 bytes at a time.
+const READ_BUFFER: usize = 64 << 10;
 /// The acknowledged position's file.
 const ACK: &str = "ack";
 /// Where refused batches are set aside.
@@ -300,13 +302,16 @@ impl Spool {
             Err(error) => return Err(error),
         };
         file.seek(SeekFrom::Start(position.offset))?;
-        let mut bytes = Vec::new();
-        file.take(end - position.offset).read_to_end(&mut bytes)?;
+        // Only the batch's lines are read (a segment holds up to 64 MiB:
+        // reading the rest of it for every batch made a drain quadratic).
+        let mut reader = BufReader::with_capacity(READ_BUFFER, file.take(end - position.offset));
         let mut events = Vec::new();
         let mut consumed = 0;
         let mut lines = 0;
-        for line in bytes.split_inclusive(|&b| b == b'\n') {
-            if events.len() == max || !line.ends_with(b"\n") {
+        let mut line = Vec::new();
+        while events.len() < max {
+            line.clear();
+            if reader.read_until(b'\n', &mut line)? == 0 || !line.ends_with(b"\n") {
                 break;
             }
             consumed += line.len();
@@ -379,8 +384,17 @@ impl Spool {
     }
 
     /// Events not acknowledged yet.
+    #[cfg(test)]
     pub(crate) fn pending(&self) -> u64 {
         self.state.lock().pending()
+    }
+
+    /// Calls `publish` with the events not yet acknowledged, under the
+    /// lock: the writer's and the sender's publications of the count
+    /// (the gauge) come in the order of the changes, so a stale count
+    /// never overwrites a newer one.
+    pub(crate) fn publish_pending<R>(&self, publish: impl FnOnce(u64) -> R) -> R {
+        publish(self.state.lock().pending())
     }
 }
 

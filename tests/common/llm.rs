@@ -7,6 +7,8 @@
 //! the official SDK's types require: JSON or a stream as the request's
 //! `stream` says, the stream's usage chunk only when the request asks for
 //! it (`stream_options.include_usage`), as tests/openai_sdk.rs needs.
+//! `responses` answers as OpenAI's Responses API, `anthropic-json` as
+//! Anthropic's Messages API unstreamed (`anthropic` is its stream).
 
 use std::convert::Infallible;
 use std::net::SocketAddr;
@@ -166,6 +168,21 @@ async fn answer(
         .unwrap_or(used / 3)
         .min(used);
     let cached: u64 = header("x-cached").and_then(|v| v.parse().ok()).unwrap_or(0);
+    // `x-cache-creation`: of the prompt's uncached tokens, written to
+    // Anthropic's cache (reported apart; the answers omit it at 0).
+    let creation: u64 = header("x-cache-creation")
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(0);
+    let anthropic_usage = |output: u64| {
+        let written = match creation {
+            0 => String::new(),
+            n => format!(",\"cache_creation_input_tokens\":{n}"),
+        };
+        format!(
+            "{{\"input_tokens\":{}{written},\"cache_read_input_tokens\":{cached},\"output_tokens\":{output}}}",
+            prompt.saturating_sub(cached).saturating_sub(creation)
+        )
+    };
     let body = request
         .into_body()
         .collect()
@@ -216,8 +233,8 @@ async fn answer(
                 "text/event-stream; charset=utf-8",
                 vec![
                     format!(
-                        "event: message_start\ndata: {{\"type\":\"message_start\",\"message\":{{\"id\":\"m1\",\"usage\":{{\"input_tokens\":{},\"cache_read_input_tokens\":{cached},\"output_tokens\":1}}}}}}\n\n",
-                        prompt.saturating_sub(cached)
+                        "event: message_start\ndata: {{\"type\":\"message_start\",\"message\":{{\"id\":\"m1\",\"usage\":{}}}}}\n\n",
+                        anthropic_usage(1)
                     ),
                     "event: content_block_delta\ndata: {\"type\":\"content_block_delta\",\"index\":0,\"delta\":{\"type\":\"text_delta\",\"text\":\"Hi\"}}\n\n".into(),
                     format!(
@@ -225,6 +242,27 @@ async fn answer(
                     ),
                     "event: message_stop\ndata: {\"type\":\"message_stop\"}\n\n".into(),
                 ],
+                false,
+                false,
+            ),
+            // Anthropic's Messages API answered whole.
+            "anthropic-json" => (
+                "application/json",
+                vec![format!(
+                    "{{\"id\":\"m1\",\"type\":\"message\",\"role\":\"assistant\",\"content\":[{{\"type\":\"text\",\"text\":\"Hi\"}}],\"stop_reason\":\"end_turn\",\"usage\":{}}}",
+                    anthropic_usage(completion)
+                )],
+                false,
+                false,
+            ),
+            // OpenAI's Responses API answered whole: its usage names the
+            // tokens input and output, the cached ones in
+            // `input_tokens_details`.
+            "responses" => (
+                "application/json",
+                vec![format!(
+                    "{{\"id\":\"resp_1\",\"object\":\"response\",\"status\":\"completed\",\"output\":[],\"usage\":{{\"input_tokens\":{prompt},\"input_tokens_details\":{{\"cached_tokens\":{cached}}},\"output_tokens\":{completion},\"output_tokens_details\":{{\"reasoning_tokens\":0}},\"total_tokens\":{used}}}}}"
+                )],
                 false,
                 false,
             ),
