@@ -673,7 +673,15 @@ async fn on_redis_cluster_a_budget_and_a_token_limit_settle_across_slots() {
     let reply = chat(&a, "c1", "gpt-4o", 1000, "json", used).await;
     assert_eq!(reply.status, 429, "{:?}", reply.body);
     assert_eq!(reply.json()["budget"], "monthly_spend");
-    assert_eq!(tokens_left().await, before, "nothing charged");
+    // Nothing charged: a charge takes the 1,001 reserved tokens, while
+    // the bucket's refill (100,000 a day, ~1.2/s) may add one or two
+    // between the reads on a slow machine.
+    let (before, after) = (before.as_u64().unwrap(), tokens_left().await);
+    let after = after.as_u64().expect("the bucket's state");
+    assert!(
+        (before..=before + 5).contains(&after),
+        "nothing charged: {before} before, {after} after"
+    );
     a.stop().await;
     b.stop().await;
 }
