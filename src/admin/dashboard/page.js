@@ -417,15 +417,18 @@ $('explain-form').addEventListener('submit', async (event) => {
   }
 });
 
-// adaptive and queues: one row per object, one column per field.
+// adaptive and queues: one row per object, one column per field, the
+// limit's name first (it says what the row is) and the field names read
+// as words.
 function renderGeneric(id, rows) {
   const section = $(id);
   section.hidden = !rows || rows.length === 0;
   if (section.hidden) return;
   const table = $(id + '-table');
-  const columns = Array.from(new Set(rows.flatMap((r) => Object.keys(r))));
+  const fields = new Set(rows.flatMap((r) => Object.keys(r)));
+  const columns = fields.has('limit') ? ['limit', ...[...fields].filter((c) => c !== 'limit')] : [...fields];
   const head = el('tr');
-  for (const c of columns) head.append(el('th', c));
+  for (const c of columns) head.append(el('th', c.replaceAll('_', ' ')));
   table.tHead.replaceChildren(head);
   table.tBodies[0].replaceChildren(...rows.map((r) => {
     const row = el('tr');
