@@ -21,7 +21,7 @@ use std::time::Duration;
 use serde_json::{Value, json};
 
 use common::InProcess;
-use common::llm::{LlmUpstream, metrics, settled, tokens};
+use common::llm::{self, LlmUpstream, metrics, settled, tokens};
 
 const CLIENT: &str = concat!(
     env!("CARGO_MANIFEST_DIR"),
@@ -35,30 +35,17 @@ const NEEDS: &str = "needs the openai Python package: python3 -m venv DIR && \
 /// sends it as `Authorization: Bearer`) with `capacity` tokens refilled at
 /// `refill`, and the route's token rule `tokens`.
 fn config(upstream: &LlmUpstream, capacity: u64, refill: &str, tokens: &str) -> String {
-    format!(
-        r#"[server]
-listen = "127.0.0.1:0"
-workers = 1
-
-[upstreams.llm]
-url = "{url}"
-
-[limits.tpm]
+    let tpm = format!(
+        r#"[limits.tpm]
 key = "header:authorization"
 algorithm = "token_bucket"
 capacity = {capacity}
 refill = "{refill}"
 unit = "tokens"
-
-[[routes]]
-name = "chat"
-match = {{ path = "/v1/chat/completions", methods = ["POST"] }}
-upstream = "llm"
-limits = ["tpm"]
-tokens = {tokens}
-"#,
-        url = upstream.url()
-    )
+"#
+    );
+    let route = llm::chat_route(r#""tpm""#, tokens);
+    llm::gateway_toml(&upstream.url(), "", &format!("{tpm}\n{route}"))
 }
 
 const RULE: &str = r#"{ max_tokens_default = 200, prompt = "bytes/4", usage = "auto" }"#;
@@ -327,16 +314,8 @@ async fn the_sdk_waits_out_a_token_429_by_its_retry_after_or_raises_rate_limit_e
 /// A gateway in front of `upstream` whose route has a spend budget of
 /// `dollars` per API key, gpt-4o priced as OpenAI does.
 fn budget_config(upstream: &LlmUpstream, dollars: &str) -> String {
-    format!(
-        r#"[server]
-listen = "127.0.0.1:0"
-admin = "127.0.0.1:0"
-workers = 1
-
-[upstreams.llm]
-url = "{url}"
-
-[prices."gpt-4o"]
+    let spend = format!(
+        r#"[prices."gpt-4o"]
 input = 2.50
 output = 10.00
 cached_input = 1.25
@@ -347,15 +326,13 @@ algorithm = "fixed_window"
 limit = {dollars}
 window = "30d"
 unit = "usd"
-
-[[routes]]
-name = "chat"
-match = {{ path = "/v1/chat/completions", methods = ["POST"] }}
-upstream = "llm"
-limits = ["spend"]
-tokens = {RULE}
-"#,
-        url = upstream.url()
+"#
+    );
+    let route = llm::chat_route(r#""spend""#, RULE);
+    llm::gateway_toml(
+        &upstream.url(),
+        "admin = \"127.0.0.1:0\"",
+        &format!("{spend}\n{route}"),
     )
 }
 

@@ -461,3 +461,306 @@ async fn a_priority_comes_from_the_consumer_the_token_its_plan_or_the_route() {
     assert_eq!(shed(&gw, "backend", "critical", "full"), 2);
     assert_eq!(shed(&gw, "backend", "normal", "full"), 1);
 }
+
+// Counting. A waiter decides its whole stack several times (on arrival,
+// once more after joining the line, at each wake-up); only the last
+// decision is its outcome, and each request must count once, in the
+// outcome its client saw: in `tollgate_ratelimit_decisions_total`, the
+// shed reasons, `tollgate_requests_total`, `/stats` (the dashboard's
+// source) and the keys refused most. Pins issue 45's suspected double
+// count of a waiter's re-decisions (none was found: see the overload
+// guide's "Reading the counts" for what does make the numbers differ).
+
+/// The gateway's account of a run, read through its admin listener as a
+/// dashboard reader would: `/metrics` and `/stats`.
+struct Account {
+    metrics: common::openmetrics::Exposition,
+    stats: serde_json::Value,
+}
+
+impl Account {
+    async fn read(gw: &InProcess) -> Account {
+        let admin = gw.admin.expect("an admin listener");
+        let metrics = get(admin, "/metrics", &[]).await;
+        assert_eq!(metrics.status, 200);
+        let metrics = common::openmetrics::parse(&String::from_utf8_lossy(&metrics.body))
+            .expect("an exposition");
+        let stats = get(admin, "/stats", &[]).await;
+        assert_eq!(stats.status, 200, "{:?}", stats.body);
+        Account {
+            metrics,
+            stats: stats.json(),
+        }
+    }
+
+    /// `tollgate_ratelimit_decisions_total` of `limit` for `outcome`, over
+    /// routes and fronts.
+    fn decisions(&self, limit: &str, outcome: &str) -> u64 {
+        self.metrics.sum(
+            "tollgate_ratelimit_decisions_total",
+            &[("limit", limit), ("outcome", outcome)],
+        ) as u64
+    }
+
+    /// `tollgate_shed_total` of `limit` (every priority) for `reason`, or
+    /// for every reason. The family appears with its first shed request.
+    fn shed(&self, limit: &str, reason: Option<&str>) -> u64 {
+        let reason_is =
+            |s: &common::openmetrics::Sample| reason.is_none_or(|r| s.label("reason") == Some(r));
+        self.metrics
+            .samples()
+            .filter(|s| s.name == "tollgate_shed_total" && s.label("limit") == Some(limit))
+            .filter(|s| reason_is(s))
+            .map(|s| s.value)
+            .sum::<f64>() as u64
+    }
+
+    fn requests(&self, status: u16) -> u64 {
+        let status = status.to_string();
+        self.metrics.sum(
+            "tollgate_requests_total",
+            &[("route", "api"), ("status", &status)],
+        ) as u64
+    }
+
+    fn waited(&self, limit: &str) -> u64 {
+        self.metrics
+            .sum("tollgate_queue_wait_seconds_count", &[("limit", limit)]) as u64
+    }
+
+    /// The entry of `/stats` section `section` named `limit`.
+    fn stats_of(&self, section: &str, limit: &str) -> &serde_json::Value {
+        self.stats[section]
+            .as_array()
+            .unwrap_or_else(|| panic!("/stats has no {section}"))
+            .iter()
+            .find(|entry| entry["limit"] == limit)
+            .unwrap_or_else(|| panic!("/stats {section} has no {limit}"))
+    }
+
+    /// `/stats` `refused_keys`' counts of `limit`, added.
+    fn refused_keys(&self, limit: &str) -> u64 {
+        self.stats["refused_keys"]["keys"]
+            .as_array()
+            .expect("refused keys")
+            .iter()
+            .filter(|k| k["limit"] == limit)
+            .map(|k| k["count"].as_u64().expect("a count"))
+            .sum()
+    }
+}
+
+/// One slot (`algorithm`'s lines), a line of 3 waiting up to 250 ms, fair
+/// by API key.
+fn one_slot_fair(algorithm: &str) -> String {
+    format!(
+        r#"
+[limits.backend]
+key = "route"
+{algorithm}
+queue = {{ max_wait = "250ms", size = 3, fair_by = "header:x-api-key" }}
+
+[[routes]]
+name = "api"
+match = {{ path_prefix = "/" }}
+upstream = "api"
+limits = ["backend"]
+"#
+    )
+}
+
+/// Thirty clients on three API keys, one every 17 ms, against the slot
+/// limit `backend` of `config`; the upstream holds each request 100 ms.
+/// Every request is counted once, as its client saw it.
+async fn each_request_counts_once(config: &str, refused_status: u16) {
+    const CLIENTS: usize = 30;
+    let upstream = TestUpstream::start().await;
+    let gw = gateway(&upstream, config).await;
+    let keys = ["k1", "k2", "k3"];
+    let mut tasks = Vec::new();
+    for i in 0..CLIENTS {
+        tasks.push(spawn_get(&gw, "/slow/100", &[("x-api-key", keys[i % 3])]));
+        tokio::time::sleep(Duration::from_millis(17)).await;
+    }
+    let statuses = futures_statuses(tasks).await;
+    let ok = statuses.iter().filter(|&&s| s == 200).count() as u64;
+    let refused = statuses.iter().filter(|&&s| s == refused_status).count() as u64;
+    assert_eq!(ok + refused, CLIENTS as u64, "{statuses:?}");
+    assert!(ok >= 2 && refused >= 1, "not both outcomes: {statuses:?}");
+    assert_eq!(
+        upstream.count() as u64,
+        ok,
+        "each 200 reached the upstream once"
+    );
+    assert!(eventually(async || depth(&gw, "backend").await == 0).await);
+
+    let account = Account::read(&gw).await;
+    let counted = format!(
+        "{ok} × 200, {refused} × {refused_status}; exposition: {:?}",
+        account.metrics.family("tollgate_ratelimit_decisions")
+    );
+    // Decisions: one a request, in its final outcome.
+    assert_eq!(account.decisions("backend", "allowed"), ok, "{counted}");
+    assert_eq!(account.decisions("backend", "denied"), refused, "{counted}");
+    for outcome in ["denied_by_other", "shadow_denied", "skipped"] {
+        assert_eq!(account.decisions("backend", outcome), 0, "{outcome}");
+    }
+    // Shed: each refusal once, for one reason.
+    let reasons = ["full", "queue_full", "wait_too_long", "timeout"];
+    let by_reason: Vec<u64> = reasons
+        .iter()
+        .map(|r| account.shed("backend", Some(r)))
+        .collect();
+    assert_eq!(account.shed("backend", None), refused, "{by_reason:?}");
+    assert_eq!(by_reason[0], 0, "a limit with a line sheds no `full`");
+    // Waits: only admitted requests are observed, and the first took the
+    // free slot without waiting.
+    let waited = account.waited("backend");
+    assert!(
+        waited >= 1 && waited < ok,
+        "{waited} waits for {ok} admitted"
+    );
+    assert_eq!(account.requests(200), ok);
+    assert_eq!(account.requests(refused_status), refused);
+    // `/stats`, the dashboard's numbers, say the same.
+    let limit = account.stats_of("limits", "backend");
+    assert_eq!(limit["allowed"], ok);
+    assert_eq!(limit["denied"], refused);
+    let queue = account.stats_of("queues", "backend");
+    let shed_fields = [
+        "shed_full",
+        "shed_queue_full",
+        "shed_wait_too_long",
+        "shed_timeout",
+    ];
+    for (field, n) in shed_fields.iter().zip(&by_reason) {
+        assert_eq!(queue[field], *n, "{field}");
+    }
+    assert_eq!(queue["waiting"], 0);
+    assert_eq!(queue["in_flight"], 0);
+    let route = &account.stats["routes"][0];
+    assert_eq!(route["statuses"]["200"], ok);
+    assert_eq!(route["statuses"][refused_status.to_string()], refused);
+    // The keys refused most: the route's one key, once per refusal.
+    assert_eq!(account.refused_keys("backend"), refused);
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_waiter_counts_once_at_a_concurrency_limit() {
+    let config = one_slot_fair("algorithm = \"concurrency\"\nmax = 1");
+    each_request_counts_once(&config, 429).await;
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_waiter_counts_once_at_an_adaptive_limit() {
+    let config = one_slot_fair("algorithm = \"adaptive\"\nmin = 1\nmax = 1\ninitial = 1");
+    each_request_counts_once(&config, 503).await;
+}
+
+/// A per-key token bucket (`capacity`, no refill to speak of) before the
+/// backend's one slot with a line.
+fn bucket_then_slot(capacity: u64) -> String {
+    format!(
+        r#"
+[limits.per_key]
+key = "header:x-api-key"
+algorithm = "token_bucket"
+capacity = {capacity}
+refill = "1/h"
+
+[limits.backend]
+key = "route"
+algorithm = "concurrency"
+max = 1
+queue = {{ max_wait = "10s", size = 20 }}
+
+[[routes]]
+name = "api"
+match = {{ path_prefix = "/" }}
+upstream = "api"
+limits = ["per_key", "backend"]
+"#
+    )
+}
+
+/// The tokens `key` has left in `per_key`, as `GET /limits/NAME?key=`
+/// shows them.
+async fn tokens_left(gw: &InProcess, key: &str) -> u64 {
+    let admin = gw.admin.expect("an admin listener");
+    let reply = get(admin, &format!("/limits/per_key?key={key}"), &[]).await;
+    assert_eq!(reply.status, 200, "{:?}", reply.body);
+    reply.json()["remaining"].as_u64().expect("remaining")
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_waiter_admitted_after_waking_takes_one_token_of_the_rate_limit_before() {
+    let upstream = TestUpstream::start().await;
+    let gw = gateway(&upstream, &bucket_then_slot(20)).await;
+    let key = [("x-api-key", "k1")];
+    let holder = spawn_get(&gw, "/slow/100", &key);
+    assert!(eventually(async || upstream.arrived() == 1).await);
+    // Seven wait behind it. Each decides its stack at least three times
+    // (on arrival, after joining, when woken): the bucket admits each time,
+    // and is charged only by the decision that admits the whole stack.
+    let waiters: Vec<_> = (0..7).map(|_| spawn_get(&gw, "/slow/100", &key)).collect();
+    assert!(eventually(async || depth(&gw, "backend").await == 7).await);
+    assert_eq!(
+        tokens_left(&gw, "k1").await,
+        19,
+        "the waiters hold no token"
+    );
+    let statuses = futures_statuses(waiters.into_iter().chain([holder]).collect()).await;
+    assert_eq!(statuses, [200; 8]);
+    assert_eq!(tokens_left(&gw, "k1").await, 12, "one token a request");
+    let account = Account::read(&gw).await;
+    assert_eq!(account.decisions("per_key", "allowed"), 8);
+    assert_eq!(account.decisions("backend", "allowed"), 8);
+    for limit in ["per_key", "backend"] {
+        for outcome in ["denied", "denied_by_other"] {
+            assert_eq!(account.decisions(limit, outcome), 0, "{limit} {outcome}");
+        }
+    }
+    assert_eq!(account.waited("backend"), 7);
+    assert_eq!(account.shed("backend", None), 0);
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_rate_limits_refusal_while_the_slots_are_full_counts_at_both_but_not_in_the_line() {
+    // What makes a slot limit's refusals outnumber its line's: a request
+    // its rate limit refuses first is answered that refusal at once, never
+    // waits, and is counted `denied` by every limit that refused it, the
+    // full slot limit included (the overload guide, "Reading the counts").
+    let upstream = TestUpstream::start().await;
+    let gw = gateway(&upstream, &bucket_then_slot(1)).await;
+    let holder = spawn_get(&gw, "/slow/500", &[("x-api-key", "k1")]);
+    assert!(eventually(async || upstream.arrived() == 1).await);
+    // k1's one token is gone and the slot is taken: refused by per_key.
+    let refused = get(gw.addr, "/again", &[("x-api-key", "k1")]).await;
+    assert_eq!(refused.status, 429);
+    assert_eq!(refused.json()["violated-policies"][0], "per_key");
+    assert_eq!(depth(&gw, "backend").await, 0, "it never waited");
+    // k2 has its token: it waits for the slot and is admitted.
+    let waiter = spawn_get(&gw, "/slow/10", &[("x-api-key", "k2")]);
+    assert!(eventually(async || depth(&gw, "backend").await == 1).await);
+    assert_eq!(waiter.await.unwrap().status, 200);
+    assert_eq!(holder.await.unwrap().status, 200);
+    let account = Account::read(&gw).await;
+    assert_eq!(account.decisions("per_key", "denied"), 1);
+    assert_eq!(account.decisions("backend", "denied"), 1, "full as well");
+    assert_eq!(account.decisions("backend", "allowed"), 2);
+    assert_eq!(account.shed("backend", None), 0, "shed nothing");
+    assert_eq!(account.waited("backend"), 1);
+    let queue = account.stats_of("queues", "backend");
+    assert_eq!(account.stats_of("limits", "backend")["denied"], 1);
+    for field in [
+        "shed_full",
+        "shed_queue_full",
+        "shed_wait_too_long",
+        "shed_timeout",
+    ] {
+        assert_eq!(queue[field], 0, "{field}");
+    }
+    // The keys refused most name the limit that answered.
+    assert_eq!(account.refused_keys("per_key"), 1);
+    assert_eq!(account.refused_keys("backend"), 0);
+}

@@ -100,6 +100,22 @@ fn config(upstream: &TestUpstream, server: &str) -> String {
     )
 }
 
+/// `PUT` of an override at `path` with `body`, which the admin API takes.
+async fn put_override(addr: SocketAddr, path: &str, body: &str) -> Reply {
+    let put = admin(addr, "PUT", path, body).await;
+    assert_eq!(put.status, 200, "{put:?}");
+    put
+}
+
+/// A config with a `state_file` in a fresh directory: the directory (the
+/// file lives as long as it), the file's path and the config.
+fn with_state_file(upstream: &TestUpstream) -> (tempfile::TempDir, std::path::PathBuf, String) {
+    let state = tempfile::tempdir().expect("tempdir");
+    let file = state.path().join("tollgate-state.json");
+    let text = config(upstream, &format!("state_file = \"{}\"", file.display()));
+    (state, file, text)
+}
+
 /// `method path` on the admin listener with `body` (JSON).
 async fn admin(addr: SocketAddr, method: &str, path: &str, body: &str) -> Reply {
     let request = Request::builder()
@@ -138,14 +154,12 @@ async fn an_override_decides_its_key_at_once_and_no_other() {
     let admin_addr = gateway.admin.expect("admin");
 
     assert_eq!(keyed(gateway.addr, "alice", 3).await, [200, 200, 429]);
-    let put = admin(
+    let put = put_override(
         admin_addr,
-        "PUT",
         "/limits/per_key/overrides?key=alice",
         r#"{"capacity": 5, "reason": "trial"}"#,
     )
     .await;
-    assert_eq!(put.status, 200, "{put:?}");
     let stored = put.json();
     assert_eq!(stored["params"]["capacity"], 5);
     assert_eq!(stored["reason"], "trial");
@@ -220,14 +234,12 @@ async fn an_expired_override_is_gone() {
     let gateway = InProcess::start(&config(&upstream, "")).await;
     let admin_addr = gateway.admin.expect("admin");
 
-    let put = admin(
+    let put = put_override(
         admin_addr,
-        "PUT",
         "/limits/per_ip/overrides?key=127.0.0.1",
         r#"{"limit": 3, "ttl": "30s"}"#,
     )
     .await;
-    assert_eq!(put.status, 200, "{put:?}");
     assert_eq!(put.json()["expires_in_seconds"], 30);
     let statuses = |n| async move {
         let mut all = Vec::new();
@@ -347,14 +359,12 @@ async fn a_reload_keeps_overrides_and_a_removed_limit_takes_its_own() {
     let upstream = TestUpstream::start().await;
     let gateway = InProcess::start(&config(&upstream, "")).await;
     let admin_addr = gateway.admin.expect("admin");
-    let put = admin(
+    put_override(
         admin_addr,
-        "PUT",
         "/limits/per_key/overrides?key=alice",
         r#"{"capacity": 4}"#,
     )
     .await;
-    assert_eq!(put.status, 200, "{put:?}");
     assert_eq!(keyed(gateway.addr, "alice", 2).await, [200, 200]);
     gateway.reload_with(&config(&upstream, ""));
     // Same numbers after the reload, the same state: 2 of 4 left.
@@ -375,21 +385,16 @@ async fn a_reload_keeps_overrides_and_a_removed_limit_takes_its_own() {
 #[tokio::test]
 async fn the_state_file_keeps_overrides_across_a_restart() {
     let upstream = TestUpstream::start().await;
-    let state = tempfile::tempdir().expect("tempdir");
-    let file = state.path().join("tollgate-state.json");
-    let server = format!("state_file = \"{}\"", file.display());
-    let text = config(&upstream, &server);
+    let (_state, file, text) = with_state_file(&upstream);
 
     let first = Gateway::start(&text);
     let admin_addr = first.admin.expect("admin");
-    let put = admin(
+    put_override(
         admin_addr,
-        "PUT",
         "/limits/per_key/overrides?key=alice",
         r#"{"capacity": 4, "reason": "kept"}"#,
     )
     .await;
-    assert_eq!(put.status, 200, "{put:?}");
     assert!(file.exists());
     drop(first);
 
@@ -428,21 +433,19 @@ async fn a_redis_decided_key_is_decided_with_its_override_in_one_call() {
     let redis = Redis::start();
     let upstream = TestUpstream::start().await;
     let text = format!(
-        "{}\n[store]\nbackend = \"redis\"\nurl = \"{}\"\nprefix = \"tg:\"\ntimeout = \"500ms\"\n",
+        "{}\n{}timeout = \"500ms\"\n",
         config(&upstream, ""),
-        redis.url()
+        redis.store_toml("tg:")
     );
     let gateway = InProcess::start_on_wall_time(&text).await;
     let admin_addr = gateway.admin.expect("admin");
     assert_eq!(keyed(gateway.addr, "alice", 3).await, [200, 200, 429]);
-    let put = admin(
+    put_override(
         admin_addr,
-        "PUT",
         "/limits/per_key/overrides?key=alice",
         r#"{"capacity": 4}"#,
     )
     .await;
-    assert_eq!(put.status, 200, "{put:?}");
     redis.cli(&["CONFIG", "RESETSTAT"]);
     assert_eq!(keyed(gateway.addr, "alice", 3).await, [200, 200, 429]);
     let calls: u64 = redis
@@ -504,14 +507,12 @@ async fn a_write_on_one_node_is_in_force_on_the_other() {
     for i in 0..writes {
         let capacity = 10 + i as u64;
         let started = std::time::Instant::now();
-        let put = admin(
+        put_override(
             a.admin.expect("admin"),
-            "PUT",
             "/limits/per_key/overrides?key=alice",
             &format!("{{\"capacity\": {capacity}}}"),
         )
         .await;
-        assert_eq!(put.status, 200, "{put:?}");
         let seen = common::eventually_within(Duration::from_secs(10), async || {
             quota_on(&b).await == Some(capacity)
         })
@@ -540,14 +541,12 @@ async fn a_write_on_one_node_is_in_force_on_the_other() {
         .await
     );
     // Decisions on b with a's override: 4 of capacity 4.
-    let put = admin(
+    put_override(
         a.admin.expect("admin"),
-        "PUT",
         "/limits/per_key/overrides?key=carol",
         r#"{"capacity": 4}"#,
     )
     .await;
-    assert_eq!(put.status, 200, "{put:?}");
     let b_admin = b.admin.expect("admin");
     assert!(
         common::eventually_within(Duration::from_secs(10), async || {
@@ -570,14 +569,12 @@ async fn a_write_while_redis_is_down_fails_and_changes_nothing() {
     let upstream = TestUpstream::start().await;
     let gateway = InProcess::start_on_wall_time(&fleet_config(&upstream, &redis)).await;
     let admin_addr = gateway.admin.expect("admin");
-    let put = admin(
+    put_override(
         admin_addr,
-        "PUT",
         "/limits/per_key/overrides?key=alice",
         r#"{"capacity": 7}"#,
     )
     .await;
-    assert_eq!(put.status, 200, "{put:?}");
     redis.kill();
     let refused = admin(
         admin_addr,
@@ -639,14 +636,12 @@ async fn a_cluster_fleet_shares_its_overrides() {
     let text = store_config(&upstream, &servers);
     let a = InProcess::start_on_wall_time(&text).await;
     let b = InProcess::start_on_wall_time(&text).await;
-    let put = admin(
+    put_override(
         a.admin.expect("admin"),
-        "PUT",
         "/limits/per_key/overrides?key=alice",
         r#"{"capacity": 3, "reason": "cluster"}"#,
     )
     .await;
-    assert_eq!(put.status, 200, "{put:?}");
     assert!(
         common::eventually_within(Duration::from_secs(10), async || quota_on(&b).await
             == Some(3))
@@ -668,14 +663,12 @@ async fn a_cluster_fleet_shares_its_overrides() {
             == Some(3))
         .await
     );
-    let put = admin(
+    put_override(
         b.admin.expect("admin"),
-        "PUT",
         "/limits/per_key/overrides?key=bob",
         r#"{"capacity": 7, "ttl": "2s"}"#,
     )
     .await;
-    assert_eq!(put.status, 200, "{put:?}");
     let hash = "tg:{overrides}:per_key";
     let owner = cluster.primary_of(hash);
     assert_eq!(owner.cli(&["HLEN", hash]), "2");
@@ -734,14 +727,12 @@ async fn an_expired_override_leaves_every_node_and_redis_once() {
     let text = fleet_config(&upstream, &redis);
     let a = InProcess::start_on_wall_time(&text).await;
     let b = InProcess::start_on_wall_time(&text).await;
-    let put = admin(
+    let put = put_override(
         a.admin.expect("admin"),
-        "PUT",
         "/limits/per_key/overrides?key=alice",
         r#"{"capacity": 5, "ttl": "3s", "reason": "short"}"#,
     )
     .await;
-    assert_eq!(put.status, 200, "{put:?}");
     let written = version(&redis);
     assert!(
         common::eventually_within(Duration::from_secs(10), async || quota_on(&b).await
@@ -805,14 +796,12 @@ async fn a_removed_limit_keeps_its_overrides_in_redis_until_pruned() {
     let a = InProcess::start_on_wall_time(&text).await;
     let b = InProcess::start_on_wall_time(&text).await;
     let (a_admin, b_admin) = (a.admin.expect("admin"), b.admin.expect("admin"));
-    let put = admin(
+    put_override(
         a_admin,
-        "PUT",
         "/limits/per_key/overrides?key=alice",
         r#"{"capacity": 5}"#,
     )
     .await;
-    assert_eq!(put.status, 200, "{put:?}");
     assert!(
         common::eventually_within(Duration::from_secs(10), async || quota_on(&b).await
             == Some(5))
@@ -863,29 +852,22 @@ async fn a_removed_limit_keeps_its_overrides_in_redis_until_pruned() {
 #[tokio::test]
 async fn an_override_expired_while_stopped_does_not_come_back_from_the_state_file() {
     let upstream = TestUpstream::start().await;
-    let state = tempfile::tempdir().expect("tempdir");
-    let file = state.path().join("tollgate-state.json");
-    let server = format!("state_file = \"{}\"", file.display());
-    let text = config(&upstream, &server);
+    let (_state, file, text) = with_state_file(&upstream);
 
     let first = Gateway::start(&text);
     let admin_addr = first.admin.expect("admin");
-    let put = admin(
+    put_override(
         admin_addr,
-        "PUT",
         "/limits/per_key/overrides?key=alice",
         r#"{"capacity": 4, "ttl": "2s"}"#,
     )
     .await;
-    assert_eq!(put.status, 200, "{put:?}");
-    let put = admin(
+    put_override(
         admin_addr,
-        "PUT",
         "/limits/per_key/overrides?key=bob",
         r#"{"capacity": 3, "reason": "kept"}"#,
     )
     .await;
-    assert_eq!(put.status, 200, "{put:?}");
     drop(first);
     let stored = std::fs::read_to_string(&file).expect("the state file");
     assert_eq!(stored.matches("\"digest\"").count(), 2, "{stored}");

@@ -18,7 +18,7 @@ use http_body_util::Full;
 use hyper::Request;
 use serde_json::{Value, json};
 
-use common::llm::{LlmUpstream, metrics, settled, tokens};
+use common::llm::{self, LlmUpstream, metrics, settled, tokens};
 use common::redis::Redis;
 use common::{InProcess, Reply, get, send, tollgate};
 
@@ -30,16 +30,7 @@ fn config(upstream: &LlmUpstream, tokens: &str, extra: &str) -> String {
 
 /// [`config`] in front of the upstream at `url`.
 fn config_at(url: &str, tokens: &str, extra: &str) -> String {
-    format!(
-        r#"[server]
-listen = "127.0.0.1:0"
-admin = "127.0.0.1:0"
-workers = 1
-
-[upstreams.llm]
-url = "{url}"
-
-[limits.rpm]
+    let limits = r#"[limits.rpm]
 key = "header:x-api-key"
 algorithm = "fixed_window"
 limit = 100
@@ -51,16 +42,12 @@ algorithm = "token_bucket"
 capacity = 1000
 refill = "1000/d"
 unit = "tokens"
-
-[[routes]]
-name = "chat"
-match = {{ path = "/v1/chat/completions", methods = ["POST"] }}
-upstream = "llm"
-limits = ["rpm", "tpm"]
-tokens = {tokens}
-
-{extra}
-"#
+"#;
+    let route = llm::chat_route(r#""rpm", "tpm""#, tokens);
+    llm::gateway_toml(
+        url,
+        "admin = \"127.0.0.1:0\"",
+        &format!("{limits}\n{route}\n{extra}\n"),
     )
 }
 
@@ -362,10 +349,7 @@ async fn a_settlement_while_redis_is_down_follows_on_failure() {
     }
     let mut redis = Redis::start();
     let upstream = LlmUpstream::start().await;
-    let store = format!(
-        "[store]\nbackend = \"redis\"\nurl = \"{}\"\nprefix = \"tf:\"\ntimeout = \"100ms\"\non_failure = \"local\"\n",
-        redis.url()
-    );
+    let store = redis.store_toml("tf:") + "timeout = \"100ms\"\non_failure = \"local\"\n";
     let gateway = InProcess::start_on_wall_time(&config(&upstream, RULE, &store)).await;
     let body = json!({"max_tokens": 299, "stream": true, "messages": []});
     let request = Request::post("/v1/chat/completions")
@@ -709,10 +693,7 @@ async fn two_gateways_on_redis_settle_into_one_budget() {
     }
     let redis = Redis::start();
     let upstream = LlmUpstream::start().await;
-    let store = format!(
-        "[store]\nbackend = \"redis\"\nurl = \"{}\"\nprefix = \"tk:\"\n",
-        redis.url()
-    );
+    let store = redis.store_toml("tk:");
     let config = config(&upstream, RULE, &store);
     let a = InProcess::start_on_wall_time(&config).await;
     let b = InProcess::start_on_wall_time(&config).await;
@@ -1015,10 +996,7 @@ async fn over_a_run_two_gateways_on_redis_stay_within_the_same_bound() {
     }
     let redis = Redis::start();
     let upstream = LlmUpstream::start().await;
-    let store = format!(
-        "[store]\nbackend = \"redis\"\nurl = \"{}\"\nprefix = \"run:\"\n",
-        redis.url()
-    );
+    let store = redis.store_toml("run:");
     let config = refilling(config(&upstream, RULE, &store));
     let a = InProcess::start_on_wall_time(&config).await;
     let b = InProcess::start_on_wall_time(&config).await;

@@ -22,6 +22,27 @@ use hyper::{Request, Response};
 use hyper_util::rt::TokioIo;
 use tokio::net::TcpListener;
 
+/// A `gateway.toml` for a token-quota test: `[server]` on `127.0.0.1:0`
+/// with one worker and the `server` lines, upstream `llm` at `url`, then
+/// `rest` (prices, limits, [`chat_route`]…), as [`super::gateway_toml`]
+/// does for the plain test upstream.
+pub fn gateway_toml(url: &str, server: &str, rest: &str) -> String {
+    format!(
+        "[server]\nlisten = \"127.0.0.1:0\"\nworkers = 1\n{server}\n\n\
+         [upstreams.llm]\nurl = \"{url}\"\n\n{rest}"
+    )
+}
+
+/// The route `chat`, `POST /v1/chat/completions` to `llm`, with `limits`
+/// (the items of its TOML array) and the token rule `tokens`.
+pub fn chat_route(limits: &str, tokens: &str) -> String {
+    format!(
+        "[[routes]]\nname = \"chat\"\n\
+         match = {{ path = \"/v1/chat/completions\", methods = [\"POST\"] }}\n\
+         upstream = \"llm\"\nlimits = [{limits}]\ntokens = {tokens}\n"
+    )
+}
+
 /// The scripted upstream, serving until dropped.
 pub struct LlmUpstream {
     pub addr: SocketAddr,

@@ -185,6 +185,15 @@ impl Redis {
         format!("redis://127.0.0.1:{}", self.port)
     }
 
+    /// A `[store]` section on this server with key `prefix`, for a test's
+    /// config (more `[store]` keys may follow it).
+    pub fn store_toml(&self, prefix: &str) -> String {
+        format!(
+            "[store]\nbackend = \"redis\"\nurl = \"{}\"\nprefix = \"{prefix}\"\n",
+            self.url()
+        )
+    }
+
     pub fn try_cli(&self, args: &[&str]) -> Option<String> {
         let mut login: Vec<String> = Vec::new();
         if let Some(tls) = &self.options.tls {
