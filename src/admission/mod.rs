@@ -72,7 +72,10 @@ use crate::limit::{Nanos, StackEntry, check_stack_into};
 use crate::store::RedisStore;
 
 pub use identify::Identity;
-pub use request::{Client, RequestAdmission, RequestBody, Routed, admit_request, decide_request};
+pub use request::{
+    Client, Later, RequestAdmission, RequestBody, Routed, admit_at_once, admit_later, admit_request,
+    decide_request,
+};
 pub(crate) use settle::reported_count;
 pub use settle::settle;
 pub use ticket::Ticket;

@@ -246,7 +246,9 @@ pub struct StackDecision {
 }
 
 impl Default for StackDecision {
-    /// No entry decided yet: what [`check_stack_into`] fills.
+    /// No entry decided yet: what [`check_stack_into`] fills. Inlined:
+    /// a ticket's default writes it in place.
+    #[inline(always)]
     fn default() -> StackDecision {
         StackDecision {
             allowed: true,

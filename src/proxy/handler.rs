@@ -408,7 +408,12 @@ async fn route_and_act(
         Some(spans) if plan.shared && app.store().is_some() => {
             traced::admit_noting_store_calls(app, snapshot, routed, &mut ticket, spans).await
         }
-        _ => admission::admit_request(app, snapshot, routed, &mut ticket).await,
+        // Decided at once, but for a body, a store or a queue to wait for
+        // (`admission::admit_at_once`: no future of its own to build).
+        _ => match admission::admit_at_once(app, snapshot, routed, &mut ticket) {
+            Ok(admitted) => admitted,
+            Err(later) => admission::admit_later(app, snapshot, later, &mut ticket).await,
+        },
     };
     progress.seen.client_ip = ticket.client_ip();
     // A token route's reservation, settled from its response.
