@@ -138,8 +138,10 @@ pub fn admit_at_once<'a, 's: 'a>(
     let headers = &request.parts.headers;
     let identified = identify::caller(app, snapshot, request.route, headers, request.now);
     let plan = request.plan;
+    // A body to read, or a store to ask: waited for later.
+    let waits = plan.needs_body || (plan.shared && app.store().is_some());
     let caller = match identified {
-        Ok(caller) if !plan.needs_body && !(plan.shared && app.store().is_some()) => caller,
+        Ok(caller) if !waits => caller,
         Err(refused) if !matches!(refused, Unidentified::Refresh { .. }) => {
             return Ok(RequestAdmission::Unidentified(refused));
         }
@@ -401,6 +403,7 @@ async fn read_client_body(
 }
 
 /// The body read whole (within `max_key_body`, declaring no more).
+#[inline(always)]
 fn whole_body<'b>(body: &'b RequestBody<'_>, cap: usize) -> Option<&'b [u8]> {
     match body {
         RequestBody::Held { bytes, declared } => (bytes.len() <= cap
