@@ -159,7 +159,15 @@ pub fn admit_at_once<'a, 's: 'a>(
         return Err(Later(Step::Refused { charge, usage, by }));
     }
     let admission = answer(app, snapshot, &charge, ticket);
-    Ok(conclude(app, snapshot, plan, admission, ticket, usage, request.now))
+    Ok(conclude(
+        app,
+        snapshot,
+        plan,
+        admission,
+        ticket,
+        usage,
+        request.now,
+    ))
 }
 
 /// What [`admit_at_once`] left to wait for.
@@ -204,7 +212,15 @@ pub async fn admit_later<'a, 's: 'a>(
                 waiting.await;
             }
             let admission = answer(app, snapshot, &charge, ticket);
-            conclude(app, snapshot, charge.plan, admission, ticket, usage, charge.now)
+            conclude(
+                app,
+                snapshot,
+                charge.plan,
+                admission,
+                ticket,
+                usage,
+                charge.now,
+            )
         }
     }
 }
@@ -261,7 +277,9 @@ async fn admit_identified<'a, 's: 'a>(
             }
             Admitting::Decided(answer(app, snapshot, &charge, ticket))
         }
-        Some(store) => Admitting::Asking(shared::decide_boxed(store, app, snapshot, charge, ticket)),
+        Some(store) => {
+            Admitting::Asking(shared::decide_boxed(store, app, snapshot, charge, ticket))
+        }
     };
     let admission = admitting.await;
     conclude(app, snapshot, plan, admission, ticket, usage, request.now)
@@ -303,7 +321,15 @@ fn keyed<'s>(
     )
     .map_err(|missing| {
         let usage = std::mem::take(usage);
-        conclude(app, snapshot, request.plan, missing, ticket, usage, request.now)
+        conclude(
+            app,
+            snapshot,
+            request.plan,
+            missing,
+            ticket,
+            usage,
+            request.now,
+        )
     })
 }
 

@@ -502,11 +502,7 @@ mod tests {
         assert!(second.count >= 500 && second.count - second.error <= 500);
         // n / CAPACITY bounds every error.
         let n = 10_000 + 1_000 + 500;
-        assert!(
-            counters
-                .iter()
-                .all(|c| c.error <= n / CAPACITY as u64)
-        );
+        assert!(counters.iter().all(|c| c.error <= n / CAPACITY as u64));
     }
 
     #[test]
@@ -566,7 +562,10 @@ mod tests {
         }
         let top = sketch.top(CAPACITY);
         assert_eq!(top.len(), 1);
-        assert_eq!((top[0].count, top[0].error), (100 * (ALONE + SHARED) as u64 * 2, 0));
+        assert_eq!(
+            (top[0].count, top[0].error),
+            (100 * (ALONE + SHARED) as u64 * 2, 0)
+        );
     }
 
     #[test]
@@ -585,7 +584,10 @@ mod tests {
         sketch.record(&after, key(1));
         let top = sketch.top(10);
         assert_eq!(top.len(), 1);
-        assert_eq!((&*top[0].limit, top[0].count, top[0].error), ("per_ip", 6, 0));
+        assert_eq!(
+            (&*top[0].limit, top[0].count, top[0].error),
+            ("per_ip", 6, 0)
+        );
     }
 
     #[test]
