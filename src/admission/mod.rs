@@ -3,7 +3,9 @@
 //! The one place that decides. Its fronts — the proxy (`proxy::handler`),
 //! `/auth` (`decision::auth`) and `simulate` — hand it the routed request
 //! (a [`Routed`]: the route, the head, the peer, the body, the time) in one
-//! call, [`admit_request`] (or, without a store, [`decide_request`]), and
+//! call, [`admit_request`] (or, without a store, [`decide_request`]; the
+//! proxy calls its two halves, [`admit_at_once`] and, where that stopped
+//! to wait, [`admit_later`]), and
 //! get a [`RequestAdmission`] back: admitted with its token bill, denied,
 //! a key missing, the store down, the body refused, or the caller
 //! unidentified. What they need to answer it (the limit that fired, the
@@ -72,7 +74,10 @@ use crate::limit::{Nanos, StackEntry, check_stack_into};
 use crate::store::RedisStore;
 
 pub use identify::Identity;
-pub use request::{Client, RequestAdmission, RequestBody, Routed, admit_request, decide_request};
+pub use request::{
+    Client, Later, RequestAdmission, RequestBody, Routed, admit_at_once, admit_later,
+    admit_request, decide_request,
+};
 pub(crate) use settle::reported_count;
 pub use settle::settle;
 pub use ticket::Ticket;

@@ -35,7 +35,7 @@ use super::{
 };
 use crate::app::{App, RoutePlan, Snapshot};
 use crate::config::RouteConfig;
-use crate::limit::Nanos;
+use crate::limit::{Algorithm, Nanos};
 
 /// A request its front has routed, as admission takes it.
 pub struct Routed<'r, 's> {
@@ -101,7 +101,8 @@ pub enum RequestAdmission {
 
 /// `request` admitted on `snapshot`'s limits into `ticket` (empty on
 /// entry): its caller, its body, its keys, the decision, the bill. The one
-/// call of a front with a live request.
+/// call of a front with a live request: [`admit_at_once`], then, where it
+/// stopped, [`admit_later`].
 ///
 /// Where it waits: a key refresh (boxed: rare), reading a body a limit
 /// keys on, and the store (its future boxed, as [`super::admit_keyed`]'s);
@@ -110,15 +111,135 @@ pub enum RequestAdmission {
 pub async fn admit_request<'a, 's: 'a>(
     app: &'a App,
     snapshot: &'s Snapshot,
-    mut request: Routed<'a, 's>,
+    request: Routed<'a, 's>,
     ticket: &'a mut Ticket<'s>,
 ) -> RequestAdmission {
+    match admit_at_once(app, snapshot, request, ticket) {
+        Ok(admitted) => admitted,
+        Err(later) => admit_later(app, snapshot, later, ticket).await,
+    }
+}
+
+/// [`admit_request`] as far as it goes without waiting: the whole of it
+/// for a request of a route without shared limits or body keys, whose
+/// caller needs no key refresh and which no slot limit refused; else what
+/// is left, for [`admit_later`] to await. A plain function, so that the
+/// requests decided at once (nearly all on such a route, denials
+/// included) build no future of their own: the admission call's future,
+/// built, moved and dropped for each, cost ~100 instructions a request
+/// (`bench/instructions.sh`).
+#[inline(always)]
+pub fn admit_at_once<'a, 's: 'a>(
+    app: &'a App,
+    snapshot: &'s Snapshot,
+    request: Routed<'a, 's>,
+    ticket: &mut Ticket<'s>,
+) -> Result<RequestAdmission, Later<'a, 's>> {
     let headers = &request.parts.headers;
-    let caller = match identify::caller(app, snapshot, request.route, headers, request.now) {
+    let identified = identify::caller(app, snapshot, request.route, headers, request.now);
+    let plan = request.plan;
+    // A body to read, or a store to ask: waited for later.
+    let waits = plan.needs_body || (plan.shared && app.store().is_some());
+    let caller = match identified {
+        Ok(caller) if !waits => caller,
+        Err(refused) if !matches!(refused, Unidentified::Refresh { .. }) => {
+            return Ok(RequestAdmission::Unidentified(refused));
+        }
+        identified => return Err(Later(Step::Identified(request, identified))),
+    };
+    let mut usage = UsageFacts::for_route(app, request.route);
+    let charge = match keyed(app, snapshot, &request, caller, false, ticket, &mut usage) {
+        Ok(charge) => charge,
+        Err(answered) => return Ok(answered),
+    };
+    check_in_memory(&charge, charge.now, ticket);
+    if let Some(by) = ticket.decision.denied_by
+        && may_wait(ticket, by)
+    {
+        return Err(Later(Step::Refused { charge, usage, by }));
+    }
+    let admission = answer(app, snapshot, &charge, ticket);
+    Ok(conclude(
+        app,
+        snapshot,
+        plan,
+        admission,
+        ticket,
+        usage,
+        request.now,
+    ))
+}
+
+/// What [`admit_at_once`] left to wait for.
+pub struct Later<'a, 's>(Step<'a, 's>);
+
+enum Step<'a, 's> {
+    /// The caller as identified (a key refresh to wait for, perhaps), and
+    /// all the rest: a body to read, or a store to ask.
+    Identified(Routed<'a, 's>, Result<Caller<'s>, Unidentified>),
+    /// Refused in memory by the slot limit at `by`, whose queue it may
+    /// wait in (`wait`) before it is decided again.
+    Refused {
+        charge: Charge<'s>,
+        usage: UsageFacts,
+        by: usize,
+    },
+}
+
+/// A refusal `wait::refused` takes up: a slot limit's, which may queue
+/// the request or count it shed. Every other refusal is answered at once.
+#[inline(always)]
+fn may_wait(ticket: &Ticket<'_>, by: usize) -> bool {
+    matches!(
+        ticket.algorithms.get(by),
+        Some(Algorithm::Concurrency { .. } | Algorithm::Adaptive { .. })
+    )
+}
+
+/// The rest of [`admit_request`] where [`admit_at_once`] stopped.
+pub async fn admit_later<'a, 's: 'a>(
+    app: &'a App,
+    snapshot: &'s Snapshot,
+    later: Later<'a, 's>,
+    ticket: &'a mut Ticket<'s>,
+) -> RequestAdmission {
+    match later.0 {
+        Step::Identified(request, identified) => {
+            admit_identified(app, snapshot, request, identified, ticket).await
+        }
+        Step::Refused { charge, usage, by } => {
+            if let Some(waiting) = wait::refused(app, snapshot, &charge, ticket, by) {
+                waiting.await;
+            }
+            let admission = answer(app, snapshot, &charge, ticket);
+            conclude(
+                app,
+                snapshot,
+                charge.plan,
+                admission,
+                ticket,
+                usage,
+                charge.now,
+            )
+        }
+    }
+}
+
+/// Steps 1 (from the caller as `identify::caller` answered) to 5, waiting
+/// where they do.
+async fn admit_identified<'a, 's: 'a>(
+    app: &'a App,
+    snapshot: &'s Snapshot,
+    mut request: Routed<'a, 's>,
+    identified: Result<Caller<'s>, Unidentified>,
+    ticket: &'a mut Ticket<'s>,
+) -> RequestAdmission {
+    let caller = match identified {
         Ok(caller) => caller,
         // Out of the request future: a boxed wait for the issuer's keys.
         Err(Unidentified::Refresh { issuer }) => {
             let (route, now) = (request.route, request.now);
+            let headers = &request.parts.headers;
             let refreshed = identify::caller_refreshed(app, snapshot, route, headers, now, issuer);
             match Box::pin(refreshed).await {
                 Ok(caller) => caller,
@@ -139,53 +260,77 @@ pub async fn admit_request<'a, 's: 'a>(
         }
     }
     let mut usage = UsageFacts::for_route(app, request.route);
+    let plan = request.plan;
+    let store = app.store().filter(|_| plan.shared);
+    let shared = store.is_some();
+    let charge = match keyed(app, snapshot, &request, caller, shared, ticket, &mut usage) {
+        Ok(charge) => charge,
+        Err(answered) => return answered,
+    };
+    let admitting = match store {
+        None => {
+            check_in_memory(&charge, charge.now, ticket);
+            if let Some(by) = ticket.decision.denied_by
+                && let Some(waiting) = wait::refused(app, snapshot, &charge, ticket, by)
+            {
+                waiting.await;
+            }
+            Admitting::Decided(answer(app, snapshot, &charge, ticket))
+        }
+        Some(store) => {
+            Admitting::Asking(shared::decide_boxed(store, app, snapshot, charge, ticket))
+        }
+    };
+    let admission = admitting.await;
+    conclude(app, snapshot, plan, admission, ticket, usage, request.now)
+}
+
+/// Steps 3 and the keys of 4 for an identified request whose body is
+/// read: an unlimited route's admission, a token route's reservation, the
+/// keys into `ticket`; the charge to decide, or the request's answer
+/// (admitted without limits, its model unpriced, a key missing).
+#[inline(always)]
+// Each input comes from a different step of the caller.
+#[allow(clippy::too_many_arguments)]
+fn keyed<'s>(
+    app: &App,
+    snapshot: &'s Snapshot,
+    request: &Routed<'_, 's>,
+    caller: Caller<'s>,
+    shared: bool,
+    ticket: &mut Ticket<'s>,
+    usage: &mut UsageFacts,
+) -> Result<Charge<'s>, RequestAdmission> {
     if request.plan.stack.is_empty() {
-        return RequestAdmission::Admitted {
-            bill: unlimited_bill(app, snapshot, &request, &caller, usage, ticket),
-        };
+        let usage = std::mem::take(usage);
+        return Err(RequestAdmission::Admitted {
+            bill: unlimited_bill(app, snapshot, request, &caller, usage, ticket),
+        });
     }
     // Asked only on a token route: the call returning nothing cost every
     // other request ~23 instructions (`bench/instructions.sh`).
     let reserved = match request.route.tokens {
         None => None,
-        Some(_) => match reserve_for(snapshot, &request) {
+        Some(_) => match reserve_for(snapshot, request) {
             Ok(reserved) => reserved,
-            Err(_) => return RequestAdmission::BodyRefused(BodyError::Unpriced),
+            Err(_) => return Err(RequestAdmission::BodyRefused(BodyError::Unpriced)),
         },
     };
-    let plan = request.plan;
-    let store = app.store().filter(|_| plan.shared);
-    let keyed = key(
-        app,
-        snapshot,
-        &request,
-        caller,
-        reserved,
-        store.is_some(),
-        ticket,
-        &mut usage,
-    );
-    let admission = match keyed {
-        Err(missing) => missing,
-        Ok(charge) => {
-            let admitting = match store {
-                None => {
-                    check_in_memory(&charge, charge.now, ticket);
-                    if let Some(by) = ticket.decision.denied_by
-                        && let Some(waiting) = wait::refused(app, snapshot, &charge, ticket, by)
-                    {
-                        waiting.await;
-                    }
-                    Admitting::Decided(answer(app, snapshot, &charge, ticket))
-                }
-                Some(store) => {
-                    Admitting::Asking(shared::decide_boxed(store, app, snapshot, charge, ticket))
-                }
-            };
-            admitting.await
-        }
-    };
-    conclude(app, snapshot, plan, admission, ticket, usage, request.now)
+    key(
+        app, snapshot, request, caller, reserved, shared, ticket, usage,
+    )
+    .map_err(|missing| {
+        let usage = std::mem::take(usage);
+        conclude(
+            app,
+            snapshot,
+            request.plan,
+            missing,
+            ticket,
+            usage,
+            request.now,
+        )
+    })
 }
 
 /// A request of a route without limits: a bill only to carry its usage
@@ -284,6 +429,7 @@ async fn read_client_body(
 }
 
 /// The body read whole (within `max_key_body`, declaring no more).
+#[inline(always)]
 fn whole_body<'b>(body: &'b RequestBody<'_>, cap: usize) -> Option<&'b [u8]> {
     match body {
         RequestBody::Held { bytes, declared } => (bytes.len() <= cap

@@ -21,7 +21,6 @@ use crate::ratelimit_policy::{StackView, least_remaining, policy_header};
 pub(super) type FairValues = SmallVec<[(usize, u64); 2]>;
 
 /// One request's admission record, in stack order.
-#[derive(Default)]
 pub struct Ticket<'s> {
     /// The route's limits.
     pub(super) stack: SmallVec<[&'s LimitConfig; INLINE]>,
@@ -73,6 +72,34 @@ pub struct Ticket<'s> {
     /// beside the flags above, in their padding: the ticket is moved with
     /// every request's future.
     pub(super) waited_us: u32,
+}
+
+impl Default for Ticket<'_> {
+    /// Empty, field by field and always inlined: derived, it was a call
+    /// that built the 1.1 KB ticket and copied it out (~100 instructions
+    /// a request, `bench/instructions.sh`); here only the lengths and
+    /// flags are written, in the ticket's place.
+    #[inline(always)]
+    fn default() -> Self {
+        Ticket {
+            stack: SmallVec::new(),
+            algorithms: SmallVec::new(),
+            limiters: SmallVec::new(),
+            keys: SmallVec::new(),
+            decision: StackDecision::default(),
+            plan: None,
+            focus: None,
+            via_store: false,
+            fallback: false,
+            overridden: false,
+            reserved: Reservation::None,
+            client_ip: None,
+            priority: Priority::Normal,
+            fair: None,
+            shed: None,
+            waited_us: 0,
+        }
+    }
 }
 
 /// What a request reserved on its token and usd limits: as small as an

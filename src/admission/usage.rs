@@ -30,6 +30,7 @@ pub(crate) struct UsageFacts {
 impl UsageFacts {
     /// For a request on `route`: wanted when the route sends events and
     /// the gateway has somewhere to send them.
+    #[inline(always)]
     pub(crate) fn for_route(app: &App, route: &RouteConfig) -> UsageFacts {
         UsageFacts {
             wanted: route.usage_events && app.usage().is_some(),
@@ -38,6 +39,7 @@ impl UsageFacts {
     }
 
     /// Notes the caller's consumer (its name, else its tenant).
+    #[inline(always)]
     pub(crate) fn caller(&mut self, consumer: Option<&Consumer>) {
         if self.wanted {
             self.subject = consumer

@@ -246,7 +246,9 @@ pub struct StackDecision {
 }
 
 impl Default for StackDecision {
-    /// No entry decided yet: what [`check_stack_into`] fills.
+    /// No entry decided yet: what [`check_stack_into`] fills. Inlined:
+    /// a ticket's default writes it in place.
+    #[inline(always)]
     fn default() -> StackDecision {
         StackDecision {
             allowed: true,
@@ -337,7 +339,7 @@ pub(crate) fn check_stack_costed(
 /// request path keeps its decision
 /// where it is used (~0.5 KiB with its inline arrays): returned by value, it
 /// was copied out even when inlined, ~90 instructions per request.
-#[inline]
+#[inline(always)]
 pub(crate) fn check_stack_into(
     entries: &[StackEntry<'_>],
     (costs, priority): (Costs<'_>, Priority),
