@@ -71,10 +71,6 @@ where
     };
     let serving = async move {
         register_task(&activity).await;
-        // Pinned here and moved (not borrowed) into the watchdog, as the
-        // fast path below: a pinned reference kept beside its user would
-        // be one more word in every connection's task.
-        let check = std::pin::pin!(tokio::time::sleep(limits.first_check()));
         let mut watchdog = Watchdog::new(
             &activity,
             app.metrics(),
@@ -82,7 +78,6 @@ where
             &downstream.peer,
             &mut drain,
             false,
-            check,
         );
         // Plain requests first, served by our own HTTP/1.1 path (`crate::http1::server`).
         let handed_over = {

@@ -369,6 +369,13 @@ impl Server {
 /// shutdown signal, then closes them. Its connections drain on their own.
 async fn run_worker(shared: Shared, mut commands: mpsc::UnboundedReceiver<Command>) {
     let mut shutdown = shared.shutdown.clone();
+    // The deadlines of this worker's connections. Once the drain starts
+    // they are no longer watched (each is asked to close), so the sweep
+    // ends with the accepting.
+    let sweeping = tokio::spawn(crate::conn::sweep::sweep(
+        shared.connections.clone(),
+        crate::worker::worker_index(),
+    ));
     let mut accepting = Accepting {
         shared,
         loops: HashMap::new(),
@@ -399,6 +406,7 @@ async fn run_worker(shared: Shared, mut commands: mpsc::UnboundedReceiver<Comman
     for side in std::mem::take(&mut accepting.sides) {
         let _ = side.await;
     }
+    sweeping.abort();
     // Dropping `accepting` drops this worker's `alive` sender.
 }
 
