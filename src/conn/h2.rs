@@ -79,7 +79,7 @@ pub(crate) async fn serve<S>(
     // header_read_timeout: a GOAWAY either way, so a client whose stream
     // raced with it learns that it was not processed. (Evicted, it is
     // idle, with no stream open: nothing a GOAWAY would save it from.)
-    let served = watchdog.serve(connection.as_mut(), |connection, _| {
+    let served = watchdog.serve(connection.as_mut(), |connection, _, _| {
         connection.graceful_shutdown();
         Shutdown::Begun
     });

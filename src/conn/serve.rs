@@ -99,7 +99,7 @@ where
             ));
             // The fast path closes by itself once the request in flight is
             // answered, or at once when there is none.
-            let served = watchdog.serve(fast, |_, why| match why {
+            let served = watchdog.serve(fast, |_, why, activity| match why {
                 Closing::SlowHead => Shutdown::Now,
                 Closing::Politely if activity.begin_closing() => Shutdown::Now,
                 Closing::Politely => Shutdown::Begun,
@@ -212,7 +212,7 @@ async fn serve_handed_off<S>(
     ));
     let connection = builder.serve_connection(io, service).with_upgrades();
     tokio::pin!(connection);
-    let served = watchdog.serve(connection.as_mut(), |connection, why| match why {
+    let served = watchdog.serve(connection.as_mut(), |connection, why, _| match why {
         Closing::SlowHead => Shutdown::Now,
         Closing::Politely => {
             connection.graceful_shutdown();

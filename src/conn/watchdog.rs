@@ -162,21 +162,23 @@ impl<'a> Watchdog<'a> {
     /// Serves `serving` until it ends on its own (`Some` of its output), or
     /// until the watchdog ends the connection (`None`): evicted (counted and
     /// logged here), or `close` answered [`Shutdown::Now`]. `close` is the
-    /// protocol's way to close, given the serving future and why.
+    /// protocol's way to close, given the serving future, why, and the
+    /// connection's activity (so that it need not hold it: the closure
+    /// lives in every connection's task).
     ///
     /// No allocation and a few words of state: the future borrows the
     /// watchdog and `serving`, which live in the connection's task.
     pub(crate) fn serve<'w, F: Future>(
         &'w mut self,
         mut serving: Pin<&'w mut F>,
-        mut close: impl FnMut(Pin<&mut F>, Closing) -> Shutdown + 'w,
+        mut close: impl FnMut(Pin<&mut F>, Closing, &ConnActivity) -> Shutdown + 'w,
     ) -> impl Future<Output = Option<F::Output>> + 'w {
         // A protocol that starts while the connection closes is asked at
         // once, before its first poll.
         self.ask = self.closing;
         std::future::poll_fn(move |cx| {
             if std::mem::take(&mut self.ask)
-                && close(serving.as_mut(), Closing::Politely) == Shutdown::Now
+                && close(serving.as_mut(), Closing::Politely, self.activity) == Shutdown::Now
             {
                 return Poll::Ready(None);
             }
@@ -212,7 +214,7 @@ impl<'a> Watchdog<'a> {
                         Due::Idle => Closing::Politely,
                     }
                 };
-                match close(serving.as_mut(), why) {
+                match close(serving.as_mut(), why, self.activity) {
                     Shutdown::Now => return Poll::Ready(None),
                     Shutdown::Begun => self.closing = true,
                 }
@@ -328,7 +330,7 @@ mod tests {
         let start = Instant::now();
         let asked = RefCell::new(Vec::new());
         let serving = std::pin::pin!(std::future::pending::<()>());
-        let served = watchdog.serve(serving, |_, why| {
+        let served = watchdog.serve(serving, |_, why, _| {
             asked.borrow_mut().push(why);
             Shutdown::Now
         });
@@ -347,7 +349,7 @@ mod tests {
         let start = Instant::now();
         let (closed, asked) = (Cell::new(false), RefCell::new(Vec::new()));
         let serving = std::pin::pin!(until(&closed));
-        let served = watchdog.serve(serving, |_, why| {
+        let served = watchdog.serve(serving, |_, why, _| {
             asked.borrow_mut().push(why);
             closed.set(true);
             Shutdown::Begun
@@ -371,7 +373,7 @@ mod tests {
         let closed = Cell::new(false);
         drain.start();
         let serving = std::pin::pin!(until(&closed));
-        let first = watchdog.serve(serving, |_, why| {
+        let first = watchdog.serve(serving, |_, why, _| {
             events.borrow_mut().push(("first asked", why));
             closed.set(true);
             Shutdown::Begun
@@ -383,7 +385,7 @@ mod tests {
             polled.set(true);
             Poll::Ready(())
         }));
-        let second = watchdog.serve(serving, |_, why| {
+        let second = watchdog.serve(serving, |_, why, _| {
             assert!(!polled.get(), "asked before its first poll");
             events.borrow_mut().push(("second asked", why));
             Shutdown::Begun
@@ -407,7 +409,7 @@ mod tests {
         served(&activity);
         assert!(activity.request_eviction());
         let serving = std::pin::pin!(std::future::pending::<()>());
-        let served = watchdog.serve(serving, |_, why| panic!("asked: {why:?}"));
+        let served = watchdog.serve(serving, |_, why, _| panic!("asked: {why:?}"));
         assert_eq!(served.await, None);
         assert!(
             metrics
