@@ -99,7 +99,8 @@ impl Keeping {
             room
         })
         .unwrap_or(false)
-        .then_some(Keeping { _counted: () })
+        // Made only when counted: dropping one gives a place up.
+        .then(|| Keeping { _counted: () })
     }
 }
 
@@ -195,7 +196,9 @@ mod tests {
         // A connection whose spell ends gives its place up.
         places.pop();
         assert_eq!(KEPT.with(Cell::get), KEEP_IDLE - 1);
-        assert!(Keeping::try_take().is_some());
+        places.push(Keeping::try_take().expect("a place again"));
+        assert!(Keeping::try_take().is_none());
+        assert_eq!(KEPT.with(Cell::get), KEEP_IDLE);
         drop(places);
         assert_eq!(KEPT.with(Cell::get), before);
     }
