@@ -125,7 +125,11 @@ impl Registry {
     /// meanwhile); false when it has none.
     pub(crate) fn for_each_of(&self, worker: usize, mut visit: impl FnMut(&ConnActivity)) -> bool {
         let entries = self.shards[worker % self.shards.len()].lock();
-        entries.live.iter().flatten().for_each(|activity| visit(activity));
+        entries
+            .live
+            .iter()
+            .flatten()
+            .for_each(|activity| visit(activity));
         entries.live.len() > entries.free.len()
     }
 

@@ -20,7 +20,6 @@ use std::sync::atomic::Ordering;
 use std::task::Poll;
 use std::time::Duration;
 
-
 use crate::config::ServerConfig;
 use crate::conn::drain::DrainWatch;
 use crate::http1::server::ConnActivity;
@@ -322,7 +321,8 @@ mod tests {
 
     #[tokio::test(start_paused = true)]
     async fn a_slow_head_is_closed_as_the_protocol_answers() {
-        let (activity, metrics, drain) = (Arc::new(ConnActivity::new()), Metrics::new(), Drain::new(1));
+        let (activity, metrics, drain) =
+            (Arc::new(ConnActivity::new()), Metrics::new(), Drain::new(1));
         let (mut watch, peer) = (drain.watch(0), "127.0.0.1:1".parse().unwrap());
         let _sweep = swept(&activity).await;
         let mut watchdog = Watchdog::new(&activity, &metrics, limits(), &peer, &mut watch, false);
@@ -341,7 +341,8 @@ mod tests {
 
     #[tokio::test(start_paused = true)]
     async fn an_idle_connection_is_asked_politely_once_and_served_to_its_end() {
-        let (activity, metrics, drain) = (Arc::new(ConnActivity::new()), Metrics::new(), Drain::new(1));
+        let (activity, metrics, drain) =
+            (Arc::new(ConnActivity::new()), Metrics::new(), Drain::new(1));
         let (mut watch, peer) = (drain.watch(0), "127.0.0.1:1".parse().unwrap());
         let _sweep = swept(&activity).await;
         let mut watchdog = Watchdog::new(&activity, &metrics, limits(), &peer, &mut watch, false);
@@ -363,7 +364,8 @@ mod tests {
 
     #[tokio::test(start_paused = true)]
     async fn a_drain_seen_before_a_hand_off_asks_the_next_protocol_before_its_first_poll() {
-        let (activity, metrics, drain) = (Arc::new(ConnActivity::new()), Metrics::new(), Drain::new(1));
+        let (activity, metrics, drain) =
+            (Arc::new(ConnActivity::new()), Metrics::new(), Drain::new(1));
         let (mut watch, peer) = (drain.watch(0), "127.0.0.1:1".parse().unwrap());
         let _sweep = swept(&activity).await;
         let mut watchdog = Watchdog::new(&activity, &metrics, limits(), &peer, &mut watch, false);
@@ -402,7 +404,8 @@ mod tests {
 
     #[tokio::test(start_paused = true)]
     async fn an_evicted_connection_ends_counted_without_asking_the_protocol() {
-        let (activity, metrics, drain) = (Arc::new(ConnActivity::new()), Metrics::new(), Drain::new(1));
+        let (activity, metrics, drain) =
+            (Arc::new(ConnActivity::new()), Metrics::new(), Drain::new(1));
         let (mut watch, peer) = (drain.watch(0), "127.0.0.1:1".parse().unwrap());
         let _sweep = swept(&activity).await;
         let mut watchdog = Watchdog::new(&activity, &metrics, limits(), &peer, &mut watch, false);
