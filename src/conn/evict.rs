@@ -14,7 +14,7 @@
 //! progress, one that has not sent a request yet, or an upgrade's tunnel is
 //! never chosen.
 //!
-//! The same shards are what each worker's sweep ([`super::sweep`]) walks to
+//! The same shards are what each worker's sweep (`sweep.rs`) walks to
 //! wake the connections whose deadlines are due.
 
 use std::sync::Arc;

@@ -4,7 +4,7 @@
 //!
 //! A timer (tokio's `Sleep`) was 96 bytes in every connection's task, idle
 //! or not, and its cell rounds to 128 bytes. Instead a connection's
-//! watchdog ([`super::watchdog`]) writes when it wants to look at its
+//! watchdog (`watchdog.rs`) writes when it wants to look at its
 //! deadlines next into its activity ([`ConnActivity::check_at`], a 32-bit
 //! field that fits in the activity's allocation as it was), and the sweep of
 //! its worker walks the worker's shard of the registry ([`super::evict`]),
