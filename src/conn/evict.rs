@@ -13,10 +13,14 @@
 //! started in between, it is left alone. A connection with a request in
 //! progress, one that has not sent a request yet, or an upgrade's tunnel is
 //! never chosen.
+//!
+//! The same shards are what each worker's sweep (`sweep.rs`) walks to
+//! wake the connections whose deadlines are due.
 
 use std::sync::Arc;
 
 use parking_lot::Mutex;
+use tokio::sync::Notify;
 use tokio::time::Instant;
 
 use crate::http1::server::ConnActivity;
@@ -25,6 +29,9 @@ use crate::http1::server::ConnActivity;
 #[derive(Debug)]
 pub(crate) struct Registry {
     shards: Box<[Mutex<Shard>]>,
+    /// Per shard: told when its first connection registers, for its sweep
+    /// that waits while it has none.
+    opened: Box<[Notify]>,
 }
 
 /// A worker's connections: a slab, each connection at an index of its own
@@ -52,6 +59,7 @@ impl Registry {
             shards: (0..workers.max(1))
                 .map(|_| Mutex::new(Shard::default()))
                 .collect(),
+            opened: (0..workers.max(1)).map(|_| Notify::new()).collect(),
         })
     }
 
@@ -63,6 +71,10 @@ impl Registry {
     ) -> Registered {
         let shard = worker % self.shards.len();
         let mut entries = self.shards[shard].lock();
+        if entries.live.len() == entries.free.len() {
+            // Its sweep may be waiting for a connection to watch.
+            self.opened[shard].notify_one();
+        }
         let slot = match entries.free.pop() {
             Some(slot) => {
                 entries.live[slot as usize] = Some(activity);
@@ -106,6 +118,25 @@ impl Registry {
                 }
             }
         }
+    }
+
+    /// Calls `visit` with each live connection of worker `worker`'s shard,
+    /// under its lock (the same thread's connections cannot open or close
+    /// meanwhile); false when it has none.
+    pub(crate) fn for_each_of(&self, worker: usize, mut visit: impl FnMut(&ConnActivity)) -> bool {
+        let entries = self.shards[worker % self.shards.len()].lock();
+        entries
+            .live
+            .iter()
+            .flatten()
+            .for_each(|activity| visit(activity));
+        entries.live.len() > entries.free.len()
+    }
+
+    /// Returns once worker `worker`'s shard may have a connection: at once
+    /// if one registered since the last call.
+    pub(crate) async fn opened(&self, worker: usize) {
+        self.opened[worker % self.shards.len()].notified().await;
     }
 
     #[cfg(test)]

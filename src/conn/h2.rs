@@ -73,23 +73,13 @@ pub(crate) async fn serve<S>(
         .max_local_error_reset_streams(MAX_LOCAL_ERROR_RESETS);
     let connection = builder.serve_connection(TokioIo::new(io), service);
     tokio::pin!(connection);
-    let check = tokio::time::sleep(limits.first_check());
-    tokio::pin!(check);
     let peer = &downstream.peer;
-    let mut watchdog = Watchdog::new(
-        &activity,
-        &metrics,
-        limits,
-        peer,
-        &mut drain,
-        draining,
-        check.as_mut(),
-    );
+    let mut watchdog = Watchdog::new(&activity, &metrics, limits, peer, &mut drain, draining);
     // Draining, idle, or frames but no request within
     // header_read_timeout: a GOAWAY either way, so a client whose stream
     // raced with it learns that it was not processed. (Evicted, it is
     // idle, with no stream open: nothing a GOAWAY would save it from.)
-    let served = watchdog.serve(connection.as_mut(), |connection, _| {
+    let served = watchdog.serve(connection.as_mut(), |connection, _, _| {
         connection.graceful_shutdown();
         Shutdown::Begun
     });

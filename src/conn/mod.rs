@@ -13,6 +13,7 @@
 //! | [`tls`] | the TLS handshake, then the same connection code |
 //! | [`h2`] | hyper's HTTP/2 server (ALPN `h2`, or h2c with prior knowledge) |
 //! | [`watchdog`] | one connection's deadlines: slow heads, idle time, eviction, polite close |
+//! | [`sweep`] | a worker's one timer: wakes its connections whose deadlines are due |
 //! | [`evict`] | at `max_connections`, closing the connection idle the longest |
 //! | [`drain`] | the shutdown signal connections watch |
 //!
@@ -26,8 +27,9 @@
 //!   `async` block around it); the connection's future keeps each of its
 //!   arguments once (`serve::serve_connection` is no `async fn`, which
 //!   would keep them twice) and its watchdog, drain watch and registration
-//!   in 32-bit fields. `workers::tests` bounds the task's size, under the
-//!   step where tokio's task cell grows by 128 bytes.
+//!   in 32-bit fields; it has no timer of its own (its worker's [`sweep`]
+//!   wakes it when its deadlines are due). `workers::tests` bounds the
+//!   task's size, under the step where tokio's task cell grows by 128 bytes.
 //! - **TLS** (`tls`): a `[server.tls]` listener's connection does its
 //!   handshake in its own task, under `header_read_timeout`, with the
 //!   snapshot's certificates of the moment it was accepted; then the TLS
@@ -42,7 +44,9 @@
 //!   request head is not complete within `header_read_timeout` (slowloris) and
 //!   one idle between requests for `idle_timeout`. hyper's own header timer is
 //!   off, because it also runs while a keep-alive connection is idle and would
-//!   cap the idle time at the header timeout. The watchdog (`watchdog`) is
+//!   cap the idle time at the header timeout. Their deadlines are acted on
+//!   at the granularity of the worker's sweep (at most a second late,
+//!   never early). The watchdog (`watchdog`) is
 //!   one loop for the fast path, hyper's HTTP/1.1 and HTTP/2 alike, which
 //!   also ends an evicted connection and starts the drain's polite close;
 //!   each protocol gives only its own way to close.
@@ -55,6 +59,7 @@ pub(crate) mod listener;
 pub(crate) mod reconcile;
 pub(crate) mod serve;
 pub(crate) mod service;
+pub(crate) mod sweep;
 pub(crate) mod tls;
 pub(crate) mod watchdog;
 pub(crate) mod workers;

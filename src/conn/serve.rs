@@ -71,10 +71,6 @@ where
     };
     let serving = async move {
         register_task(&activity).await;
-        // Pinned here and moved (not borrowed) into the watchdog, as the
-        // fast path below: a pinned reference kept beside its user would
-        // be one more word in every connection's task.
-        let check = std::pin::pin!(tokio::time::sleep(limits.first_check()));
         let mut watchdog = Watchdog::new(
             &activity,
             app.metrics(),
@@ -82,7 +78,6 @@ where
             &downstream.peer,
             &mut drain,
             false,
-            check,
         );
         // Plain requests first, served by our own HTTP/1.1 path (`crate::http1::server`).
         let handed_over = {
@@ -104,7 +99,7 @@ where
             ));
             // The fast path closes by itself once the request in flight is
             // answered, or at once when there is none.
-            let served = watchdog.serve(fast, |_, why| match why {
+            let served = watchdog.serve(fast, |_, why, activity| match why {
                 Closing::SlowHead => Shutdown::Now,
                 Closing::Politely if activity.begin_closing() => Shutdown::Now,
                 Closing::Politely => Shutdown::Begun,
@@ -217,7 +212,7 @@ async fn serve_handed_off<S>(
     ));
     let connection = builder.serve_connection(io, service).with_upgrades();
     tokio::pin!(connection);
-    let served = watchdog.serve(connection.as_mut(), |connection, why| match why {
+    let served = watchdog.serve(connection.as_mut(), |connection, why, _| match why {
         Closing::SlowHead => Shutdown::Now,
         Closing::Politely => {
             connection.graceful_shutdown();

@@ -6,10 +6,12 @@
 //! hyper's HTTP/2); each protocol brings only its own way to close.
 //!
 //! Each wake-up of the connection's task polls, in this order: the serving
-//! future; the eviction flag; then, unless the protocol was already asked
-//! to close, the drain and the watchdog's timer. The timer holds the task's
-//! waker once polled, so it is polled again only once it has fired, not on
-//! every wake-up of a busy connection (two or three per request).
+//! future; then, when the task was woken for it (one load of its activity's
+//! flags), the eviction; then, unless the protocol was already asked to
+//! close, the drain and the deadlines. The connection has no timer of its
+//! own: it asks its worker's sweep ([`super::sweep`]) to wake it when the
+//! next deadline could fall, at the sweep's granularity (never before the
+//! deadline, at most [`super::sweep::MOST`] after it).
 
 use std::future::Future;
 use std::net::SocketAddr;
@@ -17,8 +19,6 @@ use std::pin::Pin;
 use std::sync::atomic::Ordering;
 use std::task::Poll;
 use std::time::Duration;
-
-use tokio::time::{Instant, Sleep};
 
 use crate::config::ServerConfig;
 use crate::conn::drain::DrainWatch;
@@ -61,22 +61,22 @@ impl ConnLimits {
         }
     }
 
-    pub(crate) fn header_read_timeout(&self) -> Duration {
-        Duration::from_millis(self.header_read_ms.into())
-    }
-
-    pub(crate) fn idle_timeout(&self) -> Duration {
-        Duration::from_millis(self.idle_ms.into())
-    }
-
     pub(crate) fn max_header_bytes(&self) -> usize {
         self.max_header_bytes as usize
     }
 
-    /// When a new connection's watchdog looks first: no deadline can fall
-    /// before it.
-    pub(crate) fn first_check(&self) -> Duration {
-        self.header_read_timeout().min(self.idle_timeout())
+    fn header_read_ms(&self) -> u64 {
+        self.header_read_ms.into()
+    }
+
+    fn idle_ms(&self) -> u64 {
+        self.idle_ms.into()
+    }
+
+    /// How long after its start a new connection's watchdog looks first:
+    /// no deadline can fall before it.
+    fn first_check_ms(&self) -> u64 {
+        self.header_read_ms().min(self.idle_ms())
     }
 }
 
@@ -105,8 +105,8 @@ pub(crate) enum Shutdown {
 /// carried to the second.
 ///
 /// It borrows what the connection's task holds anyway (its activity, the
-/// drain watch, the timer): the task of every connection carries it, idle
-/// or not, so it is kept to a few words.
+/// drain watch): the task of every connection carries it, idle or not, so
+/// it is kept to a few words.
 pub(crate) struct Watchdog<'a> {
     activity: &'a ConnActivity,
     metrics: &'a Metrics,
@@ -114,23 +114,19 @@ pub(crate) struct Watchdog<'a> {
     /// For the log lines.
     peer: &'a SocketAddr,
     drain: &'a mut DrainWatch,
-    /// One timer for the connection's life, moved only when it fires.
-    check: Pin<&'a mut Sleep>,
     /// The protocol was asked to close politely. Carried over a hand-off,
     /// the next protocol is asked at once.
     closing: bool,
     /// The protocol being served is still to be asked to close: it started
     /// while the connection was closing.
     ask: bool,
-    /// Whether `check` holds this task's waker: it then wakes the task when
-    /// it fires, and is polled only once it has (`is_elapsed`).
-    armed: bool,
 }
 
 impl<'a> Watchdog<'a> {
-    /// A watchdog of `activity`'s connection under `limits`, with `check`
-    /// its timer; `closing` when the protocol it serves must be asked to close
-    /// as soon as it starts (the server already drains).
+    /// A watchdog of `activity`'s connection under `limits`; `closing`
+    /// when the protocol it serves must be asked to close as soon as it
+    /// starts (the server already drains). Its first look at the deadlines
+    /// is asked of the sweep now (no deadline can fall before it).
     pub(crate) fn new(
         activity: &'a ConnActivity,
         metrics: &'a Metrics,
@@ -138,18 +134,16 @@ impl<'a> Watchdog<'a> {
         peer: &'a SocketAddr,
         drain: &'a mut DrainWatch,
         closing: bool,
-        check: Pin<&'a mut Sleep>,
     ) -> Watchdog<'a> {
+        activity.check_at(activity.now_ms() + limits.first_check_ms());
         Watchdog {
             activity,
             metrics,
             limits,
             peer,
             drain,
-            check,
             closing,
             ask: false,
-            armed: false,
         }
     }
 
@@ -167,22 +161,23 @@ impl<'a> Watchdog<'a> {
     /// Serves `serving` until it ends on its own (`Some` of its output), or
     /// until the watchdog ends the connection (`None`): evicted (counted and
     /// logged here), or `close` answered [`Shutdown::Now`]. `close` is the
-    /// protocol's way to close, given the serving future and why.
+    /// protocol's way to close, given the serving future, why, and the
+    /// connection's activity (so that it need not hold it: the closure
+    /// lives in every connection's task).
     ///
     /// No allocation and a few words of state: the future borrows the
     /// watchdog and `serving`, which live in the connection's task.
     pub(crate) fn serve<'w, F: Future>(
         &'w mut self,
         mut serving: Pin<&'w mut F>,
-        mut close: impl FnMut(Pin<&mut F>, Closing) -> Shutdown + 'w,
+        mut close: impl FnMut(Pin<&mut F>, Closing, &ConnActivity) -> Shutdown + 'w,
     ) -> impl Future<Output = Option<F::Output>> + 'w {
         // A protocol that starts while the connection closes is asked at
         // once, before its first poll.
         self.ask = self.closing;
-        self.armed = false;
         std::future::poll_fn(move |cx| {
             if std::mem::take(&mut self.ask)
-                && close(serving.as_mut(), Closing::Politely) == Shutdown::Now
+                && close(serving.as_mut(), Closing::Politely, self.activity) == Shutdown::Now
             {
                 return Poll::Ready(None);
             }
@@ -190,7 +185,10 @@ impl<'a> Watchdog<'a> {
                 if let Poll::Ready(output) = serving.as_mut().poll(cx) {
                     return Poll::Ready(Some(output));
                 }
-                if self.activity.evicted() {
+                // Nobody woke the task but its own I/O (every wake-up of a
+                // busy connection): one load, and the drain's below.
+                let woken = self.activity.woken_for_something();
+                if woken && self.activity.evicted() {
                     tracing::debug!(peer = %self.peer, "idle connection closed to make room at max_connections");
                     self.metrics.record_connection_evicted();
                     return Poll::Ready(None);
@@ -200,23 +198,13 @@ impl<'a> Watchdog<'a> {
                 }
                 let why = if Pin::new(&mut *self.drain).poll(cx).is_ready() {
                     Closing::Politely
-                } else if self.armed && !self.check.is_elapsed() {
+                } else if !(woken && self.activity.take_due()) {
                     return Poll::Pending;
                 } else {
-                    // Outside the cooperative budget: `serving` may have
-                    // used it up (a burst of pipelined requests), and a
-                    // timer polled without budget stays unregistered — the
-                    // connection would never be checked again.
-                    let unbudgeted = tokio::task::unconstrained(self.check.as_mut());
-                    if std::pin::pin!(unbudgeted).poll(cx).is_pending() {
-                        self.armed = true;
-                        return Poll::Pending;
-                    }
-                    self.armed = false;
                     match deadlines(self.activity, &self.limits) {
                         Due::Later(at) => {
-                            self.check.as_mut().reset(at);
-                            continue;
+                            self.activity.check_at(at);
+                            return Poll::Pending;
                         }
                         Due::SlowHead => {
                             tracing::debug!(peer = %self.peer, "request head not complete in time; closing");
@@ -225,7 +213,7 @@ impl<'a> Watchdog<'a> {
                         Due::Idle => Closing::Politely,
                     }
                 };
-                match close(serving.as_mut(), why) {
+                match close(serving.as_mut(), why, self.activity) {
                     Shutdown::Now => return Poll::Ready(None),
                     Shutdown::Begun => self.closing = true,
                 }
@@ -247,8 +235,8 @@ pub(crate) async fn register_task(activity: &ConnActivity) {
 
 /// What [`deadlines`] decided.
 enum Due {
-    /// Check again at this instant.
-    Later(Instant),
+    /// Look again at this moment ([`ConnActivity::now_ms`]'s milliseconds).
+    Later(u64),
     /// Idle too long: close politely.
     Idle,
     /// Request head too slow: drop the connection.
@@ -262,28 +250,26 @@ enum Due {
 /// header_timeout` can never miss a head's deadline, however many requests
 /// come and go meanwhile — which is why traffic needs no wake-up.
 fn deadlines(activity: &ConnActivity, limits: &ConnLimits) -> Due {
-    let (header_timeout, idle_timeout) = (limits.header_read_timeout(), limits.idle_timeout());
+    let (header_ms, idle_ms) = (limits.header_read_ms(), limits.idle_ms());
     let now = activity.now_ms();
-    let at = |ms: u64| activity.started + Duration::from_millis(ms.saturating_sub(1));
-    let soonest_head_deadline = at(now) + header_timeout;
+    let soonest_head_deadline = now + header_ms;
     if activity.in_flight.load(Ordering::Relaxed) > 0 {
         return Due::Later(soonest_head_deadline);
     }
     let head = activity.head_started_ms.load(Ordering::Relaxed);
     if head != 0 {
-        let deadline = head + header_timeout.as_millis() as u64;
+        let deadline = head + header_ms;
         return if now >= deadline {
             Due::SlowHead
         } else {
-            Due::Later(at(deadline))
+            Due::Later(deadline)
         };
     }
-    let deadline =
-        activity.last_activity_ms.load(Ordering::Relaxed) + idle_timeout.as_millis() as u64;
+    let deadline = activity.last_activity_ms.load(Ordering::Relaxed) + idle_ms;
     if now >= deadline {
         Due::Idle
     } else {
-        Due::Later(at(deadline).min(soonest_head_deadline))
+        Due::Later(deadline.min(soonest_head_deadline))
     }
 }
 
@@ -291,8 +277,22 @@ fn deadlines(activity: &ConnActivity, limits: &ConnLimits) -> Due {
 mod tests {
     use super::*;
     use std::cell::{Cell, RefCell};
+    use std::sync::Arc;
+
+    use tokio::time::Instant;
 
     use crate::conn::drain::Drain;
+    use crate::conn::evict::{Registered, Registry};
+    use crate::conn::sweep::sweep;
+
+    /// `activity`'s connection, run by this task, in a registry whose
+    /// sweep runs until the returned guard is dropped.
+    async fn swept(activity: &Arc<ConnActivity>) -> (Registered, tokio::task::JoinHandle<()>) {
+        register_task(activity).await;
+        let registry = Registry::new(1);
+        let registered = registry.register(0, activity.clone());
+        (registered, tokio::spawn(sweep(registry, 0)))
+    }
 
     const HEADER: Duration = Duration::from_secs(1);
     const IDLE: Duration = Duration::from_secs(5);
@@ -321,23 +321,16 @@ mod tests {
 
     #[tokio::test(start_paused = true)]
     async fn a_slow_head_is_closed_as_the_protocol_answers() {
-        let (activity, metrics, drain) = (ConnActivity::new(), Metrics::new(), Drain::new(1));
+        let (activity, metrics, drain) =
+            (Arc::new(ConnActivity::new()), Metrics::new(), Drain::new(1));
         let (mut watch, peer) = (drain.watch(0), "127.0.0.1:1".parse().unwrap());
-        let check = std::pin::pin!(tokio::time::sleep(HEADER));
-        let mut watchdog = Watchdog::new(
-            &activity,
-            &metrics,
-            limits(),
-            &peer,
-            &mut watch,
-            false,
-            check,
-        );
+        let _sweep = swept(&activity).await;
+        let mut watchdog = Watchdog::new(&activity, &metrics, limits(), &peer, &mut watch, false);
         activity.bytes_read();
         let start = Instant::now();
         let asked = RefCell::new(Vec::new());
         let serving = std::pin::pin!(std::future::pending::<()>());
-        let served = watchdog.serve(serving, |_, why| {
+        let served = watchdog.serve(serving, |_, why, _| {
             asked.borrow_mut().push(why);
             Shutdown::Now
         });
@@ -348,23 +341,16 @@ mod tests {
 
     #[tokio::test(start_paused = true)]
     async fn an_idle_connection_is_asked_politely_once_and_served_to_its_end() {
-        let (activity, metrics, drain) = (ConnActivity::new(), Metrics::new(), Drain::new(1));
+        let (activity, metrics, drain) =
+            (Arc::new(ConnActivity::new()), Metrics::new(), Drain::new(1));
         let (mut watch, peer) = (drain.watch(0), "127.0.0.1:1".parse().unwrap());
-        let check = std::pin::pin!(tokio::time::sleep(HEADER));
-        let mut watchdog = Watchdog::new(
-            &activity,
-            &metrics,
-            limits(),
-            &peer,
-            &mut watch,
-            false,
-            check,
-        );
+        let _sweep = swept(&activity).await;
+        let mut watchdog = Watchdog::new(&activity, &metrics, limits(), &peer, &mut watch, false);
         served(&activity);
         let start = Instant::now();
         let (closed, asked) = (Cell::new(false), RefCell::new(Vec::new()));
         let serving = std::pin::pin!(until(&closed));
-        let served = watchdog.serve(serving, |_, why| {
+        let served = watchdog.serve(serving, |_, why, _| {
             asked.borrow_mut().push(why);
             closed.set(true);
             Shutdown::Begun
@@ -378,25 +364,18 @@ mod tests {
 
     #[tokio::test(start_paused = true)]
     async fn a_drain_seen_before_a_hand_off_asks_the_next_protocol_before_its_first_poll() {
-        let (activity, metrics, drain) = (ConnActivity::new(), Metrics::new(), Drain::new(1));
+        let (activity, metrics, drain) =
+            (Arc::new(ConnActivity::new()), Metrics::new(), Drain::new(1));
         let (mut watch, peer) = (drain.watch(0), "127.0.0.1:1".parse().unwrap());
-        let check = std::pin::pin!(tokio::time::sleep(HEADER));
-        let mut watchdog = Watchdog::new(
-            &activity,
-            &metrics,
-            limits(),
-            &peer,
-            &mut watch,
-            false,
-            check,
-        );
+        let _sweep = swept(&activity).await;
+        let mut watchdog = Watchdog::new(&activity, &metrics, limits(), &peer, &mut watch, false);
         let events = RefCell::new(Vec::new());
         // The first protocol: asked when the drain starts, ends with its
         // request in flight answered.
         let closed = Cell::new(false);
         drain.start();
         let serving = std::pin::pin!(until(&closed));
-        let first = watchdog.serve(serving, |_, why| {
+        let first = watchdog.serve(serving, |_, why, _| {
             events.borrow_mut().push(("first asked", why));
             closed.set(true);
             Shutdown::Begun
@@ -408,7 +387,7 @@ mod tests {
             polled.set(true);
             Poll::Ready(())
         }));
-        let second = watchdog.serve(serving, |_, why| {
+        let second = watchdog.serve(serving, |_, why, _| {
             assert!(!polled.get(), "asked before its first poll");
             events.borrow_mut().push(("second asked", why));
             Shutdown::Begun
@@ -425,22 +404,15 @@ mod tests {
 
     #[tokio::test(start_paused = true)]
     async fn an_evicted_connection_ends_counted_without_asking_the_protocol() {
-        let (activity, metrics, drain) = (ConnActivity::new(), Metrics::new(), Drain::new(1));
+        let (activity, metrics, drain) =
+            (Arc::new(ConnActivity::new()), Metrics::new(), Drain::new(1));
         let (mut watch, peer) = (drain.watch(0), "127.0.0.1:1".parse().unwrap());
-        let check = std::pin::pin!(tokio::time::sleep(HEADER));
-        let mut watchdog = Watchdog::new(
-            &activity,
-            &metrics,
-            limits(),
-            &peer,
-            &mut watch,
-            false,
-            check,
-        );
+        let _sweep = swept(&activity).await;
+        let mut watchdog = Watchdog::new(&activity, &metrics, limits(), &peer, &mut watch, false);
         served(&activity);
         assert!(activity.request_eviction());
         let serving = std::pin::pin!(std::future::pending::<()>());
-        let served = watchdog.serve(serving, |_, why| panic!("asked: {why:?}"));
+        let served = watchdog.serve(serving, |_, why, _| panic!("asked: {why:?}"));
         assert_eq!(served.await, None);
         assert!(
             metrics

@@ -369,6 +369,13 @@ impl Server {
 /// shutdown signal, then closes them. Its connections drain on their own.
 async fn run_worker(shared: Shared, mut commands: mpsc::UnboundedReceiver<Command>) {
     let mut shutdown = shared.shutdown.clone();
+    // The deadlines of this worker's connections. Once the drain starts
+    // they are no longer watched (each is asked to close), so the sweep
+    // ends with the accepting.
+    let sweeping = tokio::spawn(crate::conn::sweep::sweep(
+        shared.connections.clone(),
+        crate::worker::worker_index(),
+    ));
     let mut accepting = Accepting {
         shared,
         loops: HashMap::new(),
@@ -399,6 +406,7 @@ async fn run_worker(shared: Shared, mut commands: mpsc::UnboundedReceiver<Comman
     for side in std::mem::take(&mut accepting.sides) {
         let _ = side.await;
     }
+    sweeping.abort();
     // Dropping `accepting` drops this worker's `alive` sender.
 }
 
@@ -522,14 +530,16 @@ mod tests {
 
     /// What every idle keep-alive connection's task holds: the accept
     /// loop's future of a plain connection, its slot and liveness
-    /// included: 520 bytes. tokio's task cell adds 104 bytes (header,
-    /// scheduler, task id, stage, trailer) and rounds up to 128: at 536
-    /// bytes or less the cell takes 640 bytes, one more byte and 768. An `async` block around
-    /// a connection's future once stored it twice (5.7 KB an idle
-    /// connection, 3.2 KB before); the `async fn`s that kept their
-    /// arguments twice took 768 bytes (a cell of 896). Release builds lay
-    /// futures out as this build does (the layout is fixed before MIR's
-    /// optimisations); raise the bound only knowingly.
+    /// included: 408 bytes. tokio's task cell adds 104 bytes (header,
+    /// scheduler, task id, stage, trailer) and rounds up to 128: at 408
+    /// bytes or less the cell takes 512 bytes, one more byte and 640. An
+    /// `async` block around a connection's future once stored it twice
+    /// (5.7 KB an idle connection, 3.2 KB before); the `async fn`s that
+    /// kept their arguments twice took 768 bytes (a cell of 896); a timer
+    /// per connection (tokio's `Sleep`, now the worker's sweep) 520 (a
+    /// cell of 640). Release builds lay futures out as this build does
+    /// (the layout is fixed before MIR's optimisations); raise the bound
+    /// only knowingly.
     #[tokio::test]
     async fn an_idle_connection_s_task_stays_small() {
         let config = Config::from_bytes(
@@ -556,12 +566,13 @@ mod tests {
         let task = Holding::new(shared.plain_connection(stream, peer), permit);
         let size = std::mem::size_of_val(&task);
         println!("a plain connection's task future: {size} bytes");
-        // 768 while `serve_connection` and `http1::server::serve` were
-        // `async fn`s (each argument kept twice); 4,872 bytes (heaptrack)
-        // when an async block wrapped it twice.
+        // 520 with a timer of its own; 768 while `serve_connection` and
+        // `http1::server::serve` were `async fn`s (each argument kept
+        // twice); 4,872 bytes (heaptrack) when an async block wrapped it
+        // twice.
         assert!(
-            size <= 520,
-            "a plain connection's task future is {size} bytes (over 536, tokio's cell grows by 128)"
+            size <= 408,
+            "a plain connection's task future is {size} bytes (over 408, tokio's cell grows by 128)"
         );
     }
 }

@@ -5,7 +5,7 @@
 //! header and idle timeouts. It lives with the server codec so the pipeline
 //! can mark a request's end without naming the connection layer.
 
-use std::sync::atomic::{AtomicBool, AtomicPtr, AtomicU32, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicPtr, AtomicU8, AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, OnceLock};
 use std::task::{Context, Poll};
 
@@ -17,9 +17,11 @@ use super::linger::LingerSwitch;
 /// Activity of one connection, shared by its I/O wrapper, its requests and
 /// its watchdog. Times are milliseconds since the connection was accepted.
 ///
-/// The watchdog is never woken by traffic: it sleeps to the earliest moment
-/// any deadline could fall (see `watchdog`) and looks at these marks when
-/// it wakes. A request costs a few relaxed atomics, not a timer.
+/// The watchdog is never woken by traffic: it asks to be looked at again at
+/// the earliest moment any deadline could fall ([`ConnActivity::check_at`]),
+/// its worker's sweep wakes it then (`conn::sweep`: one timer per worker,
+/// not one per connection), and it reads these marks. A request costs a few
+/// relaxed atomics, not a timer.
 #[derive(Debug)]
 pub(crate) struct ConnActivity {
     pub(crate) started: Instant,
@@ -37,13 +39,22 @@ pub(crate) struct ConnActivity {
     /// to be answered before it passes an upgrade ([`super::gate::Answered`]);
     /// rare, so a lock ([`Rare::answer_waker`]), taken only when this is set.
     answer_awaited: AtomicBool,
-    /// Asked to close if idle, to make room at `max_connections` (see
-    /// [`ConnActivity::request_eviction`]).
-    evict: AtomicBool,
+    /// Why the connection's task was woken by someone else: [`EVICT`]
+    /// (asked to close if idle, to make room at `max_connections`, see
+    /// [`ConnActivity::request_eviction`]) and [`DUE`] (its deadlines are
+    /// to be looked at, [`ConnActivity::wake_if_due`]). One load on every
+    /// wake-up reads both.
+    flags: AtomicU8,
+    /// When the watchdog is to look at the deadlines next, in
+    /// [`ConnActivity::now_ms`]'s milliseconds; [`NOT_SCHEDULED`] when it
+    /// was woken for it and has not asked again yet. 32 bits: it fits in
+    /// what the other fields leave of the allocation (a connection past 49
+    /// days is looked at on every sweep).
+    check_at: AtomicU32,
     /// The connection task's waker, stored once when the connection starts
-    /// (a task's waker does not change): how an eviction reaches an idle
-    /// connection, which nothing else polls. Locked twice in a connection's
-    /// life, never per request.
+    /// (a task's waker does not change): how an eviction or the sweep
+    /// reaches an idle connection, which nothing else polls. Locked when
+    /// the connection starts and when it is woken so, never per request.
     task: parking_lot::Mutex<Option<std::task::Waker>>,
     /// Whether interim (1xx) heads are relayed: set while the fast path
     /// serves the connection (HTTP/1.1 clients only; hyper's servers have no
@@ -57,6 +68,13 @@ pub(crate) struct ConnActivity {
     /// idle ones included, would carry its room (~70 bytes) otherwise.
     rare: RareCell,
 }
+
+/// [`ConnActivity::flags`]: asked to close if idle.
+const EVICT: u8 = 1;
+/// [`ConnActivity::flags`]: the deadlines are due to be looked at.
+const DUE: u8 = 2;
+/// [`ConnActivity::check_at`]: no look asked for.
+const NOT_SCHEDULED: u32 = u32::MAX;
 
 /// A [`Rare`] made by its first use: one pointer, null until then. (A
 /// `OnceLock<Box<Rare>>` takes two words, and with it `ConnActivity` took
@@ -140,7 +158,8 @@ impl ConnActivity {
             closing: AtomicBool::new(false),
             linger: LingerSwitch::default(),
             answer_awaited: AtomicBool::new(false),
-            evict: AtomicBool::new(false),
+            flags: AtomicU8::new(0),
+            check_at: AtomicU32::new(NOT_SCHEDULED),
             task: parking_lot::Mutex::new(None),
             relay_interim: AtomicBool::new(false),
             interim_waiting: AtomicBool::new(false),
@@ -189,7 +208,7 @@ impl ConnActivity {
         if last == 0
             || !self.is_between_requests()
             || self.closing.load(Ordering::Relaxed)
-            || self.evict.load(Ordering::Relaxed)
+            || self.flags.load(Ordering::Relaxed) & EVICT != 0
             || self.linger.is_off()
         {
             return None;
@@ -200,28 +219,78 @@ impl ConnActivity {
     /// Asks the connection to close if it is still idle when it looks (its
     /// task is woken for it). False when it was asked already.
     pub(crate) fn request_eviction(&self) -> bool {
-        if self.evict.swap(true, Ordering::SeqCst) {
+        if self.flags.fetch_or(EVICT, Ordering::SeqCst) & EVICT != 0 {
             return false;
         }
-        if let Some(waker) = self.task.lock().as_ref() {
-            waker.wake_by_ref();
-        }
+        self.wake_task();
         true
     }
 
-    /// Called by the connection's task on each wake-up (one relaxed load):
-    /// true when it was asked to close and is idle, so it closes now. A
-    /// connection that turned busy meanwhile is left alone (and may be asked
-    /// again once idle).
+    fn wake_task(&self) {
+        if let Some(waker) = self.task.lock().as_ref() {
+            waker.wake_by_ref();
+        }
+    }
+
+    /// Read by the connection's task on each wake-up (one relaxed load):
+    /// whether anyone woke it with something to look at (an eviction, its
+    /// deadlines due); [`ConnActivity::evicted`] and
+    /// [`ConnActivity::take_due`] then say which.
+    #[inline]
+    pub(crate) fn woken_for_something(&self) -> bool {
+        self.flags.load(Ordering::Relaxed) != 0
+    }
+
+    /// True when the connection was asked to close and is idle, so it
+    /// closes now. A connection that turned busy meanwhile is left alone
+    /// (and may be asked again once idle).
     pub(crate) fn evicted(&self) -> bool {
-        if !self.evict.load(Ordering::Relaxed) {
+        if self.flags.load(Ordering::Relaxed) & EVICT == 0 {
             return false;
         }
         if self.is_between_requests() {
             return true;
         }
-        self.evict.store(false, Ordering::SeqCst);
+        self.flags.fetch_and(!EVICT, Ordering::SeqCst);
         false
+    }
+
+    /// Asks to be woken once [`ConnActivity::now_ms`] reaches `at_ms` (by
+    /// the worker's sweep, at its granularity: never before).
+    pub(crate) fn check_at(&self, at_ms: u64) {
+        let at = u32::try_from(at_ms).unwrap_or(NOT_SCHEDULED - 1);
+        self.check_at.store(at, Ordering::Relaxed);
+    }
+
+    /// The sweep's look at this connection at `now_ms` (its
+    /// [`ConnActivity::ms_at`]): when the watchdog's look is due, marks it
+    /// [`DUE`] and wakes the task (once: it asks again when it has looked).
+    /// Otherwise the moment it is due, in `now_ms`'s milliseconds, if one
+    /// is asked for.
+    pub(crate) fn wake_if_due(&self, now_ms: u64) -> Option<u64> {
+        let at = self.check_at.load(Ordering::Relaxed);
+        if at == NOT_SCHEDULED {
+            return None;
+        }
+        if now_ms < u64::from(at) {
+            return Some(u64::from(at));
+        }
+        self.check_at.store(NOT_SCHEDULED, Ordering::Relaxed);
+        self.flags.fetch_or(DUE, Ordering::Release);
+        self.wake_task();
+        None
+    }
+
+    /// Whether the sweep woke the task to look at the deadlines (then the
+    /// mark is cleared).
+    pub(crate) fn take_due(&self) -> bool {
+        self.flags.load(Ordering::Relaxed) & DUE != 0
+            && self.flags.fetch_and(!DUE, Ordering::Acquire) & DUE != 0
+    }
+
+    /// `at` in [`ConnActivity::now_ms`]'s milliseconds.
+    pub(crate) fn ms_at(&self, at: Instant) -> u64 {
+        at.saturating_duration_since(self.started).as_millis() as u64 + 1
     }
 
     pub(crate) fn now_ms(&self) -> u64 {

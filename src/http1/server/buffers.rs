@@ -12,18 +12,17 @@
 //! allocations of a busy set are reused as they were before.
 //!
 //! The first [`KEEP_IDLE`] connections of a thread that go idle keep their
-//! set instead ([`Kept`]): a few connections each serving one request after
-//! another (the usual keep-alive client, a load balancer's pool) then skip
-//! the list both ways, and the first read of their next request goes
-//! straight into the set. The memory that costs is bounded per thread, not
-//! per connection, as the spares are.
+//! set instead, for as long as they stay busy or idle in turn ([`Keeping`]):
+//! a few connections each serving one request after another (the usual
+//! keep-alive client, a load balancer's pool) then skip the list both ways,
+//! and the first read of their next request goes straight into the set. The
+//! memory that costs is bounded per thread, not per connection, as the
+//! spares are.
 
 use std::cell::{Cell, RefCell};
-use std::io;
 
 use bytes::BytesMut;
 use http::HeaderMap;
-use tokio::io::{AsyncRead, AsyncReadExt};
 
 use super::slot::Block;
 
@@ -38,7 +37,7 @@ pub(super) const WRITE_BATCH: usize = 16 * 1024;
 /// per thread sits here, handler blocks included).
 const MAX_SPARE: usize = 64;
 
-/// Idle connections per thread that keep their set ([`Kept`]): at most
+/// Idle connections per thread that keep their set ([`Keeping`]): at most
 /// ~0.9 MB per thread, as the spares.
 pub(super) const KEEP_IDLE: usize = 64;
 
@@ -75,68 +74,41 @@ thread_local! {
     // by value cost ~300 instructions per request).
     #[allow(clippy::vec_box)]
     static SPARE: RefCell<Vec<Box<Buffers>>> = const { RefCell::new(Vec::new()) };
-    /// Sets kept by idle connections of this thread ([`Kept`]).
+    /// Places taken by connections of this thread that keep their set
+    /// while idle ([`Keeping`]).
     static KEPT: Cell<usize> = const { Cell::new(0) };
 }
 
-/// The set of an idle connection that keeps it, counted against
-/// [`KEEP_IDLE`] until the next request's first bytes are read into it
-/// ([`Kept::next_request`]) or the connection ends.
+/// One of the thread's [`KEEP_IDLE`] places for a connection that keeps
+/// its set while idle, held from its first idle moment to the end of its
+/// busy spell (a request after another then costs no look at the count),
+/// and given up when dropped.
 #[derive(Debug)]
-pub(super) struct Kept(Option<Box<Buffers>>);
+pub(super) struct Keeping {
+    _counted: (),
+}
 
-impl Kept {
-    /// Keeps `set` for an idle connection if the thread has room for one
-    /// more, and it is of its usual size; otherwise hands it back.
-    pub(super) fn try_keep(set: Box<Buffers>) -> Result<Kept, Box<Buffers>> {
-        if set.grown() {
-            return Err(set);
-        }
-        let counted = KEPT.with(|kept| {
+impl Keeping {
+    /// A place, if the thread has one left.
+    pub(super) fn try_take() -> Option<Keeping> {
+        KEPT.try_with(|kept| {
             let room = kept.get() < KEEP_IDLE;
             if room {
                 kept.set(kept.get() + 1);
             }
             room
-        });
-        if counted {
-            Ok(Kept(Some(set)))
-        } else {
-            Err(set)
-        }
-    }
-
-    /// Waits, keeping the set (and counted), for the first bytes of the
-    /// connection's next request, read into it; then the set is the
-    /// connection's again, with whether they came (false: the client
-    /// closed the connection).
-    pub(super) async fn next_request<T: AsyncRead + Unpin>(
-        mut self,
-        io: &mut T,
-    ) -> (Box<Buffers>, io::Result<bool>) {
-        // Always there: only `Drop` and this take it (a new set stands in,
-        // never used).
-        let Some(set) = self.0.as_mut() else {
-            return (Buffers::take(), Ok(false));
-        };
-        make_room(&mut set.read);
-        // In the set's place until then: a connection dropped while it
-        // waits gives the set to the spares (`Drop`).
-        let read = io.read_buf(&mut set.read).await;
-        let set = self.0.take().unwrap_or_else(Buffers::take);
-        (set, read.map(|n| n > 0))
+        })
+        .unwrap_or(false)
+        // Made only when counted: dropping one gives a place up.
+        .then(|| Keeping { _counted: () })
     }
 }
 
-impl Drop for Kept {
+impl Drop for Keeping {
     fn drop(&mut self) {
         // `try_with`: a connection dropped as its thread ends finds the
         // counter gone, and has nothing to tell it.
         let _ = KEPT.try_with(|k| k.set(k.get().saturating_sub(1)));
-        // The connection ended while idle: its set goes to the spares.
-        if let Some(set) = self.0.take() {
-            set.give_back();
-        }
     }
 }
 
@@ -144,7 +116,13 @@ impl Buffers {
     /// Whether the set grew past its usual size (a long head, a large
     /// response batch): it is then freed rather than kept for another.
     fn grown(&self) -> bool {
-        self.read.capacity() > 2 * READ_BUFFER || self.out.capacity() > 4 * WRITE_BATCH
+        Self::grown_parts(&self.read, &self.out)
+    }
+
+    /// [`Buffers::grown`] of a set's read and write buffers.
+    #[inline]
+    pub(super) fn grown_parts(read: &BytesMut, out: &Vec<u8>) -> bool {
+        read.capacity() > 2 * READ_BUFFER || out.capacity() > 4 * WRITE_BATCH
     }
 
     /// A set from the thread's spares, or a new one.
@@ -206,35 +184,23 @@ mod tests {
         assert!(again.read.capacity() >= READ_BUFFER);
     }
 
-    #[tokio::test]
-    async fn a_thread_keeps_at_most_its_bound_of_sets_for_idle_connections() {
-        use tokio::io::AsyncWriteExt;
+    #[test]
+    fn a_thread_has_at_most_its_bound_of_places_for_sets_kept_while_idle() {
         let before = KEPT.with(Cell::get);
-        let mut kept = Vec::new();
-        while let Ok(set) = Kept::try_keep(Buffers::take()) {
-            kept.push(set);
+        let mut places = Vec::new();
+        while let Some(place) = Keeping::try_take() {
+            places.push(place);
         }
         assert_eq!(KEPT.with(Cell::get), KEEP_IDLE);
-        assert_eq!(kept.len(), KEEP_IDLE - before);
-        // The next request's bytes go into the kept set, which is then the
-        // connection's again and no longer counted.
-        let (mut client, mut server) = tokio::io::duplex(64);
-        client.write_all(b"GET / HTTP/1.1\r\n").await.unwrap();
-        let (set, arrived) = kept.pop().unwrap().next_request(&mut server).await;
-        assert!(arrived.unwrap(), "bytes arrived");
-        assert_eq!(&set.read[..], b"GET / HTTP/1.1\r\n");
+        assert_eq!(places.len(), KEEP_IDLE - before);
+        // A connection whose spell ends gives its place up.
+        places.pop();
         assert_eq!(KEPT.with(Cell::get), KEEP_IDLE - 1);
-        // A client that closes while idle: no set, and not counted.
-        drop(client);
-        let (_, arrived) = kept.pop().unwrap().next_request(&mut server).await;
-        assert!(!arrived.unwrap());
-        assert_eq!(KEPT.with(Cell::get), KEEP_IDLE - 2);
-        // Room for another again; a grown set is not kept.
-        let mut grown = Buffers::take();
-        grown.read.reserve(4 * READ_BUFFER);
-        assert!(Kept::try_keep(grown).is_err());
-        assert!(Kept::try_keep(set).is_ok());
-        drop(kept);
+        places.push(Keeping::try_take().expect("a place again"));
+        assert!(Keeping::try_take().is_none());
+        assert_eq!(KEPT.with(Cell::get), KEEP_IDLE);
+        drop(places);
+        assert_eq!(KEPT.with(Cell::get), before);
     }
 
     #[test]

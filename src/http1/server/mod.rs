@@ -50,7 +50,7 @@ use http::{Method, Request, Response};
 use http_body::Body;
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, ReadBuf};
 
-use buffers::{Buffers, Kept, WRITE_BATCH, make_room};
+use buffers::{Buffers, Keeping, WRITE_BATCH, make_room};
 use slot::Slot;
 
 use crate::http::chunked::LAST_CHUNK;
@@ -225,10 +225,12 @@ enum Next {
 }
 
 /// Serves requests from the bytes in `buffers` until the connection goes
-/// idle (no byte of a next request read) or ends. The first [`KEEP_IDLE`]
-/// connections of a thread to go idle wait here instead, keeping their
-/// buffers and this state ([`Kept`]): the usual keep-alive client then
-/// reads its next request straight into them.
+/// idle (no byte of a next request read, the set given back) or ends. The
+/// first [`KEEP_IDLE`] connections of a thread to go idle wait here
+/// instead, keeping their buffers and this state ([`Keeping`], held until
+/// the spell ends): the usual keep-alive client then reads its next
+/// request straight into them, and a request after another costs nothing
+/// more than its read.
 ///
 /// [`KEEP_IDLE`]: buffers::KEEP_IDLE
 async fn serve_busy<T, C, F, Fut, B, L>(
@@ -237,7 +239,7 @@ async fn serve_busy<T, C, F, Fut, B, L>(
     max_head: usize,
     respond: &mut F,
     mut buffers: Box<Buffers>,
-    mut step_aside: bool,
+    step_aside: bool,
 ) -> Spell
 where
     T: AsyncRead + AsyncWrite + Unpin,
@@ -248,44 +250,13 @@ where
     B: Body<Data = Bytes>,
     B::Error: std::fmt::Display,
 {
-    loop {
-        let next = serve_requests(io, closing, max_head, respond, &mut buffers, step_aside).await;
-        let steps_aside = match next {
-            Ok(Next::Idle { steps_aside }) => steps_aside,
-            next => return Spell { buffers, next },
-        };
-        match Kept::try_keep(buffers) {
-            Ok(kept) => {
-                let (set, arrived) = kept.next_request(io).await;
-                buffers = set;
-                match arrived {
-                    Ok(true) => step_aside = steps_aside,
-                    Ok(false) => {
-                        return Spell {
-                            buffers,
-                            next: Ok(Next::Ended(Ended::Closed)),
-                        };
-                    }
-                    Err(error) => {
-                        return Spell {
-                            buffers,
-                            next: Err(error),
-                        };
-                    }
-                }
-            }
-            Err(buffers) => {
-                return Spell {
-                    buffers,
-                    next: Ok(Next::Idle { steps_aside }),
-                };
-            }
-        }
-    }
+    let next = serve_requests(io, closing, max_head, respond, &mut buffers, step_aside).await;
+    Spell { buffers, next }
 }
 
-/// Serves the requests in `buffers` (and those read into them) until none
-/// is buffered after a response, or the connection ends.
+/// Serves the requests in `buffers` (and those read into them) until the
+/// connection goes idle without one of its thread's places to keep its
+/// set while idle ([`Keeping`]), or ends.
 async fn serve_requests<T, C, F, Fut, B, L>(
     io: &mut T,
     closing: &C,
@@ -303,6 +274,9 @@ where
     B: Body<Data = Bytes>,
     B::Error: std::fmt::Display,
 {
+    // Taken at the spell's first idle moment, if the thread has a place
+    // left; released when the spell ends.
+    let mut keeping: Option<Keeping> = None;
     let Buffers {
         read: buffer,
         out,
@@ -311,14 +285,17 @@ where
         busy: _,
     } = buffers;
     loop {
-        if std::mem::take(&mut step_aside) {
-            step_aside::while_busy().await;
-        }
         // Bytes of a partial head already parsed: a head arriving in many
         // small reads is parsed again only when it may have ended.
         let mut parsed_up_to = 0;
         let (request, close) = loop {
             if !buffer.is_empty() && may_be_complete(buffer, parsed_up_to, max_head) {
+                // The next request has arrived (or its first bytes): a
+                // connection whose last answer was a denial steps aside
+                // now, before it is parsed and answered (see `serve`).
+                if std::mem::take(&mut step_aside) {
+                    step_aside::while_busy().await;
+                }
                 match parse(buffer, fields, max_head) {
                     Parsed::Request { request, close } => break (request, close),
                     Parsed::HandOff => {
@@ -425,13 +402,41 @@ where
             crate::http1::server::linger::close(io).await;
             return Ok(Next::Ended(Ended::Closed));
         }
-        if buffer.is_empty() {
-            return Ok(Next::Idle {
-                steps_aside: step_aside,
-            });
+        if buffer.is_empty() && !keeps(&mut keeping, buffer, out) {
+            // Idle without a place to keep the set: the next request is
+            // read here only if its bytes are there already (the set is
+            // given back only when the connection would wait).
+            make_room(buffer);
+            match poll_fn(|cx| Poll::Ready(pin!(io.read_buf(&mut *buffer)).poll(cx))).await {
+                Poll::Pending => {
+                    return Ok(Next::Idle {
+                        steps_aside: step_aside,
+                    });
+                }
+                Poll::Ready(Ok(0)) => return Ok(Next::Ended(Ended::Closed)),
+                Poll::Ready(read) => {
+                    read?;
+                }
+            }
         }
-        // Pipelined bytes are waiting: served with the same buffers.
+        // Pipelined bytes are waiting, or the connection keeps its set
+        // while it waits: the next request is read (above) and served with
+        // the same buffers.
     }
+}
+
+/// Whether a connection going idle keeps its set while it waits for its
+/// next request: it holds a place of its thread's ([`Keeping`]: taken now
+/// if it has none and one is left), and the set has its usual size.
+#[inline]
+fn keeps(keeping: &mut Option<Keeping>, read: &BytesMut, out: &Vec<u8>) -> bool {
+    if Buffers::grown_parts(read, out) {
+        return false;
+    }
+    if keeping.is_none() {
+        *keeping = Keeping::try_take();
+    }
+    keeping.is_some()
 }
 
 /// Stack room for the first read of an idle connection: most request heads
