@@ -45,7 +45,7 @@
 //!   one idle between requests for `idle_timeout`. hyper's own header timer is
 //!   off, because it also runs while a keep-alive connection is idle and would
 //!   cap the idle time at the header timeout. Their deadlines are acted on
-//!   at the granularity of the worker's sweep (at most a second late,
+//!   at the granularity of the worker's sweep (at most a quarter of a second late,
 //!   never early). The watchdog (`watchdog`) is
 //!   one loop for the fast path, hyper's HTTP/1.1 and HTTP/2 alike, which
 //!   also ends an evicted connection and starts the drain's polite close;
