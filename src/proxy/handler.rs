@@ -489,14 +489,14 @@ async fn route_and_act(
                         policy,
                         budget,
                     };
-                    retried(retrying, index, downstream, parts, body, progress).await
+                    retried(retrying, index, downstream, &mut parts, body, progress).await
                 }
                 _ => {
                     send_upstream(
                         snapshot,
                         route,
                         downstream,
-                        parts,
+                        &mut parts,
                         body,
                         &mut progress.answer.permits,
                         interim_sink(&progress.answer.connection),
@@ -650,7 +650,7 @@ fn retried<'a>(
     retrying: Retrying<'a>,
     index: usize,
     downstream: Downstream,
-    parts: Parts,
+    parts: &'a mut Parts,
     body: PendingBody,
     progress: &'a mut Progress,
 ) -> Pin<Box<dyn Future<Output = Forwarded> + Send + 'a>> {
