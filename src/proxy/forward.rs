@@ -192,7 +192,9 @@ async fn connect_and_exchange(
     attempt: &mut Attempt,
 ) -> Exchanged {
     // A reused timer: a fresh one per request cost ~600 instructions.
-    let mut deadline = Deadline::at(tokio::time::Instant::now() + upstream.config.timeout);
+    // The request's one clock read: its deadline, and the pool's idle times.
+    let now = tokio::time::Instant::now();
+    let mut deadline = Deadline::at(now + upstream.config.timeout);
     // The fields before a URL's `Host`.
     let own_fields = prepared.own.lines.len();
     let mut replay = attempt
@@ -204,7 +206,7 @@ async fn connect_and_exchange(
     // copy of it through every exchange for the rare one sent again.
     let mut aimed_at: Option<usize> = None;
     loop {
-        let started = upstream.start_connect(attempt);
+        let started = upstream.start_connect(attempt, now);
         let started = started.map_err(|not| failure(upstream, Failed::NotConnected(not), cap))?;
         let (url, connection, _in_flight) = match started {
             Start::Ready(url, connection, in_flight) => (url, connection, in_flight),
@@ -243,7 +245,8 @@ async fn connect_and_exchange(
                 prepared.parts,
                 std::mem::replace(&mut prepared.body, RequestBody::Buffered(None)),
                 &prepared.own,
-                interim
+                interim,
+                now
             )))
             .await;
         let Some(exchanged) = exchanged else {
