@@ -47,7 +47,8 @@ pub(crate) async fn send_upstream(
 ) -> Result<(Response<ResponseBody>, FieldLines), GatewayError> {
     let (upstream, body, exceeded) = upstream_body(snapshot, route, parts, body)?;
     upgrade::allow_only(&mut parts.headers, &snapshot.config.server.upgrades);
-    let mut request = forward::prepare(upstream, parts, body, downstream.peer, downstream.proto);
+    let mut request = forward::Prepared::new(parts, body);
+    forward::prepare(upstream, &mut request, downstream.peer, downstream.proto);
     if let Some(rule) = &route.tokens {
         tokens::accept_usage_trailer(rule, &mut request.own);
     }
