@@ -214,7 +214,7 @@ impl FieldLines {
         self.relayed.extend_from_slice(value);
         self.relayed.extend_from_slice(b"\r\n");
         self.relayed_lengths |= length_bit(name);
-        if name.eq_ignore_ascii_case(b"date") {
+        if crate::http::hop_by_hop::is_name(name, b"date") {
             self.relayed_date = true;
         }
     }

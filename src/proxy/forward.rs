@@ -9,8 +9,7 @@
 
 use std::io::Write as _;
 use std::net::{IpAddr, SocketAddr};
-use std::pin::pin;
-use std::sync::Arc;
+use std::pin::{Pin, pin};
 use std::sync::atomic::{AtomicBool, Ordering};
 
 use super::body::{ClientBodyError, RequestBody};
@@ -31,13 +30,13 @@ use http::{Response, Version};
 
 /// A request ready to go upstream, to whichever URL takes it.
 #[derive(Debug)]
-pub(crate) struct Prepared {
+pub(crate) struct Prepared<'p> {
     /// The client's request head; its target is the client's until a URL
     /// is chosen (then that URL's prefix goes in front), and its header map
     /// is left as the client sent it: `own` says what changes on the way.
-    /// Head and body apart, so that the exchange borrows the head where
-    /// it is instead of taking (and copying) a whole `Request`.
-    pub(crate) parts: Parts,
+    /// Borrowed from the handler's future, where it was made: each move of
+    /// it was a copy of 224 bytes (four of them per request).
+    pub(crate) parts: &'p mut Parts,
     /// Taken by the exchange (an empty body is left in its place).
     pub(crate) body: RequestBody,
     pub(crate) own: OwnFields,
@@ -68,93 +67,113 @@ enum Failed {
 /// could not be opened, and the next URL tried, included). The outcome
 /// is recorded on the URL (what ejects a failing one), and the URL is
 /// noted in `attempt`, so that a retry goes elsewhere.
-/// `body_exceeded` tells a body-cap abort (413) from a failure. The
+/// `cap` tells a body-cap abort (413) from a failure. The
 /// response body reads from the upstream connection as it is polled;
 /// the response's fields come beside it, as lines.
 ///
-/// Not an `async fn`: the exchange future is large, so it is boxed here,
-/// once, before the future returned is made, which holds only the box
-/// — an inline one would make every future above it (forward,
-/// route_and_act, handle) larger by as much, and one made at its first
-/// poll would hold its arguments as well. `prepared` is lent, not
-/// moved: it stays in the caller's future, where it was made, instead
-/// of being copied into this one and then into its box (~530 bytes,
-/// ~190 instructions per request).
+/// The exchange future is large, so it is boxed, once: inline it would
+/// make every future above it (send, route_and_act, handle) larger by as
+/// much. Boxed here, out of line: in this small function the future is
+/// made in its box, out of the way of the caller's large poll function.
+/// `prepared` is lent, not moved: it stays in the caller's future, where
+/// it was made, instead of being copied into this one and then into its
+/// box (~530 bytes, ~190 instructions per request).
+#[inline(never)]
 pub(crate) fn exchange<'a>(
     upstream: &'a Upstream,
-    prepared: &'a mut Prepared,
-    body_exceeded: Option<Arc<AtomicBool>>,
-    body_limit: u64,
+    prepared: &'a mut Prepared<'_>,
+    cap: BodyCapped<'a>,
     interim: Option<&'a dyn InterimSink>,
     attempt: &'a mut Attempt,
-) -> impl Future<Output = Result<(Response<UpstreamBody>, FieldLines), GatewayError>> + 'a {
-    let exchange = Box::pin(connect_and_exchange(upstream, prepared, interim, attempt));
-    async move {
-        let name = &upstream.config.name;
-        match exchange.await {
-            Ok(answer) => Ok(answer),
-            Err(Failed::Timeout { url }) => {
-                if let Some(url) = url {
-                    upstream.record_failure(url, Failure::Timeout, None);
+) -> Pin<Box<impl Future<Output = Exchanged> + 'a>> {
+    // The box first, then the future written into it: with `Box::pin`
+    // the future was made first, kept on the stack for the unwinding of
+    // a failed allocation, and copied.
+    Box::into_pin(Box::write(
+        Box::new_uninit(),
+        connect_and_exchange(upstream, prepared, cap, interim, attempt),
+    ))
+}
+
+/// The upstream's answer: its response (the body read from the
+/// connection as it is polled) and its fields, as lines.
+pub(crate) type Exchanged = Result<(Response<UpstreamBody>, FieldLines), GatewayError>;
+
+/// A streamed body's cap (`max_body`) as the exchange sees it: whether the
+/// body outgrew it, which makes a failed exchange a 413.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct BodyCapped<'a> {
+    /// Set when the streamed body outgrew `limit`; `None`: no cap.
+    pub(crate) exceeded: Option<&'a AtomicBool>,
+    pub(crate) limit: u64,
+}
+
+/// The error the client gets for an exchange that `failed` (the URL's
+/// failure recorded where it was one). Out of line: the failure path.
+#[cold]
+#[inline(never)]
+fn failure(upstream: &Upstream, failed: Failed, cap: BodyCapped<'_>) -> GatewayError {
+    let name = &upstream.config.name;
+    match failed {
+        Failed::Timeout { url } => {
+            if let Some(url) = url {
+                upstream.record_failure(url, Failure::Timeout, None);
+            }
+            GatewayError::UpstreamTimeout {
+                upstream: name.clone(),
+                timeout: upstream.config.timeout,
+            }
+        }
+        Failed::NotConnected(NotConnected::NoHealthy) => GatewayError::NoHealthyUpstream {
+            upstream: name.clone(),
+        },
+        Failed::NotConnected(NotConnected::Connect(source)) => GatewayError::UpstreamConnect {
+            upstream: name.clone(),
+            source,
+        },
+        Failed::Target => GatewayError::BadRequest {
+            reason: "the request target cannot be forwarded",
+        },
+        Failed::Pool { .. }
+            if cap
+                .exceeded
+                .is_some_and(|flag| flag.load(Ordering::Relaxed)) =>
+        {
+            GatewayError::BodyTooLarge { limit: cap.limit }
+        }
+        // The client's body failed (malformed chunked coding, a
+        // client gone mid-body): its fault, a 400, not an upstream
+        // error; the upstream connection went with the exchange.
+        Failed::Pool {
+            source: PoolError::Request(error),
+            ..
+        } if ClientBodyError::of(&error).is_some() => {
+            tracing::debug!(%error, "request body failed while going upstream");
+            match ClientBodyError::of(&error) {
+                Some(ClientBodyError::Stalled(timeout)) => {
+                    GatewayError::RequestTimeout { timeout: *timeout }
                 }
-                Err(GatewayError::UpstreamTimeout {
-                    upstream: name.clone(),
-                    timeout: upstream.config.timeout,
-                })
+                _ => GatewayError::BadRequest {
+                    reason: "the request body is malformed or incomplete",
+                },
             }
-            Err(Failed::NotConnected(NotConnected::NoHealthy)) => {
-                Err(GatewayError::NoHealthyUpstream {
-                    upstream: name.clone(),
-                })
-            }
-            Err(Failed::NotConnected(NotConnected::Connect(source))) => {
-                Err(GatewayError::UpstreamConnect {
+        }
+        Failed::Pool { url, source } => {
+            let failure = if source.is_connect() {
+                Failure::Connect
+            } else {
+                Failure::Reset
+            };
+            upstream.record_failure(url, failure, Some(&source));
+            if source.is_connect() {
+                GatewayError::UpstreamConnect {
                     upstream: name.clone(),
                     source,
-                })
-            }
-            Err(Failed::Target) => Err(GatewayError::BadRequest {
-                reason: "the request target cannot be forwarded",
-            }),
-            Err(Failed::Pool { .. })
-                if body_exceeded.is_some_and(|flag| flag.load(Ordering::Relaxed)) =>
-            {
-                Err(GatewayError::BodyTooLarge { limit: body_limit })
-            }
-            // The client's body failed (malformed chunked coding, a
-            // client gone mid-body): its fault, a 400, not an upstream
-            // error; the upstream connection went with the exchange.
-            Err(Failed::Pool {
-                source: PoolError::Request(error),
-                ..
-            }) if ClientBodyError::of(&error).is_some() => {
-                tracing::debug!(%error, "request body failed while going upstream");
-                Err(match ClientBodyError::of(&error) {
-                    Some(ClientBodyError::Stalled(timeout)) => {
-                        GatewayError::RequestTimeout { timeout: *timeout }
-                    }
-                    _ => GatewayError::BadRequest {
-                        reason: "the request body is malformed or incomplete",
-                    },
-                })
-            }
-            Err(Failed::Pool { url, source }) => {
-                let failure = if source.is_connect() {
-                    Failure::Connect
-                } else {
-                    Failure::Reset
-                };
-                upstream.record_failure(url, failure, Some(&source));
-                if source.is_connect() {
-                    Err(GatewayError::UpstreamConnect {
-                        upstream: name.clone(),
-                        source,
-                    })
-                } else {
-                    Err(GatewayError::UpstreamFailed {
-                        upstream: name.clone(),
-                        source,
-                    })
+                }
+            } else {
+                GatewayError::UpstreamFailed {
+                    upstream: name.clone(),
+                    source,
                 }
             }
         }
@@ -165,15 +184,20 @@ pub(crate) fn exchange<'a>(
 /// it, the exchange, all within the upstream's `timeout`; a response
 /// head's status recorded on the URL. A request the URL answered nothing
 /// goes once more, to another URL when there is one, when it can be sent
-/// again ([`Upstream::retry_unanswered`]).
+/// again ([`Upstream::retry_unanswered`]). Its failures are the client's
+/// errors at once ([`failure`]): a wrapper future that mapped them moved
+/// the answer twice more.
 async fn connect_and_exchange(
     upstream: &Upstream,
-    prepared: &mut Prepared,
+    prepared: &mut Prepared<'_>,
+    cap: BodyCapped<'_>,
     interim: Option<&dyn InterimSink>,
     attempt: &mut Attempt,
-) -> Result<(Response<UpstreamBody>, FieldLines), Failed> {
+) -> Exchanged {
     // A reused timer: a fresh one per request cost ~600 instructions.
-    let mut deadline = Deadline::at(tokio::time::Instant::now() + upstream.config.timeout);
+    // The request's one clock read: its deadline, and the pool's idle times.
+    let now = tokio::time::Instant::now();
+    let mut deadline = Deadline::at(now + upstream.config.timeout);
     // The fields before a URL's `Host`.
     let own_fields = prepared.own.lines.len();
     let mut replay = attempt
@@ -185,21 +209,21 @@ async fn connect_and_exchange(
     // copy of it through every exchange for the rare one sent again.
     let mut aimed_at: Option<usize> = None;
     loop {
-        let (url, connection, _in_flight) = match upstream
-            .start_connect(attempt)
-            .map_err(Failed::NotConnected)?
-        {
+        let started = upstream.start_connect(attempt, now);
+        let started = started.map_err(|not| failure(upstream, Failed::NotConnected(not), cap))?;
+        let (url, connection, _in_flight) = match started {
             Start::Ready(url, connection, in_flight) => (url, connection, in_flight),
             Start::Open(url, in_flight) => {
                 let opened = deadline
                     .guard(pin!(upstream.connect_from(url, in_flight, attempt)))
                     .await;
                 let Some(opened) = opened else {
-                    return Err(Failed::Timeout {
+                    let failed = Failed::Timeout {
                         url: attempt.current,
-                    });
+                    };
+                    return Err(failure(upstream, failed, cap));
                 };
-                opened.map_err(Failed::NotConnected)?
+                opened.map_err(|not| failure(upstream, Failed::NotConnected(not), cap))?
             }
         };
         // Changed in place, and lent to the exchange: each move of the head
@@ -209,7 +233,8 @@ async fn connect_and_exchange(
             prepared.parts.uri = client_target(&upstream.config.urls[before], &prepared.parts.uri);
             prepared.own.lines.truncate(own_fields);
         }
-        prepared.parts.uri = upstream_uri(base, &prepared.parts.uri).map_err(|_| Failed::Target)?;
+        prepared.parts.uri = upstream_uri(base, &prepared.parts.uri)
+            .map_err(|_| failure(upstream, Failed::Target, cap))?;
         aimed_at = Some(url);
         if prepared.host_from_url
             && let Some(authority) = base.authority()
@@ -220,14 +245,15 @@ async fn connect_and_exchange(
             .guard(pin!(upstream.exchange(
                 url,
                 connection,
-                &mut prepared.parts,
+                prepared.parts,
                 std::mem::replace(&mut prepared.body, RequestBody::Buffered(None)),
                 &prepared.own,
-                interim
+                interim,
+                now
             )))
             .await;
         let Some(exchanged) = exchanged else {
-            return Err(Failed::Timeout { url: Some(url) });
+            return Err(failure(upstream, Failed::Timeout { url: Some(url) }, cap));
         };
         match exchanged {
             Ok(answer) => {
@@ -237,7 +263,7 @@ async fn connect_and_exchange(
             Err(source) if replay.is_some() && upstream.retry_unanswered(attempt, url, &source) => {
                 prepared.body = RequestBody::Buffered(replay.take().flatten());
             }
-            Err(source) => return Err(Failed::Pool { url, source }),
+            Err(source) => return Err(failure(upstream, Failed::Pool { url, source }, cap)),
         }
     }
 }
@@ -270,16 +296,33 @@ fn replay_of(body: &RequestBody) -> Option<Option<bytes::Bytes>> {
     }
 }
 
-/// Builds the upstream request from the client's: forwarding headers,
-/// hop-by-hop headers removed; the target is set when a URL is chosen
-/// ([`exchange`]).
+impl<'p> Prepared<'p> {
+    /// The client's request as it came, to be [`prepare`]d where it is
+    /// made (the caller's future): a request built and returned by a
+    /// function was copied once more.
+    #[inline(always)]
+    pub(crate) fn new(parts: &'p mut Parts, body: RequestBody) -> Prepared<'p> {
+        Prepared {
+            parts,
+            body,
+            own: OwnFields::default(),
+            host_from_url: false,
+        }
+    }
+}
+
+/// Makes `request`, the client's ([`Prepared::new`]), the upstream
+/// request: forwarding headers, hop-by-hop headers removed; the target is
+/// set when a URL is chosen ([`exchange`]). The fields are written into
+/// the request's own lines where they stay ([`own_fields`]): returned,
+/// they were a copy of 304 bytes.
 pub(crate) fn prepare(
     upstream: &Upstream,
-    mut parts: Parts,
-    body: RequestBody,
+    request: &mut Prepared<'_>,
     peer: SocketAddr,
     proto: &'static str,
-) -> Prepared {
+) {
+    let parts = &mut *request.parts;
     // HTTP/2 and absolute-form requests carry the host in the URI
     // (RFC 9113 §8.3.1); it wins over a `Host` header.
     let client_host = parts
@@ -288,14 +331,16 @@ pub(crate) fn prepare(
         .and_then(|a| HeaderValue::from_str(a.as_str()).ok())
         .or_else(|| parts.headers.get(header::HOST).cloned());
     let host = upstream.config.host.as_ref().or(client_host.as_ref());
-    let own = own_fields(&parts.headers, host, peer.ip(), proto, client_host.as_ref());
     parts.version = Version::HTTP_11;
-    Prepared {
-        parts,
-        body,
-        own,
-        host_from_url: host.is_none(),
-    }
+    request.host_from_url = host.is_none();
+    own_fields(
+        &mut request.own,
+        &parts.headers,
+        host,
+        peer.ip(),
+        proto,
+        client_host.as_ref(),
+    );
 }
 
 /// The request target sent upstream, in origin form (`/prefix/path?query`):
@@ -326,20 +371,19 @@ const X_FORWARDED_PROTO: HeaderName = HeaderName::from_static("x-forwarded-proto
 /// the peer appended to `X-Forwarded-For`, `X-Forwarded-Proto`, an RFC 7239
 /// `Forwarded` element appended — and, for an upgrade, `Upgrade` and
 /// `Connection: upgrade` (and [`OwnFields::upgrade`] set); hop-by-hop fields
-/// and those `Connection` names are left out (RFC 9110 §7.6.1).
+/// and those `Connection` names are left out (RFC 9110 §7.6.1). Written
+/// into `own`, empty.
 fn own_fields(
+    own: &mut OwnFields,
     headers: &HeaderMap,
     host: Option<&HeaderValue>,
     peer: IpAddr,
     proto: &'static str,
     client_host: Option<&HeaderValue>,
-) -> OwnFields {
+) {
     // Allocated outright: `reserve` on an empty vector took its general
     // growth path first.
-    let mut own = OwnFields {
-        lines: Vec::with_capacity(160),
-        ..OwnFields::default()
-    };
+    own.lines = Vec::with_capacity(160);
     if let Some(host) = host {
         own.push("host", host.as_bytes());
     }
@@ -442,7 +486,6 @@ fn own_fields(
         }
     }
     lines.extend_from_slice(b"\r\n");
-    own
 }
 
 /// Appends `ip` in its usual text form. IPv4 is written digit by digit: it
@@ -471,7 +514,9 @@ mod tests {
     /// The upstream request head for a GET to `/` with `headers`.
     fn head_for(headers: HeaderMap, peer: &str, client_host: Option<&str>) -> String {
         let client_host = client_host.map(|h| HeaderValue::from_str(h).unwrap());
-        let own = own_fields(
+        let mut own = OwnFields::default();
+        own_fields(
+            &mut own,
             &headers,
             Some(&HeaderValue::from_static("backend")),
             peer.parse().unwrap(),

@@ -65,7 +65,7 @@ impl Retrying<'_> {
     async fn once(
         &self,
         downstream: Downstream,
-        parts: Parts,
+        parts: &mut Parts,
         body: PendingBody,
         sender: Sender<'_>,
     ) -> Result<(Response<ResponseBody>, FieldLines), GatewayError> {
@@ -85,7 +85,7 @@ impl Retrying<'_> {
     pub(crate) async fn forward(
         &self,
         downstream: Downstream,
-        parts: Parts,
+        parts: &mut Parts,
         body: PendingBody,
         sender: Sender<'_>,
     ) -> Result<(Response<ResponseBody>, FieldLines), GatewayError> {
@@ -102,7 +102,7 @@ impl Retrying<'_> {
         if !idempotent || upgrade {
             return self.once(downstream, parts, body, sender).await;
         }
-        let body = match replayable(body, &parts, &snapshot.config).await? {
+        let body = match replayable(body, parts, &snapshot.config).await? {
             Ok(bytes) => bytes,
             Err(body) => {
                 return self.once(downstream, parts, body, sender).await;
@@ -116,19 +116,25 @@ impl Retrying<'_> {
             parts.version,
             parts.headers.clone(),
         );
-        let mut parts = Some(parts);
+        let mut first = Some(parts);
         let mut attempt = 0u32;
         // Where the tries went: a retry goes to another URL if there is one.
         let mut way = Attempt::for_retry_policy();
         loop {
-            let this = parts.take().unwrap_or_else(|| {
-                let mut request = Request::new(());
-                *request.method_mut() = template.0.clone();
-                *request.uri_mut() = template.1.clone();
-                *request.version_mut() = template.2;
-                *request.headers_mut() = template.3.clone();
-                request.into_parts().0
-            });
+            // The client's head the first time, a copy of it after.
+            let mut again;
+            let this = match first.take() {
+                Some(parts) => parts,
+                None => {
+                    let mut request = Request::new(());
+                    *request.method_mut() = template.0.clone();
+                    *request.uri_mut() = template.1.clone();
+                    *request.version_mut() = template.2;
+                    *request.headers_mut() = template.3.clone();
+                    again = request.into_parts().0;
+                    &mut again
+                }
+            };
             let sent = send_upstream(
                 snapshot,
                 route,

@@ -19,7 +19,7 @@ use crate::http1::client::InterimSink;
 use crate::limit::Permits;
 use crate::proxy::body::{BodyCap, RequestBody, Stall};
 use crate::proxy::downstream::Downstream;
-use crate::proxy::forward::{self, Prepared};
+use crate::proxy::forward;
 use crate::proxy::tokens;
 use crate::proxy::upgrade;
 use crate::upstream::pool::PoolError;
@@ -27,36 +27,46 @@ use crate::upstream::{Attempt, Upstream};
 
 /// Forwards the request upstream and hands back the upstream's response.
 ///
-/// Split in two on purpose: everything before the upstream call is done by
-/// [`prepare_forward`], a plain function, so its temporaries (the request's
-/// parts in several states) are not kept in this future — which every
-/// future above it embeds and copies.
+/// What comes before the upstream call that needs no `.await` is done by
+/// plain functions ([`upstream_body`], [`forward::prepare`]), so their
+/// temporaries are not kept in this future — which every future above it
+/// embeds. The request's head is lent (`parts`: it stays where the handler
+/// made it), and the request sent is made where it stays, in this future:
+/// a request built by a function and handed back through a `Result` was
+/// copied three times (584 bytes each).
 #[allow(clippy::too_many_arguments)]
 pub(crate) async fn send_upstream(
     snapshot: &Snapshot,
     route: &RouteConfig,
     downstream: Downstream,
-    parts: Parts,
+    parts: &mut Parts,
     body: PendingBody,
     permits: &mut Permits,
     interim: Option<&dyn InterimSink>,
     attempt: &mut Attempt,
 ) -> Result<(Response<ResponseBody>, FieldLines), GatewayError> {
-    let Forwarding {
-        upstream,
-        mut request,
-        exceeded,
-        client_upgrade,
-    } = prepare_forward(snapshot, route, downstream, parts, body)?;
-    let (mut response, fields) = forward::exchange(
-        upstream,
-        &mut request,
-        exceeded,
-        route.max_body.unwrap_or(u64::MAX),
-        interim,
-        attempt,
-    )
-    .await?;
+    let (upstream, body, exceeded) = upstream_body(snapshot, route, parts, body)?;
+    upgrade::allow_only(&mut parts.headers, &snapshot.config.server.upgrades);
+    let mut request = forward::Prepared::new(parts, body);
+    forward::prepare(upstream, &mut request, downstream.peer, downstream.proto);
+    if let Some(rule) = &route.tokens {
+        tokens::accept_usage_trailer(rule, &mut request.own);
+    }
+    // hyper hands the client's connection over if we answer 101.
+    let client_upgrade = if request.own.upgrade {
+        request
+            .parts
+            .extensions
+            .remove::<hyper::upgrade::OnUpgrade>()
+    } else {
+        None
+    };
+    let cap = forward::BodyCapped {
+        exceeded: exceeded.as_deref(),
+        limit: route.max_body.unwrap_or(u64::MAX),
+    };
+    let (mut response, fields) =
+        forward::exchange(upstream, &mut request, cap, interim, attempt).await?;
     if response.status() == StatusCode::SWITCHING_PROTOCOLS {
         if !upgrade::switched_to_allowed(
             fields.relayed_value("upgrade"),
@@ -91,25 +101,14 @@ pub(crate) async fn send_upstream(
     Ok((response.map(ResponseBody::upstream), fields))
 }
 
-/// A request ready to send, and what the forward step needs afterwards.
-struct Forwarding<'s> {
-    upstream: &'s Upstream,
-    request: Prepared,
-    /// Set when the streamed body outgrew `max_body` (413, not 502).
-    exceeded: Option<Arc<AtomicBool>>,
-    /// The client's side of an upgrade, if it asked for one.
-    client_upgrade: Option<hyper::upgrade::OnUpgrade>,
-}
-
-/// The synchronous half of [`send_upstream`]: the upstream, the body (capped at
-/// `max_body`), and the upstream request.
-fn prepare_forward<'s>(
+/// The upstream of the route, and the body to send it (capped at
+/// `max_body`, with the flag it sets when a streamed body outgrows it).
+fn upstream_body<'s>(
     snapshot: &'s Snapshot,
     route: &RouteConfig,
-    downstream: Downstream,
-    parts: Parts,
+    parts: &Parts,
     body: PendingBody,
-) -> Result<Forwarding<'s>, GatewayError> {
+) -> Result<(&'s Upstream, RequestBody, Option<Arc<AtomicBool>>), GatewayError> {
     let Some(upstream) = snapshot.upstream_of(&route.action) else {
         // Validation resolves every upstream reference; reaching this is a bug.
         debug_assert!(false, "route {} has no upstream", route.name);
@@ -120,7 +119,7 @@ fn prepare_forward<'s>(
     let (cap, exceeded) = match route.max_body {
         None => (None, None),
         Some(limit) => {
-            if declared_length(&parts).is_some_and(|length| length > limit) {
+            if declared_length(parts).is_some_and(|length| length > limit) {
                 return Err(GatewayError::BodyTooLarge { limit });
             }
             let exceeded = Arc::new(AtomicBool::new(false));
@@ -154,25 +153,5 @@ fn prepare_forward<'s>(
             }
         }
     };
-    let mut parts = parts;
-    upgrade::allow_only(&mut parts.headers, &snapshot.config.server.upgrades);
-    let mut request = forward::prepare(upstream, parts, body, downstream.peer, downstream.proto);
-    if let Some(rule) = &route.tokens {
-        tokens::accept_usage_trailer(rule, &mut request.own);
-    }
-    // hyper hands the client's connection over if we answer 101.
-    let client_upgrade = if request.own.upgrade {
-        request
-            .parts
-            .extensions
-            .remove::<hyper::upgrade::OnUpgrade>()
-    } else {
-        None
-    };
-    Ok(Forwarding {
-        upstream,
-        request,
-        exceeded,
-        client_upgrade,
-    })
+    Ok((upstream, body, exceeded))
 }

@@ -59,6 +59,7 @@ use h2::{H2Client, H2Sender};
 use health::{Failure, LazyNow, Nanos, UrlHealth};
 use pool::{BodyErrors, ConnectionPool, PoolError, PoolTls};
 use rustls::pki_types::ServerName;
+use tokio::time::Instant;
 use tokio_util::either::Either;
 
 /// One upstream of a snapshot: its settings, a connection pool per URL,
@@ -277,10 +278,14 @@ impl Upstream {
     /// future is made or polled for it (~150 instructions of state
     /// machines, and of moving the connection through them, per request).
     /// Otherwise [`Upstream::connect_from`] opens one.
-    pub(crate) fn start_connect(&self, attempt: &mut Attempt) -> Result<Start<'_>, NotConnected> {
+    pub(crate) fn start_connect(
+        &self,
+        attempt: &mut Attempt,
+        now: Instant,
+    ) -> Result<Start<'_>, NotConnected> {
         attempt.exclude = UrlSet::default();
         let (url, in_flight) = self.choose(attempt, None)?;
-        Ok(match self.idle(url) {
+        Ok(match self.idle(url, now) {
             Some(connection) => Start::Ready(url, connection, in_flight),
             None => Start::Open(url, in_flight),
         })
@@ -307,7 +312,7 @@ impl Upstream {
                         tracing::debug!(upstream = %self.config.name, url, "connection refused; trying the next URL");
                     }
                     (url, in_flight) = self.choose(attempt, Some(error))?;
-                    if let Some(connection) = self.idle(url) {
+                    if let Some(connection) = self.idle(url, Instant::now()) {
                         return Ok((url, connection, in_flight));
                     }
                 }
@@ -348,12 +353,13 @@ impl Upstream {
         InFlight(Some(health))
     }
 
-    /// A connection to `url` at hand: an idle one of its HTTP/1.1 pool.
-    fn idle(&self, url: usize) -> Option<Connection> {
+    /// A connection to `url` at hand at `now`: an idle one of its HTTP/1.1
+    /// pool.
+    fn idle(&self, url: usize, now: Instant) -> Option<Connection> {
         if !self.h2.is_empty() {
             return None;
         }
-        let conn = self.pools[url].take_idle()?;
+        let conn = self.pools[url].take_idle(now)?;
         Some(Connection::H1 { conn, reused: true })
     }
 
@@ -377,12 +383,14 @@ impl Upstream {
     /// Sends the request (`parts`, `body`, and `own`'s fields) on
     /// `connection` (to `url`) and waits for the response head; the body is
     /// read as the response is polled. `parts`' header map goes back with
-    /// the response, emptied.
+    /// the response, emptied. `now`: when the request started (what an
+    /// HTTP/1.1 connection freed with its head counts as idle from).
     ///
     /// Not an `async fn`: the HTTP/1.1 exchange is returned as it is, for
     /// the caller to await where it pinned it, with no future of this one's
     /// around it that would hold the arguments once more. The HTTP/2 one is
     /// boxed on its own: inline, both would size the caller's future.
+    #[allow(clippy::too_many_arguments)]
     pub(crate) fn exchange<'a, B>(
         &'a self,
         url: usize,
@@ -391,14 +399,20 @@ impl Upstream {
         body: B,
         own: &'a OwnFields,
         interim: Option<&'a dyn InterimSink>,
+        now: Instant,
     ) -> impl Future<Output = Result<(Response<UpstreamBody>, FieldLines), PoolError>> + 'a
     where
         B: OutgoingBody + Send + 'static,
     {
         match connection {
-            Connection::H1 { conn, reused } => {
-                Either::Left(self.pools[url].send_on((conn, reused), parts, body, own, interim))
-            }
+            Connection::H1 { conn, reused } => Either::Left(self.pools[url].send_on(
+                (conn, reused),
+                parts,
+                body,
+                own,
+                interim,
+                now,
+            )),
             Connection::H2(sender) => Either::Right(Box::pin(async move {
                 match self.h2.get(url) {
                     Some(h2) => h2.send_on(sender, parts, body, own).await,

@@ -36,12 +36,13 @@
 use std::io;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use http::request::Parts;
 use http::{Method, Request, Response};
 use parking_lot::Mutex;
 use tokio::net::TcpStream;
+use tokio::time::Instant;
 
 use crate::http::field_lines::{FieldLines, recycle_map};
 use crate::http1::client::conn::{IdleState, UpstreamConn, UpstreamStream};
@@ -95,18 +96,25 @@ impl PoolError {
     }
 }
 
+/// An idle connection, and when it stops being worth reusing.
+///
+/// The times are tokio's clock as the request read it for its deadline
+/// (`proxy::forward`), not read again here: a connection that comes back
+/// with its response's head counts as idle from when its request started,
+/// a little early, which only retires it sooner. Two clock reads and a
+/// subtraction were ~120 instructions a request.
 #[derive(Debug)]
 struct Idle {
     conn: UpstreamConn,
-    since: Instant,
+    expires: Instant,
 }
 
 impl Idle {
-    /// Still worth handing out: not idle too long, and not closed (or sent
-    /// something unasked-for) by the upstream meanwhile. Stray bytes mark
-    /// `pool` as misframing.
-    fn usable(&mut self, pool: &ConnectionPool) -> bool {
-        if self.since.elapsed() >= IDLE_TIMEOUT {
+    /// Still worth handing out at `now`: not idle too long, and not closed
+    /// (or sent something unasked-for) by the upstream meanwhile. Stray
+    /// bytes mark `pool` as misframing.
+    fn usable(&mut self, pool: &ConnectionPool, now: Instant) -> bool {
+        if now >= self.expires {
             return false;
         }
         match self.conn.idle_state() {
@@ -242,11 +250,12 @@ impl ConnectionPool {
         &self.idle[worker_index() % self.idle.len()]
     }
 
-    /// The most recently used open connection, if any (LIFO keeps few warm).
-    pub(crate) fn take_idle(&self) -> Option<UpstreamConn> {
+    /// The most recently used open connection at `now`, if any (LIFO keeps
+    /// few warm).
+    pub(crate) fn take_idle(&self, now: Instant) -> Option<UpstreamConn> {
         loop {
             let mut idle = self.idle_list().lock().pop()?;
-            if idle.usable(self) {
+            if idle.usable(self, now) {
                 return Some(idle.conn);
             }
         }
@@ -271,8 +280,8 @@ impl ConnectionPool {
     /// Takes a connection back after a complete response if it may carry
     /// another request (`keep_alive`), nothing unasked-for arrived after it
     /// and the upstream has never been seen misframing; otherwise it is
-    /// closed.
-    fn release(&self, conn: UpstreamConn, keep_alive: bool) {
+    /// closed. It is idle from `now` on.
+    fn release(&self, conn: UpstreamConn, keep_alive: bool, now: Instant) {
         if !keep_alive {
             return;
         }
@@ -287,7 +296,7 @@ impl ConnectionPool {
         if idle.len() < MAX_IDLE {
             idle.push(Idle {
                 conn,
-                since: Instant::now(),
+                expires: now + IDLE_TIMEOUT,
             });
         }
     }
@@ -298,10 +307,11 @@ impl ConnectionPool {
     /// `CLOSE_WAIT` for as long as traffic stays low. Run by the idle sweeper.
     pub(crate) fn prune(&self) -> usize {
         let mut closed = 0;
+        let now = Instant::now();
         for list in self.idle.iter() {
             let mut idle = list.lock();
             let before = idle.len();
-            idle.retain_mut(|idle| idle.usable(self));
+            idle.retain_mut(|idle| idle.usable(self, now));
             closed += before - idle.len();
         }
         closed
@@ -337,15 +347,18 @@ impl ConnectionPool {
         interim: Option<&dyn InterimSink>,
     ) -> Result<(Response<UpstreamBody>, FieldLines), PoolError> {
         let (mut parts, body) = request.into_parts();
-        let first = self.checkout().await?;
-        self.send_on(first, &mut parts, body, &own, interim).await
+        let now = Instant::now();
+        let first = self.checkout(now).await?;
+        self.send_on(first, &mut parts, body, &own, interim, now)
+            .await
     }
 
-    /// A connection for the next request: the most recently used idle one
-    /// (`true`: reused), or a new one. Nothing is sent: a failure here is
-    /// always a [`PoolError::Connect`], and the request can go elsewhere.
-    pub(crate) async fn checkout(&self) -> Result<(UpstreamConn, bool), PoolError> {
-        match self.take_idle() {
+    /// A connection for the next request at `now`: the most recently used
+    /// idle one (`true`: reused), or a new one. Nothing is sent: a failure
+    /// here is always a [`PoolError::Connect`], and the request can go
+    /// elsewhere.
+    pub(crate) async fn checkout(&self, now: Instant) -> Result<(UpstreamConn, bool), PoolError> {
+        match self.take_idle(now) {
             Some(conn) => Ok((conn, true)),
             None => Ok((self.connect_new().await?, false)),
         }
@@ -364,7 +377,9 @@ impl ConnectionPool {
     /// borrowed, not moved: they stay where the caller keeps them, rather
     /// than being copied into this future (~650 bytes, ~130 instructions
     /// per request each time); `parts`' header map goes back with the
-    /// response, emptied, for the connection to reuse.
+    /// response, emptied, for the connection to reuse. `now`: when the
+    /// request started, what a connection freed with its response's head
+    /// counts as idle from (see [`Idle`]).
     pub(crate) async fn send_on<B: OutgoingBody>(
         self: &Arc<Self>,
         first: (UpstreamConn, bool),
@@ -372,6 +387,7 @@ impl ConnectionPool {
         body: B,
         own: &OwnFields,
         interim: Option<&dyn InterimSink>,
+        now: Instant,
     ) -> Result<(Response<UpstreamBody>, FieldLines), PoolError> {
         let mut body = Outgoing::new(body);
         let framing = body.framing();
@@ -382,7 +398,7 @@ impl ConnectionPool {
             encode_request(parts, framing, own, &mut conn.write);
             match exchange(&mut conn, &parts.method, &mut body, framing, interim).await {
                 Ok(head) => {
-                    let (mut response, fields) = self.response(conn, head);
+                    let (mut response, fields) = self.response(conn, head, now);
                     // The request's map, emptied, travels back with the
                     // response for the connection to reuse.
                     recycle_map(&mut parts.headers, response.headers_mut());
@@ -391,7 +407,7 @@ impl ConnectionPool {
                 // A keep-alive connection closed under the request.
                 Err(failure) if reused && failure.silent && may_retry => {
                     drop(conn);
-                    (conn, reused) = self.checkout().await?;
+                    (conn, reused) = self.checkout(Instant::now()).await?;
                 }
                 Err(failure) if failure.silent => {
                     return Err(PoolError::Unanswered(failure.error));
@@ -406,6 +422,7 @@ impl ConnectionPool {
         self: &Arc<Self>,
         mut conn: UpstreamConn,
         head: ResponseHead,
+        now: Instant,
     ) -> (Response<UpstreamBody>, FieldLines) {
         let ResponseHead {
             parts,
@@ -418,13 +435,13 @@ impl ConnectionPool {
         } else {
             match framing {
                 Framing::Empty => {
-                    self.release(conn, keep_alive);
+                    self.release(conn, keep_alive, now);
                     UpstreamBody::full(None)
                 }
                 // The whole body came with the head: the connection is free.
                 Framing::Length(length) if conn.read.len() as u64 >= length => {
                     let bytes = conn.read.split_to(length as usize).freeze();
-                    self.release(conn, keep_alive);
+                    self.release(conn, keep_alive, now);
                     UpstreamBody::full(Some(bytes))
                 }
                 Framing::Length(length) => {
@@ -441,7 +458,7 @@ impl ConnectionPool {
 /// A response body gives its connection back here, or says it failed.
 impl CheckIn for ConnectionPool {
     fn check_in(&self, conn: UpstreamConn, keep_alive: bool) {
-        self.release(conn, keep_alive);
+        self.release(conn, keep_alive, Instant::now());
     }
 
     fn body_failed(&self, error: &io::Error) {
@@ -513,9 +530,10 @@ mod tests {
         let (stray, mut stray_peer) = pair(&listener).await;
         let (closed, closed_peer) = pair(&listener).await;
         let (clean, _clean_peer) = pair(&listener).await;
-        pool.release(clean, true);
-        pool.release(closed, true);
-        pool.release(stray, true);
+        let now = Instant::now();
+        pool.release(clean, true, now);
+        pool.release(closed, true, now);
+        pool.release(stray, true, now);
         assert_eq!(pool.idle_count(), 3);
         stray_peer
             .write_all(b"HTTP/1.1 200 OK\r\ncontent-length: 5\r\n\r\nstray")
@@ -524,11 +542,13 @@ mod tests {
         // A wide margin for loopback delivery, then one turn of the loop.
         std::thread::sleep(Duration::from_millis(50));
         tokio::task::yield_now().await;
-        let mut taken = pool.take_idle().expect("the clean connection");
+        let mut taken = pool
+            .take_idle(Instant::now())
+            .expect("the clean connection");
         assert_eq!(taken.idle_state(), IdleState::Open);
         assert_eq!(pool.idle_count(), 0);
         // An upstream seen sending stray bytes is not pooled any more.
-        pool.release(taken, true);
+        pool.release(taken, true, Instant::now());
         assert_eq!(pool.idle_count(), 0);
     }
 
@@ -564,8 +584,8 @@ mod tests {
         let (_kept_peer, _) = listener.accept().await.unwrap();
         let closed = TcpStream::connect(&address).await.unwrap();
         let (closed_peer, _) = listener.accept().await.unwrap();
-        pool.release(UpstreamConn::new(closed), true);
-        pool.release(UpstreamConn::new(kept), true);
+        pool.release(UpstreamConn::new(closed), true, Instant::now());
+        pool.release(UpstreamConn::new(kept), true, Instant::now());
         assert_eq!(pool.idle_count(), 2);
         drop(closed_peer);
         // The close reaches the socket's readiness through the event loop.

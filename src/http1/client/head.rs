@@ -16,7 +16,9 @@ use smallvec::SmallVec;
 
 use crate::http::content_length::{self, ContentLengthError};
 use crate::http::field_lines::FieldLines;
-use crate::http::hop_by_hop::{ConnectionToken, connection_tokens, ends_in_chunked, is_hop_by_hop};
+use crate::http::hop_by_hop::{
+    ConnectionToken, connection_tokens, ends_in_chunked, is_hop_by_hop, is_name,
+};
 
 /// Largest response head accepted from an upstream.
 pub(crate) const MAX_HEAD: usize = 64 * 1024;
@@ -226,7 +228,7 @@ fn parse_into<const N: usize>(buf: &mut BytesMut, method: &Method) -> io::Result
     let mut fields = FieldLines::with_relayed_capacity(length);
     for field in response.headers.iter() {
         let name = field.name.as_bytes();
-        if name.eq_ignore_ascii_case(b"content-length") {
+        if is_name(name, b"content-length") {
             // The body's length is the body's business: the client-side
             // head gets it from the body (RFC 9112 §6.3), except for a HEAD,
             // whose answer describes a body it does not carry.
@@ -297,7 +299,7 @@ impl<'h> HopFields<'h> {
         if !matches!(name.len(), 10 | 14 | 17) {
             return Ok(());
         }
-        if name.eq_ignore_ascii_case(b"connection") {
+        if is_name(name, b"connection") {
             for token in connection_tokens(value) {
                 match token {
                     ConnectionToken::Close => self.close_token = true,
@@ -306,11 +308,11 @@ impl<'h> HopFields<'h> {
                     ConnectionToken::Names(name) => self.named.push(name),
                 }
             }
-        } else if name.eq_ignore_ascii_case(b"transfer-encoding") {
+        } else if is_name(name, b"transfer-encoding") {
             self.transfer_encoding = true;
             // The last line's last coding decides (codings are applied in order).
             self.chunked_last = ends_in_chunked(value);
-        } else if name.eq_ignore_ascii_case(b"content-length") {
+        } else if is_name(name, b"content-length") {
             // The crate's one rule (`http::content_length`), as for requests.
             let length =
                 content_length::merge(self.content_length, value).map_err(|error| match error {
@@ -350,7 +352,7 @@ impl<'h> HopFields<'h> {
     /// (but `Upgrade` on a `101`) and those `Connection` names.
     #[inline(always)]
     fn drops(&self, name: &[u8], switching: bool) -> bool {
-        if name.eq_ignore_ascii_case(b"upgrade") {
+        if is_name(name, b"upgrade") {
             return !switching;
         }
         is_hop_by_hop(name)
