@@ -508,7 +508,9 @@ async fn a_budget_resets_at_its_windows_end(window: &str, seconds: u64, ahead: u
         assert_eq!(reply.status, 200, "request {k}: {:?}", reply.body);
         assert_eq!(
             reply.header("ratelimit-policy").map(str::to_owned),
-            Some(format!("\"monthly_spend\";q=2;w={seconds};qu=\"usd-cents\""))
+            Some(format!(
+                "\"monthly_spend\";q=2;w={seconds};qu=\"usd-cents\""
+            ))
         );
         spent(&gateway, "acme", 5_003 * (k + 1)).await;
     }
