@@ -478,6 +478,62 @@ async fn two_gateways_on_redis_share_one_budget() {
     b.stop().await;
 }
 
+#[tokio::test]
+async fn in_memory_a_budget_and_a_token_limit_are_all_or_nothing() {
+    let upstream = LlmUpstream::start().await;
+    // A fixed window of 2,500 tokens an hour per tenant before the $0.02
+    // budget; a cheaper model beside gpt-4o.
+    let extra = format!(
+        "{PRICES}\n[prices.\"mini\"]\ninput = 0.15\noutput = 0.60\n\n\
+         [limits.tpm]\nkey = \"header:x-tenant\"\nalgorithm = \"fixed_window\"\n\
+         limit = 2500\nwindow = \"1h\"\nunit = \"tokens\"\n"
+    );
+    let config = config(&upstream, "0.02", &extra).replace(
+        "limits = [\"monthly_spend\"]",
+        "limits = [\"tpm\", \"monthly_spend\"]",
+    );
+    let gateway = InProcess::start(&config).await;
+    let used = Used {
+        prompt: 1,
+        cached: 0,
+        completion: 500,
+    };
+    let tokens_left = async || {
+        let admin = gateway.admin.expect("an admin listener");
+        let explained = get(admin, "/limits/tpm?key=all", &[]).await.json();
+        explained["remaining"].as_u64().expect("the window's state")
+    };
+    // Each gpt-4o request reserves 1,001 tokens and 10,003 µ$, and uses
+    // 501 tokens costing 5,003 µ$.
+    for k in 1..=2u64 {
+        let reply = chat(&gateway, "all", "gpt-4o", 1000, "json", used).await;
+        assert_eq!(reply.status, 200, "{:?}", reply.body);
+        spent(&gateway, "all", 5_003 * k).await;
+    }
+    assert_eq!(tokens_left().await, 2_500 - 1_002);
+    // The budget refuses (10,006 + 10,003 > 20,000) what the token window
+    // would take (1,002 + 1,001 ≤ 2,500): the window is charged nothing.
+    let reply = chat(&gateway, "all", "gpt-4o", 1000, "json", used).await;
+    assert_eq!(reply.status, 429, "{:?}", reply.body);
+    assert_eq!(reply.json()["violated-policies"], json!(["monthly_spend"]));
+    assert_eq!(tokens_left().await, 2_500 - 1_002);
+    // The token window refuses (1,002 + 1,501 > 2,500) what the budget
+    // would take (mini: 1 × 0.15 + 1,500 × 0.60 = 900.15, 901 µ$): the
+    // budget is charged nothing.
+    let reply = chat(&gateway, "all", "mini", 1500, "json", used).await;
+    assert_eq!(reply.status, 429, "{:?}", reply.body);
+    assert_eq!(reply.json()["violated-policies"], json!(["tpm"]));
+    spent(&gateway, "all", 10_006).await;
+    assert_eq!(tokens_left().await, 2_500 - 1_002);
+    // And what both take is charged to both: mini's 1,000 reserve 1,001
+    // tokens and 601 µ$, its usage 501 tokens, 0.15 + 300 = 300.15: 301.
+    let reply = chat(&gateway, "all", "mini", 1000, "json", used).await;
+    assert_eq!(reply.status, 200, "{:?}", reply.body);
+    spent(&gateway, "all", 10_307).await;
+    assert_eq!(tokens_left().await, 2_500 - 1_503);
+    gateway.stop().await;
+}
+
 /// A budget of a day or a week: a `fixed_window` of `window` aligned to
 /// the Unix epoch (a day from 00:00 UTC, a week from Thursday 00:00 UTC),
 /// on the limiter's clock (tokio's: [`jump`] moves it ahead). Started at
