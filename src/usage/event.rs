@@ -111,9 +111,10 @@ fn hex_into(slot: &mut [u8], mut value: u64) {
 
 /// Appends ASCII bytes (hex, digits, punctuation) to `out`.
 fn push_ascii(out: &mut String, ascii: &[u8]) {
-    debug_assert!(ascii.is_ascii());
-    // ASCII is UTF-8; the fallback is never taken.
-    out.push_str(std::str::from_utf8(ascii).unwrap_or_default());
+    assert!(ascii.is_ascii(), "not ASCII");
+    // SAFETY: ASCII is UTF-8 (checked just above: a few words' test,
+    // where `from_utf8` cost ~200 instructions an event).
+    out.push_str(unsafe { std::str::from_utf8_unchecked(ascii) });
 }
 
 /// The process's `source`: `tollgate/HOSTNAME`.

@@ -30,7 +30,7 @@
 
 use std::collections::VecDeque;
 use std::fs::{self, File, OpenOptions};
-use std::io::{self, BufRead, BufReader, Read, Seek, SeekFrom, Write};
+use std::io::{self, Read, Seek, SeekFrom, Write};
 use std::ops::Range;
 use std::path::{Path, PathBuf};
 
@@ -39,7 +39,8 @@ use parking_lot::Mutex;
 
 /// The most bytes a segment holds before the next append starts another.
 const SEGMENT_MAX: u64 = 64 << 20;
-/// The reader's buffer for a batch: ~100 events of ~400 bytes at a time.
+/// What one read of a segment takes: a batch of ~100 events of ~400
+/// bytes at once.
 const READ_BUFFER: usize = 64 << 10;
 /// The acknowledged position's file.
 const ACK: &str = "ack";
@@ -309,43 +310,59 @@ impl Spool {
         };
         file.seek(SeekFrom::Start(position.offset))?;
         // Only the batch's lines are read (a segment holds up to 64 MiB:
-        // reading the rest of it for every batch made a drain quadratic),
-        // each straight into the body after its separator.
-        let mut reader = BufReader::with_capacity(READ_BUFFER, file.take(end - position.offset));
-        let mut body = Vec::with_capacity(READ_BUFFER);
+        // reading the rest of it for every batch made a drain quadratic), a
+        // chunk at a time straight into the body: the lines are the events'
+        // JSON, so each line's newline becomes the array's comma.
+        let mut segment = file.take(end - position.offset);
+        let mut body = Vec::with_capacity(READ_BUFFER + 1);
         body.push(b'[');
         let mut events = Vec::with_capacity(max.min(1024));
-        let mut consumed = 0;
         let mut lines = 0;
+        // Bytes of the segment in the lines taken (skipped ones included).
+        let mut consumed = 0;
+        // Where the next line starts in `body`; the bytes after it are
+        // read but not yet taken.
+        let mut next = 1;
         while events.len() < max {
-            let before = body.len();
-            if !events.is_empty() {
-                body.push(b',');
-            }
-            let start = body.len();
-            let read = reader.read_until(b'\n', &mut body)?;
-            if read == 0 || body.last() != Some(&b'\n') {
-                body.truncate(before);
+            body.reserve(READ_BUFFER);
+            let read = (&mut segment)
+                .take(READ_BUFFER as u64)
+                .read_to_end(&mut body)?;
+            if read == 0 {
                 break;
             }
-            consumed += read;
-            lines += 1;
-            body.pop();
-            if is_event(&body[start..]) {
-                events.push(start..body.len());
-            } else {
-                body.truncate(before);
-                tracing::warn!(
-                    segment = position.seq,
-                    "usage spool: a damaged line skipped"
-                );
+            while events.len() < max {
+                let Some(length) = memchr::memchr(b'\n', &body[next..]) else {
+                    break;
+                };
+                let newline = next + length;
+                consumed += length as u64 + 1;
+                lines += 1;
+                if is_event(&body[next..newline]) {
+                    events.push(next..newline);
+                    body[newline] = b',';
+                    next = newline + 1;
+                } else {
+                    body.copy_within(newline + 1.., next);
+                    body.truncate(body.len() - length - 1);
+                    tracing::warn!(
+                        segment = position.seq,
+                        "usage spool: a damaged line skipped"
+                    );
+                }
             }
         }
-        body.push(b']');
+        // What was read past the last line taken is read again next time;
+        // the last comma closes the array.
+        body.truncate(next);
+        match body.last_mut() {
+            Some(last) if *last == b',' => *last = b']',
+            _ => body.push(b']'),
+        }
         Ok(Some(Batch {
             seq: position.seq,
             start: position.offset,
-            end: position.offset + consumed as u64,
+            end: position.offset + consumed,
             lines,
             body: Bytes::from(body),
             events,
@@ -437,7 +454,7 @@ fn is_event(line: &[u8]) -> bool {
     line.first() == Some(&b'{')
         && line.last() == Some(&b'}')
         && printable
-        && std::str::from_utf8(line).is_ok()
+        && (line.is_ascii() || std::str::from_utf8(line).is_ok())
 }
 
 /// The spool's `lock` file, locked: refused while another holds it.
@@ -591,6 +608,28 @@ mod tests {
         let parsed: Vec<serde_json::Value> = serde_json::from_slice(&body).unwrap();
         assert_eq!(parsed.len(), 3);
         assert_eq!(parsed[2]["n"], 9);
+    }
+
+    #[test]
+    fn a_batch_spans_reads_and_lines_longer_than_one() {
+        let dir = tempfile::tempdir().unwrap();
+        let (spool, _) = Spool::open(dir.path(), 64 << 20).unwrap();
+        // 300 events of ~400 bytes (120 KB: two reads for 250 of them),
+        // then one of 100 KB, longer than a read.
+        spool.append(&events(0, 300, 390), 300).unwrap();
+        spool.append(&events(300, 1, 100_000), 1).unwrap();
+        spool.append(&events(301, 2, 10), 2).unwrap();
+        let first = spool.next_batch(250).unwrap().unwrap();
+        assert_eq!(numbers(&first), (0..250).collect::<Vec<_>>());
+        let body: Vec<serde_json::Value> = serde_json::from_slice(&first.body()).unwrap();
+        assert_eq!(body.len(), 250);
+        spool.ack(&first).unwrap();
+        let second = spool.next_batch(250).unwrap().unwrap();
+        assert_eq!(numbers(&second), (250..303).collect::<Vec<_>>());
+        // `{"n":300,"pad":""}` around the pad.
+        assert_eq!(second.events().nth(50).unwrap().len(), 100_000 + 18);
+        spool.ack(&second).unwrap();
+        assert_eq!(spool.pending(), 0);
     }
 
     #[test]
