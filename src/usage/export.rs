@@ -340,6 +340,18 @@ impl Sending {
         // When the first partial batch was seen: it goes `interval` later.
         let mut partial_since: Option<tokio::time::Instant> = None;
         while !self.stopped() {
+            // Still short of a batch within `interval` of the partial one
+            // read before (a wake by an append): wait on, without reading
+            // it again.
+            if let Some(since) = partial_since
+                && failures == 0
+                && self.spool.pending() < self.batch as u64
+                && since.elapsed() < self.interval
+            {
+                self.pause(self.interval.saturating_sub(since.elapsed()))
+                    .await;
+                continue;
+            }
             let batch = match self.spool.next_batch(self.batch) {
                 Ok(Some(batch)) => batch,
                 Ok(None) => {

@@ -323,7 +323,9 @@ impl Spool {
         // Where the next line starts in `body`; the bytes after it are
         // read but not yet taken.
         let mut next = 1;
-        while events.len() < max {
+        // Until `max` events, or the synced end (no read past it: a
+        // partial batch would grow the body for nothing).
+        while events.len() < max && segment.limit() > 0 {
             body.reserve(READ_BUFFER);
             let read = (&mut segment)
                 .take(READ_BUFFER as u64)
@@ -416,7 +418,6 @@ impl Spool {
     }
 
     /// Events not acknowledged yet.
-    #[cfg(test)]
     pub(crate) fn pending(&self) -> u64 {
         self.state.lock().pending()
     }
