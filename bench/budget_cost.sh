@@ -353,10 +353,10 @@ instructions() {
   sleep 0.5
   kill "$pid"
   wait "$pid" 2>/dev/null || true
-  total=$(for f in "$out".*; do grep -m1 '^summary:' "$f" | awk '{print $2}'; done | awk '{n += $1} END {print n}')
+  total=$(for f in "$out".*.1-*; do grep -m1 '^summary:' "$f" | awk '{print $2}'; done | awk '{n += $1} END {print n}')
   if [ -n "${KEEP_DUMPS:-}" ]; then
     mkdir -p "$KEEP_DUMPS"
-    for f in "$out".*; do cp "$f" "$KEEP_DUMPS/$1.${f##*/cg.}"; done
+    for f in "$out".*.1-*; do cp "$f" "$KEEP_DUMPS/$1.${f##*/cg.}"; done
     echo "$requests" >"$KEEP_DUMPS/$1.requests"
   fi
   echo $((total / requests))
