@@ -35,9 +35,10 @@
 # bench/instructions.sh: the exporter's thread is counted too) of each
 # gateway, one 5 s run each after a warm-up. Each thread is counted apart
 # (`--separate-threads=yes`), the request's total their sum.
-# KEEP_DUMPS=DIR keeps the callgrind dumps there, named tokens.TID and
-# usd.TID (one per thread: `callgrind_annotate DIR/usd.*`, or one file for
-# the exporter's threads alone; `head DIR/usd.*` names each file's thread).
+# KEEP_DUMPS=DIR keeps the callgrind dumps there, one per thread, named
+# tokens.PID.1-NN and usd.PID.1-NN (NN: the thread; 01 the worker, the
+# exporter's writer and sender after it), with each run's request count in
+# tokens.requests and usd.requests: `callgrind_annotate DIR/usd.*.1-03`.
 #
 # Run:    bench/budget_cost.sh
 # Knobs:  ROUNDS=5 SECONDS_PER_RUN=5 CONNS=8 STREAM=0 INSTR=0 KEEP_DUMPS=DIR
