@@ -36,8 +36,8 @@
 # gateway, one 5 s run each after a warm-up. Each thread is counted apart
 # (`--separate-threads=yes`), the request's total their sum.
 # KEEP_DUMPS=DIR keeps the callgrind dumps there, one per thread, named
-# tokens.PID.1-NN and usd.PID.1-NN (NN: the thread; 01 the worker, the
-# exporter's writer and sender after it), with each run's request count in
+# tokens.PID.1-NN and usd.PID.1-NN (NN: the thread; 01 the worker, then
+# the exporter's sender and its writer), with each run's request count in
 # tokens.requests and usd.requests: `callgrind_annotate DIR/usd.*.1-03`.
 #
 # Run:    bench/budget_cost.sh
