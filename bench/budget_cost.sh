@@ -33,10 +33,15 @@
 #
 # INSTR=1 also counts user-space instructions per request (callgrind, as
 # bench/instructions.sh: the exporter's thread is counted too) of each
-# gateway, one 5 s run each after a warm-up.
+# gateway, one 5 s run each after a warm-up. Each thread is counted apart
+# (`--separate-threads=yes`), the request's total their sum.
+# KEEP_DUMPS=DIR keeps the callgrind dumps there, one per thread, named
+# tokens.PID.1-NN and usd.PID.1-NN (NN: the thread; 01 the worker, then
+# the exporter's sender and its writer), with each run's request count in
+# tokens.requests and usd.requests: `callgrind_annotate DIR/usd.*.1-03`.
 #
 # Run:    bench/budget_cost.sh
-# Knobs:  ROUNDS=5 SECONDS_PER_RUN=5 CONNS=8 STREAM=0 INSTR=0
+# Knobs:  ROUNDS=5 SECONDS_PER_RUN=5 CONNS=8 STREAM=0 INSTR=0 KEEP_DUMPS=DIR
 #         SERVER_CPUS=0 CLIENT_CPUS=1 (taskset: tollgate on the first; wrk,
 #         nginx and the collector on the second)
 #         BASE_PORT=19400 (uses BASE_PORT .. BASE_PORT+7)
@@ -336,7 +341,7 @@ instructions() {
   rm -f "$out".*
   gateway_conf "$PORT_INSTR" "$PORT_ADMIN_INSTR" "$1" >"$TMP/cg-$1.toml"
   TOLLGATE_LOG=warn taskset -c "$SERVER_CPUS" valgrind --tool=callgrind --instr-atstart=no \
-    --callgrind-out-file="$out.%p" "$TOLLGATE" run -c "$TMP/cg-$1.toml" >"$TMP/cg.log" 2>&1 &
+    --separate-threads=yes --callgrind-out-file="$out.%p" "$TOLLGATE" run -c "$TMP/cg-$1.toml" >"$TMP/cg.log" 2>&1 &
   pid=$!
   wait_port "$PORT_ADMIN_INSTR"
   PORT_USD=$PORT_INSTR PORT_TOKENS=$PORT_INSTR run_wrk "$1" 2 "$TMP/cg-warm.out"
@@ -349,7 +354,12 @@ instructions() {
   sleep 0.5
   kill "$pid"
   wait "$pid" 2>/dev/null || true
-  total=$(for f in "$out".*; do grep -m1 '^summary:' "$f" | awk '{print $2}'; done | sort -n | tail -1)
+  total=$(for f in "$out".*.1-*; do grep -m1 '^summary:' "$f" | awk '{print $2}'; done | awk '{n += $1} END {print n}')
+  if [ -n "${KEEP_DUMPS:-}" ]; then
+    mkdir -p "$KEEP_DUMPS"
+    for f in "$out".*.1-*; do cp "$f" "$KEEP_DUMPS/$1.${f##*/cg.}"; done
+    echo "$requests" >"$KEEP_DUMPS/$1.requests"
+  fi
   echo $((total / requests))
 }
 wait_port_gone() { for _ in $(seq 1 100); do (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null || return 0; sleep 0.05; done; }

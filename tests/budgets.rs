@@ -478,6 +478,157 @@ async fn two_gateways_on_redis_share_one_budget() {
     b.stop().await;
 }
 
+#[tokio::test]
+async fn in_memory_a_budget_and_a_token_limit_are_all_or_nothing() {
+    let upstream = LlmUpstream::start().await;
+    // A fixed window of 2,500 tokens an hour per tenant before the $0.02
+    // budget; a cheaper model beside gpt-4o.
+    let extra = format!(
+        "{PRICES}\n[prices.\"mini\"]\ninput = 0.15\noutput = 0.60\n\n\
+         [limits.tpm]\nkey = \"header:x-tenant\"\nalgorithm = \"fixed_window\"\n\
+         limit = 2500\nwindow = \"1h\"\nunit = \"tokens\"\n"
+    );
+    let config = config(&upstream, "0.02", &extra).replace(
+        "limits = [\"monthly_spend\"]",
+        "limits = [\"tpm\", \"monthly_spend\"]",
+    );
+    let gateway = InProcess::start(&config).await;
+    let used = Used {
+        prompt: 1,
+        cached: 0,
+        completion: 500,
+    };
+    let tokens_left = async || {
+        let admin = gateway.admin.expect("an admin listener");
+        let explained = get(admin, "/limits/tpm?key=all", &[]).await.json();
+        explained["remaining"].as_u64().expect("the window's state")
+    };
+    // Each gpt-4o request reserves 1,001 tokens and 10,003 µ$, and uses
+    // 501 tokens costing 5,003 µ$.
+    for k in 1..=2u64 {
+        let reply = chat(&gateway, "all", "gpt-4o", 1000, "json", used).await;
+        assert_eq!(reply.status, 200, "{:?}", reply.body);
+        spent(&gateway, "all", 5_003 * k).await;
+    }
+    assert_eq!(tokens_left().await, 2_500 - 1_002);
+    // The budget refuses (10,006 + 10,003 > 20,000) what the token window
+    // would take (1,002 + 1,001 ≤ 2,500): the window is charged nothing.
+    let reply = chat(&gateway, "all", "gpt-4o", 1000, "json", used).await;
+    assert_eq!(reply.status, 429, "{:?}", reply.body);
+    assert_eq!(reply.json()["violated-policies"], json!(["monthly_spend"]));
+    assert_eq!(tokens_left().await, 2_500 - 1_002);
+    // The token window refuses (1,002 + 1,501 > 2,500) what the budget
+    // would take (mini: 1 × 0.15 + 1,500 × 0.60 = 900.15, 901 µ$): the
+    // budget is charged nothing.
+    let reply = chat(&gateway, "all", "mini", 1500, "json", used).await;
+    assert_eq!(reply.status, 429, "{:?}", reply.body);
+    assert_eq!(reply.json()["violated-policies"], json!(["tpm"]));
+    spent(&gateway, "all", 10_006).await;
+    assert_eq!(tokens_left().await, 2_500 - 1_002);
+    // And what both take is charged to both: mini's 1,000 reserve 1,001
+    // tokens and 601 µ$, its usage 501 tokens, 0.15 + 300 = 300.15: 301.
+    let reply = chat(&gateway, "all", "mini", 1000, "json", used).await;
+    assert_eq!(reply.status, 200, "{:?}", reply.body);
+    spent(&gateway, "all", 10_307).await;
+    assert_eq!(tokens_left().await, 2_500 - 1_503);
+    gateway.stop().await;
+}
+
+/// A budget of a day or a week: a `fixed_window` of `window` aligned to
+/// the Unix epoch (a day from 00:00 UTC, a week from Thursday 00:00 UTC),
+/// on the limiter's clock (tokio's: [`jump`] moves it ahead). Started at
+/// the in-process epoch (Wednesday 2023-11-15, 00:00 UTC) and moved
+/// `ahead` seconds on, it admits and refuses at exactly the request its
+/// prices say; the 429's `budget_reset_seconds` and `Retry-After` count to
+/// the window's end, `end` seconds after the epoch; five seconds before
+/// the end it still refuses, and at the end the budget is whole again.
+async fn a_budget_resets_at_its_windows_end(window: &str, seconds: u64, ahead: u64, end: u64) {
+    let upstream = LlmUpstream::start().await;
+    // $0.02 = 20,000 µ$ a window.
+    let config = config(&upstream, "0.02", PRICES)
+        .replace("window = \"30d\"", &format!("window = \"{window}\""));
+    let gateway = InProcess::start(&config).await;
+    let clock = gateway.app.clock.clone();
+    jump(ahead * 1_000_000_000).await;
+    let used = Used {
+        prompt: 1,
+        cached: 0,
+        completion: 500,
+    };
+    // The window's end on the limiter's clock.
+    let end = common::IN_PROCESS_EPOCH + end * 1_000_000_000;
+    // Each request reserves 10,003 µ$ and spends 5,003: the second fits
+    // (5,003 + 10,003 ≤ 20,000), the third does not (10,006 + 10,003).
+    for k in 0..2u64 {
+        let reply = chat(&gateway, "acme", "gpt-4o", 1000, "json", used).await;
+        assert_eq!(reply.status, 200, "request {k}: {:?}", reply.body);
+        assert_eq!(
+            reply.header("ratelimit-policy").map(str::to_owned),
+            Some(format!(
+                "\"monthly_spend\";q=2;w={seconds};qu=\"usd-cents\""
+            ))
+        );
+        spent(&gateway, "acme", 5_003 * (k + 1)).await;
+    }
+    // Refused: in whole seconds (rounded up) until the window's end.
+    let refused = async || {
+        let before = clock.now();
+        let reply = chat(&gateway, "acme", "gpt-4o", 1000, "json", used).await;
+        let after = clock.now();
+        assert_eq!(reply.status, 429, "{:?}", reply.body);
+        let problem = reply.json();
+        assert_eq!(problem["budget"], "monthly_spend", "{problem:#}");
+        assert_eq!(problem["max_cost_usd"], "0.010003", "{problem:#}");
+        let reset = problem["budget_reset_seconds"].as_u64().expect("a reset");
+        let retry_after: u64 = reply.header("retry-after").unwrap().parse().unwrap();
+        assert_eq!(retry_after, reset, "{problem:#}");
+        let (latest, earliest) = (
+            (end - before).div_ceil(1_000_000_000),
+            (end - after).div_ceil(1_000_000_000),
+        );
+        assert!(
+            (earliest..=latest).contains(&reset),
+            "reset in {reset} s, the window ends in {earliest}..={latest} s"
+        );
+    };
+    refused().await;
+    // Five seconds before the end: still refused, nothing charged.
+    jump(end - 5_000_000_000 - clock.now()).await;
+    refused().await;
+    spent(&gateway, "acme", 10_006).await;
+    // The window's end: the budget starts again, whole.
+    jump(end.saturating_sub(clock.now())).await;
+    let reply = chat(&gateway, "acme", "gpt-4o", 1000, "json", used).await;
+    assert_eq!(reply.status, 200, "a new {window}: {:?}", reply.body);
+    spent(&gateway, "acme", 5_003).await;
+    gateway.stop().await;
+}
+
+/// Moves tokio's clock (the in-process limiter's) `nanos` ahead at once,
+/// then lets it run on in real time: no request is in flight meanwhile,
+/// so no timeout of one fires early.
+async fn jump(nanos: u64) {
+    tokio::time::pause();
+    tokio::time::advance(std::time::Duration::from_nanos(nanos)).await;
+    tokio::time::resume();
+}
+
+#[tokio::test]
+async fn a_daily_budget_resets_at_midnight_utc() {
+    // From Saturday 2023-11-18 12:00 UTC: the day ends in 12 hours.
+    a_budget_resets_at_its_windows_end("1d", 86_400, 3 * 86_400 + 43_200, 4 * 86_400).await;
+}
+
+#[tokio::test]
+async fn a_weekly_budget_resets_on_thursday_at_midnight_utc() {
+    // From Saturday 2023-11-18 12:00 UTC: the week (Thursday to Thursday,
+    // as the epoch's) ends on Thursday 2023-11-23, in 4.5 days.
+    a_budget_resets_at_its_windows_end("1w", 7 * 86_400, 3 * 86_400 + 43_200, 8 * 86_400).await;
+    // "7d" is the same window; from Thursday 2023-11-16 00:00 UTC, the
+    // week's first instant.
+    a_budget_resets_at_its_windows_end("7d", 7 * 86_400, 86_400, 8 * 86_400).await;
+}
+
 /// The first instant of the month after the one `secs` (Unix time) falls
 /// in, in UTC: Hinnant's `days_from_civil`, written again here so that the
 /// gateway's own calendar is checked against a second copy.

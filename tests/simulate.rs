@@ -1177,6 +1177,151 @@ fn the_table_reports_a_token_limits_tokens() {
     );
 }
 
+/// A spend budget of $0.03 an hour per user, with `[prices]` for one model
+/// and a default for the rest.
+const SPEND: &str = r#"
+[prices."gpt-4o"]
+input = 2.50
+output = 10.00
+cached_input = 1.25
+
+[prices.default]
+input = 5
+output = 15
+
+[limits.spend]
+key = "header:x-user"
+algorithm = "fixed_window"
+limit = 0.03
+window = "1h"
+unit = "usd"
+
+[[routes]]
+name = "chat"
+match = { path = "/v1/chat/completions", methods = ["POST"] }
+respond = { status = 200 }
+limits = ["spend"]
+tokens = { max_tokens_default = 100, prompt = "bytes/4", usage = "auto" }
+"#;
+
+#[test]
+fn simulate_prices_the_traces_tokens_and_reports_spend_per_key() {
+    let (dir, config) = config_file(SPEND);
+    // (time, user, model, tokens): each body asks for 1,000 tokens with a
+    // 2-token prompt. The trace's `tokens` is a total, priced as the
+    // gateway prices one: the prompt's estimate as input, the rest output.
+    //   u1 on gpt-4o reserves 2 × 2.5 + 1,000 × 10 = 10,005 µ$ and spends
+    //   2 × 2.5 + 598 × 10 = 5,985 of its 600 tokens: after k requests the
+    //   next fits while 5,985·k + 10,005 ≤ 30,000, so four are admitted
+    //   (23,940 spent) and the fifth is denied (33,945).
+    //   u2's model has no price of its own, the default's: it reserves
+    //   2 × 5 + 1,000 × 15 = 15,010 and spends 2 × 5 + 98 × 15 = 1,480 of
+    //   100 tokens; its last record says nothing of its usage, so its
+    //   reservation stands: 1,480 + 15,010 = 16,490.
+    let records: [(u64, &str, &str, Option<u64>); 7] = [
+        (1, "u1", "gpt-4o", Some(600)),
+        (2, "u2", "llama-3", Some(100)),
+        (3, "u1", "gpt-4o", Some(600)),
+        (4, "u1", "gpt-4o", Some(600)),
+        (5, "u1", "gpt-4o", Some(600)),
+        (6, "u1", "gpt-4o", Some(600)),
+        (7, "u2", "llama-3", None),
+    ];
+    let mut trace = String::new();
+    for (time, user, model, tokens) in records {
+        let body = serde_json::json!({
+            "model": model,
+            "max_tokens": 1000,
+            "messages": [{"role": "user", "content": "abcdefgh"}],
+        });
+        let mut record = serde_json::json!({
+            "time": time,
+            "method": "POST",
+            "path": "/v1/chat/completions",
+            "headers": {"x-user": user, "content-type": "application/json"},
+            "body": body.to_string(),
+        });
+        if let Some(tokens) = tokens {
+            record["tokens"] = tokens.into();
+        }
+        trace.push_str(&record.to_string());
+        trace.push('\n');
+    }
+    let trace_path = dir.path().join("trace.jsonl");
+    std::fs::write(&trace_path, trace).unwrap();
+    let decisions_path = dir.path().join("decisions.jsonl");
+    let run = |json: bool| {
+        let mut args = vec![
+            "simulate",
+            "-c",
+            &config,
+            "--trace",
+            trace_path.to_str().unwrap(),
+            "--decisions",
+            decisions_path.to_str().unwrap(),
+        ];
+        if json {
+            args.push("--json");
+        }
+        let (code, stdout, stderr) = tollgate(&args);
+        assert_eq!(code, 0, "{stderr}\n{stdout}");
+        stdout
+    };
+    let report = json(&run(true));
+    let decisions: Vec<serde_json::Value> = std::fs::read_to_string(&decisions_path)
+        .unwrap()
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    assert_eq!(
+        outcomes(&decisions),
+        [
+            "admitted", "admitted", "admitted", "admitted", "admitted", "denied", "admitted"
+        ]
+    );
+    assert_eq!(decisions[5]["limit"], "spend");
+    let spend = limit_row(&report, "spend");
+    assert_eq!(
+        (spend["requests"].as_u64(), spend["admitted"].as_u64()),
+        (Some(7), Some(6))
+    );
+    // Reserved: 4 × 10,005 + 2 × 15,010; spent: 23,940 + 16,490.
+    assert_eq!(spend["usd"]["reserved"], "0.07004", "{spend}");
+    assert_eq!(spend["usd"]["spent"], "0.04043", "{spend}");
+    assert_eq!(
+        (
+            spend["usd"]["settled"].as_u64(),
+            spend["usd"]["unsettled"].as_u64()
+        ),
+        (Some(5), Some(1))
+    );
+    // Per key, most first: the digest of the header's value (as the admin
+    // API's explain names a key), never the value itself.
+    let digest = |user: &str| {
+        format!(
+            "{:032x}",
+            tollgate::limit::LimitKey::digest(&[user.as_bytes()]).as_u128()
+        )
+    };
+    assert_eq!(
+        spend["usd"]["keys"],
+        serde_json::json!([
+            {"digest": digest("u1"), "spent": "0.02394"},
+            {"digest": digest("u2"), "spent": "0.01649"},
+        ])
+    );
+    // The table says the same in words.
+    let table = run(false);
+    for line in [
+        "route chat, limit spend: spent $0.04043 (reserved $0.07004); requests settled 5, unsettled 1 (kept their reservation); peak, limit and excess in micro-dollars".to_owned(),
+        format!("  key {}: spent $0.02394", digest("u1")),
+        format!("  key {}: spent $0.01649", digest("u2")),
+    ] {
+        assert!(table.contains(&line), "{line}\nnot in:\n{table}");
+    }
+    assert!(!table.contains("u1") && !table.contains("u2"), "{table}");
+}
+
 /// One chat request of the live comparison: its API key, `max_tokens`, how
 /// the scripted upstream reports its usage and how much.
 struct Chat {

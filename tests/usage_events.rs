@@ -4,7 +4,8 @@
 //! ([`Collector`]: it records every batch, and can be down, slow, or
 //! refuse a batch with a 400). Every event arrives exactly once by `id`
 //! after a collector outage, after a gateway restart with events spooled,
-//! and with a collector slower than the exporter's interval; a refused
+//! and with a collector slower than the exporter's interval; requests
+//! answered while a collector holds a POST for an hour; a refused
 //! batch is set aside in the dead-letter file while the rest arrive; a
 //! full spool drops its oldest events and counts them; `file =` writes
 //! JSON lines; and the official `cloudevents` Python SDK reads the
@@ -51,6 +52,8 @@ struct CollectorState {
     /// Each POST's `Content-Type`.
     content_types: Mutex<Vec<String>>,
     refused: Mutex<usize>,
+    /// POSTs whose body arrived, answered or not yet.
+    arrived: Mutex<usize>,
     delay: Mutex<Duration>,
     task: Mutex<Option<tokio::task::JoinHandle<()>>>,
 }
@@ -162,6 +165,7 @@ async fn take(request: Request<Incoming>, state: &CollectorState) -> Response<Fu
         .await
         .expect("a body")
         .to_bytes();
+    *state.arrived.lock().unwrap() += 1;
     let delay = *state.delay.lock().unwrap();
     tokio::time::sleep(delay).await;
     let text = String::from_utf8(body.to_vec()).expect("UTF-8");
@@ -438,6 +442,37 @@ async fn a_slow_collector_gets_every_event_once_by_id() {
     assert_eq!(used_counts(&events), (1..=20).collect::<Vec<_>>());
     // Exactly once here: no POST took longer than the exporter's deadline.
     assert_eq!(collector.events().len(), 20);
+    gateway.stop().await;
+}
+
+#[tokio::test]
+async fn a_collector_that_holds_its_posts_never_delays_a_request() {
+    let upstream = LlmUpstream::start().await;
+    let collector = Collector::start().await;
+    // The collector takes a POST's body and answers an hour later.
+    collector.set_delay(Duration::from_secs(3_600));
+    let spool = tempfile::tempdir().unwrap();
+    let gateway = InProcess::start(&config(
+        &upstream,
+        &to_collector(&collector, spool.path(), ""),
+    ))
+    .await;
+    chat(&gateway, "key-acme", "gpt-4o", "json", 1).await;
+    let posted = eventually(async || *collector.state.arrived.lock().unwrap() >= 1).await;
+    assert!(posted, "the first event was never POSTed");
+    // While that POST waits for its answer, every request is answered: a
+    // request that waited for its event's export would wait an hour.
+    for used in 2..=30 {
+        chat(&gateway, "key-acme", "gpt-4o", "json", used).await;
+    }
+    assert!(collector.state.batches.lock().unwrap().is_empty());
+    // Their events wait in the spool...
+    assert!(eventually(async || spooled(&gateway) >= 30.0).await);
+    // ...and arrive once the collector answers again (the held POST ends
+    // at the exporter's 10 s deadline and its batch goes again).
+    collector.set_delay(Duration::ZERO);
+    let events = received(&collector, 30).await;
+    assert_eq!(used_counts(&events), (1..=30).collect::<Vec<_>>());
     gateway.stop().await;
 }
 

@@ -11,7 +11,7 @@ use crate::limit::{NANOS_PER_SEC, Nanos, Rate};
 
 /// What a duration looks like, for error messages.
 pub(crate) const DURATION_EXPECTED: &str =
-    "a duration with a unit, like \"250ms\", \"10s\", \"1m\", \"1h\" or \"1d\"";
+    "a duration with a unit, like \"250ms\", \"10s\", \"1m\", \"1h\", \"1d\" or \"1w\"";
 /// What a rate looks like, for error messages.
 pub(crate) const RATE_EXPECTED: &str =
     "a rate \"N/unit\", like \"10/s\", \"600/m\", \"1000/h\" or \"0.5/s\"";
@@ -28,6 +28,7 @@ fn unit_nanos(unit: &str) -> Option<u64> {
         "m" | "min" | "minute" => 60 * NANOS_PER_SEC,
         "h" | "hour" => 3_600 * NANOS_PER_SEC,
         "d" | "day" => 86_400 * NANOS_PER_SEC,
+        "w" | "week" => 7 * 86_400 * NANOS_PER_SEC,
         _ => return None,
     })
 }
@@ -152,6 +153,7 @@ mod tests {
         assert_eq!(parse_duration("1m"), Ok(Duration::from_secs(60)));
         assert_eq!(parse_duration("1h"), Ok(Duration::from_secs(3600)));
         assert_eq!(parse_duration("1d"), Ok(Duration::from_secs(86400)));
+        assert_eq!(parse_duration("1w"), Ok(Duration::from_secs(7 * 86400)));
         assert_eq!(parse_duration("1.5s"), Ok(Duration::from_millis(1500)));
         assert!(parse_duration("10").is_err());
         assert!(parse_duration("s").is_err());

@@ -10,40 +10,56 @@
 //!   "cost_usd":"0.000420","status":200,"duration_ms":5}}
 //! ```
 //!
+//! Written by hand into the writer's reused buffer (strings escaped as
+//! `serde_json` escapes them, [`crate::http::problem::escape_into`]): the
+//! writer thread turns every settled request into one, and building
+//! `serde_json` structures, the id and the time as `format!`ed strings
+//! cost it more than the request path's own work for the event.
+//!
 //! The `id` is a UUIDv7 (RFC 9562): the settle time's milliseconds, then
 //! 42 bits chosen at random when the exporter starts (the node) and a
 //! 32-bit counter of the events it wrote. Two events share an id only if
 //! one process wrote 2³² events in one millisecond, or two processes drew
 //! the same 42 bits and wrote the same count in the same millisecond.
 
-use serde::Serialize;
-
 use super::{Subject, UsageRecord};
+use crate::http::problem::escape_into;
 
 /// The events' `type`.
 pub(crate) const TYPE: &str = "tollgate.llm.usage";
 
-/// The ids of one exporter's events, and their `source`.
+const HEX: &[u8; 16] = b"0123456789abcdef";
+
+/// The ids of one exporter's events, their `source`, and the whole
+/// second of the last event's `time`, kept formatted.
 #[derive(Debug)]
 pub(crate) struct Ids {
     node: u64,
     counter: u32,
+    /// The `source`, escaped for a JSON string.
     source: String,
+    /// The last `time`'s whole seconds since the epoch and their RFC 3339
+    /// text up to the seconds (`2023-11-15T00:00:00`): events come in
+    /// order of time, many in the same second.
+    second: Option<(u64, String)>,
 }
 
 impl Ids {
     /// `node`: the 42 random bits of this process's ids (higher bits are
     /// ignored); `source`: the events' `source`.
-    pub(crate) fn new(node: u64, source: String) -> Ids {
+    pub(crate) fn new(node: u64, source: &str) -> Ids {
+        let mut escaped = String::with_capacity(source.len());
+        escape_into(&mut escaped, source);
         Ids {
             node: node & ((1 << 42) - 1),
             counter: 0,
-            source,
+            source: escaped,
+            second: None,
         }
     }
 
-    /// The next id, for an event at `unix_ms`.
-    fn next(&mut self, unix_ms: u64) -> String {
+    /// Writes the next id, for an event at `unix_ms`, to `out`.
+    fn write_next(&mut self, unix_ms: u64, out: &mut String) {
         self.counter = self.counter.wrapping_add(1);
         // 74 bits after the time and version: 42 of node, 32 of counter.
         let rest = (u128::from(self.node) << 32) | u128::from(self.counter);
@@ -51,15 +67,54 @@ impl Ids {
         let rand_b = rest as u64 & ((1 << 62) - 1);
         let high = ((unix_ms & 0xffff_ffff_ffff) << 16) | 0x7000 | u64::from(rand_a);
         let low = (0b10 << 62) | rand_b;
-        format!(
-            "{:08x}-{:04x}-{:04x}-{:04x}-{:012x}",
-            high >> 32,
-            (high >> 16) & 0xffff,
-            high & 0xffff,
-            low >> 48,
-            low & 0xffff_ffff_ffff
-        )
+        // 8-4-4-4-12 hex digits.
+        let mut text = [b'-'; 36];
+        hex_into(&mut text[0..8], high >> 32);
+        hex_into(&mut text[9..13], high >> 16);
+        hex_into(&mut text[14..18], high);
+        hex_into(&mut text[19..23], low >> 48);
+        hex_into(&mut text[24..36], low);
+        push_ascii(out, &text);
     }
+
+    /// Writes `nanos` as RFC 3339 in UTC with milliseconds to `out`.
+    fn write_time(&mut self, nanos: u64, out: &mut String) {
+        let seconds = nanos / 1_000_000_000;
+        let whole = match &self.second {
+            Some((at, text)) if *at == seconds => text,
+            _ => {
+                let text = crate::http::rfc3339::format(nanos);
+                let text = text.strip_suffix('Z').unwrap_or(&text).to_owned();
+                &self.second.insert((seconds, text)).1
+            }
+        };
+        out.push_str(whole);
+        let millis = nanos / 1_000_000 % 1000;
+        let digits = [
+            b'.',
+            b'0' + (millis / 100) as u8,
+            b'0' + (millis / 10 % 10) as u8,
+            b'0' + (millis % 10) as u8,
+            b'Z',
+        ];
+        push_ascii(out, &digits);
+    }
+}
+
+/// Fills `slot` with the low `4 × slot.len()` bits of `value` in hex.
+fn hex_into(slot: &mut [u8], mut value: u64) {
+    for digit in slot.iter_mut().rev() {
+        *digit = HEX[(value & 0xf) as usize];
+        value >>= 4;
+    }
+}
+
+/// Appends ASCII bytes (hex, digits, punctuation) to `out`.
+fn push_ascii(out: &mut String, ascii: &[u8]) {
+    assert!(ascii.is_ascii(), "not ASCII");
+    // SAFETY: ASCII is UTF-8 (checked just above: a few words' test,
+    // where `from_utf8` cost ~200 instructions an event).
+    out.push_str(unsafe { std::str::from_utf8_unchecked(ascii) });
 }
 
 /// The process's `source`: `tollgate/HOSTNAME`.
@@ -75,87 +130,88 @@ pub(crate) fn source() -> String {
     }
 }
 
-#[derive(Serialize)]
-struct Event<'a> {
-    specversion: &'static str,
-    id: &'a str,
-    source: &'a str,
-    #[serde(rename = "type")]
-    kind: &'static str,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    subject: Option<&'a str>,
-    time: &'a str,
-    datacontenttype: &'static str,
-    data: Data<'a>,
-}
-
-#[derive(Serialize)]
-struct Data<'a> {
-    route: &'a str,
-    model: Option<&'a str>,
-    input_tokens: Option<u64>,
-    cached_input_tokens: Option<u64>,
-    output_tokens: Option<u64>,
-    total_tokens: Option<u64>,
-    cost_usd: Option<Dollars>,
-    status: Option<u16>,
-    duration_ms: u64,
-}
-
-/// Micro-dollars written as an exact decimal string (`"0.001234"`, six
-/// places): from the integer, with no float in between (a JSON number
-/// would be read as a binary float by most collectors; OpenMeter's meters
-/// take a number in a string as well).
-struct Dollars(u64);
-
-impl Serialize for Dollars {
-    fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
-        let text = format!("{}.{:06}", self.0 / 1_000_000, self.0 % 1_000_000);
-        serializer.serialize_str(&text)
-    }
-}
-
 /// Appends `record` as one event line (JSON and `\n`) to `out`.
-pub(crate) fn write_line(record: &UsageRecord, ids: &mut Ids, out: &mut Vec<u8>) {
-    let unix_ms = record.at / 1_000_000;
-    let id = ids.next(unix_ms);
-    let time = time_of(record.at);
-    let subject = match &record.subject {
-        Some(Subject::Name(name)) => Some(name.to_string()),
-        Some(Subject::Key(key)) => Some(format!("{:032x}", key.as_u128())),
-        None => None,
-    };
-    let event = Event {
-        specversion: "1.0",
-        id: &id,
-        source: &ids.source,
-        kind: TYPE,
-        subject: subject.as_deref(),
-        time: &time,
-        datacontenttype: "application/json",
-        data: Data {
-            route: &record.route,
-            model: record.model.as_deref(),
-            input_tokens: record.tokens.input,
-            cached_input_tokens: record.tokens.cached_input,
-            output_tokens: record.tokens.output,
-            total_tokens: record.tokens.total,
-            cost_usd: record.cost_usd_micros.map(Dollars),
-            status: record.status,
-            duration_ms: record.duration / 1_000_000,
-        },
-    };
-    // Serializing plain fields into a Vec cannot fail.
-    if serde_json::to_writer(&mut *out, &event).is_ok() {
-        out.push(b'\n');
+pub(crate) fn write_line(record: &UsageRecord, ids: &mut Ids, out: &mut String) {
+    out.push_str("{\"specversion\":\"1.0\",\"id\":\"");
+    ids.write_next(record.at / 1_000_000, out);
+    out.push_str("\",\"source\":\"");
+    out.push_str(&ids.source);
+    out.push_str("\",\"type\":\"");
+    out.push_str(TYPE);
+    out.push('"');
+    match &record.subject {
+        Some(Subject::Name(name)) => {
+            out.push_str(",\"subject\":\"");
+            escape_into(out, name);
+            out.push('"');
+        }
+        Some(Subject::Key(key)) => {
+            let digest = key.as_u128();
+            let mut text = [0u8; 32];
+            hex_into(&mut text[..16], (digest >> 64) as u64);
+            hex_into(&mut text[16..], digest as u64);
+            out.push_str(",\"subject\":\"");
+            push_ascii(out, &text);
+            out.push('"');
+        }
+        None => {}
+    }
+    out.push_str(",\"time\":\"");
+    ids.write_time(record.at, out);
+    out.push_str("\",\"datacontenttype\":\"application/json\",\"data\":{\"route\":\"");
+    escape_into(out, &record.route);
+    out.push_str("\",\"model\":");
+    match &record.model {
+        Some(model) => {
+            out.push('"');
+            escape_into(out, model);
+            out.push('"');
+        }
+        None => out.push_str("null"),
+    }
+    let tokens = &record.tokens;
+    number(out, ",\"input_tokens\":", tokens.input);
+    number(out, ",\"cached_input_tokens\":", tokens.cached_input);
+    number(out, ",\"output_tokens\":", tokens.output);
+    number(out, ",\"total_tokens\":", tokens.total);
+    out.push_str(",\"cost_usd\":");
+    match record.cost_usd_micros {
+        Some(micros) => dollars(out, micros),
+        None => out.push_str("null"),
+    }
+    number(out, ",\"status\":", record.status);
+    number(out, ",\"duration_ms\":", Some(record.duration / 1_000_000));
+    out.push_str("}}\n");
+}
+
+/// `name` (the member's `,"name":`) and `value`'s digits, or `null`.
+fn number(out: &mut String, name: &str, value: Option<impl itoa::Integer>) {
+    out.push_str(name);
+    match value {
+        Some(value) => out.push_str(itoa::Buffer::new().format(value)),
+        None => out.push_str("null"),
     }
 }
 
-/// RFC 3339 in UTC with milliseconds.
-fn time_of(nanos: u64) -> String {
-    let whole = crate::http::rfc3339::format(nanos);
-    let seconds = whole.strip_suffix('Z').unwrap_or(&whole);
-    format!("{seconds}.{:03}Z", nanos / 1_000_000 % 1000)
+/// Micro-dollars as an exact decimal string (`"0.001234"`, six places):
+/// from the integer, with no float in between (a JSON number would be read
+/// as a binary float by most collectors; OpenMeter's meters take a number
+/// in a string as well).
+fn dollars(out: &mut String, micros: u64) {
+    out.push('"');
+    out.push_str(itoa::Buffer::new().format(micros / 1_000_000));
+    let mut fraction = *b".000000";
+    decimal_into(&mut fraction[1..], micros % 1_000_000);
+    push_ascii(out, &fraction);
+    out.push('"');
+}
+
+/// Fills `slot` with `value`'s decimal digits, zero-padded on the left.
+fn decimal_into(slot: &mut [u8], mut value: u64) {
+    for digit in slot.iter_mut().rev() {
+        *digit = b'0' + (value % 10) as u8;
+        value /= 10;
+    }
 }
 
 #[cfg(test)]
@@ -186,17 +242,27 @@ mod tests {
         }
     }
 
-    fn event(record: &UsageRecord, ids: &mut Ids) -> Value {
-        let mut out = Vec::new();
+    fn line(record: &UsageRecord, ids: &mut Ids) -> String {
+        let mut out = String::new();
         write_line(record, ids, &mut out);
-        assert_eq!(out.last(), Some(&b'\n'));
-        assert_eq!(out.iter().filter(|&&b| b == b'\n').count(), 1);
-        serde_json::from_slice(&out).unwrap()
+        assert_eq!(out.pop(), Some('\n'));
+        assert!(!out.contains('\n'), "{out}");
+        out
+    }
+
+    fn event(record: &UsageRecord, ids: &mut Ids) -> Value {
+        serde_json::from_str(&line(record, ids)).unwrap()
+    }
+
+    fn next_id(ids: &mut Ids, unix_ms: u64) -> String {
+        let mut out = String::new();
+        ids.write_next(unix_ms, &mut out);
+        out
     }
 
     #[test]
     fn an_event_has_every_attribute_and_its_data() {
-        let mut ids = Ids::new(0x2aa_aaaa_aaaa, "tollgate/gw-1".into());
+        let mut ids = Ids::new(0x2aa_aaaa_aaaa, "tollgate/gw-1");
         let event = event(&record(), &mut ids);
         assert_eq!(event["specversion"], "1.0");
         assert_eq!(event["source"], "tollgate/gw-1");
@@ -212,22 +278,91 @@ mod tests {
         );
     }
 
+    /// The hand-written line is, byte for byte, what `serde_json` writes
+    /// for the same members in the same order: strings with quotes,
+    /// backslashes, controls and non-ASCII text included.
+    #[test]
+    fn the_line_is_what_serde_json_writes() {
+        let mut ids = Ids::new(7, "tollgate/host \"a\"\\b");
+        let record = UsageRecord {
+            route: Arc::from("ch\u{1}at\ttab\u{7f}"),
+            model: Some("gpt-4o \"mini\" \\ é ✓\n".into()),
+            subject: Some(Subject::Name(Arc::from("ténant\r\u{1f}"))),
+            ..record()
+        };
+        let written = line(&record, &mut ids);
+        let expected = json!({
+            "specversion": "1.0",
+            "id": serde_json::from_str::<Value>(&written).unwrap()["id"],
+            "source": "tollgate/host \"a\"\\b",
+            "type": "tollgate.llm.usage",
+            "subject": "ténant\r\u{1f}",
+            "time": "2023-11-15T00:00:00.123Z",
+            "datacontenttype": "application/json",
+            "data": {"route": "ch\u{1}at\ttab\u{7f}", "model": "gpt-4o \"mini\" \\ é ✓\n",
+                     "input_tokens": 12, "cached_input_tokens": 0, "output_tokens": 30,
+                     "total_tokens": 42, "cost_usd": "0.001234", "status": 200,
+                     "duration_ms": 5},
+        });
+        // serde_json's `preserve_order` is off: compare as values, and
+        // the member order by the keys' positions in the line.
+        assert_eq!(serde_json::from_str::<Value>(&written).unwrap(), expected);
+        let positions: Vec<usize> = [
+            "\"specversion\"",
+            "\"id\"",
+            "\"source\"",
+            "\"type\"",
+            "\"subject\"",
+            "\"time\"",
+            "\"datacontenttype\"",
+            "\"data\"",
+            "\"route\"",
+            "\"model\"",
+            "\"input_tokens\"",
+            "\"cached_input_tokens\"",
+            "\"output_tokens\"",
+            "\"total_tokens\"",
+            "\"cost_usd\"",
+            "\"status\"",
+            "\"duration_ms\"",
+        ]
+        .iter()
+        .map(|key| {
+            written
+                .find(key)
+                .unwrap_or_else(|| panic!("{key} in {written}"))
+        })
+        .collect();
+        assert!(positions.is_sorted(), "{written}");
+        // Each string escaped as serde_json escapes it.
+        for text in [
+            "ch\u{1}at\ttab\u{7f}",
+            "gpt-4o \"mini\" \\ é ✓\n",
+            "ténant\r\u{1f}",
+        ] {
+            let escaped = serde_json::to_string(text).unwrap();
+            assert!(written.contains(&escaped), "{escaped} in {written}");
+        }
+    }
+
     #[test]
     fn unknown_parts_are_null_and_a_key_is_a_digest() {
-        let mut ids = Ids::new(1, "tollgate".into());
+        let mut ids = Ids::new(1, "tollgate");
         let record = UsageRecord {
             model: None,
-            subject: Some(Subject::Key(LimitKey::from_u128(0xabc))),
+            subject: Some(Subject::Key(LimitKey::from_u128(0xabc << 64 | 0xdef))),
             tokens: Tokens::default(),
             status: None,
             cost_usd_micros: None,
             ..record()
         };
         let event = event(&record, &mut ids);
-        assert_eq!(event["subject"], "00000000000000000000000000000abc");
+        assert_eq!(event["subject"], "0000000000000abc0000000000000def");
         for field in [
             "model",
             "input_tokens",
+            "cached_input_tokens",
+            "output_tokens",
             "cost_usd",
             "status",
             "total_tokens",
@@ -242,11 +377,29 @@ mod tests {
     }
 
     #[test]
+    fn times_have_milliseconds_across_seconds_and_days() {
+        let mut ids = Ids::new(1, "s");
+        for (at, time) in [
+            (1_700_006_400_123_456_789, "2023-11-15T00:00:00.123Z"),
+            (1_700_006_400_999_999_999, "2023-11-15T00:00:00.999Z"),
+            (1_700_006_401_000_000_000, "2023-11-15T00:00:01.000Z"),
+            (1_700_006_401_007_000_000, "2023-11-15T00:00:01.007Z"),
+            (1_700_092_799_050_000_000, "2023-11-15T23:59:59.050Z"),
+            (1_700_092_800_000_000_000, "2023-11-16T00:00:00.000Z"),
+            // Back in time (another clock's record): formatted afresh.
+            (951_782_400_010_000_000, "2000-02-29T00:00:00.010Z"),
+        ] {
+            let record = UsageRecord { at, ..record() };
+            assert_eq!(event(&record, &mut ids)["time"], time, "{at}");
+        }
+    }
+
+    #[test]
     fn ids_are_uuid_v7_and_unique() {
-        let mut ids = Ids::new(u64::MAX, "s".into());
+        let mut ids = Ids::new(u64::MAX, "s");
         let mut seen = std::collections::HashSet::new();
         for _ in 0..10_000 {
-            let id = ids.next(1_700_006_400_123);
+            let id = next_id(&mut ids, 1_700_006_400_123);
             assert!(seen.insert(id.clone()), "{id} twice");
             assert_eq!(id.len(), 36);
             assert_eq!(&id[..13], "018bd047-107b");
@@ -255,10 +408,17 @@ mod tests {
                 matches!(&id[19..20], "8" | "9" | "a" | "b"),
                 "{id}: variant"
             );
+            // The first 48 bits are the time.
+            let ms = u64::from_str_radix(&id[..13].replace('-', ""), 16).unwrap();
+            assert_eq!(ms, 1_700_006_400_123);
+            assert!(id.bytes().enumerate().all(|(i, b)| match i {
+                8 | 13 | 18 | 23 => b == b'-',
+                _ => b.is_ascii_hexdigit() && !b.is_ascii_uppercase(),
+            }));
         }
         // Another node at the same millisecond and count differs.
-        let (mut a, mut b) = (Ids::new(1, "s".into()), Ids::new(2, "s".into()));
-        assert_ne!(a.next(5), b.next(5));
+        let (mut a, mut b) = (Ids::new(1, "s"), Ids::new(2, "s"));
+        assert_ne!(next_id(&mut a, 5), next_id(&mut b, 5));
     }
 
     #[test]
@@ -266,11 +426,14 @@ mod tests {
         for (micros, text) in [
             (0, "\"0.000000\""),
             (1, "\"0.000001\""),
+            (999_999, "\"0.999999\""),
             (1_000_000, "\"1.000000\""),
             (12_345_678_901, "\"12345.678901\""),
+            (u64::MAX, "\"18446744073709.551615\""),
         ] {
-            let json = serde_json::to_string(&Dollars(micros)).unwrap();
-            assert_eq!(json, text);
+            let mut out = String::new();
+            dollars(&mut out, micros);
+            assert_eq!(out, text);
         }
     }
 }

@@ -28,7 +28,6 @@ use std::sync::mpsc::{Receiver, RecvTimeoutError};
 use std::thread::JoinHandle;
 use std::time::Duration;
 
-use bytes::Bytes;
 use tokio::sync::Notify;
 
 use super::UsageRecord;
@@ -145,7 +144,7 @@ impl Exporter {
             output,
             batch: config.batch,
             per_sync,
-            ids: Ids::new(fastrand::u64(..), event::source()),
+            ids: Ids::new(fastrand::u64(..), &event::source()),
             metrics,
             stop: stop.clone(),
         };
@@ -203,7 +202,7 @@ struct Writing {
 
 impl Writing {
     fn run(mut self) {
-        let mut lines = Vec::new();
+        let mut lines = String::new();
         loop {
             let first = match self.queue.recv_timeout(TICK) {
                 Ok(record) => record,
@@ -230,7 +229,7 @@ impl Writing {
 
     /// Adds the queued records to the `events` in `lines`, up to
     /// `per_sync`; their count after.
-    fn take(&mut self, mut events: usize, lines: &mut Vec<u8>) -> usize {
+    fn take(&mut self, mut events: usize, lines: &mut String) -> usize {
         while events < self.per_sync {
             let Ok(record) = self.queue.try_recv() else {
                 break;
@@ -242,9 +241,12 @@ impl Writing {
     }
 
     /// One batch written and synced.
-    fn write(&mut self, lines: &[u8], events: u64) {
+    fn write(&mut self, lines: &str, events: u64) {
         match &mut self.output {
-            Output::File(file) => match file.write_all(lines).and_then(|()| file.sync_data()) {
+            Output::File(file) => match file
+                .write_all(lines.as_bytes())
+                .and_then(|()| file.sync_data())
+            {
                 Ok(()) => {
                     self.metrics.sent.inc_by(events);
                 }
@@ -254,7 +256,7 @@ impl Writing {
                 }
             },
             Output::Spool(spool) => {
-                match spool.append(lines, events) {
+                match spool.append(lines.as_bytes(), events) {
                     Ok(0) => {}
                     Ok(dropped) => {
                         tracing::warn!(
@@ -338,6 +340,18 @@ impl Sending {
         // When the first partial batch was seen: it goes `interval` later.
         let mut partial_since: Option<tokio::time::Instant> = None;
         while !self.stopped() {
+            // Still short of a batch within `interval` of the partial one
+            // read before (a wake by an append): wait on, without reading
+            // it again.
+            if let Some(since) = partial_since
+                && failures == 0
+                && self.spool.pending() < self.batch as u64
+                && since.elapsed() < self.interval
+            {
+                self.pause(self.interval.saturating_sub(since.elapsed()))
+                    .await;
+                continue;
+            }
             let batch = match self.spool.next_batch(self.batch) {
                 Ok(Some(batch)) => batch,
                 Ok(None) => {
@@ -351,7 +365,7 @@ impl Sending {
                     continue;
                 }
             };
-            if batch.events.len() < self.batch && failures == 0 {
+            if batch.len() < self.batch && failures == 0 {
                 let since = *partial_since.get_or_insert_with(tokio::time::Instant::now);
                 let waited = since.elapsed();
                 if waited < self.interval {
@@ -385,13 +399,13 @@ impl Sending {
     }
 
     async fn send(&self, collector: &mut Collector, batch: &Batch) -> Sent {
-        let events = batch.events.len() as u64;
+        let events = batch.len() as u64;
         if events == 0 {
             // Only damaged lines, or a segment dropped meanwhile.
             return self.acknowledge(batch);
         }
         // The stop ends a POST in flight (the batch stays in the spool).
-        let post = collector.post(Bytes::from(batch.body()));
+        let post = collector.post(batch.body());
         tokio::pin!(post);
         let posted = loop {
             tokio::select! {
