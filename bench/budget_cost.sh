@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# What a spend budget and usage export cost per request (issue 47's
-# measure): a token route with a `unit = "usd"` limit, `[prices]` and
+# What a spend budget and usage export cost per request (the spend
+# budgets' CPU target: <= 1.10x the token route alone): a token route with a `unit = "usd"` limit, `[prices]` and
 # `[usage]` exporting to a local collector, against the same route with its
 # token limit only.
 #

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Overload protection (issue 45), one command: a real upstream with a known
+# Overload protection (adaptive and concurrency limits, queues), one command: a real upstream with a known
 # capacity, open-loop load at 0.5×, 1× and 3× that capacity and a run where
 # the capacity halves halfway, through each of these in the same run:
 #

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The self-service quota route's cost (issue 46's measure): CPU per request
+# The self-service quota route's cost (the quota control plane's measure): CPU per request
 # of `respond = { quota = [...] }`, against a denied request of the same
 # limit (the target: the quota route costs no more than a denial), on one
 # gateway (`workers = 1`) in the same run, ROUNDS interleaved rounds.

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The usage exporter's throughput (issue 47's measure): how many events
+# The usage exporter's throughput (the spend budgets' export measure): how many events
 # per second it sends to a local collector, and how many bytes of spool
 # each event costs on disk.
 #

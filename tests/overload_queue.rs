@@ -467,7 +467,7 @@ async fn a_priority_comes_from_the_consumer_the_token_its_plan_or_the_route() {
 // decision is its outcome, and each request must count once, in the
 // outcome its client saw: in `tollgate_ratelimit_decisions_total`, the
 // shed reasons, `tollgate_requests_total`, `/stats` (the dashboard's
-// source) and the keys refused most. Pins issue 45's suspected double
+// source) and the keys refused most. Pins the suspected double
 // count of a waiter's re-decisions (none was found: see the overload
 // guide's "Reading the counts" for what does make the numbers differ).
 
