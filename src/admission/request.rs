@@ -35,7 +35,7 @@ use super::{
 };
 use crate::app::{App, RoutePlan, Snapshot};
 use crate::config::RouteConfig;
-use crate::limit::{Algorithm, Nanos};
+use crate::limit::Nanos;
 
 /// A request its front has routed, as admission takes it.
 pub struct Routed<'r, 's> {
@@ -154,7 +154,7 @@ pub fn admit_at_once<'a, 's: 'a>(
     };
     check_in_memory(&charge, charge.now, ticket);
     if let Some(by) = ticket.decision.denied_by
-        && may_wait(ticket, by)
+        && wait::by_slot_limit(ticket, by)
     {
         return Err(Later(Step::Refused { charge, usage, by }));
     }
@@ -184,16 +184,6 @@ enum Step<'a, 's> {
         usage: UsageFacts,
         by: usize,
     },
-}
-
-/// A refusal `wait::refused` takes up: a slot limit's, which may queue
-/// the request or count it shed. Every other refusal is answered at once.
-#[inline(always)]
-fn may_wait(ticket: &Ticket<'_>, by: usize) -> bool {
-    matches!(
-        ticket.algorithms.get(by),
-        Some(Algorithm::Concurrency { .. } | Algorithm::Adaptive { .. })
-    )
 }
 
 /// The rest of [`admit_request`] where [`admit_at_once`] stopped.

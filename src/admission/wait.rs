@@ -62,13 +62,21 @@ pub(super) fn refused<'a, 's: 'a>(
     ticket: &'a mut Ticket<'s>,
     by: usize,
 ) -> Option<Waiting<'a>> {
-    if !matches!(
-        ticket.algorithms.get(by),
-        Some(Algorithm::Concurrency { .. } | Algorithm::Adaptive { .. })
-    ) {
+    if !by_slot_limit(ticket, by) {
         return None;
     }
     refused_at_slot(app, snapshot, charge, ticket, by)
+}
+
+/// Whether the refusal at `by` is a slot limit's, which [`refused`] takes
+/// up (to queue the request or count it shed); every other refusal is
+/// answered at once.
+#[inline(always)]
+pub(super) fn by_slot_limit(ticket: &Ticket<'_>, by: usize) -> bool {
+    matches!(
+        ticket.algorithms.get(by),
+        Some(Algorithm::Concurrency { .. } | Algorithm::Adaptive { .. })
+    )
 }
 
 /// [`refused`] by a slot limit.
