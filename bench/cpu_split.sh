@@ -17,10 +17,18 @@
 # Both run WORKERS workers (one by default), configured as in bench/load.sh
 # (bench/common.sh), in front of the same nginx `return 200` upstream.
 #
+# SYSCALLS=1 also counts, over each round, every system call the server
+# makes (perf's `raw_syscalls` tracepoint) and the usual ones by name
+# (`syscalls:sys_enter_*`), the `recvfrom`s that found nothing (EAGAIN) and
+# the `epoll_wait`s with a zero timeout, and prints them per request: what
+# one request costs in kernel entries, which the CPU figures cannot tell
+# apart. The tracepoints cost a little CPU per call, both servers alike.
+# Needs perf and root (or perf_event_paranoid <= 1).
+#
 # Run:    bench/cpu_split.sh [BINARY]   (default: target/dist/tollgate,
 #                                        built unless SKIP_BUILD=1)
 # Knobs:  MODE=allow|deny  ROUNDS=8  DURATION=4s  CONNS=64  WORKERS=1
-#         BASE_PORT=18280
+#         BASE_PORT=18280  SYSCALLS=1
 #         (uses BASE_PORT .. BASE_PORT+2)
 # Needs nginx and wrk (installed with apt-get when absent).
 set -euo pipefail
@@ -31,11 +39,16 @@ DURATION=${DURATION:-4s}
 CONNS=${CONNS:-64}
 WORKERS=${WORKERS:-1}
 BASE_PORT=${BASE_PORT:-18280}
+SYSCALLS=${SYSCALLS:-0}
 cd "$(dirname "$0")/.."
 
 # shellcheck source=bench/common.sh
 . bench/common.sh
 need_tools nginx wrk
+[ "$SYSCALLS" != 1 ] || need_tools perf
+
+# The system calls SYSCALLS=1 counts by name, in its table's order.
+NAMED_CALLS="epoll_wait recvfrom sendto writev readv read write getsockopt setsockopt epoll_ctl futex accept4 close"
 
 if [ $# -eq 0 ]; then
   build_release
@@ -72,16 +85,41 @@ NG_PID=$(cat "$TMP/ng-$PORT_NG.pid")
 
 CLK_TCK=$(getconf CLK_TCK)
 
+# perf stat over the system calls of process $1 and its children, into
+# $2, until killed: raw_syscalls first, then NAMED_CALLS, then the empty
+# recvfroms and the zero-timeout epoll_waits.
+count_calls() {
+  local events=raw_syscalls:sys_enter name
+  for name in $NAMED_CALLS; do events=$events,syscalls:sys_enter_$name; done
+  exec perf stat -x, -o "$2" -p "$(echo "$1" $(pgrep -P "$1" || true) | tr ' ' ,)" \
+    -e "$events" -e syscalls:sys_exit_recvfrom --filter 'ret == -11' \
+    -e syscalls:sys_enter_epoll_wait --filter 'timeout == 0'
+}
+
 # One round against 127.0.0.1:$1, served by process $2, labelled $3.
 round() {
-  local before after switched requests seconds
+  local before after switched requests seconds counter=""
+  if [ "$SYSCALLS" = 1 ]; then
+    count_calls "$2" "$TMP/calls" &
+    counter=$!
+    sleep 0.2 # perf attaches
+  fi
   before=$(cpu_user_sys "$2")
   switched=$(ctx_switches "$2")
   wrk -t1 -c"$CONNS" -d"$DURATION" "http://127.0.0.1:$1/" >"$TMP/wrk.out"
   after=$(cpu_user_sys "$2")
   switched=$(($(ctx_switches "$2") - switched))
+  if [ -n "$counter" ]; then
+    kill -INT "$counter"
+    wait "$counter" || true
+  fi
   check_statuses "$MODE" "$TMP/wrk.out" "http://127.0.0.1:$1/"
   requests=$(awk '/requests in/ {print $1}' "$TMP/wrk.out")
+  if [ -n "$counter" ]; then
+    # One line per round: label, then each count per request, in order.
+    awk -F, -v t="$3" -v n="$requests" '/^[0-9]/ { line = line sprintf("\t%.3f", $1 / n) }
+      END { print t line }' "$TMP/calls" >>"$TMP/calls.rounds"
+  fi
   seconds=$(awk '/requests in/ {gsub("s,", "", $4); print $4}' "$TMP/wrk.out")
   echo "$before $after $requests $seconds $switched" | awk -v t="$3" -v hz="$CLK_TCK" \
     '{ printf "%s\t%.2f\t%.2f\t%.2f\t%.0f\t%.3f\n", t, ($3 - $1) * 1e6 / hz / $5, ($4 - $2) * 1e6 / hz / $5, ($3 - $1 + $4 - $2) * 1e6 / hz / $5, $5 / $6, $7 / $5 }'
@@ -106,3 +144,18 @@ awk -F'\t' '{ u[$1] += $2; s[$1] += $3; c[$1] += $4; r[$1] += $5; w[$1] += $6; n
       (r["tollgate"] / n["tollgate"]) / (r["nginx"] / n["nginx"]),
       (w["nginx"] > 0 ? w["tollgate"] / w["nginx"] : 0)
   }' "$TMP/rounds"
+if [ "$SYSCALLS" = 1 ]; then
+  # The calls by name: a request's minimum is four (a recv and a send each
+  # way); the tracepoints ran while wrk did, the last 0.2 s of perf's
+  # attaching before it included (idle).
+  awk -F'\t' -v names="all $NAMED_CALLS recvfrom->EAGAIN epoll_wait(0)" '
+    { n[$1]++; for (i = 2; i <= NF; i++) s[$1, i] += $i; if (NF > nf) nf = NF }
+    END {
+      split(names, N, " ")
+      printf "\nsystem calls per request (mean over %d rounds)\n%-16s %9s %9s\n", n["tollgate"], "call", "tollgate", "nginx"
+      for (i = 2; i <= nf; i++) {
+        a = s["tollgate", i] / n["tollgate"]; b = s["nginx", i] / n["nginx"]
+        if (a >= 0.0005 || b >= 0.0005) printf "%-16s %9.3f %9.3f\n", N[i - 1], a, b
+      }
+    }' "$TMP/calls.rounds"
+fi

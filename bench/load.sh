@@ -9,6 +9,11 @@
 #               (rate = burst = 1,000,000/s, nodelay), HTTP/1.1 upstream keepalive
 #   tg_deny     tollgate, token bucket of 1 refilled 1/min: all but one are 429
 #   ng_deny     nginx, `limit_req` 1r/m, `limit_req_status 429`: the same
+#   hp_tcp      haproxy `mode tcp` -> upstream (`nbthread` = workers): an L4
+#               relay that parses no HTTP and limits nothing, one upstream
+#               connection per client connection; what a proxy costs with
+#               no HTTP work at all (issue 49's targets name it). Left out
+#               when haproxy is not installed.
 # The whole matrix runs once per worker count in $WORKERS (tollgate
 # `[server] workers = N`, nginx `worker_processes N`), $ROUNDS times each.
 #
@@ -24,8 +29,11 @@
 #
 # Run (as root, or with nginx and wrk installed):   bench/load.sh
 # Knobs (environment): THREADS=1 CONNS=64 DURATION=5s ROUNDS=3 WORKERS="1 2"
-#                      BASE_PORT=18080 (uses BASE_PORT .. BASE_PORT+4)
+#                      BASE_PORT=18080 (uses BASE_PORT .. BASE_PORT+5)
 #                      SKIP_BUILD=1 (use the existing target/dist/tollgate)
+#                      TOLLGATE=BINARY (another build; implies no build)
+#                      TARGETS="direct tg_allow ng_allow hp_tcp" (a subset,
+#                      in this order; default all six)
 #                      SERVER_CPU=0.5 (cap each compared server, bench/common.sh)
 # Everything it writes lives in a `mktemp -d` directory, removed at exit, and
 # every process it starts is stopped at exit.
@@ -44,8 +52,16 @@ cd "$(dirname "$0")/.."
 # shellcheck source=bench/common.sh
 . bench/common.sh
 need_tools nginx wrk
-build_release
-TOLLGATE=$PWD/target/dist/tollgate
+if [ -z "${TOLLGATE:-}" ]; then
+  build_release
+  TOLLGATE=$PWD/target/dist/tollgate
+fi
+HAPROXY=$(command -v haproxy || { [ -x /usr/sbin/haproxy ] && echo /usr/sbin/haproxy; } || true)
+TARGETS=${TARGETS:-"direct tg_allow ng_allow tg_deny ng_deny hp_tcp"}
+if [ -z "$HAPROXY" ]; then
+  echo "# haproxy is not installed: hp_tcp left out (apt-get install haproxy)"
+  TARGETS=$(echo "$TARGETS" | sed 's/hp_tcp//')
+fi
 
 # ---- scratch directory and the children to stop at exit ----------------------
 start_scratch
@@ -55,6 +71,27 @@ PORT_TG_ALLOW=$((BASE_PORT + 1))
 PORT_TG_DENY=$((BASE_PORT + 2))
 PORT_NG_ALLOW=$((BASE_PORT + 3))
 PORT_NG_DENY=$((BASE_PORT + 4))
+PORT_HP=$((BASE_PORT + 5))
+
+# haproxy as an L4 relay to the upstream: $1 = threads, $2 = port, $3 = the
+# upstream's port. No logs, as the others.
+haproxy_conf() {
+  cat <<CONF
+global
+  nbthread $1
+  maxconn 4096
+defaults
+  mode tcp
+  timeout connect 5s
+  timeout client 60s
+  timeout server 60s
+frontend relay
+  bind 127.0.0.1:$2
+  default_backend up
+backend up
+  server up 127.0.0.1:$3
+CONF
+}
 
 
 # ---- the upstream: nginx `return 200`, 1 worker --------------------------------
@@ -110,23 +147,40 @@ for workers in $WORKERS; do
   NG_ALLOW=$STARTED
   start_nginx "$TMP/ng-deny.conf"
   NG_DENY=$STARTED
-  for port in "$PORT_TG_ALLOW" "$PORT_TG_DENY" "$PORT_NG_ALLOW" "$PORT_NG_DENY"; do
+  HP=
+  if [ -n "$HAPROXY" ]; then
+    haproxy_conf "$workers" "$PORT_HP" "$PORT_UP" >"$TMP/haproxy.cfg"
+    cpu_cap_dir
+    capped "$HAPROXY" -db -f "$TMP/haproxy.cfg" >/dev/null 2>&1 &
+    HP=$!
+    PIDS+=("$HP")
+  fi
+  for port in "$PORT_TG_ALLOW" "$PORT_TG_DENY" "$PORT_NG_ALLOW" "$PORT_NG_DENY" ${HP:+"$PORT_HP"}; do
     wait_port "$port"
   done
   for round in $(seq 1 "$ROUNDS"); do
-    measure "$workers" direct "$PORT_UP" "$UP_PID" "$round"
-    measure "$workers" tg_allow "$PORT_TG_ALLOW" "$TG_ALLOW" "$round"
-    measure "$workers" ng_allow "$PORT_NG_ALLOW" "$NG_ALLOW" "$round"
-    measure "$workers" tg_deny "$PORT_TG_DENY" "$TG_DENY" "$round"
-    measure "$workers" ng_deny "$PORT_NG_DENY" "$NG_DENY" "$round"
+    for target in $TARGETS; do
+      case $target in
+        direct) measure "$workers" direct "$PORT_UP" "$UP_PID" "$round" ;;
+        tg_allow) measure "$workers" tg_allow "$PORT_TG_ALLOW" "$TG_ALLOW" "$round" ;;
+        ng_allow) measure "$workers" ng_allow "$PORT_NG_ALLOW" "$NG_ALLOW" "$round" ;;
+        tg_deny) measure "$workers" tg_deny "$PORT_TG_DENY" "$TG_DENY" "$round" ;;
+        ng_deny) measure "$workers" ng_deny "$PORT_NG_DENY" "$NG_DENY" "$round" ;;
+        hp_tcp) measure "$workers" hp_tcp "$PORT_HP" "$HP" "$round" ;;
+        *) echo "unknown target $target" >&2; exit 2 ;;
+      esac
+    done
   done
-  stop "$TG_ALLOW" "$TG_DENY" "$NG_ALLOW" "$NG_DENY"
+  stop "$TG_ALLOW" "$TG_DENY" "$NG_ALLOW" "$NG_DENY" $HP
 done
 
 # ---- summary: medians over rounds, ratios -------------------------------------
 echo
 echo "# median over $ROUNDS rounds"
-awk -F'\t' "$AWK_STATS"'
+awk -F'\t' -v targets="$TARGETS" "$AWK_STATS"'
+  function ratio(a, b) { return (a in R && b in R && R[b] > 0) ? sprintf("%.2f", R[a] / R[b]) : "-" }
+  function cratio(a, b) { return (a in C && b in C && C[b] > 0) ? sprintf("%.2f", C[a] / C[b]) : "-" }
+  function pratio(a, b) { return (a in P && b in P && P[b] > 0) ? sprintf("%.2f", P[a] / P[b]) : "-" }
   {
     k = $1 SUBSEP $3
     rps[k] = rps[k] " " $4; p50[k] = p50[k] " " $5; p99[k] = p99[k] " " $6
@@ -134,19 +188,23 @@ awk -F'\t' "$AWK_STATS"'
     if (!($1 in seen)) { seen[$1] = 1; order[++nw] = $1 }
   }
   END {
-    split("direct tg_allow ng_allow tg_deny ng_deny", targets, " ")
+    nt = split(targets, T, " ")
     for (w = 1; w <= nw; w++) {
       W = order[w]
+      delete R; delete P; delete C
       printf "\nworkers=%s\n%-9s %10s %9s %9s %11s %7s\n", W, "target", "req/s", "p50_us", "p99_us", "cpu_us/req", "non2xx"
-      for (t = 1; t <= 5; t++) {
-        k = W SUBSEP targets[t]
-        R[targets[t]] = median(rps[k]); P[targets[t]] = median(p99[k]); C[targets[t]] = median(cpu[k])
-        printf "%-9s %10.0f %9.0f %9.0f %11.2f %7.3f\n", targets[t], R[targets[t]], median(p50[k]), P[targets[t]], C[targets[t]], median(bad[k])
+      for (t = 1; t <= nt; t++) {
+        k = W SUBSEP T[t]
+        if (!(k in rps)) continue
+        R[T[t]] = median(rps[k]); P[T[t]] = median(p99[k]); C[T[t]] = median(cpu[k])
+        printf "%-9s %10.0f %9.0f %9.0f %11.2f %7.3f\n", T[t], R[T[t]], median(p50[k]), P[T[t]], C[T[t]], median(bad[k])
       }
-      printf "ratios tollgate/nginx: allow req/s %.2f, p99 %.2f, cpu/req %.2f | deny req/s %.2f, p99 %.2f, cpu/req %.2f\n", \
-        R["tg_allow"] / R["ng_allow"], P["tg_allow"] / P["ng_allow"], C["tg_allow"] / C["ng_allow"], \
-        R["tg_deny"] / R["ng_deny"], P["tg_deny"] / P["ng_deny"], C["tg_deny"] / C["ng_deny"]
-      printf "tollgate deny/allow req/s %.2f; allow/direct req/s: tollgate %.2f, nginx %.2f\n", \
-        R["tg_deny"] / R["tg_allow"], R["tg_allow"] / R["direct"], R["ng_allow"] / R["direct"]
+      printf "ratios tollgate/nginx: allow req/s %s, p99 %s, cpu/req %s | deny req/s %s, p99 %s, cpu/req %s\n", \
+        ratio("tg_allow", "ng_allow"), pratio("tg_allow", "ng_allow"), cratio("tg_allow", "ng_allow"), \
+        ratio("tg_deny", "ng_deny"), pratio("tg_deny", "ng_deny"), cratio("tg_deny", "ng_deny")
+      printf "allow req/s against haproxy mode tcp: tollgate %s, nginx %s (cpu/req %s, %s)\n", \
+        ratio("tg_allow", "hp_tcp"), ratio("ng_allow", "hp_tcp"), cratio("tg_allow", "hp_tcp"), cratio("ng_allow", "hp_tcp")
+      printf "tollgate deny/allow req/s %s; allow/direct req/s: tollgate %s, nginx %s\n", \
+        ratio("tg_deny", "tg_allow"), ratio("tg_allow", "direct"), ratio("ng_allow", "direct")
     }
   }' "$RESULTS"
