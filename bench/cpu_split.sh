@@ -12,7 +12,9 @@
 # µs/request (the kernel on its behalf), their sum, requests/s, and context
 # switches per request (how often the server's threads went to sleep or
 # were preempted: each costs a wake-up, which is where a second worker's
-# CPU goes when the load leaves it idle between requests).
+# CPU goes when the load leaves it idle between requests), and of them the
+# preemptions (involuntary: the thread had work, and a task it woke, the
+# upstream or wrk, took its CPU).
 #
 # Both run WORKERS workers (one by default), configured as in bench/load.sh
 # (bench/common.sh), in front of the same nginx `return 200` upstream.
@@ -22,7 +24,8 @@
 # (`syscalls:sys_enter_*`), the `recvfrom`s that found nothing (EAGAIN) and
 # the `epoll_wait`s with a zero timeout, and prints them per request: what
 # one request costs in kernel entries, which the CPU figures cannot tell
-# apart. The tracepoints cost a little CPU per call, both servers alike.
+# apart. Each traced call costs CPU, so the server making more calls pays
+# more: take the CPU figures from a run without SYSCALLS=1.
 # Needs perf and root (or perf_event_paranoid <= 1).
 #
 # Run:    bench/cpu_split.sh [BINARY]   (default: target/dist/tollgate,
@@ -96,9 +99,18 @@ count_calls() {
     -e syscalls:sys_enter_epoll_wait --filter 'timeout == 0'
 }
 
+# Involuntary context switches of every thread of process $1 and of its
+# direct children (ctx_switches counts both kinds).
+preemptions() {
+  local pid
+  for pid in "$1" $(pgrep -P "$1" || true); do
+    cat /proc/"$pid"/task/*/status 2>/dev/null || true
+  done | awk '/^nonvoluntary_ctxt_switches:/ {n += $2} END {print n + 0}'
+}
+
 # One round against 127.0.0.1:$1, served by process $2, labelled $3.
 round() {
-  local before after switched requests seconds counter=""
+  local before after switched preempted requests seconds counter=""
   if [ "$SYSCALLS" = 1 ]; then
     count_calls "$2" "$TMP/calls" &
     counter=$!
@@ -106,9 +118,11 @@ round() {
   fi
   before=$(cpu_user_sys "$2")
   switched=$(ctx_switches "$2")
+  preempted=$(preemptions "$2")
   wrk -t1 -c"$CONNS" -d"$DURATION" "http://127.0.0.1:$1/" >"$TMP/wrk.out"
   after=$(cpu_user_sys "$2")
   switched=$(($(ctx_switches "$2") - switched))
+  preempted=$(($(preemptions "$2") - preempted))
   if [ -n "$counter" ]; then
     kill -INT "$counter"
     wait "$counter" || true
@@ -121,22 +135,22 @@ round() {
       END { print t line }' "$TMP/calls" >>"$TMP/calls.rounds"
   fi
   seconds=$(awk '/requests in/ {gsub("s,", "", $4); print $4}' "$TMP/wrk.out")
-  echo "$before $after $requests $seconds $switched" | awk -v t="$3" -v hz="$CLK_TCK" \
-    '{ printf "%s\t%.2f\t%.2f\t%.2f\t%.0f\t%.3f\n", t, ($3 - $1) * 1e6 / hz / $5, ($4 - $2) * 1e6 / hz / $5, ($3 - $1 + $4 - $2) * 1e6 / hz / $5, $5 / $6, $7 / $5 }'
+  echo "$before $after $requests $seconds $switched $preempted" | awk -v t="$3" -v hz="$CLK_TCK" \
+    '{ printf "%s\t%.2f\t%.2f\t%.2f\t%.0f\t%.3f\t%.3f\n", t, ($3 - $1) * 1e6 / hz / $5, ($4 - $2) * 1e6 / hz / $5, ($3 - $1 + $4 - $2) * 1e6 / hz / $5, $5 / $6, $7 / $5, $8 / $5 }'
 }
 
 echo "# machine: nproc=$(nproc), CPU: $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2- | sed 's/^ *//')"
 echo "# mode=$MODE, wrk -t1 -c$CONNS -d$DURATION, $ROUNDS rounds each, alternating; $WORKERS worker(s) each"
-printf 'server\tuser_us/req\tsys_us/req\tcpu_us/req\treq/s\tswitches/req\n'
+printf 'server\tuser_us/req\tsys_us/req\tcpu_us/req\treq/s\tswitches/req\tpreempted/req\n'
 for _ in $(seq 1 "$ROUNDS"); do
   round "$PORT_TG" "$TG_PID" tollgate
   round "$PORT_NG" "$NG_PID" nginx
 done | tee "$TMP/rounds"
-awk -F'\t' '{ u[$1] += $2; s[$1] += $3; c[$1] += $4; r[$1] += $5; w[$1] += $6; n[$1]++ }
+awk -F'\t' '{ u[$1] += $2; s[$1] += $3; c[$1] += $4; r[$1] += $5; w[$1] += $6; p[$1] += $7; n[$1]++ }
   END {
     printf "\nmean over %d rounds\n", n["tollgate"]
-    printf "%-9s %12s %11s %11s %9s %13s\n", "server", "user_us/req", "sys_us/req", "cpu_us/req", "req/s", "switches/req"
-    for (k in n) printf "%-9s %12.2f %11.2f %11.2f %9.0f %13.3f\n", k, u[k] / n[k], s[k] / n[k], c[k] / n[k], r[k] / n[k], w[k] / n[k]
+    printf "%-9s %12s %11s %11s %9s %13s %14s\n", "server", "user_us/req", "sys_us/req", "cpu_us/req", "req/s", "switches/req", "preempted/req"
+    for (k in n) printf "%-9s %12.2f %11.2f %11.2f %9.0f %13.3f %14.3f\n", k, u[k] / n[k], s[k] / n[k], c[k] / n[k], r[k] / n[k], w[k] / n[k], p[k] / n[k]
     printf "ratios tollgate/nginx: user %.2f, sys %.2f, cpu %.2f, req/s %.2f, switches %.2f\n",
       (u["tollgate"] / n["tollgate"]) / (u["nginx"] / n["nginx"]),
       (s["tollgate"] / n["tollgate"]) / (s["nginx"] / n["nginx"]),
