@@ -12,7 +12,8 @@
 #   hp_tcp      haproxy `mode tcp` -> upstream (`nbthread` = workers): an L4
 #               relay that parses no HTTP and limits nothing, one upstream
 #               connection per client connection; what a proxy costs with
-#               no HTTP work at all (issue 49's targets name it). Left out
+#               no HTTP work at all (the allowed path's req/s target is
+#               set against it where it is the lower). Left out
 #               when haproxy is not installed.
 # The whole matrix runs once per worker count in $WORKERS (tollgate
 # `[server] workers = N`, nginx `worker_processes N`), $ROUNDS times each.
