@@ -35,6 +35,8 @@
 #         runs only on what the servers leave, as a flood from another
 #         machine would: the servers of two workers then have both cores)
 #         BASELINE=BINARY (for tg1_base)  STALL_MAX=2000 (us; see below)
+#         OPEN_LOOP=BINARY (a built examples/open_loop; unset: built here
+#         with `cargo build --release --example open_loop`)
 #         BASE_PORT=18480 (uses BASE_PORT .. BASE_PORT+7)
 # The machine's own stalls: during every phase a probe per CPU
 # (bench/stall_probe.py, SCHED_FIFO above everything else) records how late
@@ -83,8 +85,12 @@ case " $SERVERS " in
     BASELINE=$(realpath "$BASELINE")
     ;;
 esac
-cargo build --release --example open_loop
-OPEN_LOOP=target/release/examples/open_loop
+if [ -n "${OPEN_LOOP:-}" ]; then
+  OPEN_LOOP=$(realpath "$OPEN_LOOP")
+else
+  cargo build --release --example open_loop
+  OPEN_LOOP=target/release/examples/open_loop
+fi
 start_scratch
 
 client() { taskset -c "$CLIENT_CPUSET" "$@"; }
