@@ -7,8 +7,6 @@
 //! is its own atomic counter, and the sum an `f64`'s bits updated by
 //! compare-and-swap (as `prometheus-client`'s float counters do; an integer
 //! sum of nanoseconds would wrap within months at a busy gateway's rates).
-//! Each thread observes into a shard of its own (`shard`), its buckets and
-//! sum on cache lines no other worker writes; a scrape adds the shards up.
 //!
 //! A scrape reads the buckets one by one while requests keep landing, so it
 //! derives `_count` from the buckets it read: `_count` always equals the
@@ -23,8 +21,6 @@ use std::time::Duration;
 use prometheus_client::encoding::{EncodeMetric, MetricEncoder, NoLabelSet};
 use prometheus_client::metrics::{MetricType, TypedMetric};
 
-use super::shard::{LINE_WORDS, Line, SHARDS, shard};
-
 /// A histogram of durations with fixed upper bounds (in seconds). Clones
 /// share their counts, like `prometheus-client`'s metrics.
 #[derive(Debug, Clone)]
@@ -38,28 +34,11 @@ struct Inner {
     bounds_nanos: Box<[u64]>,
     /// The same bounds in seconds, as the exposition writes them.
     bounds_secs: Box<[f64]>,
-    /// [`SHARDS`] shards of `stride` words each, a shard starting on a line
-    /// of its own: observations per bucket, not cumulative, one more than
-    /// the bounds (the last is `+Inf`), then the sum of observations in
-    /// seconds as `f64` bits.
-    lines: Box<[Line]>,
-    /// Words per shard: the buckets and the sum, rounded up to whole lines.
-    stride: usize,
-}
-
-impl Inner {
-    /// Word `index` of shard `shard`.
-    #[inline]
-    fn word(&self, shard: usize, index: usize) -> &AtomicU64 {
-        let at = shard * self.stride + index;
-        &self.lines[at / LINE_WORDS].0[at % LINE_WORDS]
-    }
-
-    /// The word of the sum in `shard`.
-    #[inline]
-    fn sum_word(&self, shard: usize) -> &AtomicU64 {
-        self.word(shard, self.bounds_nanos.len() + 1)
-    }
+    /// Observations per bucket, not cumulative; one more than the bounds
+    /// (the last is `+Inf`).
+    counts: Box<[AtomicU64]>,
+    /// The sum of observations in seconds, as `f64` bits.
+    sum_bits: AtomicU64,
 }
 
 impl DurationHistogram {
@@ -69,23 +48,13 @@ impl DurationHistogram {
             .iter()
             .map(|&secs| Duration::from_secs_f64(secs).as_nanos() as u64)
             .collect();
-        // The buckets, `+Inf` and the sum.
-        let stride = (bounds_secs.len() + 2).div_ceil(LINE_WORDS) * LINE_WORDS;
-        let inner = Inner {
-            bounds_nanos,
-            bounds_secs: bounds_secs.into(),
-            lines: (0..SHARDS * stride / LINE_WORDS)
-                .map(|_| Line::default())
-                .collect(),
-            stride,
-        };
-        for shard in 0..SHARDS {
-            inner
-                .sum_word(shard)
-                .store(0f64.to_bits(), Ordering::Relaxed);
-        }
         DurationHistogram {
-            inner: Arc::new(inner),
+            inner: Arc::new(Inner {
+                bounds_nanos,
+                bounds_secs: bounds_secs.into(),
+                counts: (0..=bounds_secs.len()).map(|_| AtomicU64::new(0)).collect(),
+                sum_bits: AtomicU64::new(0f64.to_bits()),
+            }),
         }
     }
 
@@ -94,13 +63,12 @@ impl DurationHistogram {
         let nanos = u64::try_from(elapsed.as_nanos()).unwrap_or(u64::MAX);
         let inner = &*self.inner;
         let bucket = inner.bounds_nanos.partition_point(|&bound| bound < nanos);
-        let shard = shard();
         // Relaxed: the counts are independent tallies; a scrape needs no
         // ordering between them (see the module doc).
-        inner.word(shard, bucket).fetch_add(1, Ordering::Relaxed);
+        inner.counts[bucket].fetch_add(1, Ordering::Relaxed);
         let seconds = elapsed.as_secs_f64();
         let _ = inner
-            .sum_word(shard)
+            .sum_bits
             .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |bits| {
                 Some((f64::from_bits(bits) + seconds).to_bits())
             });
@@ -115,18 +83,11 @@ impl DurationHistogram {
             .iter()
             .copied()
             .chain(std::iter::once(f64::INFINITY))
-            .enumerate()
-            .map(|(bucket, bound)| {
-                let count = (0..SHARDS)
-                    .map(|shard| inner.word(shard, bucket).load(Ordering::Relaxed))
-                    .fold(0, u64::wrapping_add);
-                (bound, count)
-            })
+            .zip(inner.counts.iter())
+            .map(|(bound, count)| (bound, count.load(Ordering::Relaxed)))
             .collect();
         let count = buckets.iter().map(|&(_, n)| n).sum();
-        let sum = (0..SHARDS)
-            .map(|shard| f64::from_bits(inner.sum_word(shard).load(Ordering::Relaxed)))
-            .sum();
+        let sum = f64::from_bits(inner.sum_bits.load(Ordering::Relaxed));
         (sum, count, buckets)
     }
 }

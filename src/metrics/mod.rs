@@ -27,9 +27,7 @@
 //! so a request skips `prometheus-client`'s `Family` (a read lock and a hash
 //! of the labels); rarer series go through the family. The duration
 //! histogram is our own [`DurationHistogram`]: `prometheus-client`'s takes a
-//! mutex per observation, which every worker would share. Those series
-//! count per thread (`shard`): an atomic every worker adds to is a cache
-//! line the cores pass back and forth on every request.
+//! mutex per observation, which every worker would share.
 
 use std::fmt::Write as _;
 use std::sync::{Arc, OnceLock};
@@ -46,9 +44,6 @@ use crate::config::Config;
 mod histogram;
 pub(crate) use histogram::DurationHistogram;
 pub(crate) mod refused_keys;
-mod shard;
-
-use shard::ShardedCounter;
 
 /// The `Content-Type` of [`Metrics::encode`]'s output.
 pub(crate) const CONTENT_TYPE: &str = "application/openmetrics-text; version=1.0.0; charset=utf-8";
@@ -242,12 +237,12 @@ pub(crate) struct RouteHandles {
     /// The listener these handles count for.
     front: Front,
     /// `tollgate_requests_total{route, status="200"}`.
-    ok: ShardedCounter,
+    ok: Counter,
     duration: DurationHistogram,
     /// `tollgate_requests_total{route, status}` for the other statuses of
     /// [`COMMON_STATUSES`], resolved on first use (a series exists once it
     /// has counted something, as with an unresolved call).
-    statuses: [OnceLock<ShardedCounter>; COMMON_STATUSES.len()],
+    statuses: [OnceLock<Counter>; COMMON_STATUSES.len()],
     /// `tollgate_ratelimit_decisions_total{route, limit, outcome, front}` per entry
     /// of the route's stack: `allowed` resolved up front, the other outcomes
     /// on first use.
@@ -269,7 +264,7 @@ const COMMON_STATUSES: [u16; 12] = [201, 204, 304, 400, 401, 403, 404, 429, 500,
 #[derive(Debug, Clone)]
 struct DecisionHandles {
     limit: Arc<str>,
-    by_outcome: [OnceLock<ShardedCounter>; 5],
+    by_outcome: [OnceLock<Counter>; 5],
 }
 
 fn outcome_index(outcome: Outcome) -> usize {
@@ -287,9 +282,9 @@ fn outcome_index(outcome: Outcome) -> usize {
 #[derive(Debug)]
 pub struct Metrics {
     registry: Registry,
-    requests: Family<RequestLabels, ShardedCounter>,
+    requests: Family<RequestLabels, Counter>,
     request_duration: HistogramFamily<RouteLabels>,
-    decisions: Family<DecisionLabels, ShardedCounter>,
+    decisions: Family<DecisionLabels, Counter>,
     near_limit: Family<RouteLimitLabels, Counter>,
     upstream_errors: Family<UpstreamErrorLabels, Counter>,
     upstream_retries: Family<RetryLabels, Counter>,
@@ -388,7 +383,7 @@ impl Metrics {
     /// see them before the first reload.
     pub fn new() -> Metrics {
         let mut registry = Registry::default();
-        let requests = Family::<RequestLabels, ShardedCounter>::default();
+        let requests = Family::<RequestLabels, Counter>::default();
         registry.register(
             "tollgate_requests",
             "Requests answered, by route and response status",
@@ -402,7 +397,7 @@ impl Metrics {
             Unit::Seconds,
             request_duration.clone(),
         );
-        let decisions = Family::<DecisionLabels, ShardedCounter>::default();
+        let decisions = Family::<DecisionLabels, Counter>::default();
         registry.register(
             "tollgate_ratelimit_decisions",
             "Rate-limit decisions per limit of a route's stack, by outcome",
@@ -708,7 +703,7 @@ impl Metrics {
         limit: &Arc<str>,
         outcome: Outcome,
         front: Front,
-    ) -> ShardedCounter {
+    ) -> Counter {
         self.decisions
             .get_or_create(&DecisionLabels {
                 route: route.clone(),
