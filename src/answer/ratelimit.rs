@@ -644,16 +644,23 @@ mod tests {
             let (original_refs, original_algorithms) = view_parts(&original);
             let original_view = default_view(&original_refs, &original_algorithms);
             let original_policy = policy_header(original_view).unwrap();
+            let original_verdicts = [
+                entry(Outcome::Allowed, 14, 100_000_000),
+                entry(Outcome::Denied, 0, 11 * S + 1),
+            ];
             memo::forget();
             let afresh = answer_bytes(view, verdicts, policy);
-            let _ = answer_bytes(
-                original_view,
-                &[
-                    entry(Outcome::Allowed, 14, 100_000_000),
-                    entry(Outcome::Denied, 0, 11 * S + 1),
-                ],
-                Some(&*original_policy),
-            );
+            // The original kept, then the changed denial answered.
+            memo::forget();
+            let _ = answer_bytes(original_view, &original_verdicts, Some(&*original_policy));
+            let kept = Denial {
+                view: original_view,
+                verdicts: &original_verdicts,
+                denied_by: 1,
+                policy: Some(&*original_policy),
+                retry_after: 12,
+            };
+            assert!(memo::recall(&kept).is_some());
             assert_eq!(answer_bytes(view, verdicts, policy), afresh);
             afresh
         };
@@ -667,6 +674,57 @@ mod tests {
         }
         assert_ne!(check(&limits, &verdicts, None), first);
         assert_ne!(check(&limits, &verdicts, Some("\"other\";q=1;w=1")), first);
+    }
+
+    #[test]
+    fn a_run_of_misses_keeps_one_answer_in_eight() {
+        let limits = stack();
+        let (refs, algorithms) = view_parts(&limits);
+        let view = default_view(&refs, &algorithms);
+        let policy = policy_header(view).unwrap();
+        // Denials whose `Retry-After` differs each time: all misses.
+        let denial_at = |seconds: u64| {
+            [
+                entry(Outcome::Allowed, 14, 100_000_000),
+                entry(Outcome::Denied, 0, seconds * S),
+            ]
+        };
+        let kept_at = |verdicts: &[EntryVerdict; 2], seconds: u64| {
+            memo::recall(&Denial {
+                view,
+                verdicts,
+                denied_by: 1,
+                policy: Some(&*policy),
+                retry_after: seconds,
+            })
+            .is_some()
+        };
+        memo::forget();
+        let mut kept = Vec::new();
+        for seconds in 1..=17 {
+            let verdicts = denial_at(seconds);
+            let _ = answer_bytes(view, &verdicts, Some(&*policy));
+            // Asked again at once: a hit when this one was kept (and the
+            // run of misses starts again).
+            if kept_at(&verdicts, seconds) {
+                kept.push(seconds);
+            }
+        }
+        // Each hit ends the run: every miss after it is a first again.
+        assert_eq!(kept, (1..=17).collect::<Vec<_>>());
+
+        memo::forget();
+        let mut kept = Vec::new();
+        for seconds in 1..=17 {
+            let _ = answer_bytes(view, &denial_at(seconds), Some(&*policy));
+        }
+        for seconds in 1..=17 {
+            if kept_at(&denial_at(seconds), seconds) {
+                kept.push(seconds);
+            }
+        }
+        // Misses 1, 9 and 17 of the run were kept; the last is the one left.
+        assert_eq!(kept, [17]);
     }
 
     #[test]
