@@ -4,10 +4,10 @@
 //! copy of it rather than written again (its problem body and fields were
 //! ~1,300 instructions of a denial's ~12,600, `bench/instructions.sh`).
 //!
-//! Exact by construction: the key holds every input
-//! [`deny_response`](super::ratelimit::deny_response) reads for the
-//! denials kept here (each limit's name, flags, styles and numbers, the
-//! denying one's status and quota, the policy, `Retry-After`), compared by
+//! Exact by construction: the key holds every input the 429
+//! (`ratelimit`'s `deny_response`) reads for the denials kept here (each
+//! limit's name, flags, styles and numbers, the denying one's status and
+//! quota, the policy, `Retry-After`), compared by
 //! value, never by address, so a reload, an override or another gateway in
 //! the same process cannot be answered with a stale copy. Only the common
 //! denial is kept: a request-counting stack, a limit the request may yet
@@ -28,10 +28,8 @@ use bytes::Bytes;
 use crate::config::HeaderStyles;
 use crate::config::tokens::Unit;
 use crate::http::field_lines::FieldLines;
-use crate::limit::{EntryVerdict, Outcome, quota_of};
+use crate::limit::{EntryVerdict, NANOS_PER_SEC, Outcome, quota_of};
 use crate::ratelimit_policy::{StackView, is_concurrency, styles};
-
-use super::ratelimit::ceil_secs;
 
 /// Stacks of more limits than this are not kept (their key would not fit).
 const MOST_LIMITS: usize = 4;
@@ -61,7 +59,9 @@ impl LimitInputs {
             styles: styles(limit, view.server),
             concurrency: is_concurrency(limit),
             remaining: entry.verdict.remaining,
-            reset_secs: ceil_secs(entry.verdict.reset_after),
+            // As the 429's `ceil_secs` (not imported: that module uses this
+            // module).
+            reset_secs: entry.verdict.reset_after.div_ceil(NANOS_PER_SEC),
         }
     }
 }
