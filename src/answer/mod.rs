@@ -10,10 +10,13 @@
 //! - [`response`]: the gateway's own problem+json responses;
 //! - [`body`]: the response body all of them send;
 //! - [`arena`]: the bodies written at flood rates, cut from one buffer
-//!   per thread.
+//!   per thread;
+//! - [`memo`]: each thread's last denial, copied while the next ones are
+//!   made of the same inputs.
 
 pub(crate) mod arena;
 pub(crate) mod body;
 pub(crate) mod error;
+pub(crate) mod memo;
 pub(crate) mod ratelimit;
 pub(crate) mod response;

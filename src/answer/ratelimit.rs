@@ -10,10 +10,12 @@
 //! ([`policy_header`](crate::ratelimit_policy::policy_header)).
 //! Shadow limits never appear in client-facing headers.
 
-use http::Response;
+use bytes::Bytes;
+use http::{Response, StatusCode};
 
 use super::arena::arena_body;
 use super::body::ResponseBody;
+use super::memo::{self, Denial};
 use crate::admission::Ticket;
 use crate::app::{RoutePlan, Snapshot};
 use crate::config::tokens::{MICROS_PER_CENT, Unit};
@@ -321,6 +323,25 @@ pub(crate) fn deny_response(
     let verdict = &verdicts[denied_by].verdict;
     let status = limit.status;
     let retry_after = retry_after(verdict);
+    // A flood of one key is answered the same until its next refill: the
+    // thread's last such answer is copied when this one is made of the
+    // same (`memo`).
+    let kept = match retry_after {
+        Some(seconds) if memo::keeps(view, verdicts, denied_by, shed.is_some()) => {
+            let denial = Denial {
+                view,
+                verdicts,
+                denied_by,
+                policy,
+                retry_after: seconds,
+            };
+            if let Some((body, fields)) = memo::recall(&denial) {
+                return (answer(body, status), fields);
+            }
+            Some(denial)
+        }
+        _ => None,
+    };
     let body = arena_body(|body| {
         // Member by member into the thread's buffer rather than through
         // `serde_json::Value`: the deny path runs at flood rates, and this
@@ -384,10 +405,19 @@ pub(crate) fn deny_response(
         }
         problem.finish();
     });
+    let fields = denial_lines(view, verdicts, denied_by, policy, retry_after);
+    if let Some(denial) = kept {
+        memo::keep(&denial, &body, &fields);
+    }
+    (answer(body, status), fields)
+}
+
+/// A denial's response: `status` with `body`.
+#[inline(always)]
+fn answer(body: Bytes, status: StatusCode) -> Response<ResponseBody> {
     let mut response = Response::new(ResponseBody::full(body));
     *response.status_mut() = status;
-    let fields = denial_lines(view, verdicts, denied_by, policy, retry_after);
-    (response, fields)
+    response
 }
 
 /// The OpenAI-shaped `error` member of a token stack's denial, its
@@ -544,6 +574,157 @@ mod tests {
                 },
             ),
         ]
+    }
+
+    /// A denial's bytes: its status, its fields as written and its body.
+    fn answer_bytes(
+        view: StackView<'_>,
+        verdicts: &[EntryVerdict],
+        policy: Option<&str>,
+    ) -> (u16, Vec<u8>, String) {
+        let (response, lines) = deny_response(view, verdicts, 1, policy, (1, None));
+        let mut fields = Vec::new();
+        lines.write_to(&mut fields);
+        (response.status().as_u16(), fields, futures_body(response))
+    }
+
+    #[test]
+    fn a_denial_like_the_last_is_its_copy_and_any_other_is_written_afresh() {
+        let limits = stack();
+        let (refs, algorithms) = view_parts(&limits);
+        let view = default_view(&refs, &algorithms);
+        let policy = policy_header(view).unwrap();
+        let verdicts = [
+            entry(Outcome::Allowed, 14, 100_000_000),
+            entry(Outcome::Denied, 0, 11 * S + 1),
+        ];
+        memo::forget();
+        let first = answer_bytes(view, &verdicts, Some(&*policy));
+        let again = answer_bytes(view, &verdicts, Some(&*policy));
+        assert_eq!(first, again);
+        // Kept: the next such denial is a copy.
+        let denial = Denial {
+            view,
+            verdicts: &verdicts,
+            denied_by: 1,
+            policy: Some(&*policy),
+            retry_after: 12,
+        };
+        assert!(memo::recall(&denial).is_some());
+
+        // Each input changed alone, after the first denial was kept: the
+        // answer is what a thread that kept nothing writes.
+        let mut renamed = stack();
+        renamed[1].name = "per_ipx".into();
+        let mut teapot = stack();
+        teapot[1].status = StatusCode::IM_A_TEAPOT;
+        let mut legacy_only = stack();
+        legacy_only[0].headers = Some(HeaderStyles {
+            draft: false,
+            legacy: true,
+            trio: false,
+        });
+        let mut shadowed = stack();
+        shadowed[0].shadow = true;
+        let mut bigger = stack();
+        bigger[1].algorithm = Algorithm::SlidingWindow {
+            limit: 101,
+            window: 60 * S,
+        };
+        let numbers: [[EntryVerdict; 2]; 4] = [
+            [entry(Outcome::Allowed, 13, 100_000_000), verdicts[1]],
+            [entry(Outcome::Allowed, 14, 2 * S), verdicts[1]],
+            [verdicts[0], entry(Outcome::Denied, 0, 12 * S + 1)],
+            [entry(Outcome::Skipped, 0, 0), verdicts[1]],
+        ];
+        let check = |limits: &[LimitConfig], verdicts: &[EntryVerdict], policy: Option<&str>| {
+            let (refs, algorithms) = view_parts(limits);
+            let view = default_view(&refs, &algorithms);
+            let original = stack();
+            let (original_refs, original_algorithms) = view_parts(&original);
+            let original_view = default_view(&original_refs, &original_algorithms);
+            let original_policy = policy_header(original_view).unwrap();
+            let original_verdicts = [
+                entry(Outcome::Allowed, 14, 100_000_000),
+                entry(Outcome::Denied, 0, 11 * S + 1),
+            ];
+            memo::forget();
+            let afresh = answer_bytes(view, verdicts, policy);
+            // The original kept, then the changed denial answered.
+            memo::forget();
+            let _ = answer_bytes(original_view, &original_verdicts, Some(&*original_policy));
+            let kept = Denial {
+                view: original_view,
+                verdicts: &original_verdicts,
+                denied_by: 1,
+                policy: Some(&*original_policy),
+                retry_after: 12,
+            };
+            assert!(memo::recall(&kept).is_some());
+            assert_eq!(answer_bytes(view, verdicts, policy), afresh);
+            afresh
+        };
+        for changed in [&renamed, &teapot, &legacy_only, &shadowed, &bigger] {
+            let (refs, algorithms) = view_parts(changed);
+            let policy = policy_header(default_view(&refs, &algorithms));
+            assert_ne!(check(changed, &verdicts, policy.as_deref()), first);
+        }
+        for verdicts in &numbers {
+            assert_ne!(check(&limits, verdicts, Some(&*policy)), first);
+        }
+        assert_ne!(check(&limits, &verdicts, None), first);
+        assert_ne!(check(&limits, &verdicts, Some("\"other\";q=1;w=1")), first);
+    }
+
+    #[test]
+    fn a_run_of_misses_keeps_one_answer_in_eight() {
+        let limits = stack();
+        let (refs, algorithms) = view_parts(&limits);
+        let view = default_view(&refs, &algorithms);
+        let policy = policy_header(view).unwrap();
+        // Denials whose `Retry-After` differs each time: all misses.
+        let denial_at = |seconds: u64| {
+            [
+                entry(Outcome::Allowed, 14, 100_000_000),
+                entry(Outcome::Denied, 0, seconds * S),
+            ]
+        };
+        let kept_at = |verdicts: &[EntryVerdict; 2], seconds: u64| {
+            memo::recall(&Denial {
+                view,
+                verdicts,
+                denied_by: 1,
+                policy: Some(&*policy),
+                retry_after: seconds,
+            })
+            .is_some()
+        };
+        memo::forget();
+        let mut kept = Vec::new();
+        for seconds in 1..=17 {
+            let verdicts = denial_at(seconds);
+            let _ = answer_bytes(view, &verdicts, Some(&*policy));
+            // Asked again at once: a hit when this one was kept (and the
+            // run of misses starts again).
+            if kept_at(&verdicts, seconds) {
+                kept.push(seconds);
+            }
+        }
+        // Each hit ends the run: every miss after it is a first again.
+        assert_eq!(kept, (1..=17).collect::<Vec<_>>());
+
+        memo::forget();
+        let mut kept = Vec::new();
+        for seconds in 1..=17 {
+            let _ = answer_bytes(view, &denial_at(seconds), Some(&*policy));
+        }
+        for seconds in 1..=17 {
+            if kept_at(&denial_at(seconds), seconds) {
+                kept.push(seconds);
+            }
+        }
+        // Misses 1, 9 and 17 of the run were kept; the last is the one left.
+        assert_eq!(kept, [17]);
     }
 
     #[test]

@@ -302,8 +302,11 @@ impl Observation {
                 none
             }
         };
-        // A flood of denials must not become a flood of log I/O.
-        if seen.limit.is_some_and(|l| l.denied) && !snapshot.denied_log.should_log_denied() {
+        // A flood of denials must not become a flood of log I/O. The log
+        // asked first: the sampler's count is a line every worker writes.
+        if seen.limit.is_some_and(|l| l.denied)
+            && (!access_log::enabled() || !snapshot.denied_log.should_log_denied())
+        {
             return timing;
         }
         let entry = AccessEntry {
