@@ -207,7 +207,7 @@ struct Writing {
 
 impl Writing {
     fn run(mut self) {
-        let mut lines = String::new();
+        let mut lines = Vec::new();
         loop {
             let first = match self.queue.recv_timeout(TICK) {
                 Ok(record) => record,
@@ -234,7 +234,7 @@ impl Writing {
 
     /// Adds the queued records to the `events` in `lines`, up to
     /// `per_sync`; their count after.
-    fn take(&mut self, mut events: usize, lines: &mut String) -> usize {
+    fn take(&mut self, mut events: usize, lines: &mut Vec<u8>) -> usize {
         while events < self.per_sync {
             let Ok(record) = self.queue.try_recv() else {
                 break;
@@ -246,12 +246,9 @@ impl Writing {
     }
 
     /// One batch written and synced.
-    fn write(&mut self, lines: &str, events: u64) {
+    fn write(&mut self, lines: &[u8], events: u64) {
         match &mut self.output {
-            Output::File(file) => match file
-                .write_all(lines.as_bytes())
-                .and_then(|()| file.sync_data())
-            {
+            Output::File(file) => match file.write_all(lines).and_then(|()| file.sync_data()) {
                 Ok(()) => {
                     self.metrics.sent.inc_by(events);
                 }
@@ -261,7 +258,7 @@ impl Writing {
                 }
             },
             Output::Spool(spool) => {
-                match spool.append(lines.as_bytes(), events) {
+                match spool.append(lines, events) {
                     Ok(0) => {}
                     Ok(dropped) => {
                         tracing::warn!(

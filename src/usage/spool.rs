@@ -745,8 +745,12 @@ mod tests {
         };
         assert!(segments() > 2, "{} segments", segments());
         assert_eq!(drain(&spool, 4), (0..30).collect::<Vec<_>>());
-        // Only the newest is left.
+        // Only the newest is left, and the reader holds no other open (a
+        // deleted segment's file held open would keep its disk space).
         assert_eq!(segments(), 1);
+        let newest = spool.state.lock().segments.back().unwrap().seq;
+        let reading = spool.reading.lock().as_ref().map(|(seq, _)| *seq);
+        assert!(reading.is_none_or(|seq| seq == newest), "{reading:?}");
     }
 
     #[test]
