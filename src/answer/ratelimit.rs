@@ -24,7 +24,8 @@ use crate::http::problem::{
     TextMember, TextWriter, Written, problem_member,
 };
 use crate::limit::{
-    Algorithm, EntryVerdict, NANOS_PER_SEC, Nanos, Outcome, Priority, Shed, Verdict, quota, quota_of,
+    Algorithm, EntryVerdict, NANOS_PER_SEC, Nanos, Outcome, Priority, Shed, Verdict, quota,
+    quota_of,
 };
 use crate::llm::price::dollars;
 use crate::ratelimit_policy::{StackView, is_concurrency, styles};
