@@ -146,7 +146,7 @@ mod tests {
             cached_input: 1_250_000,
             output: 10_000_000,
         };
-        prices.models.insert("gpt-4o".to_owned(), price);
+        prices.insert("gpt-4o", price);
         // 36 bytes of message text: 9 tokens; 40 of completion.
         let body = br#"{"model":"gpt-4o","max_tokens":40,"messages":[{"role":"user","content":"abcdefghijklmnopqrstuvwxyz0123456789"}]}"#;
         let priced = priced_of(&rule(), Some(body), None, 1024, &prices).unwrap();

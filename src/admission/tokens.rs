@@ -145,6 +145,8 @@ pub(crate) fn bill(
         usage,
     };
     let token_limits = ticket.reserved.tokens().map_or(0, |_| ticket.stack.len());
+    // One clock read for the stack's overrides, not one per limit.
+    let now = if token_limits > 0 { app.clock.now() } else { 0 };
     for (j, limit) in ticket.stack.iter().take(token_limits).enumerate() {
         let usd = limit.unit == Unit::Usd;
         let (Unit::Tokens | Unit::Usd, Some(key), Outcome::Allowed) = (
@@ -169,7 +171,7 @@ pub(crate) fn bill(
             bill.metrics
                 .record_tokens(&bill.route, &label, "reserved", reserved);
         }
-        let limiter = match snapshot.overrides(id).find(key, app.clock.now()) {
+        let limiter = match snapshot.overrides(id).find(key, now) {
             Some((_, own)) => own,
             None => snapshot.limiters(id).for_plan(ticket.plan).clone(),
         };
@@ -268,13 +270,18 @@ impl Bill {
         if std::mem::replace(&mut self.settled, true) {
             return;
         }
-        // The usage priced once, for the event and a usd limit alike.
+        // The usage priced once, for the event and a usd limit alike; the
+        // clock read once, for both.
         let priced = usage.and_then(|usage| Some(cost_micros(&self.price?, &usage)));
+        let now = if usage.is_some() || self.usage.is_some() {
+            self.clock.now()
+        } else {
+            0
+        };
         if let Some(note) = self.usage.take() {
             // What the request cost: its usage priced, else (no usage
             // reported) what a usd limit kept of its reservation.
             let cost = usage.map_or(self.usd.map(|usd| usd.micros), |_| priced);
-            let now = self.clock.now();
             let used = usage.map(|usage| usage.total);
             note.record(&self.route, used, usage.filter(|_| split), now, cost);
         }
@@ -312,7 +319,6 @@ impl Bill {
         let usd = self
             .usd
             .map_or(0, |usd| delta(priced.unwrap_or(usd.micros), usd.micros).2);
-        let now = self.clock.now();
         // The store's entries, tokens and micro-dollars each by its own
         // delta, in one call (one per slot on Cluster) while it is up. Down,
         // as its decisions would, the settlement goes to the node's own

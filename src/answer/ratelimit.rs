@@ -18,14 +18,16 @@ use super::body::ResponseBody;
 use super::memo::{self, Denial};
 use crate::admission::Ticket;
 use crate::app::{RoutePlan, Snapshot};
-use crate::config::tokens::{MICROS_PER_CENT, Unit};
+use crate::config::LimitConfig;
+use crate::config::tokens::{MICROS_PER_CENT, Unit, WarnAt};
 use crate::http::field_lines::{FieldLines, OWN_ROOM, OwnLines, OwnName, own_name};
 use crate::http::problem::{
     DETAIL, NumberMember, ObjectMember, ProblemWriter, STATUS, TITLE, TYPE, TextListMember,
     TextMember, TextWriter, Written, problem_member,
 };
 use crate::limit::{
-    EntryVerdict, NANOS_PER_SEC, Nanos, Outcome, Priority, Shed, Verdict, quota, quota_of,
+    Algorithm, EntryVerdict, NANOS_PER_SEC, Nanos, Outcome, Priority, Shed, Verdict, quota,
+    quota_of,
 };
 use crate::llm::price::dollars;
 use crate::ratelimit_policy::{StackView, is_concurrency, styles};
@@ -165,9 +167,39 @@ pub(crate) fn admitted_fields(
             .as_deref(),
         ticket.focus(),
     );
-    if view.limits.iter().any(|limit| limit.warn_at.is_some()) {
-        budget_warning(lines, view, ticket.entries());
+    // The list only when a limit has reached its threshold: most answers
+    // have none to give, and starting the field to take it back cost them.
+    let entries = ticket.entries();
+    let due = view.limits.iter().zip(view.algorithms).zip(entries);
+    if due
+        .into_iter()
+        .any(|((limit, algorithm), entry)| warning_due(limit, algorithm, entry).is_some())
+    {
+        budget_warning(lines, view, entries);
     }
+}
+
+/// The whole percent spent of `limit`'s quota when its spend (this
+/// request's reservation included) has reached its `warn_at`, with that
+/// threshold; `None` when it has no `warn_at`, has not reached it, or
+/// skipped the key.
+#[inline(always)]
+fn warning_due(
+    limit: &LimitConfig,
+    algorithm: &Algorithm,
+    entry: &EntryVerdict,
+) -> Option<(i64, WarnAt)> {
+    let warn_at = limit.warn_at?;
+    if entry.outcome == Outcome::Skipped {
+        return None;
+    }
+    let q = quota_of(algorithm, &entry.verdict);
+    let spent = q.saturating_sub(entry.verdict.remaining);
+    if q == 0 || !warn_at.reached(spent, q) {
+        return None;
+    }
+    let percent = u128::from(spent) * 100 / u128::from(q);
+    Some((i64::try_from(percent).unwrap_or(i64::MAX), warn_at))
 }
 
 const BUDGET_WARNING: OwnName = own_name!("x-budget-warning");
@@ -183,19 +215,9 @@ const BUDGET_WARNING: OwnName = own_name!("x-budget-warning");
 fn budget_warning(lines: &mut FieldLines, view: StackView<'_>, verdicts: &[EntryVerdict]) {
     lines.push_list(BUDGET_WARNING, |list| {
         for ((limit, algorithm), entry) in view.limits.iter().zip(view.algorithms).zip(verdicts) {
-            let Some(warn_at) = limit.warn_at else {
+            let Some((percent, warn_at)) = warning_due(limit, algorithm, entry) else {
                 continue;
             };
-            if entry.outcome == Outcome::Skipped {
-                continue;
-            }
-            let q = quota_of(algorithm, &entry.verdict);
-            let spent = q.saturating_sub(entry.verdict.remaining);
-            if q == 0 || !warn_at.reached(spent, q) {
-                continue;
-            }
-            let percent = u128::from(spent) * 100 / u128::from(q);
-            let percent = i64::try_from(percent).unwrap_or(i64::MAX);
             let Ok(params) = list.item_string(&limit.name) else {
                 continue;
             };

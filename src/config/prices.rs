@@ -41,7 +41,7 @@ pub(super) fn check_prices(
         if name == DEFAULT {
             prices.default = Some(price);
         } else {
-            prices.models.insert(name.clone(), price);
+            prices.insert(name, price);
         }
     }
     prices

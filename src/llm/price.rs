@@ -16,8 +16,6 @@
 //! The prices of every model are a [`Prices`], built at config load and
 //! swapped whole with the configuration on a reload.
 
-use std::collections::HashMap;
-
 use super::usage::Usage;
 
 /// Pico-dollars in a micro-dollar: a price of `p` µ$ per million tokens
@@ -77,9 +75,14 @@ pub fn reservation_micros(price: &Price, prompt: u64, completion: u64) -> u64 {
 
 /// The `[prices]` table: a price per model name (the request body's
 /// `model`, exactly as sent) and the `default` for the models not listed.
+///
+/// The models sorted by name, looked up by a binary search: a token
+/// request looks its model up at admission and at its settlement, and a
+/// `HashMap`'s SipHash of the name cost more than the few comparisons of
+/// a table of tens of models.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct Prices {
-    pub(crate) models: HashMap<String, Price>,
+    models: Vec<(Box<str>, Price)>,
     pub(crate) default: Option<Price>,
 }
 
@@ -88,8 +91,19 @@ impl Prices {
     /// has neither (a body without a `model` takes the default).
     pub fn of(&self, model: Option<&str>) -> Option<Price> {
         model
-            .and_then(|name| self.models.get(name).copied())
+            .and_then(|name| {
+                let found = self.models.binary_search_by(|(m, _)| (**m).cmp(name));
+                found.ok().map(|at| self.models[at].1)
+            })
             .or(self.default)
+    }
+
+    /// Sets `model`'s price.
+    pub(crate) fn insert(&mut self, model: &str, price: Price) {
+        match self.models.binary_search_by(|(m, _)| (**m).cmp(model)) {
+            Ok(at) => self.models[at].1 = price,
+            Err(at) => self.models.insert(at, (model.into(), price)),
+        }
     }
 
     /// No price at all is configured.
@@ -180,7 +194,7 @@ mod tests {
     fn prices_by_model_else_the_default() {
         let mut prices = Prices::default();
         assert!(prices.is_empty());
-        prices.models.insert("gpt-4o".to_owned(), GPT_4O);
+        prices.insert("gpt-4o", GPT_4O);
         assert_eq!(prices.of(Some("gpt-4o")), Some(GPT_4O));
         assert_eq!(prices.of(Some("gpt-4o-mini")), None);
         assert_eq!(prices.of(None), None);
@@ -192,6 +206,25 @@ mod tests {
         prices.default = Some(default);
         assert_eq!(prices.of(Some("gpt-4o-mini")), Some(default));
         assert_eq!(prices.of(None), Some(default));
+        // Many models, inserted in any order: each found, one set twice
+        // keeps the last.
+        let names = ["o3", "claude-3", "gpt-4o", "a", "gpt-4o-mini", "zeta", "o1"];
+        for (i, name) in names.iter().enumerate() {
+            let price = Price {
+                input: i as u64,
+                cached_input: 0,
+                output: 0,
+            };
+            prices.insert(name, price);
+        }
+        for (i, name) in names.iter().enumerate() {
+            assert_eq!(
+                prices.of(Some(name)).map(|p| p.input),
+                Some(i as u64),
+                "{name}"
+            );
+        }
+        assert_eq!(prices.of(Some("gpt-4")), Some(default));
     }
 
     #[test]
