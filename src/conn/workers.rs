@@ -51,7 +51,6 @@ use crate::conn::listener::{Listener, bind_one};
 use crate::conn::reconcile::{self, Endpoint, Plan};
 use crate::conn::serve::serve_connection;
 use crate::conn::tls;
-use crate::proxy::handler::Downstream;
 use crate::worker::worker_count;
 
 /// What every worker shares: the one connection cap, the drain signal and the
@@ -498,12 +497,8 @@ impl Shared {
     ) -> Holding<impl Future<Output = ()> + Send + 'static, mpsc::Sender<()>> {
         let _ = stream.set_nodelay(true);
         let (app, drain, alive) = self.for_connection();
-        let downstream = Downstream {
-            peer,
-            proto: "http",
-        };
         Holding::new(
-            serve_connection(app, stream, downstream, drain, &self.connections),
+            serve_connection(app, stream, peer, false, drain, &self.connections),
             alive,
         )
     }

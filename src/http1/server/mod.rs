@@ -191,12 +191,15 @@ where
             // large as its largest state, and every idle connection would carry
             // the room of a busy one's (the response's body being written, the
             // head's parts, the handler's slot) for as long as it is open.
-            let mut room = buffers.busy.take();
-            let mut busy = Slot::new_with(&mut room, || {
-                serve_busy(io, closing, max_head, &mut respond, buffers, step_aside)
-            });
-            let spell = (&mut busy).await;
-            busy.finish(&mut room);
+            // Awaited by value (`finishing`): the block comes back with the
+            // spell's end, and nothing but the slot is kept across the wait.
+            let busy = {
+                let mut room = buffers.busy.take();
+                Slot::new_with(&mut room, || {
+                    serve_busy(io, closing, max_head, &mut respond, buffers, step_aside)
+                })
+            };
+            let (spell, room) = busy.finishing().await;
             let mut buffers = spell.buffers;
             buffers.busy = room;
             buffers.give_back();
