@@ -62,7 +62,7 @@ where
         .max_local_error_reset_streams(MAX_LOCAL_ERROR_RESETS);
     let connection = builder.serve_connection(TokioIo::new(io), service);
     tokio::pin!(connection);
-    let peer = &conn.peer;
+    let peer = conn.peer();
     let mut watchdog = Watchdog::new(&conn, &mut drain, draining);
     // Draining, idle, or frames but no request within
     // header_read_timeout: a GOAWAY either way, so a client whose stream

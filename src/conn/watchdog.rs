@@ -14,7 +14,7 @@
 //! deadline, at most [`super::sweep::MOST`] after it).
 
 use std::future::Future;
-use std::net::SocketAddr;
+use std::net::{IpAddr, SocketAddr};
 use std::pin::Pin;
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
@@ -109,11 +109,15 @@ pub(crate) enum Shutdown {
 pub(crate) struct ConnParts {
     pub(crate) app: Arc<App>,
     pub(crate) activity: Arc<ConnActivity>,
-    pub(crate) peer: SocketAddr,
     pub(crate) limits: ConnLimits,
-    /// Served over TLS (`"https"` for the forwarding fields): a flag in
-    /// the room `limits` leaves, not a `&str` of 16 bytes.
-    pub(crate) https: bool,
+    /// The peer's address and port: 20 bytes with the flag below, where a
+    /// `SocketAddr` takes 32 (an IPv6 peer's flow label and scope, which
+    /// nothing reads, are not kept).
+    ip: IpAddr,
+    port: u16,
+    /// Served over TLS (`"https"` for the forwarding fields): a flag, not
+    /// a `&str` of 16 bytes.
+    https: bool,
 }
 
 impl ConnParts {
@@ -132,17 +136,24 @@ impl ConnParts {
         ConnParts {
             app,
             activity,
-            peer,
             limits,
+            ip: peer.ip(),
+            port: peer.port(),
             https,
         }
+    }
+
+    /// The client's address.
+    #[inline]
+    pub(crate) fn peer(&self) -> SocketAddr {
+        SocketAddr::new(self.ip, self.port)
     }
 
     /// The connection as its requests' handler sees it.
     #[inline]
     pub(crate) fn downstream(&self) -> Downstream {
         Downstream {
-            peer: self.peer,
+            peer: self.peer(),
             proto: if self.https { "https" } else { "http" },
         }
     }
@@ -230,7 +241,7 @@ impl<'a> Watchdog<'a> {
                 // busy connection): one load, and the drain's below.
                 let woken = activity.woken_for_something();
                 if woken && activity.evicted() {
-                    tracing::debug!(peer = %conn.peer, "idle connection closed to make room at max_connections");
+                    tracing::debug!(peer = %conn.peer(), "idle connection closed to make room at max_connections");
                     conn.app.metrics().record_connection_evicted();
                     return Poll::Ready(None);
                 }
@@ -248,7 +259,7 @@ impl<'a> Watchdog<'a> {
                             return Poll::Pending;
                         }
                         Due::SlowHead => {
-                            tracing::debug!(peer = %conn.peer, "request head not complete in time; closing");
+                            tracing::debug!(peer = %conn.peer(), "request head not complete in time; closing");
                             Closing::SlowHead
                         }
                         Due::Idle => Closing::Politely,
@@ -346,13 +357,14 @@ mod tests {
               [[routes]]\nname = \"all\"\nmatch = { path_prefix = \"/\" }\nupstream = \"api\"\n",
         )
         .unwrap();
-        ConnParts {
-            app: App::new(config),
-            activity: Arc::new(ConnActivity::new()),
-            peer: "127.0.0.1:1".parse().unwrap(),
-            limits: ConnLimits::new(HEADER, IDLE, 8 * 1024),
-            https: false,
-        }
+        let mut conn = ConnParts::new(
+            App::new(config),
+            Arc::new(ConnActivity::new()),
+            "127.0.0.1:1".parse().unwrap(),
+            false,
+        );
+        conn.limits = ConnLimits::new(HEADER, IDLE, 8 * 1024);
+        conn
     }
 
     /// A request served on `activity`: the connection is idle from now.

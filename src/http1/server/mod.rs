@@ -177,6 +177,8 @@ where
     B: Body<Data = Bytes>,
     B::Error: std::fmt::Display,
 {
+    // Kept in 32 bits: every idle connection's future carries it.
+    let max_head = u32::try_from(max_head).unwrap_or(u32::MAX);
     async move {
         // The last response was a rate-limit denial (see above).
         let mut step_aside = false;
@@ -196,7 +198,7 @@ where
             let busy = {
                 let mut room = buffers.busy.take();
                 Slot::new_with(&mut room, || {
-                    serve_busy(io, closing, max_head, &mut respond, buffers, step_aside)
+                    serve_busy(io, closing, max_head as usize, &mut respond, buffers, step_aside)
                 })
             };
             let (spell, room) = busy.finishing().await;
