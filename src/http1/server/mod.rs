@@ -198,7 +198,14 @@ where
             let busy = {
                 let mut room = buffers.busy.take();
                 Slot::new_with(&mut room, || {
-                    serve_busy(io, closing, max_head as usize, &mut respond, buffers, step_aside)
+                    serve_busy(
+                        io,
+                        closing,
+                        max_head as usize,
+                        &mut respond,
+                        buffers,
+                        step_aside,
+                    )
                 })
             };
             let (spell, room) = busy.finishing().await;

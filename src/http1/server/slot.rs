@@ -134,7 +134,10 @@ impl<F: Future> Future for Finishing<F> {
     type Output = (F::Output, Option<Block>);
 
     fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
-        let slot = self.0.as_mut().expect("`Finishing` polled after it completed");
+        let slot = self
+            .0
+            .as_mut()
+            .expect("`Finishing` polled after it completed");
         let output = std::task::ready!(Pin::new(slot).poll(cx));
         let mut spare = None;
         if let Some(slot) = self.0.take() {
@@ -193,7 +196,10 @@ mod tests {
         // Awaited by value: the output, then the block for the next one.
         let (value, block) = again.finishing().await;
         assert_eq!((value, drops.load(Ordering::Relaxed)), (7, 2));
-        assert_eq!(block.as_ref().map(|b| b.at.as_ptr() as usize), Some(first_block));
+        assert_eq!(
+            block.as_ref().map(|b| b.at.as_ptr() as usize),
+            Some(first_block)
+        );
         spare = block;
         // Dropped unfinished (a cancelled request): value and block go.
         let unfinished = Slot::new_with(&mut spare, || CountsDrops(drops.clone(), values));
