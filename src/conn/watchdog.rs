@@ -410,7 +410,7 @@ mod tests {
         let (activity, mut watch) = (&conn.activity, drain.watch(0));
         let _sweep = swept(activity).await;
         let mut watchdog = Watchdog::new(&conn, &mut watch, false);
-        served(&activity);
+        served(activity);
         let start = Instant::now();
         let (closed, asked) = (Cell::new(false), RefCell::new(Vec::new()));
         let serving = std::pin::pin!(until(&closed));
@@ -471,7 +471,7 @@ mod tests {
         let (activity, mut watch) = (&conn.activity, drain.watch(0));
         let _sweep = swept(activity).await;
         let mut watchdog = Watchdog::new(&conn, &mut watch, false);
-        served(&activity);
+        served(activity);
         assert!(activity.request_eviction());
         let serving = std::pin::pin!(std::future::pending::<()>());
         let served = watchdog.serve(serving, |_, why, _| panic!("asked: {why:?}"));
