@@ -14,19 +14,14 @@
 //! `idle_timeout` or draining, it is shut down gracefully (`GOAWAY`, open
 //! streams finish).
 
-use std::sync::Arc;
-
 use hyper::server::conn::http2;
 use hyper::service::{Service, service_fn};
 use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use tokio::io::{AsyncRead, AsyncWrite};
 
-use crate::app::App;
 use crate::conn::drain::DrainWatch;
 use crate::conn::service::hyper_service;
-use crate::conn::watchdog::{ConnLimits, Shutdown, Watchdog, register_task};
-use crate::http1::server::ConnActivity;
-use crate::proxy::handler::Downstream;
+use crate::conn::watchdog::{ConnParts, Shutdown, Watchdog, register_task};
 
 /// The first bytes of the HTTP/2 connection preface (RFC 9113 §3.4): enough
 /// to tell it from any HTTP/1.1 request line.
@@ -44,22 +39,16 @@ pub(crate) const MAX_PENDING_RESETS: usize = 20;
 /// closes the connection.
 pub(crate) const MAX_LOCAL_ERROR_RESETS: usize = 256;
 
-/// Serves an HTTP/2 connection on `io` until it closes, the server drains
-/// (`draining`: it already does), or the watchdog finds it idle.
-pub(crate) async fn serve<S>(
-    app: Arc<App>,
-    io: S,
-    activity: Arc<ConnActivity>,
-    downstream: Downstream,
-    mut drain: DrainWatch,
-    draining: bool,
-) where
+/// Serves `conn`'s HTTP/2 connection on `io` until it closes, the server
+/// drains (`draining`: it already does), or the watchdog finds it idle.
+pub(crate) async fn serve<S>(conn: ConnParts, io: S, mut drain: DrainWatch, draining: bool)
+where
     S: AsyncRead + AsyncWrite + Unpin + Send + 'static,
 {
-    register_task(&activity).await;
-    let limits = ConnLimits::of(&app.snapshot().config.server);
-    let metrics = app.metrics().clone();
-    let handler = hyper_service(app, activity.clone(), downstream);
+    register_task(&conn.activity).await;
+    let limits = conn.limits;
+    let metrics = conn.app.metrics().clone();
+    let handler = hyper_service(conn.app.clone(), conn.activity.clone(), conn.downstream());
     // Boxed here, unlike on HTTP/1.1: hyper spawns every stream as a task,
     // moving the handler's future into it more than once, which cost more
     // than allocating it once (see BENCHMARKS.md, *TLS and HTTP/2*).
@@ -73,8 +62,8 @@ pub(crate) async fn serve<S>(
         .max_local_error_reset_streams(MAX_LOCAL_ERROR_RESETS);
     let connection = builder.serve_connection(TokioIo::new(io), service);
     tokio::pin!(connection);
-    let peer = &downstream.peer;
-    let mut watchdog = Watchdog::new(&activity, &metrics, limits, peer, &mut drain, draining);
+    let peer = conn.peer();
+    let mut watchdog = Watchdog::new(&conn, &mut drain, draining);
     // Draining, idle, or frames but no request within
     // header_read_timeout: a GOAWAY either way, so a client whose stream
     // raced with it learns that it was not processed. (Evicted, it is

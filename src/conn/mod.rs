@@ -27,7 +27,8 @@
 //!   `async` block around it); the connection's future keeps each of its
 //!   arguments once (`serve::serve_connection` is no `async fn`, which
 //!   would keep them twice) and its watchdog, drain watch and registration
-//!   in 32-bit fields; it has no timer of its own (its worker's [`sweep`]
+//!   in 32-bit fields; what it holds for its whole life is kept once
+//!   ([`watchdog::ConnParts`]) and lent with one pointer; it has no timer of its own (its worker's [`sweep`]
 //!   wakes it when its deadlines are due). `workers::tests` bounds the
 //!   task's size, under the step where tokio's task cell grows by 128 bytes.
 //! - **TLS** (`tls`): a `[server.tls]` listener's connection does its

@@ -31,17 +31,17 @@ use crate::conn::drain::DrainWatch;
 use crate::conn::evict::{Registered, Registry};
 use crate::conn::h2;
 use crate::conn::service::hyper_service;
-use crate::conn::watchdog::{Closing, ConnLimits, Shutdown, Watchdog, register_task};
+use crate::conn::watchdog::{Closing, ConnParts, Shutdown, Watchdog, register_task};
 use crate::http1::server::ActivityAnswered;
 use crate::http1::server::ConnActivity;
 use crate::http1::server::linger::{LingerSwitch, Lingering};
 use crate::http1::server::{self as h1, Gate, Rewind};
-use crate::proxy::handler::{Downstream, handle};
+use crate::proxy::handler::handle;
 
 /// Serves one HTTP/1.1 connection (the fast path, then hyper) over a TCP
-/// stream or, after its handshake, a TLS one, from `downstream` (its proto
-/// is `"http"` or `"https"`, for the forwarding fields). The connection is
-/// in `connections` (for evictions at the cap) until its future is dropped.
+/// stream or, after its handshake, a TLS one (`https`, for the forwarding
+/// fields), from `peer`. The connection is in `connections` (for evictions
+/// at the cap) until its future is dropped.
 ///
 /// Not an `async fn`: one keeps its arguments twice, as they came and as
 /// the locals the body moves them into (rustc's layout of an `async fn`),
@@ -52,7 +52,8 @@ use crate::proxy::handler::{Downstream, handle};
 pub(crate) fn serve_connection<S>(
     app: Arc<App>,
     stream: S,
-    downstream: Downstream,
+    peer: SocketAddr,
+    https: bool,
     mut drain: DrainWatch,
     connections: &Arc<Registry>,
 ) -> Holding<impl Future<Output = ()> + Send + 'static, Registered>
@@ -61,93 +62,89 @@ where
 {
     let activity = Arc::new(ConnActivity::new());
     let registered = connections.register(crate::worker::worker_index(), activity.clone());
-    // Only what the connection reads of its settings: a copy of the whole
-    // server section would be kept (with its allocations) as long as the
-    // connection, idle or not.
-    let limits = ConnLimits::of(&app.snapshot().config.server);
     let mut io = ActivityIo {
         inner: stream,
         activity: activity.clone(),
     };
+    let conn = ConnParts::new(app, activity, peer, https);
     let serving = async move {
-        register_task(&activity).await;
-        let mut watchdog = Watchdog::new(
-            &activity,
-            app.metrics(),
-            limits,
-            &downstream.peer,
-            &mut drain,
-            false,
-        );
-        // Plain requests first, served by our own HTTP/1.1 path (`crate::http1::server`).
-        let handed_over = {
-            let respond = |request| {
-                activity.request_started();
-                // The handler's future itself, not wrapped: it attaches the
-                // request's completion to the body, and its field lines go
-                // into the head as they are (`h1` writes them).
-                handle(&app, downstream, request, Some(activity.clone()))
+        register_task(&conn.activity).await;
+        let mut watchdog = Watchdog::new(&conn, &mut drain, false);
+        // In a block of its own: what the fast path ends with is taken
+        // apart before anything else is awaited, and dead after it (a
+        // result or its bytes still in scope at a later `.await` would
+        // keep their room, 74 bytes, in every connection's task, idle or
+        // not).
+        let (io, h2c) = {
+            // Plain requests first, served by our own HTTP/1.1 path (`crate::http1::server`).
+            let handed_over = {
+                let conn = &conn;
+                let respond = move |request| {
+                    conn.activity.request_started();
+                    // The handler's future itself, not wrapped: it attaches the
+                    // request's completion to the body, and its field lines go
+                    // into the head as they are (`h1` writes them).
+                    handle(
+                        &conn.app,
+                        conn.downstream(),
+                        request,
+                        Some(conn.activity.clone()),
+                    )
+                };
+                // The fast path relays interim (1xx) responses; hyper's servers,
+                // which take over at a hand-off, have no way to send them.
+                conn.activity.relay_interim(true);
+                let fast = std::pin::pin!(h1::serve(
+                    &mut io,
+                    &*conn.activity,
+                    conn.limits.max_header_bytes(),
+                    respond
+                ));
+                // The fast path closes by itself once the request in flight is
+                // answered, or at once when there is none.
+                let served = watchdog.serve(fast, |_, why, activity| match why {
+                    Closing::SlowHead => Shutdown::Now,
+                    Closing::Politely if activity.begin_closing() => Shutdown::Now,
+                    Closing::Politely => Shutdown::Begun,
+                });
+                match served.await {
+                    Some(ended) => ended,
+                    None => return,
+                }
             };
-            // The fast path relays interim (1xx) responses; hyper's servers,
-            // which take over at a hand-off, have no way to send them.
-            activity.relay_interim(true);
-            let fast = std::pin::pin!(h1::serve(
-                &mut io,
-                &*activity,
-                limits.max_header_bytes(),
-                respond
-            ));
-            // The fast path closes by itself once the request in flight is
-            // answered, or at once when there is none.
-            let served = watchdog.serve(fast, |_, why, activity| match why {
-                Closing::SlowHead => Shutdown::Now,
-                Closing::Politely if activity.begin_closing() => Shutdown::Now,
-                Closing::Politely => Shutdown::Begun,
-            });
-            match served.await {
-                Some(ended) => ended,
-                None => return,
-            }
-        };
-        activity.relay_interim(false);
-        let prefix = match handed_over {
+            conn.activity.relay_interim(false);
+            let prefix = match handed_over {
+                Ok(h1::Ended::HandOff(prefix)) => prefix,
+                Ok(h1::Ended::Closed) => {
+                    refused(&conn.app, conn.peer(), &conn.activity);
+                    return;
+                }
+                Err(error) => {
+                    tracing::debug!(peer = %conn.peer(), %error, "connection ended with an error");
+                    // A refusal whose answer could not be written still counts.
+                    refused(&conn.app, conn.peer(), &conn.activity);
+                    return;
+                }
+            };
             // h2c with prior knowledge: the connection preface is no HTTP/1.1
             // request, so the fast path handed it over; hyper's HTTP/2 server
             // takes it from the bytes read so far.
-            Ok(h1::Ended::HandOff(prefix)) if prefix.starts_with(h2::PREFACE) => {
-                let io = Rewind::new(prefix, io);
-                let closing = watchdog.is_closing();
-                // Boxed, as hyper's HTTP/1.1 connection below.
-                Box::pin(h2::serve(app, io, activity, downstream, drain, closing)).await;
-                return;
-            }
-            Ok(h1::Ended::HandOff(prefix)) => prefix,
-            Ok(h1::Ended::Closed) => {
-                refused(&app, downstream.peer, &activity);
-                return;
-            }
-            Err(error) => {
-                tracing::debug!(peer = %downstream.peer, %error, "connection ended with an error");
-                // A refusal whose answer could not be written still counts.
-                refused(&app, downstream.peer, &activity);
-                return;
-            }
+            let h2c = prefix.starts_with(h2::PREFACE);
+            (Rewind::new(prefix, io), h2c)
         };
+        if h2c {
+            let closing = watchdog.is_closing();
+            // Boxed, as hyper's HTTP/1.1 connection below.
+            Box::pin(h2::serve(conn, io, drain, closing)).await;
+            return;
+        }
 
         // Everything else, from the first request that is not plain: hyper.
         // Boxed, once per handed-off connection: hyper's connection (with the
         // handler's future in it) is larger than the fast path's state, and the
         // task of every connection would otherwise carry its size, idle or not.
-        let io = Rewind::new(prefix, io);
-        Box::pin(serve_handed_off(
-            app.clone(),
-            io,
-            activity.clone(),
-            downstream,
-            watchdog,
-        ))
-        .await;
-        refused(&app, downstream.peer, &activity);
+        Box::pin(serve_handed_off(io, watchdog)).await;
+        refused(&conn.app, conn.peer(), &conn.activity);
     };
     Holding::new(serving, registered)
 }
@@ -184,17 +181,14 @@ fn refused(app: &App, peer: SocketAddr, activity: &ConnActivity) {
 /// Serves a connection with hyper's HTTP/1.1 server from the first request
 /// the fast path handed over (its bytes replayed by `io`), under the watch
 /// the fast path was served under.
-async fn serve_handed_off<S>(
-    app: Arc<App>,
-    io: Rewind<ActivityIo<S>>,
-    activity: Arc<ConnActivity>,
-    downstream: Downstream,
-    mut watchdog: Watchdog<'_>,
-) where
+async fn serve_handed_off<S>(io: Rewind<ActivityIo<S>>, mut watchdog: Watchdog<'_>)
+where
     S: AsyncRead + AsyncWrite + Unpin + Send + 'static,
 {
-    let max_header_bytes = watchdog.limits().max_header_bytes();
-    let service = hyper_service(app, activity.clone(), downstream);
+    let conn = watchdog.conn();
+    let max_header_bytes = conn.limits.max_header_bytes();
+    let activity = &conn.activity;
+    let service = hyper_service(conn.app.clone(), activity.clone(), conn.downstream());
     let mut builder = http1::Builder::new();
     builder
         .timer(TokioTimer::new())
@@ -208,7 +202,7 @@ async fn serve_handed_off<S>(
     // The gate checks every later request before hyper reads it (`h1::gate`).
     let io = TokioIo::new(Lingering::new(
         Gate::new(io, max_header_bytes, ActivityAnswered(activity.clone())),
-        ActivityLinger(activity),
+        ActivityLinger(activity.clone()),
     ));
     let connection = builder.serve_connection(io, service).with_upgrades();
     tokio::pin!(connection);
@@ -220,7 +214,7 @@ async fn serve_handed_off<S>(
         }
     });
     if let Some(Err(error)) = served.await {
-        tracing::debug!(peer = %downstream.peer, %error, "connection ended with an error");
+        tracing::debug!(peer = %conn.peer(), %error, "connection ended with an error");
     }
 }
 

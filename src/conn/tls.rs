@@ -22,8 +22,8 @@ use crate::conn::drain::DrainWatch;
 use crate::conn::evict::Registry;
 use crate::conn::h2;
 use crate::conn::serve::{ActivityIo, serve_connection};
+use crate::conn::watchdog::ConnParts;
 use crate::http1::server::ConnActivity;
-use crate::proxy::handler::Downstream;
 
 /// Serves one connection of a TLS listener, from its handshake to its close.
 pub(crate) async fn serve(
@@ -60,10 +60,6 @@ pub(crate) async fn serve(
         // Draining: a connection still shaking hands has no request to finish.
         _ = &mut drain => return,
     };
-    let downstream = Downstream {
-        peer,
-        proto: "https",
-    };
     if stream.get_ref().1.alpn_protocol() == Some(b"h2") {
         let activity = Arc::new(ConnActivity::new());
         let _registered = connections.register(crate::worker::worker_index(), activity.clone());
@@ -71,8 +67,8 @@ pub(crate) async fn serve(
             inner: stream,
             activity: activity.clone(),
         };
-        h2::serve(app, io, activity, downstream, drain, false).await;
+        h2::serve(ConnParts::new(app, activity, peer, true), io, drain, false).await;
     } else {
-        serve_connection(app, stream, downstream, drain, &connections).await;
+        serve_connection(app, stream, peer, true, drain, &connections).await;
     }
 }

@@ -14,16 +14,18 @@
 //! deadline, at most [`super::sweep::MOST`] after it).
 
 use std::future::Future;
-use std::net::SocketAddr;
+use std::net::{IpAddr, SocketAddr};
 use std::pin::Pin;
+use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::task::Poll;
 use std::time::Duration;
 
+use crate::app::App;
 use crate::config::ServerConfig;
 use crate::conn::drain::DrainWatch;
 use crate::http1::server::ConnActivity;
-use crate::metrics::Metrics;
+use crate::proxy::handler::Downstream;
 
 /// The settings a connection reads, copied at accept (a reload applies to
 /// connections accepted after it).
@@ -100,19 +102,72 @@ pub(crate) enum Shutdown {
     Now,
 }
 
+/// What a connection's task holds for as long as it is open, idle or not,
+/// kept once and lent as a whole: its watchdog and its request handler
+/// each borrow it with one pointer (the watchdog borrowing each part took
+/// five, the handler's closure three).
+pub(crate) struct ConnParts {
+    pub(crate) app: Arc<App>,
+    pub(crate) activity: Arc<ConnActivity>,
+    pub(crate) limits: ConnLimits,
+    /// The peer's address and port: 20 bytes with the flag below, where a
+    /// `SocketAddr` takes 32 (an IPv6 peer's flow label and scope, which
+    /// nothing reads, are not kept).
+    ip: IpAddr,
+    port: u16,
+    /// Served over TLS (`"https"` for the forwarding fields): a flag, not
+    /// a `&str` of 16 bytes.
+    https: bool,
+}
+
+impl ConnParts {
+    /// The parts of `activity`'s connection from `peer`, under the
+    /// settings of `app`'s configuration now.
+    pub(crate) fn new(
+        app: Arc<App>,
+        activity: Arc<ConnActivity>,
+        peer: SocketAddr,
+        https: bool,
+    ) -> ConnParts {
+        // Only what the connection reads of its settings: a copy of the
+        // whole server section would be kept (with its allocations) as
+        // long as the connection, idle or not.
+        let limits = ConnLimits::of(&app.snapshot().config.server);
+        ConnParts {
+            app,
+            activity,
+            limits,
+            ip: peer.ip(),
+            port: peer.port(),
+            https,
+        }
+    }
+
+    /// The client's address.
+    #[inline]
+    pub(crate) fn peer(&self) -> SocketAddr {
+        SocketAddr::new(self.ip, self.port)
+    }
+
+    /// The connection as its requests' handler sees it.
+    #[inline]
+    pub(crate) fn downstream(&self) -> Downstream {
+        Downstream {
+            peer: self.peer(),
+            proto: if self.https { "https" } else { "http" },
+        }
+    }
+}
+
 /// One connection's watchdog, kept across a hand-off from one protocol to
 /// the next (the fast path to hyper), so a drain seen by the first is
 /// carried to the second.
 ///
-/// It borrows what the connection's task holds anyway (its activity, the
+/// It borrows what the connection's task holds anyway (its parts, the
 /// drain watch): the task of every connection carries it, idle or not, so
 /// it is kept to a few words.
 pub(crate) struct Watchdog<'a> {
-    activity: &'a ConnActivity,
-    metrics: &'a Metrics,
-    limits: ConnLimits,
-    /// For the log lines.
-    peer: &'a SocketAddr,
+    conn: &'a ConnParts,
     drain: &'a mut DrainWatch,
     /// The protocol was asked to close politely. Carried over a hand-off,
     /// the next protocol is asked at once.
@@ -123,33 +178,28 @@ pub(crate) struct Watchdog<'a> {
 }
 
 impl<'a> Watchdog<'a> {
-    /// A watchdog of `activity`'s connection under `limits`; `closing`
-    /// when the protocol it serves must be asked to close as soon as it
-    /// starts (the server already drains). Its first look at the deadlines
-    /// is asked of the sweep now (no deadline can fall before it).
+    /// A watchdog of `conn`'s connection; `closing` when the protocol it
+    /// serves must be asked to close as soon as it starts (the server
+    /// already drains). Its first look at the deadlines is asked of the
+    /// sweep now (no deadline can fall before it).
     pub(crate) fn new(
-        activity: &'a ConnActivity,
-        metrics: &'a Metrics,
-        limits: ConnLimits,
-        peer: &'a SocketAddr,
+        conn: &'a ConnParts,
         drain: &'a mut DrainWatch,
         closing: bool,
     ) -> Watchdog<'a> {
-        activity.check_at(activity.now_ms() + limits.first_check_ms());
+        let activity = &conn.activity;
+        activity.check_at(activity.now_ms() + conn.limits.first_check_ms());
         Watchdog {
-            activity,
-            metrics,
-            limits,
-            peer,
+            conn,
             drain,
             closing,
             ask: false,
         }
     }
 
-    /// The settings the connection was accepted with.
-    pub(crate) fn limits(&self) -> &ConnLimits {
-        &self.limits
+    /// The parts of the connection watched.
+    pub(crate) fn conn(&self) -> &'a ConnParts {
+        self.conn
     }
 
     /// Whether the protocol was asked to close, for one that keeps a
@@ -176,8 +226,10 @@ impl<'a> Watchdog<'a> {
         // once, before its first poll.
         self.ask = self.closing;
         std::future::poll_fn(move |cx| {
+            let conn = self.conn;
+            let activity = &*conn.activity;
             if std::mem::take(&mut self.ask)
-                && close(serving.as_mut(), Closing::Politely, self.activity) == Shutdown::Now
+                && close(serving.as_mut(), Closing::Politely, activity) == Shutdown::Now
             {
                 return Poll::Ready(None);
             }
@@ -187,10 +239,10 @@ impl<'a> Watchdog<'a> {
                 }
                 // Nobody woke the task but its own I/O (every wake-up of a
                 // busy connection): one load, and the drain's below.
-                let woken = self.activity.woken_for_something();
-                if woken && self.activity.evicted() {
-                    tracing::debug!(peer = %self.peer, "idle connection closed to make room at max_connections");
-                    self.metrics.record_connection_evicted();
+                let woken = activity.woken_for_something();
+                if woken && activity.evicted() {
+                    tracing::debug!(peer = %conn.peer(), "idle connection closed to make room at max_connections");
+                    conn.app.metrics().record_connection_evicted();
                     return Poll::Ready(None);
                 }
                 if self.closing {
@@ -198,22 +250,22 @@ impl<'a> Watchdog<'a> {
                 }
                 let why = if Pin::new(&mut *self.drain).poll(cx).is_ready() {
                     Closing::Politely
-                } else if !(woken && self.activity.take_due()) {
+                } else if !(woken && activity.take_due()) {
                     return Poll::Pending;
                 } else {
-                    match deadlines(self.activity, &self.limits) {
+                    match deadlines(activity, &conn.limits) {
                         Due::Later(at) => {
-                            self.activity.check_at(at);
+                            activity.check_at(at);
                             return Poll::Pending;
                         }
                         Due::SlowHead => {
-                            tracing::debug!(peer = %self.peer, "request head not complete in time; closing");
+                            tracing::debug!(peer = %conn.peer(), "request head not complete in time; closing");
                             Closing::SlowHead
                         }
                         Due::Idle => Closing::Politely,
                     }
                 };
-                match close(serving.as_mut(), why, self.activity) {
+                match close(serving.as_mut(), why, activity) {
                     Shutdown::Now => return Poll::Ready(None),
                     Shutdown::Begun => self.closing = true,
                 }
@@ -297,8 +349,22 @@ mod tests {
     const HEADER: Duration = Duration::from_secs(1);
     const IDLE: Duration = Duration::from_secs(5);
 
-    fn limits() -> ConnLimits {
-        ConnLimits::new(HEADER, IDLE, 8 * 1024)
+    /// A connection's parts, under [`HEADER`] and [`IDLE`].
+    fn parts() -> ConnParts {
+        let config = crate::config::Config::from_bytes(
+            std::path::Path::new("gateway.toml"),
+            b"[server]\nlisten = \"127.0.0.1:0\"\n[upstreams.api]\nurl = \"http://127.0.0.1:9\"\n\
+              [[routes]]\nname = \"all\"\nmatch = { path_prefix = \"/\" }\nupstream = \"api\"\n",
+        )
+        .unwrap();
+        let mut conn = ConnParts::new(
+            App::new(config),
+            Arc::new(ConnActivity::new()),
+            "127.0.0.1:1".parse().unwrap(),
+            false,
+        );
+        conn.limits = ConnLimits::new(HEADER, IDLE, 8 * 1024);
+        conn
     }
 
     /// A request served on `activity`: the connection is idle from now.
@@ -321,11 +387,10 @@ mod tests {
 
     #[tokio::test(start_paused = true)]
     async fn a_slow_head_is_closed_as_the_protocol_answers() {
-        let (activity, metrics, drain) =
-            (Arc::new(ConnActivity::new()), Metrics::new(), Drain::new(1));
-        let (mut watch, peer) = (drain.watch(0), "127.0.0.1:1".parse().unwrap());
-        let _sweep = swept(&activity).await;
-        let mut watchdog = Watchdog::new(&activity, &metrics, limits(), &peer, &mut watch, false);
+        let (conn, drain) = (parts(), Drain::new(1));
+        let (activity, mut watch) = (&conn.activity, drain.watch(0));
+        let _sweep = swept(activity).await;
+        let mut watchdog = Watchdog::new(&conn, &mut watch, false);
         activity.bytes_read();
         let start = Instant::now();
         let asked = RefCell::new(Vec::new());
@@ -341,12 +406,11 @@ mod tests {
 
     #[tokio::test(start_paused = true)]
     async fn an_idle_connection_is_asked_politely_once_and_served_to_its_end() {
-        let (activity, metrics, drain) =
-            (Arc::new(ConnActivity::new()), Metrics::new(), Drain::new(1));
-        let (mut watch, peer) = (drain.watch(0), "127.0.0.1:1".parse().unwrap());
-        let _sweep = swept(&activity).await;
-        let mut watchdog = Watchdog::new(&activity, &metrics, limits(), &peer, &mut watch, false);
-        served(&activity);
+        let (conn, drain) = (parts(), Drain::new(1));
+        let (activity, mut watch) = (&conn.activity, drain.watch(0));
+        let _sweep = swept(activity).await;
+        let mut watchdog = Watchdog::new(&conn, &mut watch, false);
+        served(activity);
         let start = Instant::now();
         let (closed, asked) = (Cell::new(false), RefCell::new(Vec::new()));
         let serving = std::pin::pin!(until(&closed));
@@ -364,11 +428,10 @@ mod tests {
 
     #[tokio::test(start_paused = true)]
     async fn a_drain_seen_before_a_hand_off_asks_the_next_protocol_before_its_first_poll() {
-        let (activity, metrics, drain) =
-            (Arc::new(ConnActivity::new()), Metrics::new(), Drain::new(1));
-        let (mut watch, peer) = (drain.watch(0), "127.0.0.1:1".parse().unwrap());
-        let _sweep = swept(&activity).await;
-        let mut watchdog = Watchdog::new(&activity, &metrics, limits(), &peer, &mut watch, false);
+        let (conn, drain) = (parts(), Drain::new(1));
+        let (activity, mut watch) = (&conn.activity, drain.watch(0));
+        let _sweep = swept(activity).await;
+        let mut watchdog = Watchdog::new(&conn, &mut watch, false);
         let events = RefCell::new(Vec::new());
         // The first protocol: asked when the drain starts, ends with its
         // request in flight answered.
@@ -404,22 +467,22 @@ mod tests {
 
     #[tokio::test(start_paused = true)]
     async fn an_evicted_connection_ends_counted_without_asking_the_protocol() {
-        let (activity, metrics, drain) =
-            (Arc::new(ConnActivity::new()), Metrics::new(), Drain::new(1));
-        let (mut watch, peer) = (drain.watch(0), "127.0.0.1:1".parse().unwrap());
-        let _sweep = swept(&activity).await;
-        let mut watchdog = Watchdog::new(&activity, &metrics, limits(), &peer, &mut watch, false);
-        served(&activity);
+        let (conn, drain) = (parts(), Drain::new(1));
+        let (activity, mut watch) = (&conn.activity, drain.watch(0));
+        let _sweep = swept(activity).await;
+        let mut watchdog = Watchdog::new(&conn, &mut watch, false);
+        served(activity);
         assert!(activity.request_eviction());
         let serving = std::pin::pin!(std::future::pending::<()>());
         let served = watchdog.serve(serving, |_, why, _| panic!("asked: {why:?}"));
         assert_eq!(served.await, None);
         assert!(
-            metrics
+            conn.app
+                .metrics()
                 .encode()
                 .contains("tollgate_connections_evicted_total 1\n"),
             "{}",
-            metrics.encode()
+            conn.app.metrics().encode()
         );
     }
 }

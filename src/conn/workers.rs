@@ -51,7 +51,6 @@ use crate::conn::listener::{Listener, bind_one};
 use crate::conn::reconcile::{self, Endpoint, Plan};
 use crate::conn::serve::serve_connection;
 use crate::conn::tls;
-use crate::proxy::handler::Downstream;
 use crate::worker::worker_count;
 
 /// What every worker shares: the one connection cap, the drain signal and the
@@ -498,12 +497,8 @@ impl Shared {
     ) -> Holding<impl Future<Output = ()> + Send + 'static, mpsc::Sender<()>> {
         let _ = stream.set_nodelay(true);
         let (app, drain, alive) = self.for_connection();
-        let downstream = Downstream {
-            peer,
-            proto: "http",
-        };
         Holding::new(
-            serve_connection(app, stream, downstream, drain, &self.connections),
+            serve_connection(app, stream, peer, false, drain, &self.connections),
             alive,
         )
     }
@@ -530,16 +525,18 @@ mod tests {
 
     /// What every idle keep-alive connection's task holds: the accept
     /// loop's future of a plain connection, its slot and liveness
-    /// included: 408 bytes. tokio's task cell adds 104 bytes (header,
-    /// scheduler, task id, stage, trailer) and rounds up to 128: at 408
-    /// bytes or less the cell takes 512 bytes, one more byte and 640. An
+    /// included: 256 bytes. tokio's task cell adds 104 bytes (header,
+    /// scheduler, task id, stage, trailer) and rounds up to 128: at 280
+    /// bytes or less the cell takes 384 bytes, one more byte and 512. An
     /// `async` block around a connection's future once stored it twice
     /// (5.7 KB an idle connection, 3.2 KB before); the `async fn`s that
     /// kept their arguments twice took 768 bytes (a cell of 896); a timer
     /// per connection (tokio's `Sleep`, now the worker's sweep) 520 (a
-    /// cell of 640). Release builds lay futures out as this build does
-    /// (the layout is fixed before MIR's optimisations); raise the bound
-    /// only knowingly.
+    /// cell of 640); the connection's parts borrowed one by one, the fast
+    /// path's result in scope across the hand-off's `.await`s and the
+    /// busy spell's slot awaited by reference 408 (a cell of 512). Release
+    /// builds lay futures out as this build does (the layout is fixed
+    /// before MIR's optimisations); raise the bound only knowingly.
     #[tokio::test]
     async fn an_idle_connection_s_task_stays_small() {
         let config = Config::from_bytes(
@@ -566,13 +563,13 @@ mod tests {
         let task = Holding::new(shared.plain_connection(stream, peer), permit);
         let size = std::mem::size_of_val(&task);
         println!("a plain connection's task future: {size} bytes");
-        // 520 with a timer of its own; 768 while `serve_connection` and
-        // `http1::server::serve` were `async fn`s (each argument kept
-        // twice); 4,872 bytes (heaptrack) when an async block wrapped it
-        // twice.
+        // 408 before `ConnParts`; 520 with a timer of its own; 768 while
+        // `serve_connection` and `http1::server::serve` were `async fn`s
+        // (each argument kept twice); 4,872 bytes (heaptrack) when an
+        // async block wrapped it twice.
         assert!(
-            size <= 408,
-            "a plain connection's task future is {size} bytes (over 408, tokio's cell grows by 128)"
+            size <= 280,
+            "a plain connection's task future is {size} bytes (over 280, tokio's cell grows by 128)"
         );
     }
 }

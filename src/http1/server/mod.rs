@@ -177,6 +177,8 @@ where
     B: Body<Data = Bytes>,
     B::Error: std::fmt::Display,
 {
+    // Kept in 32 bits: every idle connection's future carries it.
+    let max_head = u32::try_from(max_head).unwrap_or(u32::MAX);
     async move {
         // The last response was a rate-limit denial (see above).
         let mut step_aside = false;
@@ -191,12 +193,22 @@ where
             // large as its largest state, and every idle connection would carry
             // the room of a busy one's (the response's body being written, the
             // head's parts, the handler's slot) for as long as it is open.
-            let mut room = buffers.busy.take();
-            let mut busy = Slot::new_with(&mut room, || {
-                serve_busy(io, closing, max_head, &mut respond, buffers, step_aside)
-            });
-            let spell = (&mut busy).await;
-            busy.finish(&mut room);
+            // Awaited by value (`finishing`): the block comes back with the
+            // spell's end, and nothing but the slot is kept across the wait.
+            let busy = {
+                let mut room = buffers.busy.take();
+                Slot::new_with(&mut room, || {
+                    serve_busy(
+                        io,
+                        closing,
+                        max_head as usize,
+                        &mut respond,
+                        buffers,
+                        step_aside,
+                    )
+                })
+            };
+            let (spell, room) = busy.finishing().await;
             let mut buffers = spell.buffers;
             buffers.busy = room;
             buffers.give_back();
