@@ -30,7 +30,7 @@ use parking_lot::Mutex;
 
 use crate::config::LimitConfig;
 use crate::config::limits::{RawPlan, check_override};
-use crate::limit::memory::DigestHasher;
+use crate::limit::digest_hasher::DigestHasher;
 use crate::limit::{Algorithm, LimitKey, Limiter, Nanos};
 
 /// Distinct sets of override numbers one limit may use in one snapshot.

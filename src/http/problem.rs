@@ -355,8 +355,9 @@ fn is_plain(text: &str) -> bool {
         .fold(true, |plain, b| plain & JSON_PLAIN[usize::from(b)])
 }
 
-/// The bytes a JSON string holds as they are: not `"`, `\` or a control.
-static JSON_PLAIN: [bool; 256] = {
+/// The bytes a JSON string holds as they are: not `"`, `\` or a control
+/// (UTF-8's multi-byte sequences are all above them).
+pub(crate) static JSON_PLAIN: [bool; 256] = {
     let mut table = [true; 256];
     let mut b = 0;
     while b < 0x20 {

@@ -74,7 +74,6 @@
 //! `Arc<Limiter>`. Requests decided by the old limiter after the copy are not
 //! carried (the window between `carry_from` and the swap is microseconds).
 
-use std::hash::Hasher;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 
@@ -97,26 +96,6 @@ pub(crate) const SHARDS: usize = 64;
 
 /// A full limiter sweeps a shard at most this often when a new key arrives.
 const CAP_SWEEP_INTERVAL: Nanos = NANOS_PER_SEC;
-
-/// Passes a digest's half through as the hash (for other maps keyed by
-/// digests: the JWT cache, `simulate`'s tracker).
-#[derive(Default)]
-pub(crate) struct DigestHasher(u64);
-
-impl Hasher for DigestHasher {
-    fn finish(&self) -> u64 {
-        self.0
-    }
-    fn write(&mut self, bytes: &[u8]) {
-        // Only `write_u64` is expected; fold anything else in.
-        for &b in bytes {
-            self.0 = self.0.rotate_left(8) ^ u64::from(b);
-        }
-    }
-    fn write_u64(&mut self, n: u64) {
-        self.0 = n;
-    }
-}
 
 /// One shard's keys.
 #[derive(Debug)]

@@ -34,6 +34,7 @@ pub(crate) mod adaptive_slot;
 pub(crate) mod calendar;
 pub(crate) mod clock;
 pub(crate) mod concurrency;
+pub(crate) mod digest_hasher;
 pub(crate) mod fixed_window;
 pub(crate) mod key;
 pub(crate) mod leaky_bucket;

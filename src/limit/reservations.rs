@@ -13,14 +13,15 @@ use std::hash::{BuildHasherDefault, Hash, Hasher};
 use parking_lot::Mutex;
 
 use super::LimitKey;
+use super::digest_hasher::DigestHasher;
 
 const SHARDS: usize = 16;
 
 /// Per key: requests in flight and the tokens they reserved.
-type Shard = HashMap<Key, (u64, u64), BuildHasherDefault<KeyHasher>>;
+type Shard = HashMap<Key, (u64, u64), BuildHasherDefault<DigestHasher>>;
 
 /// A key in a shard: hashed as its digest's low 64 bits (one `write_u64`,
-/// which [`KeyHasher`] passes through); the shard is chosen by the top
+/// which [`DigestHasher`] passes through); the shard is chosen by the top
 /// bits.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 struct Key(LimitKey);
@@ -28,27 +29,6 @@ struct Key(LimitKey);
 impl Hash for Key {
     fn hash<H: Hasher>(&self, state: &mut H) {
         state.write_u64(self.0.as_u128() as u64);
-    }
-}
-
-/// Passes a [`Key`]'s 64 bits through as the hash (as the limiter's own
-/// `memory::DigestHasher`, which this module does not import: the limiter
-/// imports this one).
-#[derive(Default)]
-struct KeyHasher(u64);
-
-impl Hasher for KeyHasher {
-    fn finish(&self) -> u64 {
-        self.0
-    }
-    fn write(&mut self, bytes: &[u8]) {
-        // Only `write_u64` is expected; fold anything else in.
-        for &b in bytes {
-            self.0 = self.0.rotate_left(8) ^ u64::from(b);
-        }
-    }
-    fn write_u64(&mut self, n: u64) {
-        self.0 = n;
     }
 }
 

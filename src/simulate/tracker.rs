@@ -25,7 +25,7 @@ use std::collections::{HashMap, VecDeque};
 use std::hash::BuildHasherDefault;
 
 use super::compare::{bucket_form, window_form};
-use crate::limit::memory::DigestHasher;
+use crate::limit::digest_hasher::DigestHasher;
 use crate::limit::{Algorithm, LimitKey, NANOS_PER_SEC, Nanos};
 
 /// The worst a limit did over the whole trace.

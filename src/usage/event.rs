@@ -23,6 +23,7 @@
 //! the same 42 bits and wrote the same count in the same millisecond.
 
 use super::{Subject, UsageRecord};
+use crate::http::problem::JSON_PLAIN;
 use crate::http::problem::escape_into;
 
 /// The events' `type`.
@@ -113,26 +114,12 @@ fn hex_into(slot: &mut [u8], mut value: u64) {
     }
 }
 
-/// The bytes that go into a JSON string as they are: not a control, a
-/// quote or a backslash (UTF-8's multi-byte sequences are all above them).
-const PLAIN: [bool; 256] = {
-    let mut plain = [true; 256];
-    let mut b = 0;
-    while b < 0x20 {
-        plain[b] = false;
-        b += 1;
-    }
-    plain[b'"' as usize] = false;
-    plain[b'\\' as usize] = false;
-    plain
-};
-
 /// Appends `text` as the inside of a JSON string, escaped as
 /// [`escape_into`] (and `serde_json`) escape it: as it is when it needs
 /// none (a route, a model, a tenant: a few bytes, each looked up in a
 /// table).
 fn escape_bytes(out: &mut Vec<u8>, text: &str) {
-    if text.bytes().all(|b| PLAIN[usize::from(b)]) {
+    if text.bytes().all(|b| JSON_PLAIN[usize::from(b)]) {
         out.extend_from_slice(text.as_bytes());
     } else {
         let mut escaped = String::with_capacity(text.len() + 8);

@@ -28,7 +28,7 @@ use xxhash_rust::xxh3::xxh3_64_with_seed;
 
 use super::Failure;
 use super::verified::Verified;
-use crate::limit::memory::DigestHasher;
+use crate::limit::digest_hasher::DigestHasher;
 
 const SHARDS: usize = 16;
 
