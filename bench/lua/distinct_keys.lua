@@ -1,16 +1,17 @@
 -- wrk script for bench/key_memory.sh: one new `x-api-key` per request.
 --
--- Args: FIRST COUNT PREFIX MARKER. Request n (n = 1 .. COUNT) is `GET /` with
--- `x-api-key: PREFIX(FIRST + n)`; once COUNT have been sent, the connections
--- still running send `GET /free`, a path without a limit, so no key beyond
--- the COUNT is created while the last answers come in. The upstream marks
--- its answers to `/` with `x-bench-key`, so the script counts the keyed
--- answers exactly and stops the thread at the COUNT-th (or at the first
--- answer that is not a 200), writing the file MARKER for the caller to end
--- the run (wrk waits for its -d otherwise). `done` prints `keyed=K bad=B` for the caller to
--- check. Run with one thread (-t1): the counters are that thread's. (A wrk
--- that did not make its extra request() call would reuse the previous step's
--- last key: bench/key_memory.sh's count of tollgate's live keys catches that.)
+-- Args: FIRST COUNT PREFIX MARKER [DEPTH]. Request n (n = 1 .. COUNT) is
+-- `GET /` with `x-api-key: PREFIX(FIRST + n)`; once COUNT have been sent, the
+-- connections still running send `GET /free`, a path without a limit, so no
+-- key beyond the COUNT is created while the last answers come in. Each write
+-- of a connection carries DEPTH requests (1 by default: no pipelining), which
+-- loads the keys several times faster than one request per round trip. The
+-- upstream marks its answers to `/` with `x-bench-key`, so the script counts
+-- the keyed answers exactly and stops the thread at the COUNT-th (or at the
+-- first answer that is not a 200), writing the file MARKER for the caller to
+-- end the run (wrk waits for its -d otherwise). `done` prints `keyed=K bad=B`
+-- for the caller to check. Run with one thread (-t1): the counters are that
+-- thread's.
 local threads = {}
 
 function setup(thread)
@@ -22,17 +23,36 @@ function init(args)
   count = tonumber(args[2])
   prefix = args[3]
   marker_path = args[4]
-  -- wrk 4 calls request() once more before the run, in this state, to see
-  -- whether it pipelines (script_verify_request): that call takes number 0.
-  sent, keyed, bad = -1, 0, 0
+  depth = tonumber(args[5] or "1")
+  sent, keyed, bad = 0, 0, 0
+  -- wrk 4 calls request() once more before the run, in this state, to count
+  -- the requests of a write (script_verify_request): that call is answered
+  -- with DEPTH unlimited requests, so it takes no key (were it made in
+  -- another state, they would be sent, and are harmless).
+  verified = false
 end
 
-function request()
-  sent = sent + 1
-  if sent <= count then
+local function one()
+  if sent < count then
+    sent = sent + 1
     return wrk.format("GET", "/", { ["x-api-key"] = prefix .. (first + sent) })
   end
   return wrk.format("GET", "/free")
+end
+
+function request()
+  local batch = {}
+  if not verified then
+    verified = true
+    for i = 1, depth do
+      batch[i] = wrk.format("GET", "/free")
+    end
+    return table.concat(batch)
+  end
+  for i = 1, depth do
+    batch[i] = one()
+  end
+  return table.concat(batch)
 end
 
 function response(status, headers)
