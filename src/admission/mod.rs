@@ -3,7 +3,8 @@
 //! The one place that decides. Its fronts — the proxy (`proxy::handler`),
 //! `/auth` (`decision::auth`) and `simulate` — hand it the routed request
 //! (a [`Routed`]: the route, the head, the peer, the body, the time) in one
-//! call, [`admit_request`] (or, without a store, [`decide_request`]; the
+//! call, [`admit_request`] (or, without a store, [`decide_request`], in
+//! two halves for `simulate --compare`; the
 //! proxy calls its two halves, [`admit_at_once`] and, where that stopped
 //! to wait, [`admit_later`]), and
 //! get a [`RequestAdmission`] back: admitted with its token bill, denied,
@@ -75,8 +76,8 @@ use crate::store::RedisStore;
 
 pub use identify::Identity;
 pub use request::{
-    Client, Later, RequestAdmission, RequestBody, Routed, admit_at_once, admit_later,
-    admit_request, decide_request,
+    Client, Identified, Later, Refused, RequestAdmission, RequestBody, Routed, admit_at_once,
+    admit_later, admit_request, decide_identified, decide_request, identify_request,
 };
 pub(crate) use settle::reported_count;
 pub use settle::settle;

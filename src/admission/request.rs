@@ -18,7 +18,9 @@
 //! 5. an admitted request's token bill.
 //!
 //! [`decide_request`] is the same without a store or a key refresh, for
-//! `simulate`, which decides offline.
+//! `simulate`, which decides offline: [`identify_request`] (steps 1 to 3
+//! but the keys) then [`decide_identified`] (the keys, 4 and 5), which
+//! `simulate --compare` calls once per record and once per variant.
 
 use std::net::IpAddr;
 
@@ -35,6 +37,7 @@ use super::{
 };
 use crate::app::{App, RoutePlan, Snapshot};
 use crate::config::RouteConfig;
+use crate::identity::body_fields::BodyFields;
 use crate::limit::Nanos;
 
 /// A request its front has routed, as admission takes it.
@@ -347,33 +350,109 @@ fn unlimited_bill(
 
 /// [`admit_request`] without a store, a key refresh (an unknown `kid` is
 /// [`Unidentified::Refresh`]) or a client body to read: `simulate`'s
-/// offline decision, on the same steps.
+/// offline decision, on the same steps. It is [`identify_request`] then
+/// [`decide_identified`].
 pub fn decide_request<'s>(
     app: &App,
     snapshot: &'s Snapshot,
     request: Routed<'_, 's>,
     ticket: &mut Ticket<'s>,
 ) -> RequestAdmission {
-    let headers = &request.parts.headers;
-    let caller = match identify::caller(app, snapshot, request.route, headers, request.now) {
-        Ok(caller) => caller,
-        Err(refused) => return RequestAdmission::Unidentified(refused),
-    };
-    if request.plan.needs_body
-        && let Err(refused) = check_held(&request.body, request.route)
-    {
-        return RequestAdmission::BodyRefused(refused);
+    match identify_request(app, snapshot, &request) {
+        Ok(identified) => decide_identified(app, snapshot, &request, &identified, ticket),
+        Err(refused) => refused.into(),
     }
+}
+
+/// What [`decide_request`] finds of a request before its keys: its
+/// caller, its client (behind the trusted proxies), its body's fields and
+/// its reservation. Found once ([`identify_request`]), it is decided on
+/// any configuration that differs from the one it was found on only in
+/// its limits' algorithms ([`decide_identified`]): `simulate --compare`
+/// identifies a record once for all its variants.
+pub struct Identified<'s> {
+    caller: Caller<'s>,
+    client_ip: IpAddr,
+    fields: Option<BodyFields>,
+    reserved: Option<Reserved>,
+}
+
+/// Why [`identify_request`] answered a request before its keys.
+#[derive(Debug, Clone, Copy)]
+pub enum Refused {
+    /// 401: [`RequestAdmission::Unidentified`].
+    Unidentified(Unidentified),
+    /// 413, or 400 for a model without a price:
+    /// [`RequestAdmission::BodyRefused`].
+    Body(BodyError),
+}
+
+impl From<Refused> for RequestAdmission {
+    fn from(refused: Refused) -> RequestAdmission {
+        match refused {
+            Refused::Unidentified(refused) => RequestAdmission::Unidentified(refused),
+            Refused::Body(refused) => RequestAdmission::BodyRefused(refused),
+        }
+    }
+}
+
+/// Steps 1 to 3 of [`decide_request`] but the keys: the caller, the body
+/// against `max_body`, the reservation, the client IP and the body's
+/// fields.
+pub fn identify_request<'s>(
+    app: &App,
+    snapshot: &'s Snapshot,
+    request: &Routed<'_, 's>,
+) -> Result<Identified<'s>, Refused> {
+    let headers = &request.parts.headers;
+    let caller = identify::caller(app, snapshot, request.route, headers, request.now)
+        .map_err(Refused::Unidentified)?;
+    if request.plan.needs_body {
+        check_held(&request.body, request.route).map_err(Refused::Body)?;
+    }
+    // Without limits nothing is reserved (or keyed).
+    let reserved = if request.plan.stack.is_empty() {
+        None
+    } else {
+        reserve_for(snapshot, request).map_err(|_| Refused::Body(BodyError::Unpriced))?
+    };
+    let (client_ip, fields) = client_and_fields(snapshot, request);
+    Ok(Identified {
+        caller,
+        client_ip,
+        fields,
+        reserved,
+    })
+}
+
+/// The rest of [`decide_request`] for a request [`identify_request`]
+/// identified (on this `snapshot` or one differing only in its limits'
+/// algorithms): each limit's key, the stack decided in memory, the
+/// answer. Nothing of `identified` is used up.
+pub fn decide_identified<'s>(
+    app: &App,
+    snapshot: &'s Snapshot,
+    request: &Routed<'_, 's>,
+    identified: &Identified<'s>,
+    ticket: &mut Ticket<'s>,
+) -> RequestAdmission {
     if request.plan.stack.is_empty() {
         return RequestAdmission::Admitted { bill: None };
     }
-    let Ok(reserved) = reserve_for(snapshot, &request) else {
-        return RequestAdmission::BodyRefused(BodyError::Unpriced);
-    };
-    // Offline: no usage events.
+    // Offline: no usage events, so the body's model is not carried.
     let mut usage = UsageFacts::default();
-    let keyed = key(
-        app, snapshot, &request, caller, reserved, false, ticket, &mut usage,
+    let reserved = identified.reserved.as_ref().map(|r| Reserved {
+        tokens: r.tokens,
+        priced: r.priced.clone(),
+        model: None,
+    });
+    let facts = (
+        &identified.caller,
+        identified.client_ip,
+        identified.fields.as_ref(),
+    );
+    let keyed = key_as(
+        app, snapshot, request, facts, reserved, false, ticket, &mut usage,
     );
     let admission = match keyed {
         Err(missing) => missing,
@@ -498,17 +577,48 @@ fn key<'s>(
     ticket: &mut Ticket<'s>,
     usage: &mut UsageFacts,
 ) -> Result<Charge<'s>, Admission> {
+    let (client_ip, fields) = client_and_fields(snapshot, request);
+    let facts = (&caller, client_ip, fields.as_ref());
+    key_as(
+        app, snapshot, request, facts, reserved, shared, ticket, usage,
+    )
+}
+
+/// The client IP behind the trusted proxies and, where a limit keys on
+/// the body and it was read whole, the body's fields.
+#[inline(always)]
+fn client_and_fields(
+    snapshot: &Snapshot,
+    request: &Routed<'_, '_>,
+) -> (IpAddr, Option<BodyFields>) {
     let parts = request.parts;
     let client_ip = match request.client {
         Client::Peer(peer) => identify::client_ip(snapshot, &parts.headers, peer),
         Client::Resolved(client) => client,
     };
-    ticket.client_ip = Some(client_ip);
     let cap = snapshot.config.server.max_key_body;
     let whole = whole_body(&request.body, cap);
     let fields = whole
         .filter(|_| request.plan.needs_body)
         .map(|bytes| body_fields(&parts.headers, bytes));
+    (client_ip, fields)
+}
+
+/// [`key`] with the caller, its client IP and the body's fields found.
+#[inline(always)]
+#[allow(clippy::too_many_arguments)]
+fn key_as<'s>(
+    app: &App,
+    snapshot: &'s Snapshot,
+    request: &Routed<'_, 's>,
+    (caller, client_ip, fields): (&Caller<'s>, IpAddr, Option<&BodyFields>),
+    reserved: Option<Reserved>,
+    shared: bool,
+    ticket: &mut Ticket<'s>,
+    usage: &mut UsageFacts,
+) -> Result<Charge<'s>, Admission> {
+    let parts = request.parts;
+    ticket.client_ip = Some(client_ip);
     let (tokens, priced) = match reserved {
         Some(Reserved {
             tokens,
@@ -526,7 +636,7 @@ fn key<'s>(
         tokens,
         now: request.now,
     };
-    let identity = caller.identity(snapshot, client_ip, fields.as_ref());
+    let identity = caller.identity(snapshot, client_ip, fields);
     usage.caller(identity.consumer);
     ticket.priority = identity.priority(&snapshot.config, request.route);
     key_stack(app, snapshot, (parts, &identity), &charge, shared, ticket)?;

@@ -1,16 +1,19 @@
 //! The run: every record through the configuration's routes and stacks on a
 //! virtual clock, counted per route and limit.
 //!
-//! [`route()`] and [`limit`] are the gateway's request path up to and
-//! including the limit step, minus the network, and they run the gateway's
-//! own code: the [`Router`](crate::routing::Router), then
-//! [`admission::decide_request`], the one admission call the proxy and
-//! `/auth` make too (without a store) — the caller (its token checked at the
-//! record's time), the body's fields for `body:FIELD` keys (capped at
-//! `max_key_body`), the client IP behind trusted proxies (the record's `ip`
-//! as the TCP peer), each limit's key with its `on_missing_key`, the
-//! caller's plan, the stack all or nothing on the limiters of an [`App`]
-//! built from the configuration — with the record's time as `now`.
+//! [`route()`], [`identify()`] and [`limit`] are the gateway's request path
+//! up to and including the limit step, minus the network, and they run the
+//! gateway's own code: the [`Router`](crate::routing::Router), then
+//! [`admission::decide_request`] in its two halves, the admission the
+//! proxy and `/auth` run too (without a store) — the caller (its token
+//! checked at the record's time), the body's fields for `body:FIELD` keys
+//! (capped at `max_key_body`), the client IP behind trusted proxies (the
+//! record's `ip` as the TCP peer), each limit's key with its
+//! `on_missing_key`, the caller's plan, the stack all or nothing on the
+//! limiters of an [`App`] built from the configuration — with the record's
+//! time as `now`. A record is routed and identified once, on the first
+//! variant, and decided on each (`--compare`): the variants differ only in
+//! their limits' algorithms, which neither step reads.
 //!
 //! A token route's request reserves what the gateway reserves: read whole
 //! within `max_key_body` (and declaring no more), the body's budget and
@@ -46,7 +49,9 @@ use super::compare::{self, Kind, algorithm_name};
 use super::flight::{Flight, Shed};
 use super::trace::{Item, Record};
 use super::tracker::{Judgement, LimitTracker, Timeline};
-use crate::admission::{self, Client, RequestAdmission, RequestBody, Routed, Ticket};
+use crate::admission::{
+    self, Client, Identified, Refused, RequestAdmission, RequestBody, Routed, Ticket,
+};
 use crate::app::{App, Snapshot};
 use crate::config::Config;
 use crate::config::tokens::Unit;
@@ -114,22 +119,32 @@ pub(crate) fn route(snapshot: &Snapshot, record: &Record) -> Option<usize> {
     snapshot.router.find(&record.parts)
 }
 
-/// The admission step on `app`'s limiters at `now`: the gateway's own
-/// ([`admission::decide_request`]) — the caller, the body's fields (the
-/// record's body, capped at `max_key_body`), the client behind the
-/// trusted proxies (the record's `ip` as the TCP peer), the reservation,
-/// each limit's key and the stack all or nothing. An admitted token
-/// request is settled at once on the record's `tokens`.
-pub(crate) fn limit(
+/// A record routed to `route`, identified once for every variant
+/// ([`identify`]): variants of one configuration differ only in their
+/// limits' algorithms, and the caller, the client, the body's fields and
+/// the reservation do not depend on them.
+pub(crate) struct Identification<'s> {
+    route: usize,
+    /// The record's `Content-Length`.
+    declared: Option<u64>,
+    identified: Result<Identified<'s>, Refused>,
+}
+
+/// The identification step on `snapshot` at `now`: the gateway's own
+/// ([`admission::identify_request`]) — the caller, the body against
+/// `max_body` and its fields (the record's body, capped at
+/// `max_key_body`), the reservation, the client behind the trusted
+/// proxies (the record's `ip` as the TCP peer).
+pub(crate) fn identify<'s>(
     app: &App,
-    snapshot: &Snapshot,
+    snapshot: &'s Snapshot,
     record: &Record,
     route: usize,
     now: Nanos,
-) -> Decided {
-    let parts = &record.parts;
+) -> Identification<'s> {
     let declared = content_length::parse(
-        parts
+        record
+            .parts
             .headers
             .get_all(http::header::CONTENT_LENGTH)
             .iter()
@@ -137,20 +152,59 @@ pub(crate) fn limit(
     )
     .ok()
     .flatten();
-    let routed = Routed {
+    let routed = routed(snapshot, record, route, declared, now);
+    Identification {
+        route,
+        declared,
+        identified: admission::identify_request(app, snapshot, &routed),
+    }
+}
+
+/// `record` as admission takes it, routed to `snapshot`'s `route`.
+fn routed<'r, 's>(
+    snapshot: &'s Snapshot,
+    record: &'r Record,
+    route: usize,
+    declared: Option<u64>,
+    now: Nanos,
+) -> Routed<'r, 's> {
+    Routed {
         route: &snapshot.config.routes[route],
         plan: &snapshot.routes[route],
-        parts,
+        parts: &record.parts,
         client: Client::Peer(record.peer),
         body: RequestBody::Held {
             bytes: record.body.as_deref().unwrap_or_default(),
             declared,
         },
         now,
-    };
-    let mut ticket = Ticket::default();
+    }
+}
+
+/// The admission step on `app`'s limiters at `now` for a record
+/// identified by [`identify`] (on this variant or another): the gateway's
+/// own ([`admission::decide_identified`]; with [`identify`], exactly
+/// [`admission::decide_request`]) — each limit's key and the stack all or
+/// nothing. An admitted token request is settled at once on the record's
+/// `tokens`.
+pub(crate) fn limit(
+    app: &App,
+    snapshot: &Snapshot,
+    record: &Record,
+    identification: &Identification<'_>,
+    now: Nanos,
+) -> Decided {
+    let route = identification.route;
     let rejected = |rejection| Decided::Rejected { route, rejection };
-    let used = match admission::decide_request(app, snapshot, routed, &mut ticket) {
+    let identified = match &identification.identified {
+        Ok(identified) => identified,
+        Err(Refused::Unidentified(_)) => return rejected(Rejection::Unauthorized),
+        Err(Refused::Body(_)) => return rejected(Rejection::TooLarge),
+    };
+    let routed = routed(snapshot, record, route, identification.declared, now);
+    let mut ticket = Ticket::default();
+    let answer = admission::decide_identified(app, snapshot, &routed, identified, &mut ticket);
+    let used = match answer {
         RequestAdmission::Unidentified(_) => return rejected(Rejection::Unauthorized),
         RequestAdmission::BodyRefused(_) => return rejected(Rejection::TooLarge),
         RequestAdmission::MissingKey { position } => {
@@ -411,6 +465,10 @@ impl Simulation {
     ) -> Result<(), Error> {
         let mut last: Nanos = 0;
         let write_failed = |e: std::io::Error| Error::Failed(format!("cannot write: {e}"));
+        // The first variant's, on which records are routed and identified
+        // for all; held apart from `self`, which the accounting changes.
+        let first_app = Arc::clone(&self.variants[0].app);
+        let first = Arc::clone(&self.variants[0].snapshot);
         for item in records {
             let record = match item {
                 Ok(record) => record,
@@ -439,8 +497,10 @@ impl Simulation {
             self.records += 1;
             self.span = Some(self.span.map_or((now, now), |(first, _)| (first, now)));
             let compared = self.variants.len() > 1;
-            // Routing does not depend on the algorithms: once for all.
-            let routed = route(&self.variants[0].snapshot, &record);
+            // Routing and identification do not depend on the algorithms:
+            // once for all, on the first variant.
+            let identified = route(&first, &record)
+                .map(|index| identify(&first_app, &first, &record, index, now));
             for v in 0..self.variants.len() {
                 let variant = &mut self.variants[v];
                 if let Some(flight) = &mut variant.flight {
@@ -448,8 +508,10 @@ impl Simulation {
                     flight.complete_until(now, |end| advance(clock, end));
                 }
                 variant.at(now);
-                let mut decided = match routed {
-                    Some(index) => limit(&variant.app, &variant.snapshot, &record, index, now),
+                let mut decided = match &identified {
+                    Some(identified) => {
+                        limit(&variant.app, &variant.snapshot, &record, identified, now)
+                    }
                     None => Decided::NoRoute,
                 };
                 self.account(v, &decided, now);
@@ -849,6 +911,193 @@ respond = { status = 200 }
         assert_eq!(simulation.variants[0].label(None), "fixed_window");
     }
 
+    /// Every step `--compare` runs once per record for all its variants:
+    /// API keys with consumers and plans, a client behind a trusted proxy,
+    /// a body key, `max_body`, a route that requires a consumer, and a
+    /// token route's reservation.
+    const IDENTIFIED: &str = r#"
+[server]
+max_key_body = "1KiB"
+
+[client_ip]
+trusted_hops = 1
+
+[consumers."k-1"]
+consumer = "one"
+plan = "pro"
+
+[consumers."k-2"]
+consumer = "two"
+
+[limits.per_key]
+key = "header:x-api-key"
+algorithm = "token_bucket"
+capacity = 3
+refill = "1/s"
+plans = { pro = { capacity = 6, refill = "2/s" } }
+
+[limits.per_ip]
+key = "ip"
+algorithm = "sliding_window"
+limit = 5
+window = "2s"
+
+[limits.per_user]
+key = "body:user"
+algorithm = "fixed_window"
+limit = 2
+window = "1s"
+on_missing_key = "deny"
+
+[limits.tpm]
+key = "consumer"
+algorithm = "token_bucket"
+capacity = 500
+refill = "500/m"
+unit = "tokens"
+
+[[routes]]
+name = "api"
+match = { path_prefix = "/api" }
+respond = { status = 200 }
+limits = ["per_key", "per_ip"]
+
+[[routes]]
+name = "login"
+match = { path = "/login" }
+respond = { status = 200 }
+limits = ["per_user", "per_ip"]
+max_body = 40
+
+[[routes]]
+name = "chat"
+match = { path = "/v1/chat/completions" }
+respond = { status = 200 }
+limits = ["tpm"]
+require_consumer = true
+tokens = { max_tokens_default = 50, prompt = "bytes/4", usage = "auto" }
+"#;
+
+    /// A trace of `IDENTIFIED`'s routes: 300 records over 30 s from four
+    /// clients behind one proxy, some over their limits.
+    fn identified_trace() -> String {
+        let mut trace = String::from(
+            "time,method,path,ip,header:x-forwarded-for,header:x-api-key,body,tokens\n",
+        );
+        for i in 0..300u64 {
+            let time = format!("{}.{:02}", 100 + i / 10, (i % 10) * 10);
+            let client = format!("198.51.100.{}", i % 4);
+            let key = ["k-1", "k-2", "k-3", ""][(i % 3) as usize + usize::from(i % 7 == 0)];
+            let line = match i % 5 {
+                0 | 1 => format!("{time},GET,/api/items,10.0.0.1,{client},{key},,"),
+                2 => {
+                    let user = ["ann", "bob", ""][(i % 3) as usize];
+                    let body = if user.is_empty() {
+                        String::new()
+                    } else {
+                        format!("{{\"\"user\"\":\"\"{user}\"\"}}")
+                    };
+                    format!("{time},POST,/login,10.0.0.1,{client},,\"{body}\",")
+                }
+                3 => format!(
+                    "{time},POST,/login,10.0.0.1,{client},,\"{{\"\"user\"\":\"\"{}\"\"}}\",",
+                    "x".repeat(40)
+                ),
+                _ => {
+                    let body = serde_json::json!({"max_tokens": 40 + i, "messages": []})
+                        .to_string()
+                        .replace('"', "\"\"");
+                    format!(
+                        "{time},POST,/v1/chat/completions,10.0.0.1,{client},{key},\"{body}\",{}",
+                        i % 90
+                    )
+                }
+            };
+            trace.push_str(&line);
+            trace.push('\n');
+        }
+        trace
+    }
+
+    /// `simulate` on `config` with `kinds`, its `--decisions` lines as
+    /// JSON values (without the variant's name), per variant.
+    fn decisions_per_variant(
+        config: &Config,
+        kinds: &[Kind],
+        trace: &str,
+    ) -> (Simulation, Vec<Vec<serde_json::Value>>) {
+        let focus = focus_route(config, None).unwrap();
+        let mut simulation = Simulation::new(config, kinds, focus);
+        let reader = TraceReader::new(
+            Box::new(std::io::Cursor::new(trace.as_bytes().to_vec())),
+            "t",
+        )
+        .unwrap();
+        let mut lines = Vec::new();
+        simulation
+            .run(reader, &mut Vec::new(), Some(&mut lines))
+            .unwrap();
+        let mut per_variant = vec![Vec::new(); kinds.len().max(1)];
+        for line in String::from_utf8(lines).unwrap().lines() {
+            let mut value: serde_json::Value = serde_json::from_str(line).unwrap();
+            let name = value
+                .as_object_mut()
+                .unwrap()
+                .remove("algorithm")
+                .map(|name| name.as_str().unwrap().to_owned());
+            let v = match name {
+                Some(name) => kinds.iter().position(|k| k.name() == name).unwrap(),
+                None => 0,
+            };
+            per_variant[v].push(value);
+        }
+        (simulation, per_variant)
+    }
+
+    #[test]
+    fn compare_decides_as_five_runs_of_one_algorithm_each() {
+        // `--compare` identifies each record once, on its first variant,
+        // and decides it on every variant: each variant's results are
+        // those of a run of the configuration written in its algorithm.
+        let config = config(IDENTIFIED);
+        let trace = identified_trace();
+        let (compared, compared_lines) = decisions_per_variant(&config, &Kind::ALL, &trace);
+        let mut outcomes = std::collections::BTreeSet::new();
+        for (v, &kind) in Kind::ALL.iter().enumerate() {
+            let single = compare::variant(&config, kind);
+            let (alone, alone_lines) = decisions_per_variant(&single, &[], &trace);
+            let (with, alone) = (&compared.variants[v], &alone.variants[0]);
+            assert_eq!(with.routes, alone.routes, "{}", kind.name());
+            assert_eq!(with.no_route, alone.no_route, "{}", kind.name());
+            assert_eq!(with.spend, alone.spend, "{}", kind.name());
+            let worst = |v: &Variant| v.trackers.iter().map(|t| t.worst).collect::<Vec<_>>();
+            assert_eq!(worst(with), worst(alone), "{}", kind.name());
+            assert_eq!(compared_lines[v], alone_lines[0], "{}", kind.name());
+            assert_eq!(alone_lines[0].len(), 300);
+            for line in &alone_lines[0] {
+                outcomes.insert(line["outcome"].as_str().unwrap().to_owned());
+            }
+        }
+        // The trace meets every answer the shared identification gives.
+        assert_eq!(
+            outcomes.into_iter().collect::<Vec<_>>(),
+            [
+                "admitted",
+                "denied",
+                "missing_key",
+                "too_large",
+                "unauthorized"
+            ]
+        );
+        // And the algorithms differ: the comparison is not of one run.
+        let admitted: std::collections::BTreeSet<u64> = compared
+            .variants
+            .iter()
+            .map(|v| v.routes.iter().map(|r| r.admitted).sum())
+            .collect();
+        assert!(admitted.len() > 1, "{admitted:?}");
+    }
+
     const CHAT: &str = r#"
 [server]
 max_key_body = "1KiB"
@@ -880,7 +1129,8 @@ tokens = { max_tokens_default = 50, prompt = "bytes/4", usage = "auto" }
 
     /// What `record` reserved on the chat route, decided at `now`.
     fn reserved(app: &App, snapshot: &Snapshot, record: &Record) -> Option<u64> {
-        match limit(app, snapshot, record, 0, record.time) {
+        let identified = identify(app, snapshot, record, 0, record.time);
+        match limit(app, snapshot, record, &identified, record.time) {
             Decided::Limited { tokens, .. } => tokens.map(|t| t.reserved),
             other => panic!("not decided: {other:?}"),
         }

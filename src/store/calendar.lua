@@ -1,5 +1,6 @@
--- Prepended to stack.lua and settle.lua (src/store/script.rs): the
--- calendar arithmetic both scripts need, in one place.
+-- Spliced into stack.lua's calendar branch and prepended to settle.lua
+-- (src/store/script.rs): the calendar arithmetic both scripts need, in
+-- one place.
 
 -- Calendar months in UTC (window = "1mo", p4 = 2): the month `us` falls in,
 -- counted from January 1970, and the instant (us) the next one starts; as

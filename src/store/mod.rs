@@ -176,7 +176,7 @@ impl RedisStore {
             failures: AtomicU32::new(0),
             wake: Notify::new(),
             signals,
-            stack: redis::Script::new(script::STACK_LUA),
+            stack: redis::Script::new(&script::STACK_LUA),
             settle: redis::Script::new(script::SETTLE_LUA),
             heartbeat: redis::Script::new(script::HEARTBEAT_LUA),
             nodes_listener: std::sync::OnceLock::new(),

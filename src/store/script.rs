@@ -11,6 +11,7 @@
 //! ([`batch_cmd`], `msgpack`): the scripts' headers have the layouts.
 
 use std::fmt::Write as _;
+use std::sync::LazyLock;
 
 use redis::{Cmd, Value};
 use smallvec::SmallVec;
@@ -18,7 +19,15 @@ use smallvec::SmallVec;
 use super::{LEASE, RedisStore, SharedEntry, msgpack};
 use crate::limit::{Algorithm, LeakyMode, Nanos, Verdict, WindowAlign, quota};
 
-pub(super) const STACK_LUA: &str = concat!(include_str!("calendar.lua"), include_str!("stack.lua"));
+/// `stack.lua` with `calendar.lua` spliced in at [`CALENDAR_AT`], in the
+/// branch that decides a calendar window: its function is a closure, an
+/// allocation each time a call runs its definition, so only a call that
+/// decides a calendar month makes it (prepended, every call did).
+pub(super) static STACK_LUA: LazyLock<String> = LazyLock::new(|| {
+    include_str!("stack.lua").replacen(CALENDAR_AT, include_str!("calendar.lua"), 1)
+});
+/// The line of `stack.lua` that `calendar.lua` replaces.
+const CALENDAR_AT: &str = "      -- [calendar.lua]\n";
 pub(super) const SETTLE_LUA: &str =
     concat!(include_str!("calendar.lua"), include_str!("settle.lua"));
 pub(super) const HEARTBEAT_LUA: &str = include_str!("heartbeat.lua");
@@ -469,6 +478,19 @@ pub(super) fn parse_verdicts(answer: &[i64], costs: impl Iterator<Item = u64>) -
 mod tests {
     use super::*;
     use crate::limit::{LimitKey, NANOS_PER_SEC, Rate};
+
+    #[test]
+    fn the_calendar_is_spliced_into_the_calendar_branch_once() {
+        let stack = include_str!("stack.lua");
+        assert_eq!(stack.matches(CALENDAR_AT).count(), 1);
+        assert!(!STACK_LUA.contains(CALENDAR_AT));
+        assert_eq!(STACK_LUA.matches("local function month_of(us)").count(), 1);
+        // Inside `fixed`'s calendar branch, before its one use.
+        let defined = STACK_LUA.find("local function month_of(us)").unwrap();
+        let branch = STACK_LUA.find("elseif first == 2 then").unwrap();
+        let used = STACK_LUA.find("= month_of(kn)").unwrap();
+        assert!(branch < defined && defined < used);
+    }
 
     #[test]
     fn verdicts_parse_two_or_four_integers_per_entry() {

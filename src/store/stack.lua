@@ -62,9 +62,6 @@ local t = call('TIME')
 local now = tonumber(t[1]) * 1000000 + tonumber(t[2])
 local now_ms = mfloor(now / 1000)
 
--- month_of(us): src/store/calendar.lua, prepended to this script.
-
-
 -- The parameter sets, the number of string keys and the decisions. Set
 -- p's values are M[6p - 4] (algorithm) to M[6p + 1] (shadow).
 local M = { cmsgpack.unpack(ARGV[1]) }
@@ -76,7 +73,7 @@ local ns = M[2 + np * 6]
 -- decisions so far, made on first use. A bucket's state is its TAT, a
 -- number (0: none); a window's, its numbers; a log's and a concurrency
 -- set's, tables.
-local raw, state = {}, {}
+local raw, state = nil, {}
 local first = 1
 while first <= ns do
   -- In chunks of 1,000: unpack puts every key on the Lua stack.
@@ -91,10 +88,14 @@ while first <= ns do
   if first == 1 and last == ns then
     raw = values
   else
+    raw = raw or {}
     for i = first, last do raw[i] = values[i - first + 1] end
   end
   first = last + 1
 end
+-- Made only when no MGET made it (no string keys): a call of one chunk
+-- takes the MGET's table.
+raw = raw or {}
 
 -- The answer; sized for a batch of one plain decision, which fills it.
 local out, o = { 0, 0 }, 0
@@ -103,27 +104,38 @@ local out, o = { 0, 0 }, 0
 -- order they are written in does not matter.
 local wset = {}
 
--- The set of the entry before (consecutive entries mostly share one).
-local lp, la, l1, l2, l3, l4 = 0
-
 local a = 3 + np * 6 -- index in M of the current decision
 local nd = #M
 
 -- The common case first, inline and making nothing: decisions of one
 -- entry on a bucket that admits it without lease or delay. The first
 -- decision that is not leaves this loop before it has changed anything,
--- and it and the rest of the batch go to the general one below.
+-- and it and the rest of the batch go to the general one below. What
+-- depends on the parameter set alone is worked out when the set changes
+-- (consecutive entries mostly share one; a batch of one limit's decisions
+-- has one set, `np == 1`): its units l1, interval l2, lease l4, and
+-- tau = l1 * l2. A set that is no bucket, a leaky bucket's delay (p3 > 0)
+-- or an interval of 0 leaves for the general loop: here floor and ceil
+-- are `x - x % 1` (exact for a positive x, and no C call), which needs
+-- l2 > 0.
+local lp, l1, l2, l4, tau, tol = 0
 while a <= nd do
   local e = M[a]
   if e <= 0 then break end
   local cost = M[a + 1]
-  local p = (e - 1) % np + 1
-  local i = (e - p) / np + 1
+  local p, i = 1, e
+  if np ~= 1 then
+    p = (e - 1) % np + 1
+    i = (e - p) / np + 1
+  end
   if p ~= lp then
     local b = 6 * p
-    lp, la, l1, l2, l3, l4 = p, M[b - 4], M[b - 3], M[b - 2], M[b - 1], M[b]
+    -- A `wait` (p3 < 0) changes nothing for a request the bucket holds.
+    if M[b - 4] ~= 4 or M[b - 1] > 0 or not (M[b - 2] > 0) then break end
+    lp, l1, l2, l4 = p, M[b - 3], M[b - 2], M[b]
+    tau = l1 * l2
+    tol = tau + 1e-6
   end
-  if la ~= 4 then break end
   local s = state[i]
   if s == nil then
     s = raw[i]
@@ -133,18 +145,23 @@ while a <= nd do
   if tat < now then tat = now end
   local new_tat = tat + cost * l2
   local ahead = new_tat - now
-  local tau = l1 * l2
-  -- A `wait` (l3 < 0) changes nothing for a request the bucket holds.
-  if not (l3 <= 0 and l4 <= cost and cost <= l1 and ahead <= tau + 1e-6) then break end
+  if not (l4 <= cost and cost <= l1 and ahead <= tol) then break end
   -- gcra() admitting, without lease or delay.
   local room = tau - ahead
   if room < 0 then room = 0 end
-  local remaining = mfloor(room / l2 + 1e-6)
+  local x = room / l2 + 1e-6
+  local remaining = x - x % 1
   local reset_after = 0
   if remaining < l1 then
     local debt = ahead - tau
     if debt < 0 then debt = 0 end
-    reset_after = mceil((remaining + 1) * l2 - room + debt - 1e-6)
+    x = (remaining + 1) * l2 - room + debt - 1e-6
+    if x > 0 then
+      local f = x % 1
+      reset_after = (f > 0) and (x - f + 1) or x
+    else
+      reset_after = mceil(x)
+    end
   end
   if cost > 0 then
     state[i] = new_tat
@@ -227,6 +244,9 @@ if a <= nd then
         win, used, reset_in = kn, 0, w
       end
     elseif first == 2 then
+      -- month_of(us), src/store/calendar.lua, which src/store/script.rs
+      -- splices in at the next line: a closure, made only here.
+      -- [calendar.lua]
       local idx, ends = month_of(kn)
       if s[1] and s[1] > idx then
         win, used, reset_in = s[1], s[2], 1
@@ -509,7 +529,10 @@ for i, p in pairs(wset) do
     until_us = (s[1] + 2) * p2
   end
   if until_us then
-    local ms = mceil(until_us / 1000)
+    -- ceil(until_us / 1000), as above (until_us > 0).
+    local ms = until_us / 1000
+    local f = ms % 1
+    if f > 0 then ms = ms - f + 1 end
     if ms <= now_ms then ms = now_ms + 1 end
     if ms ~= last_ms then last_ms, last_at = ms, format('%d', ms) end
     local value
