@@ -27,7 +27,7 @@ use crate::metrics::DurationHistogram;
 use crate::trace::PendingSpans;
 
 /// What happens when a request ends (its response body finished or dropped).
-#[derive(Debug, Default)]
+#[derive(Debug)]
 pub(crate) struct Completion {
     /// The connection the request came on, told that it is idle again.
     pub(crate) connection: Option<Arc<ConnActivity>>,
@@ -101,8 +101,10 @@ impl Drop for BodyTiming {
 #[derive(Debug)]
 pub(crate) struct ResponseBody {
     kind: ResponseKind,
-    /// Dropped with the body: the end of the request.
-    _completion: Completion,
+    /// Dropped with the body: the end of the request. `None` until
+    /// [`ResponseBody::with_completion`]: replacing an empty completion
+    /// dropped it, ~26 instructions a request (`bench/instructions.sh`).
+    _completion: Option<Completion>,
 }
 
 #[derive(Debug)]
@@ -157,14 +159,14 @@ impl ResponseBody {
         let bytes = bytes.into();
         ResponseBody {
             kind: ResponseKind::Full((!bytes.is_empty()).then_some(bytes)),
-            _completion: Completion::default(),
+            _completion: None,
         }
     }
 
     pub(crate) fn upstream(body: UpstreamBody) -> Self {
         ResponseBody {
             kind: ResponseKind::Upstream(body),
-            _completion: Completion::default(),
+            _completion: None,
         }
     }
 
@@ -228,7 +230,7 @@ impl ResponseBody {
         if let Some(timing) = timing {
             self.time_until_end(timing);
         }
-        self._completion = completion;
+        self._completion = Some(completion);
         self
     }
 

@@ -241,7 +241,24 @@ pub(crate) fn denied_response(
     denied_by: usize,
     cost: u64,
 ) -> (Response<ResponseBody>, FieldLines) {
-    deny_response(
+    let mut fields = FieldLines::new();
+    let response = denied_response_into(snapshot, plan, ticket, denied_by, cost, &mut fields);
+    (response, fields)
+}
+
+/// [`denied_response`] with its fields written into `fields` (empty), where
+/// the caller keeps them: returned beside the response, they were moved
+/// once more on every denial.
+#[inline(always)]
+pub(crate) fn denied_response_into(
+    snapshot: &Snapshot,
+    plan: &RoutePlan,
+    ticket: &Ticket<'_>,
+    denied_by: usize,
+    cost: u64,
+    fields: &mut FieldLines,
+) -> Response<ResponseBody> {
+    deny_response_into(
         ticket.view(snapshot.config.server.headers),
         ticket.entries(),
         denied_by,
@@ -249,6 +266,7 @@ pub(crate) fn denied_response(
             .policy(plan, snapshot.config.server.headers)
             .as_deref(),
         (cost, ticket.shed()),
+        fields,
     )
 }
 
@@ -334,13 +352,35 @@ fn denial_lines(
 /// its [`denial_fields`]. The body is written before the fields are
 /// built: built first, they were held across the body's writing (~46
 /// instructions per denial, `bench/instructions.sh`).
+#[cfg(test)]
 pub(crate) fn deny_response(
     view: StackView<'_>,
     verdicts: &[EntryVerdict],
     denied_by: usize,
     policy: Option<&str>,
-    (cost, shed): (u64, Option<(Priority, Shed)>),
+    cost_and_shed: (u64, Option<(Priority, Shed)>),
 ) -> (Response<ResponseBody>, FieldLines) {
+    let mut fields = FieldLines::new();
+    let response = deny_response_into(
+        view,
+        verdicts,
+        denied_by,
+        policy,
+        cost_and_shed,
+        &mut fields,
+    );
+    (response, fields)
+}
+
+/// [`deny_response`] with its fields written into `fields`.
+pub(crate) fn deny_response_into(
+    view: StackView<'_>,
+    verdicts: &[EntryVerdict],
+    denied_by: usize,
+    policy: Option<&str>,
+    (cost, shed): (u64, Option<(Priority, Shed)>),
+    out: &mut FieldLines,
+) -> Response<ResponseBody> {
     let limit = view.limits[denied_by];
     let verdict = &verdicts[denied_by].verdict;
     let status = limit.status;
@@ -357,8 +397,8 @@ pub(crate) fn deny_response(
                 policy,
                 retry_after: seconds,
             };
-            if let Some((body, fields)) = memo::recall(&denial) {
-                return (answer(body, status), fields);
+            if let Some(body) = memo::recall(&denial, out) {
+                return answer(body, status);
             }
             Some(denial)
         }
@@ -427,11 +467,11 @@ pub(crate) fn deny_response(
         }
         problem.finish();
     });
-    let fields = denial_lines(view, verdicts, denied_by, policy, retry_after);
+    *out = denial_lines(view, verdicts, denied_by, policy, retry_after);
     if let Some(denial) = kept {
-        memo::keep(&denial, &body, &fields);
+        memo::keep(&denial, &body, out);
     }
-    (answer(body, status), fields)
+    answer(body, status)
 }
 
 /// A denial's response: `status` with `body`.
@@ -632,7 +672,7 @@ mod tests {
             policy: Some(&*policy),
             retry_after: 12,
         };
-        assert!(memo::recall(&denial).is_some());
+        assert!(memo::recall(&denial, &mut FieldLines::new()).is_some());
 
         // Each input changed alone, after the first denial was kept: the
         // answer is what a thread that kept nothing writes.
@@ -682,7 +722,7 @@ mod tests {
                 policy: Some(&*original_policy),
                 retry_after: 12,
             };
-            assert!(memo::recall(&kept).is_some());
+            assert!(memo::recall(&kept, &mut FieldLines::new()).is_some());
             assert_eq!(answer_bytes(view, verdicts, policy), afresh);
             afresh
         };
@@ -712,13 +752,16 @@ mod tests {
             ]
         };
         let kept_at = |verdicts: &[EntryVerdict; 2], seconds: u64| {
-            memo::recall(&Denial {
-                view,
-                verdicts,
-                denied_by: 1,
-                policy: Some(&*policy),
-                retry_after: seconds,
-            })
+            memo::recall(
+                &Denial {
+                    view,
+                    verdicts,
+                    denied_by: 1,
+                    policy: Some(&*policy),
+                    retry_after: seconds,
+                },
+                &mut FieldLines::new(),
+            )
             .is_some()
         };
         memo::forget();

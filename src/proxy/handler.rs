@@ -648,9 +648,9 @@ fn deny(
     if let Some(spans) = progress.seen.trace.as_deref_mut() {
         traced::refused(spans, ticket.shed().is_some());
     }
-    let (mut response, fields) = ratelimit::denied_response(snapshot, plan, ticket, by, cost);
+    let fields = &mut progress.answer.fields;
+    let mut response = ratelimit::denied_response_into(snapshot, plan, ticket, by, cost, fields);
     recycle_map(&mut parts.headers, response.headers_mut());
-    progress.answer.fields = fields;
     response
 }
 
