@@ -63,14 +63,16 @@ pub(crate) struct BodyTiming {
 }
 
 impl BodyTiming {
-    pub(crate) fn new(histogram: DurationHistogram, to_head: Duration) -> BodyTiming {
-        BodyTiming {
+    /// Boxed from the start: the body keeps it boxed, and every request's
+    /// future carries (and its handler returns) it as one pointer.
+    pub(crate) fn new(histogram: DurationHistogram, to_head: Duration) -> Box<BodyTiming> {
+        Box::new(BodyTiming {
             histogram,
             to_head,
             head_at: Instant::now(),
             line: None,
             trace: None,
-        }
+        })
     }
 
     /// Ends the request's server span when the body ends.
@@ -102,7 +104,7 @@ impl Drop for BodyTiming {
 pub(crate) struct ResponseBody {
     kind: ResponseKind,
     /// Dropped with the body: the end of the request. `None` until
-    /// [`ResponseBody::with_completion`]: replacing an empty completion
+    /// [`ResponseBody::attach_completion`]: replacing an empty completion
     /// dropped it, ~26 instructions a request (`bench/instructions.sh`).
     _completion: Option<Completion>,
 }
@@ -221,25 +223,26 @@ impl ResponseBody {
     }
 
     /// Attaches what must happen when the response ends: `completion`, and
-    /// `timing`, observed when the body is dropped.
-    pub(crate) fn with_completion(
-        mut self,
+    /// `timing`, observed when the body is dropped. In place: taking and
+    /// returning the body, the caller's `Response::map` moved the whole
+    /// response once more on every request.
+    pub(crate) fn attach_completion(
+        &mut self,
         completion: Completion,
-        timing: Option<BodyTiming>,
-    ) -> Self {
+        timing: Option<Box<BodyTiming>>,
+    ) {
         if let Some(timing) = timing {
             self.time_until_end(timing);
         }
         self._completion = Some(completion);
-        self
     }
 
     #[cold]
     #[inline(never)]
-    fn time_until_end(&mut self, timing: BodyTiming) {
+    fn time_until_end(&mut self, timing: Box<BodyTiming>) {
         match &mut self.kind {
             ResponseKind::Upstream(body) | ResponseKind::Metered(_, body) => {
-                body.keep_until_end(Box::new(timing))
+                body.keep_until_end(timing)
             }
             // Not an upstream body: its end is now (`timing` dropped here).
             ResponseKind::Full(_) => {}
