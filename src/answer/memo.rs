@@ -5,7 +5,7 @@
 //! ~1,300 instructions of a denial's ~12,600, `bench/instructions.sh`).
 //!
 //! Exact by construction: the key holds every input the 429
-//! (`ratelimit`'s `deny_response`) reads for the denials kept here (each
+//! (`ratelimit`'s `deny_response_into`) reads for the denials kept here (each
 //! limit's name, flags, styles and numbers, the denying one's status and
 //! quota, the policy, `Retry-After`), compared by
 //! value, never by address, so a reload, an override or another gateway in

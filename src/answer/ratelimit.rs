@@ -228,7 +228,7 @@ fn budget_warning(lines: &mut FieldLines, view: StackView<'_>, verdicts: &[Entry
     });
 }
 
-/// [`deny_response`] of a denied request: its ticket's stack, denied by
+/// [`deny_response_into`] of a denied request: its ticket's stack, denied by
 /// the entry at `denied_by`, with the route's `RateLimit-Policy` for the
 /// caller's plan, as the proxy and `/auth` answer it (`cost`: what the
 /// denying limit was asked for). Always inlined, as `denial`: the deny
@@ -300,7 +300,7 @@ const BUDGET_RESET_MEMBER: NumberMember = problem_member!(number "budget_reset_s
 /// content type, `Cache-Control: no-store`, `Retry-After` (unless waiting
 /// cannot help) and the rate-limit fields, as a value. The Envoy service
 /// keeps these; the proxy and `/auth` write the same beside their 429
-/// ([`deny_response`]).
+/// ([`deny_response_into`]).
 #[inline(always)]
 pub(crate) fn denial_fields(
     view: StackView<'_>,
@@ -324,7 +324,7 @@ fn retry_after(verdict: &Verdict) -> Option<u64> {
 }
 
 /// [`denial_fields`], with the seconds `Retry-After` says. Always
-/// inlined: fat LTO kept a call in `deny_response` (~18 instructions per
+/// inlined: fat LTO kept a call in `deny_response_into` (~18 instructions per
 /// denial, `bench/instructions.sh`).
 #[inline(always)]
 fn denial_lines(
@@ -352,27 +352,7 @@ fn denial_lines(
 /// its [`denial_fields`]. The body is written before the fields are
 /// built: built first, they were held across the body's writing (~46
 /// instructions per denial, `bench/instructions.sh`).
-#[cfg(test)]
-pub(crate) fn deny_response(
-    view: StackView<'_>,
-    verdicts: &[EntryVerdict],
-    denied_by: usize,
-    policy: Option<&str>,
-    cost_and_shed: (u64, Option<(Priority, Shed)>),
-) -> (Response<ResponseBody>, FieldLines) {
-    let mut fields = FieldLines::new();
-    let response = deny_response_into(
-        view,
-        verdicts,
-        denied_by,
-        policy,
-        cost_and_shed,
-        &mut fields,
-    );
-    (response, fields)
-}
-
-/// [`deny_response`] with its fields written into `fields`.
+/// Its fields go into `out` (empty), where the caller keeps them.
 pub(crate) fn deny_response_into(
     view: StackView<'_>,
     verdicts: &[EntryVerdict],
@@ -472,6 +452,27 @@ pub(crate) fn deny_response_into(
         memo::keep(&denial, &body, out);
     }
     answer(body, status)
+}
+
+/// [`deny_response_into`], the fields returned beside the response.
+#[cfg(test)]
+pub(crate) fn deny_response(
+    view: StackView<'_>,
+    verdicts: &[EntryVerdict],
+    denied_by: usize,
+    policy: Option<&str>,
+    cost_and_shed: (u64, Option<(Priority, Shed)>),
+) -> (Response<ResponseBody>, FieldLines) {
+    let mut fields = FieldLines::new();
+    let response = deny_response_into(
+        view,
+        verdicts,
+        denied_by,
+        policy,
+        cost_and_shed,
+        &mut fields,
+    );
+    (response, fields)
 }
 
 /// A denial's response: `status` with `body`.
