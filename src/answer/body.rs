@@ -27,7 +27,7 @@ use crate::metrics::DurationHistogram;
 use crate::trace::PendingSpans;
 
 /// What happens when a request ends (its response body finished or dropped).
-#[derive(Debug, Default)]
+#[derive(Debug)]
 pub(crate) struct Completion {
     /// The connection the request came on, told that it is idle again.
     pub(crate) connection: Option<Arc<ConnActivity>>,
@@ -63,14 +63,16 @@ pub(crate) struct BodyTiming {
 }
 
 impl BodyTiming {
-    pub(crate) fn new(histogram: DurationHistogram, to_head: Duration) -> BodyTiming {
-        BodyTiming {
+    /// Boxed from the start: the body keeps it boxed, and every request's
+    /// future carries (and its handler returns) it as one pointer.
+    pub(crate) fn new(histogram: DurationHistogram, to_head: Duration) -> Box<BodyTiming> {
+        Box::new(BodyTiming {
             histogram,
             to_head,
             head_at: Instant::now(),
             line: None,
             trace: None,
-        }
+        })
     }
 
     /// Ends the request's server span when the body ends.
@@ -101,8 +103,10 @@ impl Drop for BodyTiming {
 #[derive(Debug)]
 pub(crate) struct ResponseBody {
     kind: ResponseKind,
-    /// Dropped with the body: the end of the request.
-    _completion: Completion,
+    /// Dropped with the body: the end of the request. `None` until
+    /// [`ResponseBody::attach_completion`]: replacing an empty completion
+    /// dropped it, ~26 instructions a request (`bench/instructions.sh`).
+    _completion: Option<Completion>,
 }
 
 #[derive(Debug)]
@@ -157,14 +161,14 @@ impl ResponseBody {
         let bytes = bytes.into();
         ResponseBody {
             kind: ResponseKind::Full((!bytes.is_empty()).then_some(bytes)),
-            _completion: Completion::default(),
+            _completion: None,
         }
     }
 
     pub(crate) fn upstream(body: UpstreamBody) -> Self {
         ResponseBody {
             kind: ResponseKind::Upstream(body),
-            _completion: Completion::default(),
+            _completion: None,
         }
     }
 
@@ -219,25 +223,26 @@ impl ResponseBody {
     }
 
     /// Attaches what must happen when the response ends: `completion`, and
-    /// `timing`, observed when the body is dropped.
-    pub(crate) fn with_completion(
-        mut self,
+    /// `timing`, observed when the body is dropped. In place: taking and
+    /// returning the body, the caller's `Response::map` moved the whole
+    /// response once more on every request.
+    pub(crate) fn attach_completion(
+        &mut self,
         completion: Completion,
-        timing: Option<BodyTiming>,
-    ) -> Self {
+        timing: Option<Box<BodyTiming>>,
+    ) {
         if let Some(timing) = timing {
             self.time_until_end(timing);
         }
-        self._completion = completion;
-        self
+        self._completion = Some(completion);
     }
 
     #[cold]
     #[inline(never)]
-    fn time_until_end(&mut self, timing: BodyTiming) {
+    fn time_until_end(&mut self, timing: Box<BodyTiming>) {
         match &mut self.kind {
             ResponseKind::Upstream(body) | ResponseKind::Metered(_, body) => {
-                body.keep_until_end(Box::new(timing))
+                body.keep_until_end(timing)
             }
             // Not an upstream body: its end is now (`timing` dropped here).
             ResponseKind::Full(_) => {}

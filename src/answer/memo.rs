@@ -5,7 +5,7 @@
 //! ~1,300 instructions of a denial's ~12,600, `bench/instructions.sh`).
 //!
 //! Exact by construction: the key holds every input the 429
-//! (`ratelimit`'s `deny_response`) reads for the denials kept here (each
+//! (`ratelimit`'s `deny_response_into`) reads for the denials kept here (each
 //! limit's name, flags, styles and numbers, the denying one's status and
 //! quota, the policy, `Retry-After`), compared by
 //! value, never by address, so a reload, an override or another gateway in
@@ -182,14 +182,15 @@ pub(super) fn keeps(
 
 /// The thread's last answer, when `denial` is made of the same inputs.
 #[inline(always)]
-pub(super) fn recall(denial: &Denial<'_>) -> Option<(Bytes, FieldLines)> {
+pub(super) fn recall(denial: &Denial<'_>, out: &mut FieldLines) -> Option<Bytes> {
     LAST.try_with(|last| {
         let mut last = last.try_borrow_mut().ok()?;
         let last = &mut *last;
         match &last.answer {
             Some((body, fields)) if last.key.matches(denial) => {
                 last.misses = 0;
-                Some((body.clone(), fields.clone()))
+                out.clone_from(fields);
+                Some(body.clone())
             }
             _ => {
                 last.misses = last.misses.wrapping_add(1);

@@ -228,7 +228,7 @@ fn budget_warning(lines: &mut FieldLines, view: StackView<'_>, verdicts: &[Entry
     });
 }
 
-/// [`deny_response`] of a denied request: its ticket's stack, denied by
+/// [`deny_response_into`] of a denied request: its ticket's stack, denied by
 /// the entry at `denied_by`, with the route's `RateLimit-Policy` for the
 /// caller's plan, as the proxy and `/auth` answer it (`cost`: what the
 /// denying limit was asked for). Always inlined, as `denial`: the deny
@@ -241,7 +241,24 @@ pub(crate) fn denied_response(
     denied_by: usize,
     cost: u64,
 ) -> (Response<ResponseBody>, FieldLines) {
-    deny_response(
+    let mut fields = FieldLines::new();
+    let response = denied_response_into(snapshot, plan, ticket, denied_by, cost, &mut fields);
+    (response, fields)
+}
+
+/// [`denied_response`] with its fields written into `fields` (empty), where
+/// the caller keeps them: returned beside the response, they were moved
+/// once more on every denial.
+#[inline(always)]
+pub(crate) fn denied_response_into(
+    snapshot: &Snapshot,
+    plan: &RoutePlan,
+    ticket: &Ticket<'_>,
+    denied_by: usize,
+    cost: u64,
+    fields: &mut FieldLines,
+) -> Response<ResponseBody> {
+    deny_response_into(
         ticket.view(snapshot.config.server.headers),
         ticket.entries(),
         denied_by,
@@ -249,6 +266,7 @@ pub(crate) fn denied_response(
             .policy(plan, snapshot.config.server.headers)
             .as_deref(),
         (cost, ticket.shed()),
+        fields,
     )
 }
 
@@ -282,7 +300,7 @@ const BUDGET_RESET_MEMBER: NumberMember = problem_member!(number "budget_reset_s
 /// content type, `Cache-Control: no-store`, `Retry-After` (unless waiting
 /// cannot help) and the rate-limit fields, as a value. The Envoy service
 /// keeps these; the proxy and `/auth` write the same beside their 429
-/// ([`deny_response`]).
+/// ([`deny_response_into`]).
 #[inline(always)]
 pub(crate) fn denial_fields(
     view: StackView<'_>,
@@ -306,7 +324,7 @@ fn retry_after(verdict: &Verdict) -> Option<u64> {
 }
 
 /// [`denial_fields`], with the seconds `Retry-After` says. Always
-/// inlined: fat LTO kept a call in `deny_response` (~18 instructions per
+/// inlined: fat LTO kept a call in `deny_response_into` (~18 instructions per
 /// denial, `bench/instructions.sh`).
 #[inline(always)]
 fn denial_lines(
@@ -334,13 +352,15 @@ fn denial_lines(
 /// its [`denial_fields`]. The body is written before the fields are
 /// built: built first, they were held across the body's writing (~46
 /// instructions per denial, `bench/instructions.sh`).
-pub(crate) fn deny_response(
+/// Its fields go into `out` (empty), where the caller keeps them.
+pub(crate) fn deny_response_into(
     view: StackView<'_>,
     verdicts: &[EntryVerdict],
     denied_by: usize,
     policy: Option<&str>,
     (cost, shed): (u64, Option<(Priority, Shed)>),
-) -> (Response<ResponseBody>, FieldLines) {
+    out: &mut FieldLines,
+) -> Response<ResponseBody> {
     let limit = view.limits[denied_by];
     let verdict = &verdicts[denied_by].verdict;
     let status = limit.status;
@@ -357,8 +377,8 @@ pub(crate) fn deny_response(
                 policy,
                 retry_after: seconds,
             };
-            if let Some((body, fields)) = memo::recall(&denial) {
-                return (answer(body, status), fields);
+            if let Some(body) = memo::recall(&denial, out) {
+                return answer(body, status);
             }
             Some(denial)
         }
@@ -427,11 +447,32 @@ pub(crate) fn deny_response(
         }
         problem.finish();
     });
-    let fields = denial_lines(view, verdicts, denied_by, policy, retry_after);
+    *out = denial_lines(view, verdicts, denied_by, policy, retry_after);
     if let Some(denial) = kept {
-        memo::keep(&denial, &body, &fields);
+        memo::keep(&denial, &body, out);
     }
-    (answer(body, status), fields)
+    answer(body, status)
+}
+
+/// [`deny_response_into`], the fields returned beside the response.
+#[cfg(test)]
+pub(crate) fn deny_response(
+    view: StackView<'_>,
+    verdicts: &[EntryVerdict],
+    denied_by: usize,
+    policy: Option<&str>,
+    cost_and_shed: (u64, Option<(Priority, Shed)>),
+) -> (Response<ResponseBody>, FieldLines) {
+    let mut fields = FieldLines::new();
+    let response = deny_response_into(
+        view,
+        verdicts,
+        denied_by,
+        policy,
+        cost_and_shed,
+        &mut fields,
+    );
+    (response, fields)
 }
 
 /// A denial's response: `status` with `body`.
@@ -632,7 +673,7 @@ mod tests {
             policy: Some(&*policy),
             retry_after: 12,
         };
-        assert!(memo::recall(&denial).is_some());
+        assert!(memo::recall(&denial, &mut FieldLines::new()).is_some());
 
         // Each input changed alone, after the first denial was kept: the
         // answer is what a thread that kept nothing writes.
@@ -682,7 +723,7 @@ mod tests {
                 policy: Some(&*original_policy),
                 retry_after: 12,
             };
-            assert!(memo::recall(&kept).is_some());
+            assert!(memo::recall(&kept, &mut FieldLines::new()).is_some());
             assert_eq!(answer_bytes(view, verdicts, policy), afresh);
             afresh
         };
@@ -712,13 +753,16 @@ mod tests {
             ]
         };
         let kept_at = |verdicts: &[EntryVerdict; 2], seconds: u64| {
-            memo::recall(&Denial {
-                view,
-                verdicts,
-                denied_by: 1,
-                policy: Some(&*policy),
-                retry_after: seconds,
-            })
+            memo::recall(
+                &Denial {
+                    view,
+                    verdicts,
+                    denied_by: 1,
+                    policy: Some(&*policy),
+                    retry_after: seconds,
+                },
+                &mut FieldLines::new(),
+            )
             .is_some()
         };
         memo::forget();

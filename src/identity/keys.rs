@@ -39,24 +39,41 @@ pub fn extract(parts: &[KeyPart], request: &Parts, facts: &RequestFacts<'_>) -> 
     let mut ip_buf = [0u8; 17];
     let ip_len = encode_net(facts.client, &mut ip_buf);
     let ip = &ip_buf[..ip_len];
+    // One part, the common key (`ip`, one header): no array of values to
+    // fill (~40 instructions a request).
+    if let [part] = parts {
+        return Some(LimitKey::digest(&[part_value(part, ip, request, facts)?]));
+    }
     let mut values: [&[u8]; 8] = [&[]; 8];
     if parts.len() > values.len() {
         return None;
     }
     for (slot, part) in values.iter_mut().zip(parts) {
-        *slot = match part {
-            KeyPart::Ip => ip,
-            KeyPart::Header(name) => request.headers.get(name)?.as_bytes(),
-            KeyPart::Query(name) => query_value(request.uri.query()?, name)?,
-            KeyPart::Cookie(name) => cookie_value(&request.headers, name)?,
-            KeyPart::Route => facts.route.as_bytes(),
-            KeyPart::BodyField(name) => facts.body?.get(name)?,
-            KeyPart::Consumer => facts.consumer?.consumer.as_bytes(),
-            KeyPart::Tenant => facts.consumer?.tenant.as_deref()?.as_bytes(),
-            KeyPart::Claim { slot, .. } => facts.token?.claim(*slot)?,
-        };
+        *slot = part_value(part, ip, request, facts)?;
     }
     Some(LimitKey::digest(&values[..parts.len()]))
+}
+
+/// The bytes of one part of a key (`ip`: the encoded client network), or
+/// `None` when the request lacks it.
+#[inline(always)]
+fn part_value<'a>(
+    part: &'a KeyPart,
+    ip: &'a [u8],
+    request: &'a Parts,
+    facts: &RequestFacts<'a>,
+) -> Option<&'a [u8]> {
+    Some(match part {
+        KeyPart::Ip => ip,
+        KeyPart::Header(name) => request.headers.get(name)?.as_bytes(),
+        KeyPart::Query(name) => query_value(request.uri.query()?, name)?,
+        KeyPart::Cookie(name) => cookie_value(&request.headers, name)?,
+        KeyPart::Route => facts.route.as_bytes(),
+        KeyPart::BodyField(name) => facts.body?.get(name)?,
+        KeyPart::Consumer => facts.consumer?.consumer.as_bytes(),
+        KeyPart::Tenant => facts.consumer?.tenant.as_deref()?.as_bytes(),
+        KeyPart::Claim { slot, .. } => facts.token?.claim(*slot)?,
+    })
 }
 
 /// The key of an Envoy descriptor's limits: its entries' keys and values,

@@ -41,7 +41,10 @@ pub trait Clock: Send + Sync {
 pub struct SystemClock {
     /// Wall-clock time, in ns since the epoch, at the moment `start` was read.
     anchor: Nanos,
-    start: quanta::Instant,
+    /// The monotonic clock's raw reading at construction (TSC ticks, or
+    /// nanoseconds without a usable TSC): elapsed time is one scaled
+    /// difference of two raw readings, not two `Instant`s and a `Duration`.
+    start: u64,
     monotonic: quanta::Clock,
 }
 
@@ -56,7 +59,7 @@ impl SystemClock {
         let monotonic = quanta::Clock::new();
         SystemClock {
             anchor,
-            start: monotonic.now(),
+            start: monotonic.raw(),
             monotonic,
         }
     }
@@ -70,9 +73,11 @@ impl Default for SystemClock {
 
 impl Clock for SystemClock {
     fn now(&self) -> Nanos {
-        // u64 nanoseconds of elapsed time last 584 years: saturate, never wrap.
-        let elapsed = self.monotonic.now().saturating_duration_since(self.start);
-        let elapsed = u64::try_from(elapsed.as_nanos()).unwrap_or(u64::MAX);
+        // 0 for a reading behind `start` (another core's counter); u64
+        // nanoseconds of elapsed time last 584 years: saturate, never wrap.
+        let elapsed = self
+            .monotonic
+            .delta_as_nanos(self.start, self.monotonic.raw());
         self.anchor.saturating_add(elapsed)
     }
 }

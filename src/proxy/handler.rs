@@ -91,7 +91,7 @@ pub(crate) async fn handle(
             ..Answer::default()
         },
     };
-    let response = match route_and_act(app, &snapshot, downstream, request, now, &mut progress)
+    let mut response = match route_and_act(app, &snapshot, downstream, request, now, &mut progress)
         .await
     {
         Ok(response) => response,
@@ -120,7 +120,7 @@ pub(crate) async fn handle(
             spans,
             &response,
             &progress.seen,
-            timing.as_mut(),
+            timing.as_deref_mut(),
         );
     }
     let connection = progress.answer.connection.take();
@@ -138,7 +138,7 @@ pub(crate) async fn handle(
         connection,
         permits,
     };
-    let response = response.map(|body| body.with_completion(completion, timing));
+    response.body_mut().attach_completion(completion, timing);
     (response, fields)
 }
 
@@ -169,7 +169,7 @@ fn end_trace(
 /// the body ends. Out of line: most bodies come with their head.
 #[cold]
 #[inline(never)]
-fn time_until_end(app: &App, plan: &RoutePlan, status: u16, to_head: Duration) -> BodyTiming {
+fn time_until_end(app: &App, plan: &RoutePlan, status: u16, to_head: Duration) -> Box<BodyTiming> {
     app.metrics().count_route_request(&plan.metrics, status);
     BodyTiming::new(plan.metrics.duration().clone(), to_head)
 }
@@ -280,7 +280,7 @@ impl Observation {
         snapshot: &Snapshot,
         response: &Response<ResponseBody>,
         seen: &Seen,
-    ) -> Option<BodyTiming> {
+    ) -> Option<Box<BodyTiming>> {
         let status = response.status().as_u16();
         let elapsed = Duration::from_nanos(app.clock.now().saturating_sub(self.started));
         let plan = seen.route().and_then(|i| snapshot.routes.get(i));
@@ -648,9 +648,9 @@ fn deny(
     if let Some(spans) = progress.seen.trace.as_deref_mut() {
         traced::refused(spans, ticket.shed().is_some());
     }
-    let (mut response, fields) = ratelimit::denied_response(snapshot, plan, ticket, by, cost);
+    let fields = &mut progress.answer.fields;
+    let mut response = ratelimit::denied_response_into(snapshot, plan, ticket, by, cost, fields);
     recycle_map(&mut parts.headers, response.headers_mut());
-    progress.answer.fields = fields;
     response
 }
 
