@@ -2,8 +2,9 @@
 //! swapped whole with `arc-swap`, and what lives across snapshots — the
 //! limiter registry, so that a reload keeps every client's quota.
 //!
-//! A request loads the snapshot once (`load_full`) and keeps that `Arc` to its
-//! end, so a reload never changes the rules under a request in flight.
+//! A request takes the snapshot once ([`App::request_snapshot`]: its
+//! worker's own handle on it, see `handle`) and keeps it to its end, so a
+//! reload never changes the rules under a request in flight.
 //!
 //! Outside the snapshot, and so kept across reloads: the [`Metrics`], the
 //! last reload error shown by the admin listener's `/config`, the store
@@ -14,6 +15,7 @@
 //! (`sweep`).
 
 pub(crate) mod descriptors;
+mod handle;
 mod jwks;
 pub(crate) mod override_sync;
 pub(crate) mod override_writes;
@@ -28,6 +30,8 @@ use std::time::SystemTime;
 
 use arc_swap::ArcSwap;
 use descriptors::DescriptorTable;
+pub(crate) use handle::SnapshotHandle;
+use handle::WorkerSnapshots;
 use parking_lot::Mutex;
 
 use crate::access_log::DeniedSampler;
@@ -582,6 +586,8 @@ impl HealthMetrics for UpstreamHealthMetrics<'_> {
 /// The gateway's shared state, one per process (shared as `Arc<App>`).
 pub struct App {
     snapshot: ArcSwap<Snapshot>,
+    /// Each worker's handle on `snapshot`, emptied by every swap.
+    worker_snapshots: WorkerSnapshots,
     generation: AtomicU64,
     registry: LimiterRegistry,
     /// Every upstream URL's health, kept across reloads.
@@ -688,6 +694,7 @@ impl App {
         first.tracing = tracing_for(&exporter, &metrics, &first.config);
         let app = Arc::new(App {
             snapshot: ArcSwap::from_pointee(first),
+            worker_snapshots: WorkerSnapshots::new(),
             generation: AtomicU64::new(1),
             registry,
             health,
@@ -745,7 +752,7 @@ impl App {
         next.loaded_at = current.loaded_at;
         next.tracing = tracing_for(&self.exporter, &self.metrics, &next.config);
         self.attach_overrides(&next);
-        self.snapshot.store(Arc::new(next));
+        self.swap_in(next);
         tracing::info!(
             nodes,
             "redis store: {nodes} live gateway nodes; the node-local fallback is 1/{nodes} of each shared limit"
@@ -798,6 +805,21 @@ impl App {
         self.snapshot.load_full()
     }
 
+    /// The current snapshot for a request, which holds it to its end:
+    /// [`App::snapshot`] through the worker's own handle, so that no count
+    /// every worker writes changes per request (`handle`).
+    #[inline]
+    pub(crate) fn request_snapshot(&self) -> SnapshotHandle {
+        self.worker_snapshots.get(&self.snapshot)
+    }
+
+    /// Makes `next` the current snapshot: stored, then every worker's
+    /// handle on the old one let go (their next requests take `next`).
+    fn swap_in(&self, next: Snapshot) {
+        self.snapshot.store(Arc::new(next));
+        self.worker_snapshots.clear();
+    }
+
     /// Makes `config` current for new requests; returns its generation.
     pub fn install(&self, config: Config) -> u64 {
         let _installing = self.install_lock.lock();
@@ -833,7 +855,7 @@ impl App {
         );
         next.tracing = tracing_for(&self.exporter, &self.metrics, &next.config);
         self.attach_overrides(&next);
-        self.snapshot.store(Arc::new(next));
+        self.swap_in(next);
         self.generations.send_replace(generation);
         generation
     }

@@ -1,7 +1,8 @@
 //! Hot reload, end to end: state kept, new values in effect, invalid files
 //! ignored, in-flight requests finish on their old route, and listeners
 //! follow `listen`, with the gateway in process and reloaded by the
-//! function SIGHUP calls; with the real process and real signals, a
+//! function SIGHUP calls (also on a kept-alive connection, whose worker
+//! had its own handle on the old configuration); with the real process and real signals, a
 //! keep-alive load sees no failure while SIGHUP swaps the configuration ten
 //! times, and a SIGHUP right after startup reloads.
 
@@ -142,6 +143,53 @@ async fn a_request_in_flight_finishes_on_its_old_route() {
     )
     .await;
     assert_eq!(get(gw.addr, "/slow/1000", &[]).await.body, "new");
+    let old = in_flight.await.unwrap();
+    assert_eq!(old.status, 200);
+    assert_eq!(old.body, "echo", "the in-flight request changed route");
+}
+
+/// One keep-alive connection's `GET path`: status and body.
+async fn ask(
+    sender: &mut hyper::client::conn::http1::SendRequest<Full<Bytes>>,
+    path: &str,
+) -> (u16, Bytes) {
+    let request = Request::get(path)
+        .header("host", "localhost")
+        .body(Full::new(Bytes::new()))
+        .unwrap();
+    let response = sender.send_request(request).await.unwrap();
+    let status = response.status().as_u16();
+    (
+        status,
+        response.into_body().collect().await.unwrap().to_bytes(),
+    )
+}
+
+// A worker keeps its own handle on the snapshot between requests
+// (`app::handle`): the reload must reach the next request of a
+// connection that worker served before, while a request it is serving
+// keeps the old routes. Paused time: the upstream holds that request.
+#[tokio::test(start_paused = true)]
+async fn a_kept_alive_connection_sees_a_reload_on_its_next_request() {
+    let upstream = TestUpstream::start().await;
+    let gw = InProcess::start(&config(&upstream, "\"127.0.0.1:0\"", "v1", 3, "")).await;
+    let stream = tokio::net::TcpStream::connect(gw.addr).await.unwrap();
+    let (mut sender, connection) =
+        hyper::client::conn::http1::handshake(hyper_util::rt::TokioIo::new(stream))
+            .await
+            .unwrap();
+    tokio::spawn(connection);
+    assert_eq!(ask(&mut sender, "/version").await, (200, Bytes::from("v1")));
+    let addr = gw.addr;
+    let in_flight = tokio::spawn(async move { get(addr, "/slow/1000", &[]).await });
+    assert!(
+        eventually(async || upstream.arrived() == 1).await,
+        "the request never reached the upstream"
+    );
+    let takeover = "[[routes]]\nname = \"slow\"\nmatch = { path_prefix = \"/slow\" }\nrespond = { status = 200, body = \"new\" }\n";
+    gw.reload_with(&config(&upstream, "\"127.0.0.1:0\"", "v2", 3, takeover));
+    assert_eq!(ask(&mut sender, "/version").await, (200, Bytes::from("v2")));
+    assert_eq!(ask(&mut sender, "/slow/1").await, (200, Bytes::from("new")));
     let old = in_flight.await.unwrap();
     assert_eq!(old.status, 200);
     assert_eq!(old.body, "echo", "the in-flight request changed route");

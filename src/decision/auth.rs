@@ -60,7 +60,7 @@ pub(crate) async fn answer<B>(
     peer: SocketAddr,
 ) -> Response<ResponseBody> {
     let started = app.clock.now();
-    let snapshot = app.snapshot();
+    let snapshot = app.request_snapshot();
     let (head, _body) = request.into_parts();
     let original = match original_request(&snapshot, &head) {
         Ok(original) => original,

@@ -31,7 +31,7 @@ impl RateLimitService for Rls {
         &self,
         request: Request<RateLimitRequest>,
     ) -> Result<Response<RateLimitResponse>, Status> {
-        match should_rate_limit(&self.app, &self.app.snapshot(), request.get_ref()).await {
+        match should_rate_limit(&self.app, &self.app.request_snapshot(), request.get_ref()).await {
             Ok(response) => Ok(Response::new(response)),
             Err(RlsError::Invalid(message)) => Err(Status::invalid_argument(message)),
             Err(RlsError::StoreDown) => Err(Status::unavailable(

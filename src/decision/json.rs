@@ -29,7 +29,7 @@ where
     B::Error: std::error::Error + Send + Sync + 'static,
 {
     let started = app.clock.now();
-    let snapshot = app.snapshot();
+    let snapshot = app.request_snapshot();
     let (response, domain) = decide(app, &snapshot, request).await;
     let metrics = app.metrics();
     let label = domain

@@ -6,7 +6,9 @@
 //! every request took — the one the hot path must not have. Here each bucket
 //! is its own atomic counter, and the sum an `f64`'s bits updated by
 //! compare-and-swap (as `prometheus-client`'s float counters do; an integer
-//! sum of nanoseconds would wrap within months at a busy gateway's rates).
+//! sum of nanoseconds would wrap within months at a busy gateway's rates),
+//! and each worker has a set of its own (as [`super::WorkerCounter`]), so
+//! that no line of it is written by two cores.
 //!
 //! A scrape reads the buckets one by one while requests keep landing, so it
 //! derives `_count` from the buckets it read: `_count` always equals the
@@ -21,6 +23,12 @@ use std::time::Duration;
 use prometheus_client::encoding::{EncodeMetric, MetricEncoder, NoLabelSet};
 use prometheus_client::metrics::{MetricType, TypedMetric};
 
+use crate::worker::{worker_count, worker_index};
+
+/// Most buckets a histogram has, `+Inf` included: room for the duration
+/// buckets' 15 bounds.
+const MAX_BUCKETS: usize = 16;
+
 /// A histogram of durations with fixed upper bounds (in seconds). Clones
 /// share their counts, like `prometheus-client`'s metrics.
 #[derive(Debug, Clone)]
@@ -34,16 +42,28 @@ struct Inner {
     bounds_nanos: Box<[u64]>,
     /// The same bounds in seconds, as the exposition writes them.
     bounds_secs: Box<[f64]>,
+    /// Each worker's observations ([`crate::worker`]): every request
+    /// observes its route's histogram, and one set of counts every worker
+    /// wrote moved between the cores on each observation.
+    shards: Box<[Shard]>,
+}
+
+/// One worker's observations, on cache lines of its own.
+#[repr(align(128))]
+#[derive(Debug, Default)]
+struct Shard {
     /// Observations per bucket, not cumulative; one more than the bounds
-    /// (the last is `+Inf`).
-    counts: Box<[AtomicU64]>,
+    /// (the last is `+Inf`), the rest unused.
+    counts: [AtomicU64; MAX_BUCKETS],
     /// The sum of observations in seconds, as `f64` bits.
     sum_bits: AtomicU64,
 }
 
 impl DurationHistogram {
-    /// A histogram with these upper bounds in seconds (ascending).
+    /// A histogram with these upper bounds in seconds (ascending, fewer
+    /// than [`MAX_BUCKETS`]: the callers' constants).
     pub(crate) fn new(bounds_secs: &[f64]) -> DurationHistogram {
+        assert!(bounds_secs.len() < MAX_BUCKETS, "too many histogram bounds");
         let bounds_nanos = bounds_secs
             .iter()
             .map(|&secs| Duration::from_secs_f64(secs).as_nanos() as u64)
@@ -52,22 +72,23 @@ impl DurationHistogram {
             inner: Arc::new(Inner {
                 bounds_nanos,
                 bounds_secs: bounds_secs.into(),
-                counts: (0..=bounds_secs.len()).map(|_| AtomicU64::new(0)).collect(),
-                sum_bits: AtomicU64::new(0f64.to_bits()),
+                // 0.0's bits are 0: a default shard's sum is 0 seconds.
+                shards: (0..worker_count()).map(|_| Shard::default()).collect(),
             }),
         }
     }
 
-    /// Records one observation.
+    /// Records one observation, in the calling worker's shard.
     pub(crate) fn observe(&self, elapsed: Duration) {
         let nanos = u64::try_from(elapsed.as_nanos()).unwrap_or(u64::MAX);
         let inner = &*self.inner;
         let bucket = inner.bounds_nanos.partition_point(|&bound| bound < nanos);
+        let shard = &inner.shards[worker_index() % inner.shards.len()];
         // Relaxed: the counts are independent tallies; a scrape needs no
         // ordering between them (see the module doc).
-        inner.counts[bucket].fetch_add(1, Ordering::Relaxed);
+        shard.counts[bucket].fetch_add(1, Ordering::Relaxed);
         let seconds = elapsed.as_secs_f64();
-        let _ = inner
+        let _ = shard
             .sum_bits
             .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |bits| {
                 Some((f64::from_bits(bits) + seconds).to_bits())
@@ -75,7 +96,8 @@ impl DurationHistogram {
     }
 
     /// `(sum in seconds, count, non-cumulative buckets with upper bounds)`,
-    /// `f64::INFINITY` standing for `+Inf` as in `prometheus-client`.
+    /// `f64::INFINITY` standing for `+Inf` as in `prometheus-client`: the
+    /// workers' shards summed.
     pub(crate) fn snapshot(&self) -> (f64, u64, Vec<(f64, u64)>) {
         let inner = &*self.inner;
         let buckets: Vec<(f64, u64)> = inner
@@ -83,11 +105,22 @@ impl DurationHistogram {
             .iter()
             .copied()
             .chain(std::iter::once(f64::INFINITY))
-            .zip(inner.counts.iter())
-            .map(|(bound, count)| (bound, count.load(Ordering::Relaxed)))
+            .enumerate()
+            .map(|(i, bound)| {
+                let count = inner
+                    .shards
+                    .iter()
+                    .map(|shard| shard.counts[i].load(Ordering::Relaxed))
+                    .fold(0, u64::wrapping_add);
+                (bound, count)
+            })
             .collect();
         let count = buckets.iter().map(|&(_, n)| n).sum();
-        let sum = f64::from_bits(inner.sum_bits.load(Ordering::Relaxed));
+        let sum = inner
+            .shards
+            .iter()
+            .map(|shard| f64::from_bits(shard.sum_bits.load(Ordering::Relaxed)))
+            .sum();
         (sum, count, buckets)
     }
 }
@@ -163,6 +196,7 @@ mod tests {
             for t in 0..4u64 {
                 let histogram = histogram.clone();
                 scope.spawn(move || {
+                    crate::worker::enter(t as usize);
                     for i in 0..10_000u64 {
                         histogram.observe(Duration::from_micros((i * 7 + t) % 2_000_000));
                     }

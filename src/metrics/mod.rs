@@ -27,7 +27,11 @@
 //! so a request skips `prometheus-client`'s `Family` (a read lock and a hash
 //! of the labels); rarer series go through the family. The duration
 //! histogram is our own [`DurationHistogram`]: `prometheus-client`'s takes a
-//! mutex per observation, which every worker would share.
+//! mutex per observation, which every worker would share. Both the
+//! histogram and the request path's counters ([`WorkerCounter`]:
+//! `tollgate_requests_total`, `tollgate_ratelimit_decisions_total`) are
+//! kept per worker, so that a request writes no cache line another core
+//! writes too; a scrape sums the workers.
 
 use std::fmt::Write as _;
 use std::sync::{Arc, OnceLock};
@@ -41,7 +45,9 @@ use prometheus_client::registry::{Registry, Unit};
 
 use crate::config::Config;
 
+mod counter;
 mod histogram;
+pub(crate) use counter::WorkerCounter;
 pub(crate) use histogram::DurationHistogram;
 pub(crate) mod refused_keys;
 
@@ -237,12 +243,12 @@ pub(crate) struct RouteHandles {
     /// The listener these handles count for.
     front: Front,
     /// `tollgate_requests_total{route, status="200"}`.
-    ok: Counter,
+    ok: WorkerCounter,
     duration: DurationHistogram,
     /// `tollgate_requests_total{route, status}` for the other statuses of
     /// [`COMMON_STATUSES`], resolved on first use (a series exists once it
     /// has counted something, as with an unresolved call).
-    statuses: [OnceLock<Counter>; COMMON_STATUSES.len()],
+    statuses: [OnceLock<WorkerCounter>; COMMON_STATUSES.len()],
     /// `tollgate_ratelimit_decisions_total{route, limit, outcome, front}` per entry
     /// of the route's stack: `allowed` resolved up front, the other outcomes
     /// on first use.
@@ -264,7 +270,7 @@ const COMMON_STATUSES: [u16; 12] = [201, 204, 304, 400, 401, 403, 404, 429, 500,
 #[derive(Debug, Clone)]
 struct DecisionHandles {
     limit: Arc<str>,
-    by_outcome: [OnceLock<Counter>; 5],
+    by_outcome: [OnceLock<WorkerCounter>; 5],
 }
 
 fn outcome_index(outcome: Outcome) -> usize {
@@ -282,9 +288,9 @@ fn outcome_index(outcome: Outcome) -> usize {
 #[derive(Debug)]
 pub struct Metrics {
     registry: Registry,
-    requests: Family<RequestLabels, Counter>,
+    requests: Family<RequestLabels, WorkerCounter>,
     request_duration: HistogramFamily<RouteLabels>,
-    decisions: Family<DecisionLabels, Counter>,
+    decisions: Family<DecisionLabels, WorkerCounter>,
     near_limit: Family<RouteLimitLabels, Counter>,
     upstream_errors: Family<UpstreamErrorLabels, Counter>,
     upstream_retries: Family<RetryLabels, Counter>,
@@ -383,7 +389,7 @@ impl Metrics {
     /// see them before the first reload.
     pub fn new() -> Metrics {
         let mut registry = Registry::default();
-        let requests = Family::<RequestLabels, Counter>::default();
+        let requests = Family::<RequestLabels, WorkerCounter>::default();
         registry.register(
             "tollgate_requests",
             "Requests answered, by route and response status",
@@ -397,7 +403,7 @@ impl Metrics {
             Unit::Seconds,
             request_duration.clone(),
         );
-        let decisions = Family::<DecisionLabels, Counter>::default();
+        let decisions = Family::<DecisionLabels, WorkerCounter>::default();
         registry.register(
             "tollgate_ratelimit_decisions",
             "Rate-limit decisions per limit of a route's stack, by outcome",
@@ -703,7 +709,7 @@ impl Metrics {
         limit: &Arc<str>,
         outcome: Outcome,
         front: Front,
-    ) -> Counter {
+    ) -> WorkerCounter {
         self.decisions
             .get_or_create(&DecisionLabels {
                 route: route.clone(),

@@ -1,6 +1,7 @@
 //! The life of one request, as plain steps in a fixed order:
 //!
-//! 1. **snapshot** — load the current configuration once; the request keeps it.
+//! 1. **snapshot** — take the current configuration once (the worker's own
+//!    handle on it, [`App::request_snapshot`]); the request keeps it.
 //! 2. **guard** — reject what no route should see (oversized heads → 431, an
 //!    HTTP/2 request whose `:authority` or `Host` is no valid host → 400, a
 //!    path that cannot be normalised → 400), then normalise the path.
@@ -80,7 +81,7 @@ pub(crate) async fn handle(
 ) -> (Response<ResponseBody>, FieldLines) {
     let now = app.clock.now();
     let observation = Observation::start(downstream, &request, now);
-    let snapshot = app.snapshot();
+    let snapshot = app.request_snapshot();
     let mut progress = Progress {
         seen: Seen {
             trace: traced::start(&snapshot, downstream, &request, now),
