@@ -157,6 +157,8 @@ pub trait Closing {
 /// `step_aside::PASSES` passes: a flooding connection then answers once per few passes, so a
 /// pass holds fewer answers and a legitimate request, which may need
 /// several passes (its store call, its upstream), waits less for each.
+/// The worker's keeper (`step_aside`) counts the passes for every
+/// connection stepping aside: each is polled once more, not once a pass.
 ///
 /// Not an `async fn`: one keeps its arguments twice (as they came, and as
 /// the locals its body moves them into), and every idle connection's task
