@@ -1,20 +1,24 @@
-//! How long a denied connection steps aside before its next request: one
-//! pass through the worker's ready tasks, and more while the worker is
-//! busy (see `serve`'s doc), and the worker's keeper that counts the
-//! passes for every connection stepping aside.
+//! How long a denied connection steps aside before its next request: three
+//! passes through the worker's ready tasks (see `serve`'s doc), and the
+//! worker's keeper that counts the passes for every connection stepping
+//! aside.
 //!
 //! A pass ends when the worker has run the tasks that were ready and looked
 //! for new I/O (tokio's `yield_now` defers a task until its driver was
 //! polled): a connection that waits a pass lets the connections whose
 //! requests arrived meanwhile go first. Each connection yielding once a pass
-//! for itself, and timing its passes, cost a denial three polls of its task
-//! and four clock reads more than a request (~1,700 instructions). Here one
-//! task per worker, the keeper, yields once a pass while any connection
-//! waits, times that pass, and wakes the connections whose passes are done:
+//! for itself, and timing its passes (more of them while a pass took 30 µs
+//! or more), cost a denial three polls of its task and four clock reads more
+//! than a request (~1,700 instructions). Here one task per worker, the
+//! keeper, yields once a pass while any connection waits and wakes the
+//! connections whose passes are done:
 //! a connection stepping aside joins the keeper's line and is polled again
 //! once, when the keeper wakes it (woken from the keeper's poll, it goes to
 //! the back of the run queue, where its own deferred wake-up would have put
-//! it).
+//! it). With the passes that cheap, a connection waits all three whether
+//! or not the worker is busy: let go at once after a short pass, as the
+//! timed passes did, every connection waiting was let go together, and the
+//! flooded p99 of `bench/flood.sh` was worse in 4 of 4 rounds.
 
 use std::cell::RefCell;
 use std::collections::VecDeque;
@@ -22,23 +26,17 @@ use std::future::{Future, poll_fn};
 use std::pin::Pin;
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::task::{Context, Poll, Waker};
-use std::time::{Duration, Instant};
 
 use tokio::runtime::{Handle, RuntimeFlavor};
 
-/// The most passes through the worker's ready tasks a denied connection
-/// waits before its next request (measured, `bench/flood.sh`: three halve a
+/// The passes through the worker's ready tasks a denied connection waits
+/// before its next request (measured, `bench/flood.sh`: three halve a
 /// flooded worker's legitimate p99 against one, at the flood's rate).
 const PASSES: u32 = 3;
 
-/// A pass through the worker's ready tasks at least this long says it is
-/// busy: a few answers' work. An idle worker's pass is the keeper alone.
-const BUSY_PASS: Duration = Duration::from_micros(30);
-
-/// Waits one pass through the worker's ready tasks, then more while each
-/// pass took [`BUSY_PASS`] or more, up to [`PASSES`] in all. Outside a
+/// Waits [`PASSES`] passes through the worker's ready tasks. Outside a
 /// single-threaded runtime (which every worker runs) it yields once.
-pub(super) async fn while_busy() {
+pub(super) async fn wait_passes() {
     match Keeper::here() {
         Some(keeper) => {
             Waiting {
@@ -135,17 +133,15 @@ impl Keeper {
     }
 }
 
-/// The keeper's task: while connections wait, one pass at a time, timed,
-/// then wakes those it lets go (in the order they joined).
+/// The keeper's task: while connections wait, one pass at a time, then
+/// wakes those it lets go (in the order they joined).
 async fn keep(keeper: Arc<Keeper>) {
     let mut released = Vec::new();
     loop {
         // Asleep while the line is empty: an idle worker is not kept awake.
         poll_fn(|cx| keeper.line().wait_for_someone(cx.waker())).await;
-        let began = Instant::now();
         tokio::task::yield_now().await;
-        let busy = began.elapsed() >= BUSY_PASS;
-        keeper.line().end_pass(busy, &mut released);
+        keeper.line().end_pass(&mut released);
         for waker in released.drain(..) {
             waker.wake();
         }
@@ -154,7 +150,7 @@ async fn keep(keeper: Arc<Keeper>) {
 
 /// The connections stepping aside on one worker, in the order they joined,
 /// and the passes counted for them: what the keeper decides, apart from
-/// the clock and the runtime (the pass's length comes in as `busy`).
+/// the runtime.
 #[derive(Default)]
 struct Line {
     /// Passes ended since the keeper started (wrapping).
@@ -204,14 +200,12 @@ impl Line {
     }
 
     /// A pass has ended: lets go, into `released`, every connection that
-    /// has waited its passes, or all of them when the pass was not `busy`
-    /// (an idle worker holds nobody back).
-    fn end_pass(&mut self, busy: bool, released: &mut Vec<Waker>) {
+    /// has waited its passes.
+    fn end_pass(&mut self, released: &mut Vec<Waker>) {
         self.passes = self.passes.wrapping_add(1);
         while let Some((goes_after, _)) = self.waiting.front() {
             // Wrapping: due once the count has reached it, within 2^31.
-            let due = self.passes.wrapping_sub(*goes_after) as i32 >= 0;
-            if busy && !due {
+            if (self.passes.wrapping_sub(*goes_after) as i32) < 0 {
                 break;
             }
             if let Some((_, waker)) = self.waiting.pop_front() {
@@ -227,6 +221,7 @@ mod tests {
     use super::*;
     use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
     use std::task::Wake;
+    use std::time::{Duration, Instant};
 
     /// A waker that counts its wakes.
     struct Counted(AtomicUsize);
@@ -243,32 +238,19 @@ mod tests {
     }
 
     #[test]
-    fn a_busy_worker_keeps_a_connection_aside_for_three_passes() {
+    fn a_connection_is_kept_aside_for_three_passes() {
         let mut line = Line::default();
         let (_, waker) = counted();
         let (ticket, _) = line.join(&waker);
         let mut released = Vec::new();
         for pass in 1..PASSES {
-            line.end_pass(true, &mut released);
-            assert!(released.is_empty(), "let go after {pass} busy passes");
+            line.end_pass(&mut released);
+            assert!(released.is_empty(), "let go after {pass} passes");
             assert!(!line.is_released(ticket));
         }
-        line.end_pass(true, &mut released);
+        line.end_pass(&mut released);
         assert_eq!(released.len(), 1);
         assert!(line.is_released(ticket));
-    }
-
-    #[test]
-    fn a_pass_that_was_not_busy_lets_everyone_go() {
-        let mut line = Line::default();
-        let (_, waker) = counted();
-        let (first, _) = line.join(&waker);
-        let mut released = Vec::new();
-        line.end_pass(true, &mut released);
-        let (second, _) = line.join(&waker);
-        line.end_pass(false, &mut released);
-        assert_eq!(released.len(), 2);
-        assert!(line.is_released(first) && line.is_released(second));
     }
 
     #[test]
@@ -277,12 +259,12 @@ mod tests {
         let ((early, early_waker), (late, late_waker)) = (counted(), counted());
         let (first, _) = line.join(&early_waker);
         let mut released = Vec::new();
-        line.end_pass(true, &mut released);
+        line.end_pass(&mut released);
         let (second, _) = line.join(&late_waker);
-        line.end_pass(true, &mut released);
-        line.end_pass(true, &mut released);
+        line.end_pass(&mut released);
+        line.end_pass(&mut released);
         assert!(line.is_released(first) && !line.is_released(second));
-        line.end_pass(true, &mut released);
+        line.end_pass(&mut released);
         assert!(line.is_released(second));
         for waker in released.drain(..) {
             waker.wake();
@@ -301,10 +283,10 @@ mod tests {
         let (ticket, _) = line.join(&waker);
         let mut released = Vec::new();
         for _ in 1..PASSES {
-            line.end_pass(true, &mut released);
+            line.end_pass(&mut released);
         }
         assert!(!line.is_released(ticket));
-        line.end_pass(true, &mut released);
+        line.end_pass(&mut released);
         assert!(line.is_released(ticket));
     }
 
@@ -334,7 +316,7 @@ mod tests {
             let first = tokio::spawn({
                 let order = order.clone();
                 async move {
-                    while_busy().await;
+                    wait_passes().await;
                     order.lock().unwrap().push("first");
                 }
             });
@@ -349,18 +331,19 @@ mod tests {
         assert_eq!(order, ["second", "first"]);
     }
 
-    /// A worker with another task that is busy for `busy_for` each time it
-    /// runs and ready again at once (so every pass holds some of its runs):
-    /// how many passes the keeper counted while `while_busy` stepped aside.
-    fn passes_beside_a_busy_task(busy_for: Duration) -> u32 {
+    /// A worker, with another task that is busy for `busy_for` each time it
+    /// runs and ready again at once (so every pass holds some of its runs)
+    /// or with none: how many passes the keeper counted while a task
+    /// stepped aside.
+    fn passes_stepped_aside(busy_for: Option<Duration>) -> u32 {
         let runtime = tokio::runtime::Builder::new_current_thread()
             .build()
             .unwrap();
         runtime.block_on(async {
             let done = Arc::new(AtomicBool::new(false));
-            let busy = tokio::spawn({
+            let busy = busy_for.map(|busy_for| {
                 let done = done.clone();
-                poll_fn(move |cx| {
+                tokio::spawn(poll_fn(move |cx| {
                     if done.load(Ordering::Relaxed) {
                         return Poll::Ready(());
                     }
@@ -372,32 +355,37 @@ mod tests {
                     // worker stays busy through every pass.
                     cx.waker().wake_by_ref();
                     Poll::Pending
-                })
+                }))
             });
             // In a task, as a connection steps aside.
             let stepping = tokio::spawn(async {
                 // Started with the first step aside; then counted from here.
-                while_busy().await;
+                wait_passes().await;
                 let keeper = Keeper::here().expect("a keeper");
                 let before = keeper.line().passes;
-                while_busy().await;
+                wait_passes().await;
                 keeper.line().passes.wrapping_sub(before)
             });
             let passes = stepping.await.unwrap();
             done.store(true, Ordering::Relaxed);
-            busy.await.unwrap();
+            if let Some(busy) = busy {
+                busy.await.unwrap();
+            }
             passes
         })
     }
 
     #[test]
-    fn a_busy_worker_is_stepped_aside_for_up_to_three_passes() {
-        // Every pass holds the other task's 200 µs runs: busy every time (a
-        // loaded machine only makes the passes longer).
+    fn a_busy_worker_steps_a_connection_aside_for_three_passes() {
         assert_eq!(
-            passes_beside_a_busy_task(Duration::from_micros(200)),
+            passes_stepped_aside(Some(Duration::from_micros(200))),
             PASSES
         );
+    }
+
+    #[test]
+    fn an_idle_worker_steps_a_connection_aside_for_three_passes_too() {
+        assert_eq!(passes_stepped_aside(None), PASSES);
     }
 
     #[test]
@@ -412,7 +400,7 @@ mod tests {
                 .build()
                 .unwrap();
             runtime.block_on(async {
-                tokio::spawn(while_busy()).await.unwrap();
+                tokio::spawn(wait_passes()).await.unwrap();
                 let keeper = Keeper::here().expect("a keeper");
                 assert_eq!(keeper.runtime, Handle::current().id());
             });
