@@ -152,11 +152,12 @@ pub trait Closing {
 /// an abusive one's denials) are served first. A flood of denied requests
 /// then costs the others a read per flooding connection ahead of them, not
 /// a whole answer each; a pipelined flood yields between its requests.
-/// While the worker is busy (a pass through its ready tasks took
-/// `step_aside::BUSY_PASS` or more), it steps aside again, up to
-/// `step_aside::PASSES` passes: a flooding connection then answers once per few passes, so a
+/// It stays aside for `step_aside::PASSES` passes through the worker's
+/// ready tasks: a flooding connection then answers once per few passes, so a
 /// pass holds fewer answers and a legitimate request, which may need
 /// several passes (its store call, its upstream), waits less for each.
+/// The worker's keeper (`step_aside`) counts the passes for every
+/// connection stepping aside: each is polled once more, not once a pass.
 ///
 /// Not an `async fn`: one keeps its arguments twice (as they came, and as
 /// the locals its body moves them into), and every idle connection's task
@@ -306,7 +307,7 @@ where
                 // connection whose last answer was a denial steps aside
                 // now, before it is parsed and answered (see `serve`).
                 if std::mem::take(&mut step_aside) {
-                    step_aside::while_busy().await;
+                    step_aside::wait_passes().await;
                 }
                 match parse(buffer, fields, max_head) {
                     Parsed::Request { request, close } => break (request, close),
