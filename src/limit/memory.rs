@@ -353,8 +353,8 @@ impl Limiter {
     /// check never rolls back); `None` for anything else (a new key, the
     /// overflow state, a peek), which `apply` then decides. The same
     /// decision and charge as `apply`'s first step: built without the
-    /// `Undo`, the value the closure returns shrinks from ~120 bytes to a
-    /// verdict, and its copies were most of the growth since `5bdeb93`
+    /// `Undo`, the value the closure returns shrinks from about 100 bytes to a
+    /// verdict, and its copies were a third of the growth since `5bdeb93`
     /// (callgrind, `benches/limiter.rs`; BENCHMARKS.md "Limiter decisions").
     #[inline(always)]
     fn charge_held(
