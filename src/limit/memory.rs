@@ -337,13 +337,47 @@ impl Limiter {
 
     /// [`Limiter::check`] for a request of `priority` (a slot limit keeps
     /// its reserve from a sheddable one).
-    #[inline]
+    #[inline(always)]
     pub(crate) fn check_as(&self, key: LimitKey, charge: (u64, Priority), now: Nanos) -> Decision {
         let mut permit = None;
         let mut shard = self.lock_shard(self.shard_of(key));
-        let (verdict, _) = self.apply(&mut shard, key, charge, now, &mut permit);
+        let verdict = match self.charge_held(&mut shard, key, charge, now, &mut permit) {
+            Some(verdict) => verdict,
+            None => self.apply(&mut shard, key, charge, now, &mut permit).0,
+        };
         drop(shard);
         Decision { verdict, permit }
+    }
+
+    /// [`Limiter::apply`] for a key the table holds, keeping no undo (a lone
+    /// check never rolls back); `None` for anything else (a new key, the
+    /// overflow state, a peek), which `apply` then decides. The same
+    /// decision and charge as `apply`'s first step: built without the
+    /// `Undo`, the value the closure returns shrinks from about 100 bytes to a
+    /// verdict, and its copies were a third of the growth since `5bdeb93`
+    /// (callgrind, `benches/limiter.rs`; BENCHMARKS.md "Limiter decisions").
+    #[inline(always)]
+    fn charge_held(
+        &self,
+        shard: &mut ShardMap,
+        key: LimitKey,
+        (cost, priority): (u64, Priority),
+        now: Nanos,
+        permit: &mut Option<SlotPermit>,
+    ) -> Option<Verdict> {
+        if cost == 0 {
+            return None;
+        }
+        let k = StoreKey::from(key);
+        let now = self.key_now(k, now);
+        shard.table.with(k, now, |state| {
+            let (v, next) = self.decide(Some(state.read()), now, cost, priority);
+            if let Some(next) = next {
+                // The undo is for a stack's rollback: a lone check has none.
+                let _ = self.commit(state, next, (k, now), cost, permit);
+            }
+            v
+        })
     }
 
     /// The key's state as it stands (`r`, `t`), charging nothing.
