@@ -73,17 +73,8 @@ impl EncodeMetric for WorkerCounter {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use prometheus_client::encoding::text::encode;
+    use crate::metrics::exposition;
     use prometheus_client::metrics::counter::Counter;
-    use prometheus_client::registry::Registry;
-
-    fn exposition(register: impl FnOnce(&mut Registry)) -> String {
-        let mut registry = Registry::default();
-        register(&mut registry);
-        let mut out = String::new();
-        encode(&mut out, &registry).unwrap();
-        out
-    }
 
     #[test]
     fn exposes_what_prometheus_clients_counter_exposes() {

@@ -143,19 +143,10 @@ impl EncodeMetric for DurationHistogram {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use prometheus_client::encoding::text::encode;
+    use crate::metrics::exposition;
     use prometheus_client::metrics::histogram::Histogram;
-    use prometheus_client::registry::Registry;
 
     const BOUNDS: [f64; 4] = [0.001, 0.01, 0.1, 1.0];
-
-    fn exposition(register: impl FnOnce(&mut Registry)) -> String {
-        let mut registry = Registry::default();
-        register(&mut registry);
-        let mut out = String::new();
-        encode(&mut out, &registry).unwrap();
-        out
-    }
 
     #[test]
     fn exposes_what_prometheus_clients_histogram_exposes() {

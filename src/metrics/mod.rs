@@ -1151,6 +1151,17 @@ impl LabelNames {
 #[allow(unreachable_pub)]
 mod openmetrics;
 
+/// The text exposition of a registry that `register` fills: the per-worker
+/// counter's and histogram's tests hold theirs to prometheus-client's own.
+#[cfg(test)]
+fn exposition(register: impl FnOnce(&mut prometheus_client::registry::Registry)) -> String {
+    let mut registry = prometheus_client::registry::Registry::default();
+    register(&mut registry);
+    let mut out = String::new();
+    prometheus_client::encoding::text::encode(&mut out, &registry).unwrap();
+    out
+}
+
 #[cfg(test)]
 mod tests {
     use super::openmetrics::parse;
