@@ -20,7 +20,7 @@
 //!   users, unit tests) it is 1.
 
 use std::cell::Cell;
-use std::sync::OnceLock;
+use std::sync::{Arc, OnceLock};
 
 thread_local! {
     static INDEX: Cell<usize> = const { Cell::new(0) };
@@ -55,6 +55,58 @@ pub(crate) fn resolve(configured: usize) -> usize {
     }
 }
 
+/// One `T` per worker ([`worker_count`] of them), each on cache lines of
+/// its own: state every worker changes per request (a counter, an idle
+/// list, a handle's count) that would move between the cores if two
+/// workers' values shared a line. [`PerWorker::mine`] is the calling
+/// worker's; off worker threads, worker 0's (so `T` must be thread-safe).
+/// Clones share the values.
+#[derive(Debug)]
+pub(crate) struct PerWorker<T> {
+    slots: Arc<[Padded<T>]>,
+}
+
+/// A value alone on its cache lines (128 bytes: adjacent-line prefetch
+/// pairs 64-byte lines on x86).
+#[repr(align(128))]
+#[derive(Debug)]
+struct Padded<T>(T);
+
+impl<T> PerWorker<T> {
+    /// A value per worker, each made by `make`.
+    pub(crate) fn new(mut make: impl FnMut() -> T) -> PerWorker<T> {
+        PerWorker {
+            slots: (0..worker_count()).map(|_| Padded(make())).collect(),
+        }
+    }
+
+    /// The calling worker's value.
+    #[inline]
+    pub(crate) fn mine(&self) -> &T {
+        &self.slots[worker_index() % self.slots.len()].0
+    }
+
+    /// Every worker's value, in worker order.
+    pub(crate) fn iter(&self) -> impl Iterator<Item = &T> {
+        self.slots.iter().map(|slot| &slot.0)
+    }
+}
+
+// By hand: a derive would ask `T: Clone`, and the clone shares the values.
+impl<T> Clone for PerWorker<T> {
+    fn clone(&self) -> PerWorker<T> {
+        PerWorker {
+            slots: self.slots.clone(),
+        }
+    }
+}
+
+impl<T: Default> Default for PerWorker<T> {
+    fn default() -> PerWorker<T> {
+        PerWorker::new(T::default)
+    }
+}
+
 /// Marks the calling thread as worker `index`. Called by the server on each
 /// worker thread it starts, before the thread runs anything else.
 pub(crate) fn enter(index: usize) {
@@ -64,6 +116,30 @@ pub(crate) fn enter(index: usize) {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn per_worker_values_are_each_workers_own_and_shared_by_clones() {
+        use std::sync::atomic::{AtomicUsize, Ordering};
+        let made = AtomicUsize::new(0);
+        let values = PerWorker::new(|| AtomicUsize::new(made.fetch_add(1, Ordering::Relaxed)));
+        assert_eq!(made.load(Ordering::Relaxed), worker_count());
+        let clone = values.clone();
+        clone.mine().fetch_add(10, Ordering::Relaxed);
+        assert_eq!(
+            values.mine().load(Ordering::Relaxed),
+            10,
+            "worker 0's, shared"
+        );
+        let all: Vec<usize> = values.iter().map(|v| v.load(Ordering::Relaxed)).collect();
+        assert_eq!(all.len(), worker_count());
+        for slot in values.slots.iter() {
+            assert_eq!(
+                std::ptr::from_ref(slot) as usize % 128,
+                0,
+                "a line of its own"
+            );
+        }
+    }
 
     #[test]
     fn index_is_per_thread_and_zero_elsewhere() {

@@ -24,7 +24,7 @@ use arc_swap::ArcSwap;
 use parking_lot::Mutex;
 
 use super::Snapshot;
-use crate::worker::{worker_count, worker_index};
+use crate::worker::PerWorker;
 
 /// A request's snapshot: derefs to it, and keeps it alive while held.
 /// Cloning touches only the worker's own count.
@@ -41,24 +41,19 @@ impl Deref for SnapshotHandle {
     }
 }
 
-/// One worker's slot: its handle on the current snapshot, empty until its
-/// first request and after each reload. Cache-line aligned, so that one
-/// worker's lock and count never share a line with another's.
-#[repr(align(128))]
-#[derive(Debug, Default)]
-struct Slot(Mutex<Option<SnapshotHandle>>);
-
-/// Every worker's slot ([`worker_index`]; threads that are no worker share
-/// worker 0's, which the lock makes safe).
+/// Every worker's slot: its handle on the current snapshot, empty until
+/// its first request and after each reload, on cache lines of its own so
+/// that one worker's lock and count never share a line with another's
+/// (threads that are no worker share worker 0's, which the lock makes safe).
 #[derive(Debug)]
 pub(crate) struct WorkerSnapshots {
-    slots: Box<[Slot]>,
+    slots: PerWorker<Mutex<Option<SnapshotHandle>>>,
 }
 
 impl WorkerSnapshots {
     pub(crate) fn new() -> WorkerSnapshots {
         WorkerSnapshots {
-            slots: (0..worker_count()).map(|_| Slot::default()).collect(),
+            slots: PerWorker::default(),
         }
     }
 
@@ -67,7 +62,7 @@ impl WorkerSnapshots {
     /// but during a reload's [`WorkerSnapshots::clear`].
     #[inline]
     pub(crate) fn get(&self, current: &ArcSwap<Snapshot>) -> SnapshotHandle {
-        let mut slot = self.slots[worker_index() % self.slots.len()].0.lock();
+        let mut slot = self.slots.mine().lock();
         match &*slot {
             Some(handle) => handle.clone(),
             None => fill(&mut slot, current),
@@ -79,7 +74,7 @@ impl WorkerSnapshots {
     /// locks (dropping the last one drops a whole snapshot).
     pub(crate) fn clear(&self) {
         let old: Vec<Option<SnapshotHandle>> =
-            self.slots.iter().map(|slot| slot.0.lock().take()).collect();
+            self.slots.iter().map(|slot| slot.lock().take()).collect();
         drop(old);
     }
 }

@@ -9,32 +9,18 @@
 //! own, one cache line each, and a scrape sums the cells. Threads that are
 //! no worker share worker 0's cell: an atomic add keeps that exact.
 
-use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use prometheus_client::encoding::{EncodeMetric, MetricEncoder, NoLabelSet};
 use prometheus_client::metrics::{MetricType, TypedMetric};
 
-use crate::worker::{worker_count, worker_index};
+use crate::worker::PerWorker;
 
 /// A counter kept per worker. Clones share their counts, like
 /// `prometheus-client`'s.
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, Default)]
 pub(crate) struct WorkerCounter {
-    cells: Arc<[Cell]>,
-}
-
-/// One worker's count, alone on its cache line.
-#[repr(align(128))]
-#[derive(Debug, Default)]
-struct Cell(AtomicU64);
-
-impl Default for WorkerCounter {
-    fn default() -> WorkerCounter {
-        WorkerCounter {
-            cells: (0..worker_count()).map(|_| Cell::default()).collect(),
-        }
-    }
+    cells: PerWorker<AtomicU64>,
 }
 
 impl WorkerCounter {
@@ -42,16 +28,14 @@ impl WorkerCounter {
     #[inline]
     pub(crate) fn inc(&self) {
         // Relaxed: a tally; a scrape needs no order among the cells.
-        self.cells[worker_index() % self.cells.len()]
-            .0
-            .fetch_add(1, Ordering::Relaxed);
+        self.cells.mine().fetch_add(1, Ordering::Relaxed);
     }
 
     /// The count over all workers.
     pub(crate) fn get(&self) -> u64 {
         self.cells
             .iter()
-            .map(|cell| cell.0.load(Ordering::Relaxed))
+            .map(|cell| cell.load(Ordering::Relaxed))
             .fold(0, u64::wrapping_add)
     }
 }

@@ -23,7 +23,7 @@ use std::time::Duration;
 use prometheus_client::encoding::{EncodeMetric, MetricEncoder, NoLabelSet};
 use prometheus_client::metrics::{MetricType, TypedMetric};
 
-use crate::worker::{worker_count, worker_index};
+use crate::worker::PerWorker;
 
 /// Most buckets a histogram has, `+Inf` included: room for the duration
 /// buckets' 15 bounds.
@@ -45,11 +45,10 @@ struct Inner {
     /// Each worker's observations ([`crate::worker`]): every request
     /// observes its route's histogram, and one set of counts every worker
     /// wrote moved between the cores on each observation.
-    shards: Box<[Shard]>,
+    shards: PerWorker<Shard>,
 }
 
-/// One worker's observations, on cache lines of its own.
-#[repr(align(128))]
+/// One worker's observations.
 #[derive(Debug, Default)]
 struct Shard {
     /// Observations per bucket, not cumulative; one more than the bounds
@@ -73,7 +72,7 @@ impl DurationHistogram {
                 bounds_nanos,
                 bounds_secs: bounds_secs.into(),
                 // 0.0's bits are 0: a default shard's sum is 0 seconds.
-                shards: (0..worker_count()).map(|_| Shard::default()).collect(),
+                shards: PerWorker::default(),
             }),
         }
     }
@@ -83,7 +82,7 @@ impl DurationHistogram {
         let nanos = u64::try_from(elapsed.as_nanos()).unwrap_or(u64::MAX);
         let inner = &*self.inner;
         let bucket = inner.bounds_nanos.partition_point(|&bound| bound < nanos);
-        let shard = &inner.shards[worker_index() % inner.shards.len()];
+        let shard = inner.shards.mine();
         // Relaxed: the counts are independent tallies; a scrape needs no
         // ordering between them (see the module doc).
         shard.counts[bucket].fetch_add(1, Ordering::Relaxed);

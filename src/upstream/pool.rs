@@ -50,7 +50,7 @@ use crate::http1::client::exchange::{Outgoing, OutgoingBody, exchange};
 use crate::http1::client::head::{Framing, OwnFields, ResponseHead, encode_request};
 use crate::http1::client::interim::InterimSink;
 use crate::http1::client::response_body::{CheckIn, UpstreamBody};
-use crate::worker::{worker_count, worker_index};
+use crate::worker::PerWorker;
 use prometheus_client::metrics::counter::Counter;
 
 /// Connections idle longer than this are not reused (upstreams commonly close
@@ -180,13 +180,6 @@ where
         .map_err(connect_error)
 }
 
-/// One worker's idle connections. Cache-line aligned: two workers' lists
-/// side by side shared a line, which each checkout and check-in (a lock,
-/// a pop or push, an unlock) moved between the cores.
-#[repr(align(128))]
-#[derive(Debug, Default)]
-struct IdleList(Mutex<Vec<Idle>>);
-
 /// The keep-alive connections to one upstream address (`host:port`).
 pub struct ConnectionPool {
     address: String,
@@ -195,8 +188,11 @@ pub struct ConnectionPool {
     read_timeout: Duration,
     /// `https://`: the handshake on each new connection.
     tls: Option<PoolTls>,
-    /// Idle connections, per worker (indexed by [`worker_index`]).
-    idle: Box<[IdleList]>,
+    /// Idle connections, per worker: each list on cache lines of its own
+    /// (two workers' lists side by side shared a line, which each checkout
+    /// and check-in — a lock, a pop or push, an unlock — moved between the
+    /// cores).
+    idle: PerWorker<Mutex<Vec<Idle>>>,
     /// Where response bodies that fail after their head are counted.
     body_errors: BodyErrors,
     /// The upstream wrote bytes past the end of a response: its connections
@@ -245,14 +241,14 @@ impl ConnectionPool {
             body_errors,
             misframing: AtomicBool::new(false),
             tls,
-            idle: (0..worker_count()).map(|_| IdleList::default()).collect(),
+            idle: PerWorker::default(),
         })
     }
 
     /// The idle list of the worker running this code (off worker threads —
     /// tests, tools — the index is 0).
     fn idle_list(&self) -> &Mutex<Vec<Idle>> {
-        &self.idle[worker_index() % self.idle.len()].0
+        self.idle.mine()
     }
 
     /// The most recently used open connection at `now`, if any (LIFO keeps
@@ -314,7 +310,7 @@ impl ConnectionPool {
         let mut closed = 0;
         let now = Instant::now();
         for list in self.idle.iter() {
-            let mut idle = list.0.lock();
+            let mut idle = list.lock();
             let before = idle.len();
             idle.retain_mut(|idle| idle.usable(self, now));
             closed += before - idle.len();
@@ -325,7 +321,7 @@ impl ConnectionPool {
     /// Idle connections, all workers together.
     #[cfg(test)]
     fn idle_count(&self) -> usize {
-        self.idle.iter().map(|list| list.0.lock().len()).sum()
+        self.idle.iter().map(|list| list.lock().len()).sum()
     }
 
     async fn connect(&self) -> Result<UpstreamConn, PoolError> {
