@@ -80,10 +80,15 @@ impl<T> PerWorker<T> {
         }
     }
 
-    /// The calling worker's value.
+    /// The calling worker's value; worker 0's for an index past the
+    /// values (a `PerWorker` made before [`init`] fixed the count).
     #[inline]
     pub(crate) fn mine(&self) -> &T {
-        &self.slots[worker_index() % self.slots.len()].0
+        // A comparison, not `%`: a division on every counter's increment.
+        match self.slots.get(worker_index()) {
+            Some(slot) => &slot.0,
+            None => &self.slots[0].0,
+        }
     }
 
     /// Every worker's value, in worker order.

@@ -20,7 +20,7 @@ use crate::identity::body_fields::BodyFields;
 use crate::identity::client_ip::{client_net, resolve_with};
 use crate::identity::consumer;
 use crate::identity::jwt::verify::Refusal;
-use crate::identity::jwt::{Failure, Verified};
+use crate::identity::jwt::{Failure, Verified, Verifier};
 use crate::limit::{Nanos, Priority};
 
 /// What is known of the caller when its limits decide.
@@ -187,6 +187,10 @@ pub async fn caller_refreshed<'s>(
     caller_with(app, snapshot, route, headers, now, false)
 }
 
+/// Always inlined: without `[jwt]` (most gateways) it is the API key's
+/// look-up alone, and the call cost every request ~40 instructions
+/// (`bench/instructions.sh`); a token is verified out of line.
+#[inline(always)]
 fn caller_with<'s>(
     app: &App,
     snapshot: &'s Snapshot,
@@ -197,32 +201,7 @@ fn caller_with<'s>(
 ) -> Result<Caller<'s>, Unidentified> {
     let token = match &snapshot.jwt {
         None => None,
-        Some(verifier) => match verifier.token(headers) {
-            None if route.require_jwt => return Err(Unidentified::Token(None)),
-            None => None,
-            Some(token) => {
-                let metrics = app.metrics();
-                let checked = verifier.verify(token, now, |issuer, result| {
-                    let label = result.map_or_else(|failure| failure.label(), |()| "valid");
-                    metrics.record_jwt_verification(verifier.issuer_label(issuer), label);
-                });
-                match checked {
-                    Ok(verified) => Some(verified),
-                    Err(
-                        refusal @ Refusal {
-                            issuer: Some(issuer),
-                            ..
-                        },
-                    ) if may_refresh && verifier.may_refresh(&refusal, now) => {
-                        return Err(Unidentified::Refresh { issuer });
-                    }
-                    Err(refusal) if route.require_jwt => {
-                        return Err(Unidentified::Token(Some(refusal.failure)));
-                    }
-                    Err(_) => None,
-                }
-            }
-        },
+        Some(verifier) => verified_token(app, verifier, route, headers, now, may_refresh)?,
     };
     // A route that requires a consumer is served by a token's consumer too.
     let token_consumer = token.as_ref().is_some_and(|t| t.consumer.is_some());
@@ -235,6 +214,45 @@ fn caller_with<'s>(
     Ok(Caller {
         api_consumer,
         token,
+    })
+}
+
+/// The request's token, verified: `None` without one, or with one that is
+/// not valid on a route that does not require it.
+#[inline(never)]
+fn verified_token(
+    app: &App,
+    verifier: &Verifier,
+    route: &RouteConfig,
+    headers: &HeaderMap,
+    now: Nanos,
+    may_refresh: bool,
+) -> Result<Option<Arc<Verified>>, Unidentified> {
+    Ok(match verifier.token(headers) {
+        None if route.require_jwt => return Err(Unidentified::Token(None)),
+        None => None,
+        Some(token) => {
+            let metrics = app.metrics();
+            let checked = verifier.verify(token, now, |issuer, result| {
+                let label = result.map_or_else(|failure| failure.label(), |()| "valid");
+                metrics.record_jwt_verification(verifier.issuer_label(issuer), label);
+            });
+            match checked {
+                Ok(verified) => Some(verified),
+                Err(
+                    refusal @ Refusal {
+                        issuer: Some(issuer),
+                        ..
+                    },
+                ) if may_refresh && verifier.may_refresh(&refusal, now) => {
+                    return Err(Unidentified::Refresh { issuer });
+                }
+                Err(refusal) if route.require_jwt => {
+                    return Err(Unidentified::Token(Some(refusal.failure)));
+                }
+                Err(_) => None,
+            }
+        }
     })
 }
 

@@ -121,22 +121,37 @@ pub(crate) struct DrainWatch {
 impl Future for DrainWatch {
     type Output = ();
 
+    /// Inlined into the connection's poll: every poll but the first is a
+    /// load and a comparison. (A call, with the registration's lock in its
+    /// frame, it was ~23 instructions a poll, two polls a denial,
+    /// `bench/instructions.sh`.)
+    #[inline(always)]
     fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<()> {
         if self.drain.is_draining() {
             return Poll::Ready(());
         }
         if self.slot == UNREGISTERED {
-            // Once: a task's wakers all wake the same task, and a connection
-            // stays on its worker's runtime, so the first waker serves for
-            // the connection's life.
-            let mut list = self.drain.waiting[self.list as usize].lock();
-            if self.drain.draining.load(Ordering::SeqCst) {
-                return Poll::Ready(());
-            }
-            let slot = list.insert(cx.waker().clone());
-            drop(list);
-            self.slot = slot;
+            return self.register(cx);
         }
+        Poll::Pending
+    }
+}
+
+impl DrainWatch {
+    /// The first poll: the task's waker into its worker's list. Once: a
+    /// task's wakers all wake the same task, and a connection stays on its
+    /// worker's runtime, so the first waker serves for the connection's
+    /// life. Out of line: once per connection.
+    #[cold]
+    #[inline(never)]
+    fn register(&mut self, cx: &Context<'_>) -> Poll<()> {
+        let mut list = self.drain.waiting[self.list as usize].lock();
+        if self.drain.draining.load(Ordering::SeqCst) {
+            return Poll::Ready(());
+        }
+        let slot = list.insert(cx.waker().clone());
+        drop(list);
+        self.slot = slot;
         Poll::Pending
     }
 }
