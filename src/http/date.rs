@@ -15,7 +15,7 @@ const DATE_LEN: usize = 29;
 struct Cached {
     /// The second the text says, as `[from, until)`: a reading is checked
     /// against it by comparison alone. (Its seconds since the epoch, asked
-    /// of every reading, were ~40 instructions a response of `SystemTime`'s
+    /// of every reading, were ~55 instructions a response of `SystemTime`'s
     /// subtraction, `bench/instructions.sh`.) A clock stepped back lands
     /// before `from` and is written afresh, as one stepped forward.
     from: SystemTime,

@@ -147,7 +147,7 @@ pub fn resolve<'a>(
 /// the walk).
 ///
 /// Inlined for the default policy, which trusts no proxy: its answer is the
-/// peer, and the call of the whole walk cost every request ~40 instructions
+/// peer, and the call of the whole walk cost every request ~33 instructions
 /// (`bench/instructions.sh`).
 #[inline(always)]
 pub(crate) fn resolve_with<'a, I: Iterator<Item = &'a [u8]>>(

@@ -45,6 +45,7 @@ pub(crate) fn trim_ows(raw: &[u8]) -> &[u8] {
 
 /// IPv4-mapped IPv6 (`::ffff:1.2.3.4`) as the IPv4 address it carries, so that
 /// a dual-stack listener and an IPv4 proxy name the same client the same way.
+#[inline]
 pub(crate) fn normalize(ip: IpAddr) -> IpAddr {
     match ip {
         IpAddr::V6(v6) => match v6.to_ipv4_mapped() {

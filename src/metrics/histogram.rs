@@ -84,7 +84,7 @@ impl DurationHistogram {
         // Upward from the smallest bound, not a binary search: nearly every
         // observation (a request answered in under a millisecond) is in the
         // first bucket or two, found in a comparison or two where the
-        // search took four (~30 instructions a request,
+        // search took four (~35 instructions a request,
         // `bench/instructions.sh`).
         let bucket = inner
             .bounds_nanos

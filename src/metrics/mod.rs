@@ -268,7 +268,7 @@ const COMMON_STATUSES: [u16; 12] = [201, 204, 304, 400, 401, 403, 404, 429, 500,
 
 /// Each status's place in [`COMMON_STATUSES`] (`u8::MAX`: none), by
 /// status: one load, where a scan of the array took a comparison per
-/// status before it (a 429, the eighth, ~20 instructions a denial,
+/// status before it (a 429, the eighth: ~6 instructions a denial,
 /// `bench/instructions.sh`).
 const COMMON_STATUS_INDEX: [u8; 1000] = {
     let mut index = [u8::MAX; 1000];
