@@ -159,7 +159,7 @@ pub enum Unidentified {
 /// The caller: the token verified (at `now`, ns since the epoch), the API
 /// key looked up; `Err` where the route or the configuration demands what
 /// the request does not carry. An invalid token on a route without
-/// `require_jwt` is no token. Always inlined, with [`caller_with`]: see
+/// `require_jwt` is no token. Always inlined, with `caller_with`: see
 /// there.
 #[inline(always)]
 pub fn caller<'s>(
