@@ -17,6 +17,9 @@
 //!   (every host hyper refuses, tollgate refuses), and the same reading;
 //! - a `Content-Length` the crate accepts round-trips: its value is its
 //!   digits, leading zeros aside;
+//! - the fast path's map holds exactly the head's fields, every value one
+//!   `HeaderValue::from_bytes` accepts (the parser builds them without that
+//!   check, relying on httparse's value rule);
 //! - the fast path's body is exactly the declared length, and a hand-off
 //!   leaves the buffer as it was;
 //! - the scanner never passes more bytes than it was shown, and the bytes it

@@ -175,7 +175,9 @@ pub fn parse(buffer: &mut BytesMut, fields: &mut HeaderMap, max_head: usize) -> 
     if names.len() > map.capacity() {
         map.reserve(names.len());
     }
-    for (name, start, end) in names {
+    // Drained, not consumed: `into_iter` moves the whole inline array
+    // (~1.1 KB, +130 instructions of memcpy a request).
+    for (name, start, end) in names.drain(..) {
         // SAFETY: `HeaderValue` holds only HTAB, SP..=0x7E and 0x80..=0xFF
         // (`HeaderValue::from_bytes`), and httparse let this value through
         // its field-value rule, which is exactly that set
@@ -197,12 +199,17 @@ pub fn parse(buffer: &mut BytesMut, fields: &mut HeaderMap, max_head: usize) -> 
 }
 
 /// The name of a field httparse has split. `Host` is in every HTTP/1.1
-/// request: it is told by one comparison, without `HeaderName::from_bytes`'s
-/// lower-cased copy and its match against every standard name (~65
-/// instructions a request); the result is the same `HOST`.
-#[inline]
+/// request: it is told by one comparison of four bytes, without
+/// `HeaderName::from_bytes`'s lower-cased copy and its match against every
+/// standard name (~80 instructions a request); the result is the same
+/// `HOST`.
+#[inline(always)]
 fn field_name(name: &str) -> Result<HeaderName, InvalidHeaderName> {
-    if name.eq_ignore_ascii_case("host") {
+    // Setting bit 0x20 lower-cases a letter, and `b | 0x20 == c` holds for
+    // a letter `c` only when `b` is `c` in either case.
+    if let Ok(four) = <[u8; 4]>::try_from(name.as_bytes())
+        && u32::from_le_bytes(four) | 0x2020_2020 == u32::from_le_bytes(*b"host")
+    {
         Ok(HOST)
     } else {
         HeaderName::from_bytes(name.as_bytes())
@@ -639,6 +646,30 @@ mod tests {
             let bytes = format!("GET / HTTP/1.1\r\n{name}: a.test\r\n\r\n");
             assert_refused(bytes.as_bytes(), 400);
         }
+    }
+
+    /// `field_name`'s shortcut names what `HeaderName::from_bytes` names,
+    /// for `host` with any one byte changed to any other (every case of
+    /// every letter among them).
+    #[test]
+    fn field_name_is_header_name_near_host() {
+        let mut hosts = 0;
+        for at in 0..4 {
+            for byte in 0..=u8::MAX {
+                for base in [*b"host", *b"HOST"] {
+                    let mut name = base;
+                    name[at] = byte;
+                    let Ok(name) = std::str::from_utf8(&name) else {
+                        continue;
+                    };
+                    let expected = HeaderName::from_bytes(name.as_bytes()).ok();
+                    assert_eq!(field_name(name).ok(), expected, "{name:?}");
+                    hosts += usize::from(expected == Some(HOST));
+                }
+            }
+        }
+        // Per place and base: the byte in two letter cases.
+        assert_eq!(hosts, 4 * 2 * 2);
     }
 
     #[test]
