@@ -17,6 +17,9 @@
 //!   (every host hyper refuses, tollgate refuses), and the same reading;
 //! - a `Content-Length` the crate accepts round-trips: its value is its
 //!   digits, leading zeros aside;
+//! - the fast path's map holds exactly the head's fields, every value one
+//!   `HeaderValue::from_bytes` accepts (the parser builds them without that
+//!   check, relying on httparse's value rule);
 //! - the fast path's body is exactly the declared length, and a hand-off
 //!   leaves the buffer as it was;
 //! - the scanner never passes more bytes than it was shown, and the bytes it
@@ -27,7 +30,7 @@
 #![no_main]
 
 use bytes::BytesMut;
-use http::HeaderMap;
+use http::{HeaderMap, HeaderValue};
 use http_body::Body;
 use libfuzzer_sys::fuzz_target;
 use tollgate::http1::server::gate::{Scanner, Step};
@@ -78,10 +81,32 @@ fn fast_path(input: &[u8]) {
             .expect("an accepted request's Content-Length parses");
             assert_eq!(declared.unwrap_or(0), body_len(&request) as u64);
             assert_eq!(headers.get_all("host").iter().count(), 1);
+            assert_fields_as_sent(&input[..head_len], headers);
         }
         Parsed::HandOff => assert_eq!(&buffer[..], input, "a hand-off moved bytes"),
         Parsed::Partial => assert_eq!(&buffer[..], input),
         Parsed::Refused(_) => {}
+    }
+}
+
+/// The fast path's map holds exactly the head's fields, each value as sent
+/// and one `HeaderValue` takes (the parser builds them without its check).
+fn assert_fields_as_sent(head: &[u8], map: &HeaderMap) {
+    let mut fields = [httparse::EMPTY_HEADER; 100];
+    let mut request = httparse::Request::new(&mut fields);
+    assert!(matches!(request.parse(head), Ok(httparse::Status::Complete(_))));
+    assert_eq!(map.len(), request.headers.len());
+    for field in request.headers.iter() {
+        assert!(
+            map.get_all(field.name)
+                .iter()
+                .any(|value| value.as_bytes() == field.value),
+            "{:?} is not in the map",
+            field.name
+        );
+    }
+    for value in map.values() {
+        assert!(HeaderValue::from_bytes(value.as_bytes()).is_ok(), "{value:?}");
     }
 }
 

@@ -17,7 +17,7 @@
 use std::mem::MaybeUninit;
 
 use bytes::{Bytes, BytesMut};
-use http::header::{CONNECTION, EXPECT, TE, TRANSFER_ENCODING, UPGRADE};
+use http::header::{CONNECTION, EXPECT, HOST, InvalidHeaderName, TE, TRANSFER_ENCODING, UPGRADE};
 use http::{HeaderMap, HeaderName, HeaderValue, Method, Request, Uri, Version};
 
 use super::body::ClientBody;
@@ -114,7 +114,7 @@ pub fn parse(buffer: &mut BytesMut, fields: &mut HeaderMap, max_head: usize) -> 
     let mut close: Option<bool> = None;
     let mut framing_fields = FramingFields::default();
     for field in request.headers.iter() {
-        let Ok(name) = HeaderName::from_bytes(field.name.as_bytes()) else {
+        let Ok(name) = field_name(field.name) else {
             // httparse checked the token; `HeaderName` would only refuse
             // one longer than it holds.
             return Parsed::Refused(Refusal::MALFORMED);
@@ -172,12 +172,22 @@ pub fn parse(buffer: &mut BytesMut, fields: &mut HeaderMap, max_head: usize) -> 
     if !map.is_empty() {
         map.clear();
     }
-    map.reserve(names.len());
+    if names.len() > map.capacity() {
+        map.reserve(names.len());
+    }
+    // Drained, not consumed: `into_iter` moves the whole inline array
+    // (~1.1 KB, +130 instructions of memcpy a request).
     for (name, start, end) in names.drain(..) {
-        // httparse has checked the value's bytes, which HeaderValue accepts.
-        if let Ok(value) = HeaderValue::from_maybe_shared(head.slice(start..end)) {
-            map.append(name, value);
-        }
+        // SAFETY: `HeaderValue` holds only HTAB, SP..=0x7E and 0x80..=0xFF
+        // (`HeaderValue::from_bytes`), and httparse let this value through
+        // its field-value rule, which is exactly that set
+        // (`is_header_value_token`, and its SWAR and SIMD forms): checking
+        // each byte again here cost ~150 instructions a request. Pinned by
+        // `every_value_byte_the_parser_takes_header_value_takes` (and the
+        // `request_head` fuzz target), and checked again by `http` itself
+        // in debug builds.
+        let value = unsafe { HeaderValue::from_maybe_shared_unchecked(head.slice(start..end)) };
+        map.append(name, value);
     }
     *built.method_mut() = method;
     *built.uri_mut() = uri;
@@ -185,6 +195,24 @@ pub fn parse(buffer: &mut BytesMut, fields: &mut HeaderMap, max_head: usize) -> 
     Parsed::Request {
         request: built,
         close: close.unwrap_or(false),
+    }
+}
+
+/// The name of a field httparse has split. `Host` is in every HTTP/1.1
+/// request: it is told by one comparison of four bytes, without
+/// `HeaderName::from_bytes`'s lower-cased copy and its match against every
+/// standard name (~80 instructions a request); the result is the same
+/// `HOST`.
+#[inline(always)]
+fn field_name(name: &str) -> Result<HeaderName, InvalidHeaderName> {
+    // Setting bit 0x20 lower-cases a letter, and `b | 0x20 == c` holds for
+    // a letter `c` only when `b` is `c` in either case.
+    if let Ok(four) = <[u8; 4]>::try_from(name.as_bytes())
+        && u32::from_le_bytes(four) | 0x2020_2020 == u32::from_le_bytes(*b"host")
+    {
+        Ok(HOST)
+    } else {
+        HeaderName::from_bytes(name.as_bytes())
     }
 }
 
@@ -558,6 +586,90 @@ mod tests {
         assert!(request.headers().get("x-leftover").is_none());
         let hosts: Vec<_> = request.headers().get_all("host").iter().collect();
         assert_eq!(hosts, ["fresh.test"]);
+    }
+
+    /// The values are built without `HeaderValue`'s own check (see
+    /// `parse`): every byte, at the start of a value, inside a short one
+    /// (httparse's byte and SWAR loops) and deep inside a long one (its
+    /// SIMD loop), is taken by the parser exactly when `HeaderValue` takes
+    /// it, and what the map holds is what was sent.
+    #[test]
+    fn every_value_byte_the_parser_takes_header_value_takes() {
+        let mut taken = 0;
+        for byte in 0..=u8::MAX {
+            for (before, after) in [(0, 3), (3, 3), (40, 40)] {
+                let mut value = vec![b'a'; before];
+                value.push(byte);
+                value.extend(std::iter::repeat_n(b'z', after));
+                let mut bytes = b"GET / HTTP/1.1\r\nHost: x\r\nX-Byte: ".to_vec();
+                bytes.extend_from_slice(&value);
+                bytes.extend_from_slice(b"\r\n\r\n");
+                let accepted = match parse_bytes(&bytes).0 {
+                    Parsed::Request { request, .. } => {
+                        let held = request.headers()["x-byte"].as_bytes();
+                        assert!(HeaderValue::from_bytes(held).is_ok(), "{byte:#04x}");
+                        // httparse skips white space before a value.
+                        let sent = if before == 0 && (byte == b' ' || byte == b'\t') {
+                            &value[1..]
+                        } else {
+                            &value[..]
+                        };
+                        assert_eq!(held, sent, "{byte:#04x} at {before}");
+                        true
+                    }
+                    Parsed::Refused(_) => false,
+                    other => panic!("{byte:#04x} at {before}: {other:?}"),
+                };
+                assert_eq!(
+                    accepted,
+                    HeaderValue::from_bytes(&value).is_ok(),
+                    "{byte:#04x} at {before}"
+                );
+                taken += usize::from(accepted);
+            }
+        }
+        // HTAB, SP..=0x7E and 0x80..=0xFF, in each of the three places.
+        assert_eq!(taken, 3 * (1 + 95 + 128));
+    }
+
+    #[test]
+    fn host_in_any_letter_case_is_the_host_field() {
+        for name in ["Host", "host", "HOST", "hOsT"] {
+            let bytes = format!("GET / HTTP/1.1\r\n{name}: a.test\r\nX-Host: b\r\n\r\n");
+            let (request, _) = request(parse_bytes(bytes.as_bytes()).0);
+            assert_eq!(request.headers().get(HOST).unwrap(), "a.test", "{name}");
+            assert_eq!(request.headers().len(), 2, "{name}");
+        }
+        // Names that only start or end like it are other fields, so the
+        // request has no Host.
+        for name in ["Hos", "Hostt", "X-Host", "Host-"] {
+            let bytes = format!("GET / HTTP/1.1\r\n{name}: a.test\r\n\r\n");
+            assert_refused(bytes.as_bytes(), 400);
+        }
+    }
+
+    /// `field_name`'s shortcut names what `HeaderName::from_bytes` names,
+    /// for `host` with any one byte changed to any other (every case of
+    /// every letter among them).
+    #[test]
+    fn field_name_is_header_name_near_host() {
+        let mut hosts = 0;
+        for at in 0..4 {
+            for byte in 0..=u8::MAX {
+                for base in [*b"host", *b"HOST"] {
+                    let mut name = base;
+                    name[at] = byte;
+                    let Ok(name) = std::str::from_utf8(&name) else {
+                        continue;
+                    };
+                    let expected = HeaderName::from_bytes(name.as_bytes()).ok();
+                    assert_eq!(field_name(name).ok(), expected, "{name:?}");
+                    hosts += usize::from(expected == Some(HOST));
+                }
+            }
+        }
+        // Per place and base: the byte in two letter cases.
+        assert_eq!(hosts, 4 * 2 * 2);
     }
 
     #[test]
