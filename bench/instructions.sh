@@ -206,6 +206,7 @@ memcpy_count() {
   requests=$(awk '/requests in/ {print $1}' "$TMP/wrk.out")
   # Two dumps, each ended by `end`: the second less the first.
   awk -v requests="$requests" -v sites="${KEEP_DUMPS:+$TMP/sites}" '
+    BEGIN { dump = 0 }
     $1 == "end" { dump++ }
     $1 == "total" { calls[dump] = $2; bytes[dump] = $3 }
     $1 == "site" { c[dump, $2] += $3; b[dump, $2] += $4; seen[$2] = 1 }
