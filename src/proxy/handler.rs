@@ -81,6 +81,7 @@ use crate::upstream::Attempt;
 /// was copied twice more and its future's arguments twice (304 bytes each),
 /// and its head a third time when it was taken apart there
 /// (`MEMCPY=1 bench/instructions.sh`).
+#[allow(clippy::manual_async_fn)] // an `async fn` is what this avoids (above)
 pub(crate) fn handle(
     app: &App,
     downstream: Downstream,
