@@ -34,8 +34,26 @@
 #         exporter's thread is counted with the request path.
 #         KEEP_DUMPS=DIR keeps each run's callgrind dump there, named
 #         BINARY-allow / BINARY-deny, for `callgrind_annotate` per function.
+#         CACHE_SIM=1 runs callgrind with `--cache-sim=yes` (simulated L1
+#         and last-level caches of the machine's geometry) and prints, beside
+#         the instructions, the simulated L1i misses and L1d read / write
+#         misses per request (I1mr, D1mr, D1mw), nginx's too: where the
+#         instructions are no longer the difference, the misses may be.
+#         MEMCPY=1 also runs each tollgate natively (no valgrind) with
+#         bench/memcpy_count.c preloaded and prints the `memcpy` / `memmove`
+#         calls and bytes per request (the measured run's, 5 s of the same
+#         load): Rust moves a large value, a future above all, with a call
+#         of `memcpy`, so the bytes are what the request path moves. With
+#         KEEP_DUMPS the call sites (file offset, calls and bytes per
+#         request, the function and line by addr2line) go to
+#         BINARY-allow.memcpy / BINARY-deny.memcpy there. Needs a C compiler.
 # Needs valgrind, nginx and wrk (installed with apt-get when absent), and
 # openssl with TLS=1.
+#
+# Output: a line per server, tab-separated: instructions per request
+# allowed and denied, their ratios to nginx's; with CACHE_SIM=1 then
+# I1mr, D1mr and D1mw per request, allowed then denied; with MEMCPY=1
+# (tollgate only) memcpy calls and bytes per request, allowed then denied.
 set -euo pipefail
 
 BASE_PORT=${BASE_PORT:-18180}
@@ -51,6 +69,16 @@ if [ $# -eq 0 ]; then
 fi
 
 start_scratch
+
+CACHE_SIM=${CACHE_SIM:-0}
+CACHE_ARGS=()
+[ "$CACHE_SIM" = 1 ] && CACHE_ARGS=(--cache-sim=yes)
+MEMCPY=${MEMCPY:-0}
+if [ "$MEMCPY" = 1 ]; then
+  cc -O2 -shared -fPIC -o "$TMP/memcpy_count.so" bench/memcpy_count.c -ldl
+  MEMCPY_SIGNAL=$(($(kill -l SIGRTMIN) + 5))
+  export MEMCPY_COUNT_SIGNAL=$MEMCPY_SIGNAL
+fi
 
 PORT_UP=$BASE_PORT
 upstream_conf "$PORT_UP" "$TMP" >"$TMP/upstream.conf"
@@ -98,7 +126,7 @@ fi
 count() {
   local out="$TMP/cg" pid requests total
   rm -f "$out".*
-  TOLLGATE_LOG=warn valgrind --tool=callgrind --instr-atstart=no \
+  TOLLGATE_LOG=warn valgrind --tool=callgrind --instr-atstart=no "${CACHE_ARGS[@]}" \
     --callgrind-out-file="$out.%p" "$@" >"$TMP/cg.log" 2>&1 &
   pid=$!
   wait_port "$PORT"
@@ -123,14 +151,83 @@ count() {
   if [ "$TLS" = 1 ]; then
     STATUSES_PROBED=1 check_statuses "$EXPECT" "$TMP/wrk.short"
     # Dumps number from 1 in order: .1 is the short run, .2 the long one.
-    local short long
-    short=$(grep -h -m1 '^summary:' "$out".*.1 | awk '{print $2}')
-    long=$(grep -h -m1 '^summary:' "$out".*.2 | awk '{print $2}')
     requests=$((requests - $(awk '/requests in/ {print $1}' "$TMP/wrk.short")))
-    echo $(((long - short) / requests))
+    per_request "$requests" "$(ls "$out".*.2)" "$(ls "$out".*.1)"
   else
-    total=$(for f in "$out".*; do grep -m1 '^summary:' "$f" | awk '{print $2}'; done | sort -n | tail -1)
-    echo $((total / requests))
+    local f best="" most=0 n
+    for f in "$out".*; do
+      n=$(grep -m1 '^summary:' "$f" | awk '{print $2}' || true)
+      if [ "${n:-0}" -gt "$most" ]; then most=$n best=$f; fi
+    done
+    per_request "$requests" "$best"
+  fi
+}
+
+# The counts of the dump $2 (less those of the dump $3, if given) over $1
+# requests: the instructions, and with CACHE_SIM=1 the simulated misses
+# I1mr, D1mr and D1mw, space-separated.
+per_request() {
+  local requests=$1 long=$2 short=${3:-}
+  awk -v requests="$requests" -v sim="$CACHE_SIM" -v second="$short" '
+    # Each dump names its events in order, then sums them on `summary:`.
+    /^events:/ { for (i = 2; i <= NF; i++) column[FILENAME, $i] = i }
+    /^summary:/ { for (i = 2; i <= NF; i++) sum[FILENAME, i] = $i }
+    END {
+      split(sim == 1 ? "Ir I1mr D1mr D1mw" : "Ir", names, " ")
+      line = ""
+      for (k = 1; names[k] != ""; k++) {
+        i = column[first, names[k]]
+        v = sum[first, i] - (second == "" ? 0 : sum[second, column[second, names[k]]])
+        line = line (k > 1 ? " " : "") (names[k] == "Ir" ? sprintf("%d", v / requests) : sprintf("%.0f", v / requests))
+      }
+      print line
+    }' first="$long" "$long" ${short:+"$short"}
+}
+
+# `memcpy` / `memmove` calls and bytes per request of tollgate ("$@"),
+# listening on $PORT, run natively with bench/memcpy_count.c preloaded:
+# warmed up as under callgrind, dumped before and after a 5 s run. The
+# call sites go to $KEEP_DUMPS/$NAME.memcpy when KEEP_DUMPS is set.
+memcpy_count() {
+  local out="$TMP/memcpy" pid requests binary=$1
+  rm -f "$out"
+  MEMCPY_COUNT_OUT=$out LD_PRELOAD="$TMP/memcpy_count.so" TOLLGATE_LOG=warn \
+    "$@" >"$TMP/memcpy.log" 2>&1 &
+  pid=$!
+  wait_port "$PORT"
+  wrk -t1 -c16 -d2s "$SCHEME://127.0.0.1:$PORT/" >/dev/null
+  kill -s "$MEMCPY_SIGNAL" "$pid"
+  wrk -t1 -c16 -d5s "$SCHEME://127.0.0.1:$PORT/" >"$TMP/wrk.out"
+  kill -s "$MEMCPY_SIGNAL" "$pid"
+  sleep 0.5
+  kill "$pid"
+  wait "$pid" 2>/dev/null || true
+  STATUSES_PROBED=1 check_statuses "$EXPECT" "$TMP/wrk.out"
+  requests=$(awk '/requests in/ {print $1}' "$TMP/wrk.out")
+  # Two dumps, each ended by `end`: the second less the first.
+  awk -v requests="$requests" -v sites="${KEEP_DUMPS:+$TMP/sites}" '
+    BEGIN { dump = 0 }
+    $1 == "end" { dump++ }
+    $1 == "total" { calls[dump] = $2; bytes[dump] = $3 }
+    $1 == "site" { c[dump, $2] += $3; b[dump, $2] += $4; seen[$2] = 1 }
+    END {
+      printf "%.1f %.0f\n", (calls[1] - calls[0]) / requests, (bytes[1] - bytes[0]) / requests
+      if (sites == "") exit
+      for (s in seen) {
+        db = b[1, s] - b[0, s]
+        if (db > 0) printf "%s %.2f %.1f\n", s, (c[1, s] - c[0, s]) / requests, db / requests > sites
+      }
+    }' "$out"
+  if [ -n "${KEEP_DUMPS:-}" ]; then
+    mkdir -p "$KEEP_DUMPS"
+    # The return address less one is the call, named by one run of
+    # addr2line for every site (addresses outside the executable, in
+    # libraries, stay unnamed). Sites of less than a byte per request left out.
+    sort -k3,3 -g -r "$TMP/sites" | awk '$3 >= 1' >"$TMP/sites.sorted"
+    while read -r site _; do printf '0x%x\n' $((site - 1)); done <"$TMP/sites.sorted" |
+      addr2line -f -i -C -a -e "$binary" |
+      awk '/^0x/ {if (n++) print line; line = ""; next} {line = line (line == "" ? "" : " ") $0} END {print line}' |
+      paste -d' ' "$TMP/sites.sorted" - >"$KEEP_DUMPS/$NAME.memcpy"
   fi
 }
 
@@ -161,14 +258,32 @@ nginx_count() {
 ng_allow=$(EXPECT=allow nginx_count $((BASE_PORT + 3)) "burst=1000000 nodelay" "1000000r/s")
 ng_deny=$(EXPECT=deny nginx_count $((BASE_PORT + 4)) "" "1r/m")
 
-printf 'server\tallow_instr/req\tdeny_instr/req\tallow_vs_nginx\tdeny_vs_nginx\n'
-printf 'nginx limit_req\t%s\t%s\t1.00\t1.00\n' "$ng_allow" "$ng_deny"
+# The columns after the ratios: the misses, then the memcpy counts.
+header='server\tallow_instr/req\tdeny_instr/req\tallow_vs_nginx\tdeny_vs_nginx'
+[ "$CACHE_SIM" = 1 ] && header+='\tallow_I1mr\tallow_D1mr\tallow_D1mw\tdeny_I1mr\tdeny_D1mr\tdeny_D1mw'
+[ "$MEMCPY" = 1 ] && header+='\tallow_memcpy_calls\tallow_memcpy_bytes\tdeny_memcpy_calls\tdeny_memcpy_bytes'
+# "Ir [I1mr D1mr D1mw]" of an allowed and a denied count, as columns.
+misses() {
+  [ "$CACHE_SIM" = 1 ] || return 0
+  local a=($1) d=($2)
+  printf '\t%s\t%s\t%s\t%s\t%s\t%s' "${a[1]}" "${a[2]}" "${a[3]}" "${d[1]}" "${d[2]}" "${d[3]}"
+}
+ratio() { awk -v a="${1%% *}" -v b="${2%% *}" 'BEGIN {printf "%.2f", a / b}'; }
+printf '%b\n' "$header"
+printf 'nginx limit_req\t%s\t%s\t1.00\t1.00%s\n' "${ng_allow%% *}" "${ng_deny%% *}" "$(misses "$ng_allow" "$ng_deny")"
 for binary in "$@"; do
+  name=$(basename "$binary")
   allow=$(EXPECT=allow PORT=$((BASE_PORT + 1)) count "$binary" run -c "$TMP/allow.toml")
-  keep_dump "$(basename "$binary")-allow"
+  keep_dump "$name-allow"
   deny=$(EXPECT=deny PORT=$((BASE_PORT + 2)) count "$binary" run -c "$TMP/deny.toml")
-  keep_dump "$(basename "$binary")-deny"
-  printf '%s\t%s\t%s\t%s\t%s\n' "$(basename "$binary")" "$allow" "$deny" \
-    "$(awk -v a="$allow" -v b="$ng_allow" 'BEGIN {printf "%.2f", a / b}')" \
-    "$(awk -v a="$deny" -v b="$ng_deny" 'BEGIN {printf "%.2f", a / b}')"
+  keep_dump "$name-deny"
+  copies=
+  if [ "$MEMCPY" = 1 ]; then
+    a=$(NAME=$name-allow EXPECT=allow PORT=$((BASE_PORT + 1)) memcpy_count "$binary" run -c "$TMP/allow.toml")
+    d=$(NAME=$name-deny EXPECT=deny PORT=$((BASE_PORT + 2)) memcpy_count "$binary" run -c "$TMP/deny.toml")
+    copies=$(printf '\t%s\t%s\t%s\t%s' ${a} ${d})
+  fi
+  printf '%s\t%s\t%s\t%s\t%s%s%s\n' "$name" "${allow%% *}" "${deny%% *}" \
+    "$(ratio "$allow" "$ng_allow")" "$(ratio "$deny" "$ng_deny")" \
+    "$(misses "$allow" "$deny")" "$copies"
 done
