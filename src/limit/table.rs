@@ -541,8 +541,8 @@ impl Table {
     /// needs it); `None` for a table of another algorithm. A bucket's
     /// decision on a held key reads and writes its `tat` here, with no
     /// closure: the closure for every layout ([`Table::with`]) was too
-    /// large for the compiler to inline, and called out of line it cost
-    /// the lone decision about 70 instructions of moves (BENCHMARKS.md,
+    /// large for the compiler to inline, and without it a lone token-bucket
+    /// decision takes 66 fewer instructions (392 to 326; BENCHMARKS.md,
     /// "Limiter decisions").
     #[inline(always)]
     pub(crate) fn gcra_slot(&mut self, key: StoreKey, now: Nanos) -> Option<Option<GcraSlot<'_>>> {
