@@ -85,7 +85,7 @@ use super::key::LimitKey;
 use super::priority::{self, Priority, Reserve};
 use super::queue::{QueueParams, SlotQueue};
 use super::reservations::OpenReservations;
-use super::table::{KeyState, StateMut, StateRef, StoreKey, Table};
+use super::table::{GcraSlot, KeyState, StateMut, StateRef, StoreKey, Table};
 use super::verdict::Verdict;
 use super::{Algorithm, NANOS_PER_SEC, Nanos, WindowAlign};
 use super::{fixed_window, leaky_bucket, sliding_log, sliding_window, token_bucket};
@@ -369,25 +369,44 @@ impl Limiter {
             return None;
         }
         let k = StoreKey::from(key);
-        if let Some(slot) = shard.table.gcra_slot(k, now) {
-            // A bucket's table (its `key_now` is `now`): the bucket's
-            // decision alone, in line, on the key's `tat`.
-            let mut slot = slot?;
-            let (next, v) = self.decide_gcra(slot.get(), now, cost)?;
-            if v.allowed {
-                slot.set(next);
+        let slot = match &mut shard.table {
+            Table::Gcra(t) => t.slot(k, now),
+            Table::GcraWide(t) => t.get_mut(k).map(GcraSlot::Wide),
+            table => {
+                let now = self.key_now(k, now);
+                return table.with_in_place(k, |state| {
+                    self.charge_state(state, (k, now), (cost, priority), permit)
+                });
             }
-            return Some(v);
+        };
+        // A bucket's table (its `key_now` is `now`): the bucket's decision
+        // alone, in line, on the key's `tat`.
+        let mut slot = slot?;
+        let (next, v) = self.decide_gcra(slot.get(), now, cost)?;
+        if v.allowed {
+            slot.set(next);
         }
-        let now = self.key_now(k, now);
-        shard.table.with_in_place(k, |state| {
-            let (v, next) = self.decide(Some(state.read()), now, cost, priority);
-            if let Some(next) = next {
-                // The undo is for a stack's rollback: a lone check has none.
-                let _ = self.commit(state, next, (k, now), cost, permit);
-            }
-            v
-        })
+        Some(v)
+    }
+
+    /// [`Limiter::charge_held`] on a held key of the layouts other than a
+    /// bucket's. Out of line, as the closure for every layout was: inlined
+    /// into the lone check, it cost these algorithms 9 to 17 instructions a
+    /// decision (`bench/limiter_instructions.sh`).
+    #[inline(never)]
+    fn charge_state(
+        &self,
+        state: StateMut<'_>,
+        (k, now): (StoreKey, Nanos),
+        (cost, priority): (u64, Priority),
+        permit: &mut Option<SlotPermit>,
+    ) -> Verdict {
+        let (v, next) = self.decide(Some(state.read()), now, cost, priority);
+        if let Some(next) = next {
+            // The undo is for a stack's rollback: a lone check has none.
+            let _ = self.commit(state, next, (k, now), cost, permit);
+        }
+        v
     }
 
     /// The key's state as it stands (`r`, `t`), charging nothing.
@@ -1129,7 +1148,7 @@ mod tests {
     #[test]
     fn held_buckets_decide_as_their_algorithm_across_rebases() {
         // `check` on a held key of a bucket's table takes its own path
-        // (`Table::gcra_slot`): the same verdicts as the pure decisions on
+        // (`Compact::slot`, `Keyed::get_mut`): the same verdicts as the pure decisions on
         // a `tat` kept here, for every bucket (compact and wide), with
         // `now` jumping past a compact table's horizon (its base moves
         // forward) and stepping behind its base (it moves back).

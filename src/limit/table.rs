@@ -294,7 +294,7 @@ impl<K: SlotKey, S> Keyed<K, S> {
     }
 
     #[inline(always)]
-    fn get_mut(&mut self, key: StoreKey) -> Option<&mut S> {
+    pub(crate) fn get_mut(&mut self, key: StoreKey) -> Option<&mut S> {
         let k = K::of(key);
         self.0.find_mut(k.hash(), |e| e.0 == k).map(|e| &mut e.1)
     }
@@ -395,9 +395,9 @@ impl Compact {
         }
     }
 
-    /// [`Table::gcra_slot`] on a compact table.
+    /// A held key's `tat` on a compact table, at `now`.
     #[inline(always)]
-    fn slot(&mut self, key: StoreKey, now: Nanos) -> Option<GcraSlot<'_>> {
+    pub(crate) fn slot(&mut self, key: StoreKey, now: Nanos) -> Option<GcraSlot<'_>> {
         self.prepare(now);
         self.held_slot(key)
     }
@@ -434,7 +434,7 @@ impl Compact {
     }
 }
 
-/// Where a token or leaky bucket's key keeps its `tat` ([`Table::gcra_slot`]).
+/// Where a token or leaky bucket's key keeps its `tat` ([`Compact::slot`]).
 pub(crate) enum GcraSlot<'a> {
     /// Compact: its offset and the base it is from.
     Compact {
@@ -536,23 +536,6 @@ impl Table {
         }
     }
 
-    /// A bucket's table: `key`'s `tat`, if it holds it (`Some(None)` if it
-    /// does not), at `now` (a compact table's base moved first when `now`
-    /// needs it); `None` for a table of another algorithm. A bucket's
-    /// decision on a held key reads and writes its `tat` here, with no
-    /// closure: the closure for every layout ([`Table::with`]) was too
-    /// large for the compiler to inline, and without it a lone token-bucket
-    /// decision takes 66 fewer instructions (392 to 326; BENCHMARKS.md,
-    /// "Limiter decisions").
-    #[inline(always)]
-    pub(crate) fn gcra_slot(&mut self, key: StoreKey, now: Nanos) -> Option<Option<GcraSlot<'_>>> {
-        match self {
-            Table::Gcra(t) => Some(t.slot(key, now)),
-            Table::GcraWide(t) => Some(t.get_mut(key).map(GcraSlot::Wide)),
-            _ => None,
-        }
-    }
-
     /// Runs `f` on `key`'s state, if the table holds it; `now` is the time
     /// `f` decides at (a compact table's base must cover it).
     #[inline(always)]
@@ -578,16 +561,14 @@ impl Table {
     ) -> Option<R> {
         // `f` (the whole decision, inlined) appears twice here, not once
         // per layout: a compact tat is a copy written back after.
-        match self {
-            Table::Gcra(t) => {
-                let mut slot = t.held_slot(key)?;
-                let mut state = slot.get();
-                let r = f(StateMut::Gcra(&mut state));
-                slot.set(state);
-                Some(r)
-            }
-            table => table.with_in_place(key, f),
+        if let Table::Gcra(t) = self {
+            let mut slot = t.held_slot(key)?;
+            let mut state = slot.get();
+            let r = f(StateMut::Gcra(&mut state));
+            slot.set(state);
+            return Some(r);
         }
+        self.with_in_place(key, f)
     }
 
     /// [`Table::with_held`] for the layouts whose states change in place:
