@@ -294,7 +294,7 @@ impl<K: SlotKey, S> Keyed<K, S> {
     }
 
     #[inline(always)]
-    fn get_mut(&mut self, key: StoreKey) -> Option<&mut S> {
+    pub(crate) fn get_mut(&mut self, key: StoreKey) -> Option<&mut S> {
         let k = K::of(key);
         self.0.find_mut(k.hash(), |e| e.0 == k).map(|e| &mut e.1)
     }
@@ -324,8 +324,12 @@ pub(crate) struct Compact {
     slots: Keyed<u64, u64>,
     /// The origin of the offsets, in ns.
     base: Nanos,
-    /// The first `now` (ns) that moves the base.
-    until: Nanos,
+    /// `base × tokens`, kept rather than multiplied out on every decision.
+    base_scaled: u128,
+    /// How far past `base` a `now` may run before it moves the base (ns):
+    /// one unsigned difference tells both a `now` behind the base (it wraps
+    /// above) and one past the horizon.
+    span: Nanos,
     /// The rate's `tokens`: offsets are in ns × `tokens`.
     tokens: u64,
 }
@@ -335,22 +339,39 @@ impl Compact {
         let mut table = Compact {
             slots: Keyed::new(),
             base: 0,
-            until: 0,
+            base_scaled: 0,
+            span: 0,
             tokens,
         };
-        table.until = table.horizon();
+        table.move_base(0);
         table
     }
 
-    /// The first `now` past `base` that moves it.
-    fn horizon(&self) -> Nanos {
+    /// Puts the base at `base`, and the horizon (the first `now` past it
+    /// that moves it again) `REBASE_AT` scaled ns on.
+    fn move_base(&mut self, base: Nanos) {
         let span = REBASE_AT / u128::from(self.tokens);
-        u64::try_from(u128::from(self.base) + span).unwrap_or(Nanos::MAX)
+        let until = u64::try_from(u128::from(base) + span).unwrap_or(Nanos::MAX);
+        self.base = base;
+        self.base_scaled = u128::from(base) * u128::from(self.tokens);
+        self.span = until - base;
+    }
+
+    /// The first `now` past `base` that moves it.
+    #[cfg(test)]
+    fn until(&self) -> Nanos {
+        self.base + self.span
+    }
+
+    /// The origin of the offsets (ns), for tests that must see it move.
+    #[cfg(test)]
+    pub(crate) fn base(&self) -> Nanos {
+        self.base
     }
 
     #[inline(always)]
     fn base_scaled(&self) -> u128 {
-        u128::from(self.base) * u128::from(self.tokens)
+        self.base_scaled
     }
 
     #[inline(always)]
@@ -374,11 +395,27 @@ impl Compact {
         }
     }
 
+    /// A held key's `tat` on a compact table, at `now`.
+    #[inline(always)]
+    pub(crate) fn slot(&mut self, key: StoreKey, now: Nanos) -> Option<GcraSlot<'_>> {
+        self.prepare(now);
+        self.held_slot(key)
+    }
+
+    /// [`Compact::slot`] at a `now` the base already covers.
+    #[inline(always)]
+    fn held_slot(&mut self, key: StoreKey) -> Option<GcraSlot<'_>> {
+        let base = self.base_scaled();
+        let rel = self.slots.get_mut(key)?;
+        Some(GcraSlot::Compact { rel, base })
+    }
+
     /// Makes `now` a time whose states fit: moves the base when `now` is
     /// past the horizon or behind the base.
     #[inline(always)]
     fn prepare(&mut self, now: Nanos) {
-        if now < self.base || now >= self.until {
+        // `now < base || now >= base + span` as one comparison.
+        if now.wrapping_sub(self.base) >= self.span {
             self.rebase(now);
         }
     }
@@ -387,13 +424,42 @@ impl Compact {
     fn rebase(&mut self, now: Nanos) {
         let old = self.base_scaled();
         let margin = REBASE_MARGIN / u128::from(self.tokens);
-        self.base = now.saturating_sub(u64::try_from(margin).unwrap_or(u64::MAX));
-        self.until = self.horizon();
+        self.move_base(now.saturating_sub(u64::try_from(margin).unwrap_or(u64::MAX)));
         let new = self.base_scaled();
         for (_, rel) in self.slots.0.iter_mut() {
             if *rel != 0 {
                 *rel = Compact::store(Compact::load(*rel, old), new);
             }
+        }
+    }
+}
+
+/// Where a token or leaky bucket's key keeps its `tat` ([`Compact::slot`]).
+pub(crate) enum GcraSlot<'a> {
+    /// Compact: its offset and the base it is from.
+    Compact {
+        rel: &'a mut u64,
+        base: u128,
+    },
+    Wide(&'a mut token_bucket::State),
+}
+
+impl GcraSlot<'_> {
+    /// The key's state.
+    #[inline(always)]
+    pub(crate) fn get(&self) -> token_bucket::State {
+        match self {
+            GcraSlot::Compact { rel, base } => Compact::load(**rel, *base),
+            GcraSlot::Wide(state) => **state,
+        }
+    }
+
+    /// Stores `state` for the key.
+    #[inline(always)]
+    pub(crate) fn set(&mut self, state: token_bucket::State) {
+        match self {
+            GcraSlot::Compact { rel, base } => **rel = Compact::store(state, *base),
+            GcraSlot::Wide(s) => **s = state,
         }
     }
 }
@@ -496,13 +562,23 @@ impl Table {
         // `f` (the whole decision, inlined) appears twice here, not once
         // per layout: a compact tat is a copy written back after.
         if let Table::Gcra(t) = self {
-            let base = t.base_scaled();
-            let rel = t.slots.get_mut(key)?;
-            let mut state = Compact::load(*rel, base);
+            let mut slot = t.held_slot(key)?;
+            let mut state = slot.get();
             let r = f(StateMut::Gcra(&mut state));
-            *rel = Compact::store(state, base);
+            slot.set(state);
             return Some(r);
         }
+        self.with_in_place(key, f)
+    }
+
+    /// [`Table::with_held`] for the layouts whose states change in place:
+    /// `None` on a compact table.
+    #[inline(always)]
+    pub(crate) fn with_in_place<R>(
+        &mut self,
+        key: StoreKey,
+        f: impl FnOnce(StateMut<'_>) -> R,
+    ) -> Option<R> {
         let state = match self {
             Table::Gcra(_) => return None,
             Table::GcraWide(t) => StateMut::Gcra(t.get_mut(key)?),
@@ -794,7 +870,7 @@ mod tests {
         let Table::Gcra(compact) = &mut table else {
             panic!("compact")
         };
-        let later = compact.until + S;
+        let later = compact.until() + S;
         compact.prepare(later);
         assert!(compact.base > base);
         assert_eq!(tat_of(&table, key(1)), 0);
@@ -802,7 +878,7 @@ mod tests {
         let Table::Gcra(compact) = &table else {
             panic!("compact")
         };
-        let (moved, horizon) = (compact.base, compact.until);
+        let (moved, horizon) = (compact.base, compact.until());
         let ahead = u128::from(horizon) * 3 + 5;
         table.with(key(1), later, |s| {
             if let StateMut::Gcra(s) = s {
