@@ -29,6 +29,9 @@ use super::{LeakyMode, Nanos, Rate};
 
 /// Decide a request of `cost` at `now`; store the returned state only if the
 /// verdict admits. In `Delay` mode an admitted verdict carries the delay.
+///
+/// Always in line: `limit::bucket` chooses where it runs out of line.
+#[inline(always)]
 pub(crate) fn decide(
     state: State,
     now: Nanos,

@@ -80,12 +80,13 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use parking_lot::{Mutex, MutexGuard};
 
 use super::adaptive_slot::{self, AdaptivePermit};
+use super::bucket::Bucket;
 use super::concurrency::{self, ConcurrencyPermit};
 use super::key::LimitKey;
 use super::priority::{self, Priority, Reserve};
 use super::queue::{QueueParams, SlotQueue};
 use super::reservations::OpenReservations;
-use super::table::{GcraSlot, KeyState, StateMut, StateRef, StoreKey, Table};
+use super::table::{Held, KeyState, StateMut, StateRef, StoreKey, Table};
 use super::verdict::Verdict;
 use super::{Algorithm, NANOS_PER_SEC, Nanos, WindowAlign};
 use super::{fixed_window, leaky_bucket, sliding_log, sliding_window, token_bucket};
@@ -369,24 +370,22 @@ impl Limiter {
             return None;
         }
         let k = StoreKey::from(key);
-        let slot = match &mut shard.table {
-            Table::Gcra(t) => t.slot(k, now),
-            Table::GcraWide(t) => t.get_mut(k).map(GcraSlot::Wide),
-            table => {
-                let now = self.key_now(k, now);
-                return table.with_in_place(k, |state| {
-                    self.charge_state(state, (k, now), (cost, priority), permit)
-                });
+        match shard.table.held(k, now)? {
+            Held::Bucket(mut slot) => {
+                // A bucket's table (its `key_now` is `now`): the bucket's
+                // decision alone, in line, on the key's `tat`.
+                let bucket = Bucket::of(self.algorithm)?;
+                let (next, v) = bucket.decide_in_line(slot.get(), now, cost);
+                if v.allowed {
+                    slot.set(next);
+                }
+                Some(v)
             }
-        };
-        // A bucket's table (its `key_now` is `now`): the bucket's decision
-        // alone, in line, on the key's `tat`.
-        let mut slot = slot?;
-        let (next, v) = self.decide_gcra(slot.get(), now, cost)?;
-        if v.allowed {
-            slot.set(next);
+            Held::Other(state) => {
+                let now = self.key_now(k, now);
+                Some(self.charge_state(state, (k, now), (cost, priority), permit))
+            }
         }
-        Some(v)
     }
 
     /// [`Limiter::charge_held`] on a held key of the layouts other than a
@@ -719,10 +718,11 @@ impl Limiter {
                 (v, admitted(&v, Next::LogRecord))
             }
             TokenBucket { .. } | LeakyBucket { .. } => {
-                // A bucket's arm: `decide_gcra` is always `Some` here.
-                let (n, v) = self
-                    .decide_gcra(gcra_state(state), now, cost)
-                    .unwrap_or_default();
+                // A bucket's arm: `Bucket::of` is always `Some` here.
+                let (n, v) = match Bucket::of(self.algorithm) {
+                    Some(bucket) => bucket.decide(gcra_state(state), now, cost),
+                    None => Default::default(),
+                };
                 (v, admitted(&v, Next::Gcra(n)))
             }
             Concurrency { max } => {
@@ -742,40 +742,6 @@ impl Limiter {
                 (v, admitted(&v, Next::AcquireAdaptive))
             }
         }
-    }
-
-    /// A token or leaky bucket's decision on a key's `tat` ([`Limiter::decide`]'s
-    /// arms for them, and the whole decision on a compact table): the state
-    /// to store if admitted, and the verdict. `None` for the other
-    /// algorithms.
-    #[inline(always)]
-    fn decide_gcra(
-        &self,
-        s: token_bucket::State,
-        now: Nanos,
-        cost: u64,
-    ) -> Option<(token_bucket::State, Verdict)> {
-        Some(match self.algorithm {
-            // Without `wait` the plain decision, inlined: `decide_waiting`
-            // stays out of line, and called for every bucket it cost each
-            // decision ~200 instructions (`bench/instructions.sh`).
-            Algorithm::TokenBucket {
-                capacity,
-                refill,
-                wait: 0,
-            } => token_bucket::decide(s, now, cost, capacity, refill),
-            Algorithm::TokenBucket {
-                capacity,
-                refill,
-                wait,
-            } => token_bucket::decide_waiting(s, now, cost, capacity, refill, wait),
-            Algorithm::LeakyBucket {
-                capacity,
-                rate,
-                mode,
-            } => leaky_bucket::decide(s, now, cost, capacity, rate, mode),
-            _ => return None,
-        })
     }
 
     /// Apply an admitted decision's state change; returns its undo.
@@ -1148,7 +1114,7 @@ mod tests {
     #[test]
     fn held_buckets_decide_as_their_algorithm_across_rebases() {
         // `check` on a held key of a bucket's table takes its own path
-        // (`Compact::slot`, `Keyed::get_mut`): the same verdicts as the pure decisions on
+        // (`Table::held`): the same verdicts as the pure decisions on
         // a `tat` kept here, for every bucket (compact and wide), with
         // `now` jumping past a compact table's horizon (its base moves
         // forward) and stepping behind its base (it moves back).
@@ -1207,7 +1173,9 @@ mod tests {
                 let before = shard_base(keys[i]);
                 let got = limiter.check(keys[i], cost, now).verdict;
                 moves += u32::from(shard_base(keys[i]) != before);
-                let (next, want) = limiter.decide_gcra(tats[i], now, cost).expect("a bucket");
+                let (next, want) = Bucket::of(algorithm)
+                    .expect("a bucket")
+                    .decide(tats[i], now, cost);
                 let want_alone = match algorithm {
                     Algorithm::TokenBucket {
                         capacity,

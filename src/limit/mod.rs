@@ -31,6 +31,7 @@
 
 pub mod adaptive;
 pub(crate) mod adaptive_slot;
+pub(crate) mod bucket;
 pub(crate) mod calendar;
 pub(crate) mod clock;
 pub(crate) mod concurrency;

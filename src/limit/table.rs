@@ -294,7 +294,7 @@ impl<K: SlotKey, S> Keyed<K, S> {
     }
 
     #[inline(always)]
-    pub(crate) fn get_mut(&mut self, key: StoreKey) -> Option<&mut S> {
+    fn get_mut(&mut self, key: StoreKey) -> Option<&mut S> {
         let k = K::of(key);
         self.0.find_mut(k.hash(), |e| e.0 == k).map(|e| &mut e.1)
     }
@@ -395,9 +395,9 @@ impl Compact {
         }
     }
 
-    /// A held key's `tat` on a compact table, at `now`.
+    /// A held key's `tat` on a compact table, at `now` ([`Table::held`]).
     #[inline(always)]
-    pub(crate) fn slot(&mut self, key: StoreKey, now: Nanos) -> Option<GcraSlot<'_>> {
+    fn slot(&mut self, key: StoreKey, now: Nanos) -> Option<GcraSlot<'_>> {
         self.prepare(now);
         self.held_slot(key)
     }
@@ -462,6 +462,14 @@ impl GcraSlot<'_> {
             GcraSlot::Wide(s) => **s = state,
         }
     }
+}
+
+/// A held key's state, from [`Table::held`].
+pub(crate) enum Held<'a> {
+    /// A token or leaky bucket's `tat`.
+    Bucket(GcraSlot<'a>),
+    /// The other layouts' state.
+    Other(StateMut<'a>),
 }
 
 /// One shard's keys, in their algorithm's layout.
@@ -569,6 +577,23 @@ impl Table {
             return Some(r);
         }
         self.with_in_place(key, f)
+    }
+
+    /// A held key's state to decide on in place at `now` (a compact
+    /// table's base moved to cover it); `None` for a key not held. A
+    /// bucket's `tat` comes as a [`GcraSlot`], which its decision reads and
+    /// writes in line, without the closure [`Table::with_in_place`] takes.
+    #[inline(always)]
+    pub(crate) fn held(&mut self, key: StoreKey, now: Nanos) -> Option<Held<'_>> {
+        Some(match self {
+            Table::Gcra(t) => Held::Bucket(t.slot(key, now)?),
+            Table::GcraWide(t) => Held::Bucket(GcraSlot::Wide(t.get_mut(key)?)),
+            Table::Window(t) => Held::Other(StateMut::Window(t.get_mut(key)?)),
+            Table::Sliding(t) => Held::Other(StateMut::Sliding(t.get_mut(key)?)),
+            Table::Log(t) => Held::Other(StateMut::Log(t.get_mut(key)?)),
+            Table::Inflight(t) => Held::Other(StateMut::Inflight(t.get_mut(key)?)),
+            Table::Adaptive(t) => Held::Other(StateMut::Adaptive(t.get_mut(key)?)),
+        })
     }
 
     /// [`Table::with_held`] for the layouts whose states change in place:

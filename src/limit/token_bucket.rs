@@ -156,7 +156,9 @@ pub fn decide(
 /// is admitted and charged, its verdict's `delay` the time until its tokens
 /// would have been there (rounded up: it must not leave early). See the
 /// module doc.
-#[inline]
+///
+/// Always in line: `limit::bucket` chooses where it runs out of line.
+#[inline(always)]
 pub fn decide_waiting(
     state: State,
     now: Nanos,
