@@ -185,6 +185,9 @@ pub(crate) struct InFlightTotals {
 #[derive(Debug)]
 pub struct Limiter {
     algorithm: Algorithm,
+    /// `algorithm`'s numbers when it is a token or leaky bucket, taken out
+    /// once rather than on every decision.
+    bucket: Option<Bucket>,
     /// Fixed windows only: where each key's boundaries fall.
     align: WindowAlign,
     max_keys: usize,
@@ -214,6 +217,7 @@ impl Limiter {
         };
         Limiter {
             algorithm,
+            bucket: Bucket::of(algorithm),
             align: WindowAlign::default(),
             max_keys,
             live: AtomicUsize::new(0),
@@ -374,8 +378,7 @@ impl Limiter {
             Held::Bucket(mut slot) => {
                 // A bucket's table (its `key_now` is `now`): the bucket's
                 // decision alone, in line, on the key's `tat`.
-                let bucket = Bucket::of(self.algorithm)?;
-                let (next, v) = bucket.decide_in_line(slot.get(), now, cost);
+                let (next, v) = self.bucket?.decide_in_line(slot.get(), now, cost);
                 if v.allowed {
                     slot.set(next);
                 }
@@ -718,8 +721,8 @@ impl Limiter {
                 (v, admitted(&v, Next::LogRecord))
             }
             TokenBucket { .. } | LeakyBucket { .. } => {
-                // A bucket's arm: `Bucket::of` is always `Some` here.
-                let (n, v) = match Bucket::of(self.algorithm) {
+                // A bucket's arm: `bucket` is always `Some` here.
+                let (n, v) = match self.bucket {
                     Some(bucket) => bucket.decide(gcra_state(state), now, cost),
                     None => Default::default(),
                 };
